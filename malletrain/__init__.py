@@ -1,0 +1,3 @@
+"""malletrain: elastic deep-learning training on a supercomputer's idle nodes."""
+
+__version__ = "0.1.0"

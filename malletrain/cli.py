@@ -1,0 +1,54 @@
+"""The ``malletrain`` command: one subcommand per module, registered below.
+
+Each ``malletrain.cli_*`` module exposes ``register(subparsers)``, which adds its
+subcommands and sets ``func(args) -> int`` on them. Heavy imports (torch,
+matplotlib, zmq) happen inside the handlers, so ``malletrain --help`` is fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from malletrain import __version__
+from malletrain import cli_daemon, cli_simulate, cli_trace
+
+MODULES = (cli_trace, cli_simulate, cli_daemon)
+
+
+class UserError(Exception):
+    """A bad input from the command line; printed without a traceback."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="malletrain",
+        description="Train elastic deep-learning jobs on a supercomputer's idle nodes.",
+    )
+    parser.add_argument("--version", action="version", version=f"malletrain {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module in MODULES:
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func = getattr(args, "func", None)
+    if func is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(func(args) or 0)
+    except (UserError, ValueError, FileNotFoundError) as exc:
+        print(f"malletrain {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"malletrain {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

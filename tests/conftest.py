@@ -1,0 +1,39 @@
+"""Shared fixtures: where the real data lives (../shared/data beside the checkout)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED_DATA = Path(os.environ.get("MALLETRAIN_SHARED_DATA", REPO.parent / "shared" / "data"))
+
+
+def shared_file(name: str) -> Path:
+    """A file of ../shared/data; a missing one is an error (CI always has it)."""
+    path = SHARED_DATA / name
+    if not path.exists():
+        pytest.fail(f"real data file missing: {path} (expected ../shared/data beside the checkout)")
+    return path
+
+
+@pytest.fixture
+def summit_nodes() -> Path:
+    return shared_file("summit-2021-02-10_17.nodes.csv.gz")
+
+
+@pytest.fixture
+def summit_scaling() -> Path:
+    return shared_file("summit-scaling.csv")
+
+
+@pytest.fixture
+def kth_swf() -> Path:
+    return shared_file("KTH-SP2-1996-2.1-cln.swf.gz")
+
+
+@pytest.fixture
+def cirrus_sacct() -> Path:
+    return shared_file("cirrus-2024Q1-sacct.csv.gz")
