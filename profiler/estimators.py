@@ -1,0 +1,342 @@
+"""Throughput per node count and rescale costs from a job's stream of records.
+
+Both estimators are incremental (``add`` is O(1) amortised: a few comparisons
+and a deque append) so the daemon's monitor can feed them every step, and both
+have a batch form for recorded streams (tests, the simulator, offline study).
+
+Throughput
+    A *segment* is a maximal run of records at one world size. The first
+    record of a segment only marks when the job resumed: its interval contains
+    the rescale pause. The next ``warmup_steps`` intervals are dropped as
+    warm-up (NCCL set-up, allocator and autotuner warm-up). Every later step
+    gives a per-step rate ``samples / (t_i - t_{i-1})``. The estimate at a world
+    size is the **median** of the last ``window`` per-step rates (robust to a
+    slow checkpoint step or a hiccup; for a constant batch it equals
+    ``samples / median step time``), with a distribution-free ~95% confidence
+    interval of the median from order statistics. ``rel_ci`` is that
+    interval's half-width divided by the median.
+
+Rescale cost
+    The pause of a rescale is the gap between the last step at the old size and
+    the first step at the new size **minus one typical step time at the new
+    size** (that first step did useful work), so it is the wall time lost
+    compared with running on. The typical step is the median of the first
+    ``settle_steps`` steps after warm-up at the new size; if the job rescales
+    again before that, whatever steady steps it had, else the old size's recent
+    median step, else nothing is subtracted. Pauses are clamped at 0. Scale-up
+    and scale-down costs are summarised separately (medians).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from profiler.records import Record, RecordError
+
+# Two-sided ~95% normal quantile, halved: ranks n/2 -/+ Z_HALF*sqrt(n) bound the median.
+_Z_HALF = 0.98
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Throughput at one world size: ``rate`` samples/s from ``n_steps`` recent steps.
+
+    ``rel_ci`` is the ~95% confidence half-width relative to ``rate`` (``inf``
+    when there are fewer steps than the estimator's ``min_steps``);
+    ``total_steps`` counts every step used at this size since the start.
+    """
+
+    world_size: int
+    rate: float
+    n_steps: int
+    rel_ci: float
+    total_steps: int
+
+
+def _median_sorted(xs: list[float]) -> float:
+    n = len(xs)
+    mid = n // 2
+    return xs[mid] if n % 2 else 0.5 * (xs[mid - 1] + xs[mid])
+
+
+def _median(values: Iterable[float]) -> float:
+    return _median_sorted(sorted(values))
+
+
+def median_ci(values: Iterable[float]) -> tuple[float, float, float]:
+    """``(median, low, high)``: a distribution-free ~95% interval of the median.
+
+    Ranks ``round(n/2 - 0.98 sqrt(n))`` and ``round(1 + n/2 + 0.98 sqrt(n))``
+    (1-based, clamped to the sample) of the sorted values.
+    """
+    xs = sorted(values)
+    n = len(xs)
+    if n == 0:
+        raise ValueError("median_ci of no values")
+    spread = _Z_HALF * math.sqrt(n)
+    lo = min(n, max(1, round(n / 2 - spread)))
+    hi = min(n, max(1, round(1 + n / 2 + spread)))
+    return _median_sorted(xs), xs[lo - 1], xs[hi - 1]
+
+
+class _SizeStats:
+    """Per-world-size window of per-step rates, with a cached estimate."""
+
+    __slots__ = ("rates", "total", "cache")
+
+    def __init__(self, window: int | None) -> None:
+        self.rates: deque[float] = deque(maxlen=window)
+        self.total = 0
+        self.cache: Estimate | None = None
+
+
+def _check_knobs(warmup_steps: int, min_steps: int, window: int | None) -> None:
+    if warmup_steps < 0:
+        raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
+    if min_steps < 1:
+        raise ValueError(f"min_steps must be >= 1, got {min_steps}")
+    if window is not None and window < min_steps:
+        raise ValueError(f"window {window} must be >= min_steps {min_steps} (or None for unbounded)")
+
+
+class ThroughputEstimator:
+    """Incremental samples/s per world size from one job's records (see the module doc)."""
+
+    def __init__(self, warmup_steps: int = 2, window: int | None = 64, min_steps: int = 5) -> None:
+        _check_knobs(warmup_steps, min_steps, window)
+        self.warmup_steps = warmup_steps
+        self.window = window
+        self.min_steps = min_steps
+        self._stats: dict[int, _SizeStats] = {}
+        self._last_ts: float | None = None
+        self._last_ws = 0
+        self._seg_pos = 0
+        self._count = 0
+
+    @property
+    def records_seen(self) -> int:
+        return self._count
+
+    @property
+    def world_size(self) -> int:
+        """World size of the last record (0 before any)."""
+        return self._last_ws
+
+    def add(self, record: Record) -> None:
+        """Ingest one record; a timestamp not after the previous one raises :class:`RecordError`."""
+        ts = record.timestamp
+        last = self._last_ts
+        if last is not None and not ts > last:
+            raise RecordError(
+                f"record #{self._count}: timestamp {ts!r} is not after the previous record's {last!r}"
+            )
+        self._count += 1
+        self._last_ts = ts
+        ws = record.world_size
+        if ws != self._last_ws:
+            self._last_ws = ws
+            self._seg_pos = 1
+            return
+        pos = self._seg_pos
+        self._seg_pos = pos + 1
+        if pos <= self.warmup_steps:
+            return
+        stats = self._stats.get(ws)
+        if stats is None:
+            stats = self._stats[ws] = _SizeStats(self.window)
+        stats.rates.append(record.samples / (ts - last))  # type: ignore[operator]
+        stats.total += 1
+        stats.cache = None
+
+    def extend(self, records: Iterable[Record]) -> None:
+        for record in records:
+            self.add(record)
+
+    def estimate(self, world_size: int) -> Estimate | None:
+        """The current estimate at ``world_size``; ``None`` before any step counted there."""
+        stats = self._stats.get(world_size)
+        if stats is None or not stats.rates:
+            return None
+        if stats.cache is None:
+            med, lo, hi = median_ci(stats.rates)
+            n = len(stats.rates)
+            rel = (hi - lo) / (2.0 * med) if n >= self.min_steps and med > 0 else math.inf
+            stats.cache = Estimate(world_size, med, n, rel, stats.total)
+        return stats.cache
+
+    def stable(self, world_size: int, rel_ci: float = 0.05) -> bool:
+        """At least ``min_steps`` steps and a relative CI half-width ``<= rel_ci``."""
+        est = self.estimate(world_size)
+        return est is not None and est.n_steps >= self.min_steps and est.rel_ci <= rel_ci
+
+    def estimates(self) -> dict[int, Estimate]:
+        out: dict[int, Estimate] = {}
+        for ws in sorted(self._stats):
+            est = self.estimate(ws)
+            if est is not None:
+                out[ws] = est
+        return out
+
+    def rates(self) -> dict[int, float]:
+        """World size -> estimated samples/s, for every size with at least one counted step."""
+        return {ws: est.rate for ws, est in self.estimates().items()}
+
+    def stable_rates(self, rel_ci: float = 0.05) -> dict[int, float]:
+        """Like :meth:`rates` but only the sizes whose estimate is :meth:`stable`."""
+        return {ws: e.rate for ws, e in self.estimates().items() if self.stable(ws, rel_ci)}
+
+
+def throughput_by_world_size(
+    records: Iterable[Record], warmup_steps: int = 2, window: int | None = None, min_steps: int = 5
+) -> dict[int, Estimate]:
+    """Batch form: every world size's estimate over a recorded stream (unbounded window by default)."""
+    est = ThroughputEstimator(warmup_steps=warmup_steps, window=window, min_steps=min_steps)
+    est.extend(records)
+    return est.estimates()
+
+
+@dataclass(frozen=True)
+class RescaleEvent:
+    """A world-size change: ``pause_s`` lost (see the module doc), starting at ``timestamp``.
+
+    ``timestamp`` is the time of the last step at the old size; ``gap_s`` the raw
+    time between that step and the first step at the new size.
+    """
+
+    from_size: int
+    to_size: int
+    pause_s: float
+    timestamp: float
+    gap_s: float
+
+    @property
+    def is_up(self) -> bool:
+        return self.to_size > self.from_size
+
+
+@dataclass(frozen=True)
+class RescaleCosts:
+    """Median pause of scale-ups and of scale-downs (``None`` when none was seen)."""
+
+    up_s: float | None
+    down_s: float | None
+    n_up: int
+    n_down: int
+
+    def up_or(self, default: float) -> float:
+        return default if self.up_s is None else self.up_s
+
+    def down_or(self, default: float) -> float:
+        return default if self.down_s is None else self.down_s
+
+
+def summarize_rescales(events: Iterable[RescaleEvent]) -> RescaleCosts:
+    """Median pause per direction over ``events``."""
+    evs = list(events)
+    ups = [e.pause_s for e in evs if e.is_up]
+    downs = [e.pause_s for e in evs if not e.is_up]
+    return RescaleCosts(
+        _median(ups) if ups else None, _median(downs) if downs else None, len(ups), len(downs)
+    )
+
+
+@dataclass
+class _Pending:
+    from_size: int
+    to_size: int
+    gap_s: float
+    at: float
+    fallback_step_s: float | None
+    steps: list[float] = field(default_factory=list)
+
+
+class RescaleCostEstimator:
+    """Incremental rescale pauses from one job's records (see the module doc)."""
+
+    def __init__(self, warmup_steps: int = 2, settle_steps: int = 3) -> None:
+        if warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
+        if settle_steps < 1:
+            raise ValueError(f"settle_steps must be >= 1, got {settle_steps}")
+        self.warmup_steps = warmup_steps
+        self.settle_steps = settle_steps
+        self._events: list[RescaleEvent] = []
+        self._pending: _Pending | None = None
+        self._steady: deque[float] = deque(maxlen=settle_steps)
+        self._last_ts: float | None = None
+        self._last_ws = 0
+        self._seg_pos = 0
+        self._count = 0
+
+    def add(self, record: Record) -> None:
+        """Ingest one record; a timestamp not after the previous one raises :class:`RecordError`."""
+        ts = record.timestamp
+        last = self._last_ts
+        if last is not None and not ts > last:
+            raise RecordError(
+                f"record #{self._count}: timestamp {ts!r} is not after the previous record's {last!r}"
+            )
+        self._count += 1
+        self._last_ts = ts
+        ws = record.world_size
+        if last is None:
+            self._last_ws, self._seg_pos = ws, 1
+            return
+        dt = ts - last
+        if ws != self._last_ws:
+            self.flush()
+            fallback = _median(self._steady) if self._steady else None
+            self._pending = _Pending(self._last_ws, ws, dt, last, fallback)
+            self._steady.clear()
+            self._last_ws, self._seg_pos = ws, 1
+            return
+        pos = self._seg_pos
+        self._seg_pos = pos + 1
+        if pos <= self.warmup_steps:
+            return
+        self._steady.append(dt)
+        pending = self._pending
+        if pending is not None:
+            pending.steps.append(dt)
+            if len(pending.steps) >= self.settle_steps:
+                self.flush()
+
+    def extend(self, records: Iterable[Record]) -> None:
+        for record in records:
+            self.add(record)
+
+    def flush(self) -> None:
+        """Close the open rescale now with what is known (the batch form calls it at the end)."""
+        p = self._pending
+        if p is None:
+            return
+        self._pending = None
+        if p.steps:
+            step = _median(p.steps)
+        else:
+            step = p.fallback_step_s if p.fallback_step_s is not None else 0.0
+        pause = max(0.0, p.gap_s - step)
+        self._events.append(RescaleEvent(p.from_size, p.to_size, pause, p.at, p.gap_s))
+
+    @property
+    def pending(self) -> bool:
+        """A rescale has been seen but its pause is not final yet."""
+        return self._pending is not None
+
+    def events(self) -> list[RescaleEvent]:
+        return list(self._events)
+
+    def costs(self) -> RescaleCosts:
+        """Medians over the closed events (an open one is not included; see :meth:`flush`)."""
+        return summarize_rescales(self._events)
+
+
+def rescale_events(records: Iterable[Record], warmup_steps: int = 2, settle_steps: int = 3) -> list[RescaleEvent]:
+    """Batch form: every rescale of a recorded stream, in order."""
+    est = RescaleCostEstimator(warmup_steps=warmup_steps, settle_steps=settle_steps)
+    est.extend(records)
+    est.flush()
+    return est.events()

@@ -1,0 +1,77 @@
+"""One job-monitor record: a training step finished.
+
+The daemon's job monitor turns each ``report(samples)`` line of a training
+loop into a :class:`Record`; the simulator synthesises the same stream. A
+record says "a step that processed ``samples`` samples (the global batch)
+finished at ``timestamp`` while the job ran on ``world_size`` nodes".
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Sequence
+
+
+class RecordError(ValueError):
+    """A record that cannot be used; the message names the field and the value."""
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """A finished training step: global batch ``samples`` at ``timestamp`` (s) on ``world_size`` nodes."""
+
+    samples: int
+    timestamp: float
+    world_size: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.samples, int) or isinstance(self.samples, bool) or self.samples < 1:
+            raise RecordError(f"record samples must be an int >= 1, got {self.samples!r}")
+        if not isinstance(self.world_size, int) or isinstance(self.world_size, bool) or self.world_size < 1:
+            raise RecordError(f"record world_size must be an int >= 1, got {self.world_size!r}")
+        if not isinstance(self.timestamp, (int, float)) or not math.isfinite(self.timestamp):
+            raise RecordError(f"record timestamp must be a finite number, got {self.timestamp!r}")
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A run of steps at one world size for :func:`synthesize`.
+
+    The segment's first step ends ``pause_before_s + step_s`` after the previous
+    segment's last step (or after ``start``); the next ``warmup_steps`` steps take
+    ``step_s * warmup_factor``; the rest take ``step_s``.
+    """
+
+    world_size: int
+    steps: int
+    step_s: float
+    samples: int
+    pause_before_s: float = 0.0
+    warmup_steps: int = 0
+    warmup_factor: float = 3.0
+
+    def __post_init__(self) -> None:
+        if self.steps < 1 or not (self.step_s > 0) or self.pause_before_s < 0 or not (self.warmup_factor > 0):
+            raise RecordError(f"bad segment {self!r}: need steps >= 1, step_s > 0, pause >= 0, warmup_factor > 0")
+
+
+def synthesize(
+    segments: Sequence[Segment], start: float = 0.0, noise: float = 0.0, seed: int = 0
+) -> list[Record]:
+    """A deterministic record stream (tests, the simulator): step times times ``U(1-noise, 1+noise)``
+    drawn from ``random.Random(seed)``."""
+    if not 0.0 <= noise < 1.0:
+        raise RecordError(f"noise must be in [0, 1), got {noise}")
+    rng = random.Random(seed)
+    out: list[Record] = []
+    t = start
+    for seg in segments:
+        for i in range(seg.steps):
+            dt = seg.step_s * (seg.warmup_factor if 1 <= i <= seg.warmup_steps else 1.0)
+            if noise:
+                dt *= rng.uniform(1.0 - noise, 1.0 + noise)
+            t += dt + (seg.pause_before_s if i == 0 else 0.0)
+            out.append(Record(seg.samples, t, seg.world_size))
+    return out

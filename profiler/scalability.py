@@ -1,0 +1,283 @@
+"""A job's scalability: measured points, where they came from, and a fitted model.
+
+The model
+---------
+Elastic data-parallel training keeps the per-node batch ``B`` fixed and grows
+the global batch with the node count ``n`` (weak scaling). One step then takes
+``T(n) = T_compute + alpha*log2(n) + beta*n``: the compute of one node's batch,
+the latency term of a tree/recursive-doubling allreduce, and a term growing with
+the number of workers (ring-allreduce hops, stragglers). The per-sample time
+``tau(n) = T(n) / (n*B)`` is therefore **linear in three non-negative
+coefficients**::
+
+    tau(n) = a + b/n + c*log2(n)/n        rate(n) = 1/tau(n) = n / (b + c*log2(n) + a*n)
+
+It is fitted by non-negative least squares on relative error (rows weighted by
+``1/tau``), solved exactly by trying every subset of the three terms (an
+active-set enumeration, 7 small ``lstsq`` calls). With one point only ``b`` is
+used (linear scaling through the origin, the same assumption the allocator's
+``throughput_at`` makes below its first point); with two points at most two
+terms (``b, c`` preferred). ``c`` alone is never used (it would give an infinite
+rate on one node).
+
+Why this and not ``a + b/n + c*log2(n)``: that form models a *fixed* global batch
+(strong scaling), which is not how these jobs scale; on the real Summit data
+(``benchmarks/bench_profiler.py``) the fit gives its log term weight 0 on every
+curve, so it degrades to Amdahl's law, with a leave-one-out error of 3.2%, against 1.7% for the model
+above and 2.3% for piecewise-linear interpolation between measured points.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+from itertools import combinations
+from typing import Iterable, Mapping, Protocol
+
+import numpy as np
+
+from allocator.model import throughput_at
+
+
+class ScalabilityError(ValueError):
+    """Unusable scalability data; the message names the node count or the line."""
+
+
+class Source(Enum):
+    """Where a job's scalability came from."""
+
+    USER = "user"
+    """The curve the user gave with the job (never measured here)."""
+    PROFILED = "profiled"
+    """Measured by the job profiling advisor's inverse-order profile."""
+    REFINED = "refined"
+    """At least one point measured while the job ran under the allocator."""
+
+
+# Terms of tau(n): a (per-worker), b (compute), c (allreduce latency). Subsets in preference order.
+_TERMS = ("a", "b", "c")
+_SUBSETS: tuple[tuple[int, ...], ...] = tuple(
+    s
+    for size in (1, 2, 3)
+    for s in sorted(combinations(range(3), size), key=lambda s: (1 not in s, s != (1, 2), s))
+    if 0 in s or 1 in s
+)
+
+
+def _features(n: float) -> list[float]:
+    return [1.0, 1.0 / n, math.log2(n) / n]
+
+
+@dataclass(frozen=True)
+class ScalingModel:
+    """``rate(n) = 1 / (a + b/n + c*log2(n)/n)`` samples/s; coefficients are >= 0."""
+
+    a: float
+    b: float
+    c: float
+
+    def per_sample_s(self, n: float) -> float:
+        f = _features(n)
+        return self.a * f[0] + self.b * f[1] + self.c * f[2]
+
+    def predict(self, n: float) -> float:
+        """Samples/s at ``n`` nodes (0 for ``n < 1``)."""
+        if n < 1:
+            return 0.0
+        tau = self.per_sample_s(n)
+        return 1.0 / tau if tau > 0 else 0.0
+
+
+def _check_points(points: Mapping[int, float], what: str) -> None:
+    for n, v in points.items():
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ScalabilityError(f"{what}: node count {n!r} is not an int >= 1")
+        if not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            raise ScalabilityError(f"{what}: rate at {n} nodes is {v!r}, not a finite number > 0")
+
+
+def fit_model(points: Mapping[int, float]) -> ScalingModel:
+    """Fit :class:`ScalingModel` to ``{nodes: samples/s}`` (see the module doc); needs >= 1 point."""
+    if not points:
+        raise ScalabilityError("fit_model: no measured points")
+    _check_points(points, "fit_model")
+    ns = sorted(points)
+    tau = np.array([1.0 / points[n] for n in ns])
+    weights = 1.0 / tau
+    x = np.array([_features(float(n)) for n in ns]) * weights[:, None]
+    y = np.ones(len(ns))  # tau * weights
+    best: tuple[float, np.ndarray] | None = None
+    for subset in _SUBSETS:
+        if len(subset) > len(ns):
+            continue
+        coef, *_ = np.linalg.lstsq(x[:, subset], y, rcond=None)
+        if np.any(coef < 0) or not np.all(np.isfinite(coef)):
+            continue
+        resid = float(np.sum((x[:, subset] @ coef - y) ** 2))
+        if best is None or resid < best[0] - 1e-12:
+            full = np.zeros(3)
+            full[list(subset)] = coef
+            best = (resid, full)
+    if best is None:  # cannot happen: the b-only fit has a positive solution
+        raise ScalabilityError(f"fit_model: no non-negative fit to {dict(points)}")
+    a, b, c = (float(v) for v in best[1])
+    return ScalingModel(a, b, c)
+
+
+def model_error(points: Mapping[int, float], held_out: Mapping[int, float]) -> float:
+    """Mean ``|predicted - true| / true`` in % over ``held_out``, the model fitted to ``points``."""
+    if not held_out:
+        raise ScalabilityError("model_error: no held-out points")
+    _check_points(held_out, "model_error held_out")
+    model = fit_model(points)
+    return 100.0 * sum(abs(model.predict(n) - v) / v for n, v in held_out.items()) / len(held_out)
+
+
+def leave_one_out_errors(points: Mapping[int, float]) -> dict[int, float]:
+    """For every interior count (not the smallest or largest): % error when it is held back."""
+    ns = sorted(points)
+    return {
+        h: model_error({n: v for n, v in points.items() if n != h}, {h: points[h]}) for h in ns[1:-1]
+    }
+
+
+def curve_error_pct(predicted: Mapping[int, float], true: Mapping[int, float], counts: Iterable[int]) -> float:
+    """Mean ``|predicted - true| / true`` in % over ``counts`` (both curves piecewise-linear).
+
+    What the simulator's ``scalability_error_pct`` reports over the counts a job ran at.
+    """
+    errs = []
+    for n in counts:
+        t = throughput_at(true, n)
+        if t <= 0:
+            raise ScalabilityError(f"curve_error_pct: true rate at {n} nodes is {t}, not > 0")
+        errs.append(abs(throughput_at(predicted, n) - t) / t)
+    if not errs:
+        raise ScalabilityError("curve_error_pct: no counts")
+    return 100.0 * sum(errs) / len(errs)
+
+
+class RateSource(Protocol):
+    """What refinement needs from a throughput estimator (``ThroughputEstimator`` is one)."""
+
+    def stable_rates(self, rel_ci: float = 0.05) -> dict[int, float]: ...
+
+
+@dataclass(frozen=True)
+class Scalability:
+    """A job's curve: the user's ``prior`` points and our ``measured`` ones, plus the fitted model.
+
+    :attr:`points` is what the model is fitted to: every measured point, and
+    the prior points at counts not measured, **calibrated** by the median ratio
+    measured/prior over the measured counts (a user curve measured on other
+    hardware is usually off by a factor, not in shape). Immutable:
+    :meth:`refine` returns a new object.
+    """
+
+    prior: Mapping[int, float]
+    measured: Mapping[int, float]
+    source: Source
+    model: ScalingModel = field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "prior", dict(self.prior))
+        object.__setattr__(self, "measured", dict(self.measured))
+        _check_points(self.prior, f"{self.source.value} scalability prior")
+        _check_points(self.measured, f"{self.source.value} scalability measured")
+        if not self.prior and not self.measured:
+            raise ScalabilityError("scalability has no points (neither prior nor measured)")
+        object.__setattr__(self, "model", fit_model(self.points))
+
+    @classmethod
+    def from_user(cls, points: Mapping[int, float]) -> Scalability:
+        return cls(prior=points, measured={}, source=Source.USER)
+
+    @classmethod
+    def profiled(cls, points: Mapping[int, float]) -> Scalability:
+        return cls(prior={}, measured=points, source=Source.PROFILED)
+
+    @property
+    def calibration(self) -> float:
+        """Median measured/prior ratio over measured counts (1 without both)."""
+        if not self.prior or not self.measured:
+            return 1.0
+        ratios = sorted(v / throughput_at(self.prior, n) for n, v in self.measured.items())
+        k = len(ratios)
+        return ratios[k // 2] if k % 2 else 0.5 * (ratios[k // 2 - 1] + ratios[k // 2])
+
+    @property
+    def points(self) -> dict[int, float]:
+        scale = self.calibration
+        out = {n: v * scale for n, v in self.prior.items() if n not in self.measured}
+        out.update(self.measured)
+        return dict(sorted(out.items()))
+
+    def predict(self, n: int) -> float:
+        """The fitted model's samples/s at ``n`` (not snapped to measured points)."""
+        return self.model.predict(n)
+
+    def rate(self, n: int) -> float:
+        """Samples/s at ``n``: the point if there is one, else the model."""
+        pts = self.points
+        return pts[n] if n in pts else self.model.predict(n)
+
+    def scaling_for(self, min_nodes: int, max_nodes: int, counts: Iterable[int] | None = None) -> dict[int, float]:
+        """A full curve for ``allocator.Job.scaling``: every count in ``[min_nodes, max_nodes]``
+        (or just ``counts``), points exact, the model elsewhere."""
+        if min_nodes < 1 or max_nodes < min_nodes:
+            raise ScalabilityError(f"scaling_for: bad range [{min_nodes}, {max_nodes}]")
+        wanted = range(min_nodes, max_nodes + 1) if counts is None else sorted(set(counts))
+        pts = self.points
+        return {n: pts[n] if n in pts else self.model.predict(n) for n in wanted}
+
+    def refine(self, n: int, rate: float) -> Scalability:
+        """A new curve with ``rate`` measured at ``n`` nodes (replacing an older measurement)."""
+        measured = dict(self.measured)
+        measured[n] = rate
+        return Scalability(prior=self.prior, measured=measured, source=Source.REFINED)
+
+    def refined_from(self, estimator: RateSource, rel_ci: float = 0.05) -> Scalability:
+        """Refine with every stable rate of a running job's estimator; ``self`` if nothing changed."""
+        new = {n: r for n, r in estimator.stable_rates(rel_ci).items() if self.measured.get(n) != r}
+        if not new:
+            return self
+        measured = dict(self.measured)
+        measured.update(new)
+        return Scalability(prior=self.prior, measured=measured, source=Source.REFINED)
+
+
+def parse_scaling_table(text: str, origin: str = "<text>") -> dict[str, dict[int, float]]:
+    """``model,nodes,samples_per_second`` CSV text (``#`` comment lines) -> ``{model: {nodes: rate}}``.
+
+    Pure (the caller reads the file); errors name ``origin:line``.
+    """
+    out: dict[str, dict[int, float]] = {}
+    header_seen = False
+    for lineno, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        fields = [f.strip() for f in line.split(",")]
+        if not header_seen:
+            if fields != ["model", "nodes", "samples_per_second"]:
+                raise ScalabilityError(
+                    f"{origin}:{lineno}: expected header model,nodes,samples_per_second, got {line!r}"
+                )
+            header_seen = True
+            continue
+        if len(fields) != 3:
+            raise ScalabilityError(f"{origin}:{lineno}: expected 3 fields, got {len(fields)}: {line!r}")
+        model, nodes_s, rate_s = fields
+        try:
+            nodes, rate = int(nodes_s), float(rate_s)
+        except ValueError:
+            raise ScalabilityError(f"{origin}:{lineno}: bad nodes or rate in {line!r}") from None
+        if nodes < 1 or not math.isfinite(rate) or rate <= 0:
+            raise ScalabilityError(f"{origin}:{lineno}: nodes must be >= 1 and rate > 0 in {line!r}")
+        if nodes in out.setdefault(model, {}):
+            raise ScalabilityError(f"{origin}:{lineno}: {model} at {nodes} nodes given twice")
+        out[model][nodes] = rate
+    if not header_seen:
+        raise ScalabilityError(f"{origin}: no header line model,nodes,samples_per_second")
+    return out
