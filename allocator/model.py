@@ -7,6 +7,7 @@ build a :class:`Problem` and call :func:`allocator.solve` on it.
 from __future__ import annotations
 
 import bisect
+import numbers
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -67,8 +68,13 @@ class Job:
             )
         if not self.scaling:
             raise ProblemError(f"job {self.id}: scaling has no measured points")
+        if any(not isinstance(n, int) for n in self.scaling):
+            bad = [n for n in self.scaling if not isinstance(n, numbers.Integral) or isinstance(n, bool)]
+            if bad:
+                raise ProblemError(f"job {self.id}: scaling node count {bad[0]!r} is not an integer")
+            object.__setattr__(self, "scaling", {int(n): float(v) for n, v in self.scaling.items()})
         for n, v in self.scaling.items():
-            if not isinstance(n, int) or n < 1:
+            if n < 1:
                 raise ProblemError(f"job {self.id}: scaling node count {n!r} is not a positive int")
             if not (v >= 0.0) or v != v or v == float("inf"):
                 raise ProblemError(f"job {self.id}: scaling[{n}] = {v!r} is not a finite rate >= 0")

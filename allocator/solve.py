@@ -1,12 +1,45 @@
-"""Solver entry point. (Initial version: a plain exact DP; faster methods to come.)"""
+"""Solver entry point: ``solve(problem, method) -> Plan``.
+
+Methods (all exact; they differ in speed):
+
+* ``auto``: the fast path (:mod:`allocator.fast`): unconstrained shortcut,
+  Lagrangian reduction of the choices, then the numpy DP on what is left.
+* ``dp``: the plain vectorised (max,+) DP over all allowed counts.
+* ``milp``: the count-based multiple-choice knapsack MILP in PuLP, HiGHS when
+  highspy is importable else CBC; ``milp-highs`` / ``milp-cbc`` pick one.
+* ``node-binary``: the published node x job MILP (reference, slow; bigM fixed),
+  with ``node-binary-highs`` / ``node-binary-cbc``.
+* ``brute-force``: enumerate all count vectors (tiny problems only).
+
+Counts become a node map without migration (:func:`assign_nodes`); the plan's
+objective is always recomputed from the counts with the model's own
+:meth:`Job.value`, so every method reports it the same way.
+"""
 
 from __future__ import annotations
 
+import math
+import numbers
 import time
+from typing import Callable
 
-from allocator.model import Plan, Problem, ProblemError
+from allocator import fast, milp, reference
+from allocator.model import Job, Plan, Problem, ProblemError
+from allocator.values import Tables, build_tables, plan_objective
 
-METHODS = ("auto", "dp")
+METHODS = (
+    "auto",
+    "dp",
+    "milp",
+    "milp-highs",
+    "milp-cbc",
+    "node-binary",
+    "node-binary-highs",
+    "node-binary-cbc",
+    "brute-force",
+)
+
+CountSolver = Callable[[Tables, int], list[int]]
 
 
 def assign_nodes(problem: Problem, counts: dict[str, int]) -> dict[str, tuple[str, ...]]:
@@ -16,11 +49,13 @@ def assign_nodes(problem: Problem, counts: dict[str, int]) -> dict[str, tuple[st
     and take from the free pool plus what shrinking jobs released.
     """
     if sum(counts.values()) > problem.total_nodes:
-        raise ProblemError("counts exceed the nodes held")
+        raise ProblemError(f"counts need {sum(counts.values())} nodes, only {problem.total_nodes} held")
     pool = list(problem.free_nodes)
     out: dict[str, tuple[str, ...]] = {}
     for job in problem.jobs:
         n = counts.get(job.id, 0)
+        if n < 0:
+            raise ProblemError(f"job {job.id}: count {n} < 0")
         if n <= job.current:
             out[job.id] = job.nodes[:n]
             pool.extend(job.nodes[n:])
@@ -30,44 +65,62 @@ def assign_nodes(problem: Problem, counts: dict[str, int]) -> dict[str, tuple[st
         if n > job.current:
             extra = [pool.pop() for _ in range(n - job.current)]
             out[job.id] = job.nodes + tuple(extra)
-    return out
+    return {job.id: out[job.id] for job in problem.jobs}
 
 
-def _choices(job, cap: int) -> list[int]:
-    return [0] + list(range(job.min_nodes, min(job.max_nodes, cap) + 1))
+def _count_solvers() -> dict[str, CountSolver]:
+    return {
+        "auto": fast.solve_fast,
+        "dp": fast.solve_full_dp,
+        "milp": lambda t, c: milp.solve_milp(t.all(), c, milp.default_backend()),
+        "milp-highs": lambda t, c: milp.solve_milp(t.all(), c, milp.Backend.HIGHS),
+        "milp-cbc": lambda t, c: milp.solve_milp(t.all(), c, milp.Backend.CBC),
+        "brute-force": lambda t, c: reference.solve_brute_force(t.all(), c),
+    }
 
 
-def _solve_dp(problem: Problem) -> tuple[dict[str, int], float]:
-    cap = problem.total_nodes
-    best = [0.0] + [float("-inf")] * cap
-    picks: list[list[int]] = []
-    for job in problem.jobs:
-        new = [float("-inf")] * (cap + 1)
-        arg = [0] * (cap + 1)
-        vals = {n: job.value(n, problem.horizon_s) for n in _choices(job, cap)}
-        for c in range(cap + 1):
-            if best[c] == float("-inf"):
-                continue
-            for n, v in vals.items():
-                if c + n <= cap and best[c] + v > new[c + n]:
-                    new[c + n] = best[c] + v
-                    arg[c + n] = n
-        best = new
-        picks.append(arg)
-    c = max(range(cap + 1), key=lambda i: best[i])
-    obj = best[c]
-    counts: dict[str, int] = {}
-    for job, arg in zip(reversed(problem.jobs), reversed(picks)):
-        n = arg[c]
-        counts[job.id] = n
-        c -= n
-    return counts, obj
+_NODE_BINARY = {
+    "node-binary": None,
+    "node-binary-highs": milp.Backend.HIGHS,
+    "node-binary-cbc": milp.Backend.CBC,
+}
 
 
 def solve(problem: Problem, method: str = "auto") -> Plan:
+    """The exact optimal plan of ``problem`` by ``method`` (see :data:`METHODS`)."""
     if method not in METHODS:
         raise ProblemError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    validate(problem)
     t0 = time.perf_counter()
-    counts, obj = _solve_dp(problem)
-    assignment = assign_nodes(problem, counts)
-    return Plan(assignment, obj, time.perf_counter() - t0, "dp", counts)
+    tables = build_tables(problem)
+    if method in _NODE_BINARY:
+        backend = _NODE_BINARY[method] or milp.default_backend()
+        node_plan = reference.solve_node_binary(problem, tables.all(), backend)
+        assignment, counts = node_plan.assignment, node_plan.counts
+    else:
+        picks = _count_solvers()[method](tables, problem.total_nodes)
+        counts = {job.id: int(tables.counts[j, i]) for j, (job, i) in enumerate(zip(problem.jobs, picks))}
+        assignment = assign_nodes(problem, counts)
+    objective = plan_objective(problem, counts)
+    return Plan(assignment, objective, time.perf_counter() - t0, method, counts)
+
+
+def validate(problem: Problem) -> None:
+    """Reject what the dataclasses let through; the message names the job and field."""
+    if not math.isfinite(problem.horizon_s):
+        raise ProblemError(f"horizon_s must be finite, got {problem.horizon_s!r}")
+    for job in problem.jobs:
+        _validate_job(job)
+
+
+def _validate_job(job: Job) -> None:
+    for name in ("min_nodes", "max_nodes"):
+        value = getattr(job, name)
+        if type(value) is not int and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
+            raise ProblemError(f"job {job.id}: {name} must be an int, got {value!r}")
+    for name in ("up_cost_s", "down_cost_s"):
+        value = getattr(job, name)
+        if type(value) not in (int, float) and not isinstance(value, numbers.Real):
+            raise ProblemError(f"job {job.id}: {name} must be a finite number >= 0, got {value!r}")
+        if not (math.isfinite(value) and value >= 0):
+            raise ProblemError(f"job {job.id}: {name} must be a finite number >= 0, got {value!r}")

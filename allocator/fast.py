@@ -1,0 +1,187 @@
+"""Exact fast path: unconstrained shortcut, Lagrangian reduction, then the DP.
+
+1. If every job's own best count fits in the pool together, that is optimal.
+2. Otherwise relax the capacity with a multiplier ``lam >= 0``:
+   ``U(lam) = lam*C + sum_j max_k (v_j[k] - lam*k)`` bounds the optimum from
+   above for every ``lam``; bisection finds the ``lam`` where the relaxed demand
+   crosses ``C``. Its feasible side, greedily filled, is an incumbent ``I``.
+3. Fixing job ``j`` at count ``k`` lowers the bound by the reduced cost
+   ``rc_jk = max_k' (v_j[k'] - lam*k') - (v_j[k] - lam*k)``; if
+   ``U - rc_jk < I`` no optimal plan uses ``k`` for ``j``, so it is dropped.
+   Jobs with one choice left are fixed; the rest go to the exact DP with each
+   job's smallest surviving count taken off the capacity first.
+
+Every step only removes choices that provably cannot be optimal, so the result
+is the exact optimum (cross-checked against the MILP, the node x job reference
+and brute force in the tests).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from allocator.dp import Item, solve_items
+from allocator.values import Tables
+
+_BISECT_STEPS = 60
+_BISECT_REL = 1e-10  # the bound is valid for any multiplier; this only tightens it
+
+
+@dataclass(frozen=True)
+class Padded:
+    """All jobs' choices in one (jobs x choices) array; missing choices are -inf."""
+
+    counts: np.ndarray  # int64 (J, K), padded with 0
+    values: np.ndarray  # float64 (J, K), padded with -inf
+
+    def relaxed(self, lam: float) -> np.ndarray:
+        return self.values - lam * self.counts
+
+    def choice(self, lam: float) -> np.ndarray:
+        """Each job's best index under ``lam`` (ties: the smaller count)."""
+        return np.argmax(self.relaxed(lam), axis=1)
+
+    def demand(self, idx: np.ndarray) -> int:
+        return int(self.counts[np.arange(idx.size), idx].sum())
+
+    def bound(self, lam: float, capacity: int) -> float:
+        return float(lam * capacity + self.relaxed(lam).max(axis=1).sum())
+
+
+def solve_fast(tables: Tables, capacity: int) -> list[int]:
+    """Chosen index into each job's table; exact optimum of the multiple-choice knapsack."""
+    if not len(tables):
+        return []
+    picks = tables.preferred_best()
+    rows = np.arange(len(tables))
+    if int(tables.counts[rows, picks].sum()) <= capacity:
+        return picks.tolist()
+    pad = Padded(tables.counts, tables.values)
+    lam_lo, lam_hi = _bracket(pad, capacity)
+    incumbent, inc_value = _incumbent(pad, capacity, lam_lo, lam_hi)
+    lam = lam_hi if pad.bound(lam_hi, capacity) <= pad.bound(lam_lo, capacity) else lam_lo
+    reduced = _reduced_costs(pad, lam)
+    bound = pad.bound(lam, capacity)
+    tol = 1e-9 * max(1.0, abs(bound), float(np.abs(pad.values[np.isfinite(pad.values)]).max(initial=0.0)))
+    # Keep every choice within the proven gap (the incumbent always survives).
+    keep = np.isfinite(pad.values) & (reduced <= bound - inc_value + tol)
+    keep[rows, incumbent] = True
+    final = _solve_reduced(tables, keep, capacity)
+    if final is None:  # pragma: no cover - the incumbent is feasible and kept
+        raise AssertionError("reduced problem lost the incumbent")
+    return final.tolist()
+
+
+def solve_full_dp(tables: Tables, capacity: int) -> list[int]:
+    """The plain vectorised DP over all allowed counts (no reduction)."""
+    items = [Item(t.counts, t.values, t.preference()) for t in tables.all()]
+    picks, _ = solve_items(items, capacity)
+    return picks
+
+
+def _bracket(pad: Padded, capacity: int) -> tuple[float, float]:
+    """``lo`` with demand > capacity, ``hi`` with demand <= capacity, close together."""
+    lo, hi = 0.0, _all_idle_multiplier(pad)
+    while pad.demand(pad.choice(hi)) > capacity:  # only if rounding defeated the estimate
+        lo, hi = hi, 2.0 * hi + 1.0
+    for _ in range(_BISECT_STEPS):
+        mid = 0.5 * (lo + hi)
+        if hi - lo <= _BISECT_REL * hi or not lo < mid < hi:
+            break
+        if pad.demand(pad.choice(mid)) > capacity:
+            lo = mid
+        else:
+            hi = mid
+    return lo, hi
+
+
+def _all_idle_multiplier(pad: Padded) -> float:
+    """A multiplier at which every job prefers 0 nodes: its steepest slope from 0, plus a margin."""
+    running = pad.counts > 0
+    gain = np.where(running & np.isfinite(pad.values), pad.values - pad.values[:, :1], 0.0)
+    slopes = gain / np.where(running, pad.counts, 1)
+    top = float(slopes.max(initial=0.0))
+    return top * (1.0 + 1e-9) + 1e-9
+
+
+def _incumbent(pad: Padded, capacity: int, lam_lo: float, lam_hi: float) -> tuple[np.ndarray, float]:
+    """A feasible choice vector: the ``lam_hi`` choice, greedily moved toward ``lam_lo``'s."""
+    rows = np.arange(pad.counts.shape[0])
+    idx = pad.choice(lam_hi)
+    room = capacity - pad.demand(idx)
+    alt = pad.choice(lam_lo)
+    extra = pad.counts[rows, alt] - pad.counts[rows, idx]
+    gain = pad.values[rows, alt] - pad.values[rows, idx]
+    movers = np.flatnonzero((extra > 0) & (gain > 0))
+    order = movers[np.argsort(-gain[movers] / extra[movers], kind="stable")]
+    for j in order.tolist():
+        if extra[j] <= room:
+            idx[j] = alt[j]
+            room -= int(extra[j])
+    idx, room = _fill(pad, idx, room)
+    return idx, float(pad.values[rows, idx].sum())
+
+
+def _fill(pad: Padded, idx: np.ndarray, room: int, rounds: int = 8) -> tuple[np.ndarray, int]:
+    """Apply the single best improving move that fits, a few times."""
+    rows = np.arange(idx.size)
+    for _ in range(rounds):
+        if room <= 0:
+            break
+        cur_n = pad.counts[rows, idx][:, None]
+        cur_v = pad.values[rows, idx][:, None]
+        fits = pad.counts - cur_n <= room
+        gain = np.where(fits, pad.values - cur_v, -np.inf)
+        flat = int(np.argmax(gain))
+        j, k = divmod(flat, gain.shape[1])
+        if not gain[j, k] > 0:
+            break
+        room -= int(pad.counts[j, k] - pad.counts[j, idx[j]])
+        idx[j] = k
+    return idx, room
+
+
+def _reduced_costs(pad: Padded, lam: float) -> np.ndarray:
+    """How much fixing each (job, choice) lowers the Lagrangian bound at ``lam``."""
+    relaxed = pad.relaxed(lam)
+    return relaxed.max(axis=1, keepdims=True) - relaxed
+
+
+def _solve_reduced(tables: Tables, keep: np.ndarray, capacity: int) -> np.ndarray | None:
+    """Fix jobs with one surviving choice; DP over the rest above their smallest survivor.
+
+    ``None`` if the surviving choices cannot fit (only possible without the incumbent).
+    """
+    alive = keep.sum(axis=1)
+    first = np.argmax(keep, axis=1)
+    rows = np.arange(len(tables))
+    picks = first.copy()
+    room = capacity - int(tables.counts[rows, first].sum())
+    if room < 0:
+        return None
+    items: list[Item] = []
+    owners: list[tuple[int, np.ndarray]] = []
+    for j in np.flatnonzero(alive > 1).tolist():
+        live = np.flatnonzero(keep[j])
+        weights = tables.counts[j, live] - tables.counts[j, live[0]]
+        items.append(Item(weights, tables.values[j, live], _live_preference(live, int(tables.current_index[j]))))
+        owners.append((j, live))
+    if items:
+        span = sum(int(it.weights[-1]) for it in items)
+        chosen, _ = solve_items(items, min(room, span))
+        for (j, live), c in zip(owners, chosen):
+            picks[j] = live[c]
+    return picks
+
+
+def _live_preference(live: np.ndarray, current: int) -> np.ndarray:
+    """Tie-break order over the surviving choices: the current count first, then ascending."""
+    order = np.arange(live.size)
+    if current <= 0:
+        return order
+    at = np.flatnonzero(live == current)
+    if not at.size:
+        return order
+    return np.concatenate([at, order[: at[0]], order[at[0] + 1 :]])

@@ -1,0 +1,103 @@
+"""Property tests: every exact method reaches the same objective; plans are feasible."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from allocator import Job, Plan, Problem, solve, throughput_at
+from allocator.check import violations
+from allocator.milp import highs_available
+from allocator.values import build_tables, plan_objective
+
+PROPS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+rates = st.one_of(st.integers(0, 40).map(float), st.floats(0.0, 100.0, allow_nan=False))
+
+
+@st.composite
+def problems(draw, max_jobs: int = 4, max_count: int = 8, max_free: int = 6) -> Problem:
+    """Small random instances: non-monotone, non-concave curves; running and idle jobs."""
+    n_jobs = draw(st.integers(1, max_jobs))
+    pool = 0
+    jobs = []
+    for j in range(n_jobs):
+        lo = draw(st.integers(1, 3))
+        hi = draw(st.integers(lo, lo + max_count - 3))
+        points = draw(st.dictionaries(st.integers(1, max_count), rates, min_size=1, max_size=4))
+        cur = draw(st.integers(0, hi + 1)) if draw(st.booleans()) else 0
+        nodes = tuple(f"n{pool + i}" for i in range(cur))
+        pool += cur
+        up, down = draw(st.integers(0, 30)), draw(st.integers(0, 30))
+        jobs.append(Job(f"job{j}", lo, hi, points, nodes, float(up), float(down)))
+    free = tuple(f"f{i}" for i in range(draw(st.integers(0, max_free))))
+    horizon = float(draw(st.integers(1, 100)))
+    return Problem(tuple(jobs), free, horizon)
+
+
+def check(problem: Problem, plan: Plan) -> None:
+    assert violations(problem, plan) == []
+    assert set(plan.assignment) == {job.id for job in problem.jobs}
+    assert math.isclose(plan.objective, plan_objective(problem, plan.counts), rel_tol=1e-12, abs_tol=1e-9)
+
+
+def agree(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-6)
+
+
+@PROPS
+@given(problems())
+def test_fast_methods_match_brute_force(problem: Problem) -> None:
+    oracle = solve(problem, "brute-force")
+    check(problem, oracle)
+    for method in ("auto", "dp", "milp"):
+        plan = solve(problem, method)
+        check(problem, plan)
+        assert agree(plan.objective, oracle.objective), (method, plan.counts, oracle.counts)
+
+
+@settings(PROPS, max_examples=25)
+@given(problems(max_jobs=3, max_count=6, max_free=5))
+def test_node_binary_reference_matches_brute_force(problem: Problem) -> None:
+    oracle = solve(problem, "brute-force")
+    plan = solve(problem, "node-binary")
+    check(problem, plan)
+    assert agree(plan.objective, oracle.objective), (plan.counts, oracle.counts)
+
+
+@settings(PROPS, max_examples=15)
+@given(problems())
+def test_cbc_matches_brute_force(problem: Problem) -> None:
+    plan = solve(problem, "milp-cbc")
+    check(problem, plan)
+    assert agree(plan.objective, solve(problem, "brute-force").objective)
+
+
+@settings(PROPS, max_examples=60)
+@given(problems(max_jobs=30, max_count=20, max_free=120))
+def test_reduction_matches_full_dp_on_bigger_instances(problem: Problem) -> None:
+    """The Lagrangian reduction in `auto` only drops provably useless choices."""
+    auto, dp = solve(problem, "auto"), solve(problem, "dp")
+    check(problem, auto)
+    check(problem, dp)
+    assert agree(auto.objective, dp.objective), (auto.counts, dp.counts)
+
+
+@settings(PROPS, max_examples=10)
+@given(problems(max_jobs=12, max_count=16, max_free=60))
+def test_milp_matches_dp_on_bigger_instances(problem: Problem) -> None:
+    method = "milp-highs" if highs_available() else "milp-cbc"
+    assert agree(solve(problem, method).objective, solve(problem, "dp").objective)
+
+
+@PROPS
+@given(st.dictionaries(st.integers(1, 64), rates, min_size=1, max_size=6), st.integers(1, 20))
+def test_tables_use_throughput_at_semantics(scaling: dict[int, float], lo: int) -> None:
+    job = Job("t", lo, 70, scaling)
+    problem = Problem((job,), tuple(f"f{i}" for i in range(70)), 1.0)
+    table = build_tables(problem).table(0)
+    expected = np.array([throughput_at(scaling, int(n)) for n in table.counts])
+    assert np.allclose(table.values, expected, rtol=1e-12, atol=1e-12)
