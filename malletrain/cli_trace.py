@@ -1,9 +1,114 @@
-"""CLI: trace subcommands (placeholder until its issue lands)."""
+"""CLI: ``malletrain trace stats FILE`` and ``malletrain trace synth``."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
+from pathlib import Path
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    pass
+    trace = sub.add_parser("trace", help="read, summarise and synthesise idle-node traces")
+    tsub = trace.add_subparsers(dest="trace_command", metavar="SUBCOMMAND")
+    trace.set_defaults(func=lambda args: _help(trace))
+
+    stats = tsub.add_parser("stats", help="nodes, span, idle nodes, fragment lengths of a log")
+    stats.add_argument("file", type=Path, help="node-state CSV, SWF, sacct or ALCF log (gzip ok)")
+    stats.add_argument("--format", default=None, help="force the format: nodes-csv, swf, sacct, alcf")
+    stats.add_argument("--nodes", type=int, default=None, help="machine size for job logs")
+    stats.add_argument("--plot", type=Path, default=None, metavar="DIR", help="write PNG figures here")
+    stats.add_argument("--json", action="store_true", help="print the figures as JSON")
+    stats.set_defaults(func=run_stats)
+
+    synth = tsub.add_parser("synth", help="write a synthetic node-state trace (nodes-csv)")
+    synth.add_argument("--nodes", type=int, required=True, help="number of nodes")
+    synth.add_argument("--duration", type=float, required=True, metavar="S", help="length in seconds")
+    synth.add_argument("--fit", type=Path, default=None, metavar="FILE",
+                       help="fit fragment lengths to this log (default: embedded Summit model)")
+    synth.add_argument("--format", default=None, help="format of the --fit log (default: detected)")
+    synth.add_argument("--seed", type=int, default=0)
+    synth.add_argument("--out", type=Path, required=True, metavar="FILE", help="output (.csv or .csv.gz)")
+    synth.set_defaults(func=run_synth)
+
+
+def _help(parser: argparse.ArgumentParser) -> int:
+    parser.print_help()
+    return 2
+
+
+def run_stats(args: argparse.Namespace) -> int:
+    import traces
+    from traces.stats import trace_stats
+
+    tl = traces.read(args.file, args.format, nodes=args.nodes)
+    figures = trace_stats(tl)
+    if args.json:
+        record = {"file": str(args.file), "format": tl.format, **figures.as_dict(), "notes": list(tl.notes)}
+        print(json.dumps({k: _json_value(v) for k, v in record.items()}, indent=2))
+    else:
+        print(format_stats(str(args.file), tl.format, figures.as_dict(), tl.notes))
+    if args.plot is not None:
+        from traces.plots import plot_trace
+
+        for path in plot_trace(tl, args.plot):
+            print(f"wrote {path}")
+    return 0
+
+
+def _json_value(v: object) -> object:
+    return None if isinstance(v, float) and math.isnan(v) else v
+
+
+def format_stats(file: str, fmt: str, d: dict[str, float | int], notes: tuple[str, ...]) -> str:
+    """The human-readable summary printed by ``trace stats``."""
+    pct = " ".join(f"p{p}={_dur(d[f'fragment_p{p}_s'])}" for p in (10, 50, 90, 99))
+    lines = [
+        f"file            {file}",
+        f"format          {fmt}",
+        f"nodes           {d['nodes']}",
+        f"span            {_dur(d['span_s'])} ({d['span_s']:.0f} s)",
+        f"mean idle       {d['mean_idle']:.1f} nodes",
+        f"peak idle       {d['peak_idle']} nodes",
+        f"idle fraction   {100 * d['idle_fraction']:.2f}%",
+        f"fragments       {d['fragments']}: {pct}",
+        f"events/hour     {d['events_per_hour']:.1f}",
+    ]
+    lines += [f"note            {n}" for n in notes]
+    return "\n".join(lines)
+
+
+def _dur(seconds: float) -> str:
+    if math.isnan(seconds):
+        return "n/a"
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.1f}min"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.1f}h"
+    return f"{seconds / 86400:.1f}d"
+
+
+def run_synth(args: argparse.Namespace) -> int:
+    import traces
+    from traces import synthetic
+    from traces.nodes_csv import write_nodes_csv
+    from traces.stats import fragment_lengths, trace_stats
+
+    model = synthetic.SUMMIT
+    real = None
+    if args.fit is not None:
+        real = traces.read(args.fit, args.format)
+        model = synthetic.fit_fragments(real)
+    tl = synthetic.generate(args.nodes, args.duration, fragments=model, seed=args.seed)
+    comment = f"synthetic trace: {args.nodes} nodes, {args.duration:g} s, seed {args.seed}\n{model}"
+    write_nodes_csv(tl, args.out, comment=comment)
+    back = traces.read(args.out)
+    figures = trace_stats(back)
+    print(f"wrote {args.out}: {back.n_nodes} nodes, {back.n_events} events, "
+          f"idle fraction {100 * figures.idle_fraction:.2f}%")
+    if real is not None:
+        ks = synthetic.ks_distance(fragment_lengths(back), fragment_lengths(real))
+        print(f"KS distance of fragment lengths vs {args.fit}: {ks:.4f}")
+    return 0

@@ -1,0 +1,78 @@
+"""Speed of the trace readers on the real logs, and of the synthetic generator.
+
+Prints, for each log in ../shared/data (or $MALLETRAIN_DATA): best-of-N wall time
+of ``traces.read``; for the Summit node-state CSV also the same work done the
+obvious way (``csv.DictReader`` rows -> ``NodeEvent`` objects -> a dict of node
+states, no numpy) as the baseline, and the ratio. Then the time to generate the
+embedded summit-like week and to fit the fragment model.
+
+    python benchmarks/bench_traces.py [--repeat N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import gzip
+import time
+from pathlib import Path
+from typing import Callable
+
+import traces
+from traces import NodeEvent, synthetic
+from traces.data import find_data
+
+LOGS = ("summit-2021-02-10_17.nodes.csv.gz", "KTH-SP2-1996-2.1-cln.swf.gz", "cirrus-2024Q1-sacct.csv.gz")
+
+
+def best_of(repeat: int, fn: Callable[[], object]) -> tuple[float, float, object]:
+    """Best wall time, best CPU time of this process (robust when the machine is shared), result."""
+    wall, cpu, result = float("inf"), float("inf"), None
+    for _ in range(repeat):
+        w0, c0 = time.perf_counter(), time.process_time()
+        result = fn()
+        wall = min(wall, time.perf_counter() - w0)
+        cpu = min(cpu, time.process_time() - c0)
+    return wall, cpu, result
+
+
+def naive_nodes_csv(path: Path) -> tuple[int, int]:
+    """Baseline: one Python object per row, a dict of node states, events that change a state."""
+    with gzip.open(path, "rt") as fh:
+        rows = csv.DictReader(line for line in fh if not line.startswith("#"))
+        state: dict[str, bool] = {}
+        events: list[NodeEvent] = []
+        for row in rows:
+            ev = NodeEvent(float(row["time"]), row["node"], row["idle"] == "1")
+            if state.get(ev.node, False) != ev.idle:
+                events.append(ev)
+            state[ev.node] = ev.idle
+    return len(state), len(events)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    for name in LOGS:
+        path = find_data(name)
+        if path is None:
+            print(f"{name}: not found (set MALLETRAIN_DATA)")
+            continue
+        wall, cpu, tl = best_of(args.repeat, lambda: traces.read(path))
+        assert isinstance(tl, traces.IdleTimeline)
+        print(f"read {name}: {wall:.2f} s wall, {cpu:.2f} s cpu "
+              f"({tl.format}, {tl.n_nodes} nodes, {tl.n_events} events)")
+        if tl.format == "nodes-csv":
+            b_wall, b_cpu, _ = best_of(args.repeat, lambda: naive_nodes_csv(path))
+            print(f"  baseline per-row DictReader+NodeEvent: {b_wall:.2f} s wall, {b_cpu:.2f} s cpu "
+                  f"-> traces.read is {b_wall / wall:.1f}x faster (wall), {b_cpu / cpu:.1f}x (cpu)")
+            f_wall, f_cpu, _ = best_of(args.repeat, lambda: synthetic.fit_fragments(tl))
+            print(f"fit_fragments(summit): {f_wall:.2f} s wall, {f_cpu:.2f} s cpu")
+    g_wall, g_cpu, syn = best_of(args.repeat, lambda: synthetic.summit_like())
+    assert isinstance(syn, traces.IdleTimeline)
+    print(f"summit_like() (4608 nodes, 7 days): {g_wall:.2f} s wall, {g_cpu:.2f} s cpu ({syn.n_events} events)")
+
+
+if __name__ == "__main__":
+    main()

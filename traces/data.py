@@ -1,0 +1,28 @@
+"""Where the real data lives: ``$MALLETRAIN_DATA``, else ``../shared/data`` beside the checkout."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import traces
+
+
+def data_dirs() -> list[Path]:
+    """Candidate directories, in the order they are searched."""
+    dirs: list[Path] = []
+    env = os.environ.get("MALLETRAIN_DATA")
+    if env:
+        dirs.append(Path(env))
+    dirs.append(Path(traces.__file__).resolve().parents[2] / "shared" / "data")
+    dirs.append(Path.cwd() / ".." / "shared" / "data")
+    return dirs
+
+
+def find_data(name: str) -> Path | None:
+    """The path of data file ``name`` in the first directory that has it; None if none does."""
+    for d in data_dirs():
+        path = d / name
+        if path.is_file():
+            return path
+    return None

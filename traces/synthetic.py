@@ -1,0 +1,233 @@
+"""Synthetic idle-node timelines whose idle fragments follow a real log (MalleTrain Fig. 3.9).
+
+Each node alternates idle fragments and busy periods, independently of the
+other nodes. Fragment lengths are ``floor + Y`` with ``log Y`` a Gaussian
+mixture fitted to a real log by EM; busy periods are lognormal, with the
+spread of the real log's busy periods and the mean that gives the real idle
+fraction: ``mean_busy = mean_idle * (1 - f) / f``. Every node starts in the
+stationary state of that alternating renewal process (idle with probability
+``f``, the current period length-biased and cut at a uniform point), so the
+idle fraction is ``f`` from the first second.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from traces.jobs import synthetic_names
+from traces.model import IdleTimeline
+from traces.stats import fragment_lengths, trace_stats
+
+FORMAT = "synthetic"
+
+
+@dataclass(frozen=True)
+class FragmentModel:
+    """Idle-fragment lengths ``floor_s + exp(N(mu_k, sigma_k))`` with weights ``w_k``; busy lognormal."""
+
+    floor_s: float
+    weights: tuple[float, ...]
+    mus: tuple[float, ...]
+    sigmas: tuple[float, ...]
+    idle_fraction: float
+    busy_sigma: float
+
+    def __post_init__(self) -> None:
+        k = len(self.weights)
+        if k == 0 or len(self.mus) != k or len(self.sigmas) != k:
+            raise ValueError(f"weights/mus/sigmas must have one equal, non-zero length: {self}")
+        if abs(sum(self.weights) - 1.0) > 1e-6 or min(self.weights) < 0:
+            raise ValueError(f"weights must be non-negative and sum to 1: {self.weights}")
+        if min(self.sigmas) <= 0 or self.busy_sigma <= 0 or self.floor_s < 0:
+            raise ValueError(f"sigmas and busy_sigma must be > 0, floor_s >= 0: {self}")
+        if not 0.0 < self.idle_fraction < 1.0:
+            raise ValueError(f"idle_fraction must be in (0, 1): {self.idle_fraction}")
+
+    @property
+    def mean_idle_s(self) -> float:
+        return self.floor_s + float(np.dot(self.weights, self._component_means()))
+
+    @property
+    def mean_busy_s(self) -> float:
+        f = self.idle_fraction
+        return self.mean_idle_s * (1.0 - f) / f
+
+    @property
+    def busy_mu(self) -> float:
+        return math.log(self.mean_busy_s) - self.busy_sigma**2 / 2
+
+    def _component_means(self) -> np.ndarray:
+        return np.exp(np.array(self.mus) + np.array(self.sigmas) ** 2 / 2)
+
+    def sample_idle(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        k = rng.choice(len(self.weights), size=n, p=np.array(self.weights))
+        return self.floor_s + np.exp(rng.normal(np.array(self.mus)[k], np.array(self.sigmas)[k]))
+
+    def sample_busy(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return np.exp(rng.normal(self.busy_mu, self.busy_sigma, size=n))
+
+    def sample_idle_length_biased(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """Lengths of the fragment covering a random instant (density proportional to length * pdf)."""
+        mus, sigmas = np.array(self.mus), np.array(self.sigmas)
+        means = np.array(self.weights) * self._component_means()
+        from_floor = rng.random(n) < self.floor_s / self.mean_idle_s
+        plain = self.sample_idle(rng, n)
+        k = rng.choice(len(means), size=n, p=means / means.sum())
+        biased = self.floor_s + np.exp(rng.normal(mus[k] + sigmas[k] ** 2, sigmas[k]))
+        return np.where(from_floor, plain, biased)
+
+    def sample_busy_length_biased(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return np.exp(rng.normal(self.busy_mu + self.busy_sigma**2, self.busy_sigma, size=n))
+
+
+# Fitted once from the Summit node-state log (BFTrainer data, 2021-02-10..17) with
+#   python -c "import traces, traces.data as d, traces.synthetic as s; \
+#     print(s.fit_fragments(traces.read(d.find_data('summit-2021-02-10_17.nodes.csv.gz'))))"
+# tests/test_traces_synthetic.py checks that a fresh fit still gives these numbers.
+SUMMIT = FragmentModel(
+    floor_s=63.0,
+    weights=(0.169911, 0.477255, 0.352834),
+    mus=(3.243607, 5.370611, 7.226788),
+    sigmas=(0.704384, 1.126067, 0.914542),
+    idle_fraction=0.072918,
+    busy_sigma=2.074957,
+)
+
+
+def fit_fragments(tl: IdleTimeline, components: int = 3, iterations: int = 300) -> FragmentModel:
+    """Fit the idle-fragment and busy-period model to a timeline (complete fragments only)."""
+    lengths = fragment_lengths(tl)
+    if lengths.size < 10 * components:
+        raise ValueError(
+            f"{tl.source}: {lengths.size} complete idle fragments, too few to fit {components} components"
+        )
+    floor = 0.9 * float(lengths.min())
+    values, counts = np.unique(lengths, return_counts=True)  # logs have whole seconds: few values
+    weights, mus, sigmas = _em_gaussian_mixture(np.log(values - floor), counts, components, iterations)
+    busy = _busy_lengths(tl)
+    busy_sigma = float(np.log(busy).std()) if busy.size > 1 else 1.0
+    return FragmentModel(
+        floor_s=round(floor, 3),
+        weights=tuple(round(float(w), 6) for w in weights / weights.sum()),
+        mus=tuple(round(float(m), 6) for m in mus),
+        sigmas=tuple(round(float(s), 6) for s in sigmas),
+        idle_fraction=round(trace_stats(tl).idle_fraction, 6),
+        busy_sigma=round(max(busy_sigma, 1e-3), 6),
+    )
+
+
+def _busy_lengths(tl: IdleTimeline) -> np.ndarray:
+    order = np.argsort(tl.node_ids, kind="stable")
+    ids, t, st = tl.node_ids[order], tl.times[order], tl.idle[order]
+    same_next = np.zeros(ids.shape[0], dtype=bool)
+    same_next[:-1] = ids[1:] == ids[:-1]
+    opened = np.flatnonzero(~st & same_next)
+    lengths = t[opened + 1] - t[opened]
+    return lengths[lengths > 0]
+
+
+def _em_gaussian_mixture(
+    x: np.ndarray, count: np.ndarray, k: int, iterations: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Deterministic EM for a 1-D Gaussian mixture of values ``x`` seen ``count`` times each."""
+    c = count.astype(float)[:, None]
+    expanded = np.repeat(x, count)
+    mu = np.quantile(expanded, (np.arange(k) + 0.5) / k)
+    sd = np.full(k, max(float(expanded.std()) / k, 1e-2))
+    w = np.full(k, 1.0 / k)
+    previous = -np.inf
+    for _ in range(iterations):
+        logp = np.log(w) - np.log(sd) - 0.5 * ((x[:, None] - mu) / sd) ** 2
+        top = logp.max(axis=1, keepdims=True)
+        r = np.exp(logp - top)
+        total = r.sum(axis=1, keepdims=True)
+        loglik = float(np.sum(c * (np.log(total) + top)))
+        r = r / total * c
+        n = r.sum(axis=0)
+        w = n / n.sum()
+        mu = (r * x[:, None]).sum(axis=0) / n
+        sd = np.maximum(np.sqrt((r * (x[:, None] - mu) ** 2).sum(axis=0) / n), 1e-2)
+        if loglik - previous < 1e-9 * abs(loglik):
+            break
+        previous = loglik
+    return w, mu, sd
+
+
+def generate(
+    n_nodes: int,
+    duration_s: float,
+    *,
+    fragments: FragmentModel | None = None,
+    seed: int = 0,
+    start: float = 0.0,
+) -> IdleTimeline:
+    """A timeline of ``n_nodes`` nodes over ``[start, start + duration_s]``; times in whole seconds."""
+    if n_nodes < 1:
+        raise ValueError(f"n_nodes must be at least 1, got {n_nodes}")
+    if not duration_s > 0:
+        raise ValueError(f"duration_s must be positive, got {duration_s}")
+    model = SUMMIT if fragments is None else fragments
+    rng = np.random.default_rng(seed)
+    idle0 = rng.random(n_nodes) < model.idle_fraction
+    current = np.where(
+        idle0,
+        model.sample_idle_length_biased(rng, n_nodes),
+        model.sample_busy_length_biased(rng, n_nodes),
+    )
+    t = np.round(current * rng.random(n_nodes))  # time of each node's first change
+    entered = ~idle0  # the state each node enters at time t
+    block = _block_size(model, duration_s)
+    parity = (np.arange(block) % 2).astype(bool)
+    ev_t, ev_i, ev_s = [], [], []
+    active = np.flatnonzero(t < duration_s)
+    while active.size:
+        # ``block`` periods per active node at once: period j is idle iff entered ^ (j odd).
+        is_idle = entered[active, None] ^ parity[None, :]
+        length = np.empty(is_idle.shape)
+        n_idle = int(np.count_nonzero(is_idle))
+        length[is_idle] = model.sample_idle(rng, n_idle)
+        length[~is_idle] = model.sample_busy(rng, is_idle.size - n_idle)
+        length = np.maximum(1.0, np.round(length))
+        flips = t[active, None] + np.cumsum(length, axis=1) - length
+        keep = flips < duration_s
+        ev_t.append(flips[keep])
+        ev_i.append(np.broadcast_to(active[:, None], flips.shape)[keep])
+        ev_s.append(is_idle[keep])
+        t[active] = flips[:, -1] + length[:, -1]
+        active = active[t[active] < duration_s]
+    return IdleTimeline.from_arrays(
+        source=f"synthetic(n_nodes={n_nodes}, duration_s={duration_s:g}, seed={seed})",
+        format=FORMAT,
+        nodes=synthetic_names(n_nodes),
+        start=start,
+        end=start + duration_s,
+        initial_idle=idle0,
+        times=start + np.concatenate(ev_t) if ev_t else np.zeros(0),
+        node_ids=np.concatenate(ev_i) if ev_i else np.zeros(0, np.int64),
+        idle=np.concatenate(ev_s) if ev_s else np.zeros(0, bool),
+    )
+
+
+def _block_size(model: FragmentModel, duration_s: float) -> int:
+    """Periods drawn per node per round: about a whole trace's worth, even, at most 512."""
+    cycles = duration_s / (model.mean_idle_s + model.mean_busy_s)
+    return int(min(512, max(2, 2 * math.ceil(1.2 * cycles))))
+
+
+def summit_like(n_nodes: int = 4608, duration_s: float = 7 * 86400, seed: int = 0) -> IdleTimeline:
+    """The embedded default trace: Summit's fragment model (needs no data file)."""
+    return generate(n_nodes, duration_s, fragments=SUMMIT, seed=seed)
+
+
+def ks_distance(a: np.ndarray, b: np.ndarray) -> float:
+    """Two-sample Kolmogorov-Smirnov statistic: the largest gap between the two empirical CDFs."""
+    x, y = np.sort(np.asarray(a, dtype=float)), np.sort(np.asarray(b, dtype=float))
+    if x.size == 0 or y.size == 0:
+        raise ValueError(f"KS distance needs two non-empty samples, got sizes {x.size} and {y.size}")
+    grid = np.concatenate((x, y))
+    fx = np.searchsorted(x, grid, side="right") / x.size
+    fy = np.searchsorted(y, grid, side="right") / y.size
+    return float(np.max(np.abs(fx - fy)))
