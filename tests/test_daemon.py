@@ -1,0 +1,157 @@
+"""The daemon with real agents and real worker processes (toy runtime: no torch needed).
+
+Elastic behaviour (grow on arrival, shrink on recall, keep training), the
+profiler on a real job, completion/failure/cancel, and no orphan processes.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import psutil
+import pytest
+
+from malletrain.config import DaemonConfig, LocalConfig
+from malletrain.daemon import Daemon, DaemonError
+from malletrain.jobspec import JobSpec, JobState
+
+TOY = (sys.executable, "-m", "malletrain.toy_runtime")
+
+
+def config(tmp: Path, nodes: int = 3, **kw) -> DaemonConfig:
+    return DaemonConfig(state_dir=str(tmp / "state"), runtime="toy", local=LocalConfig(nodes=nodes, trace="none"),
+                        agent_heartbeat=0.2, agent_dead_after=4.0, loop_interval=0.05, **kw)
+
+
+def procs_mentioning(text: str) -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        try:
+            if p.info["status"] == psutil.STATUS_ZOMBIE or p.pid == psutil.Process().pid:
+                continue
+            if any(text in part for part in (p.info["cmdline"] or [])) or text in str(p.environ()):
+                out.append(p)
+        except psutil.Error:
+            pass
+    return out
+
+
+def until(d: Daemon, pred: Callable[[], bool], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        d.step()
+        if pred():
+            return
+        d.monitor.drain(timeout_ms=int(d.cfg.loop_interval * 1000))
+    raise AssertionError(f"timed out; runs: {d.runs}; events: {list(d.store.events())[-12:]}")
+
+
+@pytest.fixture
+def daemon(tmp_path: Path):
+    made: list[Daemon] = []
+
+    def make(**kw) -> Daemon:
+        d = Daemon(config(tmp_path, **kw))
+        made.append(d)
+        return d
+
+    yield make
+    for d in made:
+        d.close()
+    assert procs_mentioning(str(tmp_path / "state")) == []
+
+
+@pytest.mark.slow
+def test_job_grows_on_arrival_shrinks_on_recall_and_keeps_training(daemon) -> None:
+    d = daemon()
+    spec = JobSpec("toy", TOY + ("--rate", "2000"), 1, 3, False, {1: 100.0, 2: 190.0, 3: 270.0})
+    jid = d.store.submit(spec)
+    run = lambda: d.runs[jid]  # noqa: E731
+    until(d, lambda: len(run().members) == 3 and run().last_progress > 0)
+    assert d.store.require(jid).state is JobState.RUNNING
+    gen = d.runtime.generation(jid)
+    # the main scheduler takes a node back: SIGTERM on its agent, the job shrinks and goes on
+    victim = run().members[-1]
+    d.backend.recall(victim)
+    until(d, lambda: len(run().members) == 2)
+    assert d.runtime.generation(jid) == gen + 1
+    before = run().last_progress
+    until(d, lambda: run().last_progress > before + 1000 and d.monitor.jobs[jid].world_size == 2)
+    until(d, lambda: d.store.require(jid).samples > before)  # progress persisted
+    # the node comes back idle: held again, the job grows to 3
+    d.backend.make_idle(victim)
+    until(d, lambda: len(run().members) == 3 and d.monitor.jobs[jid].world_size == 3)
+    kinds = {(r["from_nodes"], r["to_nodes"]) for r in d.store.rescales(jid)}
+    until(d, lambda: {(3, 2), (2, 3)} <= {(r["from_nodes"], r["to_nodes"]) for r in d.store.rescales(jid)})
+    assert all(r["pause_s"] >= 0 for r in d.store.rescales(jid)) and kinds is not None
+    states = [s for s, _, _ in d.store.history(jid)]
+    assert states[:2] == ["pending", "running"] and "rescaling" in states
+
+
+@pytest.mark.slow
+def test_profiler_runs_on_a_real_job_then_allocator_uses_it(daemon) -> None:
+    d = daemon(nodes=4, profile_time_cap=8.0)
+    until(d, lambda: len(d.usable_nodes()) == 4)  # every node held: the profile can start at 4
+    jid = d.store.submit(JobSpec("prof", TOY + ("--rate", "3000", "--alpha", "0.5"), 1, 4, True))
+    until(d, lambda: d.runs[jid].state is JobState.PROFILING)
+    assert d.runs[jid].session is not None
+    until(d, lambda: d.runs[jid].state is JobState.RUNNING and d.runs[jid].session is None, timeout=60)
+    measured = d.store.scaling(jid)
+    assert {1, 2, 4} <= set(measured), measured  # inverse order: 4, then 2, then 1
+    # alpha = 0.5: 4 nodes give about twice the rate of 1 node
+    assert 1.6 < measured[4] / measured[1] < 2.4
+    kinds = [e["kind"] for e in d.store.events() if e["job"] == jid]
+    assert kinds.index("profile_start") < kinds.index("profile_done")
+    steps = [e["count"] for e in d.store.events("profile_step")]
+    assert steps == [2, 1]
+
+
+@pytest.mark.slow
+def test_completion_failure_and_cancel(daemon) -> None:
+    d = daemon(max_failures=2)
+    done = d.store.submit(JobSpec("done", TOY + ("--rate", "4000"), 1, 1, False, {1: 10.0}, samples=2000))
+    exits = d.store.submit(JobSpec("exits", TOY + ("--rate", "4000", "--exit-after-samples", "500"), 1, 1, False, {1: 10.0}))
+    bad = d.store.submit(JobSpec("bad", (sys.executable, "-c", "import sys; sys.exit(3)"), 1, 1, False, {1: 10.0}))
+    until(d, lambda: all(d.store.require(j).state.terminal for j in (done, exits, bad)), timeout=40)
+    assert d.store.require(done).state is JobState.COMPLETED and d.store.require(done).samples >= 2000
+    assert d.store.require(exits).state is JobState.COMPLETED
+    assert d.store.require(bad).state is JobState.FAILED
+    assert "exit 3" in d.store.require(bad).message
+    long = d.store.submit(JobSpec("long", TOY + ("--rate", "500"), 1, 3, False, {1: 10.0, 3: 30.0}))
+    until(d, lambda: len(d.runs[long].members) == 3)
+    d.store.request_cancel(long)  # as the CLI does, maybe while the daemon is down
+    until(d, lambda: d.store.require(long).state is JobState.CANCELLED and not d.runs.get(long))
+    until(d, lambda: all(not d.hub.workers(n) for n in d.hub.alive()))
+
+
+def test_second_daemon_on_same_state_dir_is_refused(daemon) -> None:
+    daemon(nodes=1)
+    with pytest.raises(DaemonError, match="another daemon"):
+        daemon(nodes=1)
+
+
+def test_config_errors_name_the_key(tmp_path: Path) -> None:
+    from malletrain.config import ConfigError, load_config
+
+    f = tmp_path / "d.toml"
+    cases = {
+        'runtime = "mpi"': "runtime must be one of",
+        "tfwd = -1": "tfwd must be >=",
+        "[local]\nnodes = 0": "local.nodes must be >= 1",
+        "[local]\nnodes = true": "local.nodes must be an integer",
+        "[ports]\ncontrol = 70000": "ports.control must be <= 65535",
+        "colour = 1": "unknown key",
+        "[local]\nspeed = 1": "local.speed",
+        "tfwd = ": "not valid TOML",
+    }
+    for text, why in cases.items():
+        f.write_text(text)
+        with pytest.raises(ConfigError, match=why) as info:
+            load_config(f)
+        assert str(f) in str(info.value)
+    f.write_text('runtime = "toy"\ntfwd = 30\n[local]\nnodes = 2\ntime_scale = 10\n[ports]\ncontrol = 5555\n')
+    cfg = load_config(f)
+    assert (cfg.runtime, cfg.tfwd, cfg.local.nodes, cfg.local.time_scale, cfg.ports.control) == ("toy", 30.0, 2, 10.0, 5555)

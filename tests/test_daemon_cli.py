@@ -1,0 +1,149 @@
+"""The CLI against a real daemon subprocess; kill -9 and restart loses no job and re-adopts workers."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+import psutil
+
+from malletrain.store import Store
+
+
+def procs_mentioning(text: str) -> list[psutil.Process]:
+    """Live processes whose command line or environment mentions ``text`` (the state dir)."""
+    out = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        try:
+            if p.info["status"] == psutil.STATUS_ZOMBIE or p.pid == os.getpid():
+                continue
+            if any(text in part for part in (p.info["cmdline"] or [])) or text in str(p.environ()):
+                out.append(p)
+        except psutil.Error:
+            pass
+    return out
+
+CONFIG = """
+state_dir = "{state}"
+runtime = "toy"
+loop_interval = 0.05
+agent_heartbeat = 0.2
+agent_dead_after = 8.0
+backend = "local"
+[local]
+nodes = 2
+trace = "none"
+"""
+
+JOB = """
+name = "{name}"
+command = ["{python}", "-m", "malletrain.toy_runtime", "--rate", "1000"]
+min_nodes = 1
+max_nodes = 1
+scaling = {{ 1 = 10.0 }}
+"""
+
+
+def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "malletrain", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def wait(pred: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def start_daemon(cfg: Path, log: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "malletrain", "daemon", "--config", str(cfg)],
+                            stdout=open(log, "ab"), stderr=subprocess.STDOUT)
+
+
+def status(state: Path) -> dict[str, Any]:
+    res = cli("status", "--json", "--state-dir", str(state))
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+def job(data: dict[str, Any], jid: str) -> dict[str, Any]:
+    return next(j for j in data["jobs"] if j["id"] == jid)
+
+
+@pytest.mark.slow
+def test_cli_and_kill_9_restart_loses_nothing(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    cfg = tmp_path / "daemon.toml"
+    cfg.write_text(CONFIG.format(state=state))
+    for name in ("a", "b"):
+        (tmp_path / f"{name}.toml").write_text(JOB.format(name=name, python=sys.executable))
+    log = tmp_path / "daemon.log"
+    d = start_daemon(cfg, log)
+    try:
+        wait(lambda: (state / "daemon.json").exists(), "daemon.json")
+        res = cli("submit", str(tmp_path / "a.toml"), "--state-dir", str(state))
+        assert res.returncode == 0, res.stderr
+        a = res.stdout.strip()
+        assert a == "j000001"
+        wait(lambda: job(status(state), a)["state"] == "running" and job(status(state), a)["samples"] > 0, "a runs")
+        table = cli("status", "--state-dir", str(state)).stdout
+        assert "JOBID" in table and a in table and "running" in table and "NODE" in table
+        nodes = cli("nodes", "--state-dir", str(state))
+        assert nodes.returncode == 0 and "held" in nodes.stdout and a in nodes.stdout
+        node_a = job(status(state), a)["nodes"][0]
+
+        # kill -9: agents and workers live on; submit while the daemon is down
+        d.send_signal(signal.SIGKILL)
+        d.wait(timeout=10)
+        assert procs_mentioning(str(state)), "agents should outlive the daemon for a while"
+        res = cli("submit", str(tmp_path / "b.toml"), "--state-dir", str(state))
+        b = res.stdout.strip()
+        off = status(state)
+        assert off["daemon"] is False and job(off, b)["state"] == "pending"
+        samples_before = Store.open(state / "store.db").require(a).samples
+
+        d = start_daemon(cfg, log)
+        wait(lambda: job(status(state), b)["state"] == "running", "b runs after the restart", timeout=40)
+        data = status(state)
+        assert job(data, a)["state"] == "running" and job(data, a)["nodes"] == [node_a]
+        adopted = [e for e in Store.open(state / "store.db").events("adopt")]
+        assert [e["job"] for e in adopted] == [a]  # the same worker, not a new one
+        wait(lambda: job(status(state), a)["samples"] > samples_before + 500, "a keeps training")
+
+        res = cli("cancel", a, "--state-dir", str(state))
+        assert res.returncode == 0 and "cancel requested" in res.stdout
+        wait(lambda: job(status(state), a)["state"] == "cancelled", "a cancelled")
+        assert cli("cancel", "j000042", "--state-dir", str(state)).returncode != 0
+    finally:
+        if d.poll() is None:
+            d.send_signal(signal.SIGTERM)
+            d.wait(timeout=30)
+    assert d.returncode == 0, log.read_text()[-2000:]
+    wait(lambda: not procs_mentioning(str(state)), "no orphans", timeout=15)
+    final = Store.open(state / "store.db")
+    assert final.require(b).state.value == "suspended"  # stopped with the daemon; resumes next time
+    assert os.path.exists(state / "store.db") and not (state / "daemon.json").exists()
+
+
+def test_cli_errors_name_the_problem(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('command = "python train.py"\n')
+    res = cli("submit", str(bad), "--state-dir", str(tmp_path / "s"))
+    assert res.returncode == 2 and str(bad) in res.stderr and "command must be a list" in res.stderr
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('runtime = "mpi"\n')
+    res = cli("daemon", "--config", str(cfg))
+    assert res.returncode == 2 and "runtime must be one of" in res.stderr and str(cfg) in res.stderr
+    res = cli("nodes", "--state-dir", str(tmp_path / "s"))
+    assert res.returncode == 1 and "no daemon" in res.stderr
