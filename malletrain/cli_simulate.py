@@ -1,9 +1,151 @@
-"""CLI: simulate subcommands (placeholder until its issue lands)."""
+"""CLI: ``malletrain simulate`` — replay an idle-node trace with elastic training jobs."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import re
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # heavy imports stay inside the handler
+    from traces.model import IdleTimeline
+
+# Tfwd default: simulator.engine.DEFAULT_TFWD_S (120 s; why is documented there).
+DEFAULT_MAX_RUNNING = 10
+# The embedded synthetic trace changes one node at a time (about 294k distinct
+# timestamps in a week, against 11,468 in the real Summit log, whose scheduler
+# reports in batches); deciding at most once a minute keeps its replay short.
+EMBEDDED_MIN_INTERVAL_S = 60.0
+
+_OFFSET = re.compile(r"^\+(\d+(?:\.\d+)?)([smhd]?)$")
+_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    pass
+    p = sub.add_parser(
+        "simulate",
+        help="replay an idle-node trace with elastic training jobs under a policy",
+        description="Replay an idle-node timeline (a scheduler log, or an embedded Summit-like "
+        "week) with a stream of elastic training jobs, deciding with the real allocator.",
+    )
+    p.add_argument("--trace", metavar="FILE", help="scheduler log (any format traces.read knows); "
+                   "default: the embedded Summit-like week")
+    p.add_argument("--trace-format", metavar="NAME", help="trace format (default: detected)")
+    p.add_argument("--workload", default="nas", metavar="nas|hpo|FILE",
+                   help="nas (seeded draws of 7 ImageNet models), hpo (shufflenet-hpo repeated) "
+                   "or a JSON/TOML/CSV job file (default: nas)")
+    p.add_argument("--scaling", metavar="FILE", help="model,nodes,samples_per_second CSV "
+                   "(default: summit-scaling.csv from the data dir, else built-in synthetic curves)")
+    p.add_argument("--policy", default="malletrain", metavar="NAME[,NAME]|all",
+                   help="malletrain, greedy, equal, oracle, a comma list, or all (default: malletrain)")
+    p.add_argument("--jobs", type=int, metavar="N", help="finite workload of N jobs (then makespan "
+                   "is the metric); default: an endless stream")
+    p.add_argument("--max-running", type=int, default=DEFAULT_MAX_RUNNING, metavar="N",
+                   help=f"concurrent jobs Pjmax (default: {DEFAULT_MAX_RUNNING})")
+    p.add_argument("--tfwd", type=float, metavar="S",
+                   help="allocator horizon Tfwd in seconds (default: 120)")
+    p.add_argument("--seed", type=int, default=0, metavar="N", help="workload seed (default: 0)")
+    p.add_argument("--start", metavar="T", help="window start: unix seconds or +2h/+1d from trace start")
+    p.add_argument("--end", metavar="T", help="window end: unix seconds or +2h/+1d from trace start")
+    p.add_argument("--min-interval", type=float, metavar="S",
+                   help="ask the policy at most once per S seconds; recalls still apply at once "
+                   f"(default: 0 = at every trace timestamp; {EMBEDDED_MIN_INTERVAL_S:g} for the embedded trace)")
+    p.add_argument("--charge-start", action="store_true",
+                   help="make a job starting from zero nodes pay the scale-up pause too")
+    p.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def parse_time(text: str | None, trace_start: float, what: str) -> float | None:
+    """Unix seconds (``1612915732``) or an offset from the trace start (``+2h``, ``+1d``, ``+90``)."""
+    if text is None:
+        return None
+    m = _OFFSET.match(text.strip())
+    if m:
+        return trace_start + float(m.group(1)) * _UNITS[m.group(2)]
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"--{what} {text!r}: expected unix seconds or an offset like +2h, +1d") from None
+
+
+def parse_policies(text: str) -> list[str]:
+    from simulator.policies import POLICIES
+
+    names = list(POLICIES) if text.strip() == "all" else [p.strip() for p in text.split(",") if p.strip()]
+    unknown = [n for n in names if n not in POLICIES]
+    if unknown or not names:
+        raise ValueError(f"--policy {text!r}: unknown {', '.join(unknown) or 'empty'}; "
+                         f"choose from {', '.join(POLICIES)} or all")
+    return names
+
+
+def load_timeline(path: str | None, fmt: str | None) -> IdleTimeline:
+    if path is None:
+        return default_timeline()
+    import traces
+
+    if not Path(path).exists():
+        raise FileNotFoundError(f"--trace {path}: no such file")
+    return traces.read(path, format=fmt) if fmt else traces.read(path)
+
+
+def default_timeline() -> IdleTimeline:
+    """The embedded Summit-like week: 4,608 nodes fitted to the real Summit log, no file needed."""
+    from traces.synthetic import summit_like
+
+    return summit_like()
+
+
+def min_interval(args: argparse.Namespace) -> float:
+    if args.min_interval is not None:
+        if args.min_interval < 0:
+            raise ValueError(f"--min-interval must be >= 0, got {args.min_interval}")
+        return args.min_interval
+    return EMBEDDED_MIN_INTERVAL_S if args.trace is None else 0.0
+
+
+def run(args: argparse.Namespace) -> int:
+    from simulator import SimConfig, find_scaling, simulate
+    from simulator.engine import DEFAULT_TFWD_S
+    from simulator.report import ProgressBar, comparison_rows, comparison_table, summary_table, write_outputs
+
+    policies = parse_policies(args.policy)
+    if args.max_running < 1:
+        raise ValueError(f"--max-running must be >= 1, got {args.max_running}")
+    timeline = load_timeline(args.trace, args.trace_format)
+    config = SimConfig(
+        max_running=args.max_running,
+        horizon_s=DEFAULT_TFWD_S if args.tfwd is None else args.tfwd,
+        start=parse_time(args.start, timeline.start, "start"),
+        end=parse_time(args.end, timeline.start, "end"),
+        charge_start=args.charge_start,
+        min_interval_s=min_interval(args),
+    )
+    scaling = find_scaling(args.scaling)
+    if scaling.synthetic:
+        print("malletrain simulate: note: no summit-scaling.csv found; using SYNTHETIC scaling curves",
+              file=sys.stderr)
+    out = Path(args.out)
+    summaries = []
+    for name in policies:
+        bar = ProgressBar(name, enabled=not args.quiet)
+        try:
+            result = simulate(timeline, name, args.workload, scaling=scaling, seed=args.seed,
+                              n_jobs=args.jobs, config=config, progress=bar)
+        finally:
+            bar.close()
+        target = out if len(policies) == 1 else out / name
+        write_outputs(result, target, plots=not args.no_plots)
+        summaries.append(result.summary)
+        if len(policies) == 1:
+            print(summary_table(result.summary))
+    if len(policies) > 1:
+        (out / "comparison.json").write_text(json.dumps(comparison_rows(summaries), indent=2) + "\n")
+        print(comparison_table(summaries))
+    print(f"wrote {out}", file=sys.stderr)
+    return 0

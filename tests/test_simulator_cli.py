@@ -1,0 +1,116 @@
+"""``malletrain simulate``: outputs, options, errors; one slow replay of real Summit data."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from malletrain.cli import main
+from malletrain.cli_simulate import parse_policies, parse_time
+
+SUMMARY_KEYS = {
+    "policy", "nodes_total", "span_seconds", "idle_node_seconds", "used_node_seconds", "samples_processed",
+    "jobs_submitted", "jobs_completed", "makespan_seconds", "rescales", "preemptions", "decisions",
+    "decision_ms_p50", "decision_ms_p99", "wall_seconds", "used_fraction", "workload", "seed",
+}
+
+
+def tiny_trace(tmp_path: Path) -> Path:
+    rows = ["time,node,idle"] + [f"1000,h{i},{1 if i < 6 else 0}" for i in range(8)]
+    rows += ["1600,h6,1", "2200,h0,0", "2800,h7,1", "3400,h1,0", "4600,h0,1"]
+    path = tmp_path / "tiny.nodes.csv"
+    path.write_text("# hand-made\n" + "\n".join(rows) + "\n")
+    return path
+
+
+def test_parse_time_accepts_unix_seconds_and_offsets():
+    assert parse_time("+2h", 100.0, "start") == 100.0 + 7200
+    assert parse_time("+1d", 0.0, "end") == 86400.0
+    assert parse_time("+90", 10.0, "end") == 100.0
+    assert parse_time("1612915732", 0.0, "start") == 1612915732.0
+    assert parse_time(None, 5.0, "start") is None
+    with pytest.raises(ValueError, match="--end 'soon'"):
+        parse_time("soon", 0.0, "end")
+
+
+def test_parse_policies():
+    assert parse_policies("all") == ["malletrain", "greedy", "equal", "oracle"]
+    assert parse_policies("greedy, oracle") == ["greedy", "oracle"]
+    with pytest.raises(ValueError, match="unknown best"):
+        parse_policies("greedy,best")
+
+
+def test_simulate_writes_summary_events_and_plots(tmp_path: Path, capsys):
+    out = tmp_path / "run"
+    code = main(["simulate", "--trace", str(tiny_trace(tmp_path)), "--workload", "hpo", "--policy", "malletrain",
+                 "--seed", "3", "--end", "+1h", "--out", str(out), "--quiet"])
+    assert code == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert SUMMARY_KEYS <= set(summary)
+    assert summary["policy"] == "malletrain" and summary["seed"] == 3 and summary["span_seconds"] == 3600
+    assert 0 < summary["used_node_seconds"] <= summary["idle_node_seconds"]
+    with (out / "events.csv").open() as fh:
+        rows = list(csv.DictReader(fh))
+    assert list(rows[0]) == ["time", "idle_nodes", "used_nodes", "running_jobs", "queued_jobs", "rescales",
+                             "decision_ms"]
+    assert len(rows) == summary["decisions"]
+    assert [r["idle_nodes"] for r in rows[:2]] == ["6", "7"]
+    assert (out / "idle-vs-used.png").stat().st_size > 0 and (out / "job-progress.png").stat().st_size > 0
+    printed = capsys.readouterr().out
+    assert "samples_processed" in printed and "used_fraction" in printed
+
+
+def test_simulate_all_policies_compares_to_oracle(tmp_path: Path, capsys):
+    wl = tmp_path / "jobs.toml"
+    wl.write_text('[[jobs]]\nscaling = "1:100;2:190;4:360"\nsamples = 200000\nmax_nodes = 4\ncount = 3\n')
+    out = tmp_path / "cmp"
+    code = main(["simulate", "--trace", str(tiny_trace(tmp_path)), "--workload", str(wl), "--policy", "all",
+                 "--max-running", "2", "--out", str(out), "--quiet", "--no-plots"])
+    assert code == 0
+    rows = json.loads((out / "comparison.json").read_text())
+    assert [r["policy"] for r in rows] == ["malletrain", "greedy", "equal", "oracle"]
+    assert rows[-1]["vs_oracle"] == pytest.approx(1.0)
+    for r in rows:
+        assert (out / r["policy"] / "summary.json").exists()
+        assert r["jobs_submitted"] == 3
+    assert "vs_oracle" in capsys.readouterr().out
+
+
+def test_simulate_reports_bad_inputs(tmp_path: Path, capsys):
+    trace = str(tiny_trace(tmp_path))
+    assert main(["simulate", "--trace", trace, "--policy", "fastest", "--out", str(tmp_path / "x")]) == 2
+    assert "unknown fastest" in capsys.readouterr().err
+    assert main(["simulate", "--trace", str(tmp_path / "missing.csv"), "--out", str(tmp_path / "x")]) == 2
+    assert "missing.csv" in capsys.readouterr().err
+    bad = tmp_path / "bad.json"
+    bad.write_text('[{"model": "nope"}]')
+    assert main(["simulate", "--trace", trace, "--workload", str(bad), "--out", str(tmp_path / "x")]) == 2
+    assert "bad.json: job #1: unknown model 'nope'" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_summit_day_replay_conserves_node_seconds(summit_nodes: Path, summit_scaling: Path):
+    import traces
+    from simulator import SimConfig, simulate
+    from simulator.workload import load_scaling
+
+    tl = traces.read(summit_nodes)
+    config = SimConfig(start=tl.start, end=tl.start + 86400.0)
+    res = simulate(tl, "malletrain", "nas", scaling=load_scaling(summit_scaling), config=config)
+    s = res.summary
+    assert s["idle_node_seconds"] == pytest.approx(tl.idle_node_seconds(tl.start, tl.start + 86400.0))
+    assert 0 < s["used_node_seconds"] <= s["idle_node_seconds"]
+    assert s["jobs_completed"] > 0 and s["samples_processed"] > 0
+    assert all(r.running_jobs <= 10 for r in res.rows)
+
+
+def test_simulate_without_trace_uses_the_embedded_week(tmp_path: Path):
+    out = tmp_path / "default"
+    assert main(["simulate", "--end", "+2h", "--out", str(out), "--quiet", "--no-plots"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["nodes_total"] == 4608 and summary["span_seconds"] == 7200
+    assert summary["decisions"] <= 7200 / 60 + 1  # the embedded trace decides at most once a minute
+    assert 0 < summary["used_node_seconds"] <= summary["idle_node_seconds"]
