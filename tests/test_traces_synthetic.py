@@ -97,3 +97,18 @@ def test_nodes_csv_round_trip(tmp_path: Path, name: str) -> None:
     assert back.times.tolist() == tl.times.tolist()
     assert back.node_ids.tolist() == tl.node_ids.tolist()
     assert back.idle.tolist() == tl.idle.tolist()
+
+
+def test_resolution_puts_every_change_on_the_grid_and_keeps_alternation():
+    from traces.synthetic import generate
+
+    tl = generate(50, 86400, seed=3, start=1000.0, resolution_s=30)
+    offsets = tl.times - 1000.0
+    assert tl.n_events > 0
+    assert np.all(np.mod(offsets, 30) == 0)
+    state = {n: (n in tl.initial_idle) for n in tl.nodes}
+    for ev in tl.events():
+        assert state[ev.node] != ev.idle, f"{ev.node} changed to the state it was in at {ev.time}"
+        state[ev.node] = ev.idle
+    with pytest.raises(ValueError, match="resolution_s"):
+        generate(5, 100, resolution_s=0.5)

@@ -163,8 +163,19 @@ def generate(
     fragments: FragmentModel | None = None,
     seed: int = 0,
     start: float = 0.0,
+    resolution_s: float = 1.0,
 ) -> IdleTimeline:
-    """A timeline of ``n_nodes`` nodes over ``[start, start + duration_s]``; times in whole seconds."""
+    """A timeline of ``n_nodes`` nodes over ``[start, start + duration_s]``.
+
+    Every change falls on a multiple of ``resolution_s`` after ``start`` (whole
+    seconds by default). A real scheduler log changes many nodes at one
+    timestamp (Summit's week: 11,467 distinct times, one every 52 s on
+    average); a coarser resolution batches the synthetic trace likewise, at a
+    cost in fidelity of fragment lengths (KS distance to the Summit week: 0.028
+    at 1 s, 0.079 at 30 s, 0.107 at 60 s), so the default stays at 1 s.
+    """
+    if not resolution_s >= 1.0:
+        raise ValueError(f"resolution_s must be at least 1 s, got {resolution_s}")
     if n_nodes < 1:
         raise ValueError(f"n_nodes must be at least 1, got {n_nodes}")
     if not duration_s > 0:
@@ -177,7 +188,9 @@ def generate(
         model.sample_idle_length_biased(rng, n_nodes),
         model.sample_busy_length_biased(rng, n_nodes),
     )
-    t = np.round(current * rng.random(n_nodes))  # time of each node's first change
+    res = float(resolution_s)
+    # time of each node's first change, on the resolution grid
+    t = np.round(current * rng.random(n_nodes) / res) * res
     entered = ~idle0  # the state each node enters at time t
     block = _block_size(model, duration_s)
     parity = (np.arange(block) % 2).astype(bool)
@@ -190,7 +203,7 @@ def generate(
         n_idle = int(np.count_nonzero(is_idle))
         length[is_idle] = model.sample_idle(rng, n_idle)
         length[~is_idle] = model.sample_busy(rng, is_idle.size - n_idle)
-        length = np.maximum(1.0, np.round(length))
+        length = np.maximum(res, np.round(length / res) * res)
         flips = t[active, None] + np.cumsum(length, axis=1) - length
         keep = flips < duration_s
         ev_t.append(flips[keep])
