@@ -1,0 +1,201 @@
+"""The client API: the one line in the user's training loop.
+
+.. code-block:: python
+
+    from malletrain.client import report
+    ...
+    report(global_batch_size)        # once per training step
+
+``report`` sends a :class:`malletrain.messages.Report` (global batch size,
+timestamp, world size, generation) to the job monitor at ``MALLETRAIN_MONITOR``
+over a ZeroMQ PUSH socket. It never blocks the training loop: the socket keeps
+at most ``SEND_HWM`` frames queued and a report that finds the queue full is
+dropped (and counted). Without ``MALLETRAIN_MONITOR`` it does nothing, so the
+same script runs outside malletrain.
+
+Only rank 0 of each generation sends, so the monitor gets one report per step
+per job. Under the ``torch`` runtime the elastic layer (:mod:`malletrain.elastic`,
+re-exported here as :class:`State` and :func:`run`) supplies rank, world size and
+generation; otherwise they come from the keyword arguments or from the usual
+``RANK``/``WORLD_SIZE`` (or Horovod/Open MPI) variables. This module does not
+import torch.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from malletrain.messages import Report
+
+if TYPE_CHECKING:  # pragma: no cover
+    from malletrain.elastic import State, run  # noqa: F401
+
+ENV_MONITOR = "MALLETRAIN_MONITOR"
+ENV_JOB = "MALLETRAIN_JOB"
+ENV_WORKER = "MALLETRAIN_WORKER"
+
+SEND_HWM = 1000
+"""Frames the PUSH socket queues before reports are dropped."""
+
+LINGER_MS = 1000
+"""How long exit waits to flush queued reports."""
+
+_RANK_VARS = ("RANK", "HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+_WORLD_VARS = ("WORLD_SIZE", "HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+
+
+@dataclass(frozen=True)
+class Context:
+    """Where this process stands in its job: set by the elastic layer at each (re)join."""
+
+    rank: int
+    world_size: int
+    generation: int
+
+
+_context: Context | None = None
+
+
+def set_context(rank: int, world_size: int, generation: int) -> None:
+    """Tell :func:`report` the current rank, world size and generation (elastic layer)."""
+    global _context
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"bad context: rank {rank} of world size {world_size}")
+    _context = Context(rank, world_size, generation)
+
+
+def context() -> Context:
+    """The current context: from the elastic layer, else from the environment."""
+    if _context is not None:
+        return _context
+    return Context(_env_int(_RANK_VARS, 0), max(1, _env_int(_WORLD_VARS, 1)), 0)
+
+
+def _env_int(names: tuple[str, ...], default: int) -> int:
+    for name in names:
+        text = os.environ.get(name)
+        if text is None:
+            continue
+        try:
+            return int(text)
+        except ValueError:
+            raise ValueError(f"environment variable {name}={text!r} is not an integer") from None
+    return default
+
+
+class Reporter:
+    """A non-blocking PUSH connection to one monitor address, for one job and worker."""
+
+    def __init__(self, address: str, job: str, worker: str = "") -> None:
+        import zmq
+
+        if not address:
+            raise ValueError("monitor address is empty")
+        self.address = address
+        self.job = job
+        self.worker = worker
+        self.seq = 0
+        self.sent = 0
+        self.dropped = 0
+        self._zmq = zmq
+        self._ctx = zmq.Context.instance()
+        sock = self._ctx.socket(zmq.PUSH)
+        sock.setsockopt(zmq.SNDHWM, SEND_HWM)
+        sock.setsockopt(zmq.LINGER, LINGER_MS)
+        sock.setsockopt(zmq.IMMEDIATE, 0)
+        try:
+            sock.connect(address)
+        except zmq.ZMQError as exc:
+            sock.close(0)
+            raise ValueError(f"{ENV_MONITOR}={address!r}: cannot connect: {exc}") from None
+        self._sock: Any = sock
+        self._lock = threading.Lock()
+
+    def send(self, samples: int, world_size: int, generation: int, timestamp: float | None = None) -> bool:
+        """Queue one report; False if it was dropped (queue full or closed)."""
+        with self._lock:
+            if self._sock is None:
+                self.dropped += 1
+                return False
+            self.seq += 1
+            frame = Report(
+                job=self.job,
+                seq=self.seq,
+                samples=samples,
+                timestamp=time.time() if timestamp is None else timestamp,
+                world_size=world_size,
+                generation=generation,
+                worker=self.worker,
+            ).encode()
+            try:
+                self._sock.send(frame, self._zmq.NOBLOCK)
+            except self._zmq.Again:
+                self.dropped += 1
+                return False
+            self.sent += 1
+            return True
+
+    def close(self, linger_ms: int = LINGER_MS) -> None:
+        """Flush for at most ``linger_ms`` and close; idempotent."""
+        with self._lock:
+            if self._sock is not None:
+                self._sock.close(linger_ms)
+                self._sock = None
+
+
+_reporter: Reporter | None = None
+_reporter_lock = threading.Lock()
+
+
+def reporter() -> Reporter | None:
+    """The process's reporter, created on first use from the environment (None if no monitor)."""
+    global _reporter
+    with _reporter_lock:
+        if _reporter is None:
+            address = os.environ.get(ENV_MONITOR, "")
+            if not address:
+                return None
+            _reporter = Reporter(address, os.environ.get(ENV_JOB, ""), os.environ.get(ENV_WORKER, ""))
+            atexit.register(_reporter.close)
+        return _reporter
+
+
+def report(samples: int, *, world_size: int | None = None, rank: int | None = None) -> bool:
+    """Report one finished training step of ``samples`` (the global batch size).
+
+    Non-blocking; returns True if a report was queued, False if this rank does
+    not report (only rank 0 does), there is no monitor, or the queue was full.
+    """
+    if not isinstance(samples, int) or isinstance(samples, bool) or samples < 0:
+        raise ValueError(f"report(samples={samples!r}): samples must be an int >= 0 (the global batch size)")
+    ctx = context()
+    if (ctx.rank if rank is None else rank) != 0:
+        return False
+    rep = reporter()
+    if rep is None:
+        return False
+    return rep.send(samples, ctx.world_size if world_size is None else world_size, ctx.generation)
+
+
+def reset() -> None:
+    """Close the reporter and forget the context (tests; a forked child)."""
+    global _reporter, _context
+    with _reporter_lock:
+        if _reporter is not None:
+            _reporter.close(0)
+        _reporter = None
+    _context = None
+
+
+def __getattr__(name: str) -> Any:
+    """``State`` and ``run`` come from :mod:`malletrain.elastic`, imported (with torch) on first use."""
+    if name in ("State", "run"):
+        from malletrain import elastic
+
+        return getattr(elastic, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

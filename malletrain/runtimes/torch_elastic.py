@@ -1,0 +1,301 @@
+"""The ``torch`` runtime, daemon side: a rendezvous store and membership generations.
+
+The daemon hosts one :class:`torch.distributed.TCPStore` (``is_master=True``)
+for all its jobs. Every key of a job lives under ``mt/<job>/``:
+
+``mt/<job>/gen``                  the current generation number (decimal text)
+``mt/<job>/members/<g>``          JSON list of the worker ids of generation ``g``, in rank order
+``mt/<job>/ready/<worker>``       set by a worker once it is connected and waits to join
+``mt/<job>/arrive/<g>``           counter of workers that reached generation ``g``'s barrier
+``mt/<job>/joined/<g>``           set by the last worker to arrive: the barrier is complete
+``mt/<job>/pg/<g>/...``           gloo's own rendezvous keys for generation ``g``
+``mt/<job>/active``               the last generation whose world formed (set by its rank 0)
+``mt/<job>/handover/<g>``         set when generation ``g`` keeps no worker of the last non-empty
+                                  generation: its workers start from the checkpoint of ``active``
+``mt/<job>/ckpt``, ``ckpt_tag``   the last checkpoint (written by rank 0 when its world hands over
+                                  to new workers or on SIGTERM) and the generation it was taken in
+
+:meth:`TorchRuntime.set_members` writes the member list first and then the
+generation key, so a worker that sees generation ``g`` always finds its
+members. Workers (see :mod:`malletrain.elastic`) switch to the new generation at
+their next commit point. torch is imported lazily: a daemon configured for
+another runtime starts without it.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from datetime import timedelta
+from typing import Any, Sequence
+
+from malletrain.runtimes import LaunchSpec
+
+#: Environment variables set for every worker (the job manager may add more).
+ENV_JOB = "MALLETRAIN_JOB"
+ENV_WORKER = "MALLETRAIN_WORKER"
+ENV_MONITOR = "MALLETRAIN_MONITOR"
+ENV_STORE = "MALLETRAIN_STORE"
+ENV_RUNTIME = "MALLETRAIN_RUNTIME"
+ENV_TIMEOUT = "MALLETRAIN_COLLECTIVE_TIMEOUT"
+
+DEFAULT_COLLECTIVE_TIMEOUT_S = 3.0
+"""Seconds a gloo collective (or a group rendezvous) waits for a silent peer."""
+
+_FORBIDDEN_ID_CHARS = frozenset("/ \t\n\r")
+
+
+class RuntimeStateError(RuntimeError):
+    """The runtime was used in the wrong state (e.g. before :meth:`TorchRuntime.start`)."""
+
+
+def check_id(kind: str, value: str) -> str:
+    """``value`` if it is a usable job or worker id, else ``ValueError`` naming it."""
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{kind} id must be a non-empty string, got {value!r}")
+    bad = sorted(set(value) & _FORBIDDEN_ID_CHARS)
+    if bad:
+        raise ValueError(f"{kind} id {value!r} contains forbidden characters {bad!r}")
+    return value
+
+
+def gen_key(job: str) -> str:
+    return f"mt/{job}/gen"
+
+
+def members_key(job: str, gen: int) -> str:
+    return f"mt/{job}/members/{gen}"
+
+
+def ready_key(job: str, worker: str) -> str:
+    return f"mt/{job}/ready/{worker}"
+
+
+def arrive_key(job: str, gen: int) -> str:
+    return f"mt/{job}/arrive/{gen}"
+
+
+def joined_key(job: str, gen: int) -> str:
+    return f"mt/{job}/joined/{gen}"
+
+
+def pg_prefix(job: str, gen: int) -> str:
+    return f"mt/{job}/pg/{gen}"
+
+
+def handover_key(job: str, gen: int) -> str:
+    return f"mt/{job}/handover/{gen}"
+
+
+def active_key(job: str) -> str:
+    return f"mt/{job}/active"
+
+
+def ckpt_key(job: str) -> str:
+    return f"mt/{job}/ckpt"
+
+
+def ckpt_tag_key(job: str) -> str:
+    return f"mt/{job}/ckpt_tag"
+
+
+def parse_members(raw: bytes, job: str, gen: int) -> tuple[str, ...]:
+    """Decode the member list stored for ``job`` generation ``gen``."""
+    try:
+        members = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"job {job} generation {gen}: member list is not JSON: {exc}") from None
+    if not isinstance(members, list) or not all(isinstance(m, str) for m in members):
+        raise ValueError(f"job {job} generation {gen}: member list {members!r} is not a list of strings")
+    return tuple(members)
+
+
+def parse_address(text: str, what: str = ENV_STORE) -> tuple[str, int]:
+    """``host:port`` -> (host, port); a ``ValueError`` names ``what`` and the text."""
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"{what}={text!r} is not host:port")
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ValueError(f"{what}={text!r}: port {port_text!r} is not an integer") from None
+    if not 0 < port < 65536:
+        raise ValueError(f"{what}={text!r}: port {port} out of range")
+    return host.strip("[]"), port
+
+
+class TorchRuntime:
+    """In-process elastic DDP: the daemon-side half (see module docstring).
+
+    ``host`` is the address workers use to reach the store (the daemon's
+    address as seen from the nodes); ``port`` 0 picks a free port. ``monitor``
+    is the job monitor's ZeroMQ address given to workers as
+    ``MALLETRAIN_MONITOR`` (the job manager may also set it itself).
+    """
+
+    name = "torch"
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        monitor: str | None = None,
+        collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S,
+    ) -> None:
+        if collective_timeout_s <= 0:
+            raise ValueError(f"collective_timeout_s must be > 0, got {collective_timeout_s}")
+        self.host = host
+        self._port = port
+        self.monitor = monitor
+        self.collective_timeout_s = collective_timeout_s
+        self._store: Any = None
+        self._generations: dict[str, int] = {}  # kept across forget(): numbering never restarts
+        self._forgotten: dict[str, int] = {}  # job -> generations whose keys forget() deleted
+        self._last_nonempty: dict[str, tuple[int, frozenset[str]]] = {}  # kept across forget()
+        self._members: dict[str, dict[int, tuple[str, ...]]] = {}
+        self._workers: dict[str, set[str]] = {}
+        self._lock = threading.Lock()
+
+    # -- lifecycle -----------------------------------------------------------------
+    def start(self) -> None:
+        """Host the TCPStore; idempotent."""
+        with self._lock:
+            if self._store is not None:
+                return
+            import torch.distributed as dist  # lazy: the daemon may run without torch
+
+            self._store = dist.TCPStore(
+                self.host,
+                self._port,
+                is_master=True,
+                wait_for_workers=False,
+                timeout=timedelta(seconds=30),
+            )
+            self._port = int(self._store.port)
+
+    def close(self) -> None:
+        """Stop serving the store (workers still connected lose it); idempotent."""
+        with self._lock:
+            self._store = None  # the C++ server stops when the last reference goes
+
+    @property
+    def port(self) -> int:
+        """The store's port (the real one once started)."""
+        return self._port
+
+    @property
+    def address(self) -> str:
+        """``host:port`` of the store, as given to workers in ``MALLETRAIN_STORE``."""
+        self._require_store()
+        return f"{self.host}:{self._port}"
+
+    def _require_store(self) -> Any:
+        if self._store is None:
+            raise RuntimeStateError("TorchRuntime is not started: call start() first")
+        return self._store
+
+    # -- Runtime protocol ------------------------------------------------------------
+    def launch_spec(self, job_id: str, command: Sequence[str], worker_id: str, node: str) -> LaunchSpec:
+        """The argv/env of worker ``worker_id`` of ``job_id`` on ``node`` (argv is ``command``)."""
+        check_id("job", job_id)
+        check_id("worker", worker_id)
+        argv = tuple(command)
+        if not argv or not all(isinstance(a, str) and a for a in argv):
+            raise ValueError(f"job {job_id}: command must be a non-empty list of non-empty strings, got {command!r}")
+        env = {
+            ENV_JOB: job_id,
+            ENV_WORKER: worker_id,
+            ENV_STORE: self.address,
+            ENV_RUNTIME: self.name,
+            ENV_TIMEOUT: repr(self.collective_timeout_s),
+        }
+        if self.monitor:
+            env[ENV_MONITOR] = self.monitor
+        with self._lock:
+            self._workers.setdefault(job_id, set()).add(worker_id)
+        return LaunchSpec(argv=argv, env=env)
+
+    def set_members(self, job_id: str, members: Sequence[str]) -> int:
+        """Publish ``members`` (rank order) as the job's next generation; returns its number.
+
+        An empty list tells every worker of the job to leave at its next commit.
+        """
+        check_id("job", job_id)
+        ordered = tuple(members)
+        for m in ordered:
+            check_id(f"job {job_id}: worker", m)
+        dupes = sorted({m for m in ordered if ordered.count(m) > 1})
+        if dupes:
+            raise ValueError(f"job {job_id}: duplicate workers in member list: {dupes}")
+        with self._lock:
+            store = self._require_store()
+            gen = self._generations.get(job_id, 0) + 1
+            last = self._last_nonempty.get(job_id)
+            if ordered and last is not None and not last[1] & set(ordered):
+                # nobody of the last world stays: the new one starts from its checkpoint
+                store.set(handover_key(job_id, gen), str(last[0]))
+            if ordered:
+                self._last_nonempty[job_id] = (gen, frozenset(ordered))
+            store.set(members_key(job_id, gen), json.dumps(list(ordered)))
+            store.set(gen_key(job_id), str(gen))  # after the members: readers see both
+            self._generations[job_id] = gen
+            self._members.setdefault(job_id, {})[gen] = ordered
+        return gen
+
+    def forget(self, job_id: str, keep_checkpoint: bool = True) -> None:
+        """Delete the job's member lists, barriers and ready marks; idempotent.
+
+        The generation key stays (one small key per job id) and numbering goes
+        on from it, so a job id that comes back (a suspended job resumed) never
+        reuses a generation, whose gloo keys may still be in the store. The
+        job's checkpoint (its model state, held in the daemon's memory) stays
+        too unless ``keep_checkpoint`` is False: pass False for a job that ended.
+        """
+        with self._lock:
+            if not keep_checkpoint:
+                self._last_nonempty.pop(job_id, None)
+                if self._store is not None:
+                    for key in (ckpt_key(job_id), ckpt_tag_key(job_id), active_key(job_id)):
+                        self._store.delete_key(key)
+            gens = self._generations.get(job_id, 0)
+            first = self._forgotten.get(job_id, 0) + 1
+            self._forgotten[job_id] = gens
+            self._members.pop(job_id, None)
+            workers = self._workers.pop(job_id, set())
+            store = self._store
+            if store is None:
+                return
+            keys = []
+            for g in range(first, gens + 1):
+                keys += [members_key(job_id, g), arrive_key(job_id, g), joined_key(job_id, g),
+                         handover_key(job_id, g)]
+            keys += [ready_key(job_id, w) for w in workers]
+            for key in keys:
+                store.delete_key(key)
+
+    # -- inspection --------------------------------------------------------------------
+    def generation(self, job_id: str) -> int:
+        """The job's current generation (0 before the first :meth:`set_members`)."""
+        with self._lock:
+            return self._generations.get(job_id, 0)
+
+    def members(self, job_id: str, generation: int | None = None) -> tuple[str, ...]:
+        """The member list of ``generation`` (default: the current one; () if none or forgotten)."""
+        with self._lock:
+            gens = self._members.get(job_id, {})
+            g = self._generations.get(job_id, 0) if generation is None else generation
+            if g == 0 or (generation is None and g not in gens):
+                return ()
+            if g not in gens:
+                raise KeyError(f"job {job_id} has no generation {g} (or it was forgotten)")
+            return gens[g]
+
+    def checkpoint_generation(self, job_id: str) -> int | None:
+        """The generation the job's stored checkpoint was taken in (None: no checkpoint)."""
+        store = self._require_store()
+        key = ckpt_tag_key(job_id)
+        return int(store.get(key)) if store.check([key]) else None
+
+    def ready(self, job_id: str, worker_id: str) -> bool:
+        """Whether worker ``worker_id`` has connected and waits to join (or has joined)."""
+        return bool(self._require_store().check([ready_key(job_id, worker_id)]))

@@ -1,0 +1,393 @@
+"""The torch runtime in one process: store keys, generations, rendezvous, State, run."""
+
+from __future__ import annotations
+
+import json
+import threading
+from datetime import timedelta
+from typing import Iterator
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from malletrain.elastic import (
+    LeaveJob,
+    _extract,
+    _inject,
+    Rendezvous,
+    Rescaled,
+    State,
+    is_comm_failure,
+    run,
+)
+from malletrain.runtimes import LaunchSpec, Runtime
+from malletrain.runtimes.torch_elastic import (
+    ENV_JOB,
+    ENV_MONITOR,
+    ENV_STORE,
+    ENV_WORKER,
+    RuntimeStateError,
+    TorchRuntime,
+    gen_key,
+    handover_key,
+    members_key,
+    parse_address,
+)
+
+
+@pytest.fixture
+def runtime() -> Iterator[TorchRuntime]:
+    rt = TorchRuntime("127.0.0.1", 0, monitor="tcp://127.0.0.1:5999")
+    rt.start()
+    yield rt
+    rt.close()
+
+
+def client_store(rt: TorchRuntime) -> dist.TCPStore:
+    return dist.TCPStore("127.0.0.1", rt.port, is_master=False, timeout=timedelta(seconds=10))
+
+
+def make_state(rt: TorchRuntime, job: str, worker: str, **counters: int) -> State:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    return State(model, opt, rendezvous=Rendezvous(client_store(rt), job, worker), timeout_s=2.0, **counters)
+
+
+@pytest.fixture(autouse=True)
+def no_process_group() -> Iterator[None]:
+    yield
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+# -- TorchRuntime ---------------------------------------------------------------------------
+
+def test_runtime_satisfies_protocol(runtime: TorchRuntime) -> None:
+    rt: Runtime = runtime
+    assert rt.name == "torch"
+    for method in ("start", "close", "launch_spec", "set_members", "forget"):
+        assert callable(getattr(rt, method)), method
+    assert runtime.port > 0
+
+
+def test_launch_spec_env(runtime: TorchRuntime) -> None:
+    spec = runtime.launch_spec("job1", ["python", "train.py"], "w0", "node7")
+    assert isinstance(spec, LaunchSpec)
+    assert spec.argv == ("python", "train.py")
+    assert spec.env[ENV_JOB] == "job1" and spec.env[ENV_WORKER] == "w0"
+    assert spec.env[ENV_MONITOR] == "tcp://127.0.0.1:5999"
+    assert parse_address(spec.env[ENV_STORE]) == ("127.0.0.1", runtime.port)
+
+
+@pytest.mark.parametrize("job,worker,command", [("", "w", ["x"]), ("a/b", "w", ["x"]), ("j", "w 1", ["x"]), ("j", "w", [])])
+def test_launch_spec_rejects_bad_input(runtime: TorchRuntime, job: str, worker: str, command: list[str]) -> None:
+    with pytest.raises(ValueError, match="id|command"):
+        runtime.launch_spec(job, command, worker, "n")
+
+
+def test_launch_spec_before_start_names_the_problem() -> None:
+    with pytest.raises(RuntimeStateError, match="start"):
+        TorchRuntime().launch_spec("j", ["x"], "w", "n")
+
+
+def test_set_members_bumps_generation_and_publishes(runtime: TorchRuntime) -> None:
+    store = client_store(runtime)
+    assert runtime.set_members("j", ["a", "b"]) == 1
+    assert runtime.set_members("j", ["b"]) == 2
+    assert runtime.set_members("other", ["x"]) == 1
+    assert store.get(gen_key("j")) == b"2"
+    assert json.loads(store.get(members_key("j", 1))) == ["a", "b"]
+    rdzv = Rendezvous(store, "j", "b")
+    assert rdzv.generation() == 2 and rdzv.members(2) == ("b",)
+    assert runtime.members("j") == ("b",) and runtime.members("j", 1) == ("a", "b")
+    assert runtime.generation("j") == 2
+
+
+def test_set_members_rejects_duplicates(runtime: TorchRuntime) -> None:
+    with pytest.raises(ValueError, match="duplicate.*'a'"):
+        runtime.set_members("j", ["a", "b", "a"])
+    assert runtime.generation("j") == 0
+
+
+def test_forget_deletes_keys_and_numbering_goes_on(runtime: TorchRuntime) -> None:
+    runtime.launch_spec("j", ["x"], "a", "n")
+    runtime.set_members("j", ["a"])
+    Rendezvous(client_store(runtime), "j", "a").mark_ready()
+    runtime.forget("j")
+    runtime.forget("j")
+    store = client_store(runtime)
+    assert not store.check([members_key("j", 1)]) and not runtime.ready("j", "a")
+    assert Rendezvous(store, "j", "a").members(1) is None
+    assert runtime.members("j") == ()
+    # a resumed job never reuses a generation (its gloo keys may still be in the store)
+    assert runtime.set_members("j", ["a"]) == 2
+    assert store.get(gen_key("j")) == b"2"
+
+
+def test_close_is_idempotent() -> None:
+    rt = TorchRuntime()
+    rt.close()
+    rt.start()
+    rt.start()
+    rt.close()
+    rt.close()
+
+
+# -- Rendezvous -----------------------------------------------------------------------------
+
+def test_barrier_waits_for_all_members(runtime: TorchRuntime) -> None:
+    runtime.set_members("j", ["a", "b"])
+    a = Rendezvous(client_store(runtime), "j", "a")
+    b = Rendezvous(client_store(runtime), "j", "b")
+    result: list[bool] = []
+    t = threading.Thread(target=lambda: result.append(a.barrier(1, 2)))
+    t.start()
+    t.join(0.2)
+    assert t.is_alive(), "barrier returned before the second member arrived"
+    assert b.barrier(1, 2) is True
+    t.join(5)
+    assert result == [True]
+
+
+def test_barrier_gives_up_for_a_newer_generation(runtime: TorchRuntime) -> None:
+    runtime.set_members("j", ["a", "b"])
+    a = Rendezvous(client_store(runtime), "j", "a")
+    result: list[bool] = []
+    t = threading.Thread(target=lambda: result.append(a.barrier(1, 2)))
+    t.start()
+    runtime.set_members("j", ["a"])
+    t.join(5)
+    assert result == [False]
+
+
+def test_ready_marks(runtime: TorchRuntime) -> None:
+    a = Rendezvous(client_store(runtime), "j", "a")
+    assert not a.all_ready(("a",)) and a.all_ready(())
+    a.mark_ready()
+    assert a.all_ready(("a",)) and runtime.ready("j", "a")
+    assert not a.all_ready(("a", "b"))
+    a.clear_ready()
+    assert not runtime.ready("j", "a")
+
+
+# -- failure classification -------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    "exc,expected",
+    [
+        (RuntimeError("[../gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:4"), True),
+        (RuntimeError("Connection reset by peer"), True),
+        (dist.DistBackendError("nccl went away"), True),
+        (RuntimeError("mat1 and mat2 shapes cannot be multiplied"), False),
+        (ValueError("connection closed"), False),
+        (Rescaled("x"), False),
+        (LeaveJob("x"), False),
+    ],
+)
+def test_is_comm_failure(exc: BaseException, expected: bool) -> None:
+    assert is_comm_failure(exc) is expected
+
+
+def test_wrapped_comm_failure_is_recognised() -> None:
+    try:
+        try:
+            raise RuntimeError("Connection closed by peer")
+        except RuntimeError as inner:
+            raise ValueError("while reducing") from inner
+    except ValueError as outer:
+        assert is_comm_failure(outer)
+
+
+def test_snapshot_tensors_survive_the_byte_buffer() -> None:
+    obj = {
+        "w": torch.randn(3, 5),  # 15 float32: the next tensor starts unaligned for float64
+        "d": torch.randn(2, dtype=torch.float64),
+        "flags": torch.tensor([True, False, True]),
+        "step": torch.tensor(7),
+        "nested": [{"m": torch.arange(6.0).reshape(2, 3).t()}, 3, "x"],  # non-contiguous
+        "none": None,
+    }
+    tensors: list[torch.Tensor] = []
+    size = [0]
+    skeleton = _extract(obj, tensors, size)
+    buf = torch.cat(tensors)
+    assert buf.dtype == torch.uint8 and buf.numel() == size[0] == 15 * 4 + 2 * 8 + 3 + 8 + 6 * 4
+    back = _inject(skeleton, buf.clone())
+    for key in ("w", "d", "flags", "step"):
+        assert back[key].dtype == obj[key].dtype and torch.equal(back[key], obj[key])
+    assert torch.equal(back["nested"][0]["m"], obj["nested"][0]["m"])
+    assert back["nested"][1:] == [3, "x"] and back["none"] is None
+
+
+# -- State without a runtime (one local worker) -------------------------------------------------
+
+def _train_steps(state: State, n: int) -> None:
+    assert state.optimizer is not None
+    for _ in range(n):
+        state.optimizer.zero_grad()
+        state.model(torch.ones(3, 4)).sum().backward()
+        state.optimizer.step()
+        state.step += 1
+        state.samples += 3
+
+
+def test_restore_rolls_back_model_optimizer_and_counters(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(ENV_STORE, raising=False)
+    model = torch.nn.Linear(4, 2)
+    state = State(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), epoch=1, note="x")
+    _train_steps(state, 2)
+    state.commit()
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    after_one = None
+    for _ in range(2):  # restoring twice gives the same trajectory: the snapshot is not aliased
+        _train_steps(state, 1)
+        now = {k: v.clone() for k, v in model.state_dict().items()}
+        if after_one is not None:
+            assert all(torch.equal(now[k], after_one[k]) for k in now)
+        after_one = now
+        state.extra["note"] = "changed"
+        state.restore()
+        assert state.step == 2 and state.samples == 6 and state.epoch == 1 and state.extra == {"note": "x"}
+        assert all(torch.equal(model.state_dict()[k], saved[k]) for k in saved)
+
+
+def test_run_standalone_returns_and_propagates(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(ENV_STORE, raising=False)
+    model = torch.nn.Linear(4, 2)
+    state = State(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    assert not state.elastic
+
+    def train(s: State) -> int:
+        ddp = s.ddp()
+        ddp(torch.ones(2, 4)).sum().backward()
+        s.step += 1
+        s.commit()
+        return s.step
+
+    assert run(train, state) == 1
+    assert state.world_size == 1 and state.rank == 0
+
+    def broken(s: State) -> None:
+        raise RuntimeError("Connection closed by peer")  # no runtime: nothing to recover with
+
+    with pytest.raises(RuntimeError, match="Connection closed"):
+        run(broken, state)
+
+
+# -- State with the runtime, one worker in this process -------------------------------------------
+
+def test_rescale_recover_and_leave_in_process(runtime: TorchRuntime) -> None:
+    runtime.set_members("j", ["a"])
+    state = make_state(runtime, "j", "a")
+    calls: list[int] = []
+    weights_at_commit: dict[int, torch.Tensor] = {}
+    lost: dict[int, torch.Tensor] = {}
+
+    def train(s: State) -> None:
+        calls.append(s.step)
+        while True:
+            _train_steps(s, 1)
+            if s.step == 5 and len(calls) == 2:
+                lost[5] = s.model.weight.detach().clone()
+                runtime.set_members("j", ["a"])  # the job manager's new generation after the "recall"
+                raise RuntimeError("[gloo] Connection closed by peer")
+            weights_at_commit[s.step] = s.model.weight.detach().clone()
+            s.commit()
+            if s.step == 3 and len(calls) == 1:
+                runtime.set_members("j", ["a"])  # switches at the next commit
+            if s.step == 7:
+                runtime.set_members("j", [])
+
+    with pytest.raises(SystemExit) as exit_info:
+        run(train, state)
+    assert exit_info.value.code == 0
+    # call 1 from step 0; rescale at the commit of step 4; recovery back to step 4; leave at step 8
+    assert calls == [0, 4, 4]
+    assert [e.kind for e in state.rescales] == ["join", "change", "recover", "leave"]
+    assert [e.to_generation for e in state.rescales[:3]] == [1, 2, 3]
+    # the retried step 5 starts from the commit of step 4 (weights and momentum): same result
+    assert torch.equal(weights_at_commit[5], lost[5])
+    assert not torch.equal(weights_at_commit[5], weights_at_commit[4])
+    assert not dist.is_initialized()
+    assert not runtime.ready("j", "a")
+
+
+def test_user_errors_are_not_recovered(runtime: TorchRuntime) -> None:
+    runtime.set_members("j", ["a"])
+    state = make_state(runtime, "j", "a")
+
+    def train(s: State) -> None:
+        raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
+
+    with pytest.raises(RuntimeError, match="shapes"):
+        run(train, state)
+
+
+def test_worker_started_ahead_waits_through_a_suspension(runtime: TorchRuntime) -> None:
+    runtime.set_members("j", ["old"])
+    runtime.set_members("j", [])  # suspended ...
+    runtime.forget("j")  # ... and forgotten, as the daemon does
+    state = make_state(runtime, "j", "late")
+    timer = threading.Timer(0.3, lambda: runtime.set_members("j", ["late"]))
+    timer.start()
+
+    def train(s: State) -> None:
+        while True:
+            s.step += 1
+            s.commit()
+            if s.step == 1:
+                runtime.set_members("j", [])  # the empty generation 4: leave at the next commit
+
+    try:
+        with pytest.raises(SystemExit):
+            run(train, state)
+    finally:
+        timer.cancel()
+    assert [(e.kind, e.to_generation) for e in state.rescales] == [("join", 3), ("leave", 3)]
+    assert state.step == 2
+
+
+def test_handover_marker_only_when_nobody_stays(runtime: TorchRuntime) -> None:
+    store = client_store(runtime)
+    runtime.set_members("j", ["a", "b"])  # 1
+    runtime.set_members("j", ["b", "c"])  # 2: b stays
+    runtime.set_members("j", [])  # 3: suspended
+    runtime.forget("j")
+    runtime.set_members("j", ["d"])  # 4: nobody of generation 2 stays
+    assert [store.check([handover_key("j", g)]) for g in (1, 2, 3)] == [False, False, False]
+    assert store.get(handover_key("j", 4)) == b"2"
+
+
+def test_whole_world_hands_over_through_the_store(runtime: TorchRuntime) -> None:
+    """Worker a is replaced by b (nobody stays): b starts from a's last commit, not from scratch."""
+    runtime.set_members("j", ["a"])
+    a = make_state(runtime, "j", "a")
+
+    def train_a(s: State) -> None:
+        while True:
+            _train_steps(s, 1)
+            s.commit()
+            if s.step == 3:
+                Rendezvous(client_store(runtime), "j", "b").mark_ready()  # b was started ahead
+                runtime.set_members("j", ["b"])
+
+    with pytest.raises(SystemExit):
+        run(train_a, a)
+    assert a.step == 4 and runtime.checkpoint_generation("j") == 1
+    committed = {k: v.clone() for k, v in a.model.state_dict().items()}
+
+    b = make_state(runtime, "j", "b")
+    with torch.no_grad():
+        b.model.weight.fill_(0.0)  # a different start: the checkpoint must overwrite it
+    seen: list[tuple[int, int]] = []
+
+    def train_b(s: State) -> None:
+        seen.append((s.step, s.samples))
+        assert all(torch.equal(s.model.state_dict()[k], committed[k]) for k in committed)
+
+    run(train_b, b)
+    assert seen == [(4, 12)]
+    runtime.forget("j", keep_checkpoint=False)
+    assert runtime.checkpoint_generation("j") is None
