@@ -1,4 +1,5 @@
-"""CLI: ``malletrain simulate`` — replay an idle-node trace with elastic training jobs."""
+"""CLI: ``malletrain simulate`` (replay an idle-node trace with elastic training jobs) and
+``malletrain evaluate`` (NAS and HPO under freetrain, malletrain, greedy and oracle: table and chart)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ DEFAULT_MAX_RUNNING = 10
 # timestamps in a week, against 11,468 in the real Summit log, whose scheduler
 # reports in batches); deciding at most once a minute keeps its replay short.
 EMBEDDED_MIN_INTERVAL_S = 60.0
+SUMMIT_WEEK = "summit-2021-02-10_17.nodes.csv.gz"
 
 _OFFSET = re.compile(r"^\+(\d+(?:\.\d+)?)([smhd]?)$")
 _UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -39,7 +41,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--scaling", metavar="FILE", help="model,nodes,samples_per_second CSV "
                    "(default: summit-scaling.csv from the data dir, else built-in synthetic curves)")
     p.add_argument("--policy", default="malletrain", metavar="NAME[,NAME]|all",
-                   help="malletrain, greedy, equal, oracle, a comma list, or all (default: malletrain)")
+                   help="malletrain (JPA-profiled), freetrain (user curves), milp-true, greedy, equal, "
+                   "oracle, a comma list, or all (default: malletrain)")
+    p.add_argument("--freetrain-model", default="mean", metavar="mean|linear|noise:X",
+                   help="the user curve freetrain is given: mean of the workload's model curves, linear "
+                   "from the 1-node rate, or the true curve with +-X%% noise per point (default: mean)")
     p.add_argument("--jobs", type=int, metavar="N", help="finite workload of N jobs (then makespan "
                    "is the metric); default: an endless stream")
     p.add_argument("--max-running", type=int, default=DEFAULT_MAX_RUNNING, metavar="N",
@@ -58,6 +64,37 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
+    register_evaluate(sub)
+
+
+def register_evaluate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "evaluate",
+        help="NAS and HPO under freetrain, malletrain, greedy and oracle: table, chart, targets",
+        description="Replay one trace with the NAS and HPO job streams under freetrain, malletrain, greedy "
+        "and oracle (same seed), plus a freetrain noise sweep on NAS; write evaluation.md, evaluation.json "
+        "and fig3_10.png and print PASS/FAIL per target.",
+    )
+    p.add_argument("--trace", metavar="FILE", help="scheduler log (default: the Summit week "
+                   "summit-2021-02-10_17.nodes.csv.gz from the data dir, else the embedded Summit-like week)")
+    p.add_argument("--trace-format", metavar="NAME", help="trace format (default: detected)")
+    p.add_argument("--scaling", metavar="FILE", help="model,nodes,samples_per_second CSV "
+                   "(default: summit-scaling.csv from the data dir)")
+    p.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    p.add_argument("--seed", type=int, default=0, metavar="N", help="workload seed (default: 0)")
+    p.add_argument("--max-running", type=int, default=DEFAULT_MAX_RUNNING, metavar="N",
+                   help=f"concurrent jobs Pjmax (default: {DEFAULT_MAX_RUNNING})")
+    p.add_argument("--tfwd", type=float, metavar="S", help="allocator horizon Tfwd in seconds (default: 120)")
+    p.add_argument("--start", metavar="T", help="window start: unix seconds or +2h/+1d from trace start")
+    p.add_argument("--end", metavar="T", help="window end: unix seconds or +2h/+1d from trace start")
+    p.add_argument("--min-interval", type=float, metavar="S",
+                   help=f"decide at most once per S s (default: 0; {EMBEDDED_MIN_INTERVAL_S:g} for the embedded trace)")
+    p.add_argument("--workloads", default="nas,hpo", metavar="nas,hpo", help="workloads (default: nas,hpo)")
+    p.add_argument("--no-sweep", action="store_true", help="skip the freetrain noise sweep on NAS")
+    p.add_argument("--workers", type=int, default=2, metavar="N",
+                   help="replays run in N processes at once (default: 2)")
+    p.add_argument("--quiet", action="store_true", help="no per-replay progress lines")
+    p.set_defaults(func=run_evaluate)
 
 
 def parse_time(text: str | None, trace_start: float, what: str) -> float | None:
@@ -82,6 +119,77 @@ def parse_policies(text: str) -> list[str]:
         raise ValueError(f"--policy {text!r}: unknown {', '.join(unknown) or 'empty'}; "
                          f"choose from {', '.join(POLICIES)} or all")
     return names
+
+
+def evaluation_timeline(path: str | None, fmt: str | None) -> tuple[IdleTimeline, bool]:
+    """The given trace, else the Summit week from the data dir, else the embedded week (True: embedded)."""
+    if path is not None:
+        return load_timeline(path, fmt), False
+    from traces.data import find_data
+
+    found = find_data(SUMMIT_WEEK)
+    if found is not None:
+        return load_timeline(str(found), fmt), False
+    print(f"malletrain evaluate: note: {SUMMIT_WEEK} not found (set MALLETRAIN_DATA); using the embedded "
+          "SYNTHETIC Summit-like week instead", file=sys.stderr)
+    return default_timeline(), True
+
+
+def run_evaluate(args: argparse.Namespace) -> int:
+    from simulator import find_scaling
+    from simulator.evaluate import EvalSettings, evaluate, print_report, write_evaluation
+
+    if args.max_running < 1:
+        raise ValueError(f"--max-running must be >= 1, got {args.max_running}")
+    if args.workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {args.workers}")
+    workloads = tuple(w.strip() for w in args.workloads.split(",") if w.strip())
+    bad = [w for w in workloads if w not in ("nas", "hpo")]
+    if bad or not workloads:
+        raise ValueError(f"--workloads {args.workloads!r}: use nas, hpo or nas,hpo")
+    timeline, embedded = evaluation_timeline(args.trace, args.trace_format)
+    if args.min_interval is not None and args.min_interval < 0:
+        raise ValueError(f"--min-interval must be >= 0, got {args.min_interval}")
+    interval = args.min_interval if args.min_interval is not None else (EMBEDDED_MIN_INTERVAL_S if embedded else 0.0)
+    settings = EvalSettings(
+        seed=args.seed, max_running=args.max_running, horizon_s=args.tfwd,
+        start=parse_time(args.start, timeline.start, "start"), end=parse_time(args.end, timeline.start, "end"),
+        min_interval_s=interval, workers=args.workers, sweep=not args.no_sweep, workloads=workloads,
+    )
+    scaling = find_scaling(args.scaling)
+    if scaling.synthetic:
+        print("malletrain evaluate: note: no summit-scaling.csv found; using SYNTHETIC scaling curves",
+              file=sys.stderr)
+
+    def done(spec, summary) -> None:  # type: ignore[no-untyped-def]
+        if not args.quiet:
+            print(f"  {spec.workload}/{spec.label}: {summary['samples_processed']:.4g} samples, "
+                  f"{summary['wall_seconds']:.1f} s", file=sys.stderr)
+
+    ev = evaluate(timeline, scaling, settings, on_done=done)
+    command = "malletrain evaluate " + " ".join(_quoted(a) for a in _argv_of(args))
+    write_evaluation(ev, Path(args.out), command)
+    print_report(ev)
+    print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+def _quoted(a: str) -> str:
+    return a if a and all(c.isalnum() or c in "-_./:+=," for c in a) else repr(a)
+
+
+def _argv_of(args: argparse.Namespace) -> list[str]:
+    """The options that differ from the defaults, as a user would type them."""
+    out: list[str] = []
+    for opt, default in (("trace", None), ("trace_format", None), ("scaling", None), ("seed", 0),
+                         ("max_running", DEFAULT_MAX_RUNNING), ("tfwd", None), ("start", None), ("end", None),
+                         ("min_interval", None), ("workloads", "nas,hpo"), ("workers", 2), ("out", None)):
+        value = getattr(args, opt)
+        if value != default:
+            out += [f"--{opt.replace('_', '-')}", str(value)]
+    if args.no_sweep:
+        out.append("--no-sweep")
+    return out
 
 
 def load_timeline(path: str | None, fmt: str | None) -> IdleTimeline:
@@ -115,6 +223,9 @@ def run(args: argparse.Namespace) -> int:
     from simulator.report import ProgressBar, comparison_rows, comparison_table, summary_table, write_outputs
 
     policies = parse_policies(args.policy)
+    from simulator.policies import parse_error_model
+
+    parse_error_model(args.freetrain_model)  # a bad model is reported before any replay
     if args.max_running < 1:
         raise ValueError(f"--max-running must be >= 1, got {args.max_running}")
     timeline = load_timeline(args.trace, args.trace_format)
@@ -136,7 +247,7 @@ def run(args: argparse.Namespace) -> int:
         bar = ProgressBar(name, enabled=not args.quiet)
         try:
             result = simulate(timeline, name, args.workload, scaling=scaling, seed=args.seed,
-                              n_jobs=args.jobs, config=config, progress=bar)
+                              n_jobs=args.jobs, config=config, progress=bar, freetrain_model=args.freetrain_model)
         finally:
             bar.close()
         target = out if len(policies) == 1 else out / name

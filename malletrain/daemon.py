@@ -645,7 +645,7 @@ class Daemon:
         self._set_state(run, state, reason)
         self.monitor.forget(run.id)
         try:
-            self.runtime.forget(run.id)
+            self.runtime.forget(run.id, keep_state=False)
         except Exception as exc:
             log.warning("runtime.forget(%s): %s", run.id, exc)
         self._changed = True

@@ -72,7 +72,7 @@ class ToyRuntime:
     def ready(self, job_id: str, worker_id: str) -> bool:
         return (self.directory / f"{job_id}.ready.{worker_id}").exists()
 
-    def forget(self, job_id: str) -> None:
+    def forget(self, job_id: str, keep_state: bool = True) -> None:
         self._gen.pop(job_id, None)
         for p in self.directory.glob(f"{job_id}.*"):
             p.unlink(missing_ok=True)

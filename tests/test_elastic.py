@@ -389,5 +389,5 @@ def test_whole_world_hands_over_through_the_store(runtime: TorchRuntime) -> None
 
     run(train_b, b)
     assert seen == [(4, 12)]
-    runtime.forget("j", keep_checkpoint=False)
+    runtime.forget("j", keep_state=False)
     assert runtime.checkpoint_generation("j") is None

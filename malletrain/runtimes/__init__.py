@@ -39,5 +39,10 @@ class Runtime(Protocol):
     def set_members(self, job_id: str, members: Sequence[str]) -> int:
         """Publish the job's new ordered worker set; returns the new generation number."""
 
-    def forget(self, job_id: str) -> None:
-        """Drop all state of a finished or cancelled job; idempotent."""
+    def forget(self, job_id: str, keep_state: bool = True) -> None:
+        """Drop the job's membership and rendezvous state; idempotent.
+
+        ``keep_state=True`` (a suspended job that may come back) lets the runtime
+        keep the job's last committed training state to resume from;
+        ``keep_state=False`` (the job ended) drops that too.
+        """

@@ -220,8 +220,12 @@ class HorovodRuntime:
                 job.driver = self._start_driver(job, len(members))
             return job.generation
 
-    def forget(self, job_id: str) -> None:
-        """Stop the job's driver (and its workers), drop its directory. Idempotent."""
+    def forget(self, job_id: str, keep_state: bool = True) -> None:
+        """Stop the job's driver (and its workers), drop its directory. Idempotent.
+
+        ``keep_state`` is accepted for the protocol: Elastic Horovod keeps no
+        state outside its workers, so a resumed job restarts its script.
+        """
         with self._lock:
             job = self._jobs.pop(job_id, None)
         if job is None:

@@ -242,17 +242,17 @@ class TorchRuntime:
             self._members.setdefault(job_id, {})[gen] = ordered
         return gen
 
-    def forget(self, job_id: str, keep_checkpoint: bool = True) -> None:
+    def forget(self, job_id: str, keep_state: bool = True) -> None:
         """Delete the job's member lists, barriers and ready marks; idempotent.
 
         The generation key stays (one small key per job id) and numbering goes
         on from it, so a job id that comes back (a suspended job resumed) never
         reuses a generation, whose gloo keys may still be in the store. The
         job's checkpoint (its model state, held in the daemon's memory) stays
-        too unless ``keep_checkpoint`` is False: pass False for a job that ended.
+        too unless ``keep_state`` is False: pass False for a job that ended.
         """
         with self._lock:
-            if not keep_checkpoint:
+            if not keep_state:
                 self._last_nonempty.pop(job_id, None)
                 if self._store is not None:
                     for key in (ckpt_key(job_id), ckpt_tag_key(job_id), active_key(job_id)):
