@@ -1,7 +1,7 @@
 """A job as the user submits it (TOML or JSON job file), and the job states.
 
     name = "resnet"
-    command = ["python", "-m", "malletrain.examples.resnet"]
+    command = ["python", "-m", "malletrain.examples.train"]
     min_nodes = 1
     max_nodes = 4
     profile = true                  # let the profiler measure its scaling
