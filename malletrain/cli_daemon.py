@@ -47,8 +47,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--duration", type=float, default=150.0, help="seconds to run (default 150)")
     p.add_argument("--out", default="runs/demo", help="report directory (default runs/demo)")
     p.add_argument("--nodes", type=int, default=6)
-    p.add_argument("--runtime", choices=("torch", "toy"), default="torch",
-                   help="torch: real PyTorch jobs (default); toy: sleeping workers, no torch")
+    p.add_argument("--runtime", choices=("torch", "horovod", "toy"), default="torch",
+                   help="torch: real PyTorch jobs (default); horovod: Elastic Horovod jobs; "
+                        "toy: sleeping workers, no torch")
     p.add_argument("--quiet", action="store_true", help="no live status table")
     p.set_defaults(func=cmd_demo)
 

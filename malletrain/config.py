@@ -7,6 +7,7 @@
     loop_interval = 0.1              # seconds between reconcile iterations
     profile_time_cap = 30.0          # seconds per profiled node count at most
     max_failures = 5                 # unexpected worker exits without progress before FAILED
+    store_grace = 60.0               # torch workers train on this long without the daemon (restart)
     backend = "local"
 
     [local]
@@ -21,6 +22,7 @@
     control = 0
     agents = 0
     monitor = 0
+    rendezvous = 0                   # the torch runtime's TCPStore
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ class Ports:
     control: int = 0
     agents: int = 0
     monitor: int = 0
+    rendezvous: int = 0
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,7 @@ class DaemonConfig:
     loop_interval: float = 0.1
     profile_time_cap: float = 30.0
     max_failures: int = 5
+    store_grace: float = 60.0
     agent_heartbeat: float = 0.5
     agent_dead_after: float = 10.0
     backend: str = "local"
@@ -104,11 +108,12 @@ def _table(obj: dict[str, Any], where: str, prefix: str, spec: dict[str, tuple[t
 _TOP = {
     "state_dir": (str, None), "runtime": (str, None), "tfwd": (float, 1e-9), "max_running": (int, 0),
     "loop_interval": (float, 0.001), "profile_time_cap": (float, 0.1), "max_failures": (int, 1),
-    "agent_heartbeat": (float, 0.01), "agent_dead_after": (float, 0.1), "backend": (str, None),
+    "store_grace": (float, 0.1), "agent_heartbeat": (float, 0.01), "agent_dead_after": (float, 0.1),
+    "backend": (str, None),
 }
 _LOCAL = {"nodes": (int, 1), "trace": (str, None), "time_scale": (float, 1e-9), "seed": (int, 0),
           "duration": (float, 1.0), "machine_nodes": (int, 1)}
-_PORTS = {"control": (int, 0), "agents": (int, 0), "monitor": (int, 0)}
+_PORTS = {"control": (int, 0), "agents": (int, 0), "monitor": (int, 0), "rendezvous": (int, 0)}
 
 
 def parse_config(obj: dict[str, Any], where: str = "config") -> DaemonConfig:
@@ -125,7 +130,7 @@ def parse_config(obj: dict[str, Any], where: str = "config") -> DaemonConfig:
         raise ConfigError(f"{where}: [ports] must be a table")
     lc = LocalConfig(**_table(local, where, "local.", _LOCAL))
     pc = Ports(**_table(ports, where, "ports.", _PORTS))
-    for k in ("control", "agents", "monitor"):
+    for k in _PORTS:
         if getattr(pc, k) > 65535:
             raise ConfigError(f"{where}: ports.{k} must be <= 65535, got {getattr(pc, k)}")
     return DaemonConfig(**values, local=lc, ports=pc)

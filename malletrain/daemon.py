@@ -18,7 +18,15 @@ act
 
 A restart re-reads the store, waits ``agent_dead_after`` for the agents to
 reconnect (they keep running their workers meanwhile), re-adopts the workers
-they report and republishes each job's membership.
+they report and republishes each job's membership. The runtime's rendezvous
+comes back on the port kept in the store, and each job's generation numbering
+goes on from the last one published (kept in the store too), so running
+``torch`` workers switch to the republished membership without losing a step.
+
+Optional runtime hooks (looked up with ``getattr``): ``ready(job, worker)``
+(a worker started ahead is ready to join), ``resume_generation(job, gen)``
+(numbering goes on after a restart) and ``readopt(job, command, workers)``
+(take over a job an earlier daemon ran, e.g. a Horovod driver).
 """
 
 from __future__ import annotations
@@ -111,7 +119,8 @@ def load_timeline(cfg: DaemonConfig) -> IdleTimeline | None:
     return slot_timeline(tl, cfg.local.nodes)
 
 
-def make_runtime(cfg: DaemonConfig, monitor_address: str) -> Runtime:
+def make_runtime(cfg: DaemonConfig, monitor_address: str, rendezvous_port: int = 0) -> Runtime:
+    """The configured runtime; ``rendezvous_port`` is where the torch runtime serves its store (0: any)."""
     if cfg.runtime == "toy":
         from malletrain.toy_runtime import ToyRuntime
 
@@ -119,7 +128,8 @@ def make_runtime(cfg: DaemonConfig, monitor_address: str) -> Runtime:
     if cfg.runtime == "torch":
         from malletrain.runtimes.torch_elastic import TorchRuntime
 
-        return TorchRuntime(host="127.0.0.1", port=0, monitor=monitor_address)
+        return TorchRuntime(host="127.0.0.1", port=rendezvous_port, monitor=monitor_address,
+                            store_grace_s=cfg.store_grace)
     if cfg.runtime == "horovod":
         from malletrain.runtimes.horovod_elastic import HorovodRuntime
 
@@ -165,12 +175,12 @@ class Daemon:
         except zmq.ZMQError:
             self.control.bind("tcp://127.0.0.1:0")
         self.control_address = self.control.getsockopt(zmq.LAST_ENDPOINT).decode()
+        self.runtime = make_runtime(cfg, self.monitor.address, ports["rendezvous"])
+        self.runtime.start()
         self.store.set_meta("ports", json.dumps({
             "monitor": _port(self.monitor.address), "agents": _port(self.hub.address),
-            "control": _port(self.control_address),
+            "control": _port(self.control_address), "rendezvous": int(getattr(self.runtime, "port", 0) or 0),
         }))
-        self.runtime = make_runtime(cfg, self.monitor.address)
-        self.runtime.start()
         self.backend = self._make_backend()
         self.runs: dict[str, JobRun] = {}
         self.stopping = False
@@ -190,7 +200,7 @@ class Daemon:
         stored = json.loads(self.store.get_meta("ports") or "{}")
         cfgp = self.cfg.ports
         return {
-            k: getattr(cfgp, k) or int(stored.get(k, 0)) for k in ("monitor", "agents", "control")
+            k: getattr(cfgp, k) or int(stored.get(k, 0)) for k in ("monitor", "agents", "control", "rendezvous")
         }
 
     def _bind(self, port: int, what: str) -> str:
@@ -221,9 +231,13 @@ class Daemon:
         )
 
     def _load_jobs(self, now: float) -> None:
+        resume = getattr(self.runtime, "resume_generation", None)
         for rec in self.store.jobs():
             if rec.state.terminal:
                 continue
+            gen = self.store.generation(rec.id)
+            if gen and resume is not None:
+                resume(rec.id, gen)  # numbering never goes backwards: old workers may still run
             run = JobRun(rec.id, rec.spec, rec.state, base_samples=rec.samples)
             run.last_progress = rec.samples
             run.measured = self.store.scaling(rec.id)
@@ -331,14 +345,25 @@ class Daemon:
 
     def _finish_adoption(self, now: float) -> None:
         self._adopt_until = 0.0
+        readopt = getattr(self.runtime, "readopt", None)  # optional: runtimes with daemon-side state
         for run in self.runs.values():
             if not run.adopted:
                 continue
             run.adopted = False
             run.target = [n for n in run.target if n in run.workers]
             run.members = []  # republish: the runtime may be new
+            if readopt is not None:
+                try:
+                    readopt(run.id, run.spec.command, {wid: node for node, wid in run.workers.items()})
+                except (OSError, ValueError, RuntimeError) as exc:
+                    log.warning("runtime.readopt(%s): %s", run.id, exc)
+                    self.store.log_event("readopt_error", run.id, error=str(exc))
             if len(run.target) < run.spec.min_nodes:
                 self._suspend(run, now, "not re-adopted after a daemon restart")
+                try:
+                    self.runtime.forget(run.id)  # e.g. a driver the last daemon left running
+                except Exception as exc:
+                    log.warning("runtime.forget(%s): %s", run.id, exc)
             self.store.log_event("readopted", run.id, nodes=run.target)
         self._changed = True
 
@@ -605,6 +630,7 @@ class Daemon:
 
     def _publish(self, run: JobRun, members: list[str], now: float) -> None:
         gen = self.runtime.set_members(run.id, [run.workers[n] for n in members])
+        self.store.set_generation(run.id, gen)
         self.store.log_event("members", run.id, generation=gen, nodes=members, before=run.members)
         run.members = list(members)
         self.store.set_nodes(run.id, members)
@@ -627,7 +653,8 @@ class Daemon:
     def _stop_workers(self, run: JobRun, now: float) -> None:
         if run.members:
             try:
-                self.runtime.set_members(run.id, [])  # members leave at their next commit ...
+                gen = self.runtime.set_members(run.id, [])  # members leave at their next commit ...
+                self.store.set_generation(run.id, gen)
                 self.runtime.forget(run.id)  # ... and workers started later wait for a new list
             except Exception as exc:
                 log.warning("runtime.set_members(%s, []): %s", run.id, exc)

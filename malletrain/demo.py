@@ -5,8 +5,11 @@ its first 6 idle nodes, 5x faster than real time), so nodes arrive and are
 recalled (SIGTERM on their agent) while three small CPU jobs train with
 different models (their scaling differs): ``cnn`` is profiled by the JPA
 first, ``mlp`` starts with a guessed linear curve, ``linear`` brings its own.
-After ``--duration`` seconds everything is stopped and DIR gets
-``report.md``, ``report.json`` and ``nodes.png``. No process is left behind.
+With ``--runtime horovod`` the three jobs are Elastic Horovod jobs
+(:mod:`malletrain.examples.hvd_train`) with the same roles; ``--runtime toy``
+runs sleeping workers (no torch). After ``--duration`` seconds everything is
+stopped and DIR gets ``report.md``, ``report.json`` and ``nodes.png``. No
+process is left behind.
 """
 
 from __future__ import annotations
@@ -40,6 +43,16 @@ def demo_jobs(runtime: str) -> list[JobSpec]:
             JobSpec("linear", toy + ("--rate", "2000", "--alpha", "0.7"), 1, 2, False,
                     {1: 2000.0, 2: 3200.0}, None, None, env),
         ]
+    if runtime == "horovod":
+        hvd = (sys.executable, "-m", "malletrain.examples.hvd_train", "--steps", "1000000000")
+        return [
+            JobSpec("hvd-prof", hvd + ("--batch-size", "32", "--step-sleep", "0.02"), 1, 4, True,
+                    None, None, None, env),
+            JobSpec("hvd-guess", hvd + ("--batch-size", "64", "--step-sleep", "0.02"), 1, 3, False,
+                    None, None, None, env),
+            JobSpec("hvd-given", hvd + ("--batch-size", "128", "--step-sleep", "0.02"), 1, 2, False,
+                    {1: 3000.0, 2: 5000.0}, None, None, env),
+        ]
     train = (sys.executable, "-m", "malletrain.examples.train", "--samples", "1000000000")
     return [
         JobSpec("cnn", train + ("--model", "cnn", "--batch", "16"), 1, 4, True, None, None, None, env),
@@ -70,6 +83,13 @@ def run_demo(out: str, duration: float, nodes: int = 6, runtime: str = "torch", 
         except ImportError:
             print("malletrain demo: torch is not installed; use --runtime toy or pip install -e '.[torch]'",
                   file=sys.stderr)
+            return 2
+    if runtime == "horovod":
+        try:
+            import horovod.torch  # noqa: F401
+        except ImportError as exc:
+            print(f"malletrain demo: horovod.torch does not import ({exc}); build it with "
+                  "bash .ci/build-horovod.sh .venv, or use --runtime torch", file=sys.stderr)
             return 2
     daemon = Daemon(demo_config(state, nodes, runtime))
     ids = [daemon.store.submit(spec) for spec in demo_jobs(runtime)]

@@ -32,6 +32,16 @@ peer") or after the short collective timeout (``MALLETRAIN_COLLECTIVE_TIMEOUT``,
 3 s). :func:`run` then rolls back to the last commit, waits for the next
 generation (the job manager publishes it after the recall) and re-joins.
 
+A daemon restart (even ``kill -9``) takes the store away. Training goes on:
+rank 0's check at a commit fails soft and it probes the store's address every
+half second; a store operation a worker cannot do without (a switch, a wait
+for a generation) waits for the store to come back. Once it is back (a new,
+empty store on the same port), rank 0 marks its whole world ready and reports
+its generation, the daemon publishes the re-adopted workers as a newer
+generation and the world switches to it at its next commit, keeping every
+step. If the store stays away longer than ``MALLETRAIN_STORE_GRACE``
+(60 s), the workers exit with code 75 (:data:`EXIT_STORE_LOST`).
+
 Outside malletrain (no ``MALLETRAIN_STORE``) the same script runs as a
 single worker in a one-process gloo group.
 """
@@ -43,6 +53,7 @@ import io
 import logging
 import os
 import signal
+import socket
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -54,8 +65,10 @@ import torch.distributed as dist
 from malletrain import client
 from malletrain.runtimes.torch_elastic import (
     DEFAULT_COLLECTIVE_TIMEOUT_S,
+    DEFAULT_STORE_GRACE_S,
     ENV_JOB,
     ENV_STORE,
+    ENV_STORE_GRACE,
     ENV_TIMEOUT,
     ENV_WORKER,
     active_key,
@@ -71,6 +84,7 @@ from malletrain.runtimes.torch_elastic import (
     parse_members,
     pg_prefix,
     ready_key,
+    resume_key,
 )
 
 log = logging.getLogger("malletrain.elastic")
@@ -87,6 +101,17 @@ WAIT_CHUNK_S = 600.0
 """A blocking store wait is renewed after this long (each renewal logs a c10d warning)."""
 
 MAX_RECOVERIES_WITHOUT_COMMIT = 10
+
+RECONNECT_EVERY_S = 0.5
+"""While the store is away, its address is probed at most this often."""
+
+PUBLISH_POLL_S = 0.05
+"""After a reconnection, waits for a generation poll the generation key at this interval."""
+
+EXIT_STORE_LOST = 75
+"""Exit code of a worker whose store stayed away longer than the grace period (EX_TEMPFAIL)."""
+
+_STORE_LOST = -1  # rank 0's broadcast decision: everyone exits (StoreLost)
 """A failure that repeats this often without one commit in between is not a recall: it is raised."""
 
 _FAILURE_MARKERS = (
@@ -106,6 +131,14 @@ class LeaveJob(Exception):
 
 class Rescaled(Exception):
     """Raised by :meth:`State.commit` after a switch to a new world; :func:`run` restarts the training function."""
+
+
+class StoreUnavailable(Exception):
+    """The daemon's store is away right now (only raised by operations that must not block)."""
+
+
+class StoreLost(Exception):
+    """The daemon's store stayed away longer than the grace period: the worker exits."""
 
 
 @dataclass(frozen=True)
@@ -133,9 +166,20 @@ class _Snapshot:
     counters: dict[str, Any] = field(default_factory=dict)
 
 
+def is_store_loss(exc: BaseException) -> bool:
+    """Whether a store operation failed because the store's connection is gone (not a timeout)."""
+    if isinstance(exc, dist.DistNetworkError):
+        return True
+    if isinstance(exc, RuntimeError) and not isinstance(exc, dist.DistStoreError):
+        text = str(exc).lower()
+        return any(m in text for m in ("broken pipe", "connection reset", "connection was likely closed",
+                                       "connection refused", "failed to recv"))
+    return False
+
+
 def is_comm_failure(exc: BaseException) -> bool:
     """Whether ``exc`` looks like a lost peer (gloo error, timeout, distributed error)."""
-    if isinstance(exc, (LeaveJob, Rescaled)):
+    if isinstance(exc, (LeaveJob, Rescaled, StoreLost, StoreUnavailable)):
         return False
     seen: set[int] = set()
     cur: BaseException | None = exc
@@ -152,13 +196,46 @@ def is_comm_failure(exc: BaseException) -> bool:
 
 
 class Rendezvous:
-    """A worker's view of its job's keys in the daemon's store."""
+    """A worker's view of its job's keys in the daemon's store.
 
-    def __init__(self, store: Any, job: str, worker: str, poll_s: float = POLL_S) -> None:
-        self.store = store
+    With ``address`` (``(host, port)``) it survives the store going away: an
+    operation that finds the connection gone waits, probing the address every
+    :data:`RECONNECT_EVERY_S`, until the store is back (then it reconnects,
+    marks this worker ready again and retries) or ``grace_s`` seconds have
+    passed since the loss (then :class:`StoreLost`). Without an address a lost
+    store raises the store's own error, as before.
+    """
+
+    def __init__(
+        self,
+        store: Any,
+        job: str,
+        worker: str,
+        poll_s: float = POLL_S,
+        address: tuple[str, int] | None = None,
+        grace_s: float = DEFAULT_STORE_GRACE_S,
+    ) -> None:
+        if grace_s <= 0:
+            raise ValueError(f"store grace must be > 0 s, got {grace_s}")
+        self._store = store
         self.job = check_id("job", job)
         self.worker = check_id("worker", worker)
         self.poll_s = poll_s
+        self.address = address
+        self.grace_s = grace_s
+        self.lost_since: float | None = None  # monotonic time the store was found gone
+        self.reconnects = 0
+        self.world: tuple[str, ...] = ()  # this worker's current world (rank 0 re-registers it)
+        self.current = 0  # this worker's current generation (reported after a reconnection)
+        self.rank = 0
+        self._marked_ready = False
+        self._nowait = False
+        self._next_probe = 0.0
+
+    @property
+    def store(self) -> Any:
+        """The current store client (a new one after each reconnection)."""
+        return self._store
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Rendezvous | None:
@@ -171,14 +248,126 @@ class Rendezvous:
         missing = [name for name in (ENV_JOB, ENV_WORKER) if not env.get(name)]
         if missing:
             raise ValueError(f"{ENV_STORE} is set but {', '.join(missing)} is not")
+        grace = _env_seconds(env, ENV_STORE_GRACE, DEFAULT_STORE_GRACE_S)
         store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=30))
-        return cls(store, env[ENV_JOB], env[ENV_WORKER])
+        return cls(store, env[ENV_JOB], env[ENV_WORKER], address=(host, port), grace_s=grace)
 
+    # -- a store that may go away ---------------------------------------------------------------
+    def _call(self, op: str, *args: Any) -> Any:
+        """``store.<op>(*args)``; a lost store is waited for (or :class:`StoreUnavailable` in no-wait mode)."""
+        while True:
+            if self.lost_since is not None:
+                if self._nowait:
+                    if not self.try_reconnect():
+                        raise StoreUnavailable(f"job {self.job}: the daemon's store is away")
+                else:
+                    self.await_store()
+            try:
+                return getattr(self._store, op)(*args)
+            except Exception as exc:
+                if self.address is None or not is_store_loss(exc):
+                    raise
+                self._mark_lost(exc)
+
+    def _mark_lost(self, exc: BaseException) -> None:
+        if self.lost_since is None:
+            self.lost_since = time.monotonic()
+            self._next_probe = 0.0
+            log.warning("worker %s: the daemon's store is gone (%s); training goes on for up to %.0f s "
+                        "while it comes back", self.worker, str(exc).splitlines()[0][:120], self.grace_s)
+
+    def lost_for(self) -> float:
+        """Seconds since the store was found gone (0 while it is there)."""
+        return 0.0 if self.lost_since is None else time.monotonic() - self.lost_since
+
+    def try_reconnect(self) -> bool:
+        """Reconnect if the store is back (probing at most every :data:`RECONNECT_EVERY_S`); True if connected."""
+        if self.lost_since is None:
+            return True
+        now = time.monotonic()
+        if self.address is None or now < self._next_probe:
+            return False
+        self._next_probe = now + RECONNECT_EVERY_S
+        host, port = self.address
+        try:  # a plain connect first: TCPStore's own connect retries for seconds and logs each try
+            socket.create_connection((host, port), timeout=RECONNECT_EVERY_S).close()
+        except OSError:
+            return False
+        try:
+            store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=30))
+        except (dist.DistError, RuntimeError) as exc:
+            log.warning("worker %s: store at %s:%d answers but refuses a client: %s", self.worker, host, port, exc)
+            return False
+        self._store = store
+        away = now - self.lost_since
+        self.lost_since = None
+        self.reconnects += 1
+        log.warning("worker %s: reconnected to the daemon's store after %.1f s", self.worker, away)
+        try:
+            self._register()
+        except Exception as exc:
+            if not is_store_loss(exc):
+                raise
+            self._mark_lost(exc)
+            return False
+        return True
+
+    def _register(self) -> None:
+        """Tell a new store about this worker (and rank 0 about its whole world): ready, and at which generation."""
+        if self._marked_ready:
+            self._store.set(ready_key(self.job, self.worker), "1")
+        if self.current:
+            self._store.set(resume_key(self.job, self.worker), str(self.current))
+        if self.rank == 0:
+            for member in self.world:
+                self._store.set(ready_key(self.job, member), "1")
+                if self.current:
+                    self._store.set(resume_key(self.job, member), str(self.current))
+
+    def await_store(self) -> None:
+        """Block until the store is back; :class:`StoreLost` once the grace period is over."""
+        while not self.try_reconnect():
+            if self.address is None or self.lost_for() > self.grace_s:
+                raise StoreLost(f"worker {self.worker} of job {self.job}: the daemon's store "
+                                f"{_address_text(self.address)} stayed away for {self.lost_for():.0f} s "
+                                f"(grace {self.grace_s:g} s, {ENV_STORE_GRACE})")
+            time.sleep(min(RECONNECT_EVERY_S, max(0.0, self._next_probe - time.monotonic())) or 0.01)
+
+    def next_generation(self, current: int) -> int:
+        """Rank 0 at a commit: the generation to run next; never blocks on a lost store.
+
+        ``current`` if nothing newer is ready or the store is away; raises
+        :class:`StoreLost` once it has been away longer than the grace period.
+        """
+        self._nowait = True
+        try:
+            gen = self.generation()
+            if gen > current and self.all_ready(self.members(gen) or ()):
+                return gen
+            return current
+        except StoreUnavailable:
+            if self.lost_for() > self.grace_s:
+                raise StoreLost(f"worker {self.worker} of job {self.job}: the daemon's store "
+                                f"{_address_text(self.address)} stayed away for {self.lost_for():.0f} s "
+                                f"(grace {self.grace_s:g} s, {ENV_STORE_GRACE})") from None
+            return current
+        finally:
+            self._nowait = False
+
+    def try_quietly(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` in no-wait mode: :class:`StoreUnavailable` instead of waiting for a lost store."""
+        self._nowait = True
+        try:
+            return fn()
+        finally:
+            self._nowait = False
+
+    # -- keys -----------------------------------------------------------------------------------
     def generation(self) -> int:
         key = gen_key(self.job)
-        if not self.store.check([key]):
+        if not self._call("check", [key]):
             return 0
-        raw = self.store.get(key)
+        raw = self._call("get", key)
         try:
             return int(raw)
         except ValueError:
@@ -187,37 +376,57 @@ class Rendezvous:
     def members(self, gen: int) -> tuple[str, ...] | None:
         """Generation ``gen``'s members in rank order; None if not (or no longer) in the store."""
         key = members_key(self.job, gen)
-        if gen < 1 or not self.store.check([key]):
+        if gen < 1 or not self._call("check", [key]):
             return None
-        return parse_members(self.store.get(key), self.job, gen)
+        return parse_members(self._call("get", key), self.job, gen)
 
     def published(self, gen: int) -> bool:
         """Whether generation ``gen`` exists (its member list is written before the generation key)."""
-        return bool(self.store.check([members_key(self.job, gen)]))
+        return bool(self._call("check", [members_key(self.job, gen)]))
 
     def mark_ready(self) -> None:
-        self.store.set(ready_key(self.job, self.worker), "1")
+        self._call("set", ready_key(self.job, self.worker), "1")
+        self._marked_ready = True
 
     def clear_ready(self) -> None:
-        self.store.delete_key(ready_key(self.job, self.worker))
+        self._marked_ready = False
+        self._call("delete_key", ready_key(self.job, self.worker))
 
     def all_ready(self, members: tuple[str, ...]) -> bool:
-        return not members or bool(self.store.check([ready_key(self.job, m) for m in members]))
+        return not members or bool(self._call("check", [ready_key(self.job, m) for m in members]))
 
     def wait_key(self, key: str) -> None:
-        """Block until ``key`` exists (served by the store: no polling); a lost store raises."""
+        """Block until ``key`` exists (served by the store: no polling); a lost store waits for it to return."""
         while True:
             try:
-                self.store.wait([key], timedelta(seconds=WAIT_CHUNK_S))
+                self._call("wait", [key], timedelta(seconds=WAIT_CHUNK_S))
                 return
             except dist.DistStoreError as exc:
                 if "timeout" not in str(exc).lower():
                     raise
 
     def wait_published(self, gen: int) -> int:
-        """Block until generation ``gen`` (or a later one) exists; return the newest."""
-        self.wait_key(members_key(self.job, gen))
-        return max(gen, self.generation())
+        """Block until generation ``gen`` (or a later one) exists; return the newest.
+
+        After a reconnection the store is a new one that may skip generations
+        (its daemon numbers on from the last one it published): the
+        generation key is polled instead of waiting for ``gen``'s own key.
+        """
+        while self.reconnects == 0 and self.lost_since is None:
+            try:
+                self._store.wait([members_key(self.job, gen)], timedelta(seconds=WAIT_CHUNK_S))
+                return max(gen, self.generation())
+            except Exception as exc:
+                if isinstance(exc, dist.DistStoreError) and "timeout" in str(exc).lower():
+                    continue
+                if self.address is None or not is_store_loss(exc):
+                    raise
+                self._mark_lost(exc)
+        while True:
+            newest = self.generation()  # waits for a lost store
+            if newest >= gen and self.published(newest):
+                return newest
+            time.sleep(PUBLISH_POLL_S)
 
     def wait_including(self, worker: str) -> tuple[int, tuple[str, ...]]:
         """Block until a generation lists ``worker`` (a worker started ahead waits here)."""
@@ -233,23 +442,23 @@ class Rendezvous:
         buf = io.BytesIO()
         torch.save({"version": snap.version, "model": snap.model, "optimizer": snap.optimizer,
                     "counters": snap.counters}, buf)
-        self.store.set(ckpt_key(self.job), buf.getvalue())
-        self.store.set(ckpt_tag_key(self.job), str(gen))
+        self._call("set", ckpt_key(self.job), buf.getvalue())
+        self._call("set", ckpt_tag_key(self.job), str(gen))
 
     def checkpoint_tag(self) -> int:
         key = ckpt_tag_key(self.job)
-        return int(self.store.get(key)) if self.store.check([key]) else 0
+        return int(self._call("get", key)) if self._call("check", [key]) else 0
 
     def mark_active(self, gen: int) -> None:
         """Generation ``gen``'s world has formed (rank 0 says so)."""
-        self.store.set(active_key(self.job), str(gen))
+        self._call("set", active_key(self.job), str(gen))
 
     def wait_handover(self, gen: int, wait_s: float = HANDOVER_WAIT_S) -> None:
         """If ``gen`` replaces a whole world, wait (bounded) for that world's checkpoint."""
-        if not self.store.check([handover_key(self.job, gen)]):
+        if not self._call("check", [handover_key(self.job, gen)]):
             return
         key = active_key(self.job)
-        source = int(self.store.get(key)) if self.store.check([key]) else 0
+        source = int(self._call("get", key)) if self._call("check", [key]) else 0
         deadline = time.monotonic() + wait_s
         while self.checkpoint_tag() < source:
             if time.monotonic() > deadline:
@@ -260,23 +469,26 @@ class Rendezvous:
 
     def load_checkpoint(self) -> _Snapshot | None:
         key = ckpt_key(self.job)
-        if not self.store.check([key]):
+        if not self._call("check", [key]):
             return None
         # written by this job's own rank 0 through the daemon's store, as trusted as gloo's traffic
-        obj = torch.load(io.BytesIO(self.store.get(key)), weights_only=False)
+        obj = torch.load(io.BytesIO(self._call("get", key)), weights_only=False)
         return _Snapshot(obj["version"], obj["model"], obj["optimizer"], obj["counters"])
 
     def barrier(self, gen: int, world: int) -> bool:
         """Wait until all ``world`` members reached ``gen``; False if a newer generation came first."""
-        if self.store.add(arrive_key(self.job, gen), 1) >= world:
-            self.store.set(joined_key(self.job, gen), "1")
+        if self._call("add", arrive_key(self.job, gen), 1) >= world:
+            self._call("set", joined_key(self.job, gen), "1")
             return True
         done = joined_key(self.job, gen)
         while True:
-            if self.store.check([done]):
+            reconnects = self.reconnects
+            if self._call("check", [done]):
                 return True
-            if self.published(gen + 1):
+            if self.published(gen + 1) or (self.reconnects and self.generation() > gen):
                 return False
+            if self.reconnects != reconnects:
+                return False  # a new store knows nothing of this barrier: wait for its generation
             time.sleep(self.poll_s)
 
 
@@ -390,14 +602,18 @@ class State:
         """The generation to run next, agreed by all ranks (rank 0 reads the store)."""
         assert self._rdzv is not None
         target = self.generation
+        lost: StoreLost | None = None
         if self.rank == 0:
-            gen = self._rdzv.generation()
-            if gen > self.generation and self._rdzv.all_ready(self._rdzv.members(gen) or ()):
-                target = gen
+            try:
+                target = self._rdzv.next_generation(self.generation)
+            except StoreLost as exc:
+                lost, target = exc, _STORE_LOST
         if self.world_size > 1:
             t = torch.tensor([target], dtype=torch.int64)
             dist.broadcast(t, src=0)
             target = int(t.item())
+        if target == _STORE_LOST:
+            raise lost or StoreLost(f"worker {self.worker}: rank 0 lost the daemon's store for good")
         return target
 
     def _switch(self, gen: int) -> None:
@@ -415,6 +631,9 @@ class State:
         assert self._rdzv is not None
         while True:
             members = self._rdzv.members(gen)
+            if members is None and self._rdzv.generation() < gen:
+                gen = self._rdzv.wait_published(gen)  # a new store (daemon restart) has not got there yet
+                continue
             if members is None or self.worker not in members:
                 raise LeaveJob(f"worker {self.worker} is not in generation {gen} of job {self._rdzv.job}")
             if self._version < 0:
@@ -448,6 +667,7 @@ class State:
             timeout=timedelta(seconds=self.timeout_s),
         )
         self.rank, self.world_size, self.generation, self.members = rank, len(members), gen, members
+        self._rdzv.world, self._rdzv.current, self._rdzv.rank = members, gen, rank
         self._joined = True
         client.set_context(rank, len(members), gen)
 
@@ -500,7 +720,10 @@ class State:
         self._teardown()
         self._uninstall_sigterm()
         if self._rdzv is not None:
-            self._rdzv.clear_ready()
+            try:
+                self._rdzv.try_quietly(self._rdzv.clear_ready)
+            except StoreUnavailable:
+                pass  # a new store never had the mark
         self._record("leave", old_gen, old_world, started)
 
     def _save_checkpoint(self) -> None:
@@ -510,9 +733,9 @@ class State:
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         """A stop or recall: rank 0 leaves the last commit in the store, then the worker exits 143."""
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        if self.rank == 0:
+        if self.rank == 0 and self._rdzv is not None:
             try:
-                self._save_checkpoint()
+                self._rdzv.try_quietly(self._save_checkpoint)  # never wait for a lost store here
             except Exception as exc:  # the store may be gone too
                 log.warning("worker %s: no checkpoint on SIGTERM: %s", self.worker, exc)
         raise SystemExit(128 + signum)
@@ -626,16 +849,25 @@ def broadcast_snapshot(snap: _Snapshot | None, src: int, rank: int) -> _Snapshot
 
 
 def _env_timeout() -> float:
-    text = os.environ.get(ENV_TIMEOUT)
+    return _env_seconds(os.environ, ENV_TIMEOUT, DEFAULT_COLLECTIVE_TIMEOUT_S)
+
+
+def _env_seconds(env: Any, name: str, default: float) -> float:
+    """A positive number of seconds from environment variable ``name`` (``default`` if unset)."""
+    text = env.get(name)
     if not text:
-        return DEFAULT_COLLECTIVE_TIMEOUT_S
+        return default
     try:
         value = float(text)
     except ValueError:
-        raise ValueError(f"{ENV_TIMEOUT}={text!r} is not a number of seconds") from None
+        raise ValueError(f"{name}={text!r} is not a number of seconds") from None
     if value <= 0:
-        raise ValueError(f"{ENV_TIMEOUT}={text!r} must be > 0")
+        raise ValueError(f"{name}={text!r} must be > 0")
     return value
+
+
+def _address_text(address: tuple[str, int] | None) -> str:
+    return "(no address)" if address is None else f"{address[0]}:{address[1]}"
 
 
 def run(train_fn: Callable[..., T], state: State, *args: Any, **kwargs: Any) -> T:
@@ -643,7 +875,8 @@ def run(train_fn: Callable[..., T], state: State, *args: Any, **kwargs: Any) -> 
 
     Joins the job first; calls ``train_fn`` again after every rescale (with the
     counters of the last commit) and after a recovery from a lost peer. A worker
-    dropped from the job leaves with ``SystemExit(0)``.
+    dropped from the job leaves with ``SystemExit(0)``; one whose daemon's store
+    stayed away too long with ``SystemExit(75)``.
     """
     try:
         state.join()
@@ -662,3 +895,7 @@ def run(train_fn: Callable[..., T], state: State, *args: Any, **kwargs: Any) -> 
         log.info("%s", exc)
         state.leave()
         raise SystemExit(0) from None
+    except StoreLost as exc:
+        log.error("%s; exiting with code %d", exc, EXIT_STORE_LOST)
+        state.leave()
+        raise SystemExit(EXIT_STORE_LOST) from None

@@ -143,6 +143,8 @@ def test_config_errors_name_the_key(tmp_path: Path) -> None:
         "[local]\nnodes = 0": "local.nodes must be >= 1",
         "[local]\nnodes = true": "local.nodes must be an integer",
         "[ports]\ncontrol = 70000": "ports.control must be <= 65535",
+        "[ports]\nrendezvous = 70000": "ports.rendezvous must be <= 65535",
+        "store_grace = 0": "store_grace must be >=",
         "colour = 1": "unknown key",
         "[local]\nspeed = 1": "local.speed",
         "tfwd = ": "not valid TOML",
@@ -155,3 +157,19 @@ def test_config_errors_name_the_key(tmp_path: Path) -> None:
     f.write_text('runtime = "toy"\ntfwd = 30\n[local]\nnodes = 2\ntime_scale = 10\n[ports]\ncontrol = 5555\n')
     cfg = load_config(f)
     assert (cfg.runtime, cfg.tfwd, cfg.local.nodes, cfg.local.time_scale, cfg.ports.control) == ("toy", 30.0, 2, 10.0, 5555)
+    f.write_text('store_grace = 20\n[ports]\nrendezvous = 29500\n')
+    cfg = load_config(f)
+    assert (cfg.store_grace, cfg.ports.rendezvous) == (20.0, 29500)
+
+
+def test_generations_are_kept_and_never_go_backwards(tmp_path: Path) -> None:
+    from malletrain.store import Store
+
+    store = Store.open(tmp_path / "store.db")
+    assert store.generation("j000001") == 0
+    store.set_generation("j000001", 3)
+    store.set_generation("j000001", 2)  # a late writer never moves it back
+    store.set_generation("j000002", 1)
+    store.close()
+    again = Store.open(tmp_path / "store.db")
+    assert (again.generation("j000001"), again.generation("j000002")) == (3, 1)

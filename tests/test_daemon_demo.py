@@ -28,3 +28,20 @@ def test_demo_writes_report_and_leaves_nothing(tmp_path: Path) -> None:
     assert "profiling" in [s["state"] for s in cnn["states"]]
     assert (out / "nodes.png").stat().st_size > 1000
     assert "| job | name |" in (out / "report.md").read_text()
+
+
+@pytest.mark.slow
+def test_horovod_demo_trains_and_leaves_nothing(tmp_path: Path) -> None:
+    pytest.importorskip("horovod.torch")
+    out = tmp_path / "demo"
+    res = subprocess.run(
+        [sys.executable, "-m", "malletrain", "demo", "--duration", "45", "--out", str(out), "--runtime", "horovod",
+         "--quiet"],
+        capture_output=True, text=True, timeout=240,
+    )
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "0 processes left behind" in res.stdout
+    report = json.loads((out / "report.json").read_text())
+    assert report["runtime"] == "horovod" and report["leftover_processes"] == 0
+    assert {j["name"] for j in report["jobs"]} == {"hvd-prof", "hvd-guess", "hvd-given"}
+    assert sum(j["samples"] for j in report["jobs"]) > 0  # Horovod workers reported to the daemon's monitor

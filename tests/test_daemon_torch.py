@@ -70,3 +70,107 @@ def test_torch_job_shrinks_on_recall_and_keeps_training(tmp_path: Path) -> None:
     while procs_mentioning(str(state)) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert procs_mentioning(str(state)) == []
+
+
+CONFIG = """
+state_dir = "{state}"
+runtime = "torch"
+loop_interval = 0.05
+agent_heartbeat = 0.2
+agent_dead_after = 10.0
+store_grace = 45.0
+backend = "local"
+[local]
+nodes = 2
+trace = "none"
+"""
+
+JOB = """
+name = "lin"
+command = ["{python}", "-m", "malletrain.examples.train", "--model", "linear", "--samples", "1000000000",
+           "--trace", "--step-sleep", "0.05"]
+min_nodes = 2
+max_nodes = 2
+scaling = {{ 1 = 100.0, 2 = 200.0 }}
+env = {{ OMP_NUM_THREADS = "1" }}
+"""
+
+
+def job_logs(state: Path, jid: str) -> list[Path]:
+    return sorted((state / "logs").glob(f"{jid}.*.log"))
+
+
+@pytest.mark.slow
+def test_torch_job_rides_through_daemon_kill_9(tmp_path: Path) -> None:
+    """kill -9 of the daemon: the torch workers train on, the restarted daemon re-adopts them
+    and republishes a newer generation, and their step counters go on (no restart from 0)."""
+    try:
+        from test_daemon_cli import cli, job, procs_mentioning, start_daemon, status, wait
+    except ImportError:
+        from tests.test_daemon_cli import cli, job, procs_mentioning, start_daemon, status, wait  # type: ignore[no-redef]
+    import signal
+
+    from malletrain.store import Store
+
+    state = tmp_path / "state"
+    cfg = tmp_path / "daemon.toml"
+    cfg.write_text(CONFIG.format(state=state))
+    (tmp_path / "job.toml").write_text(JOB.format(python=sys.executable))
+    log = tmp_path / "daemon.log"
+    d = start_daemon(cfg, log)
+    try:
+        wait(lambda: (state / "daemon.json").exists(), "daemon.json")
+        res = cli("submit", str(tmp_path / "job.toml"), "--state-dir", str(state))
+        assert res.returncode == 0, res.stderr
+        jid = res.stdout.strip()
+
+        def two_training() -> bool:
+            logs = job_logs(state, jid)
+            return len(logs) == 2 and all(sum(s["world"] == 2 for s in steps_of(p)) >= 10 for p in logs)
+
+        wait(two_training, "the job trains on 2 nodes", timeout=120)
+        before = status(state)
+        nodes = job(before, jid)["nodes"]
+        assert job(before, jid)["state"] == "running" and len(nodes) == 2
+        logs = job_logs(state, jid)
+        gen_before = max(s["gen"] for p in logs for s in steps_of(p))
+
+        d.send_signal(signal.SIGKILL)
+        d.wait(timeout=10)
+        t_kill = time.time()
+        last_before = {p: max(s["step"] for s in steps_of(p) if s["t"] <= t_kill) for p in logs}
+        time.sleep(1.5)
+        samples_at_kill = Store.open(state / "store.db").require(jid).samples
+        t_restart = time.time()
+        d = start_daemon(cfg, log)
+
+        def switched() -> bool:
+            return all(any(s["gen"] > gen_before for s in steps_of(p)) for p in logs)
+
+        wait(switched, "the re-adopted workers switch to the republished generation", timeout=60)
+        wait(lambda: job(status(state), jid)["samples"] > samples_at_kill, "progress is counted again", timeout=20)
+        after = status(state)
+        assert [j["id"] for j in after["jobs"]] == [jid]  # no job lost, none added
+        assert job(after, jid)["state"] == "running" and sorted(job(after, jid)["nodes"]) == sorted(nodes)
+        assert job_logs(state, jid) == logs  # the same two workers: none was restarted
+        db = Store.open(state / "store.db")
+        assert sorted(e["node"] for e in db.events("adopt") if e["job"] == jid) == sorted(nodes)
+        gens = [e["generation"] for e in db.events("members") if e["job"] == jid]
+        assert gens == sorted(gens) and len(set(gens)) == len(gens) and gens[-1] > gen_before
+        assert db.generation(jid) == gens[-1]
+        for p in logs:
+            steps = steps_of(p)
+            numbers = [s["step"] for s in steps]
+            # never back further than the last commit: a step may repeat once after a failure, no more
+            assert all(b >= a for a, b in zip(numbers, numbers[1:])), (p.name, numbers)
+            assert any(t_kill + 0.5 < s["t"] < t_restart for s in steps), "trained on while the daemon was down"
+            new = [s["step"] for s in steps if s["gen"] > gen_before]
+            assert new and min(new) > last_before[p], (p.name, last_before[p], new[:3])
+            assert "StoreLost" not in p.read_text() and "exiting with code" not in p.read_text()
+    finally:
+        if d.poll() is None:
+            d.send_signal(signal.SIGTERM)
+            d.wait(timeout=30)
+    assert d.returncode == 0, log.read_text()[-2000:]
+    wait(lambda: not procs_mentioning(str(state)), "no orphans", timeout=20)
+    assert Store.open(state / "store.db").require(jid).state is JobState.SUSPENDED  # stopped with the daemon

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from datetime import timedelta
 from typing import Iterator
 
@@ -12,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from malletrain.elastic import (
+    EXIT_STORE_LOST,
     LeaveJob,
     _extract,
     _inject,
@@ -26,6 +28,7 @@ from malletrain.runtimes.torch_elastic import (
     ENV_JOB,
     ENV_MONITOR,
     ENV_STORE,
+    ENV_STORE_GRACE,
     ENV_WORKER,
     RuntimeStateError,
     TorchRuntime,
@@ -33,6 +36,7 @@ from malletrain.runtimes.torch_elastic import (
     handover_key,
     members_key,
     parse_address,
+    resume_key,
 )
 
 
@@ -391,3 +395,122 @@ def test_whole_world_hands_over_through_the_store(runtime: TorchRuntime) -> None
     assert seen == [(4, 12)]
     runtime.forget("j", keep_state=False)
     assert runtime.checkpoint_generation("j") is None
+
+
+# -- a daemon restart: the store goes away and comes back on the same port ---------------------------
+
+def test_resume_generation_and_reported_generations_keep_numbering_up(runtime: TorchRuntime) -> None:
+    runtime.resume_generation("j", 7)
+    runtime.resume_generation("j", 3)  # never backwards
+    assert runtime.generation("j") == 7
+    assert runtime.set_members("j", ["a"]) == 8
+    client_store(runtime).set(resume_key("k", "b"), "41")  # what a reconnected worker reports
+    assert runtime.set_members("k", ["a", "b"]) == 42
+    runtime.forget("k")
+    assert not client_store(runtime).check([resume_key("k", "b")])
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="job j: generation"):
+            runtime.resume_generation("j", bad)  # type: ignore[arg-type]
+
+
+def test_store_grace_reaches_workers(runtime: TorchRuntime) -> None:
+    assert TorchRuntime(store_grace_s=12.5).store_grace_s == 12.5
+    assert runtime.launch_spec("j", ["x"], "w", "n").env[ENV_STORE_GRACE] == repr(runtime.store_grace_s)
+    with pytest.raises(ValueError, match="store_grace_s"):
+        TorchRuntime(store_grace_s=0)
+    env = {ENV_STORE: runtime.address, ENV_JOB: "j", ENV_WORKER: "w", ENV_STORE_GRACE: "nope"}
+    with pytest.raises(ValueError, match=f"{ENV_STORE_GRACE}='nope'"):
+        Rendezvous.from_env(env)
+    env[ENV_STORE_GRACE] = "2.5"
+    rdzv = Rendezvous.from_env(env)
+    assert rdzv is not None and rdzv.grace_s == 2.5 and rdzv.address == ("127.0.0.1", runtime.port)
+
+
+def reconnecting_state(rt: TorchRuntime, job: str, worker: str, grace_s: float) -> State:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    rdzv = Rendezvous(client_store(rt), job, worker, address=("127.0.0.1", rt.port), grace_s=grace_s)
+    return State(model, opt, rendezvous=rdzv, timeout_s=2.0)
+
+
+def test_training_rides_through_a_store_restart(runtime: TorchRuntime) -> None:
+    """The daemon dies (its store with it) and comes back on the same port: no step is lost."""
+    port = runtime.port
+    runtime.set_members("j", ["a"])
+    state = reconnecting_state(runtime, "j", "a", grace_s=30.0)
+    new: list[TorchRuntime] = []
+    calls: list[int] = []
+    steps_while_away: list[int] = []
+
+    def train(s: State) -> None:
+        calls.append(s.step)
+        while True:
+            _train_steps(s, 1)
+            s.commit()  # while the store is away this must neither block nor fail
+            if s.step == 2 and not new:
+                runtime.close()  # kill -9 of the daemon: its store goes
+            elif s.step >= 3 and not new and len(steps_while_away) < 5:
+                steps_while_away.append(s.step)
+            elif len(steps_while_away) == 5 and not new:
+                rt2 = TorchRuntime("127.0.0.1", port)  # the restarted daemon, same port
+                rt2.start()
+                rt2.resume_generation("j", 1)  # what its SQLite store remembers
+                new.append(rt2)
+            elif new and new[0].generation("j") == 1:
+                time.sleep(0.05)
+                if new[0].ready("j", "a"):  # rank 0 re-registered its world on the new store
+                    assert new[0].set_members("j", ["a"]) == 2
+            elif new and s.generation == 2 and s.step >= calls[-1] + 2:
+                new[0].set_members("j", [])
+
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            run(train, state)
+        assert exit_info.value.code == 0
+        assert steps_while_away == [3, 4, 5, 6, 7]  # trained on while the store was away
+        assert len(calls) == 2 and calls[1] > 7  # switched at a commit, no rollback, no restart
+        assert [(e.kind, e.to_generation) for e in state.rescales] == [("join", 1), ("change", 2), ("leave", 2)]
+        assert state._rdzv is not None and state._rdzv.reconnects == 1
+        assert client_store(new[0]).get(resume_key("j", "a")) == b"1"
+    finally:
+        for rt in new:
+            rt.close()
+
+
+def test_store_away_past_the_grace_period_exits_75(runtime: TorchRuntime) -> None:
+    runtime.set_members("j", ["a"])
+    state = reconnecting_state(runtime, "j", "a", grace_s=0.6)
+
+    def train(s: State) -> None:
+        while True:
+            _train_steps(s, 1)
+            if s.step == 2:
+                runtime.close()
+            time.sleep(0.01)
+            s.commit()
+
+    started = time.monotonic()
+    with pytest.raises(SystemExit) as exit_info:
+        run(train, state)
+    assert exit_info.value.code == EXIT_STORE_LOST
+    assert state.step > 10  # it trained on until the grace period was over
+    assert time.monotonic() - started < 20
+    assert not dist.is_initialized()
+
+
+def test_a_busy_rendezvous_port_falls_back_to_a_free_one(caplog: pytest.LogCaptureFixture) -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        rt = TorchRuntime("127.0.0.1", port)
+        with caplog.at_level("WARNING"):
+            rt.start()
+        try:
+            assert rt.port not in (0, port)
+            assert f"rendezvous port {port} is not free" in caplog.text
+        finally:
+            rt.close()

@@ -212,3 +212,37 @@ def test_current_generation_without_job_dir_is_zero(monkeypatch: pytest.MonkeyPa
     (tmp_path / "members.json").write_text('{"generation": "x"}')
     with pytest.raises(ValueError, match="members.json: field 'generation'"):
         current_generation(tmp_path)
+
+
+def test_a_new_runtime_readopts_a_running_driver(tmp_path: Path) -> None:
+    """A daemon died (kill -9): its driver runs on; the next daemon's runtime takes the job over."""
+    fake = (sys.executable, "-c", FAKE_HOROVODRUN)
+    old = HorovodRuntime(tmp_path / "rt", horovodrun=fake)
+    old.start()
+    for w in ("w0", "w1", "w2"):
+        old.launch_spec("j1", COMMAND, w, f"n-{w}")
+    old.set_members("j1", ["w0", "w1", "w2"])
+    old.set_members("j1", ["w0", "w1"])
+    job_dir = old.job_dir("j1")
+    grandchild = psutil.Process(int(fake_record(old, "j1")["child"]))  # type: ignore[arg-type]
+    new = HorovodRuntime(tmp_path / "rt", horovodrun=fake)  # same work dir, as the daemon configures it
+    new.start()
+    try:
+        assert new.readopt("j1", COMMAND, {"w0": "n-w0", "w1": "n-w1"}) == 2
+        assert new.readopt("j1", COMMAND, {"w0": "n-w0", "w1": "n-w1"}) == 2  # idempotent
+        assert new.job_dir("j1") == job_dir and new.phase("j1") is JobPhase.RUNNING
+        assert new.set_members("j1", ["w1"]) == 3  # numbering goes on, no second driver
+        record = json.loads((job_dir / "members.json").read_text())
+        assert record["retired"] == ["w0", "w2"] and (job_dir / "hosts").read_text() == "localhost:1\n"
+        assert len(json.loads((job_dir / "fake.json").read_text())["argv"]) > 0
+        assert new.readopt("j2", COMMAND, {"x": "n"}) == 0  # nothing to take over: a fresh job
+        assert new.phase("j2") is JobPhase.PENDING
+        new.forget("j1")  # stops the adopted driver and everything it started
+        wait_for(lambda: not grandchild.is_running() or grandchild.status() == psutil.STATUS_ZOMBIE,
+                 what="the adopted driver's child to end")
+        assert job_processes(job_dir) == []
+    finally:
+        new.close()
+        old.close()
+    with pytest.raises(ValueError, match="job j3: empty command"):
+        new.readopt("j3", [], {})

@@ -27,6 +27,12 @@ decides *where* a job may run. The mapping:
 A member identifies a *slot on a host*, not one particular Horovod process:
 scaling ``localhost`` from 3 slots to 1 retires Horovod's local ranks 1 and 2,
 whichever worker ids the job manager removed.
+
+Daemon restarts: drivers run in their own session, so they outlive a daemon
+``kill -9``. A restarted daemon calls :meth:`HorovodRuntime.readopt` with the
+workers it re-adopted; the runtime finds the job's directory in its work
+directory and its driver among the live processes, and goes on from the
+generation in ``members.json``: the job keeps training untouched.
 """
 
 from __future__ import annotations
@@ -86,7 +92,44 @@ class _Job:
     nodes: dict[str, str] = field(default_factory=dict)
     generation: int = 0
     ever_members: set[str] = field(default_factory=set)
-    driver: subprocess.Popen[bytes] | None = None
+    driver: "subprocess.Popen[bytes] | AdoptedDriver | None" = None
+
+
+class AdoptedDriver:
+    """A driver started by an earlier daemon: the subset of ``Popen`` the runtime uses, over psutil."""
+
+    def __init__(self, proc: psutil.Process, job_dir: Path) -> None:
+        self._proc = proc
+        self._job_dir = job_dir
+        self.pid = proc.pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        try:
+            if self._proc.is_running() and self._proc.status() != psutil.STATUS_ZOMBIE:
+                return None
+        except psutil.NoSuchProcess:
+            pass
+        if self.returncode is None:  # not our child: its code is the one it recorded
+            recorded = read_exit_code(self._job_dir)
+            self.returncode = recorded if recorded is not None else -signal.SIGKILL
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        try:
+            self._proc.wait(timeout=timeout)
+        except psutil.TimeoutExpired:
+            raise subprocess.TimeoutExpired(f"driver pid {self.pid}", timeout or 0.0) from None
+        except psutil.NoSuchProcess:
+            pass
+        code = self.poll()
+        return -signal.SIGKILL if code is None else code
+
+    def kill(self) -> None:
+        try:
+            self._proc.kill()
+        except psutil.NoSuchProcess:
+            pass
 
 
 def hosts_lines(members: Sequence[str], nodes: dict[str, str], *, local: bool) -> list[str]:
@@ -230,7 +273,10 @@ class HorovodRuntime:
             job = self._jobs.pop(job_id, None)
         if job is None:
             return
-        write_atomic(job.dir / CANCELLED_FILE, "")  # holders exit 0 whatever the driver's code
+        try:
+            write_atomic(job.dir / CANCELLED_FILE, "")  # holders exit 0 whatever the driver's code
+        except FileNotFoundError:
+            pass  # the directory is gone already (another runtime took the job over and forgot it)
         if job.driver is not None:
             stop_process_tree(job.driver.pid, grace_s=STOP_GRACE_S)
             try:
@@ -241,6 +287,44 @@ class HorovodRuntime:
         for proc in job_processes(job.dir):  # local workers orphaned by a driver that died first
             stop_process_tree(proc.pid, grace_s=STOP_GRACE_S)
         shutil.rmtree(job.dir, ignore_errors=True)
+
+    def readopt(self, job_id: str, command: Sequence[str], workers: dict[str, str]) -> int:
+        """Take over a job an earlier runtime (a daemon that died) ran in this work directory.
+
+        ``workers`` maps the re-adopted worker ids to their nodes. The job's
+        directory, generation and retired workers come from its ``members.json``;
+        a driver still running there is adopted (:meth:`forget` stops it), else
+        the next :meth:`set_members` starts one. Returns the job's generation
+        (0: nothing to take over, the job starts afresh). Idempotent.
+        """
+        if not command:
+            raise ValueError(f"job {job_id}: empty command")
+        with self._lock:
+            job = self._jobs.get(job_id)
+            if job is None:
+                job_dir = self._find_job_dir(job_id)
+                if job_dir is None:
+                    job = self._job_or_create(job_id, tuple(command))
+                else:
+                    job = _Job(job_id=job_id, dir=job_dir, command=tuple(command))
+                    record = _read_members(job_dir)
+                    job.generation = int(record.get("generation", 0))
+                    job.ever_members = {str(m) for m in [*record.get("members", []), *record.get("retired", [])]}
+                    driver = _find_driver(job_dir)
+                    job.driver = AdoptedDriver(driver, job_dir) if driver is not None else None
+                    self._jobs[job_id] = job
+            job.nodes.update(workers)
+            return job.generation
+
+    def _find_job_dir(self, job_id: str) -> Path | None:
+        """The newest directory of ``job_id`` in the work directory that published a membership."""
+        if self._work_dir is None:
+            raise RuntimeError("HorovodRuntime.start() was not called")
+        prefix = _safe(job_id) + "-"
+        found = [d for d in self._work_dir.iterdir()
+                 if d.is_dir() and d.name.startswith(prefix) and (d / MEMBERS_FILE).exists()
+                 and not (d / CANCELLED_FILE).exists()]
+        return max(found, key=lambda d: d.stat().st_mtime, default=None)
 
     # ------------------------------------------------------------------ queries
     def job_dir(self, job_id: str) -> Path:
@@ -292,8 +376,7 @@ class HorovodRuntime:
             return job
         if self._work_dir is None:
             raise RuntimeError("HorovodRuntime.start() was not called")
-        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in job_id)
-        job_dir = Path(tempfile.mkdtemp(prefix=f"{safe}-", dir=self._work_dir))
+        job_dir = Path(tempfile.mkdtemp(prefix=f"{_safe(job_id)}-", dir=self._work_dir))
         hosts = job_dir / HOSTS_FILE
         write_atomic(hosts, "")
         script = job_dir / DISCOVERY_SCRIPT
@@ -334,6 +417,37 @@ class HorovodRuntime:
                 argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 env=env, start_new_session=True,
             )
+
+
+def _safe(job_id: str) -> str:
+    """``job_id`` as a directory name prefix."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in job_id)
+
+
+def _read_members(job_dir: Path) -> dict[str, object]:
+    """``members.json`` of ``job_dir`` ({} if absent); a bad file is a ValueError naming it."""
+    path = job_dir / MEMBERS_FILE
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not JSON: {exc}") from None
+    if not isinstance(record, dict) or not isinstance(record.get("generation", 0), int):
+        raise ValueError(f"{path}: not a membership record: {record!r}")
+    return record
+
+
+def _find_driver(job_dir: Path) -> psutil.Process | None:
+    """The live ``drive`` wrapper of ``job_dir`` (started by an earlier runtime), if any."""
+    for proc in job_processes(job_dir):
+        try:
+            cmdline = proc.cmdline()
+        except psutil.Error:
+            continue
+        if MODULE in cmdline and "drive" in cmdline:
+            return proc
+    return None
 
 
 def stop_process_tree(pid: int, *, grace_s: float) -> None:

@@ -14,22 +14,37 @@ for all its jobs. Every key of a job lives under ``mt/<job>/``:
                                   generation: its workers start from the checkpoint of ``active``
 ``mt/<job>/ckpt``, ``ckpt_tag``   the last checkpoint (written by rank 0 when its world hands over
                                   to new workers or on SIGTERM) and the generation it was taken in
+``mt/<job>/resume/<worker>``      the generation a worker was in when it reconnected to a new store
+                                  (after a daemon restart): numbering goes on above it
 
 :meth:`TorchRuntime.set_members` writes the member list first and then the
 generation key, so a worker that sees generation ``g`` always finds its
 members. Workers (see :mod:`malletrain.elastic`) switch to the new generation at
 their next commit point. torch is imported lazily: a daemon configured for
 another runtime starts without it.
+
+Daemon restarts: the store lives in the daemon, so a ``kill -9`` takes it
+away. Running workers keep training meanwhile (for at most
+``MALLETRAIN_STORE_GRACE`` seconds); a restarted daemon hosts a new, empty
+store on the same port (:attr:`TorchRuntime.port` is kept in the daemon's
+SQLite store), calls :meth:`TorchRuntime.resume_generation` with the last
+generation it published, and publishes the re-adopted workers again. Rank 0
+of a world that reconnects marks its whole world ready and reports its
+generation (``resume``), so the new generation is above every old one and the
+workers switch to it at their next commit without losing a step.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from datetime import timedelta
 from typing import Any, Sequence
 
 from malletrain.runtimes import LaunchSpec
+
+log = logging.getLogger("malletrain.runtimes.torch")
 
 #: Environment variables set for every worker (the job manager may add more).
 ENV_JOB = "MALLETRAIN_JOB"
@@ -38,9 +53,13 @@ ENV_MONITOR = "MALLETRAIN_MONITOR"
 ENV_STORE = "MALLETRAIN_STORE"
 ENV_RUNTIME = "MALLETRAIN_RUNTIME"
 ENV_TIMEOUT = "MALLETRAIN_COLLECTIVE_TIMEOUT"
+ENV_STORE_GRACE = "MALLETRAIN_STORE_GRACE"
 
 DEFAULT_COLLECTIVE_TIMEOUT_S = 3.0
 """Seconds a gloo collective (or a group rendezvous) waits for a silent peer."""
+
+DEFAULT_STORE_GRACE_S = 60.0
+"""Seconds workers keep training without the daemon's store (a daemon restart) before they exit."""
 
 _FORBIDDEN_ID_CHARS = frozenset("/ \t\n\r")
 
@@ -99,6 +118,10 @@ def ckpt_tag_key(job: str) -> str:
     return f"mt/{job}/ckpt_tag"
 
 
+def resume_key(job: str, worker: str) -> str:
+    return f"mt/{job}/resume/{worker}"
+
+
 def parse_members(raw: bytes, job: str, gen: int) -> tuple[str, ...]:
     """Decode the member list stored for ``job`` generation ``gen``."""
     try:
@@ -128,9 +151,12 @@ class TorchRuntime:
     """In-process elastic DDP: the daemon-side half (see module docstring).
 
     ``host`` is the address workers use to reach the store (the daemon's
-    address as seen from the nodes); ``port`` 0 picks a free port. ``monitor``
+    address as seen from the nodes); ``port`` 0 picks a free port (a given
+    port that is busy falls back to a free one, with a warning). ``monitor``
     is the job monitor's ZeroMQ address given to workers as
     ``MALLETRAIN_MONITOR`` (the job manager may also set it itself).
+    ``store_grace_s`` is how long workers train on without the store
+    (``MALLETRAIN_STORE_GRACE``).
     """
 
     name = "torch"
@@ -141,9 +167,13 @@ class TorchRuntime:
         port: int = 0,
         monitor: str | None = None,
         collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S,
+        store_grace_s: float = DEFAULT_STORE_GRACE_S,
     ) -> None:
         if collective_timeout_s <= 0:
             raise ValueError(f"collective_timeout_s must be > 0, got {collective_timeout_s}")
+        if store_grace_s <= 0:
+            raise ValueError(f"store_grace_s must be > 0, got {store_grace_s}")
+        self.store_grace_s = store_grace_s
         self.host = host
         self._port = port
         self.monitor = monitor
@@ -164,13 +194,18 @@ class TorchRuntime:
                 return
             import torch.distributed as dist  # lazy: the daemon may run without torch
 
-            self._store = dist.TCPStore(
-                self.host,
-                self._port,
-                is_master=True,
-                wait_for_workers=False,
-                timeout=timedelta(seconds=30),
-            )
+            def serve(port: int) -> Any:
+                return dist.TCPStore(self.host, port, is_master=True, wait_for_workers=False,
+                                     timeout=timedelta(seconds=30))
+
+            try:
+                self._store = serve(self._port)
+            except (dist.DistError, RuntimeError) as exc:
+                if not self._port:
+                    raise
+                log.warning("rendezvous port %d is not free (%s); picking another: running workers "
+                            "cannot reconnect", self._port, exc)
+                self._store = serve(0)
             self._port = int(self._store.port)
 
     def close(self) -> None:
@@ -208,6 +243,7 @@ class TorchRuntime:
             ENV_STORE: self.address,
             ENV_RUNTIME: self.name,
             ENV_TIMEOUT: repr(self.collective_timeout_s),
+            ENV_STORE_GRACE: repr(self.store_grace_s),
         }
         if self.monitor:
             env[ENV_MONITOR] = self.monitor
@@ -229,7 +265,7 @@ class TorchRuntime:
             raise ValueError(f"job {job_id}: duplicate workers in member list: {dupes}")
         with self._lock:
             store = self._require_store()
-            gen = self._generations.get(job_id, 0) + 1
+            gen = max(self._generations.get(job_id, 0), self._reported(store, job_id, ordered)) + 1
             last = self._last_nonempty.get(job_id)
             if ordered and last is not None and not last[1] & set(ordered):
                 # nobody of the last world stays: the new one starts from its checkpoint
@@ -240,7 +276,43 @@ class TorchRuntime:
             store.set(gen_key(job_id), str(gen))  # after the members: readers see both
             self._generations[job_id] = gen
             self._members.setdefault(job_id, {})[gen] = ordered
+            self._workers.setdefault(job_id, set()).update(ordered)
         return gen
+
+    def readopt(self, job_id: str, command: Sequence[str], workers: dict[str, str]) -> int:
+        """Workers an earlier daemon started (worker id -> node): remembered so :meth:`forget` clears
+        their keys. Returns the job's generation."""
+        check_id("job", job_id)
+        with self._lock:
+            self._workers.setdefault(job_id, set()).update(workers)
+            return self._generations.get(job_id, 0)
+
+    def resume_generation(self, job_id: str, generation: int) -> None:
+        """After a daemon restart: the job's numbering goes on above ``generation`` (never backwards).
+
+        The store of this runtime is new, so it holds no keys of those
+        generations: :meth:`forget` does not look for them.
+        """
+        check_id("job", job_id)
+        if isinstance(generation, bool) or not isinstance(generation, int) or generation < 0:
+            raise ValueError(f"job {job_id}: generation must be an integer >= 0, got {generation!r}")
+        with self._lock:
+            if generation > self._generations.get(job_id, 0):
+                self._generations[job_id] = generation
+                self._forgotten[job_id] = max(self._forgotten.get(job_id, 0), generation)
+
+    @staticmethod
+    def _reported(store: Any, job_id: str, workers: Sequence[str]) -> int:
+        """The newest generation any of ``workers`` reported when it reconnected (0: none)."""
+        newest = 0
+        for w in workers:
+            key = resume_key(job_id, w)
+            if store.check([key]):
+                try:
+                    newest = max(newest, int(store.get(key)))
+                except ValueError:
+                    log.warning("job %s: store key %s is not a generation number; ignored", job_id, key)
+        return newest
 
     def forget(self, job_id: str, keep_state: bool = True) -> None:
         """Delete the job's member lists, barriers and ready marks; idempotent.
@@ -269,7 +341,7 @@ class TorchRuntime:
             for g in range(first, gens + 1):
                 keys += [members_key(job_id, g), arrive_key(job_id, g), joined_key(job_id, g),
                          handover_key(job_id, g)]
-            keys += [ready_key(job_id, w) for w in workers]
+            keys += [ready_key(job_id, w) for w in workers] + [resume_key(job_id, w) for w in workers]
             for key in keys:
                 store.delete_key(key)
 
