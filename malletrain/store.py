@@ -2,7 +2,9 @@
 
 Tables: ``meta`` (schema version, backend epoch), ``jobs`` (spec, state,
 progress, nodes), ``job_states`` (every transition), ``scalability`` (measured
-samples/s per node count), ``rescales`` (measured pauses) and ``events``.
+samples/s per node count), ``rescales`` (measured pauses), ``generations`` (the
+last membership generation published per job, so a restarted daemon numbers
+on from it) and ``events``.
 Every change is one transaction. The CLI may write (submit, cancel) while the
 daemon runs or is down: the daemon picks the rows up on its next loop.
 """
@@ -48,6 +50,7 @@ CREATE TABLE IF NOT EXISTS rescales (
     job TEXT NOT NULL, time REAL NOT NULL, from_nodes INTEGER NOT NULL,
     to_nodes INTEGER NOT NULL, pause_s REAL NOT NULL, kind TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS generations (job TEXT PRIMARY KEY, gen INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     time REAL NOT NULL, kind TEXT NOT NULL, job TEXT NOT NULL, detail TEXT NOT NULL
@@ -255,6 +258,18 @@ class Store:
         q = "SELECT job, time, from_nodes, to_nodes, pause_s, kind FROM rescales"
         rows = self.conn.execute(q + (" WHERE job=? ORDER BY id" if jid else " ORDER BY id"), (jid,) if jid else ())
         return [dict(zip(("job", "time", "from_nodes", "to_nodes", "pause_s", "kind"), r)) for r in rows]
+
+    # -- membership generations
+    def set_generation(self, jid: str, gen: int) -> None:
+        """Remember ``gen`` as the job's last published generation; it never goes backwards."""
+        with self._tx() as c:
+            c.execute("INSERT INTO generations VALUES (?, ?) ON CONFLICT(job) DO UPDATE SET gen=MAX(gen, excluded.gen)",
+                      (jid, int(gen)))
+
+    def generation(self, jid: str) -> int:
+        """The job's last published generation (0: none)."""
+        row = self.conn.execute("SELECT gen FROM generations WHERE job=?", (jid,)).fetchone()
+        return 0 if row is None else int(row[0])
 
     # -- events
     def log_event(self, kind: str, job: str = "", **detail: Any) -> None:

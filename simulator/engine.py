@@ -53,6 +53,14 @@ class SimJob:
     paused_seconds: float = 0.0  # time it held nodes but made no progress
     paused_node_seconds: float = 0.0
     node_seconds: float = 0.0
+    # profiling accounting (a policy with ``is_profiling``): every node-second the job holds
+    # while its profile runs, the part of it lost to rescale pauses, the samples those pauses
+    # cost, and the scale-ups it went through while profiling (inverse order: exactly 1)
+    profiled: bool = False
+    profiling_node_seconds: float = 0.0
+    profiling_paused_node_seconds: float = 0.0
+    profiling_lost_samples: float = 0.0
+    profiling_scale_ups: int = 0
     # (time, samples done, nodes held from then on, paused until) at every change
     history: list[tuple[float, float, int, float]] = field(default_factory=list)
 
@@ -76,6 +84,11 @@ class Decide:
 @dataclass(frozen=True)
 class End:
     pass
+
+
+@dataclass(frozen=True)
+class Wake:
+    """A time a policy asked to decide again at (``Policy.wakeups``), e.g. a profiling step's end."""
 
 
 # Tfwd, the horizon over which the allocator weighs a rescale's pause against
@@ -183,6 +196,12 @@ class Simulator:
         self._pending = False  # a change waits for a decision
         self._next_decision_at = -math.inf
         self._decide_scheduled = False
+        # optional policy hooks (see simulator.policies.Policy)
+        self._admit_hook = getattr(policy, "admit", None)
+        self._after_hook = getattr(policy, "after_apply", None)
+        self._wakeups_hook = getattr(policy, "wakeups", None)
+        self._profiling_hook = getattr(policy, "is_profiling", None)
+        self._wakes: set[float] = set()
 
     # ------------------------------------------------------------ main loop
 
@@ -252,6 +271,9 @@ class Simulator:
                 changed = True
             elif isinstance(ev, Decide):
                 self._decide_scheduled = False
+            elif isinstance(ev, Wake):
+                self._wakes.discard(t)
+                changed = True
             elif isinstance(ev, End):
                 return changed, True
         return changed, False
@@ -291,6 +313,10 @@ class Simulator:
             job.paused_seconds += dt - work
             job.paused_node_seconds += n * (dt - work)
             job.node_seconds += n * dt
+            if self._profiling_hook is not None and self._profiling_hook(job.id):
+                job.profiling_node_seconds += n * dt
+                job.profiling_paused_node_seconds += n * (dt - work)
+                job.profiling_lost_samples += job.rate * (dt - work)
             self.policy.observe(job.id, n, samples, dt)
         job.last_update = t
 
@@ -384,6 +410,9 @@ class Simulator:
                 job = self._new_job(spec, t)
             else:
                 return
+            if self._admit_hook is not None and not self._admit_hook(_job_view(job), self._view(t)):
+                self.queue.appendleft(job)  # FCFS: it waits at the head, and so do the jobs behind it
+                return
             job.state = JobState.ADMITTED
             job.last_update = t
             self.admitted.append(job)
@@ -421,6 +450,10 @@ class Simulator:
             self.decision_ms.append(decision_ms)
             changed = self._apply_plan(plan, t)
             self._noop_key = None if changed else key
+            if self._after_hook is not None:
+                self._after_hook(self._view(t))
+        if self._wakeups_hook is not None:
+            self._push_wakeups(t)
         self._schedule_completions(t)
         n_idle = len(self.idle)
         self.rows.append(DecisionRow(
@@ -435,6 +468,12 @@ class Simulator:
         self._step_rescales = 0
         if self._progress is not None:
             self._progress((t - self.start) / (self.end - self.start))
+
+    def _push_wakeups(self, t: float) -> None:
+        for w in self._wakeups_hook():  # type: ignore[misc]
+            if t < w < self.end and w not in self._wakes:
+                self._wakes.add(w)
+                self.events.push(w, Priority.DECIDE, Wake())
 
     def _problem_key(self) -> tuple:
         """What a stateless policy's answer depends on: jobs, their counts, usable free nodes, pins."""
@@ -511,6 +550,9 @@ class Simulator:
             self.owner[node] = job
         started = not job.nodes
         job.nodes = list(job.nodes) + extra
+        if self._profiling_hook is not None and self._profiling_hook(job.id):
+            job.profiled = True
+            job.profiling_scale_ups += 1
         if started:
             self.starts += 1
         else:
@@ -522,7 +564,7 @@ class Simulator:
         self._changed(job, t)
 
     def _schedule_completions(self, t: float) -> None:
-        for job_id in self._dirty:
+        for job_id in sorted(self._dirty):  # a set of str: sorted, or ties depend on PYTHONHASHSEED
             job = self.jobs[job_id]
             if job.state is not JobState.ADMITTED or not job.nodes or job.rate <= 0:
                 continue
@@ -573,7 +615,27 @@ class Simulator:
             "wall_seconds": wall,
             "cpu_seconds": cpu,
         }
+        summary.update(_profiling_summary(jobs, self.used_node_seconds))
+        stats = getattr(self.policy, "stats", None)
+        summary.update(stats() if stats is not None else {"scalability_error_pct": None})
         return SimResult(summary, self.rows, jobs, self.start, self.end)
+
+
+def _profiling_summary(jobs: list[SimJob], used_node_seconds: float) -> dict:
+    """Profiling accounting over the jobs that profiled (zeros for a policy that never profiles)."""
+    profiled = [j for j in jobs if j.profiled]
+    node_s = sum(j.profiling_node_seconds for j in profiled)
+    ups = [j.profiling_scale_ups for j in profiled]
+    return {
+        "profiled_jobs": len(profiled),
+        "profiling_node_seconds": node_s,
+        "profiling_paused_node_seconds": sum(j.profiling_paused_node_seconds for j in profiled),
+        "profiling_lost_samples": sum(j.profiling_lost_samples for j in profiled),
+        "profiling_fraction": node_s / used_node_seconds if used_node_seconds > 0 else 0.0,
+        "profiling_scale_ups": sum(ups),
+        "profiling_scale_ups_max_per_job": max(ups, default=0),
+        "profiling_scale_ups_min_per_job": min(ups, default=0),
+    }
 
 
 def _percentile(sorted_values: list[float], q: float) -> float:

@@ -1,21 +1,34 @@
 """Allocation policies: a small object turns the simulator's view into a Plan.
 
 Every policy answers with an :class:`allocator.Plan` whose node maps never make
-a job both gain and lose nodes. ``malletrain`` and ``oracle`` build a
-:class:`allocator.Problem` and call :func:`allocator.solve`; ``greedy`` and
-``equal`` pick node counts themselves and turn them into node maps with the
-allocator's own no-migration helper (:func:`allocator.solve.assign_nodes`).
+a job both gain and lose nodes. The MILP policies build a
+:class:`allocator.Problem` and call :func:`allocator.solve`; they differ only in
+the scalability they feed it:
 
-To add a policy, register a factory in :data:`POLICIES`.
+* ``malletrain`` (:mod:`simulator.jpa_policy`): what the job profiling advisor
+  measured, refined online while jobs run;
+* ``freetrain``: a user-supplied curve (:func:`believed_curve`; by default the
+  mean of the workload's model curves);
+* ``milp-true``: the true curves ("FreeTrain with a perfect user");
+* ``oracle``: the true curves and free rescales (an upper bound).
+
+``greedy`` and ``equal`` pick node counts themselves and turn them into node
+maps with the allocator's own no-migration helper
+(:func:`allocator.solve.assign_nodes`).
+
+To add a policy, register a factory ``(PolicyContext) -> Policy`` in :data:`POLICIES`.
 """
 
 from __future__ import annotations
 
+import random
+import zlib
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Protocol, runtime_checkable
+from typing import Callable, Iterable, Mapping, Protocol, runtime_checkable
 
-from allocator import Job, Plan, Problem, solve
+from allocator import Job, Plan, Problem, solve, throughput_at
 from allocator.solve import assign_nodes
+from profiler import curve_error_pct
 
 Curve = Mapping[int, float]
 
@@ -81,6 +94,23 @@ class Policy(Protocol):
     def observe(self, job_id: str, nodes: int, samples: float, seconds: float) -> None:
         """Called after each interval a job ran: ``samples`` done on ``nodes`` in ``seconds``."""
 
+    # Optional hooks the simulator calls when a policy has them (see simulator.jpa_policy):
+    #   admit(job: JobView, view: SimView) -> bool     may a queued job take a slot now? (False: it waits)
+    #   after_apply(view: SimView) -> None            the state right after a plan was applied
+    #   wakeups() -> Iterable[float]                  times to decide again at (profiling steps)
+    #   is_profiling(job_id: str) -> bool             for the profiling accounting of summary.json
+    #   stats() -> dict                               extra summary.json keys
+
+
+@dataclass(frozen=True)
+class PolicyContext:
+    """What a policy factory may know about the run: the workload's model curves (a user can
+    know the models' names, not which job is which), the seed, and the freetrain error model."""
+
+    curves: Mapping[str, Curve] = field(default_factory=dict)
+    seed: int = 0
+    freetrain_model: str = "mean"
+
 
 class BasePolicy:
     """Shared parts: a no-op ``observe``, and node-count pins.
@@ -96,12 +126,29 @@ class BasePolicy:
 
     def __init__(self) -> None:
         self.pins: dict[str, int] = {}
+        # scalability_error_pct: |believed - true| / true for every (job, count) the allocator
+        # chose, taken from the belief it held when it first chose that count
+        self._belief_errors: dict[tuple[str, int], float] = {}
 
     def observe(self, job_id: str, nodes: int, samples: float, seconds: float) -> None:
         return None
 
     def decide(self, view: SimView) -> Plan:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def note_beliefs(self, plan: Plan, jobs: Iterable[Job], views: Mapping[str, JobView]) -> None:
+        """Remember the believed rate of each job at the count the allocator gave it."""
+        for job in jobs:
+            n = len(plan.assignment.get(job.id, ()))
+            key = (job.id, n)
+            if n <= 0 or key in self._belief_errors:
+                continue
+            view = views[job.id]
+            self._belief_errors[key] = curve_error_pct({n: throughput_at(job.scaling, n)}, view.true_scaling, (n,))
+
+    def stats(self) -> dict:
+        errs = self._belief_errors
+        return {"scalability_error_pct": sum(errs.values()) / len(errs) if errs else None}
 
     def job_for(self, view_job: JobView, nodes: tuple[str, ...] | None = None) -> Job:
         """The allocator's Job for a view job (believed scaling, real costs)."""
@@ -123,8 +170,12 @@ class _Pinned:
     free: list[str] = field(default_factory=list)
 
 
-def apply_pins(view: SimView, pins: Mapping[str, int]) -> _Pinned:
-    """Place pinned jobs first; lenders keep what is left and may only shrink further."""
+def apply_pins(view: SimView, pins: Mapping[str, int], lenders: Mapping[str, str] | None = None) -> _Pinned:
+    """Place pinned jobs first; lenders keep what is left and may only shrink further.
+
+    A pinned job short of free nodes borrows from ``lenders[job_id]`` if given, else from the
+    running job holding the most.
+    """
     out = _Pinned(free=list(view.free_nodes))
     holdings = {j.id: j.nodes for j in view.jobs}
     by_id = {j.id: j for j in view.jobs}
@@ -143,7 +194,8 @@ def apply_pins(view: SimView, pins: Mapping[str, int]) -> _Pinned:
         del out.free[:need]
         need -= len(extra)
         if need > 0:
-            lender = max(
+            named = lenders.get(job_id) if lenders else None
+            lender = by_id.get(named) if named is not None else max(
                 (j for j in view.jobs if j.id not in pins and j.id != job_id),
                 key=lambda j: len(holdings[j.id]),
                 default=None,
@@ -159,9 +211,10 @@ def apply_pins(view: SimView, pins: Mapping[str, int]) -> _Pinned:
 
 
 class MilpPolicy(BasePolicy):
-    """MalleTrain: the exact allocator on the believed scalability (``malletrain``)."""
+    """The exact allocator on each job's ``believed_scaling`` (the true curve unless a job file
+    says otherwise): registered as ``milp-true``, FreeTrain with a perfect user."""
 
-    name = "malletrain"
+    name = "milp-true"
 
     def __init__(self, method: str = "auto") -> None:
         super().__init__()
@@ -172,12 +225,17 @@ class MilpPolicy(BasePolicy):
     def problem_job(self, job: JobView, nodes: tuple[str, ...]) -> Job:
         return self.job_for(job, nodes)
 
+    def curve_for(self, job: JobView) -> Curve:
+        """The curve the allocator is given for ``job`` (the same object while it is unchanged)."""
+        return job.believed_scaling
+
     def _cached_job(self, job: JobView, nodes: tuple[str, ...]) -> Job:
         hit = self._jobs.get(job.id)
-        if hit is not None and hit[0] == nodes and hit[1] is job.believed_scaling:
+        curve = self.curve_for(job)
+        if hit is not None and hit[0] == nodes and hit[1] is curve:
             return hit[2]
         built = self.problem_job(job, nodes)
-        self._jobs[job.id] = (nodes, job.believed_scaling, built)
+        self._jobs[job.id] = (nodes, curve, built)
         return built
 
     def decide(self, view: SimView) -> Plan:
@@ -201,6 +259,7 @@ class MilpPolicy(BasePolicy):
             self._jobs = {k: v for k, v in self._jobs.items() if k in live}
         free = tuple(pinned.free) if pinned is not None else view.free_nodes
         plan = solve(Problem(tuple(jobs), free, view.horizon_s), method=self.method)
+        self.note_beliefs(plan, jobs, {j.id: j for j in view.jobs})
         if pinned is None:
             return plan
         assignment = dict(plan.assignment)
@@ -209,6 +268,92 @@ class MilpPolicy(BasePolicy):
             assignment.setdefault(job_id, lent)
         counts = {k: len(v) for k, v in assignment.items()}
         return Plan(assignment, plan.objective, plan.solve_seconds, plan.method, counts)
+
+
+class FreeTrainPolicy(MilpPolicy):
+    """FreeTrain: the exact allocator on a user-supplied curve (see :func:`believed_curve`).
+
+    A job whose spec carries its own ``believed_scaling`` (a job file) keeps it.
+    """
+
+    name = "freetrain"
+
+    def __init__(self, context: PolicyContext = PolicyContext(), method: str = "auto") -> None:
+        super().__init__(method)
+        self.model = parse_error_model(context.freetrain_model)
+        self.context = context
+        self._mean = mean_curve(context.curves) if context.curves else None
+        if self.model.kind == "mean" and self._mean is None:
+            raise ValueError("freetrain model 'mean' needs the workload's model curves (PolicyContext.curves)")
+        self._believed: dict[str, Curve] = {}
+
+    def curve_for(self, job: JobView) -> Curve:
+        curve = self._believed.get(job.id)
+        if curve is None:
+            if job.believed_scaling is not job.true_scaling:
+                curve = job.believed_scaling  # the job file gave one: that is the user's curve
+            else:
+                curve = believed_curve(self.model, job, self._mean, self.context.seed)
+            self._believed[job.id] = curve
+        return curve
+
+    def problem_job(self, job: JobView, nodes: tuple[str, ...]) -> Job:
+        return Job(job.id, job.min_nodes, job.max_nodes, self.curve_for(job), nodes, job.up_cost_s, job.down_cost_s)
+
+
+@dataclass(frozen=True)
+class ErrorModel:
+    """How far a user's curve is from the truth: ``mean``, ``linear`` or ``noise`` (``pct`` %)."""
+
+    kind: str
+    pct: float = 0.0
+
+    @property
+    def label(self) -> str:
+        return f"noise:{self.pct:g}" if self.kind == "noise" else self.kind
+
+
+def parse_error_model(text: str) -> ErrorModel:
+    """``mean`` | ``linear`` | ``noise:X`` (X in %, 0 <= X < 100)."""
+    t = text.strip().lower()
+    if t in ("mean", "linear"):
+        return ErrorModel(t)
+    if t.startswith("noise:"):
+        try:
+            pct = float(t.split(":", 1)[1])
+        except ValueError:
+            pct = -1.0
+        if 0.0 <= pct < 100.0:
+            return ErrorModel("noise", pct)
+    raise ValueError(f"freetrain model {text!r}: use mean, linear or noise:X with 0 <= X < 100 (percent)")
+
+
+def mean_curve(curves: Mapping[str, Curve]) -> dict[int, float]:
+    """Point-wise mean of ``curves`` over the union of their node counts (piecewise-linear between points)."""
+    counts = sorted({n for c in curves.values() for n in c})
+    k = len(curves)
+    return {n: sum(throughput_at(c, n) for c in curves.values()) / k for n in counts}
+
+
+def believed_curve(model: ErrorModel, job: JobView, mean: Curve | None, seed: int) -> dict[int, float]:
+    """The curve a user would give for ``job`` under ``model``.
+
+    * ``mean``: every job scales like the mean of the workload's model curves (the user knows
+      the candidate models, not which one this job is).
+    * ``linear``: linear from the true rate at ``min_nodes`` (the user ran it once, small).
+    * ``noise:X``: the true curve, each point times ``U(1 - X%, 1 + X%)``, seeded by
+      ``(seed, job name)``.
+    """
+    true = job.true_scaling
+    if model.kind == "mean":
+        assert mean is not None
+        return dict(mean)
+    if model.kind == "linear":
+        per_node = throughput_at(true, job.min_nodes) / job.min_nodes
+        return {n: per_node * n for n in sorted(set(true) | {job.min_nodes, job.max_nodes})}
+    rng = random.Random(zlib.crc32(f"{seed}:{job.name}".encode()))
+    x = model.pct / 100.0
+    return {n: v * rng.uniform(1.0 - x, 1.0 + x) for n, v in sorted(true.items())}
 
 
 class OraclePolicy(MilpPolicy):
@@ -291,19 +436,28 @@ class EqualPolicy(BasePolicy):
         return _plan_from_counts(view, counts, [self.job_for(j) for j in view.jobs], "equal")
 
 
-PolicyFactory = Callable[[], Policy]
+PolicyFactory = Callable[[PolicyContext], Policy]
+
+
+def _malletrain(context: PolicyContext) -> Policy:
+    from simulator.jpa_policy import MalleTrainPolicy
+
+    return MalleTrainPolicy(context)
+
 
 POLICIES: dict[str, PolicyFactory] = {
-    "malletrain": MilpPolicy,
-    "greedy": GreedyPolicy,
-    "equal": EqualPolicy,
-    "oracle": OraclePolicy,
+    "malletrain": _malletrain,
+    "freetrain": FreeTrainPolicy,
+    "milp-true": lambda _ctx: MilpPolicy(),
+    "greedy": lambda _ctx: GreedyPolicy(),
+    "equal": lambda _ctx: EqualPolicy(),
+    "oracle": lambda _ctx: OraclePolicy(),
 }
 
 
-def make_policy(name: str) -> Policy:
+def make_policy(name: str, context: PolicyContext | None = None) -> Policy:
     try:
         factory = POLICIES[name]
     except KeyError:
         raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}") from None
-    return factory()
+    return factory(context if context is not None else PolicyContext())

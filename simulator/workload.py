@@ -196,6 +196,8 @@ class Workload:
     timed: list[JobSpec] = field(default_factory=list)
     finite: bool = True
     synthetic: bool = False
+    # the model curves the jobs are drawn from (what a user could know: freetrain's "mean")
+    models: dict[str, Curve] = field(default_factory=dict)
 
     def draw(self) -> JobSpec | None:
         if self._stream is None:
@@ -235,17 +237,20 @@ def make_workload(
         raise WorkloadError(f"--jobs must be >= 1, got {n_jobs}")
     if name == "nas":
         return Workload("nas", scaling.source, _nas_stream(scaling, seed, n_jobs),
-                        finite=n_jobs is not None, synthetic=scaling.synthetic)
+                        finite=n_jobs is not None, synthetic=scaling.synthetic,
+                        models={m: scaling.curves[m] for m in scaling.nas_models})
     if name == "hpo":
         return Workload("hpo", scaling.source, _hpo_stream(scaling, n_jobs),
-                        finite=n_jobs is not None, synthetic=scaling.synthetic)
+                        finite=n_jobs is not None, synthetic=scaling.synthetic,
+                        models={HPO_MODEL: scaling.curve(HPO_MODEL, "hpo workload: ")})
     path = Path(name)
     if not path.exists():
         raise WorkloadError(f"workload {name!r} is neither nas, hpo nor an existing file")
     specs = load_jobs_file(path, scaling)
     if n_jobs is not None:
         specs = specs[:n_jobs]
-    return Workload(str(path), scaling.source, timed=specs, finite=True, synthetic=scaling.synthetic)
+    models = {s.model if s.model != "custom" else s.name: s.scaling for s in specs}
+    return Workload(str(path), scaling.source, timed=specs, finite=True, synthetic=scaling.synthetic, models=models)
 
 
 # ---------------------------------------------------------------- user job files

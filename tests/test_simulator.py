@@ -216,7 +216,7 @@ def strip(s: dict, *more: str) -> dict:
 def test_same_inputs_give_identical_summaries():
     tl = three_node_trace()
 
-    for policy in ("malletrain", "greedy", "equal", "oracle"):
+    for policy in ("malletrain", "milp-true", "greedy", "equal", "oracle"):
         a = run(tl, [job("x"), job("y")], policy)
         b = run(tl, [job("x"), job("y")], policy)
         assert strip(a.summary) == strip(b.summary)
@@ -226,7 +226,7 @@ def test_skipping_identical_noop_problems_changes_nothing():
     # many recalls/arrivals of nodes beyond what the jobs can use: identical problems
     changes = [(float(10 * k), f"x{k % 4}", k % 8 < 4) for k in range(1, 40)] + [(405.0, "a", False)]
     tl = timeline(["a", "b", "c", "x0", "x1", "x2", "x3"], "abc", sorted(changes), end=500.0)
-    for policy in ("malletrain", "greedy", "equal", "oracle"):
+    for policy in ("milp-true", "greedy", "equal", "oracle"):  # the stateless ones
         skipping = make_policy(policy)
         asking = make_policy(policy)
         asking.stateless = False  # type: ignore[misc]
@@ -355,7 +355,7 @@ def small_jobs(draw):
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(tl=small_traces(), specs=small_jobs(), policy=st.sampled_from(["malletrain", "greedy", "equal", "oracle"]),
+@given(tl=small_traces(), specs=small_jobs(), policy=st.sampled_from(["malletrain", "milp-true", "greedy", "equal", "oracle"]),
        pjmax=st.integers(1, 3), interval=st.sampled_from([0.0, 0.0, 25.0]))
 def test_conservation_and_progress_on_random_traces(tl, specs, policy, pjmax, interval):
     res = run(tl, specs, policy, max_running=pjmax, horizon_s=60.0, min_interval_s=interval)
@@ -369,6 +369,8 @@ def test_conservation_and_progress_on_random_traces(tl, specs, policy, pjmax, in
         assert j.progress <= j.spec.samples + 1e-9
         if j.finished_at is not None:
             assert j.progress == j.spec.samples
+        assert j.profiling_scale_ups == (1 if j.profiled else 0), j.id  # inverse order: one scale-up
+        assert j.profiling_node_seconds <= j.node_seconds + 1e-6
     assert all(r.running_jobs <= pjmax and r.used_nodes <= r.idle_nodes for r in res.rows)
     assert s["jobs_completed"] <= s["jobs_submitted"] == len(specs) - sum(
         1 for sp in specs if sp.arrival_s >= 500.0

@@ -37,7 +37,7 @@ def test_parse_time_accepts_unix_seconds_and_offsets():
 
 
 def test_parse_policies():
-    assert parse_policies("all") == ["malletrain", "greedy", "equal", "oracle"]
+    assert parse_policies("all") == ["malletrain", "freetrain", "milp-true", "greedy", "equal", "oracle"]
     assert parse_policies("greedy, oracle") == ["greedy", "oracle"]
     with pytest.raises(ValueError, match="unknown best"):
         parse_policies("greedy,best")
@@ -57,7 +57,8 @@ def test_simulate_writes_summary_events_and_plots(tmp_path: Path, capsys):
     assert list(rows[0]) == ["time", "idle_nodes", "used_nodes", "running_jobs", "queued_jobs", "rescales",
                              "decision_ms"]
     assert len(rows) == summary["decisions"]
-    assert [r["idle_nodes"] for r in rows[:2]] == ["6", "7"]
+    idle = [r["idle_nodes"] for r in rows]  # malletrain also decides at its profiling steps' ends
+    assert idle[0] == "6" and idle.index("7") > 0 and set(idle) <= {"5", "6", "7"}
     assert (out / "idle-vs-used.png").stat().st_size > 0 and (out / "job-progress.png").stat().st_size > 0
     printed = capsys.readouterr().out
     assert "samples_processed" in printed and "used_fraction" in printed
@@ -71,7 +72,7 @@ def test_simulate_all_policies_compares_to_oracle(tmp_path: Path, capsys):
                  "--max-running", "2", "--out", str(out), "--quiet", "--no-plots"])
     assert code == 0
     rows = json.loads((out / "comparison.json").read_text())
-    assert [r["policy"] for r in rows] == ["malletrain", "greedy", "equal", "oracle"]
+    assert [r["policy"] for r in rows] == ["malletrain", "freetrain", "milp-true", "greedy", "equal", "oracle"]
     assert rows[-1]["vs_oracle"] == pytest.approx(1.0)
     for r in rows:
         assert (out / r["policy"] / "summary.json").exists()

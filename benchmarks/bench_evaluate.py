@@ -1,0 +1,132 @@
+"""The evaluation's speed and its malletrain-vs-freetrain gap, on the Summit week.
+
+    python benchmarks/bench_evaluate.py                 # the evaluation (as `malletrain evaluate`), timed
+    python benchmarks/bench_evaluate.py --investigate   # where malletrain's gap to freetrain comes from
+
+Default mode runs every replay of ``malletrain evaluate`` (NAS and HPO under
+freetrain, malletrain, greedy, oracle; the NAS freetrain noise sweep) in
+``--workers`` processes, prints each replay's wall/CPU seconds (target: each
+well under 60 s) and the tables and targets.
+
+``--investigate`` replays NAS with malletrain variants against freetrain on the
+same window (default: the whole week): Tfwd 60/120/300 s (freetrain at the same
+Tfwd), profiling hold rule (rel. CI 2%/5%/10%, time cap 60 s), counts profiled
+(JPA default 1,2,4,...,64; sparse 1,8,64; top 16,32,64), record noise 0/3/10%.
+For each it prints samples, the gap to freetrain, used and paused node-seconds
+and the profiling node-seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+
+import traces
+from simulator import PolicyContext, SimConfig, find_scaling, make_workload, simulate
+from simulator.evaluate import EvalSettings, evaluate, print_report
+from simulator.jpa_policy import MalleTrainPolicy
+from traces.data import find_data
+
+TRACE = "summit-2021-02-10_17.nodes.csv.gz"
+TARGET_S = 60.0
+
+
+@dataclass(frozen=True)
+class Variant:
+    label: str
+    policy: str  # malletrain | freetrain
+    tfwd: float = 120.0
+    knobs: dict = field(default_factory=dict)
+
+
+VARIANTS = (
+    Variant("freetrain (mean), Tfwd 120", "freetrain"),
+    Variant("malletrain as evaluated", "malletrain"),
+    Variant("freetrain (mean), Tfwd 60", "freetrain", 60.0),
+    Variant("malletrain, Tfwd 60", "malletrain", 60.0),
+    Variant("freetrain (mean), Tfwd 300", "freetrain", 300.0),
+    Variant("malletrain, Tfwd 300", "malletrain", 300.0),
+    Variant("malletrain, rel CI 2%", "malletrain", knobs={"rel_ci": 0.02}),
+    Variant("malletrain, rel CI 10%", "malletrain", knobs={"rel_ci": 0.10}),
+    Variant("malletrain, time cap 60 s", "malletrain", knobs={"time_cap_s": 60.0}),
+    Variant("malletrain, counts 1,8,64", "malletrain", knobs={"count_set": "sparse"}),
+    Variant("malletrain, counts 16,32,64", "malletrain", knobs={"count_set": "top"}),
+    Variant("malletrain, record noise 0%", "malletrain", knobs={"record_noise": 0.0}),
+    Variant("malletrain, record noise 10%", "malletrain", knobs={"record_noise": 0.10}),
+)
+
+_STATE: dict = {}
+
+
+def _init(timeline, scaling, end) -> None:  # type: ignore[no-untyped-def]
+    _STATE.update(timeline=timeline, scaling=scaling, end=end)
+
+
+def _run_variant(v: Variant) -> tuple[Variant, dict]:
+    scaling = _STATE["scaling"]
+    config = SimConfig(max_running=10, horizon_s=v.tfwd, end=_STATE["end"])
+    if v.policy == "malletrain":
+        wl = make_workload("nas", scaling, seed=0)
+        policy = MalleTrainPolicy(PolicyContext(wl.models, 0), **v.knobs)
+        res = simulate(_STATE["timeline"], policy, "nas", scaling=scaling, seed=0, config=config)
+    else:
+        res = simulate(_STATE["timeline"], v.policy, "nas", scaling=scaling, seed=0, config=config)
+    return v, res.summary
+
+
+def investigate(timeline, scaling, end, workers: int) -> None:  # type: ignore[no-untyped-def]
+    ctx = multiprocessing.get_context("fork")
+    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init, initargs=(timeline, scaling, end)) as pool:
+        results = list(pool.map(_run_variant, VARIANTS))
+    base = {v.tfwd: s["samples_processed"] for v, s in results if v.policy == "freetrain"}
+    print(f"{'variant':<32} {'samples':>10} {'vs freetrain':>12} {'used node-s':>11} {'paused node-s':>13} "
+          f"{'profiling node-s':>16} {'profile s':>9} {'wall s':>6}")
+    for v, s in results:
+        gap = 100.0 * (s["samples_processed"] / base[v.tfwd] - 1.0)
+        prof = s.get("profile_seconds_mean")
+        print(f"{v.label:<32} {s['samples_processed']:>10.4g} {gap:>+11.1f}% {s['used_node_seconds']:>11.4g} "
+              f"{s['paused_node_seconds']:>13.4g} {s['profiling_node_seconds']:>16.4g} "
+              f"{(f'{prof:.0f}' if prof else '-'):>9} {s['wall_seconds']:>6.1f}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--investigate", action="store_true")
+    ap.add_argument("--days", type=float, help="replay only the first D days (default: the whole week)")
+    ap.add_argument("--workers", type=int, default=2)
+    args = ap.parse_args()
+    path = find_data(TRACE)
+    if path is None:
+        print(f"bench_evaluate: {TRACE} not found (set MALLETRAIN_DATA)", file=sys.stderr)
+        return 2
+    timeline = traces.read(path)
+    scaling = find_scaling()
+    end = None if args.days is None else timeline.start + args.days * 86400.0
+    print(f"trace {path.name}, scaling {scaling.source}, seed 0, Pjmax 10, {args.workers} workers")
+    if args.investigate:
+        investigate(timeline, scaling, end, args.workers)
+        return 0
+    t0 = time.perf_counter()
+    walls: list[tuple[str, float, float]] = []
+
+    def done(spec, summary) -> None:  # type: ignore[no-untyped-def]
+        walls.append((f"{spec.workload}/{spec.label}", summary["wall_seconds"], summary["cpu_seconds"]))
+        print(f"  {walls[-1][0]:<28} wall {summary['wall_seconds']:6.1f} s  cpu {summary['cpu_seconds']:6.1f} s  "
+              f"decisions {summary['decisions']:,}", flush=True)
+
+    ev = evaluate(timeline, scaling, EvalSettings(end=end, workers=args.workers), on_done=done)
+    total = time.perf_counter() - t0
+    print_report(ev)
+    worst = max(w for _, w, _ in walls)
+    worst_cpu = max(c for _, _, c in walls)
+    print(f"{len(walls)} replays in {total:.0f} s wall; slowest replay {worst:.1f} s wall, {worst_cpu:.1f} s CPU "
+          f"(target <= {TARGET_S:.0f} s): {'OK' if worst_cpu <= TARGET_S else 'OVER'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

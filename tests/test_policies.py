@@ -1,0 +1,223 @@
+"""Simulator policies' accounting: the JPA-fed ``malletrain`` and the user-curve ``freetrain``.
+
+Hand-built traces whose answers follow from the profiler's rules: profiling
+node-seconds, one scale-up per profiled job, a lender shrinking by what it lent and
+getting it back, a job waiting when nodes are short, and freetrain deciding on the
+believed curve while progress follows the true one.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+import pytest
+
+from allocator import throughput_at
+from profiler import default_counts
+from simulator import JobSpec, PolicyContext, SimConfig, Simulator, Workload, make_policy
+from simulator.jpa_policy import MalleTrainPolicy
+from simulator.monitor import PER_NODE_BATCH, StepFeed, measured_rate, step_seconds
+from simulator.policies import FreeTrainPolicy, JobView, believed_curve, mean_curve, parse_error_model
+from traces.model import IdleTimeline
+
+FAST = {1: 1000.0, 2: 2000.0, 4: 4000.0}  # steps of 0.256 s: a profile step lasts seconds
+UP, DOWN = 5.0, 3.0
+
+
+def timeline(nodes: Sequence[str], initial: Sequence[str], changes: Sequence[tuple[float, str, bool]] = (),
+             end: float = 1000.0) -> IdleTimeline:
+    index = {n: i for i, n in enumerate(nodes)}
+    return IdleTimeline(
+        source="hand-built", format="test", nodes=tuple(nodes), start=0.0, end=end,
+        initial_idle=frozenset(initial),
+        times=np.array([c[0] for c in changes], dtype=np.float64),
+        node_ids=np.array([index[c[1]] for c in changes], dtype=np.int32),
+        idle=np.array([c[2] for c in changes], dtype=bool),
+    )
+
+
+def spec(name: str, arrival: float = 0.0, scaling=FAST, **kw) -> JobSpec:
+    kw.setdefault("max_nodes", 4)
+    return JobSpec(name=name, model=name, samples=1e12, scaling=scaling, arrival_s=arrival,
+                   up_cost_s=UP, down_cost_s=DOWN, **kw)
+
+
+def run(tl: IdleTimeline, specs: Sequence[JobSpec], policy, **cfg):
+    wl = Workload("hand", "test", timed=list(specs), finite=True, models={s.model: s.scaling for s in specs})
+    return Simulator(tl, wl, policy, SimConfig(**cfg)).run()
+
+
+def counts(job) -> list[int]:
+    return [h[2] for h in job.history]
+
+
+def node_seconds_between(job, t0: float, t1: float) -> float:
+    """Independent integral of the job's node count over [t0, t1] from its change log."""
+    total = 0.0
+    hist = job.history
+    for (ta, _, n, _), nxt in zip(hist, list(hist[1:]) + [(math.inf, 0.0, 0, 0.0)]):
+        lo, hi = max(ta, t0), min(nxt[0], t1)
+        if hi > lo:
+            total += n * (hi - lo)
+    return total
+
+
+# ------------------------------------------------------------------ the simulated monitor
+
+
+def test_step_records_follow_the_true_curve_and_are_deterministic():
+    feed = StepFeed("j", FAST, 4, start=10.0, seed=1, noise=0.0)
+    recs = feed.next_records(6)
+    assert step_seconds(FAST, 4) == pytest.approx(4 * PER_NODE_BATCH / 4000.0)
+    assert all(r.samples == 4 * PER_NODE_BATCH and r.world_size == 4 for r in recs)
+    steps = np.diff([10.0] + [r.timestamp for r in recs])
+    assert steps[3:] == pytest.approx([0.256] * 3)  # after the first and two warm-up steps
+    again = StepFeed("j", FAST, 4, start=10.0, seed=1).next_records(6)
+    assert again == StepFeed("j", FAST, 4, start=10.0, seed=1).next_records(6)
+    assert measured_rate("j", FAST, 2, work_s=100.0) == pytest.approx(2000.0, rel=0.03)
+
+
+# ------------------------------------------------------------------ malletrain (JPA-fed)
+
+
+def test_profile_runs_inverse_order_and_its_node_seconds_are_counted():
+    tl = timeline("abcd", "abcd")
+    policy = MalleTrainPolicy(PolicyContext({"a": FAST}))
+    res = run(tl, [spec("a")], policy)
+    job = res.jobs[0]
+    s = res.summary
+    # one start at the largest count, then down through 2 and 1; the allocator then takes it back to 4
+    assert counts(job)[:4] == [4, 2, 1, 4]
+    t_start, t_2, t_1, t_done = (h[0] for h in job.history[:4])
+    assert t_start == 0.0 and 0 < t_2 - t_start < 10 and DOWN < t_1 - t_2 < DOWN + 10
+    assert s["profiles_done"] == 1 and s["profiled_jobs"] == 1
+    assert s["profiling_scale_ups"] == 1 and job.profiling_scale_ups == 1
+    assert s["profiling_node_seconds"] == pytest.approx(node_seconds_between(job, t_start, t_done))
+    # the two step-downs each paused the job DOWN seconds (2 nodes, then 1)
+    assert s["profiling_paused_node_seconds"] == pytest.approx(2 * DOWN + 1 * DOWN)
+    assert s["profiling_lost_samples"] == pytest.approx(2000.0 * DOWN + 1000.0 * DOWN)
+    assert 0 < s["profiling_fraction"] < 1
+    measured = policy.scal[job.id].measured
+    assert sorted(measured)[:3] == [1, 2, 4]
+    for n in (1, 2, 4):
+        assert measured[n] == pytest.approx(FAST[n], rel=0.03)  # seen through 3%-noisy records
+    assert s["scalability_error_pct"] < 3.0
+
+
+def test_lender_shrinks_by_the_borrowed_count_and_gets_them_back():
+    tl = timeline("abcdef", "abcdef", end=2000.0)
+    policy = MalleTrainPolicy(PolicyContext({"a": FAST}))
+    # A profiles on 4 of the 6 nodes and then runs on 4; B arrives with 2 free nodes and borrows 2 from A
+    res = run(tl, [spec("a"), spec("b", arrival=500.0)], policy)
+    a, b = res.jobs
+    assert counts(b)[:3] == [4, 2, 1]
+    t_b = b.history[0][0]
+    assert t_b == 500.0
+    a_after = [(t, n) for t, _, n, _ in a.history if t >= t_b]
+    assert a_after[0] == (500.0, 2)  # shrank by exactly the 2 it lent
+    t_done = b.history[3][0] if len(b.history) > 3 else res.end
+    assert (t_done, 4) in a_after  # and grew back by 2 when B's profile ended
+    assert all(n <= 2 for t, n in a_after if t < t_done)  # never grew while it was owed nodes
+    s = res.summary
+    assert s["profile_lent_nodes"] == 2 and s["profile_returned_nodes"] == 2
+    assert s["profiling_scale_ups"] == 2 and s["profiling_scale_ups_max_per_job"] == 1
+    assert a.profiling_scale_ups == 1  # its own profile's start; growing back as a lender is not profiling
+
+
+def test_job_waits_in_the_queue_while_nodes_are_short():
+    # 1 idle node cannot source two of the counts (1, 2, 4): both jobs wait, FCFS; a 2nd node at 300 s
+    tl = timeline("abcd", "a", [(300.0, "b", True)])
+    policy = MalleTrainPolicy(PolicyContext({"a": FAST}))
+    res = run(tl, [spec("a"), spec("b")], policy)
+    a, b = res.jobs
+    assert a.history[0][0] == 300.0 and counts(a)[:2] == [2, 1]
+    assert res.summary["profile_waits"] >= 1
+    assert all(r.running_jobs == 0 for r in res.rows if r.time < 300.0)
+    assert a.node_seconds > 0 and a.profiling_scale_ups == 1
+
+
+def test_profile_cut_short_by_a_recall_keeps_what_was_measured():
+    # node d is recalled 1 s in, while the job profiles at 4: it shrinks to 3 and the profile stops
+    tl = timeline("abcd", "abcd", [(1.0, "d", False)])
+    policy = MalleTrainPolicy(PolicyContext({"a": FAST}))
+    res = run(tl, [spec("a")], policy)
+    s = res.summary
+    assert s["profiles_aborted"] == 1 and s["profiles_done"] == 0
+    assert s["profiling_scale_ups"] == 1
+    assert res.jobs[0].id in policy.scal  # the mean-curve fallback until refinement measures it
+
+
+def test_refinement_measures_counts_the_job_runs_at():
+    tl = timeline("abc", "abc", end=2000.0)  # max 4 but only 3 nodes: 3 is never profiled
+    policy = MalleTrainPolicy(PolicyContext({"a": FAST}))
+    res = run(tl, [spec("a")], policy)
+    scal = policy.scal[res.jobs[0].id]
+    assert 3 in scal.measured and scal.measured[3] == pytest.approx(3000.0, rel=0.03)
+    assert res.summary["refinements"] >= 1
+
+
+# ------------------------------------------------------------------ freetrain (user curves)
+
+TRUE = {1: 100.0, 2: 150.0, 4: 200.0}
+
+
+def jv(curve=TRUE, name="x", lo=1, hi=4) -> JobView:
+    return JobView(name, name, "m", lo, hi, curve, curve, (), 0.0, 1.0, UP, DOWN, 0.0, None, 0.0)
+
+
+def test_freetrain_decides_on_the_believed_curve_but_progresses_on_the_true_one():
+    tl = timeline("abcd", "abcd", end=1000.0)
+    policy = FreeTrainPolicy(PolicyContext({"m": TRUE}, freetrain_model="linear"))
+    res = run(tl, [spec("x", scaling=TRUE)], policy)
+    job = res.jobs[0]
+    assert counts(job) == [4]
+    assert res.summary["samples_processed"] == pytest.approx(200.0 * 1000.0)  # TRUE rate at 4 nodes
+    # the user's linear curve says 400/s at 4 nodes: 100% off
+    assert res.summary["scalability_error_pct"] == pytest.approx(100.0)
+
+
+def test_freetrain_error_models():
+    view = jv()
+    mean = mean_curve({"a": {1: 10.0, 4: 40.0}, "b": {1: 30.0, 2: 40.0}})
+    assert mean == {1: 20.0, 2: pytest.approx((20.0 + 40.0) / 2), 4: pytest.approx((40.0 + 40.0) / 2)}
+    assert believed_curve(parse_error_model("mean"), view, mean, 0) == mean
+    assert believed_curve(parse_error_model("linear"), view, None, 0) == {1: 100.0, 2: 200.0, 4: 400.0}
+    noisy = believed_curve(parse_error_model("noise:20"), view, None, 7)
+    assert noisy == believed_curve(parse_error_model("noise:20"), view, None, 7)
+    assert noisy != believed_curve(parse_error_model("noise:20"), view, None, 8)
+    assert all(0.8 * TRUE[n] <= v <= 1.2 * TRUE[n] for n, v in noisy.items())
+    assert believed_curve(parse_error_model("noise:0"), view, None, 7) == TRUE
+    for bad in ("median", "noise:abc", "noise:100", "noise:-1"):
+        with pytest.raises(ValueError, match="freetrain model"):
+            parse_error_model(bad)
+    with pytest.raises(ValueError, match="needs the workload's model curves"):
+        make_policy("freetrain")
+
+
+def test_named_policies_on_one_trace_keep_their_accounting():
+    tl = timeline("abcdef", "abcd", [(100.0, "e", True), (200.0, "a", False), (400.0, "f", True)], end=800.0)
+    specs = [spec("a"), spec("b", arrival=50.0, scaling=TRUE), spec("c", arrival=150.0)]
+    ctx = PolicyContext({"a": FAST, "b": TRUE, "c": FAST})
+    results = {name: run(tl, specs, make_policy(name, ctx), max_running=2)
+               for name in ("malletrain", "freetrain", "milp-true", "greedy", "oracle")}
+    for name, res in results.items():
+        s = res.summary
+        assert s["used_node_seconds"] == pytest.approx(sum(j.node_seconds for j in res.jobs)), name
+        assert s["used_node_seconds"] <= s["idle_node_seconds"] + 1e-6, name
+        for j in res.jobs:
+            assert j.profiling_scale_ups == (1 if j.profiled else 0), (name, j.id)
+    assert results["malletrain"].summary["profiled_jobs"] >= 2
+    assert results["milp-true"].summary["scalability_error_pct"] == 0.0
+    assert results["greedy"].summary["scalability_error_pct"] is None
+
+
+def test_default_counts_are_what_a_profile_visits():
+    # the policy profiles the profiler's default counts, largest first
+    tl = timeline([f"n{i}" for i in range(8)], [f"n{i}" for i in range(8)])
+    policy = MalleTrainPolicy(PolicyContext({"a": FAST}))
+    res = run(tl, [spec("a", max_nodes=8, scaling={1: 1000.0, 8: 8000.0})], policy)
+    visited = counts(res.jobs[0])[: len(default_counts(1, 8))]
+    assert visited == sorted(default_counts(1, 8), reverse=True)
+    assert throughput_at(policy.scal[res.jobs[0].id].measured, 8) == pytest.approx(8000.0, rel=0.03)
