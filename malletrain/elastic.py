@@ -378,7 +378,15 @@ class Rendezvous:
         key = members_key(self.job, gen)
         if gen < 1 or not self._call("check", [key]):
             return None
-        return parse_members(self._call("get", key), self.job, gen)
+        try:
+            raw = self._call("get", key)
+        except dist.DistStoreError as exc:
+            # The daemon forgot this generation between the check and the get: a
+            # get of a missing key blocks until the store's timeout, then raises.
+            if "timeout" in str(exc).lower():
+                return None
+            raise
+        return parse_members(raw, self.job, gen)
 
     def published(self, gen: int) -> bool:
         """Whether generation ``gen`` exists (its member list is written before the generation key)."""

@@ -109,6 +109,26 @@ def test_set_members_bumps_generation_and_publishes(runtime: TorchRuntime) -> No
     assert runtime.generation("j") == 2
 
 
+class _CheckSaysYes:
+    """A store whose ``check`` answers before a concurrent ``forget`` deletes the key."""
+
+    def __init__(self, store: dist.TCPStore) -> None:
+        self._store = store
+
+    def check(self, keys: list[str]) -> bool:
+        return True
+
+    def __getattr__(self, name: str):
+        return getattr(self._store, name)
+
+
+def test_members_of_a_generation_forgotten_between_check_and_get_is_none(runtime: TorchRuntime) -> None:
+    runtime.set_members("j", ["a"])
+    runtime.forget("j")  # deletes members/1 after the worker's check said it was there
+    store = dist.TCPStore("127.0.0.1", runtime.port, is_master=False, timeout=timedelta(seconds=1))
+    assert Rendezvous(_CheckSaysYes(store), "j", "a").members(1) is None
+
+
 def test_set_members_rejects_duplicates(runtime: TorchRuntime) -> None:
     with pytest.raises(ValueError, match="duplicate.*'a'"):
         runtime.set_members("j", ["a", "b", "a"])
