@@ -74,6 +74,9 @@ from malletrain.runtimes.torch_elastic import (
     active_key,
     arrive_key,
     check_id,
+    CKPT_CHUNK_BYTES,
+    ckpt_chunk_key,
+    ckpt_header,
     ckpt_key,
     ckpt_tag_key,
     gen_key,
@@ -81,6 +84,7 @@ from malletrain.runtimes.torch_elastic import (
     joined_key,
     members_key,
     parse_address,
+    parse_ckpt_header,
     parse_members,
     pg_prefix,
     ready_key,
@@ -450,7 +454,11 @@ class Rendezvous:
         buf = io.BytesIO()
         torch.save({"version": snap.version, "model": snap.model, "optimizer": snap.optimizer,
                     "counters": snap.counters}, buf)
-        self._call("set", ckpt_key(self.job), buf.getvalue())
+        data = buf.getbuffer()
+        chunks = range(0, len(data), CKPT_CHUNK_BYTES)
+        for i, start in enumerate(chunks):
+            self._call("set", ckpt_chunk_key(self.job, i), bytes(data[start:start + CKPT_CHUNK_BYTES]))
+        self._call("set", ckpt_key(self.job), ckpt_header(len(chunks), len(data)))
         self._call("set", ckpt_tag_key(self.job), str(gen))
 
     def checkpoint_tag(self) -> int:
@@ -479,8 +487,12 @@ class Rendezvous:
         key = ckpt_key(self.job)
         if not self._call("check", [key]):
             return None
+        n_chunks, size = parse_ckpt_header(self._call("get", key), self.job)
+        data = b"".join(self._call("get", ckpt_chunk_key(self.job, i)) for i in range(n_chunks))
+        if len(data) != size:
+            raise ValueError(f"job {self.job}: checkpoint holds {len(data)} bytes, its header says {size}")
         # written by this job's own rank 0 through the daemon's store, as trusted as gloo's traffic
-        obj = torch.load(io.BytesIO(self._call("get", key)), weights_only=False)
+        obj = torch.load(io.BytesIO(data), weights_only=False)
         return _Snapshot(obj["version"], obj["model"], obj["optimizer"], obj["counters"])
 
     def barrier(self, gen: int, world: int) -> bool:

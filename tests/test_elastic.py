@@ -534,3 +534,22 @@ def test_a_busy_rendezvous_port_falls_back_to_a_free_one(caplog: pytest.LogCaptu
             assert f"rendezvous port {port} is not free" in caplog.text
         finally:
             rt.close()
+
+
+def test_checkpoint_larger_than_one_store_value_round_trips_and_is_forgotten(runtime: TorchRuntime) -> None:
+    """A 12 MB model: TCPStore refuses single values over 8 MiB, so the checkpoint goes in chunks."""
+    from malletrain.elastic import _Snapshot
+    from malletrain.runtimes.torch_elastic import CKPT_CHUNK_BYTES, ckpt_chunk_key
+
+    weights = torch.arange(3 * 1024 * 1024, dtype=torch.float32)  # 12 MiB
+    snap = _Snapshot(7, {"w": weights}, None, {"step": 41})
+    rdzv = Rendezvous(client_store(runtime), "big", "a")
+    rdzv.save_checkpoint(snap, 3)
+    store = client_store(runtime)
+    assert store.check([ckpt_chunk_key("big", 2)]) and CKPT_CHUNK_BYTES < weights.numel() * 4
+    back = Rendezvous(client_store(runtime), "big", "b").load_checkpoint()
+    assert back is not None and back.version == 7 and back.counters == {"step": 41}
+    assert torch.equal(back.model["w"], weights)
+    assert runtime.checkpoint_generation("big") == 3
+    runtime.forget("big", keep_state=False)
+    assert not store.check([ckpt_chunk_key("big", 0)]) and runtime.checkpoint_generation("big") is None

@@ -13,7 +13,8 @@ for all its jobs. Every key of a job lives under ``mt/<job>/``:
 ``mt/<job>/handover/<g>``         set when generation ``g`` keeps no worker of the last non-empty
                                   generation: its workers start from the checkpoint of ``active``
 ``mt/<job>/ckpt``, ``ckpt_tag``   the last checkpoint (written by rank 0 when its world hands over
-                                  to new workers or on SIGTERM) and the generation it was taken in
+                                  to new workers or on SIGTERM) and the generation it was taken in;
+                                  ``ckpt`` holds ``chunks:N:SIZE``, the bytes are in ``ckpt/0..N-1``
 ``mt/<job>/resume/<worker>``      the generation a worker was in when it reconnected to a new store
                                   (after a daemon restart): numbering goes on above it
 
@@ -116,6 +117,30 @@ def ckpt_key(job: str) -> str:
 
 def ckpt_tag_key(job: str) -> str:
     return f"mt/{job}/ckpt_tag"
+
+
+#: A checkpoint travels through the store in chunks: TCPStore's libuv server
+#: rejects any single value over 8 MiB ("Invalid payload size").
+CKPT_CHUNK_BYTES = 4 << 20
+
+
+def ckpt_chunk_key(job: str, index: int) -> str:
+    return f"mt/{job}/ckpt/{index}"
+
+
+def ckpt_header(n_chunks: int, size: int) -> str:
+    """The value of :func:`ckpt_key`: how many chunks hold the checkpoint, and its size."""
+    return f"chunks:{n_chunks}:{size}"
+
+
+def parse_ckpt_header(raw: bytes, job: str) -> tuple[int, int]:
+    try:
+        tag, n, size = raw.decode().split(":")
+        if tag != "chunks" or int(n) < 0 or int(size) < 0:
+            raise ValueError
+        return int(n), int(size)
+    except (UnicodeDecodeError, ValueError):
+        raise ValueError(f"job {job}: checkpoint header {raw[:40]!r} is not 'chunks:N:SIZE'") from None
 
 
 def resume_key(job: str, worker: str) -> str:
@@ -327,7 +352,12 @@ class TorchRuntime:
             if not keep_state:
                 self._last_nonempty.pop(job_id, None)
                 if self._store is not None:
-                    for key in (ckpt_key(job_id), ckpt_tag_key(job_id), active_key(job_id)):
+                    head = ckpt_key(job_id)
+                    if self._store.check([head]):
+                        n_chunks, _ = parse_ckpt_header(self._store.get(head), job_id)
+                        for i in range(n_chunks):
+                            self._store.delete_key(ckpt_chunk_key(job_id, i))
+                    for key in (head, ckpt_tag_key(job_id), active_key(job_id)):
                         self._store.delete_key(key)
             gens = self._generations.get(job_id, 0)
             first = self._forgotten.get(job_id, 0) + 1
