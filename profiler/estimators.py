@@ -102,7 +102,25 @@ def _check_knobs(warmup_steps: int, min_steps: int, window: int | None) -> None:
         raise ValueError(f"window {window} must be >= min_steps {min_steps} (or None for unbounded)")
 
 
-class ThroughputEstimator:
+class _OrderedStream:
+    """Counts records and insists their timestamps strictly increase."""
+
+    _last_ts: float | None = None
+    _count: int = 0
+
+    def _advance(self, ts: float) -> float | None:
+        """Take a record's timestamp; return the previous one (None for the first)."""
+        last = self._last_ts
+        if last is not None and not ts > last:
+            raise RecordError(
+                f"record #{self._count}: timestamp {ts!r} is not after the previous record's {last!r}"
+            )
+        self._count += 1
+        self._last_ts = ts
+        return last
+
+
+class ThroughputEstimator(_OrderedStream):
     """Incremental samples/s per world size from one job's records (see the module doc)."""
 
     def __init__(self, warmup_steps: int = 2, window: int | None = 64, min_steps: int = 5) -> None:
@@ -128,13 +146,7 @@ class ThroughputEstimator:
     def add(self, record: Record) -> None:
         """Ingest one record; a timestamp not after the previous one raises :class:`RecordError`."""
         ts = record.timestamp
-        last = self._last_ts
-        if last is not None and not ts > last:
-            raise RecordError(
-                f"record #{self._count}: timestamp {ts!r} is not after the previous record's {last!r}"
-            )
-        self._count += 1
-        self._last_ts = ts
+        last = self._advance(ts)
         ws = record.world_size
         if ws != self._last_ws:
             self._last_ws = ws
@@ -253,7 +265,7 @@ class _Pending:
     steps: list[float] = field(default_factory=list)
 
 
-class RescaleCostEstimator:
+class RescaleCostEstimator(_OrderedStream):
     """Incremental rescale pauses from one job's records (see the module doc)."""
 
     def __init__(self, warmup_steps: int = 2, settle_steps: int = 3) -> None:
@@ -274,13 +286,7 @@ class RescaleCostEstimator:
     def add(self, record: Record) -> None:
         """Ingest one record; a timestamp not after the previous one raises :class:`RecordError`."""
         ts = record.timestamp
-        last = self._last_ts
-        if last is not None and not ts > last:
-            raise RecordError(
-                f"record #{self._count}: timestamp {ts!r} is not after the previous record's {last!r}"
-            )
-        self._count += 1
-        self._last_ts = ts
+        last = self._advance(ts)
         ws = record.world_size
         if last is None:
             self._last_ws, self._seg_pos = ws, 1
