@@ -50,6 +50,7 @@ from malletrain.runtimes import Runtime
 from malletrain.scaling import allocator_scaling, guess_one_node_rate
 from malletrain.store import Store, StoreError
 from profiler import jpa
+from profiler.estimators import RescaleEvent
 from scavenger.base import AgentGone, AgentUp, NodeIdle, NodeRecalled
 from scavenger.hub import AgentHub, AgentWorkers, WorkerExitedEvent, WorkerStartedEvent
 from scavenger.local import LocalBackend, slot_timeline
@@ -65,6 +66,18 @@ REPLAN_S = 10.0  # decide at least this often (estimates drift), besides every e
 DEFAULT_UP_COST_S = 1.0
 DEFAULT_DOWN_COST_S = 0.5
 
+
+
+def rescale_kind(ev: RescaleEvent, emptied_at: float | None) -> str:
+    """``up`` or ``down``; ``resume`` when the job had no worker at all during the gap.
+
+    A job suspended below its min and placed again later shows up in its step
+    records as one long "rescale" from the old to the new size; that gap is the
+    time it waited for nodes, not a pause of running workers.
+    """
+    if emptied_at is not None and ev.timestamp <= emptied_at <= ev.timestamp + ev.gap_s:
+        return "resume"
+    return "up" if ev.is_up else "down"
 
 class DaemonError(RuntimeError):
     """The daemon cannot start (state dir locked, runtime missing); the message says why."""
@@ -84,6 +97,7 @@ class JobRun:
     started: set[str] = field(default_factory=set)  # worker ids the agent confirmed
     start_sent: dict[str, float] = field(default_factory=dict)  # worker id -> last start request
     leaving: dict[str, tuple[str, float]] = field(default_factory=dict)  # worker -> (node, kill time)
+    emptied_at: float | None = None  # when the job last lost all its workers (suspended or stopped)
     failures: int = 0
     last_progress: int = 0
     last_interrupted: float = 0.0
@@ -413,8 +427,7 @@ class Daemon:
                 run.last_progress = progress
                 run.failures = 0
             for ev in stats.new_rescales():
-                kind = "up" if ev.is_up else "down"
-                self.store.record_rescale(run.id, ev.from_size, ev.to_size, ev.pause_s, kind)
+                self.store.record_rescale(run.id, ev.from_size, ev.to_size, ev.pause_s, rescale_kind(ev, run.emptied_at))
             if persist:
                 self.store.set_samples(run.id, progress)
                 stable = stats.throughput.stable_rates()
@@ -651,6 +664,7 @@ class Daemon:
         self._changed = True
 
     def _stop_workers(self, run: JobRun, now: float) -> None:
+        run.emptied_at = now
         if run.members:
             try:
                 gen = self.runtime.set_members(run.id, [])  # members leave at their next commit ...

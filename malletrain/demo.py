@@ -167,8 +167,12 @@ def build_report(store: Store, start: float, duration: float, runtime: str, left
     recalls = [round(e["time"] - start, 2) for e in store.events("node_recalled") if e.get("held")]
     for j in jobs:
         for r in j["rescales"]:
-            # a shrink right after a recall is the recovery from it; the rest were planned
-            r["cause"] = "recall" if r["kind"] == "down" and any(0 <= r["t"] - x <= 10 for x in recalls) else "plan"
+            # a shrink right after a recall is the recovery from it; a job placed again after a
+            # suspension waited for nodes (not a pause of running workers); the rest were planned
+            if r["kind"] == "resume":
+                r["cause"] = "resume"
+            else:
+                r["cause"] = "recall" if r["kind"] == "down" and any(0 <= r["t"] - x <= 10 for x in recalls) else "plan"
     series = [{"t": round(e["time"] - start, 2), "idle": e["idle"], "held": e["held"], "used": e["used"],
                "jobs": e.get("jobs", {})} for e in store.events("nodes")]
     return {"runtime": runtime, "duration_s": duration, "jobs": jobs, "nodes": series,

@@ -173,3 +173,15 @@ def test_generations_are_kept_and_never_go_backwards(tmp_path: Path) -> None:
     store.close()
     again = Store.open(tmp_path / "store.db")
     assert (again.generation("j000001"), again.generation("j000002")) == (3, 1)
+
+
+def test_rescale_across_a_suspension_is_a_resume_not_a_pause() -> None:
+    from malletrain.daemon import rescale_kind
+    from profiler.estimators import RescaleEvent
+
+    waited = RescaleEvent(from_size=1, to_size=2, pause_s=38.0, timestamp=100.0, gap_s=38.5)
+    assert rescale_kind(waited, emptied_at=110.0) == "resume"
+    assert rescale_kind(waited, emptied_at=None) == "up"
+    assert rescale_kind(waited, emptied_at=90.0) == "up"  # emptied before: an older suspension
+    shrink = RescaleEvent(from_size=3, to_size=2, pause_s=0.1, timestamp=200.0, gap_s=0.2)
+    assert rescale_kind(shrink, emptied_at=110.0) == "down"
