@@ -390,6 +390,8 @@ class Rendezvous:
             if "timeout" in str(exc).lower():
                 return None
             raise
+        if not raw:  # deleted while being read: the store answers with an empty value
+            return None
         return parse_members(raw, self.job, gen)
 
     def published(self, gen: int) -> bool:

@@ -129,6 +129,18 @@ def test_members_of_a_generation_forgotten_between_check_and_get_is_none(runtime
     assert Rendezvous(_CheckSaysYes(store), "j", "a").members(1) is None
 
 
+class _ReadsEmpty(_CheckSaysYes):
+    """A store that answers a get racing a delete with an empty value (seen with TCPStore)."""
+
+    def get(self, key: str) -> bytes:
+        return b""
+
+
+def test_members_read_empty_while_forgotten_is_none(runtime: TorchRuntime) -> None:
+    runtime.set_members("j", ["a"])
+    assert Rendezvous(_ReadsEmpty(client_store(runtime)), "j", "a").members(1) is None
+
+
 def test_set_members_rejects_duplicates(runtime: TorchRuntime) -> None:
     with pytest.raises(ValueError, match="duplicate.*'a'"):
         runtime.set_members("j", ["a", "b", "a"])
