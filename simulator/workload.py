@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
+from profiler.scalability import ScalabilityError, parse_scaling_table
+
 DEFAULT_SAMPLES = 130_000_000
 DEFAULT_MIN_NODES = 1
 DEFAULT_MAX_NODES = 64
@@ -126,32 +128,20 @@ def synthetic_scaling() -> ScalingSet:
 
 
 def load_scaling(path: str | Path) -> ScalingSet:
-    """Read ``model,nodes,samples_per_second`` rows (after ``#`` comment lines)."""
+    """Read ``model,nodes,samples_per_second`` rows (after ``#`` comment lines).
+
+    The parsing is the profiler's (:func:`profiler.parse_scaling_table`); its
+    errors name ``file:line`` and come back here as :class:`WorkloadError`.
+    """
     p = Path(path)
-    curves: dict[str, dict[int, float]] = {}
     try:
-        lines = p.read_text().splitlines()
+        text = p.read_text()
     except OSError as exc:
         raise WorkloadError(f"{p}: cannot read scaling file: {exc}") from exc
-    header_seen = False
-    for lineno, line in enumerate(lines, 1):
-        text = line.strip()
-        if not text or text.startswith("#"):
-            continue
-        cells = [c.strip() for c in text.split(",")]
-        if not header_seen:
-            header_seen = True
-            if cells[:3] == ["model", "nodes", "samples_per_second"]:
-                continue
-        if len(cells) != 3:
-            raise WorkloadError(f"{p}:{lineno}: expected model,nodes,samples_per_second, got {text!r}")
-        try:
-            n, v = int(cells[1]), float(cells[2])
-        except ValueError:
-            raise WorkloadError(f"{p}:{lineno}: bad number in {text!r}") from None
-        if n < 1 or not (v >= 0) or math.isinf(v):
-            raise WorkloadError(f"{p}:{lineno}: need nodes >= 1 and a finite rate >= 0, got {text!r}")
-        curves.setdefault(cells[0], {})[n] = v
+    try:
+        curves = parse_scaling_table(text, origin=str(p))
+    except ScalabilityError as exc:
+        raise WorkloadError(str(exc)) from None
     if not curves:
         raise WorkloadError(f"{p}: no scaling rows")
     return ScalingSet(curves, str(p))

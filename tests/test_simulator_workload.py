@@ -115,7 +115,7 @@ def test_bad_csv_row_is_named_by_row(tmp_path: Path):
 def test_bad_scaling_file_names_the_line(tmp_path: Path):
     path = tmp_path / "s.csv"
     path.write_text("# c\nmodel,nodes,samples_per_second\nm,1,10\nm,two,20\n")
-    with pytest.raises(WorkloadError, match=r"s\.csv:4: bad number"):
+    with pytest.raises(WorkloadError, match=r"s\.csv:4: bad nodes or rate"):
         load_scaling(path)
 
 
