@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 from typing import Callable
 
-import psutil
 import pytest
 
+from procs import procs_mentioning
 from malletrain.config import DaemonConfig, LocalConfig
 from malletrain.daemon import Daemon, DaemonError
 from malletrain.jobspec import JobSpec, JobState
@@ -24,19 +24,6 @@ TOY = (sys.executable, "-m", "malletrain.toy_runtime")
 def config(tmp: Path, nodes: int = 3, **kw) -> DaemonConfig:
     return DaemonConfig(state_dir=str(tmp / "state"), runtime="toy", local=LocalConfig(nodes=nodes, trace="none"),
                         agent_heartbeat=0.2, agent_dead_after=4.0, loop_interval=0.05, **kw)
-
-
-def procs_mentioning(text: str) -> list[psutil.Process]:
-    out = []
-    for p in psutil.process_iter(["cmdline", "status"]):
-        try:
-            if p.info["status"] == psutil.STATUS_ZOMBIE or p.pid == psutil.Process().pid:
-                continue
-            if any(text in part for part in (p.info["cmdline"] or [])) or text in str(p.environ()):
-                out.append(p)
-        except psutil.Error:
-            pass
-    return out
 
 
 def until(d: Daemon, pred: Callable[[], bool], timeout: float = 20.0) -> None:
