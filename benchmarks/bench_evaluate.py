@@ -8,12 +8,16 @@ freetrain, malletrain, greedy, oracle; the NAS freetrain noise sweep) in
 ``--workers`` processes, prints each replay's wall/CPU seconds (target: each
 well under 60 s) and the tables and targets.
 
-``--investigate`` replays NAS with malletrain variants against freetrain on the
-same window (default: the whole week): Tfwd 60/120/300 s (freetrain at the same
-Tfwd), profiling hold rule (rel. CI 2%/5%/10%, time cap 60 s), counts profiled
-(JPA default 1,2,4,...,64; sparse 1,8,64; top 16,32,64), record noise 0/3/10%.
-For each it prints samples, the gap to freetrain, used and paused node-seconds
-and the profiling node-seconds.
+``--investigate`` replays NAS (or ``--workload``) with malletrain variants against
+freetrain on the same window (default: the whole week). Each variant is one change
+of the shared :class:`policy.PolicyConfig` (the daemon's defaults otherwise), or of
+the simulated monitor's record noise (:class:`simulator.SimConfig`): Tfwd
+60/120/300 s (``tfwd_s``; freetrain at the same Tfwd), the profiling hold rule
+(``profile_rel_ci`` 2%/5%/10%, ``profile_time_cap_s`` 60 s), the counts profiled
+(``profile_counts``: JPA default 1,2,4,...,64; ``sparse`` 1,8,64; ``top`` 16,32,64),
+record noise 0/3/10% (``SimConfig.record_noise``). For each it prints samples, the
+gap to freetrain, used and paused node-seconds, the profiling node-seconds and the
+mean profile length.
 """
 
 from __future__ import annotations
@@ -26,9 +30,10 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 import traces
-from simulator import PolicyContext, SimConfig, find_scaling, make_workload, simulate
+from policy import PolicyConfig
+from simulator import SimConfig, find_scaling, simulate
 from simulator.evaluate import EvalSettings, evaluate, print_report
-from simulator.jpa_policy import MalleTrainPolicy
+from simulator.monitor import RECORD_NOISE
 from traces.data import find_data
 
 TRACE = "summit-2021-02-10_17.nodes.csv.gz"
@@ -37,56 +42,63 @@ TARGET_S = 60.0
 
 @dataclass(frozen=True)
 class Variant:
+    """A named policy with some :class:`PolicyConfig` fields changed (the rest: the daemon's defaults)
+    and the simulated monitor's record noise."""
+
     label: str
     policy: str  # malletrain | freetrain
-    tfwd: float = 120.0
-    knobs: dict = field(default_factory=dict)
+    knobs: dict = field(default_factory=dict)  # PolicyConfig fields
+    record_noise: float = RECORD_NOISE  # SimConfig.record_noise
+
+    @property
+    def policy_config(self) -> PolicyConfig:
+        return PolicyConfig(**self.knobs)
 
 
 VARIANTS = (
     Variant("freetrain (mean), Tfwd 120", "freetrain"),
     Variant("malletrain as evaluated", "malletrain"),
-    Variant("freetrain (mean), Tfwd 60", "freetrain", 60.0),
-    Variant("malletrain, Tfwd 60", "malletrain", 60.0),
-    Variant("freetrain (mean), Tfwd 300", "freetrain", 300.0),
-    Variant("malletrain, Tfwd 300", "malletrain", 300.0),
-    Variant("malletrain, rel CI 2%", "malletrain", knobs={"rel_ci": 0.02}),
-    Variant("malletrain, rel CI 10%", "malletrain", knobs={"rel_ci": 0.10}),
-    Variant("malletrain, time cap 60 s", "malletrain", knobs={"time_cap_s": 60.0}),
-    Variant("malletrain, counts 1,8,64", "malletrain", knobs={"count_set": "sparse"}),
-    Variant("malletrain, counts 16,32,64", "malletrain", knobs={"count_set": "top"}),
-    Variant("malletrain, record noise 0%", "malletrain", knobs={"record_noise": 0.0}),
-    Variant("malletrain, record noise 10%", "malletrain", knobs={"record_noise": 0.10}),
+    Variant("freetrain (mean), Tfwd 60", "freetrain", {"tfwd_s": 60.0}),
+    Variant("malletrain, Tfwd 60", "malletrain", {"tfwd_s": 60.0}),
+    Variant("freetrain (mean), Tfwd 300", "freetrain", {"tfwd_s": 300.0}),
+    Variant("malletrain, Tfwd 300", "malletrain", {"tfwd_s": 300.0}),
+    Variant("malletrain, rel CI 2%", "malletrain", {"profile_rel_ci": 0.02}),
+    Variant("malletrain, rel CI 10%", "malletrain", {"profile_rel_ci": 0.10}),
+    Variant("malletrain, time cap 60 s", "malletrain", {"profile_time_cap_s": 60.0}),
+    Variant("malletrain, counts 1,8,64", "malletrain", {"profile_counts": "sparse"}),
+    Variant("malletrain, counts 16,32,64", "malletrain", {"profile_counts": "top"}),
+    Variant("malletrain, record noise 0%", "malletrain", record_noise=0.0),
+    Variant("malletrain, record noise 10%", "malletrain", record_noise=0.10),
 )
 
 _STATE: dict = {}
 
 
-def _init(timeline, scaling, end) -> None:  # type: ignore[no-untyped-def]
-    _STATE.update(timeline=timeline, scaling=scaling, end=end)
+def _init(timeline, scaling, end, workload) -> None:  # type: ignore[no-untyped-def]
+    _STATE.update(timeline=timeline, scaling=scaling, end=end, workload=workload)
 
 
 def _run_variant(v: Variant) -> tuple[Variant, dict]:
-    scaling = _STATE["scaling"]
-    config = SimConfig(max_running=10, horizon_s=v.tfwd, end=_STATE["end"])
-    if v.policy == "malletrain":
-        wl = make_workload("nas", scaling, seed=0)
-        policy = MalleTrainPolicy(PolicyContext(wl.models, 0), **v.knobs)
-        res = simulate(_STATE["timeline"], policy, "nas", scaling=scaling, seed=0, config=config)
-    else:
-        res = simulate(_STATE["timeline"], v.policy, "nas", scaling=scaling, seed=0, config=config)
+    config = SimConfig(end=_STATE["end"], record_noise=v.record_noise)
+    res = simulate(_STATE["timeline"], v.policy, _STATE["workload"], scaling=_STATE["scaling"], seed=0,
+                   config=config, policy_config=v.policy_config)
     return v, res.summary
 
 
-def investigate(timeline, scaling, end, workers: int) -> None:  # type: ignore[no-untyped-def]
-    ctx = multiprocessing.get_context("fork")
-    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init, initargs=(timeline, scaling, end)) as pool:
-        results = list(pool.map(_run_variant, VARIANTS))
-    base = {v.tfwd: s["samples_processed"] for v, s in results if v.policy == "freetrain"}
+def investigate(timeline, scaling, end, workers: int, workload: str = "nas") -> None:  # type: ignore[no-untyped-def]
+    if workers <= 1:
+        _init(timeline, scaling, end, workload)
+        results = [_run_variant(v) for v in VARIANTS]
+    else:
+        ctx = multiprocessing.get_context("fork")
+        with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init,
+                                 initargs=(timeline, scaling, end, workload)) as pool:
+            results = list(pool.map(_run_variant, VARIANTS))
+    base = {v.policy_config.tfwd_s: s["samples_processed"] for v, s in results if v.policy == "freetrain"}
     print(f"{'variant':<32} {'samples':>10} {'vs freetrain':>12} {'used node-s':>11} {'paused node-s':>13} "
           f"{'profiling node-s':>16} {'profile s':>9} {'wall s':>6}")
     for v, s in results:
-        gap = 100.0 * (s["samples_processed"] / base[v.tfwd] - 1.0)
+        gap = 100.0 * (s["samples_processed"] / base[v.policy_config.tfwd_s] - 1.0)
         prof = s.get("profile_seconds_mean")
         print(f"{v.label:<32} {s['samples_processed']:>10.4g} {gap:>+11.1f}% {s['used_node_seconds']:>11.4g} "
               f"{s['paused_node_seconds']:>13.4g} {s['profiling_node_seconds']:>16.4g} "
@@ -98,6 +110,7 @@ def main() -> int:
     ap.add_argument("--investigate", action="store_true")
     ap.add_argument("--days", type=float, help="replay only the first D days (default: the whole week)")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--workload", default="nas", help="--investigate's stream (default: nas)")
     args = ap.parse_args()
     path = find_data(TRACE)
     if path is None:
@@ -106,9 +119,11 @@ def main() -> int:
     timeline = traces.read(path)
     scaling = find_scaling()
     end = None if args.days is None else timeline.start + args.days * 86400.0
-    print(f"trace {path.name}, scaling {scaling.source}, seed 0, Pjmax 10, {args.workers} workers")
+    pcfg = PolicyConfig()
+    print(f"trace {path.name}, scaling {scaling.source}, seed 0, Pjmax {pcfg.max_running}, "
+          f"Tfwd {pcfg.tfwd_s:g} s, {args.workers} workers")
     if args.investigate:
-        investigate(timeline, scaling, end, args.workers)
+        investigate(timeline, scaling, end, args.workers, args.workload)
         return 0
     t0 = time.perf_counter()
     walls: list[tuple[str, float, float]] = []

@@ -22,6 +22,10 @@ Printed (median and max over repetitions):
   ``set_members`` to that step;
 * hung peer: a worker is SIGSTOPped (no connection reset); from the stop to the
   survivor's first step in the new world (bounded by the collective timeout, 3 s).
+* store lost for good (``--store-grace``, default 2 s): the store goes away and
+  never comes back; from its loss to the worker process's exit 75 (the grace
+  period, a reconnection probe, leaving and the interpreter's exit;
+  ``tests/test_elastic.py`` checks the behaviour, this prints the time).
 
 Targets (issue C): planned pause <= 1 s, recall recovery <= 5 s.
 """
@@ -113,12 +117,33 @@ def measure(reps: int, model: str, width: int, steps_per_phase: int) -> dict[str
     return out
 
 
+def measure_store_lost(reps: int, grace_s: float) -> list[float]:
+    """Seconds from the store's loss to the worker's exit with code 75, per repetition."""
+    cmd = example_command("--model", "linear", "--batch", "4", "--samples", str(10**12), "--trace",
+                          "--step-sleep", "0.01")
+    out = []
+    for i in range(reps):
+        with LocalJob(f"lost{i}", cmd, store_grace_s=grace_s) as job:
+            job.spawn("a")
+            gen, _ = job.set_members(["a"])
+            job.wait_steps("a", gen, 3, timeout_s=60)
+            t_lost = time.monotonic()
+            job.runtime.close()  # the daemon dies and does not come back
+            code = job.wait_exit("a", timeout_s=grace_s + 60)
+            out.append(time.monotonic() - t_lost)
+            if code != 75:
+                raise RuntimeError(f"worker exited with {code}, not 75, after the store was lost\n"
+                                   f"{job.diagnostics()}")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--model", default="mlp", choices=["mlp", "cnn", "linear"])
     p.add_argument("--width", type=int, default=1024)
     p.add_argument("--steps", type=int, default=5, help="steps to run in each world before the next change")
+    p.add_argument("--store-grace", type=float, default=2.0, help="grace period of the store-lost measurement")
     a = p.parse_args(argv)
     t0 = time.monotonic()
     res = measure(a.reps, a.model, a.width, a.steps)
@@ -140,6 +165,11 @@ def main(argv: list[str] | None = None) -> int:
         med, worst = statistics.median(vals), max(vals)
         ok &= worst <= target
         print(f"  {label:48s} median {med * 1000:7.1f} ms  max {worst * 1000:7.1f} ms  (target <= {target:.0f} s)")
+    lost = measure_store_lost(a.reps, a.store_grace)
+    bound = a.store_grace + 2.0  # grace + a reconnection probe + leaving + the interpreter's exit
+    ok &= max(lost) <= bound
+    print(f"  {'store lost for good -> exit 75 (grace ' + format(a.store_grace, 'g') + ' s)':48s} "
+          f"median {statistics.median(lost) * 1000:7.1f} ms  max {max(lost) * 1000:7.1f} ms  (target <= {bound:g} s)")
     print("all within target" if ok else "SOME ABOVE TARGET")
     return 0
 

@@ -3,8 +3,11 @@
 Prints, for each log in ../shared/data (or $MALLETRAIN_DATA): best-of-N wall time
 of ``traces.read``; for the Summit node-state CSV also the same work done the
 obvious way (``csv.DictReader`` rows -> ``NodeEvent`` objects -> a dict of node
-states, no numpy) as the baseline, and the ratio. Then the time to generate the
-embedded summit-like week and to fit the fragment model.
+states, no numpy) as the baseline, and the ratio. Then the time to fit the
+fragment and burst models and to generate the embedded SYNTHETIC summit-like
+week, and that week's KS distances to the real Summit week: fragment lengths
+(goal <= 0.05) and idle-pool size over time (goal <= 0.10), for seed 0 and
+over ``--seeds`` seeds, bursty and independent-node models.
 
     python benchmarks/bench_traces.py [--repeat N]
 """
@@ -18,9 +21,13 @@ import time
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
+
 import traces
 from traces import NodeEvent, synthetic
+from traces.bursts import idle_pool_ks
 from traces.data import find_data
+from traces.stats import fragment_lengths, trace_stats
 
 LOGS = ("summit-2021-02-10_17.nodes.csv.gz", "KTH-SP2-1996-2.1-cln.swf.gz", "cirrus-2024Q1-sacct.csv.gz")
 
@@ -53,7 +60,9 @@ def naive_nodes_csv(path: Path) -> tuple[int, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--seeds", type=int, default=5, help="seeds for the KS spread of the synthetic week")
     args = parser.parse_args()
+    summit = None
     for name in LOGS:
         path = find_data(name)
         if path is None:
@@ -69,9 +78,31 @@ def main() -> None:
                   f"-> traces.read is {b_wall / wall:.1f}x faster (wall), {b_cpu / cpu:.1f}x (cpu)")
             f_wall, f_cpu, _ = best_of(args.repeat, lambda: synthetic.fit_fragments(tl))
             print(f"fit_fragments(summit): {f_wall:.2f} s wall, {f_cpu:.2f} s cpu")
-    g_wall, g_cpu, syn = best_of(args.repeat, lambda: synthetic.summit_like())
-    assert isinstance(syn, traces.IdleTimeline)
-    print(f"summit_like() (4608 nodes, 7 days): {g_wall:.2f} s wall, {g_cpu:.2f} s cpu ({syn.n_events} events)")
+            f_wall, f_cpu, _ = best_of(args.repeat, lambda: synthetic.fit_bursts(tl, synthetic.SUMMIT))
+            print(f"fit_bursts(summit): {f_wall:.2f} s wall, {f_cpu:.2f} s cpu")
+            summit = tl
+    for bursty in (True, False):
+        what = "bursty" if bursty else "independent nodes"
+        g_wall, g_cpu, syn = best_of(args.repeat, lambda: synthetic.summit_like(bursty=bursty))
+        assert isinstance(syn, traces.IdleTimeline)
+        print(f"summit_like({what}; 4608 nodes, 7 days, SYNTHETIC): {g_wall:.2f} s wall, {g_cpu:.2f} s cpu "
+              f"({syn.n_events} events, peak {trace_stats(syn).peak_idle} idle nodes)")
+        if summit is not None:
+            print_ks(summit, bursty, args.seeds)
+
+
+def print_ks(real: traces.IdleTimeline, bursty: bool, seeds: int) -> None:
+    """KS distances of the SYNTHETIC week to the real one: seed 0, then mean and range over seeds."""
+    real_fragments = fragment_lengths(real)
+    rows = []
+    for seed in range(seeds):
+        syn = synthetic.summit_like(seed=seed, bursty=bursty)
+        rows.append((synthetic.ks_distance(fragment_lengths(syn), real_fragments), idle_pool_ks(syn, real)))
+    ks = np.array(rows)
+    for k, (name, goal) in enumerate((("fragment lengths", 0.05), ("idle-pool size over time", 0.10))):
+        col = ks[:, k]
+        print(f"  KS {name} vs Summit: seed 0 {col[0]:.3f}; {seeds} seeds mean {col.mean():.3f} "
+              f"[{col.min():.3f}, {col.max():.3f}], {int(np.sum(col <= goal))}/{seeds} within goal {goal}")
 
 
 if __name__ == "__main__":

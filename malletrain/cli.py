@@ -21,6 +21,17 @@ class UserError(Exception):
     """A bad input from the command line; printed without a traceback."""
 
 
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """Errors printed as one line naming the bad input (file, key, field), exit code 2.
+
+    ValueError covers ConfigError, JobSpecError and argument errors; StoreError is a
+    store that cannot be used (empty, corrupt, read-only, disk full).
+    """
+    from malletrain.store import StoreError
+
+    return (UserError, ValueError, FileNotFoundError, StoreError)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="malletrain",
@@ -40,9 +51,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if func is None:
         parser.print_help()
         return 2
+    errors = _user_errors()
     try:
         return int(func(args) or 0)
-    except (UserError, ValueError, FileNotFoundError) as exc:
+    except errors as exc:
         print(f"malletrain {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

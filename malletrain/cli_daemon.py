@@ -1,8 +1,12 @@
-"""CLI: ``daemon``, ``submit``, ``status``, ``cancel``, ``nodes``, ``demo``.
+"""CLI: ``daemon``, ``submit``, ``status``, ``cancel``, ``nodes``, ``demo``, ``config check``.
 
 ``submit`` and ``cancel`` write to the store directly, so they work while the
 daemon is down (it picks the change up when it runs). ``status`` asks the
-daemon when one runs (live rates, nodes) and reads the store otherwise.
+daemon when one runs (live rates, nodes) and reads the store otherwise; under
+the table it says why a job failed or stopped short of its target, and where
+its worker logs are (``STATE_DIR/logs/JOBID.*.log``, written by the node agents).
+Text from jobs (names, reasons, log lines) is printed with control characters
+escaped, so a job cannot move the cursor or colour the operator's terminal.
 """
 
 from __future__ import annotations
@@ -12,7 +16,12 @@ import logging
 import os
 import signal
 import sys
+from pathlib import Path
 from typing import Any
+
+from malletrain.status_view import (  # noqa: F401  (re-exported for callers)
+    LOG_DIR, format_details, format_jobs, format_nodes, job_logs, job_note, printable,
+)
 
 STATE_HELP = "state directory (store, daemon address); default $MALLETRAIN_STATE_DIR or ~/.malletrain"
 
@@ -29,10 +38,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--state-dir", help=STATE_HELP)
     p.set_defaults(func=cmd_submit)
 
-    p = sub.add_parser("status", help="jobs and nodes, like squeue")
+    p = sub.add_parser("status", help="jobs and nodes, like squeue; why jobs failed and where their logs are")
     p.add_argument("--state-dir", help=STATE_HELP)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("wait", help="wait until a job has trained N samples; say why if it ends first")
+    p.add_argument("id")
+    p.add_argument("--samples", type=int, default=1, help="samples to wait for (default 1: it trains)")
+    p.add_argument("--timeout", type=float, default=600.0, help="give up after S seconds (default 600)")
+    p.add_argument("--state-dir", help=STATE_HELP)
+    p.set_defaults(func=cmd_wait)
+
+    p = sub.add_parser("config", help="daemon configuration files")
+    csub = p.add_subparsers(dest="config_command", metavar="ACTION", required=True)
+    c = csub.add_parser("check", help="validate a daemon config file and print the effective config")
+    c.add_argument("file")
+    c.add_argument("--json", action="store_true", help="print JSON instead of TOML")
+    c.set_defaults(func=cmd_config_check)
 
     p = sub.add_parser("cancel", help="cancel a job")
     p.add_argument("id")
@@ -90,10 +113,23 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_config_check(args: argparse.Namespace) -> int:
+    from malletrain.config import check_files, load_config, to_json, to_toml
+
+    cfg = load_config(args.file)
+    check_files(cfg, args.file)
+    if args.json:
+        print(to_json(cfg))
+    else:
+        print(f"# {args.file}: valid; effective config (defaults filled in); state dir {cfg.state_path}")
+        print(to_toml(cfg), end="")
+    return 0
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
     from malletrain.jobspec import load_spec
 
-    spec = load_spec(args.jobfile)
+    spec = load_spec(args.jobfile)  # the interpreter rule: `python` -> this Python (jobspec.py)
     store = _store(args)
     try:
         jid = store.submit(spec)
@@ -125,39 +161,26 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def status_data(args: argparse.Namespace) -> dict[str, Any]:
+    """The daemon's status (live) or the store's; each job gets ``logs`` (its log files, newest last)
+    and ``note`` (why it failed or stopped short of its target, or None)."""
     from malletrain.control import ask, state_dir
 
-    reply = ask(state_dir(args.state_dir), {"cmd": "status"})
+    state = state_dir(args.state_dir).absolute()  # log paths printed in full
+    reply = ask(state, {"cmd": "status"})
     if reply and reply.get("ok"):
         reply["daemon"] = True
-        return reply
-    store = _store(args)
-    try:
-        jobs = [r.as_dict() for r in store.jobs()]
-    finally:
-        store.close()
-    return {"ok": True, "daemon": False, "jobs": jobs, "nodes": []}
-
-
-def format_jobs(jobs: list[dict[str, Any]]) -> str:
-    rows = [("JOBID", "NAME", "STATE", "NODES", "MIN-MAX", "SAMPLES", "TARGET", "RATE/S", "NODELIST")]
-    for j in jobs:
-        rate = j.get("rate")
-        rows.append((
-            j["id"], str(j["name"])[:16], j["state"], str(len(j["nodes"])),
-            f"{j['min_nodes']}-{j['max_nodes']}", str(j["samples"]),
-            str(j["target"] or "-"), f"{rate:.1f}" if rate else "-", ",".join(j["nodes"]) or "-",
-        ))
-    return _table(rows)
-
-
-def format_nodes(nodes: list[dict[str, Any]]) -> str:
-    return _table([("NODE", "STATE", "JOB")] + [(n["node"], n["state"], n["job"] or "-") for n in nodes])
-
-
-def _table(rows: list[tuple[str, ...]]) -> str:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+    else:
+        store = _store(args)
+        try:
+            jobs = [r.as_dict() for r in store.jobs()]
+        finally:
+            store.close()
+        reply = {"ok": True, "daemon": False, "jobs": jobs, "nodes": []}
+    reply["log_dir"] = str(state / LOG_DIR)
+    for j in reply["jobs"]:
+        j["logs"] = [str(p) for p in job_logs(state, str(j["id"]))]
+        j["note"] = job_note(j)
+    return reply
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -168,12 +191,56 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(json.dumps(data, indent=1, default=str))
         return 0
     print(format_jobs(data["jobs"]))
+    print()
+    print(format_details(data["jobs"], data["log_dir"]))
     if data["daemon"]:
         print()
         print(format_nodes(data["nodes"]))
     else:
         print("\n(daemon not running: states as stored)")
     return 0
+
+
+WAIT_POLL_S = 0.5
+
+
+def cmd_wait(args: argparse.Namespace) -> int:
+    """0 once the job has trained ``--samples`` (per the store); 1 if it ended first or time ran out."""
+    import time
+
+    from malletrain.control import state_dir
+
+    state = state_dir(args.state_dir).absolute()
+    deadline = time.monotonic() + max(0.0, args.timeout)
+    store = _store(args)  # one connection: each read sees the daemon's latest commit (WAL)
+    try:
+        return _wait_loop(args, store, state, deadline)
+    finally:
+        store.close()
+
+
+def _wait_loop(args: argparse.Namespace, store: Any, state: Path, deadline: float) -> int:
+    import time
+
+    while True:
+        rec = store.require(args.id)
+        j = rec.as_dict()
+        if rec.samples >= args.samples:
+            print(f"{printable(rec.id)}: {rec.state.value}, {rec.samples:,} samples")
+            return 0
+        if rec.state.terminal or time.monotonic() >= deadline:
+            j["logs"] = [str(p) for p in job_logs(state, rec.id)]
+            j["note"] = job_note(j) or (rec.message if rec.state.terminal else None)
+            why = "ended" if rec.state.terminal else f"timed out after {args.timeout:g} s"
+            if rec.state.value == "pending":
+                why += " (pending: no idle node was free for it; see `malletrain nodes`)"
+            print(f"malletrain wait: {printable(rec.id)} {why} at {rec.samples:,} of {args.samples:,} samples "
+                  f"(state {rec.state.value})", file=sys.stderr)
+            if j["note"] or rec.state.value == "failed":
+                j["note"] = j["note"] or "no reason stored"
+                print(format_details([j], str(state / LOG_DIR)), file=sys.stderr)
+            return 1
+        time.sleep(WAIT_POLL_S)
 
 
 def cmd_nodes(args: argparse.Namespace) -> int:

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # heavy imports stay inside the handler
     from traces.model import IdleTimeline
 
-# Tfwd default: simulator.engine.DEFAULT_TFWD_S (120 s; why is documented there).
-DEFAULT_MAX_RUNNING = 10
+# Policy knobs (Pjmax, Tfwd, ...) default to policy.PolicyConfig's, the daemon's defaults.
+DEFAULT_MAX_RUNNING = 10  # = PolicyConfig().max_running (a test checks they agree)
 # The embedded synthetic trace changes one node at a time (about 294k distinct
 # timestamps in a week, against 11,468 in the real Summit log, whose scheduler
 # reports in batches); deciding at most once a minute keeps its replay short.
@@ -48,10 +48,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "from the 1-node rate, or the true curve with +-X%% noise per point (default: mean)")
     p.add_argument("--jobs", type=int, metavar="N", help="finite workload of N jobs (then makespan "
                    "is the metric); default: an endless stream")
-    p.add_argument("--max-running", type=int, default=DEFAULT_MAX_RUNNING, metavar="N",
-                   help=f"concurrent jobs Pjmax (default: {DEFAULT_MAX_RUNNING})")
-    p.add_argument("--tfwd", type=float, metavar="S",
-                   help="allocator horizon Tfwd in seconds (default: 120)")
+    add_policy_options(p)
     p.add_argument("--seed", type=int, default=0, metavar="N", help="workload seed (default: 0)")
     p.add_argument("--start", metavar="T", help="window start: unix seconds or +2h/+1d from trace start")
     p.add_argument("--end", metavar="T", help="window end: unix seconds or +2h/+1d from trace start")
@@ -65,6 +62,43 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
     register_evaluate(sub)
+
+
+def add_policy_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--policy-config", metavar="FILE",
+                   help="TOML file with a [policy] table (the daemon's own; keys as in `malletrain config "
+                   "check`); the named policy's preset is applied on top of it")
+    p.add_argument("--max-running", type=int, metavar="N",
+                   help=f"concurrent jobs Pjmax (default: {DEFAULT_MAX_RUNNING}, the daemon's default)")
+    p.add_argument("--tfwd", type=float, metavar="S",
+                   help="allocator horizon Tfwd in seconds (default: 120, the daemon's default)")
+
+
+def policy_config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """The base :class:`policy.PolicyConfig`: the file's [policy] table, then --max-running/--tfwd."""
+    import dataclasses
+    import tomllib
+
+    from policy import PolicyConfig
+
+    cfg = PolicyConfig()
+    if getattr(args, "policy_config", None):
+        path = Path(args.policy_config)
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ValueError(f"--policy-config {path}: {exc.strerror or exc}") from None
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ValueError(f"--policy-config {path}: not valid TOML: {exc}") from None
+        cfg = PolicyConfig.from_mapping(data.get("policy", {}), f"{path}: policy")
+    changes = {}
+    if args.max_running is not None:
+        if args.max_running < 1:
+            raise ValueError(f"--max-running must be >= 1, got {args.max_running}")
+        changes["max_running"] = args.max_running
+    if args.tfwd is not None:
+        changes["tfwd_s"] = args.tfwd
+    return dataclasses.replace(cfg, **changes) if changes else cfg
 
 
 def register_evaluate(sub: argparse._SubParsersAction) -> None:
@@ -82,14 +116,13 @@ def register_evaluate(sub: argparse._SubParsersAction) -> None:
                    "(default: summit-scaling.csv from the data dir)")
     p.add_argument("--out", required=True, metavar="DIR", help="output directory")
     p.add_argument("--seed", type=int, default=0, metavar="N", help="workload seed (default: 0)")
-    p.add_argument("--max-running", type=int, default=DEFAULT_MAX_RUNNING, metavar="N",
-                   help=f"concurrent jobs Pjmax (default: {DEFAULT_MAX_RUNNING})")
-    p.add_argument("--tfwd", type=float, metavar="S", help="allocator horizon Tfwd in seconds (default: 120)")
+    add_policy_options(p)
     p.add_argument("--start", metavar="T", help="window start: unix seconds or +2h/+1d from trace start")
     p.add_argument("--end", metavar="T", help="window end: unix seconds or +2h/+1d from trace start")
     p.add_argument("--min-interval", type=float, metavar="S",
                    help=f"decide at most once per S s (default: 0; {EMBEDDED_MIN_INTERVAL_S:g} for the embedded trace)")
-    p.add_argument("--workloads", default="nas,hpo", metavar="nas,hpo", help="workloads (default: nas,hpo)")
+    p.add_argument("--workloads", default="nas,hpo", metavar="NAME[,NAME]",
+                   help="nas, hpo, stress, imagenet7 (default: nas,hpo)")
     p.add_argument("--no-sweep", action="store_true", help="skip the freetrain noise sweep on NAS")
     p.add_argument("--workers", type=int, default=2, metavar="N",
                    help="replays run in N processes at once (default: 2)")
@@ -139,20 +172,21 @@ def run_evaluate(args: argparse.Namespace) -> int:
     from simulator import find_scaling
     from simulator.evaluate import EvalSettings, evaluate, print_report, write_evaluation
 
-    if args.max_running < 1:
-        raise ValueError(f"--max-running must be >= 1, got {args.max_running}")
+    base = policy_config(args)
     if args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
     workloads = tuple(w.strip() for w in args.workloads.split(",") if w.strip())
-    bad = [w for w in workloads if w not in ("nas", "hpo")]
+    from simulator.workload import GENERATED_STREAMS
+
+    bad = [w for w in workloads if w not in GENERATED_STREAMS]
     if bad or not workloads:
-        raise ValueError(f"--workloads {args.workloads!r}: use nas, hpo or nas,hpo")
+        raise ValueError(f"--workloads {args.workloads!r}: a comma list of {', '.join(GENERATED_STREAMS)}")
     timeline, embedded = evaluation_timeline(args.trace, args.trace_format)
     if args.min_interval is not None and args.min_interval < 0:
         raise ValueError(f"--min-interval must be >= 0, got {args.min_interval}")
     interval = args.min_interval if args.min_interval is not None else (EMBEDDED_MIN_INTERVAL_S if embedded else 0.0)
     settings = EvalSettings(
-        seed=args.seed, max_running=args.max_running, horizon_s=args.tfwd,
+        seed=args.seed, policy_config=base,
         start=parse_time(args.start, timeline.start, "start"), end=parse_time(args.end, timeline.start, "end"),
         min_interval_s=interval, workers=args.workers, sweep=not args.no_sweep, workloads=workloads,
     )
@@ -182,7 +216,7 @@ def _argv_of(args: argparse.Namespace) -> list[str]:
     """The options that differ from the defaults, as a user would type them."""
     out: list[str] = []
     for opt, default in (("trace", None), ("trace_format", None), ("scaling", None), ("seed", 0),
-                         ("max_running", DEFAULT_MAX_RUNNING), ("tfwd", None), ("start", None), ("end", None),
+                         ("policy_config", None), ("max_running", None), ("tfwd", None), ("start", None), ("end", None),
                          ("min_interval", None), ("workloads", "nas,hpo"), ("workers", 2), ("out", None)):
         value = getattr(args, opt)
         if value != default:
@@ -219,19 +253,15 @@ def min_interval(args: argparse.Namespace) -> float:
 
 def run(args: argparse.Namespace) -> int:
     from simulator import SimConfig, find_scaling, simulate
-    from simulator.engine import DEFAULT_TFWD_S
     from simulator.report import ProgressBar, comparison_rows, comparison_table, summary_table, write_outputs
 
     policies = parse_policies(args.policy)
     from simulator.policies import parse_error_model
 
     parse_error_model(args.freetrain_model)  # a bad model is reported before any replay
-    if args.max_running < 1:
-        raise ValueError(f"--max-running must be >= 1, got {args.max_running}")
+    base = policy_config(args)
     timeline = load_timeline(args.trace, args.trace_format)
     config = SimConfig(
-        max_running=args.max_running,
-        horizon_s=DEFAULT_TFWD_S if args.tfwd is None else args.tfwd,
         start=parse_time(args.start, timeline.start, "start"),
         end=parse_time(args.end, timeline.start, "end"),
         charge_start=args.charge_start,
@@ -247,7 +277,8 @@ def run(args: argparse.Namespace) -> int:
         bar = ProgressBar(name, enabled=not args.quiet)
         try:
             result = simulate(timeline, name, args.workload, scaling=scaling, seed=args.seed,
-                              n_jobs=args.jobs, config=config, progress=bar, freetrain_model=args.freetrain_model)
+                              n_jobs=args.jobs, config=config, progress=bar, freetrain_model=args.freetrain_model,
+                              policy_config=base)
         finally:
             bar.close()
         target = out if len(policies) == 1 else out / name

@@ -8,17 +8,20 @@
 
 ``report`` sends a :class:`malletrain.messages.Report` (global batch size,
 timestamp, world size, generation) to the job monitor at ``MALLETRAIN_MONITOR``
-over a ZeroMQ PUSH socket. It never blocks the training loop: the socket keeps
+over a ZeroMQ PUSH socket, signed with the job's secret from
+``MALLETRAIN_JOB_SECRET`` (HMAC-SHA256, see :mod:`malletrain.messages`; the monitor
+drops unsigned reports). It never blocks the training loop: the socket keeps
 at most ``SEND_HWM`` frames queued and a report that finds the queue full is
 dropped (and counted). Without ``MALLETRAIN_MONITOR`` it does nothing, so the
 same script runs outside malletrain.
 
 Only rank 0 of each generation sends, so the monitor gets one report per step
 per job. Under the ``torch`` runtime the elastic layer (:mod:`malletrain.elastic`,
-re-exported here as :class:`State` and :func:`run`) supplies rank, world size and
-generation; otherwise they come from the keyword arguments or from the usual
-``RANK``/``WORLD_SIZE`` (or Horovod/Open MPI) variables. This module does not
-import torch.
+where :class:`~malletrain.elastic.State` and :func:`~malletrain.elastic.run` live)
+supplies rank, world size and generation with :func:`set_context`; otherwise they
+come from the keyword arguments or from the usual ``RANK``/``WORLD_SIZE`` (or
+Horovod/Open MPI) variables. Imports point one way: the elastic layer imports
+this module, never the reverse, and this module does not import torch.
 """
 
 from __future__ import annotations
@@ -28,16 +31,10 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from malletrain.messages import Report
-
-if TYPE_CHECKING:  # pragma: no cover
-    from malletrain.elastic import State, run  # noqa: F401
-
-ENV_MONITOR = "MALLETRAIN_MONITOR"
-ENV_JOB = "MALLETRAIN_JOB"
-ENV_WORKER = "MALLETRAIN_WORKER"
+from malletrain.messages import ENV_SECRET, Report, secret_key
+from malletrain.workerenv import ENV_JOB, ENV_MONITOR, ENV_WORKER
 
 SEND_HWM = 1000
 """Frames the PUSH socket queues before reports are dropped."""
@@ -89,13 +86,20 @@ def _env_int(names: tuple[str, ...], default: int) -> int:
 
 
 class Reporter:
-    """A non-blocking PUSH connection to one monitor address, for one job and worker."""
+    """A non-blocking PUSH connection to one monitor address, for one job and worker.
 
-    def __init__(self, address: str, job: str, worker: str = "") -> None:
+    Frames are signed with ``secret`` (default: ``$MALLETRAIN_JOB_SECRET``); without
+    one they go unsigned, which the daemon's monitor rejects (tools and tests only).
+    """
+
+    def __init__(self, address: str, job: str, worker: str = "", secret: str | None = None) -> None:
         import zmq
 
         if not address:
             raise ValueError("monitor address is empty")
+        if secret is None:
+            secret = os.environ.get(ENV_SECRET) or None
+        self._key = None if secret is None else secret_key(secret)
         self.address = address
         self.job = job
         self.worker = worker
@@ -131,7 +135,7 @@ class Reporter:
                 world_size=world_size,
                 generation=generation,
                 worker=self.worker,
-            ).encode()
+            ).encode(self._key)
             try:
                 self._sock.send(frame, self._zmq.NOBLOCK)
             except self._zmq.Again:
@@ -190,12 +194,3 @@ def reset() -> None:
             _reporter.close(0)
         _reporter = None
     _context = None
-
-
-def __getattr__(name: str) -> Any:
-    """``State`` and ``run`` come from :mod:`malletrain.elastic`, imported (with torch) on first use."""
-    if name in ("State", "run"):
-        from malletrain import elastic
-
-        return getattr(elastic, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

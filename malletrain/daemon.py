@@ -6,10 +6,14 @@ observe
     pauses), the store (jobs submitted or cancelled by the CLI, even while the
     daemon was down) and control requests.
 decide
-    new ``profile = true`` jobs get nodes from :func:`profiler.jpa.choose_sources`
-    and run their inverse-order profile; every other job is placed by
-    :func:`allocator.solve` on the held nodes (curves from
-    :mod:`malletrain.scaling`). Decisions happen when something changed.
+    only calls the policy (:class:`policy.Policy`, the same code the simulator
+    replays): the view (held usable nodes, every live job in submission order)
+    and the monitor's evidence go in; the decision (admitted jobs and their
+    nodes, waiting reasons, profiling counts) comes out and becomes each job's
+    target. The policy's state is saved in the store after every decision that
+    changed it, so a restart resumes profiles and lender debts. Decisions
+    happen when something changed, at least every ``REPLAN_S``, and while a
+    profile runs (its steps end on evidence).
 act
     make the workers match the plan: start workers on new nodes (ahead of
     time), publish the new member list once they are ready, stop workers of
@@ -42,14 +46,16 @@ from typing import Any, Callable
 
 import zmq
 
-from allocator import Job, Problem, ProblemError, solve
 from malletrain.config import ConfigError, DaemonConfig
-from malletrain.jobspec import JobSpec, JobSpecError, JobState, parse_spec
-from malletrain.monitor import Monitor
+from malletrain.jobspec import JobSpec, JobState, parse_spec
+from malletrain.control import Caller, Cancel, ControlServer, Nodes, Ping, Request, Shutdown, Status, Submit
+from malletrain.control import admin_gids_from, socket_path
+from malletrain.messages import ENV_SECRET
+from malletrain.monitor import Monitor, job_secret, load_master_key
 from malletrain.runtimes import Runtime
-from malletrain.scaling import allocator_scaling, guess_one_node_rate
 from malletrain.store import Store, StoreError
-from profiler import jpa
+from policy import Decision, EventKind, JobEvidence, JobView, Policy, PolicyConfig, PolicyState, PolicyStateError, View
+from policy import PolicyInputError, evidence_from
 from profiler.estimators import RescaleEvent
 from scavenger.base import AgentGone, AgentUp, NodeIdle, NodeRecalled
 from scavenger.hub import AgentHub, AgentWorkers, WorkerExitedEvent, WorkerStartedEvent
@@ -63,9 +69,7 @@ STORE_FILE = "store.db"
 LEAVE_GRACE_S = 5.0  # a dropped worker leaves at its next commit; killed after this
 START_RETRY_S = 3.0
 REPLAN_S = 10.0  # decide at least this often (estimates drift), besides every event
-DEFAULT_UP_COST_S = 1.0
-DEFAULT_DOWN_COST_S = 0.5
-
+POLICY_STATE_KEY = "policy_state"
 
 
 def rescale_kind(ev: RescaleEvent, emptied_at: float | None) -> str:
@@ -100,16 +104,10 @@ class JobRun:
     emptied_at: float | None = None  # when the job last lost all its workers (suspended or stopped)
     failures: int = 0
     last_progress: int = 0
-    last_interrupted: float = 0.0
-    profile_plan: jpa.ProfilePlan | None = None  # chosen; the session starts when it runs at the top count
-    session: jpa.ProfileSession | None = None
-    measured: dict[int, float] = field(default_factory=dict)
-    ever_ran: bool = False
+    last_interrupted: float | None = None
+    rescales: list[RescaleEvent] = field(default_factory=list)  # measured pauses (resumes left out)
+    waiting: str = ""  # why the policy keeps it queued
     adopted: bool = False
-
-    @property
-    def profiling(self) -> bool:
-        return self.session is not None or self.profile_plan is not None
 
 
 def load_timeline(cfg: DaemonConfig) -> IdleTimeline | None:
@@ -125,7 +123,9 @@ def load_timeline(cfg: DaemonConfig) -> IdleTimeline | None:
     if trace == "synthetic":
         from traces.synthetic import summit_like
 
-        tl = summit_like(cfg.local.machine_nodes, cfg.local.duration, cfg.local.seed)
+        # the independent-node model: Summit's bursts scaled down to a few dozen nodes leave every
+        # node busy for an hour or more at a time, which is no way to show a handful of local nodes
+        tl = summit_like(cfg.local.machine_nodes, cfg.local.duration, cfg.local.seed, bursty=False)
     else:
         from traces import read
 
@@ -152,15 +152,30 @@ def make_runtime(cfg: DaemonConfig, monitor_address: str, rendezvous_port: int =
     raise ConfigError(f"unknown runtime {cfg.runtime!r}")
 
 
+@dataclass
+class DaemonParts:
+    """Collaborators a test (or another front end) gives the daemon instead of the real ones: the
+    job monitor, the agent hub, the runtime and the backend. Each must offer the methods the daemon
+    calls on the real one; ``tests/test_conformance.py`` drives the daemon with fakes of all four
+    and an injected clock, with no process and no socket but the control one."""
+
+    monitor: Any = None
+    hub: Any = None
+    runtime: Any = None
+    backend: Any = None
+
+
 class Daemon:
     """Build with :meth:`start`; drive with :meth:`run` (or :meth:`step` in tests); :meth:`close` cleans up."""
 
-    def __init__(self, cfg: DaemonConfig, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, cfg: DaemonConfig, clock: Callable[[], float] = time.time,
+                 parts: DaemonParts | None = None) -> None:
         self.cfg = cfg
         self.clock = clock
+        self.parts = parts if parts is not None else DaemonParts()
         self.state_dir = cfg.state_path
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        self._lock_fd = os.open(self.state_dir / "daemon.lock", os.O_CREAT | os.O_RDWR, 0o644)
+        self._lock_fd = os.open(self.state_dir / "daemon.lock", os.O_CREAT | os.O_RDWR, 0o600)
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -178,29 +193,34 @@ class Daemon:
     def _open(self, cfg: DaemonConfig) -> None:
         self.store = Store.open(self.state_dir / STORE_FILE)
         ports = self._ports()
-        self.monitor = Monitor(self._bind(ports["monitor"], "monitor"), ctx=self.ctx)
-        self.hub = AgentHub(
+        parts = self.parts
+        self.monitor = parts.monitor or Monitor(self._bind(ports["monitor"], "monitor"), ctx=self.ctx)
+        self.hub = parts.hub or AgentHub(
             self._bind(ports["agents"], "agents"), dead_after_s=cfg.agent_dead_after, ctx=self.ctx
         )
-        self.control = self.ctx.socket(zmq.REP)
-        self.control.setsockopt(zmq.LINGER, 0)
-        try:
-            self.control.bind(f"tcp://127.0.0.1:{ports['control']}")
-        except zmq.ZMQError:
-            self.control.bind("tcp://127.0.0.1:0")
-        self.control_address = self.control.getsockopt(zmq.LAST_ENDPOINT).decode()
-        self.runtime = make_runtime(cfg, self.monitor.address, ports["rendezvous"])
+        self._monitor_key = load_master_key(self.state_dir / "monitor.key")
+        self.control = ControlServer(socket_path(self.state_dir), self.handle,
+                                     admin_gids=admin_gids_from(list(getattr(cfg, "admin_groups", ()) or ())),
+                                     owner_of=self._owner_of, shared=os.geteuid() == 0)
+        self.control_address = str(self.control.path)
+        self.runtime = parts.runtime or make_runtime(cfg, self.monitor.address, ports["rendezvous"])
+        if hasattr(self.runtime, "job_env"):  # runtimes that spawn workers themselves (Horovod's driver)
+            self.runtime.job_env = lambda job_id: {ENV_SECRET: self.job_secret(job_id)}
         self.runtime.start()
         self.store.set_meta("ports", json.dumps({
             "monitor": _port(self.monitor.address), "agents": _port(self.hub.address),
-            "control": _port(self.control_address), "rendezvous": int(getattr(self.runtime, "port", 0) or 0),
+            "rendezvous": int(getattr(self.runtime, "port", 0) or 0),
         }))
-        self.backend = self._make_backend()
+        self.backend = parts.backend or self._make_backend()
+        self.store.set_machine_nodes(len(self.backend.nodes))  # `submit` refuses jobs bigger than the machine
         self.runs: dict[str, JobRun] = {}
         self.stopping = False
         self._changed = True
         self._next_sample = 0.0
         self._next_decide = 0.0
+        self._profiling: set[str] = set()
+        self.last_decision: Decision | None = None
+        self.policy, self._saved_policy_state = self._load_policy()
         self._next_persist = 0.0
         self._worker_seq = 0
         now = self.clock()
@@ -214,7 +234,7 @@ class Daemon:
         stored = json.loads(self.store.get_meta("ports") or "{}")
         cfgp = self.cfg.ports
         return {
-            k: getattr(cfgp, k) or int(stored.get(k, 0)) for k in ("monitor", "agents", "control", "rendezvous")
+            k: getattr(cfgp, k) or int(stored.get(k, 0)) for k in ("monitor", "agents", "rendezvous")
         }
 
     def _bind(self, port: int, what: str) -> str:
@@ -253,14 +273,24 @@ class Daemon:
             if gen and resume is not None:
                 resume(rec.id, gen)  # numbering never goes backwards: old workers may still run
             run = JobRun(rec.id, rec.spec, rec.state, base_samples=rec.samples)
+            self._register(rec.id)
             run.last_progress = rec.samples
-            run.measured = self.store.scaling(rec.id)
             if rec.state.active:
                 run.target = list(rec.nodes)
                 run.adopted = True
-                run.ever_ran = True
                 self._adopt_until = now + self.cfg.agent_dead_after + 1.0
             self.runs[rec.id] = run
+
+    def _load_policy(self) -> tuple[Policy, str | None]:
+        """The policy with the state the last daemon saved (profiles, debts, learned curves)."""
+        cfg: PolicyConfig = getattr(self.cfg, "policy", None) or PolicyConfig()
+        saved = self.store.get_meta(POLICY_STATE_KEY)
+        if saved is None:
+            return Policy(cfg), None
+        try:
+            return Policy(cfg, PolicyState.from_json(saved)), saved
+        except PolicyStateError as exc:
+            raise DaemonError(f"{self.state_dir / STORE_FILE}: {exc}") from None
 
     def _write_state_file(self) -> None:
         info = {
@@ -268,7 +298,9 @@ class Daemon:
             "monitor": self.monitor.address, "store": str(self.state_dir / STORE_FILE),
         }
         tmp = self.state_dir / (STATE_FILE + ".tmp")
-        tmp.write_text(json.dumps(info))
+        fd = os.open(tmp, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(json.dumps(info))
         os.replace(tmp, self.state_dir / STATE_FILE)
 
     # ---------------------------------------------------------------- loop
@@ -301,8 +333,9 @@ class Daemon:
         if self._adopt_until:
             self._finish_adoption(now)
         self._hold_idle_nodes()
-        self._profile_steps(now)
-        if self._changed or now >= self._next_decide:
+        # a profile's step ends on evidence: while one runs, ask at every iteration (the policy
+        # answers an unchanged problem without solving)
+        if self._changed or now >= self._next_decide or self._profiling:
             self._changed = False
             self._next_decide = now + REPLAN_S
             self._decide(now)
@@ -427,17 +460,13 @@ class Daemon:
                 run.last_progress = progress
                 run.failures = 0
             for ev in stats.new_rescales():
-                self.store.record_rescale(run.id, ev.from_size, ev.to_size, ev.pause_s, rescale_kind(ev, run.emptied_at))
+                kind = rescale_kind(ev, run.emptied_at)
+                self.store.record_rescale(run.id, ev.from_size, ev.to_size, ev.pause_s, kind)
+                if kind != "resume":
+                    run.rescales.append(ev)
+                    self._changed = True
             if persist:
                 self.store.set_samples(run.id, progress)
-                stable = stats.throughput.stable_rates()
-                for n, r in stable.items():
-                    old = run.measured.get(n)
-                    if old is None or abs(r - old) > 0.05 * old:
-                        run.measured[n] = r
-                        self.store.record_scaling(run.id, n, r)
-                        if not run.profiling:
-                            self._changed = True
             target = run.spec.samples
             if target is not None and progress >= target:
                 self.store.set_samples(run.id, progress)
@@ -449,8 +478,8 @@ class Daemon:
         for rec in live.values():
             run = self.runs.get(rec.id)
             if run is None and rec.state is JobState.PENDING:
-                self.runs[rec.id] = JobRun(rec.id, rec.spec, rec.state, base_samples=rec.samples,
-                                           measured=self.store.scaling(rec.id))
+                self.runs[rec.id] = JobRun(rec.id, rec.spec, rec.state, base_samples=rec.samples)
+                self._register(rec.id)
                 self._changed = True
             elif run is not None and rec.cancel_requested:
                 self._finish(run, JobState.CANCELLED, "cancelled by user")
@@ -468,115 +497,67 @@ class Daemon:
         for node in sorted(self.backend.idle_nodes()):
             self.backend.hold(node)
 
-    def _decide(self, now: float) -> None:
+    def view(self, now: float) -> View:
+        """What the policy decides on: held usable nodes, every live job (the daemon's targets)."""
         usable = self.usable_nodes()
-        for run in self.runs.values():
-            run.target = [n for n in run.target if n in usable]
-        self._start_profiles(now, usable)
-        profiling = [r for r in self.runs.values() if r.profiling]
-        pool = usable - {n for r in profiling for n in r.target}
-        candidates = [r for r in self.runs.values() if not r.profiling and not r.state.terminal
-                      and not (r.spec.profile and not r.measured and not r.spec.scaling)]
-        candidates.sort(key=lambda r: (not r.target, r.id))
-        if self.cfg.max_running:
-            candidates = candidates[: self.cfg.max_running]
-        if not candidates:
-            return
-        guess = guess_one_node_rate([r.measured for r in self.runs.values() if r.measured])
         jobs = []
-        for r in candidates:
-            stats = self.monitor.jobs.get(r.id)
-            costs = stats.rescale.costs() if stats else None
-            jobs.append(Job(
-                r.id, r.spec.min_nodes, r.spec.max_nodes,
-                allocator_scaling(r.spec, r.measured, guess),
-                tuple(n for n in r.target if n in pool),
-                costs.up_or(DEFAULT_UP_COST_S) if costs else DEFAULT_UP_COST_S,
-                costs.down_or(DEFAULT_DOWN_COST_S) if costs else DEFAULT_DOWN_COST_S,
-            ))
-        used = {n for j in jobs for n in j.nodes}
-        free = tuple(sorted(pool - used))
+        taken: set[str] = set()
+        for run in sorted(self.runs.values(), key=lambda r: r.id):
+            if run.state.terminal:
+                continue
+            nodes = tuple(n for n in run.target if n in usable and n not in taken)[: run.spec.max_nodes]
+            taken.update(nodes)
+            jobs.append(JobView(run.id, run.spec.min_nodes, run.spec.max_nodes, nodes, order=_order(run.id),
+                                last_interrupted=run.last_interrupted,
+                                scaling=dict(run.spec.scaling) if run.spec.scaling else None,
+                                profile=bool(run.spec.profile)))
+        return View(now, tuple(sorted(usable - taken)), tuple(jobs))
+
+    def evidence(self) -> dict[str, JobEvidence]:
+        """What the monitor measured, per live job: rates per count and the rescale pauses."""
+        out: dict[str, JobEvidence] = {}
+        for run in self.runs.values():
+            stats = self.monitor.jobs.get(run.id)
+            if stats is not None and not run.state.terminal:
+                out[run.id] = evidence_from(stats.throughput.estimates(), run.rescales)
+        return out
+
+    def _decide(self, now: float) -> None:
         try:
-            plan = solve(Problem(tuple(jobs), free, self.cfg.tfwd))
-        except ProblemError as exc:
-            log.error("allocator refused the problem: %s", exc)
+            decision = self.policy.decide(self.view(now), self.evidence())
+        except PolicyInputError as exc:  # a bug of ours, not a reason to stop: log it, try again later
+            log.error("policy refused the view: %s", exc)
             self.store.log_event("decide_error", error=str(exc))
             return
-        for r in candidates:
-            new = list(plan.nodes_of(r.id))
-            if new != r.target:
-                self.store.log_event("plan", r.id, nodes=new, before=r.target)
-            r.target = new
+        self.last_decision = decision
+        self._apply_decision(decision, now)
 
-    def _start_profiles(self, now: float, usable: set[str]) -> None:
-        if self.backend.held_nodes() - self.hub.alive():
-            return  # agents still starting: wait to see the whole pool (AgentUp re-triggers)
-        waiting = [r for r in self.runs.values() if r.spec.profile and not r.measured and not r.spec.scaling
-                   and not r.profiling and not r.state.terminal]
-        for run in sorted(waiting, key=lambda r: r.id):
-            taken = {n for r in self.runs.values() for n in r.target}
-            free = sorted(usable - taken)
-            running = [jpa.RunningJob(r.id, len(r.target), r.spec.min_nodes, r.last_interrupted, r.profiling)
-                       for r in self.runs.values() if r.target and r is not run]
-            try:
-                choice = jpa.choose_sources(jpa.ProfilingRequest(run.id, run.spec.min_nodes, run.spec.max_nodes),
-                                            len(free), running)
-            except jpa.ProfilingError as exc:
-                log.error("profiler: %s", exc)
-                continue
-            if isinstance(choice, jpa.Wait):
-                continue
-            nodes = free[: choice.from_free]
-            if choice.lender:
-                lender = self.runs[choice.lender]
-                lent = lender.target[len(lender.target) - choice.borrowed:]
-                lender.target = lender.target[: len(lender.target) - choice.borrowed]
-                nodes += lent
-            run.target = nodes
-            run.profile_plan = choice
-            self.store.log_event("profile_start", run.id, counts=list(choice.counts_desc), lender=choice.lender)
-
-    def _profile_steps(self, now: float) -> None:
+    def _apply_decision(self, decision: Decision, now: float) -> None:
+        for ev in decision.events:
+            detail = {k: v for k, v in ev.detail.items()}
+            self.store.log_event(ev.kind.value, ev.job, **detail)
+            if ev.kind in (EventKind.REFINED, EventKind.PROFILE_DONE, EventKind.PROFILE_ABORTED):
+                points = detail.get("points", detail.get("measured", {}))
+                for n, rate in dict(points).items():  # type: ignore[call-overload]
+                    self.store.record_scaling(ev.job, int(n), float(rate))
+            if ev.kind is EventKind.LENT and ev.job in self.runs:
+                self.runs[ev.job].last_interrupted = now
         for run in self.runs.values():
-            if run.profile_plan is not None and run.session is None and len(run.target) < run.profile_plan.top:
-                self._abort_profile(run, now, "lost nodes before the profile started")
+            if run.state.terminal:
                 continue
-            if run.session is not None and len(run.target) < run.session.count:
-                self._abort_profile(run, now, "lost nodes during the profile")
-                continue
-            if run.session is None or len(run.members) != run.session.count or set(run.target) != set(run.members):
-                continue
-            stats = self.monitor.job(run.id)
-            action = run.session.next_action(now, stats.throughput)
-            if isinstance(action, jpa.StepDown):
-                run.target = run.target[: action.count]
-                self.store.log_event("profile_step", run.id, count=action.count)
-                self._changed = True  # the released nodes go to other jobs
-            elif isinstance(action, jpa.Done):
-                measured = dict(run.session.measured)
-                for n, r in measured.items():
-                    self.store.record_scaling(run.id, n, r)
-                run.measured.update(measured)
-                run.session = None
-                run.profile_plan = None
-                self._set_state(run, JobState.RUNNING, "profiled")
-                self.store.log_event("profile_done", run.id, measured={str(k): v for k, v in measured.items()},
-                                     missing=list(action.missing))
-                self._changed = True
-
-    def _abort_profile(self, run: JobRun, now: float, reason: str) -> None:
-        """A recall broke the profile: keep what was measured; the allocator (or a new profile) takes over."""
-        measured = dict(run.session.measured) if run.session is not None else {}
-        for n, r in measured.items():
-            self.store.record_scaling(run.id, n, r)
-        run.measured.update(measured)
-        run.session = None
-        run.profile_plan = None
-        if not run.measured:
-            self._stop_workers(run, now)  # profile again from scratch when nodes allow
-            run.target = []
-        self.store.log_event("profile_aborted", run.id, reason=reason, measured=len(measured))
-        self._changed = True
+            new = list(decision.nodes_of(run.id))
+            if set(new) != set(run.target):  # a permutation of the same nodes is no change
+                self.store.log_event("plan", run.id, nodes=new, before=run.target)
+                run.last_interrupted = now  # as the simulator counts it: any change of nodes (lender order)
+                run.target = [n for n in run.target if n in set(new)] + [n for n in new if n not in set(run.target)]
+            run.waiting = decision.waiting.get(run.id, "")
+        self._profiling = set(decision.profiling)
+        if decision.wake_at is not None:
+            self._next_decide = min(self._next_decide, decision.wake_at)
+        state = self.policy.state.to_json()
+        if state != self._saved_policy_state:
+            self.store.set_meta(POLICY_STATE_KEY, state)
+            self._saved_policy_state = state
 
     # ---------------------------------------------------------------- act
     def _act(self, now: float) -> None:
@@ -610,6 +591,7 @@ class Daemon:
                 spec = self.runtime.launch_spec(run.id, run.spec.command, wid, node)
                 env = dict(spec.env)
                 env.update(run.spec.env)
+                env[ENV_SECRET] = self.job_secret(run.id)  # after the user's env: not overridable
                 self.hub.start_worker(node, wid, spec.argv, env, spec.cwd or run.spec.cwd)
                 run.start_sent[wid] = now
         for node in [n for n in run.workers if n not in run.target]:
@@ -623,8 +605,8 @@ class Daemon:
             members = []
         if members != run.members and (members or run.members):
             self._publish(run, members, now)
-        want = JobState.PROFILING if run.profiling else JobState.RUNNING
-        if run.members and run.members == run.target:
+        want = JobState.PROFILING if run.id in self._profiling else JobState.RUNNING
+        if run.members and set(run.members) == set(run.target):
             self._set_state(run, want, "placed")
         elif run.members:
             self._set_state(run, JobState.RESCALING, f"to {len(run.target)} nodes")
@@ -647,18 +629,10 @@ class Daemon:
         self.store.log_event("members", run.id, generation=gen, nodes=members, before=run.members)
         run.members = list(members)
         self.store.set_nodes(run.id, members)
-        plan = run.profile_plan
-        if plan is not None and run.session is None and len(members) == plan.top:
-            # the time cap of the first count runs from now, not from the (slow) worker start
-            run.session = jpa.ProfileSession(plan, now, time_cap_s=self.cfg.profile_time_cap)
-        if members:
-            run.ever_ran = True
 
     def _suspend(self, run: JobRun, now: float, reason: str) -> None:
         self._stop_workers(run, now)
         run.target = []
-        run.session = None
-        run.profile_plan = None
         if run.state.active:
             self._set_state(run, JobState.SUSPENDED, reason)
         self._changed = True
@@ -682,6 +656,7 @@ class Daemon:
     def _finish(self, run: JobRun, state: JobState, reason: str) -> None:
         if run.state.terminal:
             return
+        self.store.set_samples(run.id, run.last_progress)  # status shows what was trained, not the last 1-s sample
         self._stop_workers(run, self.clock())
         self._set_state(run, state, reason)
         self.monitor.forget(run.id)
@@ -719,42 +694,49 @@ class Daemon:
 
     # ---------------------------------------------------------------- control API
     def _serve_control(self) -> None:
-        while True:
-            try:
-                raw = self.control.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            try:
-                req = json.loads(raw)
-                if not isinstance(req, dict):
-                    raise ValueError("request is not a JSON object")
-                reply = self.handle(req)
-            except (ValueError, JobSpecError, StoreError) as exc:
-                reply = {"ok": False, "error": str(exc)}
-            self.control.send(json.dumps(reply, default=str).encode())
+        self.control.serve(0)
 
-    def handle(self, req: dict[str, Any]) -> dict[str, Any]:
-        cmd = req.get("cmd")
-        if cmd == "submit":
-            spec = parse_spec(req.get("spec"), "submitted job")
-            jid = self.store.submit(spec)
+    def _register(self, job_id: str) -> None:
+        """The monitor takes this job's reports, signed with its secret."""
+        self.monitor.register(job_id, self.job_secret(job_id))
+
+    def job_secret(self, job_id: str) -> str:
+        """The job's report-signing secret, derived from the daemon's private key (nothing stored per job)."""
+        return job_secret(self._monitor_key, job_id)
+
+    def _owner_of(self, job_id: str) -> int | None:
+        rec = self.store.get(job_id)
+        if rec is None:
+            return None
+        owner = getattr(rec, "owner_uid", None)
+        return int(owner) if owner is not None else os.geteuid()
+
+    def handle(self, req: Request, caller: Caller) -> dict[str, Any]:
+        """One authorised control request (``control.authorize`` has checked who may do it)."""
+        if isinstance(req, Submit):
+            spec = parse_spec(req.spec, "submitted job").resolved(where="submitted job")  # `python` -> this Python
+            jid = self._submit(spec, req.owner_uid, req.owner_gid)
             self._observe_store(self.clock())
             return {"ok": True, "id": jid}
-        if cmd == "cancel":
-            jid = str(req.get("id"))
-            state = self.store.request_cancel(jid)
+        if isinstance(req, Cancel):
+            state = self.store.request_cancel(req.job)
             self._observe_store(self.clock())
-            return {"ok": True, "id": jid, "state": self.store.require(jid).state.value, "was": state.value}
-        if cmd == "status":
+            return {"ok": True, "id": req.job, "state": self.store.require(req.job).state.value, "was": state.value}
+        if isinstance(req, Status):
             return {"ok": True, "jobs": self.status_jobs(), "nodes": self.status_nodes()}
-        if cmd == "nodes":
+        if isinstance(req, Nodes):
             return {"ok": True, "nodes": self.status_nodes()}
-        if cmd == "shutdown":
+        if isinstance(req, Shutdown):
             self.stopping = True
             return {"ok": True}
-        if cmd == "ping":
-            return {"ok": True, "pid": os.getpid()}
-        raise ValueError(f"unknown command {cmd!r}; known: submit, cancel, status, nodes, shutdown, ping")
+        assert isinstance(req, Ping)
+        return {"ok": True, "pid": os.getpid()}
+
+    def _submit(self, spec: JobSpec, owner_uid: int, owner_gid: int) -> str:
+        try:
+            return self.store.submit(spec, owner_uid=owner_uid, owner_gid=owner_gid)  # type: ignore[call-arg]
+        except TypeError:  # a store without owners (older schema)
+            return self.store.submit(spec)
 
     def status_jobs(self) -> list[dict[str, Any]]:
         out = []
@@ -765,6 +747,8 @@ class Daemon:
             if run is not None:
                 d["samples"] = max(d["samples"], run.last_progress)
                 d["nodes"] = list(run.members)
+                if run.waiting:
+                    d["waiting"] = run.waiting
             if stats is not None and stats.world_size and d["nodes"]:
                 est = stats.throughput.estimate(stats.world_size)
                 d["rate"] = est.rate if est else None
@@ -804,7 +788,7 @@ class Daemon:
         self.store.log_event("daemon_stop", pid=os.getpid())
         for sock in (self.monitor, self.hub):
             sock.close()
-        self.control.close(0)
+        self.control.close()
         self.ctx.term()
         self.store.close()
         try:
@@ -813,6 +797,12 @@ class Daemon:
             pass
         fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
         os.close(self._lock_fd)
+
+
+def _order(job_id: str) -> int:
+    """Submission order from the store's id (``j000042`` -> 42)."""
+    digits = "".join(c for c in job_id if c.isdigit())
+    return int(digits) if digits else 0
 
 
 def _job_of(worker_id: str) -> str:

@@ -24,6 +24,7 @@ from typing import Any
 import psutil
 
 from malletrain.config import DaemonConfig, LocalConfig
+from policy import PolicyConfig
 from malletrain.daemon import Daemon
 from malletrain.jobspec import JobSpec
 from malletrain.store import Store
@@ -64,8 +65,10 @@ def demo_jobs(runtime: str) -> list[JobSpec]:
 
 def demo_config(state: Path, nodes: int, runtime: str) -> DaemonConfig:
     return DaemonConfig(
-        state_dir=str(state), runtime=runtime, tfwd=60.0, loop_interval=0.1, profile_time_cap=15.0,
+        state_dir=str(state), runtime=runtime, loop_interval=0.1,
         agent_heartbeat=0.5, agent_dead_after=10.0,
+        # the demo runs the trace 5x faster than real time: a shorter horizon and profile cap
+        policy=PolicyConfig(tfwd_s=60.0, profile_time_cap_s=15.0),
         local=LocalConfig(nodes=nodes, trace="synthetic", time_scale=DEMO_TIME_SCALE, seed=DEMO_SEED,
                           duration=7200.0, machine_nodes=DEMO_MACHINE),
     )
@@ -116,7 +119,7 @@ def run_demo(out: str, duration: float, nodes: int = 6, runtime: str = "torch", 
 
 
 def show(d: Daemon, elapsed: float) -> None:
-    from malletrain.cli_daemon import format_jobs
+    from malletrain.status_view import format_jobs
 
     print(f"\n--- t = {elapsed:5.1f} s ---")
     print(format_jobs(d.status_jobs()))

@@ -1,7 +1,7 @@
 """A job as the user submits it (TOML or JSON job file), and the job states.
 
     name = "resnet"
-    command = ["python", "-m", "malletrain.examples.train"]
+    command = ["python", "-m", "malletrain.examples.train", "--samples", "{samples}"]
     min_nodes = 1
     max_nodes = 4
     profile = true                  # let the profiler measure its scaling
@@ -10,17 +10,50 @@
     cwd = "."                       # optional, relative to the job file
     env = { OMP_NUM_THREADS = "1" } # optional
 
-Every error names the file and the field.
+The interpreter rule (applied when the job is submitted, :meth:`JobSpec.resolved`):
+``python`` or ``python3`` as the first word of ``command``, and the word
+``{python}`` anywhere in it, stand for the Python that runs ``malletrain
+submit`` (its ``sys.executable``, e.g. ``.venv/bin/python``): that interpreter
+has malletrain installed, since it is running it. ``{samples}`` stands for the
+job's ``samples``, so a script can be told the daemon's target. Any other word
+is passed as given. The stored job holds the substituted command
+(``malletrain status --json`` shows it).
+
+:func:`parse_spec` checks structure and limits (the same rules for a job file,
+a control request and a stored job); :func:`check_submit` adds the checks that
+depend on the machine and the file system at submit time (``cwd`` exists,
+``max_nodes`` fits the machine). Every error names the file and the field.
 """
 
 from __future__ import annotations
 
 import enum
 import json
+import math
+import re
+import sys
 import tomllib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
+
+MAX_NODES_CAP = 100_000
+"""No job may ask for more nodes than this, whatever the machine (the largest machines have ~10^4 nodes)."""
+NAME_MAX_CHARS = 128
+COMMAND_MAX_ARGS = 4096
+COMMAND_MAX_BYTES = 128 * 1024
+ENV_MAX_VARS = 256
+ENV_MAX_BYTES = 128 * 1024
+PATH_MAX_BYTES = 4096
+SAMPLES_MAX = 2**53
+SCALING_MAX_POINTS = 1024
+JOB_FILE_MAX_BYTES = 1024 * 1024
+ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+RESERVED_ENV_PREFIX = "MALLETRAIN_"
+PYTHON_WORDS = ("python", "python3")
+"""First words of ``command`` that mean "the submitting interpreter"."""
+PYTHON_PLACEHOLDER = "{python}"
+SAMPLES_PLACEHOLDER = "{samples}"
 
 
 class JobSpecError(ValueError):
@@ -56,6 +89,28 @@ class JobState(enum.Enum):
         """Holds nodes (workers may run)."""
         return self in (JobState.PROFILING, JobState.RUNNING, JobState.RESCALING)
 
+    def can_become(self, new: "JobState") -> bool:
+        """Whether :data:`JOB_TRANSITIONS` allows the move (staying put is not a move)."""
+        return new in JOB_TRANSITIONS[self]
+
+
+_LIVE_ENDS = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED})
+JOB_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
+    # PENDING is only where a job starts: a job that loses its nodes is SUSPENDED, not pending again
+    JobState.PENDING: frozenset({JobState.PROFILING, JobState.RUNNING, JobState.RESCALING,
+                                 JobState.SUSPENDED}) | _LIVE_ENDS,
+    JobState.PROFILING: frozenset({JobState.RUNNING, JobState.RESCALING, JobState.SUSPENDED}) | _LIVE_ENDS,
+    JobState.RUNNING: frozenset({JobState.PROFILING, JobState.RESCALING, JobState.SUSPENDED}) | _LIVE_ENDS,
+    JobState.RESCALING: frozenset({JobState.PROFILING, JobState.RUNNING, JobState.SUSPENDED}) | _LIVE_ENDS,
+    JobState.SUSPENDED: frozenset({JobState.PROFILING, JobState.RUNNING, JobState.RESCALING}) | _LIVE_ENDS,
+    # terminal states never change
+    JobState.COMPLETED: frozenset(),
+    JobState.FAILED: frozenset(),
+    JobState.CANCELLED: frozenset(),
+}
+"""The one table of a daemon job's state machine (the simulator's jobs have their own,
+:class:`simulator.engine.SimJobState`); :meth:`malletrain.store.Store.set_state` enforces it."""
+
 
 @dataclass(frozen=True)
 class JobSpec:
@@ -80,96 +135,250 @@ class JobSpec:
     def from_json(cls, text: str, where: str = "stored spec") -> "JobSpec":
         try:
             obj = json.loads(text)
-        except json.JSONDecodeError as exc:
+        except (ValueError, RecursionError) as exc:
             raise JobSpecError(f"{where}: not JSON: {exc}") from None
         return parse_spec(obj, where)
+
+    def resolved(self, python: str | None = None, where: str = "job") -> "JobSpec":
+        """The spec with ``python``/``python3`` (first word), ``{python}`` and ``{samples}`` substituted.
+
+        ``python`` defaults to ``sys.executable``. Idempotent: a resolved spec has no placeholder left.
+        """
+        interpreter = sys.executable if python is None else python
+        command = list(self.command)
+        if any(a == PYTHON_PLACEHOLDER for a in command) or command[0] in PYTHON_WORDS:
+            if not interpreter:
+                raise JobSpecError(f"{where}: command names python, but this Python does not know its "
+                                   "own path (sys.executable is empty); give the interpreter's path")
+            command = [interpreter if a == PYTHON_PLACEHOLDER else a for a in command]
+            if command[0] in PYTHON_WORDS:
+                command[0] = interpreter
+        if SAMPLES_PLACEHOLDER in command:
+            if self.samples is None:
+                raise JobSpecError(f"{where}: command uses {SAMPLES_PLACEHOLDER} but samples is not set")
+            command = [str(self.samples) if a == SAMPLES_PLACEHOLDER else a for a in command]
+        return replace(self, command=tuple(command))
 
 
 _KEYS = {"name", "command", "min_nodes", "max_nodes", "profile", "scaling", "samples", "cwd", "env"}
 
 
-def _int(obj: Mapping[str, Any], key: str, where: str, default: int | None, low: int) -> int | None:
+def _int(obj: Mapping[str, Any], key: str, where: str, default: int | None, low: int, high: int) -> int | None:
     v = obj.get(key, default)
     if v is None:
         return None
-    if not isinstance(v, int) or isinstance(v, bool) or v < low:
-        raise JobSpecError(f"{where}: {key} must be an integer >= {low}, got {v!r}")
+    if not isinstance(v, int) or isinstance(v, bool) or not low <= v <= high:
+        raise JobSpecError(f"{where}: {key} must be an integer >= {low} and <= {high}, got {_short(v)}")
     return v
 
 
+def _short(value: Any, limit: int = 80) -> str:
+    """``repr`` of a bad value, cut so an error message stays one readable line."""
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError):  # e.g. an int with too many digits to print
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _text(value: str, field_name: str, where: str) -> str:
+    """A string that can reach the OS: no NUL byte, encodable as UTF-8 (no lone surrogates)."""
+    if "\x00" in value:
+        raise JobSpecError(f"{where}: {field_name} contains a NUL byte")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise JobSpecError(f"{where}: {field_name} is not valid Unicode (lone surrogate)") from None
+    return value
+
+
+def _utf8_len(value: str) -> int:
+    return len(value.encode("utf-8"))
+
+
+def _command(raw: Any, where: str) -> tuple[str, ...]:
+    if isinstance(raw, str):
+        raise JobSpecError(f"{where}: command must be a list of strings (no shell), got a string")
+    if not isinstance(raw, list) or not raw or not all(isinstance(c, str) and c for c in raw):
+        raise JobSpecError(f"{where}: command must be a non-empty list of non-empty strings, got {_short(raw)}")
+    if len(raw) > COMMAND_MAX_ARGS:
+        raise JobSpecError(f"{where}: command has {len(raw)} words; at most {COMMAND_MAX_ARGS}")
+    for i, word in enumerate(raw):
+        _text(word, f"command[{i}]", where)
+    if sum(_utf8_len(c) + 1 for c in raw) > COMMAND_MAX_BYTES:
+        raise JobSpecError(f"{where}: command is longer than {COMMAND_MAX_BYTES} bytes")
+    return tuple(raw)
+
+
+def _default_name(command: tuple[str, ...]) -> str:
+    """The job's name when the file gives none: the last word's stem, printable characters only."""
+    stem = Path(command[-1]).stem
+    clean = "".join(ch for ch in stem if ch.isprintable())[:NAME_MAX_CHARS]
+    return clean or "job"
+
+
+def _name(raw: Any, where: str) -> str:
+    if not isinstance(raw, str) or not raw:
+        raise JobSpecError(f"{where}: name must be a non-empty string, got {_short(raw)}")
+    _text(raw, "name", where)
+    if len(raw) > NAME_MAX_CHARS:
+        raise JobSpecError(f"{where}: name is {len(raw)} characters; at most {NAME_MAX_CHARS}")
+    bad = next((ch for ch in raw if not ch.isprintable()), None)
+    if bad is not None:
+        raise JobSpecError(f"{where}: name {_short(raw)} contains the non-printable character {bad!r} "
+                           "(newlines, tabs and terminal escape codes are refused)")
+    return raw
+
+
+def _env(raw: Any, where: str) -> dict[str, str]:
+    if not isinstance(raw, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in raw.items()):
+        raise JobSpecError(f"{where}: env must map names to string values, got {_short(raw)}")
+    if len(raw) > ENV_MAX_VARS:
+        raise JobSpecError(f"{where}: env has {len(raw)} variables; at most {ENV_MAX_VARS}")
+    for key, value in raw.items():
+        _text(key, "env key", where)
+        if not ENV_KEY.fullmatch(key):
+            raise JobSpecError(f"{where}: env key {_short(key)} is not a variable name "
+                               "(letters, digits and _, not starting with a digit)")
+        if key.upper().startswith(RESERVED_ENV_PREFIX):
+            raise JobSpecError(f"{where}: env key {key} is refused: {RESERVED_ENV_PREFIX}* variables are "
+                               "set by the daemon")
+        _text(value, f"env[{key}]", where)
+    if sum(_utf8_len(k) + _utf8_len(v) + 2 for k, v in raw.items()) > ENV_MAX_BYTES:
+        raise JobSpecError(f"{where}: env is larger than {ENV_MAX_BYTES} bytes")
+    return dict(raw)
+
+
+def _cwd(raw: Any, where: str) -> str | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, str) or not raw:
+        raise JobSpecError(f"{where}: cwd must be a path string, got {_short(raw)}")
+    _text(raw, "cwd", where)
+    if _utf8_len(raw) > PATH_MAX_BYTES:
+        raise JobSpecError(f"{where}: cwd is longer than {PATH_MAX_BYTES} bytes")
+    return raw
+
+
 def parse_spec(obj: Any, where: str = "job") -> JobSpec:
-    """Validate a decoded job file (dict) into a :class:`JobSpec`."""
+    """Validate a decoded job file (dict) into a :class:`JobSpec` (structure and limits only)."""
     if not isinstance(obj, dict):
         raise JobSpecError(f"{where}: a job must be a table/object, got {type(obj).__name__}")
-    unknown = set(obj) - _KEYS
+    unknown = {str(k) for k in obj} - _KEYS
     if unknown:
-        raise JobSpecError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(_KEYS))}")
-    command = obj.get("command")
-    if isinstance(command, str):
-        raise JobSpecError(f"{where}: command must be a list of strings (no shell), got a string")
-    if not isinstance(command, list) or not command or not all(isinstance(c, str) and c for c in command):
-        raise JobSpecError(f"{where}: command must be a non-empty list of strings, got {command!r}")
-    name = obj.get("name", Path(command[-1]).stem or "job")
-    if not isinstance(name, str) or not name:
-        raise JobSpecError(f"{where}: name must be a non-empty string, got {name!r}")
-    min_nodes = _int(obj, "min_nodes", where, 1, 1)
-    max_nodes = _int(obj, "max_nodes", where, min_nodes, 1)
+        names = ", ".join(_short(k, 40) for k in sorted(unknown))
+        raise JobSpecError(f"{where}: unknown field(s) {names}; known: {', '.join(sorted(_KEYS))}")
+    command = _command(obj.get("command"), where)
+    name = _name(obj["name"], where) if "name" in obj else _default_name(command)
+    min_nodes = _int(obj, "min_nodes", where, 1, 1, MAX_NODES_CAP)
+    max_nodes = _int(obj, "max_nodes", where, min_nodes, 1, MAX_NODES_CAP)
     assert min_nodes is not None and max_nodes is not None
     if max_nodes < min_nodes:
         raise JobSpecError(f"{where}: max_nodes {max_nodes} < min_nodes {min_nodes}")
     profile = obj.get("profile", False)
     if not isinstance(profile, bool):
-        raise JobSpecError(f"{where}: profile must be true or false, got {profile!r}")
-    samples = _int(obj, "samples", where, None, 1)
+        raise JobSpecError(f"{where}: profile must be true or false, got {_short(profile)}")
+    samples = _int(obj, "samples", where, None, 1, SAMPLES_MAX)
     scaling = _scaling(obj.get("scaling"), where)
-    cwd = obj.get("cwd")
-    if cwd is not None and (not isinstance(cwd, str) or not cwd):
-        raise JobSpecError(f"{where}: cwd must be a path string, got {cwd!r}")
-    env = obj.get("env", {})
-    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
-        raise JobSpecError(f"{where}: env must map names to string values, got {env!r}")
-    return JobSpec(name, tuple(command), min_nodes, max_nodes, profile, scaling, samples, cwd, dict(env))
+    cwd = _cwd(obj.get("cwd"), where)
+    env = _env(obj.get("env", {}), where)
+    return JobSpec(name, command, min_nodes, max_nodes, profile, scaling, samples, cwd, env)
+
+
+_NODE_COUNT = re.compile(r"[1-9][0-9]{0,9}")
 
 
 def _scaling(raw: Any, where: str) -> dict[int, float] | None:
     if raw is None:
         return None
     if not isinstance(raw, dict) or not raw:
-        raise JobSpecError(f"{where}: scaling must map node counts to samples/s, got {raw!r}")
+        raise JobSpecError(f"{where}: scaling must map node counts to samples/s, got {_short(raw)}")
+    if len(raw) > SCALING_MAX_POINTS:
+        raise JobSpecError(f"{where}: scaling has {len(raw)} points; at most {SCALING_MAX_POINTS}")
     out: dict[int, float] = {}
     for k, v in raw.items():
-        try:
+        if isinstance(k, int) and not isinstance(k, bool):
+            n = k
+        elif isinstance(k, str) and _NODE_COUNT.fullmatch(k):
             n = int(k)
-        except (TypeError, ValueError):
-            raise JobSpecError(f"{where}: scaling key {k!r} is not a node count") from None
-        if n < 1:
-            raise JobSpecError(f"{where}: scaling key {k!r} must be >= 1")
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or not (v >= 0) or v == float("inf"):
-            raise JobSpecError(f"{where}: scaling[{k}] = {v!r} is not a finite rate >= 0")
+        else:
+            raise JobSpecError(f"{where}: scaling key {_short(k)} is not a node count (digits, >= 1)")
+        if not 1 <= n <= MAX_NODES_CAP:
+            raise JobSpecError(f"{where}: scaling key {_short(k)} must be >= 1 and <= {MAX_NODES_CAP}")
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not _finite_rate(v):
+            raise JobSpecError(f"{where}: scaling[{n}] = {_short(v)} is not a finite rate >= 0")
         out[n] = float(v)
     return out
 
 
-def load_spec(path: str | Path) -> JobSpec:
-    """Read a job file (``.toml`` or ``.json``); a relative ``cwd`` is resolved against its folder."""
+def _finite_rate(v: int | float) -> bool:
+    try:
+        f = float(v)
+    except OverflowError:  # an int beyond float range
+        return False
+    return math.isfinite(f) and f >= 0
+
+
+def check_submit(spec: JobSpec, where: str = "job", machine_nodes: int | None = None) -> None:
+    """Checks that depend on the world at submit time: ``cwd``, the machine's size.
+
+    Not part of :func:`parse_spec`, so a stored job stays readable after its
+    directory is removed or the machine shrinks.
+    """
+    if spec.cwd is not None:
+        cwd = Path(spec.cwd)
+        if not cwd.is_absolute():
+            raise JobSpecError(f"{where}: cwd {spec.cwd!r} must be an absolute path (a job file's cwd is "
+                               "resolved against the file's directory)")
+        if not cwd.is_dir():
+            raise JobSpecError(f"{where}: cwd {spec.cwd} is not an existing directory")
+    if machine_nodes is not None and spec.min_nodes > machine_nodes:
+        raise JobSpecError(f"{where}: min_nodes {spec.min_nodes} is more than the machine's {machine_nodes} nodes")
+    if machine_nodes is not None and spec.max_nodes > machine_nodes:
+        raise JobSpecError(f"{where}: max_nodes {spec.max_nodes} is more than the machine's {machine_nodes} nodes")
+
+
+def decode_job_file(path: Path, data: bytes) -> Any:
+    """The decoded content of a job file (``.json`` or TOML); errors name the file."""
+    if len(data) > JOB_FILE_MAX_BYTES:
+        raise JobSpecError(f"{path}: job file is {len(data)} bytes; at most {JOB_FILE_MAX_BYTES}")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise JobSpecError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
+    try:
+        if path.suffix == ".json":
+            return json.loads(text)
+        return tomllib.loads(text)
+    except json.JSONDecodeError as exc:
+        raise JobSpecError(f"{path}:{exc.lineno}: not valid JSON: {exc.msg}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise JobSpecError(f"{path}: not valid TOML: {exc}") from None
+    except RecursionError:
+        raise JobSpecError(f"{path}: nested too deeply") from None
+    except ValueError as exc:  # e.g. an integer with more digits than Python converts
+        raise JobSpecError(f"{path}: bad value: {exc}") from None
+
+
+def load_spec(path: str | Path, python: str | None = None) -> JobSpec:
+    """Read and check a job file for submission.
+
+    A relative ``cwd`` is resolved against the file's folder (default: the
+    folder itself), and the interpreter rule is applied (:meth:`JobSpec.resolved`).
+    """
     p = Path(path)
     try:
-        text = p.read_text()
+        data = p.read_bytes()
     except FileNotFoundError:
         raise FileNotFoundError(f"job file not found: {p}") from None
-    if p.suffix == ".json":
-        try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise JobSpecError(f"{p}:{exc.lineno}: not valid JSON: {exc.msg}") from None
-    else:
-        try:
-            obj = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            raise JobSpecError(f"{p}: not valid TOML: {exc}") from None
-    spec = parse_spec(obj, str(p))
+    except IsADirectoryError:
+        raise JobSpecError(f"{p}: is a directory, not a job file") from None
+    except OSError as exc:
+        raise JobSpecError(f"{p}: cannot read: {exc.strerror or exc}") from None
+    spec = parse_spec(decode_job_file(p, data), str(p))
     cwd = Path(spec.cwd) if spec.cwd else Path(".")
     if not cwd.is_absolute():
         cwd = (p.resolve().parent / cwd).resolve()
-    return JobSpec(spec.name, spec.command, spec.min_nodes, spec.max_nodes, spec.profile,
-                   spec.scaling, spec.samples, str(cwd), spec.env)
+    spec = replace(spec, cwd=str(cwd)).resolved(python, str(p))
+    check_submit(spec, str(p))
+    return spec

@@ -1,26 +1,58 @@
 """The job store: SQLite in WAL mode, so a daemon restart loses nothing.
 
-Tables: ``meta`` (schema version, backend epoch), ``jobs`` (spec, state,
-progress, nodes), ``job_states`` (every transition), ``scalability`` (measured
-samples/s per node count), ``rescales`` (measured pauses), ``generations`` (the
-last membership generation published per job, so a restarted daemon numbers
-on from it) and ``events``.
+Tables: ``meta`` (schema version, backend epoch, machine size), ``jobs``
+(spec, state, progress, nodes, owner uid/gid), ``job_states`` (every transition),
+``scalability`` (measured samples/s per node count), ``rescales`` (measured
+pauses), ``generations`` (the last membership generation published per job,
+so a restarted daemon numbers on from it) and ``events``.
 Every change is one transaction. The CLI may write (submit, cancel) while the
 daemon runs or is down: the daemon picks the rows up on its next loop.
+
+Safety:
+
+- A new store is built under a temporary name and linked into place, so
+  ``store.db`` is never an empty file of ours. An existing file that is empty,
+  not SQLite, corrupt or without malletrain's schema is a :class:`StoreError`
+  naming it; nothing is ever started over silently.
+- The state dir is made 0700 and the store file 0600 (SQLite gives its
+  ``-wal`` and ``-shm`` files the database file's mode): job env may hold tokens.
+- A full or read-only disk makes a write fail as a :class:`StoreError` naming
+  the file; the transaction rolls back, so what was stored stays. Event rows
+  are observability, not state: :meth:`Store.log_event` drops an event it
+  cannot write (counted in ``dropped_events``) instead of failing its caller.
+- The event log is bounded: the periodic ``nodes`` samples keep the newest
+  ``max_samples`` rows, the other kinds the newest ``max_events``. The WAL is
+  truncated after a checkpoint (``journal_size_limit``).
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import os
 import sqlite3
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from malletrain.jobspec import JobSpec, JobState
+from malletrain.jobspec import NAME_MAX_CHARS, JobSpec, JobSpecError, JobState, check_submit, parse_spec
+
+log = logging.getLogger("malletrain.store")
 
 SCHEMA_VERSION = 1
+SQLITE_MAGIC = b"SQLite format 3\x00"
+DIR_MODE = 0o700
+FILE_MODE = 0o600
+MAX_EVENTS = 100_000
+"""Newest event rows kept (all kinds but the periodic samples)."""
+MAX_SAMPLES = 86_400
+"""Newest periodic ``nodes`` rows kept: a day at one per second."""
+SAMPLE_KINDS = ("nodes",)
+PRUNE_EVERY = 500
+"""Events written between two prunes."""
+WAL_LIMIT_BYTES = 8 * 1024 * 1024
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -35,7 +67,9 @@ CREATE TABLE IF NOT EXISTS jobs (
     cancel_requested INTEGER NOT NULL DEFAULT 0,
     message TEXT NOT NULL DEFAULT '',
     submitted REAL NOT NULL,
-    updated REAL NOT NULL
+    updated REAL NOT NULL,
+    owner_uid INTEGER,
+    owner_gid INTEGER
 );
 CREATE TABLE IF NOT EXISTS job_states (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -55,11 +89,29 @@ CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     time REAL NOT NULL, kind TEXT NOT NULL, job TEXT NOT NULL, detail TEXT NOT NULL
 );
+CREATE INDEX IF NOT EXISTS events_kind ON events (kind, id);
 """
 
 
 class StoreError(RuntimeError):
-    """A store that cannot be used (wrong schema) or a bad request (unknown job id)."""
+    """A store that cannot be used (missing, empty, corrupt, wrong schema, disk full or
+    read-only) or a bad request (unknown job id); the message names the file or the job."""
+
+
+def _why(exc: sqlite3.Error | UnicodeDecodeError, path: str) -> str:
+    """A sqlite error in words an operator acts on."""
+    if isinstance(exc, UnicodeDecodeError):
+        return f"{path}: corrupt store (text that is not UTF-8: {exc.reason}); restore it from a backup of the state dir"
+    text = str(exc)
+    low = text.lower()
+    folder = os.path.dirname(path) or "."
+    if "full" in low:
+        return f"{path}: disk full ({text}); free space in {folder}: nothing stored was lost"
+    if "readonly" in low or "read-only" in low or not os.access(folder, os.W_OK):
+        return f"{path}: read-only ({text}); make {folder} writable: nothing stored was lost"
+    if "malformed" in low or "not a database" in low or "corrupt" in low:
+        return f"{path}: corrupt store ({text}); restore it from a backup of the state dir"
+    return f"{path}: {text}"
 
 
 @dataclass(frozen=True)
@@ -73,6 +125,8 @@ class JobRecord:
     message: str
     submitted: float
     updated: float
+    owner_uid: int | None = None
+    owner_gid: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -81,7 +135,8 @@ class JobRecord:
             "min_nodes": self.spec.min_nodes, "max_nodes": self.spec.max_nodes,
             "profile": self.spec.profile, "message": self.message,
             "submitted": self.submitted, "updated": self.updated,
-            "cancel_requested": self.cancel_requested,
+            "cancel_requested": self.cancel_requested, "command": list(self.spec.command),
+            "owner_uid": self.owner_uid,
         }
 
 
@@ -89,69 +144,254 @@ def job_id(seq: int) -> str:
     return f"j{seq:06d}"
 
 
+STATE_ENTRIES = frozenset({"daemon.json", "daemon.json.tmp", "daemon.lock", "logs", "control", "horovod", "toy",
+                           "monitor.key"})
+"""What malletrain keeps in a state dir besides ``store.db*``: a folder holding only these is ours to tighten."""
+
+
+def _is_state_dir(folder: Path) -> bool:
+    """Only malletrain's files in it (so never /tmp, $HOME or /var/lib given by mistake)."""
+    try:
+        names = [e.name for e in os.scandir(folder)]
+    except OSError:
+        return False
+    return all(n in STATE_ENTRIES or n.startswith("store.db") for n in names)
+
+
+def _private_dir(folder: Path) -> None:
+    """Create ``folder`` 0700; tighten an existing one to 0700 if it is ours (our uid, only our files)."""
+    try:
+        folder.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StoreError(f"{folder}: cannot create the state dir: {exc.strerror or exc}") from None
+    try:
+        st = folder.stat()
+        mode = stat.S_IMODE(st.st_mode)
+        if not mode & 0o077:
+            return
+        if st.st_uid == os.geteuid() and not mode & stat.S_ISVTX and _is_state_dir(folder):
+            os.chmod(folder, mode & ~0o077)
+        else:
+            log.warning("%s: the state dir is open to other users (mode %o); make it 0700", folder, mode)
+    except OSError as exc:
+        log.warning("%s: cannot make the state dir private: %s", folder, exc)
+
+
+def _private_file(path: Path) -> None:
+    try:
+        st = path.stat()
+        if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) & 0o077:
+            os.chmod(path, FILE_MODE)
+    except OSError as exc:
+        log.warning("%s: cannot make the store private: %s", path, exc)
+
+
+def _init_schema(conn: sqlite3.Connection) -> None:
+    for stmt in _SCHEMA.split(";"):
+        if stmt.strip():
+            conn.execute(stmt)
+
+
+def _create(path: Path) -> None:
+    """Build a new store under a temporary name and link it into place (never an empty ``store.db``)."""
+    tmp = path.with_name(f"{path.name}.new-{os.getpid()}")
+    try:
+        os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, FILE_MODE))
+        conn = sqlite3.connect(str(tmp), isolation_level=None)
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("BEGIN IMMEDIATE")
+            _init_schema(conn)
+            conn.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+            conn.execute("COMMIT")
+        finally:
+            conn.close()
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass  # another process created it first: use theirs
+    except sqlite3.Error as exc:
+        raise StoreError(_why(exc, str(path))) from None
+    except OSError as exc:
+        raise StoreError(f"{path}: cannot create the store: {exc.strerror or exc}") from None
+    finally:
+        for leftover in (tmp, Path(f"{tmp}-wal"), Path(f"{tmp}-shm")):
+            try:
+                leftover.unlink()
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                log.warning("cannot remove %s: %s", leftover, exc)
+
+
+def _check_file(path: Path) -> None:
+    """An existing ``store.db`` must be a non-empty SQLite file; else a StoreError naming it."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(len(SQLITE_MAGIC))
+    except OSError as exc:
+        raise StoreError(f"{path}: cannot read the store: {exc.strerror or exc}") from None
+    if not head:
+        raise StoreError(f"{path}: the store is an empty file (0 bytes), not a malletrain store; "
+                         "restore it from a backup, or move it away to start with no jobs")
+    if head != SQLITE_MAGIC:
+        raise StoreError(f"{path}: not a SQLite database, so not a malletrain store; "
+                         "restore it from a backup, or move it away to start with no jobs")
+
+
 class Store:
     """One SQLite database; use :meth:`open`."""
 
-    def __init__(self, conn: sqlite3.Connection, path: str) -> None:
+    def __init__(self, conn: sqlite3.Connection, path: str, max_events: int = MAX_EVENTS,
+                 max_samples: int = MAX_SAMPLES) -> None:
         self.conn = conn
         self.path = path
+        self.max_events = max_events
+        self.max_samples = max_samples
+        self.dropped_events = 0
+        self._since_prune = 0
 
     @classmethod
-    def open(cls, path: str | Path) -> "Store":
-        """Open (or create) the store at ``path``; WAL mode; checks the schema version."""
+    def open(cls, path: str | Path, max_events: int = MAX_EVENTS, max_samples: int = MAX_SAMPLES) -> "Store":
+        """Open the store at ``path``, creating it if there is no file; WAL mode; checks it.
+
+        An existing file that is empty, not SQLite, corrupt or not a malletrain
+        store raises :class:`StoreError` naming it.
+        """
         p = str(path)
         if p != ":memory:":
-            Path(p).parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(p, timeout=10.0, isolation_level=None, check_same_thread=False)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=NORMAL")
-        conn.execute("PRAGMA busy_timeout=10000")
-        store = cls(conn, p)
-        with store._tx():
-            for stmt in _SCHEMA.split(";"):
-                if stmt.strip():
-                    conn.execute(stmt)
-            row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-            if row is None:
-                conn.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-            elif int(row[0]) != SCHEMA_VERSION:
-                raise StoreError(f"{p}: schema version {row[0]}, this malletrain reads {SCHEMA_VERSION}")
+            fp = Path(p)
+            _private_dir(fp.parent)
+            if not fp.exists():
+                _create(fp)
+            _check_file(fp)
+            _private_file(fp)
+        try:
+            conn = sqlite3.connect(p, timeout=10.0, isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise StoreError(_why(exc, p)) from None
+        store = cls(conn, p, max_events, max_samples)
+        try:
+            store._setup(new=p == ":memory:")
+            store.fail_invalid_jobs()
+        except BaseException:
+            conn.close()
+            raise
         return store
+
+    def _setup(self, new: bool) -> None:
+        conn = self.conn
+        try:
+            conn.execute("PRAGMA busy_timeout=10000")
+            if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute(f"PRAGMA journal_size_limit={WAL_LIMIT_BYTES}")
+            check = conn.execute("PRAGMA quick_check").fetchone()[0]
+            if check != "ok":
+                raise StoreError(f"{self.path}: corrupt store (quick_check: {check}); "
+                                 "restore it from a backup of the state dir")
+            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        except (sqlite3.Error, UnicodeDecodeError) as exc:
+            raise StoreError(_why(exc, self.path)) from None
+        if not new and "meta" not in tables:
+            raise StoreError(f"{self.path}: a SQLite database without malletrain's tables, not a malletrain store")
+        with self._tx() as c:
+            _init_schema(c)  # IF NOT EXISTS: adds what a store of this version lacks (e.g. an index)
+            columns = {r[1] for r in c.execute("PRAGMA table_info(jobs)")}
+            for col in ("owner_uid", "owner_gid"):  # added in place: NULL (unknown) for older jobs
+                if col not in columns:
+                    c.execute(f"ALTER TABLE jobs ADD COLUMN {col} INTEGER")
+            row = c.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+            if row is None and not new:
+                raise StoreError(f"{self.path}: no schema version: not a malletrain store")
+            if row is None:
+                c.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+            elif row[0] != str(SCHEMA_VERSION):
+                raise StoreError(f"{self.path}: schema version {row[0]!r}, this malletrain reads {SCHEMA_VERSION}")
 
     def close(self) -> None:
         self.conn.close()
 
     class _Tx:
-        def __init__(self, conn: sqlite3.Connection) -> None:
-            self.conn = conn
+        """``BEGIN IMMEDIATE`` ... ``COMMIT``; rolls back on any error and turns sqlite errors into StoreError."""
+
+        def __init__(self, store: "Store") -> None:
+            self.store = store
+            self.conn = store.conn
 
         def __enter__(self) -> sqlite3.Connection:
-            self.conn.execute("BEGIN IMMEDIATE")
+            try:
+                self.conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                raise StoreError(_why(exc, self.store.path)) from None
             return self.conn
 
-        def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-            self.conn.execute("COMMIT" if exc_type is None else "ROLLBACK")
+        def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
+            if exc_type is None:
+                try:
+                    self.conn.execute("COMMIT")
+                    return False
+                except sqlite3.Error as commit_exc:
+                    self._rollback()
+                    raise StoreError(_why(commit_exc, self.store.path)) from None
+            self._rollback()
+            if isinstance(exc, (sqlite3.Error, UnicodeDecodeError)):
+                raise StoreError(_why(exc, self.store.path)) from None
+            return False
+
+        def _rollback(self) -> None:
+            if not self.conn.in_transaction:
+                return  # sqlite already rolled back (e.g. SQLITE_FULL)
+            try:
+                self.conn.execute("ROLLBACK")
+            except sqlite3.Error as exc:
+                log.warning("%s: rollback failed: %s", self.store.path, exc)
 
     def _tx(self) -> "Store._Tx":
-        return Store._Tx(self.conn)
+        return Store._Tx(self)
 
     # -- meta
     def get_meta(self, key: str) -> str | None:
-        row = self.conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
-        return None if row is None else str(row[0])
+        rows = self._select("SELECT value FROM meta WHERE key=?", (key,))
+        return str(rows[0][0]) if rows else None
 
     def set_meta(self, key: str, value: str) -> None:
         with self._tx() as c:
             c.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
 
+    def set_machine_nodes(self, nodes: int) -> None:
+        """Record the machine's node count (the daemon's backend knows it); submit checks jobs against it."""
+        self.set_meta("machine_nodes", str(int(nodes)))
+
+    def machine_nodes(self) -> int | None:
+        """The machine's node count the daemon recorded, or None when no daemon has said yet."""
+        raw = self.get_meta("machine_nodes")
+        try:
+            n = int(raw) if raw is not None else None
+        except ValueError:
+            return None
+        return n if n is not None and n > 0 else None
+
     # -- jobs
-    def submit(self, spec: JobSpec) -> str:
-        """Queue a job (PENDING); returns its id ``jNNNNNN``."""
+    def submit(self, spec: JobSpec, owner_uid: int | None = None, owner_gid: int | None = None) -> str:
+        """Queue a job (PENDING) owned by ``owner_uid``/``owner_gid`` (default: this process's
+        effective ids); returns its id ``jNNNNNN``.
+
+        Raises :class:`~malletrain.jobspec.JobSpecError` if the spec breaks a
+        rule or cannot fit the machine (when its size is known).
+        """
+        where = f"job {spec.name!r}"
+        spec = parse_spec(json.loads(spec.to_json()), where)  # nothing invalid is ever stored
+        check_submit(spec, where, self.machine_nodes())
         now = time.time()
         with self._tx() as c:
             cur = c.execute(
-                "INSERT INTO jobs (id, name, spec, state, submitted, updated) VALUES (?, ?, ?, ?, ?, ?)",
-                ("pending-id", spec.name, spec.to_json(), JobState.PENDING.value, now, now),
+                "INSERT INTO jobs (id, name, spec, state, submitted, updated, owner_uid, owner_gid) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                ("pending-id", spec.name, spec.to_json(), JobState.PENDING.value, now, now,
+                 os.geteuid() if owner_uid is None else int(owner_uid),
+                 os.getegid() if owner_gid is None else int(owner_gid)),
             )
             seq = int(cur.lastrowid or 0)
             jid = job_id(seq)
@@ -163,17 +403,27 @@ class Store:
         return jid
 
     def _row(self, row: tuple[Any, ...]) -> JobRecord:
-        jid, spec, state, samples, nodes, cancel, message, submitted, updated = row
-        return JobRecord(
-            jid, JobSpec.from_json(spec, f"job {jid}"), JobState(state), int(samples),
-            tuple(json.loads(nodes)), bool(cancel), message, submitted, updated,
-        )
+        jid, spec, state, samples, nodes, cancel, message, submitted, updated, uid, gid = row
+        try:
+            return JobRecord(
+                jid, _stored_spec(spec, jid), JobState(state), int(samples),
+                tuple(str(n) for n in json.loads(nodes)), bool(cancel), str(message), float(submitted),
+                float(updated), None if uid is None else int(uid), None if gid is None else int(gid),
+            )
+        except (ValueError, TypeError, RecursionError) as exc:
+            raise StoreError(f"{self.path}: job {jid!r}: damaged row ({exc}); restore the store from a backup") from None
 
-    _COLS = "id, spec, state, samples, nodes, cancel_requested, message, submitted, updated"
+    def _select(self, sql: str, args: tuple[Any, ...] | list[Any] = ()) -> list[tuple[Any, ...]]:
+        try:
+            return self.conn.execute(sql, args).fetchall()
+        except (sqlite3.Error, UnicodeDecodeError) as exc:  # UnicodeDecodeError: a damaged TEXT value
+            raise StoreError(_why(exc, self.path)) from None
+
+    _COLS = "id, spec, state, samples, nodes, cancel_requested, message, submitted, updated, owner_uid, owner_gid"
 
     def get(self, jid: str) -> JobRecord | None:
-        row = self.conn.execute(f"SELECT {self._COLS} FROM jobs WHERE id=?", (jid,)).fetchone()
-        return None if row is None else self._row(row)
+        rows = self._select(f"SELECT {self._COLS} FROM jobs WHERE id=?", (jid,))
+        return self._row(rows[0]) if rows else None
 
     def require(self, jid: str) -> JobRecord:
         rec = self.get(jid)
@@ -183,14 +433,26 @@ class Store:
 
     def jobs(self, states: Iterable[JobState] | None = None) -> list[JobRecord]:
         if states is None:
-            rows = self.conn.execute(f"SELECT {self._COLS} FROM jobs ORDER BY seq").fetchall()
+            rows = self._select(f"SELECT {self._COLS} FROM jobs ORDER BY seq")
         else:
             wanted = sorted({s.value for s in states})
             marks = ",".join("?" * len(wanted))
-            rows = self.conn.execute(
-                f"SELECT {self._COLS} FROM jobs WHERE state IN ({marks}) ORDER BY seq", wanted
-            ).fetchall()
+            rows = self._select(f"SELECT {self._COLS} FROM jobs WHERE state IN ({marks}) ORDER BY seq", wanted)
         return [self._row(r) for r in rows]
+
+    def fail_invalid_jobs(self) -> list[str]:
+        """Fail every live job whose stored spec today's rules refuse (e.g. stored by an older
+        malletrain before limits existed); returns their ids. Called by :meth:`open`."""
+        failed = []
+        live = [s.value for s in JobState if not s.terminal]
+        marks = ",".join("?" * len(live))
+        for jid, spec in self._select(f"SELECT id, spec FROM jobs WHERE state IN ({marks})", live):
+            try:
+                JobSpec.from_json(spec, f"job {jid}")
+            except JobSpecError as exc:
+                self.set_state(jid, JobState.FAILED, f"refused: {exc}")
+                failed.append(jid)
+        return failed
 
     def set_state(self, jid: str, state: JobState, reason: str = "") -> bool:
         """Move a job to ``state`` (no-op if already there); terminal states never change.
@@ -205,7 +467,7 @@ class Store:
             old = JobState(row[0])
             if old == state:
                 return False
-            if old.terminal:
+            if not old.can_become(state):
                 raise StoreError(f"job {jid} is {old.value}; cannot become {state.value}")
             nodes_sql = ", nodes='[]'" if not state.active else ""
             c.execute(f"UPDATE jobs SET state=?, updated=?, message=?{nodes_sql} WHERE id=?",
@@ -237,7 +499,7 @@ class Store:
         return rec.state
 
     def history(self, jid: str) -> list[tuple[str, float, str]]:
-        rows = self.conn.execute("SELECT state, time, reason FROM job_states WHERE job=? ORDER BY id", (jid,))
+        rows = self._select("SELECT state, time, reason FROM job_states WHERE job=? ORDER BY id", (jid,))
         return [(s, t, r) for s, t, r in rows]
 
     # -- scalability and rescales
@@ -246,7 +508,7 @@ class Store:
             c.execute("INSERT OR REPLACE INTO scalability VALUES (?, ?, ?, ?)", (jid, int(nodes), float(rate), time.time()))
 
     def scaling(self, jid: str) -> dict[int, float]:
-        rows = self.conn.execute("SELECT nodes, rate FROM scalability WHERE job=? ORDER BY nodes", (jid,))
+        rows = self._select("SELECT nodes, rate FROM scalability WHERE job=? ORDER BY nodes", (jid,))
         return {int(n): float(r) for n, r in rows}
 
     def record_rescale(self, jid: str, from_nodes: int, to_nodes: int, pause_s: float, kind: str) -> None:
@@ -256,7 +518,7 @@ class Store:
 
     def rescales(self, jid: str | None = None) -> list[dict[str, Any]]:
         q = "SELECT job, time, from_nodes, to_nodes, pause_s, kind FROM rescales"
-        rows = self.conn.execute(q + (" WHERE job=? ORDER BY id" if jid else " ORDER BY id"), (jid,) if jid else ())
+        rows = self._select(q + (" WHERE job=? ORDER BY id" if jid else " ORDER BY id"), (jid,) if jid else ())
         return [dict(zip(("job", "time", "from_nodes", "to_nodes", "pause_s", "kind"), r)) for r in rows]
 
     # -- membership generations
@@ -268,14 +530,42 @@ class Store:
 
     def generation(self, jid: str) -> int:
         """The job's last published generation (0: none)."""
-        row = self.conn.execute("SELECT gen FROM generations WHERE job=?", (jid,)).fetchone()
-        return 0 if row is None else int(row[0])
+        rows = self._select("SELECT gen FROM generations WHERE job=?", (jid,))
+        return int(rows[0][0]) if rows else 0
 
     # -- events
     def log_event(self, kind: str, job: str = "", **detail: Any) -> None:
-        with self._tx() as c:
-            c.execute("INSERT INTO events (time, kind, job, detail) VALUES (?, ?, ?, ?)",
-                      (time.time(), kind, job, json.dumps(detail, default=str)))
+        """Append an event; on a full or read-only disk the event is dropped (and counted), never raised."""
+        try:
+            with self._tx() as c:
+                c.execute("INSERT INTO events (time, kind, job, detail) VALUES (?, ?, ?, ?)",
+                          (time.time(), kind, job, json.dumps(detail, default=str)))
+        except StoreError as exc:
+            self.dropped_events += 1
+            if self.dropped_events == 1 or self.dropped_events % 1000 == 0:
+                log.warning("event %r not stored (%d dropped so far): %s", kind, self.dropped_events, exc)
+            return
+        self._since_prune += 1
+        if self._since_prune >= PRUNE_EVERY:
+            self.prune_events()
+
+    def prune_events(self) -> int:
+        """Delete the oldest event rows beyond the bounds; returns how many went."""
+        self._since_prune = 0
+        samples = ",".join("?" * len(SAMPLE_KINDS))
+        deleted = 0
+        try:
+            with self._tx() as c:
+                for cond, keep in ((f"kind IN ({samples})", self.max_samples),
+                                   (f"kind NOT IN ({samples})", self.max_events)):
+                    row = c.execute(f"SELECT id FROM events WHERE {cond} ORDER BY id DESC LIMIT 1 OFFSET ?",
+                                    (*SAMPLE_KINDS, keep)).fetchone()
+                    if row is not None:
+                        deleted += c.execute(f"DELETE FROM events WHERE {cond} AND id <= ?",
+                                             (*SAMPLE_KINDS, row[0])).rowcount
+        except StoreError as exc:
+            log.warning("events not pruned: %s", exc)
+        return deleted
 
     def events(self, kind: str | None = None, since_id: int = 0) -> Iterator[dict[str, Any]]:
         q = "SELECT id, time, kind, job, detail FROM events WHERE id>?"
@@ -283,5 +573,24 @@ class Store:
         if kind:
             q += " AND kind=?"
             args += (kind,)
-        for i, t, k, j, d in self.conn.execute(q + " ORDER BY id", args).fetchall():
-            yield {"id": i, "time": t, "kind": k, "job": j, **json.loads(d)}
+        for i, t, k, j, d in self._select(q + " ORDER BY id", args):
+            try:
+                detail = json.loads(d)
+            except (ValueError, RecursionError):
+                detail = {"damaged": True}
+            yield {"id": i, "time": t, "kind": k, "job": j, **(detail if isinstance(detail, dict) else {})}
+
+
+def _stored_spec(text: str, jid: str) -> JobSpec:
+    """A stored spec; one that today's rules refuse reads as a stub (the job is FAILED by
+    :meth:`Store.fail_invalid_jobs`), so one bad row never makes the whole store unreadable."""
+    try:
+        return JobSpec.from_json(text, f"job {jid}")
+    except JobSpecError:
+        try:
+            raw = json.loads(text)
+        except (ValueError, RecursionError):
+            raw = {}
+        name = raw.get("name") if isinstance(raw, dict) else None
+        clean = "".join(ch for ch in name if ch.isprintable())[:NAME_MAX_CHARS] if isinstance(name, str) else ""
+        return JobSpec(clean or "invalid", ("invalid-spec",))

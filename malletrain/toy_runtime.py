@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import signal
 import sys
@@ -23,8 +24,11 @@ from pathlib import Path
 from typing import Sequence
 
 from malletrain.runtimes import LaunchSpec
+from malletrain.workerenv import ENV_TOY_DIR, WorkerEnv, configure_worker_logging
 
-ENV_DIR = "MALLETRAIN_TOY_DIR"
+ENV_DIR = ENV_TOY_DIR  # the name before malletrain.workerenv
+
+log = logging.getLogger("malletrain.toy")
 
 
 class ToyRuntime:
@@ -45,9 +49,8 @@ class ToyRuntime:
         pass
 
     def launch_spec(self, job_id: str, command: Sequence[str], worker_id: str, node: str) -> LaunchSpec:
-        env = {"MALLETRAIN_JOB": job_id, "MALLETRAIN_WORKER": worker_id, ENV_DIR: str(self.directory)}
-        if self.monitor:
-            env["MALLETRAIN_MONITOR"] = self.monitor
+        env = WorkerEnv(job=job_id, worker=worker_id, monitor=self.monitor or None, runtime=self.name,
+                        toy_dir=self.directory).to_environ()
         return LaunchSpec(tuple(command), env)
 
     def _path(self, job_id: str) -> Path:
@@ -93,28 +96,41 @@ def worker_main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=32, help="samples per worker per step")
     ap.add_argument("--exit-after-samples", type=int, default=0, help="rank 0 exits 0 after this many (0: never)")
     args = ap.parse_args(argv)
-    job = os.environ["MALLETRAIN_JOB"]
-    me = os.environ["MALLETRAIN_WORKER"]
-    directory = Path(os.environ[ENV_DIR])
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    env = WorkerEnv.from_environ()
+    job, me, directory = env.require_job(), env.require_worker(), env.require_toy_dir()
+    configure_worker_logging(env.log_level)
+    log.info("worker %s: start (job %s, toy runtime, directory %s)", me, job, directory)
+
+    def on_term(*_: object) -> None:
+        log.info("worker %s: SIGTERM (a stop or a recall): exit 143", me)
+        sys.exit(143)
+
+    signal.signal(signal.SIGTERM, on_term)
     (directory / f"{job}.ready.{me}").touch()
     reporter = None
-    if os.environ.get("MALLETRAIN_MONITOR"):
+    if env.monitor:
         from malletrain.client import Reporter
 
-        reporter = Reporter(os.environ["MALLETRAIN_MONITOR"], job, me)
+        reporter = Reporter(env.monitor, job, me)
     path = directory / f"{job}.json"
     joined = False
     done = 0
+    current = (0, 0)  # (generation, world size) this worker trains in
+    reason = ""
     while True:
         gen, members = _read(path)
         if me not in members:
             if joined:
+                reason = f"not in generation {gen}: left the job"
                 break  # dropped from the job: leave at this commit point
             time.sleep(0.02)
             continue
         joined = True
         n = len(members)
+        if (gen, n) != current:
+            log.info("worker %s: %s generation %d, rank %d of %d", me, "join" if not current[0] else "rescale to",
+                     gen, members.index(me), n)
+            current = (gen, n)
         samples = args.batch * n
         time.sleep(samples / (args.rate * n**args.alpha))
         if members.index(me) == 0:
@@ -122,9 +138,11 @@ def worker_main(argv: Sequence[str] | None = None) -> int:
             if reporter is not None:
                 reporter.send(samples, n, gen)
             if args.exit_after_samples and done >= args.exit_after_samples:
+                reason = f"trained {done} samples (--exit-after-samples)"
                 break
     if reporter is not None:
         reporter.close()
+    log.info("worker %s: exit 0: %s", me, reason)
     return 0
 
 

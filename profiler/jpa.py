@@ -277,6 +277,49 @@ class ProfileSession:
         self._missing: list[int] = []
         self._done: Done | None = None
 
+    def to_dict(self) -> dict:
+        """Plain data (JSON-safe) that :meth:`from_dict` turns back into an equal session."""
+        plan = self.plan
+        return {
+            "job_id": plan.job_id, "counts_desc": list(plan.counts_desc), "from_free": plan.from_free,
+            "lender": plan.lender, "borrowed": plan.borrowed, "rel_ci": self.rel_ci,
+            "time_cap_s": self.time_cap_s, "prior": {str(k): v for k, v in self.prior.items()},
+            "index": self._index, "step_started": self._step_started,
+            "measured": {str(k): v for k, v in self._measured.items()},
+            "capped": list(self._capped), "missing": list(self._missing), "done": self._done is not None,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "ProfileSession":
+        """The session :meth:`to_dict` saved; a malformed dict raises :class:`ProfilingError`."""
+        try:
+            plan = ProfilePlan(str(data["job_id"]), tuple(int(c) for c in data["counts_desc"]),
+                               int(data["from_free"]), data["lender"], int(data["borrowed"]))
+            session = cls(plan, float(data["step_started"]), float(data["rel_ci"]), float(data["time_cap_s"]),
+                          {int(k): float(v) for k, v in data["prior"].items()})
+            index = int(data["index"])
+            if not 0 <= index < len(plan.counts_desc):
+                raise ProfilingError(f"job {plan.job_id}: profile step {index} out of range")
+            session._index = index
+            session._measured = {int(k): float(v) for k, v in data["measured"].items()}
+            session._capped = [int(c) for c in data["capped"]]
+            session._missing = [int(c) for c in data["missing"]]
+            if data.get("done"):
+                session._done = Done(plan.job_id, session._scalability(), plan.lender, plan.borrowed,
+                                     session.count, tuple(session._capped), tuple(session._missing))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ProfilingError(f"saved profile session is malformed: {exc}") from None
+        return session
+
+    @property
+    def step_deadline(self) -> float:
+        """When the current step ends at the latest (its time cap)."""
+        return self._step_started + self.time_cap_s
+
+    @property
+    def done(self) -> bool:
+        return self._done is not None
+
     @property
     def count(self) -> int:
         """The node count the job should be running at now."""

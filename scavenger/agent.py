@@ -8,11 +8,16 @@ own process group so the agent can kill it with everything it spawned. On
 SIGTERM (the main scheduler recalls the node) it kills its workers, reports
 ``leaving`` and exits. If the daemon stops pinging for ``--dead-after``
 seconds it does the same, so nothing survives a lost daemon for long.
+
+The agent logs (to stderr, which the backend sends to ``agent-NODE.log``) its
+start and daemon, each worker's start, stop and exit code, a recall, and why it
+exits. Each worker's stdout and stderr go to ``--log-dir``/``WORKER.log``.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import subprocess
@@ -26,6 +31,10 @@ import zmq
 
 from scavenger import protocol as P
 
+log = logging.getLogger("scavenger.agent")
+
+LOG_FORMAT = "%(asctime)s %(levelname)s agent pid %(process)d: %(message)s"
+
 
 @dataclass
 class _Worker:
@@ -33,6 +42,16 @@ class _Worker:
     proc: subprocess.Popen[bytes]
     log: IO[bytes] | None
     kill_at: float | None = None  # SIGKILL deadline after a stop
+
+
+def _describe_exit(code: int) -> str:
+    """``code 0`` / ``code 3`` / ``signal SIGKILL (-9)``: a worker's exit for a log line."""
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name} ({code})"
+        except ValueError:
+            return f"signal {-code} ({code})"
+    return f"code {code}"
 
 
 def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
@@ -54,6 +73,7 @@ class Agent:
         log_dir: str | None = None,
     ) -> None:
         self.node = node
+        self.daemon = daemon
         self.heartbeat_s = heartbeat_s
         self.dead_after_s = dead_after_s
         self.log_dir = Path(log_dir) if log_dir else None
@@ -79,37 +99,46 @@ class Agent:
         if msg.worker in self.workers:
             return  # idempotent
         if not msg.argv:
+            log.error("node %s: worker %s has an empty argv; reported as exit 127", self.node, msg.worker)
             self.send(P.WorkerExited(self.node, msg.worker, 127))
             return
         env = dict(os.environ)
         env.update({str(k): str(v) for k, v in (msg.env or {}).items()})
-        log: IO[bytes] | None = None
+        out: IO[bytes] | None = None
+        log_path = None
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
-            log = open(self.log_dir / f"{msg.worker}.log", "ab")
+            log_path = self.log_dir / f"{msg.worker}.log"
+            out = open(log_path, "ab")
         try:
             proc = subprocess.Popen(
                 list(msg.argv),
                 env=env,
                 cwd=msg.cwd or None,
                 stdin=subprocess.DEVNULL,
-                stdout=log if log else subprocess.DEVNULL,
-                stderr=subprocess.STDOUT if log else subprocess.DEVNULL,
+                stdout=out if out else subprocess.DEVNULL,
+                stderr=subprocess.STDOUT if out else subprocess.DEVNULL,
                 start_new_session=True,
             )
         except OSError as exc:
-            if log:
-                log.write(f"agent {self.node}: cannot start {msg.argv!r}: {exc}\n".encode())
-                log.close()
+            log.error("node %s: cannot start worker %s (%r): %s; reported as exit 127",
+                      self.node, msg.worker, list(msg.argv), exc)
+            if out:
+                out.write(f"agent {self.node}: cannot start {msg.argv!r}: {exc}\n".encode())
+                out.close()
             self.send(P.WorkerExited(self.node, msg.worker, 127))
             return
-        self.workers[msg.worker] = _Worker(msg.worker, proc, log)
+        self.workers[msg.worker] = _Worker(msg.worker, proc, out)
+        log.info("node %s: worker %s started, pid %d: %s (output: %s)", self.node, msg.worker, proc.pid,
+                 " ".join(msg.argv), log_path or "discarded")
         self.send(P.WorkerStarted(self.node, msg.worker, proc.pid))
 
     def stop_worker(self, name: str, grace: float) -> None:
         w = self.workers.get(name)
         if w is None or w.kill_at is not None:
             return  # idempotent
+        log.info("node %s: stopping worker %s (pid %d): SIGTERM, SIGKILL after %.1f s", self.node, name,
+                 w.proc.pid, float(grace))
         _signal_group(w.proc, signal.SIGTERM)
         w.kill_at = time.monotonic() + max(0.0, float(grace))
 
@@ -119,15 +148,22 @@ class Agent:
             code = w.proc.poll()
             if code is None:
                 if w.kill_at is not None and now >= w.kill_at:
+                    log.warning("node %s: worker %s (pid %d) still running after its grace: SIGKILL",
+                                self.node, name, w.proc.pid)
                     _signal_group(w.proc, signal.SIGKILL)
+                    w.kill_at = float("inf")  # killed once
                 continue
             _signal_group(w.proc, signal.SIGKILL)  # leftovers of its group
             if w.log:
                 w.log.close()
             del self.workers[name]
+            log.info("node %s: worker %s (pid %d) exited with %s", self.node, name, w.proc.pid, _describe_exit(code))
             self.send(P.WorkerExited(self.node, name, int(code)))
 
     def kill_all(self, grace: float = 1.0) -> None:
+        if self.workers:
+            log.info("node %s: stopping all workers (%s): SIGTERM, SIGKILL after %.1f s", self.node,
+                     ", ".join(sorted(self.workers)), grace)
         for w in self.workers.values():
             _signal_group(w.proc, signal.SIGTERM)
         deadline = time.monotonic() + grace
@@ -146,16 +182,19 @@ class Agent:
         try:
             msg = P.decode(frame)
         except P.ProtocolError as exc:
-            print(f"agent {self.node}: dropped bad frame: {exc}", file=sys.stderr)
+            log.warning("node %s: dropped a bad frame from the daemon: %s", self.node, exc)
             return
         if isinstance(msg, P.StartWorker):
             self.start_worker(msg)
         elif isinstance(msg, P.StopWorker):
             self.stop_worker(msg.worker, msg.grace)
         elif isinstance(msg, P.Shutdown):
+            log.info("node %s: the daemon releases the node", self.node)
             self.leave_reason = "released"
 
     def run(self) -> int:
+        log.info("node %s: agent start, pid %d, daemon %s (heartbeat %.1f s, gives up after %.1f s of silence)",
+                 self.node, os.getpid(), self.daemon, self.heartbeat_s, self.dead_after_s)
         self.send(P.Hello(self.node, os.getpid(), ()))
         last_daemon = time.monotonic()
         next_hb = 0.0
@@ -179,13 +218,18 @@ class Agent:
                     self.send(P.Heartbeat(self.node, tuple(self.workers), os.getpid()))
                     next_hb = now + self.heartbeat_s
                 if now - last_daemon > self.dead_after_s:
+                    log.warning("node %s: no word from the daemon for %.1f s", self.node, now - last_daemon)
                     self.leave_reason = "daemon_lost"
                     code = 3
+        except BaseException as exc:
+            log.exception("node %s: agent loop failed: %s", self.node, exc)
+            raise
         finally:
             self.kill_all()
             self.send(P.Leaving(self.node, self.leave_reason or "error"))
             self.sock.close()
             self.ctx.term()
+            log.info("node %s: agent exit %d, reason: %s", self.node, code, self.leave_reason or "error")
         return code
 
 
@@ -197,9 +241,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--dead-after", type=float, default=10.0, help="exit if the daemon is silent this long")
     ap.add_argument("--log-dir", default=None, help="write each worker's output to DIR/WORKER.log")
     args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
     agent = Agent(args.node, args.daemon, args.heartbeat, args.dead_after, args.log_dir)
 
     def on_term(signum: int, frame: object) -> None:
+        if agent.leave_reason is None:
+            log.info("node %s: %s: the node is recalled", agent.node, signal.Signals(signum).name)
         agent.leave_reason = "recalled"
 
     signal.signal(signal.SIGTERM, on_term)

@@ -1,11 +1,14 @@
 """Discrete-event replay of an idle-node timeline with elastic training jobs.
 
-Events (nodes become idle, nodes recalled, jobs arrive, jobs complete) sit on a
-heap ordered by ``(time, priority, seq)``. All events at one timestamp are
-applied together, then the policy decides once. A job's progress is its TRUE
-throughput over time minus rescale pauses; a recalled node leaves its job at
-once (the job pays its scale-down pause and shrinks; below its min it stops and
-returns to the front of the queue, keeping its progress).
+Events (nodes become idle, nodes recalled, jobs arrive, jobs complete, the policy's wake-ups)
+sit on a heap ordered by ``(time, priority, seq)``. All events at one timestamp are applied
+together, then the policy decides once. The engine holds no rule of its own: admission,
+profiling, lending, curves, costs and allocation are the daemon's :class:`policy.Policy`, fed
+what a job monitor would have measured (:class:`simulator.monitor.SimJobMonitor`). What stays
+here is physics and ground truth: a job's progress is its TRUE throughput over time minus
+rescale pauses; a recalled node leaves its job at once (the job pays its scale-down pause and
+shrinks; below its min it cannot run and stops, keeping its progress; the policy then puts it
+back at the front of the queue).
 """
 
 from __future__ import annotations
@@ -13,13 +16,14 @@ from __future__ import annotations
 import enum
 import math
 import time
-from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Mapping
 
-from allocator import Plan, throughput_at
+from allocator import throughput_at
+from policy import Decision, EventKind, JobEvidence, JobView, View
 from simulator.clock import EventQueue, Priority, SimClock
-from simulator.policies import JobView, Policy, SimView
+from simulator.monitor import SimJobMonitor
+from simulator.policies import SimPolicy
 from simulator.workload import JobSpec, Workload
 from traces.model import EventBatch, IdleTimeline
 
@@ -28,10 +32,16 @@ class PolicyError(RuntimeError):
     """A plan that breaks the simulator's rules; the message names policy, job and node."""
 
 
-class JobState(enum.Enum):
+QUEUE_VIEW_CAP = 1000  # queued jobs shown to the policy at most (FCFS needs only the head)
+
+
+class SimJobState(enum.Enum):
+    """A simulated job's state (the daemon's jobs have their own, :class:`malletrain.jobspec.JobState`)."""
+
     QUEUED = "queued"  # waiting for a slot (FCFS)
     ADMITTED = "admitted"  # holds one of the Pjmax slots; may hold 0 nodes
     DONE = "done"  # trained all its samples
+    CANCELLED = "cancelled"  # cancelled by its user (queued or admitted)
 
 
 @dataclass
@@ -39,7 +49,8 @@ class SimJob:
     id: str
     spec: JobSpec
     submitted_at: float
-    state: JobState = JobState.QUEUED
+    order: int = 0  # submission order (FCFS)
+    state: SimJobState = SimJobState.QUEUED
     nodes: list[str] = field(default_factory=list)
     progress: float = 0.0
     paused_until: float = -math.inf
@@ -47,15 +58,19 @@ class SimJob:
     rate: float = 0.0  # true samples/s at len(nodes)
     version: int = 0  # bumped on every change; stale completion events are ignored
     finished_at: float | None = None
+    admitted_at: float | None = None  # first admission
     last_interrupted: float | None = None
     preemptions: int = 0
     rescales: int = 0
     paused_seconds: float = 0.0  # time it held nodes but made no progress
     paused_node_seconds: float = 0.0
     node_seconds: float = 0.0
-    # profiling accounting (a policy with ``is_profiling``): every node-second the job holds
-    # while its profile runs, the part of it lost to rescale pauses, the samples those pauses
-    # cost, and the scale-ups it went through while profiling (inverse order: exactly 1)
+    user_curve: Mapping[int, float] | None = None  # what the user told the policy (ground truth's doing)
+    monitor: SimJobMonitor | None = None
+    last_n: int = 0  # node count at the last change (for the monitor)
+    # profiling accounting: every node-second the job holds while its profile runs, the part of it
+    # lost to rescale pauses, the samples those pauses cost, and the scale-ups it went through while
+    # profiling (inverse order: exactly 1)
     profiled: bool = False
     profiling_node_seconds: float = 0.0
     profiling_paused_node_seconds: float = 0.0
@@ -63,6 +78,11 @@ class SimJob:
     profiling_scale_ups: int = 0
     # (time, samples done, nodes held from then on, paused until) at every change
     history: list[tuple[float, float, int, float]] = field(default_factory=list)
+
+    @property
+    def one_node_rate(self) -> float:
+        """The job's true rate at one node (linear through the origin below its first point)."""
+        return throughput_at(self.spec.scaling, 1)
 
 
 @dataclass(frozen=True)
@@ -74,6 +94,13 @@ class Completion:
 @dataclass(frozen=True)
 class Arrival:
     spec: JobSpec
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """The user cancels ``job_id`` (queued or admitted): it leaves with its nodes (:meth:`Simulator.cancel_at`)."""
+
+    job_id: str
 
 
 @dataclass(frozen=True)
@@ -91,18 +118,10 @@ class Wake:
     """A time a policy asked to decide again at (``Policy.wakeups``), e.g. a profiling step's end."""
 
 
-# Tfwd, the horizon over which the allocator weighs a rescale's pause against
-# its gain. Decisions on the Summit week come every ~46 s on average, and an
-# allocation usually outlives a few of them (most events touch a few nodes).
-# Replaying that week with the NAS stream and Pjmax 10, 120 s trained the most
-# samples of 30/60/120/300/900 s (232.2/234.1/234.6/234.2/232.7 G samples).
-DEFAULT_TFWD_S = 120.0
-
-
 @dataclass(frozen=True)
 class SimConfig:
-    max_running: int = 10  # Pjmax
-    horizon_s: float = DEFAULT_TFWD_S  # Tfwd given to the allocator
+    """The replay's own settings (the policy's knobs are in :class:`policy.PolicyConfig`)."""
+
     start: float | None = None  # replay window (defaults: the trace's span)
     end: float | None = None
     # The allocator's cost model charges nothing for starting a job from zero
@@ -112,14 +131,14 @@ class SimConfig:
     # a change). Node changes still apply at their exact time: a recalled node
     # leaves its job at once; new idle nodes wait in the pool for the next decision.
     min_interval_s: float = 0.0
+    # step times of the simulated monitor's records vary by this fraction (uniform)
+    record_noise: float = 0.03
 
     def __post_init__(self) -> None:
-        if self.max_running < 1:
-            raise ValueError(f"max_running must be >= 1, got {self.max_running}")
-        if not (self.horizon_s > 0):
-            raise ValueError(f"horizon (Tfwd) must be > 0 s, got {self.horizon_s}")
-        if not (self.min_interval_s >= 0):
-            raise ValueError(f"min_interval_s must be >= 0 s, got {self.min_interval_s}")
+        if not (self.min_interval_s >= 0) or math.isinf(self.min_interval_s):
+            raise ValueError(f"min_interval_s must be a finite number >= 0 s, got {self.min_interval_s}")
+        if not 0.0 <= self.record_noise < 1.0:
+            raise ValueError(f"record_noise must be in [0, 1), got {self.record_noise}")
 
 
 @dataclass(frozen=True)
@@ -142,6 +161,7 @@ class SimResult:
     jobs: list[SimJob]
     start: float
     end: float
+    decisions: list[Decision] = field(default_factory=list)  # kept only with ``keep_decisions``
 
 
 class Simulator:
@@ -151,14 +171,21 @@ class Simulator:
         self,
         timeline: IdleTimeline,
         workload: Workload,
-        policy: Policy,
+        policy: SimPolicy,
         config: SimConfig = SimConfig(),
         progress: Callable[[float], None] | None = None,
+        seed: int = 0,
+        keep_decisions: bool = False,
+        monitor_factory: Callable[[str, JobSpec], SimJobMonitor] | None = None,
     ) -> None:
+        self._monitor_factory = monitor_factory  # a test's scripted monitor instead of SimJobMonitor
         self.timeline = timeline
         self.workload = workload
-        self.policy = policy
+        self.sim_policy = policy
+        self.policy = policy.policy
+        self.pcfg = policy.config
         self.config = config
+        self.seed = seed
         self.start = timeline.start if config.start is None else float(config.start)
         self.end = timeline.end if config.end is None else float(config.end)
         if not self.start < self.end:
@@ -166,14 +193,18 @@ class Simulator:
         self.clock = SimClock(self.start)
         self.events: EventQueue[object] = EventQueue()
         self._progress = progress
-        self._free_pause = bool(getattr(policy, "free_rescales", False))
+        self._free_pause = policy.free_rescales
+        # what the simulated monitor measures: rates when the policy learns or profiles, costs when
+        # the policy reads measured costs
+        self._want_rates = self.pcfg.learn or self.pcfg.profiling.value != "never"
+        self._want_costs = self.pcfg.rescale_costs.value == "measured" and self.pcfg.allocation.value == "milp"
         # node state: ordered dicts used as sets so iteration order is deterministic
         self.idle: dict[str, None] = {}
         self.free: dict[str, None] = {}
         self.owner: dict[str, SimJob] = {}
         self.jobs: dict[str, SimJob] = {}
         self.admitted: list[SimJob] = []
-        self.queue: deque[SimJob] = deque()
+        self.queue: list[SimJob] = []  # submitted, not admitted (FCFS order is the policy's business)
         self._stream_done = False
         self._batches: Iterator[EventBatch] | None = None
         # accounting
@@ -186,22 +217,26 @@ class Simulator:
         self.preemptions = 0
         self.rows: list[DecisionRow] = []
         self.decision_ms: list[float] = []
+        self.solver_calls = 0
         self._dirty: set[str] = set()
         self._step_rescales = 0
-        # a policy that says it is stateless (its plan depends on the view only) is not
-        # asked again about a problem identical to one it answered with "change nothing"
-        self._stateless = bool(getattr(policy, "stateless", False))
-        self._noop_key: tuple | None = None
-        self.skipped = 0
         self._pending = False  # a change waits for a decision
         self._next_decision_at = -math.inf
         self._decide_scheduled = False
-        # optional policy hooks (see simulator.policies.Policy)
-        self._admit_hook = getattr(policy, "admit", None)
-        self._after_hook = getattr(policy, "after_apply", None)
-        self._wakeups_hook = getattr(policy, "wakeups", None)
-        self._profiling_hook = getattr(policy, "is_profiling", None)
         self._wakes: set[float] = set()
+        self._profiling: set[str] = set()
+        self._keep = keep_decisions
+        self.decisions: list[Decision] = []
+        # statistics of what the policy did (from its decisions' events)
+        self._profile_started: dict[str, float] = {}
+        self.profile_seconds: list[float] = []
+        self.profile_counts: list[int] = []
+        self.profile_waits: set[str] = set()
+        self.event_counts: dict[str, int] = {}
+        self.lent_nodes = 0
+        self.returned_nodes = 0
+        self.capped_steps = 0
+        self._belief_errors: dict[tuple[str, int], float] = {}
 
     # ------------------------------------------------------------ main loop
 
@@ -269,6 +304,8 @@ class Simulator:
             elif isinstance(ev, Arrival):
                 self.queue.append(self._new_job(ev.spec, t))
                 changed = True
+            elif isinstance(ev, Cancel):
+                changed |= self._cancel(ev.job_id, t)
             elif isinstance(ev, Decide):
                 self._decide_scheduled = False
             elif isinstance(ev, Wake):
@@ -313,17 +350,23 @@ class Simulator:
             job.paused_seconds += dt - work
             job.paused_node_seconds += n * (dt - work)
             job.node_seconds += n * dt
-            if self._profiling_hook is not None and self._profiling_hook(job.id):
+            if job.id in self._profiling:
                 job.profiling_node_seconds += n * dt
                 job.profiling_paused_node_seconds += n * (dt - work)
                 job.profiling_lost_samples += job.rate * (dt - work)
-            self.policy.observe(job.id, n, samples, dt)
         job.last_update = t
 
     # ------------------------------------------------------------ events
 
     def _new_job(self, spec: JobSpec, t: float) -> SimJob:
-        job = SimJob(id=f"j{len(self.jobs):05d}", spec=spec, submitted_at=t, last_update=t)
+        job = SimJob(id=f"j{len(self.jobs):05d}", spec=spec, submitted_at=t, order=len(self.jobs), last_update=t,
+                     user_curve=self.sim_policy.user_curve(spec))
+        if self._monitor_factory is not None:
+            job.monitor = self._monitor_factory(job.id, spec)
+        elif self._want_rates or self._want_costs:
+            job.monitor = SimJobMonitor(job.id, spec.scaling, seed=self.seed, noise=self.config.record_noise,
+                                        rel_ci=self.pcfg.profile_rel_ci, rates=self._want_rates,
+                                        costs=self._want_costs)
         self.jobs[job.id] = job
         return job
 
@@ -350,15 +393,11 @@ class Simulator:
             self._recalled(job, batch.time)
 
     def _recalled(self, job: SimJob, t: float) -> None:
-        """Nodes left ``job`` without notice: pay the down pause and shrink, or stop."""
+        """Nodes left ``job`` without notice: pay the down pause and shrink, or stop below its min."""
         job.last_interrupted = t
         if len(job.nodes) < job.spec.min_nodes:
-            self._release_all(job)
-            job.state = JobState.QUEUED
-            self.admitted.remove(job)
-            self.queue.appendleft(job)
-            job.preemptions += 1
-            self.preemptions += 1
+            self._release_all(job)  # it cannot run below its min; the policy re-queues it
+            self.stops += 1
         else:
             self.rescales += 1
             self._step_rescales += 1
@@ -367,15 +406,34 @@ class Simulator:
 
     def _complete(self, ev: Completion, t: float) -> bool:
         job = self.jobs[ev.job_id]
-        if job.version != ev.version or job.state is not JobState.ADMITTED:
+        if job.version != ev.version or job.state is not SimJobState.ADMITTED:
             return False
         self._advance(job, t)
         job.progress = job.spec.samples
         job.finished_at = t
-        job.state = JobState.DONE
+        job.state = SimJobState.DONE
         self._release_all(job)
         self.admitted.remove(job)
+        job.monitor = None
         job.history.append((t, job.progress, 0, job.paused_until))
+        return True
+
+    def cancel_at(self, t: float, job_id: str) -> None:
+        """Cancel ``job_id`` at ``t`` (call before :meth:`run`; ids are ``j00000``, ``j00001``... in arrival order)."""
+        self.events.push(t, Priority.ARRIVAL, Cancel(job_id))
+
+    def _cancel(self, job_id: str, t: float) -> bool:
+        job = self.jobs.get(job_id)
+        if job is None or job.state not in (SimJobState.QUEUED, SimJobState.ADMITTED):
+            return False
+        if job.state is SimJobState.ADMITTED:
+            self._advance(job, t)
+            self._release_all(job)
+            self.admitted.remove(job)
+        else:
+            self.queue.remove(job)
+        job.state = SimJobState.CANCELLED
+        job.monitor = None
         return True
 
     def _release_all(self, job: SimJob) -> None:
@@ -392,68 +450,58 @@ class Simulator:
 
     def _changed(self, job: SimJob, t: float) -> None:
         job.version += 1
-        job.rate = throughput_at(job.spec.scaling, len(job.nodes))
-        job.history.append((t, job.progress, len(job.nodes), job.paused_until))
+        n = len(job.nodes)
+        job.rate = throughput_at(job.spec.scaling, n)
+        job.history.append((t, job.progress, n, job.paused_until))
+        if job.monitor is not None:
+            job.monitor.change(t, job.last_n, n, max(t, job.paused_until))
+        job.last_n = n
         self._dirty.add(job.id)
 
     # ------------------------------------------------------------ decisions
 
-    def _admit(self, t: float) -> None:
-        while len(self.admitted) < self.config.max_running:
-            if self.queue:
-                job = self.queue.popleft()
-            elif not self._stream_done:
-                spec = self.workload.draw()
-                if spec is None:
-                    self._stream_done = True
-                    continue
-                job = self._new_job(spec, t)
-            else:
-                return
-            if self._admit_hook is not None and not self._admit_hook(_job_view(job), self._view(t)):
-                self.queue.appendleft(job)  # FCFS: it waits at the head, and so do the jobs behind it
-                return
-            job.state = JobState.ADMITTED
-            job.last_update = t
-            self.admitted.append(job)
+    def _queue_window(self, t: float) -> list[SimJob]:
+        """The queued jobs the policy is shown: enough to fill every slot (an endless stream is
+        drawn from as needed, each job submitted when drawn)."""
+        want = self.pcfg.max_running or 64
+        while len(self.queue) < want and not self._stream_done:
+            spec = self.workload.draw()
+            if spec is None:
+                self._stream_done = True
+                break
+            self.queue.append(self._new_job(spec, t))
+        # the policy sees every submitted job, as the daemon's does (its waiting reasons included), up
+        # to QUEUE_VIEW_CAP: a job file with thousands of arrivals at once would cost that much per decision
+        return self.queue[: max(QUEUE_VIEW_CAP, want + sum(1 for j in self.queue if j.admitted_at is not None))]
 
-    def _view(self, t: float) -> SimView:
-        room = sum(j.spec.max_nodes - len(j.nodes) for j in self.admitted)
+    def _view(self, t: float, queued: list[SimJob]) -> View:
+        shown = self.admitted + queued
+        room = sum(j.spec.max_nodes - len(j.nodes) for j in shown)
         n_free = len(self.free)
         if room >= n_free:
             free = tuple(self.free)
         else:
             it = iter(self.free)
             free = tuple(next(it) for _ in range(room))
-        return SimView(
-            now=t,
-            free_nodes=free,
-            n_free=n_free,
-            jobs=tuple(_job_view(j) for j in self.admitted),
-            queue=tuple(_job_view(j) for j in self.queue),
-            horizon_s=self.config.horizon_s,
-        )
+        return View(now=t, free_nodes=free, n_free=n_free, jobs=tuple(_job_view(j) for j in shown))
+
+    def _evidence(self, t: float) -> dict[str, JobEvidence]:
+        return {j.id: j.monitor.evidence(t) for j in self.admitted if j.monitor is not None}
 
     def _decide(self, t: float) -> None:
-        self._admit(t)
+        queued = self._queue_window(t)
         decision_ms = 0.0
-        key = self._problem_key() if self._stateless else None
-        if key is not None and key == self._noop_key:
-            # same problem as a decision that changed nothing: a stateless policy
-            # would answer the same no-op, so it is not asked again
-            self.skipped += 1
-        elif self.admitted:
-            view = self._view(t)
+        if self.admitted or queued:
+            view = self._view(t, queued)
             t0 = time.perf_counter()
-            plan = self.policy.decide(view)
+            decision = self.policy.decide(view, self._evidence(t))
             decision_ms = (time.perf_counter() - t0) * 1000.0
             self.decision_ms.append(decision_ms)
-            changed = self._apply_plan(plan, t)
-            self._noop_key = None if changed else key
-            if self._after_hook is not None:
-                self._after_hook(self._view(t))
-        if self._wakeups_hook is not None:
-            self._push_wakeups(t)
+            self.solver_calls += decision.solved
+            if self._keep:
+                self.decisions.append(decision)
+            self._apply_decision(decision, view, t)
+            self._push_wakeups(decision, t)
         self._schedule_completions(t)
         n_idle = len(self.idle)
         self.rows.append(DecisionRow(
@@ -469,30 +517,82 @@ class Simulator:
         if self._progress is not None:
             self._progress((t - self.start) / (self.end - self.start))
 
-    def _push_wakeups(self, t: float) -> None:
-        for w in self._wakeups_hook():  # type: ignore[misc]
+    def _push_wakeups(self, decision: Decision, t: float) -> None:
+        times = [decision.wake_at] if decision.wake_at is not None else []
+        for job_id in decision.watch:  # evidence the policy waits for arrives when the run's records do
+            mon = self.jobs[job_id].monitor
+            if mon is not None and mon.stable_at is not None:
+                times.append(mon.stable_at)
+        for w in times:
             if t < w < self.end and w not in self._wakes:
                 self._wakes.add(w)
                 self.events.push(w, Priority.DECIDE, Wake())
 
-    def _problem_key(self) -> tuple:
-        """What a stateless policy's answer depends on: jobs, their counts, usable free nodes, pins."""
-        room = 0
-        counts = []
-        for j in self.admitted:
-            n = len(j.nodes)
-            room += j.spec.max_nodes - n
-            counts.append((j.id, n))
-        pins = getattr(self.policy, "pins", None)
-        return (tuple(counts), min(room, len(self.free)), tuple(sorted(pins.items())) if pins else ())
+    def _apply_decision(self, decision: Decision, view: View, t: float) -> None:
+        self._note_events(decision, t)
+        admitted = set(decision.admitted)
+        by_id = self.jobs
+        for job in [j for j in self.admitted if j.id not in admitted]:  # lost its slot (preempted)
+            self._release_all(job)
+            job.state = SimJobState.QUEUED
+            self.queue.insert(0, job)
+        for job_id in decision.admitted:
+            job = by_id[job_id]
+            if job.state is SimJobState.QUEUED:
+                self.queue.remove(job)
+                job.state = SimJobState.ADMITTED
+                job.last_update = t
+                if job.admitted_at is None:
+                    job.admitted_at = t
+        self.admitted = [by_id[j] for j in decision.admitted]
+        self._profiling = set(decision.profiling)
+        self._apply_plan(decision.assignment, t)
+        self._note_beliefs(view, decision)
 
-    def _apply_plan(self, plan: Plan, t: float) -> bool:
-        """Apply a plan; True if any job's nodes changed."""
-        name = getattr(self.policy, "name", type(self.policy).__name__)
+    def _note_events(self, decision: Decision, t: float) -> None:
+        counts = self.event_counts
+        for ev in decision.events:
+            counts[ev.kind.value] = counts.get(ev.kind.value, 0) + 1
+            if ev.kind is EventKind.PREEMPTED:
+                self.jobs[ev.job].preemptions += 1
+                self.preemptions += 1
+            elif ev.kind is EventKind.PROFILE_START:
+                self._profile_started[ev.job] = t
+            elif ev.kind in (EventKind.PROFILE_DONE, EventKind.PROFILE_ABORTED):
+                started = self._profile_started.pop(ev.job, t)
+                self.profile_seconds.append(t - started)
+                self.profile_counts.append(len(ev.detail.get("measured", {})))  # type: ignore[arg-type]
+                self.capped_steps += len(ev.detail.get("capped", ()))  # type: ignore[arg-type]
+            elif ev.kind is EventKind.LENT:
+                self.lent_nodes += int(ev.detail.get("nodes", 0))  # type: ignore[arg-type]
+            elif ev.kind is EventKind.RETURNED:
+                self.returned_nodes += int(ev.detail.get("nodes", 0))  # type: ignore[arg-type]
+        for job_id, reason in decision.waiting.items():
+            if reason.startswith("waiting to be profiled"):
+                self.profile_waits.add(job_id)
+
+    def _note_beliefs(self, view: View, decision: Decision) -> None:
+        """scalability_error_pct: |believed - true| / true at every (job, count) the allocator chose,
+        with the belief the policy held when it first chose that count."""
+        if self.pcfg.allocation.value != "milp" or not decision.solved:
+            return
+        views = {j.id: j for j in view.jobs}
+        for job_id, nodes in decision.assignment.items():
+            n = len(nodes)
+            key = (job_id, n)
+            if n <= 0 or key in self._belief_errors or job_id not in views or job_id in decision.profiling:
+                continue
+            true = throughput_at(self.jobs[job_id].spec.scaling, n)
+            believed = throughput_at(self.policy.believed_curve(views[job_id]), n)
+            self._belief_errors[key] = abs(believed - true) / true * 100.0 if true > 0 else 0.0
+
+    def _apply_plan(self, assignment: Mapping[str, tuple[str, ...]], t: float) -> bool:
+        """Apply a node map; True if any job's nodes changed."""
+        name = self.sim_policy.name
         growing: list[tuple[SimJob, tuple[str, ...]]] = []
         changed = False
         for job in list(self.admitted):
-            new = tuple(plan.assignment.get(job.id, ()))
+            new = tuple(assignment.get(job.id, ()))
             old = job.nodes
             if len(new) == len(old) and set(new) == set(old):
                 continue
@@ -550,7 +650,7 @@ class Simulator:
             self.owner[node] = job
         started = not job.nodes
         job.nodes = list(job.nodes) + extra
-        if self._profiling_hook is not None and self._profiling_hook(job.id):
+        if job.id in self._profiling:
             job.profiled = True
             job.profiling_scale_ups += 1
         if started:
@@ -566,7 +666,7 @@ class Simulator:
     def _schedule_completions(self, t: float) -> None:
         for job_id in sorted(self._dirty):  # a set of str: sorted, or ties depend on PYTHONHASHSEED
             job = self.jobs[job_id]
-            if job.state is not JobState.ADMITTED or not job.nodes or job.rate <= 0:
+            if job.state is not SimJobState.ADMITTED or not job.nodes or job.rate <= 0:
                 continue
             remaining = job.spec.samples - job.progress
             done_at = max(t, job.paused_until) + remaining / job.rate
@@ -577,15 +677,18 @@ class Simulator:
 
     def _result(self, wall: float, cpu: float) -> SimResult:
         jobs = list(self.jobs.values())
-        completed = [j for j in jobs if j.state is JobState.DONE]
+        completed = [j for j in jobs if j.state is SimJobState.DONE]
         makespan = None
         if self.workload.finite and self._stream_done and not self.queue and not self.admitted:
             if all(j.finished_at is not None for j in jobs) and completed:
                 makespan = max(j.finished_at for j in completed) - self.start  # type: ignore[type-var]
         ms = sorted(self.decision_ms)
         idle = self.idle_node_seconds
+        paused = sum(j.paused_node_seconds for j in jobs)
+        productive = self.used_node_seconds - paused
+        cfg = self.pcfg
         summary = {
-            "policy": getattr(self.policy, "name", type(self.policy).__name__),
+            "policy": self.sim_policy.name,
             "workload": self.workload.name,
             "scaling_source": self.workload.scaling_source,
             "synthetic_scaling": self.workload.synthetic,
@@ -594,13 +697,18 @@ class Simulator:
             "start": self.start,
             "end": self.end,
             "span_seconds": self.end - self.start,
-            "horizon_s": self.config.horizon_s,
-            "max_running": self.config.max_running,
+            "horizon_s": cfg.tfwd_s,
+            "max_running": cfg.max_running,
+            "policy_config": cfg.as_dict(),
             "idle_node_seconds": idle,
             "used_node_seconds": self.used_node_seconds,
             "used_fraction": self.used_node_seconds / idle if idle > 0 else 0.0,
-            "paused_node_seconds": sum(j.paused_node_seconds for j in jobs),
+            "paused_node_seconds": paused,
+            "productive_node_seconds": productive,
+            "productive_fraction": productive / idle if idle > 0 else 0.0,
             "samples_processed": sum(j.progress for j in jobs),
+            # model-neutral work: each job's samples over its own 1-node rate (node-seconds at 1 node)
+            "work_node_seconds": sum(j.progress / j.one_node_rate for j in jobs if j.one_node_rate > 0),
             "jobs_submitted": len(jobs),
             "jobs_completed": len(completed),
             "makespan_seconds": makespan,
@@ -610,15 +718,28 @@ class Simulator:
             "preemptions": self.preemptions,
             "decisions": len(self.rows),
             "policy_calls": len(self.decision_ms),
+            "solver_calls": self.solver_calls,
             "decision_ms_p50": _percentile(ms, 0.50),
             "decision_ms_p99": _percentile(ms, 0.99),
             "wall_seconds": wall,
             "cpu_seconds": cpu,
         }
         summary.update(_profiling_summary(jobs, self.used_node_seconds))
-        stats = getattr(self.policy, "stats", None)
-        summary.update(stats() if stats is not None else {"scalability_error_pct": None})
-        return SimResult(summary, self.rows, jobs, self.start, self.end)
+        errs = self._belief_errors
+        n = len(self.profile_seconds)
+        summary.update({
+            "scalability_error_pct": sum(errs.values()) / len(errs) if errs else None,
+            "profiles_done": self.event_counts.get("profile_done", 0),
+            "profiles_aborted": self.event_counts.get("profile_aborted", 0),
+            "profile_waits": len(self.profile_waits),
+            "profile_seconds_mean": sum(self.profile_seconds) / n if n else None,
+            "profile_counts_mean": sum(self.profile_counts) / n if n else None,
+            "profile_capped_steps": self.capped_steps,
+            "profile_lent_nodes": self.lent_nodes,
+            "profile_returned_nodes": self.returned_nodes,
+            "refinements": self.event_counts.get("refined", 0),
+        })
+        return SimResult(summary, self.rows, jobs, self.start, self.end, self.decisions)
 
 
 def _profiling_summary(jobs: list[SimJob], used_node_seconds: float) -> dict:
@@ -649,18 +770,11 @@ def _job_view(job: SimJob) -> JobView:
     spec = job.spec
     return JobView(
         id=job.id,
-        name=spec.name,
-        model=spec.model,
         min_nodes=spec.min_nodes,
         max_nodes=spec.max_nodes,
-        true_scaling=spec.scaling,
-        believed_scaling=spec.believed,
         nodes=tuple(job.nodes),
-        progress=job.progress,
-        samples=spec.samples,
-        up_cost_s=spec.up_cost_s,
-        down_cost_s=spec.down_cost_s,
-        paused_until=job.paused_until,
+        order=job.order,
         last_interrupted=job.last_interrupted,
-        submitted_at=job.submitted_at,
+        scaling=job.user_curve,
+        profile=False,
     )

@@ -13,10 +13,14 @@ Seeds derive from ``(seed, job, node count, chunk)``, so a replay is determinist
 from __future__ import annotations
 
 import zlib
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from allocator import throughput_at
 from profiler import Record, Segment, ThroughputEstimator, synthesize
+
+if TYPE_CHECKING:
+    from policy import JobEvidence
+    from profiler import Estimate, RescaleEvent
 
 PER_NODE_BATCH = 256  # samples per node per step (e.g. 6 GPUs x ~43 images)
 RECORD_NOISE = 0.03  # step times vary by +-3% (uniform)
@@ -84,3 +88,88 @@ def measured_rate(job_id: str, true_curve: Mapping[int, float], n: int, work_s: 
         return None
     e = est.estimate(n)
     return None if e is None else e.rate
+
+
+MAX_CHUNKS = 8  # records of one run at one count: at most this many chunks (128 steps)
+PROBE_STEPS = 4  # steady steps on each side of a rescale, for the pause estimate
+
+
+class SimJobMonitor:
+    """What the daemon's job monitor would have measured for one simulated job.
+
+    Every run at a node count (from the moment its pause ends) yields step records drawn from the
+    job's TRUE curve (:class:`StepFeed`), fed to a real :class:`profiler.ThroughputEstimator`
+    until its estimate is stable (or :data:`MAX_CHUNKS` chunks): a monitor keeps the newest
+    estimate per count, and records arrive over simulated time, so :meth:`evidence` at ``now``
+    shows only the records that exist by then. Every rescale between two non-zero counts yields a
+    short record stream around the pause (:data:`PROBE_STEPS` steps at each size), measured by the
+    real :func:`profiler.rescale_events`. Nothing here reads a true value but the curve that makes
+    the records.
+    """
+
+    def __init__(self, job_id: str, true_curve: Mapping[int, float], seed: int = 0, noise: float = RECORD_NOISE,
+                 rel_ci: float = 0.05, rates: bool = True, costs: bool = True) -> None:
+        self.job_id = job_id
+        self.curve = true_curve
+        self.seed = seed
+        self.noise = noise
+        self.rel_ci = rel_ci
+        self.want_rates = rates
+        self.want_costs = costs
+        self.rates: dict[int, "Estimate"] = {}
+        self.events: list["RescaleEvent"] = []
+        self.stable_at: float | None = None  # when the current run's estimate becomes stable
+        self._snaps: list[tuple[float, "Estimate"]] = []  # (record time, estimate after it), current run
+        self._pos = 0
+        self._runs = 0
+        self._evidence: "JobEvidence | None" = None
+
+    def change(self, t: float, old_n: int, new_n: int, resume_at: float) -> None:
+        """The job went from ``old_n`` to ``new_n`` nodes at ``t`` and works again from ``resume_at``."""
+        self._feed(t)
+        self._snaps, self._pos, self.stable_at = [], 0, None
+        if self.want_costs and old_n > 0 and new_n > 0 and old_n != new_n:
+            self._probe(t, old_n, new_n, max(0.0, resume_at - t))
+        if self.want_rates and new_n > 0:
+            self._start_run(new_n, max(t, resume_at))
+
+    def evidence(self, now: float) -> "JobEvidence":
+        from policy import evidence_from
+
+        if self._feed(now) or self._evidence is None:
+            self._evidence = evidence_from(self.rates, self.events)
+        return self._evidence
+
+    def _feed(self, now: float) -> bool:
+        fed = False
+        while self._pos < len(self._snaps) and self._snaps[self._pos][0] <= now:
+            est = self._snaps[self._pos][1]
+            self.rates[est.world_size] = est
+            self._pos += 1
+            fed = True
+        return fed
+
+    def _start_run(self, n: int, start: float) -> None:
+        self._runs += 1
+        feed = StepFeed(self.job_id, self.curve, n, start, seed=_seed(self.seed, self._runs), noise=self.noise)
+        est = ThroughputEstimator()
+        for _ in range(MAX_CHUNKS):
+            for rec in feed.next_records():
+                est.add(rec)
+                e = est.estimate(n)
+                if e is not None:
+                    self._snaps.append((rec.timestamp, e))
+                    if e.n_steps >= est.min_steps and e.rel_ci <= self.rel_ci:
+                        self.stable_at = rec.timestamp
+                        return
+
+    def _probe(self, t: float, old_n: int, new_n: int, pause: float) -> None:
+        from profiler import rescale_events
+
+        old_s, new_s = step_seconds(self.curve, old_n), step_seconds(self.curve, new_n)
+        segs = [Segment(old_n, PROBE_STEPS, old_s, old_n * PER_NODE_BATCH),
+                Segment(new_n, PROBE_STEPS, new_s, new_n * PER_NODE_BATCH, pause_before_s=pause)]
+        recs = synthesize(segs, start=t - PROBE_STEPS * old_s, noise=self.noise,
+                          seed=_seed(self.seed, self.job_id, "rescale", len(self.events)))
+        self.events.extend(rescale_events(recs, warmup_steps=0, settle_steps=PROBE_STEPS - 1))
+        self._evidence = None

@@ -1,7 +1,8 @@
 """Workloads for the simulator: measured scaling curves and job streams.
 
-* ``nas``: jobs drawn (seeded) from the ImageNet models of ``summit-scaling.csv``.
-* ``hpo``: the ``shufflenet-hpo`` curve repeated.
+* ``nas``, ``hpo``, ``stress``: generated streams (NASBench-101-like architectures, HPO
+  trials, badly scaling curves) from a calibrated rate model; see :mod:`simulator.streams`.
+* ``imagenet7``: jobs drawn (seeded) from the ImageNet models of ``summit-scaling.csv``.
 * a user file (JSON, TOML or CSV) listing jobs.
 
 Defaults follow the published evaluation (MalleTrain/BFTrainer): 130M samples
@@ -29,6 +30,7 @@ DEFAULT_UP_COST_S = 18.0
 DEFAULT_DOWN_COST_S = 12.0
 HPO_MODEL = "shufflenet-hpo"
 SCALING_FILE = "summit-scaling.csv"
+GENERATED_STREAMS = ("nas", "hpo", "stress", "imagenet7")
 
 Curve = Mapping[int, float]
 
@@ -222,20 +224,17 @@ def _hpo_stream(scaling: ScalingSet, limit: int | None) -> Iterator[JobSpec]:
 def make_workload(
     name: str, scaling: ScalingSet, seed: int = 0, n_jobs: int | None = None
 ) -> Workload:
-    """``nas``, ``hpo`` or a path to a JSON/TOML/CSV job file."""
+    """``nas``, ``hpo``, ``stress``, ``imagenet7`` or a path to a JSON/TOML/CSV job file."""
     if n_jobs is not None and n_jobs < 1:
         raise WorkloadError(f"--jobs must be >= 1, got {n_jobs}")
-    if name == "nas":
-        return Workload("nas", scaling.source, _nas_stream(scaling, seed, n_jobs),
-                        finite=n_jobs is not None, synthetic=scaling.synthetic,
-                        models={m: scaling.curves[m] for m in scaling.nas_models})
-    if name == "hpo":
-        return Workload("hpo", scaling.source, _hpo_stream(scaling, n_jobs),
-                        finite=n_jobs is not None, synthetic=scaling.synthetic,
-                        models={HPO_MODEL: scaling.curve(HPO_MODEL, "hpo workload: ")})
+    if name in GENERATED_STREAMS:  # nas, hpo, stress, imagenet7: simulator/streams.py (issue G §2)
+        from simulator.streams import make_stream
+
+        return make_stream(name, scaling, seed, n_jobs)
     path = Path(name)
     if not path.exists():
-        raise WorkloadError(f"workload {name!r} is neither nas, hpo nor an existing file")
+        raise WorkloadError(f"workload {name!r} is neither nas, hpo nor an existing file "
+                            f"(streams: {', '.join(GENERATED_STREAMS)})")
     specs = load_jobs_file(path, scaling)
     if n_jobs is not None:
         specs = specs[:n_jobs]

@@ -17,6 +17,7 @@ from procs import procs_mentioning
 from malletrain.config import DaemonConfig, LocalConfig
 from malletrain.daemon import Daemon, DaemonError
 from malletrain.jobspec import JobSpec, JobState
+from policy import PolicyConfig
 
 TOY = (sys.executable, "-m", "malletrain.toy_runtime")
 
@@ -80,12 +81,12 @@ def test_job_grows_on_arrival_shrinks_on_recall_and_keeps_training(daemon) -> No
 
 @pytest.mark.slow
 def test_profiler_runs_on_a_real_job_then_allocator_uses_it(daemon) -> None:
-    d = daemon(nodes=4, profile_time_cap=8.0)
+    d = daemon(nodes=4, policy=PolicyConfig(profile_time_cap_s=8.0))
     until(d, lambda: len(d.usable_nodes()) == 4)  # every node held: the profile can start at 4
     jid = d.store.submit(JobSpec("prof", TOY + ("--rate", "3000", "--alpha", "0.5"), 1, 4, True))
     until(d, lambda: d.runs[jid].state is JobState.PROFILING)
-    assert d.runs[jid].session is not None
-    until(d, lambda: d.runs[jid].state is JobState.RUNNING and d.runs[jid].session is None, timeout=60)
+    assert jid in d.policy.state.profiles  # the policy runs the profile; the daemon acts on it
+    until(d, lambda: d.runs[jid].state is JobState.RUNNING and jid not in d.policy.state.profiles, timeout=60)
     measured = d.store.scaling(jid)
     assert {1, 2, 4} <= set(measured), measured  # inverse order: 4, then 2, then 1
     # alpha = 0.5: 4 nodes give about twice the rate of 1 node
@@ -126,7 +127,9 @@ def test_config_errors_name_the_key(tmp_path: Path) -> None:
     f = tmp_path / "d.toml"
     cases = {
         'runtime = "mpi"': "runtime must be one of",
-        "tfwd = -1": "tfwd must be >=",
+        "tfwd = 60": "tfwd moved to \\[policy\\] tfwd_s",
+        "[policy]\ntfwd_s = -1": "policy.tfwd_s must be a finite number > 0",
+        "[policy]\nprofiling = \"sometimes\"": "policy.profiling 'sometimes': choose one of never, requested, always",
         "[local]\nnodes = 0": "local.nodes must be >= 1",
         "[local]\nnodes = true": "local.nodes must be an integer",
         "[ports]\ncontrol = 70000": "ports.control must be <= 65535",
@@ -134,16 +137,17 @@ def test_config_errors_name_the_key(tmp_path: Path) -> None:
         "store_grace = 0": "store_grace must be >=",
         "colour = 1": "unknown key",
         "[local]\nspeed = 1": "local.speed",
-        "tfwd = ": "not valid TOML",
+        "store_grace = ": "not valid TOML",
     }
     for text, why in cases.items():
         f.write_text(text)
         with pytest.raises(ConfigError, match=why) as info:
             load_config(f)
         assert str(f) in str(info.value)
-    f.write_text('runtime = "toy"\ntfwd = 30\n[local]\nnodes = 2\ntime_scale = 10\n[ports]\ncontrol = 5555\n')
+    f.write_text('runtime = "toy"\n[policy]\ntfwd_s = 30\n[local]\nnodes = 2\ntime_scale = 10\n[ports]\nagents = 5555\n')
     cfg = load_config(f)
-    assert (cfg.runtime, cfg.tfwd, cfg.local.nodes, cfg.local.time_scale, cfg.ports.control) == ("toy", 30.0, 2, 10.0, 5555)
+    assert (cfg.runtime, cfg.policy.tfwd_s, cfg.local.nodes, cfg.local.time_scale, cfg.ports.agents) == \
+        ("toy", 30.0, 2, 10.0, 5555)
     f.write_text('store_grace = 20\n[ports]\nrendezvous = 29500\n')
     cfg = load_config(f)
     assert (cfg.store_grace, cfg.ports.rendezvous) == (20.0, 29500)

@@ -134,3 +134,73 @@ def test_cli_errors_name_the_problem(tmp_path: Path) -> None:
     assert res.returncode == 2 and "runtime must be one of" in res.stderr and str(cfg) in res.stderr
     res = cli("nodes", "--state-dir", str(tmp_path / "s"))
     assert res.returncode == 1 and "no daemon" in res.stderr
+
+
+FAILING = """
+name = "fails"
+command = ["python", "-c", "import sys, time; print('boom: cannot train'); time.sleep(1); sys.exit(3)"]
+scaling = { 1 = 10.0 }
+"""
+
+SHORT = """
+name = "short"
+command = ["python", "-m", "malletrain.toy_runtime", "--rate", "4000", "--exit-after-samples", "500"]
+samples = 100000
+scaling = { 1 = 10.0 }
+"""
+
+
+@pytest.mark.slow
+def test_status_says_why_a_job_failed_and_where_its_log_is(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    cfg = tmp_path / "daemon.toml"
+    cfg.write_text(CONFIG.format(state=state).replace('backend = "local"', 'max_failures = 1\nbackend = "local"'))
+    (tmp_path / "fails.toml").write_text(FAILING)
+    (tmp_path / "short.toml").write_text(SHORT)
+    log = tmp_path / "daemon.log"
+    d = start_daemon(cfg, log)
+    try:
+        fails = cli("submit", str(tmp_path / "fails.toml"), "--state-dir", str(state)).stdout.strip()
+        short = cli("submit", str(tmp_path / "short.toml"), "--state-dir", str(state)).stdout.strip()
+        res = cli("wait", fails, "--timeout", "120", "--state-dir", str(state), timeout=180)
+        assert res.returncode == 1 and f"{fails} ended" in res.stderr and "boom: cannot train" in res.stderr
+        res = cli("wait", short, "--samples", "100000", "--timeout", "120", "--state-dir", str(state), timeout=180)
+        assert res.returncode == 1 and "the command exited 0 at" in res.stderr
+
+        table = cli("status", "--state-dir", str(state)).stdout
+        assert f"{fails} failed: " in table and "exit 3" in table
+        assert f"log: {state}/logs/{fails}." in table and "| boom: cannot train" in table
+        assert f"{short} completed: the command exited 0 at " in table and "of 100,000 samples" in table
+        data = status(state)
+        assert job(data, fails)["logs"] and job(data, fails)["note"]
+        assert job(data, fails)["command"][0] == sys.executable  # `python` is the submitting interpreter
+        assert job(data, short)["state"] == "completed" and job(data, short)["samples"] < 100000
+    finally:
+        if d.poll() is None:
+            d.send_signal(signal.SIGTERM)
+            d.wait(timeout=30)
+    wait(lambda: not procs_mentioning(str(state)), "no orphans", timeout=15)
+
+
+def test_status_escapes_what_jobs_wrote(tmp_path: Path) -> None:
+    from malletrain.cli_daemon import format_details, format_jobs, job_note
+
+    evil = {"id": "j000001", "name": "x\n\x1b[2Jfake", "state": "failed", "nodes": [], "min_nodes": 1,
+            "max_nodes": 1, "samples": 0, "target": None, "message": "exit 1\x1b[31m", "logs": []}
+    evil["note"] = job_note(evil)
+    text = format_jobs([evil]) + format_details([evil], str(tmp_path))
+    assert "\x1b" not in text and "x\\n\\x1b[2Jf" in text and "exit 1\\x1b[31m" in text
+
+
+def test_submit_refuses_a_job_bigger_than_the_machine(tmp_path: Path) -> None:
+    state = tmp_path / "s"
+    store = Store.open(state / "store.db")
+    store.set_machine_nodes(6)
+    store.close()
+    f = tmp_path / "big.toml"
+    f.write_text('command = ["python", "t.py"]\nmax_nodes = 7\n')
+    res = cli("submit", str(f), "--state-dir", str(state))
+    assert res.returncode == 2 and "max_nodes 7 is more than the machine's 6 nodes" in res.stderr
+    (state / "store.db").write_bytes(b"")
+    res = cli("status", "--state-dir", str(state))
+    assert res.returncode == 2 and "empty file" in res.stderr and str(state / "store.db") in res.stderr

@@ -9,13 +9,19 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
 
 from malletrain.examples.harness import LocalJob, Worker, example_command
+from malletrain.runtimes.torch_elastic import TorchRuntime
+from scavenger.base import AgentGone, AgentUp
+from scavenger.hub import AgentHub, WorkerExitedEvent
+from scavenger.local import LocalBackend
 
 pytestmark = pytest.mark.slow
 
@@ -220,3 +226,53 @@ def test_suspend_and_resume_keeps_the_state() -> None:
         assert job.wait_exit("w1") == 0
         workers = [w0, w1]
     assert _sessions_alive(workers) == []
+
+
+def _hub_events_until(hub: AgentHub, backend: LocalBackend, pred: Any, timeout_s: float = 90.0) -> list[Any]:
+    seen: list[Any] = []
+    deadline = time.monotonic() + timeout_s
+    while not pred(seen):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met; events: {seen}")
+        seen.extend(hub.poll(50))
+        seen.extend(backend.poll())
+    return seen
+
+
+def test_agent_and_worker_logs_say_what_happened(tmp_path: Path) -> None:
+    """A real agent runs a real torch worker to its end: both log files tell the story."""
+    logs = tmp_path / "logs"
+    hub = AgentHub(dead_after_s=30.0)
+    backend = LocalBackend(1, hub.address, agent_args=("--heartbeat", "0.2"), log_dir=str(logs))
+    runtime = TorchRuntime("127.0.0.1", 0)
+    runtime.start()
+    try:
+        backend.hold("node00")
+        _hub_events_until(hub, backend, lambda ev: AgentUp("node00") in ev)
+        cmd = example_command("--model", "linear", "--batch", str(BATCH), "--samples", "80")
+        spec = runtime.launch_spec("j5", cmd, "w0", "node00")
+        hub.start_worker("node00", "w0", spec.argv, spec.env, spec.cwd)
+        runtime.set_members("j5", ["w0"])
+        ev = _hub_events_until(hub, backend, lambda ev: any(isinstance(e, WorkerExitedEvent) for e in ev))
+        assert [e.code for e in ev if isinstance(e, WorkerExitedEvent)] == [0]
+        backend.recall("node00")  # SIGTERM on the agent
+        _hub_events_until(hub, backend, lambda ev: any(isinstance(e, AgentGone) for e in ev))
+        deadline = time.monotonic() + 10
+        while backend.agent_pids() and time.monotonic() < deadline:
+            backend.poll()
+            time.sleep(0.05)
+    finally:
+        backend.close()
+        hub.close()
+        runtime.close()
+
+    worker_log = (logs / "w0.log").read_text()
+    for line in ("worker w0: connected to the daemon's store", "worker w0: start (job j5, elastic)",
+                 "worker w0: join generation 0 -> 1, world 0 -> 1, rank 0",
+                 "worker w0: exit at step 20, generation 1: the training function returned"):
+        assert line in worker_log, f"{line!r} not in the worker's log:\n{worker_log}"
+    agent_log = (logs / "agent-node00.log").read_text()
+    for line in ("node node00: agent start", f"daemon {hub.address}", "node node00: worker w0 started, pid",
+                 "node node00: worker w0 (pid", "exited with code 0", "SIGTERM: the node is recalled",
+                 "agent exit 0, reason: recalled"):
+        assert line in agent_log, f"{line!r} not in the agent's log:\n{agent_log}"

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from malletrain.cli import main
+from policy import PolicyConfig
 from simulator.evaluate import (
     NOISE_SWEEP,
     POLICIES,
@@ -56,6 +57,8 @@ def test_evaluate_writes_tables_chart_and_targets(tmp_path: Path, capsys):
     assert "| NAS | malletrain |" in md and "| HPO | oracle |" in md and "noise X" in md
     assert md.count("PASS") + md.count("FAIL") == len(data["targets"])
     assert "malletrain evaluate --trace" in md  # the command that made it
+    assert "Pjmax 10; Tfwd 120 s" in md  # the daemon's defaults
+    assert data["settings"]["policy_config"] == PolicyConfig().as_dict()
     assert (out / "fig3_10.png").stat().st_size > 0
     assert ("PASS:" in printed or "FAIL:" in printed) and "vs freetrain" in printed
 

@@ -1,83 +1,322 @@
-"""Job monitor: real sender processes, zero loss, bad frames counted, estimators fed."""
+"""Job monitor: real senders, zero loss, and every attack of issue E #2/#3 refused and counted."""
 
 from __future__ import annotations
 
+import logging
+import os
+import stat
 import subprocess
 import sys
 import time
+import tracemalloc
+from pathlib import Path
+from typing import Iterator
 
+import pytest
 import zmq
 
-from malletrain.messages import MessageError, Report, decode, decode_batch
-from malletrain.monitor import Monitor
+from malletrain.messages import MAX_FRAME, Reason, Report, new_secret, secret_key
+from malletrain.monitor import (
+    MAX_WORKERS,
+    KeyFileError,
+    Monitor,
+    job_secret,
+    load_master_key,
+)
 
 SENDER = """
 import sys, zmq
-from malletrain.messages import Report
-addr, job, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+from malletrain.messages import Report, secret_key
+addr, job, n, secret = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+key = secret_key(secret)
 ctx = zmq.Context(); s = ctx.socket(zmq.PUSH); s.connect(addr)
 for i in range(n):
     ws = 1 if i < n // 2 else 2
     t = 1000.0 + i * 0.1 + (0.5 if i >= n // 2 else 0.0)
-    s.send(Report(job, i + 1, 32 * ws, t, ws, ws - 1, "w0").encode())
+    s.send(Report(job, i + 1, 32 * ws, t, ws, ws - 1, "w0").encode(key))
 s.send(b"garbage")
-s.send(b'{"v":2,"type":"report","job":"x","seq":1,"payload":{}}')
+s.send(b'{"v":1,"type":"report","job":"x","seq":1,"payload":{}}')
 s.close(linger=-1); ctx.term()
 """
 
 
-def test_real_senders_zero_loss_and_bad_frames_counted() -> None:
-    mon = Monitor()
-    try:
-        n = 2000
-        procs = [
-            subprocess.Popen([sys.executable, "-c", SENDER, mon.address, f"j{k}", str(n)]) for k in range(3)
-        ]
-        deadline = time.monotonic() + 30
-        while mon.received < 3 * (n + 2) and time.monotonic() < deadline:
-            mon.drain(timeout_ms=100)
-        for p in procs:
-            assert p.wait(timeout=30) == 0
+@pytest.fixture
+def ctx() -> Iterator[zmq.Context]:
+    c = zmq.Context()
+    yield c
+    c.destroy(linger=0)
+
+
+@pytest.fixture
+def mon(ctx: zmq.Context) -> Iterator[Monitor]:
+    m = Monitor(ctx=ctx)
+    yield m
+    m.close()
+
+
+def push(ctx: zmq.Context, mon: Monitor) -> zmq.Socket:
+    s = ctx.socket(zmq.PUSH)
+    s.setsockopt(zmq.LINGER, 0)
+    s.connect(mon.address)
+    return s
+
+
+def drain_until(mon: Monitor, received: int, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while mon.received < received and time.monotonic() < deadline:
+        mon.drain(timeout_ms=50)
+    assert mon.received == received
+
+
+def test_real_senders_zero_loss_and_bad_frames_counted(mon: Monitor) -> None:
+    n = 2000
+    secrets_ = {f"j{k}": new_secret() for k in range(3)}
+    for job, secret in secrets_.items():
+        mon.register(job, secret)
+    procs = [subprocess.Popen([sys.executable, "-c", SENDER, mon.address, job, str(n), secret])
+             for job, secret in secrets_.items()]
+    deadline = time.monotonic() + 60
+    while mon.received < 3 * (n + 2) and time.monotonic() < deadline:
         mon.drain(timeout_ms=100)
-        assert mon.received == 3 * (n + 2)
-        assert mon.bad == 6
-        for k in range(3):
-            st = mon.jobs[f"j{k}"]
-            assert st.reports == n and st.seq_gaps == 0 and st.out_of_order == 0
-            assert st.samples == 32 * (n // 2) + 64 * (n // 2)
-            rates = st.rates()
-            assert abs(rates[1] - 320.0) < 1e-6 and abs(rates[2] - 640.0) < 1e-6
-            (ev,) = st.new_rescales()
-            assert (ev.from_size, ev.to_size) == (1, 2) and abs(ev.pause_s - 0.5) < 1e-6
-            assert st.new_rescales() == []
-            assert st.world_size == 2 and st.generation == 1
-    finally:
-        mon.close()
+    for p in procs:
+        assert p.wait(timeout=30) == 0
+    mon.drain(timeout_ms=100)
+    counts = mon.counts()
+    assert (counts["received"], counts["accepted"]) == (3 * (n + 2), 3 * n)
+    assert (counts["not_json"], counts["bad_version"], counts["rejected"]) == (3, 3, 6)
+    for k in range(3):
+        st = mon.jobs[f"j{k}"]
+        assert st.reports == n and st.seq_gaps == 0 and st.out_of_order == 0
+        assert st.samples == 32 * (n // 2) + 64 * (n // 2)
+        rates = st.rates()
+        assert abs(rates[1] - 320.0) < 1e-6 and abs(rates[2] - 640.0) < 1e-6
+        (ev,) = st.new_rescales()
+        assert (ev.from_size, ev.to_size) == (1, 2) and abs(ev.pause_s - 0.5) < 1e-6
+        assert st.new_rescales() == []
+        assert st.world_size == 2 and st.generation == 1
 
 
-def test_decode_batch_matches_decode_frame_by_frame() -> None:
-    good = Report("j1", 1, 8, 1.0, 1).encode()
-    frames = [good, b"[1", b"2]", good, b"5,6", b"\xff"]
-    out = decode_batch(frames)
-    assert out[0] == decode(good) and out[3] == decode(good)
-    assert all(isinstance(e, MessageError) for i, e in enumerate(out) if i not in (0, 3))
-    assert decode_batch([good, good]) == [decode(good)] * 2
+def test_seq_gaps_and_out_of_order_are_counted_not_fatal(ctx: zmq.Context, mon: Monitor) -> None:
+    key = secret_key(secret := new_secret())
+    mon.register("j", secret)
+    s = push(ctx, mon)
+    for seq, ts in [(1, 10.0), (2, 11.0), (5, 12.0), (6, 11.5)]:
+        s.send(Report("j", seq, 4, ts, 1, 0, "w").encode(key))
+    drain_until(mon, 4)
+    st = mon.jobs["j"]
+    assert st.seq_gaps == 2 and st.out_of_order == 1 and st.samples == 16
 
 
-def test_seq_gaps_and_out_of_order_are_counted_not_fatal() -> None:
-    ctx = zmq.Context()
-    mon = Monitor(ctx=ctx)
-    push = ctx.socket(zmq.PUSH)
-    push.connect(mon.address)
+# ---------------------------------------------------------------- authentication
+def test_forged_report_for_another_job_is_refused(ctx: zmq.Context, mon: Monitor) -> None:
+    """Issue E #2: a report naming someone else's running job must not touch it."""
+    victim, mine = new_secret(), new_secret()
+    mon.register("j000001", victim)
+    mon.register("j000002", mine)  # the attacker's own job: they hold its secret
+    now = time.time()
+    forged = [
+        # the frame from the issue, verbatim (v1, unsigned)
+        b'{"v":1,"type":"report","job":"j000001","seq":1,'
+        b'"payload":{"samples":1000000000,"timestamp":%f,"world_size":1}}' % now,
+        Report("j000001", 1, 10**9, now, 1).encode(),  # v2 without a signature
+        Report("j000001", 1, 10**9, now, 1).encode(secret_key(mine)),  # signed with the attacker's key
+        Report("j000001", 1, 10**9, now, 1).encode(secret_key(new_secret())),  # a guessed key
+    ]
+    s = push(ctx, mon)
+    for f in forged:
+        s.send(f)
+    drain_until(mon, len(forged))
+    counts = mon.counts()
+    assert (counts["bad_version"], counts["unsigned"], counts["bad_signature"]) == (1, 1, 2)
+    assert counts["accepted"] == 0
+    st = mon.jobs["j000001"]
+    assert (st.samples, st.reports, st.world_size, st.new_rescales()) == (0, 0, 0, [])
+    assert mon.jobs["j000002"].reports == 0
+
+
+def test_replayed_reports_are_refused(ctx: zmq.Context, mon: Monitor) -> None:
+    key = secret_key(secret := new_secret())
+    mon.register("j", secret)
+    frames = [Report("j", i, 64, 100.0 + i, 1, 0, "w0").encode(key) for i in range(1, 4)]
+    s = push(ctx, mon)
+    for f in frames + frames + [frames[0]]:  # every frame again, then the first a third time
+        s.send(f)
+    drain_until(mon, 7)
+    assert mon.counts()["accepted"] == 3 and mon.counts()["replayed"] == 4
+    assert mon.jobs["j"].samples == 3 * 64
+
+
+def test_a_retired_senders_old_frames_stay_replays(mon: Monitor) -> None:
+    key = secret_key(secret := new_secret())
+    mon.register("j", secret)
+    old = Report("j", 5, 64, 10.0, 1, 0, "w-old").encode(key)
+    mon.ingest(old)
+    for k in range(MAX_WORKERS):  # newer workers push w-old out of the window
+        mon.ingest(Report("j", 1, 64, 20.0 + k, 1, 0, f"w{k}").encode(key))
+    assert len(mon.jobs["j"].window.last) == MAX_WORKERS
+    mon.ingest(old)
+    mon.ingest(Report("j", 6, 64, 9.0, 1, 0, "w-old").encode(key))  # even a "newer" seq, if old
+    assert mon.counts()["replayed"] == 2
+    mon.ingest(Report("j", 1, 64, 500.0, 1, 0, "w-new").encode(key))
+    assert mon.counts()["accepted"] == MAX_WORKERS + 2
+
+
+def test_replay_state_survives_a_monitor_restart(ctx: zmq.Context) -> None:
+    key = secret_key(secret := new_secret())
+    first = Monitor(ctx=ctx)
+    first.register("j", secret)
+    frames = [Report("j", i, 64, 100.0 + i, 1, 0, "w0").encode(key) for i in range(1, 4)]
+    first.ingest_batch(frames)
+    saved = first.replay_state("j")
+    first.close()
+    second = Monitor(ctx=ctx)
     try:
-        for seq, ts in [(1, 10.0), (2, 11.0), (5, 12.0), (6, 11.5)]:
-            push.send(Report("j", seq, 4, ts, 1, 0, "w").encode())
-        deadline = time.monotonic() + 10
-        while mon.received < 4 and time.monotonic() < deadline:
-            mon.drain(timeout_ms=50)
-        st = mon.jobs["j"]
-        assert st.seq_gaps == 2 and st.out_of_order == 1 and st.samples == 16
+        second.register("j", secret, replay_state=saved)
+        second.ingest_batch(frames)
+        second.ingest(Report("j", 4, 64, 104.0, 1, 0, "w0").encode(key))
+        assert second.counts()["replayed"] == 3 and second.jobs["j"].reports == 1
     finally:
-        push.close(0)
+        second.close()
+
+
+def test_unregistered_jobs_get_no_state_and_forget_drops_it(mon: Monitor) -> None:
+    key = secret_key(secret := new_secret())
+    mon.ingest(Report("j", 1, 64, 1.0, 1).encode(key))
+    assert mon.jobs == {} and mon.counts()["unknown_job"] == 1
+    with pytest.raises(KeyError, match="not registered"):
+        mon.job("j")
+    mon.register("j", secret)
+    mon.ingest(Report("j", 2, 64, 2.0, 1).encode(key))
+    assert mon.job("j").reports == 1
+    mon.forget("j")
+    mon.ingest(Report("j", 3, 64, 3.0, 1).encode(key))
+    assert mon.jobs == {} and mon.counts()["unknown_job"] == 2
+
+
+# ---------------------------------------------------------------- bad frames
+def bad_payload_frames(job: str, key: bytes) -> list[tuple[bytes, Reason]]:
+    """Issue E #3: each frame that used to kill the daemon, signed with the job's real key."""
+
+    def signed(payload: str, seq: int) -> bytes:
+        from malletrain.messages import sign
+
+        prefix = f'{{"v":2,"type":"report","job":"{job}","seq":{seq},"payload":{payload}}}'.encode()[:-1]
+        return prefix + b',"sig":"' + sign(prefix, key) + b'"}'
+
+    good = '"timestamp":1000.0,"world_size":1,"worker":"w"'
+    cases = [f'{{"samples":8,{good},"generation":{g}}}' for g in ('"abc"', "null", "[1]", "1e400")]
+    cases += [
+        f'{{"samples":1{"0" * 400},{good}}}',
+        '{"samples":8,"timestamp":NaN,"world_size":1}',
+        '{"samples":8,"timestamp":Infinity,"world_size":1}',
+        '{"samples":-8,"timestamp":1000.0,"world_size":1}',
+        '{"samples":8,"timestamp":-1000.0,"world_size":1}',
+        '{"samples":8,"timestamp":1000.0,"world_size":-1}',
+    ]
+    return [(signed(p, i + 1), Reason.BAD_FIELD) for i, p in enumerate(cases)]
+
+
+def test_every_bad_frame_is_counted_and_the_monitor_goes_on(
+    ctx: zmq.Context, mon: Monitor, caplog: pytest.LogCaptureFixture
+) -> None:
+    key = secret_key(secret := new_secret())
+    mon.register("j", secret)
+    cases = bad_payload_frames("j", key) + [
+        (b"[" * (MAX_FRAME - 10), Reason.NOT_JSON),  # deep nesting under the size limit
+        (b"[" * 3000, Reason.OVERSIZE),  # above the decode limit, below the transport limit
+        (b"\xff" * 10, Reason.NOT_JSON),
+        (Report("j", 99, 8, 1.0, 1).encode(key).replace(b'"report"', b'"hello"'), Reason.BAD_TYPE),
+    ]
+    s = push(ctx, mon)
+    with caplog.at_level(logging.WARNING, logger="malletrain.monitor"):
+        for f, _ in cases:
+            s.send(f)
+        s.send(Report("j", 1000, 64, 2000.0, 1, 0, "w").encode(key))  # a good one after them all
+        drain_until(mon, len(cases) + 1)
+    counts = mon.counts()
+    expected: dict[str, int] = {}
+    for _, reason in cases:
+        expected[reason.value] = expected.get(reason.value, 0) + 1
+    assert {k: counts[k] for k in expected} == expected
+    assert counts["accepted"] == 1 and counts["internal"] == 0
+    st = mon.jobs["j"]
+    assert (st.samples, st.generation, st.world_size) == (64, 0, 1)
+    logged = [r.getMessage() for r in caplog.records]
+    assert any("bad_field" in m for m in logged) and any("oversize" in m for m in logged)
+    assert all(len(m) < 600 for m in logged)  # a 10^400 or a 2000-char frame is quoted short
+
+
+def test_frames_over_the_transport_limit_cut_the_sender_off(ctx: zmq.Context, mon: Monitor) -> None:
+    key = secret_key(secret := new_secret())
+    mon.register("j", secret)
+    attacker = push(ctx, mon)
+    attacker.send(b"[" * 100_000)  # libzmq (MAXMSGSIZE) drops it and disconnects the sender
+    honest = push(ctx, mon)
+    honest.send(Report("j", 1, 64, 1.0, 1, 0, "w").encode(key))
+    drain_until(mon, 1)
+    mon.drain(timeout_ms=200)
+    assert mon.counts()["accepted"] == 1 and mon.received == 1
+
+
+def test_100k_reports_for_fake_ids_leave_state_bounded(mon: Monitor) -> None:
+    """Issue E #3: 100k reports for fake job ids grew the daemon by ~220 MB for good."""
+    key = secret_key(secret := new_secret())
+    mon.register("j000001", secret)
+    mon.ingest(Report("j000001", 1, 8, 1.0, 1).encode(key))  # warm every code path once
+
+    def frames(start: int) -> list[bytes]:
+        out = []
+        for i in range(start, start + 10_000):
+            rep = Report(f"fake{i:06d}", 1, 10**6, 1.0 + i, 1, 0, f"w{i}")
+            out.append(rep.encode(key) if i % 2 else rep.encode())
+        return out
+
+    mon.ingest_batch(frames(0))
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for start in range(10_000, 100_000, 10_000):
+            mon.ingest_batch(frames(start))
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert list(mon.jobs) == ["j000001"] and mon.jobs["j000001"].reports == 1
+    counts = mon.counts()
+    assert counts["unknown_job"] == 50_000 and counts["unsigned"] == 50_000
+    assert grown < 256 * 1024, f"memory grew by {grown} bytes"
+
+
+def test_rejections_are_logged_at_most_once_per_reason_per_interval(caplog: pytest.LogCaptureFixture) -> None:
+    now = [0.0]
+    mon = Monitor(clock=lambda: now[0])
+    try:
+        with caplog.at_level(logging.WARNING, logger="malletrain.monitor"):
+            mon.ingest_batch([b"garbage"] * 1000 + [b"[1]"] * 1000)
+            now[0] = 10.0
+            mon.ingest(b"garbage")
+        lines = [r.getMessage() for r in caplog.records]
+        assert len(lines) == 3
+        assert "999 not logged" in lines[2]
+    finally:
         mon.close()
-        ctx.term()
+
+
+# ---------------------------------------------------------------- daemon-side secrets
+def test_master_key_file(tmp_path: Path) -> None:
+    path = tmp_path / "monitor.key"
+    key = load_master_key(path)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and len(key) == 32
+    assert load_master_key(path) == key
+    a, b = job_secret(key, "j000001"), job_secret(key, "j000002")
+    assert a != b and a == job_secret(key, "j000001") and len(secret_key(a)) == 32
+    os.chmod(path, 0o644)
+    with pytest.raises(KeyFileError, match="mode 0600"):
+        load_master_key(path)
+    os.chmod(path, 0o600)
+    path.write_bytes(b"short")
+    with pytest.raises(KeyFileError, match="5 bytes"):
+        load_master_key(path)
+    link = tmp_path / "link.key"
+    link.symlink_to(path)
+    with pytest.raises(KeyFileError, match="cannot open"):
+        load_master_key(link)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Sequence
 
 import numpy as np
@@ -10,22 +11,26 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from allocator import Plan, throughput_at
+from allocator import throughput_at
+from policy import Decision, Evidence, Policy, PolicyConfig, View, preset
 from simulator import (
     EventQueue,
     JobSpec,
+    PolicyContext,
     PolicyError,
     Priority,
     SimClock,
     SimConfig,
+    SimPolicy,
     Simulator,
     Workload,
     make_policy,
 )
-from simulator.policies import GreedyPolicy, MilpPolicy, SimView, equal_split
 from traces.model import IdleTimeline
 
 LINEAR = {1: 10.0, 2: 20.0, 4: 40.0}
+FAST = {1: 1000.0, 2: 2000.0, 4: 4000.0}  # steps of 0.256 s: the simulated monitor measures in seconds
+PRESET_NAMES = ("malletrain", "freetrain", "milp-true", "greedy", "equal", "oracle")
 
 
 def timeline(
@@ -58,12 +63,30 @@ def job(name: str = "a", samples: float = 1e12, arrival: float = 0.0, **kw) -> J
 
 
 def workload(*specs: JobSpec) -> Workload:
-    return Workload("hand", "test", timed=list(specs), finite=True)
+    return Workload("hand", "test", timed=list(specs), finite=True, models={s.model: s.scaling for s in specs})
 
 
-def run(tl: IdleTimeline, specs: Sequence[JobSpec], policy="greedy", **cfg):
-    pol = make_policy(policy) if isinstance(policy, str) else policy
+def named(name: str, specs: Sequence[JobSpec] = (), **knobs) -> SimPolicy:
+    """A named policy on PolicyConfig(**knobs), given the workload's model curves."""
+    return make_policy(name, PolicyContext({s.model: s.scaling for s in specs}), PolicyConfig(**knobs))
+
+
+def run(tl: IdleTimeline, specs: Sequence[JobSpec], policy: str | SimPolicy = "greedy",
+        max_running: int = 10, tfwd_s: float = 120.0, **cfg):
+    pol = named(policy, specs, max_running=max_running, tfwd_s=tfwd_s) if isinstance(policy, str) else policy
     return Simulator(tl, workload(*specs), pol, SimConfig(**cfg)).run()
+
+
+class NoSkip(Policy):
+    """The shared policy with its no-op key forgotten before every decision: it always solves."""
+
+    def decide(self, view: View, evidence: Evidence) -> Decision:
+        self._noop_key = None
+        return super().decide(view, evidence)
+
+
+def always_solving(pol: SimPolicy) -> SimPolicy:
+    return replace(pol, policy=NoSkip(pol.policy.config))
 
 
 def replay_progress(history, spec: JobSpec, end: float) -> float:
@@ -200,10 +223,17 @@ def test_unfinished_finite_workload_has_no_makespan():
 
 def test_window_start_end_replays_the_state_at_start():
     tl = timeline("abc", "a", [(50.0, "b", True), (150.0, "c", True), (250.0, "a", False)], end=300.0)
-    res = Simulator(tl, workload(job()), make_policy("greedy"), SimConfig(start=100.0, end=200.0)).run()
+    res = Simulator(tl, workload(job()), named("greedy"), SimConfig(start=100.0, end=200.0)).run()
     assert res.summary["span_seconds"] == 100.0
     assert res.summary["idle_node_seconds"] == pytest.approx(tl.idle_node_seconds(100.0, 200.0))
     assert res.rows[0].idle_nodes == 2
+
+
+def test_summary_records_the_policy_config():
+    res = run(three_node_trace(), [job()], "greedy", max_running=3, tfwd_s=60.0)
+    s = res.summary
+    assert (s["max_running"], s["horizon_s"]) == (3, 60.0)
+    assert s["policy_config"] == preset("greedy", PolicyConfig(max_running=3, tfwd_s=60.0)).as_dict()
 
 
 TIMINGS = ("wall_seconds", "cpu_seconds", "decision_ms_p50", "decision_ms_p99")
@@ -215,104 +245,96 @@ def strip(s: dict, *more: str) -> dict:
 
 def test_same_inputs_give_identical_summaries():
     tl = three_node_trace()
-
-    for policy in ("malletrain", "milp-true", "greedy", "equal", "oracle"):
+    for policy in PRESET_NAMES:
         a = run(tl, [job("x"), job("y")], policy)
         b = run(tl, [job("x"), job("y")], policy)
-        assert strip(a.summary) == strip(b.summary)
+        assert strip(a.summary) == strip(b.summary), policy
 
 
-def test_skipping_identical_noop_problems_changes_nothing():
-    # many recalls/arrivals of nodes beyond what the jobs can use: identical problems
+def test_the_policys_noop_key_skips_solving_and_changes_nothing():
+    # many recalls/arrivals of nodes beyond what the jobs can use: identical problems, which the
+    # policy answers "unchanged" without running the allocator
     changes = [(float(10 * k), f"x{k % 4}", k % 8 < 4) for k in range(1, 40)] + [(405.0, "a", False)]
     tl = timeline(["a", "b", "c", "x0", "x1", "x2", "x3"], "abc", sorted(changes), end=500.0)
-    for policy in ("milp-true", "greedy", "equal", "oracle"):  # the stateless ones
-        skipping = make_policy(policy)
-        asking = make_policy(policy)
-        asking.stateless = False  # type: ignore[misc]
-        a = run(tl, [job("x", max_nodes=2), job("y", max_nodes=1)], skipping)
-        b = run(tl, [job("x", max_nodes=2), job("y", max_nodes=1)], asking)
-        assert a.summary["policy_calls"] < b.summary["policy_calls"] == b.summary["decisions"]
-        assert strip(a.summary, "policy_calls") == strip(b.summary, "policy_calls")
+    specs = [job("x", max_nodes=2, scaling=FAST), job("y", max_nodes=1, scaling=FAST)]
+    for policy in PRESET_NAMES:
+        a = run(tl, specs, named(policy, specs))
+        b = run(tl, specs, always_solving(named(policy, specs)))
+        assert a.summary["policy_calls"] == a.summary["decisions"] == b.summary["policy_calls"], policy
+        assert a.summary["solver_calls"] < b.summary["solver_calls"] == b.summary["policy_calls"], policy
+        assert strip(a.summary, "solver_calls") == strip(b.summary, "solver_calls"), policy
 
 
-# ------------------------------------------------------------------ policy hooks and rules
+# ------------------------------------------------------------------ what the policy is told
 
 
-class Recorder(GreedyPolicy):
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen: list[tuple[str, int, float, float]] = []
-
-    def observe(self, job_id: str, nodes: int, samples: float, seconds: float) -> None:
-        self.seen.append((job_id, nodes, samples, seconds))
-
-
-def test_observe_hook_sees_every_interval():
-    rec = Recorder()
-    res = run(three_node_trace(), [job()], rec)
-    assert sum(s for _, _, s, _ in rec.seen) == pytest.approx(res.summary["samples_processed"])
-    assert sum(n * sec for _, n, _, sec in rec.seen) == pytest.approx(res.summary["used_node_seconds"])
-
-
-class Thief(GreedyPolicy):
-    name = "thief"
-
-    def decide(self, view: SimView) -> Plan:
-        if len(view.jobs) < 2 or not view.jobs[0].nodes:
-            return super().decide(view)
-        a, b = view.jobs[0], view.jobs[1]
-        return Plan({a.id: a.nodes, b.id: (a.nodes[0],)}, 0.0, 0.0)
+def test_evidence_comes_from_the_simulated_monitor():
+    # the monitor turns step records drawn from the TRUE curve into the estimates and pauses the
+    # daemon's monitor would report: rates at every count the job ran at, one pause per rescale
+    tl = timeline("abc", "ab", [(100.0, "c", True), (200.0, "a", False)], end=300.0)
+    pol = SimPolicy("defaults", Policy(PolicyConfig()), lambda spec: None)  # the daemon's: learns, no profile
+    res = run(tl, [job(scaling=FAST)], pol)
+    (j,) = res.jobs
+    assert [h[2] for h in j.history] == [2, 3, 2]
+    ev = j.monitor.evidence(res.end)
+    assert set(ev.rates) == {2, 3}
+    for n, est in ev.rates.items():
+        assert est.rate == pytest.approx(throughput_at(FAST, n), rel=0.03)
+    assert (ev.costs.n_up, ev.costs.n_down) == (1, 1)
+    assert ev.costs.up_s == pytest.approx(5.0, abs=0.5) and ev.costs.down_s == pytest.approx(3.0, abs=0.5)
+    assert set(pol.policy.state.measured[j.id]) == {2, 3}  # the policy learned both counts from them
 
 
-class Swapper(GreedyPolicy):
-    name = "swapper"
+def test_the_policy_reads_measured_rescale_costs_not_the_true_ones():
+    # growing 2 -> 3 -> 4 nodes adds 10 samples/s each time; over Tfwd 120 s that is worth 1200 samples.
+    # The true up pause is 50 s. Before any measurement the policy assumes the default 10 s (cost at
+    # 3 nodes: 300 samples) and grows at 100; the monitor then measures ~50 s (cost at 4 nodes: 2000
+    # samples) and the policy declines the node that arrives at 400.
+    tl = timeline("abcd", "ab", [(100.0, "c", True), (400.0, "d", True)], end=1000.0)
+    slow = job(up_cost_s=50.0)
+    res = run(tl, [slow], "milp-true")
+    (j,) = res.jobs
+    assert [(t, n) for t, _, n, _ in j.history] == [(0.0, 2), (100.0, 3)]
+    assert j.monitor.evidence(res.end).costs.up_s == pytest.approx(50.0, abs=1.0)
+    # with a 5 s pause it takes both nodes; the oracle (free rescales, charged nothing) too
+    assert [n for _, _, n, _ in run(tl, [job(up_cost_s=5.0)], "milp-true").jobs[0].history] == [2, 3, 4]
+    assert [n for _, _, n, _ in run(tl, [slow], "oracle").jobs[0].history] == [2, 3, 4]
 
-    def decide(self, view: SimView) -> Plan:
-        j = view.jobs[0]
-        if j.nodes and view.free_nodes:
-            return Plan({j.id: (view.free_nodes[0],) + j.nodes[1:]}, 0.0, 0.0)
-        return super().decide(view)
+
+# ------------------------------------------------------------------ the engine's own rules
+
+
+class Thief(Policy):
+    """Gives the second job a node the first one keeps."""
+
+    def decide(self, view: View, evidence: Evidence) -> Decision:
+        d = super().decide(view, evidence)
+        jobs = [j for j in view.jobs if j.id in d.admitted]
+        if len(jobs) < 2 or not jobs[0].nodes:
+            return d
+        a, b = jobs[0], jobs[1]
+        return replace(d, assignment={**d.assignment, a.id: a.nodes, b.id: (a.nodes[0],)})
+
+
+class Swapper(Policy):
+    """Moves the first job from one of its nodes to a free one."""
+
+    def decide(self, view: View, evidence: Evidence) -> Decision:
+        d = super().decide(view, evidence)
+        j = next((j for j in view.jobs if j.id in d.admitted), None)
+        if j is not None and j.nodes and view.free_nodes:
+            return replace(d, assignment={**d.assignment, j.id: (view.free_nodes[0],) + j.nodes[1:]})
+        return d
 
 
 def test_policy_breaking_the_rules_is_named():
     tl = timeline("abcd", "ab", [(10.0, "c", True)], end=100.0)
+    thief = SimPolicy("thief", Thief(preset("greedy")), lambda spec: None)
     with pytest.raises(PolicyError, match=r"thief.*j0000\d.*node 'a'"):
-        run(tl, [job("x", max_nodes=2), job("y", max_nodes=2)], Thief())
+        run(tl, [job("x", max_nodes=2), job("y", max_nodes=2)], thief)
+    swapper = SimPolicy("swapper", Swapper(preset("greedy")), lambda spec: None)
     with pytest.raises(PolicyError, match="swapper.*both gain and lose"):
-        run(tl, [job("x")], Swapper())
-
-
-def jv(i: str, lo: int, hi: int, nodes: tuple[str, ...] = ()) -> "JobView":
-    from simulator.policies import JobView
-
-    return JobView(i, i, "m", lo, hi, LINEAR, LINEAR, nodes, 0.0, 1.0, 5.0, 3.0, 0.0, None, 0.0)
-
-
-def test_pinned_job_runs_on_exactly_its_pin_borrowing_from_a_runner():
-    view = SimView(now=0.0, free_nodes=("e",), n_free=1,
-                   jobs=(jv("big", 1, 4, ("a", "b", "c", "d")), jv("probe", 1, 4)), queue=(), horizon_s=60.0)
-    policy = MilpPolicy()
-    policy.pins = {"probe": 3}
-    plan = policy.decide(view)
-    assert plan.nodes_of("probe") == ("e", "c", "d")  # the free node, then two borrowed
-    assert plan.nodes_of("big") == ("a", "b")  # the lender only shrank
-
-
-def test_pinned_job_in_a_replay_keeps_its_count():
-    tl = timeline("abcd", "abcd", [(100.0, "d", False)], end=200.0)
-    policy = MilpPolicy()
-    policy.pins = {"j00001": 1}
-    res = run(tl, [job("big", max_nodes=4), job("probe", max_nodes=4)], policy)
-    assert [h[2] for h in res.jobs[1].history] == [1]
-    assert [h[2] for h in res.jobs[0].history] == [3, 2]
-
-
-def test_equal_split_waterfills_and_respects_min():
-    view = jv
-    jobs = (view("a", 1, 2), view("b", 1, 64), view("c", 1, 64))
-    assert equal_split(11, jobs) == {"a": 2, "b": 5, "c": 4}
-    assert equal_split(3, (view("a", 2, 8), view("b", 2, 8))) == {"a": 3, "b": 0}
+        run(tl, [job("x")], swapper)
 
 
 # ------------------------------------------------------------------ properties
@@ -355,10 +377,10 @@ def small_jobs(draw):
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(tl=small_traces(), specs=small_jobs(), policy=st.sampled_from(["malletrain", "milp-true", "greedy", "equal", "oracle"]),
+@given(tl=small_traces(), specs=small_jobs(), policy=st.sampled_from(PRESET_NAMES),
        pjmax=st.integers(1, 3), interval=st.sampled_from([0.0, 0.0, 25.0]))
 def test_conservation_and_progress_on_random_traces(tl, specs, policy, pjmax, interval):
-    res = run(tl, specs, policy, max_running=pjmax, horizon_s=60.0, min_interval_s=interval)
+    res = run(tl, specs, policy, max_running=pjmax, tfwd_s=60.0, min_interval_s=interval)
     s = res.summary
     assert s["idle_node_seconds"] == pytest.approx(tl.idle_node_seconds(), abs=1e-6)
     assert s["used_node_seconds"] <= s["idle_node_seconds"] + 1e-6
@@ -376,7 +398,6 @@ def test_conservation_and_progress_on_random_traces(tl, specs, policy, pjmax, in
         1 for sp in specs if sp.arrival_s >= 500.0
     )
     assert not math.isnan(s["samples_processed"])
-    asking = make_policy(policy)
-    asking.stateless = False  # type: ignore[misc]
-    again = run(tl, specs, asking, max_running=pjmax, horizon_s=60.0, min_interval_s=interval)
-    assert strip(again.summary, "policy_calls") == strip(s, "policy_calls")
+    asking = always_solving(named(policy, specs, max_running=pjmax, tfwd_s=60.0))
+    again = run(tl, specs, asking, min_interval_s=interval)
+    assert strip(again.summary, "solver_calls") == strip(s, "solver_calls")

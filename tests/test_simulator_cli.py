@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from malletrain.cli import main
-from malletrain.cli_simulate import parse_policies, parse_time
+from malletrain.cli_simulate import DEFAULT_MAX_RUNNING, parse_policies, parse_time
+from policy import PolicyConfig
+from simulator import POLICIES
 
 SUMMARY_KEYS = {
     "policy", "nodes_total", "span_seconds", "idle_node_seconds", "used_node_seconds", "samples_processed",
@@ -37,7 +39,8 @@ def test_parse_time_accepts_unix_seconds_and_offsets():
 
 
 def test_parse_policies():
-    assert parse_policies("all") == ["malletrain", "freetrain", "milp-true", "greedy", "equal", "oracle"]
+    assert parse_policies("all") == list(POLICIES)
+    assert set(POLICIES) == {"malletrain", "freetrain", "milp-true", "greedy", "equal", "oracle"}
     assert parse_policies("greedy, oracle") == ["greedy", "oracle"]
     with pytest.raises(ValueError, match="unknown best"):
         parse_policies("greedy,best")
@@ -72,12 +75,41 @@ def test_simulate_all_policies_compares_to_oracle(tmp_path: Path, capsys):
                  "--max-running", "2", "--out", str(out), "--quiet", "--no-plots"])
     assert code == 0
     rows = json.loads((out / "comparison.json").read_text())
-    assert [r["policy"] for r in rows] == ["malletrain", "freetrain", "milp-true", "greedy", "equal", "oracle"]
-    assert rows[-1]["vs_oracle"] == pytest.approx(1.0)
+    assert [r["policy"] for r in rows] == list(POLICIES)
+    assert {r["policy"]: r for r in rows}["oracle"]["vs_oracle"] == pytest.approx(1.0)
     for r in rows:
-        assert (out / r["policy"] / "summary.json").exists()
+        summary = json.loads((out / r["policy"] / "summary.json").read_text())
         assert r["jobs_submitted"] == 3
+        assert summary["max_running"] == 2 and summary["policy_config"]["max_running"] == 2
     assert "vs_oracle" in capsys.readouterr().out
+
+
+def test_policy_options_default_to_the_daemons_config(tmp_path: Path, capsys):
+    assert DEFAULT_MAX_RUNNING == PolicyConfig().max_running
+    trace = str(tiny_trace(tmp_path))
+    conf = tmp_path / "policy.toml"
+    conf.write_text("[policy]\ntfwd_s = 30.0\nmax_running = 4\nprofile_time_cap_s = 45.0\n")
+    out = tmp_path / "conf"
+    assert main(["simulate", "--trace", trace, "--workload", "hpo", "--policy", "malletrain", "--end", "+30m",
+                 "--policy-config", str(conf), "--max-running", "3", "--out", str(out), "--quiet",
+                 "--no-plots"]) == 0
+    cfg = json.loads((out / "summary.json").read_text())["policy_config"]
+    # the file's table, then --max-running, then the preset's own fields
+    assert (cfg["tfwd_s"], cfg["max_running"], cfg["profile_time_cap_s"], cfg["profiling"]) == (30.0, 3, 45.0, "always")
+    out = tmp_path / "defaults"
+    assert main(["simulate", "--trace", trace, "--workload", "hpo", "--policy", "greedy", "--end", "+30m",
+                 "--out", str(out), "--quiet", "--no-plots"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["max_running"], summary["horizon_s"]) == (PolicyConfig().max_running, PolicyConfig().tfwd_s)
+    capsys.readouterr()
+    conf.write_text("[policy]\ntfwd = 30.0\n")
+    assert main(["simulate", "--trace", trace, "--policy-config", str(conf), "--out", str(tmp_path / "x")]) == 2
+    assert "policy.toml: policy: unknown key(s) tfwd" in capsys.readouterr().err
+    conf.write_text("[policy]\nmax_running = -1\n")
+    assert main(["evaluate", "--trace", trace, "--policy-config", str(conf), "--out", str(tmp_path / "x")]) == 2
+    assert "policy.toml: policy.max_running must be" in capsys.readouterr().err
+    assert main(["simulate", "--trace", trace, "--max-running", "0", "--out", str(tmp_path / "x")]) == 2
+    assert "--max-running must be >= 1" in capsys.readouterr().err
 
 
 def test_simulate_reports_bad_inputs(tmp_path: Path, capsys):

@@ -30,7 +30,7 @@ def test_stats_text(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert "mean idle       1.8 nodes" in out  # 250 node-seconds / 140 s
     assert "peak idle       4 nodes" in out
     assert "idle fraction   44.64%" in out
-    assert "note            machine size 4 nodes (from the log header)" in out
+    assert "note            machine size 4 nodes (from the log header MaxNodes)" in out
 
 
 def test_stats_json_on_real_log(kth_swf: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -79,7 +79,31 @@ def test_synth_fit_prints_ks(tmp_path: Path, kth_swf: Path, capsys: pytest.Captu
     out = tmp_path / "kth-like.csv"
     args = ["trace", "synth", "--nodes", "100", "--duration", str(20 * 86400), "--fit", str(kth_swf), "--out", str(out)]
     assert main(args) == 0
-    line = [x for x in capsys.readouterr().out.splitlines() if x.startswith("KS distance")]
-    assert len(line) == 1
-    assert 0 <= float(line[0].rsplit(":", 1)[1]) < 0.1
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("KS distance")]
+    assert len(lines) == 2 and "fragment lengths" in lines[0] and "idle-pool size" in lines[1]
+    assert 0 <= float(lines[0].split(": ")[-1].split()[0]) < 0.1
+    assert 0 <= float(lines[1].split(": ")[-1].split()[0]) <= 1
     assert traces.read(out).n_nodes == 100
+
+
+def test_synth_marks_synthetic_everywhere(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "s.csv"
+    assert main(["trace", "synth", "--nodes", "32", "--duration", "86400", "--out", str(out)]) == 0
+    assert "SYNTHETIC (bursty)" in capsys.readouterr().out
+    assert main(["trace", "stats", str(out)]) == 0
+    assert "kind            SYNTHETIC (generated, not a real log)" in capsys.readouterr().out
+    assert traces.read(out).is_synthetic
+
+
+def test_synth_fit_prints_both_ks_and_plots(tmp_path: Path, summit_nodes: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "summit-like.csv.gz"
+    args = ["trace", "synth", "--nodes", "4608", "--duration", "604800", "--fit", str(summit_nodes),
+            "--out", str(out), "--plot", str(tmp_path / "figs")]
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    ks = {line.split(" vs ")[0]: float(line.split(": ")[-1].split()[0]) for line in text.splitlines()
+          if line.startswith("KS distance")}
+    assert ks["KS distance of fragment lengths"] <= 0.05
+    assert ks["KS distance of idle-pool size over time (idle fraction, time-weighted)"] <= 0.10
+    names = sorted(p.name for p in (tmp_path / "figs").glob("*.png"))
+    assert names == ["fragment_cdf.png", "idle_nodes.png", "synthetic_vs_real.png"]

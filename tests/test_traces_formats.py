@@ -241,3 +241,71 @@ def test_nodes_csv_irregular_layout_reads_the_same(tmp_path: Path) -> None:
     b = traces.read(write(tmp_path, "b.csv", irregular), "nodes-csv")  # line-by-line path
     assert (a.nodes, a.initial_idle, a.start, a.end) == (b.nodes, b.initial_idle, b.start, b.end)
     assert [(e.time, e.node, e.idle) for e in a.events()] == [(e.time, e.node, e.idle) for e in b.events()]
+
+
+# A log of the Parallel Workloads Archive with no wait times (-1 in every job).
+SWF_NO_WAIT = """\
+; UnixStartTime: 0
+; MaxNodes: 4
+; MaxProcs: 4
+1   0 -1 100 2 -1 -1  2 200 -1 1 1 1 -1 1 -1 -1 -1
+2  50 -1 100 1 -1 -1  1 200 -1 1 1 1 -1 1 -1 -1 -1
+3  60 -1  -1 1 -1 -1  1 200 -1 5 1 1 -1 1 -1 -1 -1
+4  -1 -1  10 1 -1 -1  1 200 -1 1 1 1 -1 1 -1 -1 -1
+"""
+
+
+def test_swf_without_wait_times_starts_jobs_at_submit(tmp_path: Path) -> None:
+    tl = traces.read(write(tmp_path, "nowait.swf", SWF_NO_WAIT))
+    assert (tl.start, tl.end) == (0, 150)
+    assert [len(tl.idle_at(t)) for t in (10, 60, 120, 150)] == [2, 1, 3, 4]
+    assert "2 jobs with no wait time (-1): started at their submit time" in tl.notes
+    assert "skipped 1 jobs: no run time" in tl.notes  # job 3: cancelled, run time -1
+    assert "skipped 1 jobs: unknown submit time" in tl.notes
+    assert "processor fields are processors" not in " ".join(tl.notes)  # MaxProcs = MaxNodes
+    assert_alternating(tl)
+
+
+# 4 nodes of 8 processors: the processor fields count processors, not nodes.
+SWF_PROCS = """\
+; MaxNodes: 4
+; MaxProcs: 32
+1  0  0 100  8 -1 -1  8 200 -1 1 1 1 -1 1 -1 -1 -1
+2  0  0 100  9 -1 -1 12 200 -1 1 1 1 -1 1 -1 -1 -1
+3 10  0 100 -1 -1 -1  6 200 -1 1 1 1 -1 1 -1 -1 -1
+4 20  0  50 64 -1 -1 64 200 -1 1 1 1 -1 1 -1 -1 -1
+5 90  5   2  0 -1 -1 -1 200 -1 1 1 1 -1 1 -1 -1 -1
+"""
+
+
+def test_swf_processors_become_nodes(tmp_path: Path) -> None:
+    tl = traces.read(write(tmp_path, "procs.swf", SWF_PROCS))
+    assert tl.n_nodes == 4
+    notes = " | ".join(tl.notes)
+    assert "processor fields are processors: MaxProcs 32 / MaxNodes 4 = 8 per node" in notes
+    assert "processors from field 5 (allocated) for 3 jobs, field 8 (requested) for 1" in notes
+    assert "skipped 1 jobs: unknown processor count" in notes
+    # 8 procs -> 1 node, 9 -> 2 nodes, 6 requested -> 1 node: all 4 nodes busy from 10 s
+    assert tl.idle_at(5) == {"n0003"} and tl.idle_at(15) == frozenset()
+    # job 4 (64 procs = 8 nodes > the machine) starts with no node free: clamped and counted
+    assert "1 jobs asked for more nodes than the machine has: cut to the machine" in notes
+    assert any(n.startswith("clamped 1 jobs") for n in tl.notes)
+    assert_alternating(tl)
+
+
+def test_swf_partial_executions_replay_the_parts(tmp_path: Path) -> None:
+    text = ("; MaxNodes: 2\n"
+            "7  0 0 100 1 -1 -1 1 200 -1 1 1 1 -1 1 -1 -1 -1\n"  # summary line of a job run in two parts
+            "7  0 0  30 1 -1 -1 1 200 -1 2 1 1 -1 1 -1 -1 -1\n"
+            "7 50 0  40 1 -1 -1 1 200 -1 3 1 1 -1 1 -1 -1 -1\n")
+    tl = traces.read(write(tmp_path, "parts.swf", text))
+    assert tl.idle_node_seconds() == pytest.approx(2 * 90 - 70)
+    assert "skipped 1 jobs: summary lines of jobs run in parts (the parts are replayed)" in tl.notes
+
+
+def test_swf_only_maxprocs_or_nothing(tmp_path: Path) -> None:
+    job = "1 0 0 10 3 -1 -1 3 10 -1 1 1 1 -1 1 -1 -1 -1\n"
+    tl = traces.read(write(tmp_path, "p.swf", "; MaxProcs: 5\n" + job))
+    assert tl.n_nodes == 5 and "machine size 5 nodes (from the log header MaxProcs, no MaxNodes)" in tl.notes
+    tl = traces.read(write(tmp_path, "n.swf", "; Version: 2.2\n" + job))
+    assert tl.n_nodes == 3 and "machine size 3 nodes (peak busy)" in tl.notes

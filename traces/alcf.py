@@ -7,23 +7,23 @@ node names, comma-separated (``x3005c0s19b1n0,...``; numeric ranges such as
 ``3832-3835`` and Slurm-style brackets are expanded). ALCF cuts LOCATION short
 for large jobs; a LOCATION that does not name exactly as many distinct nodes
 as the job used is ignored and the job gets free nodes instead. Timestamps
-are ISO 8601 (naive read as UTC) or unix seconds.
+are ISO 8601 (naive read as UTC) or unix seconds. Numbers are plain ASCII,
+node counts at most ``MAX_NODES``; a LOCATION is expanded only as far as the
+job's node count (see ``traces.sacct``).
 """
 
 from __future__ import annotations
 
-import csv
-import io
 import re
 from pathlib import Path
 
-from traces._text import Lines, data_lines, empty_error
+from traces._text import MAX_NODES, MAX_TIME, Lines, data_lines, empty_error, parse_number
 from traces.jobs import JobTable, jobs_to_timeline
 from traces.model import IdleTimeline
-from traces.sacct import UNSET, expand_hostlist, parse_time
+from traces.sacct import UNSET, HostListError, NameBudget, expand_hostlist, parse_time, split_row
 
 FORMAT = "alcf"
-RANGE = re.compile(r"^(\d+)-(\d+)$")
+RANGE = re.compile(r"^([0-9]{1,9})-([0-9]{1,9})$")
 
 
 def read_alcf(path: Path, nodes: int | None = None) -> IdleTimeline:
@@ -34,23 +34,25 @@ def parse_alcf(path: Path) -> JobTable:
     lines = data_lines(path)
     if not lines.texts:
         raise empty_error(path, "header or jobs")
-    rows = list(csv.reader(io.StringIO("\n".join(lines.texts))))
-    header = [c.strip().lower() for c in rows[0]]
+    header = [c.strip().lower() for c in split_row(lines, 0)]
     need = [c for c in ("start_timestamp", "nodes_used") if c not in header]
     if "end_timestamp" not in header and "runtime_seconds" not in header:
         need.append("end_timestamp or runtime_seconds")
     if need:
         raise lines.error(0, f"ALCF header lacks column(s) {', '.join(c.upper() for c in need)}")
     col = {c: header.index(c) for c in header}
-    if len(rows) == 1:
+    if len(lines.texts) == 1:
         raise empty_error(path, "jobs after the header")
     table = JobTable(path=path, format=FORMAT)
-    for k in range(1, len(rows)):
-        _add_job(lines, k, rows[k], len(header), col, table)
+    budget = NameBudget()
+    for k in range(1, len(lines.texts)):
+        _add_job(lines, k, split_row(lines, k), len(header), col, table, budget)
     return table
 
 
-def _add_job(lines: Lines, k: int, row: list[str], width: int, col: dict[str, int], table: JobTable) -> None:
+def _add_job(
+    lines: Lines, k: int, row: list[str], width: int, col: dict[str, int], table: JobTable, budget: NameBudget
+) -> None:
     if len(row) != width:
         raise lines.error(k, f"expected {width} fields, got {len(row)}")
     start = parse_time(row[col["start_timestamp"]].strip(), lines, k)
@@ -60,6 +62,8 @@ def _add_job(lines: Lines, k: int, row: list[str], width: int, col: dict[str, in
     end = parse_time(row[col["end_timestamp"]].strip(), lines, k) if "end_timestamp" in col else None
     if end is None and "runtime_seconds" in col:
         runtime = _number(lines, k, row[col["runtime_seconds"]], "RUNTIME_SECONDS")
+        if runtime is not None and not 0 <= runtime <= MAX_TIME:
+            raise lines.error(k, f"RUNTIME_SECONDS {runtime:g} is outside [0, {MAX_TIME:g}]")
         end = None if runtime is None else start + runtime
     if end is None:
         end = float("inf")
@@ -70,7 +74,9 @@ def _add_job(lines: Lines, k: int, row: list[str], width: int, col: dict[str, in
     if end <= start:
         table.skip("no run time")
         return
-    names = _location(row[col["location"]]) if "location" in col else None
+    names = _location(lines, k, row[col["location"]], size) if "location" in col else None
+    if names is not None:
+        budget.take(lines, k, len(names))
     table.add(start, end, size, names)
 
 
@@ -78,10 +84,10 @@ def _number(lines: Lines, k: int, text: str, column: str) -> float | None:
     text = text.strip()
     if text.lower() in UNSET:
         return None
-    try:
-        return float(text)
-    except ValueError:
-        raise lines.error(k, f"{column} {text!r} is not a number") from None
+    value = parse_number(text)
+    if value is None:
+        raise lines.error(k, f"{column} {text[:40]!r} is not a number")
+    return value
 
 
 def _size(lines: Lines, k: int, row: list[str], col: dict[str, int]) -> int | None:
@@ -91,17 +97,26 @@ def _size(lines: Lines, k: int, row: list[str], col: dict[str, int]) -> int | No
             if value is not None and value > 0:
                 if not value.is_integer():
                     raise lines.error(k, f"{column.upper()} {value} is not a whole number of nodes")
+                if value > MAX_NODES:
+                    raise lines.error(k, f"{column.upper()} {value:g} is more than {MAX_NODES} nodes")
                 return int(value)
     return None
 
 
-def _location(text: str) -> tuple[str, ...] | None:
-    names = expand_hostlist(text)
+def _location(lines: Lines, k: int, text: str, size: int) -> tuple[str, ...] | None:
+    """The job's node names; None when unset or not naming exactly ``size`` nodes (cut short)."""
+    try:
+        names = expand_hostlist(text, limit=size)
+    except HostListError as exc:
+        raise lines.error(k, f"bad LOCATION: {exc}") from None
     if names is None:
         return None
+    ranges = [RANGE.match(name) for name in names]
+    total = sum(int(m.group(2)) - int(m.group(1)) + 1 if m else 1 for m in ranges)
+    if total > size or any(m and int(m.group(2)) < int(m.group(1)) for m in ranges):
+        return None
     out: list[str] = []
-    for name in names:
-        m = RANGE.match(name)
+    for name, m in zip(names, ranges):
         if m:
             lo, hi = m.group(1), m.group(2)
             out.extend(str(v).zfill(len(lo)) for v in range(int(lo), int(hi) + 1))

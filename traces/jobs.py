@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from traces._text import MAX_NODES
 from traces.model import IdleTimeline, TraceError
 
 
@@ -38,7 +39,9 @@ class JobTable:
     sizes: list[int] = field(default_factory=list)
     names: list[tuple[str, ...] | None] = field(default_factory=list)
     machine_size: int | None = None  # from the log's header, if it says
+    machine_source: str = "from the log header"  # how the header gave it, for the notes
     skipped: dict[str, int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # the reader's own remarks
 
     def add(self, start: float, end: float, size: int, names: tuple[str, ...] | None = None) -> None:
         self.starts.append(start)
@@ -61,6 +64,7 @@ def jobs_to_timeline(table: JobTable, nodes: int | None = None) -> IdleTimeline:
     starts = np.array(table.starts, dtype=np.float64)
     ends = np.array(table.ends, dtype=np.float64)
     sizes = np.array(table.sizes, dtype=np.int64)
+    _check_jobs(table, starts, ends, sizes)
     t0 = float(starts.min())
     finite = ends[np.isfinite(ends)]
     t1 = float(max(starts.max(), finite.max() if finite.size else t0))
@@ -86,6 +90,14 @@ def jobs_to_timeline(table: JobTable, nodes: int | None = None) -> IdleTimeline:
     )
 
 
+def _check_jobs(table: JobTable, starts: np.ndarray, ends: np.ndarray, sizes: np.ndarray) -> None:
+    """Readers validate each line; this guards the sweep (a NaN time would never advance it)."""
+    if not np.all(np.isfinite(starts)) or np.any(np.isnan(ends)) or np.any(ends == -np.inf):
+        raise TraceError(f"{table.path}: a job has a NaN or infinite time")
+    if np.any(sizes < 1) or np.any(sizes > MAX_NODES):
+        raise TraceError(f"{table.path}: a job has a node count outside [1, {MAX_NODES}]")
+
+
 def _complete(names: tuple[str, ...] | None, size: int) -> bool:
     return names is not None and len(names) == size and len(set(names)) == size
 
@@ -102,16 +114,22 @@ def _machine_size(
     table: JobTable, nodes: int | None, starts: np.ndarray, ends: np.ndarray, sizes: np.ndarray, n_named: int
 ) -> int:
     if nodes is not None:
-        if nodes < 1:
-            raise TraceError(f"{table.path}: machine size must be at least 1 node, got {nodes}")
+        if not 1 <= nodes <= MAX_NODES:
+            raise TraceError(f"{table.path}: machine size must be 1 to {MAX_NODES} nodes, got {nodes}")
         if nodes < n_named:
             raise TraceError(
                 f"{table.path}: the log names {n_named} distinct nodes, more than the machine size {nodes}"
             )
         return nodes
-    if table.machine_size is not None:
-        return max(table.machine_size, n_named)
-    return max(peak_busy(starts, ends, sizes), n_named, 1)
+    size = max(table.machine_size, n_named) if table.machine_size is not None else max(
+        peak_busy(starts, ends, sizes), n_named, 1
+    )
+    if size > MAX_NODES:
+        raise TraceError(
+            f"{table.path}: the jobs need {size} nodes at once, more than the {MAX_NODES} a machine may have "
+            f"(give the machine size with --nodes)"
+        )
+    return size
 
 
 def synthetic_names(count: int, taken: set[str] | None = None) -> list[str]:
@@ -160,12 +178,14 @@ class _Assigner:
         out_t: list[float] = []
         out_i: list[int] = []
         out_s: list[bool] = []
-        k = 0
-        while k < len(t_l):
-            now = t_l[k]
+        t_sorted = t[order]
+        cuts = np.flatnonzero(t_sorted[1:] != t_sorted[:-1]) + 1  # finite times: every group ends
+        bounds = zip(np.concatenate(([0], cuts)).tolist(), np.concatenate((cuts, [len(t_l)])).tolist())
+        for lo, hi in bounds:
+            now = t_l[lo]
             freed: list[int] = []
             taken: list[int] = []
-            while k < len(t_l) and t_l[k] == now:
+            for k in range(lo, hi):
                 j = j_l[k]
                 if k_l[k] == 0:
                     freed.extend(self._release(held.pop(j, [])))
@@ -173,7 +193,6 @@ class _Assigner:
                     got = self._claim(int(sizes[j]), names[j], float(ends[j] - starts[j]))
                     held[j] = got
                     taken.extend(got)
-                k += 1
             freed_set, taken_set = set(freed), set(taken)
             for i in freed:
                 if i not in taken_set:
@@ -215,8 +234,9 @@ class _Assigner:
 
 
 def _notes(table: JobTable, machine: int, a: _Assigner, running: int, nodes: int | None) -> list[str]:
-    how = "given" if nodes is not None else "from the log header" if table.machine_size else "peak busy"
+    how = "given" if nodes is not None else table.machine_source if table.machine_size else "peak busy"
     notes = [f"machine size {machine} nodes ({how})", f"{len(table.starts)} jobs"]
+    notes += table.notes
     notes += [f"skipped {n} jobs: {why}" for why, n in sorted(table.skipped.items())]
     if running:
         notes.append(f"{running} jobs without an end time: busy until the end of the log")

@@ -44,7 +44,14 @@ def read(path: str | os.PathLike[str], format: str | None = None, *, nodes: int 
     fmt = detect_format(p) if format is None else format.strip().lower()
     if fmt not in _READERS:
         raise TraceError(f"{p}: unknown format {format!r}; supported formats: {', '.join(FORMATS)}")
-    return _READERS[fmt](p, nodes)
+    try:
+        return _READERS[fmt](p, nodes)
+    except TraceError:
+        raise
+    except (ValueError, OverflowError, MemoryError, RecursionError, UnicodeError) as exc:
+        # Every reader checks its input line by line; this is the last guard, so that
+        # a case they miss is still an error naming the file, never a traceback.
+        raise TraceError(f"{p}: cannot read as {fmt}: {type(exc).__name__}: {exc}") from exc
 
 
 def detect_format(path: Path) -> str:

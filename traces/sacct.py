@@ -7,17 +7,21 @@ Times are unix seconds or ISO 8601 (``2024-01-02T03:04:05``, read as UTC);
 ``Unknown``, ``None`` or empty mean unset. Job steps (``123.batch``, ``123.0``)
 are skipped, as they run on their job's nodes; so are jobs that never started
 or have no run time. A job with no end is busy until the end of the log.
+
+Each line is parsed on its own (a quote left open is an error of that line);
+numbers are plain ASCII; a host list expands to no more names than its job
+has nodes (else its names are ignored), and to at most ``MAX_NAMES`` names over
+the whole log, so a line of a few bytes cannot ask for unbounded work.
 """
 
 from __future__ import annotations
 
 import csv
-import io
 import re
 from datetime import datetime, timezone
 from pathlib import Path
 
-from traces._text import Lines, data_lines, empty_error
+from traces._text import MAX_NAMES, MAX_NODES, MAX_TIME, Lines, data_lines, empty_error, parse_int, parse_number
 from traces.jobs import JobTable, jobs_to_timeline
 from traces.model import IdleTimeline
 
@@ -36,15 +40,35 @@ def parse_sacct(path: Path) -> JobTable:
     if not lines.texts:
         raise empty_error(path, "header or jobs")
     delimiter = "|" if "|" in lines.texts[0] else ","
-    rows = list(csv.reader(io.StringIO("\n".join(lines.texts)), delimiter=delimiter))
-    header = [c.strip().lower() for c in rows[0]]
+    header = [c.strip().lower() for c in split_row(lines, 0, delimiter)]
     col = _columns(lines, header)
-    if len(rows) == 1:
+    if len(lines.texts) == 1:
         raise empty_error(path, "jobs after the header")
     table = JobTable(path=path, format=FORMAT)
-    for k in range(1, len(rows)):
-        _add_job(lines, k, rows[k], len(header), col, table)
+    budget = NameBudget()
+    for k in range(1, len(lines.texts)):
+        _add_job(lines, k, split_row(lines, k, delimiter), len(header), col, table, budget)
     return table
+
+
+def split_row(lines: Lines, k: int, delimiter: str = ",") -> list[str]:
+    """The fields of data line ``k`` (CSV quoting, one line only)."""
+    try:
+        return next(csv.reader([lines.texts[k]], delimiter=delimiter, strict=True), [])
+    except csv.Error as exc:
+        raise lines.error(k, f"bad CSV: {exc}") from None
+
+
+class NameBudget:
+    """Names expanded from host lists so far; an error past ``MAX_NAMES``."""
+
+    def __init__(self) -> None:
+        self.used = 0
+
+    def take(self, lines: Lines, k: int, n: int) -> None:
+        self.used += n
+        if self.used > MAX_NAMES:
+            raise lines.error(k, f"host lists name more than {MAX_NAMES} nodes in total")
 
 
 def _columns(lines: Lines, header: list[str]) -> dict[str, int]:
@@ -61,7 +85,9 @@ def _columns(lines: Lines, header: list[str]) -> dict[str, int]:
     return col
 
 
-def _add_job(lines: Lines, k: int, row: list[str], width: int, col: dict[str, int], table: JobTable) -> None:
+def _add_job(
+    lines: Lines, k: int, row: list[str], width: int, col: dict[str, int], table: JobTable, budget: NameBudget
+) -> None:
     if len(row) < width:
         raise lines.error(k, f"expected {width} fields, got {len(row)}")
     if "." in row[col["jobid"]]:
@@ -72,50 +98,85 @@ def _add_job(lines: Lines, k: int, row: list[str], width: int, col: dict[str, in
     if start is None:
         table.skip("never started")
         return
-    size_text = row[col["nnodes"]].strip()
-    try:
-        size = int(size_text)
-    except ValueError:
-        raise lines.error(k, f"node count {size_text!r} is not an integer") from None
+    size = node_count(lines, k, row[col["nnodes"]], "node count")
     if end is None:
         end = float("inf")
     if end <= start or size <= 0:
         table.skip("no run time")
         return
-    names = expand_hostlist(row[col["nodelist"]]) if "nodelist" in col else None
+    names = job_names(lines, k, row[col["nodelist"]], size, budget) if "nodelist" in col else None
     table.add(start, end, size, names)
 
 
-ISO = re.compile(r"^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?$")
+def node_count(lines: Lines, k: int, text: str, what: str) -> int:
+    """A whole number of nodes in [0, MAX_NODES]."""
+    size = parse_int(text)
+    if size is None:
+        raise lines.error(k, f"{what} {text.strip()[:40]!r} is not an integer")
+    if not 0 <= size <= MAX_NODES:
+        raise lines.error(k, f"{what} {size} is outside [0, {MAX_NODES}]")
+    return size
+
+
+def job_names(lines: Lines, k: int, text: str, size: int, budget: NameBudget) -> tuple[str, ...] | None:
+    """The node names of a host list, or None when unset or not naming ``size`` nodes."""
+    try:
+        names = expand_hostlist(text, limit=size)
+    except HostListError as exc:
+        raise lines.error(k, f"bad host list: {exc}") from None
+    if names is not None:
+        budget.take(lines, k, len(names))
+    return names
+
+
+ISO_ZONED = re.compile(r"^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?(Z|[+-]\d{2}:?\d{2})?$", re.ASCII)
 
 
 def parse_time(text: str, lines: Lines, k: int) -> float | None:
     """Unix seconds or ISO 8601 (naive times read as UTC); None when unset."""
     if text.lower() in UNSET:
         return None
+    value = parse_number(text)
+    if value is None:
+        value = _iso_seconds(text, lines, k)
+    if abs(value) > MAX_TIME:
+        raise lines.error(k, f"time {text[:40]!r} is beyond {MAX_TIME:g} s")
+    return value
+
+
+def _iso_seconds(text: str, lines: Lines, k: int) -> float:
+    if not ISO_ZONED.match(text):
+        raise lines.error(k, f"time {text[:40]!r} is neither unix seconds nor ISO 8601")
     try:
-        return float(text)
-    except ValueError:
-        pass
-    if ISO.match(text):
-        return datetime.fromisoformat(text).replace(tzinfo=timezone.utc).timestamp()
-    try:
-        stamp = datetime.fromisoformat(text)
-    except ValueError:
-        raise lines.error(k, f"time {text!r} is neither unix seconds nor ISO 8601") from None
+        stamp = datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith("Z") else text)
+    except ValueError as exc:
+        raise lines.error(k, f"time {text!r} is not a valid date: {exc}") from None
     if stamp.tzinfo is None:
         stamp = stamp.replace(tzinfo=timezone.utc)
     return stamp.timestamp()
 
 
-def expand_hostlist(text: str) -> tuple[str, ...] | None:
-    """Slurm host list to names: ``a[01-03,7],b2`` -> a01 a02 a03 a7 b2; None when unset."""
+class HostListError(ValueError):
+    """A host list that is malformed or names too many nodes."""
+
+
+def expand_hostlist(text: str, limit: int = MAX_NODES) -> tuple[str, ...] | None:
+    """Slurm host list to names: ``a[01-03,7],b2`` -> a01 a02 a03 a7 b2; None when unset.
+
+    None too when it would name more than ``limit`` nodes (it cannot be the
+    job's list then); the count is known before anything is expanded.
+    HostListError for unbalanced or nested brackets and reversed ranges.
+    """
     text = text.strip()
     if text.lower() in UNSET or text.lower().startswith("none"):
         return None
+    items = [_parse_item(item) for item in _split_top(text)]
+    total = sum(_count(parts) for parts in items)
+    if total > limit:
+        return None
     names: list[str] = []
-    for item in _split_top(text):
-        names.extend(_expand_item(item))
+    for parts in items:
+        names.extend(_expand(parts))
     return tuple(names)
 
 
@@ -127,29 +188,57 @@ def _split_top(text: str) -> list[str]:
             depth += 1
         elif ch == "]":
             depth -= 1
+        if depth not in (0, 1):
+            raise HostListError(f"unbalanced or nested brackets in {text[:60]!r}")
         if ch == "," and depth == 0:
             parts.append("".join(cur))
             cur = []
         else:
             cur.append(ch)
+    if depth != 0:
+        raise HostListError(f"unbalanced brackets in {text[:60]!r}")
     parts.append("".join(cur))
     return [p.strip() for p in parts if p.strip()]
 
 
-def _expand_item(item: str) -> list[str]:
-    m = re.search(r"\[([^\]]*)\]", item)
-    if m is None:
-        return [item]
-    head, tail = item[: m.start()], item[m.end():]
-    out: list[str] = []
-    for piece in m.group(1).split(","):
-        lo, dash, hi = piece.partition("-")
-        if not dash:
-            values = [lo]
-        elif lo.isdigit() and hi.isdigit():
-            values = [str(v).zfill(len(lo)) for v in range(int(lo), int(hi) + 1)]
-        else:
-            values = [piece]
-        for v in values:
-            out.extend(_expand_item(head + v + tail))
-    return out
+def _parse_item(item: str) -> list[list[tuple[int, int, int] | str]]:
+    """``c[01-02]s[8,9]`` -> [["c"], [(1, 2, 2)], ["s"], [(8, 8, 1), (9, 9, 1)]]: choices per slot."""
+    slots: list[list[tuple[int, int, int] | str]] = []
+    for k, piece in enumerate(re.split(r"[\[\]]", item)):
+        if k % 2 == 0:
+            if piece:
+                slots.append([piece])
+            continue
+        choices: list[tuple[int, int, int] | str] = []
+        for spec in piece.split(","):
+            lo, dash, hi = spec.strip().partition("-")
+            if dash and lo.isascii() and hi.isascii() and lo.isdigit() and hi.isdigit():
+                if int(hi) < int(lo) or len(lo) > 9 or len(hi) > 9:
+                    raise HostListError(f"bad range {spec[:30]!r}")
+                choices.append((int(lo), int(hi), len(lo)))
+            else:
+                choices.append(spec.strip())
+        slots.append(choices)
+    return slots
+
+
+def _count(slots: list[list[tuple[int, int, int] | str]]) -> int:
+    total = 1
+    for choices in slots:
+        total *= sum(c[1] - c[0] + 1 if isinstance(c, tuple) else 1 for c in choices)
+        if total > MAX_NAMES:
+            return MAX_NAMES + 1
+    return total
+
+
+def _expand(slots: list[list[tuple[int, int, int] | str]]) -> list[str]:
+    names = [""]
+    for choices in slots:
+        values: list[str] = []
+        for c in choices:
+            if isinstance(c, tuple):
+                values.extend(str(v).zfill(c[2]) for v in range(c[0], c[1] + 1))
+            else:
+                values.append(c)
+        names = [head + v for head in names for v in values]
+    return names

@@ -1,6 +1,12 @@
 """Synthetic idle-node timelines whose idle fragments follow a real log (MalleTrain Fig. 3.9).
 
-Each node alternates idle fragments and busy periods, independently of the
+Two generators. ``generate(..., bursts=model)`` (and ``summit_like()``, the
+embedded default) releases and recalls nodes in groups at a drifting rate
+(``traces.bursts``): the idle pool has the real log's bursts. Without
+``bursts``, the independent-node model below: the right mean and fragment
+lengths, but no bursts.
+
+Independent nodes: each node alternates idle fragments and busy periods, independently of the
 other nodes. Fragment lengths are ``floor + Y`` with ``log Y`` a Gaussian
 mixture fitted to a real log by EM; busy periods are lognormal, with the
 spread of the real log's busy periods and the mean that gives the real idle
@@ -17,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from traces.bursts import BurstModel, fit_bursts as _fit_bursts, simulate
 from traces.jobs import synthetic_names
 from traces.model import IdleTimeline
 from traces.stats import fragment_lengths, trace_stats
@@ -97,6 +104,24 @@ SUMMIT = FragmentModel(
 )
 
 
+# Fitted from the same Summit week with ``fit_bursts(summit, SUMMIT)``; the test
+# that checks SUMMIT also checks these numbers against a fresh fit.
+SUMMIT_BURSTS = BurstModel(
+    fragments=SUMMIT,
+    size_probs=(0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8,
+                0.85, 0.9, 0.95, 0.97, 0.98, 0.99, 0.995, 0.998, 0.999, 1.0),
+    size_quantiles=(1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 2.0, 2.0, 3.0, 4.0, 5.0, 8.0, 9.0, 13.0, 16.0, 21.0,
+                    32.0, 50.0, 100.0, 145.0, 237.0, 512.0, 999.0, 1600.0, 1769.0, 2780.0),
+    subgroup_a=0.545672,
+    subgroup_b=0.260698,
+    rate_sigma=1.760497,
+    rate_tau_s=3180.0,
+    rate_cap=11.841,
+    peak_fraction=0.862484,
+    ref_nodes=4734,
+)
+
+
 def fit_fragments(tl: IdleTimeline, components: int = 3, iterations: int = 300) -> FragmentModel:
     """Fit the idle-fragment and busy-period model to a timeline (complete fragments only)."""
     lengths = fragment_lengths(tl)
@@ -164,6 +189,7 @@ def generate(
     seed: int = 0,
     start: float = 0.0,
     resolution_s: float = 1.0,
+    bursts: BurstModel | None = None,
 ) -> IdleTimeline:
     """A timeline of ``n_nodes`` nodes over ``[start, start + duration_s]``.
 
@@ -173,6 +199,10 @@ def generate(
     average); a coarser resolution batches the synthetic trace likewise, at a
     cost in fidelity of fragment lengths (KS distance to the Summit week: 0.028
     at 1 s, 0.079 at 30 s, 0.107 at 60 s), so the default stays at 1 s.
+
+    With ``bursts``, nodes are released and recalled in groups (``traces.bursts``;
+    its fragment model is used, ``fragments`` must be None); without, every
+    node alternates on its own.
     """
     if not resolution_s >= 1.0:
         raise ValueError(f"resolution_s must be at least 1 s, got {resolution_s}")
@@ -180,6 +210,10 @@ def generate(
         raise ValueError(f"n_nodes must be at least 1, got {n_nodes}")
     if not duration_s > 0:
         raise ValueError(f"duration_s must be positive, got {duration_s}")
+    if bursts is not None:
+        if fragments is not None:
+            raise ValueError("give fragments or bursts, not both: a burst model holds its fragment model")
+        return _generate_bursty(n_nodes, duration_s, bursts, seed, start, float(resolution_s))
     model = SUMMIT if fragments is None else fragments
     rng = np.random.default_rng(seed)
     idle0 = rng.random(n_nodes) < model.idle_fraction
@@ -212,7 +246,7 @@ def generate(
         t[active] = flips[:, -1] + length[:, -1]
         active = active[t[active] < duration_s]
     return IdleTimeline.from_arrays(
-        source=f"synthetic(n_nodes={n_nodes}, duration_s={duration_s:g}, seed={seed})",
+        source=f"SYNTHETIC independent(n_nodes={n_nodes}, duration_s={duration_s:g}, seed={seed})",
         format=FORMAT,
         nodes=synthetic_names(n_nodes),
         start=start,
@@ -224,14 +258,45 @@ def generate(
     )
 
 
+def _generate_bursty(
+    n_nodes: int, duration_s: float, model: BurstModel, seed: int, start: float, res: float
+) -> IdleTimeline:
+    rng = np.random.default_rng(seed)
+    times, ids, idle = simulate(model, n_nodes, duration_s, rng, res)
+    return IdleTimeline.from_arrays(
+        source=f"SYNTHETIC bursty(n_nodes={n_nodes}, duration_s={duration_s:g}, seed={seed})",
+        format=FORMAT,
+        nodes=synthetic_names(n_nodes),
+        start=start,
+        end=start + duration_s,
+        initial_idle=np.zeros(n_nodes, dtype=bool),  # reports before start fold in: steady state
+        times=start + times,
+        node_ids=ids,
+        idle=idle,
+    )
+
+
+def fit_bursts(tl: IdleTimeline, fragments: FragmentModel | None = None) -> BurstModel:
+    """The burst model of ``tl`` (fragment model fitted too unless given)."""
+    return _fit_bursts(tl, fit_fragments(tl) if fragments is None else fragments)
+
+
 def _block_size(model: FragmentModel, duration_s: float) -> int:
     """Periods drawn per node per round: about a whole trace's worth, even, at most 512."""
     cycles = duration_s / (model.mean_idle_s + model.mean_busy_s)
     return int(min(512, max(2, 2 * math.ceil(1.2 * cycles))))
 
 
-def summit_like(n_nodes: int = 4608, duration_s: float = 7 * 86400, seed: int = 0) -> IdleTimeline:
-    """The embedded default trace: Summit's fragment model (needs no data file)."""
+def summit_like(
+    n_nodes: int = 4608, duration_s: float = 7 * 86400, seed: int = 0, *, bursty: bool = True
+) -> IdleTimeline:
+    """The embedded default trace (needs no data file): SYNTHETIC, fitted to the Summit week.
+
+    Bursty (``SUMMIT_BURSTS``) by default; ``bursty=False`` gives the
+    independent-node model (``SUMMIT``) of earlier versions.
+    """
+    if bursty:
+        return generate(n_nodes, duration_s, bursts=SUMMIT_BURSTS, seed=seed)
     return generate(n_nodes, duration_s, fragments=SUMMIT, seed=seed)
 
 

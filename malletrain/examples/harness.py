@@ -26,6 +26,7 @@ import zmq
 
 from malletrain.messages import MessageError, Report, decode, decode_report
 from malletrain.runtimes.torch_elastic import TorchRuntime
+from malletrain.workerenv import DEFAULT_STORE_GRACE_S
 
 
 @dataclass
@@ -53,7 +54,8 @@ def example_command(*args: str) -> list[str]:
 class LocalJob:
     """One job's runtime, workers and monitor; a context manager that leaves no process behind."""
 
-    def __init__(self, job: str, command: Sequence[str], *, collective_timeout_s: float = 3.0) -> None:
+    def __init__(self, job: str, command: Sequence[str], *, collective_timeout_s: float = 3.0,
+                 store_grace_s: float = DEFAULT_STORE_GRACE_S) -> None:
         self.job = job
         self.command = list(command)
         self._zctx = zmq.Context.instance()
@@ -61,7 +63,8 @@ class LocalJob:
         self._pull.setsockopt(zmq.LINGER, 0)
         port = self._pull.bind_to_random_port("tcp://127.0.0.1")
         self.monitor = f"tcp://127.0.0.1:{port}"
-        self.runtime = TorchRuntime("127.0.0.1", 0, monitor=self.monitor, collective_timeout_s=collective_timeout_s)
+        self.runtime = TorchRuntime("127.0.0.1", 0, monitor=self.monitor, collective_timeout_s=collective_timeout_s,
+                                    store_grace_s=store_grace_s)
         self.runtime.start()
         self.workers: dict[str, Worker] = {}
         self.reports: list[tuple[float, Report]] = []  # (receive time, report)

@@ -12,7 +12,12 @@ Models of different scalability, all on CPU with one thread:
 
 Each step trains on ``--batch`` samples per worker, reports the global batch
 (``--batch`` x world size) with :func:`malletrain.client.report` and commits.
-The job ends when ``--samples`` samples were trained. Data is drawn from a
+The job ends when ``--samples`` samples were trained (rounded up to whole
+steps). Under the daemon, give it the job's own target so the two agree:
+``command = ["python", "-m", "malletrain.examples.train", "--samples", "{samples}"]``
+with ``samples = N`` in the job file (the daemon then stops it at N, or it
+exits 0 at N; both are COMPLETED). With a smaller ``--samples`` than the job's
+target the script exits 0 early, and ``malletrain status`` says so. Data is drawn from a
 generator seeded by (seed, step, rank), so a rescale replays nothing.
 With ``--trace`` every committed step prints one JSON line (worker, generation,
 rank, world, step, samples, a hash of the parameters) and every rescale one
@@ -142,7 +147,8 @@ def parse_args(argv: Sequence[str] | None) -> Options:
     p.add_argument("--model", default="mlp", choices=["mlp", "cnn", "linear"])
     p.add_argument("--width", type=int, default=1024, help="hidden width of the mlp")
     p.add_argument("--batch", type=int, default=32, help="samples per worker per step")
-    p.add_argument("--samples", type=int, default=20_000, help="total samples to train")
+    p.add_argument("--samples", type=int, default=20_000,
+                   help="total samples to train, then exit 0 (in a job file: \"{samples}\", the job's target)")
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--step-sleep", type=float, default=0.0, help="extra seconds per step (tests)")
@@ -168,7 +174,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _emit({"ev": "done", "worker": state.worker, "step": steps, "samples": state.samples,
                "hash": param_hash(state.model), "loss": state.extra.get("loss")})
     else:
-        print(f"trained {state.samples} samples in {steps} steps; last loss {state.extra.get('loss', float('nan')):.4f}")
+        print(f"trained {state.samples} samples (target --samples {opts.samples}) in {steps} steps; "
+              f"last loss {state.extra.get('loss', float('nan')):.4f}")
     return 0
 
 

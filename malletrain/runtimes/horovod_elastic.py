@@ -51,11 +51,12 @@ import time
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import psutil
 
 from malletrain.runtimes import LaunchSpec
+from malletrain.workerenv import ENV_HOROVOD_JOB_DIR, ENV_JOB, ENV_WORKER, WorkerEnv  # noqa: F401  (ENV_JOB, ENV_WORKER: re-exported)
 
 MODULE = "malletrain.runtimes.horovod_elastic"
 HOSTS_FILE = "hosts"
@@ -65,10 +66,7 @@ CANCELLED_FILE = "cancelled"
 DISCOVERY_SCRIPT = "discover.sh"
 DRIVER_LOG = "driver.log"
 HOLD_POLL_S = 0.2
-ENV_JOB = "MALLETRAIN_JOB"
-"""Job id, as :mod:`malletrain.client` reads it."""
-ENV_WORKER = "MALLETRAIN_WORKER"
-ENV_JOB_DIR = "MALLETRAIN_HOROVOD_JOB_DIR"
+ENV_JOB_DIR = ENV_HOROVOD_JOB_DIR
 """Set for the driver and its workers: the job directory (see :func:`current_generation`)."""
 STOP_GRACE_S = 10.0
 
@@ -209,6 +207,9 @@ class HorovodRuntime:
         self.horovodrun = tuple(horovodrun) if horovodrun is not None else (python, "-m", "horovod.runner.launch")
         self.extra_args = tuple(extra_args)
         self.env = dict(env or {})
+        # per-job variables for the driver and so every Horovod worker (the daemon puts the job's
+        # report-signing secret here: the workers the driver spawns never see the slot holders' env)
+        self.job_env: Callable[[str], dict[str, str]] = lambda job_id: {}
         self._jobs: dict[str, _Job] = {}
         self._lock = threading.Lock()
 
@@ -243,7 +244,7 @@ class HorovodRuntime:
             job.nodes[worker_id] = node
             job.ever_members.discard(worker_id)  # a relaunched id starts fresh
             argv = (self.python, "-m", MODULE, "hold", "--job-dir", str(job.dir), "--worker", worker_id)
-            return LaunchSpec(argv=argv, env={ENV_JOB: job_id, ENV_WORKER: worker_id})
+            return LaunchSpec(argv=argv, env=WorkerEnv(job=job_id, worker=worker_id).to_environ())
 
     def set_members(self, job_id: str, members: Sequence[str]) -> int:
         """Publish the new membership (hosts file + members.json); start the driver the first time."""
@@ -411,7 +412,8 @@ class HorovodRuntime:
     def _start_driver(self, job: _Job, np: int) -> subprocess.Popen[bytes]:
         argv = [self.python, "-m", MODULE, "drive", "--job-dir", str(job.dir), "--"]
         argv += self._horovodrun_argv(job, np)
-        env = {**os.environ, **self.env, ENV_JOB: job.job_id, ENV_JOB_DIR: str(job.dir)}
+        own = WorkerEnv(job=job.job_id, runtime=self.name, horovod_job_dir=job.dir).to_environ()
+        env = {**os.environ, **self.env, **self.job_env(job.job_id), **own}
         with open(job.dir / DRIVER_LOG, "ab") as log:
             return subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,

@@ -37,46 +37,39 @@ workers switch to it at their next commit without losing a step.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
+import socket
 import threading
 from datetime import timedelta
 from typing import Any, Sequence
 
 from malletrain.runtimes import LaunchSpec
+from malletrain.workerenv import (  # noqa: F401  (ENV_* and parse_address: re-exported for older callers)
+    DEFAULT_COLLECTIVE_TIMEOUT_S,
+    DEFAULT_STORE_GRACE_S,
+    ENV_COLLECTIVE_TIMEOUT,
+    ENV_JOB,
+    ENV_MONITOR,
+    ENV_RUNTIME,
+    ENV_STORE,
+    ENV_STORE_GRACE,
+    ENV_WORKER,
+    WorkerEnv,
+    check_id,
+    format_address,
+    parse_address,
+)
 
 log = logging.getLogger("malletrain.runtimes.torch")
 
-#: Environment variables set for every worker (the job manager may add more).
-ENV_JOB = "MALLETRAIN_JOB"
-ENV_WORKER = "MALLETRAIN_WORKER"
-ENV_MONITOR = "MALLETRAIN_MONITOR"
-ENV_STORE = "MALLETRAIN_STORE"
-ENV_RUNTIME = "MALLETRAIN_RUNTIME"
-ENV_TIMEOUT = "MALLETRAIN_COLLECTIVE_TIMEOUT"
-ENV_STORE_GRACE = "MALLETRAIN_STORE_GRACE"
-
-DEFAULT_COLLECTIVE_TIMEOUT_S = 3.0
-"""Seconds a gloo collective (or a group rendezvous) waits for a silent peer."""
-
-DEFAULT_STORE_GRACE_S = 60.0
-"""Seconds workers keep training without the daemon's store (a daemon restart) before they exit."""
-
-_FORBIDDEN_ID_CHARS = frozenset("/ \t\n\r")
+ENV_TIMEOUT = ENV_COLLECTIVE_TIMEOUT  # the name before malletrain.workerenv
 
 
 class RuntimeStateError(RuntimeError):
     """The runtime was used in the wrong state (e.g. before :meth:`TorchRuntime.start`)."""
-
-
-def check_id(kind: str, value: str) -> str:
-    """``value`` if it is a usable job or worker id, else ``ValueError`` naming it."""
-    if not isinstance(value, str) or not value:
-        raise ValueError(f"{kind} id must be a non-empty string, got {value!r}")
-    bad = sorted(set(value) & _FORBIDDEN_ID_CHARS)
-    if bad:
-        raise ValueError(f"{kind} id {value!r} contains forbidden characters {bad!r}")
-    return value
 
 
 def gen_key(job: str) -> str:
@@ -158,18 +151,30 @@ def parse_members(raw: bytes, job: str, gen: int) -> tuple[str, ...]:
     return tuple(members)
 
 
-def parse_address(text: str, what: str = ENV_STORE) -> tuple[str, int]:
-    """``host:port`` -> (host, port); a ``ValueError`` names ``what`` and the text."""
-    host, sep, port_text = text.rpartition(":")
-    if not sep or not host:
-        raise ValueError(f"{what}={text!r} is not host:port")
+def listen_socket(bind: str, port: int) -> int:
+    """A listening TCP socket on ``bind``:``port`` (0: any free port); returns its fd, which the caller owns.
+
+    ``OSError`` (port busy, address not on this host) names the address.
+    """
     try:
-        port = int(port_text)
-    except ValueError:
-        raise ValueError(f"{what}={text!r}: port {port_text!r} is not an integer") from None
-    if not 0 < port < 65536:
-        raise ValueError(f"{what}={text!r}: port {port} out of range")
-    return host.strip("[]"), port
+        infos = socket.getaddrinfo(bind, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise OSError(f"rendezvous bind address {bind!r}: {exc}") from None
+    family, kind, proto, _, sockaddr = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restarted daemon reuses its port
+        sock.bind(sockaddr)
+        sock.listen(512)
+    except OSError as exc:
+        sock.close()
+        raise OSError(exc.errno, f"cannot listen on {format_address((bind, port))}: {exc.strerror}") from None
+    return sock.detach()
+
+
+def _port_of(fd: int) -> int:
+    with socket.socket(fileno=socket.dup(fd)) as sock:
+        return int(sock.getsockname()[1])
 
 
 class TorchRuntime:
@@ -182,6 +187,11 @@ class TorchRuntime:
     ``MALLETRAIN_MONITOR`` (the job manager may also set it itself).
     ``store_grace_s`` is how long workers train on without the store
     (``MALLETRAIN_STORE_GRACE``).
+
+    ``bind`` is the interface address the store listens on (default: ``host``,
+    so a local daemon listens on loopback only). The store holds every job's
+    membership and checkpoints and has no authentication: never bind it to
+    all interfaces (``0.0.0.0``/``::``) on a shared network.
     """
 
     name = "torch"
@@ -193,6 +203,7 @@ class TorchRuntime:
         monitor: str | None = None,
         collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S,
         store_grace_s: float = DEFAULT_STORE_GRACE_S,
+        bind: str | None = None,
     ) -> None:
         if collective_timeout_s <= 0:
             raise ValueError(f"collective_timeout_s must be > 0, got {collective_timeout_s}")
@@ -200,6 +211,7 @@ class TorchRuntime:
             raise ValueError(f"store_grace_s must be > 0, got {store_grace_s}")
         self.store_grace_s = store_grace_s
         self.host = host
+        self.bind = bind or host
         self._port = port
         self.monitor = monitor
         self.collective_timeout_s = collective_timeout_s
@@ -220,18 +232,27 @@ class TorchRuntime:
             import torch.distributed as dist  # lazy: the daemon may run without torch
 
             def serve(port: int) -> Any:
-                return dist.TCPStore(self.host, port, is_master=True, wait_for_workers=False,
-                                     timeout=timedelta(seconds=30))
+                # TCPStore's own server listens on every interface; it gets a socket bound to ours
+                fd = listen_socket(self.bind, port)
+                try:
+                    return dist.TCPStore(self.host, _port_of(fd), is_master=True, wait_for_workers=False,
+                                         timeout=timedelta(seconds=30), master_listen_fd=fd, use_libuv=True)
+                except BaseException:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+                    raise
 
             try:
                 self._store = serve(self._port)
-            except (dist.DistError, RuntimeError) as exc:
+            except (OSError, dist.DistError, RuntimeError) as exc:
                 if not self._port:
                     raise
                 log.warning("rendezvous port %d is not free (%s); picking another: running workers "
                             "cannot reconnect", self._port, exc)
                 self._store = serve(0)
             self._port = int(self._store.port)
+            log.info("rendezvous store listening on %s (workers reach it at %s)",
+                     format_address((self.bind, self._port)), format_address((self.host, self._port)))
 
     def close(self) -> None:
         """Stop serving the store (workers still connected lose it); idempotent."""
@@ -247,7 +268,7 @@ class TorchRuntime:
     def address(self) -> str:
         """``host:port`` of the store, as given to workers in ``MALLETRAIN_STORE``."""
         self._require_store()
-        return f"{self.host}:{self._port}"
+        return format_address((self.host, self._port))
 
     def _require_store(self) -> Any:
         if self._store is None:
@@ -262,16 +283,16 @@ class TorchRuntime:
         argv = tuple(command)
         if not argv or not all(isinstance(a, str) and a for a in argv):
             raise ValueError(f"job {job_id}: command must be a non-empty list of non-empty strings, got {command!r}")
-        env = {
-            ENV_JOB: job_id,
-            ENV_WORKER: worker_id,
-            ENV_STORE: self.address,
-            ENV_RUNTIME: self.name,
-            ENV_TIMEOUT: repr(self.collective_timeout_s),
-            ENV_STORE_GRACE: repr(self.store_grace_s),
-        }
-        if self.monitor:
-            env[ENV_MONITOR] = self.monitor
+        self._require_store()
+        env = WorkerEnv(
+            job=job_id,
+            worker=worker_id,
+            monitor=self.monitor or None,
+            runtime=self.name,
+            store=(self.host, self._port),
+            collective_timeout_s=self.collective_timeout_s,
+            store_grace_s=self.store_grace_s,
+        ).to_environ()
         with self._lock:
             self._workers.setdefault(job_id, set()).add(worker_id)
         return LaunchSpec(argv=argv, env=env)

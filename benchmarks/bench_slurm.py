@@ -1,0 +1,134 @@
+"""Main-queue impact of the Slurm pilots, on a real Slurm cluster started on this machine.
+
+    python benchmarks/bench_slurm.py [--runs 10] [--nodes 4] [--prod-nodes 2]
+
+Per run, the same production job (``-p prod``, ``--prod-nodes`` nodes) is submitted
+twice: once on idle nodes (baseline), once on nodes our pilots hold (real node
+agents, connected to an agent hub, which exit within a second of SIGTERM). A
+job's start is the time its batch script writes on its node; its delay is
+start minus ``sbatch`` time. Printed per run and as median / max:
+
+* the extra delay: held minus idle, the promise to the centre (goal <= 2 s);
+* preemption -> ``ended(preempted)`` reported by the backend (polling every 0.2 s).
+
+The last line reads ``main-queue delay: median X s, max Y s over N runs``.
+Needs Slurm (installed with apt when missing, as root).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from scavenger.base import AgentUp, EndReason, PilotEnded, PilotEvent, PilotRequest, PilotStarted
+from scavenger.hub import AgentHub
+from scavenger.slurm import SlurmBackend, SlurmConfig
+from scavenger.testing.slurm_cluster import ClusterUnavailable, SlurmCluster
+
+
+def wait_for(what: str, pred, timeout: float = 60.0, tick=None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if tick is not None:
+            tick()
+        if pred():
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"{what}: not within {timeout:g} s")
+
+
+def prod_start_delay(cluster: SlurmCluster, nodes: list[str], out: Path, tick=None) -> tuple[float, float]:
+    """Submit the prod job; (submit time, delay until its script ran on its node)."""
+    out.unlink(missing_ok=True)
+    t0 = time.time()
+    cluster.run(["sbatch", "--parsable", "-p", "prod", f"-N{len(nodes)}", "-w", ",".join(nodes),
+                 "-o", "/dev/null", "--wrap", f"date +%s.%N > {out}"])
+    wait_for("prod job start", lambda: out.exists() and out.read_text().strip() != "", tick=tick)
+    return t0, float(out.read_text().split()[0]) - t0
+
+
+def wait_idle(cluster: SlurmCluster, nodes: list[str]) -> None:
+    def idle() -> bool:
+        res = cluster.run(["sinfo", "-N", "-h", "-p", "preemptable", "-o", "%N %t"], check=False)
+        states = dict(line.split() for line in res.stdout.splitlines() if len(line.split()) == 2)
+        return all(states.get(n) == "idle" for n in nodes)
+
+    wait_for("nodes idle", idle)
+
+
+def one_run(cluster: SlurmCluster, tmp: Path, run: int, prod_nodes: list[str]) -> tuple[float, float, float]:
+    wait_idle(cluster, list(cluster.nodes))
+    _, idle_delay = prod_start_delay(cluster, prod_nodes, tmp / "prod-idle")
+    wait_idle(cluster, list(cluster.nodes))
+
+    hub = AgentHub(dead_after_s=30.0)
+    cfg = SlurmConfig(daemon_address=hub.address, job_name=f"mt-bench-{run}", env=cluster.env,
+                      submit_rate=50.0, submit_burst=50, output="/dev/null")
+    backend = SlurmBackend(cfg)
+    events: list[PilotEvent] = []
+    agents: set[str] = set()
+    ended_at: dict[str, float] = {}
+
+    def tick() -> None:
+        for ev in hub.poll(20):
+            if isinstance(ev, AgentUp):
+                agents.add(ev.node)
+        for ev in backend.poll():
+            events.append(ev)
+            if isinstance(ev, PilotEnded):
+                ended_at[ev.pilot] = time.time()
+
+    try:
+        pilots = {backend.submit(PilotRequest((n,))): n for n in sorted(backend.discover().idle)}
+        started = lambda: set(pilots) <= {e.pilot for e in events if isinstance(e, PilotStarted)}  # noqa: E731
+        wait_for("pilots running, agents up", lambda: started() and set(pilots.values()) <= agents, tick=tick)
+        t0, held_delay = prod_start_delay(cluster, prod_nodes, tmp / "prod-held", tick=tick)
+        victims = {p for p, n in pilots.items() if n in prod_nodes}
+        wait_for("preemptions reported", lambda: victims <= set(ended_at), tick=tick)
+        reasons = {e.reason for e in events if isinstance(e, PilotEnded) and e.pilot in victims}
+        if reasons != {EndReason.PREEMPTED}:
+            raise RuntimeError(f"run {run}: pilots ended with {reasons}, expected preempted")
+        report = max(ended_at[p] for p in victims) - t0
+    finally:
+        backend.close()
+        cluster.cancel_all()
+        hub.close()
+    return idle_delay, held_delay, report
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--nodes", type=int, default=4)
+    ap.add_argument("--prod-nodes", type=int, default=2)
+    args = ap.parse_args(argv)
+    try:
+        cluster = SlurmCluster(args.nodes).start()
+    except ClusterUnavailable as exc:
+        print(f"bench_slurm: no Slurm cluster: {exc}", file=sys.stderr)
+        return 2
+    extra, idle_d, held_d, reports = [], [], [], []
+    try:
+        prod_nodes = list(cluster.nodes[: args.prod_nodes])
+        with tempfile.TemporaryDirectory(prefix="mt-bench-slurm-") as tmp:
+            for run in range(args.runs):
+                i, h, r = one_run(cluster, Path(tmp), run, prod_nodes)
+                idle_d.append(i), held_d.append(h), extra.append(h - i), reports.append(r)
+                print(f"run {run + 1}: prod start on idle nodes {i:.2f} s, on held nodes {h:.2f} s, "
+                      f"extra {h - i:+.2f} s; preempted reported after {r:.2f} s", flush=True)
+    finally:
+        cluster.stop()
+    med, mx = statistics.median, max
+    print(f"prod start delay on idle nodes: median {med(idle_d):.2f} s, max {mx(idle_d):.2f} s")
+    print(f"prod start delay on held nodes: median {med(held_d):.2f} s, max {mx(held_d):.2f} s")
+    print(f"prod sbatch -> ended(preempted) reported: median {med(reports):.2f} s, max {mx(reports):.2f} s")
+    print(f"main-queue delay: median {med(extra):.2f} s, max {mx(extra):.2f} s over {len(extra)} runs")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

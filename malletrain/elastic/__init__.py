@@ -1,0 +1,112 @@
+"""The ``torch`` runtime, worker side: elastic data-parallel training with plain PyTorch.
+
+.. code-block:: python
+
+    from malletrain.client import report
+    from malletrain.elastic import State, run
+
+    def train(state: State) -> None:
+        model = state.ddp()                      # DDP for the current world
+        while state.samples < total:
+            loss = loss_fn(model(x), y); opt.zero_grad(); loss.backward(); opt.step()
+            state.step += 1; state.samples += global_batch
+            report(global_batch)                 # the one line
+            state.commit()                       # rescale point
+
+    run(train, State(model, opt))
+
+Workers stay alive across rescales. At :meth:`State.commit` the state
+(model, optimizer and counters) is snapshot in memory and rank 0 reads the
+job's generation from the daemon's store (:mod:`malletrain.runtimes.torch_elastic`)
+and broadcasts its decision, so every rank switches at the same step. A switch
+happens once all members of the new generation have connected (new workers are
+started ahead and wait): the old gloo group is destroyed, workers not in the new
+member list leave (``SystemExit(0)`` from :func:`run`), the others meet at a
+store barrier, create a gloo group for the new world under a fresh store prefix
+and take the state of the member with the newest commit (a survivor). Then
+:meth:`commit` raises :class:`Rescaled` and :func:`run` calls the training
+function again, which picks up the counters and wraps the model in a new DDP.
+
+On a recall a peer dies: a collective fails at once ("connection closed by
+peer") or after the short collective timeout (``MALLETRAIN_COLLECTIVE_TIMEOUT``,
+3 s). :func:`run` then rolls back to the last commit, waits for the next
+generation (the job manager publishes it after the recall) and re-joins.
+
+A daemon restart (even ``kill -9``) takes the store away. Training goes on:
+rank 0's check at a commit fails soft and it probes the store's address every
+half second; a store operation a worker cannot do without (a switch, a wait
+for a generation) waits for the store to come back. Once it is back (a new,
+empty store on the same port), rank 0 marks its whole world ready and reports
+its generation, the daemon publishes the re-adopted workers as a newer
+generation and the world switches to it at its next commit, keeping every
+step. If the store stays away longer than ``MALLETRAIN_STORE_GRACE``
+(60 s), the workers exit with code 75 (:data:`EXIT_STORE_LOST`).
+
+Outside malletrain (no ``MALLETRAIN_STORE``) the same script runs as a
+single worker in a one-process gloo group.
+
+Modules: :mod:`~malletrain.elastic.rendezvous` (the store's keys, reconnection,
+checkpoints in the store), :mod:`~malletrain.elastic.snapshot` (committed state,
+its broadcast and its safe checkpoint bytes), :mod:`~malletrain.elastic.state`
+(:class:`State`: join, commit, switch, recover, leave), :mod:`~malletrain.elastic.loop`
+(:func:`run`) and :mod:`~malletrain.elastic.errors`. The environment variables a
+worker reads are in :mod:`malletrain.workerenv`.
+"""
+
+from __future__ import annotations
+
+from malletrain.elastic.errors import (
+    EXIT_STORE_LOST,
+    LeaveJob,
+    Rescaled,
+    StoreLost,
+    StoreUnavailable,
+    is_comm_failure,
+    is_store_loss,
+)
+from malletrain.elastic.loop import run
+from malletrain.elastic.rendezvous import (
+    HANDOVER_WAIT_S,
+    POLL_S,
+    PUBLISH_POLL_S,
+    RECONNECT_EVERY_S,
+    WAIT_CHUNK_S,
+    Rendezvous,
+)
+from malletrain.elastic.snapshot import (
+    CheckpointError,
+    Snapshot,
+    _extract,
+    _inject,
+    broadcast_snapshot,
+    decode_checkpoint,
+    encode_checkpoint,
+)
+from malletrain.elastic.state import MAX_RECOVERIES_WITHOUT_COMMIT, RescaleEvent, State
+
+_Snapshot = Snapshot  # the name before the split
+
+__all__ = [
+    "EXIT_STORE_LOST",
+    "HANDOVER_WAIT_S",
+    "MAX_RECOVERIES_WITHOUT_COMMIT",
+    "POLL_S",
+    "PUBLISH_POLL_S",
+    "RECONNECT_EVERY_S",
+    "WAIT_CHUNK_S",
+    "CheckpointError",
+    "LeaveJob",
+    "Rendezvous",
+    "RescaleEvent",
+    "Rescaled",
+    "Snapshot",
+    "State",
+    "StoreLost",
+    "StoreUnavailable",
+    "broadcast_snapshot",
+    "decode_checkpoint",
+    "encode_checkpoint",
+    "is_comm_failure",
+    "is_store_loss",
+    "run",
+]

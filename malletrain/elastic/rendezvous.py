@@ -1,0 +1,385 @@
+"""A worker's access to its job's keys in the daemon's store (the rendezvous).
+
+:class:`Rendezvous` reads generations and member lists, marks this worker
+ready, runs the join barrier, and carries checkpoints of a whole-world
+handover. It survives a daemon restart: an operation that finds the store gone
+waits for it to come back on the same address (or, in no-wait mode, raises
+:class:`~malletrain.elastic.errors.StoreUnavailable`), up to the grace period.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from datetime import timedelta
+from typing import Any, Callable, Mapping, TypeVar
+
+import torch.distributed as dist
+
+from malletrain.elastic.errors import StoreLost, StoreUnavailable, first_line, is_store_loss
+from malletrain.elastic.snapshot import Snapshot, decode_checkpoint, encode_checkpoint
+from malletrain.runtimes.torch_elastic import (
+    CKPT_CHUNK_BYTES,
+    active_key,
+    arrive_key,
+    ckpt_chunk_key,
+    ckpt_header,
+    ckpt_key,
+    ckpt_tag_key,
+    gen_key,
+    handover_key,
+    joined_key,
+    members_key,
+    parse_ckpt_header,
+    parse_members,
+    ready_key,
+    resume_key,
+)
+from malletrain.workerenv import DEFAULT_STORE_GRACE_S, ENV_STORE_GRACE, WorkerEnv, check_id, format_address
+
+log = logging.getLogger("malletrain.elastic")
+
+T = TypeVar("T")
+
+POLL_S = 0.005
+"""Interval of store polls while waiting at a barrier (which may also end by a newer generation)."""
+
+HANDOVER_WAIT_S = 20.0
+"""How long new workers wait for the checkpoint of a world they replace (none comes if it was SIGKILLed)."""
+
+WAIT_CHUNK_S = 600.0
+"""A blocking store wait is renewed after this long (each renewal logs a c10d warning)."""
+
+RECONNECT_EVERY_S = 0.5
+"""While the store is away, its address is probed at most this often."""
+
+PUBLISH_POLL_S = 0.05
+"""After a reconnection, waits for a generation poll the generation key at this interval."""
+
+CONNECT_TIMEOUT_S = 30.0
+"""How long connecting a store client may take."""
+
+
+def connect_store(address: tuple[str, int]) -> Any:
+    """A TCPStore client of the daemon's store at ``address``."""
+    host, port = address
+    return dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=CONNECT_TIMEOUT_S))
+
+
+def _address_text(address: tuple[str, int] | None) -> str:
+    return "(no address)" if address is None else format_address(address)
+
+
+class Rendezvous:
+    """A worker's view of its job's keys in the daemon's store.
+
+    With ``address`` (``(host, port)``) it survives the store going away: an
+    operation that finds the connection gone waits, probing the address every
+    :data:`RECONNECT_EVERY_S`, until the store is back (then it reconnects,
+    marks this worker ready again and retries) or ``grace_s`` seconds have
+    passed since the loss (then :class:`StoreLost`). Without an address a lost
+    store raises the store's own error, as before.
+    """
+
+    def __init__(
+        self,
+        store: Any,
+        job: str,
+        worker: str,
+        poll_s: float = POLL_S,
+        address: tuple[str, int] | None = None,
+        grace_s: float = DEFAULT_STORE_GRACE_S,
+    ) -> None:
+        if grace_s <= 0:
+            raise ValueError(f"store grace must be > 0 s, got {grace_s}")
+        self._store = store
+        self.job = check_id("job", job)
+        self.worker = check_id("worker", worker)
+        self.poll_s = poll_s
+        self.address = address
+        self.grace_s = grace_s
+        self.lost_since: float | None = None  # monotonic time the store was found gone
+        self.reconnects = 0
+        self.world: tuple[str, ...] = ()  # this worker's current world (rank 0 re-registers it)
+        self.current = 0  # this worker's current generation (reported after a reconnection)
+        self.rank = 0
+        self._marked_ready = False
+        self._nowait = False
+        self._next_probe = 0.0
+
+    @property
+    def store(self) -> Any:
+        """The current store client (a new one after each reconnection)."""
+        return self._store
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Rendezvous | None:
+        """Connect as described by ``MALLETRAIN_STORE/JOB/WORKER``; None if no store is set."""
+        wenv = WorkerEnv.from_environ(env)
+        return cls.from_worker_env(wenv)
+
+    @classmethod
+    def from_worker_env(cls, wenv: WorkerEnv) -> Rendezvous | None:
+        """Connect to the store named in a parsed worker environment; None if it names none."""
+        if wenv.store is None:
+            return None
+        store = connect_store(wenv.store)
+        log.info("worker %s: connected to the daemon's store at %s (job %s)", wenv.worker, wenv.store_text, wenv.job)
+        return cls(store, wenv.require_job(), wenv.require_worker(), address=wenv.store, grace_s=wenv.store_grace_s)
+
+    # -- a store that may go away ---------------------------------------------------------------
+    def _call(self, op: str, *args: Any) -> Any:
+        """``store.<op>(*args)``; a lost store is waited for (or :class:`StoreUnavailable` in no-wait mode)."""
+        while True:
+            if self.lost_since is not None:
+                if self._nowait:
+                    if not self.try_reconnect():
+                        raise StoreUnavailable(f"job {self.job}: the daemon's store is away")
+                else:
+                    self.await_store()
+            try:
+                return getattr(self._store, op)(*args)
+            except Exception as exc:
+                if self.address is None or not is_store_loss(exc):
+                    raise
+                self._mark_lost(exc)
+
+    def _mark_lost(self, exc: BaseException) -> None:
+        if self.lost_since is None:
+            self.lost_since = time.monotonic()
+            self._next_probe = 0.0
+            log.warning("worker %s: the daemon's store is gone (%s); training goes on for up to %.0f s "
+                        "while it comes back", self.worker, first_line(exc, 120), self.grace_s)
+
+    def lost_for(self) -> float:
+        """Seconds since the store was found gone (0 while it is there)."""
+        return 0.0 if self.lost_since is None else time.monotonic() - self.lost_since
+
+    def try_reconnect(self) -> bool:
+        """Reconnect if the store is back (probing at most every :data:`RECONNECT_EVERY_S`); True if connected."""
+        if self.lost_since is None:
+            return True
+        now = time.monotonic()
+        if self.address is None or now < self._next_probe:
+            return False
+        self._next_probe = now + RECONNECT_EVERY_S
+        try:  # a plain connect first: TCPStore's own connect retries for seconds and logs each try
+            socket.create_connection(self.address, timeout=RECONNECT_EVERY_S).close()
+        except OSError:
+            return False
+        try:
+            store = connect_store(self.address)
+        except (dist.DistError, RuntimeError) as exc:
+            log.warning("worker %s: store at %s answers but refuses a client: %s", self.worker,
+                        _address_text(self.address), first_line(exc))
+            return False
+        self._store = store
+        away = now - self.lost_since
+        self.lost_since = None
+        self.reconnects += 1
+        log.warning("worker %s: reconnected to the daemon's store after %.1f s", self.worker, away)
+        try:
+            self._register()
+        except Exception as exc:
+            if not is_store_loss(exc):
+                raise
+            self._mark_lost(exc)
+            return False
+        return True
+
+    def _register(self) -> None:
+        """Tell a new store about this worker (and rank 0 about its whole world): ready, and at which generation."""
+        if self._marked_ready:
+            self._store.set(ready_key(self.job, self.worker), "1")
+        if self.current:
+            self._store.set(resume_key(self.job, self.worker), str(self.current))
+        if self.rank == 0:
+            for member in self.world:
+                self._store.set(ready_key(self.job, member), "1")
+                if self.current:
+                    self._store.set(resume_key(self.job, member), str(self.current))
+
+    def _lost_error(self) -> StoreLost:
+        return StoreLost(f"worker {self.worker} of job {self.job}: the daemon's store "
+                         f"{_address_text(self.address)} stayed away for {self.lost_for():.0f} s "
+                         f"(grace {self.grace_s:g} s, {ENV_STORE_GRACE})")
+
+    def await_store(self) -> None:
+        """Block until the store is back; :class:`StoreLost` once the grace period is over."""
+        while not self.try_reconnect():
+            if self.address is None or self.lost_for() > self.grace_s:
+                raise self._lost_error()
+            time.sleep(min(RECONNECT_EVERY_S, max(0.0, self._next_probe - time.monotonic())) or 0.01)
+
+    def next_generation(self, current: int) -> int:
+        """Rank 0 at a commit: the generation to run next; never blocks on a lost store.
+
+        ``current`` if nothing newer is ready or the store is away; raises
+        :class:`StoreLost` once it has been away longer than the grace period.
+        """
+        self._nowait = True
+        try:
+            gen = self.generation()
+            if gen > current and self.all_ready(self.members(gen) or ()):
+                return gen
+            return current
+        except StoreUnavailable:
+            if self.lost_for() > self.grace_s:
+                raise self._lost_error() from None
+            return current
+        finally:
+            self._nowait = False
+
+    def try_quietly(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` in no-wait mode: :class:`StoreUnavailable` instead of waiting for a lost store."""
+        self._nowait = True
+        try:
+            return fn()
+        finally:
+            self._nowait = False
+
+    # -- keys -----------------------------------------------------------------------------------
+    def generation(self) -> int:
+        key = gen_key(self.job)
+        if not self._call("check", [key]):
+            return 0
+        raw = self._call("get", key)
+        try:
+            return int(raw)
+        except ValueError:
+            raise ValueError(f"job {self.job}: store key {key} holds {raw!r}, not a generation number") from None
+
+    def members(self, gen: int) -> tuple[str, ...] | None:
+        """Generation ``gen``'s members in rank order; None if not (or no longer) in the store."""
+        key = members_key(self.job, gen)
+        if gen < 1 or not self._call("check", [key]):
+            return None
+        try:
+            raw = self._call("get", key)
+        except dist.DistStoreError as exc:
+            # The daemon forgot this generation between the check and the get: a
+            # get of a missing key blocks until the store's timeout, then raises.
+            if "timeout" in str(exc).lower():
+                return None
+            raise
+        if not raw:  # deleted while being read: the store answers with an empty value
+            return None
+        return parse_members(raw, self.job, gen)
+
+    def published(self, gen: int) -> bool:
+        """Whether generation ``gen`` exists (its member list is written before the generation key)."""
+        return bool(self._call("check", [members_key(self.job, gen)]))
+
+    def mark_ready(self) -> None:
+        self._call("set", ready_key(self.job, self.worker), "1")
+        self._marked_ready = True
+
+    def clear_ready(self) -> None:
+        self._marked_ready = False
+        self._call("delete_key", ready_key(self.job, self.worker))
+
+    def all_ready(self, members: tuple[str, ...]) -> bool:
+        return not members or bool(self._call("check", [ready_key(self.job, m) for m in members]))
+
+    def wait_key(self, key: str) -> None:
+        """Block until ``key`` exists (served by the store: no polling); a lost store waits for it to return."""
+        while True:
+            try:
+                self._call("wait", [key], timedelta(seconds=WAIT_CHUNK_S))
+                return
+            except dist.DistStoreError as exc:
+                if "timeout" not in str(exc).lower():
+                    raise
+
+    def wait_published(self, gen: int) -> int:
+        """Block until generation ``gen`` (or a later one) exists; return the newest.
+
+        After a reconnection the store is a new one that may skip generations
+        (its daemon numbers on from the last one it published): the
+        generation key is polled instead of waiting for ``gen``'s own key.
+        """
+        while self.reconnects == 0 and self.lost_since is None:
+            try:
+                self._store.wait([members_key(self.job, gen)], timedelta(seconds=WAIT_CHUNK_S))
+                return max(gen, self.generation())
+            except Exception as exc:
+                if isinstance(exc, dist.DistStoreError) and "timeout" in str(exc).lower():
+                    continue
+                if self.address is None or not is_store_loss(exc):
+                    raise
+                self._mark_lost(exc)
+        while True:
+            newest = self.generation()  # waits for a lost store
+            if newest >= gen and self.published(newest):
+                return newest
+            time.sleep(PUBLISH_POLL_S)
+
+    def wait_including(self, worker: str) -> tuple[int, tuple[str, ...]]:
+        """Block until a generation lists ``worker`` (a worker started ahead waits here)."""
+        gen = self.generation()
+        while True:
+            members = self.members(gen)
+            if members is not None and worker in members:
+                return gen, members
+            gen = self.wait_published(gen + 1)
+
+    def save_checkpoint(self, snap: Snapshot, gen: int) -> None:
+        """Store ``snap`` (taken in generation ``gen``) in the daemon's store for a later world."""
+        data = memoryview(encode_checkpoint(snap))
+        chunks = range(0, len(data), CKPT_CHUNK_BYTES)
+        for i, start in enumerate(chunks):
+            self._call("set", ckpt_chunk_key(self.job, i), bytes(data[start:start + CKPT_CHUNK_BYTES]))
+        self._call("set", ckpt_key(self.job), ckpt_header(len(chunks), len(data)))
+        self._call("set", ckpt_tag_key(self.job), str(gen))
+        log.info("worker %s: stored the checkpoint of step %s (generation %d, %d bytes) for the next world",
+                 self.worker, snap.counters.get("step"), gen, len(data))
+
+    def checkpoint_tag(self) -> int:
+        key = ckpt_tag_key(self.job)
+        return int(self._call("get", key)) if self._call("check", [key]) else 0
+
+    def mark_active(self, gen: int) -> None:
+        """Generation ``gen``'s world has formed (rank 0 says so)."""
+        self._call("set", active_key(self.job), str(gen))
+
+    def wait_handover(self, gen: int, wait_s: float = HANDOVER_WAIT_S) -> None:
+        """If ``gen`` replaces a whole world, wait (bounded) for that world's checkpoint."""
+        if not self._call("check", [handover_key(self.job, gen)]):
+            return
+        key = active_key(self.job)
+        source = int(self._call("get", key)) if self._call("check", [key]) else 0
+        deadline = time.monotonic() + wait_s
+        while self.checkpoint_tag() < source:
+            if time.monotonic() > deadline:
+                log.warning("job %s: no checkpoint from generation %d after %.0f s; using what is stored",
+                            self.job, source, wait_s)
+                return
+            time.sleep(self.poll_s * 4)
+
+    def load_checkpoint(self) -> Snapshot | None:
+        """The job's stored checkpoint (None if there is none), loaded without unpickling objects."""
+        key = ckpt_key(self.job)
+        if not self._call("check", [key]):
+            return None
+        n_chunks, size = parse_ckpt_header(self._call("get", key), self.job)
+        data = b"".join(self._call("get", ckpt_chunk_key(self.job, i)) for i in range(n_chunks))
+        if len(data) != size:
+            raise ValueError(f"job {self.job}: checkpoint holds {len(data)} bytes, its header says {size}")
+        return decode_checkpoint(data, self.job)
+
+    def barrier(self, gen: int, world: int) -> bool:
+        """Wait until all ``world`` members reached ``gen``; False if a newer generation came first."""
+        if self._call("add", arrive_key(self.job, gen), 1) >= world:
+            self._call("set", joined_key(self.job, gen), "1")
+            return True
+        done = joined_key(self.job, gen)
+        while True:
+            reconnects = self.reconnects
+            if self._call("check", [done]):
+                return True
+            if self.published(gen + 1) or (self.reconnects and self.generation() > gen):
+                return False
+            if self.reconnects != reconnects:
+                return False  # a new store knows nothing of this barrier: wait for its generation
+            time.sleep(self.poll_s)

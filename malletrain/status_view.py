@@ -1,0 +1,102 @@
+"""Status as people read it: the job and node tables of ``malletrain status``, each failed or
+suspended job's reason and log tail (pure formatting; ``malletrain.cli_daemon`` and
+``malletrain.demo`` both use it)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+LOG_DIR = "logs"  # STATE_DIR/logs: the agents write WORKER.log there (worker ids start with the job id)
+
+TAIL_LINES = 5
+TAIL_BYTES = 4096
+
+
+def job_logs(state: Path, jid: str) -> list[Path]:
+    """The job's log files, oldest first: one per worker (``logs/JOBID.*.log``), and a Horovod driver's."""
+    if not jid.isalnum():
+        return []  # job ids are jNNNNNN; never glob with anything else
+    found = list((state / LOG_DIR).glob(f"{jid}.*.log")) + list((state / "horovod").glob(f"{jid}-*/driver.log"))
+
+    def mtime(p: Path) -> float:
+        try:
+            return p.stat().st_mtime
+        except OSError:
+            return 0.0
+
+    return sorted(found, key=lambda p: (mtime(p), str(p)))
+
+
+def job_note(j: dict[str, Any]) -> str | None:
+    """One line on why a job is where it is, when that is worth saying."""
+    state, message = j.get("state"), j.get("message") or ""
+    target, samples = j.get("target"), int(j.get("samples") or 0)
+    if state == "completed" and target and samples < int(target):
+        return f"the command exited 0 at {samples:,} of {int(target):,} samples ({message or 'no reason stored'})"
+    if state in ("failed", "suspended") and message:
+        return message
+    return None
+
+
+def tail(path: Path, lines: int = TAIL_LINES, max_bytes: int = TAIL_BYTES) -> list[str]:
+    """The last non-empty lines of a log (reads at most ``max_bytes``); [] if it cannot be read."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - max_bytes))
+            data = fh.read(max_bytes)
+    except OSError:
+        return []
+    text = data.decode("utf-8", errors="replace")
+    return [ln for ln in text.splitlines() if ln.strip()][-lines:]
+
+
+def printable(text: Any, limit: int | None = None) -> str:
+    """``text`` with control and other non-printable characters escaped (``\\n``, ``\\x1b``)."""
+    out = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in str(text))
+    return out if limit is None or len(out) <= limit else out[: limit - 1] + "~"
+
+
+def format_jobs(jobs: list[dict[str, Any]]) -> str:
+    rows = [("JOBID", "NAME", "STATE", "NODES", "MIN-MAX", "SAMPLES", "TARGET", "RATE/S", "NODELIST")]
+    for j in jobs:
+        rate = j.get("rate")
+        rows.append((
+            printable(j["id"]), printable(j["name"], 16), printable(j["state"]), str(len(j["nodes"])),
+            f"{j['min_nodes']}-{j['max_nodes']}", str(j["samples"]),
+            str(j["target"] or "-"), f"{rate:.1f}" if rate else "-", printable(",".join(j["nodes"])) or "-",
+        ))
+    return _table(rows)
+
+
+def format_details(jobs: list[dict[str, Any]], log_dir: str) -> str:
+    """Under the table: each job's note, its log files, and the last lines of a failed job's newest log."""
+    lines: list[str] = []
+    for j in jobs:
+        note = j.get("note")
+        logs = j.get("logs") or []
+        if not note:
+            continue
+        lines.append(f"{printable(j['id'])} {printable(j['state'])}: {printable(note)}")
+        if logs:
+            more = f" (newest of {len(logs)})" if len(logs) > 1 else ""
+            lines.append(f"  log: {printable(logs[-1])}{more}")
+            if j.get("state") == "failed":
+                lines.extend(f"    | {printable(ln, 200)}" for ln in tail(Path(logs[-1])))
+        else:
+            lines.append(f"  log: none in {printable(log_dir)}")
+    lines.append(f"worker logs: {printable(log_dir)}/JOBID.*.log")
+    return "\n".join(lines)
+
+
+def format_nodes(nodes: list[dict[str, Any]]) -> str:
+    return _table([("NODE", "STATE", "JOB")]
+                  + [(printable(n["node"]), printable(n["state"]), printable(n["job"] or "-")) for n in nodes])
+
+
+def _table(rows: list[tuple[str, ...]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)

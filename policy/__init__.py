@@ -1,0 +1,38 @@
+"""Pure: the one place decisions are made (admission, profiling, lending, curves, costs, allocation).
+
+    from policy import Policy, PolicyConfig, View, JobView, JobEvidence
+    decision = Policy(PolicyConfig()).decide(View(now, free_nodes, jobs), evidence)
+
+Imports only :mod:`allocator`, :mod:`profiler`, numpy and the standard library: no clock, no I/O.
+The daemon and the simulator both drive it (see ``../shared/docs/ARCHITECTURE.md``).
+"""
+
+from policy.config import (
+    PRESETS,
+    Allocation,
+    CostSource,
+    PolicyConfig,
+    PolicyConfigError,
+    Profiling,
+    preset,
+)
+from policy.decide import Policy, evidence_from, profile_counts
+from policy.model import (
+    NO_EVIDENCE,
+    Decision,
+    EventKind,
+    Evidence,
+    JobEvidence,
+    JobView,
+    PolicyEvent,
+    PolicyInputError,
+    View,
+)
+from policy.state import Debt, PolicyState, PolicyStateError
+
+__all__ = [
+    "Allocation", "CostSource", "Debt", "Decision", "EventKind", "Evidence", "JobEvidence", "JobView",
+    "NO_EVIDENCE", "PRESETS", "Policy", "PolicyConfig", "PolicyConfigError", "PolicyEvent",
+    "PolicyInputError", "PolicyState", "PolicyStateError", "Profiling", "View", "evidence_from",
+    "preset", "profile_counts",
+]

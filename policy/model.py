@@ -1,0 +1,142 @@
+"""What goes into the policy and what comes out: plain, immutable data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Mapping
+
+from profiler.estimators import Estimate, RescaleCosts
+
+Curve = Mapping[int, float]
+
+
+class PolicyInputError(ValueError):
+    """A view or evidence the policy cannot decide on; the message names the job or node."""
+
+
+@dataclass(frozen=True)
+class JobView:
+    """A live job (admitted or queued) as the driver sees it now.
+
+    ``nodes`` are the nodes it runs on (the daemon: its target nodes whose agents are up; the
+    simulator: its nodes). A job below its ``min_nodes`` cannot run: drivers stop it, so it shows no
+    nodes. ``order`` is its submission order (FCFS); ``last_interrupted`` the last time it was
+    rescaled, recalled or stopped (None: never). ``scaling`` is the user's curve, if any;
+    ``profile`` whether the user asked for a profile.
+    """
+
+    id: str
+    min_nodes: int
+    max_nodes: int
+    nodes: tuple[str, ...] = ()
+    order: int = 0
+    last_interrupted: float | None = None
+    scaling: Curve | None = None
+    profile: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.id:
+            raise PolicyInputError("a job with an empty id")
+        if not 1 <= self.min_nodes <= self.max_nodes:
+            raise PolicyInputError(f"job {self.id}: bad node range [{self.min_nodes}, {self.max_nodes}]")
+        if len(self.nodes) > self.max_nodes:
+            raise PolicyInputError(f"job {self.id}: runs on {len(self.nodes)} nodes, more than its max {self.max_nodes}")
+
+    @property
+    def count(self) -> int:
+        return len(self.nodes)
+
+
+@dataclass(frozen=True)
+class View:
+    """The state to decide on at ``now``.
+
+    ``free_nodes`` are held, usable nodes no job runs on. A driver may cut the list to what the jobs
+    could take and give the real count in ``n_free`` (the simulator does, so a 4,000-node idle pool
+    costs nothing per decision). ``jobs`` are every live job, admitted or queued, any order.
+    """
+
+    now: float
+    free_nodes: tuple[str, ...]
+    jobs: tuple[JobView, ...]
+    n_free: int | None = None
+
+    @property
+    def free_count(self) -> int:
+        return len(self.free_nodes) if self.n_free is None else max(self.n_free, len(self.free_nodes))
+
+
+@dataclass(frozen=True)
+class JobEvidence:
+    """What the job monitor measured for one job: a throughput estimate per node count (the newest),
+    and the rescale pauses seen so far (medians, up and down apart)."""
+
+    rates: Mapping[int, Estimate] = field(default_factory=dict)
+    costs: RescaleCosts | None = None
+
+    # the profiling session reads evidence like a throughput estimator
+    def estimate(self, world_size: int) -> Estimate | None:
+        return self.rates.get(world_size)
+
+    def stable(self, world_size: int, rel_ci: float = 0.05) -> bool:
+        est = self.rates.get(world_size)
+        return est is not None and est.rel_ci <= rel_ci
+
+
+NO_EVIDENCE = JobEvidence()
+
+Evidence = Mapping[str, JobEvidence]
+
+
+class EventKind(str, Enum):
+    """Things a decision did, for the driver's event log and the simulator's statistics."""
+
+    ADMITTED = "admitted"
+    PREEMPTED = "preempted"  # fell below its min: back to the front of the queue, progress kept
+    PROFILE_START = "profile_start"
+    PROFILE_STEP = "profile_step"
+    PROFILE_DONE = "profile_done"
+    PROFILE_ABORTED = "profile_aborted"
+    LENT = "lent"
+    RETURNED = "returned"
+    REFINED = "refined"
+
+
+@dataclass(frozen=True)
+class PolicyEvent:
+    kind: EventKind
+    job: str
+    detail: Mapping[str, object] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The policy's answer.
+
+    ``assignment`` maps every admitted job to its nodes (``()``: admitted, no nodes now); jobs not
+    in it must run on nothing. No job both gains and loses nodes. ``admitted`` lists the jobs
+    holding a Pjmax slot in admission order; ``waiting`` the queued jobs with the reason each
+    waits. ``profiling`` the count each profiling job must run at. ``wake_at``: decide again by
+    then at the latest; ``watch``: decide again as soon as these jobs' evidence changes.
+    """
+
+    now: float
+    assignment: Mapping[str, tuple[str, ...]]
+    admitted: tuple[str, ...]
+    waiting: Mapping[str, str]
+    profiling: Mapping[str, int]
+    events: tuple[PolicyEvent, ...] = ()
+    wake_at: float | None = None
+    watch: tuple[str, ...] = ()
+    objective: float = 0.0
+    solve_seconds: float = 0.0
+    method: str = ""
+    solved: bool = False  # False: answered without running the allocator (nothing changed)
+
+    def nodes_of(self, job_id: str) -> tuple[str, ...]:
+        return tuple(self.assignment.get(job_id, ()))
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return {k: len(v) for k, v in self.assignment.items()}

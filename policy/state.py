@@ -1,0 +1,95 @@
+"""The state the policy keeps between decisions, explicit and serialisable.
+
+Everything here is a rule's memory, never a cache: the daemon saves it in its store after every
+decision that changed it (``to_json``), so a restart resumes a profile, a lender's debt and the
+learned curves instead of forgetting them. Caches the policy rebuilds on demand live elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from profiler.jpa import ProfileSession, ProfilingError
+
+STATE_VERSION = 1
+POPULATION_KEEP = 256  # per-node rates of finished jobs kept for the linear fallback
+
+
+class PolicyStateError(ValueError):
+    """A saved policy state that cannot be read; the message says what is wrong."""
+
+
+@dataclass(frozen=True)
+class Debt:
+    """A profiling job owes ``nodes`` nodes to ``lender``, which may shrink but not grow until repaid."""
+
+    lender: str
+    nodes: int
+
+
+@dataclass
+class PolicyState:
+    admitted: list[str] = field(default_factory=list)  # Pjmax slots, in admission order
+    queue_front: list[str] = field(default_factory=list)  # preempted jobs: re-admitted first, in order
+    assigned: dict[str, int] = field(default_factory=dict)  # counts given at the last decision
+    profiles: dict[str, ProfileSession] = field(default_factory=dict)
+    profiled: set[str] = field(default_factory=set)  # profiled (or cut short): never profiled again
+    debts: dict[str, Debt] = field(default_factory=dict)  # borrower -> what it owes
+    lent_at: dict[str, float] = field(default_factory=dict)  # when each job last lent nodes
+    measured: dict[str, dict[int, float]] = field(default_factory=dict)  # accepted points per live job
+    population: list[float] = field(default_factory=list)  # per-node rates of jobs that left
+
+    def to_json(self) -> str:
+        data: dict[str, Any] = {
+            "version": STATE_VERSION,
+            "admitted": self.admitted,
+            "queue_front": self.queue_front,
+            "assigned": self.assigned,
+            # a list, not an object: sort_keys would reorder it, and the order profiles started in is
+            # the order the policy steps them in (and reports them in ``Decision.watch``)
+            "profiles": [[k, s.to_dict()] for k, s in self.profiles.items()],
+            "profiled": sorted(self.profiled),
+            "debts": {k: [d.lender, d.nodes] for k, d in self.debts.items()},
+            "lent_at": self.lent_at,
+            "measured": {k: {str(n): r for n, r in pts.items()} for k, pts in self.measured.items()},
+            "population": self.population,
+        }
+        return json.dumps(data, sort_keys=True, allow_nan=False)
+
+    @classmethod
+    def from_json(cls, text: str) -> "PolicyState":
+        try:
+            data = json.loads(text)
+            if not isinstance(data, dict):
+                raise PolicyStateError("saved policy state is not a JSON object")
+            if data.get("version") != STATE_VERSION:
+                raise PolicyStateError(f"saved policy state has version {data.get('version')!r}, "
+                                       f"this malletrain reads {STATE_VERSION}")
+            st = cls(
+                admitted=[str(x) for x in data["admitted"]],
+                queue_front=[str(x) for x in data["queue_front"]],
+                assigned={str(k): int(v) for k, v in data["assigned"].items()},
+                profiles={str(k): ProfileSession.from_dict(v) for k, v in _pairs(data["profiles"])},
+                profiled={str(x) for x in data["profiled"]},
+                debts={str(k): Debt(str(v[0]), int(v[1])) for k, v in data["debts"].items()},
+                lent_at={str(k): float(v) for k, v in data["lent_at"].items()},
+                measured={str(k): {int(n): float(r) for n, r in pts.items()} for k, pts in data["measured"].items()},
+                population=[float(x) for x in data["population"]][-POPULATION_KEEP:],
+            )
+        except PolicyStateError:
+            raise
+        except (ValueError, KeyError, TypeError, AttributeError, IndexError, ProfilingError) as exc:
+            raise PolicyStateError(f"saved policy state is malformed: {type(exc).__name__}: {exc}") from None
+        for job, pts in st.measured.items():
+            for n, r in pts.items():
+                if n < 1 or not math.isfinite(r) or r <= 0:
+                    raise PolicyStateError(f"saved policy state: job {job} has a bad point ({n}, {r})")
+        return st
+
+
+def _pairs(value: Any) -> list:
+    """``[[key, value], ...]``; an object (as version 1 states first saved profiles) reads as its items."""
+    return list(value.items()) if isinstance(value, dict) else [(k, v) for k, v in value]

@@ -1,0 +1,559 @@
+"""What every batch-scheduler backend shares: the pilot state machine, rate limiting, the loop.
+
+A backend for a real scheduler is a :class:`Dialect` (pure: render argv, parse
+replies into :class:`Observation` and :class:`~scavenger.base.NodeInfo`) run by
+one :class:`BatchBackend`, which does one :func:`~scavenger.base.run_command`
+per step and keeps every pilot in one :class:`PilotBook`. The book applies the
+transition table of :mod:`scavenger.base` and turns observations into events
+(queued / started / ending / ended), so Slurm and PBS share every rule: how an
+end is classified, walltime replacement, cancelling suspended pilots, giving
+up on pilots stuck in the queue, and the cap on pilots in flight.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Protocol, Sequence
+
+from scavenger.base import (
+    BackendError,
+    Claim,
+    CommandFailed,
+    CommandResult,
+    Discovery,
+    EndReason,
+    NodeInfo,
+    PilotEnded,
+    PilotEnding,
+    PilotEvent,
+    PilotId,
+    PilotQueued,
+    PilotRequest,
+    PilotStarted,
+    PilotState,
+    PilotView,
+    Runner,
+    Throttled,
+    can_move,
+    run_command,
+)
+
+log = logging.getLogger(__name__)
+
+
+# ---- what a scheduler query says about one pilot ---------------------------------------
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One pilot as one scheduler reply shows it (made by a dialect's pure parser).
+
+    ``reason``: set when the scheduler's own state says why it ended (TIMEOUT, FAILED,
+    PREEMPTED, CANCELLED); None when the state alone cannot tell (Slurm COMPLETED).
+    ``preempted``: True/False when the reply tells; None when a detail lookup must.
+    """
+
+    pilot: PilotId
+    state: PilotState
+    raw_state: str
+    nodes: tuple[str, ...] = ()
+    start: float | None = None
+    expires_at: float | None = None
+    deadline: float | None = None
+    reason: EndReason | None = None
+    preempted: bool | None = None
+    detail: str = ""
+
+    @property
+    def needs_detail(self) -> bool:
+        """Ended, and only a per-job lookup can tell a preemption from a normal exit."""
+        return self.state is PilotState.ENDED and self.preempted is None and self.reason in (
+            None,
+            EndReason.CANCELLED,
+            EndReason.EXITED,
+        )
+
+
+def classify_end(obs: Observation, cancelled_by_us: bool, preempted_before: bool) -> tuple[EndReason, str]:
+    """Why a pilot ended, from its last observation and what we did (the one rule for all backends).
+
+    A recorded preemption wins (Slurm PreemptTime, a suspended PBS pilot we then
+    cancelled), then the scheduler's walltime verdict, then our own cancel, then a
+    preemption inferred from the reply alone (PBS: a SIGTERM exit we did not cause),
+    then failure.
+    """
+    detail = obs.detail or obs.raw_state
+    if preempted_before or obs.preempted:
+        return EndReason.PREEMPTED, detail
+    if obs.reason is EndReason.TIMEOUT:
+        return EndReason.TIMEOUT, detail
+    if cancelled_by_us:
+        return EndReason.CANCELLED, f"{detail} (cancelled by us)"
+    if obs.reason is EndReason.PREEMPTED:
+        return EndReason.PREEMPTED, detail
+    if obs.reason is EndReason.FAILED:
+        return EndReason.FAILED, detail
+    if obs.reason is EndReason.CANCELLED:
+        return EndReason.CANCELLED, f"{detail} (not by us)"
+    if obs.reason is EndReason.UNKNOWN:
+        return EndReason.UNKNOWN, detail
+    return EndReason.EXITED, detail
+
+
+# ---- the book of pilots -------------------------------------------------------------------
+
+
+@dataclass
+class PilotRecord:
+    """One pilot as the backend tracks it (mutable; :class:`PilotView` is the outside look)."""
+
+    id: PilotId
+    request: PilotRequest
+    submitted_at: float
+    state: PilotState = PilotState.QUEUED
+    raw_state: str = ""
+    nodes: tuple[str, ...] = ()
+    started_at: float | None = None
+    expires_at: float | None = None
+    queued_since: float = 0.0
+    replaces: PilotId | None = None
+    replaced_by: PilotId | None = None
+    cancel_requested: bool = False
+    cancel_cause: EndReason | None = None
+    preempted: bool = False
+    announced: EndReason | None = None  # the reason of the last PilotEnding sent
+
+    def view(self) -> PilotView:
+        return PilotView(self.id, self.state, self.nodes, self.expires_at, self.replaces)
+
+
+class PilotBook:
+    """Every live pilot of one backend, moved only along :data:`scavenger.base.TRANSITIONS`.
+
+    :meth:`apply` turns observations into events; :meth:`finish` ends a pilot (once).
+    Ended pilots leave the book, so its size is the number of pilots in flight.
+    """
+
+    def __init__(self) -> None:
+        self._live: dict[PilotId, PilotRecord] = {}
+        self._events: list[PilotEvent] = []
+        self._ended: dict[PilotId, EndReason] = {}
+
+    # -- queries
+    def __contains__(self, pid: object) -> bool:
+        return pid in self._live
+
+    def get(self, pid: PilotId) -> PilotRecord | None:
+        return self._live.get(pid)
+
+    def live(self) -> list[PilotRecord]:
+        return list(self._live.values())
+
+    def ended_reason(self, pid: PilotId) -> EndReason | None:
+        return self._ended.get(pid)
+
+    def nodes_in_use(self) -> set[str]:
+        """Nodes a live pilot asked for or runs on."""
+        return {n for r in self._live.values() for n in (r.nodes or r.request.nodes)}
+
+    def holder_of(self, nodes: Sequence[str]) -> PilotRecord | None:
+        """A live pilot (not a queued replacement) on any of ``nodes``."""
+        want = set(nodes)
+        for r in self._live.values():
+            if r.replaces is None and want & set(r.nodes or r.request.nodes):
+                return r
+        return None
+
+    def drain(self) -> list[PilotEvent]:
+        out, self._events = self._events, []
+        return out
+
+    # -- changes
+    def add(self, pid: PilotId, request: PilotRequest, now: float) -> PilotRecord:
+        rec = PilotRecord(pid, request, now, nodes=request.nodes, queued_since=now, replaces=request.after)
+        if request.after is not None and request.after in self._live:
+            self._live[request.after].replaced_by = pid
+        self._live[pid] = rec
+        self._events.append(PilotQueued(pid, request.nodes, request.after))
+        return rec
+
+    def apply(self, obs: Observation, now: float) -> None:
+        """Move the pilot to what ``obs`` says (ENDED is left to :meth:`finish`)."""
+        rec = self._live.get(obs.pilot)
+        if rec is None or obs.state is PilotState.ENDED:
+            return
+        rec.raw_state = obs.raw_state
+        if obs.nodes:
+            rec.nodes = obs.nodes
+        if obs.expires_at is not None:
+            rec.expires_at = obs.expires_at
+        new = obs.state
+        if rec.state is PilotState.ENDING and new is PilotState.RUNNING:
+            return  # walltime notice given: the scheduler still says RUNNING until the end
+        if not can_move(rec.state, new):
+            log.warning("pilot %s: scheduler says %s (%s) after %s; ignored", rec.id, new.value, obs.raw_state,
+                        rec.state.value)
+            return
+        old, rec.state = rec.state, new
+        if new is PilotState.QUEUED and old in (PilotState.RUNNING, PilotState.SUSPENDED):
+            rec.started_at, rec.queued_since = None, now
+            self._events.append(PilotQueued(rec.id, rec.nodes, requeued=True))
+        elif new is PilotState.RUNNING and rec.started_at is None:
+            rec.started_at = obs.start if obs.start is not None else now
+            self._events.append(PilotStarted(rec.id, rec.nodes, rec.expires_at))
+        elif new is PilotState.ENDING:
+            if obs.preempted:
+                rec.preempted = True
+            reason = EndReason.PREEMPTED if rec.preempted else (
+                EndReason.CANCELLED if rec.cancel_requested else EndReason.EXITED
+            )
+            self._announce(rec, obs.deadline, reason)
+        elif new is PilotState.SUSPENDED:
+            rec.preempted = True
+            self._announce(rec, now, EndReason.PREEMPTED)
+
+    def notice_walltime(self, now: float, lead_s: float) -> list[PilotRecord]:
+        """RUNNING pilots within ``lead_s`` of their walltime: ENDING, announced (TIMEOUT)."""
+        due = []
+        if lead_s <= 0:
+            return due
+        for rec in self._live.values():
+            if rec.state is PilotState.RUNNING and rec.expires_at is not None and now >= rec.expires_at - lead_s:
+                rec.state = PilotState.ENDING
+                self._announce(rec, rec.expires_at, EndReason.TIMEOUT)
+                due.append(rec)
+        return due
+
+    def finish(self, pid: PilotId, reason: EndReason, detail: str, now: float) -> PilotRecord | None:
+        """End ``pid`` (once): PilotEnded, out of the book; its queued replacement waits from now."""
+        rec = self._live.pop(pid, None)
+        if rec is None:
+            return None
+        rec.state = PilotState.ENDED
+        self._ended[pid] = reason
+        if len(self._ended) > 10_000:
+            self._ended.pop(next(iter(self._ended)))
+        self._events.append(PilotEnded(pid, rec.nodes, reason, detail))
+        succ = self._live.get(rec.replaced_by) if rec.replaced_by else None
+        if succ is not None:
+            succ.queued_since = now
+        return rec
+
+    def _announce(self, rec: PilotRecord, deadline: float | None, reason: EndReason) -> None:
+        if rec.announced is reason:
+            return
+        rec.announced = reason
+        self._events.append(PilotEnding(rec.id, rec.nodes, deadline, reason))
+
+
+# ---- submissions: token bucket + exponential backoff ---------------------------------------
+
+
+@dataclass
+class SubmitLimiter:
+    """At most ``rate`` submissions a second (bursts of ``burst``); after a failed
+    submission wait ``backoff_s`` doubling up to ``backoff_max_s`` (reset by a success)."""
+
+    rate: float = 2.0
+    burst: int = 5
+    backoff_s: float = 1.0
+    backoff_max_s: float = 60.0
+    _tokens: float = field(default=-1.0, repr=False)
+    _last: float | None = field(default=None, repr=False)
+    _blocked_until: float = field(default=0.0, repr=False)
+    _failures: int = field(default=0, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.rate > 0 or self.burst < 1:
+            raise ValueError(f"submit limiter: rate must be > 0 and burst >= 1, got {self.rate}, {self.burst}")
+        self._tokens = float(self.burst)
+
+    def _refill(self, now: float) -> None:
+        if self._last is not None:
+            self._tokens = min(float(self.burst), self._tokens + max(0.0, now - self._last) * self.rate)
+        self._last = now
+
+    def retry_at(self, now: float) -> float | None:
+        """None if a submission may go now, else when it may."""
+        self._refill(now)
+        if now < self._blocked_until:
+            return self._blocked_until
+        if self._tokens < 1.0:
+            return now + (1.0 - self._tokens) / self.rate
+        return None
+
+    def take(self, now: float) -> None:
+        """Spend a token, or raise :class:`Throttled`."""
+        when = self.retry_at(now)
+        if when is not None:
+            raise Throttled(f"submission throttled until {when:.3f}", when)
+        self._tokens -= 1.0
+
+    def failed(self, now: float) -> None:
+        self._failures += 1
+        delay = min(self.backoff_max_s, self.backoff_s * 2 ** (self._failures - 1))
+        self._blocked_until = now + delay
+
+    def succeeded(self) -> None:
+        self._failures = 0
+        self._blocked_until = 0.0
+
+
+# ---- a scheduler dialect and the backend that runs it ----------------------------------------
+
+
+class Dialect(Protocol):
+    """One scheduler's commands: render argv and parse replies, all pure.
+
+    Parsers get the whole :class:`CommandResult` (exit code included) and raise
+    :class:`~scavenger.base.CommandFailed` or :class:`~scavenger.base.BadReply`.
+    """
+
+    name: str
+
+    def render_nodes(self) -> list[str]: ...
+    def parse_nodes(self, res: CommandResult) -> tuple[NodeInfo, ...]: ...
+    def render_claims(self) -> list[str] | None: ...
+    def parse_claims(self, res: CommandResult) -> tuple[Claim, ...]: ...
+    def render_submit(self, request: PilotRequest, walltime_s: float) -> list[str]: ...
+    def parse_submit(self, res: CommandResult) -> PilotId: ...
+    def render_cancel(self, pilots: Sequence[PilotId]) -> list[str]: ...
+    def check_cancel(self, res: CommandResult) -> None: ...
+    def render_poll(self, pilots: Sequence[PilotId]) -> list[str]: ...
+    def parse_poll(self, res: CommandResult, pilots: Sequence[PilotId]) -> list[Observation]: ...
+    def render_detail(self, pilot: PilotId) -> list[str]: ...
+    def parse_detail(self, res: CommandResult, pilot: PilotId) -> Observation | None: ...
+
+
+@dataclass(frozen=True)
+class BatchConfig:
+    """What every batch backend shares. Times in seconds.
+
+    ``max_pilots``: pilots in flight (queued + running + ending), e.g. a centre's cap on
+    jobs per user in the preemptable queue. ``renew_before_s``: announce the walltime
+    this long before it and queue a replacement on the same nodes that starts when the
+    old pilot ends (0: neither). ``max_queued_s``: cancel a pilot still queued this long
+    (its node was taken meanwhile; a replacement counts from its predecessor's end).
+    """
+
+    walltime_s: float = 3600.0
+    nodes_per_pilot: int = 1
+    max_pilots: int = 20
+    renew_before_s: float = 120.0
+    max_queued_s: float = 60.0
+    submit_rate: float = 2.0
+    submit_burst: int = 5
+    backoff_s: float = 1.0
+    backoff_max_s: float = 60.0
+    command_timeout_s: float = 15.0
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    def check(self) -> None:
+        for name in ("walltime_s", "submit_rate", "command_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"pilot config: {name} must be > 0, got {getattr(self, name)!r}")
+        for name in ("nodes_per_pilot", "max_pilots"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"pilot config: {name} must be >= 1, got {getattr(self, name)!r}")
+        for name in ("renew_before_s", "max_queued_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"pilot config: {name} must be >= 0, got {getattr(self, name)!r}")
+
+
+def require_ok(res: CommandResult, what: str) -> None:
+    """Raise :class:`CommandFailed` naming ``what`` when ``res`` exited nonzero."""
+    if res.returncode != 0:
+        raise CommandFailed(
+            f"{what}: {' '.join(res.argv)} exited {res.returncode}: {res.stderr.strip()[:200]}", res
+        )
+
+
+class BatchBackend:
+    """A :class:`~scavenger.base.SchedulerBackend` over one :class:`Dialect`.
+
+    ``clock`` is the injected wall clock (scheduler times are wall times);
+    ``runner`` runs commands (:func:`~scavenger.base.run_command`, or a fake in tests).
+    """
+
+    def __init__(
+        self,
+        dialect: Dialect,
+        config: BatchConfig,
+        clock: Callable[[], float] = time.time,
+        runner: Runner = run_command,
+    ) -> None:
+        config.check()
+        self.dialect = dialect
+        self.name = dialect.name
+        self.config = config
+        self.clock = clock
+        self.runner = runner
+        self.book = PilotBook()
+        self.limiter = SubmitLimiter(config.submit_rate, config.submit_burst, config.backoff_s, config.backoff_max_s)
+        self.commands = 0  # scheduler commands run (for tests and benchmarks)
+
+    # -- commands
+    def _run(self, argv: Sequence[str]) -> CommandResult:
+        self.commands += 1
+        return self.runner(list(argv), timeout=self.config.command_timeout_s, check=False, env=self.config.env)
+
+    # -- protocol
+    def discover(self) -> Discovery:
+        nodes = self.dialect.parse_nodes(self._run(self.dialect.render_nodes()))
+        claims: tuple[Claim, ...] = ()
+        argv = self.dialect.render_claims()
+        if argv is not None:
+            claims = self.dialect.parse_claims(self._run(argv))
+        busy = self.book.nodes_in_use()
+        idle = frozenset(n.name for n in nodes if n.holdable and n.name not in busy)
+        return Discovery(nodes, claims, idle, self.clock())
+
+    def submit(self, request: PilotRequest) -> PilotId:
+        if request.nodes and len(request.nodes) != self.config.nodes_per_pilot:
+            raise ValueError(
+                f"{self.name}: a pilot holds {self.config.nodes_per_pilot} node(s), asked for {request.nodes}"
+            )
+        if request.after is None and request.nodes:
+            holder = self.book.holder_of(request.nodes)
+            if holder is not None:
+                return holder.id  # idempotent: that node is already held (or asked for)
+        if len(self.book.live()) >= self.config.max_pilots:
+            raise Throttled(f"{self.name}: {self.config.max_pilots} pilots in flight (the cap)", None)
+        now = self.clock()
+        self.limiter.take(now)
+        walltime = request.walltime_s if request.walltime_s is not None else self.config.walltime_s
+        try:
+            pid = self.dialect.parse_submit(self._run(self.dialect.render_submit(request, walltime)))
+        except BackendError:
+            self.limiter.failed(now)
+            raise
+        self.limiter.succeeded()
+        self.book.add(pid, request, now)
+        return pid
+
+    def cancel(self, pilot: PilotId) -> None:
+        self._cancel([pilot], None)
+
+    def pilots(self) -> Mapping[PilotId, PilotView]:
+        return {r.id: r.view() for r in self.book.live()}
+
+    def poll(self) -> list[PilotEvent]:
+        """One queue query for every live pilot, one lookup per pilot that ended; then the
+        shared rules (walltime notice and renewal, suspended pilots, stuck queued pilots)."""
+        now = self.clock()
+        live = [r.id for r in self.book.live()]
+        if live:
+            observations = self.dialect.parse_poll(self._run(self.dialect.render_poll(live)), live)
+            seen = {o.pilot for o in observations}
+            for obs in observations:
+                self.book.apply(obs, now)
+            ended = [o for o in observations if o.state is PilotState.ENDED]
+            missing = [p for p in live if p not in seen]
+            for obs in ended:
+                self._end(self._detail(obs) if obs.needs_detail else obs, now)
+            for pid in missing:
+                obs = self._lookup(pid)
+                if obs is not None and obs.state is not PilotState.ENDED:
+                    self.book.apply(obs, now)
+                else:
+                    self._end(obs or Observation(pid, PilotState.ENDED, "", reason=EndReason.UNKNOWN,
+                                                 detail="the scheduler no longer knows this job"), now)
+        self._after_poll(now)
+        return self.book.drain()
+
+    def close(self) -> None:
+        live = [r.id for r in self.book.live()]
+        if live:
+            try:
+                self._cancel(live, None)
+            except BackendError as exc:
+                log.warning("%s: cancelling pilots at close: %s", self.name, exc)
+
+    # -- helpers
+    def _detail(self, obs: Observation) -> Observation:
+        found = self._lookup(obs.pilot)
+        if found is None:
+            return Observation(obs.pilot, PilotState.ENDED, obs.raw_state, obs.nodes, reason=obs.reason,
+                               preempted=False, detail=obs.detail or obs.raw_state)
+        return found
+
+    def _lookup(self, pid: PilotId) -> Observation | None:
+        return self.dialect.parse_detail(self._run(self.dialect.render_detail(pid)), pid)
+
+    def _end(self, obs: Observation, now: float) -> None:
+        rec = self.book.get(obs.pilot)
+        if rec is None:
+            return
+        if obs.nodes and not rec.nodes:
+            rec.nodes = obs.nodes
+        preempted_before = rec.preempted or rec.cancel_cause is EndReason.PREEMPTED
+        reason, detail = classify_end(obs, rec.cancel_requested, preempted_before)
+        self.book.finish(rec.id, reason, detail, now)
+        succ = self.book.get(rec.replaced_by) if rec.replaced_by else None
+        if succ is not None and reason is not EndReason.TIMEOUT and not succ.cancel_requested:
+            self._try_cancel([succ.id], EndReason.CANCELLED)  # only a walltime hands the node over
+
+    def _after_poll(self, now: float) -> None:
+        cfg = self.config
+        for rec in self.book.notice_walltime(now, cfg.renew_before_s):
+            log.info("%s: pilot %s reaches its walltime at %s", self.name, rec.id, rec.expires_at)
+        for rec in self.book.live():
+            if rec.state is PilotState.SUSPENDED and not rec.cancel_requested:
+                self._try_cancel([rec.id], EndReason.PREEMPTED)
+        for rec in self.book.live():
+            if (
+                rec.state is PilotState.ENDING and rec.announced is EndReason.TIMEOUT and rec.replaced_by is None
+                and not rec.cancel_requested and not rec.preempted and rec.nodes
+            ):
+                self._renew(rec)
+        stuck = [
+            r.id for r in self.book.live()
+            if r.state is PilotState.QUEUED and not r.cancel_requested
+            and (r.replaces is None or r.replaces not in self.book)
+            and now - r.queued_since > cfg.max_queued_s
+        ]
+        if stuck:
+            self._try_cancel(stuck, EndReason.CANCELLED)
+
+    def _renew(self, rec: PilotRecord) -> None:
+        try:
+            self.submit(PilotRequest(rec.nodes, rec.request.walltime_s, after=rec.id))
+        except Throttled:
+            pass  # next poll
+        except BackendError as exc:
+            log.warning("%s: replacement for pilot %s: %s", self.name, rec.id, exc)
+
+    def _try_cancel(self, pilots: list[PilotId], cause: EndReason) -> None:
+        try:
+            self._cancel(pilots, cause)
+        except BackendError as exc:
+            log.warning("%s: cancel %s: %s (retried next poll)", self.name, pilots, exc)
+            for pid in pilots:
+                rec = self.book.get(pid)
+                if rec is not None:
+                    rec.cancel_requested = False
+
+    def _cancel(self, pilots: list[PilotId], cause: EndReason | None) -> None:
+        ids: list[PilotId] = []
+        for pid in pilots:
+            rec = self.book.get(pid)
+            if rec is None:
+                continue
+            ids.append(pid)
+            rec.cancel_requested = True
+            if cause is EndReason.PREEMPTED:
+                rec.cancel_cause = cause
+            succ = self.book.get(rec.replaced_by) if rec.replaced_by else None
+            if succ is not None and succ.id not in ids:
+                succ.cancel_requested = True
+                ids.append(succ.id)
+        if ids:
+            self.dialect.check_cancel(self._run(self.dialect.render_cancel(ids)))
+
+
+def minutes_ceil(seconds: float) -> int:
+    """Whole minutes, rounded up, at least 1 (Slurm and PBS limits are minute-grained here)."""
+    return max(1, int(math.ceil(seconds / 60.0)))

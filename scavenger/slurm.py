@@ -1,0 +1,454 @@
+"""The Slurm backend: pilots are ``sbatch`` jobs in a preemptable partition.
+
+Facts it relies on (Debian's Slurm 22.05, multi-``slurmd`` test cluster):
+
+- A node is ours to take when ``sinfo`` says ``idle`` with no flag: ``planned``
+  (``plnd``) means backfill keeps it for a pending higher-priority job;
+  ``squeue --start`` gives those jobs' planned starts and nodes (:class:`Claim`).
+- Preemption SIGTERMs job *steps*, not the batch shell: the pilot runs its agent
+  under ``srun`` so the signal reaches it, and the agent exits within a second.
+  During the grace time ``squeue`` still says RUNNING but the end time is cut
+  short (to PreemptTime + GraceTime): that is :attr:`PilotState.ENDING`.
+- A preempted pilot that exits promptly ends COMPLETED; only ``PreemptTime`` in
+  ``scontrol show job -o`` tells it was preempted (one lookup per ended pilot).
+  Pilots are submitted ``--no-requeue`` and ``--exclusive``.
+- A walltime replacement, ``--dependency=afterany:OLD -w NODE``, starts about
+  0.1 s after the old pilot ends.
+
+Every command is rendered by a pure function, run once with a timeout, and
+parsed by a pure function into typed results; a bad reply is a
+:class:`~scavenger.base.BadReply` naming the command and the line.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Callable, Sequence
+
+from scavenger.base import (
+    BadReply,
+    Claim,
+    CommandResult,
+    EndReason,
+    NodeInfo,
+    NodeState,
+    PilotId,
+    PilotRequest,
+    PilotState,
+    Runner,
+    run_command,
+)
+from scavenger.pilots import BatchBackend, BatchConfig, Observation, minutes_ceil, require_ok
+
+# ---- states ----------------------------------------------------------------------------
+
+SLURM_STATES: dict[str, tuple[PilotState, EndReason | None]] = {
+    # queued: no node yet (CONFIGURING: nodes allocated but booting, not usable yet)
+    "PENDING": (PilotState.QUEUED, None),
+    "CONFIGURING": (PilotState.QUEUED, None),
+    "REQUEUED": (PilotState.QUEUED, None),
+    "REQUEUE_HOLD": (PilotState.QUEUED, None),
+    "REQUEUE_FED": (PilotState.QUEUED, None),
+    "RESV_DEL_HOLD": (PilotState.QUEUED, None),
+    # running on its nodes
+    "RUNNING": (PilotState.RUNNING, None),
+    "RESIZING": (PilotState.RUNNING, None),
+    "SIGNALING": (PilotState.RUNNING, None),
+    # on the way out
+    "COMPLETING": (PilotState.ENDING, None),
+    "STAGE_OUT": (PilotState.ENDING, None),
+    # stopped in place: a recall
+    "SUSPENDED": (PilotState.SUSPENDED, None),
+    "STOPPED": (PilotState.SUSPENDED, None),
+    # ended; None: only PreemptTime can tell a preemption from an exit or someone's cancel
+    "COMPLETED": (PilotState.ENDED, None),
+    "CANCELLED": (PilotState.ENDED, EndReason.CANCELLED),
+    "PREEMPTED": (PilotState.ENDED, EndReason.PREEMPTED),
+    "TIMEOUT": (PilotState.ENDED, EndReason.TIMEOUT),
+    "DEADLINE": (PilotState.ENDED, EndReason.TIMEOUT),
+    "FAILED": (PilotState.ENDED, EndReason.FAILED),
+    "NODE_FAIL": (PilotState.ENDED, EndReason.FAILED),
+    "BOOT_FAIL": (PilotState.ENDED, EndReason.FAILED),
+    "OUT_OF_MEMORY": (PilotState.ENDED, EndReason.FAILED),
+    "SPECIAL_EXIT": (PilotState.ENDED, EndReason.FAILED),
+    "REVOKED": (PilotState.ENDED, EndReason.FAILED),
+}
+"""Slurm job state (``squeue %T``, ``scontrol JobState``) -> pilot state and, when the state
+says it, why it ended. Anything else is :attr:`PilotState.UNKNOWN`."""
+
+
+def translate_job_state(raw: str) -> tuple[PilotState, EndReason | None]:
+    return SLURM_STATES.get(raw.strip().upper(), (PilotState.UNKNOWN, None))
+
+
+NODE_STATES: dict[str, NodeState] = {
+    "idle": NodeState.IDLE,
+    "planned": NodeState.IDLE,  # idle but planned: NodeInfo.planned
+    "allocated": NodeState.BUSY,
+    "mixed": NodeState.BUSY,
+    "completing": NodeState.BUSY,
+    "reserved": NodeState.BUSY,
+    "maint": NodeState.BUSY,
+    "blocked": NodeState.BUSY,
+    "down": NodeState.DOWN,
+    "drained": NodeState.DOWN,
+    "draining": NodeState.DOWN,
+    "fail": NodeState.DOWN,
+    "failing": NodeState.DOWN,
+    "future": NodeState.DOWN,
+    "inval": NodeState.DOWN,
+    "powered_down": NodeState.DOWN,
+    "powering_down": NodeState.DOWN,
+    "powering_up": NodeState.DOWN,
+    "power_down": NodeState.DOWN,
+    "reboot_issued": NodeState.DOWN,
+    "reboot_requested": NodeState.DOWN,
+    "perfctrs": NodeState.BUSY,
+    "unknown": NodeState.UNKNOWN,
+}
+"""``sinfo %T`` base state -> node state. Flags after it: ``-`` planned; ``$`` maintenance
+reservation (busy); ``* ~ # ! % @ ^`` not responding / powered off / powering / reboot (down);
+``+`` more states follow (not plainly idle)."""
+
+_NODE_SUFFIX_DOWN = set("*~#!%@^")
+
+
+def translate_node_state(raw: str) -> tuple[NodeState, bool]:
+    """``sinfo %T`` text -> (state, planned). Unknown words give UNKNOWN (never idle)."""
+    text = raw.strip().lower()
+    base = text.rstrip("*~#!%$@^-+")
+    flags = set(text[len(base):])
+    state = NODE_STATES.get(base, NodeState.UNKNOWN)
+    planned = base == "planned" or "-" in flags
+    if flags & _NODE_SUFFIX_DOWN:
+        state = NodeState.DOWN
+    elif "$" in flags and state is NodeState.IDLE:
+        state = NodeState.BUSY
+    elif "+" in flags and state is NodeState.IDLE:
+        state = NodeState.UNKNOWN
+    return state, planned
+
+
+# ---- small pure parsers ------------------------------------------------------------------
+
+
+def expand_hostlist(text: str) -> tuple[str, ...]:
+    """``node[1-3,7],gpu01`` -> ``(node1, node2, node3, node7, gpu01)`` (zero padding kept)."""
+    text = text.strip()
+    if text in ("", "(null)", "N/A", "None"):
+        return ()
+    out: list[str] = []
+    for item in _split_top(text):
+        m = re.fullmatch(r"([^\[\]]*)\[([^\[\]]+)\]([^\[\]]*)", item)
+        if m is None:
+            if "[" in item or "]" in item:
+                raise ValueError(f"bad host list {text!r}: {item!r}")
+            out.append(item)
+            continue
+        prefix, ranges, suffix = m.groups()
+        for part in ranges.split(","):
+            lo, _, hi = part.partition("-")
+            if not lo.isdigit() or (hi and not hi.isdigit()):
+                raise ValueError(f"bad host list {text!r}: range {part!r}")
+            width = len(lo)
+            for i in range(int(lo), int(hi or lo) + 1):
+                out.append(f"{prefix}{i:0{width}d}{suffix}")
+    return tuple(out)
+
+
+def _split_top(text: str) -> list[str]:
+    """Split on commas outside brackets."""
+    parts, depth, cur = [], 0, []
+    for ch in text:
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    parts.append("".join(cur))
+    return [p for p in parts if p]
+
+
+def parse_time(text: str) -> float | None:
+    """Slurm's ``2026-11-24T17:21:51`` (local time) -> epoch seconds; N/A, Unknown, None -> None."""
+    text = text.strip()
+    if text in ("", "N/A", "Unknown", "None", "(null)"):
+        return None
+    try:
+        return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S").timestamp()
+    except ValueError:
+        raise ValueError(f"bad Slurm time {text!r}") from None
+
+
+def parse_duration(text: str) -> float | None:
+    """Slurm's ``[D-]HH:MM:SS`` / ``MM:SS`` / ``M`` -> seconds; UNLIMITED, INVALID, NOT_SET -> None."""
+    text = text.strip()
+    if text.upper() in ("", "UNLIMITED", "INFINITE", "INVALID", "NOT_SET", "N/A"):
+        return None
+    days = 0
+    if "-" in text:
+        d, _, text = text.partition("-")
+        if not d.isdigit():
+            raise ValueError(f"bad Slurm duration {text!r}")
+        days = int(d)
+    parts = text.split(":")
+    if not all(p.isdigit() for p in parts) or not 1 <= len(parts) <= 3:
+        raise ValueError(f"bad Slurm duration {text!r}")
+    nums = [int(p) for p in parts]
+    if len(parts) == 1:
+        secs = nums[0] * 60
+    elif len(parts) == 2:
+        secs = nums[0] * 60 + nums[1]
+    else:
+        secs = nums[0] * 3600 + nums[1] * 60 + nums[2]
+    return float(days * 86400 + secs)
+
+
+def parse_scontrol_record(text: str) -> dict[str, str]:
+    """One ``scontrol show job -o`` line -> fields. Values may contain spaces, so a new field
+    starts only at ``␠Key=`` with a known-looking key; the first occurrence of a key wins."""
+    out: dict[str, str] = {}
+    matches = list(re.finditer(r"(?:^|\s)([A-Za-z][A-Za-z0-9_:/]*)=", text))
+    for i, m in enumerate(matches):
+        end = matches[i + 1].start() if i + 1 < len(matches) else len(text)
+        out.setdefault(m.group(1), text[m.end():end].strip())
+    return out
+
+
+# ---- config and dialect ----------------------------------------------------------------------
+
+SQUEUE_FORMAT = "%i|%P|%T|%r|%N|%S|%e|%l"
+SINFO_FORMAT = "%N|%T"
+START_FORMAT = "%i|%P|%j|%S|%Y"
+
+
+@dataclass(frozen=True)
+class SlurmConfig(BatchConfig):
+    """Where and how pilots run. ``daemon_address``: what agents connect to (tcp://HOST:PORT).
+
+    ``partition``/``qos``/``account``: the preemptable queue (set at least one of partition or
+    QOS). ``job_name`` tags our pilots (``squeue -n``): make it unique per daemon.
+    ``python``: the interpreter on the compute nodes; ``agent_args``: extra agent flags.
+    """
+
+    daemon_address: str = ""
+    partition: str | None = "preemptable"
+    qos: str | None = None
+    account: str | None = None
+    job_name: str = "malletrain-pilot"
+    python: str = sys.executable
+    agent_args: tuple[str, ...] = ()
+    output: str = "/dev/null"
+    workdir: str | None = None
+    exclusive: bool = True
+    extra_sbatch_args: tuple[str, ...] = ()
+
+    def check(self) -> None:
+        super().check()
+        if not self.daemon_address:
+            raise ValueError("slurm config: daemon_address is required (the agents connect to it)")
+        if not (self.partition or self.qos):
+            raise ValueError("slurm config: set a preemptable partition or QOS")
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", self.job_name):
+            raise ValueError(f"slurm config: job_name {self.job_name!r} must be letters, digits, _ . -")
+
+
+def format_minutes(seconds: float) -> str:
+    """``--time`` value: whole minutes, rounded up (Slurm keeps limits in minutes)."""
+    return str(minutes_ceil(seconds))
+
+
+@dataclass
+class SlurmDialect:
+    """Slurm's commands (pure render/parse). See the module docstring for the facts."""
+
+    config: SlurmConfig
+    name: str = field(default="slurm", init=False)
+
+    # -- nodes
+    def render_nodes(self) -> list[str]:
+        argv = ["sinfo", "-N", "-h", "-o", SINFO_FORMAT]
+        if self.config.partition:
+            argv[3:3] = ["-p", self.config.partition]
+        return argv
+
+    def parse_nodes(self, res: CommandResult) -> tuple[NodeInfo, ...]:
+        require_ok(res, "sinfo")
+        seen: dict[str, NodeInfo] = {}
+        for no, line in enumerate(res.stdout.splitlines(), 1):
+            if not line.strip():
+                continue
+            fields = line.split("|")
+            if len(fields) != 2 or not fields[0].strip() or not fields[1].strip():
+                raise BadReply(f"sinfo line {no}: expected NODE|STATE, got {line!r}", res)
+            name, raw = fields[0].strip(), fields[1].strip()
+            state, planned = translate_node_state(raw)
+            seen.setdefault(name, NodeInfo(name, state, planned, raw))  # once per partition: first wins
+        return tuple(seen[n] for n in sorted(seen))
+
+    def render_claims(self) -> list[str]:
+        return ["squeue", "-h", "--start", "-t", "PD", "-o", START_FORMAT]
+
+    def parse_claims(self, res: CommandResult) -> tuple[Claim, ...]:
+        require_ok(res, "squeue --start")
+        out = []
+        for no, line in enumerate(res.stdout.splitlines(), 1):
+            if not line.strip():
+                continue
+            fields = line.split("|")
+            if len(fields) != 5:
+                raise BadReply(f"squeue --start line {no}: expected {START_FORMAT}, got {line!r}", res)
+            job, part, name, start, nodes = (f.strip() for f in fields)
+            if name == self.config.job_name:
+                continue  # our own pilots are not claims
+            try:
+                when, hosts = parse_time(start), expand_hostlist(nodes)
+            except ValueError as exc:
+                raise BadReply(f"squeue --start line {no}: {exc}", res) from None
+            if hosts:
+                out.append(Claim(job, hosts, when, part))
+        return tuple(out)
+
+    # -- submit / cancel
+    def agent_command(self) -> str:
+        """The batch script: one agent per node under ``srun`` (so preemption signals reach it);
+        each agent names itself after its node (``$SLURMD_NODENAME``)."""
+        cfg = self.config
+        agent = " ".join(
+            [shlex.quote(cfg.python), "-m", "scavenger.agent", "--node", '"$SLURMD_NODENAME"',
+             "--daemon", shlex.quote(cfg.daemon_address), *(shlex.quote(a) for a in cfg.agent_args)]
+        )
+        return (
+            "exec srun --ntasks-per-node=1 --kill-on-bad-exit=0 "
+            f"/bin/sh -c {shlex.quote('exec ' + agent)}"
+        )
+
+    def render_submit(self, request: PilotRequest, walltime_s: float) -> list[str]:
+        cfg = self.config
+        argv = ["sbatch", "--parsable", f"--job-name={cfg.job_name}"]
+        if cfg.partition:
+            argv.append(f"--partition={cfg.partition}")
+        if cfg.qos:
+            argv.append(f"--qos={cfg.qos}")
+        if cfg.account:
+            argv.append(f"--account={cfg.account}")
+        argv += [f"--nodes={cfg.nodes_per_pilot}", "--ntasks-per-node=1", "--no-requeue",
+                 f"--time={format_minutes(walltime_s)}", f"--output={cfg.output}"]
+        if cfg.exclusive:
+            argv.append("--exclusive")
+        if request.nodes:
+            argv.append(f"--nodelist={','.join(request.nodes)}")
+        if request.after is not None:
+            argv += [f"--dependency=afterany:{request.after}", "--kill-on-invalid-dep=yes"]
+        if cfg.workdir:
+            argv.append(f"--chdir={cfg.workdir}")
+        argv += list(cfg.extra_sbatch_args)
+        argv += ["--wrap", self.agent_command()]
+        return argv
+
+    def parse_submit(self, res: CommandResult) -> PilotId:
+        require_ok(res, "sbatch")
+        text = res.stdout.strip()
+        job = text.split(";", 1)[0]
+        if not re.fullmatch(r"\d+", job):
+            raise BadReply(f"sbatch --parsable: expected a job id, got {text[:100]!r}", res)
+        return PilotId(job)
+
+    def render_cancel(self, pilots: Sequence[PilotId]) -> list[str]:
+        return ["scancel", *pilots]
+
+    def check_cancel(self, res: CommandResult) -> None:
+        if res.returncode == 0:
+            return
+        lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+        benign = ("already completing or completed", "Invalid job id specified")
+        if lines and all(any(b in ln for b in benign) for ln in lines):
+            return  # gone already: cancel is idempotent
+        require_ok(res, "scancel")
+
+    # -- poll
+    def render_poll(self, pilots: Sequence[PilotId]) -> list[str]:
+        return ["squeue", "-h", "-t", "all", "-n", self.config.job_name, "-o", SQUEUE_FORMAT]
+
+    def parse_poll(self, res: CommandResult, pilots: Sequence[PilotId]) -> list[Observation]:
+        require_ok(res, "squeue")
+        wanted = set(pilots)
+        out = []
+        for no, line in enumerate(res.stdout.splitlines(), 1):
+            if not line.strip():
+                continue
+            obs = parse_squeue_line(line, res, no)
+            if obs.pilot in wanted:
+                out.append(obs)
+        return out
+
+    def render_detail(self, pilot: PilotId) -> list[str]:
+        return ["scontrol", "show", "job", "-o", str(pilot)]
+
+    def parse_detail(self, res: CommandResult, pilot: PilotId) -> Observation | None:
+        if res.returncode != 0 and "Invalid job id" in res.stderr:
+            return None
+        require_ok(res, "scontrol show job")
+        line = next((ln for ln in res.stdout.splitlines() if ln.strip()), "")
+        rec = parse_scontrol_record(line)
+        if rec.get("JobId") != str(pilot) or "JobState" not in rec:
+            raise BadReply(f"scontrol show job {pilot}: no JobId={pilot} JobState=... in {line[:120]!r}", res)
+        state, reason = translate_job_state(rec["JobState"])
+        try:
+            preempt = parse_time(rec.get("PreemptTime", "None"))
+            start, end = parse_time(rec.get("StartTime", "")), parse_time(rec.get("EndTime", ""))
+            nodes = expand_hostlist(rec.get("NodeList", ""))
+        except ValueError as exc:
+            raise BadReply(f"scontrol show job {pilot}: {exc}", res) from None
+        detail = rec["JobState"] + (f" (preempted at {rec['PreemptTime']})" if preempt is not None else "")
+        return Observation(pilot, state, rec["JobState"], nodes, start, end, None, reason,
+                           preempted=preempt is not None, detail=detail)
+
+
+def parse_squeue_line(line: str, res: CommandResult, no: int) -> Observation:
+    """One ``squeue -o '%i|%P|%T|%r|%N|%S|%e|%l'`` line -> an observation.
+
+    A RUNNING job whose end time is earlier than start + limit was preempted and is in its
+    grace time: ENDING with that end as the deadline.
+    """
+    fields = line.split("|")
+    if len(fields) != 8:
+        raise BadReply(f"squeue line {no}: expected {SQUEUE_FORMAT}, got {line!r}", res)
+    job, _part, raw, reason_text, nodes_text, start_text, end_text, limit_text = (f.strip() for f in fields)
+    if not re.fullmatch(r"\d+(_\d+)?", job):
+        raise BadReply(f"squeue line {no}: bad job id {job!r} in {line!r}", res)
+    try:
+        nodes = expand_hostlist(nodes_text)
+        start, end, limit = parse_time(start_text), parse_time(end_text), parse_duration(limit_text)
+    except ValueError as exc:
+        raise BadReply(f"squeue line {no}: {exc} in {line!r}", res) from None
+    state, reason = translate_job_state(raw)
+    preempted: bool | None = True if reason is EndReason.PREEMPTED else None
+    deadline = None
+    if state is PilotState.RUNNING:
+        preempted = False
+        if start is not None and end is not None and limit is not None and end < start + limit - 1:
+            state, preempted, deadline = PilotState.ENDING, True, end
+    expires = end if state in (PilotState.RUNNING, PilotState.ENDING) else None
+    if state is PilotState.QUEUED:
+        start = None
+    detail = raw if reason_text in ("", "None") else f"{raw} ({reason_text})"
+    return Observation(PilotId(job), state, raw, nodes, start, expires, deadline, reason, preempted, detail)
+
+
+class SlurmBackend(BatchBackend):
+    """Pilots as Slurm batch jobs (see :class:`SlurmConfig`, :class:`SlurmDialect`)."""
+
+    def __init__(
+        self, config: SlurmConfig, clock: Callable[[], float] | None = None, runner: Runner = run_command
+    ) -> None:
+        super().__init__(SlurmDialect(config), config, clock or time.time, runner)

@@ -1,0 +1,142 @@
+"""Daemon config: ranges, finite floats, rules between keys, `config check`, and fuzzing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tomllib
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from malletrain.config import LIMITS, ConfigError, DaemonConfig, load_config, parse_config, to_toml
+
+FLOAT_KEYS = [(prefix, key) for prefix, table in LIMITS.items() for key, lim in table.items() if lim.kind is float]
+
+
+def _toml(prefix: str, key: str, value: str) -> str:
+    return f"{key} = {value}\n" if not prefix else f"[{prefix.rstrip('.')}]\n{key} = {value}\n"
+
+
+@pytest.mark.parametrize("prefix, key", FLOAT_KEYS, ids=[p + k for p, k in FLOAT_KEYS])
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "9223372036854775807", "1" + "0" * 400])
+def test_every_float_key_refuses_non_finite_and_absurd_values(tmp_path: Path, prefix: str, key: str, value: str) -> None:
+    f = tmp_path / "d.toml"
+    f.write_text(_toml(prefix, key, value))
+    with pytest.raises(ConfigError, match=f"{prefix}{key} must be") as info:
+        load_config(f)
+    assert str(f) in str(info.value)
+
+
+@pytest.mark.parametrize("text, why", [
+    ("loop_interval = inf", "loop_interval must be a finite number"),
+    ("loop_interval = 9223372036854775807", "loop_interval must be <= 60"),
+    ("agent_heartbeat = 1.0\nagent_dead_after = 0.5", r"agent_dead_after \(0.5\) must be at least twice agent_heartbeat \(1\)"),
+    ("agent_heartbeat = 1.0\nagent_dead_after = 1.5", "agent_dead_after"),
+    ("max_running = 3", r"max_running moved to \[policy\] max_running"),
+    ("tfwd = 60.0", r"tfwd moved to \[policy\] tfwd_s"),
+    ("[policy]\ntfwd_s = nan", "policy.tfwd_s must be a finite number"),
+    ("[policy]\nmax_running = 9223372036854775807", "policy.max_running must be"),
+    ("[policy]\nprofile_time_cap_s = " + "9" * 400, "policy.profile_time_cap_s must be a finite number"),
+    ("[policy]\ncolour = 1", "unknown key"),
+    ("[local]\nnodes = 100000", "local.nodes must be <= 1024"),
+    ("[local]\nmachine_nodes = 100000\nduration = 315360000", "machine_nodes x local.duration"),
+    ('state_dir = ""', "state_dir must not be empty"),
+    ('state_dir = "a\\u0000b"', "state_dir contains a NUL byte"),
+    ("[ports]\ncontrol = 5000\nagents = 5000", "same port twice"),
+    ("local = 3", r"\[local\] must be a table"),
+    ('"bad\\u001bkey" = 1', r"unknown key\(s\) 'bad\\x1bkey'"),
+])
+def test_config_errors_name_the_key(tmp_path: Path, text: str, why: str) -> None:
+    f = tmp_path / "d.toml"
+    f.write_text(text + "\n")
+    with pytest.raises(ConfigError, match=why) as info:
+        load_config(f)
+    assert str(f) in str(info.value)
+
+
+def test_undecodable_and_deep_config_files_name_the_file(tmp_path: Path) -> None:
+    f = tmp_path / "d.toml"
+    for data in (b"state_dir = \"caf\xe9\"\n", b"a = " + b"[" * 100_000 + b"]" * 100_000,
+                 b"seed = " + b"9" * 10_000, b"# " + b"x" * (2 * 1024 * 1024)):
+        f.write_bytes(data)
+        with pytest.raises(ConfigError) as info:
+            load_config(f)
+        assert str(f) in str(info.value)
+
+
+def test_effective_config_round_trips() -> None:
+    cfg = DaemonConfig()
+    assert parse_config(tomllib.loads(to_toml(cfg))) == cfg
+    odd = parse_config({"state_dir": 'we"ird\\dir\tx\u00e9', "policy": {"tfwd_s": 1e-9, "prior": {"1": 5.0, "4": 18.0}},
+                        "local": {"trace": "none", "seed": 0}})
+    assert parse_config(tomllib.loads(to_toml(odd))) == odd
+
+
+def test_config_check_prints_the_effective_config(tmp_path: Path) -> None:
+    f = tmp_path / "d.toml"
+    f.write_text('runtime = "toy"\n[local]\nnodes = 2\n')
+    res = subprocess.run([sys.executable, "-m", "malletrain", "config", "check", str(f)],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    cfg = parse_config(tomllib.loads(res.stdout))
+    assert cfg.runtime == "toy" and cfg.local.nodes == 2 and cfg.policy == DaemonConfig().policy
+    res = subprocess.run([sys.executable, "-m", "malletrain", "config", "check", str(f), "--json"],
+                         capture_output=True, text=True, timeout=60)
+    assert json.loads(res.stdout)["local"]["nodes"] == 2
+    f.write_text("[local]\ntrace = \"/no/such/trace.swf\"\n")
+    res = subprocess.run([sys.executable, "-m", "malletrain", "config", "check", str(f)],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "local.trace" in res.stderr and str(f) in res.stderr
+    f.write_text("loop_interval = nan\n")
+    res = subprocess.run([sys.executable, "-m", "malletrain", "config", "check", str(f)],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "loop_interval must be a finite number" in res.stderr and "Traceback" not in res.stderr
+
+
+# -- fuzzing ------------------------------------------------------------------------------------------
+
+scalars = (st.none() | st.booleans() | st.integers(min_value=-(2**80), max_value=2**80) | st.floats()
+           | st.text(max_size=12))
+keys = st.sampled_from([k for table in LIMITS.values() for k in table]) | st.text(max_size=6)
+tables = st.dictionaries(keys, scalars, max_size=6)
+policy_keys = st.sampled_from(["tfwd_s", "max_running", "profiling", "profile_time_cap_s", "prior", "learn",
+                               "method", "default_up_cost_s"]) | st.text(max_size=6)
+policy_tables = st.dictionaries(policy_keys, scalars | st.dictionaries(st.text(max_size=3), scalars, max_size=3),
+                                max_size=5)
+configs = st.dictionaries(keys | st.sampled_from(["local", "ports", "policy"]), scalars | tables | policy_tables,
+                          max_size=8)
+
+
+@settings(max_examples=500, deadline=None)
+@given(configs)
+def test_fuzz_config(obj: dict[str, object]) -> None:
+    try:
+        cfg = parse_config(obj, "fuzz")
+    except ConfigError as exc:
+        assert "fuzz" in str(exc)
+        return
+    assert parse_config(tomllib.loads(to_toml(cfg))) == cfg
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=200))
+def test_fuzz_config_bytes(tmp_path_factory: pytest.TempPathFactory, data: bytes) -> None:
+    f = tmp_path_factory.mktemp("cfg") / "d.toml"
+    f.write_bytes(data)
+    try:
+        load_config(f)
+    except ConfigError as exc:
+        assert str(f) in str(exc)
+
+
+def test_every_key_has_a_limit() -> None:
+    from malletrain.config import LocalConfig, Ports
+
+    assert {f.name for f in fields(DaemonConfig)} - {"local", "ports", "policy"} == set(LIMITS[""])
+    assert {f.name for f in fields(LocalConfig)} == set(LIMITS["local."])
+    assert {f.name for f in fields(Ports)} == set(LIMITS["ports."])

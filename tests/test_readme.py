@@ -1,0 +1,271 @@
+"""Every ```bash block of README.md: short ones run for real, long ones are marked and checked statically.
+
+A block runs in a sandbox that looks like a fresh clone: a temporary folder
+whose entries are links to the checkout's (``.venv`` included), with
+``../shared`` beside it, HOME in the sandbox (so ``~/.malletrain`` is a fresh
+state dir) and ``MALLETRAIN_STATE_DIR`` unset. A block that uses only
+``.venv/bin/...`` runs with the system PATH, exactly as pasted into a new
+shell; a block with bare ``malletrain``/``python`` runs with the venv's bin
+first on PATH, as after ``source .venv/bin/activate``. ``bash -e``: any failing
+command fails the test.
+
+A block that takes a minute or more (the install, the demo, replays of whole
+weeks, the test suite, benchmarks) has an HTML comment on the line before it:
+``<!-- readme-test: skip (REASON) -->``. It does not run, but every command in
+it is checked: ``malletrain`` arguments parse (argparse, nothing runs), the
+scripts, test files and ``-m`` modules it names exist, and bash reads it
+(``bash -n``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from procs import procs_mentioning
+
+REPO = Path(__file__).resolve().parent.parent
+README = REPO / "README.md"
+VENV_BIN = REPO / ".venv" / "bin"
+SKIP = re.compile(r"<!--\s*readme-test:\s*skip\s*\((?P<reason>.+)\)\s*-->")
+BARE = re.compile(r"(?:^|[;&|(]\s*)(?:malletrain|python3?)\s", re.MULTILINE)
+HEREDOC = re.compile(r"<<-?\s*'?\"?(?P<end>\w+)'?\"?")
+BLOCK_TIMEOUT_S = 600
+NOT_LINKED = {"runs", ".git", ".pytest_cache", ".hypothesis"}
+
+
+@dataclass(frozen=True)
+class Block:
+    line: int  # of the opening fence
+    section: str
+    code: str
+    skip: str | None  # the reason, if marked
+
+    @property
+    def id(self) -> str:
+        return f"L{self.line}-{re.sub(r'[^a-z0-9]+', '-', self.section.lower()).strip('-')[:30]}"
+
+
+def readme_blocks(text: str) -> list[Block]:
+    """The ```bash blocks, each with its section heading and its skip marker (the line before it)."""
+    lines = text.splitlines()
+    out: list[Block] = []
+    section = "top"
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("#"):
+            section = line.lstrip("#").strip()
+        elif line.lstrip().startswith("```") and line.strip() != "```bash":  # another fenced block: skip it
+            fence = line.lstrip()[:3]
+            i = next((j for j in range(i + 1, len(lines)) if lines[j].lstrip().startswith(fence)), len(lines))
+        elif line.strip() == "```bash":
+            end = next(j for j in range(i + 1, len(lines)) if lines[j].strip() == "```")
+            before = next((lines[j] for j in range(i - 1, -1, -1) if lines[j].strip()), "")
+            marker = SKIP.search(before)
+            out.append(Block(i + 1, section, "\n".join(lines[i + 1:end]) + "\n",
+                             marker.group("reason").strip() if marker else None))
+            i = end
+        i += 1
+    return out
+
+
+BLOCKS = readme_blocks(README.read_text(encoding="utf-8"))
+RUN = [b for b in BLOCKS if b.skip is None]
+SKIPPED = [b for b in BLOCKS if b.skip is not None]
+
+
+def commands(code: str) -> list[list[str]]:
+    """The simple commands of a block (heredoc bodies, comments and operators left out)."""
+    out: list[list[str]] = []
+    logical: list[str] = []
+    pending = ""
+    heredoc_end: str | None = None
+    for raw in code.splitlines():
+        if heredoc_end is not None:
+            if raw.strip() == heredoc_end:
+                heredoc_end = None
+            continue
+        if raw.rstrip().endswith("\\"):
+            pending += raw.rstrip()[:-1] + " "
+            continue
+        logical.append(pending + raw)
+        pending = ""
+        m = HEREDOC.search(raw)
+        if m:
+            heredoc_end = m.group("end")
+    for line in logical:
+        lex = shlex.shlex(line, posix=True, punctuation_chars=True)
+        lex.whitespace_split = True
+        lex.commenters = "#"
+        argv: list[str] = []
+        skip_next = False
+        for tok in lex:
+            if skip_next:
+                skip_next = False
+            elif tok and set(tok) <= set(";&|()<>"):
+                if "<" in tok or ">" in tok:  # a redirection: drop its fd number and its target
+                    if argv and argv[-1].isdigit():
+                        argv.pop()
+                    skip_next = True
+                elif argv:
+                    out.append(argv)
+                    argv = []
+            else:
+                argv.append(tok)
+        if argv:
+            out.append(argv)
+    return out
+
+
+def check_command(argv: list[str]) -> str | None:
+    """Why this command of a skipped block would fail at once, or None."""
+    from malletrain.cli import build_parser
+
+    prog = os.path.basename(argv[0])
+    if prog == "malletrain":
+        try:
+            build_parser().parse_args(argv[1:])
+        except SystemExit as exc:
+            return None if exc.code == 0 else f"malletrain does not accept {shlex.join(argv[1:])}"
+        return None
+    if prog in ("python", "python3") and len(argv) > 1:
+        if argv[1] == "-m" and len(argv) > 2:
+            if argv[2] == "venv":
+                return None
+            if importlib.util.find_spec(argv[2]) is None:
+                return f"no module {argv[2]}"
+            files = [a for a in argv[3:] if a.endswith(".py")] if argv[2] == "pytest" else []
+        else:
+            files = [argv[1]]
+        missing = [f for f in files if not (REPO / f).exists()]
+        return f"missing {', '.join(missing)}" if missing else None
+    if prog == "bash" and len(argv) > 1 and not (REPO / argv[1]).exists():
+        return f"missing script {argv[1]}"
+    return None
+
+
+def sandbox(tmp: Path) -> tuple[Path, dict[str, str]]:
+    """A fresh-clone look-alike (links to the checkout), ../shared beside it, and the environment."""
+    clone = tmp / "main"
+    clone.mkdir()
+    for entry in REPO.iterdir():
+        if entry.name not in NOT_LINKED:
+            (clone / entry.name).symlink_to(entry)
+    shared = REPO.parent / "shared"
+    if shared.exists():
+        (tmp / "shared").symlink_to(shared)
+    home = tmp / "home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLETRAIN_") and k != "VIRTUAL_ENV"}
+    env["HOME"] = str(home)
+    path = [p for p in env.get("PATH", "/usr/bin:/bin").split(os.pathsep) if Path(p).resolve() != VENV_BIN.resolve()]
+    env["PATH"] = os.pathsep.join(path)
+    return clone, env
+
+
+def run_block(block: Block, tmp: Path) -> tuple[subprocess.CompletedProcess[str], Path, Path]:
+    clone, env = sandbox(tmp)
+    if BARE.search(block.code):
+        env["PATH"] = f"{VENV_BIN}{os.pathsep}{env['PATH']}"  # as after `source .venv/bin/activate`
+    script = tmp / "block.sh"
+    script.write_text(block.code)
+    bash = shutil.which("bash") or "/bin/bash"
+    try:
+        res = subprocess.run([bash, "-e", str(script)], cwd=clone, env=env, capture_output=True, text=True,
+                             timeout=BLOCK_TIMEOUT_S)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"README block at line {block.line} ran over {BLOCK_TIMEOUT_S} s: {exc.stdout!r} {exc.stderr!r}")
+    return res, clone, Path(env["HOME"])
+
+
+def test_readme_has_blocks_and_every_skip_has_a_reason() -> None:
+    assert BLOCKS, "no ```bash block found in README.md"
+    assert any("malletrain daemon" in b.code for b in RUN), "the daemon example must run, not be skipped"
+    assert all(b.skip for b in SKIPPED)
+
+
+@pytest.mark.parametrize("block", BLOCKS, ids=[b.id for b in BLOCKS])
+def test_bash_reads_every_block(block: Block) -> None:
+    res = subprocess.run(["bash", "-n"], input=block.code, capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0, f"README line {block.line}: {res.stderr}"
+
+
+@pytest.mark.parametrize("block", SKIPPED, ids=[b.id for b in SKIPPED])
+def test_skipped_blocks_name_real_commands(block: Block) -> None:
+    problems = [(shlex.join(argv), why) for argv in commands(block.code) if (why := check_command(argv))]
+    assert not problems, f"README block at line {block.line} ({block.skip}): {problems}"
+
+
+def test_command_splitting() -> None:
+    code = ("cat > a <<'T'\nx = 1\nT\nmalletrain simulate --out r \\\n    --quiet  # note\n"
+            "malletrain daemon > d.log 2>&1 &\nkill %1; wait\n")
+    assert commands(code) == [["cat"], ["malletrain", "simulate", "--out", "r", "--quiet"],
+                              ["malletrain", "daemon"], ["kill", "%1"], ["wait"]]
+    assert check_command(["malletrain", "simulate", "--no-such-option"]) is not None
+    assert check_command(["python", "benchmarks/no_such_bench.py"]) == "missing benchmarks/no_such_bench.py"
+
+
+def _short_blocks() -> list[Block]:
+    return [b for b in RUN if "malletrain daemon" not in b.code]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("block", _short_blocks(), ids=[b.id for b in _short_blocks()])
+def test_short_block_runs(block: Block, tmp_path: Path) -> None:
+    res, _, _ = run_block(block, tmp_path)
+    assert res.returncode == 0, f"README block at line {block.line} failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
+
+
+@pytest.mark.slow
+def test_daemon_example_runs_as_pasted(tmp_path: Path) -> None:
+    """Start the daemon, submit, wait until the job trains, status, nodes, cancel, stop: as written.
+
+    The block uses ``.venv/bin/malletrain`` and runs with the system PATH, so
+    ``command = ["python", ...]`` must reach the venv's interpreter by the
+    interpreter rule, not through PATH.
+    """
+    from malletrain.store import Store
+
+    block = next(b for b in RUN if "malletrain daemon" in b.code)
+    res, clone, home = run_block(block, tmp_path)
+    state = home / ".malletrain"
+    try:
+        out = res.stdout + res.stderr
+        daemon_log = (clone / "daemon.log").read_text() if (clone / "daemon.log").exists() else ""
+        assert res.returncode == 0, f"{out[-4000:]}\ndaemon.log:\n{daemon_log[-3000:]}"
+        assert "j000001: " in res.stdout and "JOBID" in res.stdout and "NODE" in res.stdout
+        store = Store.open(state / "store.db")
+        try:
+            rec = store.require("j000001")
+            states = [s for s, _, _ in store.history("j000001")]
+        finally:
+            store.close()
+        assert rec.samples >= 1000 and "failed" not in states, (states, rec.message)
+        assert rec.spec.command[0] == sys.executable or Path(rec.spec.command[0]).parent.resolve() == VENV_BIN.resolve()
+        assert list((state / "logs").glob("j000001.*.log")), "the workers' logs"
+        assert (state.stat().st_mode & 0o777) == 0o700 and ((state / "store.db").stat().st_mode & 0o777) == 0o600
+    finally:
+        leftovers = _wait_for_no_procs(str(tmp_path))
+        for p in leftovers:
+            p.kill()
+    assert not leftovers, f"left running: {[p.cmdline() for p in leftovers]}"
+
+
+def _wait_for_no_procs(text: str, timeout_s: float = 30.0) -> list:  # type: ignore[type-arg]
+    """Processes still mentioning ``text`` once they had ``timeout_s`` to exit (agents exit after the daemon)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while (left := procs_mentioning(text)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return left
