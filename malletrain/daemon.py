@@ -108,6 +108,7 @@ class JobRun:
     rescales: list[RescaleEvent] = field(default_factory=list)  # measured pauses (resumes left out)
     waiting: str = ""  # why the policy keeps it queued
     adopted: bool = False
+    ending: tuple[JobState, str] | None = None  # observed: it ends (act makes it so), and why
 
 
 def load_timeline(cfg: DaemonConfig) -> IdleTimeline | None:
@@ -191,12 +192,12 @@ class Daemon:
             raise
 
     def _open(self, cfg: DaemonConfig) -> None:
-        self.store = Store.open(self.state_dir / STORE_FILE)
+        self.store = Store.open(self.state_dir / STORE_FILE, clock=self.clock)
         ports = self._ports()
         parts = self.parts
         self.monitor = parts.monitor or Monitor(self._bind(ports["monitor"], "monitor"), ctx=self.ctx)
         self.hub = parts.hub or AgentHub(
-            self._bind(ports["agents"], "agents"), dead_after_s=cfg.agent_dead_after, ctx=self.ctx
+            self._bind(ports["agents"], "agents"), dead_after_s=cfg.agent_dead_after, ctx=self.ctx, clock=self.clock
         )
         self._monitor_key = load_master_key(self.state_dir / "monitor.key")
         self.control = ControlServer(socket_path(self.state_dir), self.handle,
@@ -219,6 +220,7 @@ class Daemon:
         self._next_sample = 0.0
         self._next_decide = 0.0
         self._profiling: set[str] = set()
+        self._to_release: set[str] = set()
         self.last_decision: Decision | None = None
         self.policy, self._saved_policy_state = self._load_policy()
         self._next_persist = 0.0
@@ -371,7 +373,7 @@ class Daemon:
                 self.store.log_event("agent_gone", node=ev.node, reason=ev.reason)
                 self._node_lost(ev.node, now, ev.reason)
                 if ev.node in self.backend.held_nodes():
-                    self.backend.release(ev.node)
+                    self._to_release.add(ev.node)  # act releases it: observe only records
             elif isinstance(ev, WorkerStartedEvent):
                 run = self.runs.get(_job_of(ev.worker))
                 if run is not None:
@@ -437,14 +439,14 @@ class Daemon:
             return  # an old worker of a node the job no longer has
         del run.workers[ev.node]
         if ev.code == 0 and ev.node in run.members:
-            self._finish(run, JobState.COMPLETED, f"worker {ev.worker} exited 0")
+            self._end(run, JobState.COMPLETED, f"worker {ev.worker} exited 0")
             return
         run.failures += 1
         if ev.node in run.target:
             run.target.remove(ev.node)
         self.store.log_event("worker_failed", run.id, worker=ev.worker, code=ev.code, failures=run.failures)
         if run.failures >= self.cfg.max_failures:
-            self._finish(run, JobState.FAILED, f"{run.failures} workers failed without progress; last {ev.worker} exit {ev.code}")
+            self._end(run, JobState.FAILED, f"{run.failures} workers failed without progress; last {ev.worker} exit {ev.code}")
         self._changed = True
 
     def _observe_progress(self, now: float) -> None:
@@ -470,7 +472,7 @@ class Daemon:
             target = run.spec.samples
             if target is not None and progress >= target:
                 self.store.set_samples(run.id, progress)
-                self._finish(run, JobState.COMPLETED, f"trained {progress} of {target} samples")
+                self._end(run, JobState.COMPLETED, f"trained {progress} of {target} samples")
 
     def _observe_store(self, now: float) -> None:
         """New jobs and cancels written by the CLI (directly into the store)."""
@@ -482,14 +484,12 @@ class Daemon:
                 self._register(rec.id)
                 self._changed = True
             elif run is not None and rec.cancel_requested:
-                self._finish(run, JobState.CANCELLED, "cancelled by user")
+                self._end(run, JobState.CANCELLED, "cancelled by user")
         for run in list(self.runs.values()):
             if not run.state.terminal and run.id not in live:  # cancelled while queued
                 rec = self.store.get(run.id)
                 if rec is not None and rec.state.terminal:
-                    self._stop_workers(run, now)
-                    run.state = rec.state
-                    self._changed = True
+                    self._end(run, rec.state, rec.message or "ended in the store")
 
     # ---------------------------------------------------------------- decide
     def _hold_idle_nodes(self) -> None:
@@ -503,7 +503,7 @@ class Daemon:
         jobs = []
         taken: set[str] = set()
         for run in sorted(self.runs.values(), key=lambda r: r.id):
-            if run.state.terminal:
+            if run.state.terminal or run.ending is not None:
                 continue
             nodes = tuple(n for n in run.target if n in usable and n not in taken)[: run.spec.max_nodes]
             taken.update(nodes)
@@ -560,7 +560,20 @@ class Daemon:
             self._saved_policy_state = state
 
     # ---------------------------------------------------------------- act
+    def _end(self, run: JobRun, state: JobState, reason: str) -> None:
+        """Observe's way to end a job: recorded now, carried out by act (the first reason wins)."""
+        if run.ending is None and not run.state.terminal:
+            run.ending = (state, reason)
+            self._changed = True
+
     def _act(self, now: float) -> None:
+        for run in list(self.runs.values()):
+            if run.ending is not None:
+                self._finish(run, *run.ending)
+        for node in sorted(self._to_release):
+            if node in self.backend.held_nodes():
+                self.backend.release(node)
+        self._to_release.clear()
         usable = self.usable_nodes()
         for run in list(self.runs.values()):
             if run.state.terminal:
@@ -778,6 +791,9 @@ class Daemon:
             return
         self._closed = True
         now = self.clock()
+        for run in list(self.runs.values()):
+            if run.ending is not None:  # observed but not yet carried out
+                self._finish(run, *run.ending)
         for run in self.runs.values():
             if not run.state.terminal and (run.members or run.workers):
                 self._stop_workers(run, now)

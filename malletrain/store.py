@@ -35,7 +35,7 @@ import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from malletrain.jobspec import NAME_MAX_CHARS, JobSpec, JobSpecError, JobState, check_submit, parse_spec
 
@@ -243,8 +243,9 @@ class Store:
     """One SQLite database; use :meth:`open`."""
 
     def __init__(self, conn: sqlite3.Connection, path: str, max_events: int = MAX_EVENTS,
-                 max_samples: int = MAX_SAMPLES) -> None:
+                 max_samples: int = MAX_SAMPLES, clock: Callable[[], float] = time.time) -> None:
         self.conn = conn
+        self.clock = clock  # the daemon injects its own: every stored time comes from one clock
         self.path = path
         self.max_events = max_events
         self.max_samples = max_samples
@@ -252,7 +253,8 @@ class Store:
         self._since_prune = 0
 
     @classmethod
-    def open(cls, path: str | Path, max_events: int = MAX_EVENTS, max_samples: int = MAX_SAMPLES) -> "Store":
+    def open(cls, path: str | Path, max_events: int = MAX_EVENTS, max_samples: int = MAX_SAMPLES,
+             clock: Callable[[], float] = time.time) -> "Store":
         """Open the store at ``path``, creating it if there is no file; WAL mode; checks it.
 
         An existing file that is empty, not SQLite, corrupt or not a malletrain
@@ -270,7 +272,7 @@ class Store:
             conn = sqlite3.connect(p, timeout=10.0, isolation_level=None, check_same_thread=False)
         except sqlite3.Error as exc:
             raise StoreError(_why(exc, p)) from None
-        store = cls(conn, p, max_events, max_samples)
+        store = cls(conn, p, max_events, max_samples, clock)
         try:
             store._setup(new=p == ":memory:")
             store.fail_invalid_jobs()
@@ -384,7 +386,7 @@ class Store:
         where = f"job {spec.name!r}"
         spec = parse_spec(json.loads(spec.to_json()), where)  # nothing invalid is ever stored
         check_submit(spec, where, self.machine_nodes())
-        now = time.time()
+        now = self.clock()
         with self._tx() as c:
             cur = c.execute(
                 "INSERT INTO jobs (id, name, spec, state, submitted, updated, owner_uid, owner_gid) "
@@ -459,7 +461,7 @@ class Store:
 
         Returns True if the state changed.
         """
-        now = time.time()
+        now = self.clock()
         with self._tx() as c:
             row = c.execute("SELECT state FROM jobs WHERE id=?", (jid,)).fetchone()
             if row is None:
@@ -480,7 +482,7 @@ class Store:
 
     def set_nodes(self, jid: str, nodes: Iterable[str]) -> None:
         with self._tx() as c:
-            c.execute("UPDATE jobs SET nodes=?, updated=? WHERE id=?", (json.dumps(list(nodes)), time.time(), jid))
+            c.execute("UPDATE jobs SET nodes=?, updated=? WHERE id=?", (json.dumps(list(nodes)), self.clock(), jid))
 
     def set_samples(self, jid: str, samples: int) -> None:
         with self._tx() as c:
@@ -495,7 +497,7 @@ class Store:
             self.set_state(jid, JobState.CANCELLED, "cancelled by user")
             return JobState.CANCELLED
         with self._tx() as c:
-            c.execute("UPDATE jobs SET cancel_requested=1, updated=? WHERE id=?", (time.time(), jid))
+            c.execute("UPDATE jobs SET cancel_requested=1, updated=? WHERE id=?", (self.clock(), jid))
         return rec.state
 
     def history(self, jid: str) -> list[tuple[str, float, str]]:
@@ -505,7 +507,7 @@ class Store:
     # -- scalability and rescales
     def record_scaling(self, jid: str, nodes: int, rate: float) -> None:
         with self._tx() as c:
-            c.execute("INSERT OR REPLACE INTO scalability VALUES (?, ?, ?, ?)", (jid, int(nodes), float(rate), time.time()))
+            c.execute("INSERT OR REPLACE INTO scalability VALUES (?, ?, ?, ?)", (jid, int(nodes), float(rate), self.clock()))
 
     def scaling(self, jid: str) -> dict[int, float]:
         rows = self._select("SELECT nodes, rate FROM scalability WHERE job=? ORDER BY nodes", (jid,))
@@ -514,7 +516,7 @@ class Store:
     def record_rescale(self, jid: str, from_nodes: int, to_nodes: int, pause_s: float, kind: str) -> None:
         with self._tx() as c:
             c.execute("INSERT INTO rescales (job, time, from_nodes, to_nodes, pause_s, kind) VALUES (?, ?, ?, ?, ?, ?)",
-                      (jid, time.time(), from_nodes, to_nodes, float(pause_s), kind))
+                      (jid, self.clock(), from_nodes, to_nodes, float(pause_s), kind))
 
     def rescales(self, jid: str | None = None) -> list[dict[str, Any]]:
         q = "SELECT job, time, from_nodes, to_nodes, pause_s, kind FROM rescales"
@@ -539,7 +541,7 @@ class Store:
         try:
             with self._tx() as c:
                 c.execute("INSERT INTO events (time, kind, job, detail) VALUES (?, ?, ?, ?)",
-                          (time.time(), kind, job, json.dumps(detail, default=str)))
+                          (self.clock(), kind, job, json.dumps(detail, default=str)))
         except StoreError as exc:
             self.dropped_events += 1
             if self.dropped_events == 1 or self.dropped_events % 1000 == 0:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Union
+from typing import Callable, Union
 
 import zmq
 
@@ -62,7 +62,9 @@ class AgentHub:
         dead_after_s: float = 5.0,
         ping_s: float = 0.5,
         ctx: zmq.Context | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self.clock = clock  # the daemon injects its own clock (silence is measured on it)
         self.ctx = ctx or zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
@@ -103,14 +105,11 @@ class AgentHub:
     def stop_worker(self, node: str, worker: str, grace: float = 2.0) -> bool:
         return self.send(P.StopWorker(node, worker, grace))
 
-    def shutdown(self, node: str) -> bool:
-        return self.send(P.Shutdown(node))
-
     def poll(self, timeout_ms: int = 0) -> list[HubEvent]:
         out: list[HubEvent] = []
         if timeout_ms > 0:
             self.sock.poll(timeout_ms)
-        now = time.monotonic()
+        now = self.clock()
         while True:
             try:
                 ident, frame = self.sock.recv_multipart(zmq.NOBLOCK)
