@@ -42,6 +42,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from malletrain.textfile import decode_text
 from policy import PolicyConfig, PolicyConfigError
 
 RUNTIMES = ("torch", "horovod", "toy")
@@ -258,12 +259,7 @@ def load_config(path: str | Path) -> DaemonConfig:
         raise FileNotFoundError(f"config file not found: {p}") from None
     except OSError as exc:
         raise ConfigError(f"{p}: cannot read: {exc.strerror or exc}") from None
-    if len(data) > CONFIG_FILE_MAX_BYTES:
-        raise ConfigError(f"{p}: config file is {len(data)} bytes; at most {CONFIG_FILE_MAX_BYTES}")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{p}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
+    text = decode_text(p, data, CONFIG_FILE_MAX_BYTES, "config file", ConfigError)
     try:
         obj = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

@@ -37,6 +37,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
+from malletrain.textfile import decode_text
+
 MAX_NODES_CAP = 100_000
 """No job may ask for more nodes than this, whatever the machine (the largest machines have ~10^4 nodes)."""
 NAME_MAX_CHARS = 128
@@ -340,12 +342,7 @@ def check_submit(spec: JobSpec, where: str = "job", machine_nodes: int | None = 
 
 def decode_job_file(path: Path, data: bytes) -> Any:
     """The decoded content of a job file (``.json`` or TOML); errors name the file."""
-    if len(data) > JOB_FILE_MAX_BYTES:
-        raise JobSpecError(f"{path}: job file is {len(data)} bytes; at most {JOB_FILE_MAX_BYTES}")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise JobSpecError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
+    text = decode_text(path, data, JOB_FILE_MAX_BYTES, "job file", JobSpecError)
     try:
         if path.suffix == ".json":
             return json.loads(text)
