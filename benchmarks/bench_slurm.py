@@ -11,6 +11,15 @@ start minus ``sbatch`` time. Printed per run and as median / max:
 * the extra delay: held minus idle, the promise to the centre (goal <= 2 s);
 * preemption -> ``ended(preempted)`` reported by the backend (polling every 0.2 s).
 
+Then the daemon (``[scavenger] kind = "slurm"``, polling every 0.3 s) runs a real torch
+training job (the example trainer, linear model) on every held node, and per run
+(``--daemon-runs``) a prod job takes ``--prod-nodes`` of them, then ends:
+
+* preemption -> new plan: prod ``sbatch`` to the daemon's plan without those nodes;
+* preemption -> training resumed: prod ``sbatch`` to the first step a surviving worker
+  trains at the smaller world size (its step counter goes on from its last commit);
+* node back -> job grown: prod job's end (``scancel``) to the first step at the full size.
+
 The last line reads ``main-queue delay: median X s, max Y s over N runs``.
 Needs Slurm (installed with apt when missing, as root).
 """
@@ -18,6 +27,8 @@ Needs Slurm (installed with apt when missing, as root).
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
 import sys
 import tempfile
@@ -67,7 +78,8 @@ def one_run(cluster: SlurmCluster, tmp: Path, run: int, prod_nodes: list[str]) -
 
     hub = AgentHub(dead_after_s=30.0)
     cfg = SlurmConfig(daemon_address=hub.address, job_name=f"mt-bench-{run}", env=cluster.env,
-                      submit_rate=50.0, submit_burst=50, output="/dev/null")
+                      submit_rate=50.0, submit_burst=50, output="/dev/null",
+                      agent_args=("--key-file", hub.key_file))
     backend = SlurmBackend(cfg)
     events: list[PilotEvent] = []
     agents: set[str] = set()
@@ -100,11 +112,93 @@ def one_run(cluster: SlurmCluster, tmp: Path, run: int, prod_nodes: list[str]) -
     return idle_delay, held_delay, report
 
 
+def steps_after(logs: list[Path], world: int, after: float) -> float | None:
+    """The time of the first traced step at ``world`` after ``after`` in any of ``logs``."""
+    best = None
+    for log in logs:
+        if not log.exists():
+            continue
+        for line in log.read_text().splitlines():
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(obj, dict) and obj.get("ev") == "step" and obj.get("world") == world and obj["t"] > after:
+                best = obj["t"] if best is None else min(best, obj["t"])
+                break
+    return best
+
+
+def daemon_runs(cluster: SlurmCluster, tmp: Path, runs: int, prod_nodes: list[str]) -> list[tuple[float, float, float]]:
+    """(preemption -> new plan, preemption -> training resumed, node back -> job grown) per run."""
+    from malletrain.config import DaemonConfig, ScavengerConfig
+    from malletrain.daemon import Daemon
+    from malletrain.jobspec import JobSpec
+
+    n_all = len(cluster.nodes)
+    os.environ["SLURM_CONF"] = str(cluster.conf)
+    cfg = DaemonConfig(state_dir=str(tmp / "daemon"), runtime="torch", agent_heartbeat=0.2, agent_dead_after=10.0,
+                       loop_interval=0.05, scavenger=ScavengerConfig(
+                           kind="slurm", partition="preemptable", job_name="mt-bench-daemon", poll_interval=0.3,
+                           submit_rate=50.0))
+    train = (sys.executable, "-m", "malletrain.examples.train", "--model", "linear", "--samples", "1000000000",
+             "--trace", "--step-sleep", "0.05")
+    d = Daemon(cfg)
+    out = []
+    try:
+        jid = d.store.submit(JobSpec("lin", train, 1, n_all, False, {n: 100.0 * n for n in range(1, n_all + 1)},
+                                     env={"OMP_NUM_THREADS": "1"}))
+
+        def tick() -> None:
+            d.step()
+            d.monitor.drain(timeout_ms=20)
+
+        def logs() -> list[Path]:
+            run = d.runs[jid]
+            return [d.state_dir / "logs" / f"{w}.log" for w in run.workers.values()]
+
+        wait_for("job on every node", lambda: len(d.runs[jid].members) == n_all
+                 and steps_after(logs(), n_all, 0.0) is not None, timeout=180, tick=tick)
+        for run in range(runs):
+            since = max(e["id"] for e in d.store.events())
+            t0 = time.time()
+            prod = cluster.run(["sbatch", "--parsable", "-p", "prod", f"-N{len(prod_nodes)}", "-w", ",".join(prod_nodes),
+                                "-o", "/dev/null", "--wrap", "sleep 600"]).stdout.strip().split(";")[0]
+
+            def new_plan() -> float | None:
+                """The daemon's plan without the prod nodes: a decision, or the loss of the last of them."""
+                plans = [float(e["time"]) for e in d.store.events("plan", since_id=since)
+                         if e["job"] == jid and not set(e["nodes"]) & set(prod_nodes)]
+                lost = {e["node"]: float(e["time"]) for e in d.store.events("node_lost", since_id=since)
+                        if e["job"] == jid and e["node"] in prod_nodes}
+                members = [float(e["time"]) for e in d.store.events("members", since_id=since)
+                           if e["job"] == jid and not set(e["nodes"]) & set(prod_nodes)]
+                cands = plans[:1] + members[:1] + ([max(lost.values())] if len(lost) == len(prod_nodes) else [])
+                return min(cands) if cands else None
+
+            wait_for("new plan", lambda: new_plan() is not None, tick=tick)
+            small = n_all - len(prod_nodes)
+            wait_for("training resumed", lambda: steps_after(logs(), small, t0) is not None, tick=tick)
+            plan_s, resumed_s = new_plan() - t0, steps_after(logs(), small, t0) - t0  # type: ignore[operator]
+            t1 = time.time()
+            cluster.run(["scancel", prod])
+            wait_for("job grown", lambda: steps_after(logs(), n_all, t1) is not None, timeout=120, tick=tick)
+            grown_s = steps_after(logs(), n_all, t1) - t1  # type: ignore[operator]
+            out.append((plan_s, resumed_s, grown_s))
+            print(f"daemon run {run + 1}: preemption -> new plan {plan_s:.2f} s, -> training resumed on "
+                  f"{small} nodes {resumed_s:.2f} s; node back -> job grown {grown_s:.2f} s", flush=True)
+    finally:
+        d.close()
+        cluster.cancel_all()
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--nodes", type=int, default=4)
     ap.add_argument("--prod-nodes", type=int, default=2)
+    ap.add_argument("--daemon-runs", type=int, default=5, help="runs of the daemon figures (0: skip them)")
     args = ap.parse_args(argv)
     try:
         cluster = SlurmCluster(args.nodes).start()
@@ -120,9 +214,14 @@ def main(argv: list[str] | None = None) -> int:
                 idle_d.append(i), held_d.append(h), extra.append(h - i), reports.append(r)
                 print(f"run {run + 1}: prod start on idle nodes {i:.2f} s, on held nodes {h:.2f} s, "
                       f"extra {h - i:+.2f} s; preempted reported after {r:.2f} s", flush=True)
+            figures = daemon_runs(cluster, Path(tmp), args.daemon_runs, prod_nodes) if args.daemon_runs else []
     finally:
         cluster.stop()
     med, mx = statistics.median, max
+    for i, name in enumerate(("preemption -> new plan", "preemption -> training resumed", "node back -> job grown")):
+        col = [f[i] for f in figures]
+        if col:
+            print(f"daemon: {name}: median {med(col):.2f} s, max {mx(col):.2f} s over {len(col)} runs")
     print(f"prod start delay on idle nodes: median {med(idle_d):.2f} s, max {mx(idle_d):.2f} s")
     print(f"prod start delay on held nodes: median {med(held_d):.2f} s, max {mx(held_d):.2f} s")
     print(f"prod sbatch -> ended(preempted) reported: median {med(reports):.2f} s, max {mx(reports):.2f} s")

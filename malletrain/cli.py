@@ -25,11 +25,13 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     """Errors printed as one line naming the bad input (file, key, field), exit code 2.
 
     ValueError covers ConfigError, JobSpecError and argument errors; StoreError is a
-    store that cannot be used (empty, corrupt, read-only, disk full).
+    store that cannot be used (empty, corrupt, read-only, disk full); ControlError a
+    control socket this user may not use.
     """
+    from malletrain.control import ControlError
     from malletrain.store import StoreError
 
-    return (UserError, ValueError, FileNotFoundError, StoreError)
+    return (UserError, ValueError, FileNotFoundError, StoreError, ControlError)
 
 
 def build_parser() -> argparse.ArgumentParser:

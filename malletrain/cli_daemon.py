@@ -12,7 +12,6 @@ escaped, so a job cannot move the cursor or colour the operator's terminal.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import signal
 import sys
@@ -92,7 +91,9 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     cfg = load_config(args.config) if args.config else DaemonConfig()
     if args.state_dir or not args.config:
         cfg = cfg.with_state_dir(state_dir(args.state_dir))
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from malletrain.logs import setup_logging
+
+    setup_logging(cfg.log.format, cfg.log.level)  # [log]: text (default) or JSON lines, on stderr
     try:
         daemon = Daemon(cfg)
     except DaemonError as exc:
@@ -104,8 +105,9 @@ def cmd_daemon(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    metrics = getattr(getattr(daemon, "metrics", None), "address", "")
     print(f"malletrain daemon: pid {os.getpid()}, control {daemon.control_address}, "
-          f"state {cfg.state_path}", flush=True)
+          f"state {cfg.state_path}" + (f", metrics http://{metrics}/metrics" if metrics else ""), flush=True)
     try:
         daemon.run(args.duration)
     finally:
@@ -122,41 +124,70 @@ def cmd_config_check(args: argparse.Namespace) -> int:
         print(to_json(cfg))
     else:
         print(f"# {args.file}: valid; effective config (defaults filled in); state dir {cfg.state_path}")
+        print(f"# metrics: {'http://' + cfg.metrics.address + '/metrics' if cfg.metrics.enabled else 'off'}; "
+              f"log: {cfg.log.format} at level {cfg.log.level} on stderr")
         print(to_toml(cfg), end="")
     return 0
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
+    """Through the running daemon (it records the caller, from the kernel, as the owner);
+    straight into the store only when no daemon answers (then only the store's owner can)."""
+    import json
+
     from malletrain.jobspec import load_spec
 
     spec = load_spec(args.jobfile)  # the interpreter rule: `python` -> this Python (jobspec.py)
+    reply = _ask(args, {"cmd": "submit", "spec": json.loads(spec.to_json())})
+    if reply is not None:
+        if not reply.get("ok"):
+            print(f"malletrain submit: error: {reply.get('error', reply)}", file=sys.stderr)
+            return 1
+        print(reply["id"])
+        return 0
     store = _store(args)
     try:
-        jid = store.submit(spec)
+        jid = store.submit(spec, owner_uid=os.geteuid(), owner_gid=os.getegid())
     finally:
         store.close()
     print(jid)
     return 0
 
 
+def _ask(args: argparse.Namespace, req: dict[str, Any]) -> dict[str, Any] | None:
+    """The daemon's reply to ``req``, or None if no daemon answers on the control socket."""
+    from malletrain.control import ask, state_dir
+
+    return ask(state_dir(args.state_dir), req, timeout_s=30.0)
+
+
 def cmd_cancel(args: argparse.Namespace) -> int:
+    """Through the running daemon (only the job's owner or an admin may); straight into the
+    store only when no daemon answers."""
     from malletrain.store import StoreError
 
-    store = _store(args)
-    try:
-        was = store.request_cancel(args.id)
-        now = store.require(args.id).state
-    except StoreError as exc:
-        print(f"malletrain cancel: error: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        store.close()
-    if now.value == "cancelled":
-        print(f"{args.id}: cancelled")
-    elif now.terminal:
-        print(f"{args.id}: already {now.value}")
+    reply = _ask(args, {"cmd": "cancel", "id": args.id})
+    if reply is not None:
+        if not reply.get("ok"):
+            print(f"malletrain cancel: error: {reply.get('error', reply)}", file=sys.stderr)
+            return 1
+        now, was = str(reply["state"]), str(reply["was"])
     else:
-        print(f"{args.id}: cancel requested (was {was.value}); the daemon stops its workers")
+        store = _store(args)
+        try:
+            was = store.request_cancel(args.id).value
+            now = store.require(args.id).state.value
+        except StoreError as exc:
+            print(f"malletrain cancel: error: {exc}", file=sys.stderr)
+            return 1
+        finally:
+            store.close()
+    if now == "cancelled":
+        print(f"{args.id}: cancelled")
+    elif now in ("completed", "failed"):
+        print(f"{args.id}: already {now}")
+    else:
+        print(f"{args.id}: cancel requested (was {was}); the daemon stops its workers")
     return 0
 
 
@@ -172,7 +203,7 @@ def status_data(args: argparse.Namespace) -> dict[str, Any]:
     else:
         store = _store(args)
         try:
-            jobs = [r.as_dict() for r in store.jobs()]
+            jobs = [{**r.as_dict(), "trainer": r.spec.trainer} for r in store.jobs()]  # None: the first
         finally:
             store.close()
         reply = {"ok": True, "daemon": False, "jobs": jobs, "nodes": []}

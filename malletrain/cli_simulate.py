@@ -1,5 +1,6 @@
 """CLI: ``malletrain simulate`` (replay an idle-node trace with elastic training jobs) and
-``malletrain evaluate`` (NAS and HPO under freetrain, malletrain, greedy and oracle: table and chart)."""
+``malletrain evaluate`` (policies x workloads x seeds in model-neutral work, as Dask tasks: tables,
+figures, targets)."""
 
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--policy", default="malletrain", metavar="NAME[,NAME]|all",
                    help="malletrain (JPA-profiled), freetrain (user curves), milp-true, greedy, equal, "
                    "oracle, a comma list, or all (default: malletrain)")
-    p.add_argument("--freetrain-model", default="mean", metavar="mean|linear|noise:X",
+    p.add_argument("--freetrain-model", default="mean", metavar="mean|linear|other|noise:X",
                    help="the user curve freetrain is given: mean of the workload's model curves, linear "
                    "from the 1-node rate, or the true curve with +-X%% noise per point (default: mean)")
     p.add_argument("--jobs", type=int, metavar="N", help="finite workload of N jobs (then makespan "
@@ -72,6 +73,9 @@ def add_policy_options(p: argparse.ArgumentParser) -> None:
                    help=f"concurrent jobs Pjmax (default: {DEFAULT_MAX_RUNNING}, the daemon's default)")
     p.add_argument("--tfwd", type=float, metavar="S",
                    help="allocator horizon Tfwd in seconds (default: 120, the daemon's default)")
+    p.add_argument("--admission", choices=("adaptive", "fixed"),
+                   help="adaptive (Pjmax is a floor: more jobs while nodes would stay idle) or fixed "
+                   "(default: adaptive, the daemon's default; presets that fix it keep theirs)")
 
 
 def policy_config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
@@ -98,16 +102,18 @@ def policy_config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         changes["max_running"] = args.max_running
     if args.tfwd is not None:
         changes["tfwd_s"] = args.tfwd
+    if getattr(args, "admission", None) is not None:
+        changes["admission"] = args.admission
     return dataclasses.replace(cfg, **changes) if changes else cfg
 
 
 def register_evaluate(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "evaluate",
-        help="NAS and HPO under freetrain, malletrain, greedy and oracle: table, chart, targets",
-        description="Replay one trace with the NAS and HPO job streams under freetrain, malletrain, greedy "
-        "and oracle (same seed), plus a freetrain noise sweep on NAS; write evaluation.md, evaluation.json "
-        "and fig3_10.png and print PASS/FAIL per target.",
+        help="policies x workloads x seeds on one trace, in model-neutral work: tables, figures, targets",
+        description="Replay one trace with the NAS and HPO job streams under freetrain (a panel of user "
+        "priors), malletrain, jpa, milp-true, oracle and greedy over several seeds, as Dask tasks; write "
+        "evaluation.md, evaluation.json and the figures; print PASS/FAIL per target and exit 1 when one fails.",
     )
     p.add_argument("--trace", metavar="FILE", help="scheduler log (default: the Summit week "
                    "summit-2021-02-10_17.nodes.csv.gz from the data dir, else the embedded Summit-like week)")
@@ -115,7 +121,9 @@ def register_evaluate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--scaling", metavar="FILE", help="model,nodes,samples_per_second CSV "
                    "(default: summit-scaling.csv from the data dir)")
     p.add_argument("--out", required=True, metavar="DIR", help="output directory")
-    p.add_argument("--seed", type=int, default=0, metavar="N", help="workload seed (default: 0)")
+    p.add_argument("--seeds", default="5", metavar="N|LIST",
+                   help="workload seeds: N (= 0..N-1) or a comma list (default: 5 seeds)")
+    p.add_argument("--seed", type=int, metavar="N", help="one seed only (same as --seeds N,)")
     add_policy_options(p)
     p.add_argument("--start", metavar="T", help="window start: unix seconds or +2h/+1d from trace start")
     p.add_argument("--end", metavar="T", help="window end: unix seconds or +2h/+1d from trace start")
@@ -123,11 +131,45 @@ def register_evaluate(sub: argparse._SubParsersAction) -> None:
                    help=f"decide at most once per S s (default: 0; {EMBEDDED_MIN_INTERVAL_S:g} for the embedded trace)")
     p.add_argument("--workloads", default="nas,hpo", metavar="NAME[,NAME]",
                    help="nas, hpo, stress, imagenet7 (default: nas,hpo)")
-    p.add_argument("--no-sweep", action="store_true", help="skip the freetrain noise sweep on NAS")
+    p.add_argument("--policies", metavar="NAME[,NAME]",
+                   help="default: freetrain,malletrain,jpa,milp-true,oracle,greedy")
+    p.add_argument("--priors", metavar="MODEL[,MODEL]",
+                   help="freetrain's user curves (default: linear,mean,other,noise:20)")
+    p.add_argument("--jobs", type=int, metavar="N", help="a finite list of N jobs per replay (makespan, job "
+                   "completion times); default: endless streams")
+    p.add_argument("--sweep", action="store_true",
+                   help="the grid: Pjmax {3, 10, 40} x max nodes per job {16, 64} for every policy, workload, seed")
+    p.add_argument("--sweep-tfwd", action="store_true",
+                   help="only sweep Tfwd over 30/60/120/300/900 s (milp-true, malletrain) and print the choice")
     p.add_argument("--workers", type=int, default=2, metavar="N",
-                   help="replays run in N processes at once (default: 2)")
-    p.add_argument("--quiet", action="store_true", help="no per-replay progress lines")
+                   help="Dask LocalCluster worker processes (default: 2; 0 = in this process, no Dask)")
+    p.add_argument("--scheduler", metavar="ADDRESS",
+                   help="use an existing Dask cluster (e.g. tcp://host:8786, started by dask-jobqueue) "
+                   "instead of a LocalCluster")
+    figs = p.add_mutually_exclusive_group()
+    figs.add_argument("--paper-figures", dest="paper_figures", action="store_true", default=None,
+                      help="also write Figs. 3.7-3.9 from the real logs (default: when --trace is not given)")
+    figs.add_argument("--no-paper-figures", dest="paper_figures", action="store_false")
+    p.add_argument("--no-check", action="store_true", help="report the targets but exit 0 when one fails")
+    p.add_argument("--quiet", action="store_true", help="no progress display")
     p.set_defaults(func=run_evaluate)
+
+
+def parse_seeds(text: str) -> tuple[int, ...]:
+    """``5`` -> 0..4; ``0,3,7`` -> those (``3,`` is the single seed 3)."""
+    t = text.strip()
+    try:
+        if "," not in t:
+            n = int(t)
+            if n < 1:
+                raise ValueError
+            return tuple(range(n))
+        seeds = tuple(int(x) for x in t.split(",") if x.strip())
+    except ValueError:
+        raise ValueError(f"--seeds {text!r}: a count >= 1 or a comma list of integers") from None
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ValueError(f"--seeds {text!r}: a count >= 1 or a comma list of distinct integers")
+    return seeds
 
 
 def parse_time(text: str | None, trace_start: float, what: str) -> float | None:
@@ -170,42 +212,74 @@ def evaluation_timeline(path: str | None, fmt: str | None) -> tuple[IdleTimeline
 
 def run_evaluate(args: argparse.Namespace) -> int:
     from simulator import find_scaling
-    from simulator.evaluate import EvalSettings, evaluate, print_report, write_evaluation
-
-    base = policy_config(args)
-    if args.workers < 1:
-        raise ValueError(f"--workers must be >= 1, got {args.workers}")
-    workloads = tuple(w.strip() for w in args.workloads.split(",") if w.strip())
+    from simulator.evaluate import POLICIES, PRIORS, EvalSettings, evaluate, print_report, write_evaluation
+    from simulator.policies import POLICIES as KNOWN, parse_error_model
+    from simulator.sweep import Progress
     from simulator.workload import GENERATED_STREAMS
 
-    bad = [w for w in workloads if w not in GENERATED_STREAMS]
-    if bad or not workloads:
-        raise ValueError(f"--workloads {args.workloads!r}: a comma list of {', '.join(GENERATED_STREAMS)}")
+    base = policy_config(args)
+    if args.workers < 0:
+        raise ValueError(f"--workers must be >= 0, got {args.workers}")
+    workloads = _names(args.workloads, "--workloads", GENERATED_STREAMS)
+    policies = _names(args.policies, "--policies", KNOWN) if args.policies else POLICIES
+    priors = tuple(p.strip() for p in args.priors.split(",") if p.strip()) if args.priors else PRIORS
+    for prior in priors:
+        parse_error_model(prior)
+    seeds = (args.seed,) if args.seed is not None else parse_seeds(args.seeds)
+    if args.jobs is not None and args.jobs < 1:
+        raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
+    if args.sweep and args.sweep_tfwd:
+        raise ValueError("--sweep and --sweep-tfwd: choose one")
     timeline, embedded = evaluation_timeline(args.trace, args.trace_format)
     if args.min_interval is not None and args.min_interval < 0:
         raise ValueError(f"--min-interval must be >= 0, got {args.min_interval}")
     interval = args.min_interval if args.min_interval is not None else (EMBEDDED_MIN_INTERVAL_S if embedded else 0.0)
     settings = EvalSettings(
-        seed=args.seed, policy_config=base,
+        seeds=seeds, policy_config=base,
         start=parse_time(args.start, timeline.start, "start"), end=parse_time(args.end, timeline.start, "end"),
-        min_interval_s=interval, workers=args.workers, sweep=not args.no_sweep, workloads=workloads,
+        min_interval_s=interval, workers=args.workers, scheduler=args.scheduler, workloads=workloads,
+        policies=policies, priors=priors, n_jobs=args.jobs, sweep=args.sweep, tfwd_sweep=args.sweep_tfwd,
     )
     scaling = find_scaling(args.scaling)
     if scaling.synthetic:
         print("malletrain evaluate: note: no summit-scaling.csv found; using SYNTHETIC scaling curves",
               file=sys.stderr)
+    from simulator.evaluate import run_specs
 
-    def done(spec, summary) -> None:  # type: ignore[no-untyped-def]
-        if not args.quiet:
-            print(f"  {spec.workload}/{spec.label}: {summary['samples_processed']:.4g} samples, "
-                  f"{summary['wall_seconds']:.1f} s", file=sys.stderr)
-
-    ev = evaluate(timeline, scaling, settings, on_done=done)
+    progress = Progress(len(run_specs(settings)), quiet=args.quiet)
+    try:
+        ev = evaluate(timeline, scaling, settings, on_done=progress)
+    finally:
+        progress.close()
     command = "malletrain evaluate " + " ".join(_quoted(a) for a in _argv_of(args))
-    write_evaluation(ev, Path(args.out), command)
+    out = Path(args.out)
+    write_evaluation(ev, out, command)
+    figures = args.paper_figures if args.paper_figures is not None else (args.trace is None and not args.sweep_tfwd)
+    if figures:
+        from simulator.figures import paper_figures
+
+        notes = paper_figures(out, capacity_nodes=base.max_running * 64)
+        (out / "figures.md").write_text(
+            "# MalleTrain Figs. 3.7-3.10, regenerated\n\n"
+            f"Generated by `{command}`.\n\n" + "\n".join(notes)
+            + "\n- **3.10** `fig3_10.png`: FreeTrain vs MalleTrain (and the other baselines), NAS and HPO, in "
+            "model-neutral work, mean ± sd over the seeds; tables in [evaluation.md](evaluation.md).\n")
     print_report(ev)
-    print(f"wrote {args.out}", file=sys.stderr)
+    print(f"wrote {out}", file=sys.stderr)
+    failed = [t for t in ev.targets if not t.passed]
+    if failed and not args.no_check:
+        print(f"malletrain evaluate: {len(failed)} of {len(ev.targets)} targets FAIL (--no-check to only report)",
+              file=sys.stderr)
+        return 1
     return 0
+
+
+def _names(text: str, option: str, known) -> tuple[str, ...]:  # type: ignore[no-untyped-def]
+    names = tuple(w.strip() for w in text.split(",") if w.strip())
+    bad = [w for w in names if w not in known]
+    if bad or not names:
+        raise ValueError(f"{option} {text!r}: a comma list of {', '.join(known)}")
+    return names
 
 
 def _quoted(a: str) -> str:
@@ -215,14 +289,18 @@ def _quoted(a: str) -> str:
 def _argv_of(args: argparse.Namespace) -> list[str]:
     """The options that differ from the defaults, as a user would type them."""
     out: list[str] = []
-    for opt, default in (("trace", None), ("trace_format", None), ("scaling", None), ("seed", 0),
+    for opt, default in (("trace", None), ("trace_format", None), ("scaling", None), ("seeds", "5"), ("seed", None),
                          ("policy_config", None), ("max_running", None), ("tfwd", None), ("start", None), ("end", None),
-                         ("min_interval", None), ("workloads", "nas,hpo"), ("workers", 2), ("out", None)):
+                         ("min_interval", None), ("workloads", "nas,hpo"), ("policies", None), ("priors", None),
+                         ("jobs", None), ("workers", 2), ("scheduler", None), ("out", None)):
         value = getattr(args, opt)
         if value != default:
             out += [f"--{opt.replace('_', '-')}", str(value)]
-    if args.no_sweep:
-        out.append("--no-sweep")
+    for flag in ("sweep", "sweep_tfwd", "no_check"):
+        if getattr(args, flag):
+            out.append(f"--{flag.replace('_', '-')}")
+    if args.paper_figures is not None:
+        out.append("--paper-figures" if args.paper_figures else "--no-paper-figures")
     return out
 
 

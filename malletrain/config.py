@@ -6,8 +6,13 @@
     max_failures = 5                 # unexpected worker exits without progress before FAILED
     store_grace = 60.0               # torch workers train on this long without the daemon (restart)
     agent_heartbeat = 0.5            # seconds between agent heartbeats
-    agent_dead_after = 10.0          # an agent (or the daemon) silent this long is gone; >= 2 heartbeats
-    backend = "local"
+    agent_dead_after = 30.0          # an agent (or the daemon) silent this long is gone; >= 2 heartbeats.
+                                     # A restart must fit in it (agents keep their workers that long):
+                                     # kill -> agents back took 5.2 s at load 12, 10.2 s with systemd's
+                                     # RestartSec=5 (benchmarks/bench_daemon_start.py); the price of
+                                     # more: a dead node is noticed later, and a restarted daemon waits
+                                     # this + 1 s for the agents before it decides (docs/operator.md)
+    backend = "local"                # the same as [scavenger] kind (give either)
 
     [local]
     nodes = 6
@@ -23,11 +28,44 @@
     profiling = "requested"          # "never" | "requested" (jobs with profile = true) | "always"
     profile_time_cap_s = 300.0       # seconds per profiled node count at most
 
+    [[trainers]]                     # optional: several trainers side by side (README: Several trainers)
+    name = "vision"                  # 1-64 of A-Z a-z 0-9 _ . -; a job names it (`trainer = "vision"`)
+    nodes = ["node0[0-1]"]           # fnmatch patterns over node names; the first trainer matching takes a node
+    [trainers.policy]                # this trainer's [policy] keys (the rest: [policy]'s values)
+    max_running = 1
+    [[trainers]]
+    name = "lm"                      # no nodes: every node no other trainer matched (one such trainer at most)
+                                     # no [[trainers]]: one trainer "default" on every node with [policy]
+
+    [scavenger]                      # who holds nodes: scavenger.local / .slurm / .pbs (README: Running on Slurm)
+    kind = "local"                   # "local" | "slurm" | "pbs"; slurm/pbs below, [local] above for local
+    partition = ""                   # slurm: the preemptable partition (or qos; at least one)
+    qos = ""                         # slurm: a preemptable QOS
+    account = ""                     # slurm/pbs: the account pilots are charged to
+    queue = ""                       # pbs: the preemptable queue (preempt_order R or D; README)
+    job_name = ""                    # tags our pilots (default malletrain-pilot / mt-pilot): unique per daemon
+    nodes_per_pilot = 1              # nodes one pilot batch job holds
+    walltime = 3600.0                # seconds a pilot asks for (a replacement takes over at the end)
+    max_pilots = 20                  # pilots in flight at most (a centre's cap on jobs per user)
+    renew_before = 120.0             # seconds before the walltime the node is handed to a replacement
+    max_queued = 60.0                # cancel a pilot still queued this long (its node was taken)
+    poll_interval = 1.0              # seconds between two looks at the scheduler (sinfo/squeue, pbsnodes/qstat)
+    submit_rate = 2.0                # pilot submissions a second at most (bursts of 5), backoff on failures
+    command_timeout = 15.0           # seconds before a hung scheduler command is killed
+
     [ports]                          # 0: pick a free port (kept across restarts)
     control = 0
     agents = 0
     monitor = 0
     rendezvous = 0                   # the torch runtime's TCPStore
+
+    [metrics]                        # Prometheus (malletrain/metrics.py); needs `pip install malletrain[metrics]`
+    address = ""                     # "127.0.0.1:9464" serves /metrics there; "" (default): off;
+                                     # "9464" or ":9464" bind 127.0.0.1; the host must be an IP or localhost
+
+    [log]                            # the daemon's log on stderr (malletrain/logs.py)
+    format = "text"                  # "text" | "json" (one JSON object a line, with job/node/pilot fields)
+    level = "info"                   # "debug" | "info" | "warning" | "error"
 
 Every number has a range (:data:`LIMITS`); floats must be finite. ``malletrain
 config check FILE`` prints the effective configuration (:func:`to_toml`).
@@ -38,17 +76,28 @@ from __future__ import annotations
 import json
 import math
 import tomllib
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
+from malletrain.jobspec import TRAINER_NAME
+from malletrain.metrics import MetricsAddressError, parse_address
 from malletrain.textfile import decode_text
 from policy import PolicyConfig, PolicyConfigError
 
 RUNTIMES = ("torch", "horovod", "toy")
-BACKENDS = ("local",)
+BACKENDS = ("local", "slurm", "pbs")
+LOG_FORMATS = ("text", "json")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+TABLES = ("local", "ports", "policy", "metrics", "log", "scavenger", "trainers")
 CONFIG_FILE_MAX_BYTES = 1024 * 1024
 PATH_MAX_BYTES = 4096
+TRAINERS_MAX = 64
+TRAINER_PATTERNS_MAX = 1024
+DEFAULT_TRAINER = "default"
+"""The one trainer of a config without ``[[trainers]]``: every node, the ``[policy]`` table."""
 SYNTHETIC_MAX_NODE_SECONDS = 4608 * 604800 * 4
 """A synthetic trace's machine_nodes x duration at most (4 Summit weeks: built in a few seconds)."""
 
@@ -73,6 +122,73 @@ class Ports:
     agents: int = 0
     monitor: int = 0
     rendezvous: int = 0
+    host: str = "127.0.0.1"
+    """The interface address the daemon's TCP sockets (agents, monitor, rendezvous) listen on,
+    which agents and workers use to reach it: loopback for the local backend; on a cluster, the
+    head node's address on the network the compute nodes share (never 0.0.0.0: every socket
+    then answers on every network of the head node)."""
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    address: str = ""  # "" = no metrics
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.address)
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    format: str = "text"
+    level: str = "info"
+
+
+@dataclass(frozen=True)
+class ScavengerConfig:
+    """[scavenger]: which backend holds nodes and how its pilots look (slurm/pbs keys; see the module doc)."""
+
+    kind: str = "local"
+    partition: str = ""
+    qos: str = ""
+    account: str = ""
+    queue: str = ""
+    job_name: str = ""
+    nodes_per_pilot: int = 1
+    walltime: float = 3600.0
+    max_pilots: int = 20
+    renew_before: float = 120.0
+    max_queued: float = 60.0
+    poll_interval: float = 1.0
+    submit_rate: float = 2.0
+    command_timeout: float = 15.0
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    """One ``[[trainers]]`` entry: a policy of its own over its own nodes."""
+
+    name: str
+    nodes: tuple[str, ...] | None = None
+    """fnmatch patterns over node names (case-sensitive); None: every node no other trainer matched."""
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+
+    def matches(self, node: str) -> bool:
+        return self.nodes is not None and any(fnmatchcase(node, p) for p in self.nodes)
+
+
+def node_trainer(trainers: Sequence[TrainerConfig], node: str) -> str | None:
+    """The trainer ``node`` belongs to: the first whose patterns match it, else the one without
+    patterns; None: no trainer takes it."""
+    for t in trainers:
+        if t.matches(node):
+            return t.name
+    return next((t.name for t in trainers if t.nodes is None), None)
+
+
+SCAVENGER_ONLY = {"partition": "slurm", "qos": "slurm", "queue": "pbs", "account": "slurm or pbs",
+                  "job_name": "slurm or pbs"}
+"""[scavenger] keys that mean something for these kinds only."""
 
 
 @dataclass(frozen=True)
@@ -83,11 +199,20 @@ class DaemonConfig:
     max_failures: int = 5
     store_grace: float = 60.0
     agent_heartbeat: float = 0.5
-    agent_dead_after: float = 10.0
+    agent_dead_after: float = 30.0  # fits a restart with room: see the module docstring
     backend: str = "local"
     local: LocalConfig = field(default_factory=LocalConfig)
     ports: Ports = field(default_factory=Ports)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    scavenger: ScavengerConfig = field(default_factory=ScavengerConfig)
+    trainers: tuple[TrainerConfig, ...] = ()  # (): one trainer, DEFAULT_TRAINER (see trainer_list)
+
+    def trainer_list(self) -> tuple[TrainerConfig, ...]:
+        """The trainers the daemon runs, in declared order; none declared: one named ``default``
+        on every node with the ``[policy]`` table."""
+        return self.trainers or (TrainerConfig(DEFAULT_TRAINER, None, self.policy),)
 
     @property
     def state_path(self) -> Path:
@@ -119,7 +244,18 @@ LIMITS: dict[str, dict[str, Limit]] = {
         "seed": Limit(int, 0, 2**32 - 1), "duration": Limit(float, 1.0, 10 * 365 * DAY),
         "machine_nodes": Limit(int, 1, 100_000),
     },
-    "ports.": {k: Limit(int, 0, 65535) for k in ("control", "agents", "monitor", "rendezvous")},
+    "ports.": {**{k: Limit(int, 0, 65535) for k in ("control", "agents", "monitor", "rendezvous")},
+               "host": Limit(str)},
+    "metrics.": {"address": Limit(str)},
+    "log.": {"format": Limit(str), "level": Limit(str)},
+    "scavenger.": {
+        "kind": Limit(str), "partition": Limit(str), "qos": Limit(str), "account": Limit(str),
+        "queue": Limit(str), "job_name": Limit(str), "nodes_per_pilot": Limit(int, 1, 10_000),
+        "walltime": Limit(float, 60.0, 365 * DAY), "max_pilots": Limit(int, 1, 100_000),
+        "renew_before": Limit(float, 0.0, DAY), "max_queued": Limit(float, 0.0, 365 * DAY),
+        "poll_interval": Limit(float, 0.0, 600.0), "submit_rate": Limit(float, 0.001, 1000.0),
+        "command_timeout": Limit(float, 0.1, 3600.0),
+    },
 }
 
 
@@ -195,7 +331,7 @@ def parse_config(obj: dict[str, Any], where: str = "config") -> DaemonConfig:
     if moved:
         raise ConfigError(f"{where}: " + "; ".join(f"{k} moved to [policy] {v}" for k, v in moved.items())
                           + " (the policy's knobs, shared with `malletrain simulate`)")
-    top = {k: v for k, v in obj.items() if k not in ("local", "ports", "policy")}
+    top = {k: v for k, v in obj.items() if k not in TABLES}
     values = _table(top, where, "")
     if values.get("runtime", "torch") not in RUNTIMES:
         raise ConfigError(f"{where}: runtime must be one of {', '.join(RUNTIMES)}, got {values['runtime']!r}")
@@ -203,19 +339,138 @@ def parse_config(obj: dict[str, Any], where: str = "config") -> DaemonConfig:
         raise ConfigError(f"{where}: backend must be one of {', '.join(BACKENDS)}, got {values['backend']!r}")
     lc = LocalConfig(**_table(_subtable(obj, "local", where), where, "local."))
     pc = Ports(**_table(_subtable(obj, "ports", where), where, "ports."))
-    policy = _policy(_subtable(obj, "policy", where), where)
-    cfg = DaemonConfig(**values, local=lc, ports=pc, policy=policy)
+    _check_host(pc.host, where)
+    policy_table = _subtable(obj, "policy", where)
+    policy = _policy(policy_table, where)
+    trainers = _trainers(obj.get("trainers"), policy_table, where)
+    metrics = _metrics(_subtable(obj, "metrics", where), where)
+    scav = _scavenger(_subtable(obj, "scavenger", where), values.get("backend"), where)
+    values["backend"] = scav.kind
+    logc = _log(_subtable(obj, "log", where), where)
+    cfg = DaemonConfig(**values, local=lc, ports=pc, policy=policy, metrics=metrics, log=logc, scavenger=scav,
+                       trainers=trainers)
     _check_together(cfg, where)
     return cfg
+
+
+def _check_host(host: str, where: str) -> None:
+    """ports.host: an IPv4 address of one of this machine's interfaces, or localhost; not a wildcard."""
+    import ipaddress
+
+    if host == "localhost":
+        return
+    try:
+        addr = ipaddress.ip_address(host)
+    except ValueError:
+        raise ConfigError(f"{where}: ports.host must be an IP address (or localhost), got {_short(host, 60)}") from None
+    if addr.version != 4:
+        raise ConfigError(f"{where}: ports.host {host}: only IPv4 addresses are supported")
+    if addr.is_unspecified:
+        raise ConfigError(f"{where}: ports.host {host} listens on every network; give the address of the one "
+                          "the compute nodes share")
+
+
+def _scavenger(table: dict[str, Any], backend: str | None, where: str) -> ScavengerConfig:
+    """[scavenger]: ``kind`` (or the top-level ``backend``, which must agree) and that kind's keys."""
+    values = _table({k: v for k, v in table.items() if v != "" or k == "kind"}, where, "scavenger.")
+    kind = values.get("kind", backend or "local")
+    if kind not in BACKENDS:
+        raise ConfigError(f"{where}: scavenger.kind must be one of {', '.join(BACKENDS)}, got {_short(kind)}")
+    if backend is not None and "kind" in values and backend != kind:
+        raise ConfigError(f"{where}: backend = {backend!r} and scavenger.kind = {kind!r} disagree (give one)")
+    values["kind"] = kind
+    for key, kinds in SCAVENGER_ONLY.items():
+        if key in values and kind not in kinds.split(" or "):
+            raise ConfigError(f"{where}: scavenger.{key} applies to kind = {kinds} only (kind is {kind!r})")
+    if kind == "slurm" and not (values.get("partition") or values.get("qos")):
+        raise ConfigError(f"{where}: scavenger.partition (or scavenger.qos) is required for kind = \"slurm\": "
+                          "the preemptable partition pilots run in")
+    if kind == "pbs" and not values.get("queue"):
+        raise ConfigError(f"{where}: scavenger.queue is required for kind = \"pbs\": the preemptable queue")
+    if kind != "local" and values.get("renew_before", 120.0) >= values.get("walltime", 3600.0):
+        raise ConfigError(f"{where}: scavenger.renew_before must be less than scavenger.walltime")
+    return ScavengerConfig(**values)
+
+
+def _metrics(table: dict[str, Any], where: str) -> MetricsConfig:
+    """[metrics]: ``address`` empty (off) or a valid ``host:port``."""
+    rest = {k: v for k, v in table.items() if not (k == "address" and v == "")}
+    values = _table(rest, where, "metrics.")
+    if "address" in values:
+        try:
+            parse_address(values["address"])
+        except MetricsAddressError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+    return MetricsConfig(**values)
+
+
+def _log(table: dict[str, Any], where: str) -> LogConfig:
+    values = _table(table, where, "log.")
+    for key, allowed in (("format", LOG_FORMATS), ("level", LOG_LEVELS)):
+        if key in values and values[key] not in allowed:
+            raise ConfigError(f"{where}: log.{key} must be one of {', '.join(allowed)}, got {_short(values[key])}")
+    return LogConfig(**values)
 
 
 POLICY_MAX_NUMBER = 1e15
 """Any number in [policy] at most this (no policy knob is anywhere near; huge ints overflow floats)."""
 
 
-def _policy(table: dict[str, Any], where: str) -> PolicyConfig:
-    """The [policy] table (policy.PolicyConfig checks its own keys); numbers must be finite and sane first."""
-    for key, value in table.items():
+TRAINER_KEYS = ("name", "nodes", "policy")
+
+
+def _trainers(raw: Any, policy_table: dict[str, Any], where: str) -> tuple[TrainerConfig, ...]:
+    """``[[trainers]]``: unique names, at most one trainer without ``nodes``; each ``policy``
+    subtable over the ``[policy]`` table's values."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or not raw or not all(isinstance(t, dict) for t in raw):
+        raise ConfigError(f"{where}: trainers must be an array of tables ([[trainers]]), got {_short(raw)}")
+    if len(raw) > TRAINERS_MAX:
+        raise ConfigError(f"{where}: {len(raw)} trainers; at most {TRAINERS_MAX}")
+    out = tuple(_trainer(t, f"trainers[{i}]", policy_table, where) for i, t in enumerate(raw))
+    seen: dict[str, int] = {}
+    catch_all: list[int] = []
+    for i, t in enumerate(out):
+        if t.name in seen:
+            raise ConfigError(f"{where}: trainers[{i}].name {t.name!r} is also trainers[{seen[t.name]}]'s")
+        seen[t.name] = i
+        if t.nodes is None:
+            catch_all.append(i)
+    if len(catch_all) > 1:
+        raise ConfigError(f"{where}: trainers[{catch_all[1]}].nodes is missing, as trainers[{catch_all[0]}]'s: "
+                          "one trainer at most takes the nodes no other matched")
+    return out
+
+
+def _trainer(table: dict[str, Any], key: str, policy_table: dict[str, Any], where: str) -> TrainerConfig:
+    unknown = sorted(k if k.isprintable() else _short(k, 40) for k in table if k not in TRAINER_KEYS)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(key + '.' + k for k in unknown)}; "
+                          f"known: {', '.join(TRAINER_KEYS)}")
+    name = table.get("name")
+    if not isinstance(name, str) or not TRAINER_NAME.fullmatch(name):
+        raise ConfigError(f"{where}: {key}.name must be 1-64 of A-Z a-z 0-9 _ . -, got {_short(name)}")
+    nodes = _patterns(table["nodes"], f"{key}.nodes", where) if "nodes" in table else None
+    sub = table.get("policy", {})
+    if not isinstance(sub, dict):
+        raise ConfigError(f"{where}: {key}.policy must be a table")
+    return TrainerConfig(name, nodes, _policy({**policy_table, **sub}, where, f"{key}.policy"))
+
+
+def _patterns(raw: Any, key: str, where: str) -> tuple[str, ...]:
+    if not isinstance(raw, list) or not raw or not all(isinstance(p, str) and p for p in raw):
+        raise ConfigError(f"{where}: {key} must be a non-empty list of node name patterns "
+                          f"(e.g. [\"node0[0-2]\"]), got {_short(raw)}")
+    if len(raw) > TRAINER_PATTERNS_MAX:
+        raise ConfigError(f"{where}: {key} has {len(raw)} patterns; at most {TRAINER_PATTERNS_MAX}")
+    return tuple(_text(where, f"{key}[{i}]", p) for i, p in enumerate(raw))
+
+
+def _policy(table: dict[str, Any], where: str, key: str = "policy") -> PolicyConfig:
+    """The [policy] table (policy.PolicyConfig checks its own keys); numbers must be finite and sane first.
+    ``key``: the table's name in errors (``trainers[0].policy`` for a trainer's)."""
+    for item, value in table.items():
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
         try:
@@ -223,15 +478,15 @@ def _policy(table: dict[str, Any], where: str) -> PolicyConfig:
         except OverflowError:
             ok = False
         if not ok:
-            name = key if isinstance(key, str) and key.isprintable() else _short(key, 40)
-            raise ConfigError(f"{where}: policy.{name} must be a finite number of at most {POLICY_MAX_NUMBER:g}, "
+            name = item if isinstance(item, str) and item.isprintable() else _short(item, 40)
+            raise ConfigError(f"{where}: {key}.{name} must be a finite number of at most {POLICY_MAX_NUMBER:g}, "
                               f"got {_short(value)}")
     try:
-        return PolicyConfig.from_mapping(table, "policy")
+        return PolicyConfig.from_mapping(table, key)
     except PolicyConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
     except (TypeError, ValueError, OverflowError) as exc:  # a value PolicyConfig did not expect
-        raise ConfigError(f"{where}: policy: bad value: {exc}") from None
+        raise ConfigError(f"{where}: {key}: bad value: {exc}") from None
 
 
 def _check_together(cfg: DaemonConfig, where: str) -> None:
@@ -282,6 +537,8 @@ def _toml_value(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, (int, float)):
         return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     out = []
     for ch in str(value):
         if ch in '"\\':
@@ -297,21 +554,31 @@ def to_toml(cfg: DaemonConfig) -> str:
     """The whole configuration, defaults filled in, as TOML that :func:`parse_config` reads back."""
     lines = []
     for f in fields(cfg):
-        if f.name not in ("local", "ports", "policy"):
+        if f.name not in TABLES:
             lines.append(f"{f.name} = {_toml_value(getattr(cfg, f.name))}")
-    for section in ("local", "ports"):
+    for section in ("local", "ports", "metrics", "log", "scavenger"):
         lines.append("")
         lines.append(f"[{section}]")
         sub = getattr(cfg, section)
         lines.extend(f"{f.name} = {_toml_value(getattr(sub, f.name))}" for f in fields(sub))
-    lines += ["", "[policy]"]
-    for key, value in cfg.policy.as_dict().items():
+    lines += ["", "[policy]", *_policy_lines(cfg.policy)]
+    for t in cfg.trainers:
+        lines += ["", "[[trainers]]", f"name = {_toml_value(t.name)}"]
+        if t.nodes is not None:
+            lines.append(f"nodes = {_toml_value(t.nodes)}")
+        lines += ["[trainers.policy]", *_policy_lines(t.policy)]
+    return "\n".join(lines) + "\n"
+
+
+def _policy_lines(pc: PolicyConfig) -> list[str]:
+    lines = []
+    for key, value in pc.as_dict().items():
         if key == "prior":
             if value:
                 lines.append("prior = { " + ", ".join(f'"{n}" = {r!r}' for n, r in value) + " }")
             continue
         lines.append(f"{key} = {_toml_value(value)}")
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def to_json(cfg: DaemonConfig) -> str:

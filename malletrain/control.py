@@ -468,6 +468,8 @@ def _listen(path: Path, shared: bool) -> socket.socket:
     if len(os.fsencode(path)) > 107:
         raise ControlError(f"{path}: a Unix socket path is at most 107 bytes; use a shorter state dir")
     _private_dir(path.parent, 0o711 if shared else 0o700)
+    if shared:
+        _traversable(path.parent.parent)
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -486,6 +488,16 @@ def _listen(path: Path, shared: bool) -> socket.socket:
         sock.close()
         raise ControlError(f"{path}: cannot listen: {exc.strerror or exc}") from None
     return sock
+
+
+def _traversable(d: Path) -> None:
+    """Let every user pass through ``d`` (the state dir) to the socket, without listing it:
+    add o+x and g+x to a private directory of ours; the files in it stay 0600."""
+    st = os.lstat(d)
+    if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid():
+        mode = stat.S_IMODE(st.st_mode)
+        if mode & 0o011 != 0o011:
+            os.chmod(d, mode | 0o011)
 
 
 def _private_dir(d: Path, mode: int) -> None:

@@ -167,7 +167,7 @@ def build_report(store: Store, start: float, duration: float, runtime: str, left
             "rescales": [{"t": round(r["time"] - start, 2), "from": r["from_nodes"], "to": r["to_nodes"],
                           "pause_s": round(r["pause_s"], 3), "kind": r["kind"]} for r in rescales],
         })
-    recalls = [round(e["time"] - start, 2) for e in store.events("node_recalled") if e.get("held")]
+    recalls = [round(e["time"] - start, 2) for e in store.events("pilot_ended") if e.get("reason") == "preempted"]
     for j in jobs:
         for r in j["rescales"]:
             # a shrink right after a recall is the recovery from it; a job placed again after a

@@ -9,6 +9,10 @@
     scaling = { 1 = 100.0, 2 = 190.0 }   # optional: user-given samples/s per node count
     cwd = "."                       # optional, relative to the job file
     env = { OMP_NUM_THREADS = "1" } # optional
+    trainer = "vision"              # optional: the daemon's trainer that runs it (default: its first)
+    budget_node_hours = 12.5        # optional: the most node-hours it may use (> 0); stopped when spent
+    deadline = 2026-03-01T12:00:00Z # optional: unix seconds, or ISO 8601 with a timezone (a TOML
+                                    # datetime or a string); stored as unix seconds
 
 The interpreter rule (applied when the job is submitted, :meth:`JobSpec.resolved`):
 ``python`` or ``python3`` as the first word of ``command``, and the word
@@ -27,6 +31,7 @@ depend on the machine and the file system at submit time (``cwd`` exists,
 
 from __future__ import annotations
 
+import datetime as dt
 import enum
 import json
 import math
@@ -56,6 +61,8 @@ PYTHON_WORDS = ("python", "python3")
 """First words of ``command`` that mean "the submitting interpreter"."""
 PYTHON_PLACEHOLDER = "{python}"
 SAMPLES_PLACEHOLDER = "{samples}"
+TRAINER_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+"""A trainer's name (the daemon config's ``[[trainers]]`` and a job's ``trainer``)."""
 
 
 class JobSpecError(ValueError):
@@ -80,7 +87,7 @@ class JobState(enum.Enum):
     FAILED = "failed"
     """Its command failed (non-zero exit not caused by us)."""
     CANCELLED = "cancelled"
-    """Cancelled by the user."""
+    """Cancelled by the user, or stopped by the daemon on the user's own limit (``budget_node_hours``)."""
 
     @property
     def terminal(self) -> bool:
@@ -125,9 +132,15 @@ class JobSpec:
     samples: int | None = None
     cwd: str | None = None
     env: dict[str, str] = field(default_factory=dict)
+    trainer: str | None = None  # None: the daemon's first trainer
+    budget_node_hours: float | None = None  # None: no budget
+    deadline: float | None = None  # unix seconds; None: none
 
     def to_json(self) -> str:
         d = asdict(self)
+        for key in ("trainer", "budget_node_hours", "deadline"):
+            if d[key] is None:
+                del d[key]  # stored as before these fields existed
         d["command"] = list(self.command)
         if self.scaling is not None:
             d["scaling"] = {str(k): v for k, v in self.scaling.items()}
@@ -162,7 +175,8 @@ class JobSpec:
         return replace(self, command=tuple(command))
 
 
-_KEYS = {"name", "command", "min_nodes", "max_nodes", "profile", "scaling", "samples", "cwd", "env"}
+_KEYS = {"name", "command", "min_nodes", "max_nodes", "profile", "scaling", "samples", "cwd", "env", "trainer",
+         "budget_node_hours", "deadline"}
 
 
 def _int(obj: Mapping[str, Any], key: str, where: str, default: int | None, low: int, high: int) -> int | None:
@@ -284,7 +298,69 @@ def parse_spec(obj: Any, where: str = "job") -> JobSpec:
     scaling = _scaling(obj.get("scaling"), where)
     cwd = _cwd(obj.get("cwd"), where)
     env = _env(obj.get("env", {}), where)
-    return JobSpec(name, command, min_nodes, max_nodes, profile, scaling, samples, cwd, env)
+    trainer = _trainer(obj.get("trainer"), where)
+    budget = _budget(obj.get("budget_node_hours"), where)
+    deadline = _deadline(obj.get("deadline"), where)
+    return JobSpec(name, command, min_nodes, max_nodes, profile, scaling, samples, cwd, env, trainer, budget,
+                   deadline)
+
+
+def _budget(raw: Any, where: str) -> float | None:
+    """``budget_node_hours``: a finite number > 0."""
+    if raw is None:
+        return None
+    if not isinstance(raw, (int, float)) or isinstance(raw, bool):
+        raise JobSpecError(f"{where}: budget_node_hours must be a number of node-hours > 0, got {_short(raw)}")
+    try:
+        value = float(raw)
+    except OverflowError:  # an int beyond float range
+        value = math.inf
+    if not math.isfinite(value) or value <= 0:
+        raise JobSpecError(f"{where}: budget_node_hours must be a finite number > 0, got {_short(raw)}")
+    return value
+
+
+def _deadline(raw: Any, where: str) -> float | None:
+    """``deadline`` as unix seconds: a number (unix seconds), or an ISO 8601 time with a timezone (a
+    string, or a TOML offset date-time). A time without a timezone is refused: the daemon and the
+    submitter may not share one."""
+    if raw is None:
+        return None
+    if isinstance(raw, bool):
+        raise JobSpecError(f"{where}: deadline must be unix seconds or an ISO 8601 time with a timezone, "
+                           f"got {_short(raw)}")
+    if isinstance(raw, (int, float)):
+        try:
+            value = float(raw)
+        except OverflowError:
+            value = math.inf
+        if not math.isfinite(value) or value < 0:
+            raise JobSpecError(f"{where}: deadline must be finite unix seconds >= 0, got {_short(raw)}")
+        return value
+    if isinstance(raw, str):
+        try:
+            when = dt.datetime.fromisoformat(raw.strip())
+        except ValueError:
+            raise JobSpecError(f"{where}: deadline {_short(raw)} is not an ISO 8601 time "
+                               "(e.g. 2026-03-01T12:00:00+00:00) nor unix seconds") from None
+    elif isinstance(raw, dt.datetime):
+        when = raw
+    else:
+        raise JobSpecError(f"{where}: deadline must be unix seconds or an ISO 8601 time with a timezone, "
+                           f"got {_short(raw)}")
+    if when.tzinfo is None or when.utcoffset() is None:
+        raise JobSpecError(f"{where}: deadline {_short(str(raw))} has no timezone; add one "
+                           "(e.g. Z or +02:00) or give unix seconds")
+    return when.timestamp()
+
+
+def _trainer(raw: Any, where: str) -> str | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, str) or not TRAINER_NAME.fullmatch(raw):
+        raise JobSpecError(f"{where}: trainer must be a trainer's name (1-64 of A-Z a-z 0-9 _ . -), "
+                           f"got {_short(raw)}")
+    return raw
 
 
 _NODE_COUNT = re.compile(r"[1-9][0-9]{0,9}")

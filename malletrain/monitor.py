@@ -17,6 +17,22 @@ pauses). Every rejection is counted under its :class:`~malletrain.messages.Reaso
 (:meth:`Monitor.counts`, for metrics) and logged, at most once per reason every
 few seconds; nothing a sender does raises out of :meth:`Monitor.drain`.
 
+Speed: a frame in the exact layout :meth:`Report.encode` writes (the key order,
+no whitespace, ids of printable ASCII without escapes) takes a fast path: one
+regular expression instead of a JSON parse and the checks above on the matched
+fields, and the job's HMAC state precomputed at :meth:`Monitor.register`
+(``hmac.new(key).copy()``). A frame the fast path does not accept (another
+layout, a value out of range, a bad signature, an unknown job) goes through the
+full path, which decides and names the reason; so the fast path changes no
+verdict (``tests/test_monitor.py`` checks both paths agree on random frames).
+
+Restarts: :class:`ReplaySaver` keeps every registered job's replay window in the
+store's meta table (on :meth:`ReplaySaver.save`, i.e. at a clean stop, and at
+most every ``SAVE_EVERY_S`` while reports arrive); a restarted daemon hands them
+back before it registers its jobs, so a report captured before the restart is
+still a replay after it. After a ``kill -9``, reports accepted in the last
+``SAVE_EVERY_S`` before the kill could be replayed once.
+
 Memory: per registered job a :class:`JobStats` whose replay window holds at most
 ``MAX_WORKERS`` senders; per connection libzmq queues at most ``RCVHWM`` frames of
 at most ``TRANSPORT_MAX_FRAME`` bytes.
@@ -29,19 +45,26 @@ per job needs storing and a restarted daemon re-derives what running workers hol
 from __future__ import annotations
 
 import hmac
+import json
 import logging
 import os
+import re
 import secrets
 import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, Protocol
 
 import zmq
 
 from malletrain.messages import (
     MAX_FRAME,
+    MAX_INT,
+    MAX_SAMPLES,
+    MAX_TIMESTAMP,
+    MAX_WORLD,
+    VERSION,
     TRANSPORT_MAX_FRAME,
     MessageError,
     Reason,
@@ -67,6 +90,28 @@ LOG_EVERY_S = 5.0
 """At most one log line per rejection reason this often."""
 
 MASTER_KEY_BYTES = 32
+
+SAVE_EVERY_S = 1.0
+"""While reports arrive, the replay windows are saved at most this often (:class:`ReplaySaver`)."""
+
+REPLAY_META_KEY = "monitor_replay_windows"
+"""The store meta key holding every registered job's replay window (JSON)."""
+
+# The layout Report.encode writes. Ids: printable ASCII but '"' and '\\' (no JSON escapes);
+# numbers: no sign, bounded digits (so int()/float() here give what json would).
+_ID = rb'[\x20\x21\x23-\x5b\x5d-\x7e]'
+_FAST = re.compile(
+    rb'\{"v":' + str(VERSION).encode() + rb',"type":"report","job":"(' + _ID + rb'{1,256})",'
+    rb'"seq":([1-9][0-9]{0,18}),"payload":\{"samples":(0|[1-9][0-9]{0,9}),'
+    rb'"timestamp":((?:0|[1-9][0-9]{0,11})(?:\.[0-9]{1,40})?(?:[eE][-+]?[0-9]{1,3})?),'
+    rb'"world_size":([1-9][0-9]{0,4}),"generation":(0|[1-9][0-9]{0,18}),"worker":"(' + _ID + rb'{0,256})"\},'
+    rb'"sig":"([0-9a-f]{64})"\}\Z'
+)
+_SIG_TRAILER = len(b',"sig":"') + 64 + len(b'"}')
+
+
+def _no_match(frame: bytes) -> None:
+    return None
 
 
 # ---------------------------------------------------------------- replay window
@@ -143,17 +188,22 @@ class JobStats:
 
     def add(self, rep: Report) -> None:
         """Take one validated, authenticated report; raises REPLAYED (and changes nothing) for a replay."""
-        self.seq_gaps += self.window.admit(rep.worker, rep.seq, rep.timestamp)
+        self.add_fields(rep.worker, rep.seq, rep.samples, rep.timestamp, rep.world_size, rep.generation)
+
+    def add_fields(self, worker: str, seq: int, samples: int, timestamp: float, world_size: int,
+                   generation: int) -> None:
+        """:meth:`add` of a report's fields (the fast path builds no :class:`Report`)."""
+        self.seq_gaps += self.window.admit(worker, seq, timestamp)
         self.reports += 1
-        self.samples += rep.samples
-        if rep.timestamp > self.last_time:
-            self.last_time = rep.timestamp
-            self.world_size = rep.world_size
-            self.generation = max(self.generation, rep.generation)
-        if rep.samples < 1:
+        self.samples += samples
+        if timestamp > self.last_time:
+            self.last_time = timestamp
+            self.world_size = world_size
+            self.generation = max(self.generation, generation)
+        if samples < 1:
             return
         try:
-            rec = Record(rep.samples, rep.timestamp, rep.world_size)
+            rec = Record(samples, timestamp, world_size)
             self.throughput.add(rec)
             self.rescale.add(rec)
         except RecordError:
@@ -192,6 +242,9 @@ class Monitor:
         self.jobs: dict[str, JobStats] = {}
         """Registered jobs' statistics (read-only for callers: use register/forget)."""
         self._keys: dict[str, bytes] = {}
+        self._fast: dict[bytes, tuple[Any, JobStats]] = {}  # job id -> (its keyed hmac, copied per frame; stats)
+        self._saved_windows: dict[str, dict[str, Any]] = {}  # restored, for jobs not registered yet
+        self.fast_path = True
         self.received = 0
         self.accepted = 0
         self.rejected: dict[Reason, int] = {r: 0 for r in Reason}
@@ -204,19 +257,25 @@ class Monitor:
         """Take reports for ``job_id`` signed with ``secret``; idempotent (keeps the statistics).
 
         ``replay_state`` (from :meth:`replay_state`, e.g. as persisted before a restart)
-        restores the job's replay window when the job is not registered yet.
+        restores the job's replay window when the job is not registered yet; without it,
+        a window handed over by :meth:`restore_replay_states` is used.
         """
         key = secret_key(secret, f"secret of job {job_id}")
         self._keys[job_id] = key
+        saved = self._saved_windows.pop(job_id, None)
         stats = self.jobs.get(job_id)
         if stats is None:
-            window = ReplayWindow.from_dict(replay_state) if replay_state is not None else ReplayWindow()
+            state = replay_state if replay_state is not None else saved
+            window = ReplayWindow.from_dict(state) if state is not None else ReplayWindow()
             stats = self.jobs[job_id] = JobStats(job_id, window=window)
+        self._fast[job_id.encode("utf-8", "surrogatepass")] = (hmac.new(key, digestmod="sha256"), stats)
         return stats
 
     def forget(self, job_id: str) -> None:
         """Drop a job's key and statistics; its reports are unknown_job from now on."""
         self._keys.pop(job_id, None)
+        self._fast.pop(job_id.encode("utf-8", "surrogatepass"), None)
+        self._saved_windows.pop(job_id, None)
         self.jobs.pop(job_id, None)
 
     def job(self, job_id: str) -> JobStats:
@@ -229,6 +288,28 @@ class Monitor:
     def replay_state(self, job_id: str) -> dict[str, Any]:
         """A registered job's replay window as JSON-able data (see :meth:`register`)."""
         return self.job(job_id).window.to_dict()
+
+    def replay_states(self) -> dict[str, dict[str, Any]]:
+        """Every registered job's replay window (:meth:`replay_state`), to hand to :meth:`restore_replay_states`.
+
+        Restored windows of jobs never registered again (they ended meanwhile) are left out."""
+        return {job: stats.window.to_dict() for job, stats in self.jobs.items()}
+
+    def restore_replay_states(self, states: Mapping[str, Any]) -> list[str]:
+        """Hand back :meth:`replay_states` from before a restart; each job's window is used when
+        the job is registered. Returns the jobs whose state was not valid (skipped; the caller logs)."""
+        bad = []
+        for job, state in states.items():
+            try:
+                ReplayWindow.from_dict(state)
+            except ValueError:
+                bad.append(str(job)[:64])
+                continue
+            if job in self.jobs:
+                self.jobs[job].window = ReplayWindow.from_dict(state)
+            else:
+                self._saved_windows[str(job)] = state
+        return bad
 
     def counts(self) -> dict[str, int]:
         """``received``, ``accepted``, ``rejected`` (total) and one entry per :class:`Reason` (for metrics)."""
@@ -267,10 +348,13 @@ class Monitor:
     def ingest_batch(self, frames: list[bytes]) -> None:
         """Ingest frames already received (the socket path and tests)."""
         self.received += len(frames)
-        accept = self._accept
+        match = _FAST.match if self.fast_path else _no_match
+        fast, checked = self._accept_fast, self._accept_checked
         for frame in frames:
             try:
-                accept(frame)
+                m = match(frame)
+                if m is None or not fast(frame, m):
+                    checked(frame)
             except MessageError as exc:
                 self._reject(exc.reason, str(exc))
             except Exception as exc:  # a bug on one frame must not stop the daemon
@@ -280,7 +364,30 @@ class Monitor:
     def ingest(self, frame: bytes) -> None:
         self.ingest_batch([frame])
 
-    def _accept(self, frame: bytes) -> None:
+    def _accept_fast(self, frame: bytes, m: "re.Match[bytes]") -> bool:
+        """Take a frame in the canonical layout; False (nothing changed) to let the full path decide."""
+        job_b, seq_b, samples_b, ts_b, world_b, gen_b, worker_b, sig = m.groups()
+        known = self._fast.get(job_b)
+        if known is None:
+            return False
+        seq, samples, ts, world, gen = int(seq_b), int(samples_b), float(ts_b), int(world_b), int(gen_b)
+        if seq > MAX_INT or samples > MAX_SAMPLES or gen > MAX_INT or world > MAX_WORLD or not ts <= MAX_TIMESTAMP:
+            return False
+        mac, stats = known
+        if not self._signed_by(mac, frame[:-_SIG_TRAILER], sig):
+            return False
+        stats.add_fields(worker_b.decode("ascii"), seq, samples, ts, world, gen)
+        self.accepted += 1
+        return True
+
+    @staticmethod
+    def _signed_by(mac: Any, prefix: bytes, sig: bytes) -> bool:
+        h = mac.copy()
+        h.update(prefix)
+        return hmac.compare_digest(h.hexdigest().encode(), sig)
+
+    def _accept_checked(self, frame: bytes) -> None:
+        """Every check of the module doc, in order, each failure a :class:`MessageError` with its reason."""
         if len(frame) > MAX_FRAME:
             raise MessageError(Reason.OVERSIZE, f"frame of {len(frame)} bytes (limit {MAX_FRAME})")
         env = decode(frame)
@@ -310,6 +417,66 @@ class Monitor:
 
     def close(self) -> None:
         self.sock.close(0)
+
+
+# ---------------------------------------------------------------- replay windows across restarts
+class Meta(Protocol):
+    """Where :class:`ReplaySaver` keeps the windows (``malletrain.store.Store`` is one)."""
+
+    def get_meta(self, key: str) -> str | None: ...
+
+    def set_meta(self, key: str, value: str) -> None: ...
+
+
+class ReplaySaver:
+    """Keeps a monitor's replay windows in ``meta`` under :data:`REPLAY_META_KEY`.
+
+    :meth:`load` once, before the daemon registers its jobs; :meth:`tick` every
+    loop (saves at most every ``every_s``, and only when reports were accepted
+    since); :meth:`save` at a clean stop. A monitor without ``replay_states``
+    (a test's fake) makes all three no-ops.
+    """
+
+    def __init__(self, monitor: Any, meta: Meta, every_s: float = SAVE_EVERY_S) -> None:
+        self.monitor = monitor
+        self.meta = meta
+        self.every_s = every_s
+        self._on = hasattr(monitor, "replay_states") and hasattr(monitor, "restore_replay_states")
+        self._saved_accepted = -1
+        self._next = 0.0
+
+    def load(self) -> int:
+        """Restore what the last daemon saved; returns how many jobs' windows. A damaged entry
+        is logged and skipped (that job's old frames are then refused only by their seq gaps)."""
+        if not self._on:
+            return 0
+        text = self.meta.get_meta(REPLAY_META_KEY)
+        if not text:
+            return 0
+        try:
+            states = json.loads(text)
+            if not isinstance(states, dict):
+                raise ValueError("not a JSON object")
+        except (ValueError, RecursionError) as exc:
+            log.error("monitor: saved replay windows (store meta %s) are not valid (%s); starting without",
+                      REPLAY_META_KEY, exc)
+            return 0
+        bad = self.monitor.restore_replay_states(states)
+        for job in bad:
+            log.error("monitor: saved replay window of job %s is not valid; skipped", job, extra={"job": job})
+        return len(states) - len(bad)
+
+    def tick(self, now: float) -> None:
+        if self._on and now >= self._next:
+            self._next = now + self.every_s
+            if self.monitor.accepted != self._saved_accepted:
+                self.save()
+
+    def save(self) -> None:
+        if not self._on:
+            return
+        self._saved_accepted = self.monitor.accepted
+        self.meta.set_meta(REPLAY_META_KEY, json.dumps(self.monitor.replay_states(), separators=(",", ":")))
 
 
 # ---------------------------------------------------------------- daemon-side secrets

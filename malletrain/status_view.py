@@ -61,15 +61,46 @@ def printable(text: Any, limit: int | None = None) -> str:
 
 
 def format_jobs(jobs: list[dict[str, Any]]) -> str:
-    rows = [("JOBID", "NAME", "STATE", "NODES", "MIN-MAX", "SAMPLES", "TARGET", "RATE/S", "NODELIST")]
+    """The job table; TRAINER is the trainer the job runs under ("-": not known without the daemon).
+
+    BUDGET (node-hours used / budget; "?" used: not known without the daemon) and DEADLINE (UTC)
+    appear when some job has one."""
+    budgets = any(j.get("budget_node_hours") is not None for j in jobs)
+    deadlines = any(j.get("deadline") is not None for j in jobs)
+    head = ("JOBID", "NAME", "TRAINER", "STATE", "NODES", "MIN-MAX", "SAMPLES", "TARGET", "RATE/S")
+    rows = [head + ("BUDGET-NH",) * budgets + ("DEADLINE",) * deadlines + ("NODELIST",)]
     for j in jobs:
         rate = j.get("rate")
-        rows.append((
-            printable(j["id"]), printable(j["name"], 16), printable(j["state"]), str(len(j["nodes"])),
+        row = (
+            printable(j["id"]), printable(j["name"], 16), printable(j.get("trainer") or "-", 16),
+            printable(j["state"]), str(len(j["nodes"])),
             f"{j['min_nodes']}-{j['max_nodes']}", str(j["samples"]),
-            str(j["target"] or "-"), f"{rate:.1f}" if rate else "-", printable(",".join(j["nodes"])) or "-",
-        ))
+            str(j["target"] or "-"), f"{rate:.1f}" if rate else "-",
+        )
+        row += (budget_text(j),) * budgets + (deadline_text(j.get("deadline")),) * deadlines
+        rows.append(row + (printable(",".join(j["nodes"])) or "-",))
     return _table(rows)
+
+
+def budget_text(job: dict[str, Any]) -> str:
+    """``used/budget`` node-hours (``-``: no budget; ``?/budget``: use not known here)."""
+    budget = job.get("budget_node_hours")
+    if budget is None:
+        return "-"
+    used = job.get("used_node_hours")
+    return f"{'?' if used is None else f'{float(used):.3g}'}/{float(budget):.4g}"
+
+
+def deadline_text(deadline: Any) -> str:
+    """A deadline (unix seconds) as ``YYYY-MM-DD HH:MMZ`` (UTC); ``-``: none."""
+    import datetime as dt
+
+    if deadline is None:
+        return "-"
+    try:
+        return dt.datetime.fromtimestamp(float(deadline), dt.timezone.utc).strftime("%Y-%m-%d %H:%MZ")
+    except (ValueError, OverflowError, OSError):
+        return printable(deadline, 24)
 
 
 def format_details(jobs: list[dict[str, Any]], log_dir: str) -> str:
@@ -93,8 +124,10 @@ def format_details(jobs: list[dict[str, Any]], log_dir: str) -> str:
 
 
 def format_nodes(nodes: list[dict[str, Any]]) -> str:
-    return _table([("NODE", "STATE", "JOB")]
-                  + [(printable(n["node"]), printable(n["state"]), printable(n["job"] or "-")) for n in nodes])
+    """The node table; TRAINER is the trainer the node belongs to ("-": none takes it)."""
+    return _table([("NODE", "STATE", "TRAINER", "JOB")]
+                  + [(printable(n["node"]), printable(n["state"]), printable(n.get("trainer") or "-"),
+                      printable(n["job"] or "-")) for n in nodes])
 
 
 def _table(rows: list[tuple[str, ...]]) -> str:

@@ -9,10 +9,13 @@ The daemon and the simulator both drive it (see ``../shared/docs/ARCHITECTURE.md
 
 from policy.config import (
     PRESETS,
+    Admission,
     Allocation,
     CostSource,
     PolicyConfig,
     PolicyConfigError,
+    Horizon,
+    Objective,
     Profiling,
     preset,
 )
@@ -31,6 +34,7 @@ from policy.model import (
 from policy.state import Debt, PolicyState, PolicyStateError
 
 __all__ = [
+    "Admission", "Horizon", "Objective",
     "Allocation", "CostSource", "Debt", "Decision", "EventKind", "Evidence", "JobEvidence", "JobView",
     "NO_EVIDENCE", "PRESETS", "Policy", "PolicyConfig", "PolicyConfigError", "PolicyEvent",
     "PolicyInputError", "PolicyState", "PolicyStateError", "Profiling", "View", "evidence_from",

@@ -4,11 +4,16 @@ Rules, settled once:
 
 * **Curve.** A job's :class:`profiler.Scalability` is its accepted measured points on top of a
   prior: the user's curve if the job has one, else the configured population curve
-  (``PolicyConfig.prior``), calibrated to the job's level by the median measured/prior ratio
-  (a curve measured elsewhere is off by a factor more often than in shape). With neither, a job
+  (``PolicyConfig.prior``), else the **pooled shape** of the jobs that finished (the median
+  efficiency per count over the last :data:`policy.state.SHAPES_KEEP` jobs measured at two counts
+  or more, once :data:`MIN_SHAPES` have), calibrated to the job's level by the median
+  measured/prior ratio (a curve measured elsewhere is off by a factor more often than in shape:
+  a job's first stable rate sets its level, the population its shape). With none of these, a job
   is believed linear at the median per-node rate of the jobs measured so far (1.0 before any),
   so a new job competes fairly until its own steps are measured.
-* **Learning.** With ``learn`` on, a count's rate is accepted once its estimate is stable
+* **Learning (passive).** Every interval at every count a job runs counts, whatever gave it that
+  count (the allocator, a recall, a lender's loan). With ``learn`` on, a count's rate is accepted
+  once its estimate is stable
   (relative CI <= ``profile_rel_ci``) and replaces the believed point when it moved by more than
   ``refine_rel_change`` (5%): the daemon's rule, which keeps a 3%-noisy monitor from re-planning
   at every report. A profiling job's points enter when its profile ends.
@@ -19,6 +24,7 @@ Rules, settled once:
 
 from __future__ import annotations
 
+import math
 import statistics
 from typing import Iterable, Mapping
 
@@ -29,10 +35,10 @@ from profiler.scalability import Scalability, Source
 
 
 def scalability(job: JobView, measured: Mapping[int, float], prior: Curve | None,
-                guess_per_node: float) -> Scalability:
-    """The job's curve under the rules of the module doc."""
+                guess_per_node: float, pooled: Curve | None = None) -> Scalability:
+    """The job's curve under the rules of the module doc (``pooled``: :func:`pooled_prior`)."""
     pts = {n: r for n, r in measured.items() if r > 0}
-    base = job.scaling or prior
+    base = job.scaling or prior or pooled
     if base:
         return Scalability(prior=base, measured=pts, source=Source.REFINED if pts else Source.USER)
     if pts:
@@ -40,12 +46,73 @@ def scalability(job: JobView, measured: Mapping[int, float], prior: Curve | None
     return Scalability.from_user({1: guess_per_node})
 
 
+MIN_SHAPES = 3  # finished jobs with a shape before the pooled shape is used
+
+
+def shape_of(points: Mapping[int, float]) -> dict[int, float] | None:
+    """A finished job's curve shape: efficiency ``rate(n) / (n * rate(n0) / n0)`` at each measured
+    count, ``n0`` the smallest (None with fewer than two counts)."""
+    pts = {n: r for n, r in points.items() if r > 0}
+    if len(pts) < 2:
+        return None
+    n0 = min(pts)
+    per_node = pts[n0] / n0
+    return {n: r / (n * per_node) for n, r in sorted(pts.items())}
+
+
+def _efficiency_at(shape: Mapping[int, float], n: int) -> float | None:
+    """Linear interpolation of ``shape`` at ``n`` inside its range (None outside)."""
+    counts = sorted(shape)
+    if not counts[0] <= n <= counts[-1]:
+        return None
+    for a, b in zip(counts, counts[1:]):
+        if a <= n <= b:
+            return shape[a] + (shape[b] - shape[a]) * (n - a) / (b - a)
+    return shape[counts[0]]
+
+
+def pooled_prior(shapes: Iterable[Mapping[int, float]], per_node: float) -> dict[int, float] | None:
+    """The population prior: median efficiency per count over ``shapes`` (each used inside the range
+    it was measured on), as a curve at ``per_node`` samples/s per node; beyond the pooled range the
+    last efficiency is kept. None with fewer than :data:`MIN_SHAPES` shapes."""
+    shapes = [s for s in shapes if s]
+    if len(shapes) < MIN_SHAPES:
+        return None
+    top = max(max(s) for s in shapes)
+    counts = sorted({1 << k for k in range(top.bit_length())} | {top} | {n for s in shapes for n in s})
+    out: dict[int, float] = {}
+    for n in counts:
+        effs = [e for s in shapes if (e := _efficiency_at(s, n)) is not None]
+        if effs:
+            out[n] = n * per_node * min(1.0, statistics.median(effs)) if n > 1 else per_node
+    # efficiency never rises with the count in the prior (a median over different ranges could)
+    best = math.inf
+    for n in sorted(out):
+        eff = out[n] / (n * per_node)
+        best = min(best, eff)
+        out[n] = n * per_node * best
+    return out
+
+
 def allocator_curve(job: JobView, scal: Scalability) -> dict[int, float]:
     """The allocator's curve: the default profiling counts and every measured or prior count in range
     (the allocator interpolates linearly between; a 64-point table costs ~10x more to solve)."""
     lo, hi = job.min_nodes, job.max_nodes
     wanted = set(default_counts(lo, hi)) | {n for n in scal.points if lo <= n <= hi}
-    return {n: max(0.0, r) for n, r in scal.scaling_for(lo, hi, counts=wanted).items()}
+    curve = {n: max(0.0, r) for n, r in scal.scaling_for(lo, hi, counts=wanted).items()}
+    return _no_better_than_measured_trend(curve, scal.measured)
+
+
+def _no_better_than_measured_trend(curve: dict[int, float], measured: Mapping[int, float]) -> dict[int, float]:
+    """Above the largest measured count, a job gains per node no more than it did between its two
+    largest measured counts (a prior shape calibrated on a job that scales worse than the population
+    would otherwise promise gains, or a job past its peak would be grown further)."""
+    pts = sorted((n, r) for n, r in measured.items() if r > 0)
+    if len(pts) < 2:
+        return curve
+    (a, ra), (b, rb) = pts[-2], pts[-1]
+    slope = (rb - ra) / (b - a)
+    return {n: (min(r, max(0.0, rb + slope * (n - b))) if n > b else r) for n, r in curve.items()}
 
 
 def guess_per_node(curves: Iterable[Mapping[int, float]], population: Iterable[float]) -> float:
@@ -71,17 +138,27 @@ def accept(evidence: JobEvidence, known: Mapping[int, float], job: JobView, cfg:
     return new
 
 
-def rescale_costs(own: JobEvidence | None, others: Iterable[JobEvidence], cfg: PolicyConfig) -> tuple[float, float]:
-    """(up, down) pause in seconds for the allocator."""
+def rescale_costs(own: JobEvidence | None, others: Iterable[JobEvidence], cfg: PolicyConfig,
+                  pooled: tuple[float, float] | None = None) -> tuple[float, float]:
+    """(up, down) pause in seconds for the allocator: the job's own medians, else the other jobs'
+    (``pooled``: :func:`pooled_rescale_costs` of ``others``, when the caller has it already)."""
     if cfg.rescale_costs is CostSource.CONFIGURED:
         return cfg.default_up_cost_s, cfg.default_down_cost_s
     up = own.costs.up_s if own is not None and own.costs is not None else None
     down = own.costs.down_s if own is not None and own.costs is not None else None
     if up is None or down is None:
-        ups = [e.costs.up_s for e in others if e.costs is not None and e.costs.up_s is not None]
-        downs = [e.costs.down_s for e in others if e.costs is not None and e.costs.down_s is not None]
+        pool_up, pool_down = pooled if pooled is not None else pooled_rescale_costs(others, cfg)
         if up is None:
-            up = statistics.median(ups) if ups else cfg.default_up_cost_s
+            up = pool_up
         if down is None:
-            down = statistics.median(downs) if downs else cfg.default_down_cost_s
+            down = pool_down
     return float(up), float(down)
+
+
+def pooled_rescale_costs(others: Iterable[JobEvidence], cfg: PolicyConfig) -> tuple[float, float]:
+    """(up, down): the medians of the pauses measured over ``others``, else the configured defaults."""
+    others = list(others)
+    ups = [e.costs.up_s for e in others if e.costs is not None and e.costs.up_s is not None]
+    downs = [e.costs.down_s for e in others if e.costs is not None and e.costs.down_s is not None]
+    return (float(statistics.median(ups)) if ups else cfg.default_up_cost_s,
+            float(statistics.median(downs)) if downs else cfg.default_down_cost_s)

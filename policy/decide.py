@@ -22,9 +22,35 @@ of its own about admission, profiling, lending, curves or costs. Each rule is se
 * **The lender gets its nodes back**: while the profile runs, the nodes its steps release are held
   back (up to what was borrowed) and the lender may shrink but not grow; when the profile ends
   the lender takes them back at once.
+* **Gated profiling** (``profiling = "gated"``, the default): a job the user did not ask to profile
+  is profiled only when it pays (:meth:`Policy._profile_pays`): its curve is still a prior, nodes
+  are scarce for the admitted jobs (they could absorb more than there is), the job's remaining
+  work is not short, and the expected gain (``profile_gain_fraction`` x the prior's spread at the
+  count it is expected to get x its remaining work) exceeds the profile's cost (the scale-up
+  pause, the step-down pauses and the nodes held above that count while it profiles). A gated
+  profile takes free nodes only (never a lender), ends at the count the job is expected to get
+  (not at its min), and never blocks the queue: a job that cannot be profiled now runs and
+  learns passively.
+* **Adaptive admission** (``admission = "adaptive"``, the default): Pjmax is a floor. While the
+  held and free nodes exceed what the admitted jobs can absorb (:meth:`Policy.absorbs`: a job's
+  max, or the knee of its believed curve) by at least a queued job's min, that job is admitted
+  too (FCFS, up to ``admission_cap`` jobs in all). When nodes go,
+  the newest jobs admitted beyond Pjmax give way first: a job whose min no longer fits beside
+  what the others can absorb is **suspended** (its nodes freed, its progress kept, the front of
+  the queue, so it is resumed first when nodes return).
+* **Budgets and deadlines**: a job that has used its ``budget_node_hours`` is stopped (an
+  ``over_budget`` event and ``Decision.stop``) and never admitted again; a running job with a
+  budget is given no more nodes than its remaining budget pays for over the horizon, and the
+  decision asks to be called again before the budget runs out. A job whose deadline can still be
+  met at its max, but not at its present count, has its rate weighted by ``deadline_weight``.
 * **Curves and costs**: :mod:`policy.beliefs`.
+* **Objective** (``objective = "work"``, the default): the allocator maximises work, each job's
+  rate in 1-node equivalents (``rate(n) / rate(1)`` on its believed curve), so a job that trains
+  many cheap samples does not crowd out one that trains few costly ones; ``"samples"`` maximises
+  raw samples/s (the paper's).
 * **Allocation**: the exact allocator over the admitted jobs that are not pinned by a profile,
-  with horizon ``tfwd_s`` (or the greedy / equal baselines).
+  with horizon ``tfwd_s`` or, with ``horizon = "learned"``, the expected remaining idle time of
+  the nodes on offer (:mod:`policy.valuation`), or the greedy / equal baselines.
 
 A decision whose inputs equal those of the last decision that changed nothing is answered
 "no change" without running the allocator (the answer would be the same).
@@ -39,7 +65,7 @@ from typing import Mapping
 from allocator import Job, Problem, solve
 from policy import beliefs
 from policy.allocation import apply_pins, equal_counts, greedy_counts, node_map
-from policy.config import Allocation, PolicyConfig, PolicyConfigError, Profiling
+from policy.config import Admission, Allocation, Horizon, Objective, PolicyConfig, PolicyConfigError, Profiling
 from policy.model import (
     NO_EVIDENCE,
     Decision,
@@ -51,8 +77,10 @@ from policy.model import (
     PolicyInputError,
     View,
 )
-from policy.state import POPULATION_KEEP, Debt, PolicyState
-from profiler.jpa import Done, ProfileSession, ProfilingRequest, RunningJob, StepDown, Wait, choose_sources
+from policy.state import FRAGMENTS_KEEP, POPULATION_KEEP, SHAPES_KEEP, Debt, PolicyState
+from policy.valuation import FragmentModel, learned_horizon
+from profiler.jpa import (Done, ProfileSession, ProfilingRequest, RunningJob, StepDown, Wait, choose_sources,
+                          default_counts)
 from profiler.scalability import Scalability
 
 
@@ -99,6 +127,10 @@ class _Round:
         self.returning: dict[str, int] = {}
         self.released: list[str] = []  # nodes of jobs stopped under their min, free from now on
         self.lender_used = False
+        self.stop: dict[str, str] = {}  # jobs the driver must end, with the reason
+        self.weights: dict[str, float] = {}  # deadline weights of this decision
+        # every node the driver holds: free (the real count) plus the admitted and queued jobs' nodes
+        self.total_nodes = view.free_count + sum(j.count for j in view.jobs)
 
     def note(self, kind: EventKind, job: str, **detail: object) -> None:
         self.events.append(PolicyEvent(kind, job, detail))
@@ -116,18 +148,45 @@ class Policy:
         self._versions: dict[str, int] = {}
         self._curves: dict[str, tuple[tuple, dict[int, float]]] = {}
         self._alloc_jobs: dict[str, tuple[tuple, Job]] = {}
+        self._raw: dict[str, tuple[tuple, dict[int, float]]] = {}
+        self._absorbs: dict[str, tuple[dict[int, float], int]] = {}
         self._noop_key: tuple | None = None
+        self._shapes_version = 0
+        self._pooled: tuple[tuple, dict[int, float] | None] | None = None
+        self._fragments: tuple[int, FragmentModel] | None = None
+        self._fragments_version = 0
+        self._guess: float | None = None  # guess_per_node within one decision (None: compute it)
+        self._absorbs_fresh = False  # True once a decision's curves can no longer change
+        self._absorbs_checked: set[str] = set()  # jobs whose absorbs() was checked since then
 
     # ------------------------------------------------------------------ the decision
 
     def decide(self, view: View, evidence: Evidence) -> Decision:
         r = _Round(view)
-        self._forget_departed(r)
-        self._learn(r, evidence)
-        self._preemptions(r)
-        self._advance_profiles(r, evidence)
-        waiting = self._admit(r, view)
-        return self._allocate(r, view, evidence, waiting)
+        self._guess = None
+        try:
+            self._forget_departed(r)
+            self._observe_fragments(view)
+            self._learn(r, evidence)
+            self._preemptions(r)
+            self._budgets(r)
+            self._advance_profiles(r, evidence)
+            self._absorbs_fresh = True  # curves stay as they are for the rest of the decision
+            self._suspensions(r)
+            waiting = self._admit(r, view)
+            return self._allocate(r, view, evidence, waiting)
+        finally:
+            self._absorbs_fresh = False
+            self._absorbs_checked.clear()
+            self._guess = None  # outside a decision the state may change under us: computed afresh
+
+    def guess(self) -> float:
+        """The population's per-node rate (:func:`beliefs.guess_per_node`), computed once per decision
+        (every place that changes the measured points or the population drops it)."""
+        if self._guess is None:
+            st = self.state
+            self._guess = beliefs.guess_per_node(st.measured.values(), st.population)
+        return self._guess
 
     # ------------------------------------------------------------------ bookkeeping
 
@@ -140,18 +199,109 @@ class Policy:
         st.debts = {b: d for b, d in st.debts.items() if b in jobs and d.lender in jobs}
         st.lent_at = {k: v for k, v in st.lent_at.items() if k in jobs}
         st.profiled = {j for j in st.profiled if j in jobs}
+        st.over_budget = {j for j in st.over_budget if j in jobs}
         for job_id in [k for k in st.measured if k not in jobs]:
             pts = st.measured.pop(job_id)
             if pts:
                 n = min(pts)
                 st.population.append(pts[n] / n)
+                shape = beliefs.shape_of(pts)
+                if shape is not None:
+                    st.shapes.append(shape)
+                    del st.shapes[:-SHAPES_KEEP]
+                    self._shapes_version += 1
             self._versions.pop(job_id, None)
             self._curves.pop(job_id, None)
+            self._raw.pop(job_id, None)
+            self._absorbs.pop(job_id, None)
             self._alloc_jobs.pop(job_id, None)
         del st.population[:-POPULATION_KEEP]
+        self._guess = None
+        for cache in (self._curves, self._raw, self._absorbs, self._alloc_jobs):
+            if len(cache) > 2 * len(jobs) + 64:  # jobs that left without a measured point
+                for k in [k for k in cache if k not in jobs]:
+                    del cache[k]
+
+    def _observe_fragments(self, view: View) -> None:
+        if view.ended_fragments:
+            frags = self.state.fragments
+            frags.extend(float(x) for x in view.ended_fragments if x >= 0 and math.isfinite(x))
+            del frags[:-FRAGMENTS_KEEP]
+            self._fragments_version += 1
+
+    def fragment_model(self) -> FragmentModel:
+        hit = self._fragments
+        if hit is None or hit[0] != self._fragments_version:
+            hit = (self._fragments_version, FragmentModel(self.state.fragments))
+            self._fragments = hit
+        return hit[1]
+
+    def _budgets(self, r: _Round) -> None:
+        """A job that has used its budget is stopped and never admitted again."""
+        st = self.state
+        for job in r.jobs.values():
+            if job.budget_node_hours is None or job.id in st.over_budget:
+                continue
+            if job.used_node_hours >= job.budget_node_hours:
+                st.over_budget.add(job.id)
+                if job.id in st.admitted:
+                    st.admitted.remove(job.id)
+                    st.assigned.pop(job.id, None)
+                    if job.id in st.profiles:
+                        self._end_profile(r, job.id, None, "over budget")
+                if job.id in st.queue_front:
+                    st.queue_front.remove(job.id)
+                r.released.extend(n for n in job.nodes if n not in r.released)
+                r.note(EventKind.OVER_BUDGET, job.id, used_node_hours=job.used_node_hours,
+                       budget_node_hours=job.budget_node_hours)
+        for job_id in st.over_budget:
+            r.stop[job_id] = "over its budget_node_hours"
+
+    def _suspensions(self, r: _Round) -> None:
+        """Adaptive admission: the newest jobs admitted beyond Pjmax give way first when nodes go."""
+        st, cfg = self.state, self.config
+        if cfg.admission is not Admission.ADAPTIVE or not cfg.max_running:
+            return
+        absorb = sum(self.absorbs(r.jobs[j]) for j in st.admitted)
+        for job_id in reversed(st.admitted[cfg.max_running:]):
+            job = r.jobs[job_id]
+            others = absorb - self.absorbs(job)
+            if job_id in st.profiles or r.total_nodes - others >= job.min_nodes:
+                break
+            st.admitted.remove(job_id)
+            st.queue_front.insert(0, job_id)
+            st.assigned.pop(job_id, None)
+            r.released.extend(n for n in job.nodes if n not in r.released)
+            absorb = others
+            r.note(EventKind.SUSPENDED, job_id, nodes=job.count)
+
+    def absorbs(self, job: JobView) -> int:
+        """The nodes ``job`` can put to use: its max, or the count past which its believed curve gains
+        less than ``admission_knee`` of its per-node rate at its min for each further node (a job
+        past its knee wastes nodes another job would use better)."""
+        hit = self._absorbs.get(job.id)
+        if hit is not None and job.id in self._absorbs_checked:
+            return hit[1]  # checked in this decision, past learning and profiles: its curve is the same
+        curve = self.believed_curve(job)
+        if self._absorbs_fresh:
+            self._absorbs_checked.add(job.id)
+        if hit is not None and hit[0] is curve:
+            return hit[1]
+        counts = sorted(n for n in curve if job.min_nodes <= n <= job.max_nodes)
+        value = job.max_nodes
+        knee = self.config.admission_knee
+        if knee > 0 and len(counts) >= 2 and curve[counts[0]] > 0:
+            floor = knee * curve[counts[0]] / counts[0]
+            for a, b in zip(counts, counts[1:]):
+                if (curve[b] - curve[a]) / (b - a) < floor:
+                    value = a
+                    break
+        self._absorbs[job.id] = (curve, value)
+        return value
 
     def _bump(self, job_id: str) -> None:
         self._versions[job_id] = self._versions.get(job_id, 0) + 1
+        self._guess = None  # its measured points changed
 
     def _learn(self, r: _Round, evidence: Evidence) -> None:
         if not self.config.learn:
@@ -217,10 +367,62 @@ class Policy:
             r.note(EventKind.PROFILE_ABORTED, job_id, **detail)
 
     def _needs_profile(self, job: JobView) -> bool:
+        """Profiled the JPA's way (may borrow, blocks the queue until it can be sourced)."""
         mode = self.config.profiling
-        wants = mode is Profiling.ALWAYS or (mode is Profiling.REQUESTED and job.profile)
+        wants = mode is Profiling.ALWAYS or (mode in (Profiling.REQUESTED, Profiling.GATED) and job.profile)
         st = self.state
         return wants and job.id not in st.profiled and not st.measured.get(job.id)
+
+    def expected_count(self, r: _Round, job: JobView, n_jobs: int) -> int:
+        """The count the allocator is expected to give ``job`` among ``n_jobs`` admitted jobs: an even
+        share of every held node, within its range."""
+        share = r.total_nodes // max(1, n_jobs)
+        return max(job.min_nodes, min(job.max_nodes, share))
+
+    def _profile_pays(self, r: _Round, job: JobView, free_avail: int) -> int | None:
+        """Gated profiling: the count a profile of ``job`` should end at, or None when it does not pay."""
+        st, cfg = self.state, self.config
+        if cfg.profiling is not Profiling.GATED or job.profile or job.id in st.profiled or st.measured.get(job.id):
+            return None
+        admitted = [r.jobs[j] for j in st.admitted]
+        absorb = sum(j.max_nodes for j in admitted) + job.max_nodes
+        if absorb <= r.total_nodes:
+            return None  # nodes are not scarce: every job gets its max whatever its curve
+        end = self.expected_count(r, job, len(admitted) + 1)
+        if end >= job.max_nodes or free_avail <= end:
+            return None  # nothing to choose between, or the free pool cannot serve the profile
+        curve = self.believed_curve(job)
+        from allocator import throughput_at
+
+        rate_end = throughput_at(curve, end)
+        if rate_end <= 0:
+            return None
+        work_left = job.work_left
+        if work_left is not None and work_left / throughput_at(curve, job.max_nodes) < cfg.profile_min_work_s:
+            return None  # a short job: not worth a profile
+        spread = self._prior_spread(end, curve)
+        top = min(job.max_nodes, free_avail)
+        steps = len([c for c in default_counts(job.min_nodes, job.max_nodes) if end < c <= top]) + 1
+        step_s = min(cfg.profile_time_cap_s, 60.0)
+        per_node = rate_end / end
+        cost = (cfg.default_up_cost_s + steps * cfg.default_down_cost_s) * throughput_at(curve, top) \
+            + (top - end) * per_node * steps * step_s / 2.0
+        horizon = work_left / rate_end if work_left is not None else cfg.horizon_max_s
+        gain = cfg.profile_gain_fraction * spread * rate_end * horizon
+        return end if gain > cost else None
+
+    def _prior_spread(self, n: int, curve: Mapping[int, float]) -> float:
+        """How unsure the prior is at ``n``: the relative spread (p90 - p10 over the median) of the
+        population's efficiencies there, else how far the believed curve is from linear."""
+        effs = sorted(e for sh in self.state.shapes if (e := beliefs._efficiency_at(sh, n)) is not None)
+        if len(effs) >= beliefs.MIN_SHAPES:
+            mid = effs[len(effs) // 2]
+            return (effs[int(0.9 * (len(effs) - 1))] - effs[int(0.1 * (len(effs) - 1))]) / mid if mid > 0 else 0.0
+        from allocator import throughput_at
+
+        lo = min(curve)
+        linear = throughput_at(curve, lo) / lo * n
+        return max(0.0, 1.0 - throughput_at(curve, n) / linear) if linear > 0 else 0.0
 
     def _reserved(self) -> int:
         """Nodes released by profiles in progress, up to what they borrowed: held back for the lenders."""
@@ -241,36 +443,55 @@ class Policy:
                       key=lambda j: (j.order, j.id))
         queue = front + [j.id for j in rest]
         slots = cfg.max_running or math.inf
+        adaptive = cfg.admission is Admission.ADAPTIVE and cfg.max_running > 0
+        cap = cfg.admission_cap or math.inf
+        absorb = sum(self.absorbs(r.jobs[j]) for j in st.admitted) if adaptive else 0
         free_avail = max(0, view.free_count + len(r.released) - self._reserved())
         borrowed: dict[str, int] = {}
         waiting: dict[str, str] = {}
         blocked_by: str | None = None
+        extra_closed = False
         for job_id in queue:
+            if job_id in st.over_budget:
+                waiting[job_id] = "over its budget_node_hours"
+                continue
             if blocked_by is not None:
                 waiting[job_id] = f"behind {blocked_by} in the FCFS queue"
                 continue
-            if len(st.admitted) >= slots:
-                waiting[job_id] = f"all {cfg.max_running} slots are taken (max_running)"
-                continue
             job = r.jobs[job_id]
-            if self._needs_profile(job):
+            extra = len(st.admitted) >= slots
+            if extra:
+                surplus = r.total_nodes - self._reserved() - absorb
+                if extra_closed or not adaptive or len(st.admitted) >= cap or surplus < job.min_nodes:
+                    waiting[job_id] = f"all {cfg.max_running} slots are taken (max_running)"
+                    extra_closed = True  # FCFS beyond Pjmax too: no smaller job slips past
+                    continue
+            if not extra and self._needs_profile(job):
                 res = self._source_profile(r, job, free_avail, borrowed)
                 if isinstance(res, Wait):
                     waiting[job_id] = f"waiting to be profiled: {res.reason}"
                     blocked_by = job_id
                     continue
                 free_avail -= res.from_free
+            elif not extra and (end := self._profile_pays(r, job, free_avail)) is not None:
+                res = self._source_profile(r, job, free_avail, borrowed, end=end)
+                if not isinstance(res, Wait):
+                    free_avail -= res.from_free
+            if adaptive:
+                absorb += self.absorbs(job)
             st.admitted.append(job_id)
             if job_id in st.queue_front:
                 st.queue_front.remove(job_id)
             r.note(EventKind.ADMITTED, job_id)
         return waiting
 
-    def _source_profile(self, r: _Round, job: JobView, free_avail: int, borrowed: dict[str, int]):
+    def _source_profile(self, r: _Round, job: JobView, free_avail: int, borrowed: dict[str, int],
+                        end: int | None = None):
+        """Start ``job``'s profile; ``end`` (gated): free nodes only, stepping down to ``end``."""
         st, cfg = self.state, self.config
         owed = {d.lender for d in st.debts.values()}
         running: list[RunningJob] = []
-        if not r.lender_used:
+        if not r.lender_used and end is None:
             for job_id in st.admitted:
                 j = r.jobs[job_id]
                 if j.count == 0 or job_id in owed or job_id in r.returning:
@@ -279,8 +500,11 @@ class Policy:
                            st.lent_at.get(job_id, -math.inf))
                 running.append(RunningJob(job_id, max(0, j.count - borrowed.get(job_id, 0)), j.min_nodes,
                                           last, profiling=job_id in st.profiles))
-        request = ProfilingRequest(job.id, job.min_nodes, job.max_nodes,
-                                   profile_counts(cfg.profile_counts, job.min_nodes, job.max_nodes))
+        counts = profile_counts(cfg.profile_counts, job.min_nodes, job.max_nodes)
+        if end is not None:
+            base = counts if counts is not None else default_counts(job.min_nodes, job.max_nodes)
+            counts = tuple(sorted({c for c in base if c > end} | {end}))
+        request = ProfilingRequest(job.id, job.min_nodes, job.max_nodes, counts)
         res = choose_sources(request, free_avail, running)
         if isinstance(res, Wait):
             return res
@@ -326,28 +550,59 @@ class Policy:
         reserve = min(len(free), self._reserved())
         if reserve:
             free = free[: len(free) - reserve]
-        key = self._problem_key(admitted, free, evidence, pins, r)
+        horizon = self._horizon(view, free, admitted)
+        r.weights = self._deadline_weights(admitted, r.now)
+        key = self._problem_key(admitted, free, evidence, pins, r) + (horizon, tuple(sorted(r.weights.items())))
         if key == self._noop_key:
             assignment = {j.id: j.nodes for j in admitted}
-            return self._finish(r, assignment, waiting, 0.0, 0.0, "unchanged", solved=False)
+            return self._finish(r, assignment, waiting, 0.0, 0.0, "unchanged", solved=False, horizon=horizon)
         if cfg.allocation is Allocation.MILP:
             assignment, objective, seconds, method = self._solve(admitted, free, fixed, lender_nodes, repaid,
-                                                                 evidence)
+                                                                 evidence, horizon, r)
         else:
             counts_fn = greedy_counts if cfg.allocation is Allocation.GREEDY else equal_counts
             counts = counts_fn(admitted, min(view.free_count, len(free)))
             assignment, objective, seconds, method = node_map(admitted, free, counts), 0.0, 0.0, cfg.allocation.value
         unchanged = all(set(assignment.get(j.id, ())) == set(j.nodes) for j in admitted)
         self._noop_key = key if unchanged else None
-        return self._finish(r, assignment, waiting, objective, seconds, method, solved=True)
+        return self._finish(r, assignment, waiting, objective, seconds, method, solved=True, horizon=horizon)
+
+    def _horizon(self, view: View, free: list[str], admitted: list[JobView]) -> float:
+        cfg = self.config
+        if cfg.horizon is Horizon.TFWD:
+            return cfg.tfwd_s
+        nodes = free if free else [n for j in admitted for n in j.nodes]
+        return learned_horizon(nodes, view.now, view.idle_since, view.recall_at, self.fragment_model(),
+                               cfg.horizon_min_s, cfg.horizon_max_s, cfg.tfwd_s)
+
+    def _deadline_weights(self, admitted: list[JobView], now: float) -> dict[str, float]:
+        """``deadline_weight`` for each job whose deadline can be met at its max but not at its count."""
+        from allocator import throughput_at
+
+        w = self.config.deadline_weight
+        out: dict[str, float] = {}
+        if w == 1.0:
+            return out
+        for j in admitted:
+            if j.deadline is None or j.work_left is None:
+                continue
+            curve = self.believed_curve(j)
+            left = j.deadline - now
+            fast = throughput_at(curve, j.max_nodes)
+            now_rate = throughput_at(curve, j.count) if j.count else 0.0
+            if fast > 0 and j.work_left <= fast * left and (now_rate <= 0 or j.work_left > now_rate * left):
+                out[j.id] = w
+        return out
 
     def _solve(self, admitted: list[JobView], free: list[str], fixed: dict[str, tuple[str, ...]],
-               lender_nodes: dict[str, tuple[str, ...]], repaid: dict[str, tuple[str, ...]], evidence: Evidence):
+               lender_nodes: dict[str, tuple[str, ...]], repaid: dict[str, tuple[str, ...]], evidence: Evidence,
+               horizon: float, r: _Round):
         """``lender_nodes``: what lenders keep in this decision; ``repaid``: lenders' nodes after repayment."""
         st, cfg = self.state, self.config
         owed = {d.lender for d in st.debts.values()}
         others = [evidence[j.id] for j in admitted if j.id in evidence]
         guess = None
+        pooled_costs = beliefs.pooled_rescale_costs(others, cfg)  # once, not once per job
         jobs: list[Job] = []
         for j in admitted:
             if j.id in fixed:
@@ -358,38 +613,61 @@ class Policy:
                 fixed[j.id] = ()
                 continue
             if guess is None:
-                guess = beliefs.guess_per_node(st.measured.values(), st.population)
-            curve = self._curve(j, guess)
-            up, down = beliefs.rescale_costs(evidence.get(j.id), others, cfg)
+                guess = self.guess()
+            curve = self._curve(j, guess, r.weights.get(j.id, 1.0))
+            up, down = beliefs.rescale_costs(evidence.get(j.id), others, cfg, pooled_costs)
             lo, hi = (min(j.min_nodes, len(nodes)), len(nodes)) if capped else (j.min_nodes, j.max_nodes)
+            if j.budget_node_hours is not None:  # no more nodes than the rest of the budget pays for
+                left_s = max(0.0, j.budget_node_hours - j.used_node_hours) * 3600.0
+                hi = max(lo, min(hi, int(left_s // horizon)))
             jobs.append(self._alloc_job(j, lo, hi, curve, tuple(nodes), up, down))
-        plan = solve(Problem(tuple(jobs), tuple(free), cfg.tfwd_s), method=cfg.method)
+        plan = solve(Problem(tuple(jobs), tuple(free), horizon), method=cfg.method)
         assignment = dict(plan.assignment)
         assignment.update(fixed)
         return assignment, plan.objective, plan.solve_seconds, plan.method
 
-    def _curve(self, job: JobView, guess: float) -> dict[int, float]:
+    def _curve(self, job: JobView, guess: float, weight: float = 1.0) -> dict[int, float]:
         st = self.state
-        uses_guess = not job.scaling and self.config.prior is None and not st.measured.get(job.id)
-        key = (self._versions.get(job.id, 0), job.min_nodes, job.max_nodes, guess if uses_guess else None)
+        uses_pool = not job.scaling and self.config.prior is None
+        uses_guess = uses_pool and not st.measured.get(job.id)
+        key = (self._versions.get(job.id, 0), job.min_nodes, job.max_nodes, guess if uses_guess else None,
+               self._shapes_version if uses_pool else None, weight)
         hit = self._curves.get(job.id)
         if hit is not None and hit[0] == key:
             return hit[1]
-        scal = self.scalability(job, guess)
-        curve = beliefs.allocator_curve(job, scal)
+        raw = beliefs.allocator_curve(job, self.scalability(job, guess))
+        curve = raw
+        if self.config.objective is Objective.WORK:  # in 1-node equivalents: rate(n) / rate(1)
+            from allocator import throughput_at
+
+            one = throughput_at(raw, 1)
+            curve = {n: v / one for n, v in raw.items()} if one > 0 else raw
+        if weight != 1.0:
+            curve = {n: v * weight for n, v in curve.items()}
         self._curves[job.id] = (key, curve)
+        self._raw[job.id] = (key[:5], raw)
         return curve
 
+    def pooled_prior(self, guess: float) -> dict[int, float] | None:
+        """The population prior pooled from the shapes of the jobs that finished (cached)."""
+        key = (self._shapes_version, len(self.state.shapes), guess)
+        if self._pooled is None or self._pooled[0] != key:
+            self._pooled = (key, beliefs.pooled_prior(self.state.shapes, guess))
+        return self._pooled[1]
+
     def believed_curve(self, job: JobView) -> dict[int, float]:
-        """The curve the allocator is given for ``job`` now (cached while nothing changes)."""
-        return self._curve(job, beliefs.guess_per_node(self.state.measured.values(), self.state.population))
+        """What the policy believes ``job`` trains at each count (samples/s; cached while nothing changes).
+        The allocator is given this curve, in 1-node equivalents with ``objective = "work"``."""
+        self._curve(job, self.guess())
+        return self._raw[job.id][1]
 
     def scalability(self, job: JobView, guess: float | None = None) -> Scalability:
         """What the policy believes about ``job`` now."""
         st = self.state
         if guess is None:
-            guess = beliefs.guess_per_node(st.measured.values(), st.population)
-        return beliefs.scalability(job, st.measured.get(job.id, {}), self.config.prior_curve, guess)
+            guess = self.guess()
+        pooled = self.pooled_prior(guess) if not job.scaling and self.config.prior is None else None
+        return beliefs.scalability(job, st.measured.get(job.id, {}), self.config.prior_curve, guess, pooled)
 
     def _alloc_job(self, j: JobView, lo: int, hi: int, curve: dict[int, float], nodes: tuple[str, ...],
                    up: float, down: float) -> Job:
@@ -413,23 +691,29 @@ class Policy:
                 r.released != [])
 
     def _finish(self, r: _Round, assignment: Mapping[str, tuple[str, ...]], waiting: dict[str, str],
-                objective: float, seconds: float, method: str, solved: bool) -> Decision:
+                objective: float, seconds: float, method: str, solved: bool, horizon: float = 0.0) -> Decision:
         st = self.state
         full = {job_id: tuple(assignment.get(job_id, ())) for job_id in st.admitted}
         st.assigned = {job_id: len(nodes) for job_id, nodes in full.items()}
         deadlines = [s.step_deadline for s in st.profiles.values()]
+        for job_id, nodes in full.items():  # decide again when a budget runs out
+            j = r.jobs[job_id]
+            if j.budget_node_hours is not None and nodes:
+                left_s = max(0.0, j.budget_node_hours - j.used_node_hours) * 3600.0
+                deadlines.append(r.now + left_s / len(nodes))
         return Decision(
             now=r.now, assignment=full, admitted=tuple(st.admitted), waiting=waiting,
             profiling={job_id: s.count for job_id, s in st.profiles.items()}, events=tuple(r.events),
             wake_at=min(deadlines) if deadlines else None, watch=tuple(st.profiles),
             objective=objective, solve_seconds=seconds, method=method, solved=solved,
+            stop=dict(r.stop), horizon_s=horizon,
         )
 
 
 def _without_nodes(job: JobView, r: _Round) -> JobView:
     # a job preempted in this round (and re-admitted from the queue front) was released already
     r.released.extend(n for n in job.nodes if n not in r.released)
-    return JobView(job.id, job.min_nodes, job.max_nodes, (), job.order, job.last_interrupted, job.scaling, job.profile)
+    return replace(job, nodes=())
 
 
 def evidence_from(rates: Mapping[int, object], rescale_events: object = None) -> JobEvidence:

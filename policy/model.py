@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Mapping
@@ -24,6 +25,11 @@ class JobView:
     nodes. ``order`` is its submission order (FCFS); ``last_interrupted`` the last time it was
     rescaled, recalled or stopped (None: never). ``scaling`` is the user's curve, if any;
     ``profile`` whether the user asked for a profile.
+
+    Optional (None: unknown; the defaults keep older drivers working): ``work_left`` the samples
+    still to train (gated profiling skips short jobs, deadlines need it); ``budget_node_hours`` the
+    most node-hours the job may use and ``used_node_hours`` what it used so far; ``deadline`` the
+    time (the view's clock) it should be done by.
     """
 
     id: str
@@ -34,10 +40,20 @@ class JobView:
     last_interrupted: float | None = None
     scaling: Curve | None = None
     profile: bool = False
+    work_left: float | None = None
+    budget_node_hours: float | None = None
+    used_node_hours: float = 0.0
+    deadline: float | None = None
 
     def __post_init__(self) -> None:
         if not self.id:
             raise PolicyInputError("a job with an empty id")
+        for name in ("work_left", "budget_node_hours", "used_node_hours"):
+            v = getattr(self, name)
+            if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise PolicyInputError(f"job {self.id}: {name} must be a finite number >= 0, got {v!r}")
+        if self.deadline is not None and not (isinstance(self.deadline, (int, float)) and math.isfinite(self.deadline)):
+            raise PolicyInputError(f"job {self.id}: deadline must be a finite time, got {self.deadline!r}")
         if not 1 <= self.min_nodes <= self.max_nodes:
             raise PolicyInputError(f"job {self.id}: bad node range [{self.min_nodes}, {self.max_nodes}]")
         if len(self.nodes) > self.max_nodes:
@@ -55,12 +71,21 @@ class View:
     ``free_nodes`` are held, usable nodes no job runs on. A driver may cut the list to what the jobs
     could take and give the real count in ``n_free`` (the simulator does, so a 4,000-node idle pool
     costs nothing per decision). ``jobs`` are every live job, admitted or queued, any order.
+
+    Node valuation (optional; empty: unknown): ``idle_since`` when each listed node became idle
+    (held by us); ``recall_at`` a known time a node will be taken back (e.g. a Slurm pending job's
+    planned start); ``ended_fragments`` the lengths (s) of the idle fragments that ended since the
+    previous decision (a node recalled after being idle that long), from which the policy learns the
+    fragment-length distribution.
     """
 
     now: float
     free_nodes: tuple[str, ...]
     jobs: tuple[JobView, ...]
     n_free: int | None = None
+    idle_since: Mapping[str, float] = field(default_factory=dict)
+    recall_at: Mapping[str, float] = field(default_factory=dict)
+    ended_fragments: tuple[float, ...] = ()
 
     @property
     def free_count(self) -> int:
@@ -101,6 +126,8 @@ class EventKind(str, Enum):
     LENT = "lent"
     RETURNED = "returned"
     REFINED = "refined"
+    SUSPENDED = "suspended"  # admitted beyond Pjmax, gave way when nodes went: queue front, progress kept
+    OVER_BUDGET = "over_budget"  # spent its budget_node_hours: the driver stops it (finished, over budget)
 
 
 @dataclass(frozen=True)
@@ -119,6 +146,7 @@ class Decision:
     holding a Pjmax slot in admission order; ``waiting`` the queued jobs with the reason each
     waits. ``profiling`` the count each profiling job must run at. ``wake_at``: decide again by
     then at the latest; ``watch``: decide again as soon as these jobs' evidence changes.
+    ``stop``: jobs to end now (e.g. over budget; not admitted, never re-admitted).
     """
 
     now: float
@@ -133,6 +161,8 @@ class Decision:
     solve_seconds: float = 0.0
     method: str = ""
     solved: bool = False  # False: answered without running the allocator (nothing changed)
+    stop: Mapping[str, str] = field(default_factory=dict)  # jobs the driver must end, with the reason
+    horizon_s: float = 0.0  # the horizon the allocator weighed rescales over
 
     def nodes_of(self, job_id: str) -> tuple[str, ...]:
         return tuple(self.assignment.get(job_id, ()))

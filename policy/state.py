@@ -16,6 +16,8 @@ from profiler.jpa import ProfileSession, ProfilingError
 
 STATE_VERSION = 1
 POPULATION_KEEP = 256  # per-node rates of finished jobs kept for the linear fallback
+SHAPES_KEEP = 64  # curve shapes of finished jobs kept for the pooled population prior
+FRAGMENTS_KEEP = 4096  # idle-fragment lengths kept for the learned horizon
 
 
 class PolicyStateError(ValueError):
@@ -41,6 +43,31 @@ class PolicyState:
     lent_at: dict[str, float] = field(default_factory=dict)  # when each job last lent nodes
     measured: dict[str, dict[int, float]] = field(default_factory=dict)  # accepted points per live job
     population: list[float] = field(default_factory=list)  # per-node rates of jobs that left
+    # curve shapes of jobs that left, measured at >= 2 counts: {count: efficiency vs the smallest count}
+    shapes: list[dict[int, float]] = field(default_factory=list)
+    fragments: list[float] = field(default_factory=list)  # lengths (s) of idle fragments that ended
+    over_budget: set[str] = field(default_factory=set)  # jobs stopped for spending their budget
+
+    def restart_profile(self, job: str) -> int | None:
+        """Drop ``job``'s profile that a clean stop of the daemon interrupted, so it starts over.
+
+        A stop gives every node back, so the profile cannot go on at its count; left
+        as it was, the next decision would read the job at 0 nodes as preempted and
+        end its profile for good, although nothing learned about the job was wrong.
+        So the session goes, the job owes its lender nothing, and it returns to the
+        front of the queue as a preempted job does; it is profiled afresh when placed
+        again. Returns the count the profile was at, or None if it had none.
+        """
+        session = self.profiles.pop(job, None)
+        if session is None:
+            return None
+        self.debts.pop(job, None)
+        if job in self.admitted:
+            self.admitted.remove(job)
+        self.assigned.pop(job, None)
+        if job not in self.queue_front:
+            self.queue_front.append(job)
+        return session.count
 
     def to_json(self) -> str:
         data: dict[str, Any] = {
@@ -56,6 +83,9 @@ class PolicyState:
             "lent_at": self.lent_at,
             "measured": {k: {str(n): r for n, r in pts.items()} for k, pts in self.measured.items()},
             "population": self.population,
+            "shapes": [{str(n): e for n, e in sorted(sh.items())} for sh in self.shapes],
+            "fragments": self.fragments,
+            "over_budget": sorted(self.over_budget),
         }
         return json.dumps(data, sort_keys=True, allow_nan=False)
 
@@ -78,6 +108,10 @@ class PolicyState:
                 lent_at={str(k): float(v) for k, v in data["lent_at"].items()},
                 measured={str(k): {int(n): float(r) for n, r in pts.items()} for k, pts in data["measured"].items()},
                 population=[float(x) for x in data["population"]][-POPULATION_KEEP:],
+                # absent from states saved before issue H
+                shapes=[{int(n): float(e) for n, e in sh.items()} for sh in data.get("shapes", [])][-SHAPES_KEEP:],
+                fragments=[float(x) for x in data.get("fragments", [])][-FRAGMENTS_KEEP:],
+                over_budget={str(x) for x in data.get("over_budget", [])},
             )
         except PolicyStateError:
             raise
@@ -87,6 +121,11 @@ class PolicyState:
             for n, r in pts.items():
                 if n < 1 or not math.isfinite(r) or r <= 0:
                     raise PolicyStateError(f"saved policy state: job {job} has a bad point ({n}, {r})")
+        for sh in st.shapes:
+            if any(n < 1 or not math.isfinite(e) or e <= 0 for n, e in sh.items()):
+                raise PolicyStateError(f"saved policy state: a bad population shape {sh}")
+        if any(not math.isfinite(x) or x < 0 for x in st.fragments):
+            raise PolicyStateError("saved policy state: a bad idle-fragment length")
         return st
 
 

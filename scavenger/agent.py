@@ -1,13 +1,20 @@
 """The node agent: one per held node, inside the pilot job (or a local process).
 
-    python -m scavenger.agent --node NAME --daemon tcp://HOST:PORT
+    python -m scavenger.agent --node NAME --daemon tcp://HOST:PORT --key-file PATH
 
-It connects to the daemon (ZeroMQ DEALER, identity = node name), says hello,
-heartbeats, and starts/stops job workers on command. Each worker runs in its
-own process group so the agent can kill it with everything it spawned. On
-SIGTERM (the main scheduler recalls the node) it kills its workers, reports
-``leaving`` and exits. If the daemon stops pinging for ``--dead-after``
-seconds it does the same, so nothing survives a lost daemon for long.
+It connects to the daemon (ZeroMQ DEALER, identity = node name), authenticates
+both ways with the daemon's agent key (:mod:`scavenger.channel`; the key file's
+path is given, never the key), says hello with its batch job id (``SLURM_JOB_ID``,
+``PBS_JOBID`` or the local backend's ``MALLETRAIN_BATCH_JOB``), heartbeats, and
+starts/stops job workers on command. A server that cannot prove the key
+(another process on the daemon's port) gets nothing run: the agent logs why and
+keeps trying, so it finds the real daemon when that comes back. Each worker runs in its own process group so
+the agent can kill it with everything it spawned. On SIGTERM (the main
+scheduler recalls the node) it SIGTERMs its workers (they checkpoint and exit),
+SIGKILLs what is left after :data:`RECALL_GRACE_S`, reports ``leaving`` and
+exits 143 within a second. If no authenticated word comes from the daemon for
+``--dead-after`` seconds it does the same (exit 3), so nothing survives a lost
+daemon for long.
 
 The agent logs (to stderr, which the backend sends to ``agent-NODE.log``) its
 start and daemon, each worker's start, stop and exit code, a recall, and why it
@@ -17,23 +24,52 @@ exits. Each worker's stdout and stderr go to ``--log-dir``/``WORKER.log``.
 from __future__ import annotations
 
 import argparse
+import hmac
 import logging
 import os
+import pwd
 import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Sequence
+from typing import IO, Any, Mapping, Sequence
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
+from scavenger import channel as C
 from scavenger import protocol as P
 
 log = logging.getLogger("scavenger.agent")
 
 LOG_FORMAT = "%(asctime)s %(levelname)s agent pid %(process)d: %(message)s"
+EXIT_RECALLED = 143  # 128 + SIGTERM, what schedulers expect of a SIGTERMed job
+EXIT_DAEMON_LOST = 3
+EXIT_NO_KEY = 2
+RECALL_GRACE_S = 0.5
+"""After SIGTERM, workers get this long to checkpoint and exit before SIGKILL (the agent
+itself must be gone within a second: Slurm honours GraceTime only then)."""
+STOP_GRACE_S = 1.0
+AUTH_RETRY_S = 1.0
+CONNECT_RETRY_S = 0.05
+OUTBOX_MAX = 1024
+BATCH_JOB_VARS = ("SLURM_JOB_ID", "PBS_JOBID", "MALLETRAIN_BATCH_JOB")
+"""Where the agent finds its pilot's id: Slurm, PBS, then the local backend's variable."""
+
+
+def batch_job_from(env: Mapping[str, str]) -> str | None:
+    """The batch job this process runs in (the first of :data:`BATCH_JOB_VARS` set), None if
+    none or not a valid id (a bad value is logged, never sent)."""
+    for var in BATCH_JOB_VARS:
+        value = env.get(var)
+        if value:
+            try:
+                return P.check_batch_job(value)
+            except ValueError as exc:
+                log.warning("ignoring %s: %s", var, exc)
+    return None
 
 
 @dataclass
@@ -61,38 +97,182 @@ def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
         pass
 
 
+@dataclass(frozen=True)
+class RunAs:
+    """The user a worker runs as: the job's owner, when a root agent starts it."""
+
+    uid: int
+    gid: int
+    env: dict[str, str]
+
+    def popen_args(self) -> dict[str, Any]:
+        return {"user": self.uid, "group": self.gid, "extra_groups": []}
+
+
+def _run_as(msg: P.StartWorker) -> "RunAs | None | str":
+    """Who runs ``msg``'s worker: None (this agent's user), a :class:`RunAs`, or why it may not run.
+
+    A root agent switches to the job's owner (never runs a job as root unless the owner is
+    root); any other agent runs only jobs of its own user, since it cannot switch.
+    """
+    if msg.uid is None or msg.uid == os.geteuid():
+        return None
+    if os.geteuid() != 0:
+        return f"the job belongs to uid {msg.uid} and this agent (uid {os.geteuid()}) cannot switch users"
+    gid = msg.gid
+    env: dict[str, str] = {}
+    try:
+        pw = pwd.getpwuid(msg.uid)
+    except KeyError:
+        pass  # a uid without a passwd entry still runs, with the gid given
+    else:
+        env = {"HOME": pw.pw_dir, "USER": pw.pw_name, "LOGNAME": pw.pw_name}
+        gid = pw.pw_gid if gid is None else gid
+    if gid is None:
+        return f"uid {msg.uid} has no passwd entry and the job names no gid"
+    return RunAs(msg.uid, gid, env)
+
+
+def _open_log(path: Path, run_as: "RunAs | None") -> IO[bytes]:
+    """The worker's log, 0600, owned by the user the worker runs as (never a link)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        if run_as is not None:
+            os.fchown(fd, run_as.uid, run_as.gid)
+        os.fchmod(fd, 0o600)
+    except OSError:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "ab")
+
+
 class Agent:
-    """The agent's state and loop (run in its own process by :func:`main`)."""
+    """The agent's state and loop (run in its own process by :func:`main`).
+
+    ``key``: the daemon's agent key (read from ``--key-file`` by :func:`main`).
+    """
 
     def __init__(
         self,
         node: str,
         daemon: str,
+        key: bytes,
         heartbeat_s: float = 0.5,
         dead_after_s: float = 10.0,
         log_dir: str | None = None,
+        batch_job: str | None = None,
     ) -> None:
+        if len(key) != C.KEY_BYTES:
+            raise ValueError(f"agent key must be {C.KEY_BYTES} bytes, got {len(key)}")
         self.node = node
         self.daemon = daemon
+        self.key = key
         self.heartbeat_s = heartbeat_s
         self.dead_after_s = dead_after_s
         self.log_dir = Path(log_dir) if log_dir else None
+        self.batch_job = batch_job
         self.workers: dict[str, _Worker] = {}
         self.leave_reason: str | None = None
         self.seq = 0
+        self.session: C.Session | None = None
+        self.nonce_a: bytes | None = None  # our challenge in flight
+        self.nonce_h: bytes | None = None  # the server's nonce, once it answered (we sent our proof)
+        self.next_auth = 0.0
+        self.outbox: list[P.AgentMessage] = []  # worker events while no session: sent after hello
+        self.refused: dict[str, int] = {}  # why frames or servers were refused, and how often
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.IDENTITY, node.encode())
-        self.sock.setsockopt(zmq.LINGER, 500)
+        self.sock.setsockopt(zmq.LINGER, 200)
+        self.sock.setsockopt(zmq.IMMEDIATE, 1)  # never queue frames for a connection that is not up
+        self.sock.setsockopt(zmq.MAXMSGSIZE, C.MAX_FRAME)
+        self.monitor = self.sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         self.sock.connect(daemon)
 
     # -- wire
     def send(self, msg: P.AgentMessage) -> None:
+        """Send ``msg`` sealed in the session; worker events wait in the outbox while there is none."""
+        if self.session is None:
+            if isinstance(msg, (P.WorkerStarted, P.WorkerExited)) and len(self.outbox) < OUTBOX_MAX:
+                self.outbox.append(msg)
+            return
         self.seq += 1
+        frame = self.session.seal(P.encode(msg, self.seq))
         try:
-            self.sock.send(P.encode(msg, self.seq), zmq.NOBLOCK)
+            self.sock.send(frame, zmq.NOBLOCK)
+        except zmq.Again:  # the connection went away: this session is over
+            self._lose_session("the connection to the daemon dropped")
+            if isinstance(msg, (P.WorkerStarted, P.WorkerExited)) and len(self.outbox) < OUTBOX_MAX:
+                self.outbox.append(msg)
+
+    def _send_raw(self, frame: bytes) -> bool:
+        try:
+            self.sock.send(frame, zmq.NOBLOCK)
+            return True
         except zmq.Again:
-            pass  # daemon not reachable now; heartbeats will resume
+            return False
+
+    def _refuse(self, reason: str, detail: str) -> None:
+        """Log (the first time, then every 30th) why a server or a frame was refused."""
+        n = self.refused[reason] = self.refused.get(reason, 0) + 1
+        if n == 1 or n % 30 == 0:
+            log.warning("node %s: refused %s (%s, %d times): nothing is executed without the key's proof",
+                        self.node, detail, reason, n)
+
+    def _lose_session(self, why: str) -> None:
+        if self.session is not None:
+            log.info("node %s: %s; authenticating again", self.node, why)
+        self.session = None
+        self.nonce_a = self.nonce_h = None
+        self.next_auth = 0.0
+
+    def authenticate(self, now: float) -> None:
+        """Send a fresh challenge if no session and none in flight (or the last one went unanswered)."""
+        if self.session is not None or now < self.next_auth:
+            return
+        if self.nonce_a is not None:
+            self._refuse("no_answer", f"the server at {self.daemon}: no answer to the handshake within "
+                                      f"{AUTH_RETRY_S:g} s")
+        self.nonce_a, self.nonce_h = C.new_nonce(), None
+        self.next_auth = now + AUTH_RETRY_S
+        if not self._send_raw(C.challenge_frame(self.nonce_a)):
+            self.nonce_a = None  # not connected (yet): try again soon
+            self.next_auth = now + CONNECT_RETRY_S
+
+    def _on_nonce(self, frame: bytes) -> None:
+        """The server's nonce: prove the key over both nonces (worthless to anyone but this server)."""
+        if self.nonce_a is None or self.nonce_h is not None or self.session is not None:
+            self._refuse("unexpected_nonce", f"a handshake nonce from {self.daemon} that answers no challenge")
+            return
+        try:
+            self.nonce_h = C.parse_nonce(frame)
+        except C.ChannelError as exc:
+            self._refuse(exc.reason, f"the server at {self.daemon}: {exc}")
+            return
+        self._send_raw(C.finish_frame(C.agent_proof(self.key, self.node, self.nonce_a, self.nonce_h)))
+
+    def _on_proof(self, frame: bytes) -> bool:
+        """Check the server's proof; on success say hello. True if the server proved the key."""
+        nonce_a, nonce_h = self.nonce_a, self.nonce_h
+        if nonce_a is None or nonce_h is None or self.session is not None:
+            self._refuse("unexpected_proof", f"a handshake proof from {self.daemon} that answers no challenge")
+            return False
+        self.nonce_a = self.nonce_h = None
+        try:
+            proof = C.parse_proof(frame)
+        except C.ChannelError as exc:
+            self._refuse(exc.reason, f"the server at {self.daemon}: {exc}")
+            return False
+        if not hmac.compare_digest(proof, C.hub_proof(self.key, self.node, nonce_a, nonce_h)):
+            self._refuse("bad_proof", f"the server at {self.daemon}: it cannot prove the daemon's agent key")
+            return False
+        self.session = C.Session.for_agent(C.session_key(self.key, self.node, nonce_a, nonce_h))
+        log.info("node %s: authenticated the daemon at %s", self.node, self.daemon)
+        self.send(P.Hello(self.node, os.getpid(), tuple(self.workers), self.batch_job))
+        pending, self.outbox = self.outbox, []
+        for msg in pending:
+            self.send(msg)
+        return True
 
     # -- workers
     def start_worker(self, msg: P.StartWorker) -> None:
@@ -102,15 +282,22 @@ class Agent:
             log.error("node %s: worker %s has an empty argv; reported as exit 127", self.node, msg.worker)
             self.send(P.WorkerExited(self.node, msg.worker, 127))
             return
+        run_as = _run_as(msg)
+        if isinstance(run_as, str):
+            log.error("node %s: worker %s refused: %s; reported as exit 126", self.node, msg.worker, run_as)
+            self.send(P.WorkerExited(self.node, msg.worker, 126))
+            return
         env = dict(os.environ)
         env.update({str(k): str(v) for k, v in (msg.env or {}).items()})
+        if run_as is not None:
+            env.update(run_as.env)
         out: IO[bytes] | None = None
         log_path = None
-        if self.log_dir is not None:
-            self.log_dir.mkdir(parents=True, exist_ok=True)
-            log_path = self.log_dir / f"{msg.worker}.log"
-            out = open(log_path, "ab")
         try:
+            if self.log_dir is not None:
+                self.log_dir.mkdir(parents=True, exist_ok=True)
+                log_path = self.log_dir / f"{msg.worker}.log"
+                out = _open_log(log_path, run_as)
             proc = subprocess.Popen(
                 list(msg.argv),
                 env=env,
@@ -119,8 +306,9 @@ class Agent:
                 stdout=out if out else subprocess.DEVNULL,
                 stderr=subprocess.STDOUT if out else subprocess.DEVNULL,
                 start_new_session=True,
+                **(run_as.popen_args() if run_as is not None else {}),
             )
-        except OSError as exc:
+        except (OSError, ValueError, TypeError) as exc:
             log.error("node %s: cannot start worker %s (%r): %s; reported as exit 127",
                       self.node, msg.worker, list(msg.argv), exc)
             if out:
@@ -178,11 +366,53 @@ class Agent:
         self.reap()
 
     # -- loop
-    def handle(self, frame: bytes) -> None:
+    def receive(self, frame: bytes) -> bool:
+        """Handle one frame from the server; True if it proved to come from the daemon."""
         try:
-            msg = P.decode(frame)
+            kind = C.kind_of(frame)
+        except C.ChannelError as exc:
+            self._refuse(exc.reason, f"a frame from {self.daemon}: {exc}")
+            return False
+        if kind is C.Kind.NONCE:
+            self._on_nonce(frame)
+            return False
+        if kind is C.Kind.PROOF:
+            return self._on_proof(frame)
+        if kind is C.Kind.REAUTH:
+            if self.session is not None:
+                self._lose_session("the daemon does not know this session (it restarted?)")
+            elif self.nonce_h is not None:  # we sent our proof: the server says it does not hold
+                try:
+                    why = C.parse_reauth(frame)
+                except C.ChannelError:
+                    why = "?"
+                self._refuse("refused_by_server", f"our proof at {self.daemon} (it says {why!r}): is --key-file "
+                                                  "this daemon's agent key?")
+                self.nonce_a = self.nonce_h = None  # retried at the next AUTH_RETRY_S
+            return False
+        if kind is not C.Kind.DATA:
+            self._refuse("wrong_direction", f"a {kind.name} frame from {self.daemon} (agents send those)")
+            return False
+        if self.session is None:
+            self._refuse("no_session", f"a data frame from {self.daemon} before authentication")
+            return False
+        try:
+            body = self.session.open(frame)
+        except C.ChannelError as exc:
+            self._refuse(exc.reason, f"a frame from {self.daemon}: {exc}")
+            return False
+        self.handle(body)
+        return True
+
+    def handle(self, body: bytes) -> None:
+        """Carry out one authenticated message from the daemon."""
+        try:
+            msg = P.decode(body)
         except P.ProtocolError as exc:
-            log.warning("node %s: dropped a bad frame from the daemon: %s", self.node, exc)
+            log.warning("node %s: dropped a bad message from the daemon: %s", self.node, exc)
+            return
+        if msg.node != self.node or not isinstance(msg, P.TO_AGENT_TYPES):
+            log.warning("node %s: dropped a %s message for %s from the daemon", self.node, msg.TYPE, msg.node)
             return
         if isinstance(msg, P.StartWorker):
             self.start_worker(msg)
@@ -192,41 +422,58 @@ class Agent:
             log.info("node %s: the daemon releases the node", self.node)
             self.leave_reason = "released"
 
+    def _on_connection_events(self) -> None:
+        while True:
+            try:
+                event = recv_monitor_message(self.monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if event["event"] == zmq.EVENT_DISCONNECTED:
+                self._lose_session(f"disconnected from {self.daemon}")
+            elif event["event"] == zmq.EVENT_CONNECTED:
+                self._lose_session(f"connected to {self.daemon}")  # a new server: prove it again
+
     def run(self) -> int:
-        log.info("node %s: agent start, pid %d, daemon %s (heartbeat %.1f s, gives up after %.1f s of silence)",
-                 self.node, os.getpid(), self.daemon, self.heartbeat_s, self.dead_after_s)
-        self.send(P.Hello(self.node, os.getpid(), ()))
+        log.info("node %s: agent start, pid %d, daemon %s (heartbeat %.1f s, gives up after %.1f s of silence, "
+                 "batch job %s)", self.node, os.getpid(), self.daemon, self.heartbeat_s, self.dead_after_s,
+                 self.batch_job or "none")
         last_daemon = time.monotonic()
         next_hb = 0.0
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
+        poller.register(self.monitor, zmq.POLLIN)
         code = 0
         try:
             while self.leave_reason is None:
                 events = dict(poller.poll(50))
+                if self.monitor in events:
+                    self._on_connection_events()
                 if self.sock in events:
-                    while True:
+                    while self.leave_reason is None:
                         try:
                             frame = self.sock.recv(zmq.NOBLOCK)
                         except zmq.Again:
                             break
-                        last_daemon = time.monotonic()
-                        self.handle(frame)
+                        if self.receive(frame):
+                            last_daemon = time.monotonic()
                 self.reap()
                 now = time.monotonic()
-                if now >= next_hb:
+                self.authenticate(now)
+                if self.session is not None and now >= next_hb:
                     self.send(P.Heartbeat(self.node, tuple(self.workers), os.getpid()))
                     next_hb = now + self.heartbeat_s
-                if now - last_daemon > self.dead_after_s:
+                if self.leave_reason is None and now - last_daemon > self.dead_after_s:
                     log.warning("node %s: no word from the daemon for %.1f s", self.node, now - last_daemon)
                     self.leave_reason = "daemon_lost"
-                    code = 3
+            code = {"recalled": EXIT_RECALLED, "daemon_lost": EXIT_DAEMON_LOST}.get(self.leave_reason, 0)
         except BaseException as exc:
             log.exception("node %s: agent loop failed: %s", self.node, exc)
             raise
         finally:
-            self.kill_all()
+            self.kill_all(RECALL_GRACE_S if self.leave_reason == "recalled" else STOP_GRACE_S)
             self.send(P.Leaving(self.node, self.leave_reason or "error"))
+            self.sock.disable_monitor()
+            self.monitor.close(0)
             self.sock.close()
             self.ctx.term()
             log.info("node %s: agent exit %d, reason: %s", self.node, code, self.leave_reason or "error")
@@ -237,20 +484,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m scavenger.agent", description=__doc__.splitlines()[0])
     ap.add_argument("--node", required=True)
     ap.add_argument("--daemon", required=True, help="the daemon's agent address, tcp://HOST:PORT")
+    ap.add_argument("--key-file", required=True,
+                    help="the daemon's agent key file (its state dir's agent.key, mode 0600)")
     ap.add_argument("--heartbeat", type=float, default=0.5, help="seconds between heartbeats")
     ap.add_argument("--dead-after", type=float, default=10.0, help="exit if the daemon is silent this long")
     ap.add_argument("--log-dir", default=None, help="write each worker's output to DIR/WORKER.log")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
-    agent = Agent(args.node, args.daemon, args.heartbeat, args.dead_after, args.log_dir)
+    recalled: list[int] = []
+    agent: Agent | None = None
 
     def on_term(signum: int, frame: object) -> None:
-        if agent.leave_reason is None:
-            log.info("node %s: %s: the node is recalled", agent.node, signal.Signals(signum).name)
-        agent.leave_reason = "recalled"
+        recalled.append(signum)
+        if agent is not None:
+            if agent.leave_reason is None:
+                log.info("node %s: %s: the node is recalled", agent.node, signal.Signals(signum).name)
+            agent.leave_reason = "recalled"
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
+    try:
+        key = C.read_key_file(args.key_file)
+    except C.KeyFileError as exc:
+        log.error("node %s: %s; exiting", args.node, exc)
+        return EXIT_NO_KEY
+    if not P.is_node_name(args.node):
+        log.error("node name %r: must be 1-%d printable ASCII characters without spaces", args.node, P.NAME_MAX)
+        return EXIT_NO_KEY
+    agent = Agent(args.node, args.daemon, key, args.heartbeat, args.dead_after, args.log_dir,
+                  batch_job=batch_job_from(os.environ))
+    if recalled:
+        agent.leave_reason = "recalled"
     return agent.run()
 
 

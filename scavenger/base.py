@@ -1,16 +1,13 @@
-"""What every cluster backend shares: the protocols, node/pilot states, events, commands.
+"""What every cluster backend shares: the protocol, node/pilot states, events, commands.
 
-Two protocols live here. :class:`Backend` is the synchronous, node-keyed one the
-daemon uses today with the local backend (``idle_nodes`` / ``hold`` / ``release``
-/ ``poll``). :class:`SchedulerBackend` is the one for real schedulers, whose
-pilots are batch jobs: ``discover`` (idle nodes and known future claims),
-``submit(PilotRequest) -> PilotId``, ``cancel``, and ``poll`` for pilot events
-(queued / started / ending / ended with an :class:`EndReason`). Both share one
-:class:`PilotState` enum and one :data:`TRANSITIONS` table; the Slurm and PBS
-backends (``scavenger.slurm``, ``scavenger.pbs``) run on the shared machinery of
-``scavenger.pilots``. Scheduler commands go through :func:`run_command`, whose
-failures are typed :class:`BackendError` subclasses carrying the
-:class:`CommandResult`.
+:class:`SchedulerBackend` is the one protocol of every backend (``scavenger.local``,
+``scavenger.slurm``, ``scavenger.pbs``), whose pilots are batch jobs (local: agent
+processes): ``discover`` (idle nodes and known future claims), ``submit(PilotRequest) ->
+PilotId``, ``cancel``, and ``poll`` for pilot events (queued / started / ending / ended with
+an :class:`EndReason`). One :class:`PilotState` enum and one :data:`TRANSITIONS` table
+serve them all; the Slurm and PBS backends run on the shared machinery of
+``scavenger.pilots``. Scheduler commands go through :func:`run_command`, whose failures
+are typed :class:`BackendError` subclasses carrying the :class:`CommandResult`.
 """
 
 from __future__ import annotations
@@ -19,7 +16,7 @@ import enum
 import os
 import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Mapping, NewType, Protocol, Sequence, Union
 
 
@@ -64,13 +61,6 @@ class PilotState(enum.Enum):
     UNKNOWN = "unknown"
     """A scheduler state this backend does not know; never usable, never terminal."""
 
-    # The local backend's names (scavenger/local.py), aliases of the members above until
-    # it speaks :class:`SchedulerBackend`.
-    HOLDING = "queued"
-    HELD = "running"
-    RECALLED = "ended"
-    RELEASED = "ended"
-
     @property
     def terminal(self) -> bool:
         return self is PilotState.ENDED
@@ -92,7 +82,6 @@ TRANSITIONS: dict[PilotState, frozenset[PilotState]] = {
     PilotState.ENDED: frozenset(),
 }
 """The only pilot moves (same-state moves are no-ops): shared by every backend."""
-_TRANSITIONS = TRANSITIONS
 
 
 def can_move(old: PilotState, new: PilotState) -> bool:
@@ -122,74 +111,7 @@ class PilotStateError(RuntimeError):
     """An impossible pilot transition; the message names the node and both states."""
 
 
-@dataclass
-class Pilot:
-    """A held node: its backend handle (process id, batch job id) and state."""
-
-    node: str
-    state: PilotState = PilotState.HOLDING
-    handle: str = ""
-    since: float = field(default_factory=time.time)
-
-
-class PilotTable:
-    """All pilots of one backend, with the only allowed transitions.
-
-    IDLE (no pilot) -> HOLDING -> HELD (agent up) -> RECALLED | RELEASED.
-    Terminal pilots are dropped, so a node can be held again later.
-    """
-
-    def __init__(self) -> None:
-        self._pilots: dict[str, Pilot] = {}
-
-    def __contains__(self, node: object) -> bool:
-        return node in self._pilots
-
-    def get(self, node: str) -> Pilot | None:
-        return self._pilots.get(node)
-
-    def nodes(self, *states: PilotState) -> set[str]:
-        return {n for n, p in self._pilots.items() if not states or p.state in states}
-
-    def hold(self, node: str, handle: str = "") -> Pilot:
-        if node in self._pilots:
-            return self._pilots[node]  # idempotent
-        pilot = Pilot(node, PilotState.HOLDING, handle)
-        self._pilots[node] = pilot
-        return pilot
-
-    def move(self, node: str, new: PilotState) -> Pilot | None:
-        """Move ``node``'s pilot to ``new``; same-state moves are no-ops; unknown nodes give None."""
-        pilot = self._pilots.get(node)
-        if pilot is None:
-            return None
-        if pilot.state == new:
-            return pilot
-        if new not in _TRANSITIONS[pilot.state]:
-            raise PilotStateError(f"node {node}: pilot cannot go from {pilot.state.value} to {new.value}")
-        pilot.state = new
-        pilot.since = time.time()
-        if new.terminal:
-            del self._pilots[node]
-        return pilot
-
-
-# ---- events a backend reports -------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class NodeIdle:
-    """The main scheduler left ``node`` idle: it may be held."""
-
-    node: str
-
-
-@dataclass(frozen=True)
-class NodeRecalled:
-    """The main scheduler took ``node`` back, without notice. ``held``: we had a pilot there."""
-
-    node: str
-    held: bool
+# ---- events the agent hub reports -------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -205,36 +127,6 @@ class AgentGone:
 
     node: str
     reason: str
-
-
-BackendEvent = Union[NodeIdle, NodeRecalled, AgentUp, AgentGone]
-
-
-class Backend(Protocol):
-    """One cluster backend (``local``; Slurm and PBS later)."""
-
-    name: str
-
-    def idle_nodes(self) -> set[str]:
-        """Nodes the main scheduler leaves idle now that we do not hold."""
-
-    def held_nodes(self) -> set[str]:
-        """Nodes we hold a pilot on (HOLDING or HELD)."""
-
-    def hold(self, node: str) -> Pilot:
-        """Start a pilot on ``node`` (its agent connects to the daemon); idempotent."""
-
-    def agent_up(self, node: str, pid: int = 0) -> None:
-        """The daemon heard ``node``'s agent: its pilot is HELD (adopted if this backend lost track)."""
-
-    def release(self, node: str) -> None:
-        """Give ``node`` back to the main scheduler; idempotent."""
-
-    def poll(self) -> list[BackendEvent]:
-        """What changed since the last poll (never blocks long)."""
-
-    def close(self) -> None:
-        """Release every pilot; idempotent."""
 
 
 # ---- commands (Slurm/PBS backends: render argv -> run -> parse) -------------------
@@ -320,7 +212,32 @@ Runner = Callable[..., CommandResult]
 (:func:`run_command`, or a fake in tests)."""
 
 
-# ---- the protocol for real schedulers (Slurm, PBS; local later) -------------------
+CommandHook = Callable[[tuple[str, ...], float, str], None]
+"""Told of each command: ``hook(argv, seconds, result)``, ``result`` = ok | failed | timeout."""
+
+
+def observed(runner: Runner, hook: CommandHook) -> Runner:
+    """``runner`` that also tells ``hook`` of every command it runs (e.g. the daemon's metrics).
+
+    Nothing else changes: results and errors pass through as they are. ``seconds``
+    is the command's own ``elapsed`` (0 when it never started).
+    """
+
+    def run(argv: Sequence[str], *args: object, **kwargs: object) -> CommandResult:
+        try:
+            res = runner(argv, *args, **kwargs)
+        except BackendError as exc:
+            ran = exc.result
+            hook(tuple(str(a) for a in argv), ran.elapsed if ran else 0.0,
+                 "timeout" if isinstance(exc, CommandTimeout) else "failed")
+            raise
+        hook(res.argv, res.elapsed, "ok" if res.returncode == 0 else "failed")
+        return res
+
+    return run
+
+
+# ---- the protocol of every backend (local, Slurm, PBS) ------------------------------
 
 PilotId = NewType("PilotId", str)
 """A pilot's handle: the batch job id (``123``, ``123.pbs-server``) that its agents
@@ -428,7 +345,7 @@ PilotEvent = Union[PilotQueued, PilotStarted, PilotEnding, PilotEnded]
 
 
 class SchedulerBackend(Protocol):
-    """A backend whose pilots are batch jobs (Slurm, PBS; the local backend can speak it too).
+    """A backend whose pilots are batch jobs (Slurm, PBS) or agent processes (local).
 
     Every method runs at most a few scheduler commands, each with a timeout. A command
     that fails, hangs or answers garbage raises a :class:`BackendError` subclass

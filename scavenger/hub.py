@@ -3,21 +3,37 @@
 :meth:`AgentHub.poll` turns agent frames into events (agent up/gone, worker
 started/exited), pings agents so they know the daemon lives, and declares an
 agent gone when its heartbeats stop for ``dead_after_s`` seconds.
+
+Only agents that prove the daemon's agent key (:mod:`scavenger.channel`) count:
+a connection must finish the handshake, then every frame must carry a valid MAC
+and a fresh counter. Anything else is dropped, counted in :attr:`AgentHub.rejected`
+by reason and logged (at most once a second per reason); no agent state is
+created for it (a handshake in progress is kept for :data:`PENDING_TTL_S`, at most
+:data:`MAX_PENDING` of them). The hub proves the key only to agents that proved it first.
 """
 
 from __future__ import annotations
 
+import collections
+import hmac
 import logging
+import shutil
+import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Union
 
 import zmq
 
+from scavenger import channel as C
 from scavenger import protocol as P
 from scavenger.base import AgentGone, AgentUp
 
 log = logging.getLogger(__name__)
+
+PENDING_TTL_S = 10.0
+MAX_PENDING = 1024
 
 
 @dataclass(frozen=True)
@@ -36,11 +52,14 @@ class WorkerExitedEvent:
 
 @dataclass(frozen=True)
 class AgentWorkers:
-    """An agent (new or reconnected) reports the workers it runs: for re-adoption."""
+    """An agent (new or reconnected) reports the workers it runs: for re-adoption.
+
+    ``batch_job``: the batch job the agent runs in (its pilot), None for local agents."""
 
     node: str
     pid: int
     workers: tuple[str, ...]
+    batch_job: str | None = None
 
 
 HubEvent = Union[AgentUp, AgentGone, WorkerStartedEvent, WorkerExitedEvent, AgentWorkers]
@@ -51,10 +70,23 @@ class _AgentInfo:
     pid: int = 0
     last_seen: float = 0.0
     workers: set[str] = field(default_factory=set)
+    batch_job: str | None = None
+
+
+@dataclass
+class _Pending:
+    nonce_a: bytes
+    nonce_h: bytes
+    expires: float
 
 
 class AgentHub:
-    """ROUTER socket for the node agents; ``address`` is what agents connect to."""
+    """ROUTER socket for the node agents; ``address`` is what agents connect to.
+
+    ``key_file``: the daemon's agent key (created 0600 if absent). None: a fresh key in
+    a private temporary directory, removed by :meth:`close` (tests, one-off hubs); give
+    agents :attr:`key_file` either way.
+    """
 
     def __init__(
         self,
@@ -63,20 +95,45 @@ class AgentHub:
         ping_s: float = 0.5,
         ctx: zmq.Context | None = None,
         clock: Callable[[], float] = time.monotonic,
+        key_file: str | Path | None = None,
     ) -> None:
         self.clock = clock  # the daemon injects its own clock (silence is measured on it)
+        self._tmpdir: str | None = None
+        if key_file is None:
+            self._tmpdir = tempfile.mkdtemp(prefix="malletrain-hub-")  # mode 0700
+            key_file = Path(self._tmpdir) / C.AGENT_KEY_FILE
+        self.key_file = str(key_file)
+        try:
+            self._key = C.create_key_file(key_file)
+        except BaseException:
+            self._remove_tmpdir()
+            raise
         self.ctx = ctx or zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self.sock.bind(bind)
+        self.sock.setsockopt(zmq.MAXMSGSIZE, C.MAX_FRAME)
+        try:
+            self.sock.bind(bind)
+        except zmq.ZMQError:
+            self.sock.close(0)
+            self._remove_tmpdir()
+            raise
         self.address: str = self.sock.getsockopt(zmq.LAST_ENDPOINT).decode()
         self.dead_after_s = dead_after_s
         self.ping_s = ping_s
         self.agents: dict[str, _AgentInfo] = {}
-        self.bad_frames = 0
+        self.rejected: collections.Counter[str] = collections.Counter()
+        self._sessions: dict[str, C.Session] = {}
+        self._pending: dict[str, _Pending] = {}
+        self._last_log: dict[str, float] = {}
         self._next_ping = 0.0
         self._seq = 0
+
+    @property
+    def bad_frames(self) -> int:
+        """Frames dropped for any reason (see :attr:`rejected` for the reasons)."""
+        return sum(self.rejected.values())
 
     def alive(self) -> set[str]:
         return set(self.agents)
@@ -89,18 +146,31 @@ class AgentHub:
         info = self.agents.get(node)
         return set(info.workers) if info else set()
 
+    def batch_job(self, node: str) -> str | None:
+        """The batch job id ``node``'s agent said it runs in (its pilot), None if none or unknown."""
+        info = self.agents.get(node)
+        return info.batch_job if info else None
+
     def send(self, msg: P.AgentMessage) -> bool:
-        """Send to ``msg.node``'s agent; False if it is not connected."""
+        """Send to ``msg.node``'s agent; False if it is not connected and authenticated."""
+        session = self._sessions.get(msg.node)
+        if session is None:
+            return False
         self._seq += 1
+        return self._send_raw(msg.node, session.seal(P.encode(msg, self._seq)))
+
+    def _send_raw(self, node: str, frame: bytes) -> bool:
         try:
-            self.sock.send_multipart([msg.node.encode(), P.encode(msg, self._seq)], zmq.NOBLOCK)
+            self.sock.send_multipart([node.encode(), frame], zmq.NOBLOCK)
             return True
         except (zmq.Again, zmq.ZMQError) as exc:
-            log.debug("agent %s unreachable: %s", msg.node, exc)
+            log.debug("agent %s unreachable: %s", node, exc)
             return False
 
-    def start_worker(self, node: str, worker: str, argv: tuple[str, ...], env: dict[str, str], cwd: str | None) -> bool:
-        return self.send(P.StartWorker(node, worker, tuple(argv), dict(env), cwd))
+    def start_worker(self, node: str, worker: str, argv: tuple[str, ...], env: dict[str, str], cwd: str | None,
+                     uid: int | None = None, gid: int | None = None) -> bool:
+        """Ask ``node``'s agent to run ``argv``; as ``uid``/``gid`` (the job's owner) when given."""
+        return self.send(P.StartWorker(node, worker, tuple(argv), dict(env), cwd, uid, gid))
 
     def stop_worker(self, node: str, worker: str, grace: float = 2.0) -> bool:
         return self.send(P.StopWorker(node, worker, grace))
@@ -112,26 +182,31 @@ class AgentHub:
         now = self.clock()
         while True:
             try:
-                ident, frame = self.sock.recv_multipart(zmq.NOBLOCK)
+                parts = self.sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 break
-            except ValueError:
-                self.bad_frames += 1
+            if len(parts) != 2:
+                self._reject("malformed", "?", f"{len(parts)} message parts, not 2", now)
+                continue
+            ident, frame = parts
+            node = ident.decode("ascii", "replace")
+            if not P.is_node_name(node):
+                self._reject("bad_identity", repr(ident[:40]), "identity is not a node name", now)
                 continue
             try:
-                msg = P.decode(frame)
+                msg = self._receive(node, frame, now)
+            except C.ChannelError as exc:
+                self._reject(exc.reason, node, str(exc), now)
+                continue
             except P.ProtocolError as exc:
-                self.bad_frames += 1
-                log.warning("agent frame dropped: %s", exc)
+                self._reject("bad_message", node, str(exc), now)
                 continue
-            if msg.node != ident.decode(errors="replace"):
-                self.bad_frames += 1
-                log.warning("agent %r sent a message as %r; dropped", ident, msg.node)
-                continue
-            out.extend(self._handle(msg, now))
+            if msg is not None:
+                out.extend(self._handle(msg, now))
         for node, info in list(self.agents.items()):
             if now - info.last_seen > self.dead_after_s:
                 del self.agents[node]
+                self._sessions.pop(node, None)
                 out.append(AgentGone(node, f"no heartbeat for {self.dead_after_s:g} s"))
         if now >= self._next_ping:
             for node in self.agents:
@@ -139,9 +214,64 @@ class AgentHub:
             self._next_ping = now + self.ping_s
         return out
 
+    # -- the channel
+    def _receive(self, node: str, frame: bytes, now: float) -> P.AgentMessage | None:
+        """An authenticated message from ``node``, or None (a handshake step); raises when rejected."""
+        kind = C.kind_of(frame)
+        if kind is C.Kind.CHALLENGE:
+            self._challenge(node, C.parse_challenge(frame), now)
+            return None
+        if kind is C.Kind.FINISH:
+            self._finish(node, C.parse_finish(frame), now)
+            return None
+        if kind is not C.Kind.DATA:
+            raise C.ChannelError("wrong_direction", f"{kind.name} frames go to agents, not to the hub")
+        session = self._sessions.get(node)
+        if session is None:
+            self._send_raw(node, C.reauth_frame("no_session"))
+            raise C.ChannelError("no_session", "data frame before a handshake (asked to authenticate)")
+        msg = P.decode(session.open(frame))
+        if msg.node != node:
+            raise C.ChannelError("wrong_node", f"agent {node} sent a message as {msg.node!r}")
+        if not isinstance(msg, P.TO_HUB_TYPES):
+            raise C.ChannelError("wrong_direction", f"{msg.TYPE} messages go to agents, not to the hub")
+        return msg
+
+    def _challenge(self, node: str, nonce_a: bytes, now: float) -> None:
+        for ident in [i for i, p in self._pending.items() if p.expires < now]:
+            del self._pending[ident]
+        if len(self._pending) >= MAX_PENDING and node not in self._pending:
+            oldest = min(self._pending, key=lambda i: self._pending[i].expires)
+            del self._pending[oldest]
+            self._reject("pending_evicted", oldest, f"more than {MAX_PENDING} handshakes in progress", now)
+        nonce_h = C.new_nonce()
+        self._pending[node] = _Pending(nonce_a, nonce_h, now + PENDING_TTL_S)
+        self._send_raw(node, C.nonce_frame(nonce_h))
+
+    def _finish(self, node: str, proof: bytes, now: float) -> None:
+        pending = self._pending.pop(node, None)
+        if pending is None or pending.expires < now:
+            raise C.ChannelError("no_handshake", "handshake proof without a live challenge")
+        expected = C.agent_proof(self._key, node, pending.nonce_a, pending.nonce_h)
+        if not hmac.compare_digest(proof, expected):
+            self._send_raw(node, C.reauth_frame("bad_proof"))  # a hint for the agent's log; nothing kept
+            raise C.ChannelError("bad_proof", "the agent cannot prove the daemon's agent key")
+        self._sessions[node] = C.Session.for_hub(C.session_key(self._key, node, pending.nonce_a, pending.nonce_h))
+        self._send_raw(node, C.proof_frame(C.hub_proof(self._key, node, pending.nonce_a, pending.nonce_h)))
+        log.info("agent %s authenticated", node)
+
+    def _reject(self, reason: str, node: str, detail: str, now: float) -> None:
+        self.rejected[reason] += 1
+        if now - self._last_log.get(reason, float("-inf")) >= 1.0:
+            self._last_log[reason] = now
+            log.warning("agent frame from %s rejected (%s; %d so far): %s", node, reason,
+                        self.rejected[reason], detail)
+
+    # -- messages
     def _handle(self, msg: P.AgentMessage, now: float) -> list[HubEvent]:
         node = msg.node
         if isinstance(msg, P.Leaving):
+            self._sessions.pop(node, None)
             if self.agents.pop(node, None) is not None:
                 return [AgentGone(node, msg.reason)]
             return []
@@ -157,7 +287,8 @@ class AgentHub:
         if isinstance(msg, P.Hello):
             info.pid = int(msg.pid)
             info.workers = set(msg.workers)
-            out.append(AgentWorkers(node, info.pid, tuple(msg.workers)))
+            info.batch_job = msg.batch_job
+            out.append(AgentWorkers(node, info.pid, tuple(msg.workers), msg.batch_job))
         elif isinstance(msg, P.Heartbeat):
             info.workers = set(msg.workers)
         elif isinstance(msg, P.WorkerStarted):
@@ -170,3 +301,9 @@ class AgentHub:
 
     def close(self) -> None:
         self.sock.close(0)
+        self._remove_tmpdir()
+
+    def _remove_tmpdir(self) -> None:
+        if self._tmpdir is not None:
+            shutil.rmtree(self._tmpdir, ignore_errors=True)
+            self._tmpdir = None

@@ -1,9 +1,17 @@
 """The ``local`` backend: N nodes on this machine, each held node a real agent process.
 
-Which nodes are idle follows an :class:`~traces.model.IdleTimeline` replayed in
-compressed time (``time_scale`` trace seconds per wall second), so recalls
-happen for real: a held node the trace takes back gets SIGTERM on its agent,
-exactly as a pilot job killed by the main scheduler.
+It speaks :class:`~scavenger.base.SchedulerBackend`, as the Slurm and PBS backends
+do: ``discover`` (which nodes the trace leaves idle now), ``submit`` (a pilot is
+one agent process on one node, running at once, with no walltime), ``cancel``
+(SIGTERM on the agent) and ``poll`` (pilot events). Which nodes are idle follows
+an :class:`~traces.model.IdleTimeline` replayed in compressed time
+(``time_scale`` trace seconds per wall second), so recalls happen for real: a
+held node the trace takes back gets SIGTERM on its agent, exactly as a pilot
+job killed by the main scheduler, and its pilot ends ``preempted``.
+
+A pilot's id is ``local-NODE-RANDOM``; the agent gets it in ``MALLETRAIN_BATCH_JOB``
+and reports it in its hello, as a Slurm agent reports ``SLURM_JOB_ID``. After a daemon
+restart :meth:`adopt` takes over an agent process a previous backend started.
 """
 
 from __future__ import annotations
@@ -14,27 +22,54 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import psutil
 
 from scavenger.base import (
-    AgentGone,
-    BackendEvent,
-    NodeIdle,
-    NodeRecalled,
-    Pilot,
+    BackendError,
+    Discovery,
+    EndReason,
+    NodeInfo,
+    NodeState,
+    PilotEnded,
+    PilotEvent,
+    PilotId,
+    PilotQueued,
+    PilotRequest,
+    PilotStarted,
     PilotState,
-    PilotTable,
+    PilotStateError,
+    PilotView,
+    can_move,
 )
 from traces.model import EventBatch, IdleTimeline
 
 log = logging.getLogger(__name__)
 
+ENV_BATCH_JOB = "MALLETRAIN_BATCH_JOB"
+"""The pilot id a local agent reports in its hello (Slurm: ``SLURM_JOB_ID``, PBS: ``PBS_JOBID``)."""
+
 
 def node_names(n: int) -> tuple[str, ...]:
     return tuple(f"node{i:02d}" for i in range(n))
+
+
+def new_pilot_id(node: str) -> PilotId:
+    return PilotId(f"local-{node}-{os.urandom(4).hex()}")
+
+
+@dataclass
+class _LocalPilot:
+    id: PilotId
+    node: str
+    state: PilotState = PilotState.RUNNING
+    end_reason: EndReason | None = None  # set by cancel (CANCELLED) or a recall (PREEMPTED)
+
+    def view(self) -> PilotView:
+        return PilotView(self.id, self.state, (self.node,), None)
 
 
 class LocalBackend:
@@ -43,7 +78,9 @@ class LocalBackend:
     The first ``n_nodes`` nodes of the timeline map, in order, onto the local
     names; changes of other timeline nodes are ignored. ``epoch`` is the wall
     time (``clock()``) at which the trace starts; pass the stored one after a
-    daemon restart to continue where it was.
+    daemon restart to continue where it was. Agents need the daemon's agent key: give its
+    path in ``agent_args`` (``--key-file``, :attr:`scavenger.hub.AgentHub.key_file`), never
+    the key itself.
     """
 
     name = "local"
@@ -70,9 +107,10 @@ class LocalBackend:
         self.epoch = clock() if epoch is None else float(epoch)
         self.agent_args = tuple(agent_args)
         self.log_dir = log_dir
-        self.pilots = PilotTable()
-        self._procs: dict[str, subprocess.Popen[bytes] | psutil.Process] = {}
-        self._pending: list[BackendEvent] = []
+        self._pilots: dict[PilotId, _LocalPilot] = {}  # live (not yet reported ended)
+        self._procs: dict[PilotId, subprocess.Popen[bytes] | psutil.Process] = {}  # agents not yet reaped
+        self._proc_node: dict[PilotId, str] = {}
+        self._events: list[PilotEvent] = []
         self._timeline = timeline
         self._map: dict[str, str] = {}
         self._idle: set[str]
@@ -85,7 +123,6 @@ class LocalBackend:
             self._idle = {self._map[n] for n in timeline.initial_idle if n in self._map}
             self._batches = timeline.batches()
             self._next = next(self._batches, None)
-        self._pending.extend(NodeIdle(n) for n in sorted(self._idle))
 
     # -- time
     def trace_time(self) -> float:
@@ -94,73 +131,107 @@ class LocalBackend:
         return start + (self.clock() - self.epoch) * self.time_scale
 
     # -- protocol
-    def idle_nodes(self) -> set[str]:
-        return self._idle - self.pilots.nodes()
-
-    def held_nodes(self) -> set[str]:
-        return self.pilots.nodes()
-
-    def hold(self, node: str) -> Pilot:
-        if node in self.pilots:
-            return self.pilots.get(node)  # type: ignore[return-value]
-        if node not in self._idle:
-            raise ValueError(f"local backend: node {node} is not idle")
-        argv = [
-            sys.executable, "-m", "scavenger.agent",
-            "--node", node, "--daemon", self.daemon_address, *self.agent_args,
-        ]
-        if self.log_dir:
-            argv += ["--log-dir", self.log_dir]
-        stderr = subprocess.DEVNULL
-        if self.log_dir:
-            os.makedirs(self.log_dir, exist_ok=True)
-            stderr = open(os.path.join(self.log_dir, f"agent-{node}.log"), "ab")  # type: ignore[assignment]
-        proc = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=stderr, stderr=stderr, start_new_session=True
+    def discover(self) -> Discovery:
+        self._advance()
+        infos = tuple(
+            NodeInfo(n, NodeState.IDLE if n in self._idle else NodeState.BUSY, False,
+                     "idle" if n in self._idle else "busy")
+            for n in self.nodes
         )
-        if stderr is not subprocess.DEVNULL:
-            stderr.close()  # type: ignore[union-attr]
-        self._procs[node] = proc
-        return self.pilots.hold(node, handle=str(proc.pid))
+        return Discovery(infos, (), frozenset(self._idle - self._nodes_in_use()), self.clock())
 
-    def agent_up(self, node: str, pid: int = 0) -> None:
-        """The daemon heard ``node``'s agent: HOLDING -> HELD; adopt it if we did not start it."""
-        if node not in self.nodes:
+    def submit(self, request: PilotRequest) -> PilotId:
+        """One agent process on ``request.nodes[0]`` (empty: the first idle node); idempotent per node."""
+        if len(request.nodes) > 1:
+            raise ValueError(f"local backend: a pilot holds one node, asked for {request.nodes}")
+        node = request.nodes[0] if request.nodes else min(self._idle - self._nodes_in_use(), default="")
+        if not node:
+            raise BackendError("local backend: no idle node to hold")
+        holder = self._holder(node)
+        if holder is not None:
+            return holder.id
+        if node not in self._idle:
+            raise BackendError(f"local backend: node {node} is not idle")
+        pilot = _LocalPilot(new_pilot_id(node), node)
+        self._procs[pilot.id] = self._spawn(node, pilot.id)
+        self._proc_node[pilot.id] = node
+        self._pilots[pilot.id] = pilot
+        self._events += [PilotQueued(pilot.id, (node,)), PilotStarted(pilot.id, (node,), None)]
+        return pilot.id
+
+    def cancel(self, pilot: PilotId) -> None:
+        p = self._pilots.get(pilot)
+        if p is None or p.state is PilotState.ENDING:
             return
-        if node not in self.pilots and pid > 0:
-            try:
-                self._procs[node] = psutil.Process(pid)
-            except psutil.Error:
-                return
-            self.pilots.hold(node, handle=str(pid))
-            self._idle.add(node)
-        if node in self.pilots:
-            self.pilots.move(node, PilotState.HELD)
+        p.end_reason = p.end_reason or EndReason.CANCELLED
+        self._move(p, PilotState.ENDING)
+        self._signal(p.id, signal.SIGTERM)
 
-    def release(self, node: str) -> None:
-        if node not in self.pilots:
-            return
-        self._signal(node, signal.SIGTERM)
-        self.pilots.move(node, PilotState.RELEASED)
+    def poll(self) -> list[PilotEvent]:
+        self._advance()
+        self._reap()
+        out, self._events = self._events, []
+        return out
 
+    def pilots(self) -> Mapping[PilotId, PilotView]:
+        return {pid: p.view() for pid, p in self._pilots.items()}
+
+    def adopt(self, node: str, batch_job: str, pid: int) -> PilotId | None:
+        """An agent a previous backend started says hello (daemon restart): its pilot is ours again.
+
+        None when the node is not ours to hold or the process is gone. Idempotent.
+        """
+        if node not in self.nodes or pid <= 0:
+            return None
+        holder = self._holder(node)
+        if holder is not None:
+            return holder.id
+        try:
+            proc = psutil.Process(pid)
+        except psutil.Error:
+            return None
+        pilot = _LocalPilot(PilotId(batch_job) if batch_job else new_pilot_id(node), node)
+        self._pilots[pilot.id] = pilot
+        self._procs[pilot.id] = proc
+        self._proc_node[pilot.id] = node
+        self._idle.add(node)  # it ran a pilot: the trace left it idle then
+        self._events.append(PilotStarted(pilot.id, (node,), None))
+        return pilot.id
+
+    def close(self) -> None:
+        for pid in list(self._pilots):
+            self.cancel(pid)
+        deadline = time.monotonic() + 10.0
+        while self._procs and time.monotonic() < deadline:
+            self._reap()
+            time.sleep(0.02)
+        for pid in list(self._procs):
+            self._kill_tree(pid)  # an agent that did not leave in time: its workers first
+        self._reap(wait=True)
+
+    # -- the main scheduler (the trace does this; tests may too)
     def recall(self, node: str) -> None:
-        """The main scheduler takes ``node`` back now (the trace does this; tests may too)."""
+        """The main scheduler takes ``node`` back now: its pilot is preempted (SIGTERM on the agent)."""
         if node not in self._idle:
             return
         self._idle.discard(node)
-        held = node in self.pilots
-        if held:
-            self._signal(node, signal.SIGTERM)
-            self.pilots.move(node, PilotState.RECALLED)
-        self._pending.append(NodeRecalled(node, held))
+        p = self._holder(node)
+        if p is not None:
+            p.end_reason = EndReason.PREEMPTED
+            self._move(p, PilotState.ENDING)
+            self._signal(p.id, signal.SIGTERM)
+            self._finish(p, "recalled by the main scheduler")  # the node is gone now, not when the agent exits
 
     def make_idle(self, node: str) -> None:
-        if node in self._idle or node not in self.nodes:
-            return
-        self._idle.add(node)
-        self._pending.append(NodeIdle(node))
+        if node in self.nodes:
+            self._idle.add(node)
 
-    def poll(self) -> list[BackendEvent]:
+    def agent_pids(self) -> dict[str, int]:
+        """Node -> process id of every agent still running (live pilots and ended ones not yet reaped)."""
+        return {self._proc_node[pid]: proc.pid for pid, proc in self._procs.items()}
+
+    # -- helpers
+    def _advance(self) -> None:
         now = self.trace_time()
         while self._next is not None and self._next.time <= now:
             batch = self._next
@@ -171,27 +242,45 @@ class LocalBackend:
                 if n in self._map:
                     self.make_idle(self._map[n])
             self._next = next(self._batches, None)
-        self._reap()
-        out, self._pending = self._pending, []
-        return out
 
-    def close(self) -> None:
-        for node in list(self.pilots.nodes()):
-            self.release(node)
-        deadline = time.monotonic() + 10.0
-        while self._procs and time.monotonic() < deadline:
-            self._reap()
-            time.sleep(0.02)
-        for node in list(self._procs):
-            self._kill_tree(node)  # an agent that did not leave in time: its workers first
-        self._reap(wait=True)
+    def _nodes_in_use(self) -> set[str]:
+        return {p.node for p in self._pilots.values()}
 
-    # -- processes
-    def agent_pids(self) -> dict[str, int]:
-        return {n: p.pid for n, p in self._procs.items()}
+    def _holder(self, node: str) -> _LocalPilot | None:
+        return next((p for p in self._pilots.values() if p.node == node), None)
 
-    def _signal(self, node: str, sig: int) -> None:
-        proc = self._procs.get(node)
+    def _spawn(self, node: str, pid: PilotId) -> "subprocess.Popen[bytes]":
+        argv = [
+            sys.executable, "-m", "scavenger.agent",
+            "--node", node, "--daemon", self.daemon_address, *self.agent_args,
+        ]
+        if self.log_dir:
+            argv += ["--log-dir", self.log_dir]
+        out: Any = subprocess.DEVNULL
+        if self.log_dir:
+            os.makedirs(self.log_dir, exist_ok=True)
+            out = open(os.path.join(self.log_dir, f"agent-{node}.log"), "ab")
+        try:
+            return subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
+                env={**os.environ, ENV_BATCH_JOB: pid},
+            )
+        finally:
+            if out is not subprocess.DEVNULL:
+                out.close()
+
+    def _move(self, p: _LocalPilot, new: PilotState) -> None:
+        if not can_move(p.state, new):
+            raise PilotStateError(f"local pilot {p.id}: cannot go from {p.state.value} to {new.value}")
+        p.state = new
+
+    def _finish(self, p: _LocalPilot, detail: str) -> None:
+        """``p`` ended (once): PilotEnded; its process is reaped later."""
+        if self._pilots.pop(p.id, None) is not None:
+            self._events.append(PilotEnded(p.id, (p.node,), p.end_reason or EndReason.EXITED, detail))
+
+    def _signal(self, pid: PilotId, sig: int) -> None:
+        proc = self._procs.get(pid)
         if proc is None:
             return
         try:
@@ -199,36 +288,40 @@ class LocalBackend:
         except (ProcessLookupError, psutil.Error):
             pass
 
-    def _kill_tree(self, node: str) -> None:
-        proc = self._procs.get(node)
+    def _kill_tree(self, pid: PilotId) -> None:
+        proc = self._procs.get(pid)
         if proc is None:
             return
         try:
             tree = psutil.Process(proc.pid).children(recursive=True)
         except psutil.Error:
             tree = []
-        for p in tree:
+        for child in tree:
             try:
-                p.kill()
+                child.kill()
             except psutil.Error:
                 pass
-        self._signal(node, signal.SIGKILL)
+        self._signal(pid, signal.SIGKILL)
 
     def _reap(self, wait: bool = False) -> None:
-        for node, proc in list(self._procs.items()):
+        for pid, proc in list(self._procs.items()):
             if isinstance(proc, subprocess.Popen):
                 try:
                     code = proc.wait(timeout=2.0) if wait else proc.poll()
                 except subprocess.TimeoutExpired:
                     code = None
             else:
-                code = None if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE else -1
+                try:
+                    code = None if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE else -1
+                except psutil.Error:
+                    code = -1
             if code is None:
                 continue
-            del self._procs[node]
-            if node in self.pilots:
-                self.pilots.move(node, PilotState.RELEASED)
-                self._pending.append(AgentGone(node, f"agent process exited with {code}"))
+            del self._procs[pid]
+            self._proc_node.pop(pid, None)
+            p = self._pilots.get(pid)
+            if p is not None:
+                self._finish(p, f"agent process exited with {code}")
 
 
 def slot_timeline(timeline: IdleTimeline, n_slots: int) -> IdleTimeline:

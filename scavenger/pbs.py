@@ -239,7 +239,9 @@ class PbsDialect:
     # -- submit / cancel
     def agent_argv(self, nodes: Sequence[str]) -> list[str]:
         """The job's executable (``qsub -- ...``): the agent itself on one named node, or one
-        agent per node through ``pbsdsh``, each named after its host."""
+        agent per node through ``pbsdsh``, each named after its host. Agents find their job id
+        in ``PBS_JOBID``; ``agent_args`` carry ``--key-file PATH`` (the daemon's agent key on a
+        shared file system: a path, never the key). A recalled agent exits 143."""
         cfg = self.config
         agent = [cfg.python, "-m", "scavenger.agent", "--daemon", cfg.daemon_address, *cfg.agent_args]
         if len(nodes) == 1:

@@ -207,6 +207,8 @@ class PilotBook:
         elif new is PilotState.ENDING:
             if obs.preempted:
                 rec.preempted = True
+            elif rec.announced is not None:
+                return  # already announced (walltime notice): completing is the same ending
             reason = EndReason.PREEMPTED if rec.preempted else (
                 EndReason.CANCELLED if rec.cancel_requested else EndReason.EXITED
             )
@@ -440,6 +442,20 @@ class BatchBackend:
     def pilots(self) -> Mapping[PilotId, PilotView]:
         return {r.id: r.view() for r in self.book.live()}
 
+    def adopt(self, node: str, batch_job: str, pid: int = 0) -> PilotId | None:
+        """The agent of a pilot an earlier daemon submitted says hello from ``node`` (a daemon
+        restart): track that batch job again, RUNNING there; the next poll corrects what it is.
+        None without a batch job id. Idempotent."""
+        if not batch_job:
+            return None
+        pilot = PilotId(batch_job)
+        if pilot in self.book:
+            return pilot
+        now = self.clock()
+        self.book.add(pilot, PilotRequest((node,)), now)
+        self.book.apply(Observation(pilot, PilotState.RUNNING, "RUNNING", (node,)), now)
+        return pilot
+
     def poll(self) -> list[PilotEvent]:
         """One queue query for every live pilot, one lookup per pilot that ended; then the
         shared rules (walltime notice and renewal, suspended pilots, stuck queued pilots)."""
@@ -491,6 +507,8 @@ class BatchBackend:
             rec.nodes = obs.nodes
         preempted_before = rec.preempted or rec.cancel_cause is EndReason.PREEMPTED
         reason, detail = classify_end(obs, rec.cancel_requested, preempted_before)
+        if rec.cancel_cause is EndReason.TIMEOUT and reason in (EndReason.CANCELLED, EndReason.EXITED):
+            reason, detail = EndReason.TIMEOUT, f"{obs.detail or obs.raw_state} (ended by us at its walltime)"
         self.book.finish(rec.id, reason, detail, now)
         succ = self.book.get(rec.replaced_by) if rec.replaced_by else None
         if succ is not None and reason is not EndReason.TIMEOUT and not succ.cancel_requested:
@@ -503,6 +521,13 @@ class BatchBackend:
         for rec in self.book.live():
             if rec.state is PilotState.SUSPENDED and not rec.cancel_requested:
                 self._try_cancel([rec.id], EndReason.PREEMPTED)
+        due = [
+            r.id for r in self.book.live()
+            if r.state is PilotState.ENDING and r.announced is EndReason.TIMEOUT and r.replaced_by is not None
+            and r.expires_at is not None and now >= r.expires_at and not r.cancel_requested
+        ]
+        if due:  # the scheduler enforces limits in a periodic pass (Slurm: 30 s): end them on time, so the
+            self._try_cancel(due, EndReason.TIMEOUT)  # replacement takes the node at once
         for rec in self.book.live():
             if (
                 rec.state is PilotState.ENDING and rec.announced is EndReason.TIMEOUT and rec.replaced_by is None
@@ -544,8 +569,10 @@ class BatchBackend:
                 continue
             ids.append(pid)
             rec.cancel_requested = True
-            if cause is EndReason.PREEMPTED:
+            if cause in (EndReason.PREEMPTED, EndReason.TIMEOUT):
                 rec.cancel_cause = cause
+            if cause is EndReason.TIMEOUT:
+                continue  # ended at its walltime: its replacement takes over
             succ = self.book.get(rec.replaced_by) if rec.replaced_by else None
             if succ is not None and succ.id not in ids:
                 succ.cancel_requested = True

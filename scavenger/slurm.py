@@ -321,15 +321,20 @@ class SlurmDialect:
     # -- submit / cancel
     def agent_command(self) -> str:
         """The batch script: one agent per node under ``srun`` (so preemption signals reach it);
-        each agent names itself after its node (``$SLURMD_NODENAME``)."""
+        each agent names itself after its node (``$SLURMD_NODENAME``) and finds its job id in
+        ``SLURM_JOB_ID``. ``agent_args`` carry ``--key-file PATH`` (the daemon's agent key on a
+        shared file system: a path, never the key). A recalled agent exits 143 within a second;
+        the task's shell waits for it (``trap : TERM``) and reports that as 0, so a pilot that
+        left promptly ends COMPLETED and ``PreemptTime`` tells a preemption (see above)."""
         cfg = self.config
         agent = " ".join(
             [shlex.quote(cfg.python), "-m", "scavenger.agent", "--node", '"$SLURMD_NODENAME"',
              "--daemon", shlex.quote(cfg.daemon_address), *(shlex.quote(a) for a in cfg.agent_args)]
         )
+        task = f'trap : TERM; {agent}; code=$?; [ "$code" -eq 143 ] && exit 0; exit "$code"'
         return (
             "exec srun --ntasks-per-node=1 --kill-on-bad-exit=0 "
-            f"/bin/sh -c {shlex.quote('exec ' + agent)}"
+            f"/bin/sh -c {shlex.quote(task)}"
         )
 
     def render_submit(self, request: PilotRequest, walltime_s: float) -> list[str]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import enum
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator, Mapping
 
 from allocator import throughput_at
@@ -133,8 +133,13 @@ class SimConfig:
     min_interval_s: float = 0.0
     # step times of the simulated monitor's records vary by this fraction (uniform)
     record_noise: float = 0.03
+    # cap every job's max_nodes at this many nodes (None: the workload's own, 64 for the streams);
+    # the evaluation's sweep replays each stream at 16 and 64
+    max_nodes: int | None = None
 
     def __post_init__(self) -> None:
+        if self.max_nodes is not None and self.max_nodes < 1:
+            raise ValueError(f"max_nodes must be >= 1, got {self.max_nodes}")
         if not (self.min_interval_s >= 0) or math.isinf(self.min_interval_s):
             raise ValueError(f"min_interval_s must be a finite number >= 0 s, got {self.min_interval_s}")
         if not 0.0 <= self.record_noise < 1.0:
@@ -152,6 +157,8 @@ class DecisionRow:
     queued_jobs: int
     rescales: int
     decision_ms: float
+    # the idle pool is at most what the admitted jobs can absorb at their max nodes
+    constrained: bool = True
 
 
 @dataclass
@@ -200,6 +207,8 @@ class Simulator:
         self._want_costs = self.pcfg.rescale_costs.value == "measured" and self.pcfg.allocation.value == "milp"
         # node state: ordered dicts used as sets so iteration order is deterministic
         self.idle: dict[str, None] = {}
+        self._idle_since: dict[str, float] = {}  # node valuation (policy View.idle_since)
+        self._ended_fragments: list[float] = []  # idle fragments ended since the last decision
         self.free: dict[str, None] = {}
         self.owner: dict[str, SimJob] = {}
         self.jobs: dict[str, SimJob] = {}
@@ -211,6 +220,13 @@ class Simulator:
         self._last_t = self.start
         self.idle_node_seconds = 0.0
         self.used_node_seconds = 0.0
+        # per-interval split: [constrained, unconstrained] (unconstrained = the idle pool exceeds the
+        # admitted jobs' summed max nodes, so no allocation could use every idle node)
+        self.split_seconds = [0.0, 0.0]
+        self.split_idle = [0.0, 0.0]
+        self.split_used = [0.0, 0.0]
+        self.split_work = [0.0, 0.0]
+        self.excess_node_seconds = 0.0  # idle node-seconds above what the admitted jobs could absorb
         self.rescales = 0
         self.starts = 0
         self.stops = 0
@@ -327,12 +343,36 @@ class Simulator:
     # ------------------------------------------------------------ accounting
 
     def _integrate(self, t: float) -> None:
-        dt = t - self._last_t
+        """Account ``[last, t)``, over which nothing changes (every change happens at an event time)."""
+        last = self._last_t
+        dt = t - last
         if dt > 0:
             n_idle = len(self.idle)
+            used = n_idle - len(self.free)
             self.idle_node_seconds += n_idle * dt
-            self.used_node_seconds += (n_idle - len(self.free)) * dt
+            self.used_node_seconds += used * dt
+            capacity = self.absorb_capacity()
+            k = 0 if n_idle <= capacity else 1
+            self.split_seconds[k] += dt
+            self.split_idle[k] += n_idle * dt
+            self.split_used[k] += used * dt
+            self.split_work[k] += self._work_between(last, t)
+            self.excess_node_seconds += max(0, n_idle - capacity) * dt
             self._last_t = t
+
+    def absorb_capacity(self) -> int:
+        """Nodes the admitted jobs could hold at once: the sum of their max nodes."""
+        return sum(j.spec.max_nodes for j in self.admitted)
+
+    def _work_between(self, t0: float, t1: float) -> float:
+        """Model-neutral work (node-seconds at one node) the admitted jobs do over ``[t0, t1)``."""
+        work = 0.0
+        for job in self.admitted:
+            if job.nodes and job.rate > 0:
+                r1 = job.one_node_rate
+                if r1 > 0:
+                    work += job.rate / r1 * max(0.0, t1 - max(t0, job.paused_until))
+        return work
 
     def _advance_jobs(self, t: float) -> None:
         for job in self.admitted:
@@ -359,6 +399,9 @@ class Simulator:
     # ------------------------------------------------------------ events
 
     def _new_job(self, spec: JobSpec, t: float) -> SimJob:
+        cap = self.config.max_nodes
+        if cap is not None and spec.max_nodes > cap:
+            spec = replace(spec, max_nodes=max(cap, spec.min_nodes))
         job = SimJob(id=f"j{len(self.jobs):05d}", spec=spec, submitted_at=t, order=len(self.jobs), last_update=t,
                      user_curve=self.sim_policy.user_curve(spec))
         if self._monitor_factory is not None:
@@ -376,11 +419,13 @@ class Simulator:
             if node not in idle:
                 idle[node] = None
                 free[node] = None
+                self._idle_since[node] = batch.time
         hit: dict[str, SimJob] = {}
         for node in batch.recalled:
             if node not in idle:
                 continue
             del idle[node]
+            self._ended_fragments.append(batch.time - self._idle_since.pop(node, batch.time))
             if node in free:
                 del free[node]
                 continue
@@ -483,7 +528,10 @@ class Simulator:
         else:
             it = iter(self.free)
             free = tuple(next(it) for _ in range(room))
-        return View(now=t, free_nodes=free, n_free=n_free, jobs=tuple(_job_view(j) for j in shown))
+        since = self._idle_since
+        ended, self._ended_fragments = tuple(self._ended_fragments), []
+        return View(now=t, free_nodes=free, n_free=n_free, jobs=tuple(_job_view(j) for j in shown),
+                    idle_since={n: since[n] for n in free if n in since}, ended_fragments=ended)
 
     def _evidence(self, t: float) -> dict[str, JobEvidence]:
         return {j.id: j.monitor.evidence(t) for j in self.admitted if j.monitor is not None}
@@ -512,6 +560,7 @@ class Simulator:
             queued_jobs=len(self.queue),
             rescales=self._step_rescales,
             decision_ms=decision_ms,
+            constrained=n_idle <= self.absorb_capacity(),
         ))
         self._step_rescales = 0
         if self._progress is not None:
@@ -535,6 +584,7 @@ class Simulator:
         for job in [j for j in self.admitted if j.id not in admitted]:  # lost its slot (preempted)
             self._release_all(job)
             job.state = SimJobState.QUEUED
+            self._changed(job, t)  # its history and monitor record the stop
             self.queue.insert(0, job)
         for job_id in decision.admitted:
             job = by_id[job_id]
@@ -725,6 +775,8 @@ class Simulator:
             "cpu_seconds": cpu,
         }
         summary.update(_profiling_summary(jobs, self.used_node_seconds))
+        summary.update(self._split_summary())
+        summary.update(_completion_summary(jobs, self.end))
         errs = self._belief_errors
         n = len(self.profile_seconds)
         summary.update({
@@ -740,6 +792,53 @@ class Simulator:
             "refinements": self.event_counts.get("refined", 0),
         })
         return SimResult(summary, self.rows, jobs, self.start, self.end, self.decisions)
+
+
+    def _split_summary(self) -> dict:
+        """Constrained / unconstrained periods apart (see :meth:`_integrate`)."""
+        out: dict[str, float] = {}
+        for k, part in enumerate(("constrained", "unconstrained")):
+            out[f"{part}_seconds"] = self.split_seconds[k]
+            out[f"idle_node_seconds_{part}"] = self.split_idle[k]
+            out[f"used_node_seconds_{part}"] = self.split_used[k]
+            out[f"work_node_seconds_{part}"] = self.split_work[k]
+        idle = self.idle_node_seconds
+        out["excess_idle_node_seconds"] = self.excess_node_seconds
+        out["excess_idle_fraction"] = self.excess_node_seconds / idle if idle > 0 else 0.0
+        return out
+
+
+def _completion_summary(jobs: list[SimJob], end: float) -> dict:
+    """Job completion times (submission to finish, completed jobs) and waits (submission to first
+    nodes; a job that never ran waits until the end of the replay), and who waits: the mean wait of
+    the quarter of jobs with the lowest 1-node rate (the slowest models) against the fastest quarter,
+    and the model whose jobs wait longest on average."""
+    jct = sorted(j.finished_at - j.submitted_at for j in jobs if j.finished_at is not None)
+    waits = [(j.one_node_rate, _wait(j, end), j.spec.model) for j in jobs]
+    by_rate = sorted(waits, key=lambda w: w[0])
+    q = max(1, len(by_rate) // 4) if by_rate else 0
+    per_model: dict[str, list[float]] = {}
+    for _, w, model in waits:
+        per_model.setdefault(model, []).append(w)
+    starved = max(per_model.items(), key=lambda kv: (sum(kv[1]) / len(kv[1]), kv[0]), default=None)
+    wait_values = sorted(w for _, w, _ in waits)
+    return {
+        "jct_mean_seconds": sum(jct) / len(jct) if jct else None,
+        "jct_p95_seconds": _percentile(jct, 0.95) if jct else None,
+        "wait_mean_seconds": sum(wait_values) / len(wait_values) if wait_values else None,
+        "wait_p95_seconds": _percentile(wait_values, 0.95) if wait_values else None,
+        "wait_slowest_quarter_seconds": sum(w for _, w, _ in by_rate[:q]) / q if q else None,
+        "wait_fastest_quarter_seconds": sum(w for _, w, _ in by_rate[-q:]) / q if q else None,
+        "longest_waiting_model": starved[0] if starved else None,
+        "longest_waiting_model_seconds": sum(starved[1]) / len(starved[1]) if starved else None,
+    }
+
+
+def _wait(job: SimJob, end: float) -> float:
+    for t, _, n, _ in job.history:
+        if n > 0:
+            return t - job.submitted_at
+    return end - job.submitted_at
 
 
 def _profiling_summary(jobs: list[SimJob], used_node_seconds: float) -> dict:
@@ -777,4 +876,5 @@ def _job_view(job: SimJob) -> JobView:
         last_interrupted=job.last_interrupted,
         scaling=job.user_curve,
         profile=False,
+        work_left=max(0.0, spec.samples - job.progress),
     )

@@ -3,11 +3,14 @@
 A named policy is a :data:`policy.PRESETS` entry of :class:`policy.PolicyConfig` and, where the
 comparison needs it, what only the simulator knows, handed to the policy as a user would hand it:
 
-* ``malletrain``: MalleTrain as published: every job profiled in inverse order, refined online.
+* ``malletrain``: the daemon's MalleTrain preset (whatever :data:`policy.PRESETS` says it is).
   Jobs carry no curve; the prior is the mean of the workload's model curves (the user knows the
   candidate models, not which job is which).
+* ``jpa``: the paper's JPA policy: every job profiled in inverse order, refined online (the
+  ``jpa`` preset when :data:`policy.PRESETS` has one, else ``malletrain`` with
+  ``profiling="always"``); same prior as ``malletrain``.
 * ``freetrain``: FreeTrain: every job comes with a user's curve (:func:`believed_curve` under an
-  error model: ``mean``, ``linear`` or ``noise:X``), trusted as given.
+  error model: ``mean``, ``linear``, ``other`` or ``noise:X``), trusted as given.
 * ``milp-true``: the true curve as the user's (the information ceiling); costs measured.
 * ``oracle``: the true curve and free rescales (the simulator charges no pause), an upper bound.
 * ``greedy`` / ``equal``: the count-picking baselines.
@@ -24,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 from allocator import throughput_at
-from policy import PRESETS, Policy, PolicyConfig, preset
+from policy import PRESETS, Policy, PolicyConfig, Profiling, preset
 from simulator.workload import JobSpec
 
 Curve = Mapping[int, float]
@@ -58,7 +61,19 @@ class SimPolicy:
         return self.policy.config
 
 
-POLICIES: tuple[str, ...] = tuple(PRESETS)
+# the baselines that never learn from the true curves; any other preset is a learning policy like
+# malletrain and gets the population prior
+_BASELINES = ("freetrain", "milp-true", "oracle", "greedy", "equal")
+POLICIES: tuple[str, ...] = tuple(PRESETS) + (() if "jpa" in PRESETS else ("jpa",))
+
+
+def resolve_config(name: str, config: PolicyConfig | None = None) -> PolicyConfig:
+    """The preset ``name`` on ``config``. ``jpa`` (the paper's JPA: inverse-order profiling of every
+    job) is read from :data:`policy.PRESETS` when it is there; until then it is the ``malletrain``
+    preset with ``profiling="always"``, which is what the paper's MalleTrain does."""
+    if name == "jpa" and "jpa" not in PRESETS:
+        return preset("malletrain", config, profiling=Profiling.ALWAYS)
+    return preset(name, config)
 
 
 def _file_curve(spec: JobSpec) -> Curve | None:
@@ -69,20 +84,20 @@ def _file_curve(spec: JobSpec) -> Curve | None:
 def make_policy(name: str, context: PolicyContext | None = None, config: PolicyConfig | None = None) -> SimPolicy:
     """The named policy on ``config`` (default :class:`PolicyConfig`)."""
     ctx = context if context is not None else PolicyContext()
-    cfg = preset(name, config)
+    cfg = resolve_config(name, config)
     mean = mean_curve(ctx.curves) if ctx.curves else None
-    if name == "malletrain":
+    if name not in _BASELINES:  # malletrain, jpa and any learning preset
         if mean is not None and cfg.prior is None:
             cfg = cfg.with_prior(mean)
         return SimPolicy(name, Policy(cfg), _file_curve)
     if name == "freetrain":
         model = parse_error_model(ctx.freetrain_model)
-        if model.kind == "mean" and mean is None:
-            raise ValueError("freetrain model 'mean' needs the workload's model curves (PolicyContext.curves)")
+        if model.kind in ("mean", "other") and not ctx.curves:
+            raise ValueError(f"freetrain model {model.kind!r} needs the workload's model curves (PolicyContext.curves)")
 
         def user(spec: JobSpec) -> Curve:
             given = spec.believed_scaling
-            return given if given is not None else believed_curve(model, spec, mean, ctx.seed)
+            return given if given is not None else believed_curve(model, spec, mean, ctx.seed, ctx.curves)
 
         return SimPolicy(name, Policy(cfg), user, label=model.label)
     if name in ("milp-true", "oracle"):
@@ -92,7 +107,7 @@ def make_policy(name: str, context: PolicyContext | None = None, config: PolicyC
 
 @dataclass(frozen=True)
 class ErrorModel:
-    """How far a user's curve is from the truth: ``mean``, ``linear`` or ``noise`` (``pct`` %)."""
+    """How far a user's curve is from the truth: ``mean``, ``linear``, ``other`` or ``noise`` (``pct`` %)."""
 
     kind: str
     pct: float = 0.0
@@ -103,9 +118,9 @@ class ErrorModel:
 
 
 def parse_error_model(text: str) -> ErrorModel:
-    """``mean`` | ``linear`` | ``noise:X`` (X in %, 0 <= X < 100)."""
+    """``mean`` | ``linear`` | ``other`` | ``noise:X`` (X in %, 0 <= X < 100)."""
     t = text.strip().lower()
-    if t in ("mean", "linear"):
+    if t in ("mean", "linear", "other"):
         return ErrorModel(t)
     if t.startswith("noise:"):
         try:
@@ -114,7 +129,7 @@ def parse_error_model(text: str) -> ErrorModel:
             pct = -1.0
         if 0.0 <= pct < 100.0:
             return ErrorModel("noise", pct)
-    raise ValueError(f"freetrain model {text!r}: use mean, linear or noise:X with 0 <= X < 100 (percent)")
+    raise ValueError(f"freetrain model {text!r}: use mean, linear, other or noise:X with 0 <= X < 100 (percent)")
 
 
 def mean_curve(curves: Mapping[str, Curve]) -> dict[int, float]:
@@ -124,12 +139,15 @@ def mean_curve(curves: Mapping[str, Curve]) -> dict[int, float]:
     return {n: sum(throughput_at(c, n) for c in curves.values()) / k for n in counts}
 
 
-def believed_curve(model: ErrorModel, spec: JobSpec, mean: Curve | None, seed: int) -> dict[int, float]:
+def believed_curve(model: ErrorModel, spec: JobSpec, mean: Curve | None, seed: int,
+                   curves: Mapping[str, Curve] | None = None) -> dict[int, float]:
     """The curve a user would give for ``spec`` under ``model``.
 
     * ``mean``: every job scales like the mean of the workload's model curves (the user knows
       the candidate models, not which one this job is).
     * ``linear``: linear from the true rate at ``min_nodes`` (the user ran it once, small).
+    * ``other``: another model's curve (one of ``curves`` other than the job's own model, drawn
+      seeded by ``(seed, job name)``): the user copied a curve published for a different network.
     * ``noise:X``: the true curve, each point times ``U(1 - X%, 1 + X%)``, seeded by
       ``(seed, job name)``.
     """
@@ -141,5 +159,9 @@ def believed_curve(model: ErrorModel, spec: JobSpec, mean: Curve | None, seed: i
         per_node = throughput_at(true, spec.min_nodes) / spec.min_nodes
         return {n: per_node * n for n in sorted(set(true) | {spec.min_nodes, spec.max_nodes})}
     rng = random.Random(zlib.crc32(f"{seed}:{spec.name}".encode()))
+    if model.kind == "other":
+        assert curves
+        names = sorted(n for n in curves if n != spec.model) or sorted(curves)
+        return dict(curves[names[rng.randrange(len(names))]])
     x = model.pct / 100.0
     return {n: v * rng.uniform(1.0 - x, 1.0 + x) for n, v in sorted(true.items())}

@@ -34,8 +34,8 @@ def write_events(rows: Sequence[DecisionRow], path: Path) -> Path:
         writer = csv.writer(fh)
         writer.writerow(EVENT_COLUMNS)
         for row in rows:
-            t, idle, used, running, queued, rescales, ms = astuple(row)
-            writer.writerow((f"{t:.3f}", idle, used, running, queued, rescales, f"{ms:.3f}"))
+            t, idle, used, running, queued, rescales, ms, constrained = astuple(row)
+            writer.writerow((f"{t:.3f}", idle, used, running, queued, rescales, f"{ms:.3f}", int(constrained)))
     return path
 
 
@@ -101,7 +101,9 @@ def _fmt(value: object) -> str:
 
 SUMMARY_ROWS = (
     "policy", "workload", "span_seconds", "idle_node_seconds", "used_node_seconds", "used_fraction",
-    "samples_processed", "jobs_submitted", "jobs_completed", "makespan_seconds", "rescales",
+    "work_node_seconds", "work_node_seconds_constrained", "work_node_seconds_unconstrained",
+    "productive_fraction", "samples_processed", "jobs_submitted", "jobs_completed", "makespan_seconds",
+    "jct_mean_seconds", "jct_p95_seconds", "wait_slowest_quarter_seconds", "longest_waiting_model", "rescales",
     "preemptions", "decisions", "decision_ms_p50", "decision_ms_p99", "wall_seconds",
 )
 
@@ -112,13 +114,13 @@ def summary_table(summary: dict) -> str:
 
 
 COMPARE_COLUMNS = (
-    "policy", "used_fraction", "samples_processed", "vs_oracle", "jobs_completed",
-    "makespan_seconds", "rescales", "preemptions", "decision_ms_p50", "wall_seconds",
+    "policy", "used_fraction", "work_node_seconds", "vs_oracle", "samples_processed", "jobs_completed",
+    "makespan_seconds", "jct_mean_seconds", "rescales", "preemptions", "decision_ms_p50", "wall_seconds",
 )
 
 
 def comparison_rows(summaries: Sequence[dict]) -> list[dict]:
-    """Each summary with ``vs_oracle`` = samples (or makespan, if finite) relative to oracle's."""
+    """Each summary with ``vs_oracle`` = work (or makespan, if finite) relative to oracle's."""
     oracle = next((s for s in summaries if s["policy"] == "oracle"), None)
     rows = []
     for s in summaries:
@@ -133,8 +135,8 @@ def _ratio_to_oracle(s: dict, oracle: dict | None) -> float | None:
         return None
     if s.get("makespan_seconds") and oracle.get("makespan_seconds"):
         return oracle["makespan_seconds"] / s["makespan_seconds"]
-    if oracle["samples_processed"] > 0:
-        return s["samples_processed"] / oracle["samples_processed"]
+    if oracle.get("work_node_seconds", 0) > 0:
+        return s["work_node_seconds"] / oracle["work_node_seconds"]
     return None
 
 

@@ -25,7 +25,18 @@ from malletrain.config import DaemonConfig
 from malletrain.runtimes import LaunchSpec
 from policy import JobEvidence, PolicyConfig
 from profiler.estimators import Estimate
-from scavenger.base import AgentGone, AgentUp, NodeIdle, NodeRecalled
+from scavenger.base import (
+    AgentGone,
+    AgentUp,
+    Discovery,
+    EndReason,
+    NodeInfo,
+    NodeState,
+    PilotEnded,
+    PilotRequest,
+    PilotState,
+    PilotView,
+)
 from scavenger.hub import AgentWorkers, WorkerExitedEvent, WorkerStartedEvent
 
 MEASURE_S = 10.0
@@ -98,7 +109,6 @@ class FakeCluster:
             if node in self.idle:
                 continue
             self.idle.add(node)
-            self.backend_events.append(NodeIdle(node))
             # the pilot starts at once and its agent says hello in the same iteration
             self.agents.add(node)
             self.hub_events.append(AgentUp(node))
@@ -110,7 +120,8 @@ class FakeCluster:
             held = node in self.held
             self.idle.discard(node)
             self.held.discard(node)
-            self.backend_events.append(NodeRecalled(node, held))
+            if held:
+                self.backend_events.append(("recalled", node))  # its pilot is preempted
             if node in self.agents:
                 self.agents.discard(node)
                 self.workers.pop(node, None)  # killed with the pilot: no exit event
@@ -131,29 +142,60 @@ class FakeCluster:
 
 
 class FakeBackend:
+    """A :class:`scavenger.base.SchedulerBackend` on the fake cluster: a pilot runs as soon as it is
+    submitted; a recall of a held node ends its pilot ``preempted``."""
+
+    name = "fake"
+
     def __init__(self, cluster: FakeCluster) -> None:
         self.c = cluster
         self.nodes = cluster.nodes
+        self._pilots: dict[str, str] = {}  # pilot id -> node
+        self._ended: list[Any] = []
+        self._seq = 0
 
     def poll(self) -> list[Any]:
-        out, self.c.backend_events = self.c.backend_events, []
+        events, self.c.backend_events = self.c.backend_events, []
+        out, self._ended = self._ended, []
+        for _, node in events:
+            pid = self._on(node)
+            if pid is not None:
+                del self._pilots[pid]
+                out.append(PilotEnded(pid, (node,), EndReason.PREEMPTED, "recalled"))
         return out
 
-    def idle_nodes(self) -> set[str]:
-        return self.c.idle - self.c.held
+    def discover(self) -> Discovery:
+        infos = tuple(NodeInfo(n, NodeState.IDLE if n in self.c.idle else NodeState.BUSY) for n in self.c.nodes)
+        return Discovery(infos, (), frozenset(self.c.idle - set(self._pilots.values())), 0.0)
 
-    def held_nodes(self) -> set[str]:
-        return set(self.c.held)
+    def submit(self, request: PilotRequest) -> str:
+        (node,) = request.nodes
+        pid = self._on(node)
+        if pid is not None:
+            return pid
+        self._seq += 1
+        pid = f"fake-{self._seq}"
+        self._pilots[pid] = node
+        self.c.held.add(node)
+        return pid
 
-    def hold(self, node: str) -> None:
-        if node in self.c.idle:
-            self.c.held.add(node)
+    def cancel(self, pilot: str) -> None:
+        node = self._pilots.pop(pilot, None)
+        if node is not None:
+            self.c.held.discard(node)
+            self._ended.append(PilotEnded(pilot, (node,), EndReason.CANCELLED, "cancelled by us"))
 
-    def release(self, node: str) -> None:
-        self.c.held.discard(node)
+    def pilots(self) -> dict[str, PilotView]:
+        return {p: PilotView(p, PilotState.RUNNING, (n,), None) for p, n in self._pilots.items()}
 
-    def agent_up(self, node: str, pid: int | None = None) -> None:
-        pass
+    def adopt(self, node: str, batch_job: str, pid: int) -> str | None:
+        """A new daemon meets the agents of the last one: their pilots run on."""
+        if node not in self.c.held:
+            return None
+        return self._on(node) or self.submit(PilotRequest((node,)))
+
+    def _on(self, node: str) -> str | None:
+        return next((p for p, n in self._pilots.items() if n == node), None)
 
     def close(self) -> None:
         pass
@@ -175,7 +217,8 @@ class FakeHub:
     def pid(self, node: str) -> int:
         return self.c.pid(node)
 
-    def start_worker(self, node: str, worker: str, argv: Any, env: Any, cwd: Any) -> None:
+    def start_worker(self, node: str, worker: str, argv: Any, env: Any, cwd: Any,
+                     uid: int | None = None, gid: int | None = None) -> None:
         if node not in self.c.agents or worker in self.c.workers.get(node, set()):
             return  # idempotent, as the agent is
         self.c.workers.setdefault(node, set()).add(worker)

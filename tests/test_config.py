@@ -108,7 +108,8 @@ policy_keys = st.sampled_from(["tfwd_s", "max_running", "profiling", "profile_ti
                                "method", "default_up_cost_s"]) | st.text(max_size=6)
 policy_tables = st.dictionaries(policy_keys, scalars | st.dictionaries(st.text(max_size=3), scalars, max_size=3),
                                 max_size=5)
-configs = st.dictionaries(keys | st.sampled_from(["local", "ports", "policy"]), scalars | tables | policy_tables,
+configs = st.dictionaries(keys | st.sampled_from(["local", "ports", "policy", "metrics", "log"]),
+                          scalars | tables | policy_tables,
                           max_size=8)
 
 
@@ -135,8 +136,62 @@ def test_fuzz_config_bytes(tmp_path_factory: pytest.TempPathFactory, data: bytes
 
 
 def test_every_key_has_a_limit() -> None:
-    from malletrain.config import LocalConfig, Ports
+    from malletrain.config import TABLES, LocalConfig, LogConfig, MetricsConfig, Ports
 
-    assert {f.name for f in fields(DaemonConfig)} - {"local", "ports", "policy"} == set(LIMITS[""])
+    assert {f.name for f in fields(DaemonConfig)} - set(TABLES) == set(LIMITS[""])
     assert {f.name for f in fields(LocalConfig)} == set(LIMITS["local."])
     assert {f.name for f in fields(Ports)} == set(LIMITS["ports."])
+    assert {f.name for f in fields(MetricsConfig)} == set(LIMITS["metrics."])
+    assert {f.name for f in fields(LogConfig)} == set(LIMITS["log."])
+
+
+@pytest.mark.parametrize("address, served", [
+    ("127.0.0.1:9464", "127.0.0.1:9464"), ("9464", "127.0.0.1:9464"), (":0", "127.0.0.1:0"),
+    ("[::1]:9464", "[::1]:9464"), ("localhost:1", "localhost:1"), ("0.0.0.0:9464", "0.0.0.0:9464"),
+])
+def test_metrics_address_is_parsed_with_loopback_by_default(address: str, served: str) -> None:
+    from malletrain.metrics import parse_address
+
+    cfg = parse_config({"metrics": {"address": address}})
+    assert cfg.metrics.enabled and str(parse_address(cfg.metrics.address)) == served
+    assert parse_config(tomllib.loads(to_toml(cfg))) == cfg
+
+
+@pytest.mark.parametrize("table, why", [
+    ({"metrics": {"address": "example.org:9464"}}, "metrics.address 'example.org:9464': host must be an IP"),
+    ({"metrics": {"address": "127.0.0.1:99999"}}, "port must be an integer in [0, 65535]"),
+    ({"metrics": {"address": "127.0.0.1:"}}, "port must be an integer"),
+    ({"metrics": {"address": "::1:9464"}}, "in brackets"),
+    ({"metrics": {"address": 9464}}, "metrics.address must be a string"),
+    ({"metrics": {"port": 1}}, "unknown key(s) metrics.port"),
+    ({"metrics": "on"}, "[metrics] must be a table"),
+    ({"log": {"format": "xml"}}, "log.format must be one of text, json"),
+    ({"log": {"level": "loud"}}, "log.level must be one of debug"),
+])
+def test_metrics_and_log_tables_refuse_bad_values_naming_the_key(table: dict[str, object], why: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(table, "d.toml")
+    assert why in str(info.value) and "d.toml" in str(info.value)
+
+
+def test_metrics_are_off_and_the_log_is_text_by_default(tmp_path: Path) -> None:
+    cfg = DaemonConfig()
+    assert not cfg.metrics.enabled and cfg.log.format == "text" and cfg.log.level == "info"
+    assert parse_config({"metrics": {"address": ""}}) == cfg
+    f = tmp_path / "d.toml"
+    f.write_text('[metrics]\naddress = "127.0.0.1:9464"\n[log]\nformat = "json"\n')
+    res = subprocess.run([sys.executable, "-m", "malletrain", "config", "check", str(f)],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    shown = tomllib.loads(res.stdout)
+    assert shown["metrics"] == {"address": "127.0.0.1:9464"} and shown["log"] == {"format": "json", "level": "info"}
+
+
+def test_ports_host_is_one_interface_address() -> None:
+    from malletrain.config import ConfigError, parse_config
+
+    assert parse_config({}).ports.host == "127.0.0.1"
+    assert parse_config({"ports": {"host": "10.1.2.3"}}).ports.host == "10.1.2.3"
+    for bad, why in (("0.0.0.0", "every network"), ("head-node", "IP address"), ("::1", "IPv4"), (5, "string")):
+        with pytest.raises(ConfigError, match=why):
+            parse_config({"ports": {"host": bad}})

@@ -91,7 +91,7 @@ SCENARIO = Scenario(
     idle=((0.0, NODES[:4]), (100.0, NODES[4:6])),
     recalls=((150.0, (NODES[1],)),),
     cancels=((160.0, "D"), (200.0, "B")),
-    policy=PolicyConfig(profiling="always", max_running=2, profile_time_cap_s=60.0),
+    policy=PolicyConfig(profiling="always", max_running=2, profile_time_cap_s=60.0, objective="samples"),
 )
 
 
@@ -352,7 +352,7 @@ def _status(h: Harness, jid: str) -> dict:
 
 
 def test_daemon_pjmax_keeps_the_second_job_pending_with_a_reason(tmp_path: Path) -> None:
-    h = Harness(tmp_path / "d", PolicyConfig(max_running=1, profiling="never"))
+    h = Harness(tmp_path / "d", PolicyConfig(max_running=1, profiling="never", admission="fixed"))
     try:
         h.cluster.became_idle(*NODES[:4])
         first = h.submit("first", LINEAR, max_nodes=2)

@@ -58,7 +58,9 @@ def test_job_grows_on_arrival_shrinks_on_recall_and_keeps_training(daemon) -> No
     spec = JobSpec("toy", TOY + ("--rate", "2000"), 1, 3, False, {1: 100.0, 2: 190.0, 3: 270.0})
     jid = d.store.submit(spec)
     run = lambda: d.runs[jid]  # noqa: E731
-    until(d, lambda: len(run().members) == 3 and run().last_progress > 0)
+    # reports at 3 workers, not only a published list of 3: a recall before the first step at 3
+    # would leave the monitor nothing at 3 to see a 3 -> 2 rescale from
+    until(d, lambda: len(run().members) == 3 and run().last_progress > 0 and d.monitor.jobs[jid].world_size == 3)
     assert d.store.require(jid).state is JobState.RUNNING
     gen = d.runtime.generation(jid)
     # the main scheduler takes a node back: SIGTERM on its agent, the job shrinks and goes on

@@ -204,3 +204,104 @@ def test_submit_refuses_a_job_bigger_than_the_machine(tmp_path: Path) -> None:
     (state / "store.db").write_bytes(b"")
     res = cli("status", "--state-dir", str(state))
     assert res.returncode == 2 and "empty file" in res.stderr and str(state / "store.db") in res.stderr
+
+
+NOBODY = 65534
+
+
+def as_nobody(*args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI run by another local user (``setpriv`` drops root to uid/gid 65534)."""
+    return subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+                           sys.executable, "-m", "malletrain", *args],
+                          capture_output=True, text=True, timeout=60, cwd="/")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
+def test_another_user_submits_and_cancels_through_the_daemon_only_their_own(tmp_path: Path) -> None:
+    """Issue E #1 end to end: a root daemon; another user's CLI reaches it over the control socket
+    (the state dir is traversable, never listable), owns what it submits, cannot cancel root's job,
+    and cannot read the store."""
+    import tempfile
+
+    top = Path(tempfile.mkdtemp(prefix="mt-shared-"))  # pytest's tmp_path is 0700: nobody could not pass
+    try:
+        os.chmod(top, 0o755)
+        state = top / "state"
+        cfg = top / "daemon.toml"
+        cfg.write_text(CONFIG.format(state=state))
+        job_file = top / "job.toml"  # a command every user can run (this venv's Python may not be)
+        job_file.write_text('name = "x"\ncommand = ["/bin/sh", "-c", "sleep 60"]\n')
+        os.chmod(job_file, 0o644)
+        d = start_daemon(cfg, tmp_path / "daemon.log")
+        try:
+            wait(lambda: (state / "daemon.json").exists(), "daemon.json")
+            mine = cli("submit", str(job_file), "--state-dir", str(state)).stdout.strip()
+            res = as_nobody("submit", str(job_file), "--state-dir", str(state))
+            assert res.returncode == 0, res.stderr
+            theirs = res.stdout.strip()
+            jobs = {j["id"]: j for j in status(state)["jobs"]}
+            assert jobs[mine]["owner_uid"] == 0 and jobs[theirs]["owner_uid"] == NOBODY
+
+            res = as_nobody("cancel", mine, "--state-dir", str(state))
+            assert res.returncode == 1 and f"job {mine} belongs to uid 0" in res.stderr
+            res = as_nobody("cancel", theirs, "--state-dir", str(state))
+            assert res.returncode == 0, res.stderr
+            wait(lambda: job(status(state), theirs)["state"] == "cancelled", "their job cancelled")
+            assert job(status(state), mine)["state"] not in ("cancelled", "failed")
+
+            st = state.stat()
+            assert st.st_mode & 0o777 == 0o711  # pass through to the socket, never list
+            for private in ("store.db", "monitor.key", "daemon.json"):
+                assert (state / private).stat().st_mode & 0o077 == 0, private
+            res = as_nobody("status", "--state-dir", str(state))
+            assert res.returncode == 0 and mine in res.stdout  # through the daemon, not the store
+        finally:
+            d.send_signal(signal.SIGTERM)
+            d.wait(timeout=30)
+        res = as_nobody("status", "--state-dir", str(state))  # no daemon: the store is not theirs
+        assert res.returncode == 2 and "store.db" in res.stderr and "Traceback" not in res.stderr
+    finally:
+        wait(lambda: not procs_mentioning(str(top)), "no orphans", timeout=15)
+        import shutil
+
+        shutil.rmtree(top, ignore_errors=True)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
+def test_a_root_daemon_runs_each_job_as_its_owner(tmp_path: Path) -> None:
+    """Issue E #1: a job another user submitted to a root daemon read /etc/shadow; now its
+    workers run as that user, and its log is theirs alone (0600)."""
+    import shutil
+    import tempfile
+
+    top = Path(tempfile.mkdtemp(prefix="mt-owner-"))
+    try:
+        os.chmod(top, 0o755)
+        state = top / "state"
+        (top / "daemon.toml").write_text(CONFIG.format(state=state))
+        job_file = top / "job.toml"
+        job_file.write_text('name = "peek"\ncommand = ["/bin/sh", "-c", "id -u; id -g; cat /etc/shadow; sleep 60"]\n')
+        os.chmod(job_file, 0o644)
+        d = start_daemon(top / "daemon.toml", tmp_path / "daemon.log")
+        try:
+            wait(lambda: (state / "daemon.json").exists(), "daemon.json")
+            res = as_nobody("submit", str(job_file), "--state-dir", str(state))
+            assert res.returncode == 0, res.stderr
+            jid = res.stdout.strip()
+            logs = lambda: sorted((state / "logs").glob(f"{jid}.*.log"))  # noqa: E731
+            wait(lambda: logs() and "shadow" in logs()[0].read_text(), "the worker's output", timeout=60)
+            log = logs()[0]
+            out = log.read_text().split()
+            assert out[:2] == [str(NOBODY), str(NOBODY)]  # uid and gid of the owner, not root
+            assert "Permission denied" in log.read_text() and "root:" not in log.read_text()
+            st = log.stat()
+            assert (st.st_uid, st.st_mode & 0o777) == (NOBODY, 0o600)
+            assert as_nobody("cancel", jid, "--state-dir", str(state)).returncode == 0
+        finally:
+            d.send_signal(signal.SIGTERM)
+            d.wait(timeout=30)
+    finally:
+        wait(lambda: not procs_mentioning(str(top)), "no orphans", timeout=15)
+        shutil.rmtree(top, ignore_errors=True)

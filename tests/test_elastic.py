@@ -16,8 +16,6 @@ import torch.distributed as dist
 from malletrain.elastic import (
     EXIT_STORE_LOST,
     LeaveJob,
-    _extract,
-    _inject,
     Rendezvous,
     Rescaled,
     State,
@@ -249,25 +247,64 @@ def test_wrapped_comm_failure_is_recognised() -> None:
         assert is_comm_failure(outer)
 
 
-def test_snapshot_tensors_survive_the_byte_buffer() -> None:
-    obj = {
-        "w": torch.randn(3, 5),  # 15 float32: the next tensor starts unaligned for float64
+def _receive_as_rank_1(monkeypatch: pytest.MonkeyPatch, sent: bytes):
+    """What rank 1 of a world makes of ``sent`` when rank 0 broadcasts its state."""
+    from malletrain.elastic import broadcast_snapshot, snapshot
+
+    monkeypatch.setattr(snapshot, "_broadcast_bytes", lambda data, src, rank: sent)
+    return broadcast_snapshot(None, 0, 1, "j")
+
+
+def test_broadcast_state_keeps_every_tensor_and_plain_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    from malletrain.elastic import Snapshot, encode_checkpoint
+
+    model = {
+        "w": torch.randn(3, 5),
         "d": torch.randn(2, dtype=torch.float64),
         "flags": torch.tensor([True, False, True]),
-        "step": torch.tensor(7),
         "nested": [{"m": torch.arange(6.0).reshape(2, 3).t()}, 3, "x"],  # non-contiguous
-        "none": None,
     }
-    tensors: list[torch.Tensor] = []
-    size = [0]
-    skeleton = _extract(obj, tensors, size)
-    buf = torch.cat(tensors)
-    assert buf.dtype == torch.uint8 and buf.numel() == size[0] == 15 * 4 + 2 * 8 + 3 + 8 + 6 * 4
-    back = _inject(skeleton, buf.clone())
-    for key in ("w", "d", "flags", "step"):
-        assert back[key].dtype == obj[key].dtype and torch.equal(back[key], obj[key])
-    assert torch.equal(back["nested"][0]["m"], obj["nested"][0]["m"])
-    assert back["nested"][1:] == [3, "x"] and back["none"] is None
+    opt = {"state": {0: {"momentum_buffer": torch.ones(2), "step": torch.tensor(7.0)}},
+           "param_groups": [{"lr": 0.1, "params": [0], "nesterov": False, "foreach": None}]}
+    snap = Snapshot(5, model, opt, {"step": 9, "epoch": 1, "samples": 36, "extra": {"tag": "x", "t": torch.ones(1)}})
+    back = _receive_as_rank_1(monkeypatch, encode_checkpoint(snap))
+    assert back.version == 5 and back.counters["step"] == 9 and back.counters["extra"]["tag"] == "x"
+    for key in ("w", "d", "flags"):
+        assert back.model[key].dtype == model[key].dtype and torch.equal(back.model[key], model[key])
+    assert torch.equal(back.model["nested"][0]["m"], model["nested"][0]["m"]) and back.model["nested"][1:] == [3, "x"]
+    assert back.optimizer["param_groups"] == opt["param_groups"]
+    assert torch.equal(back.optimizer["state"][0]["momentum_buffer"], torch.ones(2))  # int keys survive
+
+
+@pytest.mark.parametrize("form", ["torch.save", "bare pickle"])
+def test_a_broadcast_state_that_would_run_code_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path,
+                                                          form: str) -> None:
+    """Finding 4: bytes another rank (or anything on its connection) sends are never unpickled."""
+    import io
+    import pickle
+
+    from malletrain.elastic import CheckpointError
+
+    marker = tmp_path / "pwned"
+    evil = {"version": 1, "model": {"w": _Planted(str(marker))}, "optimizer": None, "counters": {}}
+    if form == "torch.save":
+        buf = io.BytesIO()
+        torch.save(evil, buf)
+        data = buf.getvalue()
+    else:
+        data = pickle.dumps(evil, protocol=2)
+    with pytest.raises(CheckpointError, match="job j: the state broadcast by rank 0 refused by the safe loader"):
+        _receive_as_rank_1(monkeypatch, data)
+    assert not marker.exists()
+
+
+def test_a_state_the_safe_format_cannot_carry_is_refused_by_the_sender() -> None:
+    from malletrain.elastic import CheckpointError, Snapshot, broadcast_snapshot
+
+    odd = Snapshot(1, {}, None, {"step": 1, "epoch": 0, "samples": 1, "extra": {"obj": object()}})
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    with pytest.raises(CheckpointError, match="State.extra"):
+        broadcast_snapshot(odd, 0, 0, "j")
 
 
 # -- State without a runtime (one local worker) -------------------------------------------------
@@ -745,3 +782,125 @@ def test_checkpoint_bytes_round_trip_plain_data_and_refuse_objects() -> None:
     odd = Snapshot(1, {}, None, {"step": 1, "epoch": 0, "samples": 1, "extra": {"obj": _Planted("/nonexistent")}})
     with pytest.raises(CheckpointError, match="State.extra"):
         encode_checkpoint(odd)
+
+
+# -- restarts: fresh workers after a daemon restart, durable checkpoints ------------------------------
+
+def test_a_fresh_worker_joins_whatever_generation_a_restarted_daemon_publishes(runtime: TorchRuntime) -> None:
+    """A restarted daemon numbers on from generation 6 in an empty store: a worker it starts fresh
+    must join generation 7 (it used to wait for generation 1 forever)."""
+    runtime.resume_generation("j", 6)
+    state = make_state(runtime, "j", "fresh")
+    seen: list[int] = []
+    finished = threading.Event()
+
+    def train(s: State) -> None:
+        seen.append(s.generation)
+        s.step += 1
+        s.commit()
+
+    def worker() -> None:
+        try:
+            run(train, state)
+        finally:
+            finished.set()
+
+    thread = threading.Thread(target=worker, daemon=True)
+    thread.start()
+    _wait_until(lambda: runtime.ready("j", "fresh"), "the fresh worker is ready")
+    assert runtime.set_members("j", ["fresh"]) == 7
+    assert finished.wait(60), "the fresh worker never joined the republished generation"
+    assert seen == [7] and state.step == 1
+
+
+def _leave_with_checkpoint(rt: TorchRuntime, job: str, steps: int) -> dict[str, torch.Tensor]:
+    """Worker "a" trains ``steps`` steps; the daemon suspends the job; a leaves its checkpoint."""
+    rt.set_members(job, ["a"])
+    a = make_state(rt, job, "a")
+
+    def train(s: State) -> None:
+        while True:
+            _train_steps(s, 1)
+            s.commit()
+            if s.step == steps:
+                rt.set_members(job, [])  # suspended: a leaves at its next commit
+
+    with pytest.raises(SystemExit):
+        run(train, a)
+    rt.forget(job)  # as the daemon does for a suspended job
+    return {k: v.clone() for k, v in a.model.state_dict().items()}
+
+
+def test_a_suspended_jobs_checkpoint_is_on_disk_and_outlives_the_daemon(tmp_path) -> None:
+    """Finding: a job killed while SUSPENDED lost its checkpoint (it lived in the store only)."""
+    import stat
+
+    from malletrain.runtimes.torch_elastic import checkpoint_path
+
+    ckpts = tmp_path / "state" / "checkpoints"
+    first = TorchRuntime("127.0.0.1", 0, checkpoint_dir=ckpts)
+    first.start()
+    try:
+        committed = _leave_with_checkpoint(first, "j", 3)
+        assert first.persist_checkpoints(["j", "other"]) == ["j"]
+        assert first.persist_checkpoints(["j"]) == []  # nothing new: not written again
+        gen = first.generation("j")
+    finally:
+        first.close()  # the daemon dies: its store with it
+    path = checkpoint_path(ckpts, "j")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and stat.S_IMODE(ckpts.stat().st_mode) == 0o700
+    assert [p.name for p in ckpts.iterdir()] == ["j.ckpt"]  # no temporary file left
+
+    second = TorchRuntime("127.0.0.1", 0, checkpoint_dir=ckpts)  # the restarted daemon: an empty store
+    second.start()
+    try:
+        second.resume_generation("j", gen)
+        b = make_state(second, "j", "b")
+        with torch.no_grad():
+            b.model.weight.fill_(0.0)  # a different start: the checkpoint must overwrite it
+        seen: list[tuple[int, int]] = []
+
+        def train_b(s: State) -> None:
+            seen.append((s.step, s.samples))
+            assert all(torch.equal(s.model.state_dict()[k], committed[k]) for k in committed)
+
+        publisher = threading.Thread(target=lambda: (_wait_until(lambda: second.ready("j", "b")),
+                                                     second.set_members("j", ["b"])), daemon=True)
+        publisher.start()
+        run(train_b, b)
+        publisher.join(30)
+        assert seen == [(4, 12)]  # the commit of step 4: a left at its next commit after step 3
+        second.forget("j", keep_state=False)  # the job ended
+        assert not path.exists()
+    finally:
+        second.close()
+
+
+def test_a_damaged_checkpoint_file_is_named_and_skipped(tmp_path, caplog: pytest.LogCaptureFixture) -> None:
+    ckpts = tmp_path / "checkpoints"
+    ckpts.mkdir()
+    (ckpts / "j.ckpt").write_bytes(b"malletrain-checkpoint 1 3 999\nshort")
+    rt = TorchRuntime("127.0.0.1", 0, checkpoint_dir=ckpts)
+    rt.start()
+    try:
+        rt.resume_generation("j", 3)
+        assert rt.checkpoint_generation("j") is None
+        assert "j.ckpt: not a checkpoint file of malletrain" in caplog.text
+    finally:
+        rt.close()
+
+
+def test_a_half_written_checkpoint_is_not_copied(runtime: TorchRuntime, tmp_path) -> None:
+    from malletrain.runtimes.torch_elastic import ckpt_seq_key
+
+    rt = TorchRuntime("127.0.0.1", 0, checkpoint_dir=tmp_path / "ck")
+    rt.start()
+    try:
+        _leave_with_checkpoint(rt, "j", 2)
+        store = client_store(rt)
+        store.add(ckpt_seq_key("j"), 1)  # a worker is writing a new one (odd)
+        assert rt.persist_checkpoints(["j"]) == []
+        store.add(ckpt_seq_key("j"), 1)  # done
+        assert rt.persist_checkpoints(["j"]) == ["j"]
+    finally:
+        rt.close()

@@ -21,6 +21,7 @@ from malletrain.examples.harness import LocalJob, Worker, example_command
 from malletrain.runtimes.torch_elastic import TorchRuntime
 from scavenger.base import AgentGone, AgentUp
 from scavenger.hub import AgentHub, WorkerExitedEvent
+from scavenger.base import PilotRequest
 from scavenger.local import LocalBackend
 
 pytestmark = pytest.mark.slow
@@ -243,11 +244,12 @@ def test_agent_and_worker_logs_say_what_happened(tmp_path: Path) -> None:
     """A real agent runs a real torch worker to its end: both log files tell the story."""
     logs = tmp_path / "logs"
     hub = AgentHub(dead_after_s=30.0)
-    backend = LocalBackend(1, hub.address, agent_args=("--heartbeat", "0.2"), log_dir=str(logs))
+    backend = LocalBackend(1, hub.address, agent_args=("--heartbeat", "0.2", "--key-file", hub.key_file),
+                           log_dir=str(logs))
     runtime = TorchRuntime("127.0.0.1", 0)
     runtime.start()
     try:
-        backend.hold("node00")
+        backend.submit(PilotRequest(("node00",)))
         _hub_events_until(hub, backend, lambda ev: AgentUp("node00") in ev)
         cmd = example_command("--model", "linear", "--batch", str(BATCH), "--samples", "80")
         spec = runtime.launch_spec("j5", cmd, "w0", "node00")
@@ -274,5 +276,5 @@ def test_agent_and_worker_logs_say_what_happened(tmp_path: Path) -> None:
     agent_log = (logs / "agent-node00.log").read_text()
     for line in ("node node00: agent start", f"daemon {hub.address}", "node node00: worker w0 started, pid",
                  "node node00: worker w0 (pid", "exited with code 0", "SIGTERM: the node is recalled",
-                 "agent exit 0, reason: recalled"):
+                 "agent exit 143, reason: recalled"):
         assert line in agent_log, f"{line!r} not in the agent's log:\n{agent_log}"

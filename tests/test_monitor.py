@@ -10,19 +10,30 @@ import sys
 import time
 import tracemalloc
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
+
+import itertools
+import json
 
 import pytest
 import zmq
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
-from malletrain.messages import MAX_FRAME, Reason, Report, new_secret, secret_key
+from malletrain.messages import MAX_FRAME, MAX_INT, Reason, Report, new_secret, secret_key
 from malletrain.monitor import (
     MAX_WORKERS,
+    REPLAY_META_KEY,
+    ReplaySaver,
     KeyFileError,
     Monitor,
     job_secret,
     load_master_key,
 )
+
+CTX = zmq.Context.instance()
+SECRETS = (new_secret(), new_secret())
+INPROC = itertools.count()
 
 SENDER = """
 import sys, zmq
@@ -320,3 +331,153 @@ def test_master_key_file(tmp_path: Path) -> None:
     link.symlink_to(path)
     with pytest.raises(KeyFileError, match="cannot open"):
         load_master_key(link)
+
+
+# ---------------------------------------------------------------- the fast path changes no verdict
+ids = st.text(min_size=0, max_size=8) | st.sampled_from(["j", "w0", "j000001.n1.5", 'q"x', "a\\b", "é", "\x07"])
+numbers = (st.integers(min_value=0, max_value=70_000) | st.integers(min_value=-5, max_value=2**64)
+           | st.sampled_from([0, 1, 65536, 65537, MAX_INT, MAX_INT + 1, 2**31 - 1, 2**31]))
+times = (st.floats(min_value=0.0, max_value=2e11) | st.floats(allow_nan=False, allow_infinity=False)
+         | st.integers(min_value=-5, max_value=10**13)
+         | st.sampled_from([0.0, -0.0, 1e11, 1e11 + 1, 1234.5678901234567, 1e-300, 5e-324, 1e22]))
+reports = st.builds(lambda *a: a, ids, numbers, numbers, times, numbers, numbers, ids)
+
+
+VALID = [(("j", i, 64, 1000.0 + i, 2, 1, "w0"), "mine", 400, 0) for i in (1, 2, 2, 3)]
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@example(VALID + [(("j", 4, 64, 1000, 2, 1, "w0"), "other", 10, 48), (("j", 5, 0, 0.0, 1, 0, ""), "mine", 20, 0)])
+@given(st.lists(st.tuples(reports, st.sampled_from(["mine", "other", "none"]), st.integers(0, 300),
+                          st.integers(0, 255)), max_size=12))
+def test_the_fast_path_and_the_checked_path_agree(frames_spec: list) -> None:
+    mine, other = secret_key(SECRETS[0]), secret_key(SECRETS[1])
+    frames = []
+    for (job, seq, samples, ts, world, gen, worker), signer, pos, byte in frames_spec:
+        job = job or "j"
+        try:
+            frame = Report(job, seq, samples, ts, world, gen, worker).encode(
+                {"mine": mine, "other": other, "none": None}[signer])
+        except (ValueError, OverflowError):
+            continue
+        frames.append(frame)
+        if pos < len(frame):  # and a tampered copy
+            frames.append(frame[:pos] + bytes([byte]) + frame[pos + 1:])
+    results = []
+    for fast in (True, False):
+        mon = Monitor(bind=f"inproc://fast-vs-checked-{next(INPROC)}", ctx=CTX)
+        try:
+            mon.fast_path = fast
+            for job in {f[0][0] or "j" for f in frames_spec} | {"j"}:
+                try:
+                    mon.register(job, SECRETS[0])
+                except ValueError:
+                    pass
+            mon.ingest_batch(frames)
+            results.append((mon.counts(), {j: (s.samples, s.reports, s.world_size, s.generation, s.seq_gaps,
+                                                s.window.to_dict()) for j, s in mon.jobs.items()}))
+        finally:
+            mon.close()
+    assert results[0] == results[1]
+
+
+def test_typical_frames_take_the_fast_path(mon: Monitor) -> None:
+    key = secret_key(secret := new_secret())
+    mon.register("j000001", secret)
+    mon._accept_checked = None  # type: ignore[assignment]  # any frame sent there fails as INTERNAL
+    mon.ingest_batch([Report("j000001", i, 64, 1000.0 + i, 2, 3, "j000001.n1.17").encode(key) for i in range(1, 50)]
+                     + [Report("j000001", 50, 64, 1100, 2, 3, "").encode(key)])
+    assert mon.counts()["accepted"] == 50 and mon.counts()["internal"] == 0
+
+
+# ---------------------------------------------------------------- replay windows across restarts
+class Meta(dict):
+    def get_meta(self, key: str) -> str | None:
+        return self.get(key)
+
+    def set_meta(self, key: str, value: str) -> None:
+        self[key] = value
+
+
+def test_replay_windows_are_saved_periodically_and_restored_before_registering(ctx: zmq.Context) -> None:
+    key = secret_key(secret := new_secret())
+    meta = Meta()
+    first = Monitor(ctx=ctx)
+    saver = ReplaySaver(first, meta, every_s=5.0)
+    assert saver.load() == 0
+    first.register("j", secret)
+    frames = [Report("j", i, 64, 100.0 + i, 1, 0, "w0").encode(key) for i in range(1, 4)]
+    saver.tick(0.0)  # nothing accepted yet: the empty windows
+    first.ingest_batch(frames)
+    saver.tick(1.0)  # not due
+    assert json.loads(meta[REPLAY_META_KEY]) == {"j": {"floor": -1.0, "last": {}}}
+    saver.tick(5.0)  # due: what a kill -9 right now would leave
+    first.close()
+    second = Monitor(ctx=ctx)
+    try:
+        assert ReplaySaver(second, meta).load() == 1
+        assert second.jobs == {}  # no state for a job until it is registered
+        second.register("j", secret)
+        second.ingest_batch(frames + [Report("j", 4, 64, 104.0, 1, 0, "w0").encode(key)])
+        assert second.counts()["replayed"] == 3 and second.jobs["j"].reports == 1
+        second.forget("j")
+        assert second.replay_states() == {}
+    finally:
+        second.close()
+
+
+def test_damaged_saved_windows_are_logged_not_fatal(ctx: zmq.Context, caplog: pytest.LogCaptureFixture) -> None:
+    for text, why in (("{", "not valid"), ("[1]", "not valid"), ('{"j": {"floor": "x"}}', "job j")):
+        mon = Monitor(ctx=ctx)
+        try:
+            with caplog.at_level(logging.ERROR, logger="malletrain.monitor"):
+                assert ReplaySaver(mon, Meta({REPLAY_META_KEY: text})).load() == 0
+            assert why in caplog.records[-1].getMessage()
+            mon.register("j", new_secret())
+        finally:
+            mon.close()
+
+
+@pytest.mark.slow
+def test_a_report_captured_before_a_daemon_restart_is_a_replay_after_it(tmp_path: Path) -> None:
+    from malletrain.config import DaemonConfig, LocalConfig
+    from malletrain.daemon import Daemon
+    from malletrain.jobspec import JobSpec
+
+    cfg = DaemonConfig(state_dir=str(tmp_path / "state"), runtime="toy", local=LocalConfig(nodes=1, trace="none"),
+                       agent_heartbeat=0.2, agent_dead_after=2.0, loop_interval=0.05)
+    toy = (sys.executable, "-m", "malletrain.toy_runtime", "--rate", "100")
+
+    def send_until(d: Daemon, frames: list[bytes], done: Callable[[], bool]) -> None:
+        s = d.ctx.socket(zmq.PUSH)
+        s.setsockopt(zmq.LINGER, 0)
+        s.connect(d.monitor.address)
+        for f in frames:
+            s.send(f)
+        deadline = time.monotonic() + 20
+        while not done() and time.monotonic() < deadline:
+            d.step()
+            d.monitor.drain(timeout_ms=50)
+        s.close(0)
+        assert done(), d.monitor.counts()
+
+    def last_seq(d: Daemon) -> int:
+        return d.monitor.jobs[jid].window.last.get("captured", (0, 0.0))[0]
+
+    d = Daemon(cfg)
+    try:
+        jid = d.store.submit(JobSpec("toy", toy, 1, 1, False, {1: 10.0}))
+        d.step()
+        key = secret_key(d.job_secret(jid))
+        t = time.time()
+        captured = [Report(jid, i, 1, t + i * 1e-3, 1, 0, "captured").encode(key) for i in range(1, 4)]
+        send_until(d, captured, lambda: last_seq(d) == 3)
+    finally:
+        d.close()
+    d = Daemon(cfg)
+    try:
+        assert last_seq(d) == 3  # restored from the store before any frame arrived
+        send_until(d, captured, lambda: d.monitor.counts()["replayed"] == 3)
+        send_until(d, [Report(jid, 4, 1, t + 1, 1, 0, "captured").encode(key)], lambda: last_seq(d) == 4)
+    finally:
+        d.close()

@@ -47,7 +47,8 @@ def spec(name: str, arrival: float = 0.0, scaling=FAST, **kw) -> JobSpec:
 
 
 def malletrain(curves=None, **knobs) -> SimPolicy:
-    return make_policy("malletrain", PolicyContext(curves if curves is not None else {"a": FAST}),
+    """The paper's MalleTrain (JPA): every job profiled in inverse order (preset ``jpa``)."""
+    return make_policy("jpa", PolicyContext(curves if curves is not None else {"a": FAST}),
                        PolicyConfig(**knobs))
 
 
@@ -240,7 +241,7 @@ def test_named_policies_on_one_trace_keep_their_accounting():
         for j in res.jobs:
             assert j.profiling_scale_ups == (1 if j.profiled else 0), (name, j.id)
         assert all(r.running_jobs <= 2 for r in res.rows), name
-    assert results["malletrain"].summary["profiled_jobs"] >= 2
+    assert results["jpa"].summary["profiled_jobs"] >= 2
     assert results["milp-true"].summary["scalability_error_pct"] == 0.0
     assert results["greedy"].summary["scalability_error_pct"] is None
 
@@ -259,7 +260,7 @@ def test_default_counts_are_what_a_profile_visits():
 
 
 def test_named_policies_are_presets_of_one_config_plus_ground_truth():
-    assert set(POLICIES) == set(PRESETS) == {"malletrain", "freetrain", "milp-true", "oracle", "greedy", "equal"}
+    assert set(POLICIES) == set(PRESETS) >= {"malletrain", "jpa", "freetrain", "milp-true", "oracle", "greedy", "equal"}
     base = PolicyConfig(max_running=3, tfwd_s=60.0, profile_time_cap_s=30.0)
     ctx = PolicyContext({"a": FAST, "b": TRUE}, seed=4)
     pols = {name: make_policy(name, ctx, base) for name in POLICIES}
@@ -268,9 +269,10 @@ def test_named_policies_are_presets_of_one_config_plus_ground_truth():
         assert (cfg.max_running, cfg.tfwd_s, cfg.profile_time_cap_s) == (3, 60.0, 30.0), name  # the base stays
         for knob, value in PRESETS[name].items():
             assert getattr(cfg, knob) == value, (name, knob)
-    mt = pols["malletrain"].config
+    mt = pols["jpa"].config
     assert mt.profiling is Profiling.ALWAYS and mt.learn and mt.rescale_costs is CostSource.MEASURED
-    assert mt.prior_curve == mean_curve({"a": FAST, "b": TRUE})  # the models' mean, not the job's curve
+    for learner in ("malletrain", "jpa"):  # the models' mean, not the job's curve
+        assert pols[learner].config.prior_curve == mean_curve({"a": FAST, "b": TRUE})
     for name in ("freetrain", "milp-true", "oracle", "greedy", "equal"):
         assert pols[name].config.profiling is Profiling.NEVER and not pols[name].config.learn, name
     assert pols["greedy"].config.allocation is Allocation.GREEDY
@@ -339,3 +341,25 @@ def test_pinned_job_runs_on_exactly_its_pin_borrowing_from_its_lender():
     # a pinned job stepping down keeps a prefix of its nodes; the rest become free
     down = apply_pins((view("probe", 1, 4, ("e", "c", "d")),), (), {"probe": 1}, {})
     assert down.fixed["probe"] == ("e",) and down.free == ["c", "d"]
+
+
+def test_other_prior_is_another_models_curve_seeded_by_job():
+    view = true_spec()
+    curves = {"m": TRUE, "a": {1: 10.0, 4: 40.0}, "b": {1: 30.0, 2: 40.0}}
+    other = parse_error_model("other")
+    got = believed_curve(other, view, None, 3, curves)
+    assert got in (curves["a"], curves["b"]) and got != TRUE
+    assert got == believed_curve(other, view, None, 3, curves)  # seeded by (seed, job name)
+    with pytest.raises(ValueError, match="needs the workload's model curves"):
+        make_policy("freetrain", PolicyContext(freetrain_model="other"))
+
+
+def test_jpa_is_named_and_profiles_every_job_in_inverse_order():
+    from simulator.policies import resolve_config
+
+    assert "jpa" in POLICIES
+    pol = make_policy("jpa", PolicyContext({"m": TRUE}))
+    assert pol.config.profiling is Profiling.ALWAYS
+    assert pol.config.prior is not None  # the population prior, as malletrain's
+    assert resolve_config("jpa") == (preset("jpa") if "jpa" in PRESETS
+                                     else preset("malletrain", profiling=Profiling.ALWAYS))

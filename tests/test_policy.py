@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from policy import (
     PRESETS,
+    Admission,
     Allocation,
     CostSource,
     Debt,
@@ -171,7 +172,7 @@ def test_a_head_that_cannot_be_profiled_blocks_the_jobs_behind_it():
 
 
 def test_profiling_jobs_count_against_pjmax():
-    c = Cluster(Policy(PolicyConfig(max_running=1, profiling="always")), names("n", 8))
+    c = Cluster(Policy(PolicyConfig(max_running=1, profiling="always", admission="fixed")), names("n", 8))
     c.submit(jv("p", 1, 4, order=0), jv("q", 1, 4, order=1))
     d = c.step(0.0)
     assert d.admitted == ("p",) and d.profiling == {"p": 4}
@@ -179,7 +180,7 @@ def test_profiling_jobs_count_against_pjmax():
 
 
 def test_a_preempted_job_goes_to_the_front_of_the_queue():
-    pol = Policy(PolicyConfig(max_running=1))
+    pol = Policy(PolicyConfig(max_running=1, admission="fixed"))
     c = Cluster(pol, ["n0", "n1"])
     c.submit(jv("late", 2, 2, order=5))
     assert c.step(0.0).admitted == ("late",) and c.count("late") == 2
@@ -200,7 +201,7 @@ def test_a_preempted_job_goes_to_the_front_of_the_queue():
 
 def test_a_job_the_driver_stopped_below_its_min_is_preempted_too():
     # the view shows it on no nodes (JobView's contract), after it was given 2
-    pol = Policy(PolicyConfig(max_running=1))
+    pol = Policy(PolicyConfig(max_running=1, admission="fixed"))
     d = pol.decide(View(0.0, ("n0", "n1"), (jv("late", 2, 2, order=5),)), {})
     assert d.assignment == {"late": ("n0", "n1")}
     d = pol.decide(View(1.0, ("n0",), (jv("late", 2, 2, order=5), jv("early", 1, 1, order=1))), {})
@@ -209,7 +210,7 @@ def test_a_job_the_driver_stopped_below_its_min_is_preempted_too():
 
 
 def test_the_queue_front_holds_a_preempted_job_while_the_slots_are_full():
-    pol = Policy(PolicyConfig(max_running=1))
+    pol = Policy(PolicyConfig(max_running=1, admission="fixed"))
     pol.state.queue_front = ["late"]  # preempted earlier, not re-admitted yet
     pol.state.admitted = ["other"]
     view = View(0.0, ("n1",), (jv("other", 1, 1, ["n0"], order=0), jv("late", 1, 1, order=9),
@@ -683,7 +684,8 @@ def test_presets_change_only_their_fields():
         cfg = preset(name, base)
         assert replace(cfg, **{k: getattr(base, k) for k in fields_}) == base, name
         Policy(cfg)  # every preset is a valid policy
-    assert preset("malletrain").profiling is Profiling.ALWAYS
+    assert preset("jpa").profiling is Profiling.ALWAYS and preset("jpa").admission is Admission.FIXED
+    assert preset("malletrain") == PolicyConfig()  # the default policy is what the daemon runs
     assert preset("greedy").allocation is Allocation.GREEDY and preset("equal").allocation is Allocation.EQUAL
     assert preset("oracle").rescale_costs is CostSource.CONFIGURED
     assert preset("freetrain", tfwd_s=60.0).tfwd_s == 60.0
@@ -714,11 +716,12 @@ def _as_sets(d: Decision) -> dict[str, frozenset[str]]:
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(actions=_ACTIONS, pjmax=st.integers(0, 3), profiling=st.sampled_from(["requested", "always"]),
-       stop_below_min=st.booleans())
+@given(actions=_ACTIONS, pjmax=st.integers(0, 3), profiling=st.sampled_from(["requested", "always", "gated"]),
+       stop_below_min=st.booleans(), admission=st.sampled_from(["fixed", "adaptive"]))
 def test_every_decision_keeps_the_rules_and_a_restored_state_decides_the_same(actions, pjmax, profiling,
-                                                                           stop_below_min):
-    cfg = PolicyConfig(max_running=pjmax, profiling=profiling, profile_time_cap_s=20.0)
+                                                                           stop_below_min, admission):
+    cfg = PolicyConfig(max_running=pjmax, profiling=profiling, profile_time_cap_s=20.0, admission=admission,
+                       admission_cap=5)
     c = Cluster(Policy(cfg), names("n", 4))
     t, k = 0.0, 0
     factor: dict[str, float] = {}
@@ -760,7 +763,7 @@ def test_every_decision_keeps_the_rules_and_a_restored_state_decides_the_same(ac
         for job_id, nodes in d.assignment.items():
             j = c.jobs[job_id]
             assert not nodes or j.min_nodes <= len(nodes) <= j.max_nodes, (job_id, nodes)
-        assert pjmax == 0 or len(d.admitted) <= pjmax
+        assert pjmax == 0 or len(d.admitted) <= (pjmax if admission == "fixed" else max(pjmax, 5))
         assert set(d.assignment) == set(d.admitted) and not set(d.waiting) & set(d.admitted)
         still_owed = {db.lender for db in c.policy.state.debts.values()}
         for lender in owed & still_owed:  # an owed lender may shrink, not grow
@@ -769,3 +772,19 @@ def test_every_decision_keeps_the_rules_and_a_restored_state_decides_the_same(ac
             if job_id in d.profiling:
                 assert d.profiling[job_id] <= n and len(d.nodes_of(job_id)) <= had[job_id], job_id
         assert kinds(d).count("lent") <= 1  # never two interruptions at once
+
+
+def test_a_profile_interrupted_by_a_clean_stop_restarts_from_the_queue_front() -> None:
+    """The daemon's clean stop gives every node back; the policy drops the session (the lender is
+    owed nothing) and the job is re-admitted first, to be profiled afresh."""
+    from policy.state import Debt, PolicyState
+    from profiler.jpa import ProfilePlan, ProfileSession
+
+    st = PolicyState(admitted=["a", "b"], assigned={"a": 4, "b": 2})
+    st.profiles["a"] = ProfileSession(ProfilePlan("a", (4, 2, 1), 2, "b", 2), started_at=0.0)
+    st.debts["a"] = Debt("b", 2)
+    assert st.restart_profile("a") == 4
+    assert "a" not in st.profiles and "a" not in st.debts and st.admitted == ["b"]
+    assert st.queue_front == ["a"] and "a" not in st.assigned and "a" not in st.profiled
+    assert st.restart_profile("a") is None and st.restart_profile("b") is None  # no profile: nothing changes
+    assert st.admitted == ["b"] and st.queue_front == ["a"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 
@@ -14,11 +15,12 @@ from scavenger.base import (
     AgentGone,
     AgentUp,
     BackendError,
-    NodeIdle,
-    NodeRecalled,
+    EndReason,
+    PilotEnded,
+    PilotQueued,
+    PilotRequest,
+    PilotStarted,
     PilotState,
-    PilotStateError,
-    PilotTable,
     run_command,
 )
 from scavenger.hub import AgentHub, AgentWorkers, WorkerExitedEvent, WorkerStartedEvent
@@ -48,23 +50,6 @@ def gone(pid: int) -> bool:
         return True
 
 
-def test_pilot_table_only_allows_documented_transitions() -> None:
-    t = PilotTable()
-    t.hold("n1")
-    assert t.hold("n1").state is PilotState.HOLDING  # idempotent
-    t.move("n1", PilotState.HELD)
-    t.move("n1", PilotState.HELD)  # same state: no-op
-    t.move("n1", PilotState.RECALLED)
-    assert "n1" not in t  # terminal pilots are dropped
-    t.hold("n2")
-    t.move("n2", PilotState.RELEASED)
-    t.hold("n3")
-    t.move("n3", PilotState.HELD)
-    t._pilots["n3"].state = PilotState.RELEASED  # forced terminal state
-    with pytest.raises(PilotStateError, match="n3"):
-        t.move("n3", PilotState.HELD)
-
-
 def test_run_command_captures_and_raises_with_result() -> None:
     res = run_command([sys.executable, "-c", "print('hi')"])
     assert res.returncode == 0 and res.stdout.strip() == "hi"
@@ -87,6 +72,9 @@ def test_protocol_round_trip_and_rejects_bad_frames() -> None:
         (b'{"v":9,"type":"ping","job":"n","seq":1,"payload":{}}', "version 9"),
         (b'{"v":1,"type":"nope","job":"n","seq":1,"payload":{}}', "unknown agent message type"),
         (b'{"v":1,"type":"ping","job":"","seq":1,"payload":{}}', "no node"),
+        (b'{"v":1,"type":"ping","job":"a b","seq":1,"payload":{}}', "bad node name"),
+        (b'{"v":1,"type":"hello","job":"n","seq":1,"payload":{}}', "pid"),
+        (b'{"v":1,"type":"worker_exited","job":"n","seq":1,"payload":{"worker":"w","code":"0"}}', "code"),
     ]:
         with pytest.raises(P.ProtocolError, match=why):
             P.decode(bad)
@@ -95,15 +83,17 @@ def test_protocol_round_trip_and_rejects_bad_frames() -> None:
 @pytest.mark.slow
 def test_agent_runs_workers_and_recall_kills_them() -> None:
     hub = AgentHub(dead_after_s=5.0)
-    backend = LocalBackend(2, hub.address, agent_args=("--heartbeat", "0.1"))
+    backend = LocalBackend(2, hub.address, agent_args=("--heartbeat", "0.1", "--key-file", hub.key_file))
     try:
-        assert backend.poll() == [NodeIdle("node00"), NodeIdle("node01")]
-        backend.hold("node00")
-        backend.hold("node00")  # idempotent
-        assert backend.held_nodes() == {"node00"} and backend.idle_nodes() == {"node01"}
-        wait_for(hub, backend, lambda ev: AgentUp("node00") in ev)
-        backend.agent_up("node00")
-        assert backend.pilots.get("node00").state is PilotState.HELD
+        assert backend.discover().idle == {"node00", "node01"}
+        pilot = backend.submit(PilotRequest(("node00",)))
+        assert backend.submit(PilotRequest(("node00",))) == pilot  # idempotent
+        assert backend.discover().idle == {"node01"}
+        assert backend.poll() == [PilotQueued(pilot, ("node00",)), PilotStarted(pilot, ("node00",), None)]
+        assert backend.pilots()[pilot].state is PilotState.RUNNING
+        ev = wait_for(hub, backend, lambda ev: AgentUp("node00") in ev)
+        assert hub.batch_job("node00") == pilot  # the agent's hello ties it to its pilot
+        assert AgentWorkers("node00", backend.agent_pids()["node00"], (), pilot) in ev
         hub.start_worker("node00", "j1.w0", SLEEPER, {"X": "1"}, None)
         ev = wait_for(hub, backend, lambda ev: any(isinstance(e, WorkerStartedEvent) for e in ev))
         worker_pid = next(e.pid for e in ev if isinstance(e, WorkerStartedEvent))
@@ -112,7 +102,7 @@ def test_agent_runs_workers_and_recall_kills_them() -> None:
         # the main scheduler takes the node back: SIGTERM on the agent
         backend.recall("node00")
         ev = wait_for(hub, backend, lambda ev: any(isinstance(e, AgentGone) for e in ev))
-        assert NodeRecalled("node00", True) in ev
+        assert [(e.pilot, e.reason) for e in ev if isinstance(e, PilotEnded)] == [(pilot, EndReason.PREEMPTED)]
         assert any(isinstance(e, WorkerExitedEvent) and e.worker == "j1.w0" for e in ev)
         assert AgentGone("node00", "recalled") in ev
         deadline = time.monotonic() + 5
@@ -120,8 +110,12 @@ def test_agent_runs_workers_and_recall_kills_them() -> None:
             backend.poll()
             time.sleep(0.05)
         assert gone(worker_pid) and gone(agent_pid)
-        assert backend.held_nodes() == set()
-        assert "node00" not in backend.idle_nodes()
+        assert backend.pilots() == {}
+        assert backend.discover().idle == {"node01"}  # node00 works for the main scheduler now
+        other = backend.submit(PilotRequest(("node01",)))
+        backend.cancel(other)  # our own cancel: the agent leaves, the pilot ends cancelled
+        ev = wait_for(hub, backend, lambda ev: any(isinstance(e, PilotEnded) for e in ev))
+        assert [(e.pilot, e.reason) for e in ev if isinstance(e, PilotEnded)] == [(other, EndReason.CANCELLED)]
     finally:
         backend.close()
         hub.close()
@@ -130,9 +124,10 @@ def test_agent_runs_workers_and_recall_kills_them() -> None:
 @pytest.mark.slow
 def test_stop_worker_and_agent_exits_when_daemon_goes_silent() -> None:
     hub = AgentHub()
-    backend = LocalBackend(1, hub.address, agent_args=("--heartbeat", "0.1", "--dead-after", "1.0"))
+    backend = LocalBackend(1, hub.address, agent_args=("--heartbeat", "0.1", "--dead-after", "1.0",
+                                                      "--key-file", hub.key_file))
     try:
-        backend.hold("node00")
+        backend.submit(PilotRequest(("node00",)))
         wait_for(hub, backend, lambda ev: AgentUp("node00") in ev)
         hub.start_worker("node00", "a", SLEEPER, {}, None)
         hub.start_worker("node00", "b", SLEEPER, {}, None)
@@ -169,33 +164,33 @@ def _timeline() -> IdleTimeline:
 def test_local_backend_follows_the_trace_in_compressed_time() -> None:
     now = [100.0]
     backend = LocalBackend(3, "tcp://127.0.0.1:1", _timeline(), time_scale=10.0, clock=lambda: now[0])
-    assert backend.poll() == [NodeIdle("node00")]
+    assert backend.discover().idle == {"node00"}
     now[0] = 100.5  # trace time 5
-    assert backend.poll() == []
+    assert backend.discover().idle == {"node00"}
     now[0] = 101.0  # trace time 10
-    assert backend.poll() == [NodeIdle("node01")]
+    assert backend.discover().idle == {"node00", "node01"}
     now[0] = 103.5  # trace time 35: a recalled (not held), c idle
-    assert backend.poll() == [NodeRecalled("node00", False), NodeIdle("node02")]
-    assert backend.idle_nodes() == {"node01", "node02"}
+    d = backend.discover()
+    assert d.idle == {"node01", "node02"} and backend.poll() == []  # no pilot: no pilot event
+    assert [(n.name, n.state.value) for n in d.nodes] == [("node00", "busy"), ("node01", "idle"), ("node02", "idle")]
     # restart from the stored epoch: same state
     again = LocalBackend(3, "x", _timeline(), time_scale=10.0, epoch=100.0, clock=lambda: now[0])
-    again.poll()
-    assert again.idle_nodes() == {"node01", "node02"}
+    assert again.discover().idle == {"node01", "node02"}
 
 
 @pytest.mark.slow
 def test_trace_recall_of_a_held_node_kills_its_agent() -> None:
     hub = AgentHub()
     now = [0.0]
-    backend = LocalBackend(3, hub.address, _timeline(), time_scale=1.0, clock=lambda: now[0])
+    backend = LocalBackend(3, hub.address, _timeline(), time_scale=1.0, clock=lambda: now[0],
+                           agent_args=("--key-file", hub.key_file))
     try:
-        backend.poll()
-        backend.hold("node00")
+        pilot = backend.submit(PilotRequest(("node00",)))
         wait_for(hub, backend, lambda ev: AgentUp("node00") in ev)
         pid = backend.agent_pids()["node00"]
         now[0] = 20.0
         ev = wait_for(hub, backend, lambda ev: any(isinstance(e, AgentGone) for e in ev))
-        assert NodeRecalled("node00", True) in ev
+        assert PilotEnded(pilot, ("node00",), EndReason.PREEMPTED, "recalled by the main scheduler") in ev
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline and not gone(pid):
             backend.poll()
@@ -225,3 +220,27 @@ def test_slot_timeline_keeps_the_first_idle_nodes_of_a_big_machine() -> None:
     assert [(b.time, b.became_idle, b.recalled) for b in s4.batches()] == [
         (1.0, ("slot3",), ()), (2.0, (), ("slot3",)), (3.0, (), ("slot2",)), (4.0, ("slot2",), ()),
     ]
+
+
+def test_start_worker_carries_the_owner_and_the_agent_decides_who_runs_it() -> None:
+    import os
+
+    import pytest
+
+    from scavenger import protocol as P
+    from scavenger.agent import RunAs, _run_as
+
+    msg = P.StartWorker("node00", "w1", ("/bin/true",), {}, None, 65534, 65534)
+    assert P.decode(P.encode(msg)) == msg
+    for bad in (-1, True, 2**32, "0", 1.5):
+        frame = P.encode(msg).replace(b'"uid":65534', b'"uid":' + json.dumps(bad).encode())
+        with pytest.raises(P.ProtocolError, match="uid"):
+            P.decode(frame)
+    assert _run_as(P.StartWorker("n", "w", ("x",))) is None  # no owner: the agent's own user
+    assert _run_as(P.StartWorker("n", "w", ("x",), uid=os.geteuid())) is None
+    other = _run_as(P.StartWorker("n", "w", ("x",), uid=65534, gid=65534))
+    if os.geteuid() == 0:
+        assert isinstance(other, RunAs) and (other.uid, other.gid) == (65534, 65534)
+        assert other.popen_args() == {"user": 65534, "group": 65534, "extra_groups": []}
+    else:  # a non-root agent cannot switch: it refuses rather than run the job as itself
+        assert isinstance(other, str) and "cannot switch users" in other

@@ -221,6 +221,45 @@ def test_unfinished_finite_workload_has_no_makespan():
     assert res.summary["jobs_completed"] == 0
 
 
+def test_constrained_and_unconstrained_periods_split_the_accounting():
+    # 4 idle nodes, a job of at most 2: the pool exceeds what it can absorb until c, d are recalled at 100
+    tl = timeline("abcd", "abcd", [(100.0, "c", False), (100.0, "d", False)], end=200.0)
+    res = run(tl, [job(max_nodes=2)], "greedy")
+    s = res.summary
+    assert (s["unconstrained_seconds"], s["constrained_seconds"]) == (100.0, 100.0)
+    assert (s["idle_node_seconds_unconstrained"], s["idle_node_seconds_constrained"]) == (400.0, 200.0)
+    assert (s["used_node_seconds_unconstrained"], s["used_node_seconds_constrained"]) == (200.0, 200.0)
+    # 2 nodes of a linear curve = 2 node-seconds of 1-node work per second
+    assert s["work_node_seconds_unconstrained"] == pytest.approx(200.0)
+    assert s["work_node_seconds_constrained"] == pytest.approx(200.0)
+    assert s["work_node_seconds"] == pytest.approx(400.0)
+    assert s["excess_idle_node_seconds"] == pytest.approx(200.0)
+    assert [r.constrained for r in res.rows] == [False, True]
+
+
+def test_job_completion_times_and_who_waits():
+    # one slot, three jobs of 20 s each: they finish at 20, 40, 60 and wait 0, 20, 40
+    tl = timeline("ab", "ab", end=1000.0)
+    slow = replace(job("slow", samples=200.0, max_nodes=2, scaling={1: 5.0, 2: 10.0}), model="slow-model")
+    mid = replace(job("mid", samples=400.0, max_nodes=2), model="mid-model")
+    fast = replace(job("fast", samples=800.0, max_nodes=2, scaling={1: 20.0, 2: 40.0}), model="fast-model")
+    res = run(tl, [mid, fast, slow], "greedy", max_running=1)
+    s = res.summary
+    assert s["makespan_seconds"] == pytest.approx(60.0)
+    assert s["jct_mean_seconds"] == pytest.approx(40.0) and s["jct_p95_seconds"] == pytest.approx(60.0)
+    assert s["wait_mean_seconds"] == pytest.approx(20.0)
+    assert s["wait_slowest_quarter_seconds"] == pytest.approx(40.0)  # the slow model came last
+    assert s["wait_fastest_quarter_seconds"] == pytest.approx(20.0)
+    assert s["longest_waiting_model"] == "slow-model" and s["longest_waiting_model_seconds"] == pytest.approx(40.0)
+
+
+def test_max_nodes_caps_every_job():
+    res = run(three_node_trace(), [job()], "greedy", max_nodes=1)
+    assert res.summary["used_node_seconds"] == pytest.approx(300.0)
+    with pytest.raises(ValueError, match="max_nodes"):
+        SimConfig(max_nodes=0)
+
+
 def test_window_start_end_replays_the_state_at_start():
     tl = timeline("abc", "a", [(50.0, "b", True), (150.0, "c", True), (250.0, "a", False)], end=300.0)
     res = Simulator(tl, workload(job()), named("greedy"), SimConfig(start=100.0, end=200.0)).run()
@@ -385,6 +424,9 @@ def test_conservation_and_progress_on_random_traces(tl, specs, policy, pjmax, in
     assert s["idle_node_seconds"] == pytest.approx(tl.idle_node_seconds(), abs=1e-6)
     assert s["used_node_seconds"] <= s["idle_node_seconds"] + 1e-6
     assert s["used_node_seconds"] == pytest.approx(sum(j.node_seconds for j in res.jobs), abs=1e-6)
+    for part in ("idle_node_seconds", "used_node_seconds", "work_node_seconds"):
+        assert s[f"{part}_constrained"] + s[f"{part}_unconstrained"] == pytest.approx(s[part], rel=1e-9, abs=1e-6)
+    assert s["constrained_seconds"] + s["unconstrained_seconds"] == pytest.approx(s["span_seconds"])
     for j in res.jobs:
         expected = replay_progress(j.history, j.spec, res.end)
         assert j.progress == pytest.approx(expected, rel=1e-9, abs=1e-6), j.id
@@ -393,7 +435,9 @@ def test_conservation_and_progress_on_random_traces(tl, specs, policy, pjmax, in
             assert j.progress == j.spec.samples
         assert j.profiling_scale_ups == (1 if j.profiled else 0), j.id  # inverse order: one scale-up
         assert j.profiling_node_seconds <= j.node_seconds + 1e-6
-    assert all(r.running_jobs <= pjmax and r.used_nodes <= r.idle_nodes for r in res.rows)
+    cfg = s["policy_config"]  # adaptive admission may admit past Pjmax while nodes would stay idle
+    limit = pjmax if cfg.get("admission", "fixed") == "fixed" else max(pjmax, cfg["admission_cap"])
+    assert all(r.running_jobs <= limit and r.used_nodes <= r.idle_nodes for r in res.rows)
     assert s["jobs_completed"] <= s["jobs_submitted"] == len(specs) - sum(
         1 for sp in specs if sp.arrival_s >= 500.0
     )

@@ -297,6 +297,24 @@ def test_walltime_renewal_queues_a_replacement_that_takes_over() -> None:
     assert any(isinstance(e, PilotStarted) and e.pilot == new[0].pilot for e in evs)
 
 
+def test_a_pilot_past_its_walltime_is_ended_by_us_and_its_replacement_kept() -> None:
+    """Slurm enforces limits in a 30-s pass: at the walltime the backend cancels the old pilot itself
+    (reported as a timeout), so the replacement queued ``afterany`` takes the node at once."""
+    fake, clock, b = make()
+    p = b.submit(PilotRequest(("node1",)))
+    fake.start(p, "2026-11-24T17:00:00", "2026-11-24T17:02:00")
+    b.poll()
+    clock.t = ts("2026-11-24T17:01:10")
+    b.poll()
+    new = next(v.id for v in b.pilots().values() if v.replaces == p)
+    clock.t = ts("2026-11-24T17:02:00")  # the walltime; squeue still says RUNNING
+    b.poll()
+    assert [c for c in fake.calls if c[0] == "scancel"] == [("scancel", p)]  # not the replacement
+    evs = b.poll()
+    assert [(e.pilot, e.reason) for e in evs if isinstance(e, PilotEnded)] == [(p, EndReason.TIMEOUT)]
+    assert new in b.pilots()
+
+
 def test_preempted_pilot_takes_its_queued_replacement_with_it() -> None:
     fake, clock, b = make()
     p = b.submit(PilotRequest(("node1",)))

@@ -60,7 +60,8 @@ class Rig:
         env = dict(cluster.env, **cfg.pop("env", {}))  # type: ignore[arg-type]
         self.config = SlurmConfig(
             daemon_address=self.hub.address, job_name=name, env=env, output=str(tmp / "pilot-%j.out"),
-            submit_rate=50.0, submit_burst=50, **cfg,  # type: ignore[arg-type]
+            submit_rate=50.0, submit_burst=50, agent_args=("--key-file", self.hub.key_file),
+            **cfg,  # type: ignore[arg-type]
         )
         self.backend = SlurmBackend(self.config)
         self.events: list[PilotEvent] = []

@@ -49,7 +49,10 @@ Modules: :mod:`~malletrain.elastic.rendezvous` (the store's keys, reconnection,
 checkpoints in the store), :mod:`~malletrain.elastic.snapshot` (committed state,
 its broadcast and its safe checkpoint bytes), :mod:`~malletrain.elastic.state`
 (:class:`State`: join, commit, switch, recover, leave), :mod:`~malletrain.elastic.loop`
-(:func:`run`) and :mod:`~malletrain.elastic.errors`. The environment variables a
+(:func:`run`) and :mod:`~malletrain.elastic.errors`. Nothing here unpickles
+bytes another process sent: the state a world broadcasts when it forms and the
+checkpoints in the store are both ``torch.save`` bytes read with
+``weights_only=True``. The environment variables a
 worker reads are in :mod:`malletrain.workerenv`.
 """
 
@@ -76,8 +79,6 @@ from malletrain.elastic.rendezvous import (
 from malletrain.elastic.snapshot import (
     CheckpointError,
     Snapshot,
-    _extract,
-    _inject,
     broadcast_snapshot,
     decode_checkpoint,
     encode_checkpoint,

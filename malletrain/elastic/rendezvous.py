@@ -26,6 +26,7 @@ from malletrain.runtimes.torch_elastic import (
     ckpt_chunk_key,
     ckpt_header,
     ckpt_key,
+    ckpt_seq_key,
     ckpt_tag_key,
     gen_key,
     handover_key,
@@ -55,7 +56,7 @@ RECONNECT_EVERY_S = 0.5
 """While the store is away, its address is probed at most this often."""
 
 PUBLISH_POLL_S = 0.05
-"""After a reconnection, waits for a generation poll the generation key at this interval."""
+"""A worker waiting for a generation (joining, after a recall) polls the generation key this often."""
 
 CONNECT_TIMEOUT_S = 30.0
 """How long connecting a store client may take."""
@@ -293,24 +294,16 @@ class Rendezvous:
                     raise
 
     def wait_published(self, gen: int) -> int:
-        """Block until generation ``gen`` (or a later one) exists; return the newest.
+        """Block until generation ``gen`` or a later one is published; return the newest.
 
-        After a reconnection the store is a new one that may skip generations
-        (its daemon numbers on from the last one it published): the
-        generation key is polled instead of waiting for ``gen``'s own key.
+        The generation key is polled (every :data:`PUBLISH_POLL_S`), not ``gen``'s own
+        member list waited for: numbering skips. A restarted daemon numbers on from the
+        last generation it published, so a worker it starts fresh finds an empty store
+        (generation 0) and the first list it sees may be generation 7; a worker waiting
+        for list 1 would wait forever. A lost store is waited for (see :meth:`_call`).
         """
-        while self.reconnects == 0 and self.lost_since is None:
-            try:
-                self._store.wait([members_key(self.job, gen)], timedelta(seconds=WAIT_CHUNK_S))
-                return max(gen, self.generation())
-            except Exception as exc:
-                if isinstance(exc, dist.DistStoreError) and "timeout" in str(exc).lower():
-                    continue
-                if self.address is None or not is_store_loss(exc):
-                    raise
-                self._mark_lost(exc)
         while True:
-            newest = self.generation()  # waits for a lost store
+            newest = self.generation()
             if newest >= gen and self.published(newest):
                 return newest
             time.sleep(PUBLISH_POLL_S)
@@ -325,13 +318,22 @@ class Rendezvous:
             gen = self.wait_published(gen + 1)
 
     def save_checkpoint(self, snap: Snapshot, gen: int) -> None:
-        """Store ``snap`` (taken in generation ``gen``) in the daemon's store for a later world."""
+        """Store ``snap`` (taken in generation ``gen``) in the daemon's store for a later world.
+
+        The write is bracketed by ``ckpt_seq`` (odd while writing, even once done: a
+        seqlock), so the daemon, which copies each new checkpoint to its state dir
+        (:meth:`~malletrain.runtimes.torch_elastic.TorchRuntime.persist_checkpoints`),
+        never copies a half-written one.
+        """
         data = memoryview(encode_checkpoint(snap))
         chunks = range(0, len(data), CKPT_CHUNK_BYTES)
+        if self._call("add", ckpt_seq_key(self.job), 1) % 2 == 0:
+            self._call("add", ckpt_seq_key(self.job), 1)  # a writer died mid-write: odd again
         for i, start in enumerate(chunks):
             self._call("set", ckpt_chunk_key(self.job, i), bytes(data[start:start + CKPT_CHUNK_BYTES]))
         self._call("set", ckpt_key(self.job), ckpt_header(len(chunks), len(data)))
         self._call("set", ckpt_tag_key(self.job), str(gen))
+        self._call("add", ckpt_seq_key(self.job), 1)
         log.info("worker %s: stored the checkpoint of step %s (generation %d, %d bytes) for the next world",
                  self.worker, snap.counters.get("step"), gen, len(data))
 

@@ -2,12 +2,12 @@
 
 A :class:`Snapshot` is what :meth:`State.commit` keeps: deep copies of the
 model's and optimizer's state dicts plus the counters. Joining a world sends
-the newest one from one rank to all (:func:`broadcast_snapshot`: a small
-pickled skeleton, then every tensor in one byte buffer). A whole-world
-handover stores one in the daemon's store as checkpoint bytes
-(:func:`encode_checkpoint` / :func:`decode_checkpoint`); those are read with
-``torch.load(weights_only=True)``, so a value planted in the store cannot run
-code when a worker loads it.
+the newest one from one rank to all (:func:`broadcast_snapshot`), and a
+whole-world handover stores one in the daemon's store (and the daemon on disk):
+both carry the same checkpoint bytes (:func:`encode_checkpoint` /
+:func:`decode_checkpoint`), read with ``torch.load(weights_only=True)``, so
+bytes planted in the store or sent by a rank cannot run code when a worker
+loads them. Nothing of this layer unpickles arbitrary objects.
 """
 
 from __future__ import annotations
@@ -35,66 +35,48 @@ class Snapshot:
     counters: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class _TensorRef:
-    """Where a tensor of a snapshot sits in the broadcast byte buffer."""
-
-    offset: int
-    nbytes: int
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-
-
-def _extract(obj: Any, tensors: list[torch.Tensor], offset: list[int]) -> Any:
-    """``obj`` with every CPU tensor replaced by a :class:`_TensorRef`; the tensors go to ``tensors``."""
-    if isinstance(obj, torch.Tensor) and obj.device.type == "cpu" and obj.layout == torch.strided:
-        flat = obj.detach().contiguous().reshape(-1)
-        raw = flat.view(torch.uint8) if flat.dtype != torch.uint8 else flat
-        ref = _TensorRef(offset[0], raw.numel(), tuple(obj.shape), obj.dtype)
-        tensors.append(raw)
-        offset[0] += raw.numel()
-        return ref
-    if isinstance(obj, dict):
-        return {k: _extract(v, tensors, offset) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_extract(v, tensors, offset) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(_extract(v, tensors, offset) for v in obj)
-    return obj
+def _broadcast_bytes(data: bytes | None, src: int, rank: int) -> bytes:
+    """``data`` from ``src`` to every rank: its length (-1: the sender refused), then the bytes."""
+    size = torch.tensor([len(data) if rank == src and data is not None else -1], dtype=torch.int64)
+    dist.broadcast(size, src=src)
+    n = int(size.item())
+    if n < 0:
+        if rank == src:
+            return b""  # the caller raises its own reason
+        raise CheckpointError(f"rank {src} holds a state that cannot be sent safely (see its log)")
+    if rank == src:
+        assert data is not None
+        buf = torch.frombuffer(bytearray(data), dtype=torch.uint8) if n else torch.empty(0, dtype=torch.uint8)
+    else:
+        buf = torch.empty(n, dtype=torch.uint8)
+    if n:
+        dist.broadcast(buf, src=src)
+    return data if rank == src and data is not None else buf.numpy().tobytes()
 
 
-def _inject(obj: Any, buf: torch.Tensor) -> Any:
-    if isinstance(obj, _TensorRef):
-        raw = buf[obj.offset : obj.offset + obj.nbytes].clone()  # own, aligned storage
-        return (raw.view(obj.dtype) if obj.dtype != torch.uint8 else raw).reshape(obj.shape)
-    if isinstance(obj, dict):
-        return {k: _inject(v, buf) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_inject(v, buf) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(_inject(v, buf) for v in obj)
-    return obj
+def broadcast_snapshot(snap: Snapshot | None, src: int, rank: int, job: str = "-") -> Snapshot:
+    """Send ``snap`` from ``src`` to every rank in the checkpoint format (no pickled objects).
 
-
-def broadcast_snapshot(snap: Snapshot | None, src: int, rank: int) -> Snapshot:
-    """Send ``snap`` from ``src`` to every rank: its structure pickled, its tensors as one byte buffer."""
-    tensors: list[torch.Tensor] = []
-    box: list[Any] = [None]
+    The sender encodes with :func:`encode_checkpoint` (``torch.save`` of tensors and plain
+    data); the receivers decode with :func:`decode_checkpoint` (``torch.load(weights_only=True)``),
+    so bytes a rank (or anything on its connection) sends cannot run code in the others. A state
+    the format cannot carry is refused on every rank with :class:`CheckpointError`.
+    """
+    data: bytes | None = None
+    refused: CheckpointError | None = None
     if rank == src:
         assert snap is not None
-        size = [0]
-        skeleton = _extract((snap.model, snap.optimizer), tensors, size)
-        box = [(snap.version, snap.counters, skeleton, size[0])]
-    dist.broadcast_object_list(box, src=src)
-    version, counters, skeleton, nbytes = box[0]
-    buf = torch.cat(tensors) if rank == src and tensors else torch.empty(nbytes, dtype=torch.uint8)
-    if nbytes:
-        dist.broadcast(buf, src=src)
+        try:
+            data = encode_checkpoint(snap)
+        except CheckpointError as exc:
+            refused = exc
+    received = _broadcast_bytes(data, src, rank)
+    if refused is not None:
+        raise refused
     if rank == src:
         assert snap is not None
         return snap
-    model, optimizer = _inject(skeleton, buf)
-    return Snapshot(version, model, optimizer, counters)
+    return decode_checkpoint(received, job, f"the state broadcast by rank {src}")
 
 
 def encode_checkpoint(snap: Snapshot) -> bytes:
@@ -115,19 +97,20 @@ def encode_checkpoint(snap: Snapshot) -> bytes:
     return data
 
 
-def decode_checkpoint(data: bytes, job: str) -> Snapshot:
-    """Load checkpoint bytes without unpickling arbitrary objects; :class:`CheckpointError` names the job."""
+def decode_checkpoint(data: bytes, job: str, source: str = "stored checkpoint") -> Snapshot:
+    """Load checkpoint bytes without unpickling arbitrary objects; :class:`CheckpointError` names the job
+    and ``source`` (where the bytes came from)."""
     try:
         obj = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
     except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, TypeError, AttributeError) as exc:
-        raise CheckpointError(f"job {job}: stored checkpoint refused by the safe loader: "
+        raise CheckpointError(f"job {job}: {source} refused by the safe loader: "
                               f"{str(exc).splitlines()[0][:200]}") from None
     if not isinstance(obj, dict) or set(obj) != set(_CKPT_FIELDS):
         keys = sorted(obj) if isinstance(obj, dict) else type(obj).__name__
-        raise CheckpointError(f"job {job}: stored checkpoint has fields {keys}, expected {list(_CKPT_FIELDS)}")
+        raise CheckpointError(f"job {job}: {source} has fields {keys}, expected {list(_CKPT_FIELDS)}")
     version, model, optimizer, counters = (obj[k] for k in _CKPT_FIELDS)
     if not isinstance(version, int) or not isinstance(model, dict) or not isinstance(counters, dict):
-        raise CheckpointError(f"job {job}: stored checkpoint has a malformed version, model or counters field")
+        raise CheckpointError(f"job {job}: {source} has a malformed version, model or counters field")
     if optimizer is not None and not isinstance(optimizer, dict):
-        raise CheckpointError(f"job {job}: stored checkpoint's optimizer is a {type(optimizer).__name__}")
+        raise CheckpointError(f"job {job}: {source}'s optimizer is a {type(optimizer).__name__}")
     return Snapshot(version, model, optimizer, counters)

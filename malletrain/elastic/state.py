@@ -280,7 +280,8 @@ class State:
                 self._load(stored)
                 log.info("worker %s: resumed from the checkpoint of step %s", self.worker, self.step)
         if self.world_size > 1 and (newest < 0 or any(v != newest for v in versions)):
-            snap = broadcast_snapshot(self._committed if self.rank == src else None, src, self.rank)
+            snap = broadcast_snapshot(self._committed if self.rank == src else None, src, self.rank,
+                                      self._rdzv.job if self._rdzv is not None else "-")
             if self.rank != src:
                 self._load(snap)
         self._version = max(self._version, 0)

@@ -15,6 +15,8 @@ for all its jobs. Every key of a job lives under ``mt/<job>/``:
 ``mt/<job>/ckpt``, ``ckpt_tag``   the last checkpoint (written by rank 0 when its world hands over
                                   to new workers or on SIGTERM) and the generation it was taken in;
                                   ``ckpt`` holds ``chunks:N:SIZE``, the bytes are in ``ckpt/0..N-1``
+``mt/<job>/ckpt_seq``             odd while a worker writes the checkpoint, even once done (the
+                                  daemon copies each new one to ``STATE_DIR/checkpoints/<job>.ckpt``)
 ``mt/<job>/resume/<worker>``      the generation a worker was in when it reconnected to a new store
                                   (after a daemon restart): numbering goes on above it
 
@@ -33,6 +35,12 @@ generation it published, and publishes the re-adopted workers again. Rank 0
 of a world that reconnects marks its whole world ready and reports its
 generation (``resume``), so the new generation is above every old one and the
 workers switch to it at their next commit without losing a step.
+
+Workers the restarted daemon starts fresh (a job that was suspended, or whose
+workers did not survive) find an empty store: they join whatever generation it
+publishes (the numbering skips), and the first world starts from the job's
+checkpoint, which the daemon kept on disk (:meth:`TorchRuntime.persist_checkpoints`)
+and put back into the new store (:meth:`TorchRuntime.resume_generation`).
 """
 
 from __future__ import annotations
@@ -44,7 +52,8 @@ import os
 import socket
 import threading
 from datetime import timedelta
-from typing import Any, Sequence
+from pathlib import Path
+from typing import Any, Iterable, Sequence
 
 from malletrain.runtimes import LaunchSpec
 from malletrain.workerenv import (  # noqa: F401  (ENV_* and parse_address: re-exported for older callers)
@@ -136,6 +145,71 @@ def parse_ckpt_header(raw: bytes, job: str) -> tuple[int, int]:
         raise ValueError(f"job {job}: checkpoint header {raw[:40]!r} is not 'chunks:N:SIZE'") from None
 
 
+def ckpt_seq_key(job: str) -> str:
+    """A counter bracketing each checkpoint write: odd while a worker writes, even once it is done."""
+    return f"mt/{job}/ckpt_seq"
+
+
+CKPT_FILE_MAGIC = b"malletrain-checkpoint 1"
+"""First word of a checkpoint file in the daemon's state dir: ``MAGIC TAG SIZE\\n`` then SIZE bytes."""
+
+
+class CheckpointFileError(ValueError):
+    """A checkpoint file in the state dir that is not one (the message names the file)."""
+
+
+def checkpoint_path(directory: Path, job: str) -> Path:
+    """Where the daemon keeps ``job``'s last checkpoint: ``DIR/<job>.ckpt``."""
+    return directory / f"{check_id('job', job)}.ckpt"
+
+
+def write_private_file(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` durably and atomically, readable by its owner only (0600).
+
+    A temporary file beside it is written, fsynced and renamed over ``path``, then the
+    directory is fsynced: a crash leaves either the old file or the new one, never a torn one.
+    """
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # a leftover temporary file keeps its old mode otherwise
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    os.close(fd)
+    os.replace(tmp, path)
+    dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def encode_checkpoint_file(tag: int, data: bytes) -> bytes:
+    return CKPT_FILE_MAGIC + f" {tag} {len(data)}\n".encode() + data
+
+
+def decode_checkpoint_file(raw: bytes, path: Path) -> tuple[int, bytes]:
+    """``(tag, checkpoint bytes)`` of a checkpoint file; :class:`CheckpointFileError` names ``path``."""
+    head, sep, data = raw.partition(b"\n")
+    words = head.split(b" ")
+    try:
+        if not sep or len(words) != 4 or b" ".join(words[:2]) != CKPT_FILE_MAGIC:
+            raise ValueError("no malletrain checkpoint header")
+        tag, size = int(words[2]), int(words[3])
+        if tag < 0 or size != len(data):
+            raise ValueError(f"header says generation {tag}, {size} bytes; the file holds {len(data)}")
+    except ValueError as exc:
+        raise CheckpointFileError(f"{path}: not a checkpoint file of malletrain: {exc}") from None
+    return tag, data
+
+
 def resume_key(job: str, worker: str) -> str:
     return f"mt/{job}/resume/{worker}"
 
@@ -188,6 +262,13 @@ class TorchRuntime:
     ``store_grace_s`` is how long workers train on without the store
     (``MALLETRAIN_STORE_GRACE``).
 
+    ``checkpoint_dir`` (the daemon's ``STATE_DIR/checkpoints``, 0700) makes a job's
+    checkpoint durable: :meth:`persist_checkpoints` copies each new one there
+    (``<job>.ckpt``, 0600, written atomically) and :meth:`resume_generation` puts it
+    back into a restarted daemon's empty store, so a job suspended when the daemon
+    stopped or was killed resumes from it. Without it, checkpoints live in the
+    store only (the daemon's memory).
+
     ``bind`` is the interface address the store listens on (default: ``host``,
     so a local daemon listens on loopback only). The store holds every job's
     membership and checkpoints and has no authentication: never bind it to
@@ -204,6 +285,7 @@ class TorchRuntime:
         collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S,
         store_grace_s: float = DEFAULT_STORE_GRACE_S,
         bind: str | None = None,
+        checkpoint_dir: str | Path | None = None,
     ) -> None:
         if collective_timeout_s <= 0:
             raise ValueError(f"collective_timeout_s must be > 0, got {collective_timeout_s}")
@@ -222,6 +304,8 @@ class TorchRuntime:
         self._members: dict[str, dict[int, tuple[str, ...]]] = {}
         self._workers: dict[str, set[str]] = {}
         self._lock = threading.Lock()
+        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
+        self._persisted: dict[str, int] = {}  # job -> ckpt_seq of the checkpoint on disk
 
     # -- lifecycle -----------------------------------------------------------------
     def start(self) -> None:
@@ -229,6 +313,9 @@ class TorchRuntime:
         with self._lock:
             if self._store is not None:
                 return
+            if self.checkpoint_dir is not None:
+                self.checkpoint_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+                os.chmod(self.checkpoint_dir, 0o700)
             import torch.distributed as dist  # lazy: the daemon may run without torch
 
             def serve(port: int) -> Any:
@@ -334,10 +421,13 @@ class TorchRuntime:
             return self._generations.get(job_id, 0)
 
     def resume_generation(self, job_id: str, generation: int) -> None:
-        """After a daemon restart: the job's numbering goes on above ``generation`` (never backwards).
+        """After a daemon restart: the job's numbering goes on above ``generation`` (never backwards),
+        and its durable checkpoint (if any) is put back into the new store.
 
         The store of this runtime is new, so it holds no keys of those
-        generations: :meth:`forget` does not look for them.
+        generations: :meth:`forget` does not look for them. The checkpoint is
+        what the job's next world starts from if none of its workers survived
+        (a job suspended when the daemon stopped or was killed).
         """
         check_id("job", job_id)
         if isinstance(generation, bool) or not isinstance(generation, int) or generation < 0:
@@ -346,6 +436,79 @@ class TorchRuntime:
             if generation > self._generations.get(job_id, 0):
                 self._generations[job_id] = generation
                 self._forgotten[job_id] = max(self._forgotten.get(job_id, 0), generation)
+            self._restore_checkpoint(job_id)
+
+    def _restore_checkpoint(self, job_id: str) -> None:
+        """Copy ``job_id``'s checkpoint file into the store (caller holds the lock); a bad file is logged."""
+        if self.checkpoint_dir is None or self._store is None or job_id in self._persisted:
+            return
+        path = checkpoint_path(self.checkpoint_dir, job_id)
+        try:
+            tag, data = decode_checkpoint_file(path.read_bytes(), path)
+        except FileNotFoundError:
+            return
+        except (OSError, CheckpointFileError) as exc:
+            log.error("job %s: its checkpoint cannot be restored, it starts from scratch: %s", job_id, exc)
+            return
+        self._put_checkpoint(job_id, tag, data)
+        self._persisted[job_id] = 2
+        self._store.set(ckpt_seq_key(job_id), "2")  # what is on disk: a worker's next write makes it 4
+        # the next world starts from it unless a survivor holds a newer state (see State._sync_state)
+        self._last_nonempty.setdefault(job_id, (tag, frozenset()))
+        log.info("job %s: restored its checkpoint (generation %d, %d bytes) from %s", job_id, tag, len(data), path)
+
+    def _put_checkpoint(self, job_id: str, tag: int, data: bytes) -> None:
+        store = self._store
+        chunks = range(0, len(data), CKPT_CHUNK_BYTES)
+        for i, start in enumerate(chunks):
+            store.set(ckpt_chunk_key(job_id, i), data[start:start + CKPT_CHUNK_BYTES])
+        store.set(ckpt_key(job_id), ckpt_header(len(chunks), len(data)))
+        store.set(ckpt_tag_key(job_id), str(tag))
+
+    def persist_checkpoints(self, jobs: Iterable[str]) -> list[str]:
+        """Copy each of ``jobs``' checkpoints that is new since the last call to the state dir.
+
+        Workers write checkpoints into the store (when a whole world hands over,
+        when a suspended job's workers leave, on SIGTERM); the store is in the
+        daemon's memory, so the daemon calls this every loop and a checkpoint
+        outlives a daemon ``kill -9``. A checkpoint being written (``ckpt_seq``
+        odd, or changed while it was read) is taken next time. Returns the jobs
+        whose file was written; a failure (a full disk) is logged and tried again.
+        """
+        if self.checkpoint_dir is None:
+            return []
+        done = []
+        for job in jobs:
+            try:
+                with self._lock:
+                    found = self._read_new_checkpoint(job)
+                if found is None:
+                    continue
+                seq, tag, data = found
+                write_private_file(checkpoint_path(self.checkpoint_dir, job), encode_checkpoint_file(tag, data))
+                self._persisted[job] = seq
+                done.append(job)
+            except (OSError, ValueError, RuntimeError) as exc:
+                log.warning("job %s: its checkpoint is not on disk yet: %s", job, exc)
+        return done
+
+    def _read_new_checkpoint(self, job: str) -> tuple[int, int, bytes] | None:
+        store = self._store
+        seq_key = ckpt_seq_key(job)
+        if store is None or not store.check([seq_key]):
+            return None
+        seq = int(store.get(seq_key))
+        if seq % 2 or seq <= self._persisted.get(job, 0) or not store.check([ckpt_key(job), ckpt_tag_key(job)]):
+            return None
+        n_chunks, size = parse_ckpt_header(store.get(ckpt_key(job)), job)
+        tag = int(store.get(ckpt_tag_key(job)))
+        keys = [ckpt_chunk_key(job, i) for i in range(n_chunks)]
+        if keys and not store.check(keys):
+            return None
+        data = b"".join(store.get(k) for k in keys)
+        if int(store.get(seq_key)) != seq or len(data) != size:
+            return None  # rewritten while read: the next call takes the new one
+        return seq, tag, data
 
     @staticmethod
     def _reported(store: Any, job_id: str, workers: Sequence[str]) -> int:
@@ -378,8 +541,12 @@ class TorchRuntime:
                         n_chunks, _ = parse_ckpt_header(self._store.get(head), job_id)
                         for i in range(n_chunks):
                             self._store.delete_key(ckpt_chunk_key(job_id, i))
-                    for key in (head, ckpt_tag_key(job_id), active_key(job_id)):
+                    for key in (head, ckpt_tag_key(job_id), ckpt_seq_key(job_id), active_key(job_id)):
                         self._store.delete_key(key)
+                self._persisted.pop(job_id, None)
+                if self.checkpoint_dir is not None:
+                    with contextlib.suppress(FileNotFoundError):
+                        checkpoint_path(self.checkpoint_dir, job_id).unlink()
             gens = self._generations.get(job_id, 0)
             first = self._forgotten.get(job_id, 0) + 1
             self._forgotten[job_id] = gens

@@ -1,0 +1,113 @@
+"""The daemon's log: plain text (default) or JSON lines (``[log] format = "json"``).
+
+A JSON line is one object::
+
+    {"time": "2026-11-24T20:06:05.123Z", "level": "WARNING", "logger": "malletrain.daemon",
+     "message": "runtime.forget(j000003): ...", "job": "j000003"}
+
+``time`` is UTC ISO 8601 with milliseconds; ``job``, ``node``, ``pilot`` (and
+``worker``) are present when the record concerns one. Code names them with
+``extra``::
+
+    log.warning("runtime.ready(%s, %s): %s", job, wid, exc, extra=about(job=job))
+
+(:func:`about` drops empty values). A traceback goes in ``exc`` as one string, so a
+line is always one line. In text format the same fields are appended as
+``[job=j000003 node=n1]``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from typing import IO, Any
+
+FIELDS = ("job", "node", "pilot", "worker")
+"""Record attributes carried into every line that has them."""
+
+LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+TEXT_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
+
+
+def about(job: str = "", node: str = "", pilot: str = "", worker: str = "") -> dict[str, str]:
+    """``extra=`` for a log call about a job, node, pilot or worker (empty ones left out)."""
+    given = {"job": job, "node": node, "pilot": pilot, "worker": worker}
+    return {k: str(v) for k, v in given.items() if v}
+
+
+def _fields(record: logging.LogRecord) -> dict[str, str]:
+    out = {}
+    for key in FIELDS:
+        value = getattr(record, key, None)
+        if value:
+            out[key] = str(value)
+    return out
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record: time, level, logger, message, then job/node/pilot/worker, exc."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {
+            "time": _iso(record.created),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        line.update(_fields(record))
+        if record.exc_info:
+            line["exc"] = self.formatException(record.exc_info)
+        elif record.exc_text:
+            line["exc"] = record.exc_text
+        if record.stack_info:
+            line["stack"] = self.formatStack(record.stack_info)
+        return json.dumps(line, ensure_ascii=False, default=str)
+
+
+class TextFormatter(logging.Formatter):
+    """The usual text line, with ``[job=... node=...]`` appended when the record names one."""
+
+    def __init__(self) -> None:
+        super().__init__(TEXT_FORMAT)
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 (logging's name)
+        text = super().formatMessage(record)
+        named = _fields(record)
+        if named:
+            text += " [" + " ".join(f"{k}={v}" for k, v in named.items()) + "]"
+        return text
+
+
+def _iso(created: float) -> str:
+    secs = int(created)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(secs)) + f".{int((created - secs) * 1000):03d}Z"
+
+
+def make_formatter(fmt: str) -> logging.Formatter:
+    if fmt == "json":
+        return JsonFormatter()
+    if fmt == "text":
+        return TextFormatter()
+    raise ValueError(f"log format must be text or json, got {fmt!r}")
+
+
+def setup_logging(fmt: str = "text", level: str = "info", stream: IO[str] | None = None) -> logging.Handler:
+    """Send the root logger to ``stream`` (stderr) in ``fmt``; replaces handlers an earlier call set up.
+
+    Returns the handler (tests remove it again).
+    """
+    if level not in LEVELS:
+        raise ValueError(f"log level must be one of {', '.join(LEVELS)}, got {level!r}")
+    root = logging.getLogger()
+    for h in list(root.handlers):
+        if getattr(h, "_malletrain", False):
+            root.removeHandler(h)
+            h.close()
+    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
+    handler.setFormatter(make_formatter(fmt))
+    handler._malletrain = True  # type: ignore[attr-defined]
+    root.addHandler(handler)
+    root.setLevel(LEVELS[level])
+    return handler

@@ -1,0 +1,257 @@
+"""The authenticated agent channel: a per-daemon key, a mutual handshake, MACed frames.
+
+Every daemon has one secret agent key (:data:`KEY_BYTES` random bytes in a 0600
+file of its private state dir, created once and reused, so agents survive a
+daemon restart). Agents get the file's *path* (``--key-file``), never the key
+on a command line.
+
+Handshake (one per connection; the node name is the ZeroMQ identity)::
+
+    agent -> hub   C | nonce_a                       (32 random bytes)
+    hub   -> agent N | nonce_h                       (32 random bytes)
+    agent -> hub   F | proof_a                       proof_a = HMAC(K, "agent" | node | nonce_a | nonce_h)
+    hub   -> agent P | proof_h                       proof_h = HMAC(K, "hub"   | node | nonce_a | nonce_h)
+
+The agent proves itself first, so the hub hands its own proof only to agents that
+hold the key and refuses the others (counted, logged, nothing kept); an agent's
+proof is worthless to anyone else (it covers the hub's fresh nonce). Each side
+checks the other's proof with :func:`hmac.compare_digest`; an agent runs nothing
+for a server that cannot prove the key. Both then derive the
+session key ``S = HMAC(K, "session" | node | nonce_a | nonce_h)`` and every
+message is a data frame::
+
+    D | counter (8 bytes, big-endian) | HMAC(S, direction | counter | body) | body
+
+The counter strictly increases in each direction and the direction label
+differs (``agent->hub`` / ``hub->agent``), so a frame cannot be forged,
+replayed, reordered or reflected back to its sender. ``R | reason`` (hub ->
+agent, unauthenticated) only asks the agent to authenticate again: the worst a
+forger does with it is cost a handshake. Frames are bounded (:data:`MAX_FRAME`).
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import hmac
+import os
+import secrets
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+KEY_BYTES = 32
+NONCE_BYTES = 32
+MAC_BYTES = 32
+COUNTER_BYTES = 8
+MAX_FRAME = 1 << 20
+"""Largest frame either side accepts (a ``start_worker`` with its env and argv fits easily)."""
+MAX_REASON = 64
+AGENT_KEY_FILE = "agent.key"
+
+_LABEL = b"malletrain-agent-v1 "
+TO_HUB = b"agent->hub"
+TO_AGENT = b"hub->agent"
+
+
+class Kind(bytes, enum.Enum):
+    """The first byte of every frame."""
+
+    CHALLENGE = b"C"  # agent -> hub: nonce_a
+    NONCE = b"N"  # hub -> agent: nonce_h
+    FINISH = b"F"  # agent -> hub: proof_a
+    PROOF = b"P"  # hub -> agent: proof_h
+    REAUTH = b"R"  # hub -> agent: no session for you, authenticate again (unauthenticated hint)
+    DATA = b"D"  # either way: counter, MAC, body
+
+
+class ChannelError(ValueError):
+    """A frame that fails the channel's checks; ``reason`` is a short counter key."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+
+
+class KeyFileError(ValueError):
+    """The agent key file is missing, unsafe or malformed; the text names the file."""
+
+
+# ---- the key file --------------------------------------------------------------------------
+
+
+def create_key_file(path: Path | str) -> bytes:
+    """The key in ``path``, created (random, mode 0600, atomically) if absent; reused otherwise."""
+    p = Path(path)
+    if not p.exists():
+        tmp = p.with_name(f".{p.name}.{os.getpid()}.{secrets.token_hex(4)}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(secrets.token_bytes(KEY_BYTES))
+                f.flush()
+                os.fsync(f.fileno())
+            try:
+                os.link(tmp, p)  # never replaces a key another process made meanwhile
+            except FileExistsError:
+                pass
+        finally:
+            tmp.unlink(missing_ok=True)
+    return read_key_file(p)
+
+
+def read_key_file(path: Path | str) -> bytes:
+    """The key in ``path``: a regular file of this user, mode 0600 or stricter, exactly KEY_BYTES bytes."""
+    p = Path(path)
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise KeyFileError(f"agent key file {p}: cannot open: {exc.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            raise KeyFileError(
+                f"agent key file {p}: must be a regular file owned by uid {os.geteuid()} with mode 0600 "
+                f"(is {stat.filemode(st.st_mode)}, uid {st.st_uid})"
+            )
+        key = f.read(KEY_BYTES + 1)
+    if len(key) != KEY_BYTES:
+        raise KeyFileError(f"agent key file {p}: holds {len(key)} bytes, not {KEY_BYTES}")
+    return key
+
+
+# ---- handshake -----------------------------------------------------------------------------
+
+
+def _transcript(what: bytes, node: str, nonce_a: bytes, nonce_h: bytes) -> bytes:
+    name = node.encode()
+    return _LABEL + what + len(name).to_bytes(2, "big") + name + nonce_a + nonce_h
+
+
+def _mac(key: bytes, data: bytes) -> bytes:
+    return hmac.new(key, data, hashlib.sha256).digest()
+
+
+def hub_proof(key: bytes, node: str, nonce_a: bytes, nonce_h: bytes) -> bytes:
+    return _mac(key, _transcript(b"hub", node, nonce_a, nonce_h))
+
+
+def agent_proof(key: bytes, node: str, nonce_a: bytes, nonce_h: bytes) -> bytes:
+    return _mac(key, _transcript(b"agent", node, nonce_a, nonce_h))
+
+
+def session_key(key: bytes, node: str, nonce_a: bytes, nonce_h: bytes) -> bytes:
+    return _mac(key, _transcript(b"session", node, nonce_a, nonce_h))
+
+
+def new_nonce() -> bytes:
+    return secrets.token_bytes(NONCE_BYTES)
+
+
+def challenge_frame(nonce_a: bytes) -> bytes:
+    return Kind.CHALLENGE.value + nonce_a
+
+
+def nonce_frame(nonce_h: bytes) -> bytes:
+    return Kind.NONCE.value + nonce_h
+
+
+def proof_frame(proof: bytes) -> bytes:
+    return Kind.PROOF.value + proof
+
+
+def finish_frame(proof: bytes) -> bytes:
+    return Kind.FINISH.value + proof
+
+
+def reauth_frame(reason: str) -> bytes:
+    return Kind.REAUTH.value + reason.encode("ascii", "replace")[:MAX_REASON]
+
+
+def kind_of(frame: bytes) -> Kind:
+    """The frame's kind; :class:`ChannelError` for an empty, oversized or unknown frame."""
+    if not frame:
+        raise ChannelError("malformed", "empty frame")
+    if len(frame) > MAX_FRAME:
+        raise ChannelError("too_big", f"frame of {len(frame)} bytes (limit {MAX_FRAME})")
+    try:
+        return Kind(frame[:1])
+    except ValueError:
+        raise ChannelError("malformed", f"unknown frame kind {frame[:1]!r}") from None
+
+
+def parse_challenge(frame: bytes) -> bytes:
+    if len(frame) != 1 + NONCE_BYTES:
+        raise ChannelError("malformed", f"challenge of {len(frame)} bytes, not {1 + NONCE_BYTES}")
+    return frame[1:]
+
+
+def parse_nonce(frame: bytes) -> bytes:
+    if len(frame) != 1 + NONCE_BYTES:
+        raise ChannelError("malformed", f"nonce of {len(frame)} bytes, not {1 + NONCE_BYTES}")
+    return frame[1:]
+
+
+def parse_proof(frame: bytes) -> bytes:
+    if len(frame) != 1 + MAC_BYTES:
+        raise ChannelError("malformed", f"proof of {len(frame)} bytes, not {1 + MAC_BYTES}")
+    return frame[1:]
+
+
+def parse_finish(frame: bytes) -> bytes:
+    if len(frame) != 1 + MAC_BYTES:
+        raise ChannelError("malformed", f"finish of {len(frame)} bytes, not {1 + MAC_BYTES}")
+    return frame[1:]
+
+
+def parse_reauth(frame: bytes) -> str:
+    if len(frame) > 1 + MAX_REASON:
+        raise ChannelError("malformed", f"reauth of {len(frame)} bytes")
+    return frame[1:].decode("ascii", "replace")
+
+
+# ---- session -------------------------------------------------------------------------------
+
+
+@dataclass
+class Session:
+    """One authenticated connection: seals outgoing frames, opens incoming ones.
+
+    ``send_label``/``recv_label`` are :data:`TO_HUB`/:data:`TO_AGENT` (the agent's
+    view) or the reverse (the hub's).
+    """
+
+    key: bytes
+    send_label: bytes
+    recv_label: bytes
+    sent: int = 0
+    received: int = 0  # highest counter accepted
+
+    @classmethod
+    def for_agent(cls, key: bytes) -> "Session":
+        return cls(key, TO_HUB, TO_AGENT)
+
+    @classmethod
+    def for_hub(cls, key: bytes) -> "Session":
+        return cls(key, TO_AGENT, TO_HUB)
+
+    def seal(self, body: bytes) -> bytes:
+        self.sent += 1
+        counter = self.sent.to_bytes(COUNTER_BYTES, "big")
+        return Kind.DATA.value + counter + _mac(self.key, self.send_label + counter + body) + body
+
+    def open(self, frame: bytes) -> bytes:
+        """The body of a data frame, after checking its MAC and that its counter moved forward."""
+        head = 1 + COUNTER_BYTES + MAC_BYTES
+        if len(frame) < head or frame[:1] != Kind.DATA.value:
+            raise ChannelError("malformed", f"data frame of {len(frame)} bytes")
+        if len(frame) > MAX_FRAME:
+            raise ChannelError("too_big", f"frame of {len(frame)} bytes (limit {MAX_FRAME})")
+        counter_b, mac, body = frame[1 : 1 + COUNTER_BYTES], frame[1 + COUNTER_BYTES : head], frame[head:]
+        if not hmac.compare_digest(mac, _mac(self.key, self.recv_label + counter_b + body)):
+            raise ChannelError("bad_mac", "the frame's MAC does not match (forged, reflected or another session)")
+        counter = int.from_bytes(counter_b, "big")
+        if counter <= self.received:
+            raise ChannelError("replayed", f"counter {counter} not after {self.received} (replayed or reordered)")
+        self.received = counter
+        return body
