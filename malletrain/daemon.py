@@ -286,7 +286,11 @@ class Daemon:
         self.backend = parts.backend or self._make_backend()
         self.scav = Scavenging(self.backend, self.hub, self.store.log_event,
                                nodes_per_pilot=self._scavenger().nodes_per_pilot if self._kind() != "local" else 1,
-                               poll_interval=self._scavenger().poll_interval if self._kind() != "local" else 0.0)
+                               poll_interval=self._scavenger().poll_interval if self._kind() != "local" else 0.0,
+                               # an agent that cannot reach us leaves after agent_dead_after: twice that
+                               # without its hello, the pilot's node is broken
+                               meta=self.store, agent_grace=2 * cfg.agent_dead_after)
+        self.scav.resume()  # the pilots the last daemon left (still queued ones too) before anything new
         self._machine_size = 0
         self._discover_machine()
         self.runs: dict[str, JobRun] = {}
@@ -742,9 +746,10 @@ class Daemon:
 
     # ---------------------------------------------------------------- decide
     def _hold_idle_nodes(self) -> None:
-        """A scavenger holds every idle node (pilots are preemptable: no cost to the main queue), never
-        one the main scheduler planned for a pending job, and nothing while the last look is stale."""
-        self.scav.hold_idle(self.clock())
+        """A scavenger holds every idle node some trainer can use (pilots are preemptable: no cost to
+        the main queue), never one the main scheduler planned for a pending job, and nothing while the
+        last look is stale."""
+        self.scav.hold_idle(self.clock(), wanted=lambda node: self.node_trainer(node) is not None)
 
     def view(self, now: float, trainer: str | None = None) -> View:
         """What one trainer's policy decides on (default: the first trainer's): its held usable

@@ -16,17 +16,28 @@ decide
     grace time, or its walltime near) is not usable: jobs leave it at their next
     commit, before the scheduler takes it.
 act
-    :meth:`Scavenging.hold_idle` submits a pilot for every idle node (in groups of
-    ``nodes_per_pilot``; the backend rate-limits and caps them), never a node the
-    scheduler planned for a pending job; :meth:`Scavenging.release` cancels the
-    RUNNING pilot of nodes whose agent left.
+    :meth:`Scavenging.hold_idle` submits a pilot for every idle node some trainer can
+    use (in groups of ``nodes_per_pilot``; the backend rate-limits and caps them),
+    never a node the scheduler planned for a pending job; before that it cancels a
+    RUNNING pilot whose agent has not said hello (or whose node's agent belongs to
+    another batch job) for ``agent_grace`` seconds, so a broken node does not keep a
+    pilot slot (and that node gets no new pilot for a while, longer at each such
+    loss, until an agent works there). :meth:`Scavenging.release` cancels the RUNNING
+    pilot of nodes whose agent left.
+remember
+    the ids (and nodes) of our live pilots are kept in the store's meta
+    (:data:`PILOTS_KEY`, written only when the set changes); a restarted daemon gives
+    them back to the backend (:meth:`Scavenging.resume`), which polls them like any
+    other before anything new is submitted, so a pilot still queued is not submitted
+    twice.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from scavenger.base import (
     BackendError,
@@ -39,6 +50,8 @@ from scavenger.base import (
     PilotRequest,
     PilotStarted,
     PilotState,
+    PilotView,
+    SavedPilot,
     Throttled,
 )
 
@@ -47,13 +60,49 @@ log = logging.getLogger("malletrain.scavenging")
 EventLog = Callable[..., None]
 """``log_event(kind, job=None, **detail)``: the store's event log."""
 
+MAX_SHUN_STRIKES = 6
+"""A node that keeps losing pilots for want of an agent waits at most ``agent_grace * 2**5``."""
+
+PILOTS_KEY = "pilots"
+"""Store meta: our live pilots, ``{id: {"nodes": [...], "replaces": id or null}}``."""
+
+
+def pilots_json(views: Mapping[PilotId, PilotView]) -> str:
+    """The live pilots a restarted daemon must take back: every pilot we have not cancelled."""
+    keep = {
+        str(pid): {"nodes": list(v.nodes), "replaces": v.replaces}
+        for pid, v in views.items() if not v.cancelling and v.state is not PilotState.ENDED
+    }
+    return json.dumps(keep, sort_keys=True)
+
+
+def parse_pilots(text: str) -> list[SavedPilot]:
+    """The pilots :func:`pilots_json` wrote; ValueError naming what is wrong."""
+    try:
+        obj = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"store meta {PILOTS_KEY!r} is not JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"store meta {PILOTS_KEY!r} is not a JSON object")
+    out = []
+    for pid, rec in obj.items():
+        nodes = rec.get("nodes") if isinstance(rec, dict) else None
+        replaces = rec.get("replaces") if isinstance(rec, dict) else None
+        if not pid or not isinstance(nodes, list) or not all(isinstance(n, str) for n in nodes) \
+                or not (replaces is None or isinstance(replaces, str)):
+            raise ValueError(f"store meta {PILOTS_KEY!r}: bad entry for pilot {pid!r}: {rec!r}")
+        out.append(SavedPilot(PilotId(pid), tuple(nodes), PilotId(replaces) if replaces else None))
+    return out
+
 
 @dataclass
 class Scavenging:
     """One daemon's backend, its last look at the machine and the rules above.
 
     ``hub`` is the agent hub (``alive()``; optionally ``batch_job(node)``, the id an
-    agent's hello carried). ``clock`` is the daemon's clock.
+    agent's hello carried). ``meta``: where our live pilots are kept across restarts
+    (the store: ``get_meta``/``set_meta``; None: nowhere). ``agent_grace``: seconds a
+    RUNNING pilot may go without its own agent before it is cancelled (0: never).
     """
 
     backend: Any
@@ -61,11 +110,48 @@ class Scavenging:
     log_event: EventLog
     nodes_per_pilot: int = 1
     poll_interval: float = 0.0
+    meta: Any = None
+    agent_grace: float = 0.0
     discovery: Discovery | None = None
     stale: bool = False
     error: str = ""
     _next_look: float = field(default=0.0, repr=False)
     _hold_blocked_until: float = field(default=0.0, repr=False)
+    _saved: str | None = field(default=None, repr=False)
+    _agentless_since: dict[PilotId, float] = field(default_factory=dict, repr=False)
+    _shunned: dict[str, tuple[float, int]] = field(default_factory=dict, repr=False)  # node -> (until, strikes)
+
+    # ------------------------------------------------------------ remember
+    def resume(self) -> list[PilotId]:
+        """Give the pilots the last daemon kept in ``meta`` back to the backend (call once, at
+        start, before the first look): the backend polls them like its own, and they hold their
+        nodes and count towards its cap before anything new is submitted."""
+        if self.meta is None:
+            return []
+        text = self.meta.get_meta(PILOTS_KEY)
+        self._saved = text
+        if not text:
+            return []
+        try:
+            saved = parse_pilots(text)
+        except ValueError as exc:  # never fatal: those pilots end by their walltime at worst
+            self.log_event("pilots_unreadable", error=str(exc))
+            log.warning("%s (their pilots are not taken back)", exc)
+            return []
+        resume = getattr(self.backend, "resume", None)
+        taken = list(resume(saved)) if resume is not None and saved else []
+        if taken:
+            self.log_event("pilots_resumed", pilots=list(taken))
+        return taken
+
+    def _remember(self) -> None:
+        """Keep the ids of our live pilots in ``meta`` when they changed."""
+        if self.meta is None:
+            return
+        text = pilots_json(self.backend.pilots())
+        if text != self._saved:
+            self.meta.set_meta(PILOTS_KEY, text)
+            self._saved = text
 
     # ------------------------------------------------------------ observe
     def look(self, now: float) -> list[PilotEvent]:
@@ -76,6 +162,7 @@ class Scavenging:
         events: list[PilotEvent] = []
         try:
             events = list(self.backend.poll())
+            self._remember()
             self.discovery = self.backend.discover()
         except BackendError as exc:  # the daemon never dies of a scheduler hiccup; it waits for a good look
             self._failed(exc)
@@ -167,13 +254,24 @@ class Scavenging:
         return tuple(n.name for n in d.nodes) if d is not None else ()
 
     # ------------------------------------------------------------ act
-    def hold_idle(self, now: float) -> list[PilotId]:
-        """A pilot for every idle node no pilot of ours asks for (never on stale data)."""
+    def hold_idle(self, now: float, wanted: Callable[[str], bool] | None = None) -> list[PilotId]:
+        """A pilot for every idle node no pilot of ours asks for and ``wanted`` accepts (None: every
+        node; the daemon: nodes some trainer can use), after cancelling the pilots whose agent
+        stayed away past ``agent_grace``. Nothing on stale data."""
         d = self.discovery
-        if self.stale or d is None or now < self._hold_blocked_until:
+        if self.stale or d is None:
+            return []
+        self._cancel_agentless(now)
+        if now < self._hold_blocked_until:
+            self._remember()
             return []
         taken = {n for v in self.backend.pilots().values() for n in v.nodes}
-        free = sorted(d.idle - taken)
+        free = sorted(n for n in d.idle - taken - self._shunned_now(now) if wanted is None or wanted(n))
+        out = self._submit_for(free, now)
+        self._remember()
+        return out
+
+    def _submit_for(self, free: list[str], now: float) -> list[PilotId]:
         out: list[PilotId] = []
         for i in range(0, len(free) - self.nodes_per_pilot + 1, self.nodes_per_pilot):
             nodes = tuple(free[i: i + self.nodes_per_pilot])
@@ -190,6 +288,60 @@ class Scavenging:
             out.append(pid)
         return out
 
+    def _missing_agent(self, pid: PilotId, view: PilotView, alive: set[str]) -> str:
+        """Why ``pid``'s own agent is not on one of its nodes ("": it is on all of them)."""
+        for node in view.nodes:
+            if node not in alive:
+                return f"no agent said hello from node {node}"
+            batch = self.agent_batch_job(node)
+            if batch and batch != pid:
+                return f"the agent on node {node} belongs to batch job {batch}"
+        return ""
+
+    def _cancel_agentless(self, now: float) -> None:
+        """Cancel each RUNNING pilot whose own agent has been missing for ``agent_grace`` seconds."""
+        if self.agent_grace <= 0:
+            return
+        alive = self.hub.alive()
+        watched: dict[PilotId, float] = {}
+        for pid, view in sorted(self.backend.pilots().items()):
+            if view.state is not PilotState.RUNNING or view.cancelling:
+                continue
+            why = self._missing_agent(pid, view, alive)
+            if not why:
+                continue
+            since = watched[pid] = self._agentless_since.get(pid, now)
+            if now - since < self.agent_grace:
+                continue
+            try:
+                self.backend.cancel(pid)
+            except BackendError as exc:
+                log.warning("%s: cancel %s: %s (retried at the next hold)", self.backend.name, pid, exc)
+                continue
+            del watched[pid]
+            for node in view.nodes:
+                self._shun(node, now)
+            text = f"{why} for {self.agent_grace:g} s"
+            self.log_event("pilot_cancelled", pilot=pid, nodes=list(view.nodes), reason=text)
+            log.warning("%s: cancelled pilot %s on %s: %s", self.backend.name, pid, ",".join(view.nodes), text)
+        self._agentless_since = watched
+
+    def _shun(self, node: str, now: float) -> None:
+        """No new pilot on ``node`` for a while: ``agent_grace``, doubling at each pilot lost there for
+        want of an agent (:data:`MAX_SHUN_STRIKES`), until an agent works there again."""
+        strikes = min(self._shunned.get(node, (0.0, 0))[1] + 1, MAX_SHUN_STRIKES)
+        self._shunned[node] = (now + self.agent_grace * 2 ** (strikes - 1), strikes)
+
+    def _shunned_now(self, now: float) -> set[str]:
+        """Nodes no new pilot may take now. A node whose agent works again is trusted again; the
+        others are tried once their time is up, and their strikes are kept (the next failure waits
+        longer)."""
+        if not self._shunned:
+            return set()
+        for node in self.usable() & self._shunned.keys():
+            del self._shunned[node]
+        return {node for node, (until, _) in self._shunned.items() if now < until}
+
     def release(self, nodes: set[str]) -> None:
         """Cancel the RUNNING pilot of each of ``nodes`` whose agent is (still) gone."""
         alive = self.hub.alive()
@@ -200,6 +352,7 @@ class Scavenging:
                 self.log_event("pilot_cancelled", pilot=pid)
             except BackendError as exc:
                 log.warning("%s: cancel %s: %s (retried when its agent is gone again)", self.backend.name, pid, exc)
+        self._remember()
 
     def node_states(self) -> dict[str, str]:
         """Each node of the machine: held (agent up) / holding (pilot, no agent yet) / idle / busy."""
@@ -221,6 +374,7 @@ class Scavenging:
 
     def close(self) -> None:
         self.backend.close()
+        self._remember()  # cancelled pilots are not taken back by the next daemon
 
 
 def view_extras(view_type: type, recall_times: dict[str, float]) -> dict[str, Any]:

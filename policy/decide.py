@@ -33,7 +33,7 @@ of its own about admission, profiling, lending, curves or costs. Each rule is se
   learns passively.
 * **Adaptive admission** (``admission = "adaptive"``, the default): Pjmax is a floor. While the
   held and free nodes exceed what the admitted jobs can absorb (:meth:`Policy.absorbs`: a job's
-  max, or the knee of its believed curve) by at least a queued job's min, that job is admitted
+  max, or the knee of its believed curve, ``admission_knee``) by at least a queued job's min, that job is admitted
   too (FCFS, up to ``admission_cap`` jobs in all). When nodes go,
   the newest jobs admitted beyond Pjmax give way first: a job whose min no longer fits beside
   what the others can absorb is **suspended** (its nodes freed, its progress kept, the front of
@@ -260,8 +260,8 @@ class Policy:
     def _suspensions(self, r: _Round) -> None:
         """Adaptive admission: the newest jobs admitted beyond Pjmax give way first when nodes go."""
         st, cfg = self.state, self.config
-        if cfg.admission is not Admission.ADAPTIVE or not cfg.max_running:
-            return
+        if cfg.admission is not Admission.ADAPTIVE or not cfg.max_running or len(st.admitted) <= cfg.max_running:
+            return  # no job beyond Pjmax to give way
         absorb = sum(self.absorbs(r.jobs[j]) for j in st.admitted)
         for job_id in reversed(st.admitted[cfg.max_running:]):
             job = r.jobs[job_id]
@@ -445,7 +445,7 @@ class Policy:
         slots = cfg.max_running or math.inf
         adaptive = cfg.admission is Admission.ADAPTIVE and cfg.max_running > 0
         cap = cfg.admission_cap or math.inf
-        absorb = sum(self.absorbs(r.jobs[j]) for j in st.admitted) if adaptive else 0
+        absorb: int | None = None  # what the admitted jobs absorb; summed when a job beyond Pjmax is weighed
         free_avail = max(0, view.free_count + len(r.released) - self._reserved())
         borrowed: dict[str, int] = {}
         waiting: dict[str, str] = {}
@@ -461,6 +461,8 @@ class Policy:
             job = r.jobs[job_id]
             extra = len(st.admitted) >= slots
             if extra:
+                if absorb is None:
+                    absorb = sum(self.absorbs(r.jobs[j]) for j in st.admitted) if adaptive else 0
                 surplus = r.total_nodes - self._reserved() - absorb
                 if extra_closed or not adaptive or len(st.admitted) >= cap or surplus < job.min_nodes:
                     waiting[job_id] = f"all {cfg.max_running} slots are taken (max_running)"
@@ -477,7 +479,7 @@ class Policy:
                 res = self._source_profile(r, job, free_avail, borrowed, end=end)
                 if not isinstance(res, Wait):
                     free_avail -= res.from_free
-            if adaptive:
+            if adaptive and absorb is not None:
                 absorb += self.absorbs(job)
             st.admitted.append(job_id)
             if job_id in st.queue_front:

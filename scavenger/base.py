@@ -373,16 +373,33 @@ class SchedulerBackend(Protocol):
     def pilots(self) -> Mapping[PilotId, "PilotView"]:
         """Every pilot not yet reported ended, with its state and nodes."""
 
+    def resume(self, saved: Sequence["SavedPilot"]) -> list[PilotId]:
+        """Track again the pilots an earlier daemon left in the scheduler (a restart): each is
+        polled like any other (queued, running or ended) and counts towards the cap at once, so
+        nothing is submitted twice. Returns the ids taken back; idempotent."""
+
     def close(self) -> None:
         """Cancel every pilot; idempotent."""
 
 
 @dataclass(frozen=True)
 class PilotView:
-    """A read-only look at one pilot."""
+    """A read-only look at one pilot; ``cancelling``: our cancel of it went through, it is
+    on its way out."""
 
     id: PilotId
     state: PilotState
     nodes: tuple[str, ...]
     expires_at: float | None
+    replaces: PilotId | None = None
+    cancelling: bool = False
+
+
+@dataclass(frozen=True)
+class SavedPilot:
+    """What a daemon keeps of one live pilot across a restart (:meth:`SchedulerBackend.resume`):
+    its id, the nodes it holds or asked for, and the pilot it replaces at walltime."""
+
+    id: PilotId
+    nodes: tuple[str, ...] = ()
     replaces: PilotId | None = None

@@ -43,6 +43,7 @@ from scavenger.base import (
     PilotState,
     PilotStateError,
     PilotView,
+    SavedPilot,
     can_move,
 )
 from traces.model import EventBatch, IdleTimeline
@@ -197,6 +198,11 @@ class LocalBackend:
         self._idle.add(node)  # it ran a pilot: the trace left it idle then
         self._events.append(PilotStarted(pilot.id, (node,), None))
         return pilot.id
+
+    def resume(self, saved: Sequence[SavedPilot]) -> list[PilotId]:
+        """Nothing to take back by id: a local pilot is an agent process, which comes back with
+        its hello (:meth:`adopt`, that needs its process id) or is gone."""
+        return []
 
     def close(self) -> None:
         for pid in list(self._pilots):

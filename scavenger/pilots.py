@@ -36,6 +36,7 @@ from scavenger.base import (
     PilotState,
     PilotView,
     Runner,
+    SavedPilot,
     Throttled,
     can_move,
     run_command,
@@ -127,7 +128,7 @@ class PilotRecord:
     announced: EndReason | None = None  # the reason of the last PilotEnding sent
 
     def view(self) -> PilotView:
-        return PilotView(self.id, self.state, self.nodes, self.expires_at, self.replaces)
+        return PilotView(self.id, self.state, self.nodes, self.expires_at, self.replaces, self.cancel_requested)
 
 
 class PilotBook:
@@ -178,6 +179,23 @@ class PilotBook:
             self._live[request.after].replaced_by = pid
         self._live[pid] = rec
         self._events.append(PilotQueued(pid, request.nodes, request.after))
+        return rec
+
+    def resume(self, saved: SavedPilot, now: float) -> PilotRecord:
+        """Track a pilot an earlier daemon submitted (a restart): state UNKNOWN, no event, until
+        the next poll tells what it is (QUEUED silently, RUNNING as started, gone as ended)."""
+        rec = self._live.get(saved.id)
+        if rec is not None:
+            return rec
+        request = PilotRequest(saved.nodes, after=saved.replaces)
+        rec = PilotRecord(saved.id, request, now, state=PilotState.UNKNOWN, nodes=saved.nodes, queued_since=now,
+                          replaces=saved.replaces)
+        self._live[saved.id] = rec
+        for other in self._live.values():  # link replacements whichever came back first
+            if other.replaces == rec.id:
+                rec.replaced_by = other.id
+            if rec.replaces == other.id:
+                other.replaced_by = rec.id
         return rec
 
     def apply(self, obs: Observation, now: float) -> None:
@@ -456,6 +474,19 @@ class BatchBackend:
         self.book.apply(Observation(pilot, PilotState.RUNNING, "RUNNING", (node,)), now)
         return pilot
 
+    def resume(self, saved: Sequence[SavedPilot]) -> list[PilotId]:
+        """Track again the pilots an earlier daemon left (a restart): they count towards
+        ``max_pilots`` and hold their nodes at once, and the next :meth:`poll` tells what each is
+        (still queued, running, or ended meanwhile). Idempotent."""
+        now = self.clock()
+        out = []
+        for pilot in saved:
+            self.book.resume(pilot, now)
+            out.append(pilot.id)
+        if out:
+            log.info("%s: took back %d pilot(s) of an earlier daemon: %s", self.name, len(out), ", ".join(out))
+        return out
+
     def poll(self) -> list[PilotEvent]:
         """One queue query for every live pilot, one lookup per pilot that ended; then the
         shared rules (walltime notice and renewal, suspended pilots, stuck queued pilots)."""
@@ -556,18 +587,18 @@ class BatchBackend:
             self._cancel(pilots, cause)
         except BackendError as exc:
             log.warning("%s: cancel %s: %s (retried next poll)", self.name, pilots, exc)
-            for pid in pilots:
-                rec = self.book.get(pid)
-                if rec is not None:
-                    rec.cancel_requested = False
 
     def _cancel(self, pilots: list[PilotId], cause: EndReason | None) -> None:
+        """One cancel command for ``pilots`` (and their queued replacements); when it fails, the
+        pilots are as they were (not cancelling) and the error is raised."""
         ids: list[PilotId] = []
+        before: dict[PilotId, bool] = {}
         for pid in pilots:
             rec = self.book.get(pid)
             if rec is None:
                 continue
             ids.append(pid)
+            before.setdefault(pid, rec.cancel_requested)
             rec.cancel_requested = True
             if cause in (EndReason.PREEMPTED, EndReason.TIMEOUT):
                 rec.cancel_cause = cause
@@ -575,10 +606,19 @@ class BatchBackend:
                 continue  # ended at its walltime: its replacement takes over
             succ = self.book.get(rec.replaced_by) if rec.replaced_by else None
             if succ is not None and succ.id not in ids:
+                before.setdefault(succ.id, succ.cancel_requested)
                 succ.cancel_requested = True
                 ids.append(succ.id)
-        if ids:
+        if not ids:
+            return
+        try:
             self.dialect.check_cancel(self._run(self.dialect.render_cancel(ids)))
+        except BackendError:
+            for pid, was in before.items():
+                rec = self.book.get(pid)
+                if rec is not None:
+                    rec.cancel_requested = was
+            raise
 
 
 def minutes_ceil(seconds: float) -> int:

@@ -472,6 +472,14 @@ def write_evaluation(ev: Evaluation, out: Path, command: str) -> list[Path]:
     return written
 
 
+def same_periods(row: dict, rows: list[dict], tolerance_pct: float = 0.5) -> bool:
+    """Whether ``row``'s constrained periods are the best freetrain prior's (their share of time agrees)."""
+    base = next((r for r in rows if r.get("best_prior")), None)
+    if base is None or "constrained_time_pct" not in row:
+        return True
+    return abs(row["constrained_time_pct"][0] - base["constrained_time_pct"][0]) <= tolerance_pct
+
+
 def write_chart(ev: Evaluation, path: Path) -> Path | None:
     """MalleTrain Fig. 3.10 in work: per workload (headline cells) and part of the week, each policy's
     work over freetrain's best prior (mean, with the seeds' sd as error bars and every seed as a dot)."""
@@ -487,6 +495,7 @@ def write_chart(ev: Evaluation, path: Path) -> Path | None:
     if not headline:
         return None
     fig, axes = plt.subplots(1, len(headline), figsize=(6.5 * len(headline), 4.6), squeeze=False)
+    partial = False
     for ax, (w, cell) in zip(axes[0], headline.items()):
         rows = [r for r in policy_rows(ev, cell) if not r["policy"].startswith("freetrain:") or r["best_prior"]
                 or r["worst_prior"]]
@@ -494,10 +503,15 @@ def write_chart(ev: Evaluation, path: Path) -> Path | None:
                   for r in rows]
         width = 0.8 / len(PARTS)
         colours = ("#444444", "#d95f02", "#1b9e77")
+        same = [same_periods(r, rows) for r in rows]
         for k, part in enumerate(PARTS):
             xs = [i + (k - 1) * width for i in range(len(rows))]
-            means = [1.0 + r[f"vs_best_freetrain_{part}_pct"][0] / 100.0 for r in rows]
-            sds = [r[f"vs_best_freetrain_{part}_pct"][1] / 100.0 for r in rows]
+            # a period bar compares the same periods only: a policy whose admitted jobs absorb a
+            # different pool (adaptive admission) has other periods, and gets the whole bar alone
+            means = [1.0 + r[f"vs_best_freetrain_{part}_pct"][0] / 100.0 if part == "whole" or ok else math.nan
+                     for r, ok in zip(rows, same)]
+            sds = [r[f"vs_best_freetrain_{part}_pct"][1] / 100.0 if part == "whole" or ok else 0.0
+                   for r, ok in zip(rows, same)]
             ax.bar(xs, means, width, yerr=sds, capsize=2, color=colours[k], alpha=0.8, label=part)
         ax.axhline(1.0, color="grey", lw=0.8)
         ax.set_xticks(range(len(rows)), labels, rotation=30, ha="right", fontsize=8)
@@ -505,14 +519,20 @@ def write_chart(ev: Evaluation, path: Path) -> Path | None:
         lo = min(1.0 + r[f"vs_best_freetrain_{p}_pct"][0] / 100.0 for r in rows for p in PARTS
                  if not math.isnan(r[f"vs_best_freetrain_{p}_pct"][0]))
         ax.set_ylim(max(0.0, min(0.8, lo - 0.1)), None)
+        partial = partial or not all(same)
         n = len(ev.settings.seeds)
         ax.set_title(f"{cell_title(cell, ev.settings)}\nmean ± sd over {n} seed{'s' if n != 1 else ''}", fontsize=9)
         ax.grid(True, axis="y", alpha=0.3)
     handles, names = axes[0][0].get_legend_handles_labels()
+    top = 0.89 if partial else 0.93  # below a two-line title
     fig.legend(handles, [f"{n} period" if n != "whole" else "whole replay" for n in names], loc="upper center",
-               ncols=3, fontsize=8, bbox_to_anchor=(0.5, 0.93))
-    fig.suptitle("Model-neutral work relative to FreeTrain with its best prior (Fig. 3.10, in work)", fontsize=10)
-    fig.tight_layout(rect=(0, 0, 1, 0.88))
+               ncols=3, fontsize=8, bbox_to_anchor=(0.5, top))
+    title = "Model-neutral work relative to FreeTrain with its best prior (Fig. 3.10, in work)"
+    if partial:
+        title += ("\nperiod bars only where the periods are freetrain's (under adaptive admission every period "
+                  "is constrained)")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1, top - 0.05))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

@@ -74,9 +74,11 @@ def test_a_daemon_with_metrics_on_serves_the_expected_names(tmp_path: Path) -> N
         push.setsockopt(zmq.LINGER, 0)
         push.connect(d.monitor.address)
         push.send(Report(jid, 1, 64, time.time(), 1).encode())  # unsigned: rejected, counted by reason
-        push.close(0)
-        until(d, lambda: d.monitor.counts()["unsigned"] == 1
-              and (d.monitor.jobs[jid].throughput.estimate(d.monitor.jobs[jid].world_size) is not None))
+        try:  # open until it arrived: closing with LINGER 0 drops a frame the connect has not carried yet
+            until(d, lambda: d.monitor.counts()["unsigned"] == 1
+                  and (d.monitor.jobs[jid].throughput.estimate(d.monitor.jobs[jid].world_size) is not None))
+        finally:
+            push.close(0)
         d._next_sample = 0.0  # the 1-s sampler runs at the next step
         d.step()
         got = samples(scrape(d.metrics.address))

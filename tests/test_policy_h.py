@@ -3,6 +3,8 @@ node valuation, budgets and deadlines. Each test drives :class:`policy.Policy` w
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import replace
 
 import pytest
@@ -299,3 +301,18 @@ def test_admission_knee_sets_how_far_a_job_is_counted_to_absorb_nodes():
     for bad in (-0.1, 1.5, float("nan"), True):
         with pytest.raises(PolicyConfigError, match="policy.admission_knee"):
             PolicyConfig(admission_knee=bad)
+
+
+def test_past_its_largest_measured_count_a_job_gains_no_more_than_its_measured_trend():
+    pol = Policy(PolicyConfig(profiling="never"))
+    job = jv("x", 1, 8, scaling={1: 10.0, 8: 80.0})  # the user says linear
+    pol.state.measured["x"] = {2: 20.0, 4: 24.0}  # it measured 2 samples/s per node from 2 to 4
+    curve = pol.believed_curve(job)
+    assert curve[2] == 20.0 and curve[4] == 24.0
+    assert curve[8] <= 24.0 + 2.0 * 4 * math.log(8 / 4) + 1e-9  # not the prior's 80: the slope decays past 4
+    pol.state.measured["x"] = {2: 20.0, 4: 16.0}  # past its peak: fewer samples/s at 4 than at 2
+    pol._bump("x")
+    assert pol.believed_curve(job)[8] <= 16.0  # growing it further is not believed to help
+    one = Policy(PolicyConfig(profiling="never"))
+    one.state.measured["x"] = {4: 24.0}  # one count: no trend, the calibrated prior stands
+    assert one.believed_curve(job)[8] > 24.0

@@ -6,6 +6,7 @@ daemon configured for PBS on a machine without PBS shows that failing commands n
 
 from __future__ import annotations
 
+import json
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ import pytest
 
 from malletrain.config import ConfigError, DaemonConfig, ScavengerConfig, parse_config, to_toml
 from malletrain.scavenging import Scavenging, view_extras
-from policy import View
+from policy import PolicyConfig, View
 from scavenger.base import (
     Claim,
     CommandFailed,
@@ -24,6 +25,7 @@ from scavenger.base import (
     PilotRequest,
     PilotState,
     PilotView,
+    SavedPilot,
     Throttled,
 )
 
@@ -170,3 +172,105 @@ def test_daemon_on_pbs_without_pbs_survives_and_decides_nothing(tmp_path: Path) 
         assert [e["kind"] for e in d.store.events("backend_error")]
     finally:
         d.close()
+
+
+# ---- nodes no trainer uses, pilots without their agent, pilots kept across restarts ------------
+
+
+class Meta:
+    """The store's meta table, counting writes."""
+
+    def __init__(self, data: dict[str, str] | None = None) -> None:
+        self.data = dict(data or {})
+        self.writes = 0
+
+    def get_meta(self, key: str) -> str | None:
+        return self.data.get(key)
+
+    def set_meta(self, key: str, value: str) -> None:
+        self.writes += 1
+        self.data[key] = value
+
+
+def test_hold_idle_holds_only_nodes_the_predicate_accepts() -> None:
+    b = ScriptedBackend({"n01", "n02", "gpu1"})
+    s, _ = scav(b, Hub(set()))
+    s.look(0.0)
+    s.hold_idle(0.0, wanted=lambda n: n.startswith("n0"))
+    assert sorted(v.nodes for v in b.views.values()) == [("n01",), ("n02",)]  # gpu1: no trainer uses it
+
+
+def test_daemon_never_holds_a_node_no_trainer_matches(tmp_path: Path) -> None:
+    from malletrain.config import TrainerConfig
+    from tests.test_conformance import NODES, Harness
+
+    h = Harness(tmp_path / "d", PolicyConfig(), trainers=(TrainerConfig("vision", ("n0[1-2]",)),
+                                                          TrainerConfig("lm", ("n0[3-4]",))))
+    try:
+        h.cluster.became_idle(*NODES)
+        h.run_until(3.0)
+        assert sorted(h.cluster.held) == ["n01", "n02", "n03", "n04"]  # n05..n08: no trainer's patterns
+    finally:
+        h.close()
+
+
+def test_a_running_pilot_without_its_own_agent_is_cancelled_after_the_grace() -> None:
+    b = ScriptedBackend({"a", "b", "c", "d"})
+    b.views = {p: PilotView(p, PilotState.RUNNING, (n,), None)  # type: ignore[arg-type]
+               for p, n in (("1", "a"), ("2", "b"), ("3", "c"), ("4", "d"))}
+    hub = Hub({"b", "c"}, {"b": "99", "c": "3"})  # a: no hello; b: another batch job's agent; d: hello later
+    s, log = scav(b, hub, agent_grace=10.0)
+    s.look(0.0)
+    s.hold_idle(0.0)
+    s.hold_idle(9.0)
+    assert b.cancelled == []  # within the grace
+    hub._alive.add("d")
+    s.hold_idle(10.0)
+    assert sorted(b.cancelled) == ["1", "2"]  # c and d: their own agents are up
+    why = {d["pilot"]: d["reason"] for k, d in log if k == "pilot_cancelled"}
+    assert "no agent said hello from node a" in why["1"]
+    assert "the agent on node b belongs to batch job 99" in why["2"]
+    s.look(11.0)
+    assert s.hold_idle(11.0) == []  # a and b are idle again, but lost a pilot for want of an agent
+    assert s.hold_idle(20.0) == ["p5", "p6"]  # tried again after the grace
+    assert sorted(b.cancelled) == ["1", "2"]  # cancelled once
+    s.look(21.0)
+    s.hold_idle(30.0), s.hold_idle(40.0)
+    assert b.cancelled[2:] == ["p5", "p6"]  # again no agent: out for twice as long
+    s.look(41.0)
+    assert s.hold_idle(59.0) == [] and s.hold_idle(60.0) == ["p7", "p8"]
+    hub._alive.add("a"), hub._batch.update(a="p7")
+    s.hold_idle(60.5)
+    assert "a" not in s._shunned and "b" in s._shunned  # a's agent works: a is trusted again
+    off, _ = scav(ScriptedBackend(set()), Hub(set()))
+    assert off.agent_grace == 0.0  # off unless asked (the daemon: twice agent_dead_after)
+
+
+def test_live_pilots_are_kept_in_the_store_only_when_they_change_and_given_back() -> None:
+    b = ScriptedBackend({"a", "b"})
+    meta = Meta()
+    s, _ = scav(b, Hub(set()), meta=meta)
+    assert s.resume() == []
+    s.look(0.0)
+    s.hold_idle(0.0)
+    assert json.loads(meta.data["pilots"]) == {"p1": {"nodes": ["a"], "replaces": None},
+                                               "p2": {"nodes": ["b"], "replaces": None}}
+    writes = meta.writes
+    s.look(1.0), s.hold_idle(1.0), s.release(set())
+    assert meta.writes == writes  # nothing changed: nothing written
+    b.views["p2"] = PilotView("p2", PilotState.RUNNING, ("b",), None, cancelling=True)  # type: ignore[arg-type]
+    s.look(2.0)
+    assert list(json.loads(meta.data["pilots"])) == ["p1"]  # a pilot we cancelled is not taken back
+
+    class Resuming(ScriptedBackend):
+        def resume(self, saved: list[SavedPilot]) -> list[str]:
+            self.saved = list(saved)
+            return [p.id for p in saved]
+
+    b2 = Resuming(set())
+    s2, log = scav(b2, Hub(set()), meta=meta)
+    assert s2.resume() == ["p1"] and b2.saved == [SavedPilot("p1", ("a",), None)]  # type: ignore[arg-type]
+    assert ("pilots_resumed", {"pilots": ["p1"]}) in log
+    bad, log = scav(Resuming(set()), Hub(set()), meta=Meta({"pilots": '{"p1": {"nodes": "a"}}'}))
+    assert bad.resume() == []  # a bad entry is named, never fatal
+    assert any(k == "pilots_unreadable" and "bad entry for pilot 'p1'" in d["error"] for k, d in log)

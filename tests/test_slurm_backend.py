@@ -3,6 +3,7 @@ pilot state machine driven through a scripted scheduler."""
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 
 import pytest
@@ -22,9 +23,11 @@ from scavenger.base import (
     PilotRequest,
     PilotStarted,
     PilotState,
+    SavedPilot,
     Throttled,
     can_move,
 )
+from malletrain.scavenging import Scavenging
 from scavenger.pilots import SubmitLimiter
 from scavenger.slurm import (
     SLURM_STATES,
@@ -391,3 +394,112 @@ def test_rejected_sbatch_raises_and_backs_off() -> None:
     with pytest.raises(Throttled):
         b.submit(PilotRequest(("node1",)))
     assert b.pilots() == {}
+
+
+# ---- a daemon restart, pilots without their agent --------------------------------------------
+
+
+class Meta:
+    def __init__(self) -> None:
+        self.data: dict[str, str] = {}
+
+    def get_meta(self, key: str) -> str | None:
+        return self.data.get(key)
+
+    def set_meta(self, key: str, value: str) -> None:
+        self.data[key] = value
+
+
+class Hub:
+    def __init__(self, alive: set[str] | None = None, batch: dict[str, str] | None = None) -> None:
+        self.up, self.batch = set(alive or ()), dict(batch or {})
+
+    def alive(self) -> set[str]:
+        return set(self.up)
+
+    def batch_job(self, node: str) -> str | None:
+        return self.batch.get(node)
+
+
+def scavenging(b: SlurmBackend, meta: Meta, hub: Hub | None = None, **kw) -> Scavenging:
+    return Scavenging(b, hub or Hub(), lambda kind, job=None, **d: None, meta=meta, **kw)
+
+
+def test_a_restarted_daemon_takes_back_its_queued_running_and_ended_pilots() -> None:
+    """The first daemon dies with a pilot queued (node1), one running (node2) and one that ends
+    meanwhile (node4): the second one polls all three before it submits, and submits only node4's."""
+    cfg = SlurmConfig(daemon_address="tcp://head:5555", job_name="mt-pilot", max_queued_s=600.0)
+    fake, clock, b1 = make(cfg)
+    fake.nodes["node4"] = "idle"
+    meta = Meta()
+    s1 = scavenging(b1, meta)
+    s1.look(clock.t)
+    q, r, e = s1.hold_idle(clock.t)
+    fake.start(r), fake.start(e)
+    s1.look(clock.t)
+    assert set(json.loads(meta.data["pilots"])) == {q, r, e}
+    # killed: no close, its pilots stay in Slurm; the pilot on node4 ends while no daemon runs
+    fake.jobs[e].update(state="COMPLETED", preempt="2026-11-24T17:00:30")
+    fake.nodes.update(node2="allocated", node4="idle")
+    b2 = SlurmBackend(cfg, clock, runner=fake)
+    s2 = scavenging(b2, meta)
+    assert sorted(s2.resume()) == sorted([q, r, e])
+    assert b2.discover().idle == set()  # their nodes are ours before any poll
+    before = len([c for c in fake.calls if c[0] == "sbatch"])
+    clock.t += 5
+    events = s2.look(clock.t)
+    assert [ev.pilot for ev in events if isinstance(ev, PilotStarted)] == [r]
+    assert [(ev.pilot, ev.reason) for ev in events if isinstance(ev, PilotEnded)] == [(e, EndReason.PREEMPTED)]
+    assert b2.pilots()[q].state is PilotState.QUEUED and b2.pilots()[r].state is PilotState.RUNNING
+    s2.hold_idle(clock.t)
+    sbatch = [c for c in fake.calls if c[0] == "sbatch"][before:]
+    assert [next(a for a in c if a.startswith("--nodelist=")) for c in sbatch] == ["--nodelist=node4"]
+    assert set(json.loads(meta.data["pilots"])) == {q, r, *(b2.pilots().keys() - {q, r})}
+    s2.close()
+    assert json.loads(meta.data["pilots"]) == {}  # a clean stop cancelled them: nothing to take back
+
+
+def test_resumed_pilots_count_towards_the_cap_and_keep_their_replacement() -> None:
+    cfg = SlurmConfig(daemon_address="tcp://h:1", job_name="mt-pilot", max_pilots=2)
+    fake, clock, b = make(cfg)
+    fake.jobs.update({"7": {"state": "RUNNING", "want": "node1"}, "8": {"state": "PENDING", "want": "node1"}})
+    fake.start("7", "2026-11-24T16:00:00", "2026-11-24T17:01:00")
+    b.resume([SavedPilot(PilotId("7"), ("node1",)), SavedPilot(PilotId("8"), ("node1",), PilotId("7"))])
+    with pytest.raises(Throttled, match="2 pilots in flight"):
+        b.submit(PilotRequest(("node2",)))
+    b.poll()
+    assert b.pilots()[PilotId("8")].replaces == "7"
+    fake.jobs["7"].update(state="PREEMPTED")
+    b.poll()
+    assert fake.jobs["8"]["state"] == "CANCELLED"  # a preempted pilot takes its replacement with it
+
+
+def test_a_failed_scancel_leaves_the_pilot_not_cancelling() -> None:
+    fake, clock, b = make()
+    p = b.submit(PilotRequest(("node1",)))
+    fake.fail["scancel"] = res(["scancel"], "", "scancel: error: Unable to contact slurm controller", 1)
+    with pytest.raises(CommandFailed, match="scancel"):
+        b.cancel(p)
+    assert b.pilots()[p].cancelling is False
+    fake.fail.clear()
+    b.cancel(p)
+    assert b.pilots()[p].cancelling is True
+
+
+def test_a_running_pilot_whose_agent_never_says_hello_is_cancelled_after_the_grace() -> None:
+    fake, clock, b = make()
+    hub = Hub({"node2"}, {"node2": "4242"})  # node2's agent belongs to some other batch job
+    s = scavenging(b, Meta(), hub, agent_grace=20.0)
+    s.look(clock.t)
+    p1, p2 = s.hold_idle(clock.t)
+    fake.start(p1), fake.start(p2)
+    s.look(clock.t)
+    s.hold_idle(clock.t)
+    clock.t += 19
+    s.look(clock.t), s.hold_idle(clock.t)
+    assert not [c for c in fake.calls if c[0] == "scancel"]
+    clock.t += 1
+    s.look(clock.t), s.hold_idle(clock.t)
+    assert sorted(c[1] for c in fake.calls if c[0] == "scancel") == sorted([p1, p2])
+    ended = {ev.pilot: ev.reason for ev in s.look(clock.t) if isinstance(ev, PilotEnded)}
+    assert ended == {p1: EndReason.CANCELLED, p2: EndReason.CANCELLED}

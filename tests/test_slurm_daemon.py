@@ -29,6 +29,7 @@ pytest.importorskip("torch")
 from malletrain.config import DaemonConfig, ScavengerConfig  # noqa: E402
 from malletrain.daemon import Daemon  # noqa: E402
 from malletrain.jobspec import JobSpec, JobState  # noqa: E402
+from scavenger.base import PilotState  # noqa: E402
 from scavenger.testing.slurm_cluster import ClusterUnavailable, SlurmCluster  # noqa: E402
 
 pytestmark = pytest.mark.slurm
@@ -190,6 +191,44 @@ def test_a_node_planned_for_a_pending_prod_job_is_never_held(daemon, cluster: Sl
     # the main scheduler lets go: the blocker and the big job end, every node is idle and held
     cluster.run(["scancel", blocker, big])
     until(d, "every node held", lambda: d.usable_nodes() == set(NODES), timeout=60)
+
+
+def test_a_restarted_daemon_takes_back_its_queued_pilots_and_submits_no_duplicate(
+    daemon, cluster: SlurmCluster
+) -> None:
+    """A daemon is killed while its pilots wait in the queue (the preemptable partition is down): the
+    next daemon on the same state dir takes them back from the store, submits nothing while they
+    wait, and uses them when they start."""
+    def partition(state: str) -> None:
+        cluster.run(["scontrol", "update", "PartitionName=preemptable", f"State={state}"])
+
+    def in_slurm() -> set[str]:
+        return set(cluster.run(["squeue", "-h", "-p", "preemptable", "-o", "%i"]).stdout.split())
+
+    partition("DOWN")  # sbatch accepts pilots, Slurm starts none
+    try:
+        d = daemon(max_queued=600.0)
+        until(d, "a queued pilot on every node", lambda: len(d.backend.pilots()) == len(NODES) and all(
+            v.state is PilotState.QUEUED for v in d.backend.pilots().values()), timeout=30)
+        queued = set(d.backend.pilots())
+        d.scav.close = lambda: None  # type: ignore[method-assign]  # killed: its pilots wait on in Slurm
+        d.close()
+        assert in_slurm() == queued
+        d2 = daemon(max_queued=600.0)
+        started = kinds(d2, "daemon_start")[-1]["time"]
+        assert set(d2.backend.pilots()) == queued  # taken back before the first look
+        t_end = time.monotonic() + 3
+        while time.monotonic() < t_end:  # several looks, all pilots still queued
+            d2.step()
+            time.sleep(0.05)
+        assert {v.state for v in d2.backend.pilots().values()} == {PilotState.QUEUED}
+        assert in_slurm() == queued
+        partition("UP")
+        until(d2, "the old pilots hold every node", lambda: d2.usable_nodes() == set(NODES), timeout=60)
+        assert set(d2.backend.pilots()) == queued and in_slurm() == queued
+        assert [e for e in kinds(d2, "pilot_submitted") if e["time"] >= started] == []
+    finally:
+        partition("UP")
 
 
 def _wrapper(dirpath: Path, name: str) -> None:
