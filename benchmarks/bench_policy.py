@@ -1,7 +1,7 @@
 """Issue H's targets for the default policy, one line each (PASS/FAIL), and what each part adds.
 
     .venv/bin/python benchmarks/bench_policy.py                      # 1 day, seeds 0-2, nas hpo stress
-    .venv/bin/python benchmarks/bench_policy.py --days 7 --seeds 0,1,2,3,4
+    .venv/bin/python benchmarks/bench_policy.py --days 7 --seeds 0,1,2,3,4 --no-parts --workers 2
 
 Every figure is measured in this run against a baseline measured in the same run, on the same
 trace, workload and seeds (work = ``work_node_seconds``, G's headline metric):
@@ -12,7 +12,11 @@ trace, workload and seeds (work = ``work_node_seconds``, G's headline metric):
 * productive node-seconds / idle node-seconds with adaptive admission, and with fixed Pjmax 10;
 * CPU seconds of one replay of the whole trace with the default policy (``--week-seconds``);
 * the parts one at a time, each added to the previous: jpa -> passive learning (no profiling)
-  -> gated profiling -> adaptive admission (= the default) -> learned horizon (node valuation).
+  -> gated profiling -> adaptive admission (= the default) -> learned horizon (node valuation)
+  (``--no-parts`` leaves them out: 7 replays per workload and seed instead of 11).
+
+``--workers N`` runs the replays in N processes (each replay is single-threaded and deterministic,
+so the figures do not depend on it; only the CPU seconds of ``--week-seconds`` are timed, alone).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import argparse
 import statistics
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
@@ -50,12 +55,28 @@ def load(path: Path):  # type: ignore[no-untyped-def]
     return traces.read(str(path))
 
 
-def run(timeline, workload: str, seed: int, cfg: SimConfig, name: str, pcfg: PolicyConfig,
+_TIMELINE = None  # each worker process reads the trace once
+
+
+def run(trace: Path, workload: str, seed: int, cfg: SimConfig, name: str, pcfg: PolicyConfig,
         prior: str = "mean") -> dict:
+    global _TIMELINE
+    if _TIMELINE is None:
+        _TIMELINE = load(trace)
     scaling = find_scaling(None)
     wl = make_workload(workload, scaling, seed=seed)
     pol = make_policy(name, PolicyContext(wl.models, seed, prior), pcfg)
-    return simulate(timeline, pol, workload, scaling=scaling, seed=seed, config=cfg).summary
+    return simulate(_TIMELINE, pol, workload, scaling=scaling, seed=seed, config=cfg).summary
+
+
+def replays(with_parts: bool) -> list[tuple[str, str, PolicyConfig, str]]:
+    """(label, policy name, config, freetrain prior) of one workload and seed."""
+    out = [(f"freetrain:{p}", "freetrain", BASE, p) for p in PRIORS]
+    out.append(("milp-true", "milp-true", BASE, "mean"))
+    out.append(("fixed Pjmax 10", "malletrain", replace(BASE, admission="fixed"), "mean"))
+    ladder = LADDER if with_parts else [(k, c) for k, c in LADDER if k == "+ adaptive admission"]
+    out.extend((label, "malletrain", pc, "mean") for label, pc in ladder)
+    return out
 
 
 def pct(a: float, b: float) -> float:
@@ -69,25 +90,32 @@ def main() -> int:
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--workloads", default="nas,hpo,stress")
     ap.add_argument("--week-seconds", action="store_true", help="also time one whole-trace replay (default policy)")
+    ap.add_argument("--no-parts", action="store_true", help="leave out what each part adds (fewer replays)")
+    ap.add_argument("--workers", type=int, default=1, help="replays in this many processes (default 1)")
     args = ap.parse_args()
+    if args.workers < 1:
+        ap.error(f"--workers must be >= 1, got {args.workers}")
     seeds = [int(s) for s in args.seeds.split(",")]
     workloads = args.workloads.split(",")
-    timeline = load(args.trace)
+    global _TIMELINE
+    timeline = _TIMELINE = load(args.trace)  # forked workers inherit it
     cfg = SimConfig(start=timeline.start, end=min(timeline.end, timeline.start + args.days * 86400.0))
     print(f"trace {args.trace.name}, {args.days:g} day(s), seeds {seeds}, workloads {workloads}")
     results: dict[tuple[str, str], list[dict]] = {}
-    for w in workloads:
-        for seed in seeds:
-            runs = {f"freetrain:{p}": run(timeline, w, seed, cfg, "freetrain", BASE, p) for p in PRIORS}
-            runs["milp-true"] = run(timeline, w, seed, cfg, "milp-true", BASE)
-            runs["fixed Pjmax 10"] = run(timeline, w, seed, cfg, "malletrain", replace(BASE, admission="fixed"))
-            for label, pc in LADDER:
-                runs[label] = run(timeline, w, seed, cfg, "malletrain", pc)
-            runs["malletrain"] = runs["+ adaptive admission"]  # the default config
-            for k, s in runs.items():
-                results.setdefault((w, k), []).append(s)
-            print(f"  {w} seed {seed}: " + ", ".join(f"{k} {s['work_node_seconds']:.4g}" for k, s in runs.items()),
-                  flush=True)
+    plan = [(w, seed, label, name, pc, prior) for w in workloads for seed in seeds
+            for label, name, pc, prior in replays(not args.no_parts)]
+    with ProcessPoolExecutor(max_workers=args.workers) if args.workers > 1 else _InProcess() as pool:
+        futures = [pool.submit(run, args.trace, w, seed, cfg, name, pc, prior) for w, seed, _, name, pc, prior in plan]
+        done: dict[tuple[str, int], dict[str, dict]] = {}
+        for (w, seed, label, *_), fut in zip(plan, futures):
+            runs = done.setdefault((w, seed), {})
+            runs[label] = fut.result()
+            if len(runs) == len(plan) // (len(workloads) * len(seeds)):
+                runs["malletrain"] = runs["+ adaptive admission"]  # the default config
+                for k, s in runs.items():
+                    results.setdefault((w, k), []).append(s)
+                print(f"  {w} seed {seed}: " + ", ".join(f"{k} {s['work_node_seconds']:.4g}"
+                                                        for k, s in runs.items()), flush=True)
 
     def mean_work(w: str, k: str) -> float:
         return statistics.mean(s["work_node_seconds"] for s in results[(w, k)])
@@ -122,6 +150,8 @@ def main() -> int:
                                                                                   "idle_node_seconds")
         target(prod >= 0.85, f"{w}: productive / idle node-s {100 * prod:.1f}% adaptive (>= 85%); "
                              f"fixed Pjmax 10: {100 * fixed:.1f}%")
+        if args.no_parts:
+            continue
         steps = []
         prev = None
         for label, _ in LADDER:
@@ -132,11 +162,28 @@ def main() -> int:
     if args.week_seconds:
         week = SimConfig(start=timeline.start, end=timeline.end)
         t0 = time.process_time()
-        run(timeline, "nas", 0, week, "malletrain", BASE)
+        run(args.trace, "nas", 0, week, "malletrain", BASE)
         cpu = time.process_time() - t0
         target(cpu <= 15.0, f"week replay (nas, default policy): {cpu:.1f} CPU s (<= 15 s)")
     print("all targets PASS" if ok_all else "some targets FAIL")
     return 0 if ok_all else 1
+
+
+class _InProcess:
+    """A stand-in for the process pool with ``--workers 1``: every replay runs here, in order."""
+
+    def __enter__(self) -> "_InProcess":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def submit(self, fn, *args):  # type: ignore[no-untyped-def]
+        from concurrent.futures import Future
+
+        fut: Future = Future()
+        fut.set_result(fn(*args))
+        return fut
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ above and 2.3% for piecewise-linear interpolation between measured points.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from enum import Enum
@@ -102,27 +103,54 @@ def fit_model(points: Mapping[int, float]) -> ScalingModel:
     if not points:
         raise ScalabilityError("fit_model: no measured points")
     _check_points(points, "fit_model")
-    ns = sorted(points)
-    tau = np.array([1.0 / points[n] for n in ns])
-    weights = 1.0 / tau
-    x = np.array([_features(float(n)) for n in ns]) * weights[:, None]
-    y = np.ones(len(ns))  # tau * weights
-    best: tuple[float, np.ndarray] | None = None
+    return _fit(tuple(sorted(points.items())))
+
+
+@functools.lru_cache(maxsize=4096)
+def _fit(items: tuple[tuple[int, float], ...]) -> ScalingModel:
+    """:func:`fit_model` of checked, sorted points (a pure function of them: cached, as the same
+    curves are fitted again and again while a job's points do not change)."""
+    rows = [[v * f for f in _features(float(n))] for n, v in items]  # features / tau, tau = 1 / rate
+    best: tuple[float, list[float]] | None = None
     for subset in _SUBSETS:
-        if len(subset) > len(ns):
+        if len(subset) > len(rows):
             continue
-        coef, *_ = np.linalg.lstsq(x[:, subset], y, rcond=None)
-        if np.any(coef < 0) or not np.all(np.isfinite(coef)):
+        coef = _least_squares([[r[k] for k in subset] for r in rows])
+        if coef is None or any(c < 0 or not math.isfinite(c) for c in coef):
             continue
-        resid = float(np.sum((x[:, subset] @ coef - y) ** 2))
+        resid = sum((sum(r[k] * c for k, c in zip(subset, coef)) - 1.0) ** 2 for r in rows)
         if best is None or resid < best[0] - 1e-12:
-            full = np.zeros(3)
-            full[list(subset)] = coef
+            full = [0.0, 0.0, 0.0]
+            for k, c in zip(subset, coef):
+                full[k] = c
             best = (resid, full)
     if best is None:  # cannot happen: the b-only fit has a positive solution
-        raise ScalabilityError(f"fit_model: no non-negative fit to {dict(points)}")
-    a, b, c = (float(v) for v in best[1])
+        raise ScalabilityError(f"fit_model: no non-negative fit to {dict(items)}")
+    a, b, c = best[1]
     return ScalingModel(a, b, c)
+
+
+def _least_squares(x: list[list[float]]) -> list[float] | None:
+    """``argmin |x c - 1|`` for at most 3 columns: the normal equations by Gaussian elimination
+    (a few microseconds, where numpy's SVD on so small a system costs tens), or numpy's lstsq when
+    they are near singular."""
+    k = len(x[0])
+    a = [[sum(r[i] * r[j] for r in x) for j in range(k)] + [sum(r[i] for r in x)] for i in range(k)]
+    scale = max(abs(a[i][i]) for i in range(k)) or 1.0
+    for col in range(k):
+        piv = max(range(col, k), key=lambda i: abs(a[i][col]))
+        if abs(a[piv][col]) <= 1e-10 * scale:
+            coef, *_ = np.linalg.lstsq(np.array(x), np.ones(len(x)), rcond=None)
+            return [float(v) for v in coef]
+        a[col], a[piv] = a[piv], a[col]
+        for i in range(col + 1, k):
+            f = a[i][col] / a[col][col]
+            for j in range(col, k + 1):
+                a[i][j] -= f * a[col][j]
+    out = [0.0] * k
+    for i in range(k - 1, -1, -1):
+        out[i] = (a[i][k] - sum(a[i][j] * out[j] for j in range(i + 1, k))) / a[i][i]
+    return out
 
 
 def model_error(points: Mapping[int, float], held_out: Mapping[int, float]) -> float:

@@ -178,13 +178,17 @@ def network_cost(spec: CellSpec, image: int = IMAGE_SIZE, labels: int = NUM_LABE
     """Parameters, MACs and activations of the whole network built from ``spec``."""
     cost, x = conv_bn(stem, 3)((3, image, image))
     channels = stem
+    seen: dict[tuple[Shape, int], tuple[Cost, Shape]] = {}  # a stack's cells after its first are alike
     for s in range(stacks):
         if s > 0:
             x = (x[0], -(-x[1] // 2), -(-x[2] // 2))  # 2x2/2 max-pool, 'same' padding: ceil(h / 2)
             cost = cost + eltwise(x)[0]
             channels *= 2
         for _ in range(cells):
-            c, x = cell_cost(spec, x, channels)
+            key = (x, channels)
+            if key not in seen:
+                seen[key] = cell_cost(spec, x, channels)
+            c, x = seen[key]
             cost = cost + c
     return cost + Cost(0, 0, x[0], 1) + dense(x[0], labels)
 

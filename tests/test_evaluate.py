@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import io
 import json
 from pathlib import Path
@@ -164,6 +166,25 @@ def test_rows_compare_in_work_against_the_best_prior_and_count_regret():
     assert [t.passed for t in check_targets(ev)] == [False, False, True]
     ev.trace_claims["node_seconds_while_above_pct"] = 40.0
     assert check_targets(ev)[-1].passed is False
+
+
+def test_a_policy_with_other_periods_gets_no_period_comparison():
+    runs = []
+    for seed in (0, 1):
+        runs.append((RunSpec("nas", "freetrain", seed), summary(100.0, seed, constrained=40.0)))
+        runs.append((RunSpec("nas", "greedy", seed), summary(90.0, seed, constrained=30.0)))
+        # adaptive admission: its admitted jobs absorb the pool, so nearly every second is constrained
+        runs.append((RunSpec("nas", "malletrain", seed), summary(180.0, seed, constrained=179.0,
+                                                                 constrained_seconds=99.9)))
+    ev = Evaluation(EvalSettings(seeds=(0, 1), workloads=("nas",)), "t", "s", runs)
+    rows = {r["policy"]: r for r in policy_rows(ev, ev.cells()[0])}
+    assert rows["greedy"]["same_periods"] and rows["greedy"]["vs_best_freetrain_constrained_pct"][0] == pytest.approx(-25.0)
+    mt = rows["malletrain"]
+    assert not mt["same_periods"] and mt["vs_best_freetrain_whole_pct"][0] == pytest.approx(80.0)
+    assert all(math.isnan(mt[f"vs_best_freetrain_{p}_pct"][0]) for p in ("constrained", "unconstrained"))
+    assert mt["work_constrained"][0] == 179.0  # its own periods' work is still shown
+    gain = next(t for t in check_targets(ev) if t.name.startswith("NAS: malletrain >="))
+    assert "no period comparison" in gain.value and gain.passed
 
 
 def test_mean_sd():

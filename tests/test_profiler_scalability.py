@@ -192,3 +192,20 @@ def test_property_any_points_give_a_finite_positive_curve(points: dict[int, floa
     assert min(model.a, model.b, model.c) >= 0.0
     for n, v in scal.scaling_for(1, 128).items():
         assert v > 0 and math.isfinite(v), (n, v)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.lists(st.floats(1e-3, 1e4), min_size=3, max_size=3), min_size=1, max_size=9),
+       st.integers(1, 3))
+def test_property_the_small_least_squares_agrees_with_numpys(rows: list[list[float]], k: int) -> None:
+    import numpy as np
+
+    from profiler.scalability import _least_squares
+
+    x = [r[:k] for r in rows]
+    ours = _least_squares(x)
+    assert ours is not None
+    ref, *_ = np.linalg.lstsq(np.array(x), np.ones(len(x)), rcond=None)
+    resid = sum((sum(a * c for a, c in zip(r, ours)) - 1.0) ** 2 for r in x)
+    ref_resid = float(np.sum((np.array(x) @ ref - 1.0) ** 2))
+    assert resid == pytest.approx(ref_resid, rel=1e-6, abs=1e-9)  # as good a fit (the solution may differ if rank-deficient)
