@@ -73,6 +73,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="torch: real PyTorch jobs (default); horovod: Elastic Horovod jobs; "
                         "toy: sleeping workers, no torch")
     p.add_argument("--quiet", action="store_true", help="no live status table")
+    p.add_argument("--policy", choices=("malletrain", "jpa"), default="malletrain",
+                   help="malletrain: the daemon's default policy; jpa: the paper's (profile every job)")
     p.set_defaults(func=cmd_demo)
 
 
@@ -288,4 +290,4 @@ def cmd_nodes(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from malletrain.demo import run_demo
 
-    return run_demo(args.out, args.duration, args.nodes, args.runtime, live=not args.quiet)
+    return run_demo(args.out, args.duration, args.nodes, args.runtime, live=not args.quiet, policy=args.policy)

@@ -24,7 +24,7 @@ from typing import Any
 import psutil
 
 from malletrain.config import DaemonConfig, LocalConfig
-from policy import PolicyConfig
+from policy import PolicyConfig, preset
 from malletrain.daemon import Daemon
 from malletrain.jobspec import JobSpec
 from malletrain.store import Store
@@ -63,18 +63,24 @@ def demo_jobs(runtime: str) -> list[JobSpec]:
     ]
 
 
-def demo_config(state: Path, nodes: int, runtime: str) -> DaemonConfig:
+DEMO_POLICIES = ("malletrain", "jpa")  # the daemon's default, and the paper's profile-every-job policy
+
+
+def demo_config(state: Path, nodes: int, runtime: str, policy: str = "malletrain") -> DaemonConfig:
+    if policy not in DEMO_POLICIES:
+        raise ValueError(f"demo policy {policy!r}: choose one of {', '.join(DEMO_POLICIES)}")
     return DaemonConfig(
         state_dir=str(state), runtime=runtime, loop_interval=0.1,
         agent_heartbeat=0.5, agent_dead_after=10.0,
         # the demo runs the trace 5x faster than real time: a shorter horizon and profile cap
-        policy=PolicyConfig(tfwd_s=60.0, profile_time_cap_s=15.0),
+        policy=preset(policy, PolicyConfig(tfwd_s=60.0, profile_time_cap_s=15.0)),
         local=LocalConfig(nodes=nodes, trace="synthetic", time_scale=DEMO_TIME_SCALE, seed=DEMO_SEED,
                           duration=7200.0, machine_nodes=DEMO_MACHINE),
     )
 
 
-def run_demo(out: str, duration: float, nodes: int = 6, runtime: str = "torch", live: bool = True) -> int:
+def run_demo(out: str, duration: float, nodes: int = 6, runtime: str = "torch", live: bool = True,
+             policy: str = "malletrain") -> int:
     out_dir = Path(out)
     state = out_dir / "state"
     if state.exists():
@@ -94,10 +100,10 @@ def run_demo(out: str, duration: float, nodes: int = 6, runtime: str = "torch", 
             print(f"malletrain demo: horovod.torch does not import ({exc}); build it with "
                   "bash .ci/build-horovod.sh .venv, or use --runtime torch", file=sys.stderr)
             return 2
-    daemon = Daemon(demo_config(state, nodes, runtime))
+    daemon = Daemon(demo_config(state, nodes, runtime, policy))
     ids = [daemon.store.submit(spec) for spec in demo_jobs(runtime)]
     print(f"demo: {nodes} local nodes following a synthetic Summit-like trace ({DEMO_TIME_SCALE:g}x), "
-          f"{len(ids)} {runtime} jobs, {duration:g} s; state in {state}", flush=True)
+          f"{len(ids)} {runtime} jobs, policy {policy}, {duration:g} s; state in {state}", flush=True)
     start = time.time()
     next_show = [start + 5.0]
 
@@ -112,6 +118,7 @@ def run_demo(out: str, duration: float, nodes: int = 6, runtime: str = "torch", 
         daemon.close()
     leftovers = _kill_leftovers(str(state.resolve()))
     report = build_report(Store.open(state / "store.db"), start, duration, runtime, leftovers)
+    report["policy"] = policy
     write_report(out_dir, report)
     print(f"demo: report in {out_dir}/report.md (+ report.json, nodes.png); "
           f"{leftovers} processes left behind", flush=True)
@@ -191,7 +198,7 @@ def write_report(out: Path, report: dict[str, Any]) -> None:
     _plot(out / "nodes.png", report)
     lines = [
         "# malletrain demo report", "",
-        f"Runtime `{report['runtime']}`, {report['duration_s']:g} s, "
+        f"Runtime `{report['runtime']}`, policy `{report.get('policy', 'malletrain')}`, {report['duration_s']:g} s, "
         f"{len(report['recalls_of_held_nodes'])} recalls of held nodes, "
         f"{report['leftover_processes']} processes left behind.", "",
         "| job | name | final state | samples trained | nodes min-max | measured samples/s by nodes | rescales |",

@@ -30,6 +30,21 @@ def test_demo_writes_report_and_leaves_nothing(tmp_path: Path) -> None:
     assert "| job | name |" in (out / "report.md").read_text()
 
 
+def test_the_demo_runs_the_default_policy_or_the_papers(tmp_path: Path) -> None:
+    from malletrain.demo import demo_config
+
+    default = demo_config(tmp_path, 6, "toy").policy
+    jpa = demo_config(tmp_path, 6, "toy", "jpa").policy
+    assert default.profiling.value == "gated" and default.admission.value == "adaptive"
+    assert jpa.profiling.value == "always" and jpa.admission.value == "fixed"
+    assert default.tfwd_s == jpa.tfwd_s == 60.0 and jpa.profile_time_cap_s == 15.0  # the demo's time scale
+    with pytest.raises(ValueError, match="freetrain"):
+        demo_config(tmp_path, 6, "toy", "freetrain")
+    res = subprocess.run([sys.executable, "-m", "malletrain", "demo", "--policy", "nope"],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "--policy" in res.stderr
+
+
 @pytest.mark.slow
 def test_horovod_demo_trains_and_leaves_nothing(tmp_path: Path) -> None:
     pytest.importorskip("horovod.torch")
