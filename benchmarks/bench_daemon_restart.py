@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import statistics
 import subprocess
@@ -36,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-import psutil
+from malletrain.procs import procs_mentioning
 
 CONFIG = """
 state_dir = "{state}"
@@ -86,19 +85,6 @@ def steps(path: Path) -> list[dict[str, Any]]:
     return [e for e in trace(path) if e.get("ev") == "step"]
 
 
-def leftovers(text: str) -> list[psutil.Process]:
-    found = []
-    for p in psutil.process_iter(["cmdline"]):
-        try:
-            if p.pid != os.getpid() and p.status() != psutil.STATUS_ZOMBIE and (
-                any(text in part for part in (p.info["cmdline"] or [])) or text in str(p.environ())
-            ):
-                found.append(p)
-        except psutil.Error:
-            pass
-    return found
-
-
 def start_daemon(cfg: Path, log: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-m", "malletrain", "daemon", "--config", str(cfg)],
                             stdout=open(log, "ab"), stderr=subprocess.STDOUT)
@@ -142,7 +128,7 @@ def one(tmp: Path, down_s: float, dead_after: float) -> dict[str, float]:
             d.send_signal(signal.SIGTERM)
             d.wait(timeout=60)
     time.sleep(1.0)
-    left = leftovers(str(state))
+    left = procs_mentioning(str(state))
     for p in left:
         p.kill()
     return {

@@ -57,6 +57,8 @@ from typing import Any, Callable, Iterator
 
 import psutil
 
+from malletrain.procs import procs_mentioning
+
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 NOBODY = 65534
@@ -97,19 +99,6 @@ def wait(pred: Callable[[], Any], timeout: float, step: float = 0.2) -> Any:
             return value
         time.sleep(step)
     return None
-
-
-def mentioning(text: str) -> list[psutil.Process]:
-    out = []
-    for p in psutil.process_iter(["cmdline", "status"]):
-        try:
-            if p.info["status"] == psutil.STATUS_ZOMBIE or p.pid == os.getpid():
-                continue
-            if any(text in part for part in (p.info["cmdline"] or [])) or text in str(p.environ()):
-                out.append(p)
-        except psutil.Error:
-            pass
-    return out
 
 
 class Daemon:
@@ -178,8 +167,8 @@ class Daemon:
                    if p.exists())
 
     def orphans(self) -> int:
-        left = wait(lambda: not mentioning(str(self.state)), 20)
-        procs = [] if left else mentioning(str(self.state))
+        left = wait(lambda: not procs_mentioning(str(self.state)), 20)
+        procs = [] if left else procs_mentioning(str(self.state))
         for p in procs:
             try:
                 p.kill()
@@ -328,7 +317,7 @@ def part_kills(t: Tally, kills: int, rng: random.Random) -> None:
 def duplicate_workers(state: Path) -> int:
     """Jobs that have two live toy workers on one node (a restart that started a second copy)."""
     count: dict[tuple[str, str], int] = {}
-    for p in mentioning(str(state)):
+    for p in procs_mentioning(str(state)):
         try:
             env = p.environ()
         except psutil.Error:

@@ -27,6 +27,7 @@ from malletrain.config import DaemonConfig, LocalConfig
 from policy import PolicyConfig, preset
 from malletrain.daemon import Daemon
 from malletrain.jobspec import JobSpec
+from malletrain.procs import procs_mentioning
 from malletrain.store import Store
 
 DEMO_SEED = 7
@@ -141,15 +142,7 @@ def _kill_leftovers(state: str) -> int:
     found = []
     deadline = time.monotonic() + 10.0
     while time.monotonic() < deadline:
-        found = []
-        for p in psutil.process_iter(["cmdline"]):
-            try:
-                if p.pid != psutil.Process().pid and (
-                    any(state in part for part in (p.info["cmdline"] or [])) or state in str(p.environ())
-                ) and p.status() != psutil.STATUS_ZOMBIE:
-                    found.append(p)
-            except psutil.Error:
-                pass
+        found = procs_mentioning(state)
         if not found:
             return 0
         time.sleep(0.2)

@@ -180,28 +180,27 @@ def kind_of(frame: bytes) -> Kind:
         raise ChannelError("malformed", f"unknown frame kind {frame[:1]!r}") from None
 
 
-def parse_challenge(frame: bytes) -> bytes:
-    if len(frame) != 1 + NONCE_BYTES:
-        raise ChannelError("malformed", f"challenge of {len(frame)} bytes, not {1 + NONCE_BYTES}")
+def _fixed(frame: bytes, size: int, what: str) -> bytes:
+    """The body of a frame whose body is exactly ``size`` bytes."""
+    if len(frame) != 1 + size:
+        raise ChannelError("malformed", f"{what} of {len(frame)} bytes, not {1 + size}")
     return frame[1:]
+
+
+def parse_challenge(frame: bytes) -> bytes:
+    return _fixed(frame, NONCE_BYTES, "challenge")
 
 
 def parse_nonce(frame: bytes) -> bytes:
-    if len(frame) != 1 + NONCE_BYTES:
-        raise ChannelError("malformed", f"nonce of {len(frame)} bytes, not {1 + NONCE_BYTES}")
-    return frame[1:]
+    return _fixed(frame, NONCE_BYTES, "nonce")
 
 
 def parse_proof(frame: bytes) -> bytes:
-    if len(frame) != 1 + MAC_BYTES:
-        raise ChannelError("malformed", f"proof of {len(frame)} bytes, not {1 + MAC_BYTES}")
-    return frame[1:]
+    return _fixed(frame, MAC_BYTES, "proof")
 
 
 def parse_finish(frame: bytes) -> bytes:
-    if len(frame) != 1 + MAC_BYTES:
-        raise ChannelError("malformed", f"finish of {len(frame)} bytes, not {1 + MAC_BYTES}")
-    return frame[1:]
+    return _fixed(frame, MAC_BYTES, "finish")
 
 
 def parse_reauth(frame: bytes) -> str:

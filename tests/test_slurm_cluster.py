@@ -9,7 +9,6 @@ Without Slurm these tests skip with the reason, unless MALLETRAIN_REQUIRE_SLURM=
 from __future__ import annotations
 
 import os
-import stat
 import time
 from pathlib import Path
 from typing import Callable, Iterator
@@ -31,7 +30,7 @@ from scavenger.base import (
 )
 from scavenger.hub import AgentHub
 from scavenger.slurm import SlurmBackend, SlurmConfig
-from scavenger.testing.slurm_cluster import ClusterUnavailable, SlurmCluster
+from scavenger.testing.slurm_cluster import ClusterUnavailable, SlurmCluster, failing_command
 
 pytestmark = pytest.mark.slurm
 NODES = ("node1", "node2", "node3", "node4")
@@ -180,25 +179,13 @@ def test_planned_nodes_are_never_held(rig: Rig) -> None:
     assert rig.backend.pilots() == {}
 
 
-def _wrapper(dirpath: Path, name: str) -> None:
-    real = "/usr/bin/" + name
-    script = dirpath / name
-    script.write_text(
-        "#!/bin/sh\n"
-        f'if [ -e "{dirpath}/hang" ]; then exec sleep 60; fi\n'
-        f'if [ -e "{dirpath}/fail" ]; then echo "{name}: error: Unable to contact slurm controller" >&2; exit 1; fi\n'
-        f'exec {real} "$@"\n'
-    )
-    script.chmod(script.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-
-
 def test_failing_or_hanging_sinfo_squeue_give_typed_errors_then_catch_up(
     cluster: SlurmCluster, tmp_path: Path
 ) -> None:
     wrap = tmp_path / "bin"
     wrap.mkdir()
     for name in ("sinfo", "squeue"):
-        _wrapper(wrap, name)
+        failing_command(wrap, name)
     path = f"{wrap}:{os.environ.get('PATH', '/usr/bin:/bin')}"
     rig = Rig(cluster, "mt-wrapper", tmp_path, env={"PATH": path}, command_timeout_s=1.0)
     try:

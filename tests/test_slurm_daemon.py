@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import sys
 import time
 from pathlib import Path
@@ -30,7 +29,7 @@ from malletrain.config import DaemonConfig, ScavengerConfig  # noqa: E402
 from malletrain.daemon import Daemon  # noqa: E402
 from malletrain.jobspec import JobSpec, JobState  # noqa: E402
 from scavenger.base import PilotState  # noqa: E402
-from scavenger.testing.slurm_cluster import ClusterUnavailable, SlurmCluster  # noqa: E402
+from scavenger.testing.slurm_cluster import ClusterUnavailable, SlurmCluster, failing_command  # noqa: E402
 
 pytestmark = pytest.mark.slurm
 NODES = ("node1", "node2", "node3", "node4")
@@ -231,25 +230,13 @@ def test_a_restarted_daemon_takes_back_its_queued_pilots_and_submits_no_duplicat
         partition("UP")
 
 
-def _wrapper(dirpath: Path, name: str) -> None:
-    real = "/usr/bin/" + name
-    script = dirpath / name
-    script.write_text(
-        "#!/bin/sh\n"
-        f'if [ -e "{dirpath}/hang" ]; then exec sleep 60; fi\n'
-        f'if [ -e "{dirpath}/fail" ]; then echo "{name}: error: Unable to contact slurm controller" >&2; exit 1; fi\n'
-        f'exec {real} "$@"\n'
-    )
-    script.chmod(script.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-
-
 def test_sinfo_squeue_failing_or_hanging_daemon_survives_and_catches_up(
     daemon, cluster: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     wrap = tmp_path / "bin"
     wrap.mkdir()
     for name in ("sinfo", "squeue"):
-        _wrapper(wrap, name)
+        failing_command(wrap, name)
     monkeypatch.setenv("PATH", f"{wrap}:{os.environ.get('PATH', '/usr/bin:/bin')}")
     d = daemon(command_timeout=1.0)
     jid = submit_job(d)

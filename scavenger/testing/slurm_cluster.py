@@ -316,6 +316,23 @@ class SlurmCluster:
         self.stop()
 
 
+def failing_command(dirpath: Path, name: str) -> Path:
+    """A wrapper script ``dirpath/name`` around Slurm's ``name`` (put ``dirpath`` first on PATH):
+    it hangs while ``dirpath/hang`` exists, fails as an unreachable controller does while
+    ``dirpath/fail`` exists, and runs the real command otherwise (tests of a scheduler that
+    stops answering)."""
+    real = "/usr/bin/" + name
+    script = dirpath / name
+    script.write_text(
+        "#!/bin/sh\n"
+        f'if [ -e "{dirpath}/hang" ]; then exec sleep 60; fi\n'
+        f'if [ -e "{dirpath}/fail" ]; then echo "{name}: error: Unable to contact slurm controller" >&2; exit 1; fi\n'
+        f'exec {real} "$@"\n'
+    )
+    script.chmod(script.stat().st_mode | 0o111)
+    return script
+
+
 def _req(name: str) -> str:
     path = _which(name)
     if path is None:
