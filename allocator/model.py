@@ -9,6 +9,7 @@ from __future__ import annotations
 import bisect
 import numbers
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Mapping
 
 
@@ -26,9 +27,9 @@ def throughput_at(scaling: Mapping[int, float], n: int) -> float:
     """
     if n <= 0 or not scaling:
         return 0.0
-    xs = sorted(scaling)
     if n in scaling:
         return float(scaling[n])
+    xs = sorted(scaling)
     if n > xs[-1]:
         return float(scaling[xs[-1]])
     i = bisect.bisect_left(xs, n)
@@ -47,6 +48,9 @@ class Job:
     ``scaling`` maps node counts to measured samples/s; ``nodes`` are the nodes
     the job holds now (empty if it is not running). A job that grows keeps its
     nodes; a job that shrinks keeps a subset of them; it never does both.
+    A job is immutable, ``scaling`` included (do not change the mapping after
+    building the job): the allocator keeps the job's value row on it, so a job
+    passed again unchanged is not valued again.
     """
 
     id: str
@@ -116,6 +120,13 @@ class Problem:
         object.__setattr__(self, "free_nodes", tuple(self.free_nodes))
         if not (self.horizon_s > 0):
             raise ProblemError(f"horizon_s must be > 0, got {self.horizon_s!r}")
+        held = list(chain.from_iterable(job.nodes for job in self.jobs))
+        ids = {job.id for job in self.jobs}
+        if len(ids) != len(self.jobs) or len(set(held).union(self.free_nodes)) != len(held) + len(self.free_nodes):
+            self._name_the_duplicate()  # some job or node twice (the common case is checked at C speed)
+        object.__setattr__(self, "_total_nodes", len(self.free_nodes) + len(held))
+
+    def _name_the_duplicate(self) -> None:
         seen: dict[str, str] = {}
         ids: set[str] = set()
         for job in self.jobs:
@@ -134,7 +145,8 @@ class Problem:
 
     @property
     def total_nodes(self) -> int:
-        return len(self.free_nodes) + sum(j.current for j in self.jobs)
+        """Every node of the problem: the free ones and the jobs' (counted once, at construction)."""
+        return self._total_nodes  # type: ignore[attr-defined,no-any-return]
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ between, flat above the last) and :meth:`allocator.model.Job.rescale_cost`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Mapping
 
 import numpy as np
 
@@ -90,34 +91,64 @@ def throughputs(job: Job, counts: np.ndarray) -> np.ndarray:
 def build_tables(problem: Problem) -> Tables:
     jobs = problem.jobs
     cap = problem.total_nodes
-    lo = np.array([j.min_nodes for j in jobs], np.int64)
-    hi = np.minimum(np.array([j.max_nodes for j in jobs], np.int64), cap)
-    sizes = 1 + np.maximum(0, hi - lo + 1)
-    width = int(sizes.max(initial=1))
-    col = np.arange(width, dtype=np.int64)[None, :]
-    valid = col < sizes[:, None]
-    counts = np.where(valid & (col > 0), lo[:, None] + col - 1, 0)
-    thr = np.zeros(counts.shape)
-    for key, rows in _group_by_curve(jobs).items():
-        thr[rows] = curve_throughputs(dict(key), counts[rows])
-    cur = np.array([j.current for j in jobs], np.int64)
-    rate = np.array([j.throughput(j.current) if j.current else 0.0 for j in jobs])
-    up = rate * np.array([j.up_cost_s for j in jobs], np.float64)
-    down = rate * np.array([j.down_cost_s for j in jobs], np.float64)
-    values = problem.horizon_s * thr
-    values = values - np.where(counts > cur[:, None], up[:, None], 0.0)
-    values = values - np.where(counts < cur[:, None], down[:, None], 0.0)
-    values[~valid] = -np.inf
-    inside = (cur == 0) | ((cur >= lo) & (cur <= hi))
-    current_index = np.where(cur == 0, 0, np.where(inside, cur - lo + 1, -1))
-    return Tables(jobs, counts, values, sizes, current_index)
+    rows = [_row(job, problem.horizon_s) for job in jobs]
+    # a job's row runs to its max; the pool may hold fewer nodes: 0, then min..min(max, cap)
+    sizes = [1 + max(0, min(job.max_nodes, cap) - job.min_nodes + 1) for job in jobs]
+    width = max(sizes, default=1)
+    counts = np.zeros((len(jobs), width), np.int64)
+    values = np.full((len(jobs), width), -np.inf)
+    for j, (r, k) in enumerate(zip(rows, sizes)):
+        counts[j, :k] = r.counts[:k]
+        values[j, :k] = r.values[:k]
+    current_index = np.array([r.current_index if r.current_index < k else -1 for r, k in zip(rows, sizes)],
+                             np.int64)
+    return Tables(jobs, counts, values, np.array(sizes, np.int64), current_index)
 
 
-def _group_by_curve(jobs: tuple[Job, ...]) -> dict[tuple[tuple[int, float], ...], list[int]]:
-    groups: dict[tuple[tuple[int, float], ...], list[int]] = {}
-    for j, job in enumerate(jobs):
-        groups.setdefault(tuple(sorted(job.scaling.items())), []).append(j)
-    return groups
+@dataclass(frozen=True)
+class _Row:
+    horizon_s: float  # the horizon it was built for
+    counts: np.ndarray  # 0, then min..max
+    values: np.ndarray
+    current_index: int  # -1 where the current count is not allowed
+
+
+_BASE_KEEP = 4096
+_base: dict[tuple[int, int, int, float], tuple[Mapping[int, float], np.ndarray, np.ndarray]] = {}
+
+
+def _base_values(job: Job, horizon_s: float) -> tuple[np.ndarray, np.ndarray]:
+    """Counts 0, min..max and ``horizon * rate`` at each: shared by the jobs built on one curve object
+    (a job rebuilt because its nodes or costs changed keeps its curve), held with the curve so an id
+    is never reused while cached."""
+    key = (id(job.scaling), job.min_nodes, job.max_nodes, horizon_s)
+    hit = _base.get(key)
+    if hit is not None and hit[0] is job.scaling:
+        return hit[1], hit[2]
+    counts = np.concatenate([np.zeros(1, np.int64), np.arange(job.min_nodes, job.max_nodes + 1, dtype=np.int64)])
+    base = horizon_s * curve_throughputs(job.scaling, counts)
+    if len(_base) >= _BASE_KEEP:
+        _base.clear()
+    _base[key] = (job.scaling, counts, base)
+    return counts, base
+
+
+def _row(job: Job, horizon_s: float) -> _Row:
+    """``job``'s allowed counts up to its max and their values, kept on the (frozen) job for the next
+    decision with the same horizon: a job that did not change is not valued again."""
+    hit: _Row | None = job.__dict__.get("_value_row")
+    if hit is not None and hit.horizon_s == horizon_s:
+        return hit
+    counts, base = _base_values(job, horizon_s)
+    cur = job.current
+    rate = job.throughput(cur) if cur else 0.0
+    values = base - np.where(counts > cur, rate * job.up_cost_s, 0.0)
+    values = values - np.where(counts < cur, rate * job.down_cost_s, 0.0)
+    lo = job.min_nodes
+    index = 0 if cur == 0 else (cur - lo + 1 if lo <= cur <= job.max_nodes else -1)
+    row = _Row(horizon_s, counts, values, index)
+    object.__setattr__(job, "_value_row", row)
+    return row
 
 
 def plan_objective(problem: Problem, counts: dict[str, int]) -> float:

@@ -120,9 +120,11 @@ def _no_better_than_measured_trend(curve: dict[int, float], measured: Mapping[in
     return {n: (min(r, max(0.0, rb + slope * b * math.log(n / b))) if n > b else r) for n, r in curve.items()}
 
 
-def guess_per_node(curves: Iterable[Mapping[int, float]], population: Iterable[float]) -> float:
-    """Median per-node rate at the smallest measured count over ``curves`` and ``population``; 1.0 if none."""
-    rates = [r for r in population if r > 0]
+def guess_per_node(curves: Iterable[Mapping[int, float]], population: Iterable[float],
+                   positive_sorted: list[float] | None = None) -> float:
+    """Median per-node rate at the smallest measured count over ``curves`` and ``population``; 1.0 if none.
+    ``positive_sorted``: the population's rates > 0, sorted (a caller that keeps it spares the sort)."""
+    rates = list(positive_sorted) if positive_sorted is not None else [r for r in population if r > 0]
     for c in curves:
         if c:
             n = min(c)

@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from itertools import chain
 from typing import Mapping
 
 from allocator import Job, Problem, solve
@@ -105,24 +106,28 @@ def profile_counts(kind: str, lo: int, hi: int) -> tuple[int, ...] | None:
 class _Round:
     """Scratch of one decision."""
 
-    def __init__(self, view: View) -> None:
+    def __init__(self, view: View, canonical: dict[str, tuple[JobView, JobView]]) -> None:
         self.now = view.now
         self.jobs: dict[str, JobView] = {}
         # node order is canonical (sorted names), so a decision never depends on how a driver
         # happens to list nodes: which nodes a shrinking job or a lender gives up, which free
         # nodes a growing job takes
         self.free = sorted(view.free_nodes)
-        seen: set[str] = set(self.free)
-        if len(seen) != len(self.free):
-            raise PolicyInputError("a free node is listed twice in the view")
+        held = list(chain(self.free, chain.from_iterable(j.nodes for j in view.jobs)))
+        if len(set(held)) != len(held):
+            _name_the_duplicate(view)
         for j in view.jobs:
             if j.id in self.jobs:
                 raise PolicyInputError(f"job {j.id} is listed twice in the view")
-            if seen.intersection(j.nodes) or len(set(j.nodes)) != len(j.nodes):
-                raise PolicyInputError(f"job {j.id}: a node is listed twice in the view (free or another job's)")
-            seen.update(j.nodes)
-            nodes = tuple(sorted(j.nodes))
-            self.jobs[j.id] = j if nodes == j.nodes else replace(j, nodes=nodes)
+            hit = canonical.get(j.id)
+            if hit is None or hit[0] is not j:  # a driver that shows the same job view (or the same
+                # nodes, in order) again is not sorted again
+                if hit is not None and hit[1].nodes is j.nodes:
+                    hit = canonical[j.id] = (j, j)
+                else:
+                    nodes = tuple(sorted(j.nodes))
+                    hit = canonical[j.id] = (j, j if nodes == j.nodes else replace(j, nodes=nodes))
+            self.jobs[j.id] = hit[1]
         self.events: list[PolicyEvent] = []
         self.returning: dict[str, int] = {}
         self.released: list[str] = []  # nodes of jobs stopped under their min, free from now on
@@ -134,6 +139,21 @@ class _Round:
 
     def note(self, kind: EventKind, job: str, **detail: object) -> None:
         self.events.append(PolicyEvent(kind, job, detail))
+
+
+def _name_the_duplicate(view: View) -> None:
+    """Raise the error naming what a view lists twice (a free node, or a node of some job)."""
+    seen: set[str] = set(view.free_nodes)
+    if len(seen) != len(view.free_nodes):
+        raise PolicyInputError("a free node is listed twice in the view")
+    ids: set[str] = set()
+    for j in view.jobs:
+        if j.id in ids:
+            raise PolicyInputError(f"job {j.id} is listed twice in the view")
+        ids.add(j.id)
+        if seen.intersection(j.nodes) or len(set(j.nodes)) != len(j.nodes):
+            raise PolicyInputError(f"job {j.id}: a node is listed twice in the view (free or another job's)")
+        seen.update(j.nodes)
 
 
 class Policy:
@@ -158,11 +178,15 @@ class Policy:
         self._guess: float | None = None  # guess_per_node within one decision (None: compute it)
         self._absorbs_fresh = False  # True once a decision's curves can no longer change
         self._absorbs_checked: set[str] = set()  # jobs whose absorbs() was checked since then
+        self._population: tuple[tuple, list[float]] | None = None  # the population's rates > 0, sorted
+        self._population_version = 0
+        self._learned: dict[str, tuple[JobEvidence, int]] = {}  # evidence last learned from, at which version
+        self._views: dict[str, tuple[JobView, JobView]] = {}  # a driver's job view -> it with sorted nodes
 
     # ------------------------------------------------------------------ the decision
 
     def decide(self, view: View, evidence: Evidence) -> Decision:
-        r = _Round(view)
+        r = _Round(view, self._views)
         self._guess = None
         try:
             self._forget_departed(r)
@@ -185,7 +209,10 @@ class Policy:
         (every place that changes the measured points or the population drops it)."""
         if self._guess is None:
             st = self.state
-            self._guess = beliefs.guess_per_node(st.measured.values(), st.population)
+            key = (id(st.population), len(st.population), self._population_version)
+            if self._population is None or self._population[0] != key:
+                self._population = (key, sorted(r for r in st.population if r > 0))
+            self._guess = beliefs.guess_per_node(st.measured.values(), st.population, self._population[1])
         return self._guess
 
     # ------------------------------------------------------------------ bookkeeping
@@ -205,6 +232,7 @@ class Policy:
             if pts:
                 n = min(pts)
                 st.population.append(pts[n] / n)
+                self._population_version += 1
                 shape = beliefs.shape_of(pts)
                 if shape is not None:
                     st.shapes.append(shape)
@@ -215,9 +243,10 @@ class Policy:
             self._raw.pop(job_id, None)
             self._absorbs.pop(job_id, None)
             self._alloc_jobs.pop(job_id, None)
+            self._learned.pop(job_id, None)
         del st.population[:-POPULATION_KEEP]
         self._guess = None
-        for cache in (self._curves, self._raw, self._absorbs, self._alloc_jobs):
+        for cache in (self._curves, self._raw, self._absorbs, self._alloc_jobs, self._learned, self._views):
             if len(cache) > 2 * len(jobs) + 64:  # jobs that left without a measured point
                 for k in [k for k in cache if k not in jobs]:
                     del cache[k]
@@ -311,11 +340,16 @@ class Policy:
             job = r.jobs.get(job_id)
             if job is None or job_id in st.profiles or not ev.rates:
                 continue
+            seen = self._learned.get(job_id)
+            if seen is not None and seen[0] is ev and seen[1] == self._versions.get(job_id, 0):
+                continue  # the same evidence against the same points: nothing new (a driver's monitor
+                # hands the same object again while no record arrived)
             new = beliefs.accept(ev, st.measured.get(job_id, {}), job, self.config)
             if new:
                 st.measured.setdefault(job_id, {}).update(new)
                 self._bump(job_id)
                 r.note(EventKind.REFINED, job_id, points={str(n): v for n, v in sorted(new.items())})
+            self._learned[job_id] = (ev, self._versions.get(job_id, 0))
 
     def _preemptions(self, r: _Round) -> None:
         """An admitted job the driver had to stop (a recall took it below its min) loses its slot."""
@@ -565,7 +599,7 @@ class Policy:
             counts_fn = greedy_counts if cfg.allocation is Allocation.GREEDY else equal_counts
             counts = counts_fn(admitted, min(view.free_count, len(free)))
             assignment, objective, seconds, method = node_map(admitted, free, counts), 0.0, 0.0, cfg.allocation.value
-        unchanged = all(set(assignment.get(j.id, ())) == set(j.nodes) for j in admitted)
+        unchanged = all(_same_nodes(assignment.get(j.id, ()), j.nodes) for j in admitted)
         self._noop_key = key if unchanged else None
         return self._finish(r, assignment, waiting, objective, seconds, method, solved=True, horizon=horizon)
 
@@ -710,6 +744,10 @@ class Policy:
             objective=objective, solve_seconds=seconds, method=method, solved=solved,
             stop=dict(r.stop), horizon_s=horizon,
         )
+
+
+def _same_nodes(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
+    return len(a) == len(b) and (a == b or set(a) == set(b))
 
 
 def _without_nodes(job: JobView, r: _Round) -> JobView:

@@ -34,7 +34,7 @@ import math
 from dataclasses import dataclass, field
 from enum import Enum
 from itertools import combinations
-from typing import Iterable, Mapping, Protocol
+from typing import Callable, Iterable, Mapping, Protocol
 
 import numpy as np
 
@@ -111,11 +111,15 @@ def _fit(items: tuple[tuple[int, float], ...]) -> ScalingModel:
     """:func:`fit_model` of checked, sorted points (a pure function of them: cached, as the same
     curves are fitted again and again while a job's points do not change)."""
     rows = [[v * f for f in _features(float(n))] for n, v in items]  # features / tau, tau = 1 / rate
+    # the normal equations of every subset are sub-blocks of the full ones: summed once
+    gram = [[sum(r[i] * r[j] for r in rows) for j in range(3)] for i in range(3)]
+    rhs = [sum(r[i] for r in rows) for i in range(3)]
     best: tuple[float, list[float]] | None = None
     for subset in _SUBSETS:
         if len(subset) > len(rows):
             continue
-        coef = _least_squares([[r[k] for k in subset] for r in rows])
+        coef = _least_squares([[gram[i][j] for j in subset] + [rhs[i]] for i in subset],
+                              lambda: [[r[k] for k in subset] for r in rows])
         if coef is None or any(c < 0 or not math.isfinite(c) for c in coef):
             continue
         resid = sum((sum(r[k] * c for k, c in zip(subset, coef)) - 1.0) ** 2 for r in rows)
@@ -130,16 +134,17 @@ def _fit(items: tuple[tuple[int, float], ...]) -> ScalingModel:
     return ScalingModel(a, b, c)
 
 
-def _least_squares(x: list[list[float]]) -> list[float] | None:
-    """``argmin |x c - 1|`` for at most 3 columns: the normal equations by Gaussian elimination
-    (a few microseconds, where numpy's SVD on so small a system costs tens), or numpy's lstsq when
-    they are near singular."""
-    k = len(x[0])
-    a = [[sum(r[i] * r[j] for r in x) for j in range(k)] + [sum(r[i] for r in x)] for i in range(k)]
+def _least_squares(a: list[list[float]], columns: Callable[[], list[list[float]]]) -> list[float] | None:
+    """``argmin |x c - 1|`` for at most 3 columns from its normal equations ``a`` = ``[x'x | x'1]``, by
+    Gaussian elimination (a few microseconds, where numpy's SVD on so small a system costs tens), or
+    numpy's lstsq on ``x = columns()`` when they are near singular."""
+    k = len(a)
+    a = [row[:] for row in a]
     scale = max(abs(a[i][i]) for i in range(k)) or 1.0
     for col in range(k):
         piv = max(range(col, k), key=lambda i: abs(a[i][col]))
         if abs(a[piv][col]) <= 1e-10 * scale:
+            x = columns()
             coef, *_ = np.linalg.lstsq(np.array(x), np.ones(len(x)), rcond=None)
             return [float(v) for v in coef]
         a[col], a[piv] = a[piv], a[col]

@@ -17,6 +17,7 @@ import enum
 import math
 import time
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Callable, Iterator, Mapping
 
 from allocator import throughput_at
@@ -79,7 +80,10 @@ class SimJob:
     # (time, samples done, nodes held from then on, paused until) at every change
     history: list[tuple[float, float, int, float]] = field(default_factory=list)
 
-    @property
+    # the view the policy was last shown and what it was built from (see _job_view)
+    view_cache: tuple[tuple, JobView] | None = field(default=None, repr=False, compare=False)
+
+    @cached_property
     def one_node_rate(self) -> float:
         """The job's true rate at one node (linear through the origin below its first point)."""
         return throughput_at(self.spec.scaling, 1)
@@ -866,15 +870,25 @@ def _percentile(sorted_values: list[float], q: float) -> float:
 
 
 def _job_view(job: SimJob) -> JobView:
+    """The job as the policy sees it, nodes in canonical order; rebuilt only when the job changed
+    (a queued job's view is the same decision after decision)."""
     spec = job.spec
-    return JobView(
+    key = (job.version, len(job.nodes), job.last_interrupted, job.progress)
+    hit = job.view_cache
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    # the nodes change only with the version: the same sorted tuple while they do not
+    nodes = hit[1].nodes if hit is not None and hit[0][:2] == key[:2] else tuple(sorted(job.nodes))
+    view = JobView(
         id=job.id,
         min_nodes=spec.min_nodes,
         max_nodes=spec.max_nodes,
-        nodes=tuple(job.nodes),
+        nodes=nodes,
         order=job.order,
         last_interrupted=job.last_interrupted,
         scaling=job.user_curve,
         profile=False,
         work_left=max(0.0, spec.samples - job.progress),
     )
+    job.view_cache = (key, view)
+    return view

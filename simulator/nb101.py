@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simulator.netcost import Cost, Shape, conv_bn, dense, eltwise, pool
+from simulator.netcost import Cost, Shape, conv_bn, dense, eltwise
 
 INPUT, OUTPUT = "input", "output"
 CONV3X3, CONV1X1, MAXPOOL3X3 = "conv3x3-bn-relu", "conv1x1-bn-relu", "maxpool3x3"
@@ -79,13 +79,17 @@ class CellSpec:
         return ("".join(short[o] for o in self.ops[1:-1]) or "proj") + "|" + bits
 
 
-def _reach(m: np.ndarray, start: int, forward: bool) -> set[int]:
+Rows = "tuple[tuple[int, ...], ...] | list[list[int]]"
+
+
+def _reach(rows: Rows, start: int, forward: bool) -> set[int]:
+    """Vertices reachable from ``start`` along (``forward``) or against the edges of ``rows``."""
+    n = len(rows)
     seen, todo = {start}, [start]
     while todo:
         v = todo.pop()
-        nxt = np.flatnonzero(m[v] if forward else m[:, v])
-        for u in map(int, nxt):
-            if u not in seen:
+        for u in range(n):
+            if (rows[v][u] if forward else rows[u][v]) and u not in seen:
                 seen.add(u)
                 todo.append(u)
     return seen
@@ -98,12 +102,12 @@ def prune(matrix: np.ndarray | list[list[int]], ops: list[str] | tuple[str, ...]
         raise ValueError("matrix must be square and match the ops")
     if np.any(np.tril(m) != 0):
         raise ValueError("matrix must be strictly upper triangular")
-    last = m.shape[0] - 1
-    keep = sorted(_reach(m, 0, True) & _reach(m, last, False))
+    rows = m.tolist()
+    last = len(rows) - 1
+    keep = sorted(_reach(rows, 0, True) & _reach(rows, last, False))
     if 0 not in keep or last not in keep:
         return None
-    sub = m[np.ix_(keep, keep)]
-    return CellSpec(tuple(tuple(int(v) for v in row) for row in sub), tuple(ops[i] for i in keep))
+    return CellSpec(tuple(tuple(rows[i][j] for j in keep) for i in keep), tuple(ops[i] for i in keep))
 
 
 def is_valid(spec: CellSpec | None) -> bool:
@@ -112,11 +116,13 @@ def is_valid(spec: CellSpec | None) -> bool:
         return False
     if spec.ops[0] != INPUT or spec.ops[-1] != OUTPUT or any(o not in OPS for o in spec.ops[1:-1]):
         return False
-    m = spec.array()
-    if np.any(np.tril(m) != 0) or not np.isin(m, (0, 1)).all():
+    rows = spec.matrix
+    n = spec.num_vertices
+    if any(len(row) != n for row in rows) or any(v not in (0, 1) for row in rows for v in row):
         return False
-    last = spec.num_vertices - 1
-    return _reach(m, 0, True) & _reach(m, last, False) == set(range(spec.num_vertices))
+    if any(rows[i][j] for i in range(n) for j in range(i + 1)):
+        return False  # not strictly upper triangular
+    return _reach(rows, 0, True) & _reach(rows, n - 1, False) == set(range(n))
 
 
 def sample_cell(rng: np.random.Generator) -> CellSpec:
@@ -129,48 +135,68 @@ def sample_cell(rng: np.random.Generator) -> CellSpec:
             return spec  # type: ignore[return-value]
 
 
-def vertex_channels(c_in: int, c_out: int, matrix: np.ndarray) -> list[int]:
+def vertex_channels(c_in: int, c_out: int, matrix: np.ndarray | Rows) -> list[int]:
     """Channels of every vertex of a pruned cell (the published rule; see the module docstring)."""
-    n = matrix.shape[0]
+    rows = matrix.tolist() if isinstance(matrix, np.ndarray) else matrix
+    n = len(rows)
     ch = [0] * n
     ch[0], ch[-1] = c_in, c_out
     if n == 2:
         return ch
-    feeders = [v for v in range(1, n - 1) if matrix[v, n - 1]]
+    feeders = [v for v in range(1, n - 1) if rows[v][n - 1]]
     base, extra = divmod(c_out, len(feeders))
     for k, v in enumerate(feeders):
         ch[v] = base + (1 if k < extra else 0)
     for v in range(n - 3, 0, -1):
-        if not matrix[v, n - 1]:
-            ch[v] = max(ch[d] for d in range(v + 1, n - 1) if matrix[v, d])
+        if not rows[v][n - 1]:
+            ch[v] = max(ch[d] for d in range(v + 1, n - 1) if rows[v][d])
     return ch
 
 
+def _conv_bn(c_in: int, c_out: int, k: int, h: int, w: int) -> tuple[int, int, int, int]:
+    """(params, macs, activations, layers) of :func:`simulator.netcost.conv_bn` at stride 1, 'same'
+    padding and odd ``k`` (so the output is ``h x w``): the conv, batch norm and ReLU."""
+    weights = c_out * c_in * k * k
+    return weights + 2 * c_out, h * w * weights, 3 * c_out * h * w, 3
+
+
 def cell_cost(spec: CellSpec, x: Shape, c_out: int) -> tuple[Cost, Shape]:
-    """Cost of one cell with ``c_out`` output channels on input ``x``."""
-    m = spec.array()
+    """Cost of one cell with ``c_out`` output channels on input ``x`` (counted as
+    :mod:`simulator.netcost` counts conv_bn, eltwise and pool layers; the tests hold it to them)."""
+    rows = spec.matrix
     n = spec.num_vertices
-    ch = vertex_channels(x[0], c_out, m)
-    _, h, w = x
-    cost = Cost()
+    ch = vertex_channels(x[0], c_out, rows)
+    c_in, h, w = x
+    params = macs = acts = layers = 0
+
+    def add(c: tuple[int, int, int, int]) -> None:
+        nonlocal params, macs, acts, layers
+        params += c[0]
+        macs += c[1]
+        acts += c[2]
+        layers += c[3]
+
     for t in range(1, n - 1):
-        fan_in = int(m[:t, t].sum())
-        if m[0, t]:
-            cost = cost + conv_bn(ch[t], 1)(x)[0]  # projection of the input
+        fan_in = sum(rows[s][t] for s in range(t))
+        if rows[0][t]:
+            add(_conv_bn(c_in, ch[t], 1, h, w))  # projection of the input
         if fan_in > 1:
-            cost = cost + eltwise((ch[t], h, w))[0]  # the sum
+            add((0, 0, ch[t] * h * w, 1))  # the sum
         if spec.ops[t] == MAXPOOL3X3:
-            cost = cost + pool((ch[t], h, w), 3, 1, 1)[0]
+            add((0, 0, ch[t] * h * w, 1))  # 3x3 pool, stride 1, pad 1: same size
         else:
-            cost = cost + conv_bn(ch[t], 3 if spec.ops[t] == CONV3X3 else 1)((ch[t], h, w))[0]
+            add(_conv_bn(ch[t], ch[t], 3 if spec.ops[t] == CONV3X3 else 1, h, w))
     y: Shape = (c_out, h, w)
-    if n == 2 or not m[1:n - 1, n - 1].any():
-        return cost + conv_bn(c_out, 1)(x)[0], y
-    if int(m[1:n - 1, n - 1].sum()) > 1:
-        cost = cost + eltwise(y)[0]  # the concatenation
-    if m[0, n - 1]:
-        cost = cost + conv_bn(c_out, 1)(x)[0] + eltwise(y)[0]  # projected input, added
-    return cost, y
+    feeders = sum(rows[v][n - 1] for v in range(1, n - 1))
+    if n == 2 or not feeders:
+        add(_conv_bn(c_in, c_out, 1, h, w))
+        return Cost(params, macs, acts, layers), y
+    if feeders > 1:
+        add((0, 0, c_out * h * w, 1))  # the concatenation
+    if rows[0][n - 1]:
+        add(_conv_bn(c_in, c_out, 1, h, w))  # projected input,
+        add((0, 0, c_out * h * w, 1))  # added
+    return Cost(params, macs, acts, layers), y
 
 
 def network_cost(spec: CellSpec, image: int = IMAGE_SIZE, labels: int = NUM_LABELS,

@@ -203,7 +203,8 @@ def test_property_the_small_least_squares_agrees_with_numpys(rows: list[list[flo
     from profiler.scalability import _least_squares
 
     x = [r[:k] for r in rows]
-    ours = _least_squares(x)
+    normal = [[sum(r[i] * r[j] for r in x) for j in range(k)] + [sum(r[i] for r in x)] for i in range(k)]
+    ours = _least_squares(normal, lambda: x)
     assert ours is not None
     ref, *_ = np.linalg.lstsq(np.array(x), np.ones(len(x)), rcond=None)
     resid = sum((sum(a * c for a, c in zip(r, ours)) - 1.0) ** 2 for r in x)

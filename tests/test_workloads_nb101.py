@@ -22,7 +22,7 @@ from simulator.nb101 import (
     sample_cell,
     vertex_channels,
 )
-from simulator.netcost import REFERENCE_MODELS, Cost
+from simulator.netcost import REFERENCE_MODELS, Cost, conv_bn, eltwise, pool
 
 
 def _on_path(spec: CellSpec) -> bool:
@@ -97,6 +97,40 @@ def test_cell_cost_matches_a_hand_count():
     assert shape == (8, 5, 5)
     assert cost == Cost(params=48 + 592 + 48, macs=800 + 14400 + 800, activations=600 + 600 + 600 + 200,
                         layers=3 + 3 + 3 + 1)
+
+
+def _cell_cost_with_layers(spec: CellSpec, x: tuple[int, int, int], c_out: int) -> tuple[Cost, tuple]:
+    """The cell's cost summed from netcost's own layer functions (what cell_cost's closed forms stand for)."""
+    m = spec.array()
+    n = spec.num_vertices
+    ch = vertex_channels(x[0], c_out, m)
+    _, h, w = x
+    cost = Cost()
+    for t in range(1, n - 1):
+        if m[0, t]:
+            cost = cost + conv_bn(ch[t], 1)(x)[0]
+        if int(m[:t, t].sum()) > 1:
+            cost = cost + eltwise((ch[t], h, w))[0]
+        if spec.ops[t] == MAXPOOL3X3:
+            cost = cost + pool((ch[t], h, w), 3, 1, 1)[0]
+        else:
+            cost = cost + conv_bn(ch[t], 3 if spec.ops[t] == CONV3X3 else 1)((ch[t], h, w))[0]
+    y = (c_out, h, w)
+    if n == 2 or not m[1:n - 1, n - 1].any():
+        return cost + conv_bn(c_out, 1)(x)[0], y
+    if int(m[1:n - 1, n - 1].sum()) > 1:
+        cost = cost + eltwise(y)[0]
+    if m[0, n - 1]:
+        cost = cost + conv_bn(c_out, 1)(x)[0] + eltwise(y)[0]
+    return cost, y
+
+
+def test_cell_cost_equals_the_sum_of_netcost_layers_on_sampled_cells():
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        spec = sample_cell(rng)
+        for x, c_out in (((128, 56, 56), 128), ((256, 28, 28), 512), ((3, 7, 9), 5)):
+            assert cell_cost(spec, x, c_out) == _cell_cost_with_layers(spec, x, c_out), spec.label()
 
 
 def test_network_cost_matches_a_hand_count():
