@@ -18,12 +18,14 @@ and brute force in the tests).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
 from allocator.dp import Item, solve_items
-from allocator.values import Tables
+from allocator.values import Envelope, Tables
 
 _BISECT_STEPS = 60
 _BISECT_REL = 1e-7  # the bound is valid for any multiplier; this only tightens it (a looser one
@@ -60,7 +62,7 @@ def solve_fast(tables: Tables, capacity: int) -> list[int]:
     if int(tables.counts[rows, picks].sum()) <= capacity:
         return picks.tolist()
     pad = Padded(tables.counts, tables.values)
-    lam_lo, lam_hi = _bracket(pad, capacity)
+    lam_lo, lam_hi = _bracket(pad, capacity, tables.envelopes)
     incumbent, inc_value = _incumbent(pad, capacity, lam_lo, lam_hi)
     lam = lam_hi if pad.bound(lam_hi, capacity) <= pad.bound(lam_lo, capacity) else lam_lo
     reduced = _reduced_costs(pad, lam)
@@ -82,20 +84,48 @@ def solve_full_dp(tables: Tables, capacity: int) -> list[int]:
     return picks
 
 
-def _bracket(pad: Padded, capacity: int) -> tuple[float, float]:
-    """``lo`` with demand > capacity, ``hi`` with demand <= capacity, close together."""
-    lo, hi = 0.0, _all_idle_multiplier(pad)
-    while pad.demand(pad.choice(hi)) > capacity:  # only if rounding defeated the estimate
+def _bracket(pad: Padded, capacity: int, envelopes: tuple[Envelope, ...] | None = None) -> tuple[float, float]:
+    """``lo`` with demand > capacity, ``hi`` with demand <= capacity, close together, by bisection.
+
+    With the rows' ``envelopes`` the demand at a multiplier is known without the array: it exceeds
+    the capacity exactly below one multiplier (:func:`_threshold`), so the bisection runs on floats
+    alone and its ends are checked on the array once; where they disagree (rounding at a tie), the
+    bisection runs on the array."""
+    start = _all_idle_multiplier(pad)
+    if envelopes is not None:
+        over = _threshold(envelopes, capacity)
+        lo, hi = _bisect(start, lambda lam: lam < over)
+        if pad.demand(pad.choice(hi)) <= capacity and (lo == 0.0 or pad.demand(pad.choice(lo)) > capacity):
+            return lo, hi
+    return _bisect(start, lambda lam: pad.demand(pad.choice(lam)) > capacity)
+
+
+def _bisect(start: float, over: Callable[[float], bool]) -> tuple[float, float]:
+    """Bisection from ``[0, start]`` for where ``over`` (demand > capacity) turns false."""
+    lo, hi = 0.0, start
+    while over(hi):  # only if rounding defeated the estimate
         lo, hi = hi, 2.0 * hi + 1.0
     for _ in range(_BISECT_STEPS):
         mid = 0.5 * (lo + hi)
         if hi - lo <= _BISECT_REL * hi or not lo < mid < hi:
             break
-        if pad.demand(pad.choice(mid)) > capacity:
+        if over(mid):
             lo = mid
         else:
             hi = mid
     return lo, hi
+
+
+def _threshold(envelopes: tuple[Envelope, ...], capacity: int) -> float:
+    """The multiplier below which the rows' choices need more than ``capacity`` (-inf: never): the
+    slope of the segment, in falling order over all rows, at which the steps first sum past it."""
+    slopes = np.concatenate([e.slopes for e in envelopes])
+    steps = np.concatenate([e.steps for e in envelopes])
+    if int(steps.sum()) <= capacity:
+        return -math.inf
+    order = np.argsort(-slopes, kind="stable")
+    first = int(np.searchsorted(np.cumsum(steps[order]), capacity, side="right"))
+    return float(slopes[order[first]])
 
 
 def _all_idle_multiplier(pad: Padded) -> float:

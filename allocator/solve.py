@@ -114,6 +114,10 @@ def validate(problem: Problem) -> None:
 
 
 def _validate_job(job: Job) -> None:
+    up, down = job.up_cost_s, job.down_cost_s
+    if (type(job.min_nodes) is int and type(job.max_nodes) is int and type(up) is float and type(down) is float
+            and 0.0 <= up < math.inf and 0.0 <= down < math.inf):
+        return  # the common case, checked at once
     for name in ("min_nodes", "max_nodes"):
         value = getattr(job, name)
         if type(value) is not int and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):

@@ -11,7 +11,7 @@ between, flat above the last) and :meth:`allocator.model.Job.rescale_cost`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping
 
 import numpy as np
@@ -50,6 +50,8 @@ class Tables:
     values: np.ndarray  # float64 (J, K)
     sizes: np.ndarray  # int64 (J,)
     current_index: np.ndarray  # int64 (J,), -1 where the current count is not allowed
+    # each row's upper concave envelope for multipliers >= 0 (see :func:`envelope`); None: unknown
+    envelopes: tuple[Envelope, ...] | None = None
 
     def __len__(self) -> int:
         return len(self.jobs)
@@ -102,7 +104,42 @@ def build_tables(problem: Problem) -> Tables:
         values[j, :k] = r.values[:k]
     current_index = np.array([r.current_index if r.current_index < k else -1 for r, k in zip(rows, sizes)],
                              np.int64)
-    return Tables(jobs, counts, values, np.array(sizes, np.int64), current_index)
+    envelopes = tuple(r.envelope(k, job) for r, k, job in zip(rows, sizes, jobs))
+    return Tables(jobs, counts, values, np.array(sizes, np.int64), current_index, envelopes)
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """The segments of a row's upper concave envelope with a positive slope, from count 0 on: with
+    multiplier ``lam``, the row's best choice (``max value - lam * count``, ties to the smaller count)
+    is its count 0 plus the ``steps`` of every segment whose ``slope`` exceeds ``lam``."""
+
+    slopes: np.ndarray  # float64, descending, > 0
+    steps: np.ndarray  # int64, > 0
+
+
+def envelope(counts: np.ndarray, values: np.ndarray, candidates: list[int]) -> Envelope:
+    """The :class:`Envelope` of a row whose values are linear between consecutive ``candidates``
+    (indices, ascending, the first 0 and the last the row's end): its hull is theirs."""
+    hull: list[tuple[int, float]] = []
+    for i in candidates:
+        x, y = int(counts[i]), float(values[i])
+        while len(hull) >= 2:
+            (x0, y0), (x1, y1) = hull[-2], hull[-1]
+            if (x1 - x0) * (y - y0) - (y1 - y0) * (x - x0) >= 0:  # the last point is not above the chord
+                hull.pop()
+            else:
+                break
+        hull.append((x, y))
+    slopes: list[float] = []
+    steps: list[int] = []
+    for (x0, y0), (x1, y1) in zip(hull, hull[1:]):
+        slope = (y1 - y0) / (x1 - x0)
+        if not slope > 0:
+            break  # concave: every later segment falls too
+        slopes.append(slope)
+        steps.append(x1 - x0)
+    return Envelope(np.array(slopes, np.float64), np.array(steps, np.int64))
 
 
 @dataclass(frozen=True)
@@ -111,6 +148,19 @@ class _Row:
     counts: np.ndarray  # 0, then min..max
     values: np.ndarray
     current_index: int  # -1 where the current count is not allowed
+    _envelopes: dict[int, Envelope] = field(default_factory=dict, compare=False, repr=False)
+
+    def envelope(self, size: int, job: Job) -> Envelope:
+        """The envelope of the row's first ``size`` choices (kept per size). The values are linear
+        between the curve's points, the min, the current count and its neighbours, and the end."""
+        hit = self._envelopes.get(size)
+        if hit is None:
+            lo, last = job.min_nodes, size - 1
+            near = [job.current - 1, job.current, job.current + 1] if job.current else []
+            inner = {n - lo + 1 for n in (*job.scaling, *near) if lo <= n}
+            candidates = sorted({0, last, *(i for i in inner if 1 <= i < last), *([1] if last >= 1 else [])})
+            hit = self._envelopes[size] = envelope(self.counts, self.values, candidates)
+        return hit
 
 
 _BASE_KEEP = 4096

@@ -657,7 +657,10 @@ class Policy:
                 left_s = max(0.0, j.budget_node_hours - j.used_node_hours) * 3600.0
                 hi = max(lo, min(hi, int(left_s // horizon)))
             jobs.append(self._alloc_job(j, lo, hi, curve, tuple(nodes), up, down))
-        plan = solve(Problem(tuple(jobs), tuple(free), horizon), method=cfg.method)
+        # the jobs can grow by at most their room, and a growing job takes the first free nodes: the
+        # rest of a large idle pool changes no plan, only what the problem costs to build and check
+        room = sum(max(0, j.max_nodes - j.current) for j in jobs)
+        plan = solve(Problem(tuple(jobs), tuple(free[:room]), horizon), method=cfg.method)
         assignment = dict(plan.assignment)
         assignment.update(fixed)
         return assignment, plan.objective, plan.solve_seconds, plan.method

@@ -27,6 +27,9 @@ class Record:
     world_size: int
 
     def __post_init__(self) -> None:
+        if (type(self.samples) is int and self.samples >= 1 and type(self.world_size) is int and self.world_size >= 1
+                and type(self.timestamp) is float and -math.inf < self.timestamp < math.inf):
+            return  # the common case, checked at once
         if not isinstance(self.samples, int) or isinstance(self.samples, bool) or self.samples < 1:
             raise RecordError(f"record samples must be an int >= 1, got {self.samples!r}")
         if not isinstance(self.world_size, int) or isinstance(self.world_size, bool) or self.world_size < 1:

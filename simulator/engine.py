@@ -648,8 +648,10 @@ class Simulator:
         for job in list(self.admitted):
             new = tuple(assignment.get(job.id, ()))
             old = job.nodes
-            if len(new) == len(old) and set(new) == set(old):
-                continue
+            if len(new) == len(old):
+                seen = job.view_cache  # its nodes sorted, as the policy saw them (same version: same nodes)
+                if (seen is not None and seen[0][0] == job.version and new == seen[1].nodes) or set(new) == set(old):
+                    continue
             self._check_counts(name, job, new)
             changed = True
             if len(new) > len(old):

@@ -101,3 +101,38 @@ def test_tables_use_throughput_at_semantics(scaling: dict[int, float], lo: int) 
     table = build_tables(problem).table(0)
     expected = np.array([throughput_at(scaling, int(n)) for n in table.counts])
     assert np.allclose(table.values, expected, rtol=1e-12, atol=1e-12)
+
+
+def _demand_by_envelopes(envelopes, lam: float) -> int:
+    return sum(int(e.steps[e.slopes > lam].sum()) for e in envelopes)
+
+
+@settings(PROPS, max_examples=200)
+@given(problems(max_jobs=8, max_count=24, max_free=40))
+def test_the_envelopes_give_the_arrays_demand_at_every_multiplier(problem: Problem) -> None:
+    """Each row's envelope (from the curve's points, the min, the current count and its neighbours)
+    predicts the row's best count at any multiplier off a breakpoint, as the full array does."""
+    from allocator.fast import Padded
+
+    tables = build_tables(problem)
+    pad = Padded(tables.counts, tables.values)
+    slopes = sorted({float(s) for e in tables.envelopes for s in e.slopes})
+    probes = [0.5 * (a + b) for a, b in zip(slopes, slopes[1:])]
+    probes += [slopes[0] * 0.5, slopes[-1] * 2.0 + 1.0] if slopes else [1.0]
+    for lam in probes:
+        if any(abs(lam - s) <= 1e-9 * max(1.0, s) for s in slopes):
+            continue  # a tie: rounding decides either way
+        assert _demand_by_envelopes(tables.envelopes, lam) == pad.demand(pad.choice(lam)), lam
+
+
+@settings(PROPS, max_examples=200)
+@given(problems(max_jobs=8, max_count=24, max_free=40))
+def test_the_bracket_from_the_envelopes_is_the_bisections(problem: Problem) -> None:
+    from allocator.fast import Padded, _all_idle_multiplier, _bisect, _bracket, _threshold
+
+    tables = build_tables(problem)
+    pad = Padded(tables.counts, tables.values)
+    cap = problem.total_nodes
+    over = _threshold(tables.envelopes, cap)  # the float-only bisection, before the array's check
+    assert _bisect(_all_idle_multiplier(pad), lambda lam: lam < over) == _bracket(pad, cap)
+    assert _bracket(pad, cap, tables.envelopes) == _bracket(pad, cap)
