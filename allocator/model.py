@@ -109,19 +109,30 @@ class Job:
 
 @dataclass(frozen=True)
 class Problem:
-    """Jobs, the held nodes no job uses (``free_nodes``), and the horizon Tfwd."""
+    """Jobs, the held nodes no job uses (``free_nodes``), and the horizon Tfwd.
+
+    ``nodes_checked``: the caller guarantees that no node is listed twice (it built the lists from a
+    view it checked, as the policy does): the check, which costs more than a solve on a few thousand
+    nodes, is skipped. Job ids are checked either way.
+    """
 
     jobs: tuple[Job, ...]
     free_nodes: tuple[str, ...]
     horizon_s: float
+    nodes_checked: bool = field(default=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "jobs", tuple(self.jobs))
         object.__setattr__(self, "free_nodes", tuple(self.free_nodes))
         if not (self.horizon_s > 0):
             raise ProblemError(f"horizon_s must be > 0, got {self.horizon_s!r}")
-        held = list(chain.from_iterable(job.nodes for job in self.jobs))
         ids = {job.id for job in self.jobs}
+        if self.nodes_checked:
+            if len(ids) != len(self.jobs):
+                self._name_the_duplicate()
+            object.__setattr__(self, "_total_nodes", len(self.free_nodes) + sum(len(j.nodes) for j in self.jobs))
+            return
+        held = list(chain.from_iterable(job.nodes for job in self.jobs))
         if len(ids) != len(self.jobs) or len(set(held).union(self.free_nodes)) != len(held) + len(self.free_nodes):
             self._name_the_duplicate()  # some job or node twice (the common case is checked at C speed)
         object.__setattr__(self, "_total_nodes", len(self.free_nodes) + len(held))

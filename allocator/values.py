@@ -118,12 +118,11 @@ class Envelope:
     steps: np.ndarray  # int64, > 0
 
 
-def envelope(counts: np.ndarray, values: np.ndarray, candidates: list[int]) -> Envelope:
-    """The :class:`Envelope` of a row whose values are linear between consecutive ``candidates``
-    (indices, ascending, the first 0 and the last the row's end): its hull is theirs."""
+def envelope(points: list[tuple[int, float]]) -> Envelope:
+    """The :class:`Envelope` of a row whose values are linear between consecutive ``points`` ((count,
+    value), counts ascending, the first the row's count 0 and the last its end): its hull is theirs."""
     hull: list[tuple[int, float]] = []
-    for i in candidates:
-        x, y = int(counts[i]), float(values[i])
+    for x, y in points:
         while len(hull) >= 2:
             (x0, y0), (x1, y1) = hull[-2], hull[-1]
             if (x1 - x0) * (y - y0) - (y1 - y0) * (x - x0) >= 0:  # the last point is not above the chord
@@ -155,11 +154,16 @@ class _Row:
         between the curve's points, the min, the current count and its neighbours, and the end."""
         hit = self._envelopes.get(size)
         if hit is None:
-            lo, last = job.min_nodes, size - 1
-            near = [job.current - 1, job.current, job.current + 1] if job.current else []
-            inner = {n - lo + 1 for n in (*job.scaling, *near) if lo <= n}
-            candidates = sorted({0, last, *(i for i in inner if 1 <= i < last), *([1] if last >= 1 else [])})
-            hit = self._envelopes[size] = envelope(self.counts, self.values, candidates)
+            lo, top = job.min_nodes, job.min_nodes + size - 2  # the last count (below lo: count 0 only)
+            cur = job.current
+            inner = [n for n in job.scaling if lo < n < top]
+            if cur:
+                inner.extend(n for n in (cur - 1, cur, cur + 1) if lo < n < top)
+            values = self.values.tolist()
+            points = [(0, values[0])]
+            if top >= lo:
+                points.extend((n, values[n - lo + 1]) for n in sorted({lo, top, *inner}))
+            hit = self._envelopes[size] = envelope(points)
         return hit
 
 

@@ -660,7 +660,8 @@ class Policy:
         # the jobs can grow by at most their room, and a growing job takes the first free nodes: the
         # rest of a large idle pool changes no plan, only what the problem costs to build and check
         room = sum(max(0, j.max_nodes - j.current) for j in jobs)
-        plan = solve(Problem(tuple(jobs), tuple(free[:room]), horizon), method=cfg.method)
+        # nodes_checked: every node list here comes from the view _Round checked, split without repeats
+        plan = solve(Problem(tuple(jobs), tuple(free[:room]), horizon, nodes_checked=True), method=cfg.method)
         assignment = dict(plan.assignment)
         assignment.update(fixed)
         return assignment, plan.objective, plan.solve_seconds, plan.method
