@@ -4,7 +4,8 @@
 2. Otherwise relax the capacity with a multiplier ``lam >= 0``:
    ``U(lam) = lam*C + sum_j max_k (v_j[k] - lam*k)`` bounds the optimum from
    above for every ``lam``; bisection finds the ``lam`` where the relaxed demand
-   crosses ``C``. Its feasible side, greedily filled, is an incumbent ``I``.
+   crosses ``C`` (on floats, from each row's concave envelope, its ends checked
+   on the array). Its feasible side, greedily filled, is an incumbent ``I``.
 3. Fixing job ``j`` at count ``k`` lowers the bound by the reduced cost
    ``rc_jk = max_k' (v_j[k'] - lam*k') - (v_j[k] - lam*k)``; if
    ``U - rc_jk < I`` no optimal plan uses ``k`` for ``j``, so it is dropped.
