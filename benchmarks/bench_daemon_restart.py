@@ -25,7 +25,6 @@ began again from step 0, so every step was rolled back.
 from __future__ import annotations
 
 import argparse
-import json
 import signal
 import statistics
 import subprocess
@@ -35,6 +34,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from malletrain.examples.tracelog import steps, traced
 from malletrain.procs import procs_mentioning
 
 CONFIG = """
@@ -68,21 +68,6 @@ def wait(pred: Callable[[], Any], what: str, timeout: float) -> Any:
             return value
         time.sleep(0.1)
     raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
-
-
-def trace(path: Path) -> list[dict[str, Any]]:
-    out = []
-    for line in path.read_text().splitlines():
-        if line.startswith("{"):
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                pass
-    return out
-
-
-def steps(path: Path) -> list[dict[str, Any]]:
-    return [e for e in trace(path) if e.get("ev") == "step"]
 
 
 def start_daemon(cfg: Path, log: Path) -> subprocess.Popen[bytes]:
@@ -121,7 +106,7 @@ def one(tmp: Path, down_s: float, dead_after: float) -> dict[str, float]:
         new = [s for s in all_steps if s["gen"] > gen_before]
         first_new = min(new, key=lambda s: s["t"])
         away = [s for s in all_steps if t_kill < s["t"] < first_new["t"]]
-        change = [e for e in trace(rank0) if e.get("ev") == "rescale" and e["kind"] == "change"]
+        change = [e for e in traced(rank0, "rescale") if e["kind"] == "change"]
         restarted = len(logs_of()) != 2
     finally:
         if d.poll() is None:

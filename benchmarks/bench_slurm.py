@@ -27,7 +27,6 @@ Needs Slurm (installed with apt when missing, as root).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -35,6 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from malletrain.examples.tracelog import steps
 from scavenger.base import AgentUp, EndReason, PilotEnded, PilotEvent, PilotRequest, PilotStarted
 from scavenger.hub import AgentHub
 from scavenger.slurm import SlurmBackend, SlurmConfig
@@ -116,16 +116,9 @@ def steps_after(logs: list[Path], world: int, after: float) -> float | None:
     """The time of the first traced step at ``world`` after ``after`` in any of ``logs``."""
     best = None
     for log in logs:
-        if not log.exists():
-            continue
-        for line in log.read_text().splitlines():
-            try:
-                obj = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(obj, dict) and obj.get("ev") == "step" and obj.get("world") == world and obj["t"] > after:
-                best = obj["t"] if best is None else min(best, obj["t"])
-                break
+        later = [s["t"] for s in steps(log) if s.get("world") == world and s["t"] > after]
+        if later:
+            best = later[0] if best is None else min(best, later[0])
     return best
 
 

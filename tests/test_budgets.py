@@ -17,6 +17,7 @@ from malletrain.config import DaemonConfig, LocalConfig
 from malletrain.daemon import NODE_SECONDS_KEY, Daemon
 from malletrain.jobspec import JobSpec, JobSpecError, JobState, load_spec, parse_spec
 from malletrain.status_view import budget_text, deadline_text, format_jobs
+from tests.stepping import step_until
 
 TOY = (sys.executable, "-m", "malletrain.toy_runtime")
 
@@ -86,13 +87,7 @@ def config(tmp: Path, nodes: int) -> DaemonConfig:
 
 
 def until(d: Daemon, pred: Callable[[], bool], timeout: float = 30.0) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        d.step()
-        if pred():
-            return
-        d.monitor.drain(timeout_ms=int(d.cfg.loop_interval * 1000))
-    raise AssertionError(f"timed out; runs: {d.runs}; events: {list(d.store.events())[-12:]}")
+    step_until(d, pred, timeout)
 
 
 @pytest.fixture

@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 import numpy as np
-import pytest
 
 from malletrain.daemon import Daemon, DaemonParts
 from malletrain.jobspec import JobSpec as DaemonJobSpec

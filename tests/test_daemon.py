@@ -7,7 +7,6 @@ profiler on a real job, completion/failure/cancel, and no orphan processes.
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 from typing import Callable
 
@@ -18,6 +17,7 @@ from malletrain.config import DaemonConfig, LocalConfig
 from malletrain.daemon import Daemon, DaemonError
 from malletrain.jobspec import JobSpec, JobState
 from policy import PolicyConfig
+from tests.stepping import step_until
 
 TOY = (sys.executable, "-m", "malletrain.toy_runtime")
 
@@ -28,13 +28,7 @@ def config(tmp: Path, nodes: int = 3, **kw) -> DaemonConfig:
 
 
 def until(d: Daemon, pred: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        d.step()
-        if pred():
-            return
-        d.monitor.drain(timeout_ms=int(d.cfg.loop_interval * 1000))
-    raise AssertionError(f"timed out; runs: {d.runs}; events: {list(d.store.events())[-12:]}")
+    step_until(d, pred, timeout)
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ it does not restart) at world size 1; no process is left behind.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -18,19 +17,8 @@ pytest.importorskip("torch")
 
 from malletrain.config import DaemonConfig, LocalConfig  # noqa: E402
 from malletrain.daemon import Daemon  # noqa: E402
+from malletrain.examples.tracelog import steps as steps_of  # noqa: E402
 from malletrain.jobspec import JobSpec, JobState  # noqa: E402
-
-
-def steps_of(log: Path) -> list[dict]:
-    out = []
-    for line in log.read_text().splitlines():
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(obj, dict) and obj.get("ev") == "step":
-            out.append(obj)
-    return out
 
 
 @pytest.mark.slow

@@ -7,7 +7,6 @@ import json
 import logging
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -18,6 +17,7 @@ from malletrain.config import DaemonConfig, LocalConfig
 from malletrain.daemon import Daemon
 from malletrain.jobspec import JobSpec, JobState
 from malletrain.logs import JsonFormatter, about, setup_logging
+from tests.stepping import step_until
 
 TOY = (sys.executable, "-m", "malletrain.toy_runtime")
 
@@ -84,13 +84,7 @@ def test_json_time_is_utc_iso8601_with_milliseconds() -> None:
 
 
 def until(d: Daemon, pred: Callable[[], bool], timeout: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        d.step()
-        if pred():
-            return
-        d.monitor.drain(timeout_ms=50)
-    raise AssertionError(f"timed out; runs: {d.runs}")
+    step_until(d, pred, timeout)
 
 
 @pytest.mark.slow

@@ -22,6 +22,7 @@ from malletrain.jobspec import JobSpec, JobState
 from malletrain.messages import Report
 from malletrain.metrics import Metrics, MetricsAddressError, parse_address
 from scavenger.base import CommandFailed, CommandResult, CommandTimeout, observed, run_command
+from tests.stepping import step_until
 
 TOY = (sys.executable, "-m", "malletrain.toy_runtime")
 
@@ -33,13 +34,7 @@ def config(tmp: Path, address: str = "") -> DaemonConfig:
 
 
 def until(d: Daemon, pred: Callable[[], bool], timeout: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        d.step()
-        if pred():
-            return
-        d.monitor.drain(timeout_ms=50)
-    raise AssertionError(f"timed out; runs: {d.runs}; monitor: {d.monitor.counts()}")
+    step_until(d, pred, timeout, detail=lambda: f"monitor: {d.monitor.counts()}")
 
 
 def scrape(address: str) -> str:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from malletrain.examples.tracelog import steps as _steps
 from malletrain.jobspec import JobSpec as DaemonJobSpec
 from malletrain.jobspec import JobState
 from policy import PolicyConfig
@@ -117,20 +118,6 @@ max_nodes = 2
 scaling = {{ 1 = 100.0, 2 = 200.0 }}
 env = {{ OMP_NUM_THREADS = "1" }}
 """
-
-
-def _steps(log: Path) -> list[dict]:
-    import json
-
-    out = []
-    for line in log.read_text(errors="replace").splitlines():
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(obj, dict) and obj.get("ev") == "step":
-            out.append(obj)
-    return out
 
 
 @pytest.mark.slow

@@ -14,7 +14,6 @@ unless MALLETRAIN_REQUIRE_SLURM=1 (CI as root), where a cluster that cannot star
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -27,9 +26,11 @@ pytest.importorskip("torch")
 
 from malletrain.config import DaemonConfig, ScavengerConfig  # noqa: E402
 from malletrain.daemon import Daemon  # noqa: E402
+from malletrain.examples.tracelog import steps as steps_of  # noqa: E402
 from malletrain.jobspec import JobSpec, JobState  # noqa: E402
 from scavenger.base import PilotState  # noqa: E402
 from scavenger.testing.slurm_cluster import ClusterUnavailable, SlurmCluster, failing_command  # noqa: E402
+from tests.stepping import step_until  # noqa: E402
 
 pytestmark = pytest.mark.slurm
 NODES = ("node1", "node2", "node3", "node4")
@@ -80,26 +81,8 @@ def daemon(cluster: SlurmCluster, tmp_path: Path, request: pytest.FixtureRequest
 
 
 def until(d: Daemon, what: str, pred: Callable[[], bool], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        d.step()
-        if pred():
-            return
-        d.monitor.drain(timeout_ms=int(d.cfg.loop_interval * 1000))
-    events = [e for e in d.store.events() if e["kind"] != "nodes"][-15:]
-    raise AssertionError(f"{what}: not within {timeout:g} s; runs: {d.runs}; events: {events}")
-
-
-def steps_of(log: Path) -> list[dict]:
-    out = []
-    for line in log.read_text().splitlines() if log.exists() else []:
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(obj, dict) and obj.get("ev") == "step":
-            out.append(obj)
-    return out
+    step_until(d, pred, timeout, what=f"{what}: not within {timeout:g} s",
+               detail=lambda: f"events: {[e for e in d.store.events() if e['kind'] != 'nodes'][-15:]}")
 
 
 def submit_job(d: Daemon, max_nodes: int = 4) -> str:

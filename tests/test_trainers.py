@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 import tomllib
 from pathlib import Path
 from typing import Callable
@@ -30,6 +29,7 @@ from policy import PolicyConfig, PolicyState
 from procs import procs_mentioning
 from tests.fakes import FakeCluster
 from tests.test_conformance import LINEAR, NODES, Harness
+from tests.stepping import step_until
 
 TOY = (sys.executable, "-m", "malletrain.toy_runtime")
 
@@ -247,14 +247,7 @@ def test_status_shows_each_jobs_and_each_nodes_trainer(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------ the daemon, real agents (toy runtime)
 def until(d: Daemon, pred: Callable[[], bool], check: Callable[[], None], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        d.step()
-        check()
-        if pred():
-            return
-        d.monitor.drain(timeout_ms=int(d.cfg.loop_interval * 1000))
-    raise AssertionError(f"timed out; runs: {d.runs}; events: {list(d.store.events())[-12:]}")
+    step_until(d, pred, timeout, check=check)
 
 
 @pytest.mark.slow

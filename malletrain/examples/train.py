@@ -21,7 +21,7 @@ target the script exits 0 early, and ``malletrain status`` says so. Data is draw
 generator seeded by (seed, step, rank), so a rescale replays nothing.
 With ``--trace`` every committed step prints one JSON line (worker, generation,
 rank, world, step, samples, a hash of the parameters) and every rescale one
-more: the tests and ``benchmarks/bench_rescale.py`` read them.
+more: the tests and ``benchmarks/bench_rescale.py`` read them (:mod:`malletrain.examples.tracelog`).
 """
 
 from __future__ import annotations
