@@ -47,10 +47,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
-import os
 import re
-import secrets
-import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,6 +74,7 @@ from malletrain.messages import (
 )
 from profiler.estimators import RescaleCostEstimator, RescaleEvent, ThroughputEstimator
 from profiler.records import Record, RecordError
+from scavenger.channel import create_key_file
 
 log = logging.getLogger(__name__)
 
@@ -480,39 +478,16 @@ class ReplaySaver:
 
 
 # ---------------------------------------------------------------- daemon-side secrets
-class KeyFileError(RuntimeError):
-    """The master key file is missing, unsafe or damaged; the text names the file."""
 
 
 def load_master_key(path: Path | str) -> bytes:
-    """The daemon's master key from ``path``, created (0600, random) if absent.
+    """The daemon's master key from ``path``, created (0600, random, atomically) if absent.
 
-    Refuses a file that is not a regular file owned by this user, is readable by
-    group or others, or does not hold exactly ``MASTER_KEY_BYTES`` bytes.
+    Refuses (:class:`KeyFileError`) a file that is not a regular file owned by this user, is
+    readable by group or others, or does not hold exactly ``MASTER_KEY_BYTES`` bytes: the same
+    checks as the agents' key (:func:`scavenger.channel.create_key_file`).
     """
-    p = Path(path)
-    try:
-        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    except FileExistsError:
-        pass
-    else:
-        with os.fdopen(fd, "wb") as f:
-            f.write(secrets.token_bytes(MASTER_KEY_BYTES))
-            f.flush()
-            os.fsync(f.fileno())
-    try:
-        fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError as exc:
-        raise KeyFileError(f"{p}: cannot open the monitor key: {exc.strerror}") from None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
-            raise KeyFileError(f"{p}: the monitor key must be a regular file owned by uid {os.geteuid()} "
-                               f"with mode 0600 (is {stat.filemode(st.st_mode)}, uid {st.st_uid})")
-        key = f.read(MASTER_KEY_BYTES + 1)
-    if len(key) != MASTER_KEY_BYTES:
-        raise KeyFileError(f"{p}: the monitor key holds {len(key)} bytes, not {MASTER_KEY_BYTES}")
-    return key
+    return create_key_file(path, MASTER_KEY_BYTES, "monitor key file")
 
 
 def job_secret(master_key: bytes, job_id: str) -> str:

@@ -74,21 +74,22 @@ class ChannelError(ValueError):
 
 
 class KeyFileError(ValueError):
-    """The agent key file is missing, unsafe or malformed; the text names the file."""
+    """A key file (the agents', the monitor's) is missing, unsafe or malformed; the text names the file."""
 
 
 # ---- the key file --------------------------------------------------------------------------
 
 
-def create_key_file(path: Path | str) -> bytes:
-    """The key in ``path``, created (random, mode 0600, atomically) if absent; reused otherwise."""
+def create_key_file(path: Path | str, size: int = KEY_BYTES, what: str = "agent key file") -> bytes:
+    """The key in ``path``, created (``size`` random bytes, mode 0600, atomically) if absent; reused
+    otherwise. ``what`` names the file in errors."""
     p = Path(path)
     if not p.exists():
         tmp = p.with_name(f".{p.name}.{os.getpid()}.{secrets.token_hex(4)}")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         try:
             with os.fdopen(fd, "wb") as f:
-                f.write(secrets.token_bytes(KEY_BYTES))
+                f.write(secrets.token_bytes(size))
                 f.flush()
                 os.fsync(f.fileno())
             try:
@@ -97,26 +98,27 @@ def create_key_file(path: Path | str) -> bytes:
                 pass
         finally:
             tmp.unlink(missing_ok=True)
-    return read_key_file(p)
+    return read_key_file(p, size, what)
 
 
-def read_key_file(path: Path | str) -> bytes:
-    """The key in ``path``: a regular file of this user, mode 0600 or stricter, exactly KEY_BYTES bytes."""
+def read_key_file(path: Path | str, size: int = KEY_BYTES, what: str = "agent key file") -> bytes:
+    """The key in ``path``: a regular file of this user (not a symlink), mode 0600 or stricter,
+    exactly ``size`` bytes. ``what`` names the file in errors."""
     p = Path(path)
     try:
         fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError as exc:
-        raise KeyFileError(f"agent key file {p}: cannot open: {exc.strerror}") from None
+        raise KeyFileError(f"{what} {p}: cannot open: {exc.strerror}") from None
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(f.fileno())
         if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
             raise KeyFileError(
-                f"agent key file {p}: must be a regular file owned by uid {os.geteuid()} with mode 0600 "
+                f"{what} {p}: must be a regular file owned by uid {os.geteuid()} with mode 0600 "
                 f"(is {stat.filemode(st.st_mode)}, uid {st.st_uid})"
             )
-        key = f.read(KEY_BYTES + 1)
-    if len(key) != KEY_BYTES:
-        raise KeyFileError(f"agent key file {p}: holds {len(key)} bytes, not {KEY_BYTES}")
+        key = f.read(size + 1)
+    if len(key) != size:
+        raise KeyFileError(f"{what} {p}: holds {len(key)} bytes, not {size}")
     return key
 
 

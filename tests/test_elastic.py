@@ -280,19 +280,10 @@ def test_broadcast_state_keeps_every_tensor_and_plain_value(monkeypatch: pytest.
 def test_a_broadcast_state_that_would_run_code_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path,
                                                           form: str) -> None:
     """Finding 4: bytes another rank (or anything on its connection) sends are never unpickled."""
-    import io
-    import pickle
-
     from malletrain.elastic import CheckpointError
 
     marker = tmp_path / "pwned"
-    evil = {"version": 1, "model": {"w": _Planted(str(marker))}, "optimizer": None, "counters": {}}
-    if form == "torch.save":
-        buf = io.BytesIO()
-        torch.save(evil, buf)
-        data = buf.getvalue()
-    else:
-        data = pickle.dumps(evil, protocol=2)
+    data = _planted_state(marker, form)
     with pytest.raises(CheckpointError, match="job j: the state broadcast by rank 0 refused by the safe loader"):
         _receive_as_rank_1(monkeypatch, data)
     assert not marker.exists()
@@ -703,6 +694,19 @@ def test_the_store_listens_on_the_given_interface_only(runtime: TorchRuntime) ->
         TorchRuntime("127.0.0.1", 0, bind="no-such-host.invalid").start()
 
 
+def _planted_state(marker, form: str) -> bytes:
+    """A saved state whose load would run code (make ``marker``), as ``torch.save`` or a bare pickle."""
+    import io
+    import pickle
+
+    evil = {"version": 1, "model": {"w": _Planted(str(marker))}, "optimizer": None, "counters": {}}
+    if form == "torch.save":
+        buf = io.BytesIO()
+        torch.save(evil, buf)
+        return buf.getvalue()
+    return pickle.dumps(evil, protocol=2)
+
+
 class _Planted:
     """Unpickling this runs ``os.mkdir(path)``: the marker of code run by a checkpoint load."""
 
@@ -727,19 +731,12 @@ def _plant(runtime: TorchRuntime, job: str, data: bytes) -> None:
 
 @pytest.mark.parametrize("form", ["torch.save", "bare pickle"])
 def test_a_planted_checkpoint_does_not_run_code(runtime: TorchRuntime, tmp_path, form: str) -> None:
-    import io
     import pickle
 
     from malletrain.elastic import CheckpointError
 
     marker = tmp_path / "pwned"
-    evil = {"version": 1, "model": {"w": _Planted(str(marker))}, "optimizer": None, "counters": {}}
-    if form == "torch.save":
-        buf = io.BytesIO()
-        torch.save(evil, buf)
-        data = buf.getvalue()
-    else:
-        data = pickle.dumps(evil, protocol=2)
+    data = _planted_state(marker, form)
     pickle.loads(pickle.dumps(_Planted(str(tmp_path / "control"))))  # the payload does work when unpickled
     assert (tmp_path / "control").is_dir()
     _plant(runtime, "j", data)

@@ -25,11 +25,11 @@ from malletrain.monitor import (
     MAX_WORKERS,
     REPLAY_META_KEY,
     ReplaySaver,
-    KeyFileError,
     Monitor,
     job_secret,
     load_master_key,
 )
+from scavenger.channel import KeyFileError
 
 CTX = zmq.Context.instance()
 SECRETS = (new_secret(), new_secret())

@@ -30,7 +30,8 @@ from scavenger.base import (
 )
 from scavenger.hub import AgentHub
 from scavenger.slurm import SlurmBackend, SlurmConfig
-from scavenger.testing.slurm_cluster import ClusterUnavailable, SlurmCluster, failing_command
+from scavenger.testing.slurm_cluster import SlurmCluster, failing_command
+from tests.slurm_start import start_or_skip
 
 pytestmark = pytest.mark.slurm
 NODES = ("node1", "node2", "node3", "node4")
@@ -38,12 +39,7 @@ NODES = ("node1", "node2", "node3", "node4")
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[SlurmCluster]:
-    try:
-        c = SlurmCluster(len(NODES)).start()
-    except ClusterUnavailable as exc:
-        if os.environ.get("MALLETRAIN_REQUIRE_SLURM") == "1":
-            pytest.fail(f"MALLETRAIN_REQUIRE_SLURM=1 but no Slurm cluster: {exc}")
-        pytest.skip(f"no Slurm cluster on this machine: {exc}")
+    c = start_or_skip(len(NODES))
     try:
         yield c
     finally:
@@ -218,12 +214,7 @@ def test_failing_or_hanging_sinfo_squeue_give_typed_errors_then_catch_up(
 
 
 def test_cluster_stops_everything_it_started(tmp_path: Path) -> None:
-    try:
-        c = SlurmCluster(1, tmp_path / "c").start()
-    except ClusterUnavailable as exc:
-        if os.environ.get("MALLETRAIN_REQUIRE_SLURM") == "1":
-            pytest.fail(f"MALLETRAIN_REQUIRE_SLURM=1 but no Slurm cluster: {exc}")
-        pytest.skip(f"no Slurm cluster on this machine: {exc}")
+    c = start_or_skip(1, tmp_path / "c")
     pids = {name: p.pid for name, p in c.procs.items()}
     assert set(pids) == {"munged", "slurmctld", "slurmd-node1"}
     c.run(["sbatch", "-p", "preemptable", "-o", "/dev/null", "--wrap", "sleep 300"])

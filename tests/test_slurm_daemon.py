@@ -29,7 +29,8 @@ from malletrain.daemon import Daemon  # noqa: E402
 from malletrain.examples.tracelog import steps as steps_of  # noqa: E402
 from malletrain.jobspec import JobSpec, JobState  # noqa: E402
 from scavenger.base import PilotState  # noqa: E402
-from scavenger.testing.slurm_cluster import ClusterUnavailable, SlurmCluster, failing_command  # noqa: E402
+from scavenger.testing.slurm_cluster import SlurmCluster, failing_command  # noqa: E402
+from tests.slurm_start import start_or_skip  # noqa: E402
 from tests.stepping import step_until  # noqa: E402
 
 pytestmark = pytest.mark.slurm
@@ -40,12 +41,7 @@ TRAIN = (sys.executable, "-m", "malletrain.examples.train", "--model", "linear",
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[SlurmCluster]:
-    try:
-        c = SlurmCluster(len(NODES)).start()
-    except ClusterUnavailable as exc:
-        if os.environ.get("MALLETRAIN_REQUIRE_SLURM") == "1":
-            pytest.fail(f"MALLETRAIN_REQUIRE_SLURM=1 but no Slurm cluster: {exc}")
-        pytest.skip(f"no Slurm cluster on this machine: {exc}")
+    c = start_or_skip(len(NODES))
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SLURM_CONF", str(c.conf))  # the daemon's sinfo/squeue/sbatch find the cluster
         try:
