@@ -525,9 +525,7 @@ def write_chart(ev: Evaluation, path: Path) -> Path | None:
         ax.axhline(1.0, color="grey", lw=0.8)
         ax.set_xticks(range(len(rows)), labels, rotation=30, ha="right", fontsize=8)
         ax.set_ylabel("work / freetrain (best prior)'s work")
-        lo = min(1.0 + r[f"vs_best_freetrain_{p}_pct"][0] / 100.0 for r in rows for p in PARTS
-                 if not math.isnan(r[f"vs_best_freetrain_{p}_pct"][0]))
-        ax.set_ylim(max(0.0, min(0.8, lo - 0.1)), None)
+        ax.set_ylim(0.0, None)  # bars from zero: their lengths are the ratios
         partial = partial or not all(same)
         n = len(ev.settings.seeds)
         ax.set_title(f"{cell_title(cell, ev.settings)}\nmean ± sd over {n} seed{'s' if n != 1 else ''}", fontsize=9)
@@ -541,7 +539,7 @@ def write_chart(ev: Evaluation, path: Path) -> Path | None:
         title += ("\nperiod bars only where the periods are freetrain's (under adaptive admission every period "
                   "is constrained)")
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout(rect=(0, 0, 1, top - 0.05))
+    fig.tight_layout(rect=(0, 0, 1, top - 0.03))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
