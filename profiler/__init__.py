@@ -30,7 +30,7 @@ from profiler.jpa import (
     default_counts,
     profile_cost,
 )
-from profiler.records import Record, RecordError, Segment, synthesize
+from profiler.records import Record, RecordError, Segment, iter_records, synthesize
 from profiler.scalability import (
     Scalability,
     ScalabilityError,
@@ -72,6 +72,7 @@ __all__ = [
     "curve_error_pct",
     "default_counts",
     "fit_model",
+    "iter_records",
     "leave_one_out_errors",
     "model_error",
     "parse_scaling_table",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterator, Sequence
 
 
 class RecordError(ValueError):
@@ -65,10 +65,17 @@ def synthesize(
 ) -> list[Record]:
     """A deterministic record stream (tests, the simulator): step times times ``U(1-noise, 1+noise)``
     drawn from ``random.Random(seed)``."""
-    if not 0.0 <= noise < 1.0:
-        raise RecordError(f"noise must be in [0, 1), got {noise}")
+    _check_noise(noise)
+    return list(iter_records(segments, start, noise, seed))
+
+
+def iter_records(
+    segments: Sequence[Segment], start: float = 0.0, noise: float = 0.0, seed: int = 0
+) -> Iterator[Record]:
+    """:func:`synthesize`'s stream one record at a time: a consumer that stops early (the simulated
+    monitor, once an estimate is stable) draws nothing more; what it does draw is the same."""
+    _check_noise(noise)
     rng = random.Random(seed)
-    out: list[Record] = []
     t = start
     for seg in segments:
         for i in range(seg.steps):
@@ -76,5 +83,9 @@ def synthesize(
             if noise:
                 dt *= rng.uniform(1.0 - noise, 1.0 + noise)
             t += dt + (seg.pause_before_s if i == 0 else 0.0)
-            out.append(Record(seg.samples, t, seg.world_size))
-    return out
+            yield Record(seg.samples, t, seg.world_size)
+
+
+def _check_noise(noise: float) -> None:
+    if not 0.0 <= noise < 1.0:
+        raise RecordError(f"noise must be in [0, 1), got {noise}")

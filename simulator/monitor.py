@@ -13,10 +13,11 @@ Seeds derive from ``(seed, job, node count, chunk)``, so a replay is determinist
 from __future__ import annotations
 
 import zlib
-from typing import TYPE_CHECKING, Mapping
+from itertools import islice
+from typing import TYPE_CHECKING, Iterator, Mapping
 
 from allocator import throughput_at
-from profiler import Record, Segment, ThroughputEstimator, synthesize
+from profiler import Record, Segment, ThroughputEstimator, iter_records, synthesize
 
 if TYPE_CHECKING:
     from policy import JobEvidence
@@ -54,14 +55,28 @@ class StepFeed:
         self.chunks = 0
 
     def next_records(self, k: int = CHUNK) -> list[Record]:
-        first = self.chunks == 0
-        seg = Segment(self.n, k, self.step_s, self.n * PER_NODE_BATCH,
-                      warmup_steps=WARMUP_STEPS if first else 0, warmup_factor=WARMUP_FACTOR)
-        recs = synthesize([seg], start=self.t, noise=self.noise,
-                          seed=_seed(self.seed, self.job_id, self.n, self.chunks))
+        recs = synthesize([self._segment(k)], start=self.t, noise=self.noise, seed=self._chunk_seed())
         self.chunks += 1
         self.t = recs[-1].timestamp
         return recs
+
+    def records(self) -> Iterator[Record]:
+        """Records one at a time, chunk after chunk: the stream of repeated :meth:`next_records`, drawn
+        only as far as it is read."""
+        while True:
+            t = self.t
+            for rec in iter_records([self._segment(CHUNK)], start=t, noise=self.noise, seed=self._chunk_seed()):
+                t = rec.timestamp
+                yield rec
+            self.chunks += 1
+            self.t = t
+
+    def _segment(self, k: int) -> Segment:
+        return Segment(self.n, k, self.step_s, self.n * PER_NODE_BATCH,
+                       warmup_steps=WARMUP_STEPS if self.chunks == 0 else 0, warmup_factor=WARMUP_FACTOR)
+
+    def _chunk_seed(self) -> int:
+        return _seed(self.seed, self.job_id, self.n, self.chunks)
 
 
 def run_until_stable(feed: StepFeed, estimator: ThroughputEstimator, deadline: float,
@@ -153,15 +168,14 @@ class SimJobMonitor:
         self._runs += 1
         feed = StepFeed(self.job_id, self.curve, n, start, seed=_seed(self.seed, self._runs), noise=self.noise)
         est = ThroughputEstimator()
-        for _ in range(MAX_CHUNKS):
-            for rec in feed.next_records():
-                est.add(rec)
-                e = est.estimate(n)
-                if e is not None:
-                    self._snaps.append((rec.timestamp, e))
-                    if e.n_steps >= est.min_steps and e.rel_ci <= self.rel_ci:
-                        self.stable_at = rec.timestamp
-                        return
+        for rec in islice(feed.records(), MAX_CHUNKS * CHUNK):  # drawn until the estimate is stable
+            est.add(rec)
+            e = est.estimate(n)
+            if e is not None:
+                self._snaps.append((rec.timestamp, e))
+                if e.n_steps >= est.min_steps and e.rel_ci <= self.rel_ci:
+                    self.stable_at = rec.timestamp
+                    return
 
     def _probe(self, t: float, old_n: int, new_n: int, pause: float) -> None:
         from profiler import rescale_events
