@@ -54,6 +54,25 @@ class Padded:
         return float(lam * capacity + self.relaxed(lam).max(axis=1).sum())
 
 
+class _Side:
+    """One multiplier's relaxed values, each row's best choice (ties: the smaller count), its value
+    and the total demand: computed once and read by the bracket, the incumbent and the bound."""
+
+    __slots__ = ("lam", "relaxed", "idx", "rowmax", "demand")
+
+    def __init__(self, pad: Padded, lam: float) -> None:
+        rows = np.arange(pad.counts.shape[0])
+        self.lam = lam
+        self.relaxed = pad.relaxed(lam)
+        self.idx = np.argmax(self.relaxed, axis=1)
+        self.rowmax = self.relaxed[rows, self.idx]  # the row maxima, as relaxed.max(axis=1) gives them
+        self.demand = int(pad.counts[rows, self.idx].sum())
+
+    def bound(self, capacity: int) -> float:
+        """:meth:`Padded.bound` at this multiplier."""
+        return float(self.lam * capacity + self.rowmax.sum())
+
+
 def solve_fast(tables: Tables, capacity: int) -> list[int]:
     """Chosen index into each job's table; exact optimum of the multiple-choice knapsack."""
     if not len(tables):
@@ -63,14 +82,16 @@ def solve_fast(tables: Tables, capacity: int) -> list[int]:
     if int(tables.counts[rows, picks].sum()) <= capacity:
         return picks.tolist()
     pad = Padded(tables.counts, tables.values)
-    lam_lo, lam_hi = _bracket(pad, capacity, tables.envelopes)
-    incumbent, inc_value = _incumbent(pad, capacity, lam_lo, lam_hi)
-    lam = lam_hi if pad.bound(lam_hi, capacity) <= pad.bound(lam_lo, capacity) else lam_lo
-    reduced = _reduced_costs(pad, lam)
-    bound = pad.bound(lam, capacity)
-    tol = 1e-9 * max(1.0, abs(bound), float(np.abs(pad.values[np.isfinite(pad.values)]).max(initial=0.0)))
+    lo, hi = _bracket_sides(pad, capacity, tables.envelopes)
+    incumbent, inc_value = _incumbent(pad, capacity, lo, hi)
+    bound_hi, bound_lo = hi.bound(capacity), lo.bound(capacity)
+    side, bound = (hi, bound_hi) if bound_hi <= bound_lo else (lo, bound_lo)
+    # fixing (job, choice) lowers the bound at the side's multiplier by this much (its reduced cost)
+    reduced = side.rowmax[:, None] - side.relaxed
+    finite = np.isfinite(pad.values)
+    tol = 1e-9 * max(1.0, abs(bound), float(np.abs(pad.values[finite]).max(initial=0.0)))
     # Keep every choice within the proven gap (the incumbent always survives).
-    keep = np.isfinite(pad.values) & (reduced <= bound - inc_value + tol)
+    keep = finite & (reduced <= bound - inc_value + tol)
     keep[rows, incumbent] = True
     final = _solve_reduced(tables, keep, capacity)
     if final is None:  # pragma: no cover - the incumbent is feasible and kept
@@ -92,13 +113,23 @@ def _bracket(pad: Padded, capacity: int, envelopes: tuple[Envelope, ...] | None 
     the capacity exactly below one multiplier (:func:`_threshold`), so the bisection runs on floats
     alone and its ends are checked on the array once; where they disagree (rounding at a tie), the
     bisection runs on the array."""
+    lo, hi = _bracket_sides(pad, capacity, envelopes)
+    return lo.lam, hi.lam
+
+
+def _bracket_sides(pad: Padded, capacity: int, envelopes: tuple[Envelope, ...] | None) -> tuple[_Side, _Side]:
+    """:func:`_bracket`, with what the array says at both ends."""
     start = _all_idle_multiplier(pad)
     if envelopes is not None:
         over = _threshold(envelopes, capacity)
         lo, hi = _bisect(start, lambda lam: lam < over)
-        if pad.demand(pad.choice(hi)) <= capacity and (lo == 0.0 or pad.demand(pad.choice(lo)) > capacity):
-            return lo, hi
-    return _bisect(start, lambda lam: pad.demand(pad.choice(lam)) > capacity)
+        hi_side = _Side(pad, hi)
+        if hi_side.demand <= capacity:
+            lo_side = _Side(pad, lo)
+            if lo == 0.0 or lo_side.demand > capacity:
+                return lo_side, hi_side
+    lo, hi = _bisect(start, lambda lam: pad.demand(pad.choice(lam)) > capacity)
+    return _Side(pad, lo), _Side(pad, hi)
 
 
 def _bisect(start: float, over: Callable[[float], bool]) -> tuple[float, float]:
@@ -119,14 +150,18 @@ def _bisect(start: float, over: Callable[[float], bool]) -> tuple[float, float]:
 
 def _threshold(envelopes: tuple[Envelope, ...], capacity: int) -> float:
     """The multiplier below which the rows' choices need more than ``capacity`` (-inf: never): the
-    slope of the segment, in falling order over all rows, at which the steps first sum past it."""
-    slopes = np.concatenate([e.slopes for e in envelopes])
-    steps = np.concatenate([e.steps for e in envelopes])
-    if int(steps.sum()) <= capacity:
+    slope of the segment, in falling order over all rows, at which the steps first sum past it
+    (plain floats: a few dozen segments cost less than the arrays would)."""
+    segments = [seg for e in envelopes for seg in zip(e.slopes, e.steps)]
+    if sum(step for _, step in segments) <= capacity:
         return -math.inf
-    order = np.argsort(-slopes, kind="stable")
-    first = int(np.searchsorted(np.cumsum(steps[order]), capacity, side="right"))
-    return float(slopes[order[first]])
+    segments.sort(key=lambda seg: -seg[0])  # stable: equal slopes keep the rows' order
+    need = 0
+    for slope, step in segments:
+        need += step
+        if need > capacity:
+            return slope
+    raise AssertionError("unreachable: the steps sum past the capacity")  # pragma: no cover
 
 
 def _all_idle_multiplier(pad: Padded) -> float:
@@ -138,12 +173,12 @@ def _all_idle_multiplier(pad: Padded) -> float:
     return top * (1.0 + 1e-9) + 1e-9
 
 
-def _incumbent(pad: Padded, capacity: int, lam_lo: float, lam_hi: float) -> tuple[np.ndarray, float]:
-    """A feasible choice vector: the ``lam_hi`` choice, greedily moved toward ``lam_lo``'s."""
+def _incumbent(pad: Padded, capacity: int, lo: _Side, hi: _Side) -> tuple[np.ndarray, float]:
+    """A feasible choice vector: ``hi``'s choice, greedily moved toward ``lo``'s."""
     rows = np.arange(pad.counts.shape[0])
-    idx = pad.choice(lam_hi)
-    room = capacity - pad.demand(idx)
-    alt = pad.choice(lam_lo)
+    idx = hi.idx.copy()
+    room = capacity - hi.demand
+    alt = lo.idx
     extra = pad.counts[rows, alt] - pad.counts[rows, idx]
     gain = pad.values[rows, alt] - pad.values[rows, idx]
     movers = np.flatnonzero((extra > 0) & (gain > 0))
@@ -173,12 +208,6 @@ def _fill(pad: Padded, idx: np.ndarray, room: int, rounds: int = 8) -> tuple[np.
         room -= int(pad.counts[j, k] - pad.counts[j, idx[j]])
         idx[j] = k
     return idx, room
-
-
-def _reduced_costs(pad: Padded, lam: float) -> np.ndarray:
-    """How much fixing each (job, choice) lowers the Lagrangian bound at ``lam``."""
-    relaxed = pad.relaxed(lam)
-    return relaxed.max(axis=1, keepdims=True) - relaxed
 
 
 def _solve_reduced(tables: Tables, keep: np.ndarray, capacity: int) -> np.ndarray | None:

@@ -60,8 +60,10 @@ class Job:
     nodes: tuple[str, ...] = ()
     up_cost_s: float = 0.0
     down_cost_s: float = 0.0
+    current: int = field(init=False, repr=False, compare=False)  # nodes held now: len(nodes), set once
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "current", len(self.nodes))
         if not isinstance(self.id, str) or not self.id:
             raise ProblemError(f"job id must be a non-empty string, got {self.id!r}")
         if self.min_nodes < 1:
@@ -86,10 +88,6 @@ class Job:
             raise ProblemError(f"job {self.id}: rescale costs must be >= 0")
         if len(set(self.nodes)) != len(self.nodes):
             raise ProblemError(f"job {self.id}: holds a node twice: {self.nodes}")
-
-    @property
-    def current(self) -> int:
-        return len(self.nodes)
 
     def throughput(self, n: int) -> float:
         return throughput_at(self.scaling, n)

@@ -114,8 +114,8 @@ class Envelope:
     multiplier ``lam``, the row's best choice (``max value - lam * count``, ties to the smaller count)
     is its count 0 plus the ``steps`` of every segment whose ``slope`` exceeds ``lam``."""
 
-    slopes: np.ndarray  # float64, descending, > 0
-    steps: np.ndarray  # int64, > 0
+    slopes: tuple[float, ...]  # descending, > 0
+    steps: tuple[int, ...]  # > 0
 
 
 def envelope(points: list[tuple[int, float]]) -> Envelope:
@@ -138,7 +138,7 @@ def envelope(points: list[tuple[int, float]]) -> Envelope:
             break  # concave: every later segment falls too
         slopes.append(slope)
         steps.append(x1 - x0)
-    return Envelope(np.array(slopes, np.float64), np.array(steps, np.int64))
+    return Envelope(tuple(slopes), tuple(steps))
 
 
 @dataclass(frozen=True)
@@ -195,11 +195,14 @@ def _row(job: Job, horizon_s: float) -> _Row:
         return hit
     counts, base = _base_values(job, horizon_s)
     cur = job.current
-    rate = job.throughput(cur) if cur else 0.0
-    values = base - np.where(counts > cur, rate * job.up_cost_s, 0.0)
-    values = values - np.where(counts < cur, rate * job.down_cost_s, 0.0)
+    values = base.copy()
     lo = job.min_nodes
     index = 0 if cur == 0 else (cur - lo + 1 if lo <= cur <= job.max_nodes else -1)
+    if cur:  # counts ascend (0, then min..max): the ones above the current count are a suffix, below it a prefix
+        rate = job.throughput(cur)
+        below, above = (index, index + 1) if index >= 0 else ((1, 1) if cur < lo else (counts.size, counts.size))
+        values[above:] -= rate * job.up_cost_s
+        values[:below] -= rate * job.down_cost_s
     row = _Row(horizon_s, counts, values, index)
     object.__setattr__(job, "_value_row", row)
     return row

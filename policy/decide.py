@@ -60,7 +60,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from itertools import chain
 from typing import Mapping
 
 from allocator import Job, Problem, solve
@@ -106,15 +105,14 @@ def profile_counts(kind: str, lo: int, hi: int) -> tuple[int, ...] | None:
 class _Round:
     """Scratch of one decision."""
 
-    def __init__(self, view: View, canonical: dict[str, tuple[JobView, JobView]]) -> None:
+    def __init__(self, view: View, canonical: dict[str, tuple[JobView, JobView]], held: _HeldNodes) -> None:
         self.now = view.now
         self.jobs: dict[str, JobView] = {}
         # node order is canonical (sorted names), so a decision never depends on how a driver
         # happens to list nodes: which nodes a shrinking job or a lender gives up, which free
         # nodes a growing job takes
         self.free = sorted(view.free_nodes)
-        held = list(chain(self.free, chain.from_iterable(j.nodes for j in view.jobs)))
-        if len(set(held)) != len(held):
+        if not held.all_once(view):
             _name_the_duplicate(view)
         for j in view.jobs:
             if j.id in self.jobs:
@@ -139,6 +137,40 @@ class _Round:
 
     def note(self, kind: EventKind, job: str, **detail: object) -> None:
         self.events.append(PolicyEvent(kind, job, detail))
+
+
+class _HeldNodes:
+    """Every node the jobs of the last view held, and whose it was: a view is checked for a node
+    listed twice job by job, so a job showing the same node tuple as last time costs nothing (a view
+    of a thousand running nodes is mostly that)."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, tuple[str, ...]] = {}  # job -> the node tuple checked (held: never reused)
+        self.owner: dict[str, str] = {}  # node -> job
+
+    def all_once(self, view: View) -> bool:
+        """True if no node is listed twice in ``view`` (free, or any job's); False forgets everything."""
+        ids = {j.id for j in view.jobs}
+        changed = [j for j in view.jobs if self.nodes.get(j.id) is not j.nodes]
+        for job_id in [k for k in self.nodes if k not in ids] + [j.id for j in changed]:
+            for node in self.nodes.pop(job_id, ()):
+                del self.owner[node]
+        owner = self.owner
+        for j in changed:
+            for node in j.nodes:
+                if node in owner:  # another job's, or twice in this one's
+                    return self._forget()
+                owner[node] = j.id
+            self.nodes[j.id] = j.nodes
+        free = view.free_nodes
+        if len(set(free)) != len(free) or any(node in owner for node in free):
+            return self._forget()
+        return True
+
+    def _forget(self) -> bool:
+        self.nodes.clear()
+        self.owner.clear()
+        return False
 
 
 def _name_the_duplicate(view: View) -> None:
@@ -176,17 +208,20 @@ class Policy:
         self._fragments: tuple[int, FragmentModel] | None = None
         self._fragments_version = 0
         self._guess: float | None = None  # guess_per_node within one decision (None: compute it)
+        self._points_epoch = 0  # bumped whenever some job's measured points change
+        self._guessed: tuple[dict, list, tuple, float] | None = None  # the last guess and what it was made of
         self._absorbs_fresh = False  # True once a decision's curves can no longer change
         self._absorbs_checked: set[str] = set()  # jobs whose absorbs() was checked since then
         self._population: tuple[tuple, list[float]] | None = None  # the population's rates > 0, sorted
         self._population_version = 0
         self._learned: dict[str, tuple[JobEvidence, int]] = {}  # evidence last learned from, at which version
         self._views: dict[str, tuple[JobView, JobView]] = {}  # a driver's job view -> it with sorted nodes
+        self._held = _HeldNodes()  # the nodes of the last view, checked
 
     # ------------------------------------------------------------------ the decision
 
     def decide(self, view: View, evidence: Evidence) -> Decision:
-        r = _Round(view, self._views)
+        r = _Round(view, self._views, self._held)
         self._guess = None
         try:
             self._forget_departed(r)
@@ -205,14 +240,21 @@ class Policy:
             self._guess = None  # outside a decision the state may change under us: computed afresh
 
     def guess(self) -> float:
-        """The population's per-node rate (:func:`beliefs.guess_per_node`), computed once per decision
-        (every place that changes the measured points or the population drops it)."""
+        """The population's per-node rate (:func:`beliefs.guess_per_node`), looked up once per decision
+        (every place that changes the measured points or the population drops it) and computed again
+        only when the points or the population changed since it was last computed."""
         if self._guess is None:
             st = self.state
             key = (id(st.population), len(st.population), self._population_version)
             if self._population is None or self._population[0] != key:
                 self._population = (key, sorted(r for r in st.population if r > 0))
-            self._guess = beliefs.guess_per_node(st.measured.values(), st.population, self._population[1])
+            sizes = (len(st.measured), len(st.population), self._population_version, self._points_epoch)
+            last = self._guessed
+            if last is None or last[0] is not st.measured or last[1] is not st.population or last[2] != sizes:
+                last = self._guessed = (st.measured, st.population, sizes,
+                                        beliefs.guess_per_node(st.measured.values(), st.population,
+                                                               self._population[1]))
+            self._guess = last[3]
         return self._guess
 
     # ------------------------------------------------------------------ bookkeeping
@@ -330,6 +372,7 @@ class Policy:
 
     def _bump(self, job_id: str) -> None:
         self._versions[job_id] = self._versions.get(job_id, 0) + 1
+        self._points_epoch += 1
         self._guess = None  # its measured points changed
 
     def _learn(self, r: _Round, evidence: Evidence) -> None:

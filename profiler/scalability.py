@@ -110,10 +110,25 @@ def fit_model(points: Mapping[int, float]) -> ScalingModel:
 def _fit(items: tuple[tuple[int, float], ...]) -> ScalingModel:
     """:func:`fit_model` of checked, sorted points (a pure function of them: cached, as the same
     curves are fitted again and again while a job's points do not change)."""
-    rows = [[v * f for f in _features(float(n))] for n, v in items]  # features / tau, tau = 1 / rate
-    # the normal equations of every subset are sub-blocks of the full ones: summed once
-    gram = [[sum(r[i] * r[j] for r in rows) for j in range(3)] for i in range(3)]
-    rhs = [sum(r[i] for r in rows) for i in range(3)]
+    rows = []
+    for n, v in items:  # features / tau, tau = 1 / rate
+        f = _features(float(n))
+        rows.append([v * f[0], v * f[1], v * f[2]])
+    # the normal equations of every subset are sub-blocks of the full ones: summed once, row after
+    # row as a sum over the rows adds them (the products are symmetric: the lower half mirrors)
+    g00 = g01 = g02 = g11 = g12 = g22 = h0 = h1 = h2 = 0.0
+    for r0, r1, r2 in rows:
+        g00 += r0 * r0
+        g01 += r0 * r1
+        g02 += r0 * r2
+        g11 += r1 * r1
+        g12 += r1 * r2
+        g22 += r2 * r2
+        h0 += r0
+        h1 += r1
+        h2 += r2
+    gram = [[g00, g01, g02], [g01, g11, g12], [g02, g12, g22]]
+    rhs = [h0, h1, h2]
     best: tuple[float, list[float]] | None = None
     for subset in _SUBSETS:
         if len(subset) > len(rows):
@@ -122,7 +137,7 @@ def _fit(items: tuple[tuple[int, float], ...]) -> ScalingModel:
                               lambda: [[r[k] for k in subset] for r in rows])
         if coef is None or any(c < 0 or not math.isfinite(c) for c in coef):
             continue
-        resid = sum((sum(r[k] * c for k, c in zip(subset, coef)) - 1.0) ** 2 for r in rows)
+        resid = _residual(rows, subset, coef)
         if best is None or resid < best[0] - 1e-12:
             full = [0.0, 0.0, 0.0]
             for k, c in zip(subset, coef):
@@ -134,6 +149,25 @@ def _fit(items: tuple[tuple[int, float], ...]) -> ScalingModel:
     return ScalingModel(a, b, c)
 
 
+def _residual(rows: list[list[float]], subset: tuple[int, ...], coef: list[float]) -> float:
+    """``sum over rows of (sum_k r[k] * coef_k - 1) ** 2``, written out per subset size: the same
+    float operations in the same order as the sums of generators it replaces, at a third of the cost."""
+    total = 0.0
+    if len(subset) == 1:
+        (k0,), (c0,) = subset, coef
+        for r in rows:
+            total += (r[k0] * c0 - 1.0) ** 2
+    elif len(subset) == 2:
+        (k0, k1), (c0, c1) = subset, coef
+        for r in rows:
+            total += (r[k0] * c0 + r[k1] * c1 - 1.0) ** 2
+    else:
+        (k0, k1, k2), (c0, c1, c2) = subset, coef
+        for r in rows:
+            total += (r[k0] * c0 + r[k1] * c1 + r[k2] * c2 - 1.0) ** 2
+    return total
+
+
 def _least_squares(a: list[list[float]], columns: Callable[[], list[list[float]]]) -> list[float] | None:
     """``argmin |x c - 1|`` for at most 3 columns from its normal equations ``a`` = ``[x'x | x'1]``, by
     Gaussian elimination (a few microseconds, where numpy's SVD on so small a system costs tens), or
@@ -142,19 +176,28 @@ def _least_squares(a: list[list[float]], columns: Callable[[], list[list[float]]
     a = [row[:] for row in a]
     scale = max(abs(a[i][i]) for i in range(k)) or 1.0
     for col in range(k):
-        piv = max(range(col, k), key=lambda i: abs(a[i][col]))
-        if abs(a[piv][col]) <= 1e-10 * scale:
+        piv, top = col, abs(a[col][col])  # partial pivoting: the first row of largest magnitude
+        for i in range(col + 1, k):
+            if abs(a[i][col]) > top:
+                piv, top = i, abs(a[i][col])
+        if top <= 1e-10 * scale:
             x = columns()
             coef, *_ = np.linalg.lstsq(np.array(x), np.ones(len(x)), rcond=None)
             return [float(v) for v in coef]
         a[col], a[piv] = a[piv], a[col]
+        pivot = a[col]
         for i in range(col + 1, k):
-            f = a[i][col] / a[col][col]
+            row = a[i]
+            f = row[col] / pivot[col]
             for j in range(col, k + 1):
-                a[i][j] -= f * a[col][j]
+                row[j] -= f * pivot[j]
     out = [0.0] * k
     for i in range(k - 1, -1, -1):
-        out[i] = (a[i][k] - sum(a[i][j] * out[j] for j in range(i + 1, k))) / a[i][i]
+        row = a[i]
+        acc = 0.0
+        for j in range(i + 1, k):
+            acc += row[j] * out[j]
+        out[i] = (row[k] - acc) / row[i]
     return out
 
 
@@ -212,6 +255,7 @@ class Scalability:
     measured: Mapping[int, float]
     source: Source
     model: ScalingModel = field(init=False, compare=False)
+    _points: dict[int, float] = field(init=False, compare=False, repr=False)  # :attr:`points`, made once
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prior", dict(self.prior))
@@ -220,7 +264,11 @@ class Scalability:
         _check_points(self.measured, f"{self.source.value} scalability measured")
         if not self.prior and not self.measured:
             raise ScalabilityError("scalability has no points (neither prior nor measured)")
-        object.__setattr__(self, "model", fit_model(self.points))
+        scale = self.calibration
+        out = {n: v * scale for n, v in self.prior.items() if n not in self.measured}
+        out.update(self.measured)
+        object.__setattr__(self, "_points", dict(sorted(out.items())))
+        object.__setattr__(self, "model", fit_model(self._points))
 
     @classmethod
     def from_user(cls, points: Mapping[int, float]) -> Scalability:
@@ -241,10 +289,7 @@ class Scalability:
 
     @property
     def points(self) -> dict[int, float]:
-        scale = self.calibration
-        out = {n: v * scale for n, v in self.prior.items() if n not in self.measured}
-        out.update(self.measured)
-        return dict(sorted(out.items()))
+        return dict(self._points)
 
     def predict(self, n: int) -> float:
         """The fitted model's samples/s at ``n`` (not snapped to measured points)."""
@@ -252,7 +297,7 @@ class Scalability:
 
     def rate(self, n: int) -> float:
         """Samples/s at ``n``: the point if there is one, else the model."""
-        pts = self.points
+        pts = self._points
         return pts[n] if n in pts else self.model.predict(n)
 
     def scaling_for(self, min_nodes: int, max_nodes: int, counts: Iterable[int] | None = None) -> dict[int, float]:
@@ -261,7 +306,7 @@ class Scalability:
         if min_nodes < 1 or max_nodes < min_nodes:
             raise ScalabilityError(f"scaling_for: bad range [{min_nodes}, {max_nodes}]")
         wanted = range(min_nodes, max_nodes + 1) if counts is None else sorted(set(counts))
-        pts = self.points
+        pts = self._points
         return {n: pts[n] if n in pts else self.model.predict(n) for n in wanted}
 
     def refine(self, n: int, rate: float) -> Scalability:

@@ -705,6 +705,27 @@ def test_bad_input_raises_policy_input_error():
         jv("")
 
 
+def test_a_node_listed_twice_is_named_in_every_view_whatever_the_last_one_was():
+    """The check is incremental (a job showing the node tuple it showed last time is not checked
+    again): a node taken twice must still be caught, against unchanged jobs and the free pool."""
+    pol = Policy(PolicyConfig(max_running=0))
+    b_nodes = ("n2", "n3")
+    a, b = jv("a", nodes=["n0", "n1"]), jv("b", nodes=b_nodes, order=1)
+    pol.decide(View(0.0, ("n4",), (a, b)), {})
+    for free, jobs, culprit in [
+        (("n4", "n4"), (a, b), "a free node is listed twice"),
+        (("n4",), (jv("a", nodes=["n0", "n2"]), jv("b", nodes=b_nodes, order=1)), "a node is listed twice"),
+        (("n3",), (a, jv("b", nodes=b_nodes, order=1)), "job b: a node is listed twice"),
+        (("n4",), (jv("a", nodes=["n0", "n0"]), b), "job a: a node is listed twice"),
+    ]:
+        with pytest.raises(PolicyInputError, match=culprit):
+            pol.decide(View(1.0, free, jobs), {})
+        pol.decide(View(2.0, ("n4",), (a, b)), {})  # a good view after a bad one is decided on
+    # a node that moves from one job to another in one view is not a duplicate
+    moved = pol.decide(View(3.0, ("n4",), (jv("a", nodes=["n0", "n1", "n2"]), jv("b", nodes=["n3"], order=1))), {})
+    assert sorted(n for nodes in moved.assignment.values() for n in nodes) == ["n0", "n1", "n2", "n3", "n4"]
+
+
 # ------------------------------------------------------------------ properties
 
 _ACTIONS = st.lists(st.tuples(st.sampled_from(["give", "recall", "submit", "finish", "measure", "wait"]),
