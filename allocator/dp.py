@@ -36,8 +36,24 @@ def solve_items(items: list[Item], capacity: int) -> tuple[list[int], float]:
     """
     if capacity < 0:
         raise InfeasibleError(f"capacity {capacity} < 0")
+    if len(items) == 1:  # most reduced problems: no table to fill
+        return _solve_one(items[0], capacity)
     rows = _forward(items, capacity)
     return _backtrack(items, rows, capacity), float(rows[-1][capacity])
+
+
+def _solve_one(item: Item, capacity: int) -> tuple[list[int], float]:
+    """:func:`solve_items` of one item, as the table would give it: the best value that fits (each
+    summed onto the empty row's 0.0), the first choice reaching it in preference order."""
+    weights, values = item.weights.tolist(), item.values.tolist()
+    fits = [0.0 + v for w, v in zip(weights, values) if w <= capacity]
+    if not fits:
+        raise InfeasibleError(f"item 0: no choice fits capacity {capacity}")
+    best = max(fits)
+    for idx in item.preference.tolist():
+        if weights[idx] <= capacity and 0.0 + values[idx] == best:
+            return [idx], best
+    raise AssertionError("unreachable: the best value is some choice's")  # pragma: no cover
 
 
 def _forward(items: list[Item], capacity: int) -> list[np.ndarray]:

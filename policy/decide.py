@@ -516,8 +516,8 @@ class Policy:
         st, cfg = self.state, self.config
         admitted = set(st.admitted)
         front = [j for j in st.queue_front if j not in admitted]
-        rest = sorted((j for j in r.jobs.values() if j.id not in admitted and j.id not in set(front)),
-                      key=lambda j: (j.order, j.id))
+        placed = admitted.union(front)
+        rest = sorted((j for j in r.jobs.values() if j.id not in placed), key=lambda j: (j.order, j.id))
         queue = front + [j.id for j in rest]
         slots = cfg.max_running or math.inf
         adaptive = cfg.admission is Admission.ADAPTIVE and cfg.max_running > 0

@@ -133,8 +133,14 @@ def _fit(items: tuple[tuple[int, float], ...]) -> ScalingModel:
     for subset in _SUBSETS:
         if len(subset) > len(rows):
             continue
-        coef = _least_squares([[gram[i][j] for j in subset] + [rhs[i]] for i in subset],
-                              lambda: [[r[k] for k in subset] for r in rows])
+        columns = functools.partial(_columns, rows, subset)
+        if len(subset) == 1:
+            coef = _least_squares_1(gram[subset[0]][subset[0]], rhs[subset[0]], columns)
+        elif len(subset) == 2:
+            i, j = subset
+            coef = _least_squares_2(gram[i][i], gram[i][j], gram[j][i], gram[j][j], rhs[i], rhs[j], columns)
+        else:
+            coef = _least_squares([[gram[i][j] for j in subset] + [rhs[i]] for i in subset], columns)
         if coef is None or any(c < 0 or not math.isfinite(c) for c in coef):
             continue
         resid = _residual(rows, subset, coef)
@@ -168,6 +174,39 @@ def _residual(rows: list[list[float]], subset: tuple[int, ...], coef: list[float
     return total
 
 
+def _columns(rows: list[list[float]], subset: tuple[int, ...]) -> list[list[float]]:
+    return [[r[k] for k in subset] for r in rows]
+
+
+def _least_squares_1(a: float, b: float, columns: Callable[[], list[list[float]]]) -> list[float] | None:
+    """:func:`_least_squares` of one column, written out (the same float operations)."""
+    if abs(a) <= 1e-10 * (abs(a) or 1.0):
+        return _lstsq(columns())
+    return [(b - 0.0) / a]
+
+
+def _least_squares_2(a00: float, a01: float, a10: float, a11: float, b0: float, b1: float,
+                     columns: Callable[[], list[list[float]]]) -> list[float] | None:
+    """:func:`_least_squares` of two columns, written out (the same pivoting and float operations)."""
+    scale = max(abs(a00), abs(a11)) or 1.0
+    if abs(a10) > abs(a00):
+        a00, a01, b0, a10, a11, b1 = a10, a11, b1, a00, a01, b0
+    if abs(a00) <= 1e-10 * scale:
+        return _lstsq(columns())
+    f = a10 / a00
+    a11 -= f * a01
+    b1 -= f * b0
+    if abs(a11) <= 1e-10 * scale:
+        return _lstsq(columns())
+    out1 = (b1 - 0.0) / a11
+    return [(b0 - (0.0 + a01 * out1)) / a00, out1]
+
+
+def _lstsq(x: list[list[float]]) -> list[float]:
+    coef, *_ = np.linalg.lstsq(np.array(x), np.ones(len(x)), rcond=None)
+    return [float(v) for v in coef]
+
+
 def _least_squares(a: list[list[float]], columns: Callable[[], list[list[float]]]) -> list[float] | None:
     """``argmin |x c - 1|`` for at most 3 columns from its normal equations ``a`` = ``[x'x | x'1]``, by
     Gaussian elimination (a few microseconds, where numpy's SVD on so small a system costs tens), or
@@ -181,9 +220,7 @@ def _least_squares(a: list[list[float]], columns: Callable[[], list[list[float]]
             if abs(a[i][col]) > top:
                 piv, top = i, abs(a[i][col])
         if top <= 1e-10 * scale:
-            x = columns()
-            coef, *_ = np.linalg.lstsq(np.array(x), np.ones(len(x)), rcond=None)
-            return [float(v) for v in coef]
+            return _lstsq(columns())
         a[col], a[piv] = a[piv], a[col]
         pivot = a[col]
         for i in range(col + 1, k):
