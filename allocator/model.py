@@ -7,6 +7,7 @@ build a :class:`Problem` and call :func:`allocator.solve` on it.
 from __future__ import annotations
 
 import bisect
+import math
 import numbers
 from dataclasses import dataclass, field
 from itertools import chain
@@ -41,6 +42,14 @@ def throughput_at(scaling: Mapping[int, float], n: int) -> float:
     return y0 + (y1 - y0) * (n - x0) / (x1 - x0)
 
 
+def _plain_curve(scaling: Mapping[int, float]) -> bool:
+    """Every count a plain int >= 1 and every rate a finite number >= 0."""
+    for n, v in scaling.items():
+        if type(n) is not int or n < 1 or not 0.0 <= v < math.inf:
+            return False
+    return True
+
+
 @dataclass(frozen=True)
 class Job:
     """An elastic data-parallel job as the allocator sees it.
@@ -64,6 +73,10 @@ class Job:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "current", len(self.nodes))
+        if (type(self.id) is str and self.id and type(self.min_nodes) is int and type(self.max_nodes) is int
+                and 1 <= self.min_nodes <= self.max_nodes and self.scaling and _plain_curve(self.scaling)
+                and self.up_cost_s >= 0 and self.down_cost_s >= 0 and len(set(self.nodes)) == len(self.nodes)):
+            return  # the common case, checked in one pass
         if not isinstance(self.id, str) or not self.id:
             raise ProblemError(f"job id must be a non-empty string, got {self.id!r}")
         if self.min_nodes < 1:

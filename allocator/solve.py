@@ -23,6 +23,8 @@ import numbers
 import time
 from typing import Callable
 
+import numpy as np
+
 from allocator import fast, milp, reference
 from allocator.model import Job, Plan, Problem, ProblemError
 from allocator.values import Tables, build_tables, plan_objective
@@ -99,7 +101,8 @@ def solve(problem: Problem, method: str = "auto") -> Plan:
         assignment, counts = node_plan.assignment, node_plan.counts
     else:
         picks = _count_solvers()[method](tables, problem.total_nodes)
-        counts = {job.id: int(tables.counts[j, i]) for j, (job, i) in enumerate(zip(problem.jobs, picks))}
+        chosen = tables.counts[np.arange(len(picks), dtype=np.int64), np.asarray(picks, np.int64)].tolist()
+        counts = {job.id: n for job, n in zip(problem.jobs, chosen)}
         assignment = assign_nodes(problem, counts)
     objective = plan_objective(problem, counts)
     return Plan(assignment, objective, time.perf_counter() - t0, method, counts)

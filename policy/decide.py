@@ -132,6 +132,7 @@ class _Round:
         self.lender_used = False
         self.stop: dict[str, str] = {}  # jobs the driver must end, with the reason
         self.weights: dict[str, float] = {}  # deadline weights of this decision
+        self.absorb: int | None = None  # what the admitted jobs absorb, once the suspensions summed it
         # every node the driver holds: free (the real count) plus the admitted and queued jobs' nodes
         self.total_nodes = view.free_count + sum(j.count for j in view.jobs)
 
@@ -345,6 +346,7 @@ class Policy:
             r.released.extend(n for n in job.nodes if n not in r.released)
             absorb = others
             r.note(EventKind.SUSPENDED, job_id, nodes=job.count)
+        r.absorb = absorb
 
     def absorbs(self, job: JobView) -> int:
         """The nodes ``job`` can put to use: its max, or the count past which its believed curve gains
@@ -538,8 +540,10 @@ class Policy:
             job = r.jobs[job_id]
             extra = len(st.admitted) >= slots
             if extra:
-                if absorb is None:
-                    absorb = sum(self.absorbs(r.jobs[j]) for j in st.admitted) if adaptive else 0
+                if absorb is None:  # summed by the suspensions already, if they weighed any job
+                    absorb = r.absorb
+                    if absorb is None:
+                        absorb = sum(self.absorbs(r.jobs[j]) for j in st.admitted) if adaptive else 0
                 surplus = r.total_nodes - self._reserved() - absorb
                 if extra_closed or not adaptive or len(st.admitted) >= cap or surplus < job.min_nodes:
                     waiting[job_id] = f"all {cfg.max_running} slots are taken (max_running)"
