@@ -213,6 +213,7 @@ class Policy:
         self._guessed: tuple[dict, list, tuple, float] | None = None  # the last guess and what it was made of
         self._absorbs_fresh = False  # True once a decision's curves can no longer change
         self._absorbs_checked: set[str] = set()  # jobs whose absorbs() was checked since then
+        self._curve_checked: set[str] = set()  # jobs whose unweighted curve was looked up since then
         self._population: tuple[tuple, list[float]] | None = None  # the population's rates > 0, sorted
         self._population_version = 0
         self._learned: dict[str, tuple[JobEvidence, int]] = {}  # evidence last learned from, at which version
@@ -238,6 +239,7 @@ class Policy:
         finally:
             self._absorbs_fresh = False
             self._absorbs_checked.clear()
+            self._curve_checked.clear()
             self._guess = None  # outside a decision the state may change under us: computed afresh
 
     def guess(self) -> float:
@@ -714,12 +716,19 @@ class Policy:
         return assignment, plan.objective, plan.solve_seconds, plan.method
 
     def _curve(self, job: JobView, guess: float, weight: float = 1.0) -> dict[int, float]:
+        settled = self._absorbs_fresh and weight == 1.0
+        if settled and job.id in self._curve_checked:
+            return self._curves[job.id][1]  # looked up in this decision, past anything that changes it
         st = self.state
         uses_pool = not job.scaling and self.config.prior is None
         uses_guess = uses_pool and not st.measured.get(job.id)
         key = (self._versions.get(job.id, 0), job.min_nodes, job.max_nodes, guess if uses_guess else None,
                self._shapes_version if uses_pool else None, weight)
         hit = self._curves.get(job.id)
+        if settled:
+            self._curve_checked.add(job.id)
+        else:
+            self._curve_checked.discard(job.id)  # the entry below is for another weight
         if hit is not None and hit[0] == key:
             return hit[1]
         raw = beliefs.allocator_curve(job, self.scalability(job, guess))
