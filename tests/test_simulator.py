@@ -324,6 +324,24 @@ def test_evidence_comes_from_the_simulated_monitor():
     assert set(pol.policy.state.measured[j.id]) == {2, 3}  # the policy learned both counts from them
 
 
+def test_monitor_evidence_is_evidence_from_its_rates_and_events():
+    # the monitor summarises its rescale events once per probe: what it shows is still what
+    # policy.evidence_from(rates, events) makes, at every moment
+    from policy import evidence_from
+    from simulator.monitor import SimJobMonitor
+
+    mon = SimJobMonitor("j", FAST, seed=3)
+    t = 0.0
+    for old, new in [(0, 2), (2, 3), (3, 1), (1, 4), (4, 0), (0, 2)]:
+        mon.change(t, old, new, t + 5.0)
+        for dt in (1.0, 3.0, 7.0, 20.0):
+            ev = mon.evidence(t + dt)
+            assert ev == evidence_from(mon.rates, mon.events)
+            assert mon.evidence(t + dt) is ev  # nothing new: the same object
+        t += 40.0
+    assert len(mon.events) == 3 and len(mon.rates) == 4
+
+
 def test_the_policy_reads_measured_rescale_costs_not_the_true_ones():
     # growing 2 -> 3 -> 4 nodes adds 10 samples/s each time; over Tfwd 120 s that is worth 1200 samples.
     # The true up pause is 50 s. Before any measurement the policy assumes the default 10 s (cost at
