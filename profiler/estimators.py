@@ -30,8 +30,10 @@ Rescale cost
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, insort
 from collections import deque
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Iterable
 
 from profiler.records import Record, RecordError
@@ -76,21 +78,43 @@ def median_ci(values: Iterable[float]) -> tuple[float, float, float]:
     n = len(xs)
     if n == 0:
         raise ValueError("median_ci of no values")
-    spread = _Z_HALF * math.sqrt(n)
-    lo = min(n, max(1, round(n / 2 - spread)))
-    hi = min(n, max(1, round(1 + n / 2 + spread)))
+    return _median_ci_sorted(xs)
+
+
+def _median_ci_sorted(xs: list[float]) -> tuple[float, float, float]:
+    """:func:`median_ci` of values already sorted (at least one)."""
+    lo, hi = _ci_ranks(len(xs))
     return _median_sorted(xs), xs[lo - 1], xs[hi - 1]
 
 
-class _SizeStats:
-    """Per-world-size window of per-step rates, with a cached estimate."""
+@lru_cache(maxsize=1024)
+def _ci_ranks(n: int) -> tuple[int, int]:
+    """The 1-based ranks of :func:`median_ci`'s bounds among ``n`` values (they depend on ``n`` only)."""
+    spread = _Z_HALF * math.sqrt(n)
+    return min(n, max(1, round(n / 2 - spread))), min(n, max(1, round(1 + n / 2 + spread)))
 
-    __slots__ = ("rates", "total", "cache")
+
+class _SizeStats:
+    """Per-world-size window of per-step rates (in arrival order and sorted), with a cached estimate."""
+
+    __slots__ = ("rates", "ordered", "total", "cache")
 
     def __init__(self, window: int | None) -> None:
         self.rates: deque[float] = deque(maxlen=window)
+        # the same rates kept sorted as they come and go: an estimate after every step (the simulated
+        # monitor takes one) then reads its median and bounds without sorting the window again
+        self.ordered: list[float] = []
         self.total = 0
         self.cache: Estimate | None = None
+
+    def push(self, rate: float) -> None:
+        rates = self.rates
+        if len(rates) == rates.maxlen:  # the oldest leaves the window
+            del self.ordered[bisect_left(self.ordered, rates[0])]
+        rates.append(rate)
+        insort(self.ordered, rate)
+        self.total += 1
+        self.cache = None
 
 
 def _check_knobs(warmup_steps: int, min_steps: int, window: int | None) -> None:
@@ -159,9 +183,7 @@ class ThroughputEstimator(_OrderedStream):
         stats = self._stats.get(ws)
         if stats is None:
             stats = self._stats[ws] = _SizeStats(self.window)
-        stats.rates.append(record.samples / (ts - last))  # type: ignore[operator]
-        stats.total += 1
-        stats.cache = None
+        stats.push(record.samples / (ts - last))  # type: ignore[operator]
 
     def extend(self, records: Iterable[Record]) -> None:
         for record in records:
@@ -173,8 +195,8 @@ class ThroughputEstimator(_OrderedStream):
         if stats is None or not stats.rates:
             return None
         if stats.cache is None:
-            med, lo, hi = median_ci(stats.rates)
-            n = len(stats.rates)
+            med, lo, hi = _median_ci_sorted(stats.ordered)
+            n = len(stats.ordered)
             rel = (hi - lo) / (2.0 * med) if n >= self.min_steps and med > 0 else math.inf
             stats.cache = Estimate(world_size, med, n, rel, stats.total)
         return stats.cache

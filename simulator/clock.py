@@ -39,6 +39,9 @@ class Priority(enum.IntEnum):
     END = 4  # the end of the replay window, after everything else at that time
 
 
+_PRIORITIES: dict[int, Priority] = {int(p): p for p in Priority}  # a lookup, cheaper than calling the enum
+
+
 class EventQueue(Generic[T]):
     """A heap of ``(time, priority, seq, payload)`` with deterministic ties."""
 
@@ -55,7 +58,7 @@ class EventQueue(Generic[T]):
 
     def pop(self) -> tuple[float, Priority, T]:
         t, p, _, payload = heapq.heappop(self._heap)
-        return t, Priority(p), payload
+        return t, _PRIORITIES[p], payload
 
     def __len__(self) -> int:
         return len(self._heap)

@@ -17,10 +17,10 @@ from itertools import islice
 from typing import TYPE_CHECKING, Iterator, Mapping
 
 from allocator import throughput_at
-from profiler import Record, Segment, ThroughputEstimator, iter_records, synthesize
+from policy import JobEvidence, evidence_from
+from profiler import Record, RescaleCosts, Segment, ThroughputEstimator, iter_records, rescale_events, synthesize
 
 if TYPE_CHECKING:
-    from policy import JobEvidence
     from profiler import Estimate, RescaleEvent
 
 PER_NODE_BATCH = 256  # samples per node per step (e.g. 6 GPUs x ~43 images)
@@ -38,7 +38,7 @@ def step_seconds(true_curve: Mapping[int, float], n: int) -> float:
 
 
 def _seed(*parts: object) -> int:
-    return zlib.crc32(":".join(str(p) for p in parts).encode())
+    return zlib.crc32(":".join(map(str, parts)).encode())
 
 
 class StepFeed:
@@ -137,7 +137,9 @@ class SimJobMonitor:
         self._snaps: list[tuple[float, "Estimate"]] = []  # (record time, estimate after it), current run
         self._pos = 0
         self._runs = 0
-        self._evidence: "JobEvidence | None" = None
+        self._evidence: JobEvidence | None = None
+        self._costs: RescaleCosts | None = None  # the events' summary, made when a probe adds an event
+        self._costs_of = 0  # how many events it summarises
 
     def change(self, t: float, old_n: int, new_n: int, resume_at: float) -> None:
         """The job went from ``old_n`` to ``new_n`` nodes at ``t`` and works again from ``resume_at``."""
@@ -148,11 +150,13 @@ class SimJobMonitor:
         if self.want_rates and new_n > 0:
             self._start_run(new_n, max(t, resume_at))
 
-    def evidence(self, now: float) -> "JobEvidence":
-        from policy import evidence_from
-
+    def evidence(self, now: float) -> JobEvidence:
         if self._feed(now) or self._evidence is None:
-            self._evidence = evidence_from(self.rates, self.events)
+            # what evidence_from(self.rates, self.events) makes; its summary of the events is redone
+            # only when a probe added one, not at every new estimate
+            if self._costs_of != len(self.events):
+                self._costs, self._costs_of = evidence_from({}, self.events).costs, len(self.events)
+            self._evidence = JobEvidence(dict(self.rates), self._costs)
         return self._evidence
 
     def _feed(self, now: float) -> bool:
@@ -168,18 +172,18 @@ class SimJobMonitor:
         self._runs += 1
         feed = StepFeed(self.job_id, self.curve, n, start, seed=_seed(self.seed, self._runs), noise=self.noise)
         est = ThroughputEstimator()
+        add, estimate, snaps = est.add, est.estimate, self._snaps  # (bound once: up to 128 records a run)
+        min_steps, rel_ci = est.min_steps, self.rel_ci
         for rec in islice(feed.records(), MAX_CHUNKS * CHUNK):  # drawn until the estimate is stable
-            est.add(rec)
-            e = est.estimate(n)
+            add(rec)
+            e = estimate(n)
             if e is not None:
-                self._snaps.append((rec.timestamp, e))
-                if e.n_steps >= est.min_steps and e.rel_ci <= self.rel_ci:
+                snaps.append((rec.timestamp, e))
+                if e.n_steps >= min_steps and e.rel_ci <= rel_ci:
                     self.stable_at = rec.timestamp
                     return
 
     def _probe(self, t: float, old_n: int, new_n: int, pause: float) -> None:
-        from profiler import rescale_events
-
         old_s, new_s = step_seconds(self.curve, old_n), step_seconds(self.curve, new_n)
         segs = [Segment(old_n, PROBE_STEPS, old_s, old_n * PER_NODE_BATCH),
                 Segment(new_n, PROBE_STEPS, new_s, new_n * PER_NODE_BATCH, pause_before_s=pause)]

@@ -128,11 +128,41 @@ def is_valid(spec: CellSpec | None) -> bool:
 def sample_cell(rng: np.random.Generator) -> CellSpec:
     """One valid cell, by the benchmark's rejection sampling (see the module docstring)."""
     while True:
-        m = np.triu(rng.integers(0, 2, size=(MAX_VERTICES, MAX_VERTICES)), 1)
-        interior = [OPS[int(i)] for i in rng.integers(0, len(OPS), size=MAX_VERTICES - 2)]
-        spec = prune(m, [INPUT, *interior, OUTPUT])
-        if is_valid(spec):
-            return spec  # type: ignore[return-value]
+        # two draws per try, always both (the stream of cells depends on it); numpy only draws: on a
+        # 7x7 matrix its calls cost more than the plain-Python prune of _sampled
+        full = rng.integers(0, 2, size=(MAX_VERTICES, MAX_VERTICES)).tolist()
+        drawn = rng.integers(0, len(OPS), size=MAX_VERTICES - 2).tolist()
+        spec = _sampled(full, drawn)
+        if spec is not None:
+            return spec
+
+
+def _sampled(full: list[list[int]], drawn: list[int]) -> CellSpec | None:
+    """``prune`` of the upper triangle of ``full`` with ops ``drawn`` when :func:`is_valid`, else ``None``.
+
+    On a drawn matrix the checks of :func:`is_valid` reduce to the edge limit: the pruned cell keeps
+    input and output, known ops and the upper triangle, has at most ``MAX_VERTICES`` vertices, and a
+    vertex on an input->output path has its whole path kept. Rows are bit masks; as edges only go up,
+    one pass in each direction finds what the input reaches and what reaches the output.
+    """
+    n = len(full)
+    masks = [sum(1 << j for j in range(i + 1, n) if row[j]) for i, row in enumerate(full)]
+    fwd = 1
+    for i in range(n):
+        if fwd >> i & 1:
+            fwd |= masks[i]
+    bwd = 1 << (n - 1)
+    for i in range(n - 2, -1, -1):
+        if masks[i] & bwd:
+            bwd |= 1 << i
+    keep = fwd & bwd
+    if not keep & 1:
+        return None  # the input does not reach the output
+    kept = [i for i in range(n) if keep >> i & 1]
+    if sum((masks[i] & keep).bit_count() for i in kept) > MAX_EDGES:
+        return None
+    ops = (INPUT, *(OPS[k] for k in drawn), OUTPUT)
+    return CellSpec(tuple(tuple(masks[i] >> j & 1 for j in kept) for i in kept), tuple(ops[i] for i in kept))
 
 
 def vertex_channels(c_in: int, c_out: int, matrix: np.ndarray | Rows) -> list[int]:

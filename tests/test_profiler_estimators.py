@@ -226,3 +226,45 @@ def test_property_noise_free_streams(raw: list[Segment]) -> None:
         assert ev.pause_s >= 0.0
         if b.steps >= 4:  # anchor + 2 warm-up + 1 steady step at the new size: exact
             assert ev.pause_s == pytest.approx(b.pause_before_s, abs=1e-6)
+
+
+step_st = st.tuples(st.floats(0.01, 2.0), st.integers(1, 8))
+run_st = st.tuples(st.integers(1, 3), st.lists(step_st, min_size=1, max_size=30))
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(run_st, min_size=1, max_size=5), st.sampled_from([None, 5, 8]))
+def test_estimates_are_those_of_the_sorted_window(runs: list[tuple[int, list[tuple[float, int]]]],
+                                                  window: int | None) -> None:
+    # the window is kept sorted as rates come and go: every estimate is the one median_ci of the
+    # window in arrival order gives (equal rates and evictions included)
+    est = ThroughputEstimator(warmup_steps=1, window=window, min_steps=5)
+    t = 0.0
+    rates: dict[int, list[float]] = {}
+    last_ws, pos = 0, 0
+    for ws, dt, samples in ((ws, dt, samples) for ws, run in runs for dt, samples in run):
+        prev, t = t, float(round(t + max(0.1, round(dt, 1)), 1))  # repeated rates
+        pos = pos + 1 if ws == last_ws else 1
+        est.add(Record(samples, t, ws))
+        if pos > 2:  # past the segment's first record and its warm-up step
+            rates.setdefault(ws, []).append(samples / (t - prev))
+        last_ws = ws
+        for size, all_rates in rates.items():
+            kept = all_rates if window is None else all_rates[-window:]
+            med, lo, hi = median_ci(kept)
+            e = est.estimate(size)
+            assert e is not None and (e.rate, e.n_steps, e.total_steps) == (med, len(kept), len(all_rates))
+            assert e.rel_ci == ((hi - lo) / (2.0 * med) if len(kept) >= 5 else math.inf)
+
+
+def test_noisy_records_are_uniform_draws_of_their_seed() -> None:
+    # synthesize's noise is random.Random(seed).uniform(1 - noise, 1 + noise) per step, whatever the
+    # generator does to draw it fast
+    import random
+
+    rng = random.Random(11)
+    recs = synthesize([Segment(2, 6, 0.5, 64, warmup_steps=2, warmup_factor=2.0)], start=3.0, noise=0.03, seed=11)
+    t = 3.0
+    for i, rec in enumerate(recs):
+        t += 0.5 * (2.0 if 1 <= i <= 2 else 1.0) * rng.uniform(0.97, 1.03)
+        assert rec == Record(64, t, 2)

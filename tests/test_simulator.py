@@ -111,6 +111,14 @@ def test_event_queue_orders_ties_by_priority_then_insertion():
     assert [q.pop()[2] for _ in range(len(q))] == ["early", "done", "trace-1", "trace-2", "arrival"]
 
 
+def test_event_queue_pops_priorities_as_members():
+    q: EventQueue[str] = EventQueue()
+    for p in Priority:
+        q.push(1.0, p, p.name)
+    assert [q.pop()[1:] for _ in range(len(q))] == [(p, p.name) for p in Priority]
+    assert all(type(p) is Priority for p in Priority)
+
+
 def test_clock_never_goes_back():
     clock = SimClock(10.0)
     clock.advance_to(12.5)
@@ -322,6 +330,53 @@ def test_evidence_comes_from_the_simulated_monitor():
     assert (ev.costs.n_up, ev.costs.n_down) == (1, 1)
     assert ev.costs.up_s == pytest.approx(5.0, abs=0.5) and ev.costs.down_s == pytest.approx(3.0, abs=0.5)
     assert set(pol.policy.state.measured[j.id]) == {2, 3}  # the policy learned both counts from them
+
+
+def test_monitor_evidence_is_evidence_from_its_rates_and_events():
+    # the monitor summarises its rescale events once per probe: what it shows is still what
+    # policy.evidence_from(rates, events) makes, at every moment
+    from policy import evidence_from
+    from simulator.monitor import SimJobMonitor
+
+    mon = SimJobMonitor("j", FAST, seed=3)
+    t = 0.0
+    for old, new in [(0, 2), (2, 3), (3, 1), (1, 4), (4, 0), (0, 2)]:
+        mon.change(t, old, new, t + 5.0)
+        for dt in (1.0, 3.0, 7.0, 20.0):
+            ev = mon.evidence(t + dt)
+            assert ev == evidence_from(mon.rates, mon.events)
+            assert mon.evidence(t + dt) is ev  # nothing new: the same object
+        t += 40.0
+    assert len(mon.events) == 3 and len(mon.rates) == 4
+
+
+def test_job_views_moved_on_equal_the_constructors():
+    # a running job's view is its previous one with the new work_left; it must be the JobView the
+    # constructor makes
+    from policy import JobView
+    from simulator.engine import _job_view
+
+    # job a stays at its 2 nodes while nodes come and go (a decision each time); b finishes early
+    changes = [(50.0, "c", True), (100.0, "d", True), (150.0, "c", False), (200.0, "e", True), (250.0, "d", False)]
+    tl = timeline("abcde", "ab", changes, end=300.0)
+    sim = Simulator(tl, workload(job(max_nodes=2), job("b", samples=5e3)), named("greedy"), SimConfig())
+    shown: list[tuple[object, JobView]] = []
+    real = sim.policy.decide
+
+    def decide(view: View, evidence: Evidence) -> Decision:
+        shown.extend((sim.jobs[v.id], v) for v in view.jobs)
+        return real(view, evidence)
+
+    sim.policy.decide = decide  # type: ignore[method-assign]
+    sim.run()
+    assert len(shown) > 4
+    for simjob, v in shown:
+        spec = simjob.spec  # type: ignore[attr-defined]
+        fresh = JobView(id=v.id, min_nodes=spec.min_nodes, max_nodes=spec.max_nodes, nodes=v.nodes, order=v.order,
+                        last_interrupted=v.last_interrupted, scaling=simjob.user_curve,  # type: ignore[attr-defined]
+                        profile=False, work_left=v.work_left)
+        assert v == fresh and vars(v) == vars(fresh)
+    assert _job_view(sim.jobs["j00000"]) is _job_view(sim.jobs["j00000"])
 
 
 def test_the_policy_reads_measured_rescale_costs_not_the_true_ones():

@@ -57,6 +57,38 @@ def test_sampler_only_yields_valid_specs():
     assert MAX_VERTICES in sizes and min(sizes) < MAX_VERTICES  # pruning really shrinks some
 
 
+def _numpy_sampler(rng: np.random.Generator) -> CellSpec:
+    """The sampler as first written, on numpy arrays (what sample_cell must go on drawing)."""
+    while True:
+        m = np.triu(rng.integers(0, 2, size=(MAX_VERTICES, MAX_VERTICES)), 1)
+        interior = [OPS[int(i)] for i in rng.integers(0, len(OPS), size=MAX_VERTICES - 2)]
+        spec = prune(m, [INPUT, *interior, OUTPUT])
+        if is_valid(spec):
+            return spec  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_sampler_draws_the_cells_of_the_numpy_sampler(seed: int):
+    a, b = np.random.default_rng(seed), np.random.default_rng(seed)
+    for _ in range(3000):
+        assert sample_cell(a) == _numpy_sampler(b)
+    assert a.random() == b.random()  # and leaves the generator where it did
+
+
+def test_plain_prune_of_a_draw_agrees_with_prune_and_is_valid():
+    from simulator.nb101 import _sampled
+
+    rng = np.random.default_rng(3)
+    kept = 0
+    for _ in range(20000):
+        full, drawn = rng.integers(0, 2, size=(7, 7)), rng.integers(0, len(OPS), size=5)
+        spec = prune(np.triu(full, 1), [INPUT, *(OPS[int(i)] for i in drawn), OUTPUT])
+        fast = _sampled(full.tolist(), drawn.tolist())
+        assert fast == (spec if is_valid(spec) else None)
+        kept += fast is not None
+    assert 0 < kept < 20000
+
+
 def test_prune_drops_dangling_vertices_and_rejects_disconnected():
     # vertex 2 is fed by the input but feeds nothing: pruned; vertex 3 is unreachable: pruned
     m = [[0, 1, 1, 0, 0], [0, 0, 0, 0, 1], [0, 0, 0, 0, 0], [0, 0, 0, 0, 1], [0, 0, 0, 0, 0]]

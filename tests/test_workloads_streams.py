@@ -106,3 +106,27 @@ def test_without_measured_curves_the_stored_constants_are_used():
 def test_unknown_names_still_fail_with_the_list():
     with pytest.raises(WorkloadError, match="neither nas, hpo nor an existing file.*stress, imagenet7"):
         make_workload("imagenet", synthetic_scaling())
+
+
+def test_nas_jobs_of_one_cell_have_equal_but_separate_curves():
+    # a cell's network is costed once (cached); every job still gets a curve dict of its own
+    from simulator import nb101
+    from simulator.perfmodel import curve
+    from simulator.streams import nas_draw
+
+    rng = np.random.default_rng(0)
+    seen: dict[str, dict[int, float]] = {}
+    repeats = 0
+    for _ in range(400):
+        state = rng.bit_generator.state
+        d = nas_draw(rng, SUMMIT_V100)
+        rng2 = np.random.default_rng()
+        rng2.bit_generator.state = state
+        cost = nb101.network_cost(nb101.sample_cell(rng2))
+        assert (d.params, d.macs) == (cost.params, cost.macs)
+        assert d.curve == curve(cost, d.per_node_batch, SUMMIT_V100)
+        if d.model in seen:
+            repeats += 1
+            assert seen[d.model] == d.curve and seen[d.model] is not d.curve
+        seen[d.model] = d.curve
+    assert repeats > 0
