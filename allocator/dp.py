@@ -18,11 +18,18 @@ import numpy as np
 
 @dataclass(frozen=True)
 class Item:
-    """One item of the knapsack: its choices' weights, values and tie-break order."""
+    """One item of the knapsack: its choices' weights, values and tie-break order (plain lists;
+    numpy arrays given are turned into lists once)."""
 
-    weights: np.ndarray  # int64, >= 0
-    values: np.ndarray  # float64
-    preference: np.ndarray  # indices into weights, most preferred first
+    weights: list[int]  # >= 0
+    values: list[float]
+    preference: list[int]  # indices into weights, most preferred first
+
+    def __post_init__(self) -> None:
+        for name in ("weights", "values", "preference"):
+            value = getattr(self, name)
+            if not isinstance(value, list):
+                object.__setattr__(self, name, np.asarray(value).tolist())
 
 
 class InfeasibleError(ValueError):
@@ -45,12 +52,12 @@ def solve_items(items: list[Item], capacity: int) -> tuple[list[int], float]:
 def _solve_one(item: Item, capacity: int) -> tuple[list[int], float]:
     """:func:`solve_items` of one item, as the table would give it: the best value that fits (each
     summed onto the empty row's 0.0), the first choice reaching it in preference order."""
-    weights, values = item.weights.tolist(), item.values.tolist()
+    weights, values = item.weights, item.values
     fits = [0.0 + v for w, v in zip(weights, values) if w <= capacity]
     if not fits:
         raise InfeasibleError(f"item 0: no choice fits capacity {capacity}")
     best = max(fits)
-    for idx in item.preference.tolist():
+    for idx in item.preference:
         if weights[idx] <= capacity and 0.0 + values[idx] == best:
             return [idx], best
     raise AssertionError("unreachable: the best value is some choice's")  # pragma: no cover
@@ -64,9 +71,9 @@ def _forward(items: list[Item], capacity: int) -> list[np.ndarray]:
     reach = 0
     for pos, item in enumerate(items):
         new = np.full(width, -np.inf)
-        reach = min(capacity, reach + int(item.weights.max(initial=0)))
+        reach = min(capacity, reach + max(item.weights, default=0))
         top = reach + 1
-        for w, v in zip(item.weights.tolist(), item.values.tolist()):
+        for w, v in zip(item.weights, item.values):
             if w >= top:
                 continue
             n = top - w
@@ -86,8 +93,8 @@ def _backtrack(items: list[Item], rows: list[np.ndarray], capacity: int) -> list
     c = capacity
     for j in range(len(items) - 1, -1, -1):
         item, prev, target = items[j], rows[j], float(rows[j + 1][c])
-        weights, values = item.weights.tolist(), item.values.tolist()
-        for idx in item.preference.tolist():
+        weights, values = item.weights, item.values
+        for idx in item.preference:
             w = weights[idx]
             if w <= c and float(prev[c - w]) + values[idx] == target:
                 picks[j] = idx

@@ -222,27 +222,33 @@ def _solve_reduced(tables: Tables, keep: np.ndarray, capacity: int) -> np.ndarra
     room = capacity - int(tables.counts[rows, first].sum())
     if room < 0:
         return None
-    items: list[Item] = []
-    owners: list[tuple[int, np.ndarray]] = []
-    for j in np.flatnonzero(alive > 1).tolist():
-        live = np.flatnonzero(keep[j])
-        weights = tables.counts[j, live] - tables.counts[j, live[0]]
-        items.append(Item(weights, tables.values[j, live], _live_preference(live, int(tables.current_index[j]))))
-        owners.append((j, live))
-    if items:
-        span = sum(int(it.weights[-1]) for it in items)
+    multi = np.flatnonzero(alive > 1)
+    if multi.size:
+        # every surviving (row, choice) at once, row by row, choices ascending
+        at, live_all = np.nonzero(keep[multi])
+        at = multi[at]
+        counts, values = tables.counts[at, live_all].tolist(), tables.values[at, live_all].tolist()
+        live_all = live_all.tolist()
+        items: list[Item] = []
+        owners: list[tuple[int, list[int]]] = []
+        start = 0
+        for j, n, current in zip(multi.tolist(), alive[multi].tolist(), tables.current_index[multi].tolist()):
+            end = start + n
+            live, ws = live_all[start:end], counts[start:end]
+            items.append(Item([w - ws[0] for w in ws], values[start:end], _live_preference(live, current)))
+            owners.append((j, live))
+            start = end
+        span = sum(it.weights[-1] for it in items)
         chosen, _ = solve_items(items, min(room, span))
         for (j, live), c in zip(owners, chosen):
             picks[j] = live[c]
     return picks
 
 
-def _live_preference(live: np.ndarray, current: int) -> np.ndarray:
+def _live_preference(live: list[int], current: int) -> list[int]:
     """Tie-break order over the surviving choices: the current count first, then ascending."""
-    order = np.arange(live.size)
-    if current <= 0:
+    order = list(range(len(live)))
+    if current <= 0 or current not in live:
         return order
-    at = np.flatnonzero(live == current)
-    if not at.size:
-        return order
-    return np.concatenate([at, order[: at[0]], order[at[0] + 1 :]])
+    at = live.index(current)
+    return [at] + order[:at] + order[at + 1:]
