@@ -90,8 +90,13 @@ class ScalingModel:
         return 1.0 / tau if tau > 0 else 0.0
 
 
-def _check_points(points: Mapping[int, float], what: str) -> None:
+def _check_points(points: Mapping[int, float], what: str | Callable[[], str]) -> None:
+    """Raise naming ``what`` (a string, or a function making it: only an error pays for it)."""
     for n, v in points.items():
+        if type(n) is int and n >= 1 and type(v) is float and 0.0 < v < math.inf:
+            continue  # the common case, checked at once
+        if callable(what):
+            what = what()
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ScalabilityError(f"{what}: node count {n!r} is not an int >= 1")
         if not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
@@ -297,8 +302,8 @@ class Scalability:
     def __post_init__(self) -> None:
         object.__setattr__(self, "prior", dict(self.prior))
         object.__setattr__(self, "measured", dict(self.measured))
-        _check_points(self.prior, f"{self.source.value} scalability prior")
-        _check_points(self.measured, f"{self.source.value} scalability measured")
+        _check_points(self.prior, lambda: f"{self.source.value} scalability prior")
+        _check_points(self.measured, lambda: f"{self.source.value} scalability measured")
         if not self.prior and not self.measured:
             raise ScalabilityError("scalability has no points (neither prior nor measured)")
         scale = self.calibration
