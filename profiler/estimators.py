@@ -169,9 +169,12 @@ class ThroughputEstimator(_OrderedStream):
 
     def add(self, record: Record) -> None:
         """Ingest one record; a timestamp not after the previous one raises :class:`RecordError`."""
-        ts = record.timestamp
+        self.add_step(record.samples, record.timestamp, record.world_size)
+
+    def add_step(self, samples: int, ts: float, ws: int) -> None:
+        """:meth:`add` of a record's fields, known good (a :class:`Record` checked them, or a stream
+        built to be valid: :func:`profiler.records.iter_steps`); saves building a Record per step."""
         last = self._advance(ts)
-        ws = record.world_size
         if ws != self._last_ws:
             self._last_ws = ws
             self._seg_pos = 1
@@ -183,7 +186,7 @@ class ThroughputEstimator(_OrderedStream):
         stats = self._stats.get(ws)
         if stats is None:
             stats = self._stats[ws] = _SizeStats(self.window)
-        stats.push(record.samples / (ts - last))  # type: ignore[operator]
+        stats.push(samples / (ts - last))  # type: ignore[operator]
 
     def extend(self, records: Iterable[Record]) -> None:
         for record in records:
@@ -195,11 +198,30 @@ class ThroughputEstimator(_OrderedStream):
         if stats is None or not stats.rates:
             return None
         if stats.cache is None:
-            med, lo, hi = _median_ci_sorted(stats.ordered)
-            n = len(stats.ordered)
-            rel = (hi - lo) / (2.0 * med) if n >= self.min_steps and med > 0 else math.inf
-            stats.cache = Estimate(world_size, med, n, rel, stats.total)
+            stats.cache = Estimate(world_size, *self._parts(stats))
         return stats.cache
+
+    def estimate_fields(self, world_size: int) -> tuple[float, int, float, int] | None:
+        """:meth:`estimate`'s fields after ``world_size``: ``(rate, n_steps, rel_ci, total_steps)``,
+        without making an :class:`Estimate` (the simulated monitor asks after every step and keeps
+        few of them)."""
+        stats = self._stats.get(world_size)
+        if stats is None or not stats.rates:
+            return None
+        return self._parts(stats)
+
+    def _parts(self, stats: _SizeStats) -> tuple[float, int, float, int]:
+        # _median_ci_sorted spelled out: this runs after every step the simulated monitor makes
+        xs = stats.ordered
+        n = len(xs)
+        mid = n // 2
+        med = xs[mid] if n % 2 else 0.5 * (xs[mid - 1] + xs[mid])
+        if n >= self.min_steps and med > 0:
+            lo, hi = _ci_ranks(n)
+            rel = (xs[hi - 1] - xs[lo - 1]) / (2.0 * med)
+        else:
+            rel = math.inf
+        return med, n, rel, stats.total
 
     def stable(self, world_size: int, rel_ci: float = 0.05) -> bool:
         """At least ``min_steps`` steps and a relative CI half-width ``<= rel_ci``."""
@@ -277,6 +299,28 @@ def summarize_rescales(events: Iterable[RescaleEvent]) -> RescaleCosts:
     )
 
 
+class RescaleSummary:
+    """:func:`summarize_rescales` kept up to date one event at a time: each direction's pauses stay
+    sorted as events come, so the summary after a new event costs a median, not a sort of them all
+    (the simulated monitor asks after every probe)."""
+
+    __slots__ = ("_ups", "_downs")
+
+    def __init__(self) -> None:
+        self._ups: list[float] = []
+        self._downs: list[float] = []
+
+    def add(self, event: RescaleEvent) -> None:
+        insort(self._ups if event.is_up else self._downs, event.pause_s)
+
+    def costs(self) -> RescaleCosts:
+        """:func:`summarize_rescales` of the events added so far."""
+        ups, downs = self._ups, self._downs
+        return RescaleCosts(
+            _median_sorted(ups) if ups else None, _median_sorted(downs) if downs else None, len(ups), len(downs)
+        )
+
+
 @dataclass
 class _Pending:
     from_size: int
@@ -307,9 +351,11 @@ class RescaleCostEstimator(_OrderedStream):
 
     def add(self, record: Record) -> None:
         """Ingest one record; a timestamp not after the previous one raises :class:`RecordError`."""
-        ts = record.timestamp
+        self.add_step(record.samples, record.timestamp, record.world_size)
+
+    def add_step(self, samples: int, ts: float, ws: int) -> None:
+        """:meth:`add` of a record's fields, known good (see :meth:`ThroughputEstimator.add_step`)."""
         last = self._advance(ts)
-        ws = record.world_size
         if last is None:
             self._last_ws, self._seg_pos = ws, 1
             return

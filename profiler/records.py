@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
+from itertools import starmap
 from typing import Iterator, Sequence
 
 
@@ -74,6 +75,15 @@ def iter_records(
 ) -> Iterator[Record]:
     """:func:`synthesize`'s stream one record at a time: a consumer that stops early (the simulated
     monitor, once an estimate is stable) draws nothing more; what it does draw is the same."""
+    return starmap(Record, iter_steps(segments, start, noise, seed))
+
+
+def iter_steps(
+    segments: Sequence[Segment], start: float = 0.0, noise: float = 0.0, seed: int = 0
+) -> Iterator[tuple[int, float, int]]:
+    """:func:`iter_records`'s stream as plain ``(samples, timestamp, world_size)`` tuples, the fields
+    of its records: for a consumer that feeds them straight to an estimator's ``add_step`` (the
+    simulated monitor, hundreds of thousands of steps a replay) and need not build a Record each."""
     _check_noise(noise)
     draw = random.Random(seed).random
     # rng.uniform(low, high) is low + (high - low) * rng.random(): the same draw without its call
@@ -87,7 +97,7 @@ def iter_records(
             if noise:
                 dt *= low + width * draw()
             t += dt + (seg.pause_before_s if i == 0 else 0.0)
-            yield Record(samples, t, world_size)
+            yield samples, t, world_size
 
 
 def _check_noise(noise: float) -> None:

@@ -18,6 +18,7 @@ import math
 import time
 from dataclasses import dataclass, field, replace
 from functools import cached_property
+from itertools import islice
 from typing import Callable, Iterator, Mapping
 
 from allocator import throughput_at
@@ -213,10 +214,13 @@ class Simulator:
         self.idle: dict[str, None] = {}
         self._idle_since: dict[str, float] = {}  # node valuation (policy View.idle_since)
         self._ended_fragments: list[float] = []  # idle fragments ended since the last decision
-        self.free: dict[str, None] = {}
+        # idle nodes no job holds -> when each became idle (its _idle_since), so the policy's
+        # View.idle_since of the free nodes is a copy of this dict, not a lookup per node
+        self.free: dict[str, float] = {}
         self.owner: dict[str, SimJob] = {}
         self.jobs: dict[str, SimJob] = {}
         self.admitted: list[SimJob] = []
+        self._capacity: int | None = None  # absorb_capacity() of the admitted list (None: not known)
         self.queue: list[SimJob] = []  # submitted, not admitted (FCFS order is the policy's business)
         self._stream_done = False
         self._batches: Iterator[EventBatch] | None = None
@@ -366,16 +370,22 @@ class Simulator:
 
     def absorb_capacity(self) -> int:
         """Nodes the admitted jobs could hold at once: the sum of their max nodes."""
-        return sum(j.spec.max_nodes for j in self.admitted)
+        # asked at every event; the admitted list changes only at decisions, completions, cancels
+        if self._capacity is None:
+            self._capacity = sum(j.spec.max_nodes for j in self.admitted)
+        return self._capacity
 
     def _work_between(self, t0: float, t1: float) -> float:
         """Model-neutral work (node-seconds at one node) the admitted jobs do over ``[t0, t1)``."""
         work = 0.0
-        for job in self.admitted:
-            if job.nodes and job.rate > 0:
+        for job in self.admitted:  # at every event: max() spelled as conditionals (same values, no calls)
+            rate = job.rate
+            if rate > 0 and job.nodes:
                 r1 = job.one_node_rate
                 if r1 > 0:
-                    work += job.rate / r1 * max(0.0, t1 - max(t0, job.paused_until))
+                    paused = job.paused_until
+                    busy = t1 - (paused if paused > t0 else t0)
+                    work += rate / r1 * (busy if busy > 0.0 else 0.0)
         return work
 
     def _advance_jobs(self, t: float) -> None:
@@ -388,7 +398,10 @@ class Simulator:
             return
         n = len(job.nodes)
         if n:
-            work = max(0.0, t - max(job.last_update, job.paused_until))
+            last, paused = job.last_update, job.paused_until
+            work = t - (paused if paused > last else last)  # max(0.0, t - max(last, paused)), no calls
+            if not work > 0.0:
+                work = 0.0
             samples = job.rate * work
             job.progress = min(job.spec.samples, job.progress + samples)
             job.paused_seconds += dt - work
@@ -422,8 +435,7 @@ class Simulator:
         for node in batch.became_idle:
             if node not in idle:
                 idle[node] = None
-                free[node] = None
-                self._idle_since[node] = batch.time
+                free[node] = self._idle_since[node] = batch.time
         hit: dict[str, SimJob] = {}
         for node in batch.recalled:
             if node not in idle:
@@ -463,6 +475,7 @@ class Simulator:
         job.state = SimJobState.DONE
         self._release_all(job)
         _remove(self.admitted, job)
+        self._capacity = None
         job.monitor = None
         job.history.append((t, job.progress, 0, job.paused_until))
         return True
@@ -479,6 +492,7 @@ class Simulator:
             self._advance(job, t)
             self._release_all(job)
             _remove(self.admitted, job)
+            self._capacity = None
         else:
             _remove(self.queue, job)
         job.state = SimJobState.CANCELLED
@@ -488,7 +502,7 @@ class Simulator:
     def _release_all(self, job: SimJob) -> None:
         for node in job.nodes:
             del self.owner[node]
-            self.free[node] = None
+            self.free[node] = self._idle_since[node]
         job.nodes = []
         job.rate = 0.0
         job.version += 1
@@ -528,14 +542,13 @@ class Simulator:
         room = sum(j.spec.max_nodes - len(j.nodes) for j in shown)
         n_free = len(self.free)
         if room >= n_free:
-            free = tuple(self.free)
+            free, since = tuple(self.free), dict(self.free)
         else:
-            it = iter(self.free)
-            free = tuple(next(it) for _ in range(room))
-        since = self._idle_since
+            free = tuple(islice(self.free, room))
+            since = {n: self.free[n] for n in free}
         ended, self._ended_fragments = tuple(self._ended_fragments), []
         return View(now=t, free_nodes=free, n_free=n_free, jobs=tuple(map(_job_view, shown)),
-                    idle_since={n: since[n] for n in free if n in since}, ended_fragments=ended)
+                    idle_since=since, ended_fragments=ended)
 
     def _evidence(self, t: float) -> dict[str, JobEvidence]:
         return {j.id: j.monitor.evidence(t) for j in self.admitted if j.monitor is not None}
@@ -599,6 +612,7 @@ class Simulator:
                 if job.admitted_at is None:
                     job.admitted_at = t
         self.admitted = [by_id[j] for j in decision.admitted]
+        self._capacity = None
         self._profiling = set(decision.profiling)
         self._apply_plan(decision.assignment, t)
         self._note_beliefs(view, decision)
@@ -686,7 +700,7 @@ class Simulator:
         for node in job.nodes:
             if node not in keep:
                 del self.owner[node]
-                self.free[node] = None
+                self.free[node] = self._idle_since[node]
         job.nodes = list(new)
         job.last_interrupted = t
         if new:
@@ -893,7 +907,9 @@ def _job_view(job: SimJob) -> JobView:
     hit = job.view_cache
     if hit is not None and hit[0] == key:
         return hit[1]
-    work_left = max(0.0, spec.samples - job.progress)
+    work_left = spec.samples - job.progress
+    if not work_left > 0.0:  # max(0.0, ...) without its call: every running job, every decision
+        work_left = 0.0
     if hit is not None and hit[0][:3] == key[:3]:
         view = _progressed(hit[1], work_left)  # a running job: only its progress moved
     else:
@@ -919,5 +935,7 @@ def _progressed(view: JobView, work_left: float) -> JobView:
     fifth of the cost. Every running job's view changes so at every decision. Its checks passed on
     ``view`` and pass on any finite ``work_left`` >= 0, so they are not run again."""
     new = object.__new__(JobView)
-    new.__dict__.update(view.__dict__, work_left=work_left)
+    fields = new.__dict__
+    fields.update(view.__dict__)
+    fields["work_left"] = work_left
     return new

@@ -13,15 +13,20 @@ Seeds derive from ``(seed, job, node count, chunk)``, so a replay is determinist
 from __future__ import annotations
 
 import zlib
-from itertools import islice
+from bisect import bisect_right
+from itertools import islice, starmap
+from operator import itemgetter
 from typing import TYPE_CHECKING, Iterator, Mapping
 
 from allocator import throughput_at
-from policy import JobEvidence, evidence_from
-from profiler import Record, RescaleCosts, Segment, ThroughputEstimator, iter_records, rescale_events, synthesize
+from policy import JobEvidence
+from profiler import (Estimate, Record, RescaleCostEstimator, RescaleCosts, Segment, ThroughputEstimator,
+                      synthesize)
+from profiler.estimators import RescaleSummary
+from profiler.records import iter_steps
 
 if TYPE_CHECKING:
-    from profiler import Estimate, RescaleEvent
+    from profiler import RescaleEvent
 
 PER_NODE_BATCH = 256  # samples per node per step (e.g. 6 GPUs x ~43 images)
 RECORD_NOISE = 0.03  # step times vary by +-3% (uniform)
@@ -63,11 +68,15 @@ class StepFeed:
     def records(self) -> Iterator[Record]:
         """Records one at a time, chunk after chunk: the stream of repeated :meth:`next_records`, drawn
         only as far as it is read."""
+        return starmap(Record, self.steps())
+
+    def steps(self) -> Iterator[tuple[int, float, int]]:
+        """:meth:`records` as ``(samples, timestamp, world_size)`` tuples (see :func:`profiler.records.iter_steps`)."""
         while True:
             t = self.t
-            for rec in iter_records([self._segment(CHUNK)], start=t, noise=self.noise, seed=self._chunk_seed()):
-                t = rec.timestamp
-                yield rec
+            for step in iter_steps([self._segment(CHUNK)], start=t, noise=self.noise, seed=self._chunk_seed()):
+                t = step[1]
+                yield step
             self.chunks += 1
             self.t = t
 
@@ -105,6 +114,8 @@ def measured_rate(job_id: str, true_curve: Mapping[int, float], n: int, work_s: 
     return None if e is None else e.rate
 
 
+_TIME = itemgetter(0)
+
 MAX_CHUNKS = 8  # records of one run at one count: at most this many chunks (128 steps)
 PROBE_STEPS = 4  # steady steps on each side of a rescale, for the pause estimate
 
@@ -118,7 +129,7 @@ class SimJobMonitor:
     estimate per count, and records arrive over simulated time, so :meth:`evidence` at ``now``
     shows only the records that exist by then. Every rescale between two non-zero counts yields a
     short record stream around the pause (:data:`PROBE_STEPS` steps at each size), measured by the
-    real :func:`profiler.rescale_events`. Nothing here reads a true value but the curve that makes
+    real :class:`profiler.RescaleCostEstimator` (what :func:`profiler.rescale_events` runs). Nothing here reads a true value but the curve that makes
     the records.
     """
 
@@ -134,12 +145,16 @@ class SimJobMonitor:
         self.rates: dict[int, "Estimate"] = {}
         self.events: list["RescaleEvent"] = []
         self.stable_at: float | None = None  # when the current run's estimate becomes stable
-        self._snaps: list[tuple[float, "Estimate"]] = []  # (record time, estimate after it), current run
+        # the current run's estimates at self._run_n: (record time, Estimate fields after it); an
+        # Estimate is made only for the newest one a look at the evidence reaches, not for every step
+        self._snaps: list[tuple[float, tuple[float, int, float, int]]] = []
         self._pos = 0
+        self._run_n = 0
         self._runs = 0
         self._evidence: JobEvidence | None = None
         self._costs: RescaleCosts | None = None  # the events' summary, made when a probe adds an event
         self._costs_of = 0  # how many events it summarises
+        self._summary = RescaleSummary()  # the events' pauses, sorted as they come
 
     def change(self, t: float, old_n: int, new_n: int, resume_at: float) -> None:
         """The job went from ``old_n`` to ``new_n`` nodes at ``t`` and works again from ``resume_at``."""
@@ -152,42 +167,53 @@ class SimJobMonitor:
 
     def evidence(self, now: float) -> JobEvidence:
         if self._feed(now) or self._evidence is None:
-            # what evidence_from(self.rates, self.events) makes; its summary of the events is redone
-            # only when a probe added one, not at every new estimate
+            # what policy.evidence_from(self.rates, self.events) makes (summarize_rescales of the
+            # events, None for none); the summary is redone only when a probe added an event, and from
+            # pauses kept sorted
             if self._costs_of != len(self.events):
-                self._costs, self._costs_of = evidence_from({}, self.events).costs, len(self.events)
+                self._costs, self._costs_of = self._summary.costs() if self.events else None, len(self.events)
             self._evidence = JobEvidence(dict(self.rates), self._costs)
         return self._evidence
 
     def _feed(self, now: float) -> bool:
-        fed = False
-        while self._pos < len(self._snaps) and self._snaps[self._pos][0] <= now:
-            est = self._snaps[self._pos][1]
-            self.rates[est.world_size] = est
-            self._pos += 1
-            fed = True
-        return fed
+        """Take the current run's estimates made by ``now``; the newest is the one kept."""
+        pos = self._pos
+        if pos == len(self._snaps) or self._snaps[pos][0] > now:
+            return False
+        end = bisect_right(self._snaps, now, lo=pos, key=_TIME)
+        self.rates[self._run_n] = Estimate(self._run_n, *self._snaps[end - 1][1])
+        self._pos = end
+        return True
 
     def _start_run(self, n: int, start: float) -> None:
         self._runs += 1
         feed = StepFeed(self.job_id, self.curve, n, start, seed=_seed(self.seed, self._runs), noise=self.noise)
+        self._run_n = n
         est = ThroughputEstimator()
-        add, estimate, snaps = est.add, est.estimate, self._snaps  # (bound once: up to 128 records a run)
+        add, fields, snaps = est.add_step, est.estimate_fields, self._snaps  # (bound once: up to 128 steps a run)
         min_steps, rel_ci = est.min_steps, self.rel_ci
-        for rec in islice(feed.records(), MAX_CHUNKS * CHUNK):  # drawn until the estimate is stable
-            add(rec)
-            e = estimate(n)
-            if e is not None:
-                snaps.append((rec.timestamp, e))
-                if e.n_steps >= min_steps and e.rel_ci <= rel_ci:
-                    self.stable_at = rec.timestamp
+        # the records' fields, not Records: iter_steps makes them valid, and a week's replay has ~330k
+        for samples, ts, ws in islice(feed.steps(), MAX_CHUNKS * CHUNK):  # drawn until the estimate is stable
+            add(samples, ts, ws)
+            f = fields(n)
+            if f is not None:
+                snaps.append((ts, f))
+                if f[1] >= min_steps and f[2] <= rel_ci:  # n_steps, rel_ci
+                    self.stable_at = ts
                     return
 
     def _probe(self, t: float, old_n: int, new_n: int, pause: float) -> None:
         old_s, new_s = step_seconds(self.curve, old_n), step_seconds(self.curve, new_n)
         segs = [Segment(old_n, PROBE_STEPS, old_s, old_n * PER_NODE_BATCH),
                 Segment(new_n, PROBE_STEPS, new_s, new_n * PER_NODE_BATCH, pause_before_s=pause)]
-        recs = synthesize(segs, start=t - PROBE_STEPS * old_s, noise=self.noise,
-                          seed=_seed(self.seed, self.job_id, "rescale", len(self.events)))
-        self.events.extend(rescale_events(recs, warmup_steps=0, settle_steps=PROBE_STEPS - 1))
+        # what rescale_events(synthesize(segs, ...), ...) measures, fed the records' fields
+        est = RescaleCostEstimator(warmup_steps=0, settle_steps=PROBE_STEPS - 1)
+        add = est.add_step
+        for samples, ts, ws in iter_steps(segs, start=t - PROBE_STEPS * old_s, noise=self.noise,
+                                          seed=_seed(self.seed, self.job_id, "rescale", len(self.events))):
+            add(samples, ts, ws)
+        est.flush()
+        for event in est.events():
+            self.events.append(event)
+            self._summary.add(event)
         self._evidence = None

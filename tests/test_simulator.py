@@ -379,6 +379,50 @@ def test_job_views_moved_on_equal_the_constructors():
     assert _job_view(sim.jobs["j00000"]) is _job_view(sim.jobs["j00000"])
 
 
+def test_monitor_estimates_are_those_of_its_records():
+    # the monitor feeds its estimator the records' fields and makes an Estimate only for the newest
+    # one a look reaches: what it shows at each record's time is the estimate after that record
+    from itertools import islice
+
+    from profiler import ThroughputEstimator
+    from simulator.monitor import CHUNK, MAX_CHUNKS, SimJobMonitor, StepFeed, _seed
+
+    mon = SimJobMonitor("j", FAST, seed=3, rel_ci=0.01)  # strict: a few chunks of records
+    mon.change(10.0, 0, 2, 15.0)
+    est, snaps = ThroughputEstimator(), []
+    for rec in islice(StepFeed("j", FAST, 2, 15.0, seed=_seed(3, 1)).records(), MAX_CHUNKS * CHUNK):
+        est.add(rec)
+        e = est.estimate(2)
+        if e is not None:
+            snaps.append((rec.timestamp, e))
+            if est.stable(2, mon.rel_ci):
+                break
+    assert len(snaps) > CHUNK and mon.stable_at == snaps[-1][0]
+    assert 2 not in mon.evidence(snaps[0][0] - 1e-9).rates
+    for ts, e in snaps:
+        assert mon.evidence(ts).rates[2] == e
+
+
+def test_the_views_idle_since_is_the_free_nodes_idle_times():
+    # the engine keeps each free node's idle-since time in its free dict: the view's idle_since is
+    # every shown free node's time, in the free nodes' order
+    changes = [(50.0, "c", True), (100.0, "d", True), (150.0, "c", False), (200.0, "e", True), (250.0, "c", True)]
+    tl = timeline("abcde", "ab", changes, end=300.0)
+    sim = Simulator(tl, workload(job(max_nodes=2), job("b", samples=5e3, max_nodes=1)), named("greedy"), SimConfig())
+    seen: list[View] = []
+    real = sim.policy.decide
+
+    def decide(view: View, evidence: Evidence) -> Decision:
+        seen.append(view)
+        assert list(view.idle_since) == list(view.free_nodes)
+        assert view.idle_since == {n: sim._idle_since[n] for n in view.free_nodes}
+        return real(view, evidence)
+
+    sim.policy.decide = decide  # type: ignore[method-assign]
+    sim.run()
+    assert any(view.free_nodes for view in seen)
+
+
 def test_the_policy_reads_measured_rescale_costs_not_the_true_ones():
     # growing 2 -> 3 -> 4 nodes adds 10 samples/s each time; over Tfwd 120 s that is worth 1200 samples.
     # The true up pause is 50 s. Before any measurement the policy assumes the default 10 s (cost at

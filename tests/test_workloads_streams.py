@@ -130,3 +130,16 @@ def test_nas_jobs_of_one_cell_have_equal_but_separate_curves():
             assert seen[d.model] == d.curve and seen[d.model] is not d.curve
         seen[d.model] = d.curve
     assert repeats > 0
+
+
+def test_epoch_budgets_are_numpys_weighted_choice():
+    # _epochs searches one rng.random() in the weights' cdf, as Generator.choice(p=...) does: the same
+    # budgets from the same stream, and the generator left in the same state
+    from simulator.streams import ETA, HPO_EPOCHS, _epochs
+
+    for budgets in (NAS_EPOCHS, HPO_EPOCHS):
+        w = float(ETA) ** np.arange(len(budgets) - 1, -1, -1)
+        ours, theirs = np.random.default_rng(7), np.random.default_rng(7)
+        for _ in range(5000):
+            assert _epochs(ours, budgets) == int(budgets[int(theirs.choice(len(budgets), p=w / w.sum()))])
+        assert ours.random() == theirs.random()
