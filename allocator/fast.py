@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Callable
 
 import numpy as np
@@ -58,19 +59,41 @@ class _Side:
     """One multiplier's relaxed values, each row's best choice (ties: the smaller count), its value
     and the total demand: computed once and read by the bracket, the incumbent and the bound."""
 
-    __slots__ = ("lam", "relaxed", "idx", "rowmax", "demand")
+    __slots__ = ("lam", "relaxed", "idx", "rowmax", "chosen", "demand")
 
-    def __init__(self, pad: Padded, lam: float) -> None:
-        rows = np.arange(pad.counts.shape[0])
+    def __init__(self, pad: Padded, lam: float, rows: np.ndarray | None = None) -> None:
+        if rows is None:
+            rows = np.arange(pad.counts.shape[0])
         self.lam = lam
         self.relaxed = pad.relaxed(lam)
         self.idx = np.argmax(self.relaxed, axis=1)
         self.rowmax = self.relaxed[rows, self.idx]  # the row maxima, as relaxed.max(axis=1) gives them
-        self.demand = int(pad.counts[rows, self.idx].sum())
+        self.chosen = pad.counts[rows, self.idx]  # each row's chosen count (the incumbent reads them too)
+        self.demand = int(self.chosen.sum())
+
+    @classmethod
+    def pair(cls, pad: Padded, lo: float, hi: float, rows: np.ndarray) -> tuple[_Side, _Side]:
+        """``(_Side(pad, lo), _Side(pad, hi))`` from one (2, jobs, choices) array: the same
+        element-wise operations, half the numpy calls."""
+        relaxed = pad.values - np.array([lo, hi])[:, None, None] * pad.counts
+        idx = np.argmax(relaxed, axis=2)
+        rowmax = relaxed[_BOTH, rows, idx]
+        chosen = pad.counts[rows, idx]
+        demand = chosen.sum(axis=1).tolist()
+        sides = []
+        for s, lam in enumerate((lo, hi)):
+            side = cls.__new__(cls)
+            side.lam, side.relaxed, side.idx, side.rowmax = lam, relaxed[s], idx[s], rowmax[s]
+            side.chosen, side.demand = chosen[s], demand[s]
+            sides.append(side)
+        return sides[0], sides[1]
 
     def bound(self, capacity: int) -> float:
         """:meth:`Padded.bound` at this multiplier."""
         return float(self.lam * capacity + self.rowmax.sum())
+
+
+_BOTH = np.array([[0], [1]])  # picks both sides' rows in :meth:`_Side.pair`
 
 
 def solve_fast(tables: Tables, capacity: int) -> list[int]:
@@ -82,21 +105,22 @@ def solve_fast(tables: Tables, capacity: int) -> list[int]:
     if int(tables.counts[rows, picks].sum()) <= capacity:
         return picks.tolist()
     pad = Padded(tables.counts, tables.values)
-    lo, hi = _bracket_sides(pad, capacity, tables.envelopes)
-    incumbent, inc_value = _incumbent(pad, capacity, lo, hi)
+    # rows and the finite mask are computed once here: each numpy call costs ~1 us on these small arrays
+    finite = np.isfinite(pad.values)
+    lo, hi = _bracket_sides(pad, capacity, tables.envelopes, rows, finite)
+    incumbent, inc_value = _incumbent(pad, capacity, lo, hi, rows)
     bound_hi, bound_lo = hi.bound(capacity), lo.bound(capacity)
     side, bound = (hi, bound_hi) if bound_hi <= bound_lo else (lo, bound_lo)
     # fixing (job, choice) lowers the bound at the side's multiplier by this much (its reduced cost)
     reduced = side.rowmax[:, None] - side.relaxed
-    finite = np.isfinite(pad.values)
     tol = 1e-9 * max(1.0, abs(bound), float(np.abs(pad.values[finite]).max(initial=0.0)))
     # Keep every choice within the proven gap (the incumbent always survives).
     keep = finite & (reduced <= bound - inc_value + tol)
     keep[rows, incumbent] = True
-    final = _solve_reduced(tables, keep, capacity)
+    final = _solve_reduced(tables, keep, capacity, rows)
     if final is None:  # pragma: no cover - the incumbent is feasible and kept
         raise AssertionError("reduced problem lost the incumbent")
-    return final.tolist()
+    return final
 
 
 def solve_full_dp(tables: Tables, capacity: int) -> list[int]:
@@ -117,19 +141,20 @@ def _bracket(pad: Padded, capacity: int, envelopes: tuple[Envelope, ...] | None 
     return lo.lam, hi.lam
 
 
-def _bracket_sides(pad: Padded, capacity: int, envelopes: tuple[Envelope, ...] | None) -> tuple[_Side, _Side]:
+def _bracket_sides(pad: Padded, capacity: int, envelopes: tuple[Envelope, ...] | None,
+                   rows: np.ndarray | None = None, finite: np.ndarray | None = None) -> tuple[_Side, _Side]:
     """:func:`_bracket`, with what the array says at both ends."""
-    start = _all_idle_multiplier(pad)
+    start = _all_idle_multiplier(pad, finite)
     if envelopes is not None:
         over = _threshold(envelopes, capacity)
-        lo, hi = _bisect(start, lambda lam: lam < over)
-        hi_side = _Side(pad, hi)
-        if hi_side.demand <= capacity:
-            lo_side = _Side(pad, lo)
-            if lo == 0.0 or lo_side.demand > capacity:
-                return lo_side, hi_side
+        lo, hi = _bisect(start, over.__gt__)  # lam < over, without a Python frame per step
+        if rows is None:
+            rows = np.arange(pad.counts.shape[0])
+        lo_side, hi_side = _Side.pair(pad, lo, hi, rows)
+        if hi_side.demand <= capacity and (lo == 0.0 or lo_side.demand > capacity):
+            return lo_side, hi_side
     lo, hi = _bisect(start, lambda lam: pad.demand(pad.choice(lam)) > capacity)
-    return _Side(pad, lo), _Side(pad, hi)
+    return _Side(pad, lo, rows), _Side(pad, hi, rows)
 
 
 def _bisect(start: float, over: Callable[[float], bool]) -> tuple[float, float]:
@@ -155,7 +180,9 @@ def _threshold(envelopes: tuple[Envelope, ...], capacity: int) -> float:
     segments = [seg for e in envelopes for seg in zip(e.slopes, e.steps)]
     if sum(step for _, step in segments) <= capacity:
         return -math.inf
-    segments.sort(key=lambda seg: -seg[0])  # stable: equal slopes keep the rows' order
+    # by slope alone (C-level key, no tuple compares); equal slopes may come in any order: the slope
+    # where the sum passes the capacity is the same
+    segments.sort(key=itemgetter(0), reverse=True)
     need = 0
     for slope, step in segments:
         need += step
@@ -164,84 +191,112 @@ def _threshold(envelopes: tuple[Envelope, ...], capacity: int) -> float:
     raise AssertionError("unreachable: the steps sum past the capacity")  # pragma: no cover
 
 
-def _all_idle_multiplier(pad: Padded) -> float:
+def _all_idle_multiplier(pad: Padded, finite: np.ndarray | None = None) -> float:
     """A multiplier at which every job prefers 0 nodes: its steepest slope from 0, plus a margin."""
-    running = pad.counts > 0
-    gain = np.where(running & np.isfinite(pad.values), pad.values - pad.values[:, :1], 0.0)
-    slopes = gain / np.where(running, pad.counts, 1)
+    # Column 0 is count 0 and padding (count 0) holds -inf, so the slopes of columns 1.. over their
+    # counts (padding divided by 1 gives -inf) have the same maximum with 0 when all is finite; a
+    # non-finite maximum (an infinite value in the table) takes the masked way.
+    vals = pad.values
+    slopes = (vals[:, 1:] - vals[:, :1]) / np.maximum(pad.counts[:, 1:], 1)
     top = float(slopes.max(initial=0.0))
+    if not math.isfinite(top):
+        running = pad.counts > 0
+        if finite is None:
+            finite = np.isfinite(vals)
+        gain = np.where(running & finite, vals - vals[:, :1], 0.0)
+        top = float((gain / np.where(running, pad.counts, 1)).max(initial=0.0))
     return top * (1.0 + 1e-9) + 1e-9
 
 
-def _incumbent(pad: Padded, capacity: int, lo: _Side, hi: _Side) -> tuple[np.ndarray, float]:
+def _incumbent(pad: Padded, capacity: int, lo: _Side, hi: _Side,
+               rows: np.ndarray | None = None) -> tuple[np.ndarray, float]:
     """A feasible choice vector: ``hi``'s choice, greedily moved toward ``lo``'s."""
-    rows = np.arange(pad.counts.shape[0])
+    if rows is None:
+        rows = np.arange(pad.counts.shape[0])
     idx = hi.idx.copy()
     room = capacity - hi.demand
     alt = lo.idx
-    extra = pad.counts[rows, alt] - pad.counts[rows, idx]
-    gain = pad.values[rows, alt] - pad.values[rows, idx]
+    cur_n = hi.chosen.copy()
+    cur_v = pad.values[rows, idx]
+    extra = lo.chosen - cur_n
+    gain = pad.values[rows, alt] - cur_v
     movers = np.flatnonzero((extra > 0) & (gain > 0))
-    order = movers[np.argsort(-gain[movers] / extra[movers], kind="stable")]
-    for j in order.tolist():
-        if extra[j] <= room:
-            idx[j] = alt[j]
-            room -= int(extra[j])
-    idx, room = _fill(pad, idx, room)
-    return idx, float(pad.values[rows, idx].sum())
+    if movers.size:
+        order = movers[np.argsort(-gain[movers] / extra[movers], kind="stable")]
+        for j in order.tolist():
+            if extra[j] <= room:
+                idx[j] = alt[j]
+                cur_n[j] = lo.chosen[j]
+                cur_v[j] = pad.values[j, alt[j]]
+                room -= int(extra[j])
+    idx, room = _fill(pad, idx, room, rows=rows, cur_n=cur_n, cur_v=cur_v)
+    return idx, float(cur_v.sum())  # cur_v is pad.values[rows, idx], kept up to date by the moves
 
 
-def _fill(pad: Padded, idx: np.ndarray, room: int, rounds: int = 8) -> tuple[np.ndarray, int]:
-    """Apply the single best improving move that fits, a few times."""
-    rows = np.arange(idx.size)
+def _fill(pad: Padded, idx: np.ndarray, room: int, rounds: int = 8, rows: np.ndarray | None = None,
+          cur_n: np.ndarray | None = None, cur_v: np.ndarray | None = None) -> tuple[np.ndarray, int]:
+    """Apply the single best improving move that fits, a few times. ``cur_n`` / ``cur_v`` (the
+    counts and values at ``idx``, computed if not given) are updated in place with the moves."""
+    if rows is None:
+        rows = np.arange(idx.size)
+    if cur_n is None:
+        cur_n = pad.counts[rows, idx]
+    if cur_v is None:
+        cur_v = pad.values[rows, idx]
     for _ in range(rounds):
         if room <= 0:
             break
-        cur_n = pad.counts[rows, idx][:, None]
-        cur_v = pad.values[rows, idx][:, None]
-        fits = pad.counts - cur_n <= room
-        gain = np.where(fits, pad.values - cur_v, -np.inf)
+        fits = pad.counts - cur_n[:, None] <= room
+        gain = np.where(fits, pad.values - cur_v[:, None], -np.inf)
         flat = int(np.argmax(gain))
         j, k = divmod(flat, gain.shape[1])
         if not gain[j, k] > 0:
             break
-        room -= int(pad.counts[j, k] - pad.counts[j, idx[j]])
+        room -= int(pad.counts[j, k] - cur_n[j])
         idx[j] = k
+        cur_n[j] = pad.counts[j, k]
+        cur_v[j] = pad.values[j, k]
     return idx, room
 
 
-def _solve_reduced(tables: Tables, keep: np.ndarray, capacity: int) -> np.ndarray | None:
+def _solve_reduced(tables: Tables, keep: np.ndarray, capacity: int,
+                   rows: np.ndarray | None = None) -> list[int] | None:
     """Fix jobs with one surviving choice; DP over the rest above their smallest survivor.
 
     ``None`` if the surviving choices cannot fit (only possible without the incumbent).
     """
-    alive = keep.sum(axis=1)
-    first = np.argmax(keep, axis=1)
-    rows = np.arange(len(tables))
-    picks = first.copy()
-    room = capacity - int(tables.counts[rows, first].sum())
+    # every surviving (row, choice) at once, row by row, choices ascending; then plain lists (a few
+    # dozen survivors cost less in Python than a dozen more numpy calls on the small arrays)
+    at, live_arr = np.nonzero(keep)
+    alive = np.bincount(at, minlength=len(tables)).tolist()
+    counts, values = tables.counts[at, live_arr].tolist(), tables.values[at, live_arr].tolist()
+    live_all = live_arr.tolist()
+    picks: list[int] = []
+    spans: list[tuple[int, int, int]] = []  # (row, start, end) of the rows with several survivors
+    room = capacity
+    start = 0
+    for j, n in enumerate(alive):
+        if n:  # the first survivor (none: the row's count 0, as an argmax over no survivor gives)
+            picks.append(live_all[start])
+            room -= counts[start]
+            if n > 1:
+                spans.append((j, start, start + n))
+            start += n
+        else:
+            picks.append(0)
     if room < 0:
         return None
-    multi = np.flatnonzero(alive > 1)
-    if multi.size:
-        # every surviving (row, choice) at once, row by row, choices ascending
-        at, live_all = np.nonzero(keep[multi])
-        at = multi[at]
-        counts, values = tables.counts[at, live_all].tolist(), tables.values[at, live_all].tolist()
-        live_all = live_all.tolist()
+    if spans:
+        current_index = tables.current_index
         items: list[Item] = []
-        owners: list[tuple[int, list[int]]] = []
-        start = 0
-        for j, n, current in zip(multi.tolist(), alive[multi].tolist(), tables.current_index[multi].tolist()):
-            end = start + n
+        for j, start, end in spans:
             live, ws = live_all[start:end], counts[start:end]
-            items.append(Item([w - ws[0] for w in ws], values[start:end], _live_preference(live, current)))
-            owners.append((j, live))
-            start = end
+            items.append(Item([w - ws[0] for w in ws], values[start:end],
+                              _live_preference(live, int(current_index[j]))))
         span = sum(it.weights[-1] for it in items)
         chosen, _ = solve_items(items, min(room, span))
-        for (j, live), c in zip(owners, chosen):
-            picks[j] = live[c]
+        for (j, start, _end), c in zip(spans, chosen):
+            picks[j] = live_all[start + c]
     return picks
 
 

@@ -100,7 +100,9 @@ def solve(problem: Problem, method: str = "auto") -> Plan:
         node_plan = reference.solve_node_binary(problem, tables.all(), backend)
         assignment, counts = node_plan.assignment, node_plan.counts
     else:
-        picks = _count_solvers()[method](tables, problem.total_nodes)
+        # the common method without building the solvers' table of lambdas
+        solver = fast.solve_fast if method == "auto" else _count_solvers()[method]
+        picks = solver(tables, problem.total_nodes)
         chosen = tables.counts[np.arange(len(picks), dtype=np.int64), np.asarray(picks, np.int64)].tolist()
         counts = {job.id: n for job, n in zip(problem.jobs, chosen)}
         assignment = assign_nodes(problem, counts)
