@@ -829,8 +829,14 @@ def _without_nodes(job: JobView, r: _Round) -> JobView:
 
 
 def evidence_from(rates: Mapping[int, object], rescale_events: object = None) -> JobEvidence:
-    """Evidence from a throughput estimator's ``estimates()`` and a list of rescale events (both drivers)."""
-    from profiler.estimators import summarize_rescales
+    """Evidence from a throughput estimator's ``estimates()`` and the rescale events seen (both
+    drivers): a list of them, or a :class:`profiler.estimators.RescaleSummary` kept as they came."""
+    from profiler.estimators import RescaleSummary, summarize_rescales
 
-    costs = summarize_rescales(rescale_events) if rescale_events else None  # type: ignore[arg-type]
+    if not rescale_events:
+        costs = None
+    elif isinstance(rescale_events, RescaleSummary):
+        costs = rescale_events.costs()
+    else:
+        costs = summarize_rescales(rescale_events)  # type: ignore[arg-type]
     return JobEvidence(dict(rates), costs)  # type: ignore[arg-type]

@@ -211,11 +211,9 @@ class ThroughputEstimator(_OrderedStream):
         return self._parts(stats)
 
     def _parts(self, stats: _SizeStats) -> tuple[float, int, float, int]:
-        # _median_ci_sorted spelled out: this runs after every step the simulated monitor makes
-        xs = stats.ordered
+        xs = stats.ordered  # the window, sorted
         n = len(xs)
-        mid = n // 2
-        med = xs[mid] if n % 2 else 0.5 * (xs[mid - 1] + xs[mid])
+        med = _median_sorted(xs)
         if n >= self.min_steps and med > 0:
             lo, hi = _ci_ranks(n)
             rel = (xs[hi - 1] - xs[lo - 1]) / (2.0 * med)
@@ -291,12 +289,10 @@ class RescaleCosts:
 
 def summarize_rescales(events: Iterable[RescaleEvent]) -> RescaleCosts:
     """Median pause per direction over ``events``."""
-    evs = list(events)
-    ups = [e.pause_s for e in evs if e.is_up]
-    downs = [e.pause_s for e in evs if not e.is_up]
-    return RescaleCosts(
-        _median(ups) if ups else None, _median(downs) if downs else None, len(ups), len(downs)
-    )
+    summary = RescaleSummary()
+    for event in events:
+        summary.add(event)
+    return summary.costs()
 
 
 class RescaleSummary:
@@ -304,21 +300,27 @@ class RescaleSummary:
     sorted as events come, so the summary after a new event costs a median, not a sort of them all
     (the simulated monitor asks after every probe)."""
 
-    __slots__ = ("_ups", "_downs")
+    __slots__ = ("_ups", "_downs", "_costs")
 
     def __init__(self) -> None:
         self._ups: list[float] = []
         self._downs: list[float] = []
+        self._costs: RescaleCosts | None = None  # made once per new event, when asked
+
+    def __len__(self) -> int:
+        return len(self._ups) + len(self._downs)
 
     def add(self, event: RescaleEvent) -> None:
         insort(self._ups if event.is_up else self._downs, event.pause_s)
+        self._costs = None
 
     def costs(self) -> RescaleCosts:
-        """:func:`summarize_rescales` of the events added so far."""
-        ups, downs = self._ups, self._downs
-        return RescaleCosts(
-            _median_sorted(ups) if ups else None, _median_sorted(downs) if downs else None, len(ups), len(downs)
-        )
+        """The median pause per direction of the events added so far."""
+        if self._costs is None:
+            ups, downs = self._ups, self._downs
+            self._costs = RescaleCosts(_median_sorted(ups) if ups else None,
+                                       _median_sorted(downs) if downs else None, len(ups), len(downs))
+        return self._costs
 
 
 @dataclass
@@ -410,7 +412,16 @@ class RescaleCostEstimator(_OrderedStream):
 
 def rescale_events(records: Iterable[Record], warmup_steps: int = 2, settle_steps: int = 3) -> list[RescaleEvent]:
     """Batch form: every rescale of a recorded stream, in order."""
+    return rescale_events_of_steps(((r.samples, r.timestamp, r.world_size) for r in records),
+                                   warmup_steps, settle_steps)
+
+
+def rescale_events_of_steps(steps: Iterable[tuple[int, float, int]], warmup_steps: int = 2,
+                            settle_steps: int = 3) -> list[RescaleEvent]:
+    """:func:`rescale_events` of a stream's ``(samples, timestamp, world_size)`` fields, known good
+    (:func:`profiler.records.iter_steps`; see :meth:`ThroughputEstimator.add_step`)."""
     est = RescaleCostEstimator(warmup_steps=warmup_steps, settle_steps=settle_steps)
-    est.extend(records)
+    for samples, ts, ws in steps:
+        est.add_step(samples, ts, ws)
     est.flush()
     return est.events()

@@ -19,10 +19,9 @@ from operator import itemgetter
 from typing import TYPE_CHECKING, Iterator, Mapping
 
 from allocator import throughput_at
-from policy import JobEvidence
-from profiler import (Estimate, Record, RescaleCostEstimator, RescaleCosts, Segment, ThroughputEstimator,
-                      synthesize)
-from profiler.estimators import RescaleSummary
+from policy import JobEvidence, evidence_from
+from profiler import Estimate, Record, Segment, ThroughputEstimator, synthesize
+from profiler.estimators import RescaleSummary, rescale_events_of_steps
 from profiler.records import iter_steps
 
 if TYPE_CHECKING:
@@ -129,8 +128,8 @@ class SimJobMonitor:
     estimate per count, and records arrive over simulated time, so :meth:`evidence` at ``now``
     shows only the records that exist by then. Every rescale between two non-zero counts yields a
     short record stream around the pause (:data:`PROBE_STEPS` steps at each size), measured by the
-    real :class:`profiler.RescaleCostEstimator` (what :func:`profiler.rescale_events` runs). Nothing here reads a true value but the curve that makes
-    the records.
+    real :func:`profiler.rescale_events` (on the records' fields). Nothing here reads a true value
+    but the curve that makes the records.
     """
 
     def __init__(self, job_id: str, true_curve: Mapping[int, float], seed: int = 0, noise: float = RECORD_NOISE,
@@ -152,8 +151,6 @@ class SimJobMonitor:
         self._run_n = 0
         self._runs = 0
         self._evidence: JobEvidence | None = None
-        self._costs: RescaleCosts | None = None  # the events' summary, made when a probe adds an event
-        self._costs_of = 0  # how many events it summarises
         self._summary = RescaleSummary()  # the events' pauses, sorted as they come
 
     def change(self, t: float, old_n: int, new_n: int, resume_at: float) -> None:
@@ -167,12 +164,8 @@ class SimJobMonitor:
 
     def evidence(self, now: float) -> JobEvidence:
         if self._feed(now) or self._evidence is None:
-            # what policy.evidence_from(self.rates, self.events) makes (summarize_rescales of the
-            # events, None for none); the summary is redone only when a probe added an event, and from
-            # pauses kept sorted
-            if self._costs_of != len(self.events):
-                self._costs, self._costs_of = self._summary.costs() if self.events else None, len(self.events)
-            self._evidence = JobEvidence(dict(self.rates), self._costs)
+            # the events' summary, kept as they came, is what evidence_from(self.rates, self.events) makes
+            self._evidence = evidence_from(self.rates, self._summary)
         return self._evidence
 
     def _feed(self, now: float) -> bool:
@@ -207,13 +200,9 @@ class SimJobMonitor:
         segs = [Segment(old_n, PROBE_STEPS, old_s, old_n * PER_NODE_BATCH),
                 Segment(new_n, PROBE_STEPS, new_s, new_n * PER_NODE_BATCH, pause_before_s=pause)]
         # what rescale_events(synthesize(segs, ...), ...) measures, fed the records' fields
-        est = RescaleCostEstimator(warmup_steps=0, settle_steps=PROBE_STEPS - 1)
-        add = est.add_step
-        for samples, ts, ws in iter_steps(segs, start=t - PROBE_STEPS * old_s, noise=self.noise,
-                                          seed=_seed(self.seed, self.job_id, "rescale", len(self.events))):
-            add(samples, ts, ws)
-        est.flush()
-        for event in est.events():
+        steps = iter_steps(segs, start=t - PROBE_STEPS * old_s, noise=self.noise,
+                           seed=_seed(self.seed, self.job_id, "rescale", len(self.events)))
+        for event in rescale_events_of_steps(steps, warmup_steps=0, settle_steps=PROBE_STEPS - 1):
             self.events.append(event)
             self._summary.add(event)
         self._evidence = None

@@ -82,17 +82,22 @@ class CellSpec:
 Rows = "tuple[tuple[int, ...], ...] | list[list[int]]"
 
 
-def _reach(rows: Rows, start: int, forward: bool) -> set[int]:
-    """Vertices reachable from ``start`` along (``forward``) or against the edges of ``rows``."""
+def _path_masks(rows: Rows) -> tuple[list[int], int]:
+    """Each vertex's out-edges as a bit mask (upper triangle only), and the bit mask of the vertices
+    on some input->output path (0 when the input does not reach the output). Edges only go up, so one
+    pass in each direction finds what the input reaches and what reaches the output."""
     n = len(rows)
-    seen, todo = {start}, [start]
-    while todo:
-        v = todo.pop()
-        for u in range(n):
-            if (rows[v][u] if forward else rows[u][v]) and u not in seen:
-                seen.add(u)
-                todo.append(u)
-    return seen
+    masks = [sum(1 << j for j in range(i + 1, n) if row[j]) for i, row in enumerate(rows)]
+    fwd = 1
+    for i in range(n):
+        if fwd >> i & 1:
+            fwd |= masks[i]
+    bwd = 1 << (n - 1)
+    for i in range(n - 2, -1, -1):
+        if masks[i] & bwd:
+            bwd |= 1 << i
+    keep = fwd & bwd
+    return masks, keep if keep & 1 else 0
 
 
 def prune(matrix: np.ndarray | list[list[int]], ops: list[str] | tuple[str, ...]) -> CellSpec | None:
@@ -103,10 +108,10 @@ def prune(matrix: np.ndarray | list[list[int]], ops: list[str] | tuple[str, ...]
     if np.any(np.tril(m) != 0):
         raise ValueError("matrix must be strictly upper triangular")
     rows = m.tolist()
-    last = len(rows) - 1
-    keep = sorted(_reach(rows, 0, True) & _reach(rows, last, False))
-    if 0 not in keep or last not in keep:
+    _, on_path = _path_masks(rows)
+    if not on_path:
         return None
+    keep = [i for i in range(len(rows)) if on_path >> i & 1]
     return CellSpec(tuple(tuple(rows[i][j] for j in keep) for i in keep), tuple(ops[i] for i in keep))
 
 
@@ -122,7 +127,7 @@ def is_valid(spec: CellSpec | None) -> bool:
         return False
     if any(rows[i][j] for i in range(n) for j in range(i + 1)):
         return False  # not strictly upper triangular
-    return _reach(rows, 0, True) & _reach(rows, n - 1, False) == set(range(n))
+    return _path_masks(rows)[1] == (1 << n) - 1
 
 
 def sample_cell(rng: np.random.Generator) -> CellSpec:
@@ -142,24 +147,13 @@ def _sampled(full: list[list[int]], drawn: list[int]) -> CellSpec | None:
 
     On a drawn matrix the checks of :func:`is_valid` reduce to the edge limit: the pruned cell keeps
     input and output, known ops and the upper triangle, has at most ``MAX_VERTICES`` vertices, and a
-    vertex on an input->output path has its whole path kept. Rows are bit masks; as edges only go up,
-    one pass in each direction finds what the input reaches and what reaches the output.
+    vertex on an input->output path has its whole path kept.
     """
-    n = len(full)
-    masks = [sum(1 << j for j in range(i + 1, n) if row[j]) for i, row in enumerate(full)]
-    fwd = 1
-    for i in range(n):
-        if fwd >> i & 1:
-            fwd |= masks[i]
-    bwd = 1 << (n - 1)
-    for i in range(n - 2, -1, -1):
-        if masks[i] & bwd:
-            bwd |= 1 << i
-    keep = fwd & bwd
-    if not keep & 1:
+    masks, on_path = _path_masks(full)
+    if not on_path:
         return None  # the input does not reach the output
-    kept = [i for i in range(n) if keep >> i & 1]
-    if sum((masks[i] & keep).bit_count() for i in kept) > MAX_EDGES:
+    kept = [i for i in range(len(full)) if on_path >> i & 1]
+    if sum((masks[i] & on_path).bit_count() for i in kept) > MAX_EDGES:
         return None
     ops = (INPUT, *(OPS[k] for k in drawn), OUTPUT)
     return CellSpec(tuple(tuple(masks[i] >> j & 1 for j in kept) for i in kept), tuple(ops[i] for i in kept))

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from profiler.estimators import (
     RescaleCostEstimator,
+    RescaleCosts,
     ThroughputEstimator,
     median_ci,
     rescale_events,
@@ -309,8 +310,15 @@ def test_fields_of_records_estimate_as_the_records_do() -> None:
 def test_rescale_summary_is_summarize_rescales(pauses: list[tuple[bool, float]]) -> None:
     from profiler.estimators import RescaleEvent, RescaleSummary
 
+    import statistics
+
     events = [RescaleEvent(2, 4 if up else 1, p, float(i), p + 1.0) for i, (up, p) in enumerate(pauses)]
     summary = RescaleSummary()
-    for e in events:
-        summary.add(e)
-    assert summary.costs() == summarize_rescales(events)
+    for k, e in enumerate(events, start=1):
+        summary.add(e)  # read after every event: the summary kept is always the one of all so far
+        ups = [x.pause_s for x in events[:k] if x.is_up]
+        downs = [x.pause_s for x in events[:k] if not x.is_up]
+        expected = RescaleCosts(statistics.median(ups) if ups else None,
+                                statistics.median(downs) if downs else None, len(ups), len(downs))
+        assert summary.costs() == expected
+    assert summarize_rescales(events) == (summary.costs() if events else RescaleCosts(None, None, 0, 0))
