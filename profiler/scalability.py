@@ -290,13 +290,13 @@ class Scalability:
     the prior points at counts not measured, **calibrated** by the median ratio
     measured/prior over the measured counts (a user curve measured on other
     hardware is usually off by a factor, not in shape). Immutable:
-    :meth:`refine` returns a new object.
+    :meth:`refine` returns a new object. The :attr:`model` is fitted when first read: a curve
+    asked only at its points (the policy's, mostly) never pays for a fit.
     """
 
     prior: Mapping[int, float]
     measured: Mapping[int, float]
     source: Source
-    model: ScalingModel = field(init=False, compare=False)
     _points: dict[int, float] = field(init=False, compare=False, repr=False)  # :attr:`points`, made once
 
     def __post_init__(self) -> None:
@@ -310,7 +310,11 @@ class Scalability:
         out = {n: v * scale for n, v in self.prior.items() if n not in self.measured}
         out.update(self.measured)
         object.__setattr__(self, "_points", dict(sorted(out.items())))
-        object.__setattr__(self, "model", fit_model(self._points))
+
+    @functools.cached_property
+    def model(self) -> ScalingModel:
+        """The :class:`ScalingModel` fitted to :attr:`points` (once, when first read)."""
+        return fit_model(self._points)
 
     @classmethod
     def from_user(cls, points: Mapping[int, float]) -> Scalability:
