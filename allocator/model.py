@@ -11,7 +11,7 @@ import math
 import numbers
 from dataclasses import dataclass, field
 from itertools import chain
-from typing import Mapping
+from typing import Any, Callable, Mapping
 
 
 class ProblemError(ValueError):
@@ -50,6 +50,30 @@ def _plain_curve(scaling: Mapping[int, float]) -> bool:
     return True
 
 
+def _distinct(nodes: tuple[str, ...]) -> bool:
+    return len(set(nodes)) == len(nodes)
+
+
+_PASSED_KEEP = 4096
+_passed: dict[tuple[int, int], object] = {}  # (id of a check, id of an object) -> the object that passed it
+
+
+def _passes(check: Callable[[Any], bool], obj: object) -> bool:
+    """``check(obj)``, remembered for this very object: a job's curve and node tuple are immutable (see
+    :class:`Job`), and a policy builds a job again from the same ones when only its costs changed. The
+    object is held while remembered, so its id is not reused."""
+    key = (id(check), id(obj))
+    if _passed.get(key) is obj:
+        return True
+    if not check(obj):
+        return False
+    if type(obj) is tuple or type(obj) is dict:  # (a list of nodes may change: checked each time)
+        if len(_passed) >= _PASSED_KEEP:
+            _passed.clear()
+        _passed[key] = obj
+    return True
+
+
 @dataclass(frozen=True)
 class Job:
     """An elastic data-parallel job as the allocator sees it.
@@ -74,8 +98,8 @@ class Job:
     def __post_init__(self) -> None:
         object.__setattr__(self, "current", len(self.nodes))
         if (type(self.id) is str and self.id and type(self.min_nodes) is int and type(self.max_nodes) is int
-                and 1 <= self.min_nodes <= self.max_nodes and self.scaling and _plain_curve(self.scaling)
-                and self.up_cost_s >= 0 and self.down_cost_s >= 0 and len(set(self.nodes)) == len(self.nodes)):
+                and 1 <= self.min_nodes <= self.max_nodes and self.scaling and _passes(_plain_curve, self.scaling)
+                and self.up_cost_s >= 0 and self.down_cost_s >= 0 and _passes(_distinct, self.nodes)):
             return  # the common case, checked in one pass
         if not isinstance(self.id, str) or not self.id:
             raise ProblemError(f"job id must be a non-empty string, got {self.id!r}")

@@ -11,7 +11,7 @@ between, flat above the last) and :meth:`allocator.model.Job.rescale_cost`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Mapping
 
 import numpy as np
@@ -97,11 +97,15 @@ def build_tables(problem: Problem) -> Tables:
     # a job's row runs to its max; the pool may hold fewer nodes: 0, then min..min(max, cap)
     sizes = [1 + max(0, min(job.max_nodes, cap) - job.min_nodes + 1) for job in jobs]
     width = max(sizes, default=1)
-    counts = np.zeros((len(jobs), width), np.int64)
-    values = np.full((len(jobs), width), -np.inf)
-    for j, (r, k) in enumerate(zip(rows, sizes)):
-        counts[j, :k] = r.counts[:k]
-        values[j, :k] = r.values[:k]
+    if all(k == width and r.counts.size == k for r, k in zip(rows, sizes)):  # one shape (often): one call each
+        counts = np.array([r.counts for r in rows], np.int64).reshape(len(jobs), width)
+        values = np.array([r.values for r in rows], np.float64).reshape(len(jobs), width)
+    else:
+        counts = np.zeros((len(jobs), width), np.int64)
+        values = np.full((len(jobs), width), -np.inf)
+        for j, (r, k) in enumerate(zip(rows, sizes)):
+            counts[j, :k] = r.counts[:k]
+            values[j, :k] = r.values[:k]
     current_index = np.array([r.current_index if r.current_index < k else -1 for r, k in zip(rows, sizes)],
                              np.int64)
     envelopes = tuple(r.envelope(k, job) for r, k, job in zip(rows, sizes, jobs))
@@ -141,13 +145,19 @@ def envelope(points: list[tuple[int, float]]) -> Envelope:
     return Envelope(tuple(slopes), tuple(steps))
 
 
-@dataclass(frozen=True)
 class _Row:
-    horizon_s: float  # the horizon it was built for
-    counts: np.ndarray  # 0, then min..max
-    values: np.ndarray
-    current_index: int  # -1 where the current count is not allowed
-    _envelopes: dict[int, Envelope] = field(default_factory=dict, compare=False, repr=False)
+    """A job's counts (0, then min..max), their values, the current count's index (-1 where it is
+    not allowed) and the row's envelopes by size, for the horizon it was built for (a plain slotted
+    class: one is built for every job whose count or costs changed, ~5 a decision)."""
+
+    __slots__ = ("horizon_s", "counts", "values", "current_index", "_envelopes")
+
+    def __init__(self, horizon_s: float, counts: np.ndarray, values: np.ndarray, current_index: int) -> None:
+        self.horizon_s = horizon_s
+        self.counts = counts
+        self.values = values
+        self.current_index = current_index
+        self._envelopes: dict[int, Envelope] = {}
 
     def envelope(self, size: int, job: Job) -> Envelope:
         """The envelope of the row's first ``size`` choices (kept per size). The values are linear

@@ -63,7 +63,7 @@ import math
 from dataclasses import replace
 from typing import Mapping
 
-from allocator import Job, Problem, solve
+from allocator import Job, Problem, solve, throughput_at
 from policy import beliefs
 from policy.allocation import apply_pins, equal_counts, greedy_counts, node_map
 from policy.config import Admission, Allocation, Horizon, Objective, PolicyConfig, PolicyConfigError, Profiling
@@ -485,8 +485,6 @@ class Policy:
         if end >= job.max_nodes or free_avail <= end:
             return None  # nothing to choose between, or the free pool cannot serve the profile
         curve = self.believed_curve(job)
-        from allocator import throughput_at
-
         rate_end = throughput_at(curve, end)
         if rate_end <= 0:
             return None
@@ -511,8 +509,6 @@ class Policy:
         if len(effs) >= beliefs.MIN_SHAPES:
             mid = effs[len(effs) // 2]
             return (effs[int(0.9 * (len(effs) - 1))] - effs[int(0.1 * (len(effs) - 1))]) / mid if mid > 0 else 0.0
-        from allocator import throughput_at
-
         lo = min(curve)
         linear = throughput_at(curve, lo) / lo * n
         return max(0.0, 1.0 - throughput_at(curve, n) / linear) if linear > 0 else 0.0
@@ -674,8 +670,6 @@ class Policy:
 
     def _deadline_weights(self, admitted: list[JobView], now: float) -> dict[str, float]:
         """``deadline_weight`` for each job whose deadline can be met at its max but not at its count."""
-        from allocator import throughput_at
-
         w = self.config.deadline_weight
         out: dict[str, float] = {}
         if w == 1.0:
@@ -746,8 +740,6 @@ class Policy:
         raw = beliefs.allocator_curve(job, self.scalability(job, guess))
         curve = raw
         if self.config.objective is Objective.WORK:  # in 1-node equivalents: rate(n) / rate(1)
-            from allocator import throughput_at
-
             one = throughput_at(raw, 1)
             curve = {n: v / one for n, v in raw.items()} if one > 0 else raw
         if weight != 1.0:
@@ -766,7 +758,8 @@ class Policy:
     def believed_curve(self, job: JobView) -> dict[int, float]:
         """What the policy believes ``job`` trains at each count (samples/s; cached while nothing changes).
         The allocator is given this curve, in 1-node equivalents with ``objective = "work"``."""
-        self._curve(job, self.guess())
+        guess = self._guess  # (looked up once per decision: spare the call)
+        self._curve(job, guess if guess is not None else self.guess())
         return self._raw[job.id][1]
 
     def scalability(self, job: JobView, guess: float | None = None) -> Scalability:
