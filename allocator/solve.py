@@ -103,11 +103,13 @@ def solve(problem: Problem, method: str = "auto") -> Plan:
         # the common method without building the solvers' table of lambdas
         solver = fast.solve_fast if method == "auto" else _count_solvers()[method]
         picks = solver(tables, problem.total_nodes)
-        chosen = tables.counts[np.arange(len(picks), dtype=np.int64), np.asarray(picks, np.int64)].tolist()
-        counts = {job.id: n for job, n in zip(problem.jobs, chosen)}
+        at = (np.arange(len(picks), dtype=np.int64), np.asarray(picks, np.int64))
+        counts = {job.id: n for job, n in zip(problem.jobs, tables.counts[at].tolist())}
         assignment = assign_nodes(problem, counts)
-    objective = plan_objective(problem, counts)
-    return Plan(assignment, objective, time.perf_counter() - t0, method, counts)
+        # the chosen choices' values: what plan_objective recomputes with the model's functions, to
+        # rounding (the tests hold them together)
+        return Plan(assignment, float(sum(tables.values[at].tolist())), time.perf_counter() - t0, method, counts)
+    return Plan(assignment, plan_objective(problem, counts), time.perf_counter() - t0, method, counts)
 
 
 def validate(problem: Problem) -> None:

@@ -812,7 +812,7 @@ class Policy:
 
 
 def _same_nodes(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
-    return len(a) == len(b) and (a == b or set(a) == set(b))
+    return a is b or (len(a) == len(b) and (a == b or set(a) == set(b)))
 
 
 def _without_nodes(job: JobView, r: _Round) -> JobView:
