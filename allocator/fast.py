@@ -100,10 +100,13 @@ def solve_fast(tables: Tables, capacity: int) -> list[int]:
     """Chosen index into each job's table; exact optimum of the multiple-choice knapsack."""
     if not len(tables):
         return []
-    picks = tables.preferred_best()
     rows = np.arange(len(tables))
-    if int(tables.counts[rows, picks].sum()) <= capacity:
-        return picks.tolist()
+    # each row's first best count needs no more than its preferred best (the current count, when it
+    # ties, is above the first): when the first ones overflow, so do the preferred (most decisions)
+    if int(tables.counts[rows, np.argmax(tables.values, axis=1)].sum()) <= capacity:
+        picks = tables.preferred_best()
+        if int(tables.counts[rows, picks].sum()) <= capacity:
+            return picks.tolist()
     pad = Padded(tables.counts, tables.values)
     # rows and the finite mask are computed once here: each numpy call costs ~1 us on these small arrays
     finite = np.isfinite(pad.values)

@@ -220,6 +220,7 @@ class Policy:
         self._learned: dict[str, tuple[JobEvidence, int]] = {}  # evidence last learned from, at which version
         self._views: dict[str, tuple[JobView, JobView]] = {}  # a driver's job view -> it with sorted nodes
         self._held = _HeldNodes()  # the nodes of the last view, checked
+        self._seen: tuple[PolicyState, dict[str, JobView]] | None = None  # the last decision's state and jobs
 
     # ------------------------------------------------------------------ the decision
 
@@ -265,6 +266,9 @@ class Policy:
 
     def _forget_departed(self, r: _Round) -> None:
         st, jobs = self.state, r.jobs
+        seen, self._seen = self._seen, (st, jobs)
+        if seen is not None and seen[0] is st and seen[1].keys() <= jobs.keys():
+            return  # no job left since the last decision of this state (which names only its jobs)
         st.admitted = [j for j in st.admitted if j in jobs]
         st.queue_front = [j for j in st.queue_front if j in jobs and j not in st.admitted]
         st.assigned = {k: v for k, v in st.assigned.items() if k in jobs}
