@@ -649,10 +649,14 @@ class Policy:
             free = free[: len(free) - reserve]
         horizon = self._horizon(view, free, admitted)
         r.weights = self._deadline_weights(admitted, r.now)
-        key = self._problem_key(admitted, free, evidence, pins, r) + (horizon, tuple(sorted(r.weights.items())))
-        if key == self._noop_key:
-            assignment = {j.id: j.nodes for j in admitted}
-            return self._finish(r, assignment, waiting, 0.0, 0.0, "unchanged", solved=False, horizon=horizon)
+        # the inputs of the last decision that changed nothing, if it did (the solve below changes none
+        # of them, so its key is made after it, and only then)
+        key = None
+        if self._noop_key is not None:
+            key = self._problem_key(admitted, free, evidence, pins, r, horizon)
+            if key == self._noop_key:
+                assignment = {j.id: j.nodes for j in admitted}
+                return self._finish(r, assignment, waiting, 0.0, 0.0, "unchanged", solved=False, horizon=horizon)
         if cfg.allocation is Allocation.MILP:
             assignment, objective, seconds, method = self._solve(admitted, free, fixed, lender_nodes, repaid,
                                                                  evidence, horizon, r)
@@ -661,6 +665,8 @@ class Policy:
             counts = counts_fn(admitted, min(view.free_count, len(free)))
             assignment, objective, seconds, method = node_map(admitted, free, counts), 0.0, 0.0, cfg.allocation.value
         unchanged = all(_same_nodes(assignment.get(j.id, ()), j.nodes) for j in admitted)
+        if unchanged and key is None:
+            key = self._problem_key(admitted, free, evidence, pins, r, horizon)
         self._noop_key = key if unchanged else None
         return self._finish(r, assignment, waiting, objective, seconds, method, solved=True, horizon=horizon)
 
@@ -785,7 +791,8 @@ class Policy:
         return built
 
     def _problem_key(self, admitted: list[JobView], free: list[str], evidence: Evidence,
-                     pins: Mapping[str, int], r: _Round) -> tuple:
+                     pins: Mapping[str, int], r: _Round, horizon: float) -> tuple:
+        """What a decision's plan depends on, beyond the state: equal keys, equal plans."""
         room = sum(j.max_nodes - j.count for j in admitted)
         costs = tuple((e.costs.n_up, e.costs.n_down) if (e := evidence.get(j.id)) is not None and e.costs else None
                       for j in admitted)
@@ -793,7 +800,7 @@ class Policy:
         return (tuple((j.id, j.count) for j in admitted), min(room, len(free)), versions, costs,
                 tuple(sorted(pins.items())), tuple(sorted(r.returning.items())),
                 tuple(sorted((b, d.lender, d.nodes) for b, d in self.state.debts.items())),
-                r.released != [])
+                r.released != [], horizon, tuple(sorted(r.weights.items())))
 
     def _finish(self, r: _Round, assignment: Mapping[str, tuple[str, ...]], waiting: dict[str, str],
                 objective: float, seconds: float, method: str, solved: bool, horizon: float = 0.0) -> Decision:
