@@ -70,7 +70,8 @@ def _forward(items: list[Item], capacity: int) -> list[np.ndarray]:
     tmp = np.empty(width)
     reach = 0
     for pos, item in enumerate(items):
-        new = np.full(width, -np.inf)
+        new = np.empty(width)
+        new.fill(-np.inf)
         reach = min(capacity, reach + max(item.weights, default=0))
         top = reach + 1
         for w, v in zip(item.weights, item.values):

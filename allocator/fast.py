@@ -46,7 +46,7 @@ class Padded:
 
     def choice(self, lam: float) -> np.ndarray:
         """Each job's best index under ``lam`` (ties: the smaller count)."""
-        return np.argmax(self.relaxed(lam), axis=1)
+        return self.relaxed(lam).argmax(axis=1)
 
     def demand(self, idx: np.ndarray) -> int:
         return int(self.counts[np.arange(idx.size), idx].sum())
@@ -66,20 +66,20 @@ class _Side:
             rows = np.arange(pad.counts.shape[0])
         self.lam = lam
         self.relaxed = pad.relaxed(lam)
-        self.idx = np.argmax(self.relaxed, axis=1)
+        self.idx = self.relaxed.argmax(axis=1)
         self.rowmax = self.relaxed[rows, self.idx]  # the row maxima, as relaxed.max(axis=1) gives them
         self.chosen = pad.counts[rows, self.idx]  # each row's chosen count (the incumbent reads them too)
-        self.demand = int(self.chosen.sum())
+        self.demand = int(_sum(self.chosen))
 
     @classmethod
     def pair(cls, pad: Padded, lo: float, hi: float, rows: np.ndarray) -> tuple[_Side, _Side]:
         """``(_Side(pad, lo), _Side(pad, hi))`` from one (2, jobs, choices) array: the same
         element-wise operations, half the numpy calls."""
         relaxed = pad.values - np.array([lo, hi])[:, None, None] * pad.counts
-        idx = np.argmax(relaxed, axis=2)
+        idx = relaxed.argmax(axis=2)
         rowmax = relaxed[_BOTH, rows, idx]
         chosen = pad.counts[rows, idx]
-        demand = chosen.sum(axis=1).tolist()
+        demand = _sum(chosen, axis=1).tolist()
         sides = []
         for s, lam in enumerate((lo, hi)):
             side = cls.__new__(cls)
@@ -90,10 +90,14 @@ class _Side:
 
     def bound(self, capacity: int) -> float:
         """:meth:`Padded.bound` at this multiplier."""
-        return float(self.lam * capacity + self.rowmax.sum())
+        return float(self.lam * capacity + _sum(self.rowmax))
 
 
 _BOTH = np.array([[0], [1]])  # picks both sides' rows in :meth:`_Side.pair`
+# the reductions ndarray.sum and .max forward to, called directly (the array methods and numpy's
+# functions go through a Python frame each; a decision makes a few dozen such calls on small arrays)
+_sum = np.add.reduce
+_max = np.maximum.reduce
 
 
 def solve_fast(tables: Tables, capacity: int) -> list[int]:
@@ -103,9 +107,9 @@ def solve_fast(tables: Tables, capacity: int) -> list[int]:
     rows = np.arange(len(tables))
     # each row's first best count needs no more than its preferred best (the current count, when it
     # ties, is above the first): when the first ones overflow, so do the preferred (most decisions)
-    if int(tables.counts[rows, np.argmax(tables.values, axis=1)].sum()) <= capacity:
+    if int(_sum(tables.counts[rows, tables.values.argmax(axis=1)])) <= capacity:
         picks = tables.preferred_best()
-        if int(tables.counts[rows, picks].sum()) <= capacity:
+        if int(_sum(tables.counts[rows, picks])) <= capacity:
             return picks.tolist()
     pad = Padded(tables.counts, tables.values)
     # rows and the finite mask are computed once here: each numpy call costs ~1 us on these small arrays
@@ -116,7 +120,7 @@ def solve_fast(tables: Tables, capacity: int) -> list[int]:
     side, bound = (hi, bound_hi) if bound_hi <= bound_lo else (lo, bound_lo)
     # fixing (job, choice) lowers the bound at the side's multiplier by this much (its reduced cost)
     reduced = side.rowmax[:, None] - side.relaxed
-    tol = 1e-9 * max(1.0, abs(bound), float(np.abs(pad.values[finite]).max(initial=0.0)))
+    tol = 1e-9 * max(1.0, abs(bound), float(_max(np.abs(pad.values[finite]), axis=None, initial=0.0)))
     # Keep every choice within the proven gap (the incumbent always survives).
     keep = finite & (reduced <= bound - inc_value + tol)
     keep[rows, incumbent] = True
@@ -201,7 +205,7 @@ def _all_idle_multiplier(pad: Padded, finite: np.ndarray | None = None) -> float
     # non-finite maximum (an infinite value in the table) takes the masked way.
     vals = pad.values
     slopes = (vals[:, 1:] - vals[:, :1]) / np.maximum(pad.counts[:, 1:], 1)
-    top = float(slopes.max(initial=0.0))
+    top = float(_max(slopes, axis=None, initial=0.0))
     if not math.isfinite(top):
         running = pad.counts > 0
         if finite is None:
@@ -223,9 +227,9 @@ def _incumbent(pad: Padded, capacity: int, lo: _Side, hi: _Side,
     cur_v = pad.values[rows, idx]
     extra = lo.chosen - cur_n
     gain = pad.values[rows, alt] - cur_v
-    movers = np.flatnonzero((extra > 0) & (gain > 0))
+    movers = ((extra > 0) & (gain > 0)).nonzero()[0]
     if movers.size:
-        order = movers[np.argsort(-gain[movers] / extra[movers], kind="stable")]
+        order = movers[(-gain[movers] / extra[movers]).argsort(kind="stable")]
         for j in order.tolist():
             if extra[j] <= room:
                 idx[j] = alt[j]
@@ -233,7 +237,7 @@ def _incumbent(pad: Padded, capacity: int, lo: _Side, hi: _Side,
                 cur_v[j] = pad.values[j, alt[j]]
                 room -= int(extra[j])
     idx, room = _fill(pad, idx, room, rows=rows, cur_n=cur_n, cur_v=cur_v)
-    return idx, float(cur_v.sum())  # cur_v is pad.values[rows, idx], kept up to date by the moves
+    return idx, float(_sum(cur_v))  # cur_v is pad.values[rows, idx], kept up to date by the moves
 
 
 def _fill(pad: Padded, idx: np.ndarray, room: int, rounds: int = 8, rows: np.ndarray | None = None,
@@ -251,7 +255,7 @@ def _fill(pad: Padded, idx: np.ndarray, room: int, rounds: int = 8, rows: np.nda
             break
         fits = pad.counts - cur_n[:, None] <= room
         gain = np.where(fits, pad.values - cur_v[:, None], -np.inf)
-        flat = int(np.argmax(gain))
+        flat = int(gain.argmax())
         j, k = divmod(flat, gain.shape[1])
         if not gain[j, k] > 0:
             break
@@ -270,7 +274,7 @@ def _solve_reduced(tables: Tables, keep: np.ndarray, capacity: int,
     """
     # every surviving (row, choice) at once, row by row, choices ascending; then plain lists (a few
     # dozen survivors cost less in Python than a dozen more numpy calls on the small arrays)
-    at, live_arr = np.nonzero(keep)
+    at, live_arr = keep.nonzero()
     alive = np.bincount(at, minlength=len(tables)).tolist()
     counts, values = tables.counts[at, live_arr].tolist(), tables.values[at, live_arr].tolist()
     live_all = live_arr.tolist()

@@ -66,7 +66,7 @@ class Tables:
     def preferred_best(self, values: np.ndarray | None = None) -> np.ndarray:
         """Each row's best index; ties go to the current count, then the smallest count."""
         vals = self.values if values is None else values
-        first = np.argmax(vals, axis=1)
+        first = vals.argmax(axis=1)
         if not len(self.jobs):
             return first
         rows = np.arange(len(self.jobs))
