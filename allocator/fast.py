@@ -51,9 +51,6 @@ class Padded:
     def demand(self, idx: np.ndarray) -> int:
         return int(self.counts[np.arange(idx.size), idx].sum())
 
-    def bound(self, lam: float, capacity: int) -> float:
-        return float(lam * capacity + self.relaxed(lam).max(axis=1).sum())
-
 
 class _Side:
     """One multiplier's relaxed values, each row's best choice (ties: the smaller count), its value
@@ -89,7 +86,7 @@ class _Side:
         return sides[0], sides[1]
 
     def bound(self, capacity: int) -> float:
-        """:meth:`Padded.bound` at this multiplier."""
+        """The Lagrangian bound ``lam * capacity + sum of the row maxima`` at this multiplier."""
         return float(self.lam * capacity + _sum(self.rowmax))
 
 
@@ -124,7 +121,7 @@ def solve_fast(tables: Tables, capacity: int) -> list[int]:
     # Keep every choice within the proven gap (the incumbent always survives).
     keep = finite & (reduced <= bound - inc_value + tol)
     keep[rows, incumbent] = True
-    final = _solve_reduced(tables, keep, capacity, rows)
+    final = _solve_reduced(tables, keep, capacity)
     if final is None:  # pragma: no cover - the incumbent is feasible and kept
         raise AssertionError("reduced problem lost the incumbent")
     return final
@@ -215,11 +212,8 @@ def _all_idle_multiplier(pad: Padded, finite: np.ndarray | None = None) -> float
     return top * (1.0 + 1e-9) + 1e-9
 
 
-def _incumbent(pad: Padded, capacity: int, lo: _Side, hi: _Side,
-               rows: np.ndarray | None = None) -> tuple[np.ndarray, float]:
+def _incumbent(pad: Padded, capacity: int, lo: _Side, hi: _Side, rows: np.ndarray) -> tuple[np.ndarray, float]:
     """A feasible choice vector: ``hi``'s choice, greedily moved toward ``lo``'s."""
-    if rows is None:
-        rows = np.arange(pad.counts.shape[0])
     idx = hi.idx.copy()
     room = capacity - hi.demand
     alt = lo.idx
@@ -236,20 +230,14 @@ def _incumbent(pad: Padded, capacity: int, lo: _Side, hi: _Side,
                 cur_n[j] = lo.chosen[j]
                 cur_v[j] = pad.values[j, alt[j]]
                 room -= int(extra[j])
-    idx, room = _fill(pad, idx, room, rows=rows, cur_n=cur_n, cur_v=cur_v)
+    idx, room = _fill(pad, idx, room, cur_n, cur_v)
     return idx, float(_sum(cur_v))  # cur_v is pad.values[rows, idx], kept up to date by the moves
 
 
-def _fill(pad: Padded, idx: np.ndarray, room: int, rounds: int = 8, rows: np.ndarray | None = None,
-          cur_n: np.ndarray | None = None, cur_v: np.ndarray | None = None) -> tuple[np.ndarray, int]:
+def _fill(pad: Padded, idx: np.ndarray, room: int, cur_n: np.ndarray, cur_v: np.ndarray,
+          rounds: int = 8) -> tuple[np.ndarray, int]:
     """Apply the single best improving move that fits, a few times. ``cur_n`` / ``cur_v`` (the
-    counts and values at ``idx``, computed if not given) are updated in place with the moves."""
-    if rows is None:
-        rows = np.arange(idx.size)
-    if cur_n is None:
-        cur_n = pad.counts[rows, idx]
-    if cur_v is None:
-        cur_v = pad.values[rows, idx]
+    counts and values at ``idx``) are updated in place with the moves."""
     for _ in range(rounds):
         if room <= 0:
             break
@@ -266,8 +254,7 @@ def _fill(pad: Padded, idx: np.ndarray, room: int, rounds: int = 8, rows: np.nda
     return idx, room
 
 
-def _solve_reduced(tables: Tables, keep: np.ndarray, capacity: int,
-                   rows: np.ndarray | None = None) -> list[int] | None:
+def _solve_reduced(tables: Tables, keep: np.ndarray, capacity: int) -> list[int] | None:
     """Fix jobs with one surviving choice; DP over the rest above their smallest survivor.
 
     ``None`` if the surviving choices cannot fit (only possible without the incumbent).

@@ -58,7 +58,6 @@ A decision whose inputs equal those of the last decision that changed nothing is
 
 from __future__ import annotations
 
-import bisect
 import math
 from dataclasses import replace
 from typing import Mapping
@@ -278,17 +277,12 @@ class Policy:
         st.profiled = {j for j in st.profiled if j in jobs}
         st.over_budget = {j for j in st.over_budget if j in jobs}
         pop = st.population
-        sorted_pop = self._population  # kept up to date below if it was up to date before
-        if sorted_pop is not None and sorted_pop[0] != (id(pop), len(pop), self._population_version):
-            sorted_pop = None
         for job_id in [k for k in st.measured if k not in jobs]:
             pts = st.measured.pop(job_id)
             if pts:
                 n = min(pts)
                 pop.append(pts[n] / n)
-                self._population_version += 1
-                if sorted_pop is not None and pop[-1] > 0:
-                    bisect.insort(sorted_pop[1], pop[-1])
+                self._population_version += 1  # guess() sorts it again
                 shape = beliefs.shape_of(pts)
                 if shape is not None:
                     st.shapes.append(shape)
@@ -300,11 +294,6 @@ class Policy:
             self._absorbs.pop(job_id, None)
             self._alloc_jobs.pop(job_id, None)
             self._learned.pop(job_id, None)
-        if sorted_pop is not None:
-            for rate in pop[:-POPULATION_KEEP]:  # the oldest, about to go
-                if rate > 0:
-                    del sorted_pop[1][bisect.bisect_left(sorted_pop[1], rate)]
-            self._population = ((id(pop), min(len(pop), POPULATION_KEEP), self._population_version), sorted_pop[1])
         del pop[:-POPULATION_KEEP]
         self._guess = None
         for cache in (self._curves, self._raw, self._absorbs, self._alloc_jobs, self._learned, self._views):

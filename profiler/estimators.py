@@ -78,12 +78,7 @@ def median_ci(values: Iterable[float]) -> tuple[float, float, float]:
     n = len(xs)
     if n == 0:
         raise ValueError("median_ci of no values")
-    return _median_ci_sorted(xs)
-
-
-def _median_ci_sorted(xs: list[float]) -> tuple[float, float, float]:
-    """:func:`median_ci` of values already sorted (at least one)."""
-    lo, hi = _ci_ranks(len(xs))
+    lo, hi = _ci_ranks(n)
     return _median_sorted(xs), xs[lo - 1], xs[hi - 1]
 
 

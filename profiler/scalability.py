@@ -139,16 +139,10 @@ def _fit(items: tuple[tuple[int, float], ...]) -> ScalingModel:
         if len(subset) > len(rows):
             continue
         columns = functools.partial(_columns, rows, subset)
-        if len(subset) == 1:
-            coef = _least_squares_1(gram[subset[0]][subset[0]], rhs[subset[0]], columns)
-        elif len(subset) == 2:
-            i, j = subset
-            coef = _least_squares_2(gram[i][i], gram[i][j], gram[j][i], gram[j][j], rhs[i], rhs[j], columns)
-        else:
-            coef = _least_squares([[gram[i][j] for j in subset] + [rhs[i]] for i in subset], columns)
+        coef = _least_squares([[gram[i][j] for j in subset] + [rhs[i]] for i in subset], columns)
         if coef is None or any(c < 0 or not math.isfinite(c) for c in coef):
             continue
-        resid = _residual(rows, subset, coef)
+        resid = sum((sum(r[k] * c for k, c in zip(subset, coef)) - 1.0) ** 2 for r in rows)
         if best is None or resid < best[0] - 1e-12:
             full = [0.0, 0.0, 0.0]
             for k, c in zip(subset, coef):
@@ -160,51 +154,8 @@ def _fit(items: tuple[tuple[int, float], ...]) -> ScalingModel:
     return ScalingModel(a, b, c)
 
 
-def _residual(rows: list[list[float]], subset: tuple[int, ...], coef: list[float]) -> float:
-    """``sum over rows of (sum_k r[k] * coef_k - 1) ** 2``, written out per subset size: the same
-    float operations in the same order as the sums of generators it replaces, at a third of the cost."""
-    total = 0.0
-    if len(subset) == 1:
-        (k0,), (c0,) = subset, coef
-        for r in rows:
-            total += (r[k0] * c0 - 1.0) ** 2
-    elif len(subset) == 2:
-        (k0, k1), (c0, c1) = subset, coef
-        for r in rows:
-            total += (r[k0] * c0 + r[k1] * c1 - 1.0) ** 2
-    else:
-        (k0, k1, k2), (c0, c1, c2) = subset, coef
-        for r in rows:
-            total += (r[k0] * c0 + r[k1] * c1 + r[k2] * c2 - 1.0) ** 2
-    return total
-
-
 def _columns(rows: list[list[float]], subset: tuple[int, ...]) -> list[list[float]]:
     return [[r[k] for k in subset] for r in rows]
-
-
-def _least_squares_1(a: float, b: float, columns: Callable[[], list[list[float]]]) -> list[float] | None:
-    """:func:`_least_squares` of one column, written out (the same float operations)."""
-    if abs(a) <= 1e-10 * (abs(a) or 1.0):
-        return _lstsq(columns())
-    return [(b - 0.0) / a]
-
-
-def _least_squares_2(a00: float, a01: float, a10: float, a11: float, b0: float, b1: float,
-                     columns: Callable[[], list[list[float]]]) -> list[float] | None:
-    """:func:`_least_squares` of two columns, written out (the same pivoting and float operations)."""
-    scale = max(abs(a00), abs(a11)) or 1.0
-    if abs(a10) > abs(a00):
-        a00, a01, b0, a10, a11, b1 = a10, a11, b1, a00, a01, b0
-    if abs(a00) <= 1e-10 * scale:
-        return _lstsq(columns())
-    f = a10 / a00
-    a11 -= f * a01
-    b1 -= f * b0
-    if abs(a11) <= 1e-10 * scale:
-        return _lstsq(columns())
-    out1 = (b1 - 0.0) / a11
-    return [(b0 - (0.0 + a01 * out1)) / a00, out1]
 
 
 def _lstsq(x: list[list[float]]) -> list[float]:

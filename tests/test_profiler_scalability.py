@@ -210,27 +210,3 @@ def test_property_the_small_least_squares_agrees_with_numpys(rows: list[list[flo
     resid = sum((sum(a * c for a, c in zip(r, ours)) - 1.0) ** 2 for r in x)
     ref_resid = float(np.sum((np.array(x) @ ref - 1.0) ** 2))
     assert resid == pytest.approx(ref_resid, rel=1e-6, abs=1e-9)  # as good a fit (the solution may differ if rank-deficient)
-
-
-_COEF = st.one_of(st.floats(-1e6, 1e6, allow_nan=False), st.sampled_from([0.0, -0.0, 1e-300, 1.0]))
-
-
-@settings(max_examples=400, deadline=None)
-@given(a=st.lists(_COEF, min_size=6, max_size=6), singular=st.booleans())
-def test_the_written_out_solvers_are_the_general_elimination(a: list[float], singular: bool) -> None:
-    """The fit's one- and two-column solvers are the general Gaussian elimination written out: the
-    same pivots, the same float operations, the same fallback (so a fit is bit for bit what it was)."""
-    from profiler.scalability import _least_squares, _least_squares_1, _least_squares_2
-
-    a00, a01, a10, a11, b0, b1 = a
-    if singular:  # a zero or dependent column: the least-squares fallback on the columns
-        a10, a11 = 2.0 * a00, 2.0 * a01
-    cols = [[1.0, 2.0], [2.0, 4.5], [0.5, 1.0]]
-
-    def bits(coef: list[float] | None) -> list[str] | None:  # bit for bit: nan and -0.0 included
-        return None if coef is None else [float(c).hex() for c in coef]
-
-    assert bits(_least_squares_1(a00, b0, lambda: [[c[0]] for c in cols])) == \
-        bits(_least_squares([[a00, b0]], lambda: [[c[0]] for c in cols]))
-    assert bits(_least_squares_2(a00, a01, a10, a11, b0, b1, lambda: cols)) == \
-        bits(_least_squares([[a00, a01, b0], [a10, a11, b1]], lambda: cols))
