@@ -11,15 +11,19 @@ plus the ground truth only the simulator has (:mod:`simulator.policies`). Its cl
 
 from __future__ import annotations
 
-from simulator.clock import EventQueue, Priority, SimClock
+from dataclasses import replace
+
 from policy import PolicyConfig
+from simulator.calibration import Calibration, CalibrationError
+from simulator.calibration import default as default_calibration
+from simulator.clock import EventQueue, Priority, SimClock
 from simulator.engine import DecisionRow, PolicyError, SimConfig, SimJob, SimJobState, SimResult, Simulator
 from simulator.policies import POLICIES, PolicyContext, SimPolicy, make_policy
 from simulator.workload import JobSpec, ScalingSet, Workload, WorkloadError, find_scaling, make_workload
 from traces.model import IdleTimeline
 
 __all__ = [
-    "DecisionRow", "EventQueue", "IdleTimeline", "JobSpec", "POLICIES", "PolicyConfig", "PolicyContext",
+    "Calibration", "CalibrationError", "DecisionRow", "EventQueue", "IdleTimeline", "JobSpec", "POLICIES", "PolicyConfig", "PolicyContext",
     "PolicyError", "Priority", "ScalingSet", "SimClock", "SimConfig", "SimJob", "SimJobState", "SimPolicy",
     "SimResult", "Simulator", "Workload", "WorkloadError", "find_scaling", "make_policy", "make_workload",
     "simulate",
@@ -44,8 +48,11 @@ def simulate(
 
     A named policy is the preset of that name on ``policy_config`` (default: the daemon's
     defaults), given a :class:`PolicyContext` with the workload's model curves, ``seed`` and
-    ``freetrain_model`` (``mean`` | ``linear`` | ``noise:X``).
+    ``freetrain_model`` (``mean`` | ``linear`` | ``noise:X``). Costs: ``config.calibration``, and when
+    that is None the shipped calibration (:func:`simulator.calibration.default`).
     """
+    if config.calibration is None:  # costs are charged unless a calibration (e.g. free()) is named
+        config = replace(config, calibration=default_calibration())
     curves = scaling if scaling is not None else find_scaling()
     wl = make_workload(workload, curves, seed=seed, n_jobs=n_jobs)
     if isinstance(policy, str):

@@ -7,8 +7,16 @@ profiling, lending, curves, costs and allocation are the daemon's :class:`policy
 what a job monitor would have measured (:class:`simulator.monitor.SimJobMonitor`). What stays
 here is physics and ground truth: a job's progress is its TRUE throughput over time minus
 rescale pauses; a recalled node leaves its job at once (the job pays its scale-down pause and
-shrinks; below its min it cannot run and stops, keeping its progress; the policy then puts it
-back at the front of the queue).
+shrinks; below its min it cannot run and stops; the policy then puts it back at the front of the
+queue).
+
+Costs come from one calibration (:mod:`simulator.calibration`, ``SimConfig.calibration``): a node
+that goes idle is usable only once its pilot runs (``pilot_start_s``); a job's first start holds its
+nodes idle for ``cold_start_s``, a start after any stop for ``restart_s``, and a stop loses the work
+since the job's last checkpoint commit (every ``commit_interval_s`` of running); rescales pause for
+``rescale_pause_s``. The engine's default is the ``free`` ablation (none of these; the jobs' own
+rescale pauses) when ``SimConfig.calibration`` is None; :func:`simulator.simulate` and the CLI
+charge the shipped calibration unless told otherwise.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from typing import Callable, Iterator, Mapping
 
 from allocator import throughput_at
 from policy import Decision, EventKind, JobEvidence, JobView, View
+from simulator.calibration import Calibration, free
 from simulator.clock import EventQueue, Priority, SimClock
 from simulator.monitor import SimJobMonitor
 from simulator.policies import SimPolicy
@@ -65,6 +74,10 @@ class SimJob:
     preemptions: int = 0
     rescales: int = 0
     paused_seconds: float = 0.0  # time it held nodes but made no progress
+    runs: int = 0  # starts from zero nodes (the first is a cold start, the others restarts)
+    run_since: float | None = None  # its current run's checkpoint clock starts here (None: not running)
+    committed: float = 0.0  # progress at its last checkpoint commit
+    lost_samples: float = 0.0  # progress rolled back to the last commit at stops
     paused_node_seconds: float = 0.0
     node_seconds: float = 0.0
     user_curve: Mapping[int, float] | None = None  # what the user told the policy (ground truth's doing)
@@ -109,6 +122,14 @@ class Cancel:
 
 
 @dataclass(frozen=True)
+class PilotUp:
+    """The pilots of ``nodes``, submitted when those nodes went idle at ``since``, run now."""
+
+    nodes: tuple[str, ...]
+    since: float
+
+
+@dataclass(frozen=True)
 class Decide:
     """A deferred decision (``min_interval_s`` > 0)."""
 
@@ -141,6 +162,9 @@ class SimConfig:
     # cap every job's max_nodes at this many nodes (None: the workload's own, 64 for the streams);
     # the evaluation's sweep replays each stream at 16 and 64
     max_nodes: int | None = None
+    # what starts, restarts, pilots, rollbacks and rescales cost (simulator.calibration); the engine's
+    # default is the free ablation, simulate() and the CLI pass the shipped calibration
+    calibration: Calibration | None = None  # None: free here; simulate() makes it the shipped default
 
     def __post_init__(self) -> None:
         if self.max_nodes is not None and self.max_nodes < 1:
@@ -217,6 +241,9 @@ class Simulator:
         # idle nodes no job holds -> when each became idle (its _idle_since), so the policy's
         # View.idle_since of the free nodes is a copy of this dict, not a lookup per node
         self.free: dict[str, float] = {}
+        # idle nodes whose pilot is starting -> when it was submitted (not usable yet)
+        self.starting: dict[str, float] = {}
+        self.cal = config.calibration if config.calibration is not None else free()
         self.owner: dict[str, SimJob] = {}
         self.jobs: dict[str, SimJob] = {}
         self.admitted: list[SimJob] = []
@@ -228,6 +255,10 @@ class Simulator:
         self._last_t = self.start
         self.idle_node_seconds = 0.0
         self.used_node_seconds = 0.0
+        self.held_node_seconds = 0.0  # idle nodes a running pilot holds (used or free)
+        self.cold_starts = 0
+        self.restarts = 0
+        self.start_paused_node_seconds = 0.0  # node-seconds held while (re)starting
         # per-interval split: [constrained, unconstrained] (unconstrained = the idle pool exceeds the
         # admitted jobs' summed max nodes, so no allocation could use every idle node)
         self.split_seconds = [0.0, 0.0]
@@ -330,6 +361,8 @@ class Simulator:
                 changed = True
             elif isinstance(ev, Cancel):
                 changed |= self._cancel(ev.job_id, t)
+            elif isinstance(ev, PilotUp):
+                changed |= self._pilots_up(ev)
             elif isinstance(ev, Decide):
                 self._decide_scheduled = False
             elif isinstance(ev, Wake):
@@ -356,8 +389,10 @@ class Simulator:
         dt = t - last
         if dt > 0:
             n_idle = len(self.idle)
-            used = n_idle - len(self.free)
+            held = n_idle - len(self.starting)
+            used = held - len(self.free)
             self.idle_node_seconds += n_idle * dt
+            self.held_node_seconds += held * dt
             self.used_node_seconds += used * dt
             capacity = self.absorb_capacity()
             k = 0 if n_idle <= capacity else 1
@@ -403,6 +438,7 @@ class Simulator:
             if not work > 0.0:
                 work = 0.0
             samples = job.rate * work
+            self._commit(job, last, t)
             job.progress = min(job.spec.samples, job.progress + samples)
             job.paused_seconds += dt - work
             job.paused_node_seconds += n * (dt - work)
@@ -413,12 +449,39 @@ class Simulator:
                 job.profiling_lost_samples += job.rate * (dt - work)
         job.last_update = t
 
+    def _commit(self, job: SimJob, last: float, t: float) -> None:
+        """Set ``job.committed`` to its progress at its last checkpoint commit in ``(last, t]`` (commits
+        come every ``commit_interval_s`` after its run started; 0: every step, nothing is ever lost).
+        Called before its progress over ``[last, t)`` is added; its rate is constant over it."""
+        interval = self.cal.commit_interval_s
+        since = job.run_since
+        if since is None:
+            return
+        if interval <= 0:
+            job.committed = min(job.spec.samples, job.progress + job.rate * max(0.0, t - max(last, job.paused_until)))
+            return
+        k = math.floor((t - since) / interval)
+        tc = since + k * interval
+        if k >= 1 and tc > last:
+            job.committed = min(job.spec.samples,
+                                job.progress + job.rate * max(0.0, tc - max(last, job.paused_until)))
+
+    def _roll_back(self, job: SimJob) -> None:
+        """A stop: the work since the last commit is lost (the job restarts from its checkpoint)."""
+        if job.run_since is not None and job.progress > job.committed:
+            job.lost_samples += job.progress - job.committed
+            job.progress = job.committed
+        job.run_since = None
+
     # ------------------------------------------------------------ events
 
     def _new_job(self, spec: JobSpec, t: float) -> SimJob:
         cap = self.config.max_nodes
         if cap is not None and spec.max_nodes > cap:
             spec = replace(spec, max_nodes=max(cap, spec.min_nodes))
+        pause = self.cal.rescale_pause_s
+        if pause is not None and (spec.up_cost_s, spec.down_cost_s) != (pause, pause):
+            spec = replace(spec, up_cost_s=pause, down_cost_s=pause)
         job = SimJob(id=f"j{len(self.jobs):05d}", spec=spec, submitted_at=t, order=len(self.jobs), last_update=t,
                      user_curve=self.sim_policy.user_curve(spec))
         if self._monitor_factory is not None:
@@ -432,10 +495,19 @@ class Simulator:
 
     def _apply_batch(self, batch: EventBatch) -> None:
         idle, free = self.idle, self.free
+        delay = self.cal.pilot_start_s
+        submitted: list[str] = []
         for node in batch.became_idle:
             if node not in idle:
                 idle[node] = None
-                free[node] = self._idle_since[node] = batch.time
+                self._idle_since[node] = batch.time
+                if delay > 0:
+                    self.starting[node] = batch.time
+                    submitted.append(node)
+                else:
+                    free[node] = batch.time
+        if submitted:
+            self.events.push(batch.time + delay, Priority.TRACE, PilotUp(tuple(submitted), batch.time))
         hit: dict[str, SimJob] = {}
         for node in batch.recalled:
             if node not in idle:
@@ -445,6 +517,9 @@ class Simulator:
             if node in free:
                 del free[node]
                 continue
+            if node in self.starting:  # recalled before its pilot ran
+                del self.starting[node]
+                continue
             job = self.owner.pop(node)
             if job.id not in hit:
                 self._advance(job, batch.time)  # account the interval before the node leaves
@@ -453,11 +528,22 @@ class Simulator:
         for job in hit.values():
             self._recalled(job, batch.time)
 
+    def _pilots_up(self, ev: PilotUp) -> bool:
+        """The pilots submitted at ``ev.since`` run: their nodes still idle since then become usable."""
+        up = False
+        for node in ev.nodes:
+            if self.starting.get(node) == ev.since:
+                del self.starting[node]
+                self.free[node] = self._idle_since[node]
+                up = True
+        return up
+
     def _recalled(self, job: SimJob, t: float) -> None:
         """Nodes left ``job`` without notice: pay the down pause and shrink, or stop below its min."""
         job.last_interrupted = t
         if len(job.nodes) < job.spec.min_nodes:
             self._release_all(job)  # it cannot run below its min; the policy re-queues it
+            self._roll_back(job)
             self.stops += 1
         else:
             self.rescales += 1
@@ -600,6 +686,7 @@ class Simulator:
         by_id = self.jobs
         for job in [j for j in self.admitted if j.id not in admitted]:  # lost its slot (preempted)
             self._release_all(job)
+            self._roll_back(job)
             job.state = SimJobState.QUEUED
             self._changed(job, t)  # its history and monitor record the stop
             self.queue.insert(0, job)
@@ -708,6 +795,7 @@ class Simulator:
             self._step_rescales += 1
             self._pause(job, t, job.spec.down_cost_s)
         else:
+            self._roll_back(job)
             self.stops += 1
         self._changed(job, t)
 
@@ -735,7 +823,23 @@ class Simulator:
         job.last_interrupted = t
         if not started or self.config.charge_start:
             self._pause(job, t, job.spec.up_cost_s)
+        if started:
+            self._start(job, t)
         self._changed(job, t)
+
+    def _start(self, job: SimJob, t: float) -> None:
+        """A start from zero nodes: a cold start the first time, a restart (from the last commit) after."""
+        cost = self.cal.restart_s if job.runs else self.cal.cold_start_s
+        if job.runs:
+            self.restarts += 1
+        else:
+            self.cold_starts += 1
+        job.runs += 1
+        if cost > 0:  # charged even for the oracle: free rescales, not free starts
+            job.paused_until = max(job.paused_until, t + cost)
+        self.start_paused_node_seconds += len(job.nodes) * max(0.0, job.paused_until - t)
+        job.run_since = max(t, job.paused_until)
+        job.committed = job.progress
 
     def _schedule_completions(self, t: float) -> None:
         for job_id in sorted(self._dirty):  # a set of str: sorted, or ties depend on PYTHONHASHSEED
@@ -772,17 +876,29 @@ class Simulator:
             "end": self.end,
             "span_seconds": self.end - self.start,
             "horizon_s": cfg.tfwd_s,
+            # what ran (issue 18: presets never silently win over an override)
+            "admission": cfg.admission.value,
             "max_running": cfg.max_running,
+            "admission_cap": cfg.admission_cap,
+            "objective": cfg.objective.value,
+            "calibration": self.cal.name,
+            "calibration_values": self.cal.as_dict(),
             "policy_config": cfg.as_dict(),
             "idle_node_seconds": idle,
             "used_node_seconds": self.used_node_seconds,
             "used_fraction": self.used_node_seconds / idle if idle > 0 else 0.0,
+            "held_node_seconds": self.held_node_seconds,
+            "held_fraction": self.held_node_seconds / idle if idle > 0 else 0.0,
             "paused_node_seconds": paused,
             "productive_node_seconds": productive,
             "productive_fraction": productive / idle if idle > 0 else 0.0,
             "samples_processed": sum(j.progress for j in jobs),
             # model-neutral work: each job's samples over its own 1-node rate (node-seconds at 1 node)
             "work_node_seconds": sum(j.progress / j.one_node_rate for j in jobs if j.one_node_rate > 0),
+            "lost_work_node_seconds": sum(j.lost_samples / j.one_node_rate for j in jobs if j.one_node_rate > 0),
+            "cold_starts": self.cold_starts,
+            "restarts": self.restarts,
+            "start_paused_node_seconds": self.start_paused_node_seconds,
             "jobs_submitted": len(jobs),
             "jobs_completed": len(completed),
             "makespan_seconds": makespan,

@@ -1,0 +1,143 @@
+"""The costs the simulator charges, from one calibration file.
+
+A calibration is a JSON file written by the project's own real benchmarks
+(``benchmarks/calibrate.py`` on the torch runtime and the Slurm test cluster) and shipped
+as :file:`simulator/calibration.json`::
+
+    {"schema": 1, "values": {NAME: {"value": 12.0, "unit": "s", "how": "...",
+                                    "when": "YYYY-MM-DD", "command": "..."}}}
+
+with at least :data:`REQUIRED`:
+
+* ``pilot_start_s``: a node goes idle -> its pilot runs (the node is usable only after this);
+* ``cold_start_s``: a job's first start (worker process start, framework import, rendezvous,
+  first step): the job holds its nodes and makes no progress for this long;
+* ``restart_s``: a start after a preemption, suspension or kill (cold start + checkpoint load);
+  the work since the job's last commit is lost;
+* ``rescale_pause_s``: the pause of a rescale (up or down) of a running job;
+* ``commit_interval_s``: how often a running job commits a checkpoint (0: after every step,
+  nothing is lost).
+
+``free`` (:func:`free`) is the named ablation with no start, restart, pilot or rollback cost
+(rescale pauses: each job's own, 18 s up / 12 s down by default), what the simulator charged
+before issue 18. Every ``summary.json`` names the calibration it ran with.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from datetime import date
+from importlib import resources
+from pathlib import Path
+from typing import Any, Mapping
+
+SCHEMA = 1
+REQUIRED = ("pilot_start_s", "cold_start_s", "restart_s", "rescale_pause_s", "commit_interval_s")
+DEFAULT_FILE = "calibration.json"
+FREE = "free"
+
+
+class CalibrationError(ValueError):
+    """A calibration file that cannot be used; the message names the file and the entry."""
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The charged costs (seconds). ``rescale_pause_s`` None: each job's own rescale costs."""
+
+    name: str  # the file it came from, or "free"
+    pilot_start_s: float = 0.0
+    cold_start_s: float = 0.0
+    restart_s: float = 0.0
+    rescale_pause_s: float | None = None
+    commit_interval_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        for key in ("pilot_start_s", "cold_start_s", "restart_s", "commit_interval_s"):
+            _check(self.name, key, getattr(self, key))
+        if self.rescale_pause_s is not None:
+            _check(self.name, "rescale_pause_s", self.rescale_pause_s)
+
+    @property
+    def is_free(self) -> bool:
+        return self.name == FREE
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "pilot_start_s": self.pilot_start_s, "cold_start_s": self.cold_start_s,
+                "restart_s": self.restart_s, "rescale_pause_s": self.rescale_pause_s,
+                "commit_interval_s": self.commit_interval_s}
+
+
+def _check(where: str, key: str, value: object) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
+        raise CalibrationError(f"{where}: {key} must be a finite number of seconds >= 0, got {value!r}")
+
+
+def free() -> Calibration:
+    """The ablation: starts, restarts, pilots and rollbacks cost nothing (rescales: the jobs' own pauses)."""
+    return Calibration(FREE)
+
+
+def default_path() -> Path:
+    return Path(str(resources.files("simulator").joinpath(DEFAULT_FILE)))
+
+
+def parse(data: Any, where: str) -> Calibration:
+    """A calibration from the decoded JSON of ``where`` (errors name ``where`` and the entry)."""
+    if not isinstance(data, Mapping):
+        raise CalibrationError(f"{where}: expected a JSON object with 'schema' and 'values'")
+    if data.get("schema") != SCHEMA:
+        raise CalibrationError(f"{where}: schema {data.get('schema')!r} is not {SCHEMA}")
+    values = data.get("values")
+    if not isinstance(values, Mapping):
+        raise CalibrationError(f"{where}: 'values' must be an object of NAME -> {{value, unit, how, when, command}}")
+    missing = [k for k in REQUIRED if k not in values]
+    if missing:
+        raise CalibrationError(f"{where}: missing value(s) {', '.join(missing)}")
+    got: dict[str, float] = {}
+    for key in REQUIRED:
+        entry = values[key]
+        if not isinstance(entry, Mapping):
+            raise CalibrationError(f"{where}: values.{key} must be an object with 'value', 'unit', 'how', 'when'")
+        for field_ in ("value", "unit", "how", "when"):
+            if field_ not in entry:
+                raise CalibrationError(f"{where}: values.{key} has no {field_!r}")
+        if entry["unit"] != "s":
+            raise CalibrationError(f"{where}: values.{key}.unit {entry['unit']!r}: only 's' is known")
+        try:
+            date.fromisoformat(str(entry["when"]))
+        except ValueError:
+            raise CalibrationError(f"{where}: values.{key}.when {entry['when']!r} is not YYYY-MM-DD") from None
+        _check(f"{where}: values.{key}", "value", entry["value"])
+        got[key] = float(entry["value"])
+    return Calibration(where, **got)
+
+
+def load(path: str | Path) -> Calibration:
+    """Read a calibration file (``free`` is the named ablation, not a file)."""
+    if str(path) == FREE:
+        return free()
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise CalibrationError(f"{p}: cannot read calibration file: {exc.strerror or exc}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CalibrationError(f"{p}:{exc.lineno}: invalid JSON: {exc.msg}") from None
+    return parse(data, str(p))
+
+
+def default() -> Calibration:
+    """The shipped calibration (:file:`simulator/calibration.json`), named ``calibration.json``."""
+    cal = load(default_path())
+    return Calibration(DEFAULT_FILE, cal.pilot_start_s, cal.cold_start_s, cal.restart_s, cal.rescale_pause_s,
+                       cal.commit_interval_s)
+
+
+def resolve(spec: str | None) -> Calibration:
+    """``None`` -> the shipped default; ``free`` -> the ablation; else a file."""
+    return default() if spec is None else load(spec)

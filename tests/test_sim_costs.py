@@ -1,0 +1,90 @@
+"""Issue 18 §2: the costs the simulator charges, from one calibration file."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from simulator import SimConfig, Simulator
+from simulator.calibration import REQUIRED, Calibration, CalibrationError, default, free, load
+from tests.test_simulator import LINEAR, job, named, timeline, workload
+
+CAL = Calibration("test", pilot_start_s=2.0, cold_start_s=10.0, restart_s=20.0, rescale_pause_s=4.0,
+                  commit_interval_s=50.0)
+
+
+def run(tl, specs, cal, policy="greedy"):
+    return Simulator(tl, workload(*specs), named(policy, specs), SimConfig(calibration=cal)).run()
+
+
+def test_the_shipped_calibration_has_every_value_with_how_and_when():
+    cal = default()
+    assert cal.name == "calibration.json"
+    assert 1.5 <= cal.pilot_start_s <= 2.0 and 10.0 <= cal.cold_start_s <= 12.0
+    assert cal.restart_s >= cal.cold_start_s
+    assert free().is_free and not cal.is_free
+
+
+def test_a_cold_start_and_the_pilot_start_are_charged():
+    tl = timeline(["n1", "n2"], ["n1", "n2"], end=100.0)
+    free_run = run(tl, [job(max_nodes=2)], free())
+    charged = run(tl, [job(max_nodes=2)], Calibration("t", pilot_start_s=2.0, cold_start_s=10.0))
+    # free: 2 nodes x 10 samples/s x 100 s; charged: usable from t=2, then 10 s of cold start
+    assert free_run.summary["samples_processed"] == pytest.approx(20.0 * 100.0)
+    assert charged.summary["samples_processed"] == pytest.approx(20.0 * (100.0 - 2.0 - 10.0))
+    assert charged.summary["held_node_seconds"] == pytest.approx(2 * 98.0)
+    assert charged.summary["calibration"] == "t" and charged.summary["cold_starts"] == 1
+
+
+def test_a_kill_loses_the_work_since_the_last_commit_and_pays_the_restart():
+    # one node, idle 0-130, recalled at 130, idle again at 140 until 300
+    tl = timeline(["n1"], ["n1"], [(130.0, "n1", False), (140.0, "n1", True)], end=300.0)
+    res = run(tl, [job(max_nodes=1)], Calibration("t", cold_start_s=10.0, restart_s=20.0, commit_interval_s=50.0))
+    # run 1 from t=10 (after cold start): commits at 60, 110; killed at 130 -> 20 s lost, 100 s kept
+    # run 2 from t=160 (after restart): 140 s to 300
+    assert res.jobs[0].lost_samples == pytest.approx(10.0 * 20.0)
+    assert res.summary["samples_processed"] == pytest.approx(10.0 * (100.0 + 140.0))
+    assert res.summary["restarts"] == 1 and res.summary["lost_work_node_seconds"] == pytest.approx(20.0)
+
+
+def test_the_free_ablation_charges_no_start_and_loses_nothing():
+    tl = timeline(["n1"], ["n1"], [(130.0, "n1", False), (140.0, "n1", True)], end=300.0)
+    res = run(tl, [job(max_nodes=1)], free())
+    assert res.summary["samples_processed"] == pytest.approx(10.0 * (130.0 + 160.0))
+    assert res.summary["lost_work_node_seconds"] == 0.0
+
+
+def test_a_calibrated_rescale_pause_replaces_the_jobs_own():
+    tl = timeline(["n1", "n2"], ["n1"], [(50.0, "n2", True)], end=100.0)
+    res = run(tl, [job(max_nodes=2, up_cost_s=30.0)], Calibration("t", rescale_pause_s=4.0))
+    # 1 node 0-50, 2 nodes from 50 after a 4 s pause
+    assert res.summary["samples_processed"] == pytest.approx(10.0 * 50.0 + 20.0 * 46.0)
+
+
+def test_a_recall_before_the_pilot_runs_leaves_the_node_unused():
+    tl = timeline(["n1"], [], [(10.0, "n1", True), (11.0, "n1", False)], end=100.0)
+    res = run(tl, [job(max_nodes=1)], Calibration("t", pilot_start_s=2.0))
+    assert res.summary["samples_processed"] == 0.0 and res.summary["held_node_seconds"] == 0.0
+
+
+def _write(tmp_path, values):
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps({"schema": 1, "values": values}))
+    return path
+
+
+def _entry(v):
+    return {"value": v, "unit": "s", "how": "test", "when": "2026-11-26", "command": "none"}
+
+
+def test_a_calibration_file_is_read_and_bad_ones_are_named(tmp_path):
+    good = {k: _entry(1.0) for k in REQUIRED}
+    assert load(_write(tmp_path, good)).restart_s == 1.0
+    with pytest.raises(CalibrationError, match="missing value.*restart_s"):
+        load(_write(tmp_path, {k: v for k, v in good.items() if k != "restart_s"}))
+    with pytest.raises(CalibrationError, match="values.cold_start_s.*>= 0"):
+        load(_write(tmp_path, {**good, "cold_start_s": _entry(-1.0)}))
+    with pytest.raises(CalibrationError, match="when"):
+        load(_write(tmp_path, {**good, "pilot_start_s": {**_entry(1.0), "when": "yesterday"}}))
+    assert load("free").is_free
