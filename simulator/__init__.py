@@ -18,12 +18,13 @@ from simulator.calibration import Calibration, CalibrationError
 from simulator.calibration import default as default_calibration
 from simulator.clock import EventQueue, Priority, SimClock
 from simulator.engine import DecisionRow, PolicyError, SimConfig, SimJob, SimJobState, SimResult, Simulator
-from simulator.policies import POLICIES, PolicyContext, SimPolicy, make_policy
+from simulator.policies import POLICIES, Overrides, PolicyContext, SimPolicy, make_policy
+from simulator.jobs import StreamWindow
 from simulator.workload import JobSpec, ScalingSet, Workload, WorkloadError, find_scaling, make_workload
 from traces.model import IdleTimeline
 
 __all__ = [
-    "Calibration", "CalibrationError", "DecisionRow", "EventQueue", "IdleTimeline", "JobSpec", "POLICIES", "PolicyConfig", "PolicyContext",
+    "Calibration", "CalibrationError", "DecisionRow", "EventQueue", "IdleTimeline", "JobSpec", "Overrides", "POLICIES", "PolicyConfig", "PolicyContext",
     "PolicyError", "Priority", "ScalingSet", "SimClock", "SimConfig", "SimJob", "SimJobState", "SimPolicy",
     "SimResult", "Simulator", "Workload", "WorkloadError", "find_scaling", "make_policy", "make_workload",
     "simulate",
@@ -43,24 +44,31 @@ def simulate(
     freetrain_model: str = "mean",
     policy_config: PolicyConfig | None = None,
     keep_decisions: bool = False,
+    overrides: Overrides | None = None,
+    offered_load: float = 1.0,
 ) -> SimResult:
     """Replay ``timeline`` with a named (or given) policy and workload; returns the result.
 
     A named policy is the preset of that name on ``policy_config`` (default: the daemon's
     defaults), given a :class:`PolicyContext` with the workload's model curves, ``seed`` and
-    ``freetrain_model`` (``mean`` | ``linear`` | ``noise:X``). Costs: ``config.calibration``, and when
+    ``freetrain_model`` (``mean`` | ``linear`` | ``noise:X``). ``overrides`` win over the preset. The
+    ``philly`` workload offers ``offered_load`` x the window's idle node-seconds of work. Costs: ``config.calibration``, and when
     that is None the shipped calibration (:func:`simulator.calibration.default`).
     """
     if config.calibration is None:  # costs are charged unless a calibration (e.g. free()) is named
         config = replace(config, calibration=default_calibration())
     curves = scaling if scaling is not None else find_scaling()
-    wl = make_workload(workload, curves, seed=seed, n_jobs=n_jobs)
+    start = timeline.start if config.start is None else config.start
+    end = timeline.end if config.end is None else config.end
+    window = StreamWindow(end - start, timeline.idle_node_seconds(start, end), offered_load)
+    wl = make_workload(workload, curves, seed=seed, n_jobs=n_jobs, window=window)
     if isinstance(policy, str):
-        pol = make_policy(policy, PolicyContext(wl.models, seed, freetrain_model), policy_config)
+        pol = make_policy(policy, PolicyContext(wl.models, seed, freetrain_model), policy_config, overrides)
     else:
         pol = policy
     result = Simulator(timeline, wl, pol, config, progress=progress, seed=seed, keep_decisions=keep_decisions).run()
     result.summary["seed"] = seed
+    result.summary["offered_load"] = offered_load if workload == "philly" else None
     if pol.name == "freetrain":
         result.summary["freetrain_model"] = pol.label
     return result

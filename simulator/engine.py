@@ -476,6 +476,8 @@ class Simulator:
     # ------------------------------------------------------------ events
 
     def _new_job(self, spec: JobSpec, t: float) -> SimJob:
+        if self.sim_policy.submission is not None:
+            spec = self.sim_policy.submission(spec)
         cap = self.config.max_nodes
         if cap is not None and spec.max_nodes > cap:
             spec = replace(spec, max_nodes=max(cap, spec.min_nodes))
@@ -914,6 +916,7 @@ class Simulator:
             "wall_seconds": wall,
             "cpu_seconds": cpu,
         }
+        summary.update(_bound_summary(jobs, idle, summary["work_node_seconds"], self.workload.finite))
         summary.update(_profiling_summary(jobs, self.used_node_seconds))
         summary.update(self._split_summary())
         summary.update(_completion_summary(jobs, self.end))
@@ -972,6 +975,33 @@ def _completion_summary(jobs: list[SimJob], end: float) -> dict:
         "longest_waiting_model": starved[0] if starved else None,
         "longest_waiting_model_seconds": sum(starved[1]) / len(starved[1]) if starved else None,
     }
+
+
+def _bound_summary(jobs: list[SimJob], idle: float, work: float, finite: bool) -> dict:
+    """The work no policy can exceed: min(offered work, idle node-seconds x the best work per node-second
+    any job's curve reaches), and this run's gap to it. An endless stream's offered work is unbounded
+    (a saturation case): the bound is then the idle term alone."""
+    offered = sum(j.spec.samples / j.one_node_rate for j in jobs if j.one_node_rate > 0)
+    eff = max((_best_efficiency(j) for j in jobs), default=0.0)
+    bound = min(offered, idle * eff) if finite else idle * eff
+    return {
+        "offered_work_node_seconds": offered if finite else None,
+        "work_share_of_offered": work / offered if finite and offered > 0 else None,
+        "best_efficiency": eff,
+        "bound_work_node_seconds": bound,
+        "gap_to_bound_pct": 100.0 * (1.0 - work / bound) if bound > 0 else None,
+    }
+
+
+def _best_efficiency(job: SimJob) -> float:
+    """max over the job's curve points up to its max, and its max, of rate(n) / (n rate(1)): rate(n) / n
+    of a piecewise-linear curve (through the origin below its first point) peaks at one of them."""
+    r1 = job.one_node_rate
+    if r1 <= 0:
+        return 0.0
+    top = job.spec.max_nodes  # the rate at its max too: it may lie between two points
+    pts = [(n, v) for n, v in job.spec.scaling.items() if n <= top] + [(top, throughput_at(job.spec.scaling, top))]
+    return max(v / (n * r1) for n, v in pts)
 
 
 def _wait(job: SimJob, end: float) -> float:

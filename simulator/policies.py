@@ -14,6 +14,16 @@ comparison needs it, what only the simulator knows, handed to the policy as a us
 * ``milp-true``: the true curve as the user's (the information ceiling); costs measured.
 * ``oracle``: the true curve and free rescales (the simulator charges no pause), an upper bound.
 * ``greedy`` / ``equal``: the count-picking baselines.
+* ``rigid-preemptible``: what a centre offers today: each job runs at one fixed node count
+  (:func:`rigid_nodes`) in a preemptable queue, starts when that many nodes are free, is killed by
+  the recall of any of its nodes and requeued from its last checkpoint; never rescaled. It is the
+  ``greedy`` preset on jobs whose min and max are that count (FCFS, each grown to its max, nothing
+  shrinks; a recall takes it below its min, so it stops): the user's submission, not a rule.
+
+:class:`Overrides` (``--admission``, ``--max-running``, ``--admission-cap``, ``--objective``) are
+applied after the preset, so every policy can run at the default's admission; a combination that
+cannot run (an admission cap under fixed admission, adaptive admission with no Pjmax floor) is an
+error naming both.
 
 Rates and rescale costs always reach the policy as a monitor would have measured them
 (:class:`simulator.monitor.SimJobMonitor`), never as true values.
@@ -23,11 +33,13 @@ from __future__ import annotations
 
 import random
 import zlib
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 from allocator import throughput_at
 from policy import PRESETS, Policy, PolicyConfig, Profiling, preset
+from policy.config import Admission, Objective
 from simulator.workload import JobSpec
 
 Curve = Mapping[int, float]
@@ -44,6 +56,46 @@ class PolicyContext:
 
 
 UserCurve = Callable[[JobSpec], "Curve | None"]
+Submission = Callable[[JobSpec], JobSpec]
+RIGID = "rigid-preemptible"
+DEFAULT_RIGID_NODES = 8  # a rigid job's count when its spec names none (requested_nodes)
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """Knobs given on the command line that win over every preset (None: the preset's, else the base's)."""
+
+    admission: str | None = None
+    max_running: int | None = None
+    admission_cap: int | None = None
+    objective: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.admission is not None and self.admission not in {a.value for a in Admission}:
+            raise ValueError(f"--admission {self.admission!r}: choose {', '.join(a.value for a in Admission)}")
+        if self.objective is not None and self.objective not in {o.value for o in Objective}:
+            raise ValueError(f"--objective {self.objective!r}: choose {', '.join(o.value for o in Objective)}")
+        if self.max_running is not None and self.max_running < 0:
+            raise ValueError(f"--max-running must be >= 0, got {self.max_running}")
+        if self.admission_cap is not None and self.admission_cap < 0:
+            raise ValueError(f"--admission-cap must be >= 0 (0: no cap), got {self.admission_cap}")
+
+    def fields(self) -> dict[str, object]:
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+    def apply(self, name: str, cfg: PolicyConfig) -> PolicyConfig:
+        """``cfg`` (the preset ``name`` on the base) with these overrides; an impossible combination
+        is a ValueError naming both."""
+        out = dataclasses.replace(cfg, **self.fields()) if self.fields() else cfg
+        where = lambda knob, flag: flag if getattr(self, knob) is not None else f"policy {name}'s {knob}"  # noqa: E731
+        if out.admission is Admission.FIXED and self.admission_cap is not None:
+            raise ValueError(f"--admission-cap {self.admission_cap} and {where('admission', '--admission')} "
+                             "fixed: a cap bounds adaptive admission only")
+        if out.admission is Admission.ADAPTIVE and out.max_running == 0 and (
+                self.admission is not None or self.max_running is not None):
+            raise ValueError(f"{where('admission', '--admission')} adaptive and {where('max_running', '--max-running')}"
+                             " 0: adaptive admission needs a Pjmax floor >= 1")
+        return out
 
 
 @dataclass
@@ -55,6 +107,7 @@ class SimPolicy:
     user_curve: UserCurve
     free_rescales: bool = False
     label: str = ""  # e.g. the freetrain error model
+    submission: Submission | None = None  # how a job is submitted under this policy (rigid: a fixed count)
 
     @property
     def config(self) -> PolicyConfig:
@@ -63,17 +116,33 @@ class SimPolicy:
 
 # the baselines that never learn from the true curves; any other preset is a learning policy like
 # malletrain and gets the population prior
-_BASELINES = ("freetrain", "milp-true", "oracle", "greedy", "equal")
-POLICIES: tuple[str, ...] = tuple(PRESETS) + (() if "jpa" in PRESETS else ("jpa",))
+_BASELINES = ("freetrain", "milp-true", "oracle", "greedy", "equal", RIGID)
+POLICIES: tuple[str, ...] = tuple(PRESETS) + (() if "jpa" in PRESETS else ("jpa",)) + (RIGID,)
 
 
-def resolve_config(name: str, config: PolicyConfig | None = None) -> PolicyConfig:
-    """The preset ``name`` on ``config``. ``jpa`` (the paper's JPA: inverse-order profiling of every
-    job) is read from :data:`policy.PRESETS` when it is there; until then it is the ``malletrain``
-    preset with ``profiling="always"``, which is what the paper's MalleTrain does."""
+def resolve_config(name: str, config: PolicyConfig | None = None, overrides: Overrides | None = None) -> PolicyConfig:
+    """The preset ``name`` on ``config``, then ``overrides``. ``jpa`` (the paper's JPA: inverse-order
+    profiling of every job) is read from :data:`policy.PRESETS` when it is there; until then it is the
+    ``malletrain`` preset with ``profiling="always"``, which is what the paper's MalleTrain does.
+    ``rigid-preemptible`` is the ``greedy`` preset (its jobs are rigid: :func:`rigid_spec`)."""
     if name == "jpa" and "jpa" not in PRESETS:
-        return preset("malletrain", config, profiling=Profiling.ALWAYS)
-    return preset(name, config)
+        cfg = preset("malletrain", config, profiling=Profiling.ALWAYS)
+    else:
+        cfg = preset("greedy" if name == RIGID else name, config)
+    return overrides.apply(name, cfg) if overrides is not None else cfg
+
+
+def rigid_nodes(spec: JobSpec) -> int:
+    """The fixed count a rigid job asks for: its ``requested_nodes`` (e.g. a Philly job's GPUs / 4),
+    else :data:`DEFAULT_RIGID_NODES`, within its min..max."""
+    want = spec.requested_nodes if spec.requested_nodes is not None else DEFAULT_RIGID_NODES
+    return max(spec.min_nodes, min(spec.max_nodes, want))
+
+
+def rigid_spec(spec: JobSpec) -> JobSpec:
+    """The job as a rigid submission: min = max = :func:`rigid_nodes`."""
+    n = rigid_nodes(spec)
+    return dataclasses.replace(spec, min_nodes=n, max_nodes=n)
 
 
 def _file_curve(spec: JobSpec) -> Curve | None:
@@ -81,10 +150,11 @@ def _file_curve(spec: JobSpec) -> Curve | None:
     return spec.believed_scaling
 
 
-def make_policy(name: str, context: PolicyContext | None = None, config: PolicyConfig | None = None) -> SimPolicy:
-    """The named policy on ``config`` (default :class:`PolicyConfig`)."""
+def make_policy(name: str, context: PolicyContext | None = None, config: PolicyConfig | None = None,
+                overrides: Overrides | None = None) -> SimPolicy:
+    """The named policy on ``config`` (default :class:`PolicyConfig`), then ``overrides``."""
     ctx = context if context is not None else PolicyContext()
-    cfg = resolve_config(name, config)
+    cfg = resolve_config(name, config, overrides)
     mean = mean_curve(ctx.curves) if ctx.curves else None
     if name not in _BASELINES:  # malletrain, jpa and any learning preset
         if mean is not None and cfg.prior is None:
@@ -100,6 +170,8 @@ def make_policy(name: str, context: PolicyContext | None = None, config: PolicyC
             return given if given is not None else believed_curve(model, spec, mean, ctx.seed, ctx.curves)
 
         return SimPolicy(name, Policy(cfg), user, label=model.label)
+    if name == RIGID:
+        return SimPolicy(name, Policy(cfg), lambda spec: None, submission=rigid_spec)
     if name in ("milp-true", "oracle"):
         return SimPolicy(name, Policy(cfg), lambda spec: spec.scaling, free_rescales=name == "oracle")
     return SimPolicy(name, Policy(cfg), lambda spec: None)

@@ -33,6 +33,7 @@ population of :data:`POPULATION` draws (not the jobs themselves) for ``nas`` and
 from __future__ import annotations
 
 import math
+import random
 import zlib
 from bisect import bisect_right
 from dataclasses import dataclass
@@ -53,7 +54,7 @@ from simulator.perfmodel import (
     curve,
     max_per_gpu_batch,
 )
-from simulator.workload import JobSpec, ScalingSet, Workload, WorkloadError, _nas_stream
+from simulator.jobs import DEFAULT_SAMPLES, Curve, JobSpec, ScalingSet, Workload, WorkloadError
 
 IMAGENET_TRAIN = 1_281_167
 NAS_EPOCHS = (4, 12, 36, 108)
@@ -212,6 +213,22 @@ def _population(stream: str, seed: int, machine: Machine) -> dict[str, dict[int,
         d = DRAWS[stream](rng, machine)
         out[d.model] = d.curve
     return out
+
+
+def _spec(model: str, curve: Curve, index: int) -> JobSpec:
+    return JobSpec(name=f"{model}#{index}", model=model, samples=DEFAULT_SAMPLES, scaling=curve)
+
+
+def _nas_stream(scaling: ScalingSet, seed: int, limit: int | None) -> Iterator[JobSpec]:
+    rng = random.Random(seed)
+    models = scaling.nas_models
+    if not models:
+        raise WorkloadError(f"{scaling.source}: no models for the nas workload")
+    i = 0
+    while limit is None or i < limit:
+        model = models[rng.randrange(len(models))]
+        yield _spec(model, scaling.curves[model], i)
+        i += 1
 
 
 def make_stream(name: str, scaling: ScalingSet, seed: int = 0, n_jobs: int | None = None) -> Workload:

@@ -260,10 +260,12 @@ def test_default_counts_are_what_a_profile_visits():
 
 
 def test_named_policies_are_presets_of_one_config_plus_ground_truth():
-    assert set(POLICIES) == set(PRESETS) >= {"malletrain", "jpa", "freetrain", "milp-true", "oracle", "greedy", "equal"}
+    # every named policy is a preset, but rigid-preemptible: greedy on rigid submissions (test_sim_baselines)
+    assert set(POLICIES) - {"rigid-preemptible"} == set(PRESETS) >= {"malletrain", "jpa", "freetrain", "milp-true",
+                                                                      "oracle", "greedy", "equal"}
     base = PolicyConfig(max_running=3, tfwd_s=60.0, profile_time_cap_s=30.0)
     ctx = PolicyContext({"a": FAST, "b": TRUE}, seed=4)
-    pols = {name: make_policy(name, ctx, base) for name in POLICIES}
+    pols = {name: make_policy(name, ctx, base) for name in POLICIES if name in PRESETS}
     for name, pol in pols.items():
         cfg = pol.config
         assert (cfg.max_running, cfg.tfwd_s, cfg.profile_time_cap_s) == (3, 60.0, 30.0), name  # the base stays

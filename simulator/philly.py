@@ -1,0 +1,279 @@
+"""Real, finite job streams (issue 18 §3): the ``philly`` workload and ``--jobs-file`` lists.
+
+**Curves.** The six models the Pollux authors measured (``pollux/<model>/``: bert, cifar10,
+deepspeech2, imagenet, ncf, yolov3) on nodes of 4 GPUs. One simulated node is one such node: the
+rate at ``n`` nodes is ``4 n x local_bsz / step_time``, from the placements ``4``, ``44``, ``444``,
+``4444`` (1-4 nodes) and the scalability runs with 4 replicas per node (6, 8, 12, 16 nodes), at one
+per-GPU batch: the one asked for (the nearest measured), else the model's median measured batch.
+
+**Philly.** Arrivals and sizes from Microsoft's Philly trace (``philly-jobs.csv.gz``): a seeded
+offset into the trace picks a window as long as the replay's; every job submitted in it arrives at
+the same offset into the replay. Its model is a seeded draw of the six; its rigid size (what
+``rigid-preemptible`` runs it at) is ``ceil(num_gpus / 4)`` nodes; its work is its GPU time, scaled
+so the stream's work is ``offered_load`` x the window's idle node-seconds (work: node-seconds at one
+node, each job's samples over its own 1-node rate). Every job may use 1..16 nodes (the measured range).
+
+**Jobs files.** ``name,time,application[,num_replicas,batch_size,samples]``: ``time`` in seconds from
+the start of the replayed window, ``application`` one of the six models, ``num_replicas`` GPUs
+(rigid size ``ceil(num_replicas / 4)`` nodes), ``batch_size`` the per-GPU batch, ``samples`` the job's
+length (default: :data:`DEFAULT_JOB_WORK_S` node-seconds of work at one node).
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import math
+import statistics
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from simulator.jobs import JobSpec, Workload, WorkloadError
+
+MODELS = ("bert", "cifar10", "deepspeech2", "imagenet", "ncf", "yolov3")
+GPUS_PER_NODE = 4
+MAX_NODES = 16
+PLACEMENT_NODES = (1, 2, 3, 4)
+SCALABILITY_NODES = (6, 8, 12, 16)
+PHILLY_FILE = "philly-jobs.csv.gz"
+DEFAULT_JOB_WORK_S = 4 * 3600.0  # a jobs-file job without samples: 4 node-hours of work at one node
+JOBS_FILE_COLUMNS = ("name", "time", "application")
+JOBS_FILE_OPTIONAL = ("num_replicas", "batch_size", "samples")
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One model's measured step times: (nodes, per-GPU batch) -> samples/s."""
+
+    model: str
+    rates: dict[tuple[int, int], float]
+
+    def batches(self) -> list[int]:
+        """Per-GPU batches measured at every node count."""
+        per_count = [{b for (n, b) in self.rates if n == c} for c in PLACEMENT_NODES + SCALABILITY_NODES]
+        per_count = [s for s in per_count if s]
+        common = set.intersection(*per_count) if per_count else set()
+        return sorted(common)
+
+    def curve(self, batch: int | None = None) -> dict[int, float]:
+        """Rate by node count at per-GPU ``batch`` (nearest measured; default: the median common one)."""
+        choices = self.batches() or sorted({b for _, b in self.rates})
+        if not choices:
+            raise WorkloadError(f"pollux/{self.model}: no measurements")
+        b = choices[len(choices) // 2] if batch is None else min(choices, key=lambda c: (abs(c - batch), c))
+        return {n: r for (n, bb), r in sorted(self.rates.items()) if bb == b}
+
+
+def _data_dir(data_dir: Path | None) -> Path:
+    if data_dir is not None:
+        return data_dir
+    from traces.data import find_data
+
+    found = find_data(PHILLY_FILE)
+    if found is None:
+        raise WorkloadError(f"{PHILLY_FILE} not found in the data dir (set MALLETRAIN_DATA)")
+    return found.parent
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise WorkloadError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    return list(csv.DictReader(io.StringIO(text)))
+
+
+def _float(row: dict[str, str], key: str, where: str) -> float:
+    try:
+        v = float(row[key])
+    except (KeyError, TypeError, ValueError):
+        raise WorkloadError(f"{where}: field {key!r} is not a number: {row.get(key)!r}") from None
+    if not math.isfinite(v):
+        raise WorkloadError(f"{where}: field {key!r} is not finite: {row.get(key)!r}")
+    return v
+
+
+@lru_cache(maxsize=16)
+def measured(model: str, data_dir: Path | None = None) -> Measured:
+    """The Pollux measurements of ``model`` (placements and scalability, whole 4-GPU nodes only)."""
+    if model not in MODELS:
+        raise WorkloadError(f"unknown application {model!r} (known: {', '.join(MODELS)})")
+    base = _data_dir(data_dir) / "pollux" / model
+    rates: dict[tuple[int, int], float] = {}
+    for k, row in enumerate(_rows(base / "placements.csv")):
+        where = f"{base / 'placements.csv'}:{k + 2}"
+        placement = row.get("placement", "")
+        if not placement or set(placement) != {"4"}:
+            continue
+        n = len(placement)
+        b = int(_float(row, "local_bsz", where))
+        rates[(n, b)] = GPUS_PER_NODE * n * b / _float(row, "step_time", where)
+    for k, row in enumerate(_rows(base / "scalability.csv")):
+        where = f"{base / 'scalability.csv'}:{k + 2}"
+        n, replicas = int(_float(row, "num_nodes", where)), int(_float(row, "num_replicas", where))
+        if replicas != GPUS_PER_NODE * n:
+            continue
+        b = int(_float(row, "local_bsz", where))
+        rates[(n, b)] = replicas * b / _float(row, "step_time", where)
+    if not rates:
+        raise WorkloadError(f"{base}: no whole-node measurements")
+    return Measured(model, rates)
+
+
+def curves(data_dir: Path | None = None) -> dict[str, dict[int, float]]:
+    """Each model's curve at its default per-GPU batch."""
+    return {m: measured(m, data_dir).curve() for m in MODELS}
+
+
+@dataclass(frozen=True)
+class PhillyJob:
+    submit: float  # unix seconds
+    gpus: int
+    gpu_time: float  # GPU-seconds
+
+
+@lru_cache(maxsize=2)
+def philly_jobs(path: Path) -> tuple[PhillyJob, ...]:
+    """The trace's jobs with a timestamp and a positive GPU time, by submit time."""
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") as fh:
+            rows = list(csv.reader(fh))
+    except OSError as exc:
+        raise WorkloadError(f"{path}: cannot read: {exc}") from None
+    if not rows or rows[0][:4] != ["timestamp", "duration", "num_gpus", "gpu_time"]:
+        raise WorkloadError(f"{path}: expected the header timestamp,duration,num_gpus,gpu_time,cluster")
+    out = []
+    for k, row in enumerate(rows[1:]):
+        stamp = row[0].strip() if row else ""
+        if not stamp:
+            continue  # one row of the trace has none (its README says so)
+        where = f"{path}:{k + 2}"
+        try:
+            t = datetime.fromisoformat(stamp).replace(tzinfo=timezone.utc).timestamp()
+            gpus, gpu_time = int(float(row[2])), float(row[3])
+        except (ValueError, IndexError):
+            raise WorkloadError(f"{where}: expected a YYYY-MM-DD HH:MM:SS time, num_gpus and gpu_time: {row!r}") from None
+        if gpus >= 1 and gpu_time > 0 and math.isfinite(gpu_time):
+            out.append(PhillyJob(t, gpus, gpu_time))
+    out.sort(key=lambda j: j.submit)
+    if not out:
+        raise WorkloadError(f"{path}: no jobs")
+    return tuple(out)
+
+
+def rigid_size(gpus: int) -> int:
+    return max(1, min(MAX_NODES, math.ceil(gpus / GPUS_PER_NODE)))
+
+
+def one_node_rate(curve: dict[int, float]) -> float:
+    from allocator import throughput_at
+
+    return throughput_at(curve, 1)
+
+
+def philly_workload(seed: int, duration_s: float, idle_node_seconds: float, offered_load: float,
+                    data_dir: Path | None = None) -> Workload:
+    """The seeded Philly stream for a replay window of ``duration_s`` with ``idle_node_seconds``."""
+    if not offered_load > 0 or math.isinf(offered_load):
+        raise WorkloadError(f"--offered-load must be a finite number > 0, got {offered_load}")
+    if not idle_node_seconds > 0:
+        raise WorkloadError("philly workload: the replay window has no idle node-seconds to offer work against")
+    base = _data_dir(data_dir)
+    jobs = philly_jobs(base / PHILLY_FILE)
+    cs = curves(base)
+    rng = np.random.default_rng([seed, 18])
+    first, last = jobs[0].submit, jobs[-1].submit
+    offset = first + float(rng.uniform(0.0, max(0.0, last - first - duration_s)))
+    chosen = [j for j in jobs if offset <= j.submit < offset + duration_s]
+    if not chosen:
+        raise WorkloadError(f"philly workload: no job submitted in [{offset:.0f}, {offset + duration_s:.0f})")
+    models = [MODELS[int(i)] for i in rng.integers(len(MODELS), size=len(chosen))]
+    scale = offered_load * idle_node_seconds / sum(j.gpu_time for j in chosen)
+    specs = []
+    for i, (j, m) in enumerate(zip(chosen, models)):
+        curve = cs[m]
+        specs.append(JobSpec(name=f"philly-{m}#{i}", model=m, samples=scale * j.gpu_time * one_node_rate(curve),
+                             scaling=curve, min_nodes=1, max_nodes=MAX_NODES, arrival_s=j.submit - offset,
+                             requested_nodes=rigid_size(j.gpus)))
+    label = f"philly (load {offered_load:g})"
+    return Workload(label, str(base / "pollux"), timed=specs, finite=True, models=dict(cs))
+
+
+def jobs_file_workload(path: str | Path, data_dir: Path | None = None) -> Workload:
+    """A job list ``name,time,application[,num_replicas,batch_size,samples]`` (see the module docstring)."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise WorkloadError(f"--jobs-file {p}: cannot read: {exc.strerror or exc}") from None
+    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    reader = csv.DictReader(lines)
+    header = [h.strip() for h in (reader.fieldnames or [])]
+    missing = [c for c in JOBS_FILE_COLUMNS if c not in header]
+    unknown = [c for c in header if c not in JOBS_FILE_COLUMNS + JOBS_FILE_OPTIONAL]
+    if missing or unknown:
+        raise WorkloadError(f"--jobs-file {p}: columns are name,time,application[,num_replicas,batch_size,samples]"
+                            + (f"; missing {', '.join(missing)}" if missing else "")
+                            + (f"; unknown {', '.join(unknown)}" if unknown else ""))
+    base = _data_dir(data_dir)
+    specs: list[JobSpec] = []
+    for k, raw in enumerate(reader):
+        row = {key.strip(): (v or "").strip() for key, v in raw.items() if key}
+        where = f"--jobs-file {p}: row {k + 2} ({row.get('name') or 'no name'})"
+        app = row.get("application", "")
+        if app not in MODELS:
+            raise WorkloadError(f"{where}: application {app!r} has no measured curves (known: {', '.join(MODELS)})")
+        batch = int(_float(row, "batch_size", where)) if row.get("batch_size") else None
+        curve = measured(app, base).curve(batch)
+        replicas = int(_float(row, "num_replicas", where)) if row.get("num_replicas") else None
+        if replicas is not None and replicas < 1:
+            raise WorkloadError(f"{where}: num_replicas must be >= 1, got {replicas}")
+        samples = _float(row, "samples", where) if row.get("samples") else DEFAULT_JOB_WORK_S * one_node_rate(curve)
+        time_s = _float(row, "time", where)
+        try:
+            specs.append(JobSpec(name=row.get("name") or f"job#{k}", model=app, samples=samples, scaling=curve,
+                                 min_nodes=1, max_nodes=MAX_NODES, arrival_s=time_s,
+                                 requested_nodes=None if replicas is None else rigid_size(replicas)))
+        except WorkloadError as exc:
+            raise WorkloadError(f"{where}: {exc}") from None
+    if not specs:
+        raise WorkloadError(f"--jobs-file {p}: no jobs")
+    names = [s.name for s in specs]
+    if len(set(names)) != len(names):
+        dup = sorted({n for n in names if names.count(n) > 1})
+        raise WorkloadError(f"--jobs-file {p}: job name(s) given twice: {', '.join(dup)}")
+    return Workload(str(p), str(base / "pollux"), timed=specs, finite=True,
+                    models={m: measured(m, base).curve() for m in sorted({s.model for s in specs})})
+
+
+def is_jobs_file(path: Path) -> bool:
+    """A CSV whose header (after ``#`` lines) has an ``application`` column."""
+    if path.suffix.lower() != ".csv":
+        return False
+    try:
+        with path.open(encoding="utf-8") as fh:
+            for line in fh:
+                if line.strip() and not line.lstrip().startswith("#"):
+                    return "application" in [c.strip() for c in line.split(",")]
+    except (OSError, UnicodeDecodeError):
+        return False
+    return False
+
+
+def best_efficiency(curves_: list[dict[int, float]]) -> float:
+    """The best work per node-second any of ``curves_`` achieves: max over points of rate(n) / (n rate(1))."""
+    best = 0.0
+    for c in curves_:
+        r1 = one_node_rate(c)
+        if r1 > 0:
+            best = max(best, max(v / (n * r1) for n, v in c.items()))
+    return best
+
+
+def median_rate(curve: dict[int, float]) -> float:
+    return statistics.median(curve.values())

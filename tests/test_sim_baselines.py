@@ -1,0 +1,58 @@
+"""Issue 18 §1: baselines on equal terms (overrides win over presets) and the rigid-preemptible baseline."""
+
+from __future__ import annotations
+
+import pytest
+
+from policy.config import Admission, Objective
+from simulator import PolicyContext, SimConfig, Simulator
+from simulator.calibration import Calibration, free
+from simulator.policies import POLICIES, RIGID, Overrides, make_policy, resolve_config
+from tests.test_simulator import job, timeline, workload
+
+
+@pytest.mark.parametrize("name", [p for p in POLICIES])
+def test_every_override_wins_over_every_preset(name):
+    ov = Overrides(admission="adaptive", max_running=7, admission_cap=33, objective="work")
+    cfg = resolve_config(name, None, ov)
+    assert (cfg.admission, cfg.max_running, cfg.admission_cap, cfg.objective) == \
+        (Admission.ADAPTIVE, 7, 33, Objective.WORK)
+    fixed = resolve_config(name, None, Overrides(admission="fixed", max_running=3, objective="samples"))
+    assert (fixed.admission, fixed.max_running, fixed.objective) == (Admission.FIXED, 3, Objective.SAMPLES)
+
+
+def test_an_impossible_combination_names_both():
+    with pytest.raises(ValueError, match="--admission-cap 20 and --admission fixed"):
+        resolve_config("malletrain", None, Overrides(admission="fixed", admission_cap=20))
+    with pytest.raises(ValueError, match="--admission-cap 20 and policy freetrain's admission fixed"):
+        resolve_config("freetrain", None, Overrides(admission_cap=20))
+    with pytest.raises(ValueError, match="--admission adaptive and --max-running 0"):
+        resolve_config("greedy", None, Overrides(admission="adaptive", max_running=0))
+
+
+def run(tl, specs, policy, cal=None, **ov):
+    pol = make_policy(policy, PolicyContext({s.model: s.scaling for s in specs}), None, Overrides(**ov))
+    return Simulator(tl, workload(*specs), pol, SimConfig(calibration=cal or free())).run()
+
+
+def test_the_summary_records_what_ran():
+    tl = timeline(["n1"], ["n1"], end=50.0)
+    s = run(tl, [job()], "freetrain", admission="adaptive", admission_cap=5, max_running=2).summary
+    assert (s["admission"], s["max_running"], s["admission_cap"], s["objective"], s["calibration"]) == \
+        ("adaptive", 2, 5, "samples", "free")
+
+
+def test_rigid_waits_for_its_count_never_rescales_and_is_killed_by_one_recall():
+    # 4 nodes: 2 idle at 0, 2 more at 10; n1 recalled at 50, back at 60
+    tl = timeline(["n1", "n2", "n3", "n4"], ["n1", "n2"],
+                  [(10.0, "n3", True), (10.0, "n4", True), (50.0, "n1", False), (60.0, "n1", True)], end=100.0)
+    spec = job(max_nodes=4, requested_nodes=4)
+    res = run(tl, [spec], RIGID, Calibration("t", restart_s=5.0, commit_interval_s=30.0))
+    counts = [n for _, _, n, _ in res.jobs[0].history]
+    assert set(counts) <= {0, 4}  # never at another count
+    assert res.summary["rescales"] == 0 and res.summary["restarts"] == 1
+    # runs 10-50 (commit at 40: 10 s lost), again from 60 + 5 s restart to 100
+    assert res.summary["samples_processed"] == pytest.approx(40.0 * 30.0 + 40.0 * 35.0)
+    # the elastic greedy baseline on the same trace starts at once and rescales
+    elastic = run(tl, [spec], "greedy", Calibration("t", restart_s=5.0, commit_interval_s=30.0))
+    assert elastic.summary["rescales"] > 0
