@@ -36,14 +36,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--trace", metavar="FILE", help="scheduler log (any format traces.read knows); "
                    "default: the embedded Summit-like week")
     p.add_argument("--trace-format", metavar="NAME", help="trace format (default: detected)")
-    p.add_argument("--workload", default="nas", metavar="nas|hpo|FILE",
-                   help="nas (seeded draws of 7 ImageNet models), hpo (shufflenet-hpo repeated) "
+    p.add_argument("--workload", default="nas", metavar="nas|hpo|philly|FILE",
+                   help="nas, hpo, stress, imagenet7 (generated, endless: a saturation case), philly (real "
+                   "arrivals and sizes from the Philly trace on the Pollux curves, scaled by --offered-load) "
                    "or a JSON/TOML/CSV job file (default: nas)")
+    p.add_argument("--jobs-file", metavar="FILE.csv", help="replay this job list: columns name,time,application"
+                   "[,num_replicas,batch_size,samples], time in s from the window's start (same as --workload FILE)")
+    p.add_argument("--offered-load", type=float, default=1.0, metavar="X",
+                   help="philly: the stream's work over the window's idle node-seconds (default: 1)")
+    p.add_argument("--duration", metavar="D", help="window length: seconds or 10m/2h/1d (window end = start + D)")
+    p.add_argument("--nodes", metavar="N|NAME,...", help="replay only N nodes of the log (the N with the most "
+                   "idle node-seconds in the window, ties by name) or these named nodes")
     p.add_argument("--scaling", metavar="FILE", help="model,nodes,samples_per_second CSV "
                    "(default: summit-scaling.csv from the data dir, else built-in synthetic curves)")
     p.add_argument("--policy", default="malletrain", metavar="NAME[,NAME]|all",
-                   help="malletrain (JPA-profiled), freetrain (user curves), milp-true, greedy, equal, "
-                   "oracle, a comma list, or all (default: malletrain)")
+                   help="malletrain (the default), jpa, freetrain (user curves), milp-true, greedy, equal, "
+                   "oracle, rigid-preemptible (fixed count, killed by any recall), a comma list, or all "
+                   "(default: malletrain)")
     p.add_argument("--freetrain-model", default="mean", metavar="mean|linear|other|noise:X",
                    help="the user curve freetrain is given: mean of the workload's model curves, linear "
                    "from the 1-node rate, or the true curve with +-X%% noise per point (default: mean)")
@@ -74,8 +83,16 @@ def add_policy_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tfwd", type=float, metavar="S",
                    help="allocator horizon Tfwd in seconds (default: 120, the daemon's default)")
     p.add_argument("--admission", choices=("adaptive", "fixed"),
-                   help="adaptive (Pjmax is a floor: more jobs while nodes would stay idle) or fixed "
-                   "(default: adaptive, the daemon's default; presets that fix it keep theirs)")
+                   help="adaptive (Pjmax is a floor: more jobs while nodes would stay idle) or fixed; "
+                   "overrides every preset (default: each policy's preset, else adaptive)")
+    p.add_argument("--admission-cap", type=int, metavar="N",
+                   help="adaptive admission admits at most N jobs (0: no cap); overrides every preset (default: 100)")
+    p.add_argument("--objective", choices=("work", "samples"),
+                   help="what the allocator maximises; overrides every preset (default: each preset's, else work)")
+    p.add_argument("--calibration", metavar="FILE|free",
+                   help="the costs charged (pilot start, cold start, restart + rollback, rescale pause): a "
+                   "calibration JSON, or free (the ablation: no start costs) (default: the shipped "
+                   "simulator/calibration.json)")
 
 
 def policy_config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
@@ -102,9 +119,21 @@ def policy_config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         changes["max_running"] = args.max_running
     if args.tfwd is not None:
         changes["tfwd_s"] = args.tfwd
-    if getattr(args, "admission", None) is not None:
-        changes["admission"] = args.admission
     return dataclasses.replace(cfg, **changes) if changes else cfg
+
+
+def overrides(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """--admission, --max-running, --admission-cap, --objective: they win over every preset."""
+    from simulator.policies import Overrides
+
+    return Overrides(admission=args.admission, max_running=args.max_running, admission_cap=args.admission_cap,
+                     objective=args.objective)
+
+
+def calibration(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from simulator.calibration import resolve
+
+    return resolve(args.calibration)
 
 
 def register_evaluate(sub: argparse._SubParsersAction) -> None:
@@ -304,6 +333,34 @@ def _argv_of(args: argparse.Namespace) -> list[str]:
     return out
 
 
+def window_of(args: argparse.Namespace, timeline: IdleTimeline) -> tuple[float | None, float | None]:
+    """--start, and --end or --duration (not both), as unix seconds."""
+    start = parse_time(args.start, timeline.start, "start")
+    end = parse_time(args.end, timeline.start, "end")
+    duration = getattr(args, "duration", None)
+    if duration is not None:
+        if end is not None:
+            raise ValueError(f"--end {args.end} and --duration {duration}: give one")
+        m = _OFFSET.match("+" + duration.strip().lstrip("+"))
+        if not m or float(m.group(1)) <= 0:
+            raise ValueError(f"--duration {duration!r}: expected seconds > 0 or 10m, 2h, 1d")
+        end = (start if start is not None else timeline.start) + float(m.group(1)) * _UNITS[m.group(2)]
+    return start, end
+
+
+def parse_nodes(text: str) -> int | tuple[str, ...]:
+    """``6`` -> a count; ``a,b,c`` -> those nodes."""
+    t = text.strip()
+    if t.isdigit():
+        if int(t) < 1:
+            raise ValueError(f"--nodes {text!r}: a count >= 1 or a comma list of node names")
+        return int(t)
+    names = tuple(n.strip() for n in t.split(",") if n.strip())
+    if not names:
+        raise ValueError(f"--nodes {text!r}: a count >= 1 or a comma list of node names")
+    return names
+
+
 def load_timeline(path: str | None, fmt: str | None) -> IdleTimeline:
     if path is None:
         return default_timeline()
@@ -334,16 +391,34 @@ def run(args: argparse.Namespace) -> int:
     from simulator.report import ProgressBar, comparison_rows, comparison_table, summary_table, write_outputs
 
     policies = parse_policies(args.policy)
-    from simulator.policies import parse_error_model
+    from simulator.policies import parse_error_model, resolve_config
 
     parse_error_model(args.freetrain_model)  # a bad model is reported before any replay
     base = policy_config(args)
+    over = overrides(args)
+    for name in policies:  # an impossible combination is reported before any replay
+        resolve_config(name, base, over)
+    cal = calibration(args)
+    if args.jobs_file is not None:
+        if args.workload != "nas":
+            raise ValueError(f"--jobs-file {args.jobs_file} and --workload {args.workload}: give one")
+        if not Path(args.jobs_file).is_file():
+            raise FileNotFoundError(f"--jobs-file {args.jobs_file}: no such file")
+        args.workload = args.jobs_file
+    if not args.offered_load > 0:
+        raise ValueError(f"--offered-load must be > 0, got {args.offered_load}")
     timeline = load_timeline(args.trace, args.trace_format)
+    start, end = window_of(args, timeline)
+    if args.nodes is not None:
+        from simulator.window import restrict
+
+        timeline = restrict(timeline, parse_nodes(args.nodes), start, end)
     config = SimConfig(
-        start=parse_time(args.start, timeline.start, "start"),
-        end=parse_time(args.end, timeline.start, "end"),
+        start=start,
+        end=end,
         charge_start=args.charge_start,
         min_interval_s=min_interval(args),
+        calibration=cal,
     )
     scaling = find_scaling(args.scaling)
     if scaling.synthetic:
@@ -356,7 +431,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             result = simulate(timeline, name, args.workload, scaling=scaling, seed=args.seed,
                               n_jobs=args.jobs, config=config, progress=bar, freetrain_model=args.freetrain_model,
-                              policy_config=base)
+                              policy_config=base, overrides=over, offered_load=args.offered_load)
         finally:
             bar.close()
         target = out if len(policies) == 1 else out / name

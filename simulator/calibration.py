@@ -132,9 +132,9 @@ def load(path: str | Path) -> Calibration:
 
 
 def default() -> Calibration:
-    """The shipped calibration (:file:`simulator/calibration.json`), named ``calibration.json``."""
+    """The shipped calibration, named ``simulator/calibration.json``."""
     cal = load(default_path())
-    return Calibration(DEFAULT_FILE, cal.pilot_start_s, cal.cold_start_s, cal.restart_s, cal.rescale_pause_s,
+    return Calibration(f"simulator/{DEFAULT_FILE}", cal.pilot_start_s, cal.cold_start_s, cal.restart_s, cal.rescale_pause_s,
                        cal.commit_interval_s)
 
 

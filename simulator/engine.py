@@ -893,6 +893,7 @@ class Simulator:
             "held_fraction": self.held_node_seconds / idle if idle > 0 else 0.0,
             "paused_node_seconds": paused,
             "productive_node_seconds": productive,
+            "trained_node_seconds": productive,  # held by a job and not paused (the real replay's "trained")
             "productive_fraction": productive / idle if idle > 0 else 0.0,
             "samples_processed": sum(j.progress for j in jobs),
             # model-neutral work: each job's samples over its own 1-node rate (node-seconds at 1 node)

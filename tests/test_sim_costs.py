@@ -20,7 +20,7 @@ def run(tl, specs, cal, policy="greedy"):
 
 def test_the_shipped_calibration_has_every_value_with_how_and_when():
     cal = default()
-    assert cal.name == "calibration.json"
+    assert cal.name == "simulator/calibration.json"
     assert 1.5 <= cal.pilot_start_s <= 2.0 and 10.0 <= cal.cold_start_s <= 12.0
     assert cal.restart_s >= cal.cold_start_s
     assert free().is_free and not cal.is_free

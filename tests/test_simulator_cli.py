@@ -149,3 +149,55 @@ def test_simulate_without_trace_uses_the_embedded_week(tmp_path: Path):
     assert summary["nodes_total"] == 4608 and summary["span_seconds"] == 7200
     assert summary["decisions"] <= 7200 / 60 + 1  # the embedded trace decides at most once a minute
     assert 0 < summary["used_node_seconds"] <= summary["idle_node_seconds"]
+
+
+# ------------------------------------------------------------------ issue 18: real replay interface, overrides
+
+
+def test_simulate_replays_a_jobs_file_on_n_nodes_of_a_window_with_a_calibration(tmp_path: Path):
+    jobs = tmp_path / "jobs.csv"
+    jobs.write_text("name,time,application,num_replicas,batch_size,samples\n"
+                    "a,0,cifar10,4,,\nb,100,imagenet,8,40,1e6\n")
+    out = tmp_path / "rr"
+    code = main(["simulate", "--trace", str(tiny_trace(tmp_path)), "--start", "+0", "--duration", "30m",
+                 "--nodes", "3", "--jobs-file", str(jobs), "--calibration", "free", "--out", str(out),
+                 "--quiet", "--no-plots"])
+    assert code == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert s["nodes_total"] == 3 and s["span_seconds"] == 1800 and s["jobs_submitted"] == 2
+    assert s["calibration"] == "free" and s["trained_node_seconds"] <= s["held_node_seconds"] <= s["idle_node_seconds"]
+    # the three nodes idle longest in [1000, 2800]: h1..h5 idle all along (h0 leaves at 2200) -> h1, h2, h3
+    assert s["idle_node_seconds"] == 3 * 1800
+
+
+def test_simulate_charges_the_shipped_calibration_by_default(tmp_path: Path):
+    out = tmp_path / "run"
+    assert main(["simulate", "--trace", str(tiny_trace(tmp_path)), "--workload", "hpo", "--end", "+1h",
+                 "--out", str(out), "--quiet", "--no-plots"]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert s["calibration"] == "simulator/calibration.json" and s["cold_starts"] >= 1
+    assert s["held_node_seconds"] < s["idle_node_seconds"]  # pilots take their start latency
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--admission", "fixed", "--admission-cap", "5"], "--admission-cap 5 and --admission fixed"),
+    (["--policy", "freetrain", "--admission-cap", "5"], "--admission-cap 5 and policy freetrain's admission"),
+    (["--end", "+1h", "--duration", "1h"], "--end .* and --duration"),
+    (["--jobs-file", "nope.csv"], "--jobs-file nope.csv"),
+    (["--calibration", "nope.json"], "nope.json"),
+])
+def test_simulate_bad_combinations_name_both(tmp_path: Path, capsys, argv, message):
+    code = main(["simulate", "--trace", str(tiny_trace(tmp_path)), "--out", str(tmp_path / "o"), "--quiet",
+                 "--no-plots"] + argv)
+    assert code != 0
+    import re
+    assert re.search(message, capsys.readouterr().err)
+
+
+def test_simulate_overrides_win_over_the_preset(tmp_path: Path):
+    out = tmp_path / "run"
+    assert main(["simulate", "--trace", str(tiny_trace(tmp_path)), "--workload", "hpo", "--policy", "freetrain",
+                 "--admission", "adaptive", "--admission-cap", "7", "--objective", "work", "--end", "+1h",
+                 "--out", str(out), "--quiet", "--no-plots"]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert (s["admission"], s["admission_cap"], s["objective"]) == ("adaptive", 7, "work")
