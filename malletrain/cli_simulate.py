@@ -21,6 +21,7 @@ DEFAULT_MAX_RUNNING = 10  # = PolicyConfig().max_running (a test checks they agr
 # reports in batches); deciding at most once a minute keeps its replay short.
 EMBEDDED_MIN_INTERVAL_S = 60.0
 SUMMIT_WEEK = "summit-2021-02-10_17.nodes.csv.gz"
+DEFAULT_EVAL_WORKLOADS = "philly@1,philly@1.5,philly@2"
 
 _OFFSET = re.compile(r"^\+(\d+(?:\.\d+)?)([smhd]?)$")
 _UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -158,10 +159,16 @@ def register_evaluate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--end", metavar="T", help="window end: unix seconds or +2h/+1d from trace start")
     p.add_argument("--min-interval", type=float, metavar="S",
                    help=f"decide at most once per S s (default: 0; {EMBEDDED_MIN_INTERVAL_S:g} for the embedded trace)")
-    p.add_argument("--workloads", default="nas,hpo", metavar="NAME[,NAME]",
-                   help="nas, hpo, stress, imagenet7 (default: nas,hpo)")
+    p.add_argument("--workloads", default=DEFAULT_EVAL_WORKLOADS, metavar="NAME[,NAME]",
+                   help="philly@X (the real Philly stream at offered load X), or the endless saturation cases "
+                   f"nas, hpo, stress, imagenet7 (default: {DEFAULT_EVAL_WORKLOADS})")
     p.add_argument("--policies", metavar="NAME[,NAME]",
-                   help="default: freetrain,malletrain,jpa,milp-true,oracle,greedy")
+                   help="generated streams: freetrain,malletrain,jpa,milp-true,oracle,greedy; philly: "
+                   "malletrain,freetrain,greedy,equal,rigid-preemptible,jpa,milp-true (plus freetrain at each "
+                   "--fixed-pjmax and the oracle bound)")
+    p.add_argument("--fixed-pjmax", default="10,40,100", metavar="N[,N]",
+                   help="philly: freetrain at fixed admission with these Pjmax, the best one a baseline "
+                   "(default: 10,40,100)")
     p.add_argument("--priors", metavar="MODEL[,MODEL]",
                    help="freetrain's user curves (default: linear,mean,other,noise:20)")
     p.add_argument("--jobs", type=int, metavar="N", help="a finite list of N jobs per replay (makespan, job "
@@ -246,10 +253,28 @@ def run_evaluate(args: argparse.Namespace) -> int:
     from simulator.sweep import Progress
     from simulator.workload import GENERATED_STREAMS
 
+    from simulator.policies import Overrides
+    from simulator.sweep import split_workload
+
     base = policy_config(args)
     if args.workers < 0:
         raise ValueError(f"--workers must be >= 0, got {args.workers}")
-    workloads = _names(args.workloads, "--workloads", GENERATED_STREAMS)
+    workloads = tuple(w.strip() for w in args.workloads.split(",") if w.strip())
+    try:
+        bad = [w for w in workloads if split_workload(w)[0] not in GENERATED_STREAMS + ("philly",)]
+    except ValueError:
+        bad = list(workloads)
+    if bad or not workloads:
+        raise ValueError(f"--workloads {args.workloads!r}: a comma list of philly@X (X > 0) and "
+                         f"{', '.join(GENERATED_STREAMS)}")
+    over = Overrides(admission=args.admission or base.admission.value, max_running=args.max_running,
+                     admission_cap=args.admission_cap, objective=args.objective or "work")
+    try:
+        fixed = tuple(int(x) for x in args.fixed_pjmax.split(",") if x.strip())
+    except ValueError:
+        fixed = ()
+    if not fixed or min(fixed) < 1:
+        raise ValueError(f"--fixed-pjmax {args.fixed_pjmax!r}: a comma list of integers >= 1")
     policies = _names(args.policies, "--policies", KNOWN) if args.policies else POLICIES
     priors = tuple(p.strip() for p in args.priors.split(",") if p.strip()) if args.priors else PRIORS
     for prior in priors:
@@ -268,6 +293,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
         start=parse_time(args.start, timeline.start, "start"), end=parse_time(args.end, timeline.start, "end"),
         min_interval_s=interval, workers=args.workers, scheduler=args.scheduler, workloads=workloads,
         policies=policies, priors=priors, n_jobs=args.jobs, sweep=args.sweep, tfwd_sweep=args.sweep_tfwd,
+        overrides=over, calibration=calibration(args), fixed_pjmax=fixed,
     )
     scaling = find_scaling(args.scaling)
     if scaling.synthetic:
@@ -320,7 +346,9 @@ def _argv_of(args: argparse.Namespace) -> list[str]:
     out: list[str] = []
     for opt, default in (("trace", None), ("trace_format", None), ("scaling", None), ("seeds", "5"), ("seed", None),
                          ("policy_config", None), ("max_running", None), ("tfwd", None), ("start", None), ("end", None),
-                         ("min_interval", None), ("workloads", "nas,hpo"), ("policies", None), ("priors", None),
+                         ("min_interval", None), ("workloads", DEFAULT_EVAL_WORKLOADS), ("policies", None),
+                         ("priors", None), ("admission", None), ("admission_cap", None), ("objective", None),
+                         ("calibration", None), ("fixed_pjmax", "10,40,100"),
                          ("jobs", None), ("workers", 2), ("scheduler", None), ("out", None)):
         value = getattr(args, opt)
         if value != default:

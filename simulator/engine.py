@@ -973,6 +973,7 @@ def _completion_summary(jobs: list[SimJob], end: float) -> dict:
         "wait_p95_seconds": _percentile(wait_values, 0.95) if wait_values else None,
         "wait_slowest_quarter_seconds": sum(w for _, w, _ in by_rate[:q]) / q if q else None,
         "wait_fastest_quarter_seconds": sum(w for _, w, _ in by_rate[-q:]) / q if q else None,
+        "wait_by_model_seconds": {m: sum(ws) / len(ws) for m, ws in sorted(per_model.items())},
         "longest_waiting_model": starved[0] if starved else None,
         "longest_waiting_model_seconds": sum(starved[1]) / len(starved[1]) if starved else None,
     }

@@ -6,12 +6,13 @@ rate at ``n`` nodes is ``4 n x local_bsz / step_time``, from the placements ``4`
 ``4444`` (1-4 nodes) and the scalability runs with 4 replicas per node (6, 8, 12, 16 nodes), at one
 per-GPU batch: the one asked for (the nearest measured), else the model's median measured batch.
 
-**Philly.** Arrivals and sizes from Microsoft's Philly trace (``philly-jobs.csv.gz``): a seeded
-offset into the trace picks a window as long as the replay's; every job submitted in it arrives at
-the same offset into the replay. Its model is a seeded draw of the six; its rigid size (what
-``rigid-preemptible`` runs it at) is ``ceil(num_gpus / 4)`` nodes; its work is its GPU time, scaled
-so the stream's work is ``offered_load`` x the window's idle node-seconds (work: node-seconds at one
-node, each job's samples over its own 1-node rate). Every job may use 1..16 nodes (the measured range).
+**Philly.** Arrivals and sizes from Microsoft's Philly trace (``philly-jobs.csv.gz``). Each job's
+work (node-seconds at one node: its samples over its own 1-node rate) is its GPU time over 4, as
+recorded; the offered load sets how many jobs come: from a seeded job of the trace on, consecutive
+jobs until their work reaches ``offered_load`` x the window's idle node-seconds, their submit times
+compressed into the window (order and relative spacing kept). Its model is a seeded draw of the
+six; its rigid size (what ``rigid-preemptible`` runs it at) is ``ceil(num_gpus / 4)`` nodes. Every
+job may use 1..16 nodes (the measured range).
 
 **Jobs files.** ``name,time,application[,num_replicas,batch_size,samples]``: ``time`` in seconds from
 the start of the replayed window, ``application`` one of the six models, ``num_replicas`` GPUs
@@ -187,18 +188,28 @@ def philly_workload(seed: int, duration_s: float, idle_node_seconds: float, offe
     jobs = philly_jobs(base / PHILLY_FILE)
     cs = curves(base)
     rng = np.random.default_rng([seed, 18])
-    first, last = jobs[0].submit, jobs[-1].submit
-    offset = first + float(rng.uniform(0.0, max(0.0, last - first - duration_s)))
-    chosen = [j for j in jobs if offset <= j.submit < offset + duration_s]
-    if not chosen:
-        raise WorkloadError(f"philly workload: no job submitted in [{offset:.0f}, {offset + duration_s:.0f})")
+    target = offered_load * idle_node_seconds
+    works = np.array([j.gpu_time / GPUS_PER_NODE for j in jobs])
+    if works.sum() < target:
+        raise WorkloadError(f"philly workload: the whole trace offers {works.sum():.3g} node-s, less than "
+                            f"--offered-load {offered_load:g} x {idle_node_seconds:.3g} idle node-s")
+    # a seeded start in the trace with enough jobs after it (the trace's cumulative work from there)
+    tail = np.cumsum(works[::-1])[::-1]  # work from job i to the end
+    last_start = int(np.flatnonzero(tail >= target)[-1])
+    first = int(rng.integers(0, last_start + 1))
+    stop = first + int(np.searchsorted(np.cumsum(works[first:]), target)) + 1
+    chosen = jobs[first:stop]
+    # their arrivals, compressed (or stretched) into the window, in the trace's order and spacing
+    t0 = chosen[0].submit
+    span = (jobs[stop].submit if stop < len(jobs) else chosen[-1].submit + 1.0) - t0
+    squeeze = duration_s / span if span > 0 else 0.0
     models = [MODELS[int(i)] for i in rng.integers(len(MODELS), size=len(chosen))]
-    scale = offered_load * idle_node_seconds / sum(j.gpu_time for j in chosen)
     specs = []
     for i, (j, m) in enumerate(zip(chosen, models)):
         curve = cs[m]
-        specs.append(JobSpec(name=f"philly-{m}#{i}", model=m, samples=scale * j.gpu_time * one_node_rate(curve),
-                             scaling=curve, min_nodes=1, max_nodes=MAX_NODES, arrival_s=j.submit - offset,
+        specs.append(JobSpec(name=f"philly-{m}#{i}", model=m,
+                             samples=j.gpu_time / GPUS_PER_NODE * one_node_rate(curve), scaling=curve,
+                             min_nodes=1, max_nodes=MAX_NODES, arrival_s=min(duration_s, (j.submit - t0) * squeeze),
                              requested_nodes=rigid_size(j.gpus)))
     label = f"philly (load {offered_load:g})"
     return Workload(label, str(base / "pollux"), timed=specs, finite=True, models=dict(cs))

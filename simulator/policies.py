@@ -31,16 +31,16 @@ Rates and rescale costs always reach the policy as a monitor would have measured
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import zlib
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 from allocator import throughput_at
 from policy import PRESETS, Policy, PolicyConfig, Profiling, preset
 from policy.config import Admission, Objective
-from simulator.workload import JobSpec
+from simulator.jobs import JobSpec
 
 Curve = Mapping[int, float]
 

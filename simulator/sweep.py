@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import sys
 import time
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from typing import Callable, Iterable, Sequence, TextIO
 
 from policy import PolicyConfig
 from simulator.engine import SimConfig
+from simulator.policies import Overrides
 from simulator.workload import ScalingSet
 from traces.model import IdleTimeline
 
@@ -41,10 +43,21 @@ class RunSpec:
     max_running: int | None = None
     max_nodes: int | None = None
     tfwd_s: float | None = None
+    fixed_pjmax: int | None = None  # fixed admission at this Pjmax (the "freetrain at fixed Pjmax N" baseline)
+    bound: bool = False  # the oracle bound: free rescales, free starts (calibration free), no admission cap
 
     @property
     def label(self) -> str:
+        if self.bound:
+            return "oracle-bound"
+        if self.fixed_pjmax is not None:
+            return f"{self.policy}-fixed:{self.fixed_pjmax}"
         return f"freetrain:{self.prior}" if self.policy == "freetrain" else self.policy
+
+    @property
+    def stream(self) -> tuple[str, float]:
+        """The workload name and offered load: ``philly@1.5`` -> (``philly``, 1.5); others load 1."""
+        return split_workload(self.workload)
 
     @property
     def cell(self) -> tuple[str, int | None, int | None, float | None]:
@@ -71,6 +84,21 @@ class Replays:
     policy_config: PolicyConfig = field(default_factory=PolicyConfig)
     sim_config: SimConfig = field(default_factory=SimConfig)
     n_jobs: int | None = None  # a finite job list of this many jobs; None: endless streams
+    overrides: Overrides | None = None  # win over every preset (the evaluation: the default's admission)
+
+    def overrides_for(self, spec: RunSpec) -> Overrides | None:
+        """The evaluation's overrides for ``spec``: its Pjmax, a fixed-Pjmax baseline's fixed admission, the
+        bound's uncapped admission; jpa (the paper's policy) keeps its own admission."""
+        base = self.overrides if self.overrides is not None else Overrides()
+        if spec.policy == "jpa":
+            base = Overrides(objective=base.objective)
+        if spec.max_running is not None:
+            base = dataclasses.replace(base, max_running=spec.max_running)
+        if spec.fixed_pjmax is not None:
+            base = dataclasses.replace(base, admission="fixed", max_running=spec.fixed_pjmax, admission_cap=None)
+        if spec.bound:
+            base = dataclasses.replace(base, admission="adaptive", admission_cap=0)
+        return base if base.fields() else None
 
     def config_for(self, spec: RunSpec) -> tuple[PolicyConfig, SimConfig]:
         changes: dict[str, object] = {}
@@ -84,13 +112,33 @@ class Replays:
         return pcfg, scfg
 
 
+def split_workload(name: str) -> tuple[str, float]:
+    """``philly@1.5`` -> (``philly``, 1.5); a name without ``@`` has offered load 1."""
+    base, _, load = name.partition("@")
+    if not load:
+        return name, 1.0
+    try:
+        x = float(load)
+    except ValueError:
+        x = math.nan
+    if not x > 0 or math.isinf(x):
+        raise ValueError(f"workload {name!r}: the offered load after @ must be a number > 0")
+    return base, x
+
+
 def run_one(replays: Replays, spec: RunSpec) -> tuple[RunSpec, dict]:
     """Replay ``spec`` (the task every worker runs); returns it with its summary."""
     from simulator import simulate
+    from simulator.calibration import free
 
     pcfg, scfg = replays.config_for(spec)
-    res = simulate(replays.timeline, spec.policy, spec.workload, scaling=replays.scaling, seed=spec.seed,
-                   n_jobs=replays.n_jobs, config=scfg, freetrain_model=spec.prior, policy_config=pcfg)
+    over = replays.overrides_for(spec)
+    if spec.bound:
+        scfg = dataclasses.replace(scfg, calibration=free())
+    workload, load = spec.stream
+    res = simulate(replays.timeline, spec.policy, workload, scaling=replays.scaling, seed=spec.seed,
+                   n_jobs=replays.n_jobs, config=scfg, freetrain_model=spec.prior, policy_config=pcfg,
+                   overrides=over, offered_load=load)
     summary = dict(res.summary)
     summary["label"] = spec.label
     summary["max_nodes_cap"] = spec.max_nodes
@@ -105,10 +153,10 @@ def duplicates(specs: Sequence[RunSpec], replays: Replays) -> dict[RunSpec, RunS
     seen: dict[tuple, RunSpec] = {}
     out: dict[RunSpec, RunSpec] = {}
     for spec in specs:
-        if spec.policy in _BASELINES:
+        if spec.policy in _BASELINES or spec.bound or spec.fixed_pjmax is not None:
             continue
         pcfg, _ = replays.config_for(spec)
-        cfg = resolve_config(spec.policy, pcfg).as_dict()
+        cfg = resolve_config(spec.policy, pcfg, replays.overrides_for(spec)).as_dict()
         key = (repr(sorted(cfg.items())), spec.workload, spec.seed, spec.max_nodes)
         if key in seen:
             out[spec] = seen[key]
@@ -201,9 +249,10 @@ def run_replays(
 
 
 def _expected_cost(spec: RunSpec) -> float:
-    learning = spec.policy not in ("freetrain", "milp-true", "oracle", "greedy", "equal")
-    cheap = spec.policy in ("greedy", "equal")
-    return (3.0 if learning else 0.3 if cheap else 1.0) * (spec.max_running or 10)
+    learning = spec.policy not in ("freetrain", "milp-true", "oracle", "greedy", "equal", "rigid-preemptible")
+    cheap = spec.policy in ("greedy", "equal", "rigid-preemptible")
+    return (3.0 if learning else 0.3 if cheap else 1.0) * (spec.max_running or spec.fixed_pjmax or 10) \
+        * spec.stream[1]
 
 
 def _run_on_dask(replays: Replays, specs: Iterable[RunSpec], workers: int, scheduler: str | None,
