@@ -469,8 +469,12 @@ class Simulator:
     def _roll_back(self, job: SimJob) -> None:
         """A stop: the work since the last commit is lost (the job restarts from its checkpoint)."""
         if job.run_since is not None and job.progress > job.committed:
-            job.lost_samples += job.progress - job.committed
+            lost = job.progress - job.committed
+            job.lost_samples += lost
             job.progress = job.committed
+            if job.one_node_rate > 0:  # the period split counts work as done: a rollback is charged to
+                k = 0 if len(self.idle) <= self.absorb_capacity() else 1  # the period it happens in
+                self.split_work[k] -= lost / job.one_node_rate
         job.run_since = None
 
     # ------------------------------------------------------------ events
