@@ -157,6 +157,8 @@ def register_evaluate(sub: argparse._SubParsersAction) -> None:
     add_policy_options(p)
     p.add_argument("--start", metavar="T", help="window start: unix seconds or +2h/+1d from trace start")
     p.add_argument("--end", metavar="T", help="window end: unix seconds or +2h/+1d from trace start")
+    p.add_argument("--nodes", metavar="N|NAME,...", help="replay only N nodes of the log (the N with the most "
+                   "idle node-seconds in the window) or these named nodes")
     p.add_argument("--min-interval", type=float, metavar="S",
                    help=f"decide at most once per S s (default: 0; {EMBEDDED_MIN_INTERVAL_S:g} for the embedded trace)")
     p.add_argument("--workloads", default=DEFAULT_EVAL_WORKLOADS, metavar="NAME[,NAME]",
@@ -288,9 +290,13 @@ def run_evaluate(args: argparse.Namespace) -> int:
     if args.min_interval is not None and args.min_interval < 0:
         raise ValueError(f"--min-interval must be >= 0, got {args.min_interval}")
     interval = args.min_interval if args.min_interval is not None else (EMBEDDED_MIN_INTERVAL_S if embedded else 0.0)
+    start, end = parse_time(args.start, timeline.start, "start"), parse_time(args.end, timeline.start, "end")
+    if args.nodes is not None:
+        from simulator.window import restrict
+
+        timeline = restrict(timeline, parse_nodes(args.nodes), start, end)
     settings = EvalSettings(
-        seeds=seeds, policy_config=base,
-        start=parse_time(args.start, timeline.start, "start"), end=parse_time(args.end, timeline.start, "end"),
+        seeds=seeds, policy_config=base, start=start, end=end,
         min_interval_s=interval, workers=args.workers, scheduler=args.scheduler, workloads=workloads,
         policies=policies, priors=priors, n_jobs=args.jobs, sweep=args.sweep, tfwd_sweep=args.sweep_tfwd,
         overrides=over, calibration=calibration(args), fixed_pjmax=fixed,
@@ -350,7 +356,7 @@ def _argv_of(args: argparse.Namespace) -> list[str]:
     for opt, default in (("trace", None), ("trace_format", None), ("scaling", None), ("seeds", "5"), ("seed", None),
                          ("policy_config", None), ("max_running", None), ("tfwd", None), ("start", None), ("end", None),
                          ("min_interval", None), ("workloads", DEFAULT_EVAL_WORKLOADS), ("policies", None),
-                         ("priors", None), ("admission", None), ("admission_cap", None), ("objective", None),
+                         ("priors", None), ("nodes", None), ("admission", None), ("admission_cap", None), ("objective", None),
                          ("calibration", None), ("fixed_pjmax", "10,40,100"),
                          ("jobs", None), ("workers", 2), ("scheduler", None), ("out", None)):
         value = getattr(args, opt)

@@ -8,7 +8,8 @@ per-GPU batch: the one asked for (the nearest measured), else the model's median
 
 **Philly.** Arrivals and sizes from Microsoft's Philly trace (``philly-jobs.csv.gz``). Each job's
 work (node-seconds at one node: its samples over its own 1-node rate) is its GPU time over 4, as
-recorded; the offered load sets how many jobs come: from a seeded job of the trace on, consecutive
+recorded, capped at what 16 nodes at the 1-node rate could do in the window (the rest of a
+heavy-tailed job lies beyond the window); the offered load sets how many jobs come: from a seeded job of the trace on, consecutive
 jobs until their work reaches ``offered_load`` x the window's idle node-seconds, their submit times
 compressed into the window (order and relative spacing kept). Its model is a seeded draw of the
 six; its rigid size (what ``rigid-preemptible`` runs it at) is ``ceil(num_gpus / 4)`` nodes. Every
@@ -189,7 +190,10 @@ def philly_workload(seed: int, duration_s: float, idle_node_seconds: float, offe
     cs = curves(base)
     rng = np.random.default_rng([seed, 18])
     target = offered_load * idle_node_seconds
-    works = np.array([j.gpu_time / GPUS_PER_NODE for j in jobs])
+    # a job's work: its GPU time over 4, capped at what it could do in the window (MAX_NODES nodes at one
+    # node's rate each): the rest of a heavy-tailed job lies beyond the window and is never offered in it
+    cap = duration_s * MAX_NODES
+    works = np.minimum(np.array([j.gpu_time / GPUS_PER_NODE for j in jobs]), cap)
     if works.sum() < target:
         raise WorkloadError(f"philly workload: the whole trace offers {works.sum():.3g} node-s, less than "
                             f"--offered-load {offered_load:g} x {idle_node_seconds:.3g} idle node-s")
@@ -208,7 +212,7 @@ def philly_workload(seed: int, duration_s: float, idle_node_seconds: float, offe
     for i, (j, m) in enumerate(zip(chosen, models)):
         curve = cs[m]
         specs.append(JobSpec(name=f"philly-{m}#{i}", model=m,
-                             samples=j.gpu_time / GPUS_PER_NODE * one_node_rate(curve), scaling=curve,
+                             samples=float(works[first + i]) * one_node_rate(curve), scaling=curve,
                              min_nodes=1, max_nodes=MAX_NODES, arrival_s=min(duration_s, (j.submit - t0) * squeeze),
                              requested_nodes=rigid_size(j.gpus)))
     label = f"philly (load {offered_load:g})"
