@@ -1,0 +1,64 @@
+"""Issue 18 §3: the philly stream and name,time,application jobs files, on the Pollux curves."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from simulator.jobs import WorkloadError
+from simulator.philly import MAX_NODES, MODELS, curves, jobs_file_workload, one_node_rate, philly_workload
+from tests.conftest import SHARED_DATA
+
+
+@pytest.fixture(scope="module")
+def data() -> Path:
+    if not (SHARED_DATA / "philly-jobs.csv.gz").is_file():
+        pytest.fail(f"real data file missing: {SHARED_DATA / 'philly-jobs.csv.gz'}")
+    return SHARED_DATA
+
+
+def test_the_six_models_have_whole_node_curves_from_1_to_16_nodes(data):
+    cs = curves(data)
+    assert set(cs) == set(MODELS)
+    for m, c in cs.items():
+        assert {1, 2, 4, 8, 16} <= set(c), m
+        assert all(v > 0 for v in c.values())
+
+
+def test_philly_offers_the_asked_load_with_real_sizes_and_arrivals_in_the_window(data):
+    wl = philly_workload(seed=3, duration_s=3600.0, idle_node_seconds=2e5, offered_load=1.5, data_dir=data)
+    work = sum(s.samples / one_node_rate(s.scaling) for s in wl.timed)
+    biggest = max(s.samples / one_node_rate(s.scaling) for s in wl.timed)
+    assert 1.5 * 2e5 <= work <= 1.5 * 2e5 + biggest  # consecutive jobs until the target is reached
+    assert all(0.0 <= s.arrival_s <= 3600.0 for s in wl.timed)
+    assert [s.arrival_s for s in wl.timed] == sorted(s.arrival_s for s in wl.timed)
+    assert all(1 <= s.requested_nodes <= MAX_NODES and s.max_nodes == MAX_NODES for s in wl.timed)
+    assert biggest <= 3600.0 * MAX_NODES  # capped at what the window allows
+    again = philly_workload(seed=3, duration_s=3600.0, idle_node_seconds=2e5, offered_load=1.5, data_dir=data)
+    assert again.timed == wl.timed  # seeded
+    other = philly_workload(seed=4, duration_s=3600.0, idle_node_seconds=2e5, offered_load=1.5, data_dir=data)
+    assert other.timed != wl.timed
+    more = philly_workload(seed=3, duration_s=3600.0, idle_node_seconds=2e5, offered_load=3.0, data_dir=data)
+    assert len(more.timed) > len(wl.timed)
+
+
+def test_a_jobs_file_is_read_and_its_errors_name_file_row_and_field(data, tmp_path):
+    path = tmp_path / "jobs.csv"
+    path.write_text("# two jobs\nname,time,application,num_replicas,batch_size,samples\n"
+                    "a,0,cifar10,6,,\nb,30.5,bert,,8,1000\n")
+    wl = jobs_file_workload(path, data)
+    a, b = wl.timed
+    assert (a.name, a.arrival_s, a.model, a.requested_nodes) == ("a", 0.0, "cifar10", 2)
+    assert (b.arrival_s, b.samples, b.requested_nodes) == (30.5, 1000.0, None)
+    for text, message in [
+        ("name,time\na,0\n", "missing application"),
+        ("name,time,application,gpus\na,0,bert,1\n", "unknown gpus"),
+        ("name,time,application\na,0,resnet\n", r"row 2 \(a\): application 'resnet'"),
+        ("name,time,application\na,soon,bert\n", r"row 2 \(a\): field 'time' is not a number"),
+        ("name,time,application\na,-5,bert\n", r"row 2 \(a\).*arrival"),
+        ("name,time,application\na,0,bert\na,1,bert\n", "given twice: a"),
+    ]:
+        path.write_text(text)
+        with pytest.raises(WorkloadError, match=message):
+            jobs_file_workload(path, data)
