@@ -772,18 +772,20 @@ def write_real_chart(ev: Evaluation, path: Path) -> Path | None:
         runs = ev.by_label(cell)
         best = best_baseline(runs)
         ref = runs.get(best, {}) if best else {}
+        tops = [1.0]
         for i, r in enumerate(rows):
             m, sd = r["vs_best_baseline_pct"]
             colour = "#1b9e77" if r["policy"] == DEFAULT else "#d95f02" if r["best_baseline"] else \
                 "#999999" if r["policy"] == "oracle-bound" else "#7570b3"
             ax.bar(i, 1.0 + m / 100.0, 0.7, yerr=sd / 100.0, capsize=2, color=colour, alpha=0.85, zorder=2)
             dots = [work(runs[r["policy"]][k]) / work(ref[k]) for k in r["seeds"] if k in ref and work(ref[k]) > 0]
+            tops += dots + ([1.0 + (m + sd) / 100.0] if not math.isnan(m) else [])
             ax.plot([i] * len(dots), dots, "k.", ms=3, zorder=3)
         ax.axhline(1.0, color="grey", lw=0.8, zorder=1)
         ax.set_xticks(range(len(rows)), [r["policy"] for r in rows], rotation=55, ha="right", fontsize=7)
         ax.set_title(f"offered load {split_workload(cell[0])[1]:g} (best baseline: {best})", fontsize=9)
         ax.grid(True, axis="y", alpha=0.3, zorder=0)
-        ax.set_ylim(0.0, None)
+        ax.set_ylim(0.0, max(tops) * 1.08)  # every bar, error bar and dot inside the axes
     axes[0][0].set_ylabel("work / best equal-admission baseline's work")
     n = len(ev.settings.seeds)
     title = (f"Philly stream on {Path(ev.trace).name}: work relative to the best simple baseline, costs charged "

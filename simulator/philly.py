@@ -27,7 +27,6 @@ import csv
 import gzip
 import io
 import math
-import statistics
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from functools import lru_cache
@@ -35,7 +34,9 @@ from pathlib import Path
 
 import numpy as np
 
+from allocator import throughput_at
 from simulator.jobs import JobSpec, Workload, WorkloadError
+from traces.data import find_data
 
 MODELS = ("bert", "cifar10", "deepspeech2", "imagenet", "ncf", "yolov3")
 GPUS_PER_NODE = 4
@@ -74,8 +75,6 @@ class Measured:
 def _data_dir(data_dir: Path | None) -> Path:
     if data_dir is not None:
         return data_dir
-    from traces.data import find_data
-
     found = find_data(PHILLY_FILE)
     if found is None:
         raise WorkloadError(f"{PHILLY_FILE} not found in the data dir (set MALLETRAIN_DATA)")
@@ -173,8 +172,6 @@ def rigid_size(gpus: int) -> int:
 
 
 def one_node_rate(curve: dict[int, float]) -> float:
-    from allocator import throughput_at
-
     return throughput_at(curve, 1)
 
 
@@ -288,7 +285,3 @@ def best_efficiency(curves_: list[dict[int, float]]) -> float:
         if r1 > 0:
             best = max(best, max(v / (n * r1) for n, v in c.items()))
     return best
-
-
-def median_rate(curve: dict[int, float]) -> float:
-    return statistics.median(curve.values())
