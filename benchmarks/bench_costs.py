@@ -1,0 +1,55 @@
+"""What charging the calibration's costs costs the default, on the real Philly stream.
+
+    python benchmarks/bench_costs.py            # 64 nodes of the Summit dev week, +78h..+79h, load 1.5, 5 seeds
+
+Replays ``malletrain`` twice per seed, paired: with the shipped calibration
+(simulator/calibration.json: pilot start, cold start, restart with rollback, rescale pause) and
+with the ``free`` ablation (what the simulator charged before issue 18); prints the share of the
+work the costs take, the mean and per seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+
+import traces
+from simulator import SimConfig, simulate
+from simulator.calibration import default, free
+from simulator.policies import Overrides
+from simulator.window import restrict
+from traces.data import find_data
+
+TRACE = "summit-2021-02-10_17.nodes.csv.gz"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--start-h", type=float, default=78.0, help="window start, hours after the log's start")
+    ap.add_argument("--hours", type=float, default=1.0, help="window length (h)")
+    ap.add_argument("--nodes", type=int, default=64, help="the N longest-idle nodes of the window")
+    ap.add_argument("--load", type=float, default=1.5, help="offered load of the philly stream")
+    ap.add_argument("--seeds", type=int, default=5)
+    args = ap.parse_args()
+    path = find_data(TRACE)
+    if path is None:
+        print(f"bench_costs: {TRACE} not found (set MALLETRAIN_DATA)", file=sys.stderr)
+        return 2
+    tl = traces.read(str(path))
+    start = tl.start + args.start_h * 3600.0
+    tl = restrict(tl, args.nodes, start, start + args.hours * 3600.0)
+    work = {}
+    for name, cal in (("charged", default()), ("free", free())):
+        work[name] = [simulate(tl, "malletrain", "philly", seed=k, config=SimConfig(calibration=cal),
+                               overrides=Overrides(objective="work"), offered_load=args.load)
+                      .summary["work_node_seconds"] for k in range(args.seeds)]
+    loss = [100.0 * (1.0 - c / f) for c, f in zip(work["charged"], work["free"])]
+    print(f"philly@{args.load:g} malletrain, {args.nodes} nodes of Summit +{args.start_h:g}h for {args.hours:g} h, "
+          f"{args.seeds} seeds: charging the calibration's costs costs {statistics.fmean(loss):.1f}% of the work "
+          f"(per seed {', '.join(f'{x:.1f}' for x in loss)}; baseline: the same replays with --calibration free)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
