@@ -13,13 +13,16 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+from pathlib import Path
 
-import traces
-from simulator import SimConfig, simulate
-from simulator.calibration import default, free
-from simulator.policies import Overrides
-from simulator.window import restrict
-from traces.data import find_data
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import traces  # noqa: E402
+from simulator import SimConfig, simulate  # noqa: E402
+from simulator.calibration import default, free  # noqa: E402
+from simulator.policies import Overrides  # noqa: E402
+from simulator.window import restrict  # noqa: E402
+from traces.data import find_data  # noqa: E402
 
 TRACE = "summit-2021-02-10_17.nodes.csv.gz"
 
