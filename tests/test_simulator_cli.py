@@ -201,3 +201,15 @@ def test_simulate_overrides_win_over_the_preset(tmp_path: Path):
                  "--out", str(out), "--quiet", "--no-plots"]) == 0
     s = json.loads((out / "summary.json").read_text())
     assert (s["admission"], s["admission_cap"], s["objective"]) == ("adaptive", 7, "work")
+
+
+def test_simulate_nodes_by_name_and_unknown_names_are_named(tmp_path: Path, capsys):
+    out = tmp_path / "named"
+    assert main(["simulate", "--trace", str(tiny_trace(tmp_path)), "--workload", "hpo", "--nodes", "h0,h7",
+                 "--duration", "1h", "--calibration", "free", "--out", str(out), "--quiet", "--no-plots"]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    # the first hour is [1000, 4600]: h0 idle 1000-2200, h7 idle 2800-4600
+    assert s["nodes_total"] == 2 and s["idle_node_seconds"] == pytest.approx(1200.0 + 1800.0)
+    assert main(["simulate", "--trace", str(tiny_trace(tmp_path)), "--nodes", "h0,zz", "--out", str(out),
+                 "--quiet", "--no-plots"]) != 0
+    assert "--nodes: zz not in" in capsys.readouterr().err
