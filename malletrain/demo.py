@@ -115,6 +115,8 @@ def run_demo(out: str, duration: float, nodes: int = 6, runtime: str = "torch", 
 
     try:
         daemon.run(duration, on_tick=tick)
+        print(f"demo: {duration:g} s are up; stopping the workers, releasing the nodes, writing the report",
+              flush=True)
     finally:
         daemon.close()
     leftovers = _kill_leftovers(str(state.resolve()))

@@ -235,6 +235,18 @@ def test_skipped_blocks_name_real_commands(block: Block) -> None:
     assert not problems, f"{block.where} ({block.skip}): {problems}"
 
 
+def test_readme_steps_leave_the_checkout_clean() -> None:
+    """What the two commands, the Horovod build and the docs build write is ignored by git."""
+    if shutil.which("git") is None or not (REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    written = [".venv/bin/python", "runs/demo/report.md", "malletrain.egg-info/PKG-INFO", ".pytest_cache/README.md",
+               ".hypothesis/examples/x", "site/index.html", "tests/__pycache__/x.pyc", "daemon.toml", "job.toml",
+               "daemon.log"]
+    res = subprocess.run(["git", "check-ignore", "--no-index", *written], cwd=REPO, capture_output=True, text=True,
+                         timeout=30)
+    assert sorted(res.stdout.split()) == sorted(written), f"not ignored: {set(written) - set(res.stdout.split())}"
+
+
 def test_command_splitting() -> None:
     code = ("cat > a <<'T'\nx = 1\nT\nmalletrain simulate --out r \\\n    --quiet  # note\n"
             "malletrain daemon > d.log 2>&1 &\nkill %1; wait\n")
