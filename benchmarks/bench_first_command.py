@@ -40,11 +40,16 @@ def first_command(readme: str) -> str:
     return m.group(1)
 
 
-def run_stamped(code: str, cwd: Path, timeout_s: float) -> tuple[int, float, float, str]:
-    """(exit code, wall seconds, longest silence in seconds, the output line before that silence)."""
+DEMO_MARK = b"demo: starting"  # the demo's first line: what comes before it is the install
+
+
+def run_stamped(code: str, cwd: Path, timeout_s: float) -> tuple[int, float, float, str, float | None]:
+    """(exit code, wall seconds, longest silence in seconds, the output line before that silence,
+    seconds until the demo's first line or None)."""
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
     start = last = time.monotonic()
     longest, before, tail = 0.0, "(start)", ""
+    demo_at: float | None = None
     proc = subprocess.Popen(["bash", "-e", "-c", code], cwd=cwd, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT)
     assert proc.stdout is not None
@@ -54,6 +59,8 @@ def run_stamped(code: str, cwd: Path, timeout_s: float) -> tuple[int, float, flo
             if now - last > longest:
                 longest, before = now - last, tail.strip().splitlines()[-1] if tail.strip() else "(start)"
             last = now
+            if demo_at is None and DEMO_MARK in chunk:
+                demo_at = now - start
             text = chunk.decode(errors="replace")
             sys.stdout.write(text)
             sys.stdout.flush()
@@ -68,7 +75,7 @@ def run_stamped(code: str, cwd: Path, timeout_s: float) -> tuple[int, float, flo
     end = time.monotonic()
     if end - last > longest:
         longest, before = end - last, tail.strip().splitlines()[-1] if tail.strip() else "(start)"
-    return rc, end - start, longest, before
+    return rc, end - start, longest, before, demo_at
 
 
 def main() -> int:
@@ -81,12 +88,14 @@ def main() -> int:
         clone = Path(args.keep) if args.keep else Path(tmp) / "malletrain"
         subprocess.run(["git", "clone", "--quiet", str(REPO), str(clone)], check=True, timeout=120)
         print(f"$ {code}   (in {clone})", flush=True)
-        rc, wall, silence, before = run_stamped(code, clone, args.timeout)
+        rc, wall, silence, before, demo_at = run_stamped(code, clone, args.timeout)
     ok_total, ok_silence = wall <= TOTAL_TARGET_S, silence <= SILENCE_TARGET_S
     print(f"\nfirst command: exit {rc}, {wall:.0f} s wall (target <= {TOTAL_TARGET_S:.0f} s: "
           f"{'met' if ok_total else 'MISSED'}, {wall / TOTAL_TARGET_S:.2f}x of it); longest silence "
           f"{silence:.1f} s (target <= {SILENCE_TARGET_S:.0f} s: {'met' if ok_silence else 'MISSED'}), "
           f"after: {before[:120]}")
+    if demo_at is not None:
+        print(f"  install {demo_at:.0f} s, demo {wall - demo_at:.0f} s")
     return 0 if rc == 0 and ok_total and ok_silence else 1
 
 

@@ -87,6 +87,7 @@ def run_demo(out: str, duration: float, nodes: int = 6, runtime: str = "torch", 
     if state.exists():
         shutil.rmtree(state)
     out_dir.mkdir(parents=True, exist_ok=True)
+    print(f"demo: starting the daemon ({runtime} runtime; the first import of torch can take a while)", flush=True)
     if runtime == "torch":
         try:
             import torch  # noqa: F401
