@@ -26,49 +26,68 @@ STATE_HELP = "state directory (store, daemon address); default $MALLETRAIN_STATE
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("daemon", help="run the daemon (reconcile loop) in the foreground")
-    p.add_argument("--config", help="TOML config file (see malletrain/config.py); defaults otherwise")
+    p = sub.add_parser("daemon", help="run the daemon (reconcile loop) in the foreground",
+                       description="Run the daemon in the foreground: hold idle nodes through the configured "
+                       "backend and train the submitted jobs on them until SIGTERM or --duration.")
+    p.add_argument("--config", metavar="FILE",
+                   help="TOML config file (every key: docs/operators.md, or `malletrain config check FILE`); "
+                   "without it the defaults: 6 local nodes following a synthetic trace")
     p.add_argument("--state-dir", help=STATE_HELP)
     p.add_argument("--duration", type=float, default=None, help="stop after S seconds (default: run until signalled)")
     p.set_defaults(func=cmd_daemon)
 
-    p = sub.add_parser("submit", help="submit a job file (TOML or JSON)")
-    p.add_argument("jobfile")
+    p = sub.add_parser("submit", help="submit a job file (TOML or JSON)",
+                       description="Submit a job file (TOML or JSON; fields: docs/operators.md) and print its id. "
+                       "Works while no daemon runs: the job waits in the store.")
+    p.add_argument("jobfile", help="the job file (name, command, min_nodes, max_nodes, samples, ...)")
     p.add_argument("--state-dir", help=STATE_HELP)
     p.set_defaults(func=cmd_submit)
 
-    p = sub.add_parser("status", help="jobs and nodes, like squeue; why jobs failed and where their logs are")
+    p = sub.add_parser("status", help="jobs and nodes, like squeue; why jobs failed and where their logs are",
+                       description="Print every job (state, nodes, samples, rate, why it waits or failed, "
+                       "its log files) and, when a daemon runs, every node. Reads the store when none runs.")
     p.add_argument("--state-dir", help=STATE_HELP)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=cmd_status)
 
-    p = sub.add_parser("wait", help="wait until a job has trained N samples; say why if it ends first")
-    p.add_argument("id")
+    p = sub.add_parser("wait", help="wait until a job has trained N samples; say why if it ends first",
+                       description="Wait until job ID has trained --samples samples (exit 0); exit 1 with the "
+                       "reason when it ends first, time runs out or no daemon is running.")
+    p.add_argument("id", help="the job id `malletrain submit` printed (e.g. j000001)")
     p.add_argument("--samples", type=int, default=1, help="samples to wait for (default 1: it trains)")
     p.add_argument("--timeout", type=float, default=600.0, help="give up after S seconds (default 600)")
     p.add_argument("--state-dir", help=STATE_HELP)
     p.set_defaults(func=cmd_wait)
 
-    p = sub.add_parser("config", help="daemon configuration files")
+    p = sub.add_parser("config", help="daemon configuration files",
+                       description="Check daemon configuration files.")
     csub = p.add_subparsers(dest="config_command", metavar="ACTION", required=True)
-    c = csub.add_parser("check", help="validate a daemon config file and print the effective config")
-    c.add_argument("file")
+    c = csub.add_parser("check", help="validate a daemon config file and print the effective config",
+                        description="Validate a daemon config file (an error names the bad key) and print "
+                        "the effective config, defaults filled in.")
+    c.add_argument("file", help="the daemon's TOML config file")
     c.add_argument("--json", action="store_true", help="print JSON instead of TOML")
     c.set_defaults(func=cmd_config_check)
 
-    p = sub.add_parser("cancel", help="cancel a job")
-    p.add_argument("id")
+    p = sub.add_parser("cancel", help="cancel a job",
+                       description="Cancel a job: the daemon stops its workers and releases its nodes. "
+                       "Works while no daemon runs (the store records the request).")
+    p.add_argument("id", help="the job id (e.g. j000001)")
     p.add_argument("--state-dir", help=STATE_HELP)
     p.set_defaults(func=cmd_cancel)
 
-    p = sub.add_parser("nodes", help="the nodes of the running daemon")
+    p = sub.add_parser("nodes", help="the nodes of the running daemon",
+                       description="Print the nodes the running daemon holds: state, job, trainer.")
     p.add_argument("--state-dir", help=STATE_HELP)
     p.set_defaults(func=cmd_nodes)
 
-    p = sub.add_parser("demo", help="a bounded local demo: 6 nodes, a compressed trace, real PyTorch jobs")
+    p = sub.add_parser("demo", help="a bounded local demo: 6 nodes, a compressed trace, real PyTorch jobs",
+                       description="Run the daemon for --duration seconds on local nodes whose idleness follows "
+                       "a synthetic Summit-like trace (5x real time), with three small training jobs; print "
+                       "a status table every 10 s and write report.md, report.json and nodes.png to --out.")
     p.add_argument("--duration", type=float, default=150.0, help="seconds to run (default 150)")
     p.add_argument("--out", default="runs/demo", help="report directory (default runs/demo)")
-    p.add_argument("--nodes", type=int, default=6)
+    p.add_argument("--nodes", type=int, default=6, help="local nodes (default 6)")
     p.add_argument("--runtime", choices=("torch", "horovod", "toy"), default="torch",
                    help="torch: real PyTorch jobs (default); horovod: Elastic Horovod jobs; "
                         "toy: sleeping workers, no torch")
@@ -235,6 +254,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 WAIT_POLL_S = 0.5
+NO_DAEMON_GRACE_S = 30.0  # a job that no daemon drives fails `wait` after this long, saying so
 
 
 def cmd_wait(args: argparse.Namespace) -> int:
@@ -255,18 +275,28 @@ def cmd_wait(args: argparse.Namespace) -> int:
 def _wait_loop(args: argparse.Namespace, store: Any, state: Path, deadline: float) -> int:
     import time
 
+    from malletrain.control import ask
+
+    daemon_seen = time.monotonic()  # when a daemon last answered (or when waiting began)
     while True:
         rec = store.require(args.id)
         j = rec.as_dict()
         if rec.samples >= args.samples:
             print(f"{printable(rec.id)}: {rec.state.value}, {rec.samples:,} samples")
             return 0
-        if rec.state.terminal or time.monotonic() >= deadline:
+        now = time.monotonic()
+        if not rec.state.terminal and ask(state, {"cmd": "ping"}, timeout_s=5.0) is not None:
+            daemon_seen = now
+        no_daemon = now - daemon_seen >= min(NO_DAEMON_GRACE_S, max(0.0, args.timeout))
+        if rec.state.terminal or now >= deadline or no_daemon:
             j["logs"] = [str(p) for p in job_logs(state, rec.id)]
             j["note"] = job_note(j) or (rec.message if rec.state.terminal else None)
             why = "ended" if rec.state.terminal else f"timed out after {args.timeout:g} s"
-            if rec.state.value == "pending":
-                why += " (pending: no idle node was free for it; see `malletrain nodes`)"
+            if no_daemon and not rec.state.terminal:
+                why = (f"is not driven: no daemon is running at {state} (start one with "
+                       f"`malletrain daemon --state-dir {state}`)")
+            elif rec.state.value == "pending":
+                why += " (pending: the daemon found no idle node for it; see `malletrain nodes`)"
             print(f"malletrain wait: {printable(rec.id)} {why} at {rec.samples:,} of {args.samples:,} samples "
                   f"(state {rec.state.value})", file=sys.stderr)
             if j["note"] or rec.state.value == "failed":
@@ -279,9 +309,10 @@ def _wait_loop(args: argparse.Namespace, store: Any, state: Path, deadline: floa
 def cmd_nodes(args: argparse.Namespace) -> int:
     from malletrain.control import ask, state_dir
 
-    reply = ask(state_dir(args.state_dir), {"cmd": "nodes"})
+    state = state_dir(args.state_dir)
+    reply = ask(state, {"cmd": "nodes"})
     if not reply or not reply.get("ok"):
-        print("malletrain nodes: no daemon is running on this state dir", file=sys.stderr)
+        print(f"malletrain nodes: no daemon is running at {state}", file=sys.stderr)
         return 1
     print(format_nodes(reply["nodes"]))
     return 0

@@ -51,9 +51,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--scaling", metavar="FILE", help="model,nodes,samples_per_second CSV "
                    "(default: summit-scaling.csv from the data dir, else built-in synthetic curves)")
     p.add_argument("--policy", default="malletrain", metavar="NAME[,NAME]|all",
-                   help="malletrain (the default), jpa, freetrain (user curves), milp-true, greedy, equal, "
-                   "oracle, rigid-preemptible (fixed count, killed by any recall), a comma list, or all "
-                   "(default: malletrain)")
+                   help="a preset of the policy (policy.PRESETS): malletrain (the daemon's default: passive "
+                   "learning, gated profiling, adaptive admission), jpa (the paper's: profile every job, fixed "
+                   "Pjmax), freetrain (a user's curve, no learning), milp-true (the true curves), oracle (true "
+                   "curves, free rescales), greedy, equal, rigid-preemptible (a fixed count, killed by any "
+                   "recall); a comma list, or all (default: malletrain)")
     p.add_argument("--freetrain-model", default="mean", metavar="mean|linear|other|noise:X",
                    help="the user curve freetrain is given: mean of the workload's model curves, linear "
                    "from the 1-node rate, or the true curve with +-X%% noise per point (default: mean)")
@@ -187,7 +189,8 @@ def register_evaluate(sub: argparse._SubParsersAction) -> None:
     figs = p.add_mutually_exclusive_group()
     figs.add_argument("--paper-figures", dest="paper_figures", action="store_true", default=None,
                       help="also write Figs. 3.7-3.9 from the real logs (default: when --trace is not given)")
-    figs.add_argument("--no-paper-figures", dest="paper_figures", action="store_false")
+    figs.add_argument("--no-paper-figures", dest="paper_figures", action="store_false",
+                      help="do not write Figs. 3.7-3.9")
     p.add_argument("--no-check", action="store_true", help="report the targets but exit 0 when one fails")
     p.add_argument("--quiet", action="store_true", help="no progress display")
     p.set_defaults(func=run_evaluate)

@@ -9,11 +9,15 @@ from pathlib import Path
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    trace = sub.add_parser("trace", help="read, summarise and synthesise idle-node traces")
+    trace = sub.add_parser("trace", help="read, summarise and synthesise idle-node traces",
+                           description="Read scheduler logs as idle-node timelines, summarise them, "
+                           "and write SYNTHETIC ones fitted to them.")
     tsub = trace.add_subparsers(dest="trace_command", metavar="SUBCOMMAND")
     trace.set_defaults(func=lambda args: _help(trace))
 
-    stats = tsub.add_parser("stats", help="nodes, span, idle nodes, fragment lengths of a log")
+    stats = tsub.add_parser("stats", help="nodes, span, idle nodes, fragment lengths of a log",
+                            description="Print a log's nodes, span, idle fraction and idle-fragment "
+                            "percentiles (and how its jobs became a timeline); --plot writes its figures.")
     stats.add_argument("file", type=Path, help="node-state CSV, SWF, sacct or ALCF log (gzip ok)")
     stats.add_argument("--format", default=None, help="force the format: nodes-csv, swf, sacct, alcf")
     stats.add_argument("--nodes", type=int, default=None, help="machine size for job logs")
@@ -21,7 +25,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     stats.add_argument("--json", action="store_true", help="print the figures as JSON")
     stats.set_defaults(func=run_stats)
 
-    synth = tsub.add_parser("synth", help="write a SYNTHETIC node-state trace (nodes-csv), bursty by default")
+    synth = tsub.add_parser("synth", help="write a SYNTHETIC node-state trace (nodes-csv), bursty by default",
+                            description="Write a SYNTHETIC node-state trace (nodes-csv) from the embedded "
+                            "Summit model or one fitted to --fit, and print its KS distances to the log.")
     synth.add_argument("--nodes", type=int, required=True, help="number of nodes")
     synth.add_argument("--duration", type=float, required=True, metavar="S", help="length in seconds")
     synth.add_argument("--fit", type=Path, default=None, metavar="FILE",
@@ -32,7 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     synth.add_argument("--format", default=None, help="format of the --fit/--against log (default: detected)")
     synth.add_argument("--independent", action="store_true",
                        help="nodes alternate independently (no bursts): the model of earlier versions")
-    synth.add_argument("--seed", type=int, default=0)
+    synth.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     synth.add_argument("--out", type=Path, required=True, metavar="FILE", help="output (.csv or .csv.gz)")
     synth.add_argument("--plot", type=Path, default=None, metavar="DIR",
                        help="write the synthetic trace's figures and synthetic_vs_real.png here")

@@ -11,7 +11,7 @@
                                      # kill -> agents back took 5.2 s at load 12, 10.2 s with systemd's
                                      # RestartSec=5 (benchmarks/bench_daemon_start.py); the price of
                                      # more: a dead node is noticed later, and a restarted daemon waits
-                                     # this + 1 s for the agents before it decides (docs/operator.md)
+                                     # this + 1 s for the agents before it decides (docs/operators.md)
     backend = "local"                # the same as [scavenger] kind (give either)
 
     [local]
@@ -25,10 +25,10 @@
     [policy]                         # policy.PolicyConfig: the same knobs `malletrain simulate` replays
     tfwd_s = 120.0                   # allocator horizon Tfwd, seconds
     max_running = 10                 # Pjmax: jobs admitted at once, FCFS (0: no limit)
-    profiling = "requested"          # "never" | "requested" (jobs with profile = true) | "always"
+    profiling = "gated"              # default; "never" | "requested" (jobs with profile = true) | "always"
     profile_time_cap_s = 300.0       # seconds per profiled node count at most
 
-    [[trainers]]                     # optional: several trainers side by side (README: Several trainers)
+    [[trainers]]                     # optional: several trainers side by side (docs/operators.md: Several trainers)
     name = "vision"                  # 1-64 of A-Z a-z 0-9 _ . -; a job names it (`trainer = "vision"`)
     nodes = ["node0[0-1]"]           # fnmatch patterns over node names; the first trainer matching takes a node
     [trainers.policy]                # this trainer's [policy] keys (the rest: [policy]'s values)
@@ -37,12 +37,12 @@
     name = "lm"                      # no nodes: every node no other trainer matched (one such trainer at most)
                                      # no [[trainers]]: one trainer "default" on every node with [policy]
 
-    [scavenger]                      # who holds nodes: scavenger.local / .slurm / .pbs (README: Running on Slurm)
+    [scavenger]                      # who holds nodes: scavenger.local / .slurm / .pbs (docs/operators.md: Running on Slurm)
     kind = "local"                   # "local" | "slurm" | "pbs"; slurm/pbs below, [local] above for local
     partition = ""                   # slurm: the preemptable partition (or qos; at least one)
     qos = ""                         # slurm: a preemptable QOS
     account = ""                     # slurm/pbs: the account pilots are charged to
-    queue = ""                       # pbs: the preemptable queue (preempt_order R or D; README)
+    queue = ""                       # pbs: the preemptable queue (preempt_order R or D; docs/pbs.md)
     job_name = ""                    # tags our pilots (default malletrain-pilot / mt-pilot): unique per daemon
     nodes_per_pilot = 1              # nodes one pilot batch job holds
     walltime = 3600.0                # seconds a pilot asks for (a replacement takes over at the end)

@@ -37,7 +37,7 @@ their last commit reaches the state dir and their last reports the store,
 and the jobs are SUSPENDED ("daemon stopped"); a profile it interrupted
 starts over at the next start. A daemon that finds the ``daemon.json`` of a
 killed one waits ``agent_dead_after`` for surviving agents even with no job
-active. See "Restarts" in docs/operator.md.
+active. See "Restarts" in docs/operators.md.
 
 Optional runtime hooks (looked up with ``getattr``): ``ready(job, worker)``
 (a worker started ahead is ready to join), ``resume_generation(job, gen)``

@@ -87,6 +87,7 @@ def run_demo(out: str, duration: float, nodes: int = 6, runtime: str = "torch", 
     if state.exists():
         shutil.rmtree(state)
     out_dir.mkdir(parents=True, exist_ok=True)
+    print(f"demo: starting the daemon ({runtime} runtime; the first import of torch can take a while)", flush=True)
     if runtime == "torch":
         try:
             import torch  # noqa: F401
@@ -115,6 +116,8 @@ def run_demo(out: str, duration: float, nodes: int = 6, runtime: str = "torch", 
 
     try:
         daemon.run(duration, on_tick=tick)
+        print(f"demo: {duration:g} s are up; stopping the workers, releasing the nodes, writing the report",
+              flush=True)
     finally:
         daemon.close()
     leftovers = _kill_leftovers(str(state.resolve()))
@@ -224,10 +227,10 @@ def _plot(path: Path, report: dict[str, Any]) -> None:
     s = report["nodes"]
     if not s:
         return
+    from traces.plots import legend_outside
+
     t = [p["t"] for p in s]
     fig, ax = plt.subplots(figsize=(8, 3.5))
-    ax.step(t, [p["idle"] for p in s], where="post", label="idle (trace)", color="0.6")
-    ax.step(t, [p["held"] for p in s], where="post", label="held (agents)", color="C0")
     bottom = [0] * len(s)
     for j in report["jobs"]:
         ys = [p["jobs"].get(j["id"], 0) for p in s]
@@ -235,12 +238,16 @@ def _plot(path: Path, report: dict[str, Any]) -> None:
             top = [b + y for b, y in zip(bottom, ys)]
             ax.fill_between(t, bottom, top, step="post", alpha=0.5, label=f"used by {j['name']}")
             bottom = top
-    for r in report["recalls_of_held_nodes"]:
-        ax.axvline(r, color="red", lw=0.8, ls=":")
+    # idle wide and light under held: where the agents hold every idle node both lines still show
+    ax.step(t, [p["idle"] for p in s], where="post", label="idle (trace)", color="0.75", lw=3.5)
+    ax.step(t, [p["held"] for p in s], where="post", label="held (agents)", color="C0", lw=1.2)
+    for k, r in enumerate(report["recalls_of_held_nodes"]):
+        ax.axvline(r, color="red", lw=0.8, ls=":", label="recall of a held node" if k == 0 else None)
     ax.set_xlabel("time (s)")
     ax.set_ylabel("nodes")
-    ax.set_title("nodes held vs used (red: recalls)")
-    ax.legend(loc="upper right", fontsize=7)
+    ax.set_ylim(bottom=0)
+    ax.set_title("nodes held vs used (SYNTHETIC Summit-like trace)")
+    legend_outside(ax)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)

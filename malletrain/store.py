@@ -159,7 +159,10 @@ def _is_state_dir(folder: Path) -> bool:
 
 
 def _private_dir(folder: Path) -> None:
-    """Create ``folder`` 0700; tighten an existing one to 0700 if it is ours (our uid, only our files)."""
+    """Create ``folder`` 0700; tighten an existing one to 0700 if it is ours (our uid, only our files).
+
+    A folder others may only pass through (0711: what a root daemon sets, so every user reaches
+    its control socket without listing the folder) is private enough and stays as it is."""
     try:
         folder.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
     except OSError as exc:
@@ -167,7 +170,7 @@ def _private_dir(folder: Path) -> None:
     try:
         st = folder.stat()
         mode = stat.S_IMODE(st.st_mode)
-        if not mode & 0o077:
+        if not mode & 0o066:  # nobody else reads or writes it (0700, or 0711 of a root daemon)
             return
         if st.st_uid == os.geteuid() and not mode & stat.S_ISVTX and _is_state_dir(folder):
             os.chmod(folder, mode & ~0o077)

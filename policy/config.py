@@ -23,7 +23,7 @@ class Profiling(str, Enum):
     NEVER = "never"
     """No job is profiled; curves come from the user, the prior and what running jobs report."""
     REQUESTED = "requested"
-    """Jobs whose spec says ``profile = true`` (the daemon's default)."""
+    """Jobs whose spec says ``profile = true``, and no others (the default is ``GATED``)."""
     ALWAYS = "always"
     """Every new job (MalleTrain as published: the ``jpa`` preset)."""
     GATED = "gated"

@@ -30,6 +30,7 @@ def paper_figures(out: Path, capacity_nodes: int = 640) -> list[str]:
     from traces.bursts import idle_pool_ks
     from traces.data import find_data
     from traces.plots import _draw_cdf, _plt, draw_idle, plot_comparison
+    from traces.plots import legend_outside
     from traces.stats import fragment_lengths
     from traces.synthetic import ks_distance, summit_like
 
@@ -57,7 +58,7 @@ def paper_figures(out: Path, capacity_nodes: int = 640) -> list[str]:
     ax.set_title("Fig. 3.7: idle-fragment lengths, Summit vs other real machines\n"
                  "(Polaris's idle data, the paper's second machine, is not public)", fontsize=10)
     fig.tight_layout()
-    fig.savefig(out / "fig3_7.png", dpi=110)
+    fig.savefig(out / "fig3_7.png", dpi=110, bbox_inches="tight")
     plt.close(fig)
     lines.append(f"- **3.7** `fig3_7.png`: CDF of idle-fragment lengths; medians {', '.join(medians)}. Polaris's "
                  "idle data is not public, so Summit is compared with Cirrus and KTH SP2.")
@@ -71,11 +72,11 @@ def paper_figures(out: Path, capacity_nodes: int = 640) -> list[str]:
     draw_idle(ax, summit)
     ax.axhline(capacity_nodes, color="#d95f02", lw=1.0, ls="--", zorder=4,
                label=f"Pjmax x 64 = {capacity_nodes} nodes")
-    ax.legend(loc="upper right", fontsize=8)
+    legend_outside(ax)
     ax.set_title(f"Fig. 3.8: idle nodes, Summit week ({summit.n_nodes} nodes). Above {capacity_nodes}: "
                  f"{above_t:.0f}% of the time, {above_ns:.0f}% of idle node-seconds", fontsize=10)
     fig.tight_layout()
-    fig.savefig(out / "fig3_8.png", dpi=110)
+    fig.savefig(out / "fig3_8.png", dpi=110, bbox_inches="tight")
     plt.close(fig)
     lines.append(f"- **3.8** `fig3_8.png`: idle nodes over the Summit week (the one week of node states we "
                  f"have; the paper shows several). The pool is above {capacity_nodes} nodes {above_t:.1f}% of the "

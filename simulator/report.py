@@ -5,14 +5,15 @@ from __future__ import annotations
 import csv
 import json
 import sys
-from dataclasses import astuple, fields
+from dataclasses import astuple, dataclass, fields
 from pathlib import Path
 from typing import Sequence
+
+import numpy as np
 
 from simulator.engine import DecisionRow, SimResult
 
 EVENT_COLUMNS = tuple(f.name for f in fields(DecisionRow))
-MAX_PLOTTED_JOBS = 300
 
 
 def write_outputs(result: SimResult, out: Path, plots: bool = True) -> list[Path]:
@@ -52,35 +53,130 @@ def write_plots(result: SimResult, out: Path) -> list[Path]:
     return [_plot_nodes(result, out / "idle-vs-used.png", plt), _plot_progress(result, out / "job-progress.png", plt)]
 
 
+def run_title(summary: dict) -> str:
+    """The policy's name, prefixed SYNTHETIC when the trace or the jobs' curves were generated."""
+    synthetic = bool(summary.get("synthetic_scaling")) or str(summary.get("trace", "")).startswith("SYNTHETIC")
+    return f"{'SYNTHETIC ' if synthetic else ''}{summary.get('policy', '?')}"
+
+
 def _plot_nodes(result: SimResult, path: Path, plt) -> Path:  # type: ignore[no-untyped-def]
+    from traces.plots import legend_outside
+
     hours = [(r.time - result.start) / 3600.0 for r in result.rows]
     fig, ax = plt.subplots(figsize=(10, 4))
-    ax.step(hours, [r.idle_nodes for r in result.rows], where="post", label="idle (held) nodes", lw=0.7)
-    ax.step(hours, [r.used_nodes for r in result.rows], where="post", label="used by training", lw=0.7)
+    # idle as an area, used as a line on it: where training uses every idle node the line runs
+    # along the area's top edge and both still show
+    ax.fill_between(hours, [r.idle_nodes for r in result.rows], step="post", color="#9fb8e0", linewidth=0,
+                    label="idle (held) nodes")
+    ax.step(hours, [r.used_nodes for r in result.rows], where="post", color="#b2182b", lw=0.8,
+            label="used by training")
     ax.set_xlabel("hours since start")
     ax.set_ylabel("nodes")
-    ax.set_title(f"{result.summary['policy']}: idle vs used nodes")
-    ax.legend(loc="upper right")
+    ax.set_ylim(bottom=0)
+    ax.set_title(f"{run_title(result.summary)}: idle vs used nodes")
+    legend_outside(ax)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
 
 
+@dataclass(frozen=True)
+class ProgressByAge:
+    """Every job's % of samples trained against hours since its submission, sampled on ``hours``
+    (geometric from one minute when the replay is long enough: most jobs take minutes, some days).
+
+    ``percent[j, k]`` is NaN where the replay ended before job j reached age ``hours[k]``."""
+
+    hours: np.ndarray
+    percent: np.ndarray  # jobs x len(hours)
+    names: tuple[str, ...]
+    done_after_h: tuple[float | None, ...]  # hours from submission to completion, None if unfinished
+
+
+MIN_AGE_H = 1 / 60  # the progress plot's first age: one minute
+
+
+def progress_by_age(result: SimResult, points: int = 200) -> ProgressByAge:
+    """Each job's progress as a function of its age (time since submission), on one grid of ages."""
+    jobs = [j for j in result.jobs if j.submitted_at <= result.end]
+    max_age = max((result.end - j.submitted_at for j in jobs), default=0.0)
+    longest_h = max(max_age, 1.0) / 3600.0
+    hours = np.geomspace(MIN_AGE_H, longest_h, points) if longest_h > 10 * MIN_AGE_H else np.linspace(0, longest_h, points)
+    percent = np.full((len(jobs), points), np.nan)
+    for row, job in enumerate(jobs):
+        ts = [job.submitted_at] + [h[0] for h in job.history]
+        ps = [0.0] + [h[1] for h in job.history]
+        ts.append(job.finished_at if job.finished_at is not None else result.end)
+        ps.append(job.spec.samples if job.finished_at is not None else job.progress)
+        ages_h = (np.asarray(ts) - job.submitted_at) / 3600.0
+        valid = hours <= (result.end - job.submitted_at) / 3600.0
+        percent[row, valid] = 100.0 * np.interp(hours[valid], ages_h, ps) / job.spec.samples
+    done = tuple(None if j.finished_at is None else (j.finished_at - j.submitted_at) / 3600.0 for j in jobs)
+    return ProgressByAge(hours, percent, tuple(j.spec.name for j in jobs), done)
+
+
+def highlighted_jobs(p: ProgressByAge) -> list[tuple[int, str]]:
+    """Up to three jobs worth a line of their own: the fastest and the median to finish, and the
+    slowest (an unfinished one, the oldest, when there is one)."""
+    finished = sorted((h, i) for i, h in enumerate(p.done_after_h) if h is not None)
+    unfinished = [i for i, h in enumerate(p.done_after_h) if h is None]
+    picks: list[tuple[int, str]] = []
+    if finished:
+        picks.append((finished[0][1], f"fastest: done in {_age(finished[0][0])}"))
+        mid = finished[len(finished) // 2]
+        picks.append((mid[1], f"median: done in {_age(mid[0])}"))
+    if unfinished:
+        oldest = max(unfinished, key=lambda i: int(np.sum(~np.isnan(p.percent[i]))))
+        last = p.percent[oldest][~np.isnan(p.percent[oldest])]
+        picks.append((oldest, f"slowest: {last[-1] if last.size else 0:.0f}% at the end"))
+    elif finished:
+        picks.append((finished[-1][1], f"slowest: done in {_age(finished[-1][0])}"))
+    unique: list[tuple[int, str]] = []
+    for i, why in picks:  # one job may be both the fastest and the median
+        if all(i != j for j, _ in unique):
+            unique.append((i, why))
+    return unique
+
+
+def _age(hours: float) -> str:
+    return f"{hours * 60:.0f} min" if hours < 1 else f"{hours:.1f} h"
+
+
 def _plot_progress(result: SimResult, path: Path, plt) -> Path:  # type: ignore[no-untyped-def]
+    """The jobs as a band (10th-90th percentile of % trained at each age, and the median), a few
+    named jobs drawn on it: a person can read how long jobs take and how they stall."""
+    import warnings
+
+    from traces.plots import legend_outside
+
+    p = progress_by_age(result)
     fig, ax = plt.subplots(figsize=(10, 4))
-    for job in result.jobs[:MAX_PLOTTED_JOBS]:
-        if not job.history:
-            continue
-        xs = [(h[0] - result.start) / 3600.0 for h in job.history]
-        ys = [100.0 * h[1] / job.spec.samples for h in job.history]
-        ax.plot(xs, ys, lw=0.6)
-    shown = min(len(result.jobs), MAX_PLOTTED_JOBS)
-    ax.set_xlabel("hours since start")
-    ax.set_ylabel("% of samples trained")
-    ax.set_title(f"{result.summary['policy']}: per-job progress (first {shown} of {len(result.jobs)} jobs)")
+    counted = np.sum(~np.isnan(p.percent), axis=0) if p.percent.size else np.zeros(p.hours.size)
+    enough = counted >= 5
+    if p.percent.size and enough.any():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns past the oldest jobs
+            lo, mid, hi = np.nanpercentile(p.percent[:, enough], (10, 50, 90), axis=0)
+        x = p.hours[enough]
+        ax.fill_between(x, lo, hi, color="#c6dbef", linewidth=0, label=f"10th-90th percentile of {len(p.names)} jobs")
+        ax.plot(x, mid, color="#08519c", lw=1.6, label="median job")
+    for (i, why), colour in zip(highlighted_jobs(p), ("#1b9e77", "#d95f02", "#7570b3")):
+        ok = ~np.isnan(p.percent[i])
+        ax.plot(p.hours[ok], p.percent[i][ok], color=colour, lw=1.1, ls="--", label=f"{p.names[i]} ({why})")
+    ax.set_ylabel("% of its samples trained")
+    ax.set_ylim(0, 102)
+    if p.hours[0] > 0:
+        ax.set_xscale("log")
+        ax.set_xlabel("hours since the job was submitted (log scale)")
+    else:
+        ax.set_xlabel("hours since the job was submitted")
+        ax.set_xlim(left=0)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.set_title(f"{run_title(result.summary)}: job progress by age ({len(p.names)} jobs)")
+    legend_outside(ax)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
 

@@ -1,4 +1,7 @@
-"""Every ```bash block of README.md: short ones run for real, long ones are marked and checked statically.
+"""Every ```bash block of README.md and of every docs page (docs/**/*.md): short ones run for real,
+long ones are marked and checked statically.
+
+Every page's blocks run from the repository root, as a reader pastes them there.
 
 A block runs in a sandbox that looks like a fresh clone: a temporary folder
 whose entries are links to the checkout's (``.venv`` included), with
@@ -35,6 +38,7 @@ from procs import procs_mentioning
 
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
+PAGES = [README, *sorted((REPO / "docs").rglob("*.md"))]  # the README and every docs page
 VENV_BIN = REPO / ".venv" / "bin"
 SKIP = re.compile(r"<!--\s*readme-test:\s*skip\s*\((?P<reason>.+)\)\s*-->")
 BARE = re.compile(r"(?:^|[;&|(]\s*)(?:malletrain|python3?)\s", re.MULTILINE)
@@ -49,10 +53,22 @@ class Block:
     section: str
     code: str
     skip: str | None  # the reason, if marked
+    page: str = "README.md"  # relative to the repository root
 
     @property
     def id(self) -> str:
-        return f"L{self.line}-{re.sub(r'[^a-z0-9]+', '-', self.section.lower()).strip('-')[:30]}"
+        stem = Path(self.page).stem.lower()
+        return f"{stem}-L{self.line}-{re.sub(r'[^a-z0-9]+', '-', self.section.lower()).strip('-')[:30]}"
+
+    @property
+    def where(self) -> str:
+        return f"{self.page} line {self.line}"
+
+
+def page_blocks(path: Path) -> list[Block]:
+    """The ```bash blocks of one page, named by its path relative to the repository root."""
+    page = path.relative_to(REPO).as_posix()
+    return [Block(b.line, b.section, b.code, b.skip, page) for b in readme_blocks(path.read_text(encoding="utf-8"))]
 
 
 def readme_blocks(text: str) -> list[Block]:
@@ -79,7 +95,7 @@ def readme_blocks(text: str) -> list[Block]:
     return out
 
 
-BLOCKS = readme_blocks(README.read_text(encoding="utf-8"))
+BLOCKS = [b for page in PAGES for b in page_blocks(page)]
 RUN = [b for b in BLOCKS if b.skip is None]
 SKIPPED = [b for b in BLOCKS if b.skip is not None]
 
@@ -184,26 +200,51 @@ def run_block(block: Block, tmp: Path) -> tuple[subprocess.CompletedProcess[str]
         res = subprocess.run([bash, "-e", str(script)], cwd=clone, env=env, capture_output=True, text=True,
                              timeout=BLOCK_TIMEOUT_S)
     except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"README block at line {block.line} ran over {BLOCK_TIMEOUT_S} s: {exc.stdout!r} {exc.stderr!r}")
+        pytest.fail(f"{block.where} ran over {BLOCK_TIMEOUT_S} s: {exc.stdout!r} {exc.stderr!r}")
     return res, clone, Path(env["HOME"])
 
 
 def test_readme_has_blocks_and_every_skip_has_a_reason() -> None:
-    assert BLOCKS, "no ```bash block found in README.md"
+    assert any(b.page == "README.md" for b in BLOCKS), "no ```bash block found in README.md"
     assert any("malletrain daemon" in b.code for b in RUN), "the daemon example must run, not be skipped"
     assert all(b.skip for b in SKIPPED)
+
+
+def test_every_docs_page_is_checked() -> None:
+    pages = {p.relative_to(REPO).as_posix() for p in PAGES}
+    for name in ("operators.md", "training.md", "simulation.md", "design.md", "index.md"):
+        assert f"docs/{name}" in pages
+    assert {b.page for b in BLOCKS} >= {"README.md", "docs/operators.md", "docs/training.md", "docs/simulation.md"}
+
+
+def test_a_docs_page_block_is_found_with_its_page_and_marker() -> None:
+    text = "# T\n\n<!-- readme-test: skip (long) -->\n```bash\nmalletrain --help\n```\n"
+    (blocks,) = [Block(b.line, b.section, b.code, b.skip, "docs/x.md") for b in readme_blocks(text)]
+    assert (blocks.page, blocks.line, blocks.skip, blocks.id) == ("docs/x.md", 4, "long", "x-L4-t")
 
 
 @pytest.mark.parametrize("block", BLOCKS, ids=[b.id for b in BLOCKS])
 def test_bash_reads_every_block(block: Block) -> None:
     res = subprocess.run(["bash", "-n"], input=block.code, capture_output=True, text=True, timeout=30)
-    assert res.returncode == 0, f"README line {block.line}: {res.stderr}"
+    assert res.returncode == 0, f"{block.where}: {res.stderr}"
 
 
 @pytest.mark.parametrize("block", SKIPPED, ids=[b.id for b in SKIPPED])
 def test_skipped_blocks_name_real_commands(block: Block) -> None:
     problems = [(shlex.join(argv), why) for argv in commands(block.code) if (why := check_command(argv))]
-    assert not problems, f"README block at line {block.line} ({block.skip}): {problems}"
+    assert not problems, f"{block.where} ({block.skip}): {problems}"
+
+
+def test_readme_steps_leave_the_checkout_clean() -> None:
+    """What the two commands, the Horovod build and the docs build write is ignored by git."""
+    if shutil.which("git") is None or not (REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    written = [".venv/bin/python", "runs/demo/report.md", "malletrain.egg-info/PKG-INFO", ".pytest_cache/README.md",
+               ".hypothesis/examples/x", "site/index.html", "tests/__pycache__/x.pyc", "daemon.toml", "job.toml",
+               "daemon.log"]
+    res = subprocess.run(["git", "check-ignore", "--no-index", *written], cwd=REPO, capture_output=True, text=True,
+                         timeout=30)
+    assert sorted(res.stdout.split()) == sorted(written), f"not ignored: {set(written) - set(res.stdout.split())}"
 
 
 def test_command_splitting() -> None:
@@ -223,7 +264,7 @@ def _short_blocks() -> list[Block]:
 @pytest.mark.parametrize("block", _short_blocks(), ids=[b.id for b in _short_blocks()])
 def test_short_block_runs(block: Block, tmp_path: Path) -> None:
     res, _, _ = run_block(block, tmp_path)
-    assert res.returncode == 0, f"README block at line {block.line} failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
+    assert res.returncode == 0, f"{block.where} failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
 
 
 @pytest.mark.slow

@@ -6,7 +6,7 @@ hourly (or, past ``DAILY_AFTER_S``, daily) mean and max instead of a step line
 so dense it becomes a solid block; the mean line is drawn above the max band;
 two timelines are drawn in separate panels on one scale, never one over the
 other; every axis names its unit; a synthetic timeline says SYNTHETIC in the
-title.
+title; a legend sits outside the axes (:func:`legend_outside`), never over data.
 """
 
 from __future__ import annotations
@@ -65,6 +65,15 @@ def bin_idle(tl: IdleTimeline, width_s: float) -> Binned:
     return Binned(edges[:-1] - tl.start, mean, peak, width_s)
 
 
+def legend_outside(ax, below: bool = False, fontsize: int = 8) -> None:  # type: ignore[no-untyped-def]
+    """The legend of ``ax`` outside its data area: to the right (default) or below, so it covers nothing.
+    Save the figure with ``bbox_inches="tight"`` so it is not cut off."""
+    if below:
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, fontsize=fontsize, frameon=False)
+    else:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=fontsize, frameon=False)
+
+
 def _plt():
     import matplotlib
 
@@ -86,7 +95,7 @@ def draw_idle(ax, tl: IdleTimeline, colour: str = IDLE_COLOUR) -> str:  # type: 
                         label=f"{'daily' if width == 86400 else 'hourly'} max", zorder=1)
         ax.step(x, np.append(b.mean, b.mean[-1]), where="post", color=colour, linewidth=0.9,
                 label=f"{'daily' if width == 86400 else 'hourly'} mean", zorder=3)
-        ax.legend(loc="upper right", fontsize=8, framealpha=0.9)
+        legend_outside(ax)
         how = f"{'daily' if width == 86400 else 'hourly'} mean and max"
     else:
         t, c = tl.idle_counts()
@@ -121,7 +130,7 @@ def plot_trace(tl: IdleTimeline, out_dir: str | Path) -> list[Path]:
     how = draw_idle(ax, tl)
     ax.set_title(f"Idle nodes over time: {name} ({tl.n_nodes} nodes, {how})", fontsize=10)
     fig.tight_layout()
-    fig.savefig(paths[0], dpi=120)
+    fig.savefig(paths[0], dpi=120, bbox_inches="tight")
     plt.close(fig)
 
     lengths = fragment_lengths(tl)
@@ -145,7 +154,7 @@ def _draw_cdf(ax, series: dict[str, tuple[np.ndarray, str]]) -> None:  # type: i
     if drawn:
         ax.set_xscale("log")
         if len(series) > 1:
-            ax.legend(fontsize=8, loc="lower right")
+            legend_outside(ax, below=True)
     else:
         ax.text(0.5, 0.5, "no complete idle fragment", ha="center", transform=ax.transAxes)
     ax.set_xlabel("idle fragment length (minutes, log scale)")
@@ -183,11 +192,11 @@ def plot_comparison(real: IdleTimeline, synth: IdleTimeline, out_dir: str | Path
     right.set_ylabel("fraction of time (CDF)")
     right.set_ylim(0, 1)
     right.grid(True, alpha=0.3)
-    right.legend(fontsize=8, loc="lower right")
+    legend_outside(right, below=True)
     right.set_title(f"Idle-pool size over time (KS {ks.get('pool', float('nan')):.3f})", fontsize=10)
     fig.suptitle("SYNTHETIC trace against the real log it was fitted to", fontsize=11)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
 

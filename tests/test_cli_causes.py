@@ -1,0 +1,54 @@
+"""Messages name the real cause (issue 21): no daemon running; a root daemon's own 0711."""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from malletrain import cli_daemon
+from malletrain.cli import main
+from malletrain.store import Store, _private_dir
+
+
+def test_wait_without_a_daemon_says_no_daemon_is_running_there(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cli_daemon, "NO_DAEMON_GRACE_S", 0.5)
+    state = tmp_path / "state"
+    job = tmp_path / "job.toml"
+    job.write_text('name = "a"\ncommand = ["true"]\nmin_nodes = 1\nmax_nodes = 1\nsamples = 10\n')
+    assert main(["submit", str(job), "--state-dir", str(state)]) == 0
+    jid = capsys.readouterr().out.strip()
+    assert main(["wait", jid, "--timeout", "60", "--state-dir", str(state)]) == 1
+    err = capsys.readouterr().err
+    assert f"no daemon is running at {state}" in err
+    assert "no idle node" not in err
+
+
+def test_nodes_without_a_daemon_names_the_state_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["nodes", "--state-dir", str(tmp_path)]) == 1
+    assert f"no daemon is running at {tmp_path}" in capsys.readouterr().err
+
+
+def test_a_root_daemons_traversable_state_dir_is_left_alone_without_a_warning(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    Store.open(state / "store.db").close()
+    os.chmod(state, 0o711)  # what a root daemon sets (control._traversable), so users reach its socket
+    with caplog.at_level(logging.WARNING):
+        _private_dir(state)
+        Store.open(state / "store.db").close()
+    assert stat.S_IMODE(state.stat().st_mode) == 0o711
+    assert not [r for r in caplog.records if "0700" in r.getMessage()]
+
+
+def test_a_readable_state_dir_is_still_tightened(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    os.chmod(state, 0o755)
+    _private_dir(state)
+    assert stat.S_IMODE(state.stat().st_mode) == 0o700
