@@ -13,6 +13,8 @@
                                      # more: a dead node is noticed later, and a restarted daemon waits
                                      # this + 1 s for the agents before it decides (docs/operator.md)
     backend = "local"                # the same as [scavenger] kind (give either)
+    admin_groups = ["wheel"]         # group names or gids whose members may cancel any job and stop
+                                     # the daemon (besides root and the daemon's user); default none
 
     [local]
     nodes = 6
@@ -73,6 +75,7 @@ config check FILE`` prints the effective configuration (:func:`to_toml`).
 
 from __future__ import annotations
 
+import grp
 import json
 import math
 import tomllib
@@ -208,6 +211,8 @@ class DaemonConfig:
     log: LogConfig = field(default_factory=LogConfig)
     scavenger: ScavengerConfig = field(default_factory=ScavengerConfig)
     trainers: tuple[TrainerConfig, ...] = ()  # (): one trainer, DEFAULT_TRAINER (see trainer_list)
+    admin_groups: tuple[str | int, ...] = ()
+    """Group names or gids whose members are admins of the control socket (besides root and the daemon's user)."""
 
     def trainer_list(self) -> tuple[TrainerConfig, ...]:
         """The trainers the daemon runs, in declared order; none declared: one named ``default``
@@ -238,6 +243,7 @@ LIMITS: dict[str, dict[str, Limit]] = {
         "loop_interval": Limit(float, 0.001, 60.0),
         "max_failures": Limit(int, 1, 1_000_000), "store_grace": Limit(float, 0.1, DAY),
         "agent_heartbeat": Limit(float, 0.01, 60.0), "agent_dead_after": Limit(float, 0.1, DAY),
+        "admin_groups": Limit(list),  # each entry checked by _admin_groups
     },
     "local.": {
         "nodes": Limit(int, 1, 1024), "trace": Limit(str), "time_scale": Limit(float, 1e-9, 1e6),
@@ -331,8 +337,9 @@ def parse_config(obj: dict[str, Any], where: str = "config") -> DaemonConfig:
     if moved:
         raise ConfigError(f"{where}: " + "; ".join(f"{k} moved to [policy] {v}" for k, v in moved.items())
                           + " (the policy's knobs, shared with `malletrain simulate`)")
-    top = {k: v for k, v in obj.items() if k not in TABLES}
+    top = {k: v for k, v in obj.items() if k not in TABLES and k != "admin_groups"}
     values = _table(top, where, "")
+    values["admin_groups"] = _admin_groups(obj.get("admin_groups", []), where)
     if values.get("runtime", "torch") not in RUNTIMES:
         raise ConfigError(f"{where}: runtime must be one of {', '.join(RUNTIMES)}, got {values['runtime']!r}")
     if values.get("backend", "local") not in BACKENDS:
@@ -351,6 +358,27 @@ def parse_config(obj: dict[str, Any], where: str = "config") -> DaemonConfig:
                        trainers=trainers)
     _check_together(cfg, where)
     return cfg
+
+
+ADMIN_GROUPS_MAX = 64
+
+
+def _admin_groups(raw: Any, where: str) -> tuple[str | int, ...]:
+    """``admin_groups``: a list of group names or gids (checked against the group database at
+    ``config check`` and daemon start, see :func:`check_files`)."""
+    if not isinstance(raw, list):
+        raise ConfigError(f"{where}: admin_groups must be a list of group names or gids, got {_short(raw)}")
+    if len(raw) > ADMIN_GROUPS_MAX:
+        raise ConfigError(f"{where}: admin_groups has {len(raw)} entries; at most {ADMIN_GROUPS_MAX}")
+    out: list[str | int] = []
+    for i, g in enumerate(raw):
+        if isinstance(g, int) and not isinstance(g, bool) and 0 <= g < 2**32:
+            out.append(g)
+        elif isinstance(g, str):
+            out.append(_text(where, f"admin_groups[{i}]", g))
+        else:
+            raise ConfigError(f"{where}: admin_groups[{i}] must be a group name or a gid, got {_short(g)}")
+    return tuple(out)
 
 
 def _check_host(host: str, where: str) -> None:
@@ -530,6 +558,12 @@ def check_files(cfg: DaemonConfig, where: str = "config") -> None:
     """Checks against the file system (``config check``, daemon start): the trace file exists."""
     if cfg.local.trace not in ("synthetic", "none") and not Path(cfg.local.trace).expanduser().is_file():
         raise ConfigError(f"{where}: local.trace {cfg.local.trace!r} is not 'synthetic', 'none' or an existing file")
+    for i, g in enumerate(cfg.admin_groups):
+        if isinstance(g, str) and not g.isdigit():
+            try:
+                grp.getgrnam(g)
+            except KeyError:
+                raise ConfigError(f"{where}: admin_groups[{i}]: group {g!r} does not exist") from None
 
 
 def _toml_value(value: Any) -> str:
