@@ -241,8 +241,12 @@ class Daemon:
         self.clock = clock
         self.parts = parts if parts is not None else DaemonParts()
         self.state_dir = cfg.state_path
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        self._lock_fd = os.open(self.state_dir / "daemon.lock", os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+            self._lock_fd = os.open(self.state_dir / "daemon.lock", os.O_CREAT | os.O_RDWR, 0o600)
+        except OSError as exc:  # read-only, not ours, a file in the way
+            raise DaemonError(f"state dir {self.state_dir}: cannot write to it ({exc.strerror or exc}); make it "
+                              f"writable by uid {os.geteuid()} or set another state_dir") from None
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -325,11 +329,8 @@ class Daemon:
 
     # ---------------------------------------------------------------- setup
     def _ports(self) -> dict[str, int]:
-        stored = json.loads(self.store.get_meta("ports") or "{}")
-        cfgp = self.cfg.ports
-        return {
-            k: getattr(cfgp, k) or int(stored.get(k, 0)) for k in ("monitor", "agents", "rendezvous")
-        }
+        stored = self.store.ports(("monitor", "agents", "rendezvous"))  # a bad entry: StoreError naming the file
+        return {k: getattr(self.cfg.ports, k) or port for k, port in stored.items()}
 
     def _bind(self, port: int, what: str) -> str:
         """The address for ``what`` (``monitor``, ``agents``): ``port`` on ``[ports] host``

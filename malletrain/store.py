@@ -145,8 +145,15 @@ def job_id(seq: int) -> str:
 
 
 STATE_ENTRIES = frozenset({"daemon.json", "daemon.json.tmp", "daemon.lock", "logs", "control", "horovod", "toy",
-                           "monitor.key"})
+                           "monitor.key", "agent.key", "checkpoints"})
 """What malletrain keeps in a state dir besides ``store.db*``: a folder holding only these is ours to tighten."""
+
+PRIVATE_ENTRIES = ("monitor.key", "agent.key", "daemon.json", "checkpoints", "logs")
+"""Entries of an existing state dir made private (files 0600, folders 0700) when the dir is tightened."""
+
+OPEN_BITS = 0o066
+"""Group/other read or write on the state dir: what makes it open. Execute alone (0711, what a root
+daemon sets so every user can reach the control socket) lets nobody list or change it."""
 
 
 def _is_state_dir(folder: Path) -> bool:
@@ -159,7 +166,8 @@ def _is_state_dir(folder: Path) -> bool:
 
 
 def _private_dir(folder: Path) -> None:
-    """Create ``folder`` 0700; tighten an existing one to 0700 if it is ours (our uid, only our files)."""
+    """Create ``folder`` 0700; tighten an existing open one (and its keys, checkpoints and logs) if
+    it is ours (our uid, only our files). 0711 is not open: a root daemon sets it itself."""
     try:
         folder.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
     except OSError as exc:
@@ -167,14 +175,33 @@ def _private_dir(folder: Path) -> None:
     try:
         st = folder.stat()
         mode = stat.S_IMODE(st.st_mode)
-        if not mode & 0o077:
+        if not mode & OPEN_BITS:
             return
         if st.st_uid == os.geteuid() and not mode & stat.S_ISVTX and _is_state_dir(folder):
             os.chmod(folder, mode & ~0o077)
+            log.warning("%s: the state dir was open to other users (mode %o): made it %o, and its keys, "
+                        "checkpoints and logs private", folder, mode, mode & ~0o077)
+            for name in PRIVATE_ENTRIES:
+                _tighten_entry(folder / name)
         else:
             log.warning("%s: the state dir is open to other users (mode %o); make it 0700", folder, mode)
     except OSError as exc:
         log.warning("%s: cannot make the state dir private: %s", folder, exc)
+
+
+def _tighten_entry(path: Path) -> None:
+    """``path`` (a file, or a folder and the files in it) without group/other access, if it is ours; links are left."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if st.st_uid != os.geteuid() or stat.S_ISLNK(st.st_mode):
+        return
+    os.chmod(path, stat.S_IMODE(st.st_mode) & ~0o077)
+    if stat.S_ISDIR(st.st_mode):
+        for entry in os.scandir(path):
+            if entry.is_file(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_uid == os.geteuid():
+                os.chmod(entry.path, stat.S_IMODE(entry.stat(follow_symlinks=False).st_mode) & ~0o077)
 
 
 def _private_file(path: Path) -> None:
@@ -361,6 +388,26 @@ class Store:
     def set_meta(self, key: str, value: str) -> None:
         with self._tx() as c:
             c.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+
+    def ports(self, names: Iterable[str]) -> dict[str, int]:
+        """The ports the last daemon ran on (meta ``ports``, a JSON object), 0 for any not recorded;
+        a value that is not one names the file, the entry and the fix."""
+        raw = self.get_meta("ports")
+        try:
+            stored = json.loads(raw) if raw else {}
+        except ValueError:
+            stored = None
+        if not isinstance(stored, dict):
+            raise StoreError(f"{self.path}: meta 'ports' is not a JSON object ({raw[:60] if raw else raw!r}); "
+                             "delete that row (the daemon picks ports again) or restore the state dir")
+        out = {}
+        for name in names:
+            port = stored.get(name, 0)
+            if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+                raise StoreError(f"{self.path}: meta 'ports' entry {name!r} = {str(port)[:40]!r} is not a port "
+                                 "(0..65535); delete that row (the daemon picks ports again)")
+            out[name] = port
+        return out
 
     def set_machine_nodes(self, nodes: int) -> None:
         """Record the machine's node count (the daemon's backend knows it); submit checks jobs against it."""
