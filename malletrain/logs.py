@@ -16,9 +16,8 @@ line is always one line. In text format the same fields are appended as
 ``[job=j000003 node=n1]``.
 
 Repeats are rate-limited (:class:`RepeatFilter`, on the handler :func:`setup_logging`
-installs): the same warning or error
-(logger, level, message template) is written once per ``REPEAT_WINDOW_S``; the next one written says how many were held
-back. A failing disk that fails every store write then costs one line (and one
+installs): the same warning or error (logger, level, message template) is written once
+per ``REPEAT_WINDOW_S``; the next one written says how many were held back. A failing disk that fails every store write then costs one line (and one
 traceback) per window, not ten a second.
 """
 
