@@ -76,6 +76,7 @@ from profiler.estimators import RescaleEvent
 from malletrain.scavenging import Scavenging, view_extras
 from scavenger.base import AgentGone, AgentUp, BackendError, PilotEnded, PilotEnding, PilotStarted
 from scavenger.base import observed, run_command
+from scavenger import jobproc
 from scavenger.channel import AGENT_KEY_FILE
 from scavenger.hub import AgentHub, AgentWorkers, WorkerExitedEvent, WorkerStartedEvent
 from scavenger.local import LocalBackend, slot_timeline
@@ -418,8 +419,7 @@ class Daemon:
     def _make_batch_backend(self, kind: str) -> Any:
         """Pilots as Slurm or PBS batch jobs; their agents connect to this daemon's hub."""
         sc = self._scavenger()
-        logs = self.state_dir / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
+        logs = jobproc.private_dir(self.state_dir / "logs")  # 0700 (0711 for root), whatever the umask
         common: dict[str, Any] = dict(
             daemon_address=self.hub.address, walltime_s=sc.walltime, nodes_per_pilot=sc.nodes_per_pilot,
             max_pilots=sc.max_pilots, renew_before_s=sc.renew_before, max_queued_s=sc.max_queued,
@@ -966,8 +966,11 @@ class Daemon:
     def _run_as(run: JobRun) -> tuple[int | None, int | None]:
         """A root daemon runs each job as its owner (agents switch users); any other daemon
         runs every job as its own user, which is then the only user whose jobs it takes."""
-        if os.geteuid() != 0 or run.owner[0] is None:
+        if os.geteuid() != 0:
             return None, None
+        if run.owner[0] is None:  # a row of the old schema: never run as root by default
+            raise ValueError("the job has no recorded owner (submitted before owners were stored); "
+                             "a root daemon does not run it as root: resubmit it as its user")
         return run.owner
 
     def _ready(self, run: JobRun, wid: str) -> bool:

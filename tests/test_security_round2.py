@@ -144,3 +144,173 @@ def test_a_repeating_error_is_written_once_per_window_with_the_count_held_back()
     assert text.count("Traceback") == 1
     assert text.count("reconcile step failed") == 2 and "299 more like this" in text
     assert text.count("tick ") == 300  # INFO is never held back
+
+
+# ---- 2, 4, 6, 7, 8: what the agent gives a job --------------------------------------------
+
+GRANDCHILD = (
+    "import os, subprocess, sys, time\n"
+    "code = 'import os, sys, time; os.setsid(); open(sys.argv[1], \"w\").write(str(os.getpid())); time.sleep(300)'\n"
+    "subprocess.Popen([sys.executable, '-c', code, sys.argv[1]])\n"
+    "time.sleep(300)\n"
+)
+
+
+class AgentRig:
+    """A real agent process (``python -m scavenger.agent``) on an in-process hub, with a log dir."""
+
+    def __init__(self, tmp: Path, *extra: str, env: dict[str, str] | None = None) -> None:
+        from scavenger.hub import AgentHub
+        from test_agent_auth import start_agent
+
+        self.tmp = tmp
+        self.logs = tmp / "logs"
+        self.hub = AgentHub(dead_after_s=30.0)
+        self.agent = start_agent(self.hub.address, self.hub.key_file, tmp / "agent.log", "--dead-after", "30",
+                                 "--log-dir", str(self.logs), *extra, env=env)
+        self.events: list[object] = []
+        self.wait("agent up", lambda: any(type(e).__name__ == "AgentUp" for e in self.events))
+
+    def tick(self) -> None:
+        self.events.extend(self.hub.poll(50))
+
+    def wait(self, what: str, pred, timeout: float = 30.0) -> None:  # type: ignore[no-untyped-def]
+        from test_agent_auth import wait_until
+
+        wait_until(what, pred, self.tick, timeout)
+
+    def exit_code(self, worker: str) -> int | None:
+        for e in self.events:
+            if type(e).__name__ == "WorkerExitedEvent" and getattr(e, "worker") == worker:
+                return int(getattr(e, "code"))
+        return None
+
+    def run(self, worker: str, argv: tuple[str, ...], env: dict[str, str] | None = None, cwd: str | None = None,
+            uid: int | None = None, gid: int | None = None) -> int:
+        """Start ``worker`` and wait for its exit code."""
+        assert self.hub.start_worker("node00", worker, argv, env or {}, cwd, uid, gid)
+        self.wait(f"{worker} exited", lambda: self.exit_code(worker) is not None)
+        return self.exit_code(worker)  # type: ignore[return-value]
+
+    def log(self, worker: str) -> str:
+        return (self.logs / f"{worker}.log").read_text(errors="replace")
+
+    def close(self) -> None:
+        from test_agent_auth import stop
+
+        stop(self.agent)
+        self.hub.close()
+
+
+@pytest.fixture
+def rig(tmp_path: Path):  # type: ignore[no-untyped-def]
+    r = AgentRig(tmp_path, env={"MT_DAEMON_ONLY_SECRET": "hunter2"})
+    try:
+        yield r
+    finally:
+        r.close()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(") ")[1][0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+def test_a_setsid_grandchild_ends_with_its_job(rig: AgentRig) -> None:
+    """Finding 6: a job's grandchild that calls setsid() ran 22 s after the cancel."""
+    pidfile = rig.tmp / "grandchild.pid"
+    assert rig.hub.start_worker("node00", "w", (sys.executable, "-c", GRANDCHILD, str(pidfile)), {}, None)
+    rig.wait("the grandchild detached", lambda: pidfile.exists() and pidfile.read_text().isdigit())
+    grandchild = int(pidfile.read_text())
+    assert _alive(grandchild) and os.getsid(grandchild) == grandchild  # its own session: killpg misses it
+    rig.hub.stop_worker("node00", "w", grace=0.5)
+    rig.wait("the worker exited", lambda: rig.exit_code("w") is not None)
+    rig.wait("the grandchild ended with the job", lambda: not _alive(grandchild), timeout=10)
+    assert rig.agent.poll() is None
+
+
+@pytest.mark.slow
+def test_the_job_env_is_an_allowlist_plus_its_own_env(rig: AgentRig) -> None:
+    """Finding 4: a variable set only for the daemon showed up in another user's job."""
+    assert rig.run("w", ("/usr/bin/env",), {"MY_JOB_VAR": "mine"}) == 0
+    env = dict(line.split("=", 1) for line in rig.log("w").splitlines() if "=" in line)
+    assert env["MY_JOB_VAR"] == "mine" and "MT_DAEMON_ONLY_SECRET" not in env
+    assert set(env) <= {"MY_JOB_VAR", "PATH", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM", "HOME", "USER", "LOGNAME",
+                        "PYTHONPATH", "VIRTUAL_ENV", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS"} | {
+        k for k in env if k.startswith("LC_")}
+    if ROOT:  # as another user: nothing of root's, a plain PATH, the owner's HOME
+        assert rig.run("w2", ("/usr/bin/env",), {}, uid=NOBODY, gid=NOBODY) == 0
+        env = dict(line.split("=", 1) for line in rig.log("w2").splitlines() if "=" in line)
+        assert "MT_DAEMON_ONLY_SECRET" not in env and "PYTHONPATH" not in env
+        assert env["PATH"] == "/usr/local/bin:/usr/bin:/bin" and env["USER"] == "nobody"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not ROOT, reason="needs root to run a job as another user")
+def test_cwd_is_entered_as_the_owner_so_a_private_dir_or_a_swapped_link_is_refused(rig: AgentRig) -> None:
+    """Finding 2: cwd was checked as root and entered before the privilege drop."""
+    import shutil
+    import tempfile
+
+    top = Path(tempfile.mkdtemp(prefix="mt-cwd-"))
+    try:
+        os.chmod(top, 0o755)
+        home = top / "victim"  # another user's 0700 home
+        home.mkdir(mode=0o700)
+        (home / "secret-plans.txt").write_text("x")
+        link = top / "link"
+        link.symlink_to(top)  # checked at submit: a directory nobody may enter...
+        os.unlink(link)
+        link.symlink_to(home)  # ...swapped for the private one before the job starts
+        for name, cwd in (("direct", str(home)), ("swapped", str(link))):
+            code = rig.run(name, ("/bin/ls", "-a"), {}, cwd=cwd, uid=NOBODY, gid=NOBODY)
+            assert code == 126, (name, code, rig.log(name))
+            assert "secret-plans" not in rig.log(name) and "cannot enter its cwd" in rig.log(name)
+        assert rig.run("own", ("/bin/pwd",), {}, cwd=str(top), uid=NOBODY, gid=NOBODY) == 0
+        assert rig.log("own").strip() == str(top)
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_worker_logs_are_private_capped_and_rotated_and_command_lines_stay_out_of_the_agent_log(
+        tmp_path: Path) -> None:
+    """Findings 7 and 8: one job filled the disk through its log; logs/ was 0755 and logs 0644 under
+    umask 022; the agent log held every user's command line, and a newline in one forged a line."""
+    old = os.umask(0o022)
+    try:
+        r = AgentRig(tmp_path, "--log-max-bytes", "100000")
+    finally:
+        os.umask(old)
+    try:
+        flood = (sys.executable, "-c", "import sys\nfor _ in range(100): sys.stdout.write('x' * 9999 + '\\n')\n",
+                 "\n2026-11-26 00:00:00,000 INFO agent pid 1: node node00: forged line")
+        assert r.run("big", flood) == 0
+        r.wait("the last rotation checked", lambda: True)
+        assert (r.logs / "big.log").stat().st_size <= 200_000
+        assert (r.logs / "big.log.1").stat().st_size <= 100_000
+        assert r.logs.stat().st_mode & 0o077 in (0, 0o011)  # 0700, or 0711 for root: never listable
+        for f in ("big.log", "big.log.1"):
+            assert (r.logs / f).stat().st_mode & 0o777 == 0o600
+        text = (tmp_path / "agent.log").read_text()
+        assert "forged line" not in text and "x" * 100 not in text
+        assert "worker big started" in text
+    finally:
+        r.close()
+
+
+def test_prune_keeps_the_log_folder_under_its_quota_oldest_first(tmp_path: Path) -> None:
+    from scavenger.jobproc import prune_logs
+
+    for i in range(10):
+        f = tmp_path / f"j{i}.log"
+        f.write_bytes(b"x" * 1000)
+        os.utime(f, (1000 + i, 1000 + i))
+    live = tmp_path / "j0.log"
+    deleted = prune_logs(tmp_path, [live], max_total=4500, min_age_s=60, now=5000)
+    assert live.exists() and sorted(p.name for p in deleted) == ["j1.log", "j2.log", "j3.log", "j4.log", "j5.log",
+                                                                  "j6.log"]
