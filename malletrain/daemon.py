@@ -78,6 +78,7 @@ from scavenger.base import AgentGone, AgentUp, BackendError, PilotEnded, PilotEn
 from scavenger.base import observed, run_command
 from scavenger import jobproc
 from scavenger.channel import AGENT_KEY_FILE
+from scavenger.connguard import raise_nofile_limit
 from scavenger.hub import AgentHub, AgentWorkers, WorkerExitedEvent, WorkerStartedEvent
 from scavenger.local import LocalBackend, slot_timeline
 from traces.model import IdleTimeline
@@ -242,6 +243,7 @@ class Daemon:
         self.clock = clock
         self.parts = parts if parts is not None else DaemonParts()
         self.state_dir = cfg.state_path
+        raise_nofile_limit()  # connection caps bind before the descriptor limit does
         try:
             self.state_dir.mkdir(parents=True, exist_ok=True)
             self._lock_fd = os.open(self.state_dir / "daemon.lock", os.O_CREAT | os.O_RDWR, 0o600)
@@ -1068,8 +1070,10 @@ class Daemon:
         self.control.serve(0)
 
     def _register(self, job_id: str) -> None:
-        """The monitor takes this job's reports, signed with its secret."""
-        self.monitor.register(job_id, self.job_secret(job_id))
+        """The monitor takes this job's reports, signed with its secret, and no more progress than
+        its max_nodes could train."""
+        rec = self.store.get(job_id)
+        self.monitor.register(job_id, self.job_secret(job_id), max_nodes=rec.spec.max_nodes if rec else None)
 
     def job_secret(self, job_id: str) -> str:
         """The job's report-signing secret, derived from the daemon's private key (nothing stored per job)."""

@@ -314,3 +314,168 @@ def test_prune_keeps_the_log_folder_under_its_quota_oldest_first(tmp_path: Path)
     deleted = prune_logs(tmp_path, [live], max_total=4500, min_age_s=60, now=5000)
     assert live.exists() and sorted(p.name for p in deleted) == ["j1.log", "j2.log", "j3.log", "j4.log", "j5.log",
                                                                   "j6.log"]
+
+
+# ---- 3: ownerless jobs ----------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not ROOT, reason="only a root daemon switches users")
+def test_a_root_daemon_refuses_a_job_without_a_recorded_owner_instead_of_running_it_as_root() -> None:
+    from types import SimpleNamespace
+
+    from malletrain.daemon import Daemon
+
+    with pytest.raises(ValueError, match="no recorded owner"):
+        Daemon._run_as(SimpleNamespace(owner=(None, None)))  # type: ignore[arg-type]
+    assert Daemon._run_as(SimpleNamespace(owner=(NOBODY, NOBODY))) == (NOBODY, NOBODY)  # type: ignore[arg-type]
+
+
+# ---- 10: what a job's own reports may claim -------------------------------------------------
+
+
+@pytest.mark.parametrize("fast_path", [True, False])
+def test_a_job_cannot_report_more_progress_than_its_nodes_could_train(fast_path: bool) -> None:
+    """Finding 10: 8.6e9 samples, signed with the job's own secret, were accepted as progress."""
+    from malletrain.messages import Report, new_secret, secret_key
+    from malletrain.monitor import MAX_RATE_PER_NODE, Monitor
+
+    now = [1000.0]
+    mon = Monitor(clock=lambda: now[0])
+    mon.fast_path = fast_path
+    try:
+        secret = new_secret()
+        key = secret_key(secret)
+        mon.register("j", secret, max_nodes=2)
+        mon.register("other", new_secret(), max_nodes=2)
+        now[0] += 10.0  # 10 s at 2 nodes: at most 2e7 samples
+        mon.ingest(Report("j", 1, 2**31 - 1, now[0], 2, 0, "w0").encode(key))
+        mon.ingest(Report("j", 2, int(2 * MAX_RATE_PER_NODE * 10) + 1, now[0], 2, 0, "w0").encode(key))
+        assert mon.counts()["implausible"] == 2 and mon.jobs["j"].samples == 0
+        mon.ingest(Report("j", 3, 5_000, now[0], 2, 0, "w0").encode(key))  # a real one
+        for seq in range(4, 40):  # a steady stream of claims at 10x the bound
+            now[0] += 1.0
+            mon.ingest(Report("j", seq, int(20 * MAX_RATE_PER_NODE), now[0], 2, 0, "w0").encode(key))
+        st = mon.jobs["j"]
+        assert st.samples <= 2 * MAX_RATE_PER_NODE * (now[0] - 1000.0)  # never more than the nodes could do
+        assert mon.counts()["accepted"] >= 1 and mon.jobs["other"].samples == 0
+    finally:
+        mon.close()
+
+
+# ---- 5: descriptors -------------------------------------------------------------------------
+
+FLOOD = (
+    "import socket, sys, time\n"
+    "host, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])\n"
+    "held = []\n"
+    "for _ in range(n):\n"
+    "    s = socket.create_connection((host, port), timeout=5)\n"
+    "    held.append(s)\n"
+    "print('connected', len(held), flush=True)\n"
+    "time.sleep(float(sys.argv[4]))\n"
+    "for s in held: s.setblocking(False)\n"
+    "def closed(s):\n"
+    "    while True:\n"
+    "        try:\n"
+    "            if s.recv(4096) == b'': return True\n"
+    "        except BlockingIOError: return False\n"
+    "        except OSError: return True\n"
+    "print('cut', sum(closed(s) for s in held), flush=True)\n"
+)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not ROOT, reason="needs root to act as another local user")
+def test_one_user_holding_many_connections_to_the_monitor_is_capped_and_reports_still_arrive() -> None:
+    """Finding 5: ~1,000 idle connections from one user drove the root daemon to EMFILE."""
+    import time
+
+    from malletrain.messages import Report, new_secret, secret_key
+    from malletrain.monitor import Monitor
+    from scavenger.connguard import PER_PEER
+
+    mon = Monitor()
+    try:
+        host, port = mon.address.rsplit("/", 1)[1].rsplit(":", 1)
+        n = PER_PEER + 150
+        flood = subprocess.Popen(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+                                  sys.executable, "-c", FLOOD, host, port, str(n), "4"],
+                                 stdout=subprocess.PIPE, text=True, cwd="/")
+        try:
+            deadline = time.monotonic() + 60
+            while flood.poll() is None and time.monotonic() < deadline:
+                mon.drain(timeout_ms=20)
+            out, _ = flood.communicate(timeout=30)
+        finally:
+            if flood.poll() is None:
+                flood.kill()
+        assert f"connected {n}" in out
+        cut = int(out.split("cut ")[1])
+        assert cut >= n - PER_PEER and mon.guard.cut["per_peer"] >= n - PER_PEER
+        secret = new_secret()
+        mon.register("j", secret, max_nodes=1)
+        import zmq
+
+        push = mon.ctx.socket(zmq.PUSH)
+        push.setsockopt(zmq.LINGER, 0)
+        push.connect(mon.address)
+        time.sleep(1.0)  # the monitor's rate bound: 1 s of one node
+        push.send(Report("j", 1, 10, time.time(), 1, 0, "w0").encode(secret_key(secret)))
+        deadline = time.monotonic() + 10
+        while mon.jobs["j"].reports == 0 and time.monotonic() < deadline:
+            mon.drain(timeout_ms=50)
+        push.close(0)
+        assert mon.jobs["j"].reports == 1
+    finally:
+        mon.close()
+
+
+def test_the_control_socket_sheds_connections_when_out_of_descriptors_instead_of_spinning(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    import resource
+    import socket
+
+    from malletrain.control import ControlServer, socket_path
+
+    server = ControlServer(socket_path(tmp_path), lambda req, caller: {"ok": True})
+    clients = [socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(5)]
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    fillers: list[int] = []
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(clients[-1].fileno() + 40, 64), hard))
+        while True:
+            try:
+                fillers.append(os.open(os.devnull, os.O_RDONLY))
+            except OSError:
+                break
+        for c in clients:
+            c.connect(str(socket_path(tmp_path)))
+        with caplog.at_level("WARNING", logger="malletrain.control"):
+            server.serve(0.3)
+        failures = [r for r in caplog.records if "accept failed" in r.getMessage()]
+        assert 1 <= len(failures) <= len(clients), len(failures)  # shed once each, no busy loop
+        for c in clients:
+            c.settimeout(2)
+            assert c.recv(1) == b""  # dropped: the listener is not left readable
+    finally:
+        for fd in fillers:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        for c in clients:
+            c.close()
+        server.close()
+    assert server.counts()["no_descriptors"] >= 1
+
+
+def test_the_daemon_raises_its_descriptor_limit() -> None:
+    import resource
+
+    from scavenger.connguard import raise_nofile_limit
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+        got = raise_nofile_limit(4096)
+        assert got == min(4096, hard) == resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
