@@ -4,16 +4,17 @@ Against a real root daemon (toy runtime, local backend), as another local user
 (``nobody``, through ``setpriv``):
 
 * **privilege probes** (P; escaped: PA): a job that prints its environment (a
-  variable set only for the daemon must not reach it); a job whose ``cwd`` is root's
-  0700 directory, directly and through a link swapped after submission (it must not
-  list it); a job that leaves a ``setsid()`` grandchild (it must end with the job's
+  variable set only for the daemon must not reach it); a job whose ``cwd`` is an open
+  folder inside root's 0700 home, directly and through a link swapped after
+  submission (it must not list it); a job that leaves a ``setsid()`` grandchild (it must end with the job's
   cancel); a job row without an owner (the old schema: it must not run as root); a
   job that floods its log (the log must stay under its cap).
 * **spoofed reports** (added to S; accepted: A): a job signs reports for itself
   (it holds its secret) claiming 2^31-1 samples each; accepted if its progress grows
   past what its node could train.
 * **descriptor floods** (D; daemon down: DD): ~1,000 idle connections each to the
-  monitor port, the agent port and the control socket; down if the daemon died,
+  monitor port, the agent port and the control socket, against a daemon started
+  with the usual 1,024-descriptor limit; down if the daemon died,
   stopped answering ``status``, or a running job stopped progressing.
 * **store attacks** (R; accepted: RA): the rendezvous store's attacks are engineer
   j-store's; :func:`store_attacks` calls theirs (``benchmarks/store_faults.py``,
@@ -25,6 +26,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import resource
 import signal
 import sqlite3
 import subprocess
@@ -39,6 +41,8 @@ import bench_faults as B
 FLOODS = 1000
 """Connections one user opens to each port in a descriptor flood."""
 DAEMON_ONLY = "MT_DAEMON_ONLY_SECRET"
+NOFILE_START = 1024
+"""The daemon is started with this open-file limit (the usual default), as in the issue's report."""
 
 CONFIG = """
 state_dir = "{state}"
@@ -138,8 +142,10 @@ def _alive(pid: int) -> bool:
 def probes(t: B.Tally, r: Round2, d: B.Daemon) -> None:
     """The privilege probes and the self-signed reports (P, PA; S, A)."""
     top = d.top
-    private = top / "root-only"
-    private.mkdir(mode=0o700)
+    home = top / "root-home"  # root's 0700 home, with a project folder that is open inside it
+    home.mkdir(mode=0o700)
+    private = home / "project"
+    private.mkdir(mode=0o755)
     (private / "root-secret-file").write_text("x")
     # the environment
     jid = _submit_as_nobody(d, "env", "env; sleep 60")
@@ -155,7 +161,7 @@ def probes(t: B.Tally, r: Round2, d: B.Daemon) -> None:
     link = top / "link"
     link.symlink_to(public)
     for name, cwd in (("cwd-direct", str(private)), ("cwd-swapped", str(link))):
-        reply = _ask_as_nobody(d.state, {"cmd": "submit", "spec": {"name": name, "command": ["/bin/ls", "-a"],
+        reply = _ask_as_nobody(d.state, {"cmd": "submit", "spec": {"name": name, "command": ["/bin/ls", "-a", "."],
                                                                     "cwd": cwd}})
         r.probes += 1
         if name == "cwd-swapped":
@@ -278,11 +284,14 @@ def part_round2(t: B.Tally, r: Round2) -> None:
         return
     with B.workdir("mt-faults-round2-") as top:
         os.environ[DAEMON_ONLY] = "hunter2"  # set only for the daemon (and this bench)
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(NOFILE_START, hard), hard))  # the usual default
         try:
             d = B.Daemon(top, CONFIG)
             d.start()
         finally:
             del os.environ[DAEMON_ONLY]
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
         try:
             probes(t, r, d)
             floods(t, r, d)

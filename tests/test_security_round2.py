@@ -259,14 +259,16 @@ def test_cwd_is_entered_as_the_owner_so_a_private_dir_or_a_swapped_link_is_refus
     top = Path(tempfile.mkdtemp(prefix="mt-cwd-"))
     try:
         os.chmod(top, 0o755)
-        home = top / "victim"  # another user's 0700 home
+        home = top / "victim"  # another user's 0700 home...
         home.mkdir(mode=0o700)
-        (home / "secret-plans.txt").write_text("x")
+        project = home / "project"  # ...with a folder open inside it: unreachable by name, not once entered
+        project.mkdir(mode=0o755)
+        (project / "secret-plans.txt").write_text("x")
         link = top / "link"
         link.symlink_to(top)  # checked at submit: a directory nobody may enter...
         os.unlink(link)
-        link.symlink_to(home)  # ...swapped for the private one before the job starts
-        for name, cwd in (("direct", str(home)), ("swapped", str(link))):
+        link.symlink_to(project)  # ...swapped for the private one before the job starts
+        for name, cwd in (("direct", str(project)), ("swapped", str(link))):
             code = rig.run(name, ("/bin/ls", "-a"), {}, cwd=cwd, uid=NOBODY, gid=NOBODY)
             assert code == 126, (name, code, rig.log(name))
             assert "secret-plans" not in rig.log(name) and "cannot enter its cwd" in rig.log(name)
