@@ -13,9 +13,10 @@ Against a real root daemon (toy runtime, local backend), as another local user
   (it holds its secret) claiming 2^31-1 samples each; accepted if its progress grows
   past what its node could train.
 * **descriptor floods** (D; daemon down: DD): ~1,000 idle connections each to the
-  monitor port, the agent port and the control socket, against a daemon started
-  with the usual 1,024-descriptor limit; down if the daemon died,
-  stopped answering ``status``, or a running job stopped progressing.
+  monitor port, the agent port and the control socket, held at once, against a
+  daemon started with the usual 1,024-descriptor limit; down (one count each) if
+  the daemon died, did not answer a ``ping`` on its control socket, or did not
+  start a job submitted during the flood (a new worker, a new monitor connection).
 * **store attacks** (R; accepted: RA): the rendezvous store's attacks are engineer
   j-store's; :func:`store_attacks` calls theirs (``benchmarks/store_faults.py``,
   ``attacks(state_dir) -> (tried, accepted)``) when it exists, else counts 0 tried.
@@ -234,25 +235,34 @@ def self_signed_reports(t: B.Tally, d: B.Daemon) -> None:
 
 
 def floods(t: B.Tally, r: Round2, d: B.Daemon) -> None:
-    """~1,000 idle connections from one user to each port (D, DD)."""
+    """~1,000 idle connections from one user to each port at once (D, DD): the daemon must stay up,
+    answer a ping on its control socket (not the store's fallback) and start a new job that reports."""
+    from malletrain.control import request, socket_path
+
     info = json.loads((d.state / "daemon.json").read_text())
-    jid = d.submit(B.TOY_JOB.format(name="steady", rate=200, lo=1, hi=1, profile="false", samples=""), "steady")
-    B.wait(lambda: d.jobs()[jid]["samples"] > 0, 60)
-    for kind, where in (("tcp", info["monitor"].split("//", 1)[1]), ("tcp", info["agents"].split("//", 1)[1]),
-                        ("unix", str(d.state / "control" / "control.sock"))):
-        hold = subprocess.Popen(["setpriv", f"--reuid={B.NOBODY}", f"--regid={B.NOBODY}", "--clear-groups", B.PY,
-                                 "-c", HOLD, kind, where, str(FLOODS), "8"], stdout=subprocess.PIPE, text=True,
-                                cwd="/")
-        r.floods += 1
-        time.sleep(4.0)
-        before = d.jobs()[jid]["samples"] if d.alive() else -1
-        ok = d.alive() and B.wait(lambda: d.jobs()[jid]["samples"] > before, 15) is not None
-        out, _ = hold.communicate(timeout=60)
-        print(f"  flood {where}: {out.strip() or '?'} connections opened; daemon "
-              f"{'answers and the job trains' if ok else 'DOWN'}", flush=True)
+    targets = (("tcp", info["monitor"].split("//", 1)[1]), ("tcp", info["agents"].split("//", 1)[1]),
+               ("unix", str(socket_path(d.state))))
+    holds = [subprocess.Popen(["setpriv", f"--reuid={B.NOBODY}", f"--regid={B.NOBODY}", "--clear-groups", B.PY,
+                               "-c", HOLD, kind, where, str(FLOODS), "40"], stdout=subprocess.PIPE, text=True,
+                              cwd="/") for kind, where in targets]
+    r.floods += len(holds)
+    time.sleep(8.0)
+    alive = d.alive()
+    pong = request(socket_path(d.state), {"cmd": "ping"}, 10.0) if alive else None
+    jid = d.submit(B.TOY_JOB.format(name="during-flood", rate=200, lo=1, hi=1, profile="false", samples=""),
+                   "during-flood")
+    trains = alive and B.wait(lambda: d.jobs()[jid]["samples"] > 0, 25) is not None
+    for h in holds:
+        h.kill()
+    opened = [(h.communicate(timeout=30)[0].strip() or "?") for h in holds]
+    print(f"  floods of {', '.join(opened)} connections (monitor, agents, control): daemon "
+          f"{'up' if alive else 'DEAD'}, ping {'answered' if pong and pong.get('ok') else 'NOT answered'}, "
+          f"a job submitted meanwhile {'trains' if trains else 'does NOT train'}", flush=True)
+    for what, ok in (("died", alive), ("stopped answering its control socket", bool(pong and pong.get("ok"))),
+                     ("started no new job", trains)):
         if not ok:
             r.down += 1
-            t.note(f"round2: the daemon stopped serving under a flood of {where}")
+            t.note(f"round2: under the descriptor floods the daemon {what}")
     d.cancel(jid)
 
 
