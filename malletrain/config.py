@@ -13,8 +13,7 @@
                                      # more: a dead node is noticed later, and a restarted daemon waits
                                      # this + 1 s for the agents before it decides (docs/operator.md)
     backend = "local"                # the same as [scavenger] kind (give either)
-    admin_groups = ["wheel"]         # group names or gids whose members may cancel any job and stop
-                                     # the daemon (besides root and the daemon's user); default none
+    admin_groups = ["wheel"]         # may cancel any job and stop the daemon (besides root, its user)
 
     [local]
     nodes = 6
@@ -75,7 +74,6 @@ config check FILE`` prints the effective configuration (:func:`to_toml`).
 
 from __future__ import annotations
 
-import grp
 import json
 import math
 import tomllib
@@ -85,6 +83,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
+from malletrain.control import admin_gids_from
 from malletrain.jobspec import TRAINER_NAME
 from malletrain.metrics import MetricsAddressError, parse_address
 from malletrain.textfile import decode_text
@@ -360,25 +359,16 @@ def parse_config(obj: dict[str, Any], where: str = "config") -> DaemonConfig:
     return cfg
 
 
-ADMIN_GROUPS_MAX = 64
-
-
 def _admin_groups(raw: Any, where: str) -> tuple[str | int, ...]:
-    """``admin_groups``: a list of group names or gids (checked against the group database at
-    ``config check`` and daemon start, see :func:`check_files`)."""
-    if not isinstance(raw, list):
-        raise ConfigError(f"{where}: admin_groups must be a list of group names or gids, got {_short(raw)}")
-    if len(raw) > ADMIN_GROUPS_MAX:
-        raise ConfigError(f"{where}: admin_groups has {len(raw)} entries; at most {ADMIN_GROUPS_MAX}")
-    out: list[str | int] = []
+    """``admin_groups``: at most 64 group names or gids (names are looked up by :func:`check_files`)."""
+    if not isinstance(raw, list) or len(raw) > 64:
+        raise ConfigError(f"{where}: admin_groups must be a list of at most 64 group names or gids, got {_short(raw)}")
     for i, g in enumerate(raw):
-        if isinstance(g, int) and not isinstance(g, bool) and 0 <= g < 2**32:
-            out.append(g)
-        elif isinstance(g, str):
-            out.append(_text(where, f"admin_groups[{i}]", g))
-        else:
+        if isinstance(g, str):
+            _text(where, f"admin_groups[{i}]", g)
+        elif isinstance(g, bool) or not isinstance(g, int) or not 0 <= g < 2**32:
             raise ConfigError(f"{where}: admin_groups[{i}] must be a group name or a gid, got {_short(g)}")
-    return tuple(out)
+    return tuple(raw)
 
 
 def _check_host(host: str, where: str) -> None:
@@ -558,12 +548,10 @@ def check_files(cfg: DaemonConfig, where: str = "config") -> None:
     """Checks against the file system (``config check``, daemon start): the trace file exists."""
     if cfg.local.trace not in ("synthetic", "none") and not Path(cfg.local.trace).expanduser().is_file():
         raise ConfigError(f"{where}: local.trace {cfg.local.trace!r} is not 'synthetic', 'none' or an existing file")
-    for i, g in enumerate(cfg.admin_groups):
-        if isinstance(g, str) and not g.isdigit():
-            try:
-                grp.getgrnam(g)
-            except KeyError:
-                raise ConfigError(f"{where}: admin_groups[{i}]: group {g!r} does not exist") from None
+    try:
+        admin_gids_from(cfg.admin_groups)
+    except ValueError as exc:
+        raise ConfigError(f"{where}: admin_groups: {exc}") from None
 
 
 def _toml_value(value: Any) -> str:

@@ -371,20 +371,15 @@ class ControlServer:
             done += self._step(conn)  # the request is often already there
 
     def _shed(self) -> bool:
-        """Out of descriptors: free the spare one, accept the waiting connection and close it (so the
-        listener does not stay readable and spin the loop), take the spare back. True if one was dropped."""
-        if self._spare_fd is None:
-            self._spare_fd = _spare()
-            return False
-        os.close(self._spare_fd)
-        self._spare_fd = None
-        dropped = False
+        """Out of descriptors: drop the waiting connection through the spare descriptor (so the listener
+        does not stay readable and spin the loop); True if one was dropped."""
+        if self._spare_fd is not None:
+            os.close(self._spare_fd)
         try:
-            sock, _ = self._listener.accept()
-            sock.close()
+            self._listener.accept()[0].close()
             dropped = True
-        except OSError:  # nothing waiting (Linux says EMFILE before it looks), or taken meanwhile
-            pass
+        except OSError:  # nothing waiting (Linux says EMFILE before it looks), or no spare to free
+            dropped = False
         self._spare_fd = _spare()
         return dropped
 

@@ -31,20 +31,18 @@ import json
 import logging
 import os
 import sqlite3
-import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from malletrain.jobspec import NAME_MAX_CHARS, JobSpec, JobSpecError, JobState, check_submit, parse_spec
+from malletrain.statedir import FILE_MODE, private_file, private_state_dir
 
 log = logging.getLogger("malletrain.store")
 
 SCHEMA_VERSION = 1
 SQLITE_MAGIC = b"SQLite format 3\x00"
-DIR_MODE = 0o700
-FILE_MODE = 0o600
 MAX_EVENTS = 100_000
 """Newest event rows kept (all kinds but the periodic samples)."""
 MAX_SAMPLES = 86_400
@@ -144,75 +142,6 @@ def job_id(seq: int) -> str:
     return f"j{seq:06d}"
 
 
-STATE_ENTRIES = frozenset({"daemon.json", "daemon.json.tmp", "daemon.lock", "logs", "control", "horovod", "toy",
-                           "monitor.key", "agent.key", "checkpoints"})
-"""What malletrain keeps in a state dir besides ``store.db*``: a folder holding only these is ours to tighten."""
-
-PRIVATE_ENTRIES = ("monitor.key", "agent.key", "daemon.json", "checkpoints", "logs")
-"""Entries of an existing state dir made private (files 0600, folders 0700) when the dir is tightened."""
-
-OPEN_BITS = 0o066
-"""Group/other read or write on the state dir: what makes it open. Execute alone (0711, what a root
-daemon sets so every user can reach the control socket) lets nobody list or change it."""
-
-
-def _is_state_dir(folder: Path) -> bool:
-    """Only malletrain's files in it (so never /tmp, $HOME or /var/lib given by mistake)."""
-    try:
-        names = [e.name for e in os.scandir(folder)]
-    except OSError:
-        return False
-    return all(n in STATE_ENTRIES or n.startswith("store.db") for n in names)
-
-
-def _private_dir(folder: Path) -> None:
-    """Create ``folder`` 0700; tighten an existing open one (and its keys, checkpoints and logs) if
-    it is ours (our uid, only our files). 0711 is not open: a root daemon sets it itself."""
-    try:
-        folder.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
-    except OSError as exc:
-        raise StoreError(f"{folder}: cannot create the state dir: {exc.strerror or exc}") from None
-    try:
-        st = folder.stat()
-        mode = stat.S_IMODE(st.st_mode)
-        if not mode & OPEN_BITS:
-            return
-        if st.st_uid == os.geteuid() and not mode & stat.S_ISVTX and _is_state_dir(folder):
-            os.chmod(folder, mode & ~0o077)
-            log.warning("%s: the state dir was open to other users (mode %o): made it %o, and its keys, "
-                        "checkpoints and logs private", folder, mode, mode & ~0o077)
-            for name in PRIVATE_ENTRIES:
-                _tighten_entry(folder / name)
-        else:
-            log.warning("%s: the state dir is open to other users (mode %o); make it 0700", folder, mode)
-    except OSError as exc:
-        log.warning("%s: cannot make the state dir private: %s", folder, exc)
-
-
-def _tighten_entry(path: Path) -> None:
-    """``path`` (a file, or a folder and the files in it) without group/other access, if it is ours; links are left."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return
-    if st.st_uid != os.geteuid() or stat.S_ISLNK(st.st_mode):
-        return
-    os.chmod(path, stat.S_IMODE(st.st_mode) & ~0o077)
-    if stat.S_ISDIR(st.st_mode):
-        for entry in os.scandir(path):
-            if entry.is_file(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_uid == os.geteuid():
-                os.chmod(entry.path, stat.S_IMODE(entry.stat(follow_symlinks=False).st_mode) & ~0o077)
-
-
-def _private_file(path: Path) -> None:
-    try:
-        st = path.stat()
-        if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) & 0o077:
-            os.chmod(path, FILE_MODE)
-    except OSError as exc:
-        log.warning("%s: cannot make the store private: %s", path, exc)
-
-
 def _init_schema(conn: sqlite3.Connection) -> None:
     for stmt in _SCHEMA.split(";"):
         if stmt.strip():
@@ -290,11 +219,14 @@ class Store:
         p = str(path)
         if p != ":memory:":
             fp = Path(p)
-            _private_dir(fp.parent)
+            try:
+                private_state_dir(fp.parent)
+            except OSError as exc:
+                raise StoreError(f"{fp.parent}: cannot create the state dir: {exc.strerror or exc}") from None
             if not fp.exists():
                 _create(fp)
             _check_file(fp)
-            _private_file(fp)
+            private_file(fp)
         try:
             conn = sqlite3.connect(p, timeout=10.0, isolation_level=None, check_same_thread=False)
         except sqlite3.Error as exc:
