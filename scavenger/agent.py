@@ -9,7 +9,10 @@ path is given, never the key), says hello with its batch job id (``SLURM_JOB_ID`
 starts/stops job workers on command. A server that cannot prove the key
 (another process on the daemon's port) gets nothing run: the agent logs why and
 keeps trying, so it finds the real daemon when that comes back. Each worker runs in its own process group so
-the agent can kill it with everything it spawned. On SIGTERM (the main
+the agent can kill it with everything it spawned; the agent and each worker are subreapers, so what a
+worker leaves behind (a ``setsid()`` grandchild too) is killed when it ends (:meth:`Agent.sweep_orphans`:
+any child of the agent that :meth:`Agent.worker_pids` does not name). A worker's environment, working
+directory and log follow :mod:`scavenger.jobproc`. On SIGTERM (the main
 scheduler recalls the node) it SIGTERMs its workers (they checkpoint and exit),
 SIGKILLs what is left after :data:`RECALL_GRACE_S`, reports ``leaving`` and
 exits 143 within a second. If no authenticated word comes from the daemon for

@@ -42,9 +42,10 @@ from typing import IO, Callable, Collection, Iterable, Mapping
 
 ENV_ALLOW = ("PATH", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM", "CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
              "HIP_VISIBLE_DEVICES", "OMP_NUM_THREADS")
-"""Variables of the agent's environment a worker inherits (besides ``LC_*``): what a program
+"""Variables of the agent's environment a worker inherits (besides :data:`ENV_ALLOW_PREFIXES`): what a program
 needs to run on the node, nothing that carries the agent's identity or credentials."""
-ENV_ALLOW_PREFIXES = ("LC_",)
+ENV_ALLOW_PREFIXES = ("LC_", "NCCL_", "GLOO_")
+"""Locale, and how the node's operator tells the collectives which network to use."""
 ENV_ALLOW_SAME_USER = ("HOME", "USER", "LOGNAME", "PYTHONPATH", "VIRTUAL_ENV")
 """Also inherited when the worker runs as the agent's own user (nothing crosses a user boundary)."""
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
