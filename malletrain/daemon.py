@@ -940,11 +940,11 @@ class Daemon:
                 run.workers[node] = f"{run.id}.{node}.{int(now * 1000) % 10**9}{self._worker_seq}"
             wid = run.workers[node]
             if wid not in run.started and now - run.start_sent.get(wid, -1e9) >= START_RETRY_S:
+                uid, gid = self._run_as(run, getattr(self.runtime, "COMMAND_BESIDE_DAEMON", False))
                 spec = self.runtime.launch_spec(run.id, run.spec.command, wid, node)
                 env = dict(spec.env)
                 env.update(run.spec.env)
                 env[ENV_SECRET] = self.job_secret(run.id)  # after the user's env: not overridable
-                uid, gid = self._run_as(run)
                 self.hub.start_worker(node, wid, spec.argv, env, spec.cwd or run.spec.cwd, uid, gid)
                 run.start_sent[wid] = now
         for node in [n for n in run.workers if n not in run.target]:
@@ -965,14 +965,19 @@ class Daemon:
             self._set_state(run, JobState.RESCALING, f"to {len(run.target)} nodes")
 
     @staticmethod
-    def _run_as(run: JobRun) -> tuple[int | None, int | None]:
+    def _run_as(run: JobRun, beside_daemon: bool = False) -> tuple[int | None, int | None]:
         """A root daemon runs each job as its owner (agents switch users); any other daemon
-        runs every job as its own user, which is then the only user whose jobs it takes."""
+        runs every job as its own user, which is then the only user whose jobs it takes.
+        ``beside_daemon``: the runtime runs the job's command in a process of the daemon's own
+        (Horovod's driver), which cannot switch users: a root daemon runs only root's jobs so."""
         if os.geteuid() != 0:
             return None, None
         if run.owner[0] is None:  # a row of the old schema: never run as root by default
             raise ValueError("the job has no recorded owner (submitted before owners were stored); "
                              "a root daemon does not run it as root: resubmit it as its user")
+        if beside_daemon and run.owner[0] != 0:
+            raise ValueError(f"this runtime runs the job's command beside the daemon, as root; a root daemon runs "
+                             f"only root's jobs with it (uid {run.owner[0]}: use a daemon of your own)")
         return run.owner
 
     def _ready(self, run: JobRun, wid: str) -> bool:

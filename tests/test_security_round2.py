@@ -481,3 +481,18 @@ def test_the_daemon_raises_its_descriptor_limit() -> None:
         assert got == min(4096, hard) == resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+@pytest.mark.skipif(not ROOT, reason="only a root daemon switches users")
+def test_a_root_daemon_runs_no_other_users_job_with_a_runtime_that_runs_commands_beside_it() -> None:
+    """Horovod's driver runs the job's command in a process of the daemon's (root's): another user's
+    job would run as root."""
+    from types import SimpleNamespace
+
+    from malletrain.daemon import Daemon
+    from malletrain.runtimes.horovod_elastic import HorovodRuntime
+
+    assert HorovodRuntime.COMMAND_BESIDE_DAEMON
+    with pytest.raises(ValueError, match="beside the daemon"):
+        Daemon._run_as(SimpleNamespace(owner=(NOBODY, NOBODY)), True)  # type: ignore[arg-type]
+    assert Daemon._run_as(SimpleNamespace(owner=(0, 0)), True) == (0, 0)  # type: ignore[arg-type]
