@@ -125,19 +125,29 @@ def _parent_of(pid: int) -> int | None:
         return None
 
 
+def _children(parent: int) -> list[int] | None:
+    """``parent``'s children from ``/proc/PID/task/*/children``; None where the kernel does not list them."""
+    try:
+        tasks = os.listdir(f"/proc/{parent}/task")
+        out: list[int] = []
+        for task in tasks:
+            with open(f"/proc/{parent}/task/{task}/children") as fh:
+                out.extend(int(pid) for pid in fh.read().split())
+        return out
+    except (OSError, ValueError):
+        return None
+
+
 def orphans(parent: int, keep: Collection[int]) -> list[int]:
     """Children of ``parent`` (a subreaper: orphans of its workers land on it) not in ``keep`` (its workers)."""
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return []
-    out = []
-    for name in names:
-        if name.isdigit():
-            pid = int(name)
-            if pid not in keep and _parent_of(pid) == parent:
-                out.append(pid)
-    return out
+    children = _children(parent)
+    if children is None:  # scan every process's parent instead
+        try:
+            pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
+        except OSError:
+            return []
+        children = [pid for pid in pids if _parent_of(pid) == parent]
+    return [pid for pid in children if pid not in keep]
 
 
 def end_orphans(parent: int, keep: Collection[int], rounds: int = 20) -> int:
