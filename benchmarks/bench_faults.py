@@ -30,22 +30,29 @@ real agents and workers) on a private state dir, and counts what issue E asks:
   Accepted: any of them that changed anything.
 
 Orphans: processes that mention a state dir after its daemon stopped.
-Goals: lost = duplicated = orphans = tracebacks = accepted = 0. The last line is
+* **round2** (issue K, ``benchmarks/faults_round2.py``): another user's jobs probing
+  the privilege drop (environment, cwd, a ``setsid()`` grandchild, an ownerless job,
+  a log flood), self-signed reports claiming more than a node can train, ~1,000
+  idle connections from one user to each port, and the rendezvous store's attacks.
+
+The fuzz, spoofing and round2 parts live in ``faults_fuzz.py``, ``faults_spoof.py`` and
+``faults_round2.py`` beside this file.
+
+Orphans: processes that mention a state dir after its daemon stopped.
+Goals: lost = duplicated = orphans = tracebacks = accepted = escaped = down = 0. The last line is
 ``faults: K kills, L lost, D duplicated, R recalls, O orphans, F fuzz cases, T tracebacks,
-S spoofed reports, A accepted``.
+S spoofed reports, A accepted, R store attacks, RA accepted, P privilege probes, PA escaped,
+D fd floods, DD daemon down``.
 """
 
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
 import random
 import shutil
 import signal
-import socket
-import struct
 import subprocess
 import sys
 import tempfile
@@ -433,326 +440,6 @@ def part_recalls(t: Tally, recalls: int, rng: random.Random) -> None:
         t.orphans += d.orphans()
 
 
-# ---------------------------------------------------------------- fuzz
-HOSTILE = [b"nan", b"inf", b"-1", b"1e999", b"1_000", "１２".encode(), b"\x00", b"\xff\xfe", b"[" * 50,
-           b"9" * 400, b'"', b"\n", b"\r\n", b"x" * 5000, b"-9223372036854775809", b"{", b"}", b"=", b","]
-
-
-def mutate(seed: bytes, rng: random.Random) -> bytes:
-    data = bytearray(seed)
-    for _ in range(rng.randint(1, 4)):
-        op = rng.randrange(5)
-        pos = rng.randrange(len(data) + 1)
-        if op == 0 and data:
-            data[min(pos, len(data) - 1)] = rng.randrange(256)
-        elif op == 1:
-            data[pos:pos] = rng.choice(HOSTILE)
-        elif op == 2:
-            del data[pos:pos + rng.randint(1, 20)]
-        elif op == 3:
-            data = data[:pos]
-        else:
-            chunk = bytes(data[pos:pos + rng.randint(1, 40)])
-            data[pos:pos] = chunk * rng.randint(1, 50)
-    return bytes(data)
-
-
-class Hang(Exception):
-    pass
-
-
-@contextmanager
-def deadline(seconds: float) -> Iterator[None]:
-    def on_alarm(signum: int, frame: object) -> None:
-        raise Hang()
-
-    old = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
-
-
-def fuzz_cases(t: Tally, kind: str, seeds: list[bytes], n: int, rng: random.Random,
-               run: Callable[[bytes], None], allowed: tuple[type[BaseException], ...]) -> None:
-    bad = 0
-    for _ in range(n):
-        data = mutate(rng.choice(seeds), rng)
-        t.fuzz += 1
-        try:
-            with deadline(5.0):
-                run(data)
-        except allowed:
-            pass
-        except Hang:
-            bad += 1
-            t.note(f"fuzz {kind}: hang on {data[:80]!r}")
-        except Exception as exc:  # noqa: BLE001 - what is counted
-            bad += 1
-            if bad <= 3:
-                t.note(f"fuzz {kind}: {type(exc).__name__}: {str(exc)[:120]} on {data[:80]!r}")
-    t.tracebacks += bad
-    print(f"  {kind}: {n} cases, {bad} tracebacks or hangs", flush=True)
-
-
-def part_fuzz(t: Tally, n: int, rng: random.Random) -> None:
-    print(f"fuzz: {n} mutated inputs per kind", flush=True)
-    import traces
-    from malletrain.config import ConfigError, load_config
-    from malletrain.jobspec import JobSpecError, load_spec
-    from malletrain.messages import Report, new_secret, secret_key
-    from malletrain.monitor import Monitor
-
-    with workdir("mt-faults-fuzz-") as top:
-        def as_file(name: str, gz: bool = False) -> Callable[[bytes], Path]:
-            def write(data: bytes) -> Path:
-                p = top / name
-                p.write_bytes(gzip.compress(data) if gz else data)
-                return p
-            return write
-
-        data_dir = ROOT.parent / "shared" / "data"
-        seeds = {
-            "nodes-csv": [b"time,node,idle\n100,a,1\n100,b,0\n160,a,0\n200,b,1\n"],
-            "swf": [b"; MaxNodes: 4\n; MaxProcs: 4\n1 0 0 100 2 -1 -1 2 100 -1 1 1 1 -1 1 -1 -1 -1\n"
-                    b"2 10 5 50 4 -1 -1 4 60 -1 1 1 1 -1 1 -1 -1 -1\n"],
-            "sacct": [b"JobID|Start|End|NNodes|NodeList|State\n1|2024-01-01T00:00:00|2024-01-01T01:00:00|2|"
-                      b"n[1-2]|COMPLETED\n2|2024-01-01T00:30:00|2024-01-01T02:00:00|1|n3|COMPLETED\n"],
-        }
-        if (data_dir / "summit-2021-02-10_17.nodes.csv.gz").exists():
-            with gzip.open(data_dir / "summit-2021-02-10_17.nodes.csv.gz", "rb") as f:
-                seeds["nodes-csv"].append(f.read(4000).rsplit(b"\n", 1)[0] + b"\n")
-        for fmt, s in seeds.items():
-            write = as_file(f"trace.{fmt}")
-            fuzz_cases(t, f"trace {fmt}", s, n // len(seeds), rng,
-                       lambda b, w=write, f=fmt: traces.read(w(b), f, nodes=None if f != "sacct" else 8),
-                       (traces.TraceError,))
-
-        job_seed = TOY_JOB.format(name="a", rate=100, lo=1, hi=2, profile="false", samples="samples = 10").encode()
-        write_job = as_file("job.toml")
-        fuzz_cases(t, "job file", [job_seed, b'{"name": "a", "command": ["python", "x"], "max_nodes": 2}'], n, rng,
-                   lambda b: load_spec(write_job(b)), (JobSpecError, FileNotFoundError))
-
-        cfg_seed = TOY_CONFIG.format(trace="none").replace("{state}", str(top / "s")).encode()
-        write_cfg = as_file("daemon.toml")
-        fuzz_cases(t, "daemon config", [cfg_seed], n, rng, lambda b: load_config(write_cfg(b)), (ConfigError,))
-
-        secret = new_secret()
-        key = secret_key(secret)
-        mon = Monitor()
-        mon.register("j000001", secret)
-        frame_seeds = [Report("j000001", seq, 64, 1.7e9 + seq, 2, 1, "w").encode(key) for seq in range(1, 4)]
-        before = mon.counts()
-
-        def ingest(b: bytes) -> None:
-            mon.ingest_batch([b])
-
-        fuzz_cases(t, "monitor frame", frame_seeds, n, rng, ingest, ())
-        internal = mon.counts().get("internal", 0) - before.get("internal", 0)
-        t.tracebacks += internal
-        mon.close()
-
-        d = Daemon(top, TOY_CONFIG.format(trace="none"))
-        d.start()
-        sock_path = d.state / "control" / "control.sock"
-        req_seeds = [json.dumps(r).encode() for r in (
-            {"cmd": "status"}, {"cmd": "cancel", "id": "j000001"},
-            {"cmd": "submit", "spec": {"name": "a", "command": ["python", "-c", "pass"]}})]
-
-        def control(b: bytes) -> None:
-            raw_request(sock_path, b, length=rng.choice((None, None, 0, 10**9, len(b) + 5)))
-
-        fuzz_cases(t, "control request", req_seeds, n, rng, control, (OSError,))
-        if cli("status", "--state-dir", str(d.state)).returncode != 0 or not d.alive():
-            t.tracebacks += 1
-            t.note("fuzz: the daemon stopped answering after the control fuzz")
-        for jid, j in d.jobs().items():  # fuzzed submits that got through were valid jobs: cancel them
-            d.cancel(jid)
-        rc = d.stop()
-        t.tracebacks += d.log_tracebacks() + (rc != 0)
-        t.orphans += d.orphans()
-
-
-def raw_request(path: Path, body: bytes, length: int | None = None) -> bytes:
-    """Send one framed request (any bytes, any claimed length) and read whatever comes back."""
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(6.0)
-    try:
-        s.connect(str(path))
-        s.sendall(struct.pack(">I", len(body) if length is None else length % 2**32) + body)
-        s.shutdown(socket.SHUT_WR)
-        out = b""
-        while chunk := s.recv(65536):
-            out += chunk
-        return out
-    finally:
-        s.close()
-
-
-# ---------------------------------------------------------------- spoofing
-def signed_raw(obj: dict[str, Any], key: bytes) -> bytes:
-    """A frame signed with ``key`` whatever its payload holds (NaN included): what a job's own
-    worker could send, so the monitor's checks, not the encoder's, must stop it."""
-    from malletrain.messages import sign
-
-    body = json.dumps(obj, separators=(",", ":")).encode()
-    return body[:-1] + b',"sig":"' + sign(body[:-1], key) + b'"}'
-
-
-def part_spoof(t: Tally) -> None:
-    print("spoofing: forged and replayed reports; another user's control requests", flush=True)
-    import zmq
-
-    from malletrain.messages import Report, new_secret, secret_key
-    from malletrain.monitor import job_secret
-
-    with workdir("mt-faults-spoof-") as top:
-        d = Daemon(top, TOY_CONFIG.format(trace="none"))
-        d.start()
-        victim = d.submit(TOY_JOB.format(name="victim", rate=200, lo=1, hi=1, profile="false", samples=""), "victim")
-        other = d.submit(TOY_JOB.format(name="other", rate=200, lo=1, hi=1, profile="false", samples=""), "other")
-        wait(lambda: all(d.jobs()[j]["samples"] > 0 for j in (victim, other)), 60)
-        info = json.loads((d.state / "daemon.json").read_text())
-        master = (d.state / "monitor.key").read_bytes()  # the bench runs as the daemon's user
-        ctx = zmq.Context.instance()
-        push = ctx.socket(zmq.PUSH)
-        push.setsockopt(zmq.LINGER, 2000)
-        push.connect(info["monitor"])
-        now = time.time()
-        big = 10**12
-        own_key = secret_key(job_secret(master, victim))
-        legit = Report(victim, 1, big, now, 1, 99, "bench").encode(own_key)
-        forged = {
-            "unsigned": Report(victim, 1, big, now, 1, 99, "x").encode(None),
-            "wrong key": Report(victim, 1, big, now, 1, 99, "x").encode(secret_key(new_secret())),
-            "another job's key": Report(victim, 1, big, now, 1, 99, "x").encode(
-                secret_key(job_secret(master, other))),
-            "unknown job": Report("j999999", 1, big, now, 1, 99, "x").encode(secret_key(new_secret())),
-            "samples 10^400": legit.replace(str(big).encode(), b"1" + b"0" * 400, 1),
-            "NaN time": signed_raw({"v": 2, "type": "report", "job": victim, "seq": 2, "payload": {
-                "samples": big, "timestamp": float("nan"), "world_size": 1, "generation": 99, "worker": "y"}},
-                own_key),
-            "generation 'abc'": signed_raw({"v": 2, "type": "report", "job": victim, "seq": 3, "payload": {
-                "samples": big, "timestamp": now, "world_size": 1, "generation": "abc", "worker": "z"}},
-                own_key),
-        }
-        before = d.jobs()[victim]["samples"]
-        probe = Report(victim, 1, 1, now, 1, 99, "probe").encode(own_key)  # genuine: proves frames arrive
-        push.send(probe)
-        if not wait(lambda: d.jobs()[victim]["samples"] > before, 15):
-            t.lost += 1
-            t.note("spoof: a genuine report was never counted, so the forgery checks prove nothing")
-        before = d.jobs()[victim]["samples"]
-        for name, frame in forged.items():
-            push.send(frame)
-            t.spoofed += 1
-        time.sleep(3.0)
-        after = d.jobs()[victim]
-        if after["samples"] - before >= big or after["state"] != "running":
-            t.accepted += 1
-            t.note(f"spoof: a forged report changed {victim}: {before} -> {after['samples']}, {after['state']}")
-        # replay: one genuine frame (as if sniffed on the wire) counts once, never twice
-        push.send(legit)
-        wait(lambda: d.jobs()[victim]["samples"] >= before + big, 10)
-        once = d.jobs()[victim]["samples"]
-        for _ in range(3):
-            push.send(legit)
-            t.spoofed += 1
-        time.sleep(3.0)
-        if d.jobs()[victim]["samples"] >= once + big:
-            t.accepted += 1
-            t.note("spoof: a replayed report was counted again")
-        push.close()
-
-        # another local user: cancel root's job, shut the daemon down, submit as someone else
-        if os.geteuid() == 0 and shutil.which("setpriv"):
-            res = cli("cancel", victim, "--state-dir", str(d.state), as_nobody=True)
-            t.spoofed += 1
-            if res.returncode == 0 or d.jobs()[victim]["state"] == "cancelled":
-                t.accepted += 1
-                t.note(f"spoof: another user cancelled {victim}")
-            code = ("import json,sys; from pathlib import Path; from malletrain.control import ask; "
-                    "s=Path(sys.argv[1]); print(json.dumps([ask(s, {'cmd': 'shutdown'}), "
-                    "ask(s, {'cmd': 'submit', 'spec': {'name': 'x', 'command': ['id']}, 'owner_uid': 0})]))")
-            res = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
-                                  PY, "-c", code, str(d.state)], capture_output=True, text=True, timeout=60, cwd="/")
-            t.spoofed += 2
-            replies = json.loads(res.stdout) if res.returncode == 0 else [None, None]
-            time.sleep(1.0)
-            if not d.alive():
-                t.accepted += 1
-                t.note("spoof: another user shut the daemon down")
-            if any(j["owner_uid"] == 0 and j["name"] == "x" for j in d.jobs().values()):
-                t.accepted += 1
-                t.note("spoof: another user submitted a job owned by root")
-            if replies[0] and replies[0].get("ok"):
-                t.accepted += 1
-                t.note(f"spoof: shutdown answered ok for another user: {replies[0]}")
-        else:
-            t.note("spoof: not root (or no setpriv): the other-user requests were not tried")
-        hijack_agents(t, d, top)
-        if not trains(d, victim, 90):
-            t.lost += 1
-            t.note(f"spoof: {victim} did not train again after the hijack and the daemon's return")
-        rc = d.stop()
-        t.tracebacks += d.log_tracebacks() + (rc != 0)
-        t.orphans += d.orphans()
-
-
-def hijack_agents(t: Tally, d: Daemon, top: Path) -> None:
-    """The daemon dies; a local user binds its agent port first, without the key, and sends every
-    command it can make. Accepted: a command an agent ran. Then the real daemon comes back."""
-    import secrets
-
-    import zmq
-
-    from scavenger import channel as C
-    from scavenger import protocol as P
-
-    address = json.loads((d.state / "daemon.json").read_text())["agents"]
-    d.kill9()
-    t.kills += 1
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.ROUTER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.bind(address)
-    wrong = secrets.token_bytes(32)
-    markers = top / "hijack"
-    markers.mkdir()
-    nonces: dict[bytes, tuple[bytes, bytes]] = {}
-    deadline = time.monotonic() + 8.0
-    sent = 0
-    while time.monotonic() < deadline:
-        if sock.poll(100):
-            ident, frame = sock.recv_multipart()
-            node = ident.decode(errors="replace")
-            kind = C.kind_of(frame)
-            if kind is C.Kind.CHALLENGE:
-                nonces[ident] = (C.parse_challenge(frame), C.new_nonce())
-                sock.send_multipart([ident, C.nonce_frame(nonces[ident][1])])
-            elif kind is C.Kind.FINISH and ident in nonces:
-                sock.send_multipart([ident, C.proof_frame(C.hub_proof(wrong, node, *nonces[ident]))])
-                session = C.Session.for_hub(C.session_key(wrong, node, *nonces[ident]))
-                argv = ("/bin/sh", "-c", f"touch {markers}/{node}-{sent}")
-                for frame_out in (session.seal(P.encode(P.StartWorker(node, f"evil{sent}", argv))),
-                                  P.encode(P.StartWorker(node, f"raw{sent}", argv)),
-                                  P.encode(P.Shutdown(node))):
-                    sock.send_multipart([ident, frame_out])
-                    sent += 1
-    sock.close(0)
-    ctx.term()
-    t.spoofed += sent
-    ran = list(markers.iterdir())
-    if ran:
-        t.accepted += len(ran)
-        t.note(f"spoof: agents ran {len(ran)} command(s) of a hijacker on the agent port")
-    if sent == 0:
-        t.note("spoof: no agent reached the hijacker (nothing tried)")
-    d.start()  # the real daemon is back: its agents prove themselves to it again
-
-
 # ---------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -760,14 +447,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--recalls", type=int, default=100)
     ap.add_argument("--fuzz", type=int, default=3000, help="mutated inputs per kind")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--parts", default="spoof,fuzz,kills,restarts,recalls",
-                    help="comma-separated subset of spoof,fuzz,kills,restarts,recalls")
+    ap.add_argument("--parts", default="spoof,round2,fuzz,kills,restarts,recalls",
+                    help="comma-separated subset of spoof,round2,fuzz,kills,restarts,recalls")
     args = ap.parse_args(argv)
+    import faults_fuzz
+    import faults_round2
+    import faults_spoof
+
     rng = random.Random(args.seed)
     t = Tally()
+    r = faults_round2.Round2()
     parts = {
-        "spoof": lambda: part_spoof(t),
-        "fuzz": lambda: part_fuzz(t, args.fuzz, rng),
+        "spoof": lambda: faults_spoof.part_spoof(t),
+        "round2": lambda: faults_round2.part_round2(t, r),
+        "fuzz": lambda: faults_fuzz.part_fuzz(t, args.fuzz, rng),
         "kills": lambda: part_kills(t, args.kills, rng),
         "restarts": lambda: part_restarts(t),
         "recalls": lambda: part_recalls(t, args.recalls, rng),
@@ -782,13 +475,17 @@ def main(argv: list[str] | None = None) -> int:
     for label, value, goal in (("kills", t.kills, ">= 20"), ("lost", t.lost, "0"), ("duplicated", t.duplicated, "0"),
                                ("recalls", t.recalls, ">= 100"), ("orphans", t.orphans, "0"),
                                ("fuzz cases", t.fuzz, ""), ("tracebacks", t.tracebacks, "0"),
-                               ("spoofed", t.spoofed, ""), ("accepted", t.accepted, "0")):
+                               ("spoofed", t.spoofed, ""), ("accepted", t.accepted, "0"),
+                               ("store", r.store_tried, ""), ("accepted", r.store_accepted, "0"),
+                               ("probes", r.probes, ""), ("escaped", r.escaped, "0"),
+                               ("fd floods", r.floods, ""), ("down", r.down, "0")):
         print(f"{label:<12}{value:>8}  {goal}")
     met = t.lost == t.duplicated == t.orphans == t.tracebacks == t.accepted == 0
+    met = met and r.store_accepted == r.escaped == r.down == 0
     print(f"goals {'met' if met else 'NOT met'} in {time.monotonic() - started:.0f} s")
     print(f"faults: {t.kills} kills, {t.lost} lost, {t.duplicated} duplicated, {t.recalls} recalls, "
           f"{t.orphans} orphans, {t.fuzz} fuzz cases, {t.tracebacks} tracebacks, "
-          f"{t.spoofed} spoofed reports, {t.accepted} accepted")
+          f"{t.spoofed} spoofed reports, {t.accepted} accepted, {faults_round2.summary(r)}")
     return 0 if met else 1
 
 

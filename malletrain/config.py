@@ -13,6 +13,7 @@
                                      # more: a dead node is noticed later, and a restarted daemon waits
                                      # this + 1 s for the agents before it decides (docs/operators.md)
     backend = "local"                # the same as [scavenger] kind (give either)
+    admin_groups = ["wheel"]         # may cancel any job and stop the daemon (besides root, its user)
 
     [local]
     nodes = 6
@@ -82,6 +83,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
+from malletrain.control import admin_gids_from
 from malletrain.jobspec import TRAINER_NAME
 from malletrain.metrics import MetricsAddressError, parse_address
 from malletrain.textfile import decode_text
@@ -208,6 +210,8 @@ class DaemonConfig:
     log: LogConfig = field(default_factory=LogConfig)
     scavenger: ScavengerConfig = field(default_factory=ScavengerConfig)
     trainers: tuple[TrainerConfig, ...] = ()  # (): one trainer, DEFAULT_TRAINER (see trainer_list)
+    admin_groups: tuple[str | int, ...] = ()
+    """Group names or gids whose members are admins of the control socket (besides root and the daemon's user)."""
 
     def trainer_list(self) -> tuple[TrainerConfig, ...]:
         """The trainers the daemon runs, in declared order; none declared: one named ``default``
@@ -238,6 +242,7 @@ LIMITS: dict[str, dict[str, Limit]] = {
         "loop_interval": Limit(float, 0.001, 60.0),
         "max_failures": Limit(int, 1, 1_000_000), "store_grace": Limit(float, 0.1, DAY),
         "agent_heartbeat": Limit(float, 0.01, 60.0), "agent_dead_after": Limit(float, 0.1, DAY),
+        "admin_groups": Limit(list),  # each entry checked by _admin_groups
     },
     "local.": {
         "nodes": Limit(int, 1, 1024), "trace": Limit(str), "time_scale": Limit(float, 1e-9, 1e6),
@@ -331,8 +336,9 @@ def parse_config(obj: dict[str, Any], where: str = "config") -> DaemonConfig:
     if moved:
         raise ConfigError(f"{where}: " + "; ".join(f"{k} moved to [policy] {v}" for k, v in moved.items())
                           + " (the policy's knobs, shared with `malletrain simulate`)")
-    top = {k: v for k, v in obj.items() if k not in TABLES}
+    top = {k: v for k, v in obj.items() if k not in TABLES and k != "admin_groups"}
     values = _table(top, where, "")
+    values["admin_groups"] = _admin_groups(obj.get("admin_groups", []), where)
     if values.get("runtime", "torch") not in RUNTIMES:
         raise ConfigError(f"{where}: runtime must be one of {', '.join(RUNTIMES)}, got {values['runtime']!r}")
     if values.get("backend", "local") not in BACKENDS:
@@ -351,6 +357,18 @@ def parse_config(obj: dict[str, Any], where: str = "config") -> DaemonConfig:
                        trainers=trainers)
     _check_together(cfg, where)
     return cfg
+
+
+def _admin_groups(raw: Any, where: str) -> tuple[str | int, ...]:
+    """``admin_groups``: at most 64 group names or gids (names are looked up by :func:`check_files`)."""
+    if not isinstance(raw, list) or len(raw) > 64:
+        raise ConfigError(f"{where}: admin_groups must be a list of at most 64 group names or gids, got {_short(raw)}")
+    for i, g in enumerate(raw):
+        if isinstance(g, str):
+            _text(where, f"admin_groups[{i}]", g)
+        elif isinstance(g, bool) or not isinstance(g, int) or not 0 <= g < 2**32:
+            raise ConfigError(f"{where}: admin_groups[{i}] must be a group name or a gid, got {_short(g)}")
+    return tuple(raw)
 
 
 def _check_host(host: str, where: str) -> None:
@@ -530,6 +548,10 @@ def check_files(cfg: DaemonConfig, where: str = "config") -> None:
     """Checks against the file system (``config check``, daemon start): the trace file exists."""
     if cfg.local.trace not in ("synthetic", "none") and not Path(cfg.local.trace).expanduser().is_file():
         raise ConfigError(f"{where}: local.trace {cfg.local.trace!r} is not 'synthetic', 'none' or an existing file")
+    try:
+        admin_gids_from(cfg.admin_groups)
+    except ValueError as exc:
+        raise ConfigError(f"{where}: admin_groups: {exc}") from None
 
 
 def _toml_value(value: Any) -> str:

@@ -299,6 +299,7 @@ class ControlServer:
         self._sel = selectors.DefaultSelector()
         self._listener = _listen(self.path, shared)
         self._sel.register(self._listener, selectors.EVENT_READ, None)
+        self._spare_fd: int | None = _spare()  # closed to accept and drop a connection when out of descriptors
 
     # -- public
     def serve(self, timeout: float = 0.0) -> int:
@@ -322,6 +323,9 @@ class ControlServer:
         return dict(self.counters)
 
     def close(self) -> None:
+        if self._spare_fd is not None:
+            os.close(self._spare_fd)
+            self._spare_fd = None
         for conn in list(self._conns.values()):
             self._drop(conn)
         self._sel.close()
@@ -343,9 +347,12 @@ class ControlServer:
                 sock, _ = self._listener.accept()
             except (BlockingIOError, InterruptedError):
                 return done
-            except OSError as exc:  # EMFILE and the like: try again on the next pass
-                log.warning("control: accept failed: %s", exc)
-                return done
+            except OSError as exc:  # EMFILE and the like
+                if not self._shed():
+                    return done  # nothing waiting, or nothing to shed with: the next pass tries again
+                self._count("no_descriptors")
+                log.warning("control: accept failed: %s; a connection was dropped", exc)
+                continue
             sock.setblocking(False)
             try:
                 caller = peer_caller(sock, self.admin_gids)
@@ -362,6 +369,19 @@ class ControlServer:
             self._conns[sock.fileno()] = conn
             self._sel.register(sock, selectors.EVENT_READ, conn)
             done += self._step(conn)  # the request is often already there
+
+    def _shed(self) -> bool:
+        """Out of descriptors: drop the waiting connection through the spare descriptor (so the listener
+        does not stay readable and spin the loop); True if one was dropped."""
+        if self._spare_fd is not None:
+            os.close(self._spare_fd)
+        try:
+            self._listener.accept()[0].close()
+            dropped = True
+        except OSError:  # nothing waiting (Linux says EMFILE before it looks), or no spare to free
+            dropped = False
+        self._spare_fd = _spare()
+        return dropped
 
     def _open_for(self, uid: int) -> int:
         return sum(1 for c in self._conns.values() if c.caller.uid == uid)
@@ -454,6 +474,14 @@ class ControlServer:
         if fd >= 0 and self._conns.pop(fd, None) is not None:
             self._sel.unregister(conn.sock)
         conn.sock.close()
+
+
+def _spare() -> int | None:
+    """A descriptor held in reserve (``/dev/null``), or None if none is free."""
+    try:
+        return os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
 
 
 def _try_send(sock: socket.socket, data: bytes) -> None:

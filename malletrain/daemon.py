@@ -76,7 +76,9 @@ from profiler.estimators import RescaleEvent
 from malletrain.scavenging import Scavenging, view_extras
 from scavenger.base import AgentGone, AgentUp, BackendError, PilotEnded, PilotEnding, PilotStarted
 from scavenger.base import observed, run_command
+from scavenger import jobproc
 from scavenger.channel import AGENT_KEY_FILE
+from scavenger.connguard import raise_nofile_limit
 from scavenger.hub import AgentHub, AgentWorkers, WorkerExitedEvent, WorkerStartedEvent
 from scavenger.local import LocalBackend, slot_timeline
 from traces.model import IdleTimeline
@@ -241,8 +243,13 @@ class Daemon:
         self.clock = clock
         self.parts = parts if parts is not None else DaemonParts()
         self.state_dir = cfg.state_path
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        self._lock_fd = os.open(self.state_dir / "daemon.lock", os.O_CREAT | os.O_RDWR, 0o600)
+        raise_nofile_limit()  # connection caps bind before the descriptor limit does
+        try:
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+            self._lock_fd = os.open(self.state_dir / "daemon.lock", os.O_CREAT | os.O_RDWR, 0o600)
+        except OSError as exc:  # read-only, not ours, a file in the way
+            raise DaemonError(f"state dir {self.state_dir}: cannot write to it ({exc.strerror or exc}); make it "
+                              f"writable by uid {os.geteuid()} or set another state_dir") from None
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -325,11 +332,8 @@ class Daemon:
 
     # ---------------------------------------------------------------- setup
     def _ports(self) -> dict[str, int]:
-        stored = json.loads(self.store.get_meta("ports") or "{}")
-        cfgp = self.cfg.ports
-        return {
-            k: getattr(cfgp, k) or int(stored.get(k, 0)) for k in ("monitor", "agents", "rendezvous")
-        }
+        stored = self.store.ports(("monitor", "agents", "rendezvous"))  # a bad entry: StoreError naming the file
+        return {k: getattr(self.cfg.ports, k) or port for k, port in stored.items()}
 
     def _bind(self, port: int, what: str) -> str:
         """The address for ``what`` (``monitor``, ``agents``): ``port`` on ``[ports] host``
@@ -417,8 +421,7 @@ class Daemon:
     def _make_batch_backend(self, kind: str) -> Any:
         """Pilots as Slurm or PBS batch jobs; their agents connect to this daemon's hub."""
         sc = self._scavenger()
-        logs = self.state_dir / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
+        logs = jobproc.private_dir(self.state_dir / "logs")  # 0700 (0711 for root), whatever the umask
         common: dict[str, Any] = dict(
             daemon_address=self.hub.address, walltime_s=sc.walltime, nodes_per_pilot=sc.nodes_per_pilot,
             max_pilots=sc.max_pilots, renew_before_s=sc.renew_before, max_queued_s=sc.max_queued,
@@ -937,11 +940,11 @@ class Daemon:
                 run.workers[node] = f"{run.id}.{node}.{int(now * 1000) % 10**9}{self._worker_seq}"
             wid = run.workers[node]
             if wid not in run.started and now - run.start_sent.get(wid, -1e9) >= START_RETRY_S:
+                uid, gid = self._run_as(run, getattr(self.runtime, "COMMAND_BESIDE_DAEMON", False))
                 spec = self.runtime.launch_spec(run.id, run.spec.command, wid, node)
                 env = dict(spec.env)
                 env.update(run.spec.env)
                 env[ENV_SECRET] = self.job_secret(run.id)  # after the user's env: not overridable
-                uid, gid = self._run_as(run)
                 self.hub.start_worker(node, wid, spec.argv, env, spec.cwd or run.spec.cwd, uid, gid)
                 run.start_sent[wid] = now
         for node in [n for n in run.workers if n not in run.target]:
@@ -962,11 +965,19 @@ class Daemon:
             self._set_state(run, JobState.RESCALING, f"to {len(run.target)} nodes")
 
     @staticmethod
-    def _run_as(run: JobRun) -> tuple[int | None, int | None]:
+    def _run_as(run: JobRun, beside_daemon: bool = False) -> tuple[int | None, int | None]:
         """A root daemon runs each job as its owner (agents switch users); any other daemon
-        runs every job as its own user, which is then the only user whose jobs it takes."""
-        if os.geteuid() != 0 or run.owner[0] is None:
+        runs every job as its own user, which is then the only user whose jobs it takes.
+        ``beside_daemon``: the runtime runs the job's command in a process of the daemon's own
+        (Horovod's driver), which cannot switch users: a root daemon runs only root's jobs so."""
+        if os.geteuid() != 0:
             return None, None
+        if run.owner[0] is None:  # a row of the old schema: never run as root by default
+            raise ValueError("the job has no recorded owner (submitted before owners were stored); "
+                             "a root daemon does not run it as root: resubmit it as its user")
+        if beside_daemon and run.owner[0] != 0:
+            raise ValueError(f"this runtime runs the job's command beside the daemon, as root; a root daemon runs "
+                             f"only root's jobs with it (uid {run.owner[0]}: use a daemon of your own)")
         return run.owner
 
     def _ready(self, run: JobRun, wid: str) -> bool:
@@ -1064,8 +1075,10 @@ class Daemon:
         self.control.serve(0)
 
     def _register(self, job_id: str) -> None:
-        """The monitor takes this job's reports, signed with its secret."""
-        self.monitor.register(job_id, self.job_secret(job_id))
+        """The monitor takes this job's reports, signed with its secret, and no more progress than
+        its max_nodes could train."""
+        rec = self.store.get(job_id)
+        self.monitor.register(job_id, self.job_secret(job_id), max_nodes=rec.spec.max_nodes if rec else None)
 
     def job_secret(self, job_id: str) -> str:
         """The job's report-signing secret, derived from the daemon's private key (nothing stored per job)."""

@@ -436,8 +436,9 @@ def decode_job_file(path: Path, data: bytes) -> Any:
 def load_spec(path: str | Path, python: str | None = None) -> JobSpec:
     """Read and check a job file for submission.
 
-    A relative ``cwd`` is resolved against the file's folder (default: the
-    folder itself), and the interpreter rule is applied (:meth:`JobSpec.resolved`).
+    ``cwd`` is resolved (symbolic links too) against the file's folder (default: the
+    folder itself; the agent enters it as the job's owner), and the interpreter rule
+    is applied (:meth:`JobSpec.resolved`).
     """
     p = Path(path)
     try:
@@ -450,8 +451,7 @@ def load_spec(path: str | Path, python: str | None = None) -> JobSpec:
         raise JobSpecError(f"{p}: cannot read: {exc.strerror or exc}") from None
     spec = parse_spec(decode_job_file(p, data), str(p))
     cwd = Path(spec.cwd) if spec.cwd else Path(".")
-    if not cwd.is_absolute():
-        cwd = (p.resolve().parent / cwd).resolve()
+    cwd = (p.resolve().parent / cwd).resolve()  # links resolved now, by the submitting user (absolute ones too)
     spec = replace(spec, cwd=str(cwd)).resolved(python, str(p))
     check_submit(spec, str(p))
     return spec

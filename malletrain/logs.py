@@ -14,6 +14,11 @@ A JSON line is one object::
 (:func:`about` drops empty values). A traceback goes in ``exc`` as one string, so a
 line is always one line. In text format the same fields are appended as
 ``[job=j000003 node=n1]``.
+
+Repeats are rate-limited (:class:`RepeatFilter`, on the handler :func:`setup_logging`
+installs): the same warning or error (logger, level, message template) is written once
+per ``REPEAT_WINDOW_S``; the next one written says how many were held back. A failing disk that fails every store write then costs one line (and one
+traceback) per window, not ten a second.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import json
 import logging
 import sys
 import time
-from typing import IO, Any
+from typing import IO, Any, Callable
 
 FIELDS = ("job", "node", "pilot", "worker")
 """Record attributes carried into every line that has them."""
@@ -85,6 +90,42 @@ def _iso(created: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(secs)) + f".{int((created - secs) * 1000):03d}Z"
 
 
+REPEAT_WINDOW_S = 30.0
+"""A repeated warning or error is written at most once per this many seconds."""
+REPEAT_KEYS_MAX = 1024
+"""Distinct repeating messages remembered (the oldest is forgotten first)."""
+
+
+class RepeatFilter(logging.Filter):
+    """Lets the first of a repeating warning or error through, then one per ``window_s``, noting
+    how many were held back in between (``(12 more like this in 30 s held back)``).
+    A repeat is the same logger, level and message template; INFO and below
+    always pass."""
+
+    def __init__(self, window_s: float = REPEAT_WINDOW_S, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self.window_s = window_s
+        self.clock = clock
+        self._seen: dict[tuple[str, int, str], tuple[float, int]] = {}  # key -> (last written, held back)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
+        key = (record.name, record.levelno, str(record.msg))
+        now = self.clock()
+        last = self._seen.get(key)
+        if last is not None and now - last[0] < self.window_s:
+            self._seen[key] = (last[0], last[1] + 1)
+            return False
+        if last is not None and last[1]:
+            record.msg = f"{record.msg} ({last[1]} more like this in {now - last[0]:.0f} s held back)"
+        self._seen.pop(key, None)
+        self._seen[key] = (now, 0)
+        if len(self._seen) > REPEAT_KEYS_MAX:
+            del self._seen[next(iter(self._seen))]
+        return True
+
+
 def make_formatter(fmt: str) -> logging.Formatter:
     if fmt == "json":
         return JsonFormatter()
@@ -107,6 +148,7 @@ def setup_logging(fmt: str = "text", level: str = "info", stream: IO[str] | None
             h.close()
     handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
     handler.setFormatter(make_formatter(fmt))
+    handler.addFilter(RepeatFilter())
     handler._malletrain = True  # type: ignore[attr-defined]
     root.addHandler(handler)
     root.setLevel(LEVELS[level])

@@ -109,6 +109,9 @@ class Reason(str, enum.Enum):
     """``seq`` not above the last accepted from that sender (or from a retired sender)."""
     INTERNAL = "internal"
     """The receiver failed on the frame (a bug; logged with its traceback)."""
+    IMPLAUSIBLE = "implausible"
+    """More progress than the job's nodes could have made since its last report (a job reporting
+    for itself can sign anything: the monitor bounds what its reports may claim)."""
 
 
 class MessageError(ValueError):

@@ -75,10 +75,17 @@ from malletrain.messages import (
 from profiler.estimators import RescaleCostEstimator, RescaleEvent, ThroughputEstimator
 from profiler.records import Record, RecordError
 from scavenger.channel import create_key_file
+from scavenger.connguard import ConnectionGuard
 
 log = logging.getLogger(__name__)
 
 MAX_WORKERS = 64
+MAX_RATE_PER_NODE = 1e6
+"""Samples per second one node can train, at most (an ImageNet ResNet-50 node does ~10^4): a job's
+reports may claim this much per node of its ``max_nodes`` per second of wall time, no more."""
+CREDIT_WINDOW_S = 600.0
+"""Unclaimed progress a job may bank (seconds at its bound): a report after a long silence is taken
+if it covers at most this long."""
 """Senders a job's replay window remembers; the least recently heard is retired first."""
 
 RCVHWM = 10_000
@@ -182,16 +189,38 @@ class JobStats:
     throughput: ThroughputEstimator = field(default_factory=ThroughputEstimator)
     rescale: RescaleCostEstimator = field(default_factory=RescaleCostEstimator)
     window: ReplayWindow = field(default_factory=ReplayWindow)
+    max_samples_per_s: float = MAX_RATE_PER_NODE * MAX_WORLD
+    """What this job's nodes can train at most (``MAX_RATE_PER_NODE`` x its ``max_nodes``)."""
+    credit: float = 0.0
+    """Samples the job may still claim (grows at ``max_samples_per_s``, at most ``CREDIT_WINDOW_S`` worth)."""
+    credit_at: float = 0.0
+    implausible: int = 0
     _rescales_taken: int = 0
 
-    def add(self, rep: Report) -> None:
-        """Take one validated, authenticated report; raises REPLAYED (and changes nothing) for a replay."""
-        self.add_fields(rep.worker, rep.seq, rep.samples, rep.timestamp, rep.world_size, rep.generation)
+    def claim(self, samples: int, now: float) -> bool:
+        """Take ``samples`` of progress claimed at ``now`` (the monitor's clock, not the sender's) if the
+        job's nodes could have trained them; False (nothing changed) if not."""
+        cap = self.max_samples_per_s * CREDIT_WINDOW_S
+        credit = min(cap, self.credit + self.max_samples_per_s * max(0.0, now - self.credit_at))
+        if samples > credit:
+            self.implausible += 1
+            return False
+        self.credit, self.credit_at = credit - samples, now
+        return True
+
+    def add(self, rep: Report, now: float | None = None) -> None:
+        """Take one validated, authenticated report; raises REPLAYED (and changes nothing) for a replay,
+        IMPLAUSIBLE (only its seq is used up) for more samples than the job could train by ``now``
+        (the receiver's clock; None: unbounded)."""
+        self.add_fields(rep.worker, rep.seq, rep.samples, rep.timestamp, rep.world_size, rep.generation, now)
 
     def add_fields(self, worker: str, seq: int, samples: int, timestamp: float, world_size: int,
-                   generation: int) -> None:
+                   generation: int, now: float | None = None) -> None:
         """:meth:`add` of a report's fields (the fast path builds no :class:`Report`)."""
         self.seq_gaps += self.window.admit(worker, seq, timestamp)
+        if now is not None and not self.claim(samples, now):
+            raise MessageError(Reason.IMPLAUSIBLE, f"job {self.job}: {samples} samples claimed, more than its "
+                                                   f"nodes could train ({self.max_samples_per_s:g}/s at most)")
         self.reports += 1
         self.samples += samples
         if timestamp > self.last_time:
@@ -228,7 +257,9 @@ class Monitor:
         ctx: zmq.Context | None = None,
         batch: int = 4096,
         clock: Callable[[], float] = time.monotonic,
+        max_rate_per_node: float = MAX_RATE_PER_NODE,
     ) -> None:
+        self.max_rate_per_node = max_rate_per_node
         self.ctx = ctx or zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.PULL)
         self.sock.setsockopt(zmq.LINGER, 0)
@@ -236,6 +267,7 @@ class Monitor:
         self.sock.setsockopt(zmq.MAXMSGSIZE, TRANSPORT_MAX_FRAME)
         self.sock.bind(bind)
         self.address: str = self.sock.getsockopt(zmq.LAST_ENDPOINT).decode()
+        self.guard = ConnectionGuard(self.sock, "monitor")  # caps connections per user and in total
         self.batch = batch
         self.jobs: dict[str, JobStats] = {}
         """Registered jobs' statistics (read-only for callers: use register/forget)."""
@@ -251,8 +283,13 @@ class Monitor:
         self._unlogged: dict[Reason, int] = {}
 
     # -- registration (the owner's set of live jobs)
-    def register(self, job_id: str, secret: str, replay_state: dict[str, Any] | None = None) -> JobStats:
+    def register(self, job_id: str, secret: str, replay_state: dict[str, Any] | None = None,
+                 max_nodes: int | None = None) -> JobStats:
         """Take reports for ``job_id`` signed with ``secret``; idempotent (keeps the statistics).
+
+        ``max_nodes`` (the job's spec) bounds the progress its reports may claim: at most
+        ``max_rate_per_node`` samples per node per second of the monitor's clock since
+        registration (a report claiming more is :attr:`Reason.IMPLAUSIBLE`).
 
         ``replay_state`` (from :meth:`replay_state`, e.g. as persisted before a restart)
         restores the job's replay window when the job is not registered yet; without it,
@@ -265,7 +302,8 @@ class Monitor:
         if stats is None:
             state = replay_state if replay_state is not None else saved
             window = ReplayWindow.from_dict(state) if state is not None else ReplayWindow()
-            stats = self.jobs[job_id] = JobStats(job_id, window=window)
+            stats = self.jobs[job_id] = JobStats(job_id, window=window, credit_at=self._clock())
+        stats.max_samples_per_s = self.max_rate_per_node * (max_nodes or MAX_WORLD)
         self._fast[job_id.encode("utf-8", "surrogatepass")] = (hmac.new(key, digestmod="sha256"), stats)
         return stats
 
@@ -324,7 +362,9 @@ class Monitor:
     def drain(self, timeout_ms: int = 0, max_frames: int | None = None) -> int:
         """Ingest every queued frame (waiting up to ``timeout_ms`` for the first); returns how many."""
         sock = self.sock
+        self.guard.poll()
         if timeout_ms > 0 and not sock.poll(timeout_ms):
+            self.guard.poll()
             return 0
         recv = sock.recv
         n = 0
@@ -374,7 +414,7 @@ class Monitor:
         mac, stats = known
         if not self._signed_by(mac, frame[:-_SIG_TRAILER], sig):
             return False
-        stats.add_fields(worker_b.decode("ascii"), seq, samples, ts, world, gen)
+        stats.add_fields(worker_b.decode("ascii"), seq, samples, ts, world, gen, now=self._clock())
         self.accepted += 1
         return True
 
@@ -398,7 +438,7 @@ class Monitor:
             raise MessageError(Reason.UNKNOWN_JOB, f"report for unknown job {env.job[:64]!r}")
         verify(frame, key)
         rep = decode_report(env)
-        self.jobs[env.job].add(rep)
+        self.jobs[env.job].add(rep, now=self._clock())
         self.accepted += 1
 
     def _reject(self, reason: Reason, why: str) -> None:
@@ -414,6 +454,7 @@ class Monitor:
                     self.rejected[reason], f", {more} not logged" if more else "", why)
 
     def close(self) -> None:
+        self.guard.close()
         self.sock.close(0)
 
 

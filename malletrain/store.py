@@ -31,20 +31,18 @@ import json
 import logging
 import os
 import sqlite3
-import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from malletrain.jobspec import NAME_MAX_CHARS, JobSpec, JobSpecError, JobState, check_submit, parse_spec
+from malletrain.statedir import FILE_MODE, private_file, private_state_dir
 
 log = logging.getLogger("malletrain.store")
 
 SCHEMA_VERSION = 1
 SQLITE_MAGIC = b"SQLite format 3\x00"
-DIR_MODE = 0o700
-FILE_MODE = 0o600
 MAX_EVENTS = 100_000
 """Newest event rows kept (all kinds but the periodic samples)."""
 MAX_SAMPLES = 86_400
@@ -144,51 +142,6 @@ def job_id(seq: int) -> str:
     return f"j{seq:06d}"
 
 
-STATE_ENTRIES = frozenset({"daemon.json", "daemon.json.tmp", "daemon.lock", "logs", "control", "horovod", "toy",
-                           "monitor.key"})
-"""What malletrain keeps in a state dir besides ``store.db*``: a folder holding only these is ours to tighten."""
-
-
-def _is_state_dir(folder: Path) -> bool:
-    """Only malletrain's files in it (so never /tmp, $HOME or /var/lib given by mistake)."""
-    try:
-        names = [e.name for e in os.scandir(folder)]
-    except OSError:
-        return False
-    return all(n in STATE_ENTRIES or n.startswith("store.db") for n in names)
-
-
-def _private_dir(folder: Path) -> None:
-    """Create ``folder`` 0700; tighten an existing one to 0700 if it is ours (our uid, only our files).
-
-    A folder others may only pass through (0711: what a root daemon sets, so every user reaches
-    its control socket without listing the folder) is private enough and stays as it is."""
-    try:
-        folder.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
-    except OSError as exc:
-        raise StoreError(f"{folder}: cannot create the state dir: {exc.strerror or exc}") from None
-    try:
-        st = folder.stat()
-        mode = stat.S_IMODE(st.st_mode)
-        if not mode & 0o066:  # nobody else reads or writes it (0700, or 0711 of a root daemon)
-            return
-        if st.st_uid == os.geteuid() and not mode & stat.S_ISVTX and _is_state_dir(folder):
-            os.chmod(folder, mode & ~0o077)
-        else:
-            log.warning("%s: the state dir is open to other users (mode %o); make it 0700", folder, mode)
-    except OSError as exc:
-        log.warning("%s: cannot make the state dir private: %s", folder, exc)
-
-
-def _private_file(path: Path) -> None:
-    try:
-        st = path.stat()
-        if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) & 0o077:
-            os.chmod(path, FILE_MODE)
-    except OSError as exc:
-        log.warning("%s: cannot make the store private: %s", path, exc)
-
-
 def _init_schema(conn: sqlite3.Connection) -> None:
     for stmt in _SCHEMA.split(";"):
         if stmt.strip():
@@ -266,11 +219,14 @@ class Store:
         p = str(path)
         if p != ":memory:":
             fp = Path(p)
-            _private_dir(fp.parent)
+            try:
+                private_state_dir(fp.parent)
+            except OSError as exc:
+                raise StoreError(f"{fp.parent}: cannot create the state dir: {exc.strerror or exc}") from None
             if not fp.exists():
                 _create(fp)
             _check_file(fp)
-            _private_file(fp)
+            private_file(fp)
         try:
             conn = sqlite3.connect(p, timeout=10.0, isolation_level=None, check_same_thread=False)
         except sqlite3.Error as exc:
@@ -364,6 +320,26 @@ class Store:
     def set_meta(self, key: str, value: str) -> None:
         with self._tx() as c:
             c.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+
+    def ports(self, names: Iterable[str]) -> dict[str, int]:
+        """The ports the last daemon ran on (meta ``ports``, a JSON object), 0 for any not recorded;
+        a value that is not one names the file, the entry and the fix."""
+        raw = self.get_meta("ports")
+        try:
+            stored = json.loads(raw) if raw else {}
+        except ValueError:
+            stored = None
+        if not isinstance(stored, dict):
+            raise StoreError(f"{self.path}: meta 'ports' is not a JSON object ({raw[:60] if raw else raw!r}); "
+                             "delete that row (the daemon picks ports again) or restore the state dir")
+        out = {}
+        for name in names:
+            port = stored.get(name, 0)
+            if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+                raise StoreError(f"{self.path}: meta 'ports' entry {name!r} = {str(port)[:40]!r} is not a port "
+                                 "(0..65535); delete that row (the daemon picks ports again)")
+            out[name] = port
+        return out
 
     def set_machine_nodes(self, nodes: int) -> None:
         """Record the machine's node count (the daemon's backend knows it); submit checks jobs against it."""

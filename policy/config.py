@@ -12,6 +12,8 @@ from dataclasses import dataclass, fields, replace
 from enum import Enum
 from typing import Any, Mapping
 
+from allocator.solve import METHODS
+
 
 class PolicyConfigError(ValueError):
     """A policy knob with a bad value; the message names the knob."""
@@ -185,6 +187,8 @@ class PolicyConfig:
             except ValueError:
                 choices = ", ".join(m.value for m in enum)
                 raise PolicyConfigError(f"policy.{name} {value!r}: choose one of {choices}") from None
+        if not isinstance(self.method, str) or self.method not in METHODS:
+            raise PolicyConfigError(f"policy.method {self.method!r}: choose one of {', '.join(METHODS)}")
         if self.profile_counts not in ("default", "sparse", "top"):
             raise PolicyConfigError(f"policy.profile_counts {self.profile_counts!r}: choose default, sparse or top")
         if not isinstance(self.learn, bool):

@@ -9,7 +9,10 @@ path is given, never the key), says hello with its batch job id (``SLURM_JOB_ID`
 starts/stops job workers on command. A server that cannot prove the key
 (another process on the daemon's port) gets nothing run: the agent logs why and
 keeps trying, so it finds the real daemon when that comes back. Each worker runs in its own process group so
-the agent can kill it with everything it spawned. On SIGTERM (the main
+the agent can kill it with everything it spawned; the agent and each worker are subreapers, so what a
+worker leaves behind (a ``setsid()`` grandchild too) is killed when it ends (:meth:`Agent.sweep_orphans`:
+any child of the agent that :meth:`Agent.worker_pids` does not name). A worker's environment, working
+directory and log follow :mod:`scavenger.jobproc`. On SIGTERM (the main
 scheduler recalls the node) it SIGTERMs its workers (they checkpoint and exit),
 SIGKILLs what is left after :data:`RECALL_GRACE_S`, reports ``leaving`` and
 exits 143 within a second. If no authenticated word comes from the daemon for
@@ -40,6 +43,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from scavenger import channel as C
+from scavenger import jobproc
 from scavenger import protocol as P
 
 log = logging.getLogger("scavenger.agent")
@@ -76,7 +80,7 @@ def batch_job_from(env: Mapping[str, str]) -> str | None:
 class _Worker:
     name: str
     proc: subprocess.Popen[bytes]
-    log: IO[bytes] | None
+    log: jobproc.CappedLog | None
     kill_at: float | None = None  # SIGKILL deadline after a stop
 
 
@@ -135,15 +139,7 @@ def _run_as(msg: P.StartWorker) -> "RunAs | None | str":
 
 def _open_log(path: Path, run_as: "RunAs | None") -> IO[bytes]:
     """The worker's log, 0600, owned by the user the worker runs as (never a link)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        if run_as is not None:
-            os.fchown(fd, run_as.uid, run_as.gid)
-        os.fchmod(fd, 0o600)
-    except OSError:
-        os.close(fd)
-        raise
-    return os.fdopen(fd, "ab")
+    return jobproc.open_private(path, *((run_as.uid, run_as.gid) if run_as is not None else (None, None)))
 
 
 class Agent:
@@ -172,6 +168,10 @@ class Agent:
         self.log_dir = Path(log_dir) if log_dir else None
         self.batch_job = batch_job
         self.workers: dict[str, _Worker] = {}
+        self.subreaper = False  # set by main(): orphans of ended workers land here and are killed
+        self.next_sweep = 0.0
+        self.log_max_bytes = jobproc.LOG_MAX_BYTES
+        self.logs_max_total = jobproc.LOGS_MAX_TOTAL
         self.leave_reason: str | None = None
         self.seq = 0
         self.session: C.Session | None = None
@@ -287,28 +287,27 @@ class Agent:
             log.error("node %s: worker %s refused: %s; reported as exit 126", self.node, msg.worker, run_as)
             self.send(P.WorkerExited(self.node, msg.worker, 126))
             return
-        env = dict(os.environ)
-        env.update({str(k): str(v) for k, v in (msg.env or {}).items()})
-        if run_as is not None:
-            env.update(run_as.env)
+        env = jobproc.worker_environ(os.environ, msg.env or {}, run_as.env if run_as is not None else None)
         out: IO[bytes] | None = None
         log_path = None
         try:
             if self.log_dir is not None:
-                self.log_dir.mkdir(parents=True, exist_ok=True)
+                jobproc.private_dir(self.log_dir)
                 log_path = self.log_dir / f"{msg.worker}.log"
+                jobproc.prune_logs(self.log_dir, [w.log.path for w in self.workers.values() if w.log],
+                                   self.logs_max_total)
                 out = _open_log(log_path, run_as)
             proc = subprocess.Popen(
                 list(msg.argv),
                 env=env,
-                cwd=msg.cwd or None,
+                preexec_fn=jobproc.child_setup(msg.cwd),  # after the privilege drop: cwd entered as the owner
                 stdin=subprocess.DEVNULL,
                 stdout=out if out else subprocess.DEVNULL,
                 stderr=subprocess.STDOUT if out else subprocess.DEVNULL,
                 start_new_session=True,
                 **(run_as.popen_args() if run_as is not None else {}),
             )
-        except (OSError, ValueError, TypeError) as exc:
+        except (OSError, ValueError, TypeError, subprocess.SubprocessError) as exc:
             log.error("node %s: cannot start worker %s (%r): %s; reported as exit 127",
                       self.node, msg.worker, list(msg.argv), exc)
             if out:
@@ -316,9 +315,14 @@ class Agent:
                 out.close()
             self.send(P.WorkerExited(self.node, msg.worker, 127))
             return
-        self.workers[msg.worker] = _Worker(msg.worker, proc, out)
-        log.info("node %s: worker %s started, pid %d: %s (output: %s)", self.node, msg.worker, proc.pid,
-                 " ".join(msg.argv), log_path or "discarded")
+        capped = None
+        if out is not None and log_path is not None:
+            capped = jobproc.CappedLog(log_path, out, self.log_max_bytes,
+                                       (run_as.uid, run_as.gid) if run_as is not None else None)
+        self.workers[msg.worker] = _Worker(msg.worker, proc, capped)
+        log.info("node %s: worker %s started, pid %d, uid %d (output: %s)", self.node, msg.worker, proc.pid,
+                 run_as.uid if run_as is not None else os.geteuid(), log_path or "discarded")
+        log.debug("node %s: worker %s argv %r", self.node, msg.worker, list(msg.argv))  # escaped: one line
         self.send(P.WorkerStarted(self.node, msg.worker, proc.pid))
 
     def stop_worker(self, name: str, grace: float) -> None:
@@ -330,9 +334,23 @@ class Agent:
         _signal_group(w.proc, signal.SIGTERM)
         w.kill_at = time.monotonic() + max(0.0, float(grace))
 
+    def worker_pids(self) -> set[int]:
+        """The agent's own children that are live workers (every other child is an orphan to end)."""
+        return {w.proc.pid for w in self.workers.values()}
+
+    def sweep_orphans(self) -> None:
+        """Kill what ended workers left behind (re-parented to this subreaper agent)."""
+        if self.subreaper:
+            killed = jobproc.end_orphans(os.getpid(), self.worker_pids())
+            if killed:
+                log.info("node %s: killed %d process(es) left behind by ended workers", self.node, killed)
+
     def reap(self) -> None:
         now = time.monotonic()
+        ended = False
         for name, w in list(self.workers.items()):
+            if w.log is not None:
+                w.log.check()
             code = w.proc.poll()
             if code is None:
                 if w.kill_at is not None and now >= w.kill_at:
@@ -345,8 +363,12 @@ class Agent:
             if w.log:
                 w.log.close()
             del self.workers[name]
+            ended = True
             log.info("node %s: worker %s (pid %d) exited with %s", self.node, name, w.proc.pid, _describe_exit(code))
             self.send(P.WorkerExited(self.node, name, int(code)))
+        if ended or now >= self.next_sweep:
+            self.sweep_orphans()
+            self.next_sweep = now + 1.0
 
     def kill_all(self, grace: float = 1.0) -> None:
         if self.workers:
@@ -489,6 +511,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--heartbeat", type=float, default=0.5, help="seconds between heartbeats")
     ap.add_argument("--dead-after", type=float, default=10.0, help="exit if the daemon is silent this long")
     ap.add_argument("--log-dir", default=None, help="write each worker's output to DIR/WORKER.log")
+    ap.add_argument("--log-max-bytes", type=int, default=jobproc.LOG_MAX_BYTES,
+                    help="rotate a worker's log past this size (one older part kept)")
+    ap.add_argument("--logs-max-total", type=int, default=jobproc.LOGS_MAX_TOTAL,
+                    help="delete the oldest logs of ended workers when --log-dir holds more than this")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
     recalled: list[int] = []
@@ -513,6 +539,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_NO_KEY
     agent = Agent(args.node, args.daemon, key, args.heartbeat, args.dead_after, args.log_dir,
                   batch_job=batch_job_from(os.environ))
+    agent.log_max_bytes, agent.logs_max_total = args.log_max_bytes, args.logs_max_total
+    agent.subreaper = jobproc.become_subreaper()
+    if not agent.subreaper:
+        log.warning("node %s: cannot become a subreaper: processes a job detaches (setsid) may outlive it",
+                    args.node)
     if recalled:
         agent.leave_reason = "recalled"
     return agent.run()

@@ -26,6 +26,7 @@ from typing import Callable, Union
 
 import zmq
 
+from scavenger.connguard import ConnectionGuard
 from scavenger import channel as C
 from scavenger import protocol as P
 from scavenger.base import AgentGone, AgentUp
@@ -120,6 +121,7 @@ class AgentHub:
             self._remove_tmpdir()
             raise
         self.address: str = self.sock.getsockopt(zmq.LAST_ENDPOINT).decode()
+        self.guard = ConnectionGuard(self.sock, "agents")  # caps connections per user and in total
         self.dead_after_s = dead_after_s
         self.ping_s = ping_s
         self.agents: dict[str, _AgentInfo] = {}
@@ -177,8 +179,10 @@ class AgentHub:
 
     def poll(self, timeout_ms: int = 0) -> list[HubEvent]:
         out: list[HubEvent] = []
+        self.guard.poll()
         if timeout_ms > 0:
             self.sock.poll(timeout_ms)
+            self.guard.poll()
         now = self.clock()
         while True:
             try:
@@ -300,6 +304,7 @@ class AgentHub:
         return out
 
     def close(self) -> None:
+        self.guard.close()
         self.sock.close(0)
         self._remove_tmpdir()
 

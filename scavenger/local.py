@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -46,6 +47,7 @@ from scavenger.base import (
     SavedPilot,
     can_move,
 )
+from scavenger import jobproc
 from traces.model import EventBatch, IdleTimeline
 
 log = logging.getLogger(__name__)
@@ -264,8 +266,8 @@ class LocalBackend:
             argv += ["--log-dir", self.log_dir]
         out: Any = subprocess.DEVNULL
         if self.log_dir:
-            os.makedirs(self.log_dir, exist_ok=True)
-            out = open(os.path.join(self.log_dir, f"agent-{node}.log"), "ab")
+            jobproc.private_dir(Path(self.log_dir))  # 0700 (0711 for root) and 0600, whatever the umask
+            out = jobproc.open_private(Path(self.log_dir) / f"agent-{node}.log")
         try:
             return subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,

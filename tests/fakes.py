@@ -350,7 +350,8 @@ class FakeMonitor:
                 self._stats(job_id)
         return 0
 
-    def register(self, job_id: str, secret: str = "", replay_state: Any = None) -> FakeStats | None:
+    def register(self, job_id: str, secret: str = "", replay_state: Any = None,
+                 max_nodes: int | None = None) -> FakeStats | None:
         self.forgotten.discard(job_id)
         return self._stats(job_id)
 

@@ -176,6 +176,10 @@ class HorovodRuntime:
     reach the training processes).
     """
 
+    COMMAND_BESIDE_DAEMON = True
+    """The job's command runs under the driver, a process of the daemon's user: a root daemon
+    refuses other users' jobs with this runtime (it cannot run them as their owners)."""
+
     name = "horovod"
 
     def __init__(
