@@ -13,7 +13,10 @@ from __future__ import annotations
 import copy
 import gc
 import logging
+import os
+import secrets
 import signal
+import socket
 import time
 import weakref
 from dataclasses import dataclass
@@ -34,7 +37,7 @@ from malletrain import client
 from malletrain.elastic.errors import LeaveJob, Rescaled, StoreLost, StoreUnavailable, first_line, is_comm_failure
 from malletrain.elastic.rendezvous import Rendezvous
 from malletrain.elastic.snapshot import Snapshot, broadcast_snapshot
-from malletrain.runtimes.torch_elastic import pg_prefix
+from malletrain.elastic.wire import listen_socket
 from malletrain.workerenv import WorkerEnv, configure_worker_logging
 
 log = logging.getLogger("malletrain.elastic")
@@ -249,7 +252,7 @@ class State:
         rank = members.index(self.worker)
         dist.init_process_group(
             "gloo",
-            store=dist.PrefixStore(pg_prefix(self._rdzv.job, gen), self._rdzv.store),
+            store=self._group_store(gen, rank),
             rank=rank,
             world_size=len(members),
             timeout=timedelta(seconds=self.timeout_s),
@@ -260,6 +263,34 @@ class State:
         self._rdzv.world, self._rdzv.current, self._rdzv.rank = members, gen, rank
         self._joined = True
         client.set_context(rank, len(members), gen)
+
+    def _group_store(self, gen: int, rank: int) -> Any:
+        """The store of gloo's own rendezvous for generation ``gen``: served by its rank 0 (never the
+        daemon's store, which serves authenticated workers only), under a random key prefix that
+        only the job's workers learn (through the daemon's store)."""
+        assert self._rdzv is not None
+        timeout = timedelta(seconds=self.timeout_s)
+        if rank == 0:
+            host = self._rdzv.local_host()
+            fd = listen_socket(host, 0)
+            with socket.socket(fileno=socket.dup(fd)) as sock:
+                port = int(sock.getsockname()[1])
+            try:
+                store = dist.TCPStore(host, port, is_master=True, wait_for_workers=False, timeout=timeout,
+                                      master_listen_fd=fd, use_libuv=True)
+            except BaseException:
+                os.close(fd)
+                raise
+            token = secrets.token_hex(16)
+            self._rdzv.publish_group(gen, host, port, token)
+        else:
+            where = self._rdzv.wait_group(gen, self.timeout_s)
+            if where is None:
+                raise RuntimeError(f"gloo rendezvous of generation {gen}: rank 0 did not say where within "
+                                   f"{self.timeout_s:g} s (timed out)")
+            host, port, token = where
+            store = dist.TCPStore(host, port, is_master=False, timeout=timeout)
+        return dist.PrefixStore(token, store)
 
     def _sync_state(self) -> None:
         """Everyone takes the state of the lowest rank holding the newest commit."""
