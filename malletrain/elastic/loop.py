@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, TypeVar
 
+from malletrain import client
 from malletrain.elastic.errors import EXIT_STORE_LOST, LeaveJob, Rescaled, StoreLost, first_line, is_comm_failure
 from malletrain.elastic.state import State
 
@@ -29,6 +30,7 @@ def run(train_fn: Callable[..., T], state: State, *args: Any, **kwargs: Any) -> 
     try:
         state.join()
         result = _train(train_fn, state, args, kwargs)
+        client.release_reports()  # the training is done: nothing rolls back any more
         outcome = f"the training function returned at step {state.step} ({state.samples} samples)"
         return result
     except LeaveJob as exc:

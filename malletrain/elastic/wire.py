@@ -236,6 +236,9 @@ class StoreClient:
             if answer[:1] != Kind.PROOF.value or not hmac.compare_digest(answer[1:], want):
                 raise StoreImpostor(f"the server at {self.address[0]}:{self.address[1]} cannot prove job "
                                     f"{self.job}'s key: not this job's daemon")
+        except StoreError:
+            sock.close()
+            raise
         except (OSError, ChannelError) as exc:
             sock.close()
             raise StoreConnectionLost(f"handshake with the store at {self.address[0]}:{self.address[1]}: {exc}") from None
