@@ -120,6 +120,7 @@ class Rendezvous:
         self.grace_s = grace_s
         self.lost_since: float | None = None  # monotonic time the store was found gone
         self.reconnects = 0
+        self.probes = 0  # reconnection attempts made (in the background)
         self.world: tuple[str, ...] = ()  # this worker's current world (rank 0 re-registers it)
         self.current = 0  # this worker's current generation (reported after a reconnection)
         self.rank = 0
@@ -208,6 +209,7 @@ class Rendezvous:
     def _probe(self) -> None:
         """One reconnection attempt (the prober thread): connect, prove the key, re-register."""
         assert self.address is not None and self.secret is not None
+        self.probes += 1
         try:
             try:
                 store = connect_store(self.address, self.job, self.worker, self.secret, PROBE_TIMEOUT_S)
