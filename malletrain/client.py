@@ -239,6 +239,15 @@ def report(samples: int, *, world_size: int | None = None, rank: int | None = No
     return rep.send(samples, world, ctx.generation)
 
 
+def close(linger_ms: int = LINGER_MS) -> None:
+    """Flush the queued reports (for at most ``linger_ms``) and close the reporter."""
+    global _reporter
+    with _reporter_lock:
+        if _reporter is not None:
+            _reporter.close(linger_ms)
+        _reporter = None
+
+
 def reset() -> None:
     """Close the reporter, forget the context and stop holding reports (tests; a forked child)."""
     global _reporter, _context, _held

@@ -165,3 +165,14 @@ def test_a_closed_store_is_a_lost_connection_not_a_hang(runtime: TorchRuntime) -
     runtime.close()
     with pytest.raises(StoreConnectionLost):
         worker.get(gen_key("victim"))
+
+
+def test_the_daemon_serves_the_store_without_importing_torch() -> None:
+    """A restarted daemon must answer its agents and workers within seconds: no torch import on its path."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from malletrain.runtimes.torch_elastic import TorchRuntime; rt = TorchRuntime(); "
+            "rt.start(); rt.close(); assert 'torch' not in sys.modules, 'torch imported'")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]

@@ -45,8 +45,9 @@ step. If the store stays away longer than ``MALLETRAIN_STORE_GRACE``
 Outside malletrain (no ``MALLETRAIN_STORE``) the same script runs as a
 single worker in a one-process gloo group.
 
-Modules: :mod:`~malletrain.elastic.rendezvous` (the store's keys, reconnection,
-checkpoints in the store), :mod:`~malletrain.elastic.snapshot` (committed state,
+Modules: :mod:`~malletrain.elastic.keys` (the store's key schema),
+:mod:`~malletrain.elastic.wire` (the store's authenticated channel and client),
+:mod:`~malletrain.elastic.rendezvous` (a worker's keys, reconnection, checkpoints in the store), :mod:`~malletrain.elastic.snapshot` (committed state,
 its broadcast and its safe checkpoint bytes), :mod:`~malletrain.elastic.state`
 (:class:`State`: join, commit, switch, recover, leave), :mod:`~malletrain.elastic.loop`
 (:func:`run`) and :mod:`~malletrain.elastic.errors`. Nothing here unpickles
@@ -58,56 +59,44 @@ worker reads are in :mod:`malletrain.workerenv`.
 
 from __future__ import annotations
 
-from malletrain.elastic.errors import (
-    EXIT_STORE_LOST,
-    LeaveJob,
-    Rescaled,
-    StoreLost,
-    StoreUnavailable,
-    is_comm_failure,
-    is_store_loss,
-)
-from malletrain.elastic.loop import run
-from malletrain.elastic.rendezvous import (
-    HANDOVER_WAIT_S,
-    POLL_S,
-    PUBLISH_POLL_S,
-    RECONNECT_EVERY_S,
-    WAIT_CHUNK_S,
-    Rendezvous,
-)
-from malletrain.elastic.snapshot import (
-    CheckpointError,
-    Snapshot,
-    broadcast_snapshot,
-    decode_checkpoint,
-    encode_checkpoint,
-)
-from malletrain.elastic.state import MAX_RECOVERIES_WITHOUT_COMMIT, RescaleEvent, State
+import importlib
+from typing import Any
 
-_Snapshot = Snapshot  # the name before the split
+# The names below load their module on first use: the daemon imports the store's key schema and
+# wire (keys, wire: no torch) without paying for torch, which the rest of this package needs.
+_EXPORTS = {
+    "EXIT_STORE_LOST": "errors",
+    "LeaveJob": "errors",
+    "Rescaled": "errors",
+    "StoreLost": "errors",
+    "StoreUnavailable": "errors",
+    "is_comm_failure": "errors",
+    "is_store_loss": "errors",
+    "run": "loop",
+    "HANDOVER_WAIT_S": "rendezvous",
+    "POLL_S": "rendezvous",
+    "PUBLISH_POLL_S": "rendezvous",
+    "RECONNECT_EVERY_S": "rendezvous",
+    "Rendezvous": "rendezvous",
+    "CheckpointError": "snapshot",
+    "Snapshot": "snapshot",
+    "broadcast_snapshot": "snapshot",
+    "decode_checkpoint": "snapshot",
+    "encode_checkpoint": "snapshot",
+    "MAX_RECOVERIES_WITHOUT_COMMIT": "state",
+    "RescaleEvent": "state",
+    "State": "state",
+}
+_ALIASES = {"_Snapshot": "Snapshot"}  # the name before the split
 
-__all__ = [
-    "EXIT_STORE_LOST",
-    "HANDOVER_WAIT_S",
-    "MAX_RECOVERIES_WITHOUT_COMMIT",
-    "POLL_S",
-    "PUBLISH_POLL_S",
-    "RECONNECT_EVERY_S",
-    "WAIT_CHUNK_S",
-    "CheckpointError",
-    "LeaveJob",
-    "Rendezvous",
-    "RescaleEvent",
-    "Rescaled",
-    "Snapshot",
-    "State",
-    "StoreLost",
-    "StoreUnavailable",
-    "broadcast_snapshot",
-    "decode_checkpoint",
-    "encode_checkpoint",
-    "is_comm_failure",
-    "is_store_loss",
-    "run",
-]
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    target = _ALIASES.get(name, name)
+    module = _EXPORTS.get(target)
+    if module is None:
+        raise AttributeError(f"module 'malletrain.elastic' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"malletrain.elastic.{module}"), target)
+    globals()[name] = value
+    return value

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import sys
 from typing import Any, Callable, TypeVar
 
 from malletrain import client
@@ -45,6 +47,9 @@ def run(train_fn: Callable[..., T], state: State, *args: Any, **kwargs: Any) -> 
         raise SystemExit(EXIT_STORE_LOST) from None
     except SystemExit as exc:
         outcome = f"SystemExit({exc.code})"
+        # a stop (SIGTERM) or an exit of the script: its frames (which hold the DDP model and so the
+        # gloo group) must not outlive the group's teardown below; this traceback tells nobody anything
+        exc.__traceback__ = None
         raise
     except BaseException as exc:
         outcome = f"{type(exc).__name__}: {first_line(exc)}"
@@ -52,6 +57,21 @@ def run(train_fn: Callable[..., T], state: State, *args: Any, **kwargs: Any) -> 
     finally:
         state.close()
         log.info("worker %s: exit at step %d, generation %d: %s", state.worker, state.step, state.generation, outcome)
+        if state.stopping is not None:
+            _exit_now(128 + state.stopping)
+
+
+def _exit_now(code: int) -> None:
+    """End a stopped worker at once: reports and logs flushed, but none of the interpreter's teardown
+    (with torch loaded it takes seconds, past the grace a scheduler or the agent gives before SIGKILL)."""
+    client.close()
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 def _train(train_fn: Callable[..., T], state: State, args: tuple[Any, ...], kwargs: dict[str, Any]) -> T:

@@ -48,9 +48,6 @@ POLL_S = 0.005
 HANDOVER_WAIT_S = 20.0
 """How long new workers wait for the checkpoint of a world they replace (none comes if it was SIGKILLed)."""
 
-WAIT_CHUNK_S = 600.0
-"""A blocking store wait is renewed after this long (each renewal logs a c10d warning)."""
-
 RECONNECT_EVERY_S = 0.5
 """While the store is away, its address is probed at most this often."""
 

@@ -116,6 +116,11 @@ class State:
         return self._rdzv.job if self._rdzv is not None else None
 
     @property
+    def stopping(self) -> int | None:
+        """The signal that is stopping this worker (SIGTERM: a stop or a recall); None while none came."""
+        return self._term_pending
+
+    @property
     def elastic(self) -> bool:
         """True under the ``torch`` runtime (a store to rendezvous with)."""
         return self._rdzv is not None

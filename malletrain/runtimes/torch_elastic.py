@@ -207,6 +207,7 @@ class TorchRuntime:
         self._last_nonempty: dict[str, tuple[int, frozenset[str]]] = {}  # kept across forget()
         self._members: dict[str, dict[int, tuple[str, ...]]] = {}
         self._workers: dict[str, set[str]] = {}
+        self._own: dict[str, set[str]] = {}  # job -> every worker started or re-adopted for it (until it ends)
         self._lock = threading.Lock()
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
         self._persisted: dict[str, int] = {}  # job -> ckpt_seq of the checkpoint on disk
@@ -252,8 +253,7 @@ class TorchRuntime:
     def may_checkpoint(self, job: str, worker: str) -> bool:
         """Whether ``worker`` is one of ``job``'s own: started or re-adopted for it, or in one of its lists."""
         with self._lock:
-            return worker in self._workers.get(job, ()) or any(
-                worker in members for members in self._members.get(job, {}).values())
+            return worker in self._own.get(job, ())
 
     def store_usage(self, job: str) -> tuple[int, int]:
         """``(keys, bytes)`` ``job`` holds in the store."""
@@ -301,6 +301,7 @@ class TorchRuntime:
         ).to_environ()
         with self._lock:
             self._workers.setdefault(job_id, set()).add(worker_id)
+            self._own.setdefault(job_id, set()).add(worker_id)
         return LaunchSpec(argv=argv, env=env)
 
     def set_members(self, job_id: str, members: Sequence[str]) -> int:
@@ -329,6 +330,7 @@ class TorchRuntime:
             self._generations[job_id] = gen
             self._members.setdefault(job_id, {})[gen] = ordered
             self._workers.setdefault(job_id, set()).update(ordered)
+            self._own.setdefault(job_id, set()).update(ordered)
         return gen
 
     def readopt(self, job_id: str, command: Sequence[str], workers: dict[str, str]) -> int:
@@ -337,6 +339,7 @@ class TorchRuntime:
         check_id("job", job_id)
         with self._lock:
             self._workers.setdefault(job_id, set()).update(workers)
+            self._own.setdefault(job_id, set()).update(workers)
             return self._generations.get(job_id, 0)
 
     def resume_generation(self, job_id: str, generation: int) -> None:
@@ -454,6 +457,7 @@ class TorchRuntime:
         with self._lock:
             if not keep_state:
                 self._last_nonempty.pop(job_id, None)
+                self._own.pop(job_id, None)
                 if self._store is not None:
                     head = ckpt_key(job_id)
                     if self._store.check([head]):
