@@ -563,7 +563,7 @@ class Daemon:
         self.replay.tick(now)
         self._observe_store(now)
         self._serve_control()
-        if now < self._adopt_until:
+        if now < self._adopt_until and not self._adoption_complete():
             return  # agents may still reconnect with the workers of the last daemon
         if self._adopt_until:
             self._finish_adoption(now)
@@ -633,6 +633,15 @@ class Daemon:
             elif run is None or run.workers.get(node) != wid:
                 if run is None or wid not in run.leaving:
                     self.hub.stop_worker(node, wid, grace=1.0)  # a worker nobody owns
+
+    def _adoption_complete(self) -> bool:
+        """Every pilot the last daemon held has its agent back, and every job it ran has its workers
+        back: adoption need not wait out ``agent_dead_after`` (that is for dead nodes, not restarts)."""
+        held = self.scav.held()
+        alive = self.hub.alive()
+        if not held or any(node not in alive for node in held):
+            return False
+        return all(node in run.workers for run in self.runs.values() if run.adopted for node in run.target)
 
     def _finish_adoption(self, now: float) -> None:
         self._adopt_until = 0.0

@@ -83,3 +83,26 @@ def test_recalls_and_stops_are_never_failures(tmp_path: Path) -> None:
                                           (75, True), (1, False), (-11, False), (134, False), (2, False)])
 def test_which_exits_are_stops(code: int, stopped: bool) -> None:
     assert stopped_from_outside(code) is stopped
+
+
+def test_a_restarted_daemon_takes_its_workers_back_as_soon_as_every_agent_is_back(tmp_path: Path) -> None:
+    """Before: after a kill -9 the new daemon waited the whole ``agent_dead_after`` (here 30 s) before
+    anything moved, although every agent said hello at once."""
+    from tests.test_conformance import _crash
+
+    h = Harness(tmp_path / "d", PolicyConfig(), agent_dead_after=30.0)
+    h.cluster.became_idle("n01", "n02")
+    jid = h.submit("A", LINEAR, max_nodes=2)
+    h.run_until(3.0)
+    workers = sorted(h.daemon.runs[jid].workers.values())
+    assert sorted(h.runtime.members[jid]) == workers
+    _crash(h)
+    h2 = Harness(tmp_path / "d", PolicyConfig(), cluster=h.cluster, now=4.0, agent_dead_after=30.0)
+    try:
+        h.cluster.reconnect_agents()
+        h2.run_until(6.0)
+        assert sorted(h2.runtime.members.get(jid, [])) == workers  # the same workers, republished
+        assert h2.daemon.runs[jid].state is JobState.RUNNING
+        assert not [n for n, w in h.cluster.started if w not in workers]  # none started afresh
+    finally:
+        h2.close()
