@@ -165,3 +165,29 @@ def test_reports_wait_for_their_commit_and_a_rollback_drops_them(monkeypatch: py
     client.report(8)
     assert client.drop_held_reports() == 1  # rolled back: never sent
     assert client.release_reports() == 0 and sent == [8, 8]
+
+
+def test_an_agent_warns_of_a_wrong_key_only_when_a_retry_fails_too(caplog: pytest.LogCaptureFixture) -> None:
+    """Before: after every daemon restart each agent warned 'is --key-file this daemon's agent key?'
+    (two challenges crossed on the reconnect); the key was right."""
+    from scavenger import channel as C
+    from scavenger.agent import Agent
+
+    agent = Agent("n1", "tcp://127.0.0.1:1", b"k" * C.KEY_BYTES, dead_after_s=30.0)
+    try:
+        def refused_once() -> None:
+            agent.nonce_a, agent.nonce_h = C.new_nonce(), C.new_nonce()  # our proof is out
+            agent.next_auth = 99.0
+            agent.receive(C.reauth_frame("bad_proof"))
+
+        with caplog.at_level("INFO"):
+            refused_once()
+        assert "refused_by_server" not in agent.refused and agent.next_auth == 0.0  # retried at once, quietly
+        assert "crossed a reconnect" in caplog.text and "is --key-file" not in caplog.text
+        with caplog.at_level("INFO"):
+            refused_once()  # refused again: now it is worth a warning
+        assert agent.refused["refused_by_server"] == 1 and "is --key-file this daemon's agent key?" in caplog.text
+    finally:
+        agent.sock.close(0)
+        agent.monitor.close(0)
+        agent.ctx.term()
