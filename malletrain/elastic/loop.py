@@ -37,11 +37,13 @@ def run(train_fn: Callable[..., T], state: State, *args: Any, **kwargs: Any) -> 
         return result
     except LeaveJob as exc:
         log.info("%s", exc)
+        exc.__traceback__ = None  # the training function's frames hold the DDP model: free them first
         state.leave()
         outcome = "left the job (not in the new generation)"
         raise SystemExit(0) from None
     except StoreLost as exc:
         log.error("%s; exiting with code %d", exc, EXIT_STORE_LOST)
+        exc.__traceback__ = None
         state.leave()
         outcome = f"lost the daemon's store (exit {EXIT_STORE_LOST})"
         raise SystemExit(EXIT_STORE_LOST) from None
