@@ -120,6 +120,7 @@ class RendezvousStore:
         self._threads: list[threading.Thread] = []
         self._closed = threading.Event()
         self.rejected: dict[str, int] = {}
+        self._count_lock = threading.Lock()
         self._logged: dict[str, float] = {}
         self.port = 0
 
@@ -204,11 +205,14 @@ class RendezvousStore:
             self._listener = None
 
     def _refused(self, reason: str, detail: str) -> None:
-        self.rejected[reason] = self.rejected.get(reason, 0) + 1
-        now = time.monotonic()
-        if now - self._logged.get(reason, -1e9) >= 1.0:
-            self._logged[reason] = now
-            log.warning("rendezvous store: refused %s (%s; %d so far)", detail, reason, self.rejected[reason])
+        with self._count_lock:
+            n = self.rejected[reason] = self.rejected.get(reason, 0) + 1
+            now = time.monotonic()
+            due = now - self._logged.get(reason, -1e9) >= 1.0
+            if due:
+                self._logged[reason] = now
+        if due:
+            log.warning("rendezvous store: refused %s (%s; %d so far)", detail, reason, n)
 
     def _accept_loop(self) -> None:
         listener = self._listener
@@ -278,9 +282,9 @@ class RendezvousStore:
         key = store_key(secret) if secret is not None else None
         if key is None or finish[:1] != Kind.FINISH.value or not hmac.compare_digest(
                 finish[1:], worker_proof(key, job, worker, nonce_w, nonce_s)):
-            send_frame(conn, Kind.REAUTH.value + b"no proof of the job's key")
             self._refused("bad_proof", f"a connection from {peer} claiming worker {worker} of job {job}: "
                                        "it cannot prove the job's key")
+            send_frame(conn, Kind.REAUTH.value + b"no proof of the job's key")
             return None
         with self._lock:
             per_job = sum(1 for j in self._conns.values() if j == job)
@@ -290,8 +294,8 @@ class RendezvousStore:
                 full = False
                 self._conns[conn] = job
         if full:
-            send_frame(conn, Kind.REAUTH.value + b"too many connections for this job")
             self._refused("too_many", f"a connection of job {job} from {peer}: {per_job} open")
+            send_frame(conn, Kind.REAUTH.value + b"too many connections for this job")
             return None
         send_frame(conn, Kind.PROOF.value + store_proof(key, job, worker, nonce_w, nonce_s))
         return job, worker, session_for(key, job, worker, nonce_w, nonce_s, server=True)
