@@ -6,7 +6,6 @@ import json
 import threading
 import time
 import weakref
-from datetime import timedelta
 from typing import Any, Callable, Iterator
 
 import pytest

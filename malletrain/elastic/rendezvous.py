@@ -4,7 +4,11 @@
 ready, runs the join barrier, and carries checkpoints of a whole-world
 handover. It survives a daemon restart: an operation that finds the store gone
 waits for it to come back on the same address (or, in no-wait mode, raises
-:class:`~malletrain.elastic.errors.StoreUnavailable`), up to the grace period.
+:class:`~malletrain.elastic.errors.StoreUnavailable`), up to the grace period; the
+reconnection (connect, prove the job's key, re-register) runs in a background
+thread, so no-wait callers (rank 0 at a commit) never block on it. The
+connection is a :class:`~malletrain.elastic.wire.StoreClient`, authenticated with
+the job's secret (``MALLETRAIN_JOB_SECRET``).
 """
 
 from __future__ import annotations

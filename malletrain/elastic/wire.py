@@ -29,7 +29,7 @@ import socket
 import threading
 from typing import Sequence
 
-from scavenger.channel import MAC_BYTES, MAX_FRAME, NONCE_BYTES, ChannelError, Kind, Session, new_nonce
+from scavenger.channel import MAX_FRAME, NONCE_BYTES, ChannelError, Kind, Session, new_nonce
 
 from malletrain.messages import secret_key
 from malletrain.workerenv import format_address

@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from scavenger.channel import MAX_FRAME, ChannelError, Kind, Session, new_nonce
+from scavenger.channel import ChannelError, Kind, Session, new_nonce
 
 from malletrain.elastic.keys import CHECKPOINT_KINDS, DAEMON_KINDS, BadKey, parse_key
 from malletrain.elastic.wire import (
