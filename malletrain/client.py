@@ -180,7 +180,7 @@ class HeldReport:
 
 
 _held: list[HeldReport] | None = None  # None: reports go out at once
-_held_lock = threading.Lock()
+_held_lock = threading.RLock()  # a SIGTERM handler drops held reports, maybe while report() holds it
 
 
 def hold_reports() -> None:

@@ -110,9 +110,9 @@ WORKER = textwrap.dedent("""
 
     original = Rendezvous.save_checkpoint
 
-    def save_checkpoint(self, snap, gen):
+    def save_checkpoint(self, snap, gen, aside=False):
         os.kill(os.getpid(), signal.SIGTERM)  # the second SIGTERM (the agent's) lands during the write
-        original(self, snap, gen)
+        original(self, snap, gen, aside)
         print("checkpoint written at step", snap.counters["step"], flush=True)
 
     Rendezvous.save_checkpoint = save_checkpoint
@@ -191,3 +191,47 @@ def test_an_agent_warns_of_a_wrong_key_only_when_a_retry_fails_too(caplog: pytes
         agent.sock.close(0)
         agent.monitor.close(0)
         agent.ctx.term()
+
+
+MID_CALL = textwrap.dedent("""
+    import os, signal
+    import torch
+    from malletrain.elastic import State, run
+    from scavenger.channel import Session
+
+    armed = []
+    seal = Session.seal
+
+    def sealing(self, body):
+        if armed:  # the training thread is inside a store call (its connection's lock held)
+            armed.clear()
+            os.kill(os.getpid(), signal.SIGTERM)
+        return seal(self, body)
+
+    Session.seal = sealing
+    model = torch.nn.Linear(2, 1)
+    state = State(model, torch.optim.SGD(model.parameters(), lr=0.1))
+
+    def train(s):
+        while True:
+            s.step += 1
+            s.samples += 4
+            if s.step == 5:
+                armed.append(1)  # rank 0's look at the store in this commit gets the signal
+            s.commit()
+
+    run(train, state)
+""")
+
+
+def test_a_sigterm_in_the_middle_of_a_store_call_still_checkpoints_and_exits_143(runtime: TorchRuntime) -> None:
+    """Before: the handler wrote the checkpoint on the connection whose lock the interrupted call
+    held, and hung there until the agent's SIGKILL (the checkpoint of a clean stop was lost)."""
+    runtime.set_members("j", ["w0"])
+    env = dict(os.environ)
+    env.update(runtime.launch_spec("j", ["x"], "w0", "n").env)
+    env["PYTHONPATH"] = str(ROOT)
+    proc = subprocess.run([sys.executable, "-c", MID_CALL], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 143, proc.stderr[-3000:]
+    assert "stored the checkpoint of step 5" in proc.stderr
+    assert runtime.checkpoint_generation("j") == 1

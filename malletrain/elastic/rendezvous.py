@@ -352,23 +352,40 @@ class Rendezvous:
                 return gen, members
             gen = self.wait_published(gen + 1)
 
-    def save_checkpoint(self, snap: Snapshot, gen: int) -> None:
+    def save_checkpoint(self, snap: Snapshot, gen: int, aside: bool = False) -> None:
         """Store ``snap`` (taken in generation ``gen``) in the daemon's store for a later world.
 
         The write is bracketed by ``ckpt_seq`` (odd while writing, even once done: a
         seqlock), so the daemon, which copies each new checkpoint to its state dir
         (:meth:`~malletrain.runtimes.torch_elastic.TorchRuntime.persist_checkpoints`),
-        never copies a half-written one.
+        never copies a half-written one. ``aside``: on a connection of its own, never
+        waiting for a lost store (:class:`StoreUnavailable`) -- for a signal handler, which
+        may interrupt the training thread in the middle of a call on the shared connection.
         """
+        if not aside:
+            self._write_checkpoint(self._call, snap, gen)
+            return
+        if self.address is None or self.secret is None or self.lost_since is not None:
+            raise StoreUnavailable(f"job {self.job}: the daemon's store is away")
+        try:
+            store = connect_store(self.address, self.job, self.worker, self.secret, PROBE_TIMEOUT_S)
+        except StoreConnectionLost as exc:
+            raise StoreUnavailable(f"job {self.job}: {exc}") from None
+        try:
+            self._write_checkpoint(lambda op, *args: getattr(store, op)(*args), snap, gen)
+        finally:
+            store.close()
+
+    def _write_checkpoint(self, call: Callable[..., Any], snap: Snapshot, gen: int) -> None:
         data = memoryview(encode_checkpoint(snap))
         chunks = range(0, len(data), CKPT_CHUNK_BYTES)
-        if self._call("add", ckpt_seq_key(self.job), 1) % 2 == 0:
-            self._call("add", ckpt_seq_key(self.job), 1)  # a writer died mid-write: odd again
+        if call("add", ckpt_seq_key(self.job), 1) % 2 == 0:
+            call("add", ckpt_seq_key(self.job), 1)  # a writer died mid-write: odd again
         for i, start in enumerate(chunks):
-            self._call("set", ckpt_chunk_key(self.job, i), bytes(data[start:start + CKPT_CHUNK_BYTES]))
-        self._call("set", ckpt_key(self.job), ckpt_header(len(chunks), len(data)))
-        self._call("set", ckpt_tag_key(self.job), str(gen))
-        self._call("add", ckpt_seq_key(self.job), 1)
+            call("set", ckpt_chunk_key(self.job, i), bytes(data[start:start + CKPT_CHUNK_BYTES]))
+        call("set", ckpt_key(self.job), ckpt_header(len(chunks), len(data)))
+        call("set", ckpt_tag_key(self.job), str(gen))
+        call("add", ckpt_seq_key(self.job), 1)
         log.info("worker %s: stored the checkpoint of step %s (generation %d, %d bytes) for the next world",
                  self.worker, snap.counters.get("step"), gen, len(data))
 

@@ -392,13 +392,14 @@ class State:
         self._check_groups_gone()
         self._joined = False  # another run() joins again
 
-    def _save_checkpoint(self) -> None:
-        """Leave the last commit in the store; a SIGTERM that comes meanwhile waits until it is written."""
+    def _save_checkpoint(self, aside: bool = False) -> None:
+        """Leave the last commit in the store; a SIGTERM that comes meanwhile waits until it is written.
+        ``aside``: from the SIGTERM handler (its own connection, see :meth:`Rendezvous.save_checkpoint`)."""
         if self._rdzv is None or self._committed is None or self._version < 0:
             return
         self._checkpointing = True
         try:
-            self._rdzv.save_checkpoint(self._committed, self.generation)
+            self._rdzv.save_checkpoint(self._committed, self.generation, aside=aside)
         finally:
             self._checkpointing = False
         if self._term_pending is not None and not self._in_handler:
@@ -422,7 +423,8 @@ class State:
         if self.rank == 0 and self._rdzv is not None:
             self._in_handler = True
             try:
-                self._rdzv.try_quietly(self._save_checkpoint)  # never wait for a lost store here
+                # on a connection of its own: the training thread may be inside a call on the shared one
+                self._save_checkpoint(aside=True)
             except Exception as exc:  # the store may be gone too
                 log.warning("worker %s: no checkpoint on %s: %s", self.worker, signal.Signals(signum).name, exc)
             finally:
