@@ -219,6 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"prod start delay on held nodes: median {med(held_d):.2f} s, max {mx(held_d):.2f} s")
     print(f"prod sbatch -> ended(preempted) reported: median {med(reports):.2f} s, max {mx(reports):.2f} s")
     print(f"main-queue delay: median {med(extra):.2f} s, max {mx(extra):.2f} s over {len(extra)} runs")
+    from bench_restart_stall import main as restart_stall  # its own cluster; the restart lines come last
+
+    restart_stall(["--kills", "5", "--nodes", str(args.nodes)])
     return 0
 
 

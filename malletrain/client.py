@@ -169,6 +169,52 @@ def reporter() -> Reporter | None:
         return _reporter
 
 
+@dataclass(frozen=True)
+class HeldReport:
+    """A report made since the last commit, sent only once the step it counts is committed."""
+
+    samples: int
+    world_size: int
+    generation: int
+    timestamp: float
+
+
+_held: list[HeldReport] | None = None  # None: reports go out at once
+_held_lock = threading.RLock()  # a SIGTERM handler drops held reports, maybe while report() holds it
+
+
+def hold_reports() -> None:
+    """From now on :func:`report` keeps reports until :func:`release_reports` (the elastic layer
+    holds them between commits, so a rolled-back step is never counted)."""
+    global _held
+    with _held_lock:
+        if _held is None:
+            _held = []
+
+
+def release_reports() -> int:
+    """Send the held reports (a commit made their steps permanent); returns how many were sent."""
+    with _held_lock:
+        if not _held:
+            return 0
+        pending = list(_held)
+        _held.clear()
+    rep = reporter()
+    if rep is None:
+        return 0
+    return sum(rep.send(h.samples, h.world_size, h.generation, h.timestamp) for h in pending)
+
+
+def drop_held_reports() -> int:
+    """Forget the held reports (their steps were rolled back); returns how many."""
+    with _held_lock:
+        if not _held:
+            return 0
+        n = len(_held)
+        _held.clear()
+        return n
+
+
 def report(samples: int, *, world_size: int | None = None, rank: int | None = None) -> bool:
     """Report one finished training step of ``samples`` (the global batch size).
 
@@ -180,17 +226,35 @@ def report(samples: int, *, world_size: int | None = None, rank: int | None = No
     ctx = context()
     if (ctx.rank if rank is None else rank) != 0:
         return False
+    world = ctx.world_size if world_size is None else world_size
+    with _held_lock:
+        if _held is not None:
+            if os.environ.get(ENV_MONITOR, ""):
+                _held.append(HeldReport(samples, world, ctx.generation, time.time()))
+                return True
+            return False
     rep = reporter()
     if rep is None:
         return False
-    return rep.send(samples, ctx.world_size if world_size is None else world_size, ctx.generation)
+    return rep.send(samples, world, ctx.generation)
+
+
+def close(linger_ms: int = LINGER_MS) -> None:
+    """Flush the queued reports (for at most ``linger_ms``) and close the reporter."""
+    global _reporter
+    with _reporter_lock:
+        if _reporter is not None:
+            _reporter.close(linger_ms)
+        _reporter = None
 
 
 def reset() -> None:
-    """Close the reporter and forget the context (tests; a forked child)."""
-    global _reporter, _context
+    """Close the reporter, forget the context and stop holding reports (tests; a forked child)."""
+    global _reporter, _context, _held
     with _reporter_lock:
         if _reporter is not None:
             _reporter.close(0)
         _reporter = None
     _context = None
+    with _held_lock:
+        _held = None

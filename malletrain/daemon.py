@@ -53,6 +53,7 @@ import fcntl
 import json
 import logging
 import os
+import signal
 import sqlite3
 import time
 from dataclasses import dataclass, field
@@ -89,6 +90,16 @@ STATE_FILE = "daemon.json"
 STORE_FILE = "store.db"
 LEAVE_GRACE_S = 5.0  # a dropped worker leaves at its next commit; killed after this
 START_RETRY_S = 3.0
+
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGKILL, signal.SIGINT, signal.SIGHUP)
+EXIT_STORE_LOST = 75  # a torch worker whose daemon's store stayed away too long (malletrain.elastic)
+
+
+def stopped_from_outside(code: int) -> bool:
+    """Whether a worker's exit ``code`` says it was stopped (a signal to stop, as a recall, a cancel
+    or a killed process sends, or the daemon's store gone), not that the job's own code failed:
+    only failures count toward ``max_failures``."""
+    return code == EXIT_STORE_LOST or any(code in (-sig, 128 + sig) for sig in _STOP_SIGNALS)
 REPLAN_S = 10.0  # decide at least this often (estimates drift), besides every event
 POLICY_STATE_KEY = "policy_state"
 NODE_SECONDS_KEY = "node_seconds"  # store meta: {job: node-seconds its workers held} for live jobs
@@ -163,6 +174,7 @@ class JobRun:
     base_samples: int = 0  # progress stored before this daemon started
     target: list[str] = field(default_factory=list)  # nodes the last decision gave it
     members: list[str] = field(default_factory=list)  # nodes of the published member list
+    published: tuple[str, ...] = ()  # worker ids of the published member list, in rank order
     workers: dict[str, str] = field(default_factory=dict)  # node -> worker id (members + joining)
     started: set[str] = field(default_factory=set)  # worker ids the agent confirmed
     start_sent: dict[str, float] = field(default_factory=dict)  # worker id -> last start request
@@ -285,6 +297,8 @@ class Daemon:
         self.runtime = parts.runtime or make_runtime(cfg, self.monitor.address, ports["rendezvous"])
         if hasattr(self.runtime, "job_env"):  # runtimes that spawn workers themselves (Horovod's driver)
             self.runtime.job_env = lambda job_id: {ENV_SECRET: self.job_secret(job_id)}
+        if hasattr(self.runtime, "secret_for"):  # the torch runtime's store takes each job's own secret
+            self.runtime.secret_for = self.job_secret
         self.runtime.start()
         self.store.set_meta("ports", json.dumps({
             "monitor": _port(self.monitor.address), "agents": _port(self.hub.address),
@@ -552,7 +566,7 @@ class Daemon:
         self.replay.tick(now)
         self._observe_store(now)
         self._serve_control()
-        if now < self._adopt_until:
+        if now < self._adopt_until and not self._adoption_complete():
             return  # agents may still reconnect with the workers of the last daemon
         if self._adopt_until:
             self._finish_adoption(now)
@@ -623,6 +637,15 @@ class Daemon:
                 if run is None or wid not in run.leaving:
                     self.hub.stop_worker(node, wid, grace=1.0)  # a worker nobody owns
 
+    def _adoption_complete(self) -> bool:
+        """Every pilot the last daemon held has its agent back, and every job it ran has its workers
+        back: adoption need not wait out ``agent_dead_after`` (that is for dead nodes, not restarts)."""
+        held = self.scav.held()
+        alive = self.hub.alive()
+        if not held or any(node not in alive for node in held):
+            return False
+        return all(node in run.workers for run in self.runs.values() if run.adopted for node in run.target)
+
     def _finish_adoption(self, now: float) -> None:
         self._adopt_until = 0.0
         readopt = getattr(self.runtime, "readopt", None)  # optional: runtimes with daemon-side state
@@ -631,7 +654,7 @@ class Daemon:
                 continue
             run.adopted = False
             run.target = [n for n in run.target if n in run.workers]
-            run.members = []  # republish: the runtime may be new
+            run.members, run.published = [], ()  # republish: the runtime may be new
             if readopt is not None:
                 try:
                     readopt(run.id, run.spec.command, {wid: node for node, wid in run.workers.items()})
@@ -675,6 +698,12 @@ class Daemon:
         del run.workers[ev.node]
         if ev.code == 0 and ev.node in run.members:
             self._end(run, JobState.COMPLETED, f"worker {ev.worker} exited 0")
+            return
+        if stopped_from_outside(ev.code):  # not the job's failure: a new worker takes its place at once
+            self.store.log_event("worker_stopped", run.id, worker=ev.worker, code=ev.code)
+            log.info("job %s: worker %s was stopped (exit %d) on node %s; starting another", run.id, ev.worker,
+                     ev.code, ev.node, extra=about(job=run.id, worker=ev.worker))
+            self._changed = True
             return
         run.failures += 1
         if ev.node in run.target:
@@ -950,13 +979,15 @@ class Daemon:
         for node in [n for n in run.workers if n not in run.target]:
             wid = run.workers.pop(node)
             run.leaving[wid] = (node, now + LEAVE_GRACE_S)
-        kept = [n for n in run.members if n in run.target]
-        joining = [n for n in run.target if n not in run.members]
+        # a member whose worker changed (it died and another took its place) is joining again
+        kept = [n for n in run.members if n in run.target and run.workers.get(n) in run.published]
+        joining = [n for n in run.target if n not in kept]
         ready = all(self._ready(run, run.workers[n]) for n in joining)
         members = kept + joining if ready else kept
         if members and len(members) < run.spec.min_nodes:
             members = []
-        if members != run.members and (members or run.members):
+        changed = members != run.members or tuple(run.workers[n] for n in members) != run.published
+        if changed and (members or run.members):
             self._publish(run, members, now)
         want = JobState.PROFILING if run.id in self._profiling else JobState.RUNNING
         if run.members and set(run.members) == set(run.target):
@@ -997,6 +1028,7 @@ class Daemon:
         self.store.set_generation(run.id, gen)
         self.store.log_event("members", run.id, generation=gen, nodes=members, before=run.members)
         run.members = list(members)
+        run.published = tuple(run.workers[n] for n in members)
         self.store.set_nodes(run.id, members)
 
     def _suspend(self, run: JobRun, now: float, reason: str) -> None:
@@ -1016,6 +1048,7 @@ class Daemon:
             except Exception as exc:
                 log.warning("runtime.set_members(%s, []): %s", run.id, exc, extra=about(job=run.id))
             run.members = []
+        run.published = ()
         for node, wid in run.workers.items():
             self.hub.stop_worker(node, wid, grace=2.0)
             run.leaving[wid] = (node, now + 5.0)

@@ -180,6 +180,7 @@ class Agent:
         self.next_auth = 0.0
         self.outbox: list[P.AgentMessage] = []  # worker events while no session: sent after hello
         self.refused: dict[str, int] = {}  # why frames or servers were refused, and how often
+        self.refusals_in_a_row = 0  # proofs the server refused since the last session
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.IDENTITY, node.encode())
@@ -267,6 +268,7 @@ class Agent:
             self._refuse("bad_proof", f"the server at {self.daemon}: it cannot prove the daemon's agent key")
             return False
         self.session = C.Session.for_agent(C.session_key(self.key, self.node, nonce_a, nonce_h))
+        self.refusals_in_a_row = 0
         log.info("node %s: authenticated the daemon at %s", self.node, self.daemon)
         self.send(P.Hello(self.node, os.getpid(), tuple(self.workers), self.batch_job))
         pending, self.outbox = self.outbox, []
@@ -408,9 +410,18 @@ class Agent:
                     why = C.parse_reauth(frame)
                 except C.ChannelError:
                     why = "?"
-                self._refuse("refused_by_server", f"our proof at {self.daemon} (it says {why!r}): is --key-file "
-                                                  "this daemon's agent key?")
-                self.nonce_a = self.nonce_h = None  # retried at the next AUTH_RETRY_S
+                self.refusals_in_a_row += 1
+                if self.refusals_in_a_row == 1:
+                    # after a (re)connect two challenges can cross (the server answers the first with a
+                    # nonce the agent's second proof does not cover): not a wrong key; try again at once
+                    log.info("node %s: the server at %s refused a handshake that crossed a reconnect (%s); "
+                             "trying again", self.node, self.daemon, why)
+                    self.next_auth = 0.0
+                else:
+                    self._refuse("refused_by_server", f"our proof at {self.daemon} (it says {why!r}, "
+                                                      f"{self.refusals_in_a_row} times in a row): is --key-file "
+                                                      "this daemon's agent key?")
+                self.nonce_a = self.nonce_h = None  # retried at the next AUTH_RETRY_S (at once the first time)
             return False
         if kind is not C.Kind.DATA:
             self._refuse("wrong_direction", f"a {kind.name} frame from {self.daemon} (agents send those)")

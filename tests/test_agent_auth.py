@@ -390,7 +390,9 @@ def test_an_agent_with_the_wrong_key_is_refused_by_the_hub(tmp_path: Path) -> No
                    lambda: events.extend(hub.poll(50)))
         assert events == [] and hub.alive() == set()
         assert not hub.start_worker(NODE, "w", marker_argv(tmp_path / "w"), {}, None)
-        assert "is --key-file this daemon's agent key?" in (tmp_path / "agent.log").read_text()
+        # the agent warns once a retry is refused too (a first refusal may be a crossed reconnect)
+        wait_until("the agent's warning", lambda: "is --key-file this daemon's agent key?"
+                   in (tmp_path / "agent.log").read_text(), lambda: events.extend(hub.poll(50)))
     finally:
         stop(agent)
         hub.close()

@@ -22,8 +22,8 @@ and broadcasts its decision, so every rank switches at the same step. A switch
 happens once all members of the new generation have connected (new workers are
 started ahead and wait): the old gloo group is destroyed, workers not in the new
 member list leave (``SystemExit(0)`` from :func:`run`), the others meet at a
-store barrier, create a gloo group for the new world under a fresh store prefix
-and take the state of the member with the newest commit (a survivor). Then
+store barrier, create a gloo group for the new world (its rendezvous served by
+the world's rank 0, never by the daemon's store) and take the state of the member with the newest commit (a survivor). Then
 :meth:`commit` raises :class:`Rescaled` and :func:`run` calls the training
 function again, which picks up the counters and wraps the model in a new DDP.
 
@@ -33,20 +33,28 @@ peer") or after the short collective timeout (``MALLETRAIN_COLLECTIVE_TIMEOUT``,
 generation (the job manager publishes it after the recall) and re-joins.
 
 A daemon restart (even ``kill -9``) takes the store away. Training goes on:
-rank 0's check at a commit fails soft and it probes the store's address every
-half second; a store operation a worker cannot do without (a switch, a wait
-for a generation) waits for the store to come back. Once it is back (a new,
-empty store on the same port), rank 0 marks its whole world ready and reports
-its generation, the daemon publishes the re-adopted workers as a newer
-generation and the world switches to it at its next commit, keeping every
-step. If the store stays away longer than ``MALLETRAIN_STORE_GRACE``
+rank 0's check at a commit fails soft while a background thread probes the
+store's address every half second (nothing on the training thread waits for
+it); a store operation a worker cannot do without (a switch, a wait for a
+generation) waits for the store to come back. Once it is back (a new, empty
+store on the same port), rank 0 marks its whole world ready and reports its
+generation, the daemon publishes the re-adopted workers as a newer generation
+and the world takes its number at its next commit (the same world: no new
+group, no rollback), keeping every step. If the store stays away longer than ``MALLETRAIN_STORE_GRACE``
 (60 s), the workers exit with code 75 (:data:`EXIT_STORE_LOST`).
+
+On SIGTERM (a stop or a recall; often twice) rank 0 leaves its last commit in
+the store and the worker exits 143 at once; a second signal is ignored. Reports
+(:func:`malletrain.client.report`) are held until their step is committed, so a
+rollback never counts a sample twice.
 
 Outside malletrain (no ``MALLETRAIN_STORE``) the same script runs as a
 single worker in a one-process gloo group.
 
-Modules: :mod:`~malletrain.elastic.rendezvous` (the store's keys, reconnection,
-checkpoints in the store), :mod:`~malletrain.elastic.snapshot` (committed state,
+Modules: :mod:`~malletrain.elastic.keys` (the store's key schema),
+:mod:`~malletrain.elastic.wire` (the store's authenticated channel and client),
+:mod:`~malletrain.elastic.rendezvous` (a worker's keys, reconnection, checkpoints in
+the store), :mod:`~malletrain.elastic.snapshot` (committed state,
 its broadcast and its safe checkpoint bytes), :mod:`~malletrain.elastic.state`
 (:class:`State`: join, commit, switch, recover, leave), :mod:`~malletrain.elastic.loop`
 (:func:`run`) and :mod:`~malletrain.elastic.errors`. Nothing here unpickles
@@ -58,56 +66,44 @@ worker reads are in :mod:`malletrain.workerenv`.
 
 from __future__ import annotations
 
-from malletrain.elastic.errors import (
-    EXIT_STORE_LOST,
-    LeaveJob,
-    Rescaled,
-    StoreLost,
-    StoreUnavailable,
-    is_comm_failure,
-    is_store_loss,
-)
-from malletrain.elastic.loop import run
-from malletrain.elastic.rendezvous import (
-    HANDOVER_WAIT_S,
-    POLL_S,
-    PUBLISH_POLL_S,
-    RECONNECT_EVERY_S,
-    WAIT_CHUNK_S,
-    Rendezvous,
-)
-from malletrain.elastic.snapshot import (
-    CheckpointError,
-    Snapshot,
-    broadcast_snapshot,
-    decode_checkpoint,
-    encode_checkpoint,
-)
-from malletrain.elastic.state import MAX_RECOVERIES_WITHOUT_COMMIT, RescaleEvent, State
+import importlib
+from typing import Any
 
-_Snapshot = Snapshot  # the name before the split
+# The names below load their module on first use: the daemon imports the store's key schema and
+# wire (keys, wire: no torch) without paying for torch, which the rest of this package needs.
+_EXPORTS = {
+    "EXIT_STORE_LOST": "errors",
+    "LeaveJob": "errors",
+    "Rescaled": "errors",
+    "StoreLost": "errors",
+    "StoreUnavailable": "errors",
+    "is_comm_failure": "errors",
+    "is_store_loss": "errors",
+    "run": "loop",
+    "HANDOVER_WAIT_S": "rendezvous",
+    "POLL_S": "rendezvous",
+    "PUBLISH_POLL_S": "rendezvous",
+    "RECONNECT_EVERY_S": "rendezvous",
+    "Rendezvous": "rendezvous",
+    "CheckpointError": "snapshot",
+    "Snapshot": "snapshot",
+    "broadcast_snapshot": "snapshot",
+    "decode_checkpoint": "snapshot",
+    "encode_checkpoint": "snapshot",
+    "MAX_RECOVERIES_WITHOUT_COMMIT": "state",
+    "RescaleEvent": "state",
+    "State": "state",
+}
+_ALIASES = {"_Snapshot": "Snapshot"}  # the name before the split
 
-__all__ = [
-    "EXIT_STORE_LOST",
-    "HANDOVER_WAIT_S",
-    "MAX_RECOVERIES_WITHOUT_COMMIT",
-    "POLL_S",
-    "PUBLISH_POLL_S",
-    "RECONNECT_EVERY_S",
-    "WAIT_CHUNK_S",
-    "CheckpointError",
-    "LeaveJob",
-    "Rendezvous",
-    "RescaleEvent",
-    "Rescaled",
-    "Snapshot",
-    "State",
-    "StoreLost",
-    "StoreUnavailable",
-    "broadcast_snapshot",
-    "decode_checkpoint",
-    "encode_checkpoint",
-    "is_comm_failure",
-    "is_store_loss",
-    "run",
-]
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    target = _ALIASES.get(name, name)
+    module = _EXPORTS.get(target)
+    if module is None:
+        raise AttributeError(f"module 'malletrain.elastic' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"malletrain.elastic.{module}"), target)
+    globals()[name] = value
+    return value

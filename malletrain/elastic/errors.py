@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
+from malletrain.elastic.wire import StoreConnectionLost
+
 EXIT_STORE_LOST = 75
 """Exit code of a worker whose store stayed away longer than the grace period (EX_TEMPFAIL)."""
 
@@ -44,7 +46,7 @@ class StoreLost(Exception):
 
 def is_store_loss(exc: BaseException) -> bool:
     """Whether a store operation failed because the store's connection is gone (not a timeout)."""
-    if isinstance(exc, dist.DistNetworkError):
+    if isinstance(exc, (StoreConnectionLost, dist.DistNetworkError)):
         return True
     if isinstance(exc, RuntimeError) and not isinstance(exc, dist.DistStoreError):
         text = str(exc).lower()

@@ -13,7 +13,10 @@ from __future__ import annotations
 import copy
 import gc
 import logging
+import os
+import secrets
 import signal
+import socket
 import time
 import weakref
 from dataclasses import dataclass
@@ -34,7 +37,7 @@ from malletrain import client
 from malletrain.elastic.errors import LeaveJob, Rescaled, StoreLost, StoreUnavailable, first_line, is_comm_failure
 from malletrain.elastic.rendezvous import Rendezvous
 from malletrain.elastic.snapshot import Snapshot, broadcast_snapshot
-from malletrain.runtimes.torch_elastic import pg_prefix
+from malletrain.elastic.wire import listen_socket
 from malletrain.workerenv import WorkerEnv, configure_worker_logging
 
 log = logging.getLogger("malletrain.elastic")
@@ -102,12 +105,20 @@ class State:
         self._recoveries = 0
         self._groups: list[tuple[int, weakref.ref[Any]]] = []  # (generation, group) of every world joined
         self._owns_group = False  # the current default group was made by this State
+        self._term_pending: int | None = None  # the signal that stops this worker, once one came
+        self._checkpointing = False  # a checkpoint write is under way
+        self._in_handler = False  # the SIGTERM handler itself writes the checkpoint
 
     # -- user API --------------------------------------------------------------------
     @property
     def job(self) -> str | None:
         """The job id under the ``torch`` runtime (None when running as one local worker)."""
         return self._rdzv.job if self._rdzv is not None else None
+
+    @property
+    def stopping(self) -> int | None:
+        """The signal that is stopping this worker (SIGTERM: a stop or a recall); None while none came."""
+        return self._term_pending
 
     @property
     def elastic(self) -> bool:
@@ -144,19 +155,28 @@ class State:
             offset += n
 
     def commit(self) -> None:
-        """Snapshot the state; switch to a new generation if one is ready (then raise :class:`Rescaled`)."""
+        """Snapshot the state; switch to a new generation if one is ready (then raise :class:`Rescaled`).
+
+        The reports made since the last commit are sent now (:func:`malletrain.client.release_reports`):
+        the daemon counts only committed samples, so a rollback never counts a sample twice.
+        """
         self._version += 1
         self._committed = self._snapshot()
         self._recoveries = 0
         if self._rdzv is None:
             return
+        client.release_reports()
         target = self._decide()
-        if target != self.generation:
-            self._switch(target)
-            raise Rescaled(f"worker {self.worker}: now rank {self.rank} of {self.world_size} (generation {target})")
+        if target == self.generation:
+            return
+        if self._relabel(target):
+            return
+        self._switch(target)
+        raise Rescaled(f"worker {self.worker}: now rank {self.rank} of {self.world_size} (generation {target})")
 
     def restore(self) -> None:
-        """Roll back to the last commit."""
+        """Roll back to the last commit (the reports made since are dropped, not sent)."""
+        client.drop_held_reports()
         if self._committed is not None:
             self._load(self._committed)
 
@@ -177,6 +197,7 @@ class State:
             client.set_context(self.rank, self.world_size, 0)
             return
         self._install_sigterm()
+        client.hold_reports()
         self._rdzv.mark_ready()
         log.info("worker %s: ready, waiting for a generation of job %s that lists it", self.worker, self._rdzv.job)
         gen, _ = self._rdzv.wait_including(self.worker)
@@ -200,6 +221,23 @@ class State:
         if target == _STORE_LOST:
             raise lost or StoreLost(f"worker {self.worker}: rank 0 lost the daemon's store for good")
         return target
+
+    def _relabel(self, gen: int) -> bool:
+        """Generation ``gen`` lists this world as it is (same workers, same ranks; e.g. a restarted
+        daemon publishing the workers it re-adopted): keep the group and the model, take the number.
+        False if ``gen`` changes the world."""
+        assert self._rdzv is not None
+        if self._rdzv.members(gen) != self.members:
+            return False
+        started, old_gen = time.time(), self.generation
+        self.generation = self._rdzv.current = gen
+        client.set_context(self.rank, self.world_size, gen)
+        if self.rank == 0:
+            self._rdzv.mark_active(gen)
+        log.info("worker %s: generation %d keeps this world as it is: renumbered from %d at step %d",
+                 self.worker, gen, old_gen, self.step)
+        self._record("change", old_gen, self.world_size, started)
+        return True
 
     def _switch(self, gen: int) -> None:
         assert self._rdzv is not None
@@ -249,7 +287,7 @@ class State:
         rank = members.index(self.worker)
         dist.init_process_group(
             "gloo",
-            store=dist.PrefixStore(pg_prefix(self._rdzv.job, gen), self._rdzv.store),
+            store=self._group_store(gen, rank),
             rank=rank,
             world_size=len(members),
             timeout=timedelta(seconds=self.timeout_s),
@@ -260,6 +298,34 @@ class State:
         self._rdzv.world, self._rdzv.current, self._rdzv.rank = members, gen, rank
         self._joined = True
         client.set_context(rank, len(members), gen)
+
+    def _group_store(self, gen: int, rank: int) -> Any:
+        """The store of gloo's own rendezvous for generation ``gen``: served by its rank 0 (never the
+        daemon's store, which serves authenticated workers only), under a random key prefix that
+        only the job's workers learn (through the daemon's store)."""
+        assert self._rdzv is not None
+        timeout = timedelta(seconds=self.timeout_s)
+        if rank == 0:
+            host = self._rdzv.local_host()
+            fd = listen_socket(host, 0)
+            with socket.socket(fileno=socket.dup(fd)) as sock:
+                port = int(sock.getsockname()[1])
+            try:
+                store = dist.TCPStore(host, port, is_master=True, wait_for_workers=False, timeout=timeout,
+                                      master_listen_fd=fd, use_libuv=True)
+            except BaseException:
+                os.close(fd)
+                raise
+            token = secrets.token_hex(16)
+            self._rdzv.publish_group(gen, host, port, token)
+        else:
+            where = self._rdzv.wait_group(gen, self.timeout_s)
+            if where is None:
+                raise RuntimeError(f"gloo rendezvous of generation {gen}: rank 0 did not say where within "
+                                   f"{self.timeout_s:g} s (timed out)")
+            host, port, token = where
+            store = dist.TCPStore(host, port, is_master=False, timeout=timeout)
+        return dist.PrefixStore(token, store)
 
     def _sync_state(self) -> None:
         """Everyone takes the state of the lowest rank holding the newest commit."""
@@ -321,30 +387,55 @@ class State:
         """Leave the current world for good: destroy the gloo group (joining its threads), drop the
         SIGTERM handler. Called by :func:`~malletrain.elastic.run` on every way out; idempotent."""
         self._teardown()
+        client.drop_held_reports()  # steps after the last commit: whoever goes on trains them again
         self._uninstall_sigterm()
         self._check_groups_gone()
         self._joined = False  # another run() joins again
 
-    def _save_checkpoint(self) -> None:
-        if self._rdzv is not None and self._committed is not None and self._version >= 0:
-            self._rdzv.save_checkpoint(self._committed, self.generation)
+    def _save_checkpoint(self, aside: bool = False) -> None:
+        """Leave the last commit in the store; a SIGTERM that comes meanwhile waits until it is written.
+        ``aside``: from the SIGTERM handler (its own connection, see :meth:`Rendezvous.save_checkpoint`)."""
+        if self._rdzv is None or self._committed is None or self._version < 0:
+            return
+        self._checkpointing = True
+        try:
+            self._rdzv.save_checkpoint(self._committed, self.generation, aside=aside)
+        finally:
+            self._checkpointing = False
+        if self._term_pending is not None and not self._in_handler:
+            raise SystemExit(128 + self._term_pending)
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
-        """A stop or recall: rank 0 leaves the last commit in the store, then the worker exits 143."""
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        log.info("worker %s: SIGTERM (a stop or a recall) at step %d of generation %d", self.worker,
-                 self.step, self.generation)
+        """A stop or a recall: rank 0 leaves the last commit in the store, then the worker exits 143.
+
+        One path, idempotent: a second signal (Slurm and the agent both send one) is logged and
+        ignored, and a signal during a checkpoint write lets the write finish first.
+        """
+        if self._term_pending is not None:
+            log.info("worker %s: %s again: already stopping", self.worker, signal.Signals(signum).name)
+            return
+        self._term_pending = signum
+        log.info("worker %s: %s (a stop or a recall) at step %d of generation %d", self.worker,
+                 signal.Signals(signum).name, self.step, self.generation)
+        if self._checkpointing:
+            return  # the training thread is writing one: it exits once it is written
+        client.drop_held_reports()  # steps after the last commit: the next world trains them again
         if self.rank == 0 and self._rdzv is not None:
+            self._in_handler = True
             try:
-                self._rdzv.try_quietly(self._save_checkpoint)  # never wait for a lost store here
+                # on a connection of its own: the training thread may be inside a call on the shared one
+                self._save_checkpoint(aside=True)
             except Exception as exc:  # the store may be gone too
-                log.warning("worker %s: no checkpoint on SIGTERM: %s", self.worker, exc)
+                log.warning("worker %s: no checkpoint on %s: %s", self.worker, signal.Signals(signum).name, exc)
+            finally:
+                self._in_handler = False
         raise SystemExit(128 + signum)
 
     def _uninstall_sigterm(self) -> None:
         try:
             if signal.getsignal(signal.SIGTERM) == self._on_sigterm:
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                # once stopping, a late second SIGTERM must not turn the exit 143 into a kill
+                signal.signal(signal.SIGTERM, signal.SIG_IGN if self._term_pending is not None else signal.SIG_DFL)
         except ValueError:
             pass
 

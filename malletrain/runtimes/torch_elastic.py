@@ -1,30 +1,18 @@
-"""The ``torch`` runtime, daemon side: a rendezvous store and membership generations.
+"""The ``torch`` runtime, daemon side: the rendezvous store and membership generations.
 
-The daemon hosts one :class:`torch.distributed.TCPStore` (``is_master=True``)
-for all its jobs. Every key of a job lives under ``mt/<job>/``:
-
-``mt/<job>/gen``                  the current generation number (decimal text)
-``mt/<job>/members/<g>``          JSON list of the worker ids of generation ``g``, in rank order
-``mt/<job>/ready/<worker>``       set by a worker once it is connected and waits to join
-``mt/<job>/arrive/<g>``           counter of workers that reached generation ``g``'s barrier
-``mt/<job>/joined/<g>``           set by the last worker to arrive: the barrier is complete
-``mt/<job>/pg/<g>/...``           gloo's own rendezvous keys for generation ``g``
-``mt/<job>/active``               the last generation whose world formed (set by its rank 0)
-``mt/<job>/handover/<g>``         set when generation ``g`` keeps no worker of the last non-empty
-                                  generation: its workers start from the checkpoint of ``active``
-``mt/<job>/ckpt``, ``ckpt_tag``   the last checkpoint (written by rank 0 when its world hands over
-                                  to new workers or on SIGTERM) and the generation it was taken in;
-                                  ``ckpt`` holds ``chunks:N:SIZE``, the bytes are in ``ckpt/0..N-1``
-``mt/<job>/ckpt_seq``             odd while a worker writes the checkpoint, even once done (the
-                                  daemon copies each new one to ``STATE_DIR/checkpoints/<job>.ckpt``)
-``mt/<job>/resume/<worker>``      the generation a worker was in when it reconnected to a new store
-                                  (after a daemon restart): numbering goes on above it
+The daemon hosts one authenticated rendezvous store
+(:class:`~malletrain.runtimes.store_server.RendezvousStore`) for all its jobs. A
+connection serves the one job whose secret it proved and only that job's keys
+(the schema is :mod:`malletrain.elastic.keys`); the daemon's own keys are
+read-only to workers, the checkpoint is written only by the job's own workers,
+and each job's keys are bounded in number and bytes. gloo's own rendezvous of
+each world does not go through it: the world's rank 0 serves it (see
+:mod:`malletrain.elastic.state`).
 
 :meth:`TorchRuntime.set_members` writes the member list first and then the
 generation key, so a worker that sees generation ``g`` always finds its
 members. Workers (see :mod:`malletrain.elastic`) switch to the new generation at
-their next commit point. torch is imported lazily: a daemon configured for
-another runtime starts without it.
+their next commit point.
 
 Daemon restarts: the store lives in the daemon, so a ``kill -9`` takes it
 away. Running workers keep training meanwhile (for at most
@@ -47,15 +35,35 @@ from __future__ import annotations
 
 import contextlib
 import json
+import secrets
 import logging
 import os
-import socket
 import threading
-from datetime import timedelta
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
+from malletrain.elastic.keys import (  # noqa: F401  (re-exported for older callers)
+    CKPT_CHUNK_BYTES,
+    active_key,
+    arrive_key,
+    ckpt_chunk_key,
+    ckpt_header,
+    ckpt_key,
+    ckpt_seq_key,
+    ckpt_tag_key,
+    gen_key,
+    handover_key,
+    joined_key,
+    members_key,
+    parse_ckpt_header,
+    parse_members,
+    ready_key,
+    resume_key,
+)
+from malletrain.elastic.wire import listen_socket  # noqa: F401  (re-exported)
+from malletrain.monitor import job_secret
 from malletrain.runtimes import LaunchSpec
+from malletrain.runtimes.store_server import RendezvousStore, StoreLimits
 from malletrain.workerenv import (  # noqa: F401  (ENV_* and parse_address: re-exported for older callers)
     DEFAULT_COLLECTIVE_TIMEOUT_S,
     DEFAULT_STORE_GRACE_S,
@@ -79,75 +87,6 @@ ENV_TIMEOUT = ENV_COLLECTIVE_TIMEOUT  # the name before malletrain.workerenv
 
 class RuntimeStateError(RuntimeError):
     """The runtime was used in the wrong state (e.g. before :meth:`TorchRuntime.start`)."""
-
-
-def gen_key(job: str) -> str:
-    return f"mt/{job}/gen"
-
-
-def members_key(job: str, gen: int) -> str:
-    return f"mt/{job}/members/{gen}"
-
-
-def ready_key(job: str, worker: str) -> str:
-    return f"mt/{job}/ready/{worker}"
-
-
-def arrive_key(job: str, gen: int) -> str:
-    return f"mt/{job}/arrive/{gen}"
-
-
-def joined_key(job: str, gen: int) -> str:
-    return f"mt/{job}/joined/{gen}"
-
-
-def pg_prefix(job: str, gen: int) -> str:
-    return f"mt/{job}/pg/{gen}"
-
-
-def handover_key(job: str, gen: int) -> str:
-    return f"mt/{job}/handover/{gen}"
-
-
-def active_key(job: str) -> str:
-    return f"mt/{job}/active"
-
-
-def ckpt_key(job: str) -> str:
-    return f"mt/{job}/ckpt"
-
-
-def ckpt_tag_key(job: str) -> str:
-    return f"mt/{job}/ckpt_tag"
-
-
-#: A checkpoint travels through the store in chunks: TCPStore's libuv server
-#: rejects any single value over 8 MiB ("Invalid payload size").
-CKPT_CHUNK_BYTES = 4 << 20
-
-
-def ckpt_chunk_key(job: str, index: int) -> str:
-    return f"mt/{job}/ckpt/{index}"
-
-
-def ckpt_header(n_chunks: int, size: int) -> str:
-    """The value of :func:`ckpt_key`: how many chunks hold the checkpoint, and its size."""
-    return f"chunks:{n_chunks}:{size}"
-
-
-def parse_ckpt_header(raw: bytes, job: str) -> tuple[int, int]:
-    try:
-        tag, n, size = raw.decode().split(":")
-        if tag != "chunks" or int(n) < 0 or int(size) < 0:
-            raise ValueError
-        return int(n), int(size)
-    except (UnicodeDecodeError, ValueError):
-        raise ValueError(f"job {job}: checkpoint header {raw[:40]!r} is not 'chunks:N:SIZE'") from None
-
-
-def ckpt_seq_key(job: str) -> str:
-    """A counter bracketing each checkpoint write: odd while a worker writes, even once it is done."""
-    return f"mt/{job}/ckpt_seq"
 
 
 CKPT_FILE_MAGIC = b"malletrain-checkpoint 1"
@@ -210,47 +149,6 @@ def decode_checkpoint_file(raw: bytes, path: Path) -> tuple[int, bytes]:
     return tag, data
 
 
-def resume_key(job: str, worker: str) -> str:
-    return f"mt/{job}/resume/{worker}"
-
-
-def parse_members(raw: bytes, job: str, gen: int) -> tuple[str, ...]:
-    """Decode the member list stored for ``job`` generation ``gen``."""
-    try:
-        members = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"job {job} generation {gen}: member list is not JSON: {exc}") from None
-    if not isinstance(members, list) or not all(isinstance(m, str) for m in members):
-        raise ValueError(f"job {job} generation {gen}: member list {members!r} is not a list of strings")
-    return tuple(members)
-
-
-def listen_socket(bind: str, port: int) -> int:
-    """A listening TCP socket on ``bind``:``port`` (0: any free port); returns its fd, which the caller owns.
-
-    ``OSError`` (port busy, address not on this host) names the address.
-    """
-    try:
-        infos = socket.getaddrinfo(bind, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except socket.gaierror as exc:
-        raise OSError(f"rendezvous bind address {bind!r}: {exc}") from None
-    family, kind, proto, _, sockaddr = infos[0]
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restarted daemon reuses its port
-        sock.bind(sockaddr)
-        sock.listen(512)
-    except OSError as exc:
-        sock.close()
-        raise OSError(exc.errno, f"cannot listen on {format_address((bind, port))}: {exc.strerror}") from None
-    return sock.detach()
-
-
-def _port_of(fd: int) -> int:
-    with socket.socket(fileno=socket.dup(fd)) as sock:
-        return int(sock.getsockname()[1])
-
-
 class TorchRuntime:
     """In-process elastic DDP: the daemon-side half (see module docstring).
 
@@ -270,9 +168,11 @@ class TorchRuntime:
     store only (the daemon's memory).
 
     ``bind`` is the interface address the store listens on (default: ``host``,
-    so a local daemon listens on loopback only). The store holds every job's
-    membership and checkpoints and has no authentication: never bind it to
-    all interfaces (``0.0.0.0``/``::``) on a shared network.
+    so a local daemon listens on loopback only). A connection proves its job's
+    secret (``secret_for(job)``; the daemon sets it to its own
+    :meth:`~malletrain.daemon.Daemon.job_secret`, the key that signs the job's reports;
+    by default a key of this runtime's own) and sees that job's keys only, bounded by
+    ``limits``.
     """
 
     name = "torch"
@@ -286,6 +186,7 @@ class TorchRuntime:
         store_grace_s: float = DEFAULT_STORE_GRACE_S,
         bind: str | None = None,
         checkpoint_dir: str | Path | None = None,
+        limits: StoreLimits | None = None,
     ) -> None:
         if collective_timeout_s <= 0:
             raise ValueError(f"collective_timeout_s must be > 0, got {collective_timeout_s}")
@@ -297,54 +198,71 @@ class TorchRuntime:
         self._port = port
         self.monitor = monitor
         self.collective_timeout_s = collective_timeout_s
-        self._store: Any = None
+        self._store: RendezvousStore | None = None
+        self.limits = limits or StoreLimits()
+        own_key = secrets.token_bytes(32)
+        self.secret_for: Callable[[str], str] = lambda job: job_secret(own_key, job)
         self._generations: dict[str, int] = {}  # kept across forget(): numbering never restarts
         self._forgotten: dict[str, int] = {}  # job -> generations whose keys forget() deleted
         self._last_nonempty: dict[str, tuple[int, frozenset[str]]] = {}  # kept across forget()
         self._members: dict[str, dict[int, tuple[str, ...]]] = {}
         self._workers: dict[str, set[str]] = {}
+        self._own: dict[str, set[str]] = {}  # job -> every worker started or re-adopted for it (until it ends)
         self._lock = threading.Lock()
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
         self._persisted: dict[str, int] = {}  # job -> ckpt_seq of the checkpoint on disk
 
     # -- lifecycle -----------------------------------------------------------------
     def start(self) -> None:
-        """Host the TCPStore; idempotent."""
+        """Serve the rendezvous store; idempotent."""
         with self._lock:
             if self._store is not None:
                 return
             if self.checkpoint_dir is not None:
                 self.checkpoint_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
                 os.chmod(self.checkpoint_dir, 0o700)
-            import torch.distributed as dist  # lazy: the daemon may run without torch
-
-            def serve(port: int) -> Any:
-                # TCPStore's own server listens on every interface; it gets a socket bound to ours
-                fd = listen_socket(self.bind, port)
-                try:
-                    return dist.TCPStore(self.host, _port_of(fd), is_master=True, wait_for_workers=False,
-                                         timeout=timedelta(seconds=30), master_listen_fd=fd, use_libuv=True)
-                except BaseException:
-                    with contextlib.suppress(OSError):
-                        os.close(fd)
-                    raise
-
             try:
-                self._store = serve(self._port)
-            except (OSError, dist.DistError, RuntimeError) as exc:
+                fd = listen_socket(self.bind, self._port)
+            except OSError as exc:
                 if not self._port:
                     raise
                 log.warning("rendezvous port %d is not free (%s); picking another: running workers "
                             "cannot reconnect", self._port, exc)
-                self._store = serve(0)
-            self._port = int(self._store.port)
+                fd = listen_socket(self.bind, 0)
+            store = RendezvousStore(self, self.limits)
+            store.serve(fd)
+            self._store = store
+            self._port = store.port
             log.info("rendezvous store listening on %s (workers reach it at %s)",
                      format_address((self.bind, self._port)), format_address((self.host, self._port)))
 
     def close(self) -> None:
         """Stop serving the store (workers still connected lose it); idempotent."""
         with self._lock:
-            self._store = None  # the C++ server stops when the last reference goes
+            store, self._store = self._store, None
+        if store is not None:
+            store.close()
+
+    # -- what the store asks -----------------------------------------------------------
+    def secret_of(self, job: str) -> str | None:
+        """The secret of a job this runtime runs (launched, published or resumed); None for any other."""
+        with self._lock:
+            known = job in self._workers or job in self._generations
+        return self.secret_for(job) if known else None
+
+    def may_checkpoint(self, job: str, worker: str) -> bool:
+        """Whether ``worker`` is one of ``job``'s own: started or re-adopted for it, or in one of its lists."""
+        with self._lock:
+            return worker in self._own.get(job, ())
+
+    def store_usage(self, job: str) -> tuple[int, int]:
+        """``(keys, bytes)`` ``job`` holds in the store."""
+        return self._require_store().usage(job)
+
+    @property
+    def rejected(self) -> dict[str, int]:
+        """What the store refused, counted by reason."""
+        return dict(self._store.rejected) if self._store is not None else {}
 
     @property
     def port(self) -> int:
@@ -357,7 +275,7 @@ class TorchRuntime:
         self._require_store()
         return format_address((self.host, self._port))
 
-    def _require_store(self) -> Any:
+    def _require_store(self) -> RendezvousStore:
         if self._store is None:
             raise RuntimeStateError("TorchRuntime is not started: call start() first")
         return self._store
@@ -379,9 +297,11 @@ class TorchRuntime:
             store=(self.host, self._port),
             collective_timeout_s=self.collective_timeout_s,
             store_grace_s=self.store_grace_s,
+            job_secret=self.secret_for(job_id),
         ).to_environ()
         with self._lock:
             self._workers.setdefault(job_id, set()).add(worker_id)
+            self._own.setdefault(job_id, set()).add(worker_id)
         return LaunchSpec(argv=argv, env=env)
 
     def set_members(self, job_id: str, members: Sequence[str]) -> int:
@@ -410,6 +330,7 @@ class TorchRuntime:
             self._generations[job_id] = gen
             self._members.setdefault(job_id, {})[gen] = ordered
             self._workers.setdefault(job_id, set()).update(ordered)
+            self._own.setdefault(job_id, set()).update(ordered)
         return gen
 
     def readopt(self, job_id: str, command: Sequence[str], workers: dict[str, str]) -> int:
@@ -418,6 +339,7 @@ class TorchRuntime:
         check_id("job", job_id)
         with self._lock:
             self._workers.setdefault(job_id, set()).update(workers)
+            self._own.setdefault(job_id, set()).update(workers)
             return self._generations.get(job_id, 0)
 
     def resume_generation(self, job_id: str, generation: int) -> None:
@@ -535,6 +457,7 @@ class TorchRuntime:
         with self._lock:
             if not keep_state:
                 self._last_nonempty.pop(job_id, None)
+                self._own.pop(job_id, None)
                 if self._store is not None:
                     head = ckpt_key(job_id)
                     if self._store.check([head]):
