@@ -11,7 +11,8 @@ import pytest
 
 from malletrain import cli_daemon
 from malletrain.cli import main
-from malletrain.store import Store, _private_dir
+from malletrain.statedir import private_state_dir
+from malletrain.store import Store
 
 
 def test_wait_without_a_daemon_says_no_daemon_is_running_there(tmp_path: Path, capsys: pytest.CaptureFixture[str],
@@ -40,7 +41,7 @@ def test_a_root_daemons_traversable_state_dir_is_left_alone_without_a_warning(
     Store.open(state / "store.db").close()
     os.chmod(state, 0o711)  # what a root daemon sets (control._traversable), so users reach its socket
     with caplog.at_level(logging.WARNING):
-        _private_dir(state)
+        private_state_dir(state)
         Store.open(state / "store.db").close()
     assert stat.S_IMODE(state.stat().st_mode) == 0o711
     assert not [r for r in caplog.records if "0700" in r.getMessage()]
@@ -50,5 +51,5 @@ def test_a_readable_state_dir_is_still_tightened(tmp_path: Path) -> None:
     state = tmp_path / "state"
     state.mkdir()
     os.chmod(state, 0o755)
-    _private_dir(state)
+    private_state_dir(state)
     assert stat.S_IMODE(state.stat().st_mode) == 0o700
