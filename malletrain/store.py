@@ -250,6 +250,7 @@ class Store:
         self.max_events = max_events
         self.max_samples = max_samples
         self.dropped_events = 0
+        self.commits = 0  # transactions committed (benchmarks/bench_daemon_scale.py reports them per second)
         self._since_prune = 0
 
     @classmethod
@@ -333,6 +334,7 @@ class Store:
             if exc_type is None:
                 try:
                     self.conn.execute("COMMIT")
+                    self.store.commits += 1
                     return False
                 except sqlite3.Error as commit_exc:
                     self._rollback()
