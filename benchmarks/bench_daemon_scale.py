@@ -309,7 +309,10 @@ class Run:
             while self.daemon.poll() is None and time.monotonic() < deadline:
                 self.serve(0.1)
             if self.daemon.poll() is None:
+                print("the daemon did not stop within 120 s of SIGTERM: killed", flush=True)
                 self.daemon.kill()
+            elif self.daemon.returncode:
+                print(f"the daemon exited {self.daemon.returncode}: see {self.work / 'daemon.log'}", flush=True)
         self.tell_all({"op": "exit"})
         for p in self.loads:
             try:
@@ -396,9 +399,11 @@ def run_once(args: argparse.Namespace) -> dict[str, Any]:
     dcpu = (cpu1.user + cpu1.system - cpu0.user - cpu0.system) / wall * 100
     lcpu = sum((b.user + b.system - a.user - a.system) for a, b in zip(lcpu0, lcpu1)) / wall * 100
     mcpu = (mcpu1.user + mcpu1.system - mcpu0.user - mcpu0.system) / wall * 100
-    workers = sum(dout["jobs"].values())
+    inside = [(a, w) for t, a, w in dout["sizes"] if w0 <= t <= w1] or [(dout["usable"], sum(dout["jobs"].values()))]
+    agents, workers = max(a for a, _ in inside), max(w for _, w in inside)  # the most the window saw
     fig = {
-        "nodes": args.nodes, "agents": dout["usable"], "workers": workers, "jobs": args.jobs,
+        "nodes": args.nodes, "agents": agents, "workers": workers, "jobs": args.jobs,
+        "agents_end": dout["usable"], "workers_end": sum(dout["jobs"].values()),
         "decision_p50_ms": pct(decisions, 50) * 1e3, "decision_p99_ms": pct(decisions, 99) * 1e3,
         "decisions": len(decisions),
         "step_p50_ms": pct([s for s in dout["steps"]], 50) * 1e3, "step_p99_ms": pct(dout["steps"], 99) * 1e3,

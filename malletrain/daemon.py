@@ -543,9 +543,11 @@ class Daemon:
         now = self.clock()
         self._count_node_seconds(now)
         self._observe_backend(now)
-        self._observe_agents(now)
+        with self.store.batch():  # a burst of agent events, every job's progress: one commit each
+            self._observe_agents(now)
         self.monitor.drain()
-        self._observe_progress(now)
+        with self.store.batch():
+            self._observe_progress(now)
         self.replay.tick(now)
         self._observe_store(now)
         self._serve_control()
@@ -562,7 +564,8 @@ class Daemon:
         elif self._changed or now >= self._next_decide or self._profiling:
             self._changed = False
             self._next_decide = now + REPLAN_S
-            self._decide(now)
+            with self.store.batch():  # a decision's events, plans and policy states: one commit
+                self._decide(now)
         self._act(now)
         self._persist_checkpoints()
         self._sample(now)

@@ -196,8 +196,9 @@ class Scavenging:
     def adopt(self, node: str, batch_job: str, pid: int) -> PilotId | None:
         """An agent says hello from ``node``: if no pilot of ours runs there (a daemon restart),
         the backend takes its pilot over (backends without ``adopt`` cannot)."""
-        if any(node in v.nodes and v.state is not PilotState.QUEUED for v in self.backend.pilots().values()):
-            return None
+        if node in self.held() or any(node in v.nodes and v.state is not PilotState.QUEUED
+                                      for v in self.backend.pilots().values()):
+            return None  # (held(): the common answer without a look at every pilot)
         adopt = getattr(self.backend, "adopt", None)
         if adopt is None:
             return None
@@ -207,8 +208,12 @@ class Scavenging:
         return pilot
 
     # ------------------------------------------------------------ decide
-    def held(self) -> dict[str, PilotId]:
-        """Node -> the RUNNING pilot on it."""
+    def held(self) -> Mapping[str, PilotId]:
+        """Node -> the RUNNING pilot on it (from the backend's ``held_nodes()`` when it has one:
+        built once per change of its pilots, where this loop is once per call)."""
+        held_nodes = getattr(self.backend, "held_nodes", None)
+        if held_nodes is not None:
+            return held_nodes()  # type: ignore[no-any-return]
         out: dict[str, PilotId] = {}
         for pid, view in self.backend.pilots().items():
             if view.state is PilotState.RUNNING:

@@ -39,6 +39,7 @@ class MeasuredDaemon(Daemon):
         self.steps: list[float] = []
         self.lost: dict[str, list[float]] = {}  # node -> wall times the daemon learnt it was lost
         self.commits: list[tuple[float, int]] = []  # (wall time, store transactions so far), once a second
+        self.sizes: list[tuple[float, int, int]] = []  # (wall time, agents connected, workers in jobs), with it
         super().__init__(*args, **kwargs)
 
     def _decide(self, now: float) -> None:
@@ -53,6 +54,7 @@ class MeasuredDaemon(Daemon):
         now = time.time()
         if not self.commits or now - self.commits[-1][0] >= 1.0:
             self.commits.append((now, self.store.commits))
+            self.sizes.append((now, len(self.hub.alive()), sum(len(r.members) for r in self.runs.values())))
 
     def _node_lost(self, node: str, now: float, reason: str) -> None:
         self.lost.setdefault(node, []).append(time.time())
@@ -94,6 +96,7 @@ def main(argv: list[str]) -> int:
         "lost": daemon.lost,
         "monitor": daemon.monitor.counts(),
         "commits": daemon.commits,
+        "sizes": daemon.sizes,
         "hub_rejected": dict(daemon.hub.rejected),
         "usable": len(daemon.usable_nodes()),
         "pilots": len(daemon.backend.pilots()),

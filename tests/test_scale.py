@@ -1,0 +1,186 @@
+"""What the full-machine harness (benchmarks/bench_daemon_scale.py) made faster keeps its behaviour:
+the store's batched writes, the backend's pilot views built once per change, the hub's ping rate,
+the fast checks of the agent channel."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+import zmq
+
+from malletrain.jobspec import JobSpec, JobState
+from malletrain.store import Store, StoreError
+from scavenger import channel as C
+from scavenger import protocol as P
+from scavenger.base import PilotRequest, PilotState
+from scavenger.hub import AgentHub, ping_interval
+from scavenger.slurm import SlurmBackend, SlurmConfig
+from scavenger.testing.fake_slurm import FakeSlurm
+
+SPEC = JobSpec("j", ("true",))
+
+
+# ---------------------------------------------------------------- Store.batch
+def test_a_batch_commits_its_writes_once_and_others_see_them_after(tmp_path: Path) -> None:
+    store = Store.open(tmp_path / "s.db")
+    jid = store.submit(SPEC)
+    other = sqlite3.connect(tmp_path / "s.db")
+    before = store.commits
+    with store.batch():
+        for i in range(50):
+            store.log_event("tick", jid, i=i)
+        store.set_samples(jid, 7)
+        with store.batch():  # nested: part of the outer one
+            store.set_nodes(jid, ["n1"])
+        assert other.execute("SELECT COUNT(*) FROM events WHERE kind='tick'").fetchone()[0] == 0
+    assert store.commits == before + 1
+    assert other.execute("SELECT COUNT(*) FROM events WHERE kind='tick'").fetchone()[0] == 50
+    assert store.require(jid).samples == 7 and list(store.require(jid).nodes) == ["n1"]
+    store.close()
+    other.close()
+
+
+def test_a_failed_write_in_a_batch_loses_only_itself(tmp_path: Path) -> None:
+    store = Store.open(tmp_path / "s.db")
+    jid = store.submit(SPEC)
+    store.set_state(jid, JobState.CANCELLED, "by user")
+    with store.batch():
+        store.log_event("before", jid)
+        with pytest.raises(StoreError):
+            store.set_state(jid, JobState.RUNNING, "too late")  # a terminal job does not move
+        store.log_event("after", jid)
+    kinds = [e["kind"] for e in store.events()]
+    assert "before" in kinds and "after" in kinds
+    assert store.require(jid).state is JobState.CANCELLED
+    store.close()
+
+
+def test_a_batch_that_raises_keeps_the_writes_before_the_error(tmp_path: Path) -> None:
+    store = Store.open(tmp_path / "s.db")
+    jid = store.submit(SPEC)
+    with pytest.raises(KeyError):
+        with store.batch():
+            store.log_event("kept", jid)
+            raise KeyError("a bug in the step")
+    assert [e["kind"] for e in store.events("kept")] == ["kept"]
+    store.log_event("later", jid)  # the store is usable: no transaction left open
+    assert not store.conn.in_transaction
+    store.close()
+
+
+# ---------------------------------------------------------------- pilot views
+def backend() -> tuple[SlurmBackend, FakeSlurm]:
+    slurm = FakeSlurm(["n0", "n1", "n2"])
+    be = SlurmBackend(SlurmConfig(daemon_address="tcp://127.0.0.1:1", submit_rate=100.0, submit_burst=10,
+                                  renew_before_s=0.0), runner=slurm.run)
+    return be, slurm
+
+
+def test_pilot_views_follow_every_change() -> None:
+    be, slurm = backend()
+    assert dict(be.pilots()) == {} and dict(be.held_nodes()) == {}
+    a = be.submit(PilotRequest(("n0",)))
+    assert be.pilots()[a].state is PilotState.QUEUED and dict(be.held_nodes()) == {}
+    be.poll()
+    assert be.pilots()[a].state is PilotState.RUNNING and dict(be.held_nodes()) == {"n0": a}
+    be.cancel(a)
+    assert be.pilots()[a].cancelling
+    be.poll()
+    assert a not in be.pilots() and dict(be.held_nodes()) == {}
+    b = be.adopt("n2", "777")
+    assert b == "777" and dict(be.held_nodes()) == {"n2": "777"}
+    with pytest.raises(TypeError):
+        be.pilots()["x"] = None  # type: ignore[index]  # read-only: nobody edits the shared views
+
+
+def test_pilot_views_are_rebuilt_after_a_change_that_failed_halfway() -> None:
+    be, slurm = backend()
+    a = be.submit(PilotRequest(("n0",)))
+    be.poll()
+    be.pilots()
+    slurm.recall("n0")
+    be.runner = lambda argv, **kw: (_ for _ in ()).throw(RuntimeError("scheduler gone"))  # type: ignore[assignment]
+    with pytest.raises(RuntimeError):
+        be.poll()
+    be.runner = slurm.run
+    be.poll()
+    assert a not in be.pilots()
+
+
+# ---------------------------------------------------------------- the hub's pings
+def test_ping_interval_scales_with_the_silence_agents_allow() -> None:
+    assert ping_interval(5.0) == 0.5 and ping_interval(30.0) == 3.0 and ping_interval(0.2) == 0.5
+
+
+def test_the_hub_pings_an_agent_about_ten_times_per_dead_after(tmp_path: Path) -> None:
+    now = [1000.0]
+    hub = AgentHub(dead_after_s=30.0, clock=lambda: now[0], key_file=tmp_path / "agent.key")
+    key = C.read_key_file(hub.key_file)
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.IDENTITY, b"n1")
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(hub.address)
+    try:
+        nonce_a = C.new_nonce()
+        sock.send(C.challenge_frame(nonce_a))
+        deadline = time.monotonic() + 10
+        frames: list[bytes] = []
+
+        def pump() -> None:
+            hub.poll(timeout_ms=20)
+            while sock.poll(20):
+                frames.append(sock.recv())
+
+        while not frames and time.monotonic() < deadline:
+            pump()
+        nonce_h = C.parse_nonce(frames.pop(0))
+        sock.send(C.finish_frame(C.agent_proof(key, "n1", nonce_a, nonce_h)))
+        while not frames and time.monotonic() < deadline:
+            pump()
+        assert C.kind_of(frames.pop(0)) is C.Kind.PROOF
+        session = C.Session.for_agent(C.session_key(key, "n1", nonce_a, nonce_h))
+        sock.send(session.seal(P.encode(P.Hello("n1", 1), 1)))
+        pings = 0
+        for i in range(60):  # 30 s of hub time in 0.5 s steps, heartbeats keeping the agent alive
+            sock.send(session.seal(P.encode(P.Heartbeat("n1"), i + 2)))
+            pump()
+            now[0] += 0.5
+        pump()
+        for frame in frames:
+            pings += isinstance(P.decode(session.open(frame)), P.Ping)
+        assert "n1" in hub.alive()
+        assert 9 <= pings <= 11  # every 3 s, not every 0.5 s (60 pings)
+    finally:
+        sock.close(0)
+        ctx.term()
+        hub.close()
+
+
+# ---------------------------------------------------------------- the channel's fast checks
+def test_frame_kinds_and_macs_are_what_they_were() -> None:
+    import hashlib
+    import hmac
+
+    for kind in C.Kind:
+        assert C.kind_of(kind.value + b"x") is kind
+    for bad in (b"Z", b"\x00abc"):
+        with pytest.raises(C.ChannelError, match="unknown frame kind"):
+            C.kind_of(bad)
+    key, data = b"k" * 32, b"some body"
+    assert C.agent_proof(key, "n", b"a" * 32, b"b" * 32) == hmac.new(
+        key, C._transcript(b"agent", "n", b"a" * 32, b"b" * 32), hashlib.sha256).digest()
+    agent, hub = C.Session.for_agent(key), C.Session.for_hub(key)
+    assert hub.open(agent.seal(data)) == data
+
+
+def test_agent_messages_must_be_utf8_json() -> None:
+    body = P.encode(P.Heartbeat("n1", ("w1",)), 3)
+    assert P.decode(body) == P.Heartbeat("n1", ("w1",))
+    with pytest.raises(P.ProtocolError, match="not JSON"):
+        P.decode(body.decode().encode("utf-16"))
+    with pytest.raises(P.ProtocolError, match="not JSON"):
+        P.decode(b"\xff\xfe{}")
