@@ -322,6 +322,18 @@ class Run:
         self.ctx.destroy(linger=0)
 
 
+def run_queue_wait(pid: int) -> float:
+    """Seconds process ``pid``'s threads have waited for a CPU while runnable (Linux schedstat; 0 elsewhere).
+    High while the daemon's CPU stays low: the machine, not the daemon, is the bottleneck."""
+    total = 0.0
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            total += int((task / "schedstat").read_text().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    return total
+
+
 def pct(xs: list[float], q: float) -> float:
     return float(np.percentile(xs, q)) if xs else float("nan")
 
@@ -346,6 +358,7 @@ def run_once(args: argparse.Namespace) -> dict[str, Any]:
         # the measured window: the log's recalls and returns
         c0 = run.counts()
         cpu0 = dproc.cpu_times()
+        wait0 = run_queue_wait(dproc.pid)
         lcpu0 = [p.cpu_times() for p in lprocs]
         mcpu0 = me.cpu_times()
         w0, m0 = time.time(), time.monotonic()
@@ -369,6 +382,7 @@ def run_once(args: argparse.Namespace) -> dict[str, Any]:
         wall = time.monotonic() - m0
         w1 = time.time()
         cpu1 = dproc.cpu_times()
+        wait1 = run_queue_wait(dproc.pid)
         lcpu1 = [p.cpu_times() for p in lprocs]
         mcpu1 = me.cpu_times()
         c1 = run.counts()
@@ -383,6 +397,7 @@ def run_once(args: argparse.Namespace) -> dict[str, Any]:
     accepted = dout["monitor"]["accepted"]
     lost = sent_total + refused_total - accepted
     decisions = [d for end, d in dout["decisions"] if w0 <= end <= w1]
+    decision_cpu = [c for (end, _), c in zip(dout["decisions"], dout["decision_cpu"]) if w0 <= end <= w1]
     decision_ends = sorted((end, d) for end, d in dout["decisions"])
     lost_at = dout["lost"]
     latencies = []
@@ -405,7 +420,9 @@ def run_once(args: argparse.Namespace) -> dict[str, Any]:
         "nodes": args.nodes, "agents": agents, "workers": workers, "jobs": args.jobs,
         "agents_end": dout["usable"], "workers_end": sum(dout["jobs"].values()),
         "decision_p50_ms": pct(decisions, 50) * 1e3, "decision_p99_ms": pct(decisions, 99) * 1e3,
-        "decisions": len(decisions),
+        "decisions": len(decisions), "decision_cpu_p50_ms": pct(decision_cpu, 50) * 1e3,
+        "decision_cpu_p99_ms": pct(decision_cpu, 99) * 1e3,
+        "daemon_waited_pct": (wait1 - wait0) / wall * 100,
         "step_p50_ms": pct([s for s in dout["steps"]], 50) * 1e3, "step_p99_ms": pct(dout["steps"], 99) * 1e3,
         "recalls": len(recalled_held), "recall_plan_p50_s": pct(latencies, 50), "recall_plan_p99_s": pct(latencies, 99),
         "reports_per_s": (c1["sent"] - c0["sent"]) / wall, "lost": lost, "sent": sent_total, "refused": refused_total,
@@ -482,8 +499,10 @@ def main(argv: list[str] | None = None) -> int:
         f["keeps_up"], f["broke"] = ok, why
         results.append(f)
         print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in f.items()}), flush=True)
-        print(f"{n} nodes: {'keeps up' if ok else 'breaks: ' + why}; load generator CPU {f['load_cpu_pct']:.0f}%, "
-              f"stand-in {f['harness_cpu_pct']:.0f}% (same 2 cores: figures are upper bounds)", flush=True)
+        print(f"{n} nodes: {'keeps up' if ok else 'breaks: ' + why}; decision CPU p50 "
+              f"{f['decision_cpu_p50_ms']:.1f} ms, p99 {f['decision_cpu_p99_ms']:.1f} ms; the daemon waited for a CPU "
+              f"{f['daemon_waited_pct']:.0f}% of the window; load generator CPU {f['load_cpu_pct']:.0f}%, stand-in "
+              f"{f['harness_cpu_pct']:.0f}% (all on {os.cpu_count()} shared cores: figures are upper bounds)", flush=True)
         print(line(f), flush=True)
     if args.sweep:
         good = [f for f in results if f["keeps_up"]]

@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 
 PENDING_TTL_S = 10.0
 MAX_PENDING = 1024
+MAX_FRAMES_PER_POLL = 4096
+"""Frames one :meth:`AgentHub.poll` reads at most (about 0.1 s of work): the rest wait for the next."""
 PINGS_PER_DEAD_AFTER = 10
 """An agent hears a ping this many times within the silence after which it leaves (its
 ``--dead-after``, the daemon's ``agent_dead_after``), and at least every :data:`MIN_PING_S`."""
@@ -186,15 +188,21 @@ class AgentHub:
     def stop_worker(self, node: str, worker: str, grace: float = 2.0) -> bool:
         return self.send(P.StopWorker(node, worker, grace))
 
-    def poll(self, timeout_ms: int = 0) -> list[HubEvent]:
+    def poll(self, timeout_ms: int = 0, max_frames: int = MAX_FRAMES_PER_POLL) -> list[HubEvent]:
+        """Events from the frames queued now (at most ``max_frames`` of them: the daemon's loop
+        goes on while agents send faster than the hub reads); agents silent for ``dead_after_s``
+        are gone, judged only once the queue was read to its end (a heartbeat still queued
+        is not silence); pings when due."""
         out: list[HubEvent] = []
         if timeout_ms > 0:
             self.sock.poll(timeout_ms)
         now = self.clock()
-        while True:
+        drained = False
+        for _ in range(max_frames):
             try:
                 parts = self.sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
+                drained = True
                 break
             if len(parts) != 2:
                 self._reject("malformed", "?", f"{len(parts)} message parts, not 2", now)
@@ -214,7 +222,7 @@ class AgentHub:
                 continue
             if msg is not None:
                 out.extend(self._handle(msg, now))
-        for node, info in list(self.agents.items()):
+        for node, info in list(self.agents.items()) if drained else ():
             if now - info.last_seen > self.dead_after_s:
                 del self.agents[node]
                 self._sessions.pop(node, None)

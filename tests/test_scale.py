@@ -16,7 +16,8 @@ from malletrain.store import Store, StoreError
 from scavenger import channel as C
 from scavenger import protocol as P
 from scavenger.base import PilotRequest, PilotState
-from scavenger.hub import AgentHub, ping_interval
+from scavenger.base import AgentGone
+from scavenger.hub import AgentHub, _AgentInfo, ping_interval
 from scavenger.slurm import SlurmBackend, SlurmConfig
 from scavenger.testing.fake_slurm import FakeSlurm
 
@@ -156,6 +157,41 @@ def test_the_hub_pings_an_agent_about_ten_times_per_dead_after(tmp_path: Path) -
         assert 9 <= pings <= 11  # every 3 s, not every 0.5 s (60 pings)
     finally:
         sock.close(0)
+        ctx.term()
+        hub.close()
+
+
+def test_a_poll_reads_a_bounded_number_of_frames_and_judges_silence_only_when_drained(tmp_path: Path) -> None:
+    now = [1000.0]
+    hub = AgentHub(dead_after_s=5.0, clock=lambda: now[0], key_file=tmp_path / "agent.key")
+    ctx = zmq.Context()
+    socks = []
+    try:
+        for i in range(3):  # unauthenticated frames: each is read (and rejected) like any other
+            s = ctx.socket(zmq.DEALER)
+            s.setsockopt(zmq.IDENTITY, f"n{i}".encode())
+            s.setsockopt(zmq.LINGER, 0)
+            s.connect(hub.address)
+            socks.append(s)
+        hub.agents["old"] = _AgentInfo(last_seen=0.0)  # an agent silent since long ago
+        for s in socks:
+            for _ in range(10):
+                s.send(b"Xjunk")
+        deadline = time.monotonic() + 10
+        while hub.sock.poll(10) == 0 and time.monotonic() < deadline:
+            pass
+        time.sleep(0.3)  # every frame queued at the hub
+        assert hub.poll(max_frames=7) == [] and hub.bad_frames == 7
+        assert "old" in hub.agents  # not judged: frames were still queued
+        events = []
+        while hub.bad_frames < 30 and time.monotonic() < deadline:
+            events += hub.poll(timeout_ms=20, max_frames=7)
+        events += hub.poll(timeout_ms=20)
+        assert hub.bad_frames == 30
+        assert [(type(e), e.node) for e in events] == [(AgentGone, "old")]
+    finally:
+        for s in socks:
+            s.close(0)
         ctx.term()
         hub.close()
 

@@ -37,15 +37,17 @@ class MeasuredDaemon(Daemon):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.decisions: list[tuple[float, float]] = []  # (wall time at the end, seconds)
         self.steps: list[float] = []
+        self.decision_cpu: list[float] = []  # CPU seconds of each decision (what a quiet machine would take)
         self.lost: dict[str, list[float]] = {}  # node -> wall times the daemon learnt it was lost
         self.commits: list[tuple[float, int]] = []  # (wall time, store transactions so far), once a second
         self.sizes: list[tuple[float, int, int]] = []  # (wall time, agents connected, workers in jobs), with it
         super().__init__(*args, **kwargs)
 
     def _decide(self, now: float) -> None:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         super()._decide(now)
         self.decisions.append((time.time(), time.perf_counter() - t0))
+        self.decision_cpu.append(time.thread_time() - c0)
 
     def step(self) -> None:
         t0 = time.perf_counter()
@@ -93,6 +95,7 @@ def main(argv: list[str]) -> int:
     out = {
         "decisions": daemon.decisions,
         "steps": daemon.steps,
+        "decision_cpu": daemon.decision_cpu,
         "lost": daemon.lost,
         "monitor": daemon.monitor.counts(),
         "commits": daemon.commits,
