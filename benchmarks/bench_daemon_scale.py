@@ -12,11 +12,13 @@ with its Slurm backend, hub, monitor, store and policy) in its own process again
   in Slurm's formats, read by the backend's own parsers (the daemon's command runner asks
   the stand-in instead of forking the commands);
 * ``--procs`` load processes (``benchmarks/scale/load.py``) running the node agents (one
-  per pilot the stand-in starts: the authenticated channel, hello, heartbeats, worker
-  events) and the workers the daemon starts (signed reports at ``--rate`` steps a second);
+  per pilot the stand-in starts: the authenticated channel, hello, heartbeats every
+  ``--heartbeat`` s, worker events) and the workers the daemon starts (signed reports at
+  ``--rate`` steps a second from each job's rank 0, or from every worker with
+  ``--reporters all``);
 * recalls and returns from the Summit node-state log (``summit-2021-02-10_17.nodes.csv.gz``
   via :func:`traces.read`): machine node i follows log node ``i mod 4734`` (tiles beyond
-  the log's 4,734 nodes replay it a day later per tile), over the busiest hour of the log
+  the log's 4,734 nodes replay it a day later per tile), over the log's busiest window
   (most recalls), ``--time-scale`` log seconds per wall second.
 
 The machine starts idle, so the daemon holds all N nodes (N agents) before the measured
@@ -200,6 +202,7 @@ class Run:
     loads: list[subprocess.Popen[bytes]] = field(default_factory=list)
     daemon: subprocess.Popen[bytes] | None = None
     node_proc: dict[str, int] = field(default_factory=dict)
+    next_tick: float = 0.0
 
     def __post_init__(self) -> None:
         self.node_proc = {n: i % self.args.procs for i, n in enumerate(self.nodes)}
@@ -234,7 +237,9 @@ class Run:
                 break
             if self.rep.poll(int(min(left, 0.05) * 1000) + 1):
                 serve_once(self.rep, self.slurm)
-            self.slurm.tick()
+            if time.monotonic() >= self.next_tick:
+                self.next_tick = time.monotonic() + 0.2
+                self.slurm.tick()
 
     def start(self) -> None:
         a = self.args
@@ -278,6 +283,12 @@ class Run:
                                                stdout=llog, stderr=llog, env=env))
         for n, pilot in self.slurm.running().items():  # pilots that started before the loads listened
             self._start(n, pilot)
+
+    def check_alive(self) -> None:
+        """Stop with the log to read when the daemon or a load process died."""
+        for name, proc in [("daemon", self.daemon)] + [(f"load{i}", p) for i, p in enumerate(self.loads)]:
+            if proc is not None and proc.poll() is not None:
+                raise SystemExit(f"{name} exited {proc.returncode}: see {self.work / (name + '.log')}")
 
     def _submit(self, state: Path, config: dict[str, Any]) -> None:
         from malletrain.jobspec import parse_spec
@@ -351,6 +362,7 @@ def run_once(args: argparse.Namespace) -> dict[str, Any]:
         t_warm = time.monotonic()
         while len(run.slurm.running()) < args.nodes and time.monotonic() - t_warm < args.warmup_timeout:
             run.serve(0.5)
+            run.check_alive()
         held = len(run.slurm.running())
         print(f"warm-up: {held} of {args.nodes} nodes held after {time.monotonic() - t_warm:.0f} s; "
               f"settling {args.settle:g} s", flush=True)
@@ -378,6 +390,7 @@ def run_once(args: argparse.Namespace) -> dict[str, Any]:
             if now >= next_sample:
                 rss = max(rss, dproc.memory_info().rss)
                 next_sample = now + 1.0
+                run.check_alive()
             run.serve(0.02)
         wall = time.monotonic() - m0
         w1 = time.time()
@@ -469,11 +482,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=100)
     ap.add_argument("--max-job-nodes", type=int, default=64)
     ap.add_argument("--duration", type=float, default=60.0, help="measured window, wall seconds")
-    ap.add_argument("--time-scale", type=float, default=60.0, help="log seconds per wall second")
+    ap.add_argument("--time-scale", type=float, default=10.0, help="log seconds per wall second")
     ap.add_argument("--procs", type=int, default=4, help="load processes (agents and workers)")
     ap.add_argument("--rate", type=float, default=10.0, help="steps (reports) a second per reporting worker")
-    ap.add_argument("--reporters", choices=("all", "rank0"), default="all")
-    ap.add_argument("--heartbeat", type=float, default=0.5, help="agent_heartbeat (the daemon's default)")
+    ap.add_argument("--reporters", choices=("all", "rank0"), default="rank0",
+                    help="who reports each step: each job's rank 0 (the toy and torch runtimes) or every worker")
+    ap.add_argument("--heartbeat", type=float, default=5.0,
+                    help="agent_heartbeat (the daemon's default is 0.5 s: at thousands of nodes see docs/scale.md)")
     ap.add_argument("--dead-after", type=float, default=30.0, help="agent_dead_after (the daemon's default)")
     ap.add_argument("--loop-interval", type=float, default=0.1)
     ap.add_argument("--poll-interval", type=float, default=1.0)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import hmac
+import itertools
 import logging
 import shutil
 import tempfile
@@ -33,7 +34,9 @@ from scavenger.base import AgentGone, AgentUp
 log = logging.getLogger(__name__)
 
 PENDING_TTL_S = 10.0
-MAX_PENDING = 1024
+MAX_PENDING = 16384
+"""Handshakes in progress at most: every agent of the largest machine (10,624 nodes) may reconnect at
+once (a daemon restart); beyond it the oldest is dropped (it retries)."""
 MAX_FRAMES_PER_POLL = 4096
 """Frames one :meth:`AgentHub.poll` reads at most (about 0.1 s of work): the rest wait for the next."""
 PINGS_PER_DEAD_AFTER = 10
@@ -257,10 +260,14 @@ class AgentHub:
         return msg
 
     def _challenge(self, node: str, nonce_a: bytes, now: float) -> None:
-        for ident in [i for i, p in self._pending.items() if p.expires < now]:
+        # _pending is in the order of its expiry times (one TTL, re-inserted at each challenge; the
+        # clock does not go back): the expired and the oldest are at its front, found without a scan
+        # (a scan per challenge made a whole machine's agents reconnecting at once quadratic)
+        self._pending.pop(node, None)
+        for ident in list(itertools.takewhile(lambda i: self._pending[i].expires < now, self._pending)):
             del self._pending[ident]
-        if len(self._pending) >= MAX_PENDING and node not in self._pending:
-            oldest = min(self._pending, key=lambda i: self._pending[i].expires)
+        if len(self._pending) >= MAX_PENDING:
+            oldest = next(iter(self._pending))
             del self._pending[oldest]
             self._reject("pending_evicted", oldest, f"more than {MAX_PENDING} handshakes in progress", now)
         nonce_h = C.new_nonce()

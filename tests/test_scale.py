@@ -196,6 +196,27 @@ def test_a_poll_reads_a_bounded_number_of_frames_and_judges_silence_only_when_dr
         hub.close()
 
 
+def test_handshakes_in_progress_expire_and_the_oldest_is_evicted(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    import scavenger.hub as hub_module
+
+    monkeypatch.setattr(hub_module, "MAX_PENDING", 3)
+    now = [0.0]
+    hub = AgentHub(clock=lambda: now[0], key_file=tmp_path / "agent.key")
+    try:
+        for node in ("a", "b", "c"):
+            hub._challenge(node, b"x" * 32, now[0])
+            now[0] += 1.0
+        hub._challenge("a", b"y" * 32, now[0])  # a again: now the newest
+        hub._challenge("d", b"x" * 32, now[0])  # full: b, the oldest, goes
+        assert list(hub._pending) == ["c", "a", "d"] and hub.rejected["pending_evicted"] == 1
+        now[0] += hub_module.PENDING_TTL_S - 0.5  # c (asked at 2) expired; a and d (at 3) not yet
+        hub._challenge("e", b"x" * 32, now[0])
+        assert list(hub._pending) == ["a", "d", "e"] and hub.rejected["pending_evicted"] == 1
+    finally:
+        hub.close()
+
+
 # ---------------------------------------------------------------- the channel's fast checks
 def test_frame_kinds_and_macs_are_what_they_were() -> None:
     import hashlib

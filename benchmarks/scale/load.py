@@ -101,6 +101,7 @@ class Load:
         self.reporters = settings["reporters"]
         self.samples = int(settings.get("samples", 32))
         self.ctx = zmq.Context()
+        self.ctx.set(zmq.MAX_SOCKETS, 65536)  # one DEALER per agent: thousands (the default allows 1,023)
         self.control = self.ctx.socket(zmq.PULL)
         self.control.connect(settings["control"])
         self.status = self.ctx.socket(zmq.PUSH)
