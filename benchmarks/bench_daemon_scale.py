@@ -139,8 +139,11 @@ def machine_nodes(log_nodes: tuple[str, ...], n: int) -> list[str]:
     return out
 
 
-def log_changes(n: int, duration_s: float, time_scale: float) -> tuple[list[str], list[Change], float]:
-    """The machine's node names and the log's changes over the busiest window (most recalls)."""
+def log_changes(n: int, duration_s: float, time_scale: float, busy_pct: float = 90.0
+                ) -> tuple[list[str], list[Change], float]:
+    """The machine's node names and the log's changes over a busy window: of the windows starting
+    every 10 minutes, the one at the ``busy_pct`` percentile of recalls (100: the busiest, where a
+    full-machine job recalls nearly every node at once)."""
     from traces import read
     from traces.data import find_data
 
@@ -155,7 +158,8 @@ def log_changes(n: int, duration_s: float, time_scale: float) -> tuple[list[str]
     last_start = tl.end - span - (tiles - 1) * TILE_SHIFT_S
     starts = np.arange(tl.start, max(tl.start + 1, last_start), 600.0)
     counts = np.searchsorted(recalls, starts + span) - np.searchsorted(recalls, starts)
-    t0 = float(starts[int(np.argmax(counts))])
+    order = np.argsort(counts, kind="stable")
+    t0 = float(starts[order[min(len(order) - 1, int(len(order) * busy_pct / 100.0))]])
     changes: list[Change] = []
     for k in range(tiles):
         lo = t0 + k * TILE_SHIFT_S
@@ -346,11 +350,15 @@ def run_queue_wait(pid: int) -> float:
 
 
 def pct(xs: list[float], q: float) -> float:
-    return float(np.percentile(xs, q)) if xs else float("nan")
+    """The q-th percentile (nearest rank; inf counts as the largest value), nan for none."""
+    if not xs:
+        return float("nan")
+    ordered = sorted(xs)
+    return float(ordered[min(len(ordered) - 1, max(0, int(np.ceil(q / 100.0 * len(ordered))) - 1))])
 
 
 def run_once(args: argparse.Namespace) -> dict[str, Any]:
-    names, changes, t0 = log_changes(args.nodes, args.duration, args.time_scale)
+    names, changes, t0 = log_changes(args.nodes, args.duration, args.time_scale, args.busy)
     work = Path(tempfile.mkdtemp(prefix="malletrain-scale-"))
     run = Run(args, work, names, changes)
     me = psutil.Process()
@@ -429,8 +437,9 @@ def run_once(args: argparse.Namespace) -> dict[str, Any]:
     mcpu = (mcpu1.user + mcpu1.system - mcpu0.user - mcpu0.system) / wall * 100
     inside = [(a, w) for t, a, w in dout["sizes"] if w0 <= t <= w1] or [(dout["usable"], sum(dout["jobs"].values()))]
     agents, workers = max(a for a, _ in inside), max(w for _, w in inside)  # the most the window saw
+    est = cpu_estimate(dout["counters"], w0, w1, agents, workers, args)
     fig = {
-        "nodes": args.nodes, "agents": agents, "workers": workers, "jobs": args.jobs,
+        "nodes": args.nodes, "agents": agents, "workers": workers, "jobs": args.jobs, **est,
         "agents_end": dout["usable"], "workers_end": sum(dout["jobs"].values()),
         "decision_p50_ms": pct(decisions, 50) * 1e3, "decision_p99_ms": pct(decisions, 99) * 1e3,
         "decisions": len(decisions), "decision_cpu_p50_ms": pct(decision_cpu, 50) * 1e3,
@@ -449,12 +458,40 @@ def run_once(args: argparse.Namespace) -> dict[str, Any]:
     return fig
 
 
+def cpu_estimate(counters: list[Any], w0: float, w1: float, agents: int, workers: int,
+                 args: argparse.Namespace) -> dict[str, float]:
+    """The daemon's CPU per unit of work over the window (thread CPU time: what it costs, not how
+    long it waited for a core) and the CPU it would need to keep up with the whole load: agents'
+    heartbeats (and the pings that go with them), reports, one step per loop interval, and the
+    decisions of the steps that decided. On a machine too busy to give the daemon that much, the
+    measured CPU is what it got, and this is what it needs."""
+    inside = [c for c in counters if w0 <= c[0] <= w1]
+    if len(inside) < 2:
+        return {}
+    (_, s0, f0, r0, d0, c0), (_, s1, f1, r1, d1, c1) = inside[0], inside[-1]
+    steps, frames, reports, decisions = s1 - s0, f1 - f0, r1 - r0, d1 - d0
+    cpu = {k: c1[k] - c0[k] for k in c1}
+    per_frame = cpu["hub"] / frames if frames else 0.0
+    per_report = cpu["monitor"] / reports if reports else 0.0
+    per_decision = cpu["decide"] / decisions if decisions else 0.0
+    per_step = max(0.0, cpu["step"] - cpu["hub"] - cpu["decide"] - cpu["monitor"]) / steps if steps else 0.0
+    steps_s = 1.0 / args.loop_interval
+    frames_s = agents / args.heartbeat
+    reports_s = args.rate * (workers if args.reporters == "all" else args.jobs)
+    decisions_s = steps_s * min(1.0, decisions / steps) if steps else 0.0
+    need = frames_s * per_frame + reports_s * per_report + steps_s * per_step + decisions_s * per_decision
+    return {"cpu_per_frame_us": per_frame * 1e6, "cpu_per_report_us": per_report * 1e6,
+            "cpu_per_step_ms": per_step * 1e3, "cpu_per_decision_ms": per_decision * 1e3,
+            "cpu_needed_pct": need * 100, "frames_s_needed": frames_s, "reports_s_needed": reports_s,
+            "decisions_s_needed": decisions_s}
+
+
 def keeps_up(f: dict[str, Any]) -> tuple[bool, str]:
     """Whether decisions keep up at this size, and what broke first if not."""
     broke = []
     if not f["decision_p99_ms"] <= 100:
         broke.append(f"decision p99 {f['decision_p99_ms']:.0f} ms > 100 ms")
-    if not f["recall_plan_p99_s"] <= 1.0:
+    if f["recalls"] and not f["recall_plan_p99_s"] <= 1.0:
         broke.append(f"recall -> new plan p99 {f['recall_plan_p99_s']:.2f} s > 1 s")
     if f["daemon_cpu_pct"] > 100:
         broke.append(f"daemon CPU {f['daemon_cpu_pct']:.0f}% > one core")
@@ -483,6 +520,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-job-nodes", type=int, default=64)
     ap.add_argument("--duration", type=float, default=60.0, help="measured window, wall seconds")
     ap.add_argument("--time-scale", type=float, default=10.0, help="log seconds per wall second")
+    ap.add_argument("--busy", type=float, default=90.0,
+                    help="which window of the log: percentile of recalls per window (100: the busiest)")
     ap.add_argument("--procs", type=int, default=4, help="load processes (agents and workers)")
     ap.add_argument("--rate", type=float, default=10.0, help="steps (reports) a second per reporting worker")
     ap.add_argument("--reporters", choices=("all", "rank0"), default="rank0",
@@ -518,6 +557,12 @@ def main(argv: list[str] | None = None) -> int:
               f"{f['decision_cpu_p50_ms']:.1f} ms, p99 {f['decision_cpu_p99_ms']:.1f} ms; the daemon waited for a CPU "
               f"{f['daemon_waited_pct']:.0f}% of the window; load generator CPU {f['load_cpu_pct']:.0f}%, stand-in "
               f"{f['harness_cpu_pct']:.0f}% (all on {os.cpu_count()} shared cores: figures are upper bounds)", flush=True)
+        if "cpu_needed_pct" in f:
+            print(f"daemon CPU per unit: {f['cpu_per_frame_us']:.0f} us/agent frame, {f['cpu_per_report_us']:.0f} us/report, "
+                  f"{f['cpu_per_step_ms']:.1f} ms/step besides, {f['cpu_per_decision_ms']:.1f} ms/decision -> "
+                  f"{f['cpu_needed_pct']:.0f}% of a core to keep up ({f['frames_s_needed']:.0f} frames/s, "
+                  f"{f['reports_s_needed']:.0f} reports/s, {1 / args.loop_interval:.0f} steps/s, "
+                  f"{f['decisions_s_needed']:.1f} decisions/s)", flush=True)
         print(line(f), flush=True)
     if args.sweep:
         good = [f for f in results if f["keeps_up"]]

@@ -140,6 +140,7 @@ class AgentHub:
         self.ping_s = ping_s if ping_s is not None else ping_interval(dead_after_s)
         self.agents: dict[str, _AgentInfo] = {}
         self.rejected: collections.Counter[str] = collections.Counter()
+        self.frames = 0  # frames read from agents, accepted or not (for metrics and benchmarks)
         self._sessions: dict[str, C.Session] = {}
         self._pending: dict[str, _Pending] = {}
         self._last_log: dict[str, float] = {}
@@ -207,6 +208,7 @@ class AgentHub:
             except zmq.Again:
                 drained = True
                 break
+            self.frames += 1
             if len(parts) != 2:
                 self._reject("malformed", "?", f"{len(parts)} message parts, not 2", now)
                 continue

@@ -41,22 +41,40 @@ class MeasuredDaemon(Daemon):
         self.lost: dict[str, list[float]] = {}  # node -> wall times the daemon learnt it was lost
         self.commits: list[tuple[float, int]] = []  # (wall time, store transactions so far), once a second
         self.sizes: list[tuple[float, int, int]] = []  # (wall time, agents connected, workers in jobs), with it
+        self.counters: list[tuple[float, int, int, int, int, dict[str, float]]] = []  # (time, steps, frames, reports,
+        #                                                                 decisions, CPU by phase so far), with it
+        self.cpu = {"hub": 0.0, "monitor": 0.0, "decide": 0.0, "step": 0.0}  # thread CPU seconds by phase
         super().__init__(*args, **kwargs)
+        self.hub.poll = self._timed(self.hub.poll, "hub")  # type: ignore[method-assign]
+        self.monitor.drain = self._timed(self.monitor.drain, "monitor")  # type: ignore[method-assign]
+
+    def _timed(self, fn: Any, phase: str) -> Any:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            c0 = time.thread_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.cpu[phase] += time.thread_time() - c0
+        return timed
 
     def _decide(self, now: float) -> None:
         t0, c0 = time.perf_counter(), time.thread_time()
         super()._decide(now)
         self.decisions.append((time.time(), time.perf_counter() - t0))
         self.decision_cpu.append(time.thread_time() - c0)
+        self.cpu["decide"] += self.decision_cpu[-1]
 
     def step(self) -> None:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         super().step()
         self.steps.append(time.perf_counter() - t0)
+        self.cpu["step"] += time.thread_time() - c0
         now = time.time()
         if not self.commits or now - self.commits[-1][0] >= 1.0:
             self.commits.append((now, self.store.commits))
             self.sizes.append((now, len(self.hub.alive()), sum(len(r.members) for r in self.runs.values())))
+            self.counters.append((now, len(self.steps), self.hub.frames, self.monitor.received, len(self.decisions),
+                                  dict(self.cpu)))
 
     def _node_lost(self, node: str, now: float, reason: str) -> None:
         self.lost.setdefault(node, []).append(time.time())
@@ -100,6 +118,7 @@ def main(argv: list[str]) -> int:
         "monitor": daemon.monitor.counts(),
         "commits": daemon.commits,
         "sizes": daemon.sizes,
+        "counters": daemon.counters,
         "hub_rejected": dict(daemon.hub.rejected),
         "usable": len(daemon.usable_nodes()),
         "pilots": len(daemon.backend.pilots()),

@@ -167,7 +167,7 @@ class Load:
         if agent.session is not None or now < agent.next_auth:
             return
         agent.nonce_a, agent.nonce_h = C.new_nonce(), None
-        agent.next_auth = now + 10.0  # as the agent (a loaded hub answers late)
+        agent.next_auth = now + 10.0  # the agent retries after 1 s: a loaded hub answers later (see docs/scale.md)
         try:
             agent.sock.send(C.challenge_frame(agent.nonce_a), zmq.NOBLOCK)
         except zmq.Again:
