@@ -118,6 +118,7 @@ class Scavenging:
     _next_look: float = field(default=0.0, repr=False)
     _hold_blocked_until: float = field(default=0.0, repr=False)
     _saved: str | None = field(default=None, repr=False)
+    _remembered_version: int | None = field(default=None, repr=False)
     _agentless_since: dict[PilotId, float] = field(default_factory=dict, repr=False)
     _shunned: dict[str, tuple[float, int]] = field(default_factory=dict, repr=False)  # node -> (until, strikes)
 
@@ -145,13 +146,18 @@ class Scavenging:
         return taken
 
     def _remember(self) -> None:
-        """Keep the ids of our live pilots in ``meta`` when they changed."""
+        """Keep the ids of our live pilots in ``meta`` when they changed (not even looked at when
+        the backend's ``version`` says nothing could have: at 10,000 pilots the JSON costs ~0.1 s)."""
         if self.meta is None:
+            return
+        version = getattr(self.backend, "version", None)
+        if version is not None and version == self._remembered_version:
             return
         text = pilots_json(self.backend.pilots())
         if text != self._saved:
             self.meta.set_meta(PILOTS_KEY, text)
             self._saved = text
+        self._remembered_version = version  # only once kept: a failed write is tried again
 
     # ------------------------------------------------------------ observe
     def look(self, now: float) -> list[PilotEvent]:

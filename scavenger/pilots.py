@@ -145,6 +145,7 @@ class PilotBook:
         self._live: dict[PilotId, PilotRecord] = {}
         self._events: list[PilotEvent] = []
         self._ended: dict[PilotId, EndReason] = {}
+        self._on_node: dict[str, set[PilotId]] = {}  # node -> live pilots that asked for it or run there
 
     # -- queries
     def __contains__(self, pid: object) -> bool:
@@ -164,12 +165,32 @@ class PilotBook:
         return {n for r in self._live.values() for n in (r.nodes or r.request.nodes)}
 
     def holder_of(self, nodes: Sequence[str]) -> PilotRecord | None:
-        """A live pilot (not a queued replacement) on any of ``nodes``."""
+        """A live pilot (not a queued replacement) on any of ``nodes`` (the first submitted)."""
         want = set(nodes)
-        for r in self._live.values():
-            if r.replaces is None and want & set(r.nodes or r.request.nodes):
-                return r
+        found = {pid for n in want for pid in self._on_node.get(n, ())}
+        for pid in self._live:  # submission order, as a scan of the book finds them
+            if pid in found:
+                r = self._live[pid]
+                if r.replaces is None and want & set(r.nodes or r.request.nodes):
+                    return r
         return None
+
+    def set_nodes(self, rec: PilotRecord, nodes: tuple[str, ...]) -> None:
+        """``rec`` runs on ``nodes`` (as the scheduler says)."""
+        rec.nodes = nodes
+        self._index(rec)
+
+    def _index(self, rec: PilotRecord) -> None:
+        for n in (*rec.nodes, *rec.request.nodes):
+            self._on_node.setdefault(n, set()).add(rec.id)
+
+    def _unindex(self, rec: PilotRecord) -> None:
+        for n in (*rec.nodes, *rec.request.nodes):
+            ids = self._on_node.get(n)
+            if ids is not None:
+                ids.discard(rec.id)
+                if not ids:
+                    del self._on_node[n]
 
     def drain(self) -> list[PilotEvent]:
         out, self._events = self._events, []
@@ -181,6 +202,7 @@ class PilotBook:
         if request.after is not None and request.after in self._live:
             self._live[request.after].replaced_by = pid
         self._live[pid] = rec
+        self._index(rec)
         self._events.append(PilotQueued(pid, request.nodes, request.after))
         return rec
 
@@ -194,6 +216,7 @@ class PilotBook:
         rec = PilotRecord(saved.id, request, now, state=PilotState.UNKNOWN, nodes=saved.nodes, queued_since=now,
                           replaces=saved.replaces)
         self._live[saved.id] = rec
+        self._index(rec)
         for other in self._live.values():  # link replacements whichever came back first
             if other.replaces == rec.id:
                 rec.replaced_by = other.id
@@ -208,7 +231,7 @@ class PilotBook:
             return
         rec.raw_state = obs.raw_state
         if obs.nodes:
-            rec.nodes = obs.nodes
+            self.set_nodes(rec, obs.nodes)
         if obs.expires_at is not None:
             rec.expires_at = obs.expires_at
         new = obs.state
@@ -255,6 +278,7 @@ class PilotBook:
         rec = self._live.pop(pid, None)
         if rec is None:
             return None
+        self._unindex(rec)
         rec.state = PilotState.ENDED
         self._ended[pid] = reason
         if len(self._ended) > 10_000:
@@ -404,6 +428,7 @@ def _changes_pilots(method: Callable[..., _T]) -> Callable[..., _T]:
             return method(self, *args, **kwargs)
         finally:
             self._views = None
+            self.version += 1
 
     return wrapper
 
@@ -432,6 +457,7 @@ class BatchBackend:
         self.limiter = SubmitLimiter(config.submit_rate, config.submit_burst, config.backoff_s, config.backoff_max_s)
         self.commands = 0  # scheduler commands run (for tests and benchmarks)
         self._views: Mapping[PilotId, PilotView] | None = None  # pilots(), built once per change
+        self.version = 0  # counts the calls that may have changed the pilots (a caller skips work when equal)
         self._held: dict[str, PilotId] = {}  # held_nodes(), built with it
 
     # -- commands
@@ -503,6 +529,7 @@ class BatchBackend:
             return pilot  # nothing changes (every hello of our own agents asks)
         now = self.clock()
         self._views = None
+        self.version += 1
         self.book.add(pilot, PilotRequest((node,)), now)
         self.book.apply(Observation(pilot, PilotState.RUNNING, "RUNNING", (node,)), now)
         return pilot
@@ -571,7 +598,7 @@ class BatchBackend:
         if rec is None:
             return
         if obs.nodes and not rec.nodes:
-            rec.nodes = obs.nodes
+            self.book.set_nodes(rec, obs.nodes)
         preempted_before = rec.preempted or rec.cancel_cause is EndReason.PREEMPTED
         reason, detail = classify_end(obs, rec.cancel_requested, preempted_before)
         if rec.cancel_cause is EndReason.TIMEOUT and reason in (EndReason.CANCELLED, EndReason.EXITED):

@@ -111,6 +111,55 @@ def test_pilot_views_are_rebuilt_after_a_change_that_failed_halfway() -> None:
     assert a not in be.pilots()
 
 
+def test_the_pilot_on_a_node_is_found_through_every_change_of_the_book() -> None:
+    from scavenger.base import EndReason
+    from scavenger.pilots import Observation, PilotBook
+
+    book = PilotBook()
+    a = book.add("1", PilotRequest(("n1",)), 0.0)  # type: ignore[arg-type]
+    book.add("2", PilotRequest(("n1",), after="1"), 0.0)  # type: ignore[arg-type]  # a queued replacement
+    book.add("3", PilotRequest(()), 0.0)  # type: ignore[arg-type]  # anywhere: nodes known once it runs
+    assert book.holder_of(["n1"]) is a and book.holder_of(["n9"]) is None
+    book.apply(Observation("3", PilotState.RUNNING, "RUNNING", ("n9",)), 1.0)  # type: ignore[arg-type]
+    assert book.holder_of(["n8", "n9"]).id == "3"  # type: ignore[union-attr]
+    book.finish("1", EndReason.TIMEOUT, "", 2.0)  # type: ignore[arg-type]
+    assert book.holder_of(["n1"]) is None  # only the replacement is left there
+    book.finish("3", EndReason.PREEMPTED, "", 2.0)  # type: ignore[arg-type]
+    assert book.holder_of(["n9"]) is None and book._on_node == {"n1": {"2"}}
+
+
+def test_live_pilots_are_remembered_only_when_the_backend_changed(tmp_path: Path) -> None:
+    from malletrain.scavenging import PILOTS_KEY, Scavenging
+
+    class Meta:
+        def __init__(self) -> None:
+            self.writes = 0
+            self.value: str | None = None
+
+        def get_meta(self, key: str) -> str | None:
+            return self.value
+
+        def set_meta(self, key: str, value: str) -> None:
+            assert key == PILOTS_KEY
+            self.writes += 1
+            self.value = value
+
+    class Hub:
+        def alive(self) -> set[str]:
+            return set()
+
+    be, slurm = backend()
+    meta = Meta()
+    scav = Scavenging(be, Hub(), lambda *a, **k: None, poll_interval=0.0, meta=meta)
+    scav.look(0.0)  # none yet: "{}"
+    scav.hold_idle(0.0)
+    assert meta.writes == 2 and '"n0"' in (meta.value or "")
+    calls = []
+    be.pilots = lambda: calls.append(1) or {}  # type: ignore[method-assign]
+    scav.hold_idle(0.1)  # nothing submitted, nothing polled: the pilots are not even listed
+    assert calls == [] and meta.writes == 2
+
+
 # ---------------------------------------------------------------- the hub's pings
 def test_ping_interval_scales_with_the_silence_agents_allow() -> None:
     assert ping_interval(5.0) == 0.5 and ping_interval(30.0) == 3.0 and ping_interval(0.2) == 0.5

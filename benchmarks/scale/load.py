@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import sys
 import time
 from dataclasses import dataclass, field
@@ -58,6 +59,7 @@ class SimAgent:
     nonce_a: bytes | None = None
     nonce_h: bytes | None = None
     next_auth: float = 0.0
+    tries: int = 0
     next_hb: float = 0.0
     seq: int = 0
     workers: dict[str, SimWorker] = field(default_factory=dict)
@@ -167,11 +169,15 @@ class Load:
         if agent.session is not None or now < agent.next_auth:
             return
         agent.nonce_a, agent.nonce_h = C.new_nonce(), None
-        agent.next_auth = now + 10.0  # the agent retries after 1 s: a loaded hub answers later (see docs/scale.md)
+        # the agent retries every 1 s; a loaded hub answers later than that, and each retry makes
+        # the last answer useless (see docs/scale.md): back off, 2 s doubling to 32 s, with jitter
+        agent.tries += 1
+        agent.next_auth = now + min(32.0, 2.0 ** agent.tries) * random.uniform(0.75, 1.25)
         try:
             agent.sock.send(C.challenge_frame(agent.nonce_a), zmq.NOBLOCK)
         except zmq.Again:
-            agent.nonce_a, agent.next_auth = None, now + 0.1  # not connected yet
+            agent.nonce_a, agent.next_auth = None, now + 0.1  # not connected yet: no try spent
+            agent.tries -= 1
 
     def receive(self, agent: SimAgent, frame: bytes, now: float) -> None:
         self.frames_in += 1
@@ -185,6 +191,7 @@ class Load:
                 raise RuntimeError(f"node {agent.node}: the hub could not prove the agent key")
             agent.session = C.Session.for_agent(C.session_key(self.key, agent.node, agent.nonce_a, agent.nonce_h))
             agent.nonce_a = agent.nonce_h = None
+            agent.tries = 0
             self.send(agent, P.Hello(agent.node, self.pid, tuple(agent.workers), agent.pilot))
             agent.next_hb = now + self.heartbeat
         elif kind is C.Kind.REAUTH:
