@@ -154,10 +154,18 @@ def test_live_pilots_are_remembered_only_when_the_backend_changed(tmp_path: Path
     scav.look(0.0)  # none yet: "{}"
     scav.hold_idle(0.0)
     assert meta.writes == 2 and '"n0"' in (meta.value or "")
+    import malletrain.scavenging as scavenging
+
     calls = []
-    be.pilots = lambda: calls.append(1) or {}  # type: ignore[method-assign]
-    scav.hold_idle(0.1)  # nothing submitted, nothing polled: the pilots are not even listed
-    assert calls == [] and meta.writes == 2
+    real = scavenging.pilots_json
+    scavenging.pilots_json = lambda views: calls.append(1) or real(views)  # type: ignore[assignment]
+    try:
+        scav.hold_idle(0.1)  # nothing submitted, nothing polled: no JSON of every pilot
+        assert calls == [] and meta.writes == 2
+        scav.look(0.2)  # a poll may change them: looked at again (unchanged: not written)
+        assert calls == [1] and meta.writes == 2
+    finally:
+        scavenging.pilots_json = real  # type: ignore[assignment]
 
 
 # ---------------------------------------------------------------- the hub's pings
