@@ -237,7 +237,13 @@ class Scavenging:
             return ""
 
     def usable(self) -> set[str]:
-        """Nodes of RUNNING pilots whose own agent is connected."""
+        """Nodes of RUNNING pilots whose own agent is connected (one dict lookup per node when the hub
+        lists its agents' batch jobs at once, ``batch_jobs()``: the daemon asks several times a step)."""
+        batch_jobs = getattr(self.hub, "batch_jobs", None)
+        if batch_jobs is not None:
+            batches: Mapping[str, str | None] = batch_jobs()
+            return {node for node, pid in self.held().items()
+                    if node in batches and (not batches[node] or batches[node] == pid)}
         alive = self.hub.alive()
         out = set()
         for node, pid in self.held().items():
@@ -314,10 +320,14 @@ class Scavenging:
         if self.agent_grace <= 0:
             return
         alive = self.hub.alive()
+        batch_jobs = getattr(self.hub, "batch_jobs", None)
+        batches: Mapping[str, str | None] | None = batch_jobs() if batch_jobs is not None else None
         watched: dict[PilotId, float] = {}
-        for pid, view in sorted(self.backend.pilots().items()):
-            if view.state is not PilotState.RUNNING or view.cancelling:
-                continue
+        running = [(pid, view) for pid, view in self.backend.pilots().items()
+                   if view.state is PilotState.RUNNING and not view.cancelling
+                   and (batches is None or not all(batches.get(n, pid) in (pid, None, "") and n in batches
+                                                   for n in view.nodes))]  # (the common case, in one pass)
+        for pid, view in sorted(running):
             why = self._missing_agent(pid, view, alive)
             if not why:
                 continue

@@ -163,6 +163,10 @@ class AgentHub:
         info = self.agents.get(node)
         return set(info.workers) if info else set()
 
+    def batch_jobs(self) -> dict[str, str | None]:
+        """Every connected agent's node -> the batch job it said it runs in (None if none)."""
+        return {node: info.batch_job for node, info in self.agents.items()}
+
     def batch_job(self, node: str) -> str | None:
         """The batch job id ``node``'s agent said it runs in (its pilot), None if none or unknown."""
         info = self.agents.get(node)

@@ -168,6 +168,39 @@ def test_live_pilots_are_remembered_only_when_the_backend_changed(tmp_path: Path
         scavenging.pilots_json = real  # type: ignore[assignment]
 
 
+def test_usable_nodes_and_agentless_pilots_read_the_hubs_batch_jobs_at_once() -> None:
+    from malletrain.scavenging import Scavenging
+
+    be, slurm = backend()
+    p0, p1, p2 = (be.submit(PilotRequest((n,))) for n in ("n0", "n1", "n2"))
+    be.poll()
+
+    class OneByOne:
+        def __init__(self, batches: dict[str, str | None]) -> None:
+            self.batches = batches
+
+        def alive(self) -> set[str]:
+            return set(self.batches)
+
+        def batch_job(self, node: str) -> str | None:
+            return self.batches.get(node)
+
+    class AtOnce(OneByOne):
+        def batch_jobs(self) -> dict[str, str | None]:
+            return dict(self.batches)
+
+    batches = {"n0": p0, "n1": "someone-else", "n2": None, "n3": "9"}
+    logs: dict[str, list[tuple]] = {}
+    for hub in (OneByOne(batches), AtOnce(batches)):
+        log: list[tuple] = []
+        scav = Scavenging(be, hub, lambda kind, job=None, **d: log.append((kind, d)), agent_grace=5.0)
+        assert scav.usable() == {"n0", "n2"}
+        scav._cancel_agentless(0.0)
+        assert scav._agentless_since == {p1: 0.0}  # n1 runs another batch job's agent
+        logs[type(hub).__name__] = log
+    assert logs["OneByOne"] == logs["AtOnce"]
+
+
 # ---------------------------------------------------------------- the hub's pings
 def test_ping_interval_scales_with_the_silence_agents_allow() -> None:
     assert ping_interval(5.0) == 0.5 and ping_interval(30.0) == 3.0 and ping_interval(0.2) == 0.5
