@@ -63,6 +63,12 @@ EventLog = Callable[..., None]
 MAX_SHUN_STRIKES = 6
 """A node that keeps losing pilots for want of an agent waits at most ``agent_grace * 2**5``."""
 
+MAX_SUBMITS_PER_HOLD = 32
+"""Pilots one :meth:`Scavenging.hold_idle` submits at most: a whole machine turning idle (a daemon's
+first look at 4,608 idle nodes) is held over many loop iterations, not in one that runs thousands
+of ``sbatch`` while no agent is heard and nothing is decided (32 a step is 320 a second at the
+default loop interval, above any centre's ``submit_rate``)."""
+
 PILOTS_KEY = "pilots"
 """Store meta: our live pilots, ``{id: {"nodes": [...], "replaces": id or null}}``."""
 
@@ -289,8 +295,10 @@ class Scavenging:
         return out
 
     def _submit_for(self, free: list[str], now: float) -> list[PilotId]:
+        """Pilots for ``free`` nodes, at most :data:`MAX_SUBMITS_PER_HOLD` (the rest at the next hold)."""
         out: list[PilotId] = []
-        for i in range(0, len(free) - self.nodes_per_pilot + 1, self.nodes_per_pilot):
+        last = min(len(free) - self.nodes_per_pilot + 1, MAX_SUBMITS_PER_HOLD * self.nodes_per_pilot)
+        for i in range(0, last, self.nodes_per_pilot):
             nodes = tuple(free[i: i + self.nodes_per_pilot])
             try:
                 pid = self.backend.submit(PilotRequest(nodes))

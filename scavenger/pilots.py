@@ -168,11 +168,11 @@ class PilotBook:
         """A live pilot (not a queued replacement) on any of ``nodes`` (the first submitted)."""
         want = set(nodes)
         found = {pid for n in want for pid in self._on_node.get(n, ())}
-        for pid in self._live:  # submission order, as a scan of the book finds them
-            if pid in found:
-                r = self._live[pid]
-                if r.replaces is None and want & set(r.nodes or r.request.nodes):
-                    return r
+        candidates = [self._live[pid] for pid in found] if len(found) < 2 else [
+            r for pid, r in self._live.items() if pid in found]  # several: in submission order, as a scan finds them
+        for r in candidates:
+            if r.replaces is None and want & set(r.nodes or r.request.nodes):
+                return r
         return None
 
     def set_nodes(self, rec: PilotRecord, nodes: tuple[str, ...]) -> None:

@@ -201,6 +201,28 @@ def test_usable_nodes_and_agentless_pilots_read_the_hubs_batch_jobs_at_once() ->
     assert logs["OneByOne"] == logs["AtOnce"]
 
 
+def test_a_whole_idle_machine_is_held_over_several_holds() -> None:
+    from malletrain.scavenging import MAX_SUBMITS_PER_HOLD, Scavenging
+
+    class Hub:
+        def alive(self) -> set[str]:
+            return set()
+
+    nodes = [f"n{i:03d}" for i in range(100)]
+    slurm = FakeSlurm(nodes)
+    be = SlurmBackend(SlurmConfig(daemon_address="tcp://127.0.0.1:1", max_pilots=1000, submit_rate=1000.0,
+                                  submit_burst=1000, renew_before_s=0.0), runner=slurm.run)
+    scav = Scavenging(be, Hub(), lambda *a, **k: None)
+    scav.look(0.0)
+    firsts = scav.hold_idle(0.0)
+    assert len(firsts) == MAX_SUBMITS_PER_HOLD < 100
+    total = len(firsts)
+    for t in range(1, 10):
+        scav.look(float(t))
+        total += len(scav.hold_idle(float(t)))
+    assert total == 100 and len(slurm.running()) == 100  # every node, none twice
+
+
 # ---------------------------------------------------------------- the hub's pings
 def test_ping_interval_scales_with_the_silence_agents_allow() -> None:
     assert ping_interval(5.0) == 0.5 and ping_interval(30.0) == 3.0 and ping_interval(0.2) == 0.5

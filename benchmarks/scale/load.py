@@ -170,9 +170,9 @@ class Load:
             return
         agent.nonce_a, agent.nonce_h = C.new_nonce(), None
         # the agent retries every 1 s; a loaded hub answers later than that, and each retry makes
-        # the last answer useless (see docs/scale.md): back off, 2 s doubling to 32 s, with jitter
+        # the last answer useless (see docs/scale.md): back off, 16 s doubling to 64 s, with jitter
         agent.tries += 1
-        agent.next_auth = now + min(32.0, 2.0 ** agent.tries) * random.uniform(0.75, 1.25)
+        agent.next_auth = now + min(64.0, 8.0 * 2.0 ** agent.tries) * random.uniform(0.75, 1.25)
         try:
             agent.sock.send(C.challenge_frame(agent.nonce_a), zmq.NOBLOCK)
         except zmq.Again:
@@ -182,7 +182,7 @@ class Load:
     def receive(self, agent: SimAgent, frame: bytes, now: float) -> None:
         self.frames_in += 1
         kind = C.kind_of(frame)
-        if kind is C.Kind.NONCE and agent.nonce_a is not None:
+        if kind is C.Kind.NONCE and agent.nonce_a is not None and agent.nonce_h is None:
             agent.nonce_h = C.parse_nonce(frame)
             agent.sock.send(C.finish_frame(C.agent_proof(self.key, agent.node, agent.nonce_a, agent.nonce_h)))
         elif kind is C.Kind.PROOF and agent.nonce_a is not None and agent.nonce_h is not None:
