@@ -501,7 +501,8 @@ def keeps_up(f: dict[str, Any]) -> tuple[bool, str]:
         broke.append(f"{f['lost']} reports lost")
     if f["agents"] < 0.95 * f["nodes"]:
         broke.append(f"only {f['agents']} of {f['nodes']} agents up")
-    return not broke, "; ".join(broke)
+    note = "" if f["recalls"] else " (no recall of a held node in the window: recall -> new plan not judged)"
+    return not broke, "; ".join(broke) + note
 
 
 def line(f: dict[str, Any]) -> str:
@@ -553,7 +554,7 @@ def main(argv: list[str] | None = None) -> int:
         f["keeps_up"], f["broke"] = ok, why
         results.append(f)
         print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in f.items()}), flush=True)
-        print(f"{n} nodes: {'keeps up' if ok else 'breaks: ' + why}; decision CPU p50 "
+        print(f"{n} nodes: {'keeps up' + why if ok else 'breaks: ' + why}; decision CPU p50 "
               f"{f['decision_cpu_p50_ms']:.1f} ms, p99 {f['decision_cpu_p99_ms']:.1f} ms; the daemon waited for a CPU "
               f"{f['daemon_waited_pct']:.0f}% of the window; load generator CPU {f['load_cpu_pct']:.0f}%, stand-in "
               f"{f['harness_cpu_pct']:.0f}% (all on {os.cpu_count()} shared cores: figures are upper bounds)", flush=True)
