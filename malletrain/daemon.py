@@ -947,11 +947,12 @@ class Daemon:
                 uid, gid = self._run_as(run)
                 self.hub.start_worker(node, wid, spec.argv, env, spec.cwd or run.spec.cwd, uid, gid)
                 run.start_sent[wid] = now
-        for node in [n for n in run.workers if n not in run.target]:
+        target, published = set(run.target), set(run.members)  # (list lookups: 64 x 64 a job, every step)
+        for node in [n for n in run.workers if n not in target]:
             wid = run.workers.pop(node)
             run.leaving[wid] = (node, now + LEAVE_GRACE_S)
-        kept = [n for n in run.members if n in run.target]
-        joining = [n for n in run.target if n not in run.members]
+        kept = [n for n in run.members if n in target]
+        joining = [n for n in run.target if n not in published]
         ready = all(self._ready(run, run.workers[n]) for n in joining)
         members = kept + joining if ready else kept
         if members and len(members) < run.spec.min_nodes:
@@ -959,7 +960,7 @@ class Daemon:
         if members != run.members and (members or run.members):
             self._publish(run, members, now)
         want = JobState.PROFILING if run.id in self._profiling else JobState.RUNNING
-        if run.members and set(run.members) == set(run.target):
+        if run.members and set(run.members) == target:
             self._set_state(run, want, "placed")
         elif run.members:
             self._set_state(run, JobState.RESCALING, f"to {len(run.target)} nodes")
