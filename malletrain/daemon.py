@@ -560,9 +560,11 @@ class Daemon:
         now = self.clock()
         self._count_node_seconds(now)
         self._observe_backend(now)
-        self._observe_agents(now)
+        with self.store.batch():  # a burst of agent events, every job's progress: one commit each
+            self._observe_agents(now)
         self.monitor.drain()
-        self._observe_progress(now)
+        with self.store.batch():
+            self._observe_progress(now)
         self.replay.tick(now)
         self._observe_store(now)
         self._serve_control()
@@ -579,7 +581,8 @@ class Daemon:
         elif self._changed or now >= self._next_decide or self._profiling:
             self._changed = False
             self._next_decide = now + REPLAN_S
-            self._decide(now)
+            with self.store.batch():  # a decision's events, plans and policy states: one commit
+                self._decide(now)
         self._act(now)
         self._persist_checkpoints()
         self._sample(now)
@@ -976,12 +979,15 @@ class Daemon:
                 env[ENV_SECRET] = self.job_secret(run.id)  # after the user's env: not overridable
                 self.hub.start_worker(node, wid, spec.argv, env, spec.cwd or run.spec.cwd, uid, gid)
                 run.start_sent[wid] = now
-        for node in [n for n in run.workers if n not in run.target]:
+        target = set(run.target)  # (list lookups: 64 x 64 a job, every step)
+        for node in [n for n in run.workers if n not in target]:
             wid = run.workers.pop(node)
             run.leaving[wid] = (node, now + LEAVE_GRACE_S)
         # a member whose worker changed (it died and another took its place) is joining again
-        kept = [n for n in run.members if n in run.target and run.workers.get(n) in run.published]
-        joining = [n for n in run.target if n not in kept]
+        published_ids = set(run.published)
+        kept = [n for n in run.members if n in target and run.workers.get(n) in published_ids]
+        kept_set = set(kept)
+        joining = [n for n in run.target if n not in kept_set]
         ready = all(self._ready(run, run.workers[n]) for n in joining)
         members = kept + joining if ready else kept
         if members and len(members) < run.spec.min_nodes:
@@ -990,7 +996,7 @@ class Daemon:
         if changed and (members or run.members):
             self._publish(run, members, now)
         want = JobState.PROFILING if run.id in self._profiling else JobState.RUNNING
-        if run.members and set(run.members) == set(run.target):
+        if run.members and set(run.members) == target:
             self._set_state(run, want, "placed")
         elif run.members:
             self._set_state(run, JobState.RESCALING, f"to {len(run.target)} nodes")

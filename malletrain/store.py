@@ -27,6 +27,7 @@ Safety:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -206,6 +207,8 @@ class Store:
         self.max_events = max_events
         self.max_samples = max_samples
         self.dropped_events = 0
+        self.commits = 0  # transactions committed (benchmarks/bench_daemon_scale.py reports them per second)
+        self._batching = False  # inside batch(): writes are savepoints of its transaction
         self._since_prune = 0
 
     @classmethod
@@ -275,15 +278,19 @@ class Store:
         self.conn.close()
 
     class _Tx:
-        """``BEGIN IMMEDIATE`` ... ``COMMIT``; rolls back on any error and turns sqlite errors into StoreError."""
+        """``BEGIN IMMEDIATE`` ... ``COMMIT``; rolls back on any error and turns sqlite errors into StoreError.
+
+        Inside :meth:`Store.batch` it is a savepoint of the batch's transaction instead: all or
+        nothing of this one write, committed with the batch."""
 
         def __init__(self, store: "Store") -> None:
             self.store = store
             self.conn = store.conn
+            self.nested = store._batching
 
         def __enter__(self) -> sqlite3.Connection:
             try:
-                self.conn.execute("BEGIN IMMEDIATE")
+                self.conn.execute("SAVEPOINT write" if self.nested else "BEGIN IMMEDIATE")
             except sqlite3.Error as exc:
                 raise StoreError(_why(exc, self.store.path)) from None
             return self.conn
@@ -291,7 +298,8 @@ class Store:
         def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
             if exc_type is None:
                 try:
-                    self.conn.execute("COMMIT")
+                    self.conn.execute("RELEASE write" if self.nested else "COMMIT")
+                    self.store.commits += 0 if self.nested else 1
                     return False
                 except sqlite3.Error as commit_exc:
                     self._rollback()
@@ -305,12 +313,43 @@ class Store:
             if not self.conn.in_transaction:
                 return  # sqlite already rolled back (e.g. SQLITE_FULL)
             try:
-                self.conn.execute("ROLLBACK")
+                if self.nested:
+                    self.conn.execute("ROLLBACK TO write")
+                    self.conn.execute("RELEASE write")
+                else:
+                    self.conn.execute("ROLLBACK")
             except sqlite3.Error as exc:
                 log.warning("%s: rollback failed: %s", self.store.path, exc)
 
     def _tx(self) -> "Store._Tx":
         return Store._Tx(self)
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """Every write inside in one transaction, committed at the end (even when the block
+        raises: each write is whole or absent, as without a batch). The daemon's writes of one
+        phase of a step (a burst of agent events, every job's progress) cost one commit, not one
+        each. Nested batches are part of the outer one. Hold it only around writes and quick work:
+        other writers (the CLI) wait for the commit."""
+        if self._batching:
+            yield
+            return
+        try:
+            self.conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            raise StoreError(_why(exc, self.path)) from None
+        self._batching = True
+        try:
+            yield
+        finally:
+            self._batching = False
+            if self.conn.in_transaction:
+                try:
+                    self.conn.execute("COMMIT")
+                    self.commits += 1
+                except sqlite3.Error as exc:
+                    Store._Tx(self)._rollback()
+                    raise StoreError(_why(exc, self.path)) from None
 
     # -- meta
     def get_meta(self, key: str) -> str | None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import hmac
+import itertools
 import logging
 import shutil
 import tempfile
@@ -34,7 +35,22 @@ from scavenger.base import AgentGone, AgentUp
 log = logging.getLogger(__name__)
 
 PENDING_TTL_S = 10.0
-MAX_PENDING = 1024
+MAX_PENDING = 16384
+"""Handshakes in progress at most: every agent of the largest machine (10,624 nodes) may reconnect at
+once (a daemon restart); beyond it the oldest is dropped (it retries)."""
+MAX_FRAMES_PER_POLL = 4096
+"""Frames one :meth:`AgentHub.poll` reads at most (about 0.1 s of work): the rest wait for the next."""
+PINGS_PER_DEAD_AFTER = 10
+"""An agent hears a ping this many times within the silence after which it leaves (its
+``--dead-after``, the daemon's ``agent_dead_after``), and at least every :data:`MIN_PING_S`."""
+MIN_PING_S = 0.5
+
+
+def ping_interval(dead_after_s: float) -> float:
+    """Seconds between two pings to every agent: often enough that an agent never gives the
+    daemon up for lost by a late ping, rarely enough that pinging 10,000 agents is not the
+    hub's main work (every 0.5 s that was 20,000 sealed frames a second)."""
+    return max(MIN_PING_S, dead_after_s / PINGS_PER_DEAD_AFTER)
 
 
 @dataclass(frozen=True)
@@ -93,7 +109,7 @@ class AgentHub:
         self,
         bind: str = "tcp://127.0.0.1:0",
         dead_after_s: float = 5.0,
-        ping_s: float = 0.5,
+        ping_s: float | None = None,
         ctx: zmq.Context | None = None,
         clock: Callable[[], float] = time.monotonic,
         key_file: str | Path | None = None,
@@ -123,9 +139,10 @@ class AgentHub:
         self.address: str = self.sock.getsockopt(zmq.LAST_ENDPOINT).decode()
         self.guard = ConnectionGuard(self.sock, "agents")  # caps connections per user and in total
         self.dead_after_s = dead_after_s
-        self.ping_s = ping_s
+        self.ping_s = ping_s if ping_s is not None else ping_interval(dead_after_s)
         self.agents: dict[str, _AgentInfo] = {}
         self.rejected: collections.Counter[str] = collections.Counter()
+        self.frames = 0  # frames read from agents, accepted or not (for metrics and benchmarks)
         self._sessions: dict[str, C.Session] = {}
         self._pending: dict[str, _Pending] = {}
         self._last_log: dict[str, float] = {}
@@ -147,6 +164,10 @@ class AgentHub:
     def workers(self, node: str) -> set[str]:
         info = self.agents.get(node)
         return set(info.workers) if info else set()
+
+    def batch_jobs(self) -> dict[str, str | None]:
+        """Every connected agent's node -> the batch job it said it runs in (None if none)."""
+        return {node: info.batch_job for node, info in self.agents.items()}
 
     def batch_job(self, node: str) -> str | None:
         """The batch job id ``node``'s agent said it runs in (its pilot), None if none or unknown."""
@@ -177,18 +198,25 @@ class AgentHub:
     def stop_worker(self, node: str, worker: str, grace: float = 2.0) -> bool:
         return self.send(P.StopWorker(node, worker, grace))
 
-    def poll(self, timeout_ms: int = 0) -> list[HubEvent]:
+    def poll(self, timeout_ms: int = 0, max_frames: int = MAX_FRAMES_PER_POLL) -> list[HubEvent]:
+        """Events from the frames queued now (at most ``max_frames`` of them: the daemon's loop
+        goes on while agents send faster than the hub reads); agents silent for ``dead_after_s``
+        are gone, judged only once the queue was read to its end (a heartbeat still queued
+        is not silence); pings when due."""
         out: list[HubEvent] = []
         self.guard.poll()
         if timeout_ms > 0:
             self.sock.poll(timeout_ms)
             self.guard.poll()
         now = self.clock()
-        while True:
+        drained = False
+        for _ in range(max_frames):
             try:
                 parts = self.sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
+                drained = True
                 break
+            self.frames += 1
             if len(parts) != 2:
                 self._reject("malformed", "?", f"{len(parts)} message parts, not 2", now)
                 continue
@@ -207,7 +235,7 @@ class AgentHub:
                 continue
             if msg is not None:
                 out.extend(self._handle(msg, now))
-        for node, info in list(self.agents.items()):
+        for node, info in list(self.agents.items()) if drained else ():
             if now - info.last_seen > self.dead_after_s:
                 del self.agents[node]
                 self._sessions.pop(node, None)
@@ -242,10 +270,14 @@ class AgentHub:
         return msg
 
     def _challenge(self, node: str, nonce_a: bytes, now: float) -> None:
-        for ident in [i for i, p in self._pending.items() if p.expires < now]:
+        # _pending is in the order of its expiry times (one TTL, re-inserted at each challenge; the
+        # clock does not go back): the expired and the oldest are at its front, found without a scan
+        # (a scan per challenge made a whole machine's agents reconnecting at once quadratic)
+        self._pending.pop(node, None)
+        for ident in list(itertools.takewhile(lambda i: self._pending[i].expires < now, self._pending)):
             del self._pending[ident]
-        if len(self._pending) >= MAX_PENDING and node not in self._pending:
-            oldest = min(self._pending, key=lambda i: self._pending[i].expires)
+        if len(self._pending) >= MAX_PENDING:
+            oldest = next(iter(self._pending))
             del self._pending[oldest]
             self._reject("pending_evicted", oldest, f"more than {MAX_PENDING} handshakes in progress", now)
         nonce_h = C.new_nonce()

@@ -262,7 +262,7 @@ def decode(frame: bytes) -> AgentMessage:
     if len(frame) > 1 << 20:
         raise ProtocolError(f"body of {len(frame)} bytes is too big")
     try:
-        obj = json.loads(frame)
+        obj = json.loads(frame.decode("utf-8"))  # UTF-8 only (json.loads(bytes) also guesses UTF-16/32)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise ProtocolError(f"not JSON: {str(exc)[:100]}; frame starts {frame[:40]!r}") from None
     if not isinstance(obj, dict):

@@ -22,12 +22,13 @@ parsed by a pure function into typed results; a bad reply is a
 
 from __future__ import annotations
 
+import calendar
 import re
 import shlex
 import sys
 import time
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import date, datetime
 from typing import Callable, Sequence
 
 from scavenger.base import (
@@ -142,6 +143,8 @@ def expand_hostlist(text: str) -> tuple[str, ...]:
     text = text.strip()
     if text in ("", "(null)", "N/A", "None"):
         return ()
+    if "[" not in text and "]" not in text and "," not in text:
+        return (text,)  # one plain name (a one-node pilot's line): nothing to split or expand
     out: list[str] = []
     for item in _split_top(text):
         m = re.fullmatch(r"([^\[\]]*)\[([^\[\]]+)\]([^\[\]]*)", item)
@@ -183,6 +186,20 @@ def parse_time(text: str) -> float | None:
     text = text.strip()
     if text in ("", "N/A", "Unknown", "None", "(null)"):
         return None
+    if _ISO_TIME.fullmatch(text):  # the layout Slurm prints: the value strptime gives, 10x faster
+        try:
+            return datetime(int(text[0:4]), int(text[5:7]), int(text[8:10]), int(text[11:13]), int(text[14:16]),
+                            int(text[17:19])).timestamp()
+        except ValueError:
+            pass  # out of range (month 13, 24:00:00): strptime says why
+    return _strptime(text)
+
+
+_EPOCH_DAY = date(1970, 1, 1).toordinal()
+_ISO_TIME = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}")
+
+
+def _strptime(text: str) -> float:
     try:
         return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S").timestamp()
     except ValueError:
@@ -211,6 +228,52 @@ def parse_duration(text: str) -> float | None:
     else:
         secs = nums[0] * 3600 + nums[1] * 60 + nums[2]
     return float(days * 86400 + secs)
+
+
+class ReplyTimes:
+    """:func:`parse_time` and :func:`parse_duration` for the lines of one reply, with the same
+    values and errors, fast: a reply lists every pilot (10,000 lines at full-machine scale) and
+    repeats the same time limit and the same hours.
+
+    A time in Slurm's layout is its UTC reading plus the local UTC offset of its hour, which
+    is looked up once per hour of the reply; an hour in which the offset changes (a DST
+    switch) is converted the slow way, second by second. Make one per reply.
+    """
+
+    def __init__(self) -> None:
+        self._offsets: dict[str, float | None] = {}  # "YYYY-MM-DDTHH" -> local UTC offset (None: it changes)
+        self._durations: dict[str, float | None] = {}
+
+    def time(self, text: str) -> float | None:
+        if len(text) != 19 or not _ISO_TIME.fullmatch(text):
+            return parse_time(text)
+        minute, second = int(text[14:16]), int(text[17:19])
+        hour = text[:13]
+        if hour not in self._offsets:
+            self._offsets[hour] = _hour_offset(text)
+        offset = self._offsets[hour]
+        if offset is None or minute > 59 or second > 59:
+            return parse_time(text)  # a DST hour, or out of range (then parse_time names it)
+        day = date(int(text[0:4]), int(text[5:7]), int(text[8:10])).toordinal() - _EPOCH_DAY
+        return day * 86400.0 + int(text[11:13]) * 3600 + minute * 60 + second + offset
+
+    def duration(self, text: str) -> float | None:
+        if text not in self._durations:
+            self._durations[text] = parse_duration(text)
+        return self._durations[text]
+
+
+def _hour_offset(text: str) -> float | None:
+    """Local time minus UTC over the hour of ``text`` (Slurm's layout), or None when it is not
+    one offset for the whole hour (or the hour is not a valid one)."""
+    try:
+        y, mo, d, h = int(text[0:4]), int(text[5:7]), int(text[8:10]), int(text[11:13])
+        first, last = datetime(y, mo, d, h).timestamp(), datetime(y, mo, d, h, 59, 59).timestamp()
+    except (ValueError, OverflowError):
+        return None
+    if last - first != 3599.0:
+        return None
+    return first - calendar.timegm((y, mo, d, h, 0, 0))
 
 
 def parse_scontrol_record(text: str) -> dict[str, str]:
@@ -284,6 +347,7 @@ class SlurmDialect:
     def parse_nodes(self, res: CommandResult) -> tuple[NodeInfo, ...]:
         require_ok(res, "sinfo")
         seen: dict[str, NodeInfo] = {}
+        states: dict[str, tuple[NodeState, bool]] = {}  # raw state -> translated, for this reply
         for no, line in enumerate(res.stdout.splitlines(), 1):
             if not line.strip():
                 continue
@@ -291,8 +355,12 @@ class SlurmDialect:
             if len(fields) != 2 or not fields[0].strip() or not fields[1].strip():
                 raise BadReply(f"sinfo line {no}: expected NODE|STATE, got {line!r}", res)
             name, raw = fields[0].strip(), fields[1].strip()
-            state, planned = translate_node_state(raw)
-            seen.setdefault(name, NodeInfo(name, state, planned, raw))  # once per partition: first wins
+            if name in seen:
+                continue  # once per partition: first wins
+            if raw not in states:
+                states[raw] = translate_node_state(raw)
+            state, planned = states[raw]
+            seen[name] = NodeInfo(name, state, planned, raw)
         return tuple(seen[n] for n in sorted(seen))
 
     def render_claims(self) -> list[str]:
@@ -388,10 +456,11 @@ class SlurmDialect:
         require_ok(res, "squeue")
         wanted = set(pilots)
         out = []
+        times = ReplyTimes()
         for no, line in enumerate(res.stdout.splitlines(), 1):
             if not line.strip():
                 continue
-            obs = parse_squeue_line(line, res, no)
+            obs = parse_squeue_line(line, res, no, times)
             if obs.pilot in wanted:
                 out.append(obs)
         return out
@@ -419,21 +488,23 @@ class SlurmDialect:
                            preempted=preempt is not None, detail=detail)
 
 
-def parse_squeue_line(line: str, res: CommandResult, no: int) -> Observation:
-    """One ``squeue -o '%i|%P|%T|%r|%N|%S|%e|%l'`` line -> an observation.
+def parse_squeue_line(line: str, res: CommandResult, no: int, times: ReplyTimes | None = None) -> Observation:
+    """One ``squeue -o '%i|%P|%T|%r|%N|%S|%e|%l'`` line -> an observation (``times``: the
+    reply's :class:`ReplyTimes`, shared by its lines).
 
     A RUNNING job whose end time is earlier than start + limit was preempted and is in its
     grace time: ENDING with that end as the deadline.
     """
+    times = times if times is not None else ReplyTimes()
     fields = line.split("|")
     if len(fields) != 8:
         raise BadReply(f"squeue line {no}: expected {SQUEUE_FORMAT}, got {line!r}", res)
     job, _part, raw, reason_text, nodes_text, start_text, end_text, limit_text = (f.strip() for f in fields)
-    if not re.fullmatch(r"\d+(_\d+)?", job):
+    if not _JOB_ID.fullmatch(job):
         raise BadReply(f"squeue line {no}: bad job id {job!r} in {line!r}", res)
     try:
         nodes = expand_hostlist(nodes_text)
-        start, end, limit = parse_time(start_text), parse_time(end_text), parse_duration(limit_text)
+        start, end, limit = times.time(start_text), times.time(end_text), times.duration(limit_text)
     except ValueError as exc:
         raise BadReply(f"squeue line {no}: {exc} in {line!r}", res) from None
     state, reason = translate_job_state(raw)
@@ -448,6 +519,9 @@ def parse_squeue_line(line: str, res: CommandResult, no: int) -> Observation:
         start = None
     detail = raw if reason_text in ("", "None") else f"{raw} ({reason_text})"
     return Observation(PilotId(job), state, raw, nodes, start, expires, deadline, reason, preempted, detail)
+
+
+_JOB_ID = re.compile(r"\d+(_\d+)?")
 
 
 class SlurmBackend(BatchBackend):

@@ -1,0 +1,134 @@
+"""The daemon under load: the real :class:`malletrain.daemon.Daemon`, Slurm backend, run in its own process.
+
+    python -m benchmarks.scale.daemon_proc SETTINGS.json
+
+``SETTINGS.json`` (written by ``benchmarks/bench_daemon_scale.py``): the daemon config as a
+TOML-shaped dict (``config``), the stand-in's address (``slurm``), where to write the
+figures (``out``). The backend is :class:`scavenger.slurm.SlurmBackend` whose command
+runner asks the stand-in (:func:`scavenger.testing.fake_slurm.remote_runner`) instead of
+forking ``sinfo``/``squeue``: everything else (parsers, pilot book, hub, monitor, store,
+policy) is the daemon's own.
+
+Measured here, by wrapping two of the daemon's methods (nothing else changes): each
+decision's wall time (``_decide``: every trainer's view, evidence, policy and the carrying
+out of its decision), each step's, and when the daemon learnt that a node was lost
+(``_node_lost``). SIGTERM (or SIGINT) ends the loop; the figures go to ``out`` as JSON
+before the daemon closes.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from malletrain.config import parse_config
+from malletrain.daemon import Daemon, DaemonParts
+from scavenger.slurm import SlurmBackend, SlurmConfig
+from scavenger.testing.fake_slurm import remote_runner
+
+
+class MeasuredDaemon(Daemon):
+    """The daemon, timing its decisions and steps and noting when it learns of a lost node."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.decisions: list[tuple[float, float]] = []  # (wall time at the end, seconds)
+        self.steps: list[float] = []
+        self.decision_cpu: list[float] = []  # CPU seconds of each decision (what a quiet machine would take)
+        self.lost: dict[str, list[float]] = {}  # node -> wall times the daemon learnt it was lost
+        self.commits: list[tuple[float, int]] = []  # (wall time, store transactions so far), once a second
+        self.sizes: list[tuple[float, int, int]] = []  # (wall time, agents connected, workers in jobs), with it
+        self.counters: list[tuple[float, int, int, int, int, dict[str, float]]] = []  # (time, steps, frames, reports,
+        #                                                                 decisions, CPU by phase so far), with it
+        self.cpu = {"hub": 0.0, "monitor": 0.0, "decide": 0.0, "step": 0.0}  # thread CPU seconds by phase
+        super().__init__(*args, **kwargs)
+        self.hub.poll = self._timed(self.hub.poll, "hub")  # type: ignore[method-assign]
+        self.monitor.drain = self._timed(self.monitor.drain, "monitor")  # type: ignore[method-assign]
+
+    def _timed(self, fn: Any, phase: str) -> Any:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            c0 = time.thread_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.cpu[phase] += time.thread_time() - c0
+        return timed
+
+    def _decide(self, now: float) -> None:
+        t0, c0 = time.perf_counter(), time.thread_time()
+        super()._decide(now)
+        self.decisions.append((time.time(), time.perf_counter() - t0))
+        self.decision_cpu.append(time.thread_time() - c0)
+        self.cpu["decide"] += self.decision_cpu[-1]
+
+    def step(self) -> None:
+        t0, c0 = time.perf_counter(), time.thread_time()
+        super().step()
+        self.steps.append(time.perf_counter() - t0)
+        self.cpu["step"] += time.thread_time() - c0
+        now = time.time()
+        if not self.commits or now - self.commits[-1][0] >= 1.0:
+            self.commits.append((now, self.store.commits))
+            self.sizes.append((now, len(self.hub.alive()), sum(len(r.members) for r in self.runs.values())))
+            self.counters.append((now, len(self.steps), self.hub.frames, self.monitor.received, len(self.decisions),
+                                  dict(self.cpu)))
+
+    def _node_lost(self, node: str, now: float, reason: str) -> None:
+        self.lost.setdefault(node, []).append(time.time())
+        super()._node_lost(node, now, reason)
+
+
+def main(argv: list[str]) -> int:
+    settings = json.loads(Path(argv[0]).read_text())
+    cfg = parse_config(settings["config"], "scale harness config")
+    sc = cfg.scavenger
+    backend = SlurmBackend(
+        SlurmConfig(daemon_address=f"tcp://127.0.0.1:{cfg.ports.agents}", partition=sc.partition,
+                    walltime_s=sc.walltime, nodes_per_pilot=sc.nodes_per_pilot, max_pilots=sc.max_pilots,
+                    renew_before_s=sc.renew_before, max_queued_s=sc.max_queued, submit_rate=sc.submit_rate,
+                    submit_burst=int(settings.get("submit_burst", 5)), command_timeout_s=sc.command_timeout),
+        clock=time.time, runner=remote_runner(settings["slurm"]))
+    daemon = MeasuredDaemon(cfg, parts=DaemonParts(backend=backend))
+    stop = {"now": False}
+
+    def on_signal(*_: object) -> None:
+        stop["now"] = True
+        daemon.stopping = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    profile = settings.get("profile")
+    if profile:
+        import cProfile
+
+        prof = cProfile.Profile()
+        prof.enable()
+    daemon.run()
+    if profile:
+        prof.disable()
+        prof.dump_stats(profile)
+    out = {
+        "decisions": daemon.decisions,
+        "steps": daemon.steps,
+        "decision_cpu": daemon.decision_cpu,
+        "lost": daemon.lost,
+        "monitor": daemon.monitor.counts(),
+        "commits": daemon.commits,
+        "sizes": daemon.sizes,
+        "counters": daemon.counters,
+        "hub_rejected": dict(daemon.hub.rejected),
+        "usable": len(daemon.usable_nodes()),
+        "pilots": len(daemon.backend.pilots()),
+        "jobs": {r.id: len(r.members) for r in daemon.runs.values()},
+        "commands": backend.commands,
+    }
+    Path(settings["out"]).write_text(json.dumps(out))
+    daemon.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
