@@ -120,7 +120,7 @@ def test_qsub_and_qdel_argv() -> None:
     d = PbsDialect(CFG)
     argv = d.render_submit(PilotRequest(("n7",), after=PilotId("201.pbs01")), 3600)
     assert argv[:5] == ["qsub", "-N", "mt-pilot", "-q", "preempt"]
-    for pair in (["-r", "n"], ["-l", "select=1:ncpus=8:host=n7"], ["-l", "place=scatter:excl"],
+    for pair in (["-r", "y"], ["-l", "select=1:ncpus=8:vnode=n7"], ["-l", "place=scatter:excl"],
                  ["-l", "walltime=01:00:00"], ["-W", "depend=afterany:201.pbs01"]):
         i = argv.index(pair[1])
         assert argv[i - 1] == pair[0]
@@ -128,7 +128,7 @@ def test_qsub_and_qdel_argv() -> None:
     assert tail[1:] == ["-m", "scavenger.agent", "--node", "n7", "--daemon", "tcp://head:5555"]
     cfg2 = PbsConfig(daemon_address="tcp://h:1", nodes_per_pilot=2)
     multi = PbsDialect(cfg2).render_submit(PilotRequest(("n1", "n2")), 90)
-    assert "select=1:ncpus=1:host=n1+1:ncpus=1:host=n2" in multi and multi[multi.index("--") + 1] == "pbsdsh"
+    assert "select=1:ncpus=1:vnode=n1+1:ncpus=1:vnode=n2" in multi and multi[multi.index("--") + 1] == "pbsdsh"
     assert format_walltime(90) == "00:01:30"
     assert d.parse_submit(res(argv, "1234.pbs01\n")) == "1234.pbs01"
     with pytest.raises(BadReply, match="qsub"):
