@@ -307,7 +307,10 @@ class PbsDialect:
 
     # -- poll
     def render_poll(self, pilots: Sequence[PilotId]) -> list[str]:
-        return ["qstat", "-f", "-F", "json", "-x", *pilots]
+        """Every unfinished job (the claims' query too): OpenPBS 23.06's ``qstat -F json`` prints
+        only the first of several job ids, so one query for all pilots cannot name them. A pilot
+        missing from it ended (or was forgotten): the backend looks it up with ``-x``."""
+        return ["qstat", "-f", "-F", "json"]
 
     def parse_poll(self, res: CommandResult, pilots: Sequence[PilotId]) -> list[Observation]:
         if res.returncode != 0:
@@ -316,7 +319,7 @@ class PbsDialect:
                 require_ok(res, "qstat")
         if not res.stdout.strip():
             return []  # every id unknown (the backend looks each one up)
-        jobs = _load_json(res, "qstat -f -F json -x", "Jobs")
+        jobs = _load_json(res, "qstat", "Jobs")
         wanted = set(pilots)
         out = []
         for jid, attrs in jobs.items():
@@ -331,7 +334,7 @@ class PbsDialect:
         return out
 
     def render_detail(self, pilot: PilotId) -> list[str]:
-        return ["qstat", "-f", "-F", "json", "-x", str(pilot)]
+        return ["qstat", "-x", "-f", "-F", "json", str(pilot)]
 
     def parse_detail(self, res: CommandResult, pilot: PilotId) -> Observation | None:
         found = self.parse_poll(res, [pilot])

@@ -379,6 +379,7 @@ class PbsCluster:
         if self.run(["pbsnodes", "-v", self.host], check=False).returncode != 0:
             q(f"create node {self.host}")
         for line in (
+            "set server job_history_enable = False",  # purges the history of an earlier start
             "set server job_history_enable = True",
             "set server job_history_duration = 01:00:00",
             "set server scheduler_iteration = 10",
