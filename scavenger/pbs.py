@@ -106,7 +106,7 @@ def translate_node_state(raw: str) -> NodeState:
     parts = [p.strip() for p in raw.split(",") if p.strip()]
     if not parts:
         return NodeState.UNKNOWN
-    states = [NODE_STATES.get(p, NodeState.UNKNOWN) for p in parts]
+    states = [NODE_STATES.get(p.lower(), NodeState.UNKNOWN) for p in parts]  # the server prints "Stale"
     return max(states, key=_SEVERITY.__getitem__)
 
 

@@ -97,6 +97,7 @@ def test_pbsnodes_vnodes_and_states() -> None:
     assert translate_node_state("down,offline") is NodeState.DOWN
     assert translate_node_state("job-busy") is NodeState.BUSY
     assert translate_node_state("free,frobnicated") is NodeState.UNKNOWN
+    assert translate_node_state("Stale") is NodeState.DOWN  # a vnode its MoM no longer reports
     d = PbsDialect(CFG)
     assert d.render_nodes() == ["pbsnodes", "-av", "-F", "json"]  # vnodes need -v
     nodes = {n.name: n for n in d.parse_nodes(res(["pbsnodes"], fixture("pbsnodes_av.json")))}

@@ -378,6 +378,9 @@ class PbsCluster:
         q = self.qmgr
         if self.run(["pbsnodes", "-v", self.host], check=False).returncode != 0:
             q(f"create node {self.host}")
+        for name in self.nodes():  # vnodes of an earlier start with more of them: "Stale" forever
+            if name != self.host and name not in self.vnodes:
+                q(f"delete node {name}")
         for line in (
             "set server job_history_enable = False",  # purges the history of an earlier start
             "set server job_history_enable = True",
