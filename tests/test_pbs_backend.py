@@ -215,7 +215,8 @@ def test_unknown_and_finished_jobs_as_the_real_server_answers() -> None:
     assert list(json.loads(two.stdout)["Jobs"]) == [ROLES["running"]]
     assert d.render_poll([PilotId(ROLES["running"]), PilotId(ROLES["queued"])]) == ["qstat", "-f", "-F", "json"]
     assert d.render_detail(PilotId(ROLES["running"])) == ["qstat", "-x", "-f", "-F", "json", ROLES["running"]]
-    live = d.parse_poll(res(["qstat"], fixture("qstat_all.json")), [PilotId(ROLES["running"]), PilotId(ROLES["exited"])])
+    wanted = [PilotId(ROLES["running"]), PilotId(ROLES["exited"])]
+    live = d.parse_poll(res(["qstat"], fixture("qstat_all.json")), wanted)
     assert [(o.pilot, o.state) for o in live] == [(ROLES["running"], PilotState.RUNNING)]  # finished: not there
     finished = edge("qstat_finished_without_x")
     assert "Jobs" not in json.loads(finished.stdout)  # -f without -x: a finished job is left out
@@ -255,7 +256,8 @@ class FakePbs:
         known = {j: self.jobs[j] for j in ids if j in self.jobs}
         unknown = [j for j in ids if j not in self.jobs]
         err = "".join(f"qstat: Unknown Job Id {j}\n" for j in unknown)
-        out = json.dumps({"timestamp": 1, "pbs_version": "23.06.06", "pbs_server": "vm", "Jobs": known}) if known else ""
+        doc = {"timestamp": 1, "pbs_version": "23.06.06", "pbs_server": "vm", "Jobs": known}
+        out = json.dumps(doc) if known else ""
         return res(argv, out, err, 153 if unknown else 0)
 
     def qdel(self, argv):
