@@ -59,6 +59,7 @@ KILL_DELAY_S = 2
 """The preemptable queue's ``kill_delay`` in the tests: SIGTERM, then SIGKILL this much later."""
 VNODE_SCRIPT = "malletrain_vnodes"
 INSTALLED_MARK = PREFIX / ".malletrain-installed"
+PACKED = "openpbs-install.tar.gz"
 
 
 class ClusterUnavailable(RuntimeError):
@@ -108,13 +109,17 @@ def installed() -> bool:
     return INSTALLED_MARK.is_file() and (PREFIX / "sbin" / "pbs_server.bin").is_file()
 
 
-def install(jobs: int = 2, log: Any = None) -> None:
+def install(jobs: int = 2, log: Any = None, build_missing: bool = True) -> None:
     """Install OpenPBS into ``/opt/pbs`` when missing (root): Debian packages, then the cached
-    build (built first when the cache lacks it), then ``pbs_postinstall``."""
+    build (built first when the cache lacks it, unless ``build_missing`` is False: a build
+    takes minutes), then ``pbs_postinstall``."""
     if installed() and PBS_CONF.is_file():
         return
     if os.geteuid() != 0:
         raise ClusterUnavailable("OpenPBS is not installed in /opt/pbs and we are not root")
+    if not installed() and not build_missing and not (cache_dir(source_tarball()) / PACKED).is_file():
+        raise ClusterUnavailable("OpenPBS is neither installed nor built: run "
+                                 "`python -m scavenger.testing.pbs_cluster install` as root first (minutes)")
     say = log or (lambda msg: print(f"pbs: {msg}", file=sys.stderr, flush=True))
     _apt_install([*BUILD_DEPS, *RUN_DEPS], say)
     if not installed():
@@ -130,7 +135,7 @@ def build(jobs: int = 2, say: Any = print) -> Path:
     """The packed install tree of the source's build, building it when the cache lacks it."""
     source = source_tarball()
     cache = cache_dir(source)
-    packed = cache / "openpbs-install.tar.gz"
+    packed = cache / PACKED
     if packed.is_file():
         return packed
     cache.mkdir(parents=True, exist_ok=True)
@@ -312,8 +317,9 @@ class PbsCluster:
 
     # -- start
     def start(self, timeout: float = 90.0) -> "PbsCluster":
-        """Install when missing, configure, start the daemons, make the queues; wait until every vnode is free."""
-        install()
+        """Install from the cached build when missing, configure, start the daemons, make the queues;
+        wait until every vnode is free."""
+        install(build_missing=False)
         running = pbs_daemon_pids()
         if running:
             raise ClusterUnavailable(f"PBS daemons already run on this machine ({', '.join(running)}): "
