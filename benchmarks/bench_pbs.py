@@ -18,8 +18,10 @@ takes ``--prod-nodes`` of them for a few seconds:
 
 * preemption -> training resumed: prod ``qsub`` to the first step a surviving worker trains
   at the smaller world size (its step counter goes on from its last commit);
-* node back -> first step on it: the prod job's end (its command writes the time as it exits)
-  to the first step at the full size (the requeued pilots rerun by themselves under R).
+* node back -> pilot running there: the prod job's end (its command writes the time as it
+  exits) to the daemon's ``pilot_started`` for its vnodes (under R the requeued pilots rerun
+  by themselves);
+* node back -> first step on it: the prod job's end to the first step at the full size.
 
 The last lines read ``main-queue delay (paired with a run without the daemon): median X s,
 p95 Y s, max Z s``, ``preemption -> training resumed: ...`` and ``node back -> first step on it: ...``.
@@ -112,8 +114,10 @@ def steps_after(logs: list[Path], world: int, after: float) -> float | None:
     return best
 
 
-def daemon_runs(cluster: PbsCluster, tmp: Path, runs: int, prod_nodes: list[str]) -> list[tuple[float, float]]:
-    """(preemption -> training resumed, node back -> first step on it) per run."""
+def daemon_runs(cluster: PbsCluster, tmp: Path, runs: int,
+                prod_nodes: list[str]) -> list[tuple[float, float, float]]:
+    """(preemption -> training resumed, node back -> pilot running there, node back -> first step on it)
+    per run."""
     from malletrain.config import DaemonConfig, ScavengerConfig
     from malletrain.daemon import Daemon
     from malletrain.jobspec import JobSpec
@@ -155,9 +159,12 @@ def daemon_runs(cluster: PbsCluster, tmp: Path, runs: int, prod_nodes: list[str]
             wait_for("first step on the nodes back", lambda: steps_after(logs(), n_all, t1) is not None,
                      timeout=180, tick=tick)
             back_s = steps_after(logs(), n_all, t1) - t1  # type: ignore[operator]
-            out.append((resumed_s, back_s))
+            held = [float(e["time"]) for e in d.store.events("pilot_started")
+                    if float(e["time"]) > t1 and set(e["nodes"]) & set(prod_nodes)]
+            held_s = max(held[: len(prod_nodes)]) - t1 if len(held) >= len(prod_nodes) else float("nan")
+            out.append((resumed_s, held_s, back_s))
             print(f"daemon run {run + 1}: preemption -> training resumed on {small} vnodes {resumed_s:.2f} s; "
-                  f"node back -> first step on it {back_s:.2f} s", flush=True)
+                  f"node back -> pilot running there {held_s:.2f} s, -> first step on it {back_s:.2f} s", flush=True)
     finally:
         d.close()
         cluster.delete_all()
@@ -201,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"prod start delay on held vnodes: median {med(held_d):.2f} s, max {max(held_d):.2f} s")
     print(f"main-queue delay (paired with a run without the daemon): median {med(extra):.2f} s, "
           f"p95 {p95(extra):.2f} s, max {max(extra):.2f} s")
-    for i, name in enumerate(("preemption -> training resumed", "node back -> first step on it")):
+    for i, name in enumerate(("preemption -> training resumed", "node back -> pilot running there",
+                              "node back -> first step on it")):
         col = [f[i] for f in figures]
         if col:
             print(f"{name}: median {med(col):.2f} s, max {max(col):.2f} s over {len(col)} runs")
