@@ -135,8 +135,8 @@ def test_daemon_holds_every_idle_vnode_and_the_job_follows_prod_jobs(daemon, clu
 
 
 def test_deleting_preemption_shrinks_the_job_and_new_pilots_grow_it_back(daemon, cluster: PbsCluster) -> None:
-    """preempt_order D: the preempted pilots end (preempted); when the prod job ends the daemon
-    submits new pilots on the freed vnodes and the job grows back."""
+    """preempt_order D: the preempted pilot ends (preempted), the job trains on at 2 vnodes (the
+    other held ones); when the prod job ends the daemon submits a new pilot on the freed vnode."""
     cluster.set_preempt_order(PreemptOrder.DELETE)
     d = daemon()
     jid = submit_job(d, max_nodes=2)
@@ -147,9 +147,11 @@ def test_deleting_preemption_shrinks_the_job_and_new_pilots_grow_it_back(daemon,
                                                      if e["reason"] == "preempted"] == [[members[1]]], timeout=30)
     until(d, "the job trains on at 1 vnode or more", lambda: cluster.job_state(prod) == "R"
           and members[1] not in d.runs[jid].members, timeout=30)
-    until(d, "the job is back on 2 vnodes", lambda: trains_on(d, jid, 2, steps=10)
+    until(d, "the job is on 2 vnodes and the prod job over", lambda: trains_on(d, jid, 2, steps=10)
           and cluster.job_state(prod) == "F", timeout=120)
-    assert len(kinds(d, "pilot_submitted")) > len(VNODES)  # a new pilot for the freed vnode
+    until(d, "a new pilot runs on the freed vnode", lambda: any(
+        e["nodes"] == [members[1]] for e in kinds(d, "pilot_started")[len(VNODES):]), timeout=60)
+    assert len(kinds(d, "pilot_submitted")) == len(VNODES) + 1
 
 
 def test_a_restarted_daemon_takes_back_its_queued_pilots_and_submits_no_duplicate(
