@@ -1,16 +1,26 @@
 """The PBS Pro / OpenPBS backend: pilots are ``qsub`` jobs in a preemptable queue.
 
-Replies are OpenPBS's JSON (``pbsnodes -a -F json``, ``qstat -f -F json``), whose
-encoder shapes the data: a node's ``state`` is one comma-joined string
-(``down,offline``); ``jobs`` is absent when empty; zero values are dropped from
-``resources_assigned``; numeric strings become numbers; times are ctime strings.
-Job states: B E F H M Q R S T U W X; ``exec_host`` reads ``n1/0+n2/0``.
+Replies are OpenPBS's JSON (``pbsnodes -av -F json``, ``qstat -f -F json``), as a real
+OpenPBS 23.06 server prints them (``tests/fixtures/pbs/``, recorded by its ``record.py``): a
+node's ``state`` is one comma-joined string (``down,offline``); ``jobs`` is absent when empty;
+zero values are dropped from ``resources_assigned``; numeric strings become numbers;
+``stime``/``qtime``/``mtime``/``obittime`` are ctime strings. Job states: B E F H M Q R S T U W X.
+Nodes are vnodes (``pbsnodes -v``; a pilot asks ``select=1:ncpus=N:vnode=NAME`` and its nodes
+are read from ``exec_vnode``); a vnode with ``resources_available.ncpus`` 0 (a MoM's own when
+it exposes its CPUs as other vnodes) runs no job and is left out.
 
-Preemption: with ``preempt_order`` R or D a pilot gets SIGTERM, then SIGKILL after
-``kill_delay``; with S it is suspended (SIGSTOP) and keeps its memory on a node
-now working for someone else, so state S (or U) counts as a recall and the
-backend ``qdel``\\ s the pilot. The pilot queue should use ``preempt_order`` "D"
-(pilots are submitted ``-r n``, so R cannot requeue them either).
+Preemption (the scheduler's ``preempt_order`` for the pilots' queue): the pilot gets SIGTERM,
+then SIGKILL after the queue's ``kill_delay``, and
+
+* ``R`` (requeue; pilots are submitted rerunnable, ``-r y``, or PBS cannot requeue them and
+  the prod job waits): the pilot goes back to ``Q`` (``Exit_status`` -11, ``run_count`` + 1)
+  and reruns by itself on its vnode when that is free again. The backend reports it requeued
+  (the node lost) and keeps it: when it runs again its agent says hello and the node is held
+  again; if it waits longer than ``max_queued_s`` it is cancelled like any stuck pilot.
+* ``D`` (delete): the pilot ends ``F`` with ``Exit_status`` 271 and the comment
+  "terminated by Scheduler@host": preempted.
+* ``S`` (suspend) keeps the pilot's memory on a node now working for someone else: state S (or
+  U) counts as a recall and the backend ``qdel``\\ s the pilot. Do not use it for the pilots.
 """
 
 from __future__ import annotations
@@ -77,10 +87,18 @@ component is ``free``. Unknown words give UNKNOWN (never idle)."""
 
 _SEVERITY = {NodeState.IDLE: 0, NodeState.BUSY: 1, NodeState.UNKNOWN: 2, NodeState.DOWN: 3}
 
+RERUN_SUBSTATES = frozenset({60, 61, 62, 63})
+"""``substate`` of a job being requeued (OpenPBS job.h JOB_SUBSTATE_RERUN..RERUN3): still R,
+then E, before it is back in Q; its node is being taken, so it counts as queued again."""
+JOB_EXEC_RERUN = -11
+"""``Exit_status`` of a requeued job (preempt_order R)."""
 JOB_EXEC_KILL_WALLTIME = -29
 """``Exit_status`` of a job killed for exceeding its walltime (OpenPBS job.h)."""
 SIGTERM_EXITS = (143, 271)
 """Exit statuses after SIGTERM (128+15 from the agent, 256+15 when PBS reports the signal)."""
+SCHEDULER_DELETE = "terminated by Scheduler@"
+"""In the ``comment`` of a job the scheduler deleted to preempt it (preempt_order D); our own
+``qdel`` reads "terminated by USER@host"."""
 _UNKNOWN_JOB = ("Unknown Job Id", "Job has finished")
 
 
@@ -88,7 +106,7 @@ def translate_node_state(raw: str) -> NodeState:
     parts = [p.strip() for p in raw.split(",") if p.strip()]
     if not parts:
         return NodeState.UNKNOWN
-    states = [NODE_STATES.get(p, NodeState.UNKNOWN) for p in parts]
+    states = [NODE_STATES.get(p.lower(), NodeState.UNKNOWN) for p in parts]  # the server prints "Stale"
     return max(states, key=_SEVERITY.__getitem__)
 
 
@@ -202,15 +220,17 @@ class PbsDialect:
 
     # -- nodes
     def render_nodes(self) -> list[str]:
-        return ["pbsnodes", "-a", "-F", "json"]
+        return ["pbsnodes", "-av", "-F", "json"]
 
     def parse_nodes(self, res: CommandResult) -> tuple[NodeInfo, ...]:
         require_ok(res, "pbsnodes")
-        nodes = _load_json(res, "pbsnodes -a -F json", "nodes")
+        nodes = _load_json(res, "pbsnodes -av -F json", "nodes")
         out = []
         for name, attrs in nodes.items():
             if not isinstance(attrs, dict) or not isinstance(attrs.get("state"), str):
                 raise BadReply(f"pbsnodes: node {name!r} has no state string", res)
+            if not runs_jobs(attrs):
+                continue  # a host whose CPUs its vnodes expose (ncpus 0): no pilot can run there
             out.append(node_info(name, attrs))
         return tuple(sorted(out, key=lambda n: n.name))
 
@@ -255,10 +275,10 @@ class PbsDialect:
         cfg = self.config
         nodes = request.nodes
         if nodes:
-            select = "+".join(f"1:ncpus={cfg.ncpus}:host={n}" for n in nodes)
+            select = "+".join(f"1:ncpus={cfg.ncpus}:vnode={n}" for n in nodes)
         else:
             select = f"{cfg.nodes_per_pilot}:ncpus={cfg.ncpus}"
-        argv = ["qsub", "-N", cfg.job_name, "-q", cfg.queue, "-r", "n", "-j", "oe", "-o", cfg.output,
+        argv = ["qsub", "-N", cfg.job_name, "-q", cfg.queue, "-r", "y", "-j", "oe", "-o", cfg.output,
                 "-l", f"select={select}", "-l", "place=scatter:excl", "-l", f"walltime={format_walltime(walltime_s)}"]
         if cfg.account:
             argv += ["-A", cfg.account]
@@ -287,7 +307,10 @@ class PbsDialect:
 
     # -- poll
     def render_poll(self, pilots: Sequence[PilotId]) -> list[str]:
-        return ["qstat", "-f", "-F", "json", "-x", *pilots]
+        """Every unfinished job (the claims' query too): OpenPBS 23.06's ``qstat -F json`` prints
+        only the first of several job ids, so one query for all pilots cannot name them. A pilot
+        missing from it ended (or was forgotten): the backend looks it up with ``-x``."""
+        return ["qstat", "-f", "-F", "json"]
 
     def parse_poll(self, res: CommandResult, pilots: Sequence[PilotId]) -> list[Observation]:
         if res.returncode != 0:
@@ -296,7 +319,7 @@ class PbsDialect:
                 require_ok(res, "qstat")
         if not res.stdout.strip():
             return []  # every id unknown (the backend looks each one up)
-        jobs = _load_json(res, "qstat -f -F json -x", "Jobs")
+        jobs = _load_json(res, "qstat", "Jobs")
         wanted = set(pilots)
         out = []
         for jid, attrs in jobs.items():
@@ -311,11 +334,20 @@ class PbsDialect:
         return out
 
     def render_detail(self, pilot: PilotId) -> list[str]:
-        return ["qstat", "-f", "-F", "json", "-x", str(pilot)]
+        return ["qstat", "-x", "-f", "-F", "json", str(pilot)]
 
     def parse_detail(self, res: CommandResult, pilot: PilotId) -> Observation | None:
         found = self.parse_poll(res, [pilot])
         return found[0] if found else None
+
+
+def runs_jobs(attrs: Mapping[str, Any]) -> bool:
+    """False for a vnode with ``resources_available.ncpus`` 0 (a MoM's own vnode when the MoM
+    exposes its CPUs as other vnodes); True when the entry does not say."""
+    avail = attrs.get("resources_available")
+    if not isinstance(avail, dict) or "ncpus" not in avail:
+        return True
+    return avail["ncpus"] not in (0, "0")
 
 
 def node_info(name: str, attrs: Mapping[str, Any]) -> NodeInfo:
@@ -336,7 +368,9 @@ def job_observation(pid: PilotId, attrs: Mapping[str, Any]) -> Observation:
     if not isinstance(raw, str):
         raise ValueError("no job_state")
     state = PBS_STATES.get(raw, PilotState.UNKNOWN)
-    nodes = parse_exec_host(attrs.get("exec_host"))
+    if raw in ("R", "E") and attrs.get("substate") in RERUN_SUBSTATES:
+        state = PilotState.QUEUED  # being requeued: the node is lost, the job will wait in the queue
+    nodes = parse_exec_vnode(attrs.get("exec_vnode")) or parse_exec_host(attrs.get("exec_host"))
     limits = attrs.get("Resource_List") or {}
     used = attrs.get("resources_used") or {}
     limit = parse_walltime(limits.get("walltime")) if isinstance(limits, dict) else None
@@ -351,7 +385,10 @@ def job_observation(pid: PilotId, attrs: Mapping[str, Any]) -> Observation:
     exit_status = attrs.get("Exit_status")
     ran = parse_walltime(used.get("walltime")) if isinstance(used, dict) else None
     reason: EndReason | None
-    if exit_status == JOB_EXEC_KILL_WALLTIME or (ran is not None and limit is not None and ran >= limit):
+    by_scheduler = SCHEDULER_DELETE in comment
+    if by_scheduler:
+        reason = EndReason.PREEMPTED
+    elif exit_status == JOB_EXEC_KILL_WALLTIME or (ran is not None and limit is not None and ran >= limit):
         reason = EndReason.TIMEOUT
     elif exit_status in SIGTERM_EXITS:
         reason = EndReason.PREEMPTED  # SIGTERM we did not send (ours is told apart by the backend)
@@ -362,9 +399,9 @@ def job_observation(pid: PilotId, attrs: Mapping[str, Any]) -> Observation:
     else:
         reason = EndReason.EXITED
     detail = f"{raw} exit {exit_status}" + (f": {comment}" if comment else "")
-    # preempted=False: an F job's reply is all PBS tells; a SIGTERM exit is only a hint
-    # (our own qdel sends SIGTERM too), weighed by classify_end after our cancels.
-    return Observation(pid, state, raw, nodes, start, expires, None, reason, preempted=False, detail=detail)
+    # The scheduler's delete is a preemption whatever we did; otherwise a SIGTERM exit is only a
+    # hint (our own qdel sends SIGTERM too), weighed by classify_end after our cancels.
+    return Observation(pid, state, raw, nodes, start, expires, None, reason, preempted=by_scheduler, detail=detail)
 
 
 class PbsBackend(BatchBackend):
