@@ -41,6 +41,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from scavenger import channel as C
 from scavenger import protocol as P
+from scavenger.warm import Assignment, WarmSlot
 
 log = logging.getLogger("scavenger.agent")
 
@@ -161,6 +162,7 @@ class Agent:
         dead_after_s: float = 10.0,
         log_dir: str | None = None,
         batch_job: str | None = None,
+        warm_modules: tuple[str, ...] = (),
     ) -> None:
         if len(key) != C.KEY_BYTES:
             raise ValueError(f"agent key must be {C.KEY_BYTES} bytes, got {len(key)}")
@@ -172,6 +174,7 @@ class Agent:
         self.log_dir = Path(log_dir) if log_dir else None
         self.batch_job = batch_job
         self.workers: dict[str, _Worker] = {}
+        self.warm = WarmSlot(warm_modules) if warm_modules else None  # a worker prepared ahead (scavenger.warm)
         self.leave_reason: str | None = None
         self.seq = 0
         self.session: C.Session | None = None
@@ -298,7 +301,7 @@ class Agent:
                 self.log_dir.mkdir(parents=True, exist_ok=True)
                 log_path = self.log_dir / f"{msg.worker}.log"
                 out = _open_log(log_path, run_as)
-            proc = subprocess.Popen(
+            proc = self._warm_start(msg, env, run_as, out) or subprocess.Popen(
                 list(msg.argv),
                 env=env,
                 cwd=msg.cwd or None,
@@ -320,6 +323,19 @@ class Agent:
         log.info("node %s: worker %s started, pid %d: %s (output: %s)", self.node, msg.worker, proc.pid,
                  " ".join(msg.argv), log_path or "discarded")
         self.send(P.WorkerStarted(self.node, msg.worker, proc.pid))
+
+    def _warm_start(self, msg: P.StartWorker, env: dict[str, str], run_as: "RunAs | None",
+                    out: IO[bytes] | None) -> subprocess.Popen[bytes] | None:
+        """The warm process turned into ``msg``'s worker, or None (then it starts cold)."""
+        if self.warm is None:
+            return None
+        uid, gid = (run_as.uid, run_as.gid) if run_as is not None else (None, None)
+        got = self.warm.take(Assignment(tuple(msg.argv), env, msg.cwd or None, uid, gid), out)
+        if isinstance(got, str):
+            log.info("node %s: worker %s starts cold: %s", self.node, msg.worker, got)
+            return None
+        log.info("node %s: worker %s starts warm (framework imported ahead)", self.node, msg.worker)
+        return got
 
     def stop_worker(self, name: str, grace: float) -> None:
         w = self.workers.get(name)
@@ -457,6 +473,9 @@ class Agent:
                         if self.receive(frame):
                             last_daemon = time.monotonic()
                 self.reap()
+                if self.warm is not None and not self.workers:
+                    self.warm.prepare()  # while the node waits for a worker (CPU is free then)
+                    self.warm.poll()
                 now = time.monotonic()
                 self.authenticate(now)
                 if self.session is not None and now >= next_hb:
@@ -470,6 +489,8 @@ class Agent:
             log.exception("node %s: agent loop failed: %s", self.node, exc)
             raise
         finally:
+            if self.warm is not None:
+                self.warm.close()
             self.kill_all(RECALL_GRACE_S if self.leave_reason == "recalled" else STOP_GRACE_S)
             self.send(P.Leaving(self.node, self.leave_reason or "error"))
             self.sock.disable_monitor()
@@ -489,6 +510,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--heartbeat", type=float, default=0.5, help="seconds between heartbeats")
     ap.add_argument("--dead-after", type=float, default=10.0, help="exit if the daemon is silent this long")
     ap.add_argument("--log-dir", default=None, help="write each worker's output to DIR/WORKER.log")
+    ap.add_argument("--warm", default="", help="modules a warm worker imports ahead, comma-separated "
+                                                "(scavenger.warm; empty: every worker starts cold)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
     recalled: list[int] = []
@@ -512,7 +535,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("node name %r: must be 1-%d printable ASCII characters without spaces", args.node, P.NAME_MAX)
         return EXIT_NO_KEY
     agent = Agent(args.node, args.daemon, key, args.heartbeat, args.dead_after, args.log_dir,
-                  batch_job=batch_job_from(os.environ))
+                  batch_job=batch_job_from(os.environ),
+                  warm_modules=tuple(m for m in args.warm.split(",") if m))
     if recalled:
         agent.leave_reason = "recalled"
     return agent.run()

@@ -276,6 +276,8 @@ class TorchRuntime:
     """
 
     name = "torch"
+    warm_modules = ("torch", "torch.distributed", "malletrain.elastic")
+    """What a node agent's warm worker imports before its assignment (``scavenger.warm``)."""
 
     def __init__(
         self,
