@@ -41,7 +41,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from scavenger import channel as C
 from scavenger import protocol as P
-from scavenger.warm import Assignment, WarmSlot
+from scavenger.warm import WARM_WAIT_S, Assignment, WarmSlot, warm_refusal
 
 log = logging.getLogger("scavenger.agent")
 
@@ -175,6 +175,7 @@ class Agent:
         self.batch_job = batch_job
         self.workers: dict[str, _Worker] = {}
         self.warm = WarmSlot(warm_modules) if warm_modules else None  # a worker prepared ahead (scavenger.warm)
+        self.deferred: dict[str, tuple[P.StartWorker, float]] = {}  # workers waiting for the warm process
         self.leave_reason: str | None = None
         self.seq = 0
         self.session: C.Session | None = None
@@ -278,9 +279,9 @@ class Agent:
         return True
 
     # -- workers
-    def start_worker(self, msg: P.StartWorker) -> None:
-        if msg.worker in self.workers:
-            return  # idempotent
+    def start_worker(self, msg: P.StartWorker, defer: bool = True) -> None:
+        if msg.worker in self.workers or (defer and self._defer(msg)):
+            return  # idempotent; or it waits for the warm process, which is ahead of a cold start
         if not msg.argv:
             log.error("node %s: worker %s has an empty argv; reported as exit 127", self.node, msg.worker)
             self.send(P.WorkerExited(self.node, msg.worker, 127))
@@ -324,6 +325,25 @@ class Agent:
                  " ".join(msg.argv), log_path or "discarded")
         self.send(P.WorkerStarted(self.node, msg.worker, proc.pid))
 
+    def _defer(self, msg: P.StartWorker) -> bool:
+        """True if ``msg`` waits for the warm process still importing (at most WARM_WAIT_S)."""
+        if self.warm is None or not self.warm.starting:
+            return False
+        first = self.deferred.setdefault(msg.worker, (msg, time.monotonic()))[1]
+        why = warm_refusal(msg.argv, {**self.warm.env, **(msg.env or {})}, self.warm.env, self.warm.python)
+        if why is not None or time.monotonic() - first > WARM_WAIT_S:
+            del self.deferred[msg.worker]
+            return False
+        return True
+
+    def _start_deferred(self) -> None:
+        """Start the workers that waited, once the warm process is ready (or gone, or too slow)."""
+        now = time.monotonic()
+        for name, (msg, first) in list(self.deferred.items()):
+            if self.warm is None or not self.warm.starting or now - first > WARM_WAIT_S:
+                del self.deferred[name]
+                self.start_worker(msg, defer=False)
+
     def _warm_start(self, msg: P.StartWorker, env: dict[str, str], run_as: "RunAs | None",
                     out: IO[bytes] | None) -> subprocess.Popen[bytes] | None:
         """The warm process turned into ``msg``'s worker, or None (then it starts cold)."""
@@ -338,6 +358,9 @@ class Agent:
         return got
 
     def stop_worker(self, name: str, grace: float) -> None:
+        if self.deferred.pop(name, None) is not None:
+            self.send(P.WorkerExited(self.node, name, EXIT_RECALLED))  # stopped before it started
+            return
         w = self.workers.get(name)
         if w is None or w.kill_at is not None:
             return  # idempotent
@@ -473,9 +496,11 @@ class Agent:
                         if self.receive(frame):
                             last_daemon = time.monotonic()
                 self.reap()
-                if self.warm is not None and not self.workers:
-                    self.warm.prepare()  # while the node waits for a worker (CPU is free then)
+                if self.warm is not None:
+                    if not self.workers:
+                        self.warm.prepare()  # while the node waits for a worker (CPU is free then)
                     self.warm.poll()
+                    self._start_deferred()
                 now = time.monotonic()
                 self.authenticate(now)
                 if self.session is not None and now >= next_hb:

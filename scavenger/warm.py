@@ -51,6 +51,8 @@ ASSIGN_MAX = 1 << 20
 START_TIME_VARS = ("LD_", "PYTHON", "OMP_", "MKL_", "KMP_", "GOMP_", "TORCH_", "MALLOC_")
 """Prefixes of environment variables read when an interpreter or its framework starts: a
 warm process imported with other values would not behave like a fresh worker."""
+WARM_WAIT_S = 30.0
+"""How long a worker assigned while the warm process still imports waits for it before it starts cold."""
 RUNTIME_VARS = frozenset({"PYTHONPATH", "PYTHONUNBUFFERED"})
 """Start-time variables a warm process applies itself (sys.path, unbuffered streams)."""
 
@@ -146,6 +148,11 @@ class WarmSlot:
     sock: socket.socket | None = None
     ready: bool = False
     spawned_at: float = 0.0
+
+    @property
+    def starting(self) -> bool:
+        """A warm process is importing (not ready yet)."""
+        return self.proc is not None and not self.ready
 
     def prepare(self) -> None:
         """Start a warm process if there is none (idempotent); its readiness is read by :meth:`poll`."""

@@ -143,3 +143,35 @@ def test_agent_starts_its_worker_from_the_warm_process(tmp_path: Path) -> None:
         agent.sock.close(0)
         agent.monitor.close(0)
         agent.ctx.term()
+
+
+def test_worker_assigned_while_the_warm_process_imports_waits_for_it(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    agent = Agent("n1", "tcp://127.0.0.1:1", KEY, log_dir=str(tmp_path / "logs"), warm_modules=("json",))
+    try:
+        assert agent.warm is not None
+        agent.warm.prepare()
+        warm_pid = agent.warm.proc.pid if agent.warm.proc else -1
+        assert agent.warm.starting
+        agent.start_worker(P.StartWorker("n1", "j1.n1.1", (sys.executable, str(script)), {}, str(tmp_path)))
+        assert "j1.n1.1" not in agent.workers and "j1.n1.1" in agent.deferred  # no second, cold import
+        deadline = time.monotonic() + 30
+        while "j1.n1.1" not in agent.workers and time.monotonic() < deadline:
+            agent.warm.poll()
+            agent._start_deferred()
+            time.sleep(0.02)
+        assert agent.workers["j1.n1.1"].proc.pid == warm_pid
+        assert agent.workers["j1.n1.1"].proc.wait(timeout=30) == 0
+        # a worker stopped while it waits never starts
+        agent.warm.prepare()
+        agent.start_worker(P.StartWorker("n1", "j1.n1.2", (sys.executable, str(script)), {}, str(tmp_path)))
+        agent.stop_worker("j1.n1.2", 1.0)
+        assert "j1.n1.2" not in agent.deferred and "j1.n1.2" not in agent.workers
+    finally:
+        agent.kill_all(0.2)
+        if agent.warm is not None:
+            agent.warm.close()
+        agent.sock.close(0)
+        agent.monitor.close(0)
+        agent.ctx.term()
