@@ -11,16 +11,19 @@ start minus ``sbatch`` time. Printed per run and as median / max:
 * the extra delay: held minus idle, the promise to the centre (goal <= 2 s);
 * preemption -> ``ended(preempted)`` reported by the backend (polling every 0.2 s).
 
-Then the daemon (``[scavenger] kind = "slurm"``, polling every 0.3 s) runs a real torch
-training job (the example trainer, linear model) on every held node, and per run
-(``--daemon-runs``) a prod job takes ``--prod-nodes`` of them, then ends:
+Then the daemon (``[scavenger] kind = "slurm"``, polling every 0.3 s, warm workers unless
+``--cold``) runs a real torch training job (the example trainer, linear model) on every held
+node, and per run (``--daemon-runs``) a prod job takes ``--prod-nodes`` of them, then ends:
 
+* the prod job's start delay, paired with run ``i``'s start on idle nodes without the daemon;
 * preemption -> new plan: prod ``sbatch`` to the daemon's plan without those nodes;
 * preemption -> training resumed: prod ``sbatch`` to the first step a surviving worker
   trains at the smaller world size (its step counter goes on from its last commit);
-* node back -> job grown: prod job's end (``scancel``) to the first step at the full size.
+* node back -> job grown: prod job's end (``scancel``) to the first step at the full size;
+* each stage of a node coming back, in seconds after the prod job's end (:data:`STAGES`).
 
-The last line reads ``main-queue delay: median X s, max Y s over N runs``.
+The last lines read ``node back -> first step on it: median X s, p95 Y s`` and
+``main-queue delay (paired with a run without the daemon): median X s, p95 Y s, max Z s``.
 Needs Slurm (installed with apt when missing, as root).
 """
 
