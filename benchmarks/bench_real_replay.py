@@ -202,24 +202,35 @@ def load_calibration(path: Path | None) -> dict[str, float]:
     return {k: float(v["value"]) for k, v in data.get("values", {}).items()}
 
 
-def simulator_predicts(tl: IdleTimeline, n_jobs: int, max_nodes: int, calibration: dict[str, float],
+def simulator_predicts(tl: IdleTimeline, n_jobs: int, max_nodes: int, calibration: Path | None,
                        tmp: Path) -> float:
-    """The simulator's productive node-seconds for the replayed window and jobs.
+    """The simulator's trained node-seconds for the replayed window and jobs: the one place this
+    bench calls the simulator (its public API).
 
-    The one place the bench calls the simulator (its public API as it is on this branch):
-    the jobs are the trainer's (linear throughput, never finishing in the window), with the
-    calibration's start and rescale costs. Once ``malletrain simulate --calibration`` exists, this
-    is where to pass the file instead (pilot start latency and restart costs included)."""
+    The jobs are the trainer's (linear throughput, never finishing in the window). A simulator
+    that charges a calibration file (``simulator.calibration``, ``SimConfig.calibration``) is given
+    ``calibration`` and reports ``trained_node_seconds``; an older one gets the file's rescale pause
+    and start cost as the jobs' own costs and reports productive node-seconds (no pilot latency)."""
+    import simulator
     from simulator import SimConfig, simulate
 
-    up = calibration.get("rescale_pause_s", 0.0)
+    values = load_calibration(calibration)
+    charged = hasattr(simulator, "Calibration") and calibration is not None and calibration.exists()
+    pause = values.get("rescale_pause_s", 0.0)
+    costs = {} if charged else {"up_cost_s": values.get("cold_start_s", pause), "down_cost_s": pause}
     jobs = [{"name": f"lin{k}", "scaling": {str(n): 100.0 * n for n in range(1, max_nodes + 1)},
-             "samples": 1e12, "min_nodes": 1, "max_nodes": max_nodes, "arrival_s": 0.0,
-             "up_cost_s": calibration.get("cold_start_s", up), "down_cost_s": up} for k in range(n_jobs)]
+             "samples": 1e12, "min_nodes": 1, "max_nodes": max_nodes, "arrival_s": 0.0, **costs}
+            for k in range(n_jobs)]
     path = tmp / "jobs.json"
     path.write_text(json.dumps({"jobs": jobs}))
-    result = simulate(tl, policy="malletrain", workload=str(path), config=SimConfig(charge_start=True))
-    return float(result.summary["productive_node_seconds"])
+    if charged:
+        from simulator.calibration import load
+
+        config = SimConfig(calibration=load(calibration))  # type: ignore[call-arg]
+    else:
+        config = SimConfig(charge_start=True)
+    summary = simulate(tl, policy="malletrain", workload=str(path), config=config).summary
+    return float(summary.get("trained_node_seconds", summary["productive_node_seconds"]))
 
 
 def daemon_replay(cluster: SlurmCluster, tmp: Path, jobs: list[ProdJob], span: float, initial_busy: list[str],
@@ -314,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
             cluster.cancel_all()
             print(f"control: prod start delay median {statistics.median(control.values()):.2f} s", flush=True)
             _, with_d, held, trained = daemon_replay(cluster, tmp, jobs, span, busy0, args.jobs, args.warmup)
-            predicted = simulator_predicts(window, args.jobs, args.nodes, load_calibration(args.calibration), tmp)
+            predicted = simulator_predicts(window, args.jobs, args.nodes, args.calibration, tmp)
     finally:
         cluster.stop()
     extra = [with_d[k] - control[k] for k in control if k in with_d]

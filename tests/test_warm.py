@@ -175,3 +175,14 @@ def test_worker_assigned_while_the_warm_process_imports_waits_for_it(tmp_path: P
         agent.sock.close(0)
         agent.monitor.close(0)
         agent.ctx.term()
+
+
+def test_daemon_passes_the_runtimes_modules_to_its_agents() -> None:
+    from types import SimpleNamespace
+
+    from malletrain.daemon import Daemon
+    from malletrain.runtimes.torch_elastic import TorchRuntime
+
+    args = Daemon._warm_args(SimpleNamespace(runtime=SimpleNamespace(warm_modules=TorchRuntime.warm_modules)))
+    assert args[0] == "--warm" and "torch" in args[1].split(",") and "malletrain.elastic" in args[1].split(",")
+    assert Daemon._warm_args(SimpleNamespace(runtime=object())) == ()  # a runtime with nothing to import ahead
