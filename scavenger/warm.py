@@ -36,6 +36,7 @@ import importlib
 import json
 import logging
 import os
+import pkgutil  # noqa: F401  (runpy.run_path imports it lazily: loaded before the privilege drop)
 import runpy
 import socket
 import subprocess

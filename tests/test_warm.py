@@ -12,7 +12,7 @@ import pytest
 
 from scavenger import protocol as P
 from scavenger.agent import Agent
-from scavenger.warm import Assignment, Entry, WarmSlot, entry_of, warm_refusal
+from scavenger.warm import Assignment, Entry, WarmSlot, entry_of, start_time_env, warm_refusal
 
 KEY = b"k" * 32
 
@@ -186,3 +186,40 @@ def test_daemon_passes_the_runtimes_modules_to_its_agents() -> None:
     args = Daemon._warm_args(SimpleNamespace(runtime=SimpleNamespace(warm_modules=TorchRuntime.warm_modules)))
     assert args[0] == "--warm" and "torch" in args[1].split(",") and "malletrain.elastic" in args[1].split(",")
     assert Daemon._warm_args(SimpleNamespace(runtime=object())) == ()  # a runtime with nothing to import ahead
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs a root agent")
+def test_a_root_warm_process_runs_the_job_as_its_owner() -> None:
+    import shutil
+    import tempfile
+
+    work = Path(tempfile.mkdtemp(prefix="mt-warm-owner-"))
+    try:
+        work.chmod(0o755)
+        script = work / "whoami.py"
+        script.write_text("import os, sys\nprint(os.getuid(), os.getgid(), os.getgroups(), os.getcwd())\n"
+                          "open('mine', 'w').write('x')\n")
+        script.chmod(0o644)
+        private = work / "private"
+        private.mkdir(mode=0o777)
+        os.chown(private, 65534, 65534)
+        private.chmod(0o700)  # only the owner may enter: the worker enters it after the drop
+        slot = WarmSlot(("json",))
+        slot.prepare()
+        try:
+            wait_ready(slot)
+            log_path = work / "w.log"
+            log = log_path.open("ab")
+            proc = slot.take(Assignment((sys.executable, str(script)), {**start_time_env(os.environ), "PATH": "/usr/bin:/bin"}, str(private),
+                                        65534, 65534), log)
+            assert not isinstance(proc, str), proc
+            assert proc.wait(timeout=30) == 0, log_path.read_text()
+            log.close()
+        finally:
+            slot.close()
+        uid, gid, rest = log_path.read_text().split(" ", 2)
+        assert (int(uid), int(gid)) == (65534, 65534)
+        assert rest.strip() == f"[] {private}"
+        assert os.stat(private / "mine").st_uid == 65534  # what it made belongs to the owner
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
