@@ -298,12 +298,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=float, default=120.0, help="at most this long for the daemon's jobs to train")
     ap.add_argument("--calibration", type=Path, default=DEFAULT_CALIBRATION,
                     help="the calibration file the simulator is given (default: simulator/calibration.json)")
+    ap.add_argument("--simulate-only", action="store_true",
+                    help="no Slurm: print the window's idle node-s and the simulator's prediction only")
     args = ap.parse_args(argv)
     if args.nodes < 1 or args.jobs < 1 or args.duration <= 0 or args.compress <= 0:
         ap.error("--nodes and --jobs must be >= 1, --duration and --compress > 0")
     full = read(args.trace)
     lo = full.start + args.start
     tl = full.window(lo, min(lo + args.duration, full.end))
+    if args.simulate_only:
+        picked = pick_nodes(tl, args.nodes, args.pick, args.seed)
+        window = compressed(tl, picked, tuple(f"node{i + 1}" for i in range(args.nodes)), args.compress)
+        with tempfile.TemporaryDirectory(prefix="mt-real-replay-") as tmpdir:
+            predicted = simulator_predicts(window, args.jobs, args.nodes, args.calibration, Path(tmpdir))
+        print(f"window: nodes {', '.join(picked)}; idle {window.idle_node_seconds():.0f} node-s; "
+              f"simulator predicts {predicted:.0f} (calibration {args.calibration})")
+        return 0
     try:
         cluster = SlurmCluster(args.nodes).start()
     except ClusterUnavailable as exc:
