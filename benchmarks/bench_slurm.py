@@ -295,6 +295,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"prod start delay on held nodes: median {med(held_d):.2f} s, max {mx(held_d):.2f} s")
     print(f"prod sbatch -> ended(preempted) reported: median {med(reports):.2f} s, max {mx(reports):.2f} s")
     print(f"main-queue delay (agents only): median {med(extra):.2f} s, max {mx(extra):.2f} s over {len(extra)} runs")
+    handed = [st["first step"] - st["worker spawned"] for f in figures for st in f.stages  # type: ignore[operator]
+              if st["first step"] is not None and st["worker spawned"] is not None]
+    if handed:  # what a warm worker removes: the framework's import after the daemon's decision
+        print(f"worker spawned -> first step on it: median {med(handed):.2f} s, max {mx(handed):.2f} s")
     first = [st["first step"] for f in figures for st in f.stages if st["first step"] is not None]
     if first:
         print(f"node back -> first step on it: median {med(first):.2f} s, p95 {p95(first):.2f} s")
