@@ -326,21 +326,24 @@ class Agent:
         self.send(P.WorkerStarted(self.node, msg.worker, proc.pid))
 
     def _defer(self, msg: P.StartWorker) -> bool:
-        """True if ``msg`` waits for the warm process still importing (at most WARM_WAIT_S)."""
+        """True if ``msg`` waits for the warm process still importing (see :meth:`_start_deferred`)."""
         if self.warm is None or not self.warm.starting:
             return False
-        first = self.deferred.setdefault(msg.worker, (msg, time.monotonic()))[1]
-        why = warm_refusal(msg.argv, {**self.warm.env, **(msg.env or {})}, self.warm.env, self.warm.python)
-        if why is not None or time.monotonic() - first > WARM_WAIT_S:
-            del self.deferred[msg.worker]
+        if warm_refusal(msg.argv, {**self.warm.env, **(msg.env or {})}, self.warm.env, self.warm.python):
+            self.deferred.pop(msg.worker, None)
             return False
+        self.deferred.setdefault(msg.worker, (msg, time.monotonic()))
         return True
 
     def _start_deferred(self) -> None:
         """Start the workers that waited, once the warm process is ready (or gone, or too slow)."""
         now = time.monotonic()
         for name, (msg, first) in list(self.deferred.items()):
-            if self.warm is None or not self.warm.starting or now - first > WARM_WAIT_S:
+            if self.warm is not None and self.warm.starting and now - first > WARM_WAIT_S:
+                log.warning("node %s: the warm worker is still importing after %.0f s; killed, worker %s starts "
+                            "cold", self.node, now - first, name)
+                self.warm.close()
+            if self.warm is None or not self.warm.starting:
                 del self.deferred[name]
                 self.start_worker(msg, defer=False)
 

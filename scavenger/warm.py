@@ -52,8 +52,11 @@ ASSIGN_MAX = 1 << 20
 START_TIME_VARS = ("LD_", "PYTHON", "OMP_", "MKL_", "KMP_", "GOMP_", "TORCH_", "MALLOC_")
 """Prefixes of environment variables read when an interpreter or its framework starts: a
 warm process imported with other values would not behave like a fresh worker."""
-WARM_WAIT_S = 30.0
-"""How long a worker assigned while the warm process still imports waits for it before it starts cold."""
+WARM_WAIT_S = 300.0
+"""How long a worker assigned while the warm process still imports waits for it. A cold start
+would import the same modules again, competing for the same CPU, so it never finishes first
+while the warm process makes progress: only one still importing after this long is taken as
+stuck (killed; the worker starts cold)."""
 RUNTIME_VARS = frozenset({"PYTHONPATH", "PYTHONUNBUFFERED"})
 """Start-time variables a warm process applies itself (sys.path, unbuffered streams)."""
 

@@ -223,3 +223,33 @@ def test_a_root_warm_process_runs_the_job_as_its_owner() -> None:
         assert os.stat(private / "mine").st_uid == 65534  # what it made belongs to the owner
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def test_a_stuck_warm_process_is_killed_and_the_worker_starts_cold(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import scavenger.agent as agent_mod
+
+    (tmp_path / "slowmod.py").write_text("import time\ntime.sleep(120)\n")
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    agent = Agent("n1", "tcp://127.0.0.1:1", KEY, log_dir=str(tmp_path / "logs"), warm_modules=("slowmod",))
+    try:
+        assert agent.warm is not None
+        agent.warm.env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+        agent.warm.prepare()
+        stuck = agent.warm.proc
+        assert stuck is not None
+        agent.start_worker(P.StartWorker("n1", "j1.n1.1", (sys.executable, str(script)), {}, str(tmp_path)))
+        agent._start_deferred()
+        assert "j1.n1.1" in agent.deferred  # still within its wait: no second import
+        monkeypatch.setattr(agent_mod, "WARM_WAIT_S", 0.0)
+        agent._start_deferred()
+        w = agent.workers["j1.n1.1"]
+        assert w.proc.pid != stuck.pid and stuck.poll() is not None  # the stuck one is gone
+        assert w.proc.wait(timeout=30) == 0
+    finally:
+        agent.kill_all(0.2)
+        if agent.warm is not None:
+            agent.warm.close()
+        agent.sock.close(0)
+        agent.monitor.close(0)
+        agent.ctx.term()
