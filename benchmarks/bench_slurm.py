@@ -11,27 +11,32 @@ start minus ``sbatch`` time. Printed per run and as median / max:
 * the extra delay: held minus idle, the promise to the centre (goal <= 2 s);
 * preemption -> ``ended(preempted)`` reported by the backend (polling every 0.2 s).
 
-Then the daemon (``[scavenger] kind = "slurm"``, polling every 0.3 s) runs a real torch
-training job (the example trainer, linear model) on every held node, and per run
-(``--daemon-runs``) a prod job takes ``--prod-nodes`` of them, then ends:
+Then the daemon (``[scavenger] kind = "slurm"``, polling every 0.3 s, warm workers unless
+``--cold``) runs a real torch training job (the example trainer, linear model) on every held
+node, and per run (``--daemon-runs``) a prod job takes ``--prod-nodes`` of them, then ends:
 
+* the prod job's start delay, paired with run ``i``'s start on idle nodes without the daemon;
 * preemption -> new plan: prod ``sbatch`` to the daemon's plan without those nodes;
 * preemption -> training resumed: prod ``sbatch`` to the first step a surviving worker
   trains at the smaller world size (its step counter goes on from its last commit);
-* node back -> job grown: prod job's end (``scancel``) to the first step at the full size.
+* node back -> job grown: prod job's end (``scancel``) to the first step at the full size;
+* each stage of a node coming back, in seconds after the prod job's end (:data:`STAGES`).
 
-The last line reads ``main-queue delay: median X s, max Y s over N runs``.
+The last lines read ``node back -> first step on it: median X s, p95 Y s`` and
+``main-queue delay (paired with a run without the daemon): median X s, p95 Y s, max Z s``.
 Needs Slurm (installed with apt when missing, as root).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from malletrain.examples.tracelog import steps
@@ -122,14 +127,60 @@ def steps_after(logs: list[Path], world: int, after: float) -> float | None:
     return best
 
 
-def daemon_runs(cluster: SlurmCluster, tmp: Path, runs: int, prod_nodes: list[str]) -> list[tuple[float, float, float]]:
-    """(preemption -> new plan, preemption -> training resumed, node back -> job grown) per run."""
+STAGES = ("pilot submitted", "pilot running", "agent hello", "worker spawned", "script ready",
+          "rendezvous joined", "first step")
+"""Stages of a node coming back, each as seconds after the prod job's end (``scancel``): the daemon's
+sbatch of a new pilot, the backend seeing it run, its agent's hello, the worker's start (warm or cold),
+the training script calling join (framework imported, model built), the worker in the new world,
+and its first step."""
+
+
+def _first_event(d, kind: str, node: str, after: float) -> float | None:  # type: ignore[no-untyped-def]
+    for e in d.store.events(kind):
+        nodes = e.get("nodes") or [e.get("node")]
+        if float(e["time"]) > after and node in nodes:
+            return float(e["time"])
+    return None
+
+
+def node_stages(d, jid: str, node: str, after: float) -> dict[str, float | None]:  # type: ignore[no-untyped-def]
+    """When each of :data:`STAGES` happened for ``node`` after ``after`` (seconds after it; None: not seen)."""
+    from malletrain.examples.tracelog import traced
+
+    wid = d.runs[jid].workers.get(node)
+    log = d.state_dir / "logs" / f"{wid}.log" if wid else None
+    joins = [e for e in traced(log, "rescale") if e.get("kind") == "join"] if log else []
+    first = [e["t"] for e in steps(log)] if log else []
+    at = {
+        "pilot submitted": _first_event(d, "pilot_submitted", node, after),
+        "pilot running": _first_event(d, "pilot_started", node, after),
+        "agent hello": _first_event(d, "agent_up", node, after),
+        "worker spawned": _first_event(d, "worker_started", node, after),
+        "script ready": float(joins[0]["started"]) if joins else None,
+        "rendezvous joined": float(joins[0]["finished"]) if joins else None,
+        "first step": float(first[0]) if first else None,
+    }
+    return {k: (v - after if v is not None else None) for k, v in at.items()}
+
+
+@dataclass
+class DaemonRun:
+    plan_s: float
+    resumed_s: float
+    grown_s: float
+    prod_delay_s: float
+    stages: list[dict[str, float | None]]  # one per node that came back
+
+
+def daemon_runs(cluster: SlurmCluster, tmp: Path, runs: int, prod_nodes: list[str]) -> list[DaemonRun]:
+    """Per run: a prod job preempts ``prod_nodes`` under the daemon, then ends (see the module doc)."""
     from malletrain.config import DaemonConfig, ScavengerConfig
     from malletrain.daemon import Daemon
     from malletrain.jobspec import JobSpec
 
     n_all = len(cluster.nodes)
     os.environ["SLURM_CONF"] = str(cluster.conf)
+    os.environ["OMP_NUM_THREADS"] = "1"  # the pilots' (so their warm workers') environment is the job's
     cfg = DaemonConfig(state_dir=str(tmp / "daemon"), runtime="torch", agent_heartbeat=0.2, agent_dead_after=10.0,
                        loop_interval=0.05, scavenger=ScavengerConfig(
                            kind="slurm", partition="preemptable", job_name="mt-bench-daemon", poll_interval=0.3,
@@ -137,7 +188,7 @@ def daemon_runs(cluster: SlurmCluster, tmp: Path, runs: int, prod_nodes: list[st
     train = (sys.executable, "-m", "malletrain.examples.train", "--model", "linear", "--samples", "1000000000",
              "--trace", "--step-sleep", "0.05")
     d = Daemon(cfg)
-    out = []
+    out: list[DaemonRun] = []
     try:
         jid = d.store.submit(JobSpec("lin", train, 1, n_all, False, {n: 100.0 * n for n in range(1, n_all + 1)},
                                      env={"OMP_NUM_THREADS": "1"}))
@@ -154,9 +205,11 @@ def daemon_runs(cluster: SlurmCluster, tmp: Path, runs: int, prod_nodes: list[st
                  and steps_after(logs(), n_all, 0.0) is not None, timeout=180, tick=tick)
         for run in range(runs):
             since = max(e["id"] for e in d.store.events())
+            started = tmp / f"prod-daemon-{run}"
             t0 = time.time()
             prod = cluster.run(["sbatch", "--parsable", "-p", "prod", f"-N{len(prod_nodes)}", "-w", ",".join(prod_nodes),
-                                "-o", "/dev/null", "--wrap", "sleep 600"]).stdout.strip().split(";")[0]
+                                "-o", "/dev/null", "--wrap", f"date +%s.%N > {started}; sleep 600"]
+                               ).stdout.strip().split(";")[0]
 
             def new_plan() -> float | None:
                 """The daemon's plan without the prod nodes: a decision, or the loss of the last of them."""
@@ -172,18 +225,31 @@ def daemon_runs(cluster: SlurmCluster, tmp: Path, runs: int, prod_nodes: list[st
             wait_for("new plan", lambda: new_plan() is not None, tick=tick)
             small = n_all - len(prod_nodes)
             wait_for("training resumed", lambda: steps_after(logs(), small, t0) is not None, tick=tick)
+            wait_for("prod job start", lambda: started.exists() and started.read_text().strip() != "", tick=tick)
+            prod_delay = float(started.read_text().split()[0]) - t0
             plan_s, resumed_s = new_plan() - t0, steps_after(logs(), small, t0) - t0  # type: ignore[operator]
             t1 = time.time()
             cluster.run(["scancel", prod])
             wait_for("job grown", lambda: steps_after(logs(), n_all, t1) is not None, timeout=120, tick=tick)
             grown_s = steps_after(logs(), n_all, t1) - t1  # type: ignore[operator]
-            out.append((plan_s, resumed_s, grown_s))
-            print(f"daemon run {run + 1}: preemption -> new plan {plan_s:.2f} s, -> training resumed on "
-                  f"{small} nodes {resumed_s:.2f} s; node back -> job grown {grown_s:.2f} s", flush=True)
+            stages = [node_stages(d, jid, n, t1) for n in prod_nodes]
+            out.append(DaemonRun(plan_s, resumed_s, grown_s, prod_delay, stages))
+            per_stage = "; ".join(
+                f"{n}: " + ", ".join(f"{k} {v:.2f}" if v is not None else f"{k} -" for k, v in st.items())
+                for n, st in zip(prod_nodes, stages))
+            print(f"daemon run {run + 1}: prod start {prod_delay:.2f} s after sbatch; preemption -> new plan "
+                  f"{plan_s:.2f} s, -> training resumed on {small} nodes {resumed_s:.2f} s; node back -> job grown "
+                  f"{grown_s:.2f} s; stages (s after scancel) {per_stage}", flush=True)
     finally:
         d.close()
         cluster.cancel_all()
     return out
+
+
+def p95(values: list[float]) -> float:
+    """The 95th percentile (nearest rank) of ``values``."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -192,7 +258,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nodes", type=int, default=4)
     ap.add_argument("--prod-nodes", type=int, default=2)
     ap.add_argument("--daemon-runs", type=int, default=5, help="runs of the daemon figures (0: skip them)")
+    ap.add_argument("--cold", action="store_true", help="no warm workers (the baseline: every worker starts cold)")
     args = ap.parse_args(argv)
+    if args.cold:
+        from malletrain.runtimes.torch_elastic import TorchRuntime
+
+        TorchRuntime.warm_modules = ()  # the daemon then passes no --warm to its agents
     try:
         cluster = SlurmCluster(args.nodes).start()
     except ClusterUnavailable as exc:
@@ -211,14 +282,30 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         cluster.stop()
     med, mx = statistics.median, max
-    for i, name in enumerate(("preemption -> new plan", "preemption -> training resumed", "node back -> job grown")):
-        col = [f[i] for f in figures]
+    for name, col in (("preemption -> new plan", [f.plan_s for f in figures]),
+                      ("preemption -> training resumed", [f.resumed_s for f in figures]),
+                      ("node back -> job grown", [f.grown_s for f in figures])):
         if col:
             print(f"daemon: {name}: median {med(col):.2f} s, max {mx(col):.2f} s over {len(col)} runs")
+    for stage in STAGES:
+        col = [st[stage] for f in figures for st in f.stages if st[stage] is not None]
+        if col:
+            print(f"stage (s after the prod job's end): {stage}: median {med(col):.2f} s, max {mx(col):.2f} s")
     print(f"prod start delay on idle nodes: median {med(idle_d):.2f} s, max {mx(idle_d):.2f} s")
     print(f"prod start delay on held nodes: median {med(held_d):.2f} s, max {mx(held_d):.2f} s")
     print(f"prod sbatch -> ended(preempted) reported: median {med(reports):.2f} s, max {mx(reports):.2f} s")
-    print(f"main-queue delay: median {med(extra):.2f} s, max {mx(extra):.2f} s over {len(extra)} runs")
+    print(f"main-queue delay (agents only): median {med(extra):.2f} s, max {mx(extra):.2f} s over {len(extra)} runs")
+    handed = [st["first step"] - st["worker spawned"] for f in figures for st in f.stages  # type: ignore[operator]
+              if st["first step"] is not None and st["worker spawned"] is not None]
+    if handed:  # what a warm worker removes: the framework's import after the daemon's decision
+        print(f"worker spawned -> first step on it: median {med(handed):.2f} s, max {mx(handed):.2f} s")
+    first = [st["first step"] for f in figures for st in f.stages if st["first step"] is not None]
+    if first:
+        print(f"node back -> first step on it: median {med(first):.2f} s, p95 {p95(first):.2f} s")
+    if figures:
+        paired = [f.prod_delay_s - idle_d[i % len(idle_d)] for i, f in enumerate(figures)]
+        print(f"main-queue delay (paired with a run without the daemon): median {med(paired):.2f} s, "
+              f"p95 {p95(paired):.2f} s, max {mx(paired):.2f} s")
     from bench_restart_stall import main as restart_stall  # its own cluster; the restart lines come last
 
     restart_stall(["--kills", "5", "--nodes", str(args.nodes)])

@@ -423,7 +423,7 @@ class Daemon:
         return LocalBackend(
             cfg.local.nodes, self.hub.address, timeline, cfg.local.time_scale, epoch=epoch, clock=self.clock,
             agent_args=("--heartbeat", f"{cfg.agent_heartbeat:g}", "--dead-after", f"{cfg.agent_dead_after:g}",
-                        *self._key_args()),
+                        *self._key_args(), *self._warm_args()),
             log_dir=logs,
         )
 
@@ -431,6 +431,11 @@ class Daemon:
         """``--key-file PATH`` when the hub has an agent key (agents get its path, never the key)."""
         path = getattr(self.hub, "key_file", None)
         return ("--key-file", str(path)) if path else ()
+
+    def _warm_args(self) -> tuple[str, ...]:
+        """``--warm MODULES``: what the runtime's workers import, so agents prepare one ahead."""
+        modules = tuple(getattr(self.runtime, "warm_modules", ()) or ())
+        return ("--warm", ",".join(modules)) if modules else ()
 
     def _make_batch_backend(self, kind: str) -> Any:
         """Pilots as Slurm or PBS batch jobs; their agents connect to this daemon's hub."""
@@ -441,7 +446,8 @@ class Daemon:
             max_pilots=sc.max_pilots, renew_before_s=sc.renew_before, max_queued_s=sc.max_queued,
             submit_rate=sc.submit_rate, command_timeout_s=sc.command_timeout,
             agent_args=("--heartbeat", f"{self.cfg.agent_heartbeat:g}", "--dead-after",
-                        f"{self.cfg.agent_dead_after:g}", "--log-dir", str(logs), *self._key_args()),
+                        f"{self.cfg.agent_dead_after:g}", "--log-dir", str(logs), *self._key_args(),
+                        *self._warm_args()),
             account=sc.account or None,
         )
         if sc.job_name:
@@ -626,6 +632,7 @@ class Daemon:
                 run = self.runs.get(_job_of(ev.worker))
                 if run is not None:
                     run.started.add(ev.worker)
+                    self.store.log_event("worker_started", run.id, node=ev.node, worker=ev.worker)
             elif isinstance(ev, WorkerExitedEvent):
                 self._worker_exited(ev, now)
 

@@ -45,6 +45,7 @@ from zmq.utils.monitor import recv_monitor_message
 from scavenger import channel as C
 from scavenger import jobproc
 from scavenger import protocol as P
+from scavenger.warm import WARM_WAIT_S, Assignment, WarmSlot, warm_refusal
 
 log = logging.getLogger("scavenger.agent")
 
@@ -157,6 +158,7 @@ class Agent:
         dead_after_s: float = 10.0,
         log_dir: str | None = None,
         batch_job: str | None = None,
+        warm_modules: tuple[str, ...] = (),
     ) -> None:
         if len(key) != C.KEY_BYTES:
             raise ValueError(f"agent key must be {C.KEY_BYTES} bytes, got {len(key)}")
@@ -172,6 +174,8 @@ class Agent:
         self.next_sweep = 0.0
         self.log_max_bytes = jobproc.LOG_MAX_BYTES
         self.logs_max_total = jobproc.LOGS_MAX_TOTAL
+        self.warm = WarmSlot(warm_modules) if warm_modules else None  # a worker prepared ahead (scavenger.warm)
+        self.deferred: dict[str, tuple[P.StartWorker, float]] = {}  # workers waiting for the warm process
         self.leave_reason: str | None = None
         self.seq = 0
         self.session: C.Session | None = None
@@ -277,9 +281,9 @@ class Agent:
         return True
 
     # -- workers
-    def start_worker(self, msg: P.StartWorker) -> None:
-        if msg.worker in self.workers:
-            return  # idempotent
+    def start_worker(self, msg: P.StartWorker, defer: bool = True) -> None:
+        if msg.worker in self.workers or (defer and self._defer(msg)):
+            return  # idempotent; or it waits for the warm process, which is ahead of a cold start
         if not msg.argv:
             log.error("node %s: worker %s has an empty argv; reported as exit 127", self.node, msg.worker)
             self.send(P.WorkerExited(self.node, msg.worker, 127))
@@ -299,7 +303,7 @@ class Agent:
                 jobproc.prune_logs(self.log_dir, [w.log.path for w in self.workers.values() if w.log],
                                    self.logs_max_total)
                 out = _open_log(log_path, run_as)
-            proc = subprocess.Popen(
+            proc = self._warm_start(msg, env, run_as, out) or subprocess.Popen(
                 list(msg.argv),
                 env=env,
                 preexec_fn=jobproc.child_setup(msg.cwd),  # after the privilege drop: cwd entered as the owner
@@ -327,7 +331,45 @@ class Agent:
         log.debug("node %s: worker %s argv %r", self.node, msg.worker, list(msg.argv))  # escaped: one line
         self.send(P.WorkerStarted(self.node, msg.worker, proc.pid))
 
+    def _defer(self, msg: P.StartWorker) -> bool:
+        """True if ``msg`` waits for the warm process still importing (see :meth:`_start_deferred`)."""
+        if self.warm is None or not self.warm.starting:
+            return False
+        if warm_refusal(msg.argv, {**self.warm.env, **(msg.env or {})}, self.warm.env, self.warm.python):
+            self.deferred.pop(msg.worker, None)
+            return False
+        self.deferred.setdefault(msg.worker, (msg, time.monotonic()))
+        return True
+
+    def _start_deferred(self) -> None:
+        """Start the workers that waited, once the warm process is ready (or gone, or too slow)."""
+        now = time.monotonic()
+        for name, (msg, first) in list(self.deferred.items()):
+            if self.warm is not None and self.warm.starting and now - first > WARM_WAIT_S:
+                log.warning("node %s: the warm worker is still importing after %.0f s; killed, worker %s starts "
+                            "cold", self.node, now - first, name)
+                self.warm.close()
+            if self.warm is None or not self.warm.starting:
+                del self.deferred[name]
+                self.start_worker(msg, defer=False)
+
+    def _warm_start(self, msg: P.StartWorker, env: dict[str, str], run_as: "RunAs | None",
+                    out: IO[bytes] | None) -> subprocess.Popen[bytes] | None:
+        """The warm process turned into ``msg``'s worker, or None (then it starts cold)."""
+        if self.warm is None:
+            return None
+        uid, gid = (run_as.uid, run_as.gid) if run_as is not None else (None, None)
+        got = self.warm.take(Assignment(tuple(msg.argv), env, msg.cwd or None, uid, gid), out)
+        if isinstance(got, str):
+            log.info("node %s: worker %s starts cold: %s", self.node, msg.worker, got)
+            return None
+        log.info("node %s: worker %s starts warm (framework imported ahead)", self.node, msg.worker)
+        return got
+
     def stop_worker(self, name: str, grace: float) -> None:
+        if self.deferred.pop(name, None) is not None:
+            self.send(P.WorkerExited(self.node, name, EXIT_RECALLED))  # stopped before it started
+            return
         w = self.workers.get(name)
         if w is None or w.kill_at is not None:
             return  # idempotent
@@ -338,7 +380,10 @@ class Agent:
 
     def worker_pids(self) -> set[int]:
         """The agent's own children that are live workers (every other child is an orphan to end)."""
-        return {w.proc.pid for w in self.workers.values()}
+        pids = {w.proc.pid for w in self.workers.values()}
+        if self.warm is not None and self.warm.proc is not None:
+            pids.add(self.warm.proc.pid)  # the worker prepared ahead is ours, not an orphan
+        return pids
 
     def sweep_orphans(self) -> None:
         """Kill what ended workers left behind (re-parented to this subreaper agent)."""
@@ -490,6 +535,11 @@ class Agent:
                         if self.receive(frame):
                             last_daemon = time.monotonic()
                 self.reap()
+                if self.warm is not None:
+                    if not self.workers:
+                        self.warm.prepare()  # while the node waits for a worker (CPU is free then)
+                    self.warm.poll()
+                    self._start_deferred()
                 now = time.monotonic()
                 self.authenticate(now)
                 if self.session is not None and now >= next_hb:
@@ -503,6 +553,8 @@ class Agent:
             log.exception("node %s: agent loop failed: %s", self.node, exc)
             raise
         finally:
+            if self.warm is not None:
+                self.warm.close()
             self.kill_all(RECALL_GRACE_S if self.leave_reason == "recalled" else STOP_GRACE_S)
             self.send(P.Leaving(self.node, self.leave_reason or "error"))
             self.sock.disable_monitor()
@@ -526,6 +578,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="rotate a worker's log past this size (one older part kept)")
     ap.add_argument("--logs-max-total", type=int, default=jobproc.LOGS_MAX_TOTAL,
                     help="delete the oldest logs of ended workers when --log-dir holds more than this")
+    ap.add_argument("--warm", default="", help="modules a warm worker imports ahead, comma-separated "
+                                                "(scavenger.warm; empty: every worker starts cold)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
     recalled: list[int] = []
@@ -549,7 +603,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("node name %r: must be 1-%d printable ASCII characters without spaces", args.node, P.NAME_MAX)
         return EXIT_NO_KEY
     agent = Agent(args.node, args.daemon, key, args.heartbeat, args.dead_after, args.log_dir,
-                  batch_job=batch_job_from(os.environ))
+                  batch_job=batch_job_from(os.environ),
+                  warm_modules=tuple(m for m in args.warm.split(",") if m))
     agent.log_max_bytes, agent.logs_max_total = args.log_max_bytes, args.logs_max_total
     agent.subreaper = jobproc.become_subreaper()
     if not agent.subreaper:

@@ -176,6 +176,10 @@ class TorchRuntime:
     """
 
     name = "torch"
+    warm_modules = ("torch", "torch.distributed", "torch._dynamo", "torch.nn.parallel", "malletrain.elastic")
+    """What a node agent's warm worker imports before its assignment (``scavenger.warm``): torch, what
+    a worker of this runtime imports, and ``torch._dynamo``, which torch imports when a script makes
+    its first optimizer (about 800 modules, sympy among them: most of a worker's start after torch)."""
 
     def __init__(
         self,

@@ -1,0 +1,321 @@
+"""Warm workers: a process that imported the framework before its job was known.
+
+    python -m scavenger.warm --fd N --import torch,malletrain.elastic
+
+A node agent started with ``--warm MODULES`` keeps one such process per node
+while it has no worker (:class:`WarmSlot`). The process imports ``MODULES`` (the
+runtime's framework; seconds of CPU that a fresh worker would spend after its
+assignment), says ``ready`` on its socket and waits. The agent's next
+:class:`~scavenger.protocol.StartWorker` whose command it can run is handed to
+it as one :class:`Assignment` (and the worker's log file descriptor) instead of
+a new ``Popen``; the process then becomes the worker, exactly as a fresh
+``python`` would have started it:
+
+1. standard output and error go to the worker's log (the descriptor the agent
+   opened, owned by the job's owner);
+2. a root agent's warm process drops to the job's owner (``setgroups``,
+   ``setgid``, ``setuid``) before it touches anything of the job, then enters
+   the job's ``cwd`` as that user;
+3. its environment becomes the worker's (the one the agent computed);
+4. ``sys.argv`` and ``sys.path[0]`` are set as ``python -m MOD`` / ``python
+   SCRIPT`` would set them, and the module or script runs as ``__main__``.
+
+The user's script is unchanged and runs once; only the imports are done ahead.
+A command that a warm process could not run exactly like a fresh interpreter is
+started cold (:func:`warm_refusal` says why): another interpreter, interpreter
+flags, or an environment that differs in a variable read when the interpreter
+or the framework starts (:data:`START_TIME_VARS`). The process is in its own
+session from the start, so the agent's process-group kill covers it, and it is
+the worker's process (its pid, its exit code).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import os
+import pkgutil  # noqa: F401  (runpy.run_path imports it lazily: loaded before the privilege drop)
+import runpy
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import IO, Mapping, Sequence
+
+from scavenger import jobproc
+
+log = logging.getLogger("scavenger.warm")
+
+READY = b"ready\n"
+ASSIGN_MAX = 1 << 20
+START_TIME_VARS = ("LD_", "PYTHON", "OMP_", "MKL_", "KMP_", "GOMP_", "TORCH_", "MALLOC_")
+"""Prefixes of environment variables read when an interpreter or its framework starts: a
+warm process imported with other values would not behave like a fresh worker."""
+WARM_WAIT_S = 300.0
+"""How long a worker assigned while the warm process still imports waits for it. A cold start
+would import the same modules again, competing for the same CPU, so it never finishes first
+while the warm process makes progress: only one still importing after this long is taken as
+stuck (killed; the worker starts cold)."""
+RUNTIME_VARS = frozenset({"PYTHONPATH", "PYTHONUNBUFFERED"})
+"""Start-time variables a warm process applies itself (sys.path, unbuffered streams)."""
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """What a warm process becomes: the worker's argv, environment, cwd and user."""
+
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    cwd: str | None = None
+    uid: int | None = None
+    gid: int | None = None
+
+    def encode(self) -> bytes:
+        return json.dumps({"argv": list(self.argv), "env": self.env, "cwd": self.cwd,
+                           "uid": self.uid, "gid": self.gid}).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> Assignment:
+        """An assignment from its bytes; ValueError names what is wrong."""
+        try:
+            obj = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"warm assignment is not JSON: {exc}") from None
+        if not isinstance(obj, dict):
+            raise ValueError("warm assignment: not an object")
+        argv, env = obj.get("argv"), obj.get("env")
+        if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+            raise ValueError("warm assignment: argv must be a non-empty list of strings")
+        if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+            raise ValueError("warm assignment: env must map strings to strings")
+        for name in ("uid", "gid"):
+            if obj.get(name) is not None and (not isinstance(obj[name], int) or obj[name] < 0):
+                raise ValueError(f"warm assignment: {name} must be a non-negative integer or null")
+        cwd = obj.get("cwd")
+        if cwd is not None and not isinstance(cwd, str):
+            raise ValueError("warm assignment: cwd must be a string or null")
+        return cls(tuple(argv), dict(env), cwd, obj.get("uid"), obj.get("gid"))
+
+
+@dataclass(frozen=True)
+class Entry:
+    """What ``python ARGS`` runs: a module (``-m``) or a script path, and its arguments."""
+
+    module: str | None
+    script: str | None
+    args: tuple[str, ...]
+
+
+def entry_of(argv: Sequence[str], python: str = sys.executable) -> Entry | str:
+    """The entry point of ``argv`` if a warm process of ``python`` can run it, else why not."""
+    if len(argv) < 2:
+        return "no script or module after the interpreter"
+    if os.path.realpath(argv[0]) != os.path.realpath(python) and argv[0] != python:
+        return f"interpreter {argv[0]!r} is not the warm one ({python})"
+    if argv[1] == "-m":
+        if len(argv) < 3 or not argv[2] or argv[2].startswith("-"):
+            return "-m without a module name"
+        return Entry(argv[2], None, tuple(argv[3:]))
+    if argv[1].startswith("-"):
+        return f"interpreter flag {argv[1]!r}"
+    return Entry(None, argv[1], tuple(argv[2:]))
+
+
+def start_time_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The variables of ``env`` that only take effect when a process starts (minus :data:`RUNTIME_VARS`)."""
+    return {k: v for k, v in env.items() if k.startswith(START_TIME_VARS) and k not in RUNTIME_VARS}
+
+
+def warm_refusal(argv: Sequence[str], env: Mapping[str, str], warm_env: Mapping[str, str],
+                 python: str = sys.executable) -> str | None:
+    """Why a warm process started with ``warm_env`` cannot become the worker ``argv``/``env`` (None: it can)."""
+    entry = entry_of(argv, python)
+    if isinstance(entry, str):
+        return entry
+    mine, theirs = start_time_env(warm_env), start_time_env(env)
+    if mine != theirs:
+        diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+        return f"start-time variable(s) {', '.join(diff)} differ from the warm process's"
+    return None
+
+
+# ----------------------------------------------------------------------------- agent side
+@dataclass
+class WarmSlot:
+    """The agent's one warm process (none, starting, or ready) and how to hand it a worker."""
+
+    modules: tuple[str, ...]
+    python: str = sys.executable
+    env: dict[str, str] = field(default_factory=lambda: jobproc.worker_environ(os.environ, {}, None))
+    """The warm process's own environment: the agent's allowed part, as a cold worker's starts."""
+    proc: subprocess.Popen[bytes] | None = None
+    sock: socket.socket | None = None
+    ready: bool = False
+    spawned_at: float = 0.0
+
+    @property
+    def starting(self) -> bool:
+        """A warm process is importing (not ready yet)."""
+        return self.proc is not None and not self.ready
+
+    def prepare(self) -> None:
+        """Start a warm process if there is none (idempotent); its readiness is read by :meth:`poll`."""
+        if self.proc is not None or not self.modules:
+            return
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self.proc = subprocess.Popen(
+                [self.python, "-m", "scavenger.warm", "--fd", str(theirs.fileno()), "--import", ",".join(self.modules)],
+                env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                pass_fds=(theirs.fileno(),), start_new_session=True,
+            )
+        except OSError as exc:
+            log.warning("no warm worker: cannot start %s: %s", self.python, exc)
+            mine.close()
+            self.modules = ()  # do not try again at every loop
+            return
+        finally:
+            theirs.close()
+        mine.setblocking(False)
+        self.sock, self.ready, self.spawned_at = mine, False, time.monotonic()
+        log.info("warm worker pid %d: importing %s", self.proc.pid, ", ".join(self.modules))
+
+    def poll(self) -> None:
+        """Notice that the warm process is ready (or died: then it is dropped, and made again later)."""
+        if self.proc is None or self.sock is None:
+            return
+        if self.proc.poll() is not None:
+            log.warning("warm worker pid %d exited with %s before an assignment", self.proc.pid, self.proc.returncode)
+            self._drop()
+            return
+        if not self.ready:
+            try:
+                data = self.sock.recv(len(READY))
+            except BlockingIOError:
+                return
+            except OSError:
+                data = b""
+            if data == READY:
+                self.ready = True
+                log.info("warm worker pid %d ready after %.2f s", self.proc.pid, time.monotonic() - self.spawned_at)
+            else:
+                self.close()
+
+    def take(self, assignment: Assignment, log_file: IO[bytes] | None) -> subprocess.Popen[bytes] | str:
+        """Hand ``assignment`` to the ready warm process; its Popen, or why not (then start it cold)."""
+        self.poll()
+        if self.proc is None or self.sock is None or not self.ready:
+            return "no warm process ready"
+        why = warm_refusal(assignment.argv, assignment.env, self.env, self.python)
+        if why is not None:
+            return why
+        proc, sock = self.proc, self.sock
+        fd = log_file.fileno() if log_file is not None else os.open(os.devnull, os.O_WRONLY)
+        try:
+            sock.setblocking(True)
+            sock.settimeout(2.0)
+            socket.send_fds(sock, [assignment.encode()], [fd])
+            sock.shutdown(socket.SHUT_WR)
+        except OSError as exc:
+            self.close()
+            return f"warm process did not take its assignment: {exc}"
+        finally:
+            if log_file is None:
+                os.close(fd)
+        sock.close()
+        self.proc, self.sock, self.ready = None, None, False
+        return proc
+
+    def _drop(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+        self.proc, self.sock, self.ready = None, None, False
+
+    def close(self) -> None:
+        """Kill the warm process (its whole session) if there is one."""
+        proc = self.proc
+        self._drop()
+        if proc is not None and proc.poll() is None:
+            try:
+                os.killpg(proc.pid, 9)
+            except (ProcessLookupError, PermissionError):
+                pass
+            try:
+                proc.wait(timeout=2.0)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+# ----------------------------------------------------------------------------- warm side
+def _receive(sock: socket.socket) -> tuple[Assignment, int]:
+    chunks, fds = [], []
+    total = 0
+    while True:
+        data, got, _flags, _addr = socket.recv_fds(sock, ASSIGN_MAX, 4)
+        fds.extend(got)
+        if not data:
+            break
+        chunks.append(data)
+        total += len(data)
+        if total > ASSIGN_MAX:
+            raise ValueError(f"warm assignment over {ASSIGN_MAX} bytes")
+    if len(fds) != 1:
+        raise ValueError(f"warm assignment came with {len(fds)} descriptors, expected the log's one")
+    return Assignment.decode(b"".join(chunks)), fds[0]
+
+
+def become(assignment: Assignment, log_fd: int) -> Entry:
+    """Turn this process into the worker: output, user, cwd, environment, argv (see the module doc)."""
+    entry = entry_of(assignment.argv)
+    if isinstance(entry, str):
+        raise ValueError(f"warm assignment {list(assignment.argv)!r}: {entry}")
+    sys.stdout.flush(), sys.stderr.flush()
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    if log_fd > 2:
+        os.close(log_fd)
+    if assignment.uid is not None and assignment.uid != os.geteuid():
+        gid = assignment.gid if assignment.gid is not None else os.getegid()
+        os.setgroups([])
+        os.setgid(gid)
+        os.setuid(assignment.uid)
+    jobproc.child_setup(assignment.cwd)()  # a subreaper like a cold worker; cwd entered as the owner
+    os.environ.clear()
+    os.environ.update(assignment.env)
+    extra = [p for p in assignment.env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    first = os.getcwd() if entry.module is not None else os.path.dirname(os.path.abspath(entry.script or "."))
+    sys.path[:] = [first, *extra, *sys.path[1:]]
+    if assignment.env.get("PYTHONUNBUFFERED"):
+        sys.stdout.reconfigure(write_through=True)  # type: ignore[union-attr]
+    sys.argv = [entry.module or entry.script or "", *entry.args]
+    return entry
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m scavenger.warm", description=__doc__.splitlines()[0])
+    ap.add_argument("--fd", type=int, required=True, help="the agent's end of the assignment socket")
+    ap.add_argument("--import", dest="modules", default="", help="modules to import ahead, comma-separated")
+    args = ap.parse_args(argv)
+    sock = socket.socket(fileno=args.fd)
+    for name in filter(None, args.modules.split(",")):
+        importlib.import_module(name)
+    sock.sendall(READY)
+    try:
+        assignment, log_fd = _receive(sock)
+    except (OSError, ValueError) as exc:
+        print(f"warm worker: no assignment: {exc}", file=sys.stderr)
+        return 0  # the agent closed us (or sent nothing usable): nothing of a job ran
+    sock.close()
+    entry = become(assignment, log_fd)
+    if entry.module is not None:
+        runpy.run_module(entry.module, run_name="__main__", alter_sys=True)
+    else:
+        runpy.run_path(entry.script or "", run_name="__main__")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

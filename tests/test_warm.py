@@ -1,0 +1,255 @@
+"""Warm workers (scavenger.warm): a process that imported ahead becomes the worker, exactly as a
+fresh interpreter would have run it; anything it could not run exactly that way starts cold."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from scavenger import protocol as P
+from scavenger.agent import Agent
+from scavenger.warm import Assignment, Entry, WarmSlot, entry_of, start_time_env, warm_refusal
+
+KEY = b"k" * 32
+
+SCRIPT = """
+import json, os, sys
+print(json.dumps({"argv": sys.argv, "cwd": os.getcwd(), "x": os.environ.get("X"),
+                  "agent_only": os.environ.get("AGENT_ONLY"), "sid": os.getsid(0) == os.getpid(),
+                  "main": __name__, "path0": sys.path[0]}))
+sys.exit(int(os.environ.get("CODE", "0")))
+"""
+
+
+def wait_ready(slot: WarmSlot, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        slot.poll()
+        if slot.ready:
+            return
+        time.sleep(0.02)
+    raise AssertionError("warm process not ready")
+
+
+def read_json_line(path: Path) -> dict:
+    import json
+
+    lines = [line for line in path.read_text().splitlines() if line.startswith("{")]
+    assert lines, path.read_text()
+    return json.loads(lines[-1])
+
+
+def test_entry_of_reads_module_and_script_forms() -> None:
+    py = sys.executable
+    assert entry_of([py, "-m", "pkg.mod", "--a", "1"], py) == Entry("pkg.mod", None, ("--a", "1"))
+    assert entry_of([py, "train.py", "x"], py) == Entry(None, "train.py", ("x",))
+    assert "flag" in str(entry_of([py, "-u", "train.py"], py))
+    assert "interpreter" in str(entry_of(["/usr/bin/other-python", "t.py"], py))
+    assert isinstance(entry_of([py], py), str)
+
+
+def test_start_time_variables_must_match_the_warm_process() -> None:
+    py = sys.executable
+    argv = [py, "-m", "m"]
+    assert warm_refusal(argv, {"OMP_NUM_THREADS": "1", "X": "1"}, {"OMP_NUM_THREADS": "1"}, py) is None
+    why = warm_refusal(argv, {"OMP_NUM_THREADS": "2"}, {"OMP_NUM_THREADS": "1"}, py)
+    assert why is not None and "OMP_NUM_THREADS" in why
+    assert warm_refusal(argv, {"LD_PRELOAD": "x.so"}, {}, py) is not None
+    assert warm_refusal(argv, {"PYTHONPATH": "/x"}, {}, py) is None  # applied by the warm process
+
+
+def test_assignment_rejects_bad_bytes_by_name() -> None:
+    with pytest.raises(ValueError, match="argv"):
+        Assignment.decode(b'{"argv": [], "env": {}}')
+    with pytest.raises(ValueError, match="uid"):
+        Assignment.decode(b'{"argv": ["p"], "env": {}, "uid": -1}')
+    with pytest.raises(ValueError, match="JSON"):
+        Assignment.decode(b"\xff")
+
+
+def test_warm_process_becomes_the_worker(tmp_path: Path) -> None:
+    script = tmp_path / "job" / "train.py"
+    script.parent.mkdir()
+    script.write_text(SCRIPT)
+    work = tmp_path / "work"
+    work.mkdir()
+    slot = WarmSlot(("json",), env={**os.environ, "AGENT_ONLY": "1"})
+    slot.prepare()
+    try:
+        wait_ready(slot)
+        pid = slot.proc.pid if slot.proc else -1
+        log = (tmp_path / "w.log").open("ab")
+        env = {k: v for k, v in os.environ.items()} | {"X": "42", "CODE": "7"}
+        proc = slot.take(Assignment((sys.executable, str(script), "--flag", "v"), env, str(work)), log)
+        assert not isinstance(proc, str), proc
+        assert proc.pid == pid  # the prepared process itself is the worker
+        assert proc.wait(timeout=30) == 7
+        log.close()
+    finally:
+        slot.close()
+    out = read_json_line(tmp_path / "w.log")
+    assert out["argv"] == [str(script), "--flag", "v"]
+    assert out["cwd"] == str(work)
+    assert out["x"] == "42" and out["agent_only"] is None  # the worker's env, not the agent's
+    assert out["sid"] and out["main"] == "__main__"
+    assert out["path0"] == str(script.parent)
+    assert slot.proc is None  # taken: the next one is prepared afresh
+
+
+def test_warm_process_refuses_what_it_cannot_run_exactly(tmp_path: Path) -> None:
+    slot = WarmSlot(("json",), env={k: v for k, v in os.environ.items() if not k.startswith("OMP_")})
+    slot.prepare()
+    try:
+        wait_ready(slot)
+        why = slot.take(Assignment((sys.executable, "-m", "json.tool"), {"OMP_NUM_THREADS": "3"}), None)
+        assert isinstance(why, str) and "OMP_NUM_THREADS" in why
+        assert slot.ready  # still there for the next worker
+    finally:
+        slot.close()
+    assert slot.proc is None
+
+
+def test_agent_starts_its_worker_from_the_warm_process(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    agent = Agent("n1", "tcp://127.0.0.1:1", KEY, log_dir=str(tmp_path / "logs"), warm_modules=("json",))
+    try:
+        assert agent.warm is not None
+        agent.warm.prepare()
+        wait_ready(agent.warm)
+        warm_pid = agent.warm.proc.pid if agent.warm.proc else -1
+        agent.start_worker(P.StartWorker("n1", "j1.n1.1", (sys.executable, str(script)), {"X": "1"}, str(tmp_path)))
+        w = agent.workers["j1.n1.1"]
+        assert w.proc.pid == warm_pid
+        assert w.proc.wait(timeout=30) == 0
+        assert read_json_line(tmp_path / "logs" / "j1.n1.1.log")["x"] == "1"
+        # a command the warm process cannot run exactly starts cold, and still runs
+        agent.warm.prepare()
+        wait_ready(agent.warm)
+        agent.start_worker(P.StartWorker("n1", "j1.n1.2", (sys.executable, "-u", str(script)), {"X": "2"},
+                                         str(tmp_path)))
+        w2 = agent.workers["j1.n1.2"]
+        assert agent.warm.proc is not None and w2.proc.pid != agent.warm.proc.pid
+        assert w2.proc.wait(timeout=30) == 0
+        assert read_json_line(tmp_path / "logs" / "j1.n1.2.log")["x"] == "2"
+    finally:
+        agent.kill_all(0.2)
+        if agent.warm is not None:
+            agent.warm.close()
+        agent.sock.close(0)
+        agent.monitor.close(0)
+        agent.ctx.term()
+
+
+def test_worker_assigned_while_the_warm_process_imports_waits_for_it(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    agent = Agent("n1", "tcp://127.0.0.1:1", KEY, log_dir=str(tmp_path / "logs"), warm_modules=("json",))
+    try:
+        assert agent.warm is not None
+        agent.warm.prepare()
+        warm_pid = agent.warm.proc.pid if agent.warm.proc else -1
+        assert agent.warm.starting
+        agent.start_worker(P.StartWorker("n1", "j1.n1.1", (sys.executable, str(script)), {}, str(tmp_path)))
+        assert "j1.n1.1" not in agent.workers and "j1.n1.1" in agent.deferred  # no second, cold import
+        deadline = time.monotonic() + 30
+        while "j1.n1.1" not in agent.workers and time.monotonic() < deadline:
+            agent.warm.poll()
+            agent._start_deferred()
+            time.sleep(0.02)
+        assert agent.workers["j1.n1.1"].proc.pid == warm_pid
+        assert agent.workers["j1.n1.1"].proc.wait(timeout=30) == 0
+        # a worker stopped while it waits never starts
+        agent.warm.prepare()
+        agent.start_worker(P.StartWorker("n1", "j1.n1.2", (sys.executable, str(script)), {}, str(tmp_path)))
+        agent.stop_worker("j1.n1.2", 1.0)
+        assert "j1.n1.2" not in agent.deferred and "j1.n1.2" not in agent.workers
+    finally:
+        agent.kill_all(0.2)
+        if agent.warm is not None:
+            agent.warm.close()
+        agent.sock.close(0)
+        agent.monitor.close(0)
+        agent.ctx.term()
+
+
+def test_daemon_passes_the_runtimes_modules_to_its_agents() -> None:
+    from types import SimpleNamespace
+
+    from malletrain.daemon import Daemon
+    from malletrain.runtimes.torch_elastic import TorchRuntime
+
+    args = Daemon._warm_args(SimpleNamespace(runtime=SimpleNamespace(warm_modules=TorchRuntime.warm_modules)))
+    assert args[0] == "--warm" and "torch" in args[1].split(",") and "malletrain.elastic" in args[1].split(",")
+    assert Daemon._warm_args(SimpleNamespace(runtime=object())) == ()  # a runtime with nothing to import ahead
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs a root agent")
+def test_a_root_warm_process_runs_the_job_as_its_owner() -> None:
+    import shutil
+    import tempfile
+
+    work = Path(tempfile.mkdtemp(prefix="mt-warm-owner-"))
+    try:
+        work.chmod(0o755)
+        script = work / "whoami.py"
+        script.write_text("import os, sys\nprint(os.getuid(), os.getgid(), os.getgroups(), os.getcwd())\n"
+                          "open('mine', 'w').write('x')\n")
+        script.chmod(0o644)
+        private = work / "private"
+        private.mkdir(mode=0o777)
+        os.chown(private, 65534, 65534)
+        private.chmod(0o700)  # only the owner may enter: the worker enters it after the drop
+        slot = WarmSlot(("json",))
+        slot.prepare()
+        try:
+            wait_ready(slot)
+            log_path = work / "w.log"
+            log = log_path.open("ab")
+            proc = slot.take(Assignment((sys.executable, str(script)), {**start_time_env(os.environ), "PATH": "/usr/bin:/bin"}, str(private),
+                                        65534, 65534), log)
+            assert not isinstance(proc, str), proc
+            assert proc.wait(timeout=30) == 0, log_path.read_text()
+            log.close()
+        finally:
+            slot.close()
+        uid, gid, rest = log_path.read_text().split(" ", 2)
+        assert (int(uid), int(gid)) == (65534, 65534)
+        assert rest.strip() == f"[] {private}"
+        assert os.stat(private / "mine").st_uid == 65534  # what it made belongs to the owner
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def test_a_stuck_warm_process_is_killed_and_the_worker_starts_cold(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import scavenger.agent as agent_mod
+
+    (tmp_path / "slowmod.py").write_text("import time\ntime.sleep(120)\n")
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    agent = Agent("n1", "tcp://127.0.0.1:1", KEY, log_dir=str(tmp_path / "logs"), warm_modules=("slowmod",))
+    try:
+        assert agent.warm is not None
+        agent.warm.env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+        agent.warm.prepare()
+        stuck = agent.warm.proc
+        assert stuck is not None
+        agent.start_worker(P.StartWorker("n1", "j1.n1.1", (sys.executable, str(script)), {}, str(tmp_path)))
+        agent._start_deferred()
+        assert "j1.n1.1" in agent.deferred  # still within its wait: no second import
+        monkeypatch.setattr(agent_mod, "WARM_WAIT_S", 0.0)
+        agent._start_deferred()
+        w = agent.workers["j1.n1.1"]
+        assert w.proc.pid != stuck.pid and stuck.poll() is not None  # the stuck one is gone
+        assert w.proc.wait(timeout=30) == 0
+    finally:
+        agent.kill_all(0.2)
+        if agent.warm is not None:
+            agent.warm.close()
+        agent.sock.close(0)
+        agent.monitor.close(0)
+        agent.ctx.term()
