@@ -210,7 +210,7 @@ def test_a_root_warm_process_runs_the_job_as_its_owner() -> None:
             wait_ready(slot)
             log_path = work / "w.log"
             log = log_path.open("ab")
-            proc = slot.take(Assignment((sys.executable, str(script)), {**start_time_env(os.environ), "PATH": "/usr/bin:/bin"}, str(private),
+            proc = slot.take(Assignment((sys.executable, str(script)), {**start_time_env(slot.env), "PATH": "/usr/bin:/bin"}, str(private),
                                         65534, 65534), log)
             assert not isinstance(proc, str), proc
             assert proc.wait(timeout=30) == 0, log_path.read_text()
