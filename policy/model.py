@@ -163,7 +163,6 @@ class Decision:
     wake_at: float | None = None
     watch: tuple[str, ...] = ()
     objective: float = 0.0
-    solve_seconds: float = 0.0
     method: str = ""
     solved: bool = False  # False: answered without running the allocator (nothing changed)
     stop: Mapping[str, str] = field(default_factory=dict)  # jobs the driver must end, with the reason
