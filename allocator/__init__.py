@@ -7,4 +7,4 @@ from allocator.model import Job, Plan, Problem, ProblemError
 from allocator.solve import METHODS, solve
 from curves import throughput_at  # re-exported: the allocator's objective reads curves through it
 
-__all__ = ["Job", "Plan", "Problem", "ProblemError", "METHODS", "solve", "throughput_at"]
+__all__ = ("Job", "Plan", "Problem", "ProblemError", "METHODS", "solve", "throughput_at")

@@ -18,6 +18,7 @@ objective is always recomputed from the counts with the model's own
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Callable
 
 import numpy as np
@@ -78,11 +79,11 @@ def _count_solvers() -> dict[str, CountSolver]:
     }
 
 
-_NODE_BINARY = {
+_NODE_BINARY = MappingProxyType({
     "node-binary": None,
     "node-binary-highs": milp.Backend.HIGHS,
     "node-binary-cbc": milp.Backend.CBC,
-}
+})
 
 
 def solve(problem: Problem, method: str = "auto") -> Plan:

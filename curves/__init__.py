@@ -15,7 +15,7 @@ from typing import Mapping
 
 Curve = Mapping[int, float]
 
-__all__ = ["Curve", "throughput_at"]
+__all__ = ("Curve", "throughput_at")
 
 
 def throughput_at(scaling: Curve, n: int) -> float:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["DEFAULT_LIMIT", "UNSET", "HostListError", "expand_hostlist"]
+__all__ = ("DEFAULT_LIMIT", "UNSET", "HostListError", "expand_hostlist")
 
 UNSET = frozenset({"", "unknown", "none", "n/a", "(null)"})  # how schedulers write "no host list"
 DEFAULT_LIMIT = 1_000_000  # more names than a machine has nodes: not a real list

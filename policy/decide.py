@@ -80,7 +80,7 @@ from profiler.estimators import RescaleSummary, summarize_rescales
 from profiler.jpa import Wait
 from profiler.scalability import Scalability
 
-__all__ = ["Policy", "evidence_from", "profile_counts"]
+__all__ = ("Policy", "evidence_from", "profile_counts")
 
 
 class Policy:

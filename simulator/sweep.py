@@ -100,12 +100,12 @@ def run_one(replays: Replays, spec: RunSpec) -> tuple[RunSpec, dict]:
 def duplicates(specs: Sequence[RunSpec], replays: Replays) -> dict[RunSpec, RunSpec]:
     """Specs that would replay exactly what an earlier spec replays (two names for one learning
     preset, e.g. ``jpa`` while it equals ``malletrain``): spec -> the one to copy from."""
-    from simulator.policies import _BASELINES, resolve_config
+    from simulator.policies import BASELINES, resolve_config
 
     seen: dict[tuple, RunSpec] = {}
     out: dict[RunSpec, RunSpec] = {}
     for spec in specs:
-        if spec.policy in _BASELINES:
+        if spec.policy in BASELINES:
             continue
         pcfg, _ = replays.config_for(spec)
         cfg = resolve_config(spec.policy, pcfg).as_dict()
