@@ -335,14 +335,10 @@ class Policy:
             free = free[: len(free) - reserve]
         horizon = self._horizon(view, free, admitted)
         r.weights = self._deadline_weights(admitted, r.now)
-        # the inputs of the last decision that changed nothing, if it did (the solve below changes none
-        # of them, so its key is made after it, and only then)
-        key = None
-        if self._noop_key is not None:
-            key = self._problem_key(admitted, free, evidence, pins, r, horizon)
-            if key == self._noop_key:
-                assignment = {j.id: j.nodes for j in admitted}
-                return self._finish(r, assignment, waiting, 0.0, "unchanged", solved=False, horizon=horizon)
+        key = self._problem_key(admitted, free, evidence, pins, r, horizon)
+        if key == self._noop_key:  # the inputs of the last decision, which changed nothing: nor would this
+            assignment = {j.id: j.nodes for j in admitted}
+            return self._finish(r, assignment, waiting, 0.0, "unchanged", solved=False, horizon=horizon)
         if cfg.allocation is Allocation.MILP:
             assignment, objective, method = self._solve(admitted, free, fixed, lender_nodes, repaid,
                                                          evidence, horizon, r)
@@ -351,8 +347,6 @@ class Policy:
             counts = counts_fn(admitted, min(view.free_count, len(free)))
             assignment, objective, method = node_map(admitted, free, counts), 0.0, cfg.allocation.value
         unchanged = all(_same_nodes(assignment.get(j.id, ()), j.nodes) for j in admitted)
-        if unchanged and key is None:
-            key = self._problem_key(admitted, free, evidence, pins, r, horizon)
         self._noop_key = key if unchanged else None
         return self._finish(r, assignment, waiting, objective, method, solved=True, horizon=horizon)
 
@@ -452,7 +446,7 @@ class Policy:
 
 
 def _same_nodes(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
-    return a is b or (len(a) == len(b) and (a == b or set(a) == set(b)))
+    return len(a) == len(b) and set(a) == set(b)
 
 
 def _without_nodes(job: JobView, r: Round) -> JobView:
