@@ -11,6 +11,8 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Mapping
 
+import numpy as np
+
 from curves import throughput_at
 
 
@@ -18,13 +20,17 @@ class ProblemError(ValueError):
     """A job or problem that cannot be solved as given; the message names it."""
 
 
+_COUNT_TYPES = (int, np.integer)
+_RATE_TYPES = (int, float, np.integer, np.floating)
+
+
 def _is_count(n: object) -> bool:
-    return isinstance(n, numbers.Integral) and not isinstance(n, bool)
+    return isinstance(n, _COUNT_TYPES) and not isinstance(n, bool)
 
 
 def _is_rate(v: object) -> bool:
     """A finite real number >= 0."""
-    return isinstance(v, numbers.Real) and not isinstance(v, bool) and 0.0 <= v < math.inf
+    return isinstance(v, _RATE_TYPES) and not isinstance(v, bool) and 0.0 <= v < math.inf
 
 
 @dataclass(frozen=True)

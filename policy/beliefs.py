@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 from curves import throughput_at
@@ -184,11 +185,21 @@ def absorbs(job: JobView, curve: Mapping[int, float], knee: float) -> int:
     return job.max_nodes
 
 
+@dataclass(frozen=True)
+class Population:
+    """What the jobs measured so far say about a job with no curve of its own: the median per-node
+    rate (:func:`guess_per_node`) and the pooled prior at it (:func:`pooled_prior`; None with too
+    few shapes)."""
+
+    guess: float
+    pooled: dict[int, float] | None
+
+
 class Beliefs:
     """The curves the policy believes, from its config and state, under this module's rules.
 
     Curves are remembered per job, keyed by everything they are made of (the job's own curve and
-    range, its measured points, and the population guess or pooled shapes when it uses them): a
+    range, its measured points, and the population's guess and pooled prior when it uses them): a
     curve is made again exactly when one of those changed, and a state changed by hand (a test, a
     restart) is read as it is now.
     """
@@ -197,7 +208,7 @@ class Beliefs:
         self.config = config
         self.state = state
         self._curves: dict[str, tuple[tuple, dict[int, float], dict[int, float]]] = {}  # job -> (key, raw, scaled)
-        self._pooled: tuple[tuple, dict[int, float] | None] | None = None  # (key, pooled prior)
+        self._pooled: tuple[tuple, dict[int, float] | None] | None = None  # (shapes and guess, pooled prior)
 
     def guess(self) -> float:
         """The population's per-node rate (:func:`guess_per_node`) as the state stands."""
@@ -210,30 +221,34 @@ class Beliefs:
             self._pooled = (key, pooled_prior(self.state.shapes, guess))
         return self._pooled[1]
 
+    def population(self) -> Population:
+        """The :class:`Population` as the state stands (a decision takes it once its points are settled)."""
+        guess = self.guess()
+        return Population(guess, self.pooled_prior(guess) if self.config.prior is None else None)
+
     def _uses_pool(self, job: JobView) -> bool:
         return not job.scaling and self.config.prior is None
 
-    def scalability(self, job: JobView, guess: float | None = None) -> Scalability:
-        """What the policy believes about ``job`` now (``guess``: :meth:`guess`, when the caller has it)."""
-        if guess is None:
-            guess = self.guess()
-        pooled = self.pooled_prior(guess) if self._uses_pool(job) else None
-        return scalability(job, self.state.measured.get(job.id, {}), self.config.prior_curve, guess, pooled)
+    def scalability(self, job: JobView, population: Population | None = None) -> Scalability:
+        """What the policy believes about ``job`` now."""
+        pop = population if population is not None else self.population()
+        pooled = pop.pooled if self._uses_pool(job) else None
+        return scalability(job, self.state.measured.get(job.id, {}), self.config.prior_curve, pop.guess, pooled)
 
-    def curves(self, job: JobView, guess: float | None = None) -> tuple[dict[int, float], dict[int, float]]:
+    def curves(self, job: JobView, population: Population | None = None) -> tuple[dict[int, float], dict[int, float]]:
         """``job``'s believed curve (samples/s) and the allocator's curve made from it (in 1-node
-        equivalents with ``objective = "work"``)."""
+        equivalents with ``objective = "work"``); ``population``: :meth:`population`, when the caller
+        has it."""
         measured = self.state.measured.get(job.id, {})
         uses_pool = self._uses_pool(job)
-        if uses_pool and guess is None:
-            guess = self.guess()
+        pop = population if population is not None or not uses_pool else self.population()
         key = (tuple(job.scaling.items()) if job.scaling else None, job.min_nodes, job.max_nodes,
-               tuple(measured.items()), guess if uses_pool else None,
-               tuple(tuple(sh.items()) for sh in self.state.shapes) if uses_pool else None)
+               tuple(measured.items()),
+               (pop.guess, tuple(pop.pooled.items()) if pop.pooled else None) if uses_pool and pop else None)
         hit = self._curves.get(job.id)
         if hit is not None and hit[0] == key:
             return hit[1], hit[2]
-        raw = allocator_curve(job, self.scalability(job, guess if uses_pool else 1.0))
+        raw = allocator_curve(job, self.scalability(job, pop if uses_pool else Population(1.0, None)))
         scaled = raw
         if self.config.objective is Objective.WORK:  # in 1-node equivalents: rate(n) / rate(1)
             one = throughput_at(raw, 1)

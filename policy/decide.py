@@ -68,7 +68,7 @@ from allocator import Job, Problem, solve
 from curves import throughput_at
 from policy import beliefs
 from policy.allocation import apply_pins, equal_counts, greedy_counts, node_map
-from policy.beliefs import Beliefs
+from policy.beliefs import Beliefs, Population
 from policy.config import Admission, Allocation, Horizon, PolicyConfig, PolicyConfigError, Profiling
 from policy.model import Decision, EventKind, Evidence, JobEvidence, JobView, View
 from policy.profiling import (advance_profiles, end_profile, expected_count, needs_profile, profile_counts,
@@ -112,6 +112,7 @@ class Policy:
         self._preemptions(r)
         self._budgets(r)
         advance_profiles(self.state, r, evidence)
+        r.population = self.beliefs.population()  # the measured points are settled for this decision
         self._suspensions(r)
         waiting = self._admit(r, view)
         return self._allocate(r, view, evidence, waiting)
@@ -124,18 +125,19 @@ class Policy:
         """The population prior pooled from the shapes of the jobs that finished."""
         return self.beliefs.pooled_prior(guess)
 
-    def believed_curve(self, job: JobView) -> dict[int, float]:
+    def believed_curve(self, job: JobView, population: Population | None = None) -> dict[int, float]:
         """What the policy believes ``job`` trains at each count (samples/s). The allocator is given
-        this curve, in 1-node equivalents with ``objective = "work"``."""
-        return self.beliefs.curves(job)[0]
+        this curve, in 1-node equivalents with ``objective = "work"``. ``population``: a decision's
+        (none: as the state stands)."""
+        return self.beliefs.curves(job, population)[0]
 
-    def scalability(self, job: JobView, guess: float | None = None) -> Scalability:
+    def scalability(self, job: JobView) -> Scalability:
         """What the policy believes about ``job`` now."""
-        return self.beliefs.scalability(job, guess)
+        return self.beliefs.scalability(job)
 
-    def absorbs(self, job: JobView) -> int:
+    def absorbs(self, job: JobView, population: Population | None = None) -> int:
         """The nodes ``job`` can put to use (:func:`policy.beliefs.absorbs` on its believed curve)."""
-        return beliefs.absorbs(job, self.believed_curve(job), self.config.admission_knee)
+        return beliefs.absorbs(job, self.believed_curve(job, population), self.config.admission_knee)
 
     def expected_count(self, r: Round, job: JobView, n_jobs: int) -> int:
         """The count the allocator is expected to give ``job`` (:func:`policy.profiling.expected_count`)."""
@@ -204,10 +206,10 @@ class Policy:
         st, cfg = self.state, self.config
         if cfg.admission is not Admission.ADAPTIVE or not cfg.max_running or len(st.admitted) <= cfg.max_running:
             return  # no job beyond Pjmax to give way
-        absorb = sum(self.absorbs(r.jobs[j]) for j in st.admitted)
+        absorb = sum(self.absorbs(r.jobs[j], r.population) for j in st.admitted)
         for job_id in reversed(st.admitted[cfg.max_running:]):
             job = r.jobs[job_id]
-            others = absorb - self.absorbs(job)
+            others = absorb - self.absorbs(job, r.population)
             if job_id in st.profiles or r.total_nodes - others >= job.min_nodes:
                 break
             st.admitted.remove(job_id)
@@ -277,7 +279,7 @@ class Policy:
                 if absorb is None:  # summed by the suspensions already, if they weighed any job
                     absorb = r.absorb
                     if absorb is None:
-                        absorb = sum(self.absorbs(r.jobs[j]) for j in st.admitted) if adaptive else 0
+                        absorb = sum(self.absorbs(r.jobs[j], r.population) for j in st.admitted) if adaptive else 0
                 surplus = r.total_nodes - reserved(st) - absorb
                 if extra_closed or not adaptive or len(st.admitted) >= cap or surplus < job.min_nodes:
                     waiting[job_id] = f"all {cfg.max_running} slots are taken (max_running)"
@@ -290,12 +292,12 @@ class Policy:
                     blocked_by = job_id
                     continue
                 free_avail -= res.from_free
-            elif not extra and (end := profile_pays(cfg, st, r, job, free_avail, self.believed_curve)) is not None:
+            elif not extra and (end := profile_pays(cfg, st, r, job, free_avail, lambda j: self.believed_curve(j, r.population))) is not None:
                 res = source_profile(cfg, st, r, job, free_avail, borrowed, end=end)
                 if not isinstance(res, Wait):
                     free_avail -= res.from_free
             if adaptive and absorb is not None:
-                absorb += self.absorbs(job)
+                absorb += self.absorbs(job, r.population)
             st.admitted.append(job_id)
             if job_id in st.queue_front:
                 st.queue_front.remove(job_id)
@@ -334,7 +336,7 @@ class Policy:
         if reserve:
             free = free[: len(free) - reserve]
         horizon = self._horizon(view, free, admitted)
-        r.weights = self._deadline_weights(admitted, r.now)
+        r.weights = self._deadline_weights(admitted, r.now, r.population)
         key = self._problem_key(admitted, free, evidence, pins, r, horizon)
         if key == self._noop_key:  # the inputs of the last decision, which changed nothing: nor would this
             assignment = {j.id: j.nodes for j in admitted}
@@ -358,7 +360,8 @@ class Policy:
         return learned_horizon(nodes, view.now, view.idle_since, view.recall_at, self.fragment_model(),
                                cfg.horizon_min_s, cfg.horizon_max_s, cfg.tfwd_s)
 
-    def _deadline_weights(self, admitted: list[JobView], now: float) -> dict[str, float]:
+    def _deadline_weights(self, admitted: list[JobView], now: float,
+                          population: Population | None = None) -> dict[str, float]:
         """``deadline_weight`` for each job whose deadline can be met at its max but not at its count."""
         w = self.config.deadline_weight
         out: dict[str, float] = {}
@@ -367,7 +370,7 @@ class Policy:
         for j in admitted:
             if j.deadline is None or j.work_left is None:
                 continue
-            curve = self.believed_curve(j)
+            curve = self.believed_curve(j, population)
             left = j.deadline - now
             fast = throughput_at(curve, j.max_nodes)
             now_rate = throughput_at(curve, j.count) if j.count else 0.0
@@ -392,7 +395,7 @@ class Policy:
             if capped and not nodes:
                 fixed[j.id] = ()
                 continue
-            curve = self._allocator_curve(j, r.weights.get(j.id, 1.0))
+            curve = self._allocator_curve(j, r.weights.get(j.id, 1.0), r.population)
             up, down = beliefs.rescale_costs(evidence.get(j.id), others, cfg, pooled_costs)
             lo, hi = (min(j.min_nodes, len(nodes)), len(nodes)) if capped else (j.min_nodes, j.max_nodes)
             if j.budget_node_hours is not None:  # no more nodes than the rest of the budget pays for
@@ -407,10 +410,10 @@ class Policy:
         assignment.update(fixed)
         return assignment, plan.objective, plan.method
 
-    def _allocator_curve(self, job: JobView, weight: float = 1.0) -> dict[int, float]:
+    def _allocator_curve(self, job: JobView, weight: float, population: Population | None) -> dict[int, float]:
         """The curve the allocator is given for ``job``: its believed curve (in 1-node equivalents with
         ``objective = "work"``), times its deadline ``weight``."""
-        curve = self.beliefs.curves(job)[1]
+        curve = self.beliefs.curves(job, population)[1]
         return curve if weight == 1.0 else {n: v * weight for n, v in curve.items()}
 
     def _problem_key(self, admitted: list[JobView], free: list[str], evidence: Evidence,
@@ -419,7 +422,7 @@ class Policy:
         room = sum(j.max_nodes - j.count for j in admitted)
         costs = tuple((e.costs.n_up, e.costs.n_down) if (e := evidence.get(j.id)) is not None and e.costs else None
                       for j in admitted)
-        curves = tuple(tuple(self._allocator_curve(j, r.weights.get(j.id, 1.0)).items()) for j in admitted)
+        curves = tuple(tuple(self._allocator_curve(j, r.weights.get(j.id, 1.0), r.population).items()) for j in admitted)
         return (tuple((j.id, j.count) for j in admitted), min(room, len(free)), curves, costs,
                 tuple(sorted(pins.items())), tuple(sorted(r.returning.items())),
                 tuple(sorted((b, d.lender, d.nodes) for b, d in self.state.debts.items())),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from policy.beliefs import Population
 from policy.model import EventKind, JobView, PolicyEvent, PolicyInputError, View
 
 
@@ -49,6 +50,7 @@ class Round:
         self.stop: dict[str, str] = {}  # jobs the driver must end, with the reason
         self.weights: dict[str, float] = {}  # deadline weights of this decision
         self.absorb: int | None = None  # what the admitted jobs absorb, once the suspensions summed it
+        self.population: Population | None = None  # taken once the decision's measured points are settled
         # every node the driver holds: free (the real count) plus the admitted and queued jobs' nodes
         self.total_nodes = view.free_count + sum(j.count for j in view.jobs)
 
