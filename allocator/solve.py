@@ -25,7 +25,7 @@ import numpy as np
 
 from allocator import fast, milp, reference
 from allocator.model import Plan, Problem, ProblemError
-from allocator.values import Tables, build_tables, plan_objective
+from allocator.values import RowMemo, Tables, build_tables, plan_objective
 
 METHODS = (
     "auto",
@@ -86,11 +86,12 @@ _NODE_BINARY = MappingProxyType({
 })
 
 
-def solve(problem: Problem, method: str = "auto") -> Plan:
-    """The exact optimal plan of ``problem`` by ``method`` (see :data:`METHODS`)."""
+def solve(problem: Problem, method: str = "auto", memo: RowMemo | None = None) -> Plan:
+    """The exact optimal plan of ``problem`` by ``method`` (see :data:`METHODS`); ``memo``: rows of
+    jobs valued before (:class:`allocator.values.RowMemo`), which changes no plan."""
     if method not in METHODS:
         raise ProblemError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
-    tables = build_tables(problem)
+    tables = build_tables(problem, memo)
     if method in _NODE_BINARY:
         backend = _NODE_BINARY[method] or milp.default_backend()
         node_plan = reference.solve_node_binary(problem, tables.all(), backend)

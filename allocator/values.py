@@ -89,7 +89,9 @@ def throughputs(job: Job, counts: np.ndarray) -> np.ndarray:
     return curve_throughputs(dict(job.scaling), counts)
 
 
-def build_tables(problem: Problem) -> Tables:
+def build_tables(problem: Problem, memo: RowMemo | None = None) -> Tables:
+    """Every job's value row, padded to one array, with each row's envelope (``memo``: rows of jobs
+    valued before, see :class:`RowMemo`)."""
     jobs = problem.jobs
     cap = problem.total_nodes
     # a job's row runs to its max; the pool may hold fewer nodes: 0, then min..min(max, cap)
@@ -100,12 +102,13 @@ def build_tables(problem: Problem) -> Tables:
     current_index = np.full(len(jobs), -1, np.int64)
     envelopes = []
     for j, (job, k) in enumerate(zip(jobs, sizes)):
-        row = value_row(job, problem.horizon_s)
+        row, envelope_k = memo.row(job, problem.horizon_s, k) if memo is not None else \
+            _row_and_envelope(job, problem.horizon_s, k)
         counts[j, :k] = row.counts[:k]
         values[j, :k] = row.values[:k]
         if row.current_index < k:
             current_index[j] = row.current_index
-        envelopes.append(row_envelope(job, values[j, :k]))
+        envelopes.append(envelope_k)
     return Tables(jobs, counts, values, np.array(sizes, np.int64), current_index, tuple(envelopes))
 
 
@@ -181,6 +184,33 @@ def row_envelope(job: Job, values: np.ndarray) -> Envelope:
     if top >= lo:
         points.extend((n, vals[n - lo + 1]) for n in sorted({lo, top, *inner}))
     return envelope(points)
+
+
+def _row_and_envelope(job: Job, horizon_s: float, size: int) -> tuple[ValueRow, Envelope]:
+    row = value_row(job, horizon_s)
+    return row, row_envelope(job, row.values[:size])
+
+
+class RowMemo:
+    """Value rows and envelopes of the jobs valued before, keyed by everything they are made of (the
+    curve's points, the range, the current count, the rescale costs, the horizon and the row's
+    size). A caller that solves a stream of similar problems (the policy: most jobs are the same
+    from one decision to the next) keeps one and passes it to :func:`allocator.solve`; the plans
+    are the same with it or without it."""
+
+    def __init__(self, keep: int = 4096) -> None:
+        self.keep = keep
+        self._rows: dict[tuple, tuple[ValueRow, Envelope]] = {}
+
+    def row(self, job: Job, horizon_s: float, size: int) -> tuple[ValueRow, Envelope]:
+        key = (tuple(job.scaling.items()), job.min_nodes, job.max_nodes, job.current, job.up_cost_s,
+               job.down_cost_s, horizon_s, size)
+        hit = self._rows.get(key)
+        if hit is None:
+            if len(self._rows) >= self.keep:
+                self._rows.clear()
+            hit = self._rows[key] = _row_and_envelope(job, horizon_s, size)
+        return hit
 
 
 def plan_objective(problem: Problem, counts: dict[str, int]) -> float:

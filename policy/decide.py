@@ -64,7 +64,7 @@ import math
 from dataclasses import replace
 from typing import Mapping
 
-from allocator import Job, Problem, solve
+from allocator import Job, Problem, RowMemo, solve
 from curves import throughput_at
 from policy import beliefs
 from policy.allocation import apply_pins, equal_counts, greedy_counts, node_map
@@ -99,6 +99,7 @@ class Policy:
         self.beliefs = Beliefs(self.config, self.state)
         self._fragments: tuple[tuple[float, ...], FragmentModel] | None = None
         self._noop_key: tuple | None = None  # the inputs of the last decision, if it changed nothing
+        self._rows = RowMemo()  # the allocator's value rows of jobs valued before, keyed by value
 
     # ------------------------------------------------------------------ the decision
 
@@ -405,7 +406,7 @@ class Policy:
         # the jobs can grow by at most their room, and a growing job takes the first free nodes: the
         # rest of a large idle pool changes no plan, only what the problem costs to build and check
         room = sum(max(0, j.max_nodes - j.current) for j in jobs)
-        plan = solve(Problem(tuple(jobs), tuple(free[:room]), horizon), method=cfg.method)
+        plan = solve(Problem(tuple(jobs), tuple(free[:room]), horizon), method=cfg.method, memo=self._rows)
         assignment = dict(plan.assignment)
         assignment.update(fixed)
         return assignment, plan.objective, plan.method
