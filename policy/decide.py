@@ -62,7 +62,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Mapping
+from typing import Callable, Mapping
 
 from allocator import Job, Problem, RowMemo, solve
 from curves import throughput_at
@@ -293,7 +293,7 @@ class Policy:
                     blocked_by = job_id
                     continue
                 free_avail -= res.from_free
-            elif not extra and (end := profile_pays(cfg, st, r, job, free_avail, lambda j: self.believed_curve(j, r.population))) is not None:
+            elif not extra and (end := profile_pays(cfg, st, r, job, free_avail, self._curve_of(r))) is not None:
                 res = source_profile(cfg, st, r, job, free_avail, borrowed, end=end)
                 if not isinstance(res, Wait):
                     free_avail -= res.from_free
@@ -411,6 +411,10 @@ class Policy:
         assignment.update(fixed)
         return assignment, plan.objective, plan.method
 
+    def _curve_of(self, r: Round) -> Callable[[JobView], dict[int, float]]:
+        """The believed curve of a job in decision ``r``."""
+        return lambda job: self.believed_curve(job, r.population)
+
     def _allocator_curve(self, job: JobView, weight: float, population: Population | None) -> dict[int, float]:
         """The curve the allocator is given for ``job``: its believed curve (in 1-node equivalents with
         ``objective = "work"``), times its deadline ``weight``."""
@@ -423,7 +427,8 @@ class Policy:
         room = sum(j.max_nodes - j.count for j in admitted)
         costs = tuple((e.costs.n_up, e.costs.n_down) if (e := evidence.get(j.id)) is not None and e.costs else None
                       for j in admitted)
-        curves = tuple(tuple(self._allocator_curve(j, r.weights.get(j.id, 1.0), r.population).items()) for j in admitted)
+        curves = tuple(tuple(self._allocator_curve(j, r.weights.get(j.id, 1.0), r.population).items())
+                       for j in admitted)
         return (tuple((j.id, j.count) for j in admitted), min(room, len(free)), curves, costs,
                 tuple(sorted(pins.items())), tuple(sorted(r.returning.items())),
                 tuple(sorted((b, d.lender, d.nodes) for b, d in self.state.debts.items())),

@@ -179,7 +179,8 @@ def pure_core_findings(path: Path) -> list[str]:
 def test_the_checks_of_the_pure_core_can_fail(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
     bad.write_text("import functools\n_seen: dict = {}\nKEEP = []\n__all__ = ['x']\nOK = (1, 2)\n"
-                   "@functools.lru_cache\ndef f(x):\n    global KEEP\n    return _seen.get(id(x)) or object.__new__(int)\n")
+                   "@functools.lru_cache\ndef f(x):\n    global KEEP\n"
+                   "    return _seen.get(id(x)) or object.__new__(int)\n")
     found = sorted(f.split(" ", 1)[1] for f in pure_core_findings(bad))
     assert found == sorted([
         "module-level mutable _seen", "module-level mutable KEEP", "module-level mutable __all__",
