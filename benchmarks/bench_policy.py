@@ -180,8 +180,8 @@ def main() -> int:
 
 BASELINE_COMMIT = "12b7530"  # the last commit before issue L took the policy's identity caches out
 WEEK_TARGET_S = 30.0
-# One whole-trace replay (nas, seed 0) per policy, timed in CPU seconds (the trace read is not timed),
-# run in a fresh interpreter on the checkout at sys.argv[1]; prints {policy: [cpu_s, work_node_seconds]}.
+# One whole-trace replay (nas, seed 0) of the policy sys.argv[3], timed in CPU seconds (the trace read is
+# not timed), run in a fresh interpreter on the checkout at sys.argv[1]; prints [cpu_s, work_node_seconds].
 TIME_WEEK = """
 import json, sys, time
 sys.path.insert(0, sys.argv[1])
@@ -191,21 +191,18 @@ from simulator import SimConfig, find_scaling, make_workload, simulate
 from simulator.policies import PolicyContext, make_policy
 tl = traces.read(sys.argv[2])
 week = SimConfig(start=tl.start, end=tl.end)
-out = {}
-for name in ("freetrain", "malletrain"):
-    t0 = time.process_time()
-    scaling = find_scaling(None)
-    wl = make_workload("nas", scaling, seed=0)
-    pol = make_policy(name, PolicyContext(wl.models, 0, "mean"), PolicyConfig())
-    summary = simulate(tl, pol, "nas", scaling=scaling, seed=0, config=week).summary
-    out[name] = [time.process_time() - t0, summary["work_node_seconds"]]
-print(json.dumps(out))
+t0 = time.process_time()
+scaling = find_scaling(None)
+wl = make_workload("nas", scaling, seed=0)
+pol = make_policy(sys.argv[3], PolicyContext(wl.models, 0, "mean"), PolicyConfig())
+summary = simulate(tl, pol, "nas", scaling=scaling, seed=0, config=week).summary
+print(json.dumps([time.process_time() - t0, summary["work_node_seconds"]]))
 """
 
 
-def time_week(checkout: Path, trace: Path) -> dict[str, list[float]]:
-    """:data:`TIME_WEEK` on ``checkout``, in a fresh process."""
-    res = subprocess.run([sys.executable, "-c", TIME_WEEK, str(checkout), str(trace)], capture_output=True,
+def time_week(checkout: Path, trace: Path, policy: str) -> list[float]:
+    """:data:`TIME_WEEK` of ``policy`` on ``checkout``, in a fresh process."""
+    res = subprocess.run([sys.executable, "-c", TIME_WEEK, str(checkout), str(trace), policy], capture_output=True,
                          text=True, timeout=1800, env={"PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0"})
     if res.returncode != 0:
         raise RuntimeError(f"week replay on {checkout} failed ({res.returncode}): {res.stderr[-2000:]}")
@@ -221,9 +218,12 @@ def week_seconds(trace: Path, baseline: Path | None) -> bool:
         if made:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(old_tree), BASELINE_COMMIT],
                            check=True, capture_output=True, timeout=120)
-        try:
-            new = time_week(ROOT, trace)
-            old = time_week(old_tree, trace)
+        try:  # interleaved, so that both sides of a ratio see the same machine (a shared one varies)
+            new: dict[str, list[float]] = {}
+            old: dict[str, list[float]] = {}
+            for name in ("freetrain", "malletrain"):
+                new[name] = time_week(ROOT, trace, name)
+                old[name] = time_week(old_tree, trace, name)
         finally:
             if made:
                 subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(old_tree)],
