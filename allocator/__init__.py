@@ -3,7 +3,9 @@
     from allocator import Job, Problem, solve
 """
 
-from allocator.model import Job, Plan, Problem, ProblemError, throughput_at
+from allocator.model import Job, Plan, Problem, ProblemError
 from allocator.solve import METHODS, solve
+from allocator.values import RowMemo
+from curves import throughput_at  # re-exported: the allocator's objective reads curves through it
 
-__all__ = ["Job", "Plan", "Problem", "ProblemError", "METHODS", "solve", "throughput_at"]
+__all__ = ("Job", "Plan", "Problem", "ProblemError", "METHODS", "RowMemo", "solve", "throughput_at")

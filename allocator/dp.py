@@ -18,8 +18,7 @@ import numpy as np
 
 @dataclass(frozen=True)
 class Item:
-    """One item of the knapsack: its choices' weights, values and tie-break order (plain lists;
-    numpy arrays given are turned into lists once)."""
+    """One item of the knapsack: its choices' weights, values and tie-break order (plain lists)."""
 
     weights: list[int]  # >= 0
     values: list[float]
@@ -27,9 +26,8 @@ class Item:
 
     def __post_init__(self) -> None:
         for name in ("weights", "values", "preference"):
-            value = getattr(self, name)
-            if not isinstance(value, list):
-                object.__setattr__(self, name, np.asarray(value).tolist())
+            if not isinstance(getattr(self, name), list):
+                raise TypeError(f"Item.{name} must be a list, got {type(getattr(self, name)).__name__}")
 
 
 class InfeasibleError(ValueError):

@@ -52,49 +52,46 @@ class Padded:
         return int(self.counts[np.arange(idx.size), idx].sum())
 
 
-class _Side:
+@dataclass(frozen=True)
+class Side:
     """One multiplier's relaxed values, each row's best choice (ties: the smaller count), its value
     and the total demand: computed once and read by the bracket, the incumbent and the bound."""
 
-    __slots__ = ("lam", "relaxed", "idx", "rowmax", "chosen", "demand")
-
-    def __init__(self, pad: Padded, lam: float, rows: np.ndarray | None = None) -> None:
-        if rows is None:
-            rows = np.arange(pad.counts.shape[0])
-        self.lam = lam
-        self.relaxed = pad.relaxed(lam)
-        self.idx = self.relaxed.argmax(axis=1)
-        self.rowmax = self.relaxed[rows, self.idx]  # the row maxima, as relaxed.max(axis=1) gives them
-        self.chosen = pad.counts[rows, self.idx]  # each row's chosen count (the incumbent reads them too)
-        self.demand = int(_sum(self.chosen))
-
-    @classmethod
-    def pair(cls, pad: Padded, lo: float, hi: float, rows: np.ndarray) -> tuple[_Side, _Side]:
-        """``(_Side(pad, lo), _Side(pad, hi))`` from one (2, jobs, choices) array: the same
-        element-wise operations, half the numpy calls."""
-        relaxed = pad.values - np.array([lo, hi])[:, None, None] * pad.counts
-        idx = relaxed.argmax(axis=2)
-        rowmax = relaxed[_BOTH, rows, idx]
-        chosen = pad.counts[rows, idx]
-        demand = _sum(chosen, axis=1).tolist()
-        sides = []
-        for s, lam in enumerate((lo, hi)):
-            side = cls.__new__(cls)
-            side.lam, side.relaxed, side.idx, side.rowmax = lam, relaxed[s], idx[s], rowmax[s]
-            side.chosen, side.demand = chosen[s], demand[s]
-            sides.append(side)
-        return sides[0], sides[1]
+    lam: float
+    relaxed: np.ndarray  # values - lam * counts
+    idx: np.ndarray  # each row's best index
+    rowmax: np.ndarray  # each row's best relaxed value
+    chosen: np.ndarray  # each row's chosen count
+    demand: int  # the chosen counts' sum
 
     def bound(self, capacity: int) -> float:
         """The Lagrangian bound ``lam * capacity + sum of the row maxima`` at this multiplier."""
-        return float(self.lam * capacity + _sum(self.rowmax))
+        return float(self.lam * capacity + self.rowmax.sum())
 
 
-_BOTH = np.array([[0], [1]])  # picks both sides' rows in :meth:`_Side.pair`
-# the reductions ndarray.sum and .max forward to, called directly (the array methods and numpy's
-# functions go through a Python frame each; a decision makes a few dozen such calls on small arrays)
-_sum = np.add.reduce
-_max = np.maximum.reduce
+def side_at(pad: Padded, lam: float, rows: np.ndarray | None = None) -> Side:
+    """The :class:`Side` of ``pad`` at multiplier ``lam``."""
+    if rows is None:
+        rows = np.arange(pad.counts.shape[0])
+    relaxed = pad.relaxed(lam)
+    idx = relaxed.argmax(axis=1)
+    chosen = pad.counts[rows, idx]
+    return Side(lam, relaxed, idx, relaxed[rows, idx], chosen, int(chosen.sum()))
+
+
+def sides_at(pad: Padded, lo: float, hi: float, rows: np.ndarray) -> tuple[Side, Side]:
+    """``(side_at(pad, lo), side_at(pad, hi))`` from one (2, jobs, choices) array: the same
+    element-wise operations, half the numpy calls."""
+    relaxed = pad.values - np.array([lo, hi])[:, None, None] * pad.counts
+    idx = relaxed.argmax(axis=2)
+    rowmax = relaxed[_BOTH, rows, idx]
+    chosen = pad.counts[rows, idx]
+    demand = chosen.sum(axis=1).tolist()
+    return (Side(lo, relaxed[0], idx[0], rowmax[0], chosen[0], demand[0]),
+            Side(hi, relaxed[1], idx[1], rowmax[1], chosen[1], demand[1]))
+
+
+_BOTH = np.array([[0], [1]])  # picks both sides' rows in :func:`sides_at`
 
 
 def solve_fast(tables: Tables, capacity: int) -> list[int]:
@@ -104,9 +101,9 @@ def solve_fast(tables: Tables, capacity: int) -> list[int]:
     rows = np.arange(len(tables))
     # each row's first best count needs no more than its preferred best (the current count, when it
     # ties, is above the first): when the first ones overflow, so do the preferred (most decisions)
-    if int(_sum(tables.counts[rows, tables.values.argmax(axis=1)])) <= capacity:
+    if int(tables.counts[rows, tables.values.argmax(axis=1)].sum()) <= capacity:
         picks = tables.preferred_best()
-        if int(_sum(tables.counts[rows, picks])) <= capacity:
+        if int(tables.counts[rows, picks].sum()) <= capacity:
             return picks.tolist()
     pad = Padded(tables.counts, tables.values)
     # rows and the finite mask are computed once here: each numpy call costs ~1 us on these small arrays
@@ -117,7 +114,7 @@ def solve_fast(tables: Tables, capacity: int) -> list[int]:
     side, bound = (hi, bound_hi) if bound_hi <= bound_lo else (lo, bound_lo)
     # fixing (job, choice) lowers the bound at the side's multiplier by this much (its reduced cost)
     reduced = side.rowmax[:, None] - side.relaxed
-    tol = 1e-9 * max(1.0, abs(bound), float(_max(np.abs(pad.values[finite]), axis=None, initial=0.0)))
+    tol = 1e-9 * max(1.0, abs(bound), float(np.abs(pad.values[finite]).max(initial=0.0)))
     # Keep every choice within the proven gap (the incumbent always survives).
     keep = finite & (reduced <= bound - inc_value + tol)
     keep[rows, incumbent] = True
@@ -129,7 +126,7 @@ def solve_fast(tables: Tables, capacity: int) -> list[int]:
 
 def solve_full_dp(tables: Tables, capacity: int) -> list[int]:
     """The plain vectorised DP over all allowed counts (no reduction)."""
-    items = [Item(t.counts, t.values, t.preference()) for t in tables.all()]
+    items = [Item(t.counts.tolist(), t.values.tolist(), t.preference().tolist()) for t in tables.all()]
     picks, _ = solve_items(items, capacity)
     return picks
 
@@ -146,7 +143,7 @@ def _bracket(pad: Padded, capacity: int, envelopes: tuple[Envelope, ...] | None 
 
 
 def _bracket_sides(pad: Padded, capacity: int, envelopes: tuple[Envelope, ...] | None,
-                   rows: np.ndarray | None = None, finite: np.ndarray | None = None) -> tuple[_Side, _Side]:
+                   rows: np.ndarray | None = None, finite: np.ndarray | None = None) -> tuple[Side, Side]:
     """:func:`_bracket`, with what the array says at both ends."""
     start = _all_idle_multiplier(pad, finite)
     if envelopes is not None:
@@ -154,11 +151,11 @@ def _bracket_sides(pad: Padded, capacity: int, envelopes: tuple[Envelope, ...] |
         lo, hi = _bisect(start, over.__gt__)  # lam < over, without a Python frame per step
         if rows is None:
             rows = np.arange(pad.counts.shape[0])
-        lo_side, hi_side = _Side.pair(pad, lo, hi, rows)
+        lo_side, hi_side = sides_at(pad, lo, hi, rows)
         if hi_side.demand <= capacity and (lo == 0.0 or lo_side.demand > capacity):
             return lo_side, hi_side
     lo, hi = _bisect(start, lambda lam: pad.demand(pad.choice(lam)) > capacity)
-    return _Side(pad, lo, rows), _Side(pad, hi, rows)
+    return side_at(pad, lo, rows), side_at(pad, hi, rows)
 
 
 def _bisect(start: float, over: Callable[[float], bool]) -> tuple[float, float]:
@@ -202,7 +199,7 @@ def _all_idle_multiplier(pad: Padded, finite: np.ndarray | None = None) -> float
     # non-finite maximum (an infinite value in the table) takes the masked way.
     vals = pad.values
     slopes = (vals[:, 1:] - vals[:, :1]) / np.maximum(pad.counts[:, 1:], 1)
-    top = float(_max(slopes, axis=None, initial=0.0))
+    top = float(slopes.max(initial=0.0))
     if not math.isfinite(top):
         running = pad.counts > 0
         if finite is None:
@@ -212,7 +209,7 @@ def _all_idle_multiplier(pad: Padded, finite: np.ndarray | None = None) -> float
     return top * (1.0 + 1e-9) + 1e-9
 
 
-def _incumbent(pad: Padded, capacity: int, lo: _Side, hi: _Side, rows: np.ndarray) -> tuple[np.ndarray, float]:
+def _incumbent(pad: Padded, capacity: int, lo: Side, hi: Side, rows: np.ndarray) -> tuple[np.ndarray, float]:
     """A feasible choice vector: ``hi``'s choice, greedily moved toward ``lo``'s."""
     idx = hi.idx.copy()
     room = capacity - hi.demand
@@ -231,7 +228,7 @@ def _incumbent(pad: Padded, capacity: int, lo: _Side, hi: _Side, rows: np.ndarra
                 cur_v[j] = pad.values[j, alt[j]]
                 room -= int(extra[j])
     idx, room = _fill(pad, idx, room, cur_n, cur_v)
-    return idx, float(_sum(cur_v))  # cur_v is pad.values[rows, idx], kept up to date by the moves
+    return idx, float(cur_v.sum())  # cur_v is pad.values[rows, idx], kept up to date by the moves
 
 
 def _fill(pad: Padded, idx: np.ndarray, room: int, cur_n: np.ndarray, cur_v: np.ndarray,

@@ -18,16 +18,14 @@ objective is always recomputed from the counts with the model's own
 
 from __future__ import annotations
 
-import math
-import numbers
-import time
+from types import MappingProxyType
 from typing import Callable
 
 import numpy as np
 
 from allocator import fast, milp, reference
-from allocator.model import Job, Plan, Problem, ProblemError
-from allocator.values import Tables, build_tables, plan_objective
+from allocator.model import Plan, Problem, ProblemError
+from allocator.values import RowMemo, Tables, build_tables, plan_objective
 
 METHODS = (
     "auto",
@@ -81,57 +79,26 @@ def _count_solvers() -> dict[str, CountSolver]:
     }
 
 
-_NODE_BINARY = {
+_NODE_BINARY = MappingProxyType({
     "node-binary": None,
     "node-binary-highs": milp.Backend.HIGHS,
     "node-binary-cbc": milp.Backend.CBC,
-}
+})
 
 
-def solve(problem: Problem, method: str = "auto") -> Plan:
-    """The exact optimal plan of ``problem`` by ``method`` (see :data:`METHODS`)."""
+def solve(problem: Problem, method: str = "auto", memo: RowMemo | None = None) -> Plan:
+    """The exact optimal plan of ``problem`` by ``method`` (see :data:`METHODS`); ``memo``: rows of
+    jobs valued before (:class:`allocator.values.RowMemo`), which changes no plan."""
     if method not in METHODS:
         raise ProblemError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
-    validate(problem)
-    t0 = time.perf_counter()
-    tables = build_tables(problem)
+    tables = build_tables(problem, memo)
     if method in _NODE_BINARY:
         backend = _NODE_BINARY[method] or milp.default_backend()
         node_plan = reference.solve_node_binary(problem, tables.all(), backend)
-        assignment, counts = node_plan.assignment, node_plan.counts
-    else:
-        # the common method without building the solvers' table of lambdas
-        solver = fast.solve_fast if method == "auto" else _count_solvers()[method]
-        picks = solver(tables, problem.total_nodes)
-        at = (np.arange(len(picks), dtype=np.int64), np.asarray(picks, np.int64))
-        counts = {job.id: n for job, n in zip(problem.jobs, tables.counts[at].tolist())}
-        assignment = assign_nodes(problem, counts)
-        # the chosen choices' values: what plan_objective recomputes with the model's functions, to
-        # rounding (the tests hold them together)
-        return Plan(assignment, float(sum(tables.values[at].tolist())), time.perf_counter() - t0, method, counts)
-    return Plan(assignment, plan_objective(problem, counts), time.perf_counter() - t0, method, counts)
-
-
-def validate(problem: Problem) -> None:
-    """Reject what the dataclasses let through; the message names the job and field."""
-    if not math.isfinite(problem.horizon_s):
-        raise ProblemError(f"horizon_s must be finite, got {problem.horizon_s!r}")
-    for job in problem.jobs:
-        _validate_job(job)
-
-
-def _validate_job(job: Job) -> None:
-    up, down = job.up_cost_s, job.down_cost_s
-    if (type(job.min_nodes) is int and type(job.max_nodes) is int and type(up) is float and type(down) is float
-            and 0.0 <= up < math.inf and 0.0 <= down < math.inf):
-        return  # the common case, checked at once
-    for name in ("min_nodes", "max_nodes"):
-        value = getattr(job, name)
-        if type(value) is not int and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
-            raise ProblemError(f"job {job.id}: {name} must be an int, got {value!r}")
-    for name in ("up_cost_s", "down_cost_s"):
-        value = getattr(job, name)
-        if type(value) not in (int, float) and not isinstance(value, numbers.Real):
-            raise ProblemError(f"job {job.id}: {name} must be a finite number >= 0, got {value!r}")
-        if not (math.isfinite(value) and value >= 0):
-            raise ProblemError(f"job {job.id}: {name} must be a finite number >= 0, got {value!r}")
+        return Plan(node_plan.assignment, plan_objective(problem, node_plan.counts), method, node_plan.counts)
+    picks = _count_solvers()[method](tables, problem.total_nodes)
+    at = (np.arange(len(picks), dtype=np.int64), np.asarray(picks, np.int64))
+    counts = {job.id: n for job, n in zip(problem.jobs, tables.counts[at].tolist())}
+    # the chosen choices' values: what plan_objective recomputes with the model's functions, to
+    # rounding (the tests hold them together)
+    return Plan(assign_nodes(problem, counts), float(sum(tables.values[at].tolist())), method, counts)

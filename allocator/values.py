@@ -50,8 +50,7 @@ class Tables:
     values: np.ndarray  # float64 (J, K)
     sizes: np.ndarray  # int64 (J,)
     current_index: np.ndarray  # int64 (J,), -1 where the current count is not allowed
-    # each row's upper concave envelope for multipliers >= 0 (see :func:`envelope`); None: unknown
-    envelopes: tuple[Envelope, ...] | None = None
+    envelopes: tuple[Envelope, ...]  # each row's upper concave envelope for multipliers >= 0 (:func:`envelope`)
 
     def __len__(self) -> int:
         return len(self.jobs)
@@ -76,7 +75,7 @@ class Tables:
         return np.where(at_top, safe, first)
 
 
-def curve_throughputs(scaling: dict[int, float], counts: np.ndarray) -> np.ndarray:
+def curve_throughputs(scaling: Mapping[int, float], counts: np.ndarray) -> np.ndarray:
     """Samples/s at each count (any shape), vectorised ``throughput_at``."""
     xs = sorted(scaling)
     px = np.array([0.0] + [float(x) for x in xs])
@@ -90,26 +89,27 @@ def throughputs(job: Job, counts: np.ndarray) -> np.ndarray:
     return curve_throughputs(dict(job.scaling), counts)
 
 
-def build_tables(problem: Problem) -> Tables:
+def build_tables(problem: Problem, memo: RowMemo | None = None) -> Tables:
+    """Every job's value row, padded to one array, with each row's envelope (``memo``: rows of jobs
+    valued before, see :class:`RowMemo`)."""
     jobs = problem.jobs
     cap = problem.total_nodes
-    rows = [_row(job, problem.horizon_s) for job in jobs]
     # a job's row runs to its max; the pool may hold fewer nodes: 0, then min..min(max, cap)
     sizes = [1 + max(0, min(job.max_nodes, cap) - job.min_nodes + 1) for job in jobs]
     width = max(sizes, default=1)
-    if all(k == width and r.counts.size == k for r, k in zip(rows, sizes)):  # one shape (often): one call each
-        counts = np.array([r.counts for r in rows], np.int64).reshape(len(jobs), width)
-        values = np.array([r.values for r in rows], np.float64).reshape(len(jobs), width)
-    else:
-        counts = np.zeros((len(jobs), width), np.int64)
-        values = np.full((len(jobs), width), -np.inf)
-        for j, (r, k) in enumerate(zip(rows, sizes)):
-            counts[j, :k] = r.counts[:k]
-            values[j, :k] = r.values[:k]
-    current_index = np.array([r.current_index if r.current_index < k else -1 for r, k in zip(rows, sizes)],
-                             np.int64)
-    envelopes = tuple(r.envelope(k, job) for r, k, job in zip(rows, sizes, jobs))
-    return Tables(jobs, counts, values, np.array(sizes, np.int64), current_index, envelopes)
+    counts = np.zeros((len(jobs), width), np.int64)
+    values = np.full((len(jobs), width), -np.inf)
+    current_index = np.full(len(jobs), -1, np.int64)
+    envelopes = []
+    for j, (job, k) in enumerate(zip(jobs, sizes)):
+        row, envelope_k = memo.row(job, problem.horizon_s, k) if memo is not None else \
+            _row_and_envelope(job, problem.horizon_s, k)
+        counts[j, :k] = row.counts[:k]
+        values[j, :k] = row.values[:k]
+        if row.current_index < k:
+            current_index[j] = row.current_index
+        envelopes.append(envelope_k)
+    return Tables(jobs, counts, values, np.array(sizes, np.int64), current_index, tuple(envelopes))
 
 
 @dataclass(frozen=True)
@@ -145,77 +145,72 @@ def envelope(points: list[tuple[int, float]]) -> Envelope:
     return Envelope(tuple(slopes), tuple(steps))
 
 
-class _Row:
-    """A job's counts (0, then min..max), their values, the current count's index (-1 where it is
-    not allowed) and the row's envelopes by size, for the horizon it was built for (a plain slotted
-    class: one is built for every job whose count or costs changed, ~5 a decision)."""
+@dataclass(frozen=True)
+class ValueRow:
+    """A job's counts (0, then min..max), the value of each over the horizon, and the index of its
+    current count (-1 where that count is not allowed)."""
 
-    __slots__ = ("horizon_s", "counts", "values", "current_index", "_envelopes")
-
-    def __init__(self, horizon_s: float, counts: np.ndarray, values: np.ndarray, current_index: int) -> None:
-        self.horizon_s = horizon_s
-        self.counts = counts
-        self.values = values
-        self.current_index = current_index
-        self._envelopes: dict[int, Envelope] = {}
-
-    def envelope(self, size: int, job: Job) -> Envelope:
-        """The envelope of the row's first ``size`` choices (kept per size). The values are linear
-        between the curve's points, the min, the current count and its neighbours, and the end."""
-        hit = self._envelopes.get(size)
-        if hit is None:
-            lo, top = job.min_nodes, job.min_nodes + size - 2  # the last count (below lo: count 0 only)
-            cur = job.current
-            inner = [n for n in job.scaling if lo < n < top]
-            if cur:
-                inner.extend(n for n in (cur - 1, cur, cur + 1) if lo < n < top)
-            values = self.values.tolist()
-            points = [(0, values[0])]
-            if top >= lo:
-                points.extend((n, values[n - lo + 1]) for n in sorted({lo, top, *inner}))
-            hit = self._envelopes[size] = envelope(points)
-        return hit
+    counts: np.ndarray  # int64, ascending
+    values: np.ndarray  # float64, same length
+    current_index: int
 
 
-_BASE_KEEP = 4096
-_base: dict[tuple[int, int, int, float], tuple[Mapping[int, float], np.ndarray, np.ndarray]] = {}
-
-
-def _base_values(job: Job, horizon_s: float) -> tuple[np.ndarray, np.ndarray]:
-    """Counts 0, min..max and ``horizon * rate`` at each: shared by the jobs built on one curve object
-    (a job rebuilt because its nodes or costs changed keeps its curve), held with the curve so an id
-    is never reused while cached."""
-    key = (id(job.scaling), job.min_nodes, job.max_nodes, horizon_s)
-    hit = _base.get(key)
-    if hit is not None and hit[0] is job.scaling:
-        return hit[1], hit[2]
+def value_row(job: Job, horizon_s: float) -> ValueRow:
+    """``job.value(count, horizon_s)`` at every count 0, min..max, with one ``np.interp``: the
+    horizon times the rate, less the rescale pause (counts ascend, so the counts above the current
+    one are a suffix, those below it a prefix)."""
     counts = np.concatenate([np.zeros(1, np.int64), np.arange(job.min_nodes, job.max_nodes + 1, dtype=np.int64)])
-    base = horizon_s * curve_throughputs(job.scaling, counts)
-    if len(_base) >= _BASE_KEEP:
-        _base.clear()
-    _base[key] = (job.scaling, counts, base)
-    return counts, base
-
-
-def _row(job: Job, horizon_s: float) -> _Row:
-    """``job``'s allowed counts up to its max and their values, kept on the (frozen) job for the next
-    decision with the same horizon: a job that did not change is not valued again."""
-    hit: _Row | None = job.__dict__.get("_value_row")
-    if hit is not None and hit.horizon_s == horizon_s:
-        return hit
-    counts, base = _base_values(job, horizon_s)
-    cur = job.current
-    values = base.copy()
-    lo = job.min_nodes
+    values = horizon_s * curve_throughputs(job.scaling, counts)
+    cur, lo = job.current, job.min_nodes
     index = 0 if cur == 0 else (cur - lo + 1 if lo <= cur <= job.max_nodes else -1)
-    if cur:  # counts ascend (0, then min..max): the ones above the current count are a suffix, below it a prefix
+    if cur:
         rate = job.throughput(cur)
         below, above = (index, index + 1) if index >= 0 else ((1, 1) if cur < lo else (counts.size, counts.size))
         values[above:] -= rate * job.up_cost_s
         values[:below] -= rate * job.down_cost_s
-    row = _Row(horizon_s, counts, values, index)
-    object.__setattr__(job, "_value_row", row)
-    return row
+    return ValueRow(counts, values, index)
+
+
+def row_envelope(job: Job, values: np.ndarray) -> Envelope:
+    """The envelope of a row's first ``values.size`` choices. The values are linear between the
+    curve's points, the min, the current count and its neighbours, and the row's last count."""
+    lo, top = job.min_nodes, job.min_nodes + values.size - 2  # the last count (below lo: count 0 only)
+    cur = job.current
+    inner = [n for n in job.scaling if lo < n < top]
+    if cur:
+        inner.extend(n for n in (cur - 1, cur, cur + 1) if lo < n < top)
+    vals = values.tolist()
+    points = [(0, vals[0])]
+    if top >= lo:
+        points.extend((n, vals[n - lo + 1]) for n in sorted({lo, top, *inner}))
+    return envelope(points)
+
+
+def _row_and_envelope(job: Job, horizon_s: float, size: int) -> tuple[ValueRow, Envelope]:
+    row = value_row(job, horizon_s)
+    return row, row_envelope(job, row.values[:size])
+
+
+class RowMemo:
+    """Value rows and envelopes of the jobs valued before, keyed by everything they are made of (the
+    curve's points, the range, the current count, the rescale costs, the horizon and the row's
+    size). A caller that solves a stream of similar problems (the policy: most jobs are the same
+    from one decision to the next) keeps one and passes it to :func:`allocator.solve`; the plans
+    are the same with it or without it."""
+
+    def __init__(self, keep: int = 4096) -> None:
+        self.keep = keep
+        self._rows: dict[tuple, tuple[ValueRow, Envelope]] = {}
+
+    def row(self, job: Job, horizon_s: float, size: int) -> tuple[ValueRow, Envelope]:
+        key = (tuple(job.scaling.items()), job.min_nodes, job.max_nodes, job.current, job.up_cost_s,
+               job.down_cost_s, horizon_s, size)
+        hit = self._rows.get(key)
+        if hit is None:
+            if len(self._rows) >= self.keep:
+                self._rows.clear()
+            hit = self._rows[key] = _row_and_envelope(job, horizon_s, size)
+        return hit
 
 
 def plan_objective(problem: Problem, counts: dict[str, int]) -> float:

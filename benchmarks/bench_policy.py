@@ -12,7 +12,10 @@ trace, workload and seeds (work = ``work_node_seconds``, G's headline metric):
 * productive node-seconds / idle node-seconds with adaptive admission, and with fixed Pjmax 10;
 * CPU seconds of one replay of the whole trace with the default policy (``--week-seconds``), against
   the same replay with freetrain (no learning, no profiling: what the engine and the allocator cost
-  alone) timed in the same run; ``--week-only`` prints just these two;
+  alone), and both against the same replays of the code before issue L (commit ``12b7530``, whose
+  caches bought speed with clarity), all timed in the same run, each in a fresh process;
+  ``--week-only`` prints just these (target: <= 30 s CPU; ``--baseline DIR`` names a checkout of
+  the old commit, else one is made with ``git worktree add`` and removed after);
 * the parts one at a time, each added to the previous: jpa -> passive learning (no profiling)
   -> gated profiling -> adaptive admission (= the default) -> learned horizon (node valuation)
   (``--no-parts`` leaves them out: 7 replays per workload and seed instead of 11).
@@ -24,9 +27,11 @@ so the figures do not depend on it; only the CPU seconds of ``--week-seconds`` a
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import subprocess
 import sys
-import time
+import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -95,16 +100,19 @@ def main() -> int:
     ap.add_argument("--week-only", action="store_true", help="only time the whole-trace replays (no targets)")
     ap.add_argument("--no-parts", action="store_true", help="leave out what each part adds (fewer replays)")
     ap.add_argument("--workers", type=int, default=1, help="replays in this many processes (default 1)")
+    ap.add_argument("--baseline", type=Path, default=None,
+                    help=f"a checkout of commit {BASELINE_COMMIT} to time the week replay against "
+                         "(default: made with git worktree add, removed after)")
     args = ap.parse_args()
     if args.workers < 1:
         ap.error(f"--workers must be >= 1, got {args.workers}")
     seeds = [int(s) for s in args.seeds.split(",")]
     workloads = args.workloads.split(",")
+    if args.week_only:
+        return 0 if week_seconds(args.trace, args.baseline) else 1
     global _TIMELINE
     timeline = _TIMELINE = load(args.trace)  # forked workers inherit it
     cfg = SimConfig(start=timeline.start, end=min(timeline.end, timeline.start + args.days * 86400.0))
-    if args.week_only:
-        return 0 if week_seconds(args.trace, timeline) else 1
     print(f"trace {args.trace.name}, {args.days:g} day(s), seeds {seeds}, workloads {workloads}")
     results: dict[tuple[str, str], list[dict]] = {}
     plan = [(w, seed, label, name, pc, prior) for w in workloads for seed in seeds
@@ -165,23 +173,70 @@ def main() -> int:
             prev = m
         print(f"parts {w}: " + " | ".join(steps))
     if args.week_seconds:
-        ok_all &= week_seconds(args.trace, timeline)
+        ok_all &= week_seconds(args.trace, args.baseline)
     print("all targets PASS" if ok_all else "some targets FAIL")
     return 0 if ok_all else 1
 
 
-def week_seconds(trace: Path, timeline) -> bool:  # type: ignore[no-untyped-def]
-    """Time one whole-trace replay (nas, seed 0) with the default policy and with freetrain; print both."""
-    week = SimConfig(start=timeline.start, end=timeline.end)
-    cpu = {}
-    for name in ("freetrain", "malletrain"):
-        t0 = time.process_time()
-        run(trace, "nas", 0, week, name, BASE)
-        cpu[name] = time.process_time() - t0
-    ok = cpu["malletrain"] <= 15.0
-    print(f"{'PASS' if ok else 'FAIL'}  week replay (nas, seed 0), default policy: {cpu['malletrain']:.1f} CPU s "
-          f"(<= 15 s); freetrain (baseline, same run): {cpu['freetrain']:.1f} CPU s "
-          f"({cpu['malletrain'] / cpu['freetrain']:.2f}x)")
+BASELINE_COMMIT = "12b7530"  # the last commit before issue L took the policy's identity caches out
+WEEK_TARGET_S = 30.0
+# One whole-trace replay (nas, seed 0) of the policy sys.argv[3], timed in CPU seconds (the trace read is
+# not timed), run in a fresh interpreter on the checkout at sys.argv[1]; prints [cpu_s, work_node_seconds].
+TIME_WEEK = """
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+import traces
+from policy import PolicyConfig
+from simulator import SimConfig, find_scaling, make_workload, simulate
+from simulator.policies import PolicyContext, make_policy
+tl = traces.read(sys.argv[2])
+week = SimConfig(start=tl.start, end=tl.end)
+t0 = time.process_time()
+scaling = find_scaling(None)
+wl = make_workload("nas", scaling, seed=0)
+pol = make_policy(sys.argv[3], PolicyContext(wl.models, 0, "mean"), PolicyConfig())
+summary = simulate(tl, pol, "nas", scaling=scaling, seed=0, config=week).summary
+print(json.dumps([time.process_time() - t0, summary["work_node_seconds"]]))
+"""
+
+
+def time_week(checkout: Path, trace: Path, policy: str) -> list[float]:
+    """:data:`TIME_WEEK` of ``policy`` on ``checkout``, in a fresh process."""
+    res = subprocess.run([sys.executable, "-c", TIME_WEEK, str(checkout), str(trace), policy], capture_output=True,
+                         text=True, timeout=1800, env={"PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0"})
+    if res.returncode != 0:
+        raise RuntimeError(f"week replay on {checkout} failed ({res.returncode}): {res.stderr[-2000:]}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def week_seconds(trace: Path, baseline: Path | None) -> bool:
+    """Time one whole-trace replay (nas, seed 0) with the default policy and with freetrain, on this
+    checkout and on :data:`BASELINE_COMMIT`'s, in the same run; print all four."""
+    with tempfile.TemporaryDirectory(prefix="bench-policy-base-") as tmp:
+        made = baseline is None
+        old_tree = Path(tmp) / "base" if made else baseline
+        if made:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(old_tree), BASELINE_COMMIT],
+                           check=True, capture_output=True, timeout=120)
+        try:  # interleaved, so that both sides of a ratio see the same machine (a shared one varies)
+            new: dict[str, list[float]] = {}
+            old: dict[str, list[float]] = {}
+            for name in ("freetrain", "malletrain"):
+                new[name] = time_week(ROOT, trace, name)
+                old[name] = time_week(old_tree, trace, name)
+        finally:
+            if made:
+                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(old_tree)],
+                               capture_output=True, timeout=120)
+    ok = new["malletrain"][0] <= WEEK_TARGET_S
+    print(f"{'PASS' if ok else 'FAIL'}  week replay (nas, seed 0), default policy: {new['malletrain'][0]:.1f} CPU s "
+          f"(<= {WEEK_TARGET_S:g} s); before issue L ({BASELINE_COMMIT}, same run): {old['malletrain'][0]:.1f} CPU s "
+          f"({new['malletrain'][0] / old['malletrain'][0]:.2f}x)")
+    print(f"info  freetrain (no learning, no profiling): {new['freetrain'][0]:.1f} CPU s; before: "
+          f"{old['freetrain'][0]:.1f} CPU s ({new['freetrain'][0] / old['freetrain'][0]:.2f}x)")
+    same = all(new[k][1] == old[k][1] for k in new)
+    print(f"info  work node-seconds {'identical' if same else 'DIFFER'}: "
+          + ", ".join(f"{k} {new[k][1]:.6g} (before {old[k][1]:.6g})" for k in new))
     return ok
 
 

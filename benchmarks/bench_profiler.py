@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from allocator.model import throughput_at
+from curves import throughput_at
 from profiler.estimators import RescaleCostEstimator, ThroughputEstimator
 from profiler.jpa import default_counts, profile_cost
 from profiler.records import Record, Segment, synthesize

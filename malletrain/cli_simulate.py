@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # heavy imports stay inside the handler
     from traces.model import IdleTimeline
 
-# Policy knobs (Pjmax, Tfwd, ...) default to policy.PolicyConfig's, the daemon's defaults.
-DEFAULT_MAX_RUNNING = 10  # = PolicyConfig().max_running (a test checks they agree)
+# Policy knobs (Pjmax, Tfwd, ...) default to policy.PolicyConfig's, the daemon's defaults (written
+# there only; `malletrain config check` prints them).
 # The embedded synthetic trace changes one node at a time (about 294k distinct
 # timestamps in a week, against 11,468 in the real Summit log, whose scheduler
 # reports in batches); deciding at most once a minute keeps its replay short.
@@ -82,9 +82,9 @@ def add_policy_options(p: argparse.ArgumentParser) -> None:
                    help="TOML file with a [policy] table (the daemon's own; keys as in `malletrain config "
                    "check`); the named policy's preset is applied on top of it")
     p.add_argument("--max-running", type=int, metavar="N",
-                   help=f"concurrent jobs Pjmax (default: {DEFAULT_MAX_RUNNING}, the daemon's default)")
+                   help="concurrent jobs Pjmax (default: the daemon's, policy.PolicyConfig.max_running)")
     p.add_argument("--tfwd", type=float, metavar="S",
-                   help="allocator horizon Tfwd in seconds (default: 120, the daemon's default)")
+                   help="allocator horizon Tfwd in seconds (default: the daemon's, policy.PolicyConfig.tfwd_s)")
     p.add_argument("--admission", choices=("adaptive", "fixed"),
                    help="adaptive (Pjmax is a floor: more jobs while nodes would stay idle) or fixed; "
                    "overrides every preset (default: each policy's preset, else adaptive)")

@@ -26,7 +26,7 @@
     [policy]                         # policy.PolicyConfig: the same knobs `malletrain simulate` replays
     tfwd_s = 120.0                   # allocator horizon Tfwd, seconds
     max_running = 10                 # Pjmax: jobs admitted at once, FCFS (0: no limit)
-    profiling = "gated"              # default; "never" | "requested" (jobs with profile = true) | "always"
+    profiling = "gated"              # "never" | "requested" (profile = true) | "gated" (also when it pays) | "always"
     profile_time_cap_s = 300.0       # seconds per profiled node count at most
 
     [[trainers]]                     # optional: several trainers side by side (docs/operators.md: Several trainers)
@@ -405,7 +405,8 @@ def _scavenger(table: dict[str, Any], backend: str | None, where: str) -> Scaven
                           "the preemptable partition pilots run in")
     if kind == "pbs" and not values.get("queue"):
         raise ConfigError(f"{where}: scavenger.queue is required for kind = \"pbs\": the preemptable queue")
-    if kind != "local" and values.get("renew_before", 120.0) >= values.get("walltime", 3600.0):
+    if kind != "local" and values.get("renew_before", ScavengerConfig.renew_before) >= \
+            values.get("walltime", ScavengerConfig.walltime):
         raise ConfigError(f"{where}: scavenger.renew_before must be less than scavenger.walltime")
     return ScavengerConfig(**values)
 

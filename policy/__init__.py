@@ -33,10 +33,10 @@ from policy.model import (
 )
 from policy.state import Debt, PolicyState, PolicyStateError
 
-__all__ = [
+__all__ = (
     "Admission", "Horizon", "Objective",
     "Allocation", "CostSource", "Debt", "Decision", "EventKind", "Evidence", "JobEvidence", "JobView",
     "NO_EVIDENCE", "PRESETS", "Policy", "PolicyConfig", "PolicyConfigError", "PolicyEvent",
     "PolicyInputError", "PolicyState", "PolicyStateError", "Profiling", "View", "evidence_from",
     "preset", "profile_counts",
-]
+)

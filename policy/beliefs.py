@@ -28,10 +28,13 @@ from __future__ import annotations
 
 import math
 import statistics
+from dataclasses import dataclass
 from typing import Iterable, Mapping
 
-from policy.config import CostSource, PolicyConfig
+from curves import throughput_at
+from policy.config import CostSource, Objective, PolicyConfig
 from policy.model import Curve, JobEvidence, JobView
+from policy.state import PolicyState
 from profiler.jpa import default_counts
 from profiler.scalability import Scalability, Source
 
@@ -62,7 +65,7 @@ def shape_of(points: Mapping[int, float]) -> dict[int, float] | None:
     return {n: r / (n * per_node) for n, r in sorted(pts.items())}
 
 
-def _efficiency_at(shape: Mapping[int, float], n: int) -> float | None:
+def efficiency_at(shape: Mapping[int, float], n: int) -> float | None:
     """Linear interpolation of ``shape`` at ``n`` inside its range (None outside)."""
     counts = sorted(shape)
     if not counts[0] <= n <= counts[-1]:
@@ -84,7 +87,7 @@ def pooled_prior(shapes: Iterable[Mapping[int, float]], per_node: float) -> dict
     counts = sorted({1 << k for k in range(top.bit_length())} | {top} | {n for s in shapes for n in s})
     out: dict[int, float] = {}
     for n in counts:
-        effs = [e for s in shapes if (e := _efficiency_at(s, n)) is not None]
+        effs = [e for s in shapes if (e := efficiency_at(s, n)) is not None]
         if effs:
             out[n] = n * per_node * min(1.0, statistics.median(effs)) if n > 1 else per_node
     # efficiency never rises with the count in the prior (a median over different ranges could)
@@ -120,11 +123,9 @@ def _no_better_than_measured_trend(curve: dict[int, float], measured: Mapping[in
     return {n: (min(r, max(0.0, rb + slope * b * math.log(n / b))) if n > b else r) for n, r in curve.items()}
 
 
-def guess_per_node(curves: Iterable[Mapping[int, float]], population: Iterable[float],
-                   positive_sorted: list[float] | None = None) -> float:
-    """Median per-node rate at the smallest measured count over ``curves`` and ``population``; 1.0 if none.
-    ``positive_sorted``: the population's rates > 0, sorted (a caller that keeps it spares the sort)."""
-    rates = list(positive_sorted) if positive_sorted is not None else [r for r in population if r > 0]
+def guess_per_node(curves: Iterable[Mapping[int, float]], population: Iterable[float]) -> float:
+    """Median per-node rate at the smallest measured count over ``curves`` and ``population``; 1.0 if none."""
+    rates = [r for r in population if r > 0]
     for c in curves:
         if c:
             n = min(c)
@@ -169,3 +170,94 @@ def pooled_rescale_costs(others: Iterable[JobEvidence], cfg: PolicyConfig) -> tu
     downs = [e.costs.down_s for e in others if e.costs is not None and e.costs.down_s is not None]
     return (float(statistics.median(ups)) if ups else cfg.default_up_cost_s,
             float(statistics.median(downs)) if downs else cfg.default_down_cost_s)
+
+
+def absorbs(job: JobView, curve: Mapping[int, float], knee: float) -> int:
+    """The nodes ``job`` can put to use: its max, or the count past which its believed ``curve`` gains
+    less than ``knee`` of its per-node rate at its min for each further node (a job past its knee
+    wastes nodes another job would use better)."""
+    counts = sorted(n for n in curve if job.min_nodes <= n <= job.max_nodes)
+    if knee > 0 and len(counts) >= 2 and curve[counts[0]] > 0:
+        floor = knee * curve[counts[0]] / counts[0]
+        for a, b in zip(counts, counts[1:]):
+            if (curve[b] - curve[a]) / (b - a) < floor:
+                return a
+    return job.max_nodes
+
+
+@dataclass(frozen=True)
+class Population:
+    """What the jobs measured so far say about a job with no curve of its own: the median per-node
+    rate (:func:`guess_per_node`) and the pooled prior at it (:func:`pooled_prior`; None with too
+    few shapes)."""
+
+    guess: float
+    pooled: dict[int, float] | None
+
+
+class Beliefs:
+    """The curves the policy believes, from its config and state, under this module's rules.
+
+    Curves are remembered per job, keyed by everything they are made of (the job's own curve and
+    range, its measured points, and the population's guess and pooled prior when it uses them): a
+    curve is made again exactly when one of those changed, and a state changed by hand (a test, a
+    restart) is read as it is now.
+    """
+
+    def __init__(self, config: PolicyConfig, state: PolicyState) -> None:
+        self.config = config
+        self.state = state
+        self._curves: dict[str, tuple[tuple, dict[int, float], dict[int, float]]] = {}  # job -> (key, raw, scaled)
+        self._pooled: tuple[tuple, dict[int, float] | None] | None = None  # (shapes and guess, pooled prior)
+
+    def guess(self) -> float:
+        """The population's per-node rate (:func:`guess_per_node`) as the state stands."""
+        return guess_per_node(self.state.measured.values(), self.state.population)
+
+    def pooled_prior(self, guess: float) -> dict[int, float] | None:
+        """The population prior pooled from the shapes of the jobs that finished, at ``guess``."""
+        key = (tuple(tuple(sorted(sh.items())) for sh in self.state.shapes), guess)
+        if self._pooled is None or self._pooled[0] != key:
+            self._pooled = (key, pooled_prior(self.state.shapes, guess))
+        return self._pooled[1]
+
+    def population(self) -> Population:
+        """The :class:`Population` as the state stands (a decision takes it once its points are settled)."""
+        guess = self.guess()
+        return Population(guess, self.pooled_prior(guess) if self.config.prior is None else None)
+
+    def _uses_pool(self, job: JobView) -> bool:
+        return not job.scaling and self.config.prior is None
+
+    def scalability(self, job: JobView, population: Population | None = None) -> Scalability:
+        """What the policy believes about ``job`` now."""
+        pop = population if population is not None else self.population()
+        pooled = pop.pooled if self._uses_pool(job) else None
+        return scalability(job, self.state.measured.get(job.id, {}), self.config.prior_curve, pop.guess, pooled)
+
+    def curves(self, job: JobView, population: Population | None = None) -> tuple[dict[int, float], dict[int, float]]:
+        """``job``'s believed curve (samples/s) and the allocator's curve made from it (in 1-node
+        equivalents with ``objective = "work"``); ``population``: :meth:`population`, when the caller
+        has it."""
+        measured = self.state.measured.get(job.id, {})
+        uses_pool = self._uses_pool(job)
+        pop = population if population is not None or not uses_pool else self.population()
+        key = (tuple(job.scaling.items()) if job.scaling else None, job.min_nodes, job.max_nodes,
+               tuple(measured.items()),
+               (pop.guess, tuple(pop.pooled.items()) if pop.pooled else None) if uses_pool and pop else None)
+        hit = self._curves.get(job.id)
+        if hit is not None and hit[0] == key:
+            return hit[1], hit[2]
+        raw = allocator_curve(job, self.scalability(job, pop if uses_pool else Population(1.0, None)))
+        scaled = raw
+        if self.config.objective is Objective.WORK:  # in 1-node equivalents: rate(n) / rate(1)
+            one = throughput_at(raw, 1)
+            scaled = {n: v / one for n, v in raw.items()} if one > 0 else raw
+        self._curves[job.id] = (key, raw, scaled)
+        return raw, scaled
+
+    def forget(self, live: Iterable[str]) -> None:
+        """Drop the curves of jobs not in ``live``."""
+        keep = set(live)
+        for job_id in [k for k in self._curves if k not in keep]:
+            del self._curves[job_id]

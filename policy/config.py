@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields, replace
 from enum import Enum
+from types import MappingProxyType
 from typing import Any, Mapping
 
 from allocator.solve import METHODS
@@ -262,7 +263,7 @@ def _curve(where: str, points: Any) -> tuple[tuple[int, float], ...]:
 
 # The simulator's named policies: this config with a few fields changed. What a preset cannot say
 # (the true curves, the freetrain user's error model, free rescales) is ground truth the simulator adds.
-PRESETS: dict[str, dict[str, Any]] = {
+PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType({k: MappingProxyType(v) for k, v in {
     # the default policy (what the daemon runs out of the box): passive learning, gated profiling,
     # adaptive admission
     "malletrain": {},
@@ -284,7 +285,7 @@ PRESETS: dict[str, dict[str, Any]] = {
                "admission": Admission.FIXED},
     "equal": {"profiling": Profiling.NEVER, "learn": False, "allocation": Allocation.EQUAL,
               "admission": Admission.FIXED},
-}
+}.items()})
 
 
 def preset(name: str, base: PolicyConfig | None = None, **overrides: Any) -> PolicyConfig:

@@ -48,11 +48,6 @@ class JobView:
     def __post_init__(self) -> None:
         if not self.id:
             raise PolicyInputError("a job with an empty id")
-        if (self.budget_node_hours is None and self.deadline is None and self.used_node_hours == 0.0
-                and (self.work_left is None or (type(self.work_left) is float and 0.0 <= self.work_left < math.inf))
-                and type(self.min_nodes) is int and type(self.max_nodes) is int
-                and 1 <= self.min_nodes <= self.max_nodes and len(self.nodes) <= self.max_nodes):
-            return  # the common case (no budget, no deadline), checked at once
         for name in ("work_left", "budget_node_hours", "used_node_hours"):
             v = getattr(self, name)
             if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
@@ -163,7 +158,6 @@ class Decision:
     wake_at: float | None = None
     watch: tuple[str, ...] = ()
     objective: float = 0.0
-    solve_seconds: float = 0.0
     method: str = ""
     solved: bool = False  # False: answered without running the allocator (nothing changed)
     stop: Mapping[str, str] = field(default_factory=dict)  # jobs the driver must end, with the reason

@@ -43,7 +43,7 @@ from profiler.scalability import (
     parse_scaling_table,
 )
 
-__all__ = [
+__all__ = (
     "Done",
     "Estimate",
     "Hold",
@@ -81,4 +81,4 @@ __all__ = [
     "summarize_rescales",
     "synthesize",
     "throughput_by_world_size",
-]
+)

@@ -33,7 +33,6 @@ import math
 from bisect import bisect_left, insort
 from collections import deque
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Iterable
 
 from profiler.records import Record, RecordError
@@ -82,7 +81,6 @@ def median_ci(values: Iterable[float]) -> tuple[float, float, float]:
     return _median_sorted(xs), xs[lo - 1], xs[hi - 1]
 
 
-@lru_cache(maxsize=1024)
 def _ci_ranks(n: int) -> tuple[int, int]:
     """The 1-based ranks of :func:`median_ci`'s bounds among ``n`` values (they depend on ``n`` only)."""
     spread = _Z_HALF * math.sqrt(n)
@@ -164,11 +162,7 @@ class ThroughputEstimator(_OrderedStream):
 
     def add(self, record: Record) -> None:
         """Ingest one record; a timestamp not after the previous one raises :class:`RecordError`."""
-        self.add_step(record.samples, record.timestamp, record.world_size)
-
-    def add_step(self, samples: int, ts: float, ws: int) -> None:
-        """:meth:`add` of a record's fields, known good (a :class:`Record` checked them, or a stream
-        built to be valid: :func:`profiler.records.iter_steps`); saves building a Record per step."""
+        samples, ts, ws = record.samples, record.timestamp, record.world_size
         last = self._advance(ts)
         if ws != self._last_ws:
             self._last_ws = ws
@@ -195,15 +189,6 @@ class ThroughputEstimator(_OrderedStream):
         if stats.cache is None:
             stats.cache = Estimate(world_size, *self._parts(stats))
         return stats.cache
-
-    def estimate_fields(self, world_size: int) -> tuple[float, int, float, int] | None:
-        """:meth:`estimate`'s fields after ``world_size``: ``(rate, n_steps, rel_ci, total_steps)``,
-        without making an :class:`Estimate` (the simulated monitor asks after every step and keeps
-        few of them)."""
-        stats = self._stats.get(world_size)
-        if stats is None or not stats.rates:
-            return None
-        return self._parts(stats)
 
     def _parts(self, stats: _SizeStats) -> tuple[float, int, float, int]:
         xs = stats.ordered  # the window, sorted
@@ -348,10 +333,7 @@ class RescaleCostEstimator(_OrderedStream):
 
     def add(self, record: Record) -> None:
         """Ingest one record; a timestamp not after the previous one raises :class:`RecordError`."""
-        self.add_step(record.samples, record.timestamp, record.world_size)
-
-    def add_step(self, samples: int, ts: float, ws: int) -> None:
-        """:meth:`add` of a record's fields, known good (see :meth:`ThroughputEstimator.add_step`)."""
+        ts, ws = record.timestamp, record.world_size
         last = self._advance(ts)
         if last is None:
             self._last_ws, self._seg_pos = ws, 1
@@ -407,16 +389,7 @@ class RescaleCostEstimator(_OrderedStream):
 
 def rescale_events(records: Iterable[Record], warmup_steps: int = 2, settle_steps: int = 3) -> list[RescaleEvent]:
     """Batch form: every rescale of a recorded stream, in order."""
-    return rescale_events_of_steps(((r.samples, r.timestamp, r.world_size) for r in records),
-                                   warmup_steps, settle_steps)
-
-
-def rescale_events_of_steps(steps: Iterable[tuple[int, float, int]], warmup_steps: int = 2,
-                            settle_steps: int = 3) -> list[RescaleEvent]:
-    """:func:`rescale_events` of a stream's ``(samples, timestamp, world_size)`` fields, known good
-    (:func:`profiler.records.iter_steps`; see :meth:`ThroughputEstimator.add_step`)."""
     est = RescaleCostEstimator(warmup_steps=warmup_steps, settle_steps=settle_steps)
-    for samples, ts, ws in steps:
-        est.add_step(samples, ts, ws)
+    est.extend(records)
     est.flush()
     return est.events()

@@ -79,11 +79,12 @@ class ProfilingRequest:
                     raise ProfilingError(
                         f"job {self.job_id}: count {c!r} outside [{self.min_nodes}, {self.max_nodes}]"
                     )
-            object.__setattr__(self, "counts", tuple(sorted(set(self.counts))))
 
     def targets(self) -> tuple[int, ...]:
-        """The counts to profile, ascending."""
-        return self.counts if self.counts is not None else default_counts(self.min_nodes, self.max_nodes)
+        """The counts to profile, ascending, each once."""
+        if self.counts is None:
+            return default_counts(self.min_nodes, self.max_nodes)
+        return tuple(sorted(set(self.counts)))
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
-from itertools import starmap
 from typing import Iterator, Sequence
 
 
@@ -28,9 +27,6 @@ class Record:
     world_size: int
 
     def __post_init__(self) -> None:
-        if (type(self.samples) is int and self.samples >= 1 and type(self.world_size) is int and self.world_size >= 1
-                and type(self.timestamp) is float and -math.inf < self.timestamp < math.inf):
-            return  # the common case, checked at once
         if not isinstance(self.samples, int) or isinstance(self.samples, bool) or self.samples < 1:
             raise RecordError(f"record samples must be an int >= 1, got {self.samples!r}")
         if not isinstance(self.world_size, int) or isinstance(self.world_size, bool) or self.world_size < 1:
@@ -75,29 +71,16 @@ def iter_records(
 ) -> Iterator[Record]:
     """:func:`synthesize`'s stream one record at a time: a consumer that stops early (the simulated
     monitor, once an estimate is stable) draws nothing more; what it does draw is the same."""
-    return starmap(Record, iter_steps(segments, start, noise, seed))
-
-
-def iter_steps(
-    segments: Sequence[Segment], start: float = 0.0, noise: float = 0.0, seed: int = 0
-) -> Iterator[tuple[int, float, int]]:
-    """:func:`iter_records`'s stream as plain ``(samples, timestamp, world_size)`` tuples, the fields
-    of its records: for a consumer that feeds them straight to an estimator's ``add_step`` (the
-    simulated monitor, hundreds of thousands of steps a replay) and need not build a Record each."""
     _check_noise(noise)
-    draw = random.Random(seed).random
-    # rng.uniform(low, high) is low + (high - low) * rng.random(): the same draw without its call
-    low, high = 1.0 - noise, 1.0 + noise
-    width = high - low
+    rng = random.Random(seed)
     t = start
     for seg in segments:
-        step_s, samples, world_size = seg.step_s, seg.samples, seg.world_size
         for i in range(seg.steps):
-            dt = step_s * (seg.warmup_factor if 1 <= i <= seg.warmup_steps else 1.0)
+            dt = seg.step_s * (seg.warmup_factor if 1 <= i <= seg.warmup_steps else 1.0)
             if noise:
-                dt *= low + width * draw()
+                dt *= rng.uniform(1.0 - noise, 1.0 + noise)
             t += dt + (seg.pause_before_s if i == 0 else 0.0)
-            yield samples, t, world_size
+            yield Record(seg.samples, t, seg.world_size)
 
 
 def _check_noise(noise: float) -> None:

@@ -31,14 +31,14 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from itertools import combinations
 from typing import Callable, Iterable, Mapping, Protocol
 
 import numpy as np
 
-from allocator.model import throughput_at
+from curves import throughput_at
 
 
 class ScalabilityError(ValueError):
@@ -90,16 +90,12 @@ class ScalingModel:
         return 1.0 / tau if tau > 0 else 0.0
 
 
-def _check_points(points: Mapping[int, float], what: str | Callable[[], str]) -> None:
-    """Raise naming ``what`` (a string, or a function making it: only an error pays for it)."""
+def _check_points(points: Mapping[int, float], what: str) -> None:
+    """Raise naming ``what`` for a count that is not an int >= 1 or a rate that is not finite > 0."""
     for n, v in points.items():
-        if type(n) is int and n >= 1 and type(v) is float and 0.0 < v < math.inf:
-            continue  # the common case, checked at once
-        if callable(what):
-            what = what()
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ScalabilityError(f"{what}: node count {n!r} is not an int >= 1")
-        if not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v <= 0:
             raise ScalabilityError(f"{what}: rate at {n} nodes is {v!r}, not a finite number > 0")
 
 
@@ -111,7 +107,6 @@ def fit_model(points: Mapping[int, float]) -> ScalingModel:
     return _fit(tuple(sorted(points.items())))
 
 
-@functools.lru_cache(maxsize=4096)
 def _fit(items: tuple[tuple[int, float], ...]) -> ScalingModel:
     """:func:`fit_model` of checked, sorted points (a pure function of them: cached, as the same
     curves are fitted again and again while a job's points do not change)."""
@@ -233,34 +228,39 @@ class RateSource(Protocol):
     def stable_rates(self, rel_ci: float = 0.05) -> dict[int, float]: ...
 
 
-@dataclass(frozen=True)
 class Scalability:
     """A job's curve: the user's ``prior`` points and our ``measured`` ones, plus the fitted model.
 
     :attr:`points` is what the model is fitted to: every measured point, and
     the prior points at counts not measured, **calibrated** by the median ratio
     measured/prior over the measured counts (a user curve measured on other
-    hardware is usually off by a factor, not in shape). Immutable:
+    hardware is usually off by a factor, not in shape). Not to be changed once made:
     :meth:`refine` returns a new object. The :attr:`model` is fitted when first read: a curve
     asked only at its points (the policy's, mostly) never pays for a fit.
     """
 
-    prior: Mapping[int, float]
-    measured: Mapping[int, float]
-    source: Source
-    _points: dict[int, float] = field(init=False, compare=False, repr=False)  # :attr:`points`, made once
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "prior", dict(self.prior))
-        object.__setattr__(self, "measured", dict(self.measured))
-        _check_points(self.prior, lambda: f"{self.source.value} scalability prior")
-        _check_points(self.measured, lambda: f"{self.source.value} scalability measured")
+    def __init__(self, prior: Mapping[int, float], measured: Mapping[int, float], source: Source) -> None:
+        self.prior: dict[int, float] = dict(prior)
+        self.measured: dict[int, float] = dict(measured)
+        self.source = source
+        _check_points(self.prior, f"{source.value} scalability prior")
+        _check_points(self.measured, f"{source.value} scalability measured")
         if not self.prior and not self.measured:
             raise ScalabilityError("scalability has no points (neither prior nor measured)")
         scale = self.calibration
         out = {n: v * scale for n, v in self.prior.items() if n not in self.measured}
         out.update(self.measured)
-        object.__setattr__(self, "_points", dict(sorted(out.items())))
+        self._points = dict(sorted(out.items()))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Scalability):
+            return NotImplemented
+        return (self.prior, self.measured, self.source) == (other.prior, other.measured, other.source)
+
+    __hash__ = None  # type: ignore[assignment]  # (holds dicts)
+
+    def __repr__(self) -> str:
+        return f"Scalability(prior={self.prior!r}, measured={self.measured!r}, source={self.source!r})"
 
     @functools.cached_property
     def model(self) -> ScalingModel:

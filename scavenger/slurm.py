@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from datetime import date, datetime
 from typing import Callable, Sequence
 
+from hostlist import expand_hostlist
 from scavenger.base import (
     BadReply,
     Claim,
@@ -136,49 +137,6 @@ def translate_node_state(raw: str) -> tuple[NodeState, bool]:
 
 
 # ---- small pure parsers ------------------------------------------------------------------
-
-
-def expand_hostlist(text: str) -> tuple[str, ...]:
-    """``node[1-3,7],gpu01`` -> ``(node1, node2, node3, node7, gpu01)`` (zero padding kept)."""
-    text = text.strip()
-    if text in ("", "(null)", "N/A", "None"):
-        return ()
-    if "[" not in text and "]" not in text and "," not in text:
-        return (text,)  # one plain name (a one-node pilot's line): nothing to split or expand
-    out: list[str] = []
-    for item in _split_top(text):
-        m = re.fullmatch(r"([^\[\]]*)\[([^\[\]]+)\]([^\[\]]*)", item)
-        if m is None:
-            if "[" in item or "]" in item:
-                raise ValueError(f"bad host list {text!r}: {item!r}")
-            out.append(item)
-            continue
-        prefix, ranges, suffix = m.groups()
-        for part in ranges.split(","):
-            lo, _, hi = part.partition("-")
-            if not lo.isdigit() or (hi and not hi.isdigit()):
-                raise ValueError(f"bad host list {text!r}: range {part!r}")
-            width = len(lo)
-            for i in range(int(lo), int(hi or lo) + 1):
-                out.append(f"{prefix}{i:0{width}d}{suffix}")
-    return tuple(out)
-
-
-def _split_top(text: str) -> list[str]:
-    """Split on commas outside brackets."""
-    parts, depth, cur = [], 0, []
-    for ch in text:
-        if ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth -= 1
-        if ch == "," and depth == 0:
-            parts.append("".join(cur))
-            cur = []
-        else:
-            cur.append(ch)
-    parts.append("".join(cur))
-    return [p for p in parts if p]
 
 
 def parse_time(text: str) -> float | None:
@@ -379,7 +337,7 @@ class SlurmDialect:
             if name == self.config.job_name:
                 continue  # our own pilots are not claims
             try:
-                when, hosts = parse_time(start), expand_hostlist(nodes)
+                when, hosts = parse_time(start), expand_hostlist(nodes) or ()
             except ValueError as exc:
                 raise BadReply(f"squeue --start line {no}: {exc}", res) from None
             if hosts:
@@ -480,7 +438,7 @@ class SlurmDialect:
         try:
             preempt = parse_time(rec.get("PreemptTime", "None"))
             start, end = parse_time(rec.get("StartTime", "")), parse_time(rec.get("EndTime", ""))
-            nodes = expand_hostlist(rec.get("NodeList", ""))
+            nodes = expand_hostlist(rec.get("NodeList", "")) or ()
         except ValueError as exc:
             raise BadReply(f"scontrol show job {pilot}: {exc}", res) from None
         detail = rec["JobState"] + (f" (preempted at {rec['PreemptTime']})" if preempt is not None else "")
@@ -503,7 +461,7 @@ def parse_squeue_line(line: str, res: CommandResult, no: int, times: ReplyTimes 
     if not _JOB_ID.fullmatch(job):
         raise BadReply(f"squeue line {no}: bad job id {job!r} in {line!r}", res)
     try:
-        nodes = expand_hostlist(nodes_text)
+        nodes = expand_hostlist(nodes_text) or ()
         start, end, limit = times.time(start_text), times.time(end_text), times.duration(limit_text)
     except ValueError as exc:
         raise BadReply(f"squeue line {no}: {exc} in {line!r}", res) from None

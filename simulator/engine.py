@@ -1083,11 +1083,6 @@ def _job_view(job: SimJob) -> JobView:
 
 
 def _progressed(view: JobView, work_left: float) -> JobView:
-    """``view`` with ``work_left`` in place of its own: the JobView its constructor would make, at a
-    fifth of the cost. Every running job's view changes so at every decision. Its checks passed on
-    ``view`` and pass on any finite ``work_left`` >= 0, so they are not run again."""
-    new = object.__new__(JobView)
-    fields = new.__dict__
-    fields.update(view.__dict__)
-    fields["work_left"] = work_left
-    return new
+    """``view`` with ``work_left`` in place of its own (every running job's view changes so at every
+    decision)."""
+    return replace(view, work_left=work_left)

@@ -29,13 +29,12 @@ def paper_figures(out: Path, capacity_nodes: int = 640) -> list[str]:
     import traces
     from traces.bursts import idle_pool_ks
     from traces.data import find_data
-    from traces.plots import _draw_cdf, _plt, draw_idle, plot_comparison
-    from traces.plots import legend_outside
+    from traces.plots import draw_cdf, draw_idle, legend_outside, plot_comparison, pyplot
     from traces.stats import fragment_lengths
     from traces.synthetic import ks_distance, summit_like
 
     out.mkdir(parents=True, exist_ok=True)
-    plt = _plt()
+    plt = pyplot()
     lines: list[str] = []
     path = find_data(SUMMIT)
     if path is None:
@@ -54,7 +53,7 @@ def paper_figures(out: Path, capacity_nodes: int = 640) -> list[str]:
         series[name] = (lengths, colour)
         medians.append(f"{name.split(' (')[0]} {np.median(lengths) / 60:.1f} min")
     fig, ax = plt.subplots(figsize=(7, 4.4))
-    _draw_cdf(ax, series)
+    draw_cdf(ax, series)
     ax.set_title("Fig. 3.7: idle-fragment lengths, Summit vs other real machines\n"
                  "(Polaris's idle data, the paper's second machine, is not public)", fontsize=10)
     fig.tight_layout()

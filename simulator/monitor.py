@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import zlib
 from bisect import bisect_right
-from itertools import islice, starmap
+from itertools import islice
 from operator import itemgetter
 from typing import TYPE_CHECKING, Iterator, Mapping
 
 from allocator import throughput_at
 from policy import JobEvidence, evidence_from
-from profiler import Estimate, Record, Segment, ThroughputEstimator, synthesize
-from profiler.estimators import RescaleSummary, rescale_events_of_steps
-from profiler.records import iter_steps
+from profiler import Estimate, Record, Segment, ThroughputEstimator, rescale_events, synthesize
+from profiler.estimators import RescaleSummary
+from profiler.records import iter_records
 
 if TYPE_CHECKING:
     from profiler import RescaleEvent
@@ -67,15 +67,11 @@ class StepFeed:
     def records(self) -> Iterator[Record]:
         """Records one at a time, chunk after chunk: the stream of repeated :meth:`next_records`, drawn
         only as far as it is read."""
-        return starmap(Record, self.steps())
-
-    def steps(self) -> Iterator[tuple[int, float, int]]:
-        """:meth:`records` as ``(samples, timestamp, world_size)`` tuples (see :func:`profiler.records.iter_steps`)."""
         while True:
             t = self.t
-            for step in iter_steps([self._segment(CHUNK)], start=t, noise=self.noise, seed=self._chunk_seed()):
-                t = step[1]
-                yield step
+            for rec in iter_records([self._segment(CHUNK)], start=t, noise=self.noise, seed=self._chunk_seed()):
+                t = rec.timestamp
+                yield rec
             self.chunks += 1
             self.t = t
 
@@ -128,7 +124,7 @@ class SimJobMonitor:
     estimate per count, and records arrive over simulated time, so :meth:`evidence` at ``now``
     shows only the records that exist by then. Every rescale between two non-zero counts yields a
     short record stream around the pause (:data:`PROBE_STEPS` steps at each size), measured by the
-    real :func:`profiler.rescale_events` (on the records' fields). Nothing here reads a true value
+    real :func:`profiler.rescale_events`. Nothing here reads a true value
     but the curve that makes the records.
     """
 
@@ -144,9 +140,8 @@ class SimJobMonitor:
         self.rates: dict[int, "Estimate"] = {}
         self.events: list["RescaleEvent"] = []
         self.stable_at: float | None = None  # when the current run's estimate becomes stable
-        # the current run's estimates at self._run_n: (record time, Estimate fields after it); an
-        # Estimate is made only for the newest one a look at the evidence reaches, not for every step
-        self._snaps: list[tuple[float, tuple[float, int, float, int]]] = []
+        # the current run's estimates at self._run_n: (record time, the estimate after it)
+        self._snaps: list[tuple[float, Estimate]] = []
         self._pos = 0
         self._run_n = 0
         self._runs = 0
@@ -174,7 +169,7 @@ class SimJobMonitor:
         if pos == len(self._snaps) or self._snaps[pos][0] > now:
             return False
         end = bisect_right(self._snaps, now, lo=pos, key=_TIME)
-        self.rates[self._run_n] = Estimate(self._run_n, *self._snaps[end - 1][1])
+        self.rates[self._run_n] = self._snaps[end - 1][1]
         self._pos = end
         return True
 
@@ -183,26 +178,22 @@ class SimJobMonitor:
         feed = StepFeed(self.job_id, self.curve, n, start, seed=_seed(self.seed, self._runs), noise=self.noise)
         self._run_n = n
         est = ThroughputEstimator()
-        add, fields, snaps = est.add_step, est.estimate_fields, self._snaps  # (bound once: up to 128 steps a run)
-        min_steps, rel_ci = est.min_steps, self.rel_ci
-        # the records' fields, not Records: iter_steps makes them valid, and a week's replay has ~330k
-        for samples, ts, ws in islice(feed.steps(), MAX_CHUNKS * CHUNK):  # drawn until the estimate is stable
-            add(samples, ts, ws)
-            f = fields(n)
-            if f is not None:
-                snaps.append((ts, f))
-                if f[1] >= min_steps and f[2] <= rel_ci:  # n_steps, rel_ci
-                    self.stable_at = ts
+        for rec in islice(feed.records(), MAX_CHUNKS * CHUNK):  # drawn until the estimate is stable
+            est.add(rec)
+            e = est.estimate(n)
+            if e is not None:
+                self._snaps.append((rec.timestamp, e))
+                if est.stable(n, self.rel_ci):
+                    self.stable_at = rec.timestamp
                     return
 
     def _probe(self, t: float, old_n: int, new_n: int, pause: float) -> None:
         old_s, new_s = step_seconds(self.curve, old_n), step_seconds(self.curve, new_n)
         segs = [Segment(old_n, PROBE_STEPS, old_s, old_n * PER_NODE_BATCH),
                 Segment(new_n, PROBE_STEPS, new_s, new_n * PER_NODE_BATCH, pause_before_s=pause)]
-        # what rescale_events(synthesize(segs, ...), ...) measures, fed the records' fields
-        steps = iter_steps(segs, start=t - PROBE_STEPS * old_s, noise=self.noise,
-                           seed=_seed(self.seed, self.job_id, "rescale", len(self.events)))
-        for event in rescale_events_of_steps(steps, warmup_steps=0, settle_steps=PROBE_STEPS - 1):
+        records = iter_records(segs, start=t - PROBE_STEPS * old_s, noise=self.noise,
+                               seed=_seed(self.seed, self.job_id, "rescale", len(self.events)))
+        for event in rescale_events(records, warmup_steps=0, settle_steps=PROBE_STEPS - 1):
             self.events.append(event)
             self._summary.add(event)
         self._evidence = None

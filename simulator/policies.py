@@ -116,7 +116,7 @@ class SimPolicy:
 
 # the baselines that never learn from the true curves; any other preset is a learning policy like
 # malletrain and gets the population prior
-_BASELINES = ("freetrain", "milp-true", "oracle", "greedy", "equal", RIGID)
+BASELINES = ("freetrain", "milp-true", "oracle", "greedy", "equal", RIGID)
 POLICIES: tuple[str, ...] = tuple(PRESETS) + (() if "jpa" in PRESETS else ("jpa",)) + (RIGID,)
 
 
@@ -156,7 +156,7 @@ def make_policy(name: str, context: PolicyContext | None = None, config: PolicyC
     ctx = context if context is not None else PolicyContext()
     cfg = resolve_config(name, config, overrides)
     mean = mean_curve(ctx.curves) if ctx.curves else None
-    if name not in _BASELINES:  # malletrain, jpa and any learning preset
+    if name not in BASELINES:  # malletrain, jpa and any learning preset
         if mean is not None and cfg.prior is None:
             cfg = cfg.with_prior(mean)
         return SimPolicy(name, Policy(cfg), _file_curve)

@@ -148,12 +148,12 @@ def run_one(replays: Replays, spec: RunSpec) -> tuple[RunSpec, dict]:
 def duplicates(specs: Sequence[RunSpec], replays: Replays) -> dict[RunSpec, RunSpec]:
     """Specs that would replay exactly what an earlier spec replays (two names for one learning
     preset, e.g. ``jpa`` while it equals ``malletrain``): spec -> the one to copy from."""
-    from simulator.policies import _BASELINES, resolve_config
+    from simulator.policies import BASELINES, resolve_config
 
     seen: dict[tuple, RunSpec] = {}
     out: dict[RunSpec, RunSpec] = {}
     for spec in specs:
-        if spec.policy in _BASELINES or spec.bound or spec.fixed_pjmax is not None:
+        if spec.policy in BASELINES or spec.bound or spec.fixed_pjmax is not None:
             continue
         pcfg, _ = replays.config_for(spec)
         cfg = resolve_config(spec.policy, pcfg, replays.overrides_for(spec)).as_dict()

@@ -46,7 +46,6 @@ def test_public_api_and_every_method_agree_on_a_small_problem() -> None:
         assert plan.method == method
         assert same(plan.objective, best), method
         assert violations(problem, plan) == [], method
-        assert plan.solve_seconds >= 0
         assert set(plan.assignment) == {"a", "b", "c"}
 
 
@@ -64,9 +63,8 @@ def test_unknown_method_lists_the_methods() -> None:
 def test_bad_job_fields_are_named(field: str, value: float) -> None:
     kwargs = dict(id="job-7", min_nodes=1, max_nodes=4, scaling={1: 1.0}, nodes=(), up_cost_s=1.0, down_cost_s=1.0)
     kwargs[field] = value
-    problem = Problem((Job(**kwargs),), free(2), 60.0)
     with pytest.raises(ProblemError, match=rf"job-7.*{field}"):
-        solve(problem)
+        Job(**kwargs)  # checked when made, once
 
 
 def test_infinite_horizon_is_rejected() -> None:
@@ -190,13 +188,13 @@ def test_value_tables_match_the_model() -> None:
 
 def test_dp_items_and_infeasible_capacity() -> None:
     items = [
-        Item(np.array([0, 2, 3]), np.array([0.0, 5.0, 6.0]), np.array([0, 1, 2])),
-        Item(np.array([0, 1]), np.array([0.0, 4.0]), np.array([0, 1])),
+        Item([0, 2, 3], [0.0, 5.0, 6.0], [0, 1, 2]),
+        Item([0, 1], [0.0, 4.0], [0, 1]),
     ]
     picks, best = solve_items(items, 3)
     assert picks == [1, 1] and best == 9.0
     with pytest.raises(InfeasibleError):
-        solve_items([Item(np.array([2]), np.array([1.0]), np.array([0]))], 1)
+        solve_items([Item([2], [1.0], [0])], 1)
 
 
 def summit_curves(path: Path) -> dict[str, dict[int, float]]:

@@ -136,3 +136,17 @@ def test_the_bracket_from_the_envelopes_is_the_bisections(problem: Problem) -> N
     over = _threshold(tables.envelopes, cap)  # the float-only bisection, before the array's check
     assert _bisect(_all_idle_multiplier(pad), lambda lam: lam < over) == _bracket(pad, cap)
     assert _bracket(pad, cap, tables.envelopes) == _bracket(pad, cap)
+
+
+@settings(PROPS, max_examples=150)
+@given(st.lists(problems(max_jobs=6, max_count=16, max_free=20), min_size=1, max_size=4))
+def test_a_row_memo_changes_no_plan(stream: list[Problem]) -> None:
+    """A caller's RowMemo (rows keyed by what they are made of) gives each problem of a stream the
+    plan it gets alone, also when a later problem repeats an earlier one's jobs with another pool."""
+    from allocator import RowMemo
+
+    memo = RowMemo(keep=8)  # small: the memo is also emptied and refilled on the way
+    for problem in stream + [Problem(p.jobs, (), p.horizon_s) for p in stream]:
+        alone, memoised = solve(problem), solve(problem, memo=memo)
+        assert (memoised.assignment, memoised.counts, memoised.objective) == \
+            (alone.assignment, alone.counts, alone.objective)

@@ -602,10 +602,12 @@ def test_an_unchanged_problem_is_answered_without_solving_and_the_same_way():
     d = c.step(3.0)
     assert d.solved and c.count("a") == 2
     assert c.step(4.0).solved and not c.step(4.5).solved
-    # so is evidence that changes a belief, but not evidence that changes nothing
-    assert c.step(5.0, {"a": stable((2, 50.0))}).solved
-    assert not c.step(6.0, {"a": stable((2, 50.0))}).solved
-    assert not c.step(7.0, {"a": stable((2, 51.0))}).solved  # moved 2%: not a new belief
+    # so is evidence that changes what the allocator is given (the curve's shape), but not evidence
+    # that changes nothing, nor a belief the allocator reads the same (one point: the level only)
+    assert not c.step(5.0, {"a": stable((2, 50.0))}).solved
+    assert c.step(5.5, {"a": stable((1, 40.0), (2, 50.0))}).solved
+    assert not c.step(6.0, {"a": stable((1, 40.0), (2, 50.0))}).solved
+    assert not c.step(7.0, {"a": stable((1, 40.0), (2, 51.0))}).solved  # moved 2%: not a new belief
 
 
 # ------------------------------------------------------------------ the state is explicit

@@ -311,7 +311,6 @@ def test_past_its_largest_measured_count_a_job_gains_no_more_than_its_measured_t
     assert curve[2] == 20.0 and curve[4] == 24.0
     assert curve[8] <= 24.0 + 2.0 * 4 * math.log(8 / 4) + 1e-9  # not the prior's 80: the slope decays past 4
     pol.state.measured["x"] = {2: 20.0, 4: 16.0}  # past its peak: fewer samples/s at 4 than at 2
-    pol._bump("x")
     assert pol.believed_curve(job)[8] <= 16.0  # growing it further is not believed to help
     one = Policy(PolicyConfig(profiling="never"))
     one.state.measured["x"] = {4: 24.0}  # one count: no trend, the calibrated prior stands

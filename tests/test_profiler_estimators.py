@@ -271,36 +271,22 @@ def test_noisy_records_are_uniform_draws_of_their_seed() -> None:
         assert rec == Record(64, t, 2)
 
 
-def test_fields_of_records_estimate_as_the_records_do() -> None:
-    # the simulated monitor feeds iter_steps' fields to add_step and reads estimate_fields: the same
-    # numbers as Records through add and estimate; a Record still checks its fields
+def test_a_streams_rescales_are_found_and_summarised_once_each() -> None:
     from profiler.estimators import RescaleSummary
-    from profiler.records import iter_records, iter_steps
+    from profiler.records import iter_records
 
     segs = [Segment(2, 30, 0.5, 512, warmup_steps=2), Segment(4, 40, 0.3, 1024, pause_before_s=7.0),
             Segment(2, 12, 0.5, 512, pause_before_s=3.0)]
-    recs = list(iter_records(segs, start=1.0, noise=0.03, seed=5))
-    assert list(iter_steps(segs, start=1.0, noise=0.03, seed=5)) == [
-        (r.samples, r.timestamp, r.world_size) for r in recs]
-    by_record, by_fields = ThroughputEstimator(), ThroughputEstimator()
-    costs_r, costs_f = RescaleCostEstimator(), RescaleCostEstimator()
+    costs = RescaleCostEstimator()
+    costs.extend(iter_records(segs, start=1.0, noise=0.03, seed=5))
+    costs.flush()
+    events = costs.events()
+    assert [(e.from_size, e.to_size) for e in events] == [(2, 4), (4, 2)]
+    assert events[0].pause_s == pytest.approx(7.0, abs=0.2) and events[1].pause_s == pytest.approx(3.0, abs=0.2)
     summary = RescaleSummary()
-    for r in recs:
-        by_record.add(r)
-        by_fields.add_step(r.samples, r.timestamp, r.world_size)
-        costs_r.add(r)
-        costs_f.add_step(r.samples, r.timestamp, r.world_size)
-        for ws in (2, 4):
-            e = by_record.estimate(ws)
-            fields = by_fields.estimate_fields(ws)
-            assert (e is None and fields is None) or (e.rate, e.n_steps, e.rel_ci, e.total_steps) == fields
-    assert by_fields.estimates() == by_record.estimates()
-    costs_r.flush()
-    costs_f.flush()
-    assert costs_f.events() == costs_r.events() and len(costs_r.events()) == 2
-    for event in costs_r.events():
+    for event in events:
         summary.add(event)
-    assert summary.costs() == summarize_rescales(costs_r.events())
+    assert summary.costs() == summarize_rescales(events)
     with pytest.raises(RecordError, match="samples"):
         Record(0, 1.0, 1)
 

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from allocator.model import Job, throughput_at
+from allocator.model import Job
+from curves import throughput_at
 from profiler.estimators import ThroughputEstimator
 from profiler.records import Segment, synthesize
 from profiler.scalability import (

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from malletrain.cli import main
-from malletrain.cli_simulate import DEFAULT_MAX_RUNNING, parse_policies, parse_time
+from malletrain.cli_simulate import parse_policies, parse_time
 from policy import PolicyConfig
 from simulator import POLICIES
 
@@ -85,7 +85,6 @@ def test_simulate_all_policies_compares_to_oracle(tmp_path: Path, capsys):
 
 
 def test_policy_options_default_to_the_daemons_config(tmp_path: Path, capsys):
-    assert DEFAULT_MAX_RUNNING == PolicyConfig().max_running
     trace = str(tiny_trace(tmp_path))
     conf = tmp_path / "policy.toml"
     conf.write_text("[policy]\ntfwd_s = 30.0\nmax_running = 4\nprofile_time_cap_s = 45.0\n")

@@ -96,7 +96,7 @@ def test_bad_sinfo_reply_names_the_line_and_command() -> None:
 def test_host_lists_and_durations() -> None:
     assert expand_hostlist("node[1-3,7],gpu01") == ("node1", "node2", "node3", "node7", "gpu01")
     assert expand_hostlist("n[08-10]") == ("n08", "n09", "n10")
-    assert expand_hostlist("") == ()
+    assert expand_hostlist("") is None and expand_hostlist("(null)") is None  # unset
     with pytest.raises(ValueError, match="bad host list"):
         expand_hostlist("n[1-x]")
     assert parse_duration("5:00") == 300 and parse_duration("1-02:00:00") == 93600

@@ -18,7 +18,7 @@ The model, fitted from a real node-state log:
   Summit frees 60% of the machine), rounded at random so the mean is kept.
 - *Recall*: a group of ``g`` nodes is recalled in ``1 + Poisson(a (g-1)^b)``
   subgroups (at most ``g``), each subgroup at once after one fragment length
-  drawn from the fragment model (``traces.synthetic.FragmentModel``).
+  drawn from the fragment model (:class:`traces.fragments.FragmentModel`).
 - ``rate0`` follows from the idle fraction: mean idle nodes = rate0 x mean
   group size x mean fragment length.
 """
@@ -27,15 +27,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
+from traces.fragments import FragmentModel, ks_distance
 from traces.model import IdleTimeline
 from traces.stats import fragment_lengths
-
-if TYPE_CHECKING:  # traces.synthetic imports this module
-    from traces.synthetic import FragmentModel
 
 GRID_S = 60.0  # step of the rate process, and of the idle-pool series it is fitted on
 SIZE_PROBS: tuple[float, ...] = tuple(np.round(np.concatenate((
@@ -289,6 +286,4 @@ def _weighted_cdf(values: np.ndarray, weights: np.ndarray, grid: np.ndarray) -> 
 
 def fragment_ks(a: IdleTimeline, b: IdleTimeline) -> float:
     """KS distance between the complete idle-fragment lengths of two timelines."""
-    from traces.synthetic import ks_distance
-
     return ks_distance(fragment_lengths(a), fragment_lengths(b))

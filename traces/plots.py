@@ -74,7 +74,7 @@ def legend_outside(ax, below: bool = False, fontsize: int = 8) -> None:  # type:
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=fontsize, frameon=False)
 
 
-def _plt():
+def pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
@@ -120,7 +120,7 @@ def _utc(t: float) -> str:
 
 def plot_trace(tl: IdleTimeline, out_dir: str | Path) -> list[Path]:
     """Write ``idle_nodes.png`` and ``fragment_cdf.png`` into ``out_dir``; return their paths."""
-    plt = _plt()
+    plt = pyplot()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     name = label(tl)
@@ -135,7 +135,7 @@ def plot_trace(tl: IdleTimeline, out_dir: str | Path) -> list[Path]:
 
     lengths = fragment_lengths(tl)
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    _draw_cdf(ax, {name: (lengths, IDLE_COLOUR)})
+    draw_cdf(ax, {name: (lengths, IDLE_COLOUR)})
     ax.set_title(f"Idle fragment lengths, CDF\n{name}: {lengths.size} fragments", fontsize=10)
     fig.tight_layout()
     fig.savefig(paths[1], dpi=120)
@@ -143,7 +143,7 @@ def plot_trace(tl: IdleTimeline, out_dir: str | Path) -> list[Path]:
     return paths
 
 
-def _draw_cdf(ax, series: dict[str, tuple[np.ndarray, str]]) -> None:  # type: ignore[no-untyped-def]
+def draw_cdf(ax, series: dict[str, tuple[np.ndarray, str]]) -> None:  # type: ignore[no-untyped-def]
     drawn = False
     for k, (name, (lengths, colour)) in enumerate(series.items()):
         x = np.sort(lengths)
@@ -165,7 +165,7 @@ def _draw_cdf(ax, series: dict[str, tuple[np.ndarray, str]]) -> None:  # type: i
 
 def plot_comparison(real: IdleTimeline, synth: IdleTimeline, out_dir: str | Path, ks: dict[str, float]) -> Path:
     """``synthetic_vs_real.png``: both idle-node series (own panels, one scale), fragment and pool CDFs."""
-    plt = _plt()
+    plt = pyplot()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "synthetic_vs_real.png"
@@ -179,7 +179,7 @@ def plot_comparison(real: IdleTimeline, synth: IdleTimeline, out_dir: str | Path
     mid.set_title(f"SYNTHETIC: {synth.n_nodes} nodes, fitted to {label(real)}", fontsize=10)
     top.set_ylim(0, max(real.n_nodes, synth.n_nodes) * 1.02)
     left = fig.add_subplot(grid[2, 0])
-    _draw_cdf(left, {f"real {label(real)}": (fragment_lengths(real), REAL_COLOUR),
+    draw_cdf(left, {f"real {label(real)}": (fragment_lengths(real), REAL_COLOUR),
                      "SYNTHETIC": (fragment_lengths(synth), SYNTH_COLOUR)})
     left.set_title(f"Idle fragment lengths (KS {ks.get('fragments', float('nan')):.3f})", fontsize=10)
     right = fig.add_subplot(grid[2, 1])

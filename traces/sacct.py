@@ -21,6 +21,7 @@ import re
 from datetime import datetime, timezone
 from pathlib import Path
 
+from hostlist import HostListError, expand_hostlist
 from traces._text import MAX_NAMES, MAX_NODES, MAX_TIME, Lines, data_lines, empty_error, parse_int, parse_number
 from traces.jobs import JobTable, jobs_to_timeline
 from traces.model import IdleTimeline
@@ -154,91 +155,3 @@ def _iso_seconds(text: str, lines: Lines, k: int) -> float:
     if stamp.tzinfo is None:
         stamp = stamp.replace(tzinfo=timezone.utc)
     return stamp.timestamp()
-
-
-class HostListError(ValueError):
-    """A host list that is malformed or names too many nodes."""
-
-
-def expand_hostlist(text: str, limit: int = MAX_NODES) -> tuple[str, ...] | None:
-    """Slurm host list to names: ``a[01-03,7],b2`` -> a01 a02 a03 a7 b2; None when unset.
-
-    None too when it would name more than ``limit`` nodes (it cannot be the
-    job's list then); the count is known before anything is expanded.
-    HostListError for unbalanced or nested brackets and reversed ranges.
-    """
-    text = text.strip()
-    if text.lower() in UNSET or text.lower().startswith("none"):
-        return None
-    items = [_parse_item(item) for item in _split_top(text)]
-    total = sum(_count(parts) for parts in items)
-    if total > limit:
-        return None
-    names: list[str] = []
-    for parts in items:
-        names.extend(_expand(parts))
-    return tuple(names)
-
-
-def _split_top(text: str) -> list[str]:
-    """Split on commas outside brackets."""
-    parts, depth, cur = [], 0, []
-    for ch in text:
-        if ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth -= 1
-        if depth not in (0, 1):
-            raise HostListError(f"unbalanced or nested brackets in {text[:60]!r}")
-        if ch == "," and depth == 0:
-            parts.append("".join(cur))
-            cur = []
-        else:
-            cur.append(ch)
-    if depth != 0:
-        raise HostListError(f"unbalanced brackets in {text[:60]!r}")
-    parts.append("".join(cur))
-    return [p.strip() for p in parts if p.strip()]
-
-
-def _parse_item(item: str) -> list[list[tuple[int, int, int] | str]]:
-    """``c[01-02]s[8,9]`` -> [["c"], [(1, 2, 2)], ["s"], [(8, 8, 1), (9, 9, 1)]]: choices per slot."""
-    slots: list[list[tuple[int, int, int] | str]] = []
-    for k, piece in enumerate(re.split(r"[\[\]]", item)):
-        if k % 2 == 0:
-            if piece:
-                slots.append([piece])
-            continue
-        choices: list[tuple[int, int, int] | str] = []
-        for spec in piece.split(","):
-            lo, dash, hi = spec.strip().partition("-")
-            if dash and lo.isascii() and hi.isascii() and lo.isdigit() and hi.isdigit():
-                if int(hi) < int(lo) or len(lo) > 9 or len(hi) > 9:
-                    raise HostListError(f"bad range {spec[:30]!r}")
-                choices.append((int(lo), int(hi), len(lo)))
-            else:
-                choices.append(spec.strip())
-        slots.append(choices)
-    return slots
-
-
-def _count(slots: list[list[tuple[int, int, int] | str]]) -> int:
-    total = 1
-    for choices in slots:
-        total *= sum(c[1] - c[0] + 1 if isinstance(c, tuple) else 1 for c in choices)
-        if total > MAX_NAMES:
-            return MAX_NAMES + 1
-    return total
-
-
-def _expand(slots: list[list[tuple[int, int, int] | str]]) -> list[str]:
-    names = [""]
-    for choices in slots:
-        values: list[str] = []
-        for c in choices:
-            if isinstance(c, tuple):
-                values.extend(str(v).zfill(c[2]) for v in range(c[0], c[1] + 1))
-            else:
-                values.append(c)
-        names = [head + v for head in names for v in values]
-    return names

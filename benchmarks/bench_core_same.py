@@ -1,0 +1,88 @@
+"""Same results before and after issue L: six one-day replays of the Summit log, this checkout against
+the code before issue L (commit 12b7530), each in a fresh process; prints SAME or the fields that differ.
+
+    .venv/bin/python benchmarks/bench_core_same.py                  # makes a git worktree of 12b7530
+    .venv/bin/python benchmarks/bench_core_same.py --baseline DIR   # a checkout of it you have
+
+A summary is compared whole, less what is timed or counts solver calls (``wall``, ``decision_ms``,
+``cpu``, ``solve``): a no-op decision may be recognised differently without changing any plan.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BASELINE_COMMIT = "12b7530"
+TRACE = Path("/work/shared/data/summit-2021-02-10_17.nodes.csv.gz")
+# (workload, preset knobs over the default PolicyConfig, seed)
+REPLAYS = (
+    ("nas", {}, 0), ("hpo", {}, 1), ("stress", {}, 2),
+    ("nas", {"profiling": "always", "admission": "fixed", "horizon": "tfwd"}, 0),
+    ("stress", {"horizon": "learned"}, 0),
+    ("nas", {"allocation": "greedy", "profiling": "never"}, 0),
+)
+UNTIMED = ("wall", "decision_ms", "cpu", "solve")
+REPLAY = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import traces
+from policy import PolicyConfig
+from simulator import SimConfig, find_scaling, make_workload, simulate
+from simulator.policies import PolicyContext, make_policy
+tl = traces.read(sys.argv[2])
+out = []
+for workload, knobs, seed in json.loads(sys.argv[3]):
+    scaling = find_scaling(None)
+    wl = make_workload(workload, scaling, seed=seed)
+    pol = make_policy("malletrain", PolicyContext(wl.models, seed, "mean"), PolicyConfig(**knobs))
+    s = simulate(tl, pol, workload, scaling=scaling, seed=seed,
+                 config=SimConfig(start=tl.start, end=tl.start + 86400.0)).summary
+    out.append(s)
+print(json.dumps(out, default=str))
+"""
+
+
+def replays(checkout: Path, trace: Path) -> list[dict]:
+    res = subprocess.run([sys.executable, "-c", REPLAY, str(checkout), str(trace), json.dumps(REPLAYS)],
+                         capture_output=True, text=True, timeout=3600, env={"PATH": "/usr/bin:/bin"})
+    if res.returncode != 0:
+        raise RuntimeError(f"replays on {checkout} failed ({res.returncode}): {res.stderr[-2000:]}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trace", type=Path, default=TRACE, help="the idle-node log replayed (default: Summit)")
+    ap.add_argument("--baseline", type=Path, default=None,
+                    help=f"a checkout of commit {BASELINE_COMMIT} (default: made with git worktree add, removed after)")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-core-base-") as tmp:
+        old_tree = args.baseline if args.baseline is not None else Path(tmp) / "base"
+        if args.baseline is None:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(old_tree), BASELINE_COMMIT],
+                           check=True, capture_output=True, timeout=120)
+        try:
+            new, old = replays(ROOT, args.trace), replays(old_tree, args.trace)
+        finally:
+            if args.baseline is None:
+                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(old_tree)],
+                               capture_output=True, timeout=120)
+    same_all = True
+    for (workload, knobs, seed), a, b in zip(REPLAYS, new, old):
+        keys = [k for k in set(a) | set(b) if not any(t in k for t in UNTIMED)]
+        differ = sorted(k for k in keys if a.get(k) != b.get(k))
+        same_all &= not differ
+        print(f"{'SAME' if not differ else 'DIFFER'}  {workload} seed {seed} {knobs or 'default'}: "
+              f"{len(keys)} fields" + (f"; differ: {', '.join(differ)}" if differ else ""))
+    print("all replays SAME" if same_all else "some replays DIFFER")
+    return 0 if same_all else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

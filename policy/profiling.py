@@ -1,0 +1,163 @@
+"""Profiling rules of the policy (the module doc of :mod:`policy.decide` states them): which jobs are
+profiled, at which counts, from which nodes, when a gated profile pays, and how a profile advances
+and ends. Functions of the policy's config and state and of one decision's :class:`Round`."""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Mapping
+
+from curves import throughput_at
+from policy.beliefs import MIN_SHAPES, efficiency_at
+from policy.config import PolicyConfig, Profiling
+from policy.model import NO_EVIDENCE, EventKind, Evidence, JobView
+from policy.round import Round
+from policy.state import Debt, PolicyState
+from profiler.jpa import (Done, ProfilePlan, ProfileSession, ProfilingRequest, RunningJob, StepDown, Wait,
+                          choose_sources, default_counts)
+
+CurveOf = Callable[[JobView], Mapping[int, float]]
+
+
+def profile_counts(kind: str, lo: int, hi: int) -> tuple[int, ...] | None:
+    """The counts a profile visits (None: the JPA's default, min + powers of two + max)."""
+    if kind == "sparse":
+        mid = 2 ** round(math.log2(math.sqrt(lo * hi)))
+        return tuple(sorted({lo, min(hi, max(lo, mid)), hi}))
+    if kind == "top":
+        return tuple(sorted({max(lo, hi // 4), max(lo, hi // 2), hi}))
+    return None
+
+
+def needs_profile(cfg: PolicyConfig, st: PolicyState, job: JobView) -> bool:
+    """Profiled the JPA's way (may borrow, blocks the queue until it can be sourced)."""
+    mode = cfg.profiling
+    wants = mode is Profiling.ALWAYS or (mode in (Profiling.REQUESTED, Profiling.GATED) and job.profile)
+    return wants and job.id not in st.profiled and not st.measured.get(job.id)
+
+
+def expected_count(r: Round, job: JobView, n_jobs: int) -> int:
+    """The count the allocator is expected to give ``job`` among ``n_jobs`` admitted jobs: an even
+    share of every held node, within its range."""
+    share = r.total_nodes // max(1, n_jobs)
+    return max(job.min_nodes, min(job.max_nodes, share))
+
+
+def profile_pays(cfg: PolicyConfig, st: PolicyState, r: Round, job: JobView, free_avail: int,
+                 curve_of: CurveOf) -> int | None:
+    """Gated profiling: the count a profile of ``job`` should end at, or None when it does not pay."""
+    if cfg.profiling is not Profiling.GATED or job.profile or job.id in st.profiled or st.measured.get(job.id):
+        return None
+    admitted = [r.jobs[j] for j in st.admitted]
+    absorb = sum(j.max_nodes for j in admitted) + job.max_nodes
+    if absorb <= r.total_nodes:
+        return None  # nodes are not scarce: every job gets its max whatever its curve
+    end = expected_count(r, job, len(admitted) + 1)
+    if end >= job.max_nodes or free_avail <= end:
+        return None  # nothing to choose between, or the free pool cannot serve the profile
+    curve = curve_of(job)
+    rate_end = throughput_at(curve, end)
+    if rate_end <= 0:
+        return None
+    work_left = job.work_left
+    if work_left is not None and work_left / throughput_at(curve, job.max_nodes) < cfg.profile_min_work_s:
+        return None  # a short job: not worth a profile
+    spread = prior_spread(st, end, curve)
+    top = min(job.max_nodes, free_avail)
+    steps = len([c for c in default_counts(job.min_nodes, job.max_nodes) if end < c <= top]) + 1
+    step_s = min(cfg.profile_time_cap_s, 60.0)
+    per_node = rate_end / end
+    cost = (cfg.default_up_cost_s + steps * cfg.default_down_cost_s) * throughput_at(curve, top) \
+        + (top - end) * per_node * steps * step_s / 2.0
+    horizon = work_left / rate_end if work_left is not None else cfg.horizon_max_s
+    gain = cfg.profile_gain_fraction * spread * rate_end * horizon
+    return end if gain > cost else None
+
+
+def prior_spread(st: PolicyState, n: int, curve: Mapping[int, float]) -> float:
+    """How unsure the prior is at ``n``: the relative spread (p90 - p10 over the median) of the
+    population's efficiencies there, else how far the believed curve is from linear."""
+    effs = sorted(e for sh in st.shapes if (e := efficiency_at(sh, n)) is not None)
+    if len(effs) >= MIN_SHAPES:
+        mid = effs[len(effs) // 2]
+        return (effs[int(0.9 * (len(effs) - 1))] - effs[int(0.1 * (len(effs) - 1))]) / mid if mid > 0 else 0.0
+    lo = min(curve)
+    linear = throughput_at(curve, lo) / lo * n
+    return max(0.0, 1.0 - throughput_at(curve, n) / linear) if linear > 0 else 0.0
+
+
+def reserved(st: PolicyState) -> int:
+    """Nodes released by profiles in progress, up to what they borrowed: held back for the lenders."""
+    total = 0
+    for borrower, debt in st.debts.items():
+        s = st.profiles.get(borrower)
+        if s is not None:
+            total += min(debt.nodes, s.plan.top - s.count)
+    return total
+
+
+def source_profile(cfg: PolicyConfig, st: PolicyState, r: Round, job: JobView, free_avail: int,
+                   borrowed: dict[str, int], end: int | None = None) -> ProfilePlan | Wait:
+    """Start ``job``'s profile; ``end`` (gated): free nodes only, stepping down to ``end``."""
+    owed = {d.lender for d in st.debts.values()}
+    running: list[RunningJob] = []
+    if not r.lender_used and end is None:
+        for job_id in st.admitted:
+            j = r.jobs[job_id]
+            if j.count == 0 or job_id in owed or job_id in r.returning:
+                continue
+            last = max(j.last_interrupted if j.last_interrupted is not None else -math.inf,
+                       st.lent_at.get(job_id, -math.inf))
+            running.append(RunningJob(job_id, max(0, j.count - borrowed.get(job_id, 0)), j.min_nodes,
+                                      last, profiling=job_id in st.profiles))
+    counts = profile_counts(cfg.profile_counts, job.min_nodes, job.max_nodes)
+    if end is not None:
+        base = counts if counts is not None else default_counts(job.min_nodes, job.max_nodes)
+        counts = tuple(sorted({c for c in base if c > end} | {end}))
+    request = ProfilingRequest(job.id, job.min_nodes, job.max_nodes, counts)
+    res = choose_sources(request, free_avail, running)
+    if isinstance(res, Wait):
+        return res
+    st.profiles[job.id] = ProfileSession(res, r.now, rel_ci=cfg.profile_rel_ci, time_cap_s=cfg.profile_time_cap_s)
+    r.note(EventKind.PROFILE_START, job.id, counts=list(res.counts_desc), lender=res.lender,
+           borrowed=res.borrowed)
+    if res.lender is not None and res.borrowed > 0:
+        st.debts[job.id] = Debt(res.lender, res.borrowed)
+        st.lent_at[res.lender] = r.now
+        borrowed[res.lender] = borrowed.get(res.lender, 0) + res.borrowed
+        r.lender_used = True
+        r.note(EventKind.LENT, res.lender, nodes=res.borrowed, borrower=job.id)
+    return res
+
+
+def advance_profiles(st: PolicyState, r: Round, evidence: Evidence) -> None:
+    """Step every profile on its evidence; end those that lost their nodes or are done."""
+    for job_id, session in list(st.profiles.items()):
+        job = r.jobs[job_id]
+        if st.assigned.get(job_id) == session.count and job.count < session.count:
+            end_profile(st, r, job_id, None, "lost nodes during the profile")
+            continue
+        action = session.next_action(r.now, evidence.get(job_id, NO_EVIDENCE))
+        if isinstance(action, StepDown):
+            r.note(EventKind.PROFILE_STEP, job_id, count=action.count, previous=action.from_nodes)
+        elif isinstance(action, Done):
+            end_profile(st, r, job_id, action, "done")
+
+
+def end_profile(st: PolicyState, r: Round, job_id: str, done: Done | None, reason: str) -> None:
+    """End ``job_id``'s profile: its points enter its curve, its lender is owed its nodes back."""
+    session = st.profiles.pop(job_id)
+    st.profiled.add(job_id)
+    measured = session.measured
+    if measured:
+        st.measured.setdefault(job_id, {}).update(measured)
+    debt = st.debts.pop(job_id, None)
+    if debt is not None and debt.lender in r.jobs:
+        r.returning[debt.lender] = r.returning.get(debt.lender, 0) + debt.nodes
+        r.note(EventKind.RETURNED, debt.lender, nodes=debt.nodes, borrower=job_id)
+    detail: dict[str, object] = {"measured": {str(n): v for n, v in sorted(measured.items())}, "reason": reason}
+    if done is not None:
+        detail.update(capped=list(done.capped), missing=list(done.missing))
+        r.note(EventKind.PROFILE_DONE, job_id, **detail)
+    else:
+        r.note(EventKind.PROFILE_ABORTED, job_id, **detail)

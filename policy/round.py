@@ -1,0 +1,62 @@
+"""One decision's scratch: the view checked and in canonical order, and what the decision did so far."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from policy.beliefs import Population
+from policy.model import EventKind, JobView, PolicyEvent, PolicyInputError, View
+
+
+def check_view(view: View) -> None:
+    """Raise :class:`PolicyInputError` naming what ``view`` lists twice (a job, a free node, or a
+    node of some job)."""
+    seen: set[str] = set(view.free_nodes)
+    if len(seen) != len(view.free_nodes):
+        raise PolicyInputError("a free node is listed twice in the view")
+    ids: set[str] = set()
+    for j in view.jobs:
+        if j.id in ids:
+            raise PolicyInputError(f"job {j.id} is listed twice in the view")
+        ids.add(j.id)
+        if seen.intersection(j.nodes) or len(set(j.nodes)) != len(j.nodes):
+            raise PolicyInputError(f"job {j.id}: a node is listed twice in the view (free or another job's)")
+        seen.update(j.nodes)
+
+
+def with_sorted_nodes(job: JobView) -> JobView:
+    """``job`` with its nodes in canonical (sorted) order."""
+    nodes = tuple(sorted(job.nodes))
+    return job if nodes == job.nodes else replace(job, nodes=nodes)
+
+
+class Round:
+    """Scratch of one decision.
+
+    Node order is canonical (sorted names), so a decision never depends on how a driver happens
+    to list nodes: which nodes a shrinking job or a lender gives up, which free nodes a growing job
+    takes.
+    """
+
+    def __init__(self, view: View) -> None:
+        check_view(view)
+        self.now = view.now
+        self.free = sorted(view.free_nodes)
+        self.jobs: dict[str, JobView] = {j.id: with_sorted_nodes(j) for j in view.jobs}
+        self.events: list[PolicyEvent] = []
+        self.returning: dict[str, int] = {}  # lenders owed nodes back in this decision
+        self.released: list[str] = []  # nodes of jobs stopped under their min, free from now on
+        self.lender_used = False
+        self.stop: dict[str, str] = {}  # jobs the driver must end, with the reason
+        self.weights: dict[str, float] = {}  # deadline weights of this decision
+        self.absorb: int | None = None  # what the admitted jobs absorb, once the suspensions summed it
+        self.population: Population | None = None  # taken once the decision's measured points are settled
+        # every node the driver holds: free (the real count) plus the admitted and queued jobs' nodes
+        self.total_nodes = view.free_count + sum(j.count for j in view.jobs)
+
+    def note(self, kind: EventKind, job: str, **detail: object) -> None:
+        self.events.append(PolicyEvent(kind, job, detail))
+
+    def release(self, nodes: tuple[str, ...]) -> None:
+        """``nodes`` are free from now on (their job stopped, was suspended or preempted)."""
+        self.released.extend(n for n in nodes if n not in self.released)

@@ -1,0 +1,225 @@
+"""The layout is the architecture: imports point down, no circles, no private names across modules,
+a pure core without module-level state, and files small enough to read.
+
+Every module's imports are read with ``ast`` (function-level and ``TYPE_CHECKING`` ones included:
+an import hidden in a function is still a dependency).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+# Layers, bottom first: a package may import its own modules and packages of a LOWER rank only.
+# (docs/design-core.md draws it; ../shared/docs/ARCHITECTURE.md is the intent.)
+RANK = {
+    "curves": 0,  # throughput_at: how every layer reads a curve
+    "hostlist": 0,  # Slurm host lists: read by the Slurm backend and the trace readers
+    "allocator": 1,
+    "profiler": 1,
+    "policy": 2,
+    "traces": 2,  # readers of logs: plain data
+    "scavenger": 3,  # backends (the local one replays a trace's idle timeline)
+    "simulator": 4,
+    "malletrain": 5,  # daemon, CLI, client (the CLI fronts the simulator; the simulator never imports it)
+}
+PURE = ("curves", "hostlist", "allocator", "profiler", "policy")
+MAX_LINES = 600
+TOO_LONG_TODAY = {  # being split by other engineers this round; the xfail below flips when they are
+    "malletrain/daemon.py", "simulator/engine.py", "benchmarks/bench_faults.py",
+}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for pkg in RANK for p in sorted((REPO / pkg).rglob("*.py"))}
+
+
+def imports(module: str) -> list[tuple[str, str | None, int]]:
+    """``(module imported, name imported from it or None, line)`` for every import in ``module``."""
+    path = MODULES[module]
+    out: list[tuple[str, str | None, int]] = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out.extend((alias.name, None, node.lineno) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+                base = ".".join(package[: len(package) - node.level + 1] + ([base] if base else []))
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                out.append((sub, None, node.lineno) if sub in MODULES else (base, alias.name, node.lineno))
+    return out
+
+
+def project_edges() -> dict[str, set[str]]:
+    edges: dict[str, set[str]] = defaultdict(set)
+    for module in MODULES:
+        for target, _, _ in imports(module):
+            if target in MODULES:
+                edges[module].add(target)
+    return edges
+
+
+def circles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The import graph's strongly connected components of more than one module (or a self-import)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1 or v in edges.get(v, ()):
+                found.append(sorted(component))
+
+    for v in sorted(set(edges).union(*edges.values())):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_analysis_sees_function_level_and_type_checking_imports(tmp_path: Path) -> None:
+    # the walk covers every node, so an import inside a function or an `if TYPE_CHECKING:` counts
+    assert any(t == "traces.model" for t, _, _ in imports("scavenger.local"))
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_imports_point_down_the_layers() -> None:
+    wrong = []
+    for module in MODULES:
+        own = module.split(".")[0]
+        for target, _, line in imports(module):
+            top = target.split(".")[0]
+            if top in RANK and top != own and RANK[top] >= RANK[own]:
+                wrong.append(f"{MODULES[module].relative_to(REPO)}:{line} imports {target} ({own} may not)")
+    assert wrong == []
+
+
+# today's offenders outside the core, fixed by their owners this round: each xfail flips when they are
+I_SIM = "simulator/streams <-> simulator/workload (and its _nas_stream): engineer i-sim removes it this round"
+PER_PACKAGE = [pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=I_SIM)) if p == "simulator" else p
+               for p in RANK]
+
+
+@pytest.mark.parametrize("package", PER_PACKAGE)
+def test_no_import_circle(package: str) -> None:
+    found = [c for c in circles(project_edges()) if any(m.split(".")[0] == package for m in c)]
+    assert found == []
+
+
+@pytest.mark.parametrize("package", PER_PACKAGE)
+def test_no_private_name_is_imported_from_another_module(package: str) -> None:
+    wrong = []
+    for module in [m for m in MODULES if m.split(".")[0] == package]:
+        for target, name, line in imports(module):
+            if name is not None and name.startswith("_") and not name.startswith("__") and target != module:
+                wrong.append(f"{MODULES[module].relative_to(REPO)}:{line} imports {name} from {target}")
+    assert wrong == []
+
+
+def _mutable(value: ast.expr) -> bool:
+    if isinstance(value, (ast.Dict, ast.List, ast.Set, ast.DictComp, ast.ListComp, ast.SetComp)):
+        return True
+    return isinstance(value, ast.Call) and isinstance(value.func, (ast.Name, ast.Attribute)) and \
+        (value.func.id if isinstance(value.func, ast.Name) else value.func.attr) in (
+            "dict", "list", "set", "defaultdict", "deque", "OrderedDict", "Counter", "bytearray")
+
+
+def pure_core_findings(path: Path) -> list[str]:
+    """Module-level mutable state, caching decorators, ``global``, ``__new__`` and ``id()`` in a file."""
+    tree = ast.parse(path.read_text(), str(path))
+    out = []
+    for node in tree.body:
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None and _mutable(node.value):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            out.append(f"{path.name}:{node.lineno} module-level mutable {ast.unparse(targets[0])}")
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for deco in node.decorator_list:
+                text = ast.unparse(deco)
+                if "cache" in text:
+                    out.append(f"{path.name}:{node.lineno} {node.name} keeps a module-level cache ({text})")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Global):
+            out.append(f"{path.name}:{node.lineno} global {', '.join(node.names)}")
+        if isinstance(node, ast.Attribute) and node.attr == "__new__":
+            out.append(f"{path.name}:{node.lineno} calls __new__")
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "id":
+            out.append(f"{path.name}:{node.lineno} keys something by id()")
+    return out
+
+
+def test_the_checks_of_the_pure_core_can_fail(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text("import functools\n_seen: dict = {}\nKEEP = []\n__all__ = ['x']\nOK = (1, 2)\n"
+                   "@functools.lru_cache\ndef f(x):\n    global KEEP\n"
+                   "    return _seen.get(id(x)) or object.__new__(int)\n")
+    found = sorted(f.split(" ", 1)[1] for f in pure_core_findings(bad))
+    assert found == sorted([
+        "module-level mutable _seen", "module-level mutable KEEP", "module-level mutable __all__",
+        "f keeps a module-level cache (functools.lru_cache)", "global KEEP", "keys something by id()",
+        "calls __new__"])
+
+
+@pytest.mark.parametrize("package", PURE)
+def test_the_pure_core_holds_no_module_level_state_and_no_identity_caches(package: str) -> None:
+    found = [f for p in sorted((REPO / package).rglob("*.py")) for f in pure_core_findings(p)]
+    assert found == []
+
+
+@pytest.mark.parametrize("package", ["allocator", "profiler"])
+def test_the_pure_core_writes_no_field_of_a_frozen_object(package: str) -> None:
+    found = [f"{p.name}:{k}" for p in sorted((REPO / package).rglob("*.py"))
+             for k, line in enumerate(p.read_text().splitlines(), 1) if "object.__setattr__" in line]
+    assert found == []
+
+
+def test_the_simulator_bypasses_no_constructor() -> None:
+    found = [f for p in sorted((REPO / "simulator").rglob("*.py")) for f in pure_core_findings(p)
+             if "__new__" in f or "id()" in f]
+    assert found == []
+
+
+def source_files() -> list[Path]:
+    skip = {"tests", ".git", ".venv", "build", "dist"}
+    return [p for p in sorted(REPO.rglob("*.py")) if not skip.intersection(p.relative_to(REPO).parts)]
+
+
+def test_no_file_is_over_600_lines_but_todays_known_ones() -> None:
+    long = {str(p.relative_to(REPO)) for p in source_files() if len(p.read_text().splitlines()) > MAX_LINES}
+    assert long <= TOO_LONG_TODAY
+
+
+@pytest.mark.xfail(strict=True, reason="still over 600 lines: " + ", ".join(sorted(TOO_LONG_TODAY))
+                   + " (being split this round; drop this mark when they are)")
+def test_no_file_outside_tests_is_over_600_lines() -> None:
+    long = [f"{p.relative_to(REPO)}: {n} lines" for p in source_files()
+            if (n := len(p.read_text().splitlines())) > MAX_LINES]
+    assert long == []
