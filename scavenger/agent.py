@@ -31,6 +31,7 @@ import hmac
 import logging
 import os
 import pwd
+import random
 import signal
 import subprocess
 import sys
@@ -58,6 +59,11 @@ RECALL_GRACE_S = 0.5
 itself must be gone within a second: Slurm honours GraceTime only then)."""
 STOP_GRACE_S = 1.0
 AUTH_RETRY_S = 1.0
+AUTH_RETRY_MAX_S = 8.0
+"""A challenge left unanswered is sent again after :data:`AUTH_RETRY_S`, then after twice as long at
+each further silence up to this, with +-20% jitter: a hub slower than a second (a whole machine
+reconnecting to a busy head node) then answers a challenge the agent still holds, instead of every
+retry making its answer to the last one useless; and thousands of agents do not retry in step."""
 CONNECT_RETRY_S = 0.05
 OUTBOX_MAX = 1024
 BATCH_JOB_VARS = ("SLURM_JOB_ID", "PBS_JOBID", "MALLETRAIN_BATCH_JOB")
@@ -182,6 +188,7 @@ class Agent:
         self.nonce_a: bytes | None = None  # our challenge in flight
         self.nonce_h: bytes | None = None  # the server's nonce, once it answered (we sent our proof)
         self.next_auth = 0.0
+        self.auth_wait = AUTH_RETRY_S  # how long the next challenge waits for its answer (grows while unanswered)
         self.outbox: list[P.AgentMessage] = []  # worker events while no session: sent after hello
         self.refused: dict[str, int] = {}  # why frames or servers were refused, and how often
         self.refusals_in_a_row = 0  # proofs the server refused since the last session
@@ -237,9 +244,10 @@ class Agent:
             return
         if self.nonce_a is not None:
             self._refuse("no_answer", f"the server at {self.daemon}: no answer to the handshake within "
-                                      f"{AUTH_RETRY_S:g} s")
+                                      f"{self.auth_wait:.1f} s")
+            self.auth_wait = min(2 * self.auth_wait, AUTH_RETRY_MAX_S)
         self.nonce_a, self.nonce_h = C.new_nonce(), None
-        self.next_auth = now + AUTH_RETRY_S
+        self.next_auth = now + self.auth_wait * random.uniform(0.8, 1.2)
         if not self._send_raw(C.challenge_frame(self.nonce_a)):
             self.nonce_a = None  # not connected (yet): try again soon
             self.next_auth = now + CONNECT_RETRY_S
@@ -273,6 +281,7 @@ class Agent:
             return False
         self.session = C.Session.for_agent(C.session_key(self.key, self.node, nonce_a, nonce_h))
         self.refusals_in_a_row = 0
+        self.auth_wait = AUTH_RETRY_S
         log.info("node %s: authenticated the daemon at %s", self.node, self.daemon)
         self.send(P.Hello(self.node, os.getpid(), tuple(self.workers), self.batch_job))
         pending, self.outbox = self.outbox, []

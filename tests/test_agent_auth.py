@@ -543,3 +543,35 @@ def test_a_floating_port_taken_after_a_restart_is_an_error_event_and_the_key_is_
         finally:
             d.close()
     assert procs_mentioning(str(tmp_path / "state")) == []
+
+
+def test_an_unanswered_handshake_waits_longer_each_time_and_a_session_resets_it() -> None:
+    """A hub slower than a second (a whole machine reconnecting) must see a challenge held long
+    enough to answer it: before, the agent re-sent every 1 s, so each answer arrived too late.
+    (A session resets the wait, and a lost one challenges at once: a restart costs nothing.)"""
+    from scavenger.agent import AUTH_RETRY_MAX_S, AUTH_RETRY_S, Agent
+
+    ctx = zmq.Context.instance()
+    silent = ctx.socket(zmq.ROUTER)  # takes the challenges, never answers
+    silent.setsockopt(zmq.LINGER, 0)
+    port = silent.bind_to_random_port("tcp://127.0.0.1")
+    agent = Agent(NODE, f"tcp://127.0.0.1:{port}", secrets.token_bytes(C.KEY_BYTES), 0.5, 10.0)
+    try:
+        deadline = time.monotonic() + 15
+        while agent.nonce_a is None:  # the first challenge goes out once the connection is up
+            assert time.monotonic() < deadline, "the agent never sent a challenge"
+            agent.authenticate(time.monotonic())
+            time.sleep(0.05)
+        seen = []
+        for _ in range(6):
+            now = agent.next_auth + 0.01  # the last challenge went unanswered
+            agent.authenticate(now)
+            seen.append(agent.auth_wait)
+            assert 0.8 * agent.auth_wait <= agent.next_auth - now <= 1.2 * agent.auth_wait  # jittered
+        assert seen == [min(AUTH_RETRY_S * 2 ** k, AUTH_RETRY_MAX_S) for k in range(1, 7)]
+        assert agent.refused["no_answer"] == 6
+    finally:
+        agent.sock.close(0)
+        agent.monitor.close(0)
+        agent.ctx.term()
+        silent.close(0)
