@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from bench_faults import ROOT, TOY_CONFIG, TOY_JOB, Daemon, Tally, cli, workdir
+from faults_common import ROOT, TOY_CONFIG, TOY_JOB, Daemon, Tally, cli, workdir
 
 # ---------------------------------------------------------------- fuzz
 HOSTILE = [b"nan", b"inf", b"-1", b"1e999", b"1_000", "１２".encode(), b"\x00", b"\xff\xfe", b"[" * 50,

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import bench_faults as B
+import faults_common as B
 
 FLOODS = 1000
 """Connections one user opens to each port in a descriptor flood."""
@@ -323,6 +323,3 @@ def summary(r: Round2) -> str:
     return (f"{r.store_tried} store attacks, {r.store_accepted} accepted, {r.probes} privilege probes, "
             f"{r.escaped} escaped, {r.floods} fd floods, {r.down} daemon down")
 
-
-if __name__ == "__main__":
-    sys.exit(B.main(["--parts", "round2", *sys.argv[1:]]))

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_faults import NOBODY, PY, TOY_CONFIG, TOY_JOB, Daemon, Tally, cli, trains, wait, workdir
+from faults_common import NOBODY, PY, TOY_CONFIG, TOY_JOB, Daemon, Tally, cli, trains, wait, workdir
 
 # ---------------------------------------------------------------- spoofing
 def signed_raw(obj: dict[str, Any], key: bytes) -> bytes:
