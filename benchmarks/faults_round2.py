@@ -31,7 +31,6 @@ import resource
 import signal
 import sqlite3
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
