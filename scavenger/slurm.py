@@ -199,26 +199,36 @@ class ReplyTimes:
     """
 
     def __init__(self) -> None:
-        self._offsets: dict[str, float | None] = {}  # "YYYY-MM-DDTHH" -> local UTC offset (None: it changes)
+        self._hours: dict[str, float | None] = {}  # "YYYY-MM-DDTHH" -> its first second, epoch (None: not one offset)
         self._durations: dict[str, float | None] = {}
 
     def time(self, text: str) -> float | None:
         if len(text) != 19 or not _ISO_TIME.fullmatch(text):
             return parse_time(text)
-        minute, second = int(text[14:16]), int(text[17:19])
         hour = text[:13]
-        if hour not in self._offsets:
-            self._offsets[hour] = _hour_offset(text)
-        offset = self._offsets[hour]
-        if offset is None or minute > 59 or second > 59:
+        if hour in self._hours:
+            start = self._hours[hour]
+        else:
+            start = self._hours[hour] = _hour_start(text)
+        minute, second = int(text[14:16]), int(text[17:19])
+        if start is None or minute > 59 or second > 59:
             return parse_time(text)  # a DST hour, or out of range (then parse_time names it)
-        day = date(int(text[0:4]), int(text[5:7]), int(text[8:10])).toordinal() - _EPOCH_DAY
-        return day * 86400.0 + int(text[11:13]) * 3600 + minute * 60 + second + offset
+        return start + minute * 60 + second
 
     def duration(self, text: str) -> float | None:
         if text not in self._durations:
             self._durations[text] = parse_duration(text)
         return self._durations[text]
+
+
+def _hour_start(text: str) -> float | None:
+    """Epoch seconds of the first second of the hour of ``text`` (Slurm's layout, local time), or
+    None when the hour has not one UTC offset throughout (or is not a valid hour)."""
+    offset = _hour_offset(text)
+    if offset is None:
+        return None
+    day = date(int(text[0:4]), int(text[5:7]), int(text[8:10])).toordinal() - _EPOCH_DAY
+    return day * 86400.0 + int(text[11:13]) * 3600 + offset
 
 
 def _hour_offset(text: str) -> float | None:
@@ -457,7 +467,7 @@ def parse_squeue_line(line: str, res: CommandResult, no: int, times: ReplyTimes 
     fields = line.split("|")
     if len(fields) != 8:
         raise BadReply(f"squeue line {no}: expected {SQUEUE_FORMAT}, got {line!r}", res)
-    job, _part, raw, reason_text, nodes_text, start_text, end_text, limit_text = (f.strip() for f in fields)
+    job, _part, raw, reason_text, nodes_text, start_text, end_text, limit_text = [f.strip() for f in fields]
     if not _JOB_ID.fullmatch(job):
         raise BadReply(f"squeue line {no}: bad job id {job!r} in {line!r}", res)
     try:
