@@ -652,7 +652,9 @@ class Daemon:
         back: adoption need not wait out ``agent_dead_after`` (that is for dead nodes, not restarts)."""
         held = self.scav.held()
         alive = self.hub.alive()
-        if not held or any(node not in alive for node in held):
+        # the last daemon's pilots too: one whose agent has not said hello yet is not in held(), and a
+        # new pilot submitted for its node would fight the agent still running there
+        if not held or any(node not in alive for node in set(held) | self.scav.last_daemons_nodes()):
             return False
         return all(node in run.workers for run in self.runs.values() if run.adopted for node in run.target)
 

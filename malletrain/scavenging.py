@@ -127,6 +127,7 @@ class Scavenging:
     _remembered_version: int | None = field(default=None, repr=False)
     _agentless_since: dict[PilotId, float] = field(default_factory=dict, repr=False)
     _shunned: dict[str, tuple[float, int]] = field(default_factory=dict, repr=False)  # node -> (until, strikes)
+    _last_nodes: frozenset[str] = field(default=frozenset(), repr=False)  # the last daemon's pilots' nodes
 
     # ------------------------------------------------------------ remember
     def resume(self) -> list[PilotId]:
@@ -145,11 +146,18 @@ class Scavenging:
             self.log_event("pilots_unreadable", error=str(exc))
             log.warning("%s (their pilots are not taken back)", exc)
             return []
+        self._last_nodes = frozenset(n for pilot in saved for n in pilot.nodes)
         resume = getattr(self.backend, "resume", None)
         taken = list(resume(saved)) if resume is not None and saved else []
         if taken:
             self.log_event("pilots_resumed", pilots=list(taken))
         return taken
+
+    def last_daemons_nodes(self) -> frozenset[str]:
+        """The nodes of the pilots the last daemon kept (read by :meth:`resume`): after a restart,
+        adoption is complete only once their agents are back (a backend that cannot resume its
+        pilots learns of them only from their agents' hellos)."""
+        return self._last_nodes
 
     def _remember(self) -> None:
         """Keep the ids of our live pilots in ``meta`` when they changed (not even looked at when

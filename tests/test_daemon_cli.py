@@ -23,7 +23,7 @@ state_dir = "{state}"
 runtime = "toy"
 loop_interval = 0.05
 agent_heartbeat = 0.2
-agent_dead_after = 8.0
+agent_dead_after = 15.0
 backend = "local"
 [local]
 nodes = 2

@@ -274,3 +274,26 @@ def test_live_pilots_are_kept_in_the_store_only_when_they_change_and_given_back(
     bad, log = scav(Resuming(set()), Hub(set()), meta=Meta({"pilots": '{"p1": {"nodes": "a"}}'}))
     assert bad.resume() == []  # a bad entry is named, never fatal
     assert any(k == "pilots_unreadable" and "bad entry for pilot 'p1'" in d["error"] for k, d in log)
+
+
+def test_a_restart_knows_the_nodes_of_the_last_daemons_pilots_before_their_agents_say_hello() -> None:
+    """Adoption after a kill -9 waits for these nodes' agents: a backend that cannot resume its
+    pilots (local) learns of them only from the hellos, and a new pilot submitted meanwhile for
+    such a node fought the agent still running there (the job never got the node)."""
+    import json as _json
+
+    from malletrain.scavenging import PILOTS_KEY, Scavenging
+
+    class Meta:
+        def get_meta(self, key: str) -> str | None:
+            assert key == PILOTS_KEY
+            return _json.dumps({"local-n0-1": {"nodes": ["n0"], "replaces": None},
+                                "local-n1-2": {"nodes": ["n1"], "replaces": None}})
+
+    class NoResume:  # a backend without resume(): its pilots come back only through their agents
+        name = "stub"
+
+    scav = Scavenging(NoResume(), object(), lambda *a, **k: None, meta=Meta())  # type: ignore[arg-type]
+    assert scav.last_daemons_nodes() == frozenset()
+    assert scav.resume() == []
+    assert scav.last_daemons_nodes() == {"n0", "n1"}
