@@ -32,14 +32,9 @@ from malletrain.runtimes.torch_elastic import (
     ENV_WORKER,
     RuntimeStateError,
     TorchRuntime,
-    arrive_key,
-    gen_key,
-    handover_key,
-    joined_key,
-    members_key,
     parse_address,
-    resume_key,
 )
+from malletrain.elastic.keys import arrive_key, gen_key, handover_key, joined_key, members_key, resume_key
 
 
 @pytest.fixture
@@ -644,7 +639,7 @@ def test_a_busy_rendezvous_port_falls_back_to_a_free_one(caplog: pytest.LogCaptu
 def test_checkpoint_larger_than_one_store_value_round_trips_and_is_forgotten(runtime: TorchRuntime) -> None:
     """A 12 MB model: one frame of the store's channel holds at most 1 MiB, so the checkpoint goes in chunks."""
     from malletrain.elastic import _Snapshot
-    from malletrain.runtimes.torch_elastic import CKPT_CHUNK_BYTES, ckpt_chunk_key, ckpt_tag_key
+    from malletrain.elastic.keys import CKPT_CHUNK_BYTES, ckpt_chunk_key, ckpt_tag_key
 
     weights = torch.arange(3 * 1024 * 1024, dtype=torch.float32)  # 12 MiB
     snap = _Snapshot(7, {"w": weights}, None, {"step": 41})
@@ -708,7 +703,7 @@ class _Planted:
 
 
 def _plant(runtime: TorchRuntime, job: str, data: bytes) -> None:
-    from malletrain.runtimes.torch_elastic import ckpt_chunk_key, ckpt_header, ckpt_key, ckpt_tag_key
+    from malletrain.elastic.keys import ckpt_chunk_key, ckpt_header, ckpt_key, ckpt_tag_key
 
     store = client_store(runtime, job)  # one of the job's own workers (anyone else is refused)
     store.set(ckpt_chunk_key(job, 0), data)
@@ -875,7 +870,7 @@ def test_a_damaged_checkpoint_file_is_named_and_skipped(tmp_path, caplog: pytest
 
 
 def test_a_half_written_checkpoint_is_not_copied(runtime: TorchRuntime, tmp_path) -> None:
-    from malletrain.runtimes.torch_elastic import ckpt_seq_key
+    from malletrain.elastic.keys import ckpt_seq_key
 
     rt = TorchRuntime("127.0.0.1", 0, checkpoint_dir=tmp_path / "ck")
     rt.start()

@@ -42,7 +42,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from malletrain.elastic.keys import (  # noqa: F401  (re-exported for older callers)
+from malletrain.elastic.keys import (
     CKPT_CHUNK_BYTES,
     active_key,
     arrive_key,
@@ -56,7 +56,6 @@ from malletrain.elastic.keys import (  # noqa: F401  (re-exported for older call
     joined_key,
     members_key,
     parse_ckpt_header,
-    parse_members,
     ready_key,
     resume_key,
 )
