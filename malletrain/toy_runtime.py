@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from malletrain.runtimes import LaunchSpec
+from malletrain.runtimes import LaunchSpec, Runtime
 from malletrain.workerenv import ENV_TOY_DIR, WorkerEnv, configure_worker_logging
 
 ENV_DIR = ENV_TOY_DIR  # the name before malletrain.workerenv
@@ -31,7 +31,7 @@ ENV_DIR = ENV_TOY_DIR  # the name before malletrain.workerenv
 log = logging.getLogger("malletrain.toy")
 
 
-class ToyRuntime:
+class ToyRuntime(Runtime):
     """Daemon side: publishes member lists as files in ``directory``."""
 
     name = "toy"

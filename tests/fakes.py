@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping
 
 from allocator import throughput_at
 from malletrain.config import DaemonConfig
-from malletrain.runtimes import LaunchSpec
+from malletrain.runtimes import LaunchSpec, Runtime
 from policy import JobEvidence, PolicyConfig
 from profiler.estimators import Estimate
 from scavenger.base import (
@@ -235,7 +235,7 @@ class FakeHub:
         pass
 
 
-class FakeRuntime:
+class FakeRuntime(Runtime):
     port = 0
 
     def __init__(self) -> None:

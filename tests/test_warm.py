@@ -185,7 +185,8 @@ def test_daemon_passes_the_runtimes_modules_to_its_agents() -> None:
 
     args = Daemon._warm_args(SimpleNamespace(runtime=SimpleNamespace(warm_modules=TorchRuntime.warm_modules)))
     assert args[0] == "--warm" and "torch" in args[1].split(",") and "malletrain.elastic" in args[1].split(",")
-    assert Daemon._warm_args(SimpleNamespace(runtime=object())) == ()  # a runtime with nothing to import ahead
+    nothing = SimpleNamespace(warm_modules=())  # a runtime with nothing to import ahead
+    assert Daemon._warm_args(SimpleNamespace(runtime=nothing)) == ()
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs a root agent")

@@ -10,7 +10,7 @@ Workers not in the new membership leave at their next commit point; new ones
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Callable, Iterable, Protocol, Sequence
 
 
 @dataclass(frozen=True)
@@ -23,9 +23,16 @@ class LaunchSpec:
 
 
 class Runtime(Protocol):
-    """One elastic runtime (``torch``: in-process elastic DDP; ``horovod``: Elastic Horovod)."""
+    """One elastic runtime (``torch``: in-process elastic DDP; ``horovod``: Elastic Horovod).
+
+    The runtimes subclass it: the hooks below the first five methods have defaults that do
+    nothing, so a runtime overrides only the ones it needs and the daemon calls every one.
+    """
 
     name: str
+    port: int = 0  # where the runtime serves its rendezvous (0: none); kept across daemon restarts
+    warm_modules: tuple[str, ...] = ()  # what its workers import: agents prepare a process ahead
+    COMMAND_BESIDE_DAEMON: bool = False  # the job's command runs in a process of the daemon's own
 
     def start(self) -> None:
         """Start daemon-side services (e.g. the rendezvous store)."""
@@ -46,3 +53,25 @@ class Runtime(Protocol):
         keep the job's last committed training state to resume from;
         ``keep_state=False`` (the job ended) drops that too.
         """
+
+    def ready(self, job_id: str, worker_id: str) -> bool:
+        """Whether a worker started ahead of time is ready to join (default: as soon as it started)."""
+        return True
+
+    def resume_generation(self, job_id: str, generation: int) -> None:
+        """After a daemon restart: number the job's generations on from ``generation`` (and, for
+        runtimes that keep one, restore the job's checkpoint). Default: nothing to do."""
+
+    def readopt(self, job_id: str, command: Sequence[str], workers: dict[str, str]) -> int | None:
+        """Take over a job an earlier daemon ran, with its ``workers`` (worker id -> node), e.g. a
+        Horovod driver left running; returns the generation taken over. Default: nothing to take."""
+        return None
+
+    def persist_checkpoints(self, jobs: Iterable[str]) -> list[str]:
+        """Copy new checkpoints of ``jobs`` to the state dir; returns the jobs copied. Called every
+        iteration. Default: none kept."""
+        return []
+
+    def use_secrets(self, secret_for: Callable[[str], str]) -> None:
+        """The daemon's per-job signing secret (``secret_for(job_id)``), for runtimes that hand it to
+        what they start or check it themselves. Default: not needed."""

@@ -55,7 +55,8 @@ from typing import Callable, Sequence
 
 import psutil
 
-from malletrain.runtimes import LaunchSpec
+from malletrain.messages import ENV_SECRET
+from malletrain.runtimes import LaunchSpec, Runtime
 from malletrain.workerenv import ENV_HOROVOD_JOB_DIR, ENV_JOB, ENV_WORKER, WorkerEnv  # noqa: F401  (ENV_JOB, ENV_WORKER: re-exported)
 
 MODULE = "malletrain.runtimes.horovod_elastic"
@@ -163,7 +164,7 @@ def read_exit_code(job_dir: Path) -> int | None:
         raise ValueError(f"{job_dir / EXIT_CODE_FILE}: not an integer exit code: {text!r}") from exc
 
 
-class HorovodRuntime:
+class HorovodRuntime(Runtime):
     """Elastic Horovod behind the :class:`~malletrain.runtimes.Runtime` protocol.
 
     ``work_dir`` holds one directory per job (hosts file, discovery script,
@@ -218,6 +219,10 @@ class HorovodRuntime:
         self._lock = threading.Lock()
 
     # ----------------------------------------------------------------- protocol
+    def use_secrets(self, secret_for: Callable[[str], str]) -> None:
+        """Each job's report-signing secret goes into its driver's env, so every worker it spawns has it."""
+        self.job_env = lambda job_id: {ENV_SECRET: secret_for(job_id)}
+
     def start(self) -> None:
         """Create the work directory (a temporary one if none was given)."""
         with self._lock:

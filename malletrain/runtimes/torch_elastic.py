@@ -61,7 +61,7 @@ from malletrain.elastic.keys import (
 )
 from malletrain.elastic.wire import listen_socket  # noqa: F401  (re-exported)
 from malletrain.monitor import job_secret
-from malletrain.runtimes import LaunchSpec
+from malletrain.runtimes import LaunchSpec, Runtime
 from malletrain.runtimes.store_server import RendezvousStore, StoreLimits
 from malletrain.workerenv import (  # noqa: F401  (ENV_* and parse_address: re-exported for older callers)
     DEFAULT_COLLECTIVE_TIMEOUT_S,
@@ -148,7 +148,7 @@ def decode_checkpoint_file(raw: bytes, path: Path) -> tuple[int, bytes]:
     return tag, data
 
 
-class TorchRuntime:
+class TorchRuntime(Runtime):
     """In-process elastic DDP: the daemon-side half (see module docstring).
 
     ``host`` is the address workers use to reach the store (the daemon's
@@ -168,7 +168,7 @@ class TorchRuntime:
 
     ``bind`` is the interface address the store listens on (default: ``host``,
     so a local daemon listens on loopback only). A connection proves its job's
-    secret (``secret_for(job)``; the daemon sets it to its own
+    secret (``secret_for(job)``; the daemon sets it with :meth:`use_secrets` to its own
     :meth:`~malletrain.daemon.Daemon.job_secret`, the key that signs the job's reports;
     by default a key of this runtime's own) and sees that job's keys only, bounded by
     ``limits``.
@@ -216,6 +216,10 @@ class TorchRuntime:
         self._persisted: dict[str, int] = {}  # job -> ckpt_seq of the checkpoint on disk
 
     # -- lifecycle -----------------------------------------------------------------
+    def use_secrets(self, secret_for: Callable[[str], str]) -> None:
+        """The store checks each job's requests with the daemon's secret of that job."""
+        self.secret_for = secret_for
+
     def start(self) -> None:
         """Serve the rendezvous store; idempotent."""
         with self._lock:

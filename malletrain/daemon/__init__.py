@@ -1,0 +1,80 @@
+"""The daemon: ONE reconcile loop, observe -> decide -> act.
+
+observe
+    the scavenger backend (local, Slurm or PBS, through :class:`scavenger.base.SchedulerBackend`
+    and :mod:`malletrain.scavenging`: pilots started / ending / ended, idle nodes, planned starts;
+    nothing is decided on a stale look), node agents (up, gone,
+    worker started/exited), the job monitor (progress, throughput, rescale
+    pauses), the store (jobs submitted or cancelled by the CLI, even while the
+    daemon was down) and control requests.
+decide
+    only calls the policy (:class:`policy.Policy`, the same code the simulator
+    replays), once per trainer (``[[trainers]]``; none declared: one, ``default``):
+    the trainer's view (its held usable nodes, its live jobs in submission order)
+    and the monitor's evidence go in; the decision (admitted jobs and their
+    nodes, waiting reasons, profiling counts) comes out and becomes each job's
+    target. A node belongs to the first trainer whose patterns match it (else
+    the one without patterns), a job to the trainer it names (else the first).
+    The policy states, one per trainer, are saved in the store after every
+    decision that changed one, so a restart resumes profiles and lender debts. Decisions
+    happen when something changed, at least every ``REPLAN_S``, and while a
+    profile runs (its steps end on evidence).
+act
+    make the workers match the plan: start workers on new nodes (ahead of
+    time), publish the new member list once they are ready, stop workers of
+    nodes a job lost. Every action is idempotent (agents ignore duplicate
+    starts/stops; a member list is published only when it differs).
+
+A restart re-reads the store, waits ``agent_dead_after`` for the agents to
+reconnect (they keep running their workers meanwhile), re-adopts the workers
+they report and republishes each job's membership. The runtime's rendezvous
+comes back on the port kept in the store, and each job's generation numbering
+goes on from the last one published (kept in the store too), so running
+``torch`` workers switch to the republished membership without losing a step.
+
+A clean stop (:meth:`Daemon.close`) stops the workers but waits for them:
+their last commit reaches the state dir and their last reports the store,
+and the jobs are SUSPENDED ("daemon stopped"); a profile it interrupted
+starts over at the next start. A daemon that finds the ``daemon.json`` of a
+killed one waits ``agent_dead_after`` for surviving agents even with no job
+active. See "Restarts" in docs/operators.md.
+
+Runtime hooks are methods of :class:`malletrain.runtimes.Runtime` with no-op defaults:
+``ready(job, worker)`` (a worker started ahead is ready to join), ``resume_generation(job, gen)``
+(numbering goes on after a restart; the torch runtime also restores the job's checkpoint from
+disk), ``readopt(job, command, workers)`` (take over a job an earlier daemon ran, e.g. a Horovod
+driver), ``persist_checkpoints(jobs)`` (copy new checkpoints to the state dir; called every
+iteration) and ``use_secrets(secret_for)`` (each job's own signing secret).
+
+The package's files are the daemon's parts:
+
+=================  ==============================================================================
+``loop.py``        :class:`Daemon`: the reconcile loop (``run``, ``step``) and the 1-s sampler
+``wiring.py``      construction: state-dir lock, store, sockets and ports, runtime, backend
+``observe.py``     observe: pilots, agents and their workers, progress, the store's new jobs
+``adoption.py``    scavenging and adoption after a restart; holding idle nodes
+``trainers.py``    decide: one policy per trainer, its view and evidence, carrying out a decision
+``jobs.py``        act: jobs and workers (start, publish, suspend, stop, end)
+``api.py``         the control API (submit, cancel, status, nodes, shutdown)
+``accounting.py``  node-seconds per job (budgets) and idle fragments: a collaborator it owns
+``shutdown.py``    checkpoints and a clean stop
+``records.py``     :class:`JobRun`, :class:`Trainer`, constants, exit codes, rescale kinds
+``base.py``        the state every part shares, declared once with its types
+=================  ==============================================================================
+"""
+
+from malletrain.daemon.loop import Daemon
+from malletrain.daemon.records import (
+    CHECKPOINT_DIR, EXIT_STORE_LOST, LEAVE_GRACE_S, NODE_SECONDS_KEY, POLICY_STATE_KEY, REPLAN_S,
+    START_RETRY_S, STATE_FILE, STOP_WAIT_S, STOPPED, STORE_FILE, DaemonError, JobRun, Trainer, rescale_kind,
+    stopped_from_outside,
+)
+from malletrain.daemon.trainers import policy_states_json, read_policy_states
+from malletrain.daemon.wiring import DaemonParts, load_timeline, make_runtime
+
+__all__ = [
+    "CHECKPOINT_DIR", "EXIT_STORE_LOST", "LEAVE_GRACE_S", "NODE_SECONDS_KEY", "POLICY_STATE_KEY", "REPLAN_S",
+    "START_RETRY_S", "STATE_FILE", "STOP_WAIT_S", "STOPPED", "STORE_FILE", "Daemon", "DaemonError", "DaemonParts",
+    "JobRun", "Trainer", "load_timeline", "make_runtime", "policy_states_json", "read_policy_states",
+    "rescale_kind", "stopped_from_outside",
+]

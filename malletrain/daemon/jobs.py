@@ -1,0 +1,174 @@
+"""Jobs and workers (act): make each job's workers match its target. Start workers on new nodes
+ahead of time, publish the member list once they are ready, stop workers of nodes a job lost, end
+the jobs observe marked. Every action is idempotent (agents ignore duplicate starts and stops; a
+member list is published only when it differs)."""
+
+from __future__ import annotations
+
+import os
+
+from malletrain.daemon.base import DaemonBase, log
+from malletrain.daemon.records import LEAVE_GRACE_S, START_RETRY_S, JobRun
+from malletrain.jobspec import JobState
+from malletrain.logs import about
+from malletrain.messages import ENV_SECRET
+from malletrain.store import StoreError
+
+
+class Jobs(DaemonBase):
+    """A job's lifecycle as act carries it out."""
+
+    def _end(self, run: JobRun, state: JobState, reason: str) -> None:
+        """Observe's way to end a job: recorded now, carried out by act (the first reason wins)."""
+        if run.ending is None and not run.state.terminal:
+            run.ending = (state, reason)
+            self._changed = True
+
+    def _act(self, now: float) -> None:
+        for run in list(self.runs.values()):
+            if run.ending is not None:
+                self._finish(run, *run.ending)
+        self.scav.release(self._to_release)
+        self._to_release.clear()
+        usable = self.usable_nodes()
+        for run in list(self.runs.values()):
+            if run.state.terminal:
+                continue
+            run.target = [n for n in run.target if n in usable]
+            if len(run.target) < run.spec.min_nodes:
+                if run.members or run.workers or run.state.active:
+                    self._suspend(run, now, "below min_nodes")
+                run.target = []
+                continue
+            try:
+                self._act_job(run, now)
+            except ValueError as exc:  # e.g. the runtime refuses the job's command or ids
+                self._finish(run, JobState.FAILED, f"cannot run: {exc}")
+        for run in self.runs.values():
+            for wid, (node, kill_at) in list(run.leaving.items()):
+                if now >= kill_at:
+                    self.hub.stop_worker(node, wid, grace=1.0)
+                    run.leaving[wid] = (node, now + 5.0)
+
+    def _act_job(self, run: JobRun, now: float) -> None:
+        for node in run.target:
+            if node not in run.workers:
+                self._worker_seq += 1
+                run.workers[node] = f"{run.id}.{node}.{int(now * 1000) % 10**9}{self._worker_seq}"
+            wid = run.workers[node]
+            if wid not in run.started and now - run.start_sent.get(wid, -1e9) >= START_RETRY_S:
+                uid, gid = self._run_as(run, self.runtime.COMMAND_BESIDE_DAEMON)
+                spec = self.runtime.launch_spec(run.id, run.spec.command, wid, node)
+                env = dict(spec.env)
+                env.update(run.spec.env)
+                env[ENV_SECRET] = self.job_secret(run.id)  # after the user's env: not overridable
+                self.hub.start_worker(node, wid, spec.argv, env, spec.cwd or run.spec.cwd, uid, gid)
+                run.start_sent[wid] = now
+        target = set(run.target)  # (list lookups: 64 x 64 a job, every step)
+        for node in [n for n in run.workers if n not in target]:
+            wid = run.workers.pop(node)
+            run.leaving[wid] = (node, now + LEAVE_GRACE_S)
+        # a member whose worker changed (it died and another took its place) is joining again
+        published_ids = set(run.published)
+        kept = [n for n in run.members if n in target and run.workers.get(n) in published_ids]
+        kept_set = set(kept)
+        joining = [n for n in run.target if n not in kept_set]
+        ready = all(self._ready(run, run.workers[n]) for n in joining)
+        members = kept + joining if ready else kept
+        if members and len(members) < run.spec.min_nodes:
+            members = []
+        changed = members != run.members or tuple(run.workers[n] for n in members) != run.published
+        if changed and (members or run.members):
+            self._publish(run, members, now)
+        want = JobState.PROFILING if run.id in self._profiling else JobState.RUNNING
+        if run.members and set(run.members) == target:
+            self._set_state(run, want, "placed")
+        elif run.members:
+            self._set_state(run, JobState.RESCALING, f"to {len(run.target)} nodes")
+
+    @staticmethod
+    def _run_as(run: JobRun, beside_daemon: bool = False) -> tuple[int | None, int | None]:
+        """A root daemon runs each job as its owner (agents switch users); any other daemon
+        runs every job as its own user, which is then the only user whose jobs it takes.
+        ``beside_daemon``: the runtime runs the job's command in a process of the daemon's own
+        (Horovod's driver), which cannot switch users: a root daemon runs only root's jobs so."""
+        if os.geteuid() != 0:
+            return None, None
+        if run.owner[0] is None:  # a row of the old schema: never run as root by default
+            raise ValueError("the job has no recorded owner (submitted before owners were stored); "
+                             "a root daemon does not run it as root: resubmit it as its user")
+        if beside_daemon and run.owner[0] != 0:
+            raise ValueError(f"this runtime runs the job's command beside the daemon, as root; a root daemon runs "
+                             f"only root's jobs with it (uid {run.owner[0]}: use a daemon of your own)")
+        return run.owner
+
+    def _ready(self, run: JobRun, wid: str) -> bool:
+        if wid not in run.started:
+            return False
+        try:
+            return bool(self.runtime.ready(run.id, wid))
+        except Exception as exc:  # a runtime hiccup must not kill the loop
+            log.warning("runtime.ready(%s, %s): %s", run.id, wid, exc, extra=about(job=run.id, worker=wid))
+            return False
+
+    def _publish(self, run: JobRun, members: list[str], now: float) -> None:
+        gen = self.runtime.set_members(run.id, [run.workers[n] for n in members])
+        self.store.set_generation(run.id, gen)
+        self.store.log_event("members", run.id, generation=gen, nodes=members, before=run.members)
+        run.members = list(members)
+        run.published = tuple(run.workers[n] for n in members)
+        self.store.set_nodes(run.id, members)
+
+    def _suspend(self, run: JobRun, now: float, reason: str) -> None:
+        self._stop_workers(run, now)
+        run.target = []
+        if run.state.active:
+            self._set_state(run, JobState.SUSPENDED, reason)
+        self._changed = True
+
+    def _stop_workers(self, run: JobRun, now: float) -> None:
+        run.emptied_at = now
+        if run.members:
+            try:
+                gen = self.runtime.set_members(run.id, [])  # members leave at their next commit ...
+                self.store.set_generation(run.id, gen)
+                self.runtime.forget(run.id)  # ... and workers started later wait for a new list
+            except Exception as exc:
+                log.warning("runtime.set_members(%s, []): %s", run.id, exc, extra=about(job=run.id))
+            run.members = []
+        run.published = ()
+        for node, wid in run.workers.items():
+            self.hub.stop_worker(node, wid, grace=2.0)
+            run.leaving[wid] = (node, now + 5.0)
+        run.workers.clear()
+        self.store.set_nodes(run.id, [])
+
+    def _finish(self, run: JobRun, state: JobState, reason: str) -> None:
+        if run.state.terminal:
+            return
+        self.store.set_samples(run.id, run.last_progress)  # status shows what was trained, not the last 1-s sample
+        if run.id in self.accounting.node_seconds:
+            self.store.log_event("node_hours", run.id, used=round(self.used_node_hours(run.id), 6))
+        self._stop_workers(run, self.clock())
+        self._set_state(run, state, reason)
+        self.monitor.forget(run.id)
+        try:
+            self.runtime.forget(run.id, keep_state=False)
+        except Exception as exc:
+            log.warning("runtime.forget(%s): %s", run.id, exc, extra=about(job=run.id))
+        self._changed = True
+
+    def _set_state(self, run: JobRun, state: JobState, reason: str) -> None:
+        if run.state == state:
+            return
+        try:
+            self.store.set_state(run.id, state, reason)
+        except StoreError as exc:  # e.g. cancelled by the CLI a moment ago
+            log.warning("%s", exc, extra=about(job=run.id))
+            rec = self.store.get(run.id)
+            if rec is not None:
+                run.state = rec.state
+            return
+        log.info("job %s: %s -> %s (%s)", run.id, run.state.value, state.value, reason, extra=about(job=run.id))
+        self.metrics.observe_state(state)
+        run.state = state

@@ -1,0 +1,101 @@
+"""The daemon's records and constants: a job as the daemon runs it (:class:`JobRun`), a trainer,
+how a worker's exit and a rescale are read, and the names of its files and store keys."""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass, field
+
+from malletrain.config import TrainerConfig
+from malletrain.jobspec import JobSpec, JobState
+from policy import Decision, Policy
+from profiler.estimators import RescaleEvent
+
+STATE_FILE = "daemon.json"
+STORE_FILE = "store.db"
+LEAVE_GRACE_S = 5.0  # a dropped worker leaves at its next commit; killed after this
+START_RETRY_S = 3.0
+
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGKILL, signal.SIGINT, signal.SIGHUP)
+EXIT_STORE_LOST = 75  # a torch worker whose daemon's store stayed away too long (malletrain.elastic)
+
+
+def stopped_from_outside(code: int) -> bool:
+    """Whether a worker's exit ``code`` says it was stopped (a signal to stop, as a recall, a cancel
+    or a killed process sends, or the daemon's store gone), not that the job's own code failed:
+    only failures count toward ``max_failures``."""
+    return code == EXIT_STORE_LOST or any(code in (-sig, 128 + sig) for sig in _STOP_SIGNALS)
+REPLAN_S = 10.0  # decide at least this often (estimates drift), besides every event
+POLICY_STATE_KEY = "policy_state"
+NODE_SECONDS_KEY = "node_seconds"  # store meta: {job: node-seconds its workers held} for live jobs
+CHECKPOINT_DIR = "checkpoints"  # STATE_DIR/checkpoints/<job>.ckpt: suspended jobs' state (torch runtime)
+STOPPED = "daemon stopped"  # the reason a clean stop gives the jobs it suspends
+STOP_WAIT_S = 15.0  # a clean stop waits at most this long for the workers it stopped to exit
+
+
+def rescale_kind(ev: RescaleEvent, emptied_at: float | None) -> str:
+    """``up`` or ``down``; ``resume`` when the job had no worker at all during the gap.
+
+    A job suspended below its min and placed again later shows up in its step
+    records as one long "rescale" from the old to the new size; that gap is the
+    time it waited for nodes, not a pause of running workers.
+    """
+    if emptied_at is not None and ev.timestamp <= emptied_at <= ev.timestamp + ev.gap_s:
+        return "resume"
+    return "up" if ev.is_up else "down"
+
+
+class DaemonError(RuntimeError):
+    """The daemon cannot start (state dir locked, runtime missing); the message says why."""
+
+
+@dataclass
+class Trainer:
+    """One trainer (``[[trainers]]``): its own nodes, its own policy and state, its own decisions."""
+
+    config: TrainerConfig
+    policy: Policy
+    last_decision: Decision | None = None
+    profiling: frozenset[str] = frozenset()  # its jobs the last decision profiles
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+
+
+@dataclass
+class JobRun:
+    """The daemon's in-memory view of a non-terminal job."""
+
+    id: str
+    spec: JobSpec
+    state: JobState
+    base_samples: int = 0  # progress stored before this daemon started
+    target: list[str] = field(default_factory=list)  # nodes the last decision gave it
+    members: list[str] = field(default_factory=list)  # nodes of the published member list
+    published: tuple[str, ...] = ()  # worker ids of the published member list, in rank order
+    workers: dict[str, str] = field(default_factory=dict)  # node -> worker id (members + joining)
+    started: set[str] = field(default_factory=set)  # worker ids the agent confirmed
+    start_sent: dict[str, float] = field(default_factory=dict)  # worker id -> last start request
+    leaving: dict[str, tuple[str, float]] = field(default_factory=dict)  # worker -> (node, kill time)
+    emptied_at: float | None = None  # when the job last lost all its workers (suspended or stopped)
+    failures: int = 0
+    last_progress: int = 0
+    last_interrupted: float | None = None
+    rescales: list[RescaleEvent] = field(default_factory=list)  # measured pauses (resumes left out)
+    waiting: str = ""  # why the policy keeps it queued
+    adopted: bool = False
+    saved_samples: int = 0  # progress last written to the store
+    ending: tuple[JobState, str] | None = None  # observed: it ends (act makes it so), and why
+    owner: tuple[int | None, int | None] = (None, None)  # (uid, gid) of the submitter
+
+
+def submission_order(job_id: str) -> int:
+    """Submission order from the store's id (``j000042`` -> 42)."""
+    digits = "".join(c for c in job_id if c.isdigit())
+    return int(digits) if digits else 0
+
+
+def job_of(worker_id: str) -> str:
+    return worker_id.split(".", 1)[0]

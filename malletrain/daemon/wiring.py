@@ -1,0 +1,331 @@
+"""Wiring: how a daemon is built on its state dir (lock, store, sockets and ports, runtime, backend,
+trainers, the jobs the last daemon left) and the ``daemon.json`` that says where it listens."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import zmq
+
+from malletrain.config import ConfigError, DaemonConfig, ScavengerConfig
+from malletrain.control import ControlServer, admin_gids_from, socket_path
+from malletrain.daemon.accounting import NodeAccounting
+from malletrain.daemon.base import DaemonBase, log
+from malletrain.daemon.records import CHECKPOINT_DIR, STATE_FILE, STOPPED, STORE_FILE, DaemonError, JobRun
+from malletrain.jobspec import JobState
+from malletrain.metrics import Metrics
+from malletrain.monitor import Monitor, ReplaySaver, load_master_key
+from malletrain.runtimes import Runtime
+from malletrain.scavenging import Scavenging
+from malletrain.store import Store
+from scavenger import jobproc
+from scavenger.base import BackendError, SchedulerBackend, observed, run_command
+from scavenger.channel import AGENT_KEY_FILE
+from scavenger.connguard import raise_nofile_limit
+from scavenger.hub import AgentHub
+from scavenger.local import LocalBackend, slot_timeline
+from traces.model import IdleTimeline
+
+
+def load_timeline(cfg: DaemonConfig) -> IdleTimeline | None:
+    """The local backend's idle-node trace; None = every node always idle (``trace = "none"``).
+
+    ``synthetic``: :func:`traces.synthetic.summit_like` on ``machine_nodes``
+    nodes; a path: that log via :func:`traces.read`. Either way the local
+    nodes are the machine's first idle ones (:func:`scavenger.local.slot_timeline`).
+    """
+    trace = cfg.local.trace
+    if trace == "none":
+        return None
+    if trace == "synthetic":
+        from traces.synthetic import summit_like
+
+        # the independent-node model: Summit's bursts scaled down to a few dozen nodes leave every
+        # node busy for an hour or more at a time, which is no way to show a handful of local nodes
+        tl = summit_like(cfg.local.machine_nodes, cfg.local.duration, cfg.local.seed, bursty=False)
+    else:
+        from traces import read
+
+        tl = read(trace)
+    return slot_timeline(tl, cfg.local.nodes)
+
+
+def make_runtime(cfg: DaemonConfig, monitor_address: str, rendezvous_port: int = 0) -> Runtime:
+    """The configured runtime; ``rendezvous_port`` is where the torch runtime serves its store (0: any)."""
+    if cfg.runtime == "toy":
+        from malletrain.toy_runtime import ToyRuntime
+
+        return ToyRuntime(str(cfg.state_path / "toy"), monitor=monitor_address)
+    if cfg.runtime == "torch":
+        from malletrain.runtimes.torch_elastic import TorchRuntime
+
+        return TorchRuntime(host=cfg.ports.host, port=rendezvous_port, monitor=monitor_address,
+                            store_grace_s=cfg.store_grace, checkpoint_dir=cfg.state_path / CHECKPOINT_DIR)
+    if cfg.runtime == "horovod":
+        from malletrain.runtimes.horovod_elastic import HorovodRuntime
+
+        return HorovodRuntime(str(cfg.state_path / "horovod"), local=cfg.backend == "local",
+                              env={"MALLETRAIN_MONITOR": monitor_address})
+    raise ConfigError(f"unknown runtime {cfg.runtime!r}")
+
+
+
+@dataclass
+class DaemonParts:
+    """Collaborators a test (or another front end) gives the daemon instead of the real ones: the
+    job monitor, the agent hub, the runtime and the backend. Each must offer the methods the daemon
+    calls on the real one; ``tests/test_conformance.py`` drives the daemon with fakes of all four
+    and an injected clock, with no process and no socket but the control one."""
+
+    monitor: Monitor | None = None
+    hub: AgentHub | None = None
+    runtime: Runtime | None = None
+    backend: SchedulerBackend | None = None
+
+
+class Wiring(DaemonBase):
+    """Construction: :meth:`__init__` takes the state dir's lock, :meth:`_open` builds the rest."""
+
+    def __init__(self, cfg: DaemonConfig, clock: Callable[[], float] = time.time,
+                 parts: DaemonParts | None = None) -> None:
+        self.cfg = cfg
+        self.clock = clock
+        self.parts = parts if parts is not None else DaemonParts()
+        self.state_dir = cfg.state_path
+        raise_nofile_limit()  # connection caps bind before the descriptor limit does
+        try:
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+            self._lock_fd = os.open(self.state_dir / "daemon.lock", os.O_CREAT | os.O_RDWR, 0o600)
+        except OSError as exc:  # read-only, not ours, a file in the way
+            raise DaemonError(f"state dir {self.state_dir}: cannot write to it ({exc.strerror or exc}); make it "
+                              f"writable by uid {os.geteuid()} or set another state_dir") from None
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock_fd)
+            raise DaemonError(f"another daemon runs on state dir {self.state_dir}") from None
+        self.ctx = zmq.Context()
+        try:
+            self._open(cfg)
+        except BaseException:
+            getattr(self, "metrics", Metrics()).close()
+            self.ctx.destroy(linger=0)
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+            os.close(self._lock_fd)
+            raise
+
+    def _open(self, cfg: DaemonConfig) -> None:
+        self.store = Store.open(self.state_dir / STORE_FILE, clock=self.clock)
+        self.metrics = Metrics(cfg.metrics.address)  # [metrics]: off (a no-op) unless an address is set
+        ports = self._ports()
+        parts = self.parts
+        self.monitor = parts.monitor or Monitor(self._bind(ports["monitor"], "monitor"), ctx=self.ctx)
+        self.replay = ReplaySaver(self.monitor, self.store)  # replay windows survive restarts (store meta)
+        self.replay.load()
+        self.hub = parts.hub or AgentHub(
+            self._bind(ports["agents"], "agents"), dead_after_s=cfg.agent_dead_after, ctx=self.ctx, clock=self.clock,
+            key_file=self.state_dir / AGENT_KEY_FILE,  # kept across restarts: agents outlive a daemon
+        )
+        self._monitor_key = load_master_key(self.state_dir / "monitor.key")
+        self.control = ControlServer(socket_path(self.state_dir), self.handle,
+                                     admin_gids=admin_gids_from(list(getattr(cfg, "admin_groups", ()) or ())),
+                                     owner_of=self._owner_of, shared=os.geteuid() == 0)
+        self.control_address = str(self.control.path)
+        self.runtime = parts.runtime or make_runtime(cfg, self.monitor.address, ports["rendezvous"])
+        self.runtime.use_secrets(self.job_secret)  # each job's reports and store requests are signed with its own
+        self.runtime.start()
+        self.store.set_meta("ports", json.dumps({
+            "monitor": port_of(self.monitor.address), "agents": port_of(self.hub.address),
+            "rendezvous": int(self.runtime.port or 0),
+        }))
+        self.backend = parts.backend or self._make_backend()
+        self.scav = Scavenging(self.backend, self.hub, self.store.log_event,
+                               nodes_per_pilot=self._scavenger().nodes_per_pilot if self._kind() != "local" else 1,
+                               poll_interval=self._scavenger().poll_interval if self._kind() != "local" else 0.0,
+                               # an agent that cannot reach us leaves after agent_dead_after: twice that
+                               # without its hello, the pilot's node is broken
+                               meta=self.store, agent_grace=2 * cfg.agent_dead_after)
+        self.scav.resume()  # the pilots the last daemon left (still queued ones too) before anything new
+        self._machine_size = 0
+        self._discover_machine()
+        self.runs: dict[str, JobRun] = {}
+        self.stopping = False
+        self._changed = True
+        self._next_sample = 0.0
+        self._next_decide = 0.0
+        self._to_release: set[str] = set()
+        self._node_owner: dict[str, str | None] = {}  # node -> its trainer (memo of node_trainer)
+        self.trainers, self._saved_policy_state = self._load_trainers()
+        self.accounting = NodeAccounting(self.store)  # node-seconds (budget_node_hours), idle fragments
+        self._worker_seq = 0
+        now = self.clock()
+        self._adopt_until = 0.0
+        self._load_jobs(now)
+        if (self.state_dir / STATE_FILE).exists() and not self._adopt_until:
+            # the last daemon was killed (a clean stop removes daemon.json): its agents may still run
+            # even with no job active; give them the adoption window to come back before holding nodes,
+            # or a new agent and a surviving one would fight over a node
+            self._adopt_until = now + self.cfg.agent_dead_after + 1.0
+        # jobs a clean stop suspended in the middle of their profile: restarted at the first decision
+        self._stopped_profiles = sorted(
+            run.id for run in self.runs.values()
+            if run.id in self._trainer_of(run).policy.state.profiles and run.state is JobState.SUSPENDED
+            and (self.store.get(run.id) is not None and self.store.require(run.id).message == STOPPED))
+        self._write_state_file()
+        self.store.log_event("daemon_start", pid=os.getpid(), control=self.control_address)
+
+    # ---------------------------------------------------------------- setup
+    def _ports(self) -> dict[str, int]:
+        stored = self.store.ports(("monitor", "agents", "rendezvous"))  # a bad entry: StoreError naming the file
+        return {k: getattr(self.cfg.ports, k) or port for k, port in stored.items()}
+
+    def _bind(self, port: int, what: str) -> str:
+        """The address for ``what`` (``monitor``, ``agents``): ``port`` on ``[ports] host``
+        (loopback by default), if free.
+
+        A port set in ``[ports]`` is fixed: when something else holds it (another daemon, or
+        a local user waiting there for our agents) the daemon refuses to start, naming the
+        port and its holder. A port of 0 floats: the one kept from the last run is preferred
+        and, if taken, another is picked; that is logged as an error and stored as a
+        ``port_taken`` event (the last run's agents cannot prove themselves to the holder's
+        socket nor obey it, and leave after ``agent_dead_after``).
+        """
+        import socket
+
+        host = url_host = "127.0.0.1" if self.cfg.ports.host == "localhost" else self.cfg.ports.host
+        if not port:
+            return f"tcp://{url_host}:0"
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:  # closes at once (a zmq socket lingers)
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as zmq binds
+            try:
+                probe.bind((host, port))
+                probe.listen(1)
+                return f"tcp://{url_host}:{port}"
+            except OSError as exc:
+                why = exc.strerror or str(exc)
+        holder = port_holder(port)
+        if getattr(self.cfg.ports, what, 0):
+            raise DaemonError(f"{what} port {port} (ports.{what} in the config) is taken{holder}: {why}; "
+                              f"refusing to start (stop that process, or set ports.{what} = 0 to let the port float)")
+        log.error("%s port %d kept from the last run is taken%s; picking another (the last run's agents "
+                  "cannot reach this daemon)", what, port, holder)
+        self.store.log_event("port_taken", what=what, port=port, holder=holder.strip(" ()"))
+        return f"tcp://{url_host}:0"
+
+    def _scavenger(self) -> ScavengerConfig:
+        """The [scavenger] table (a config without one: the defaults)."""
+        return getattr(self.cfg, "scavenger", None) or ScavengerConfig()
+
+    def _kind(self) -> str:
+        """Which backend: [scavenger] kind, or the top-level ``backend`` when only that is set."""
+        kind = self._scavenger().kind
+        return kind if kind != "local" else self.cfg.backend
+
+    def _discover_machine(self) -> None:
+        """One look at the machine at start: its size bounds the jobs `submit` accepts."""
+        try:
+            self.scav.discovery = self.backend.discover()
+        except BackendError as exc:  # the scheduler may be down now: the count comes with the first good look
+            self.store.log_event("backend_error", backend=self.backend.name, error=str(exc))
+            return
+        self._note_machine_size()
+
+    def _note_machine_size(self) -> None:
+        n = len(self.scav.machine_nodes())
+        if n and n != self._machine_size:
+            self._machine_size = n
+            self.store.set_machine_nodes(n)  # `submit` refuses jobs bigger than the machine
+
+    def _make_backend(self) -> SchedulerBackend:
+        """The configured :class:`scavenger.base.SchedulerBackend`: local, slurm or pbs."""
+        kind = self._kind()
+        if kind != "local":
+            return self._make_batch_backend(kind)
+        cfg = self.cfg
+        stored = self.store.get_meta("local_epoch")
+        epoch = float(stored) if stored else self.clock()
+        if not stored:
+            self.store.set_meta("local_epoch", repr(epoch))
+        timeline = load_timeline(cfg)
+        logs = str(self.state_dir / "logs")
+        return LocalBackend(
+            cfg.local.nodes, self.hub.address, timeline, cfg.local.time_scale, epoch=epoch, clock=self.clock,
+            agent_args=("--heartbeat", f"{cfg.agent_heartbeat:g}", "--dead-after", f"{cfg.agent_dead_after:g}",
+                        *self._key_args(), *self._warm_args()),
+            log_dir=logs,
+        )
+
+    def _key_args(self) -> tuple[str, ...]:
+        """``--key-file PATH`` when the hub has an agent key (agents get its path, never the key)."""
+        path = getattr(self.hub, "key_file", None)
+        return ("--key-file", str(path)) if path else ()
+
+    def _warm_args(self) -> tuple[str, ...]:
+        """``--warm MODULES``: what the runtime's workers import, so agents prepare one ahead."""
+        modules = tuple(self.runtime.warm_modules or ())
+        return ("--warm", ",".join(modules)) if modules else ()
+
+    def _make_batch_backend(self, kind: str) -> SchedulerBackend:
+        """Pilots as Slurm or PBS batch jobs; their agents connect to this daemon's hub."""
+        sc = self._scavenger()
+        logs = jobproc.private_dir(self.state_dir / "logs")  # 0700 (0711 for root), whatever the umask
+        common: dict[str, Any] = dict(
+            daemon_address=self.hub.address, walltime_s=sc.walltime, nodes_per_pilot=sc.nodes_per_pilot,
+            max_pilots=sc.max_pilots, renew_before_s=sc.renew_before, max_queued_s=sc.max_queued,
+            submit_rate=sc.submit_rate, command_timeout_s=sc.command_timeout,
+            agent_args=("--heartbeat", f"{self.cfg.agent_heartbeat:g}", "--dead-after",
+                        f"{self.cfg.agent_dead_after:g}", "--log-dir", str(logs), *self._key_args(),
+                        *self._warm_args()),
+            account=sc.account or None,
+        )
+        if sc.job_name:
+            common["job_name"] = sc.job_name
+        try:
+            if kind == "slurm":
+                from scavenger.slurm import SlurmBackend, SlurmConfig
+
+                return SlurmBackend(SlurmConfig(partition=sc.partition or None, qos=sc.qos or None,
+                                                output=str(logs / "pilot-%j.out"), **common), clock=self.clock,
+                                    runner=observed(run_command, self.metrics.observe_command))
+            from scavenger.pbs import PbsBackend, PbsConfig
+
+            return PbsBackend(PbsConfig(queue=sc.queue, output=str(logs / "pilot.out"), **common), clock=self.clock,
+                              runner=observed(run_command, self.metrics.observe_command))
+        except ValueError as exc:
+            raise ConfigError(f"[scavenger]: {exc}") from None
+
+    def _write_state_file(self) -> None:
+        info = {
+            "pid": os.getpid(), "control": self.control_address, "agents": self.hub.address,
+            "monitor": self.monitor.address, "store": str(self.state_dir / STORE_FILE),
+        }
+        tmp = self.state_dir / (STATE_FILE + ".tmp")
+        fd = os.open(tmp, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(json.dumps(info))
+        os.replace(tmp, self.state_dir / STATE_FILE)
+
+
+def port_holder(port: int) -> str:
+    """`` (pid P, NAME, user U)`` of the process listening on TCP ``port``, when this user may see it."""
+    import psutil
+
+    try:
+        for conn in psutil.net_connections(kind="tcp"):
+            if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port:
+                if conn.pid is None:
+                    return " (by a process of another user)"
+                proc = psutil.Process(conn.pid)
+                return f" (by pid {conn.pid}, {proc.name()}, user {proc.username()})"
+    except (psutil.Error, OSError):
+        pass
+    return ""
+
+
+def port_of(address: str) -> int:
+    return int(address.rsplit(":", 1)[1])
