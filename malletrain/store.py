@@ -2,7 +2,7 @@
 
 Tables: ``meta`` (schema version, backend epoch, machine size), ``jobs``
 (spec, state, progress, nodes, owner uid/gid), ``job_states`` (every transition),
-``scalability`` (measured samples/s per node count), ``rescales`` (measured
+``rescales`` (measured
 pauses), ``generations`` (the last membership generation published per job,
 so a restarted daemon numbers on from it) and ``events``.
 Every change is one transaction. The CLI may write (submit, cancel) while the
@@ -38,79 +38,22 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from malletrain.jobspec import NAME_MAX_CHARS, JobSpec, JobSpecError, JobState, check_submit, parse_spec
-from malletrain.statedir import FILE_MODE, private_file, private_state_dir
+from malletrain.statedir import private_file, private_state_dir
+from malletrain.store_schema import SQLITE_MAGIC, LEGACY_SCALING_TABLE, WAL_LIMIT_BYTES, StoreError  # noqa: F401  (re-exported)
+from malletrain.store_schema import check_file, create_file, migrate, sqlite_error_text
 
 log = logging.getLogger("malletrain.store")
 
-SCHEMA_VERSION = 1
-SQLITE_MAGIC = b"SQLite format 3\x00"
+
 MAX_EVENTS = 100_000
 """Newest event rows kept (all kinds but the periodic samples)."""
 MAX_SAMPLES = 86_400
 """Newest periodic ``nodes`` rows kept: a day at one per second."""
 SAMPLE_KINDS = ("nodes",)
+SCALING_EVENTS = ("refined", "profile_done", "profile_aborted")
+"""The policy's events that name measured points (``points`` or ``measured``: {count: samples/s})."""
 PRUNE_EVERY = 500
 """Events written between two prunes."""
-WAL_LIMIT_BYTES = 8 * 1024 * 1024
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS jobs (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    id TEXT UNIQUE NOT NULL,
-    name TEXT NOT NULL,
-    spec TEXT NOT NULL,
-    state TEXT NOT NULL,
-    samples INTEGER NOT NULL DEFAULT 0,
-    nodes TEXT NOT NULL DEFAULT '[]',
-    cancel_requested INTEGER NOT NULL DEFAULT 0,
-    message TEXT NOT NULL DEFAULT '',
-    submitted REAL NOT NULL,
-    updated REAL NOT NULL,
-    owner_uid INTEGER,
-    owner_gid INTEGER
-);
-CREATE TABLE IF NOT EXISTS job_states (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    job TEXT NOT NULL, state TEXT NOT NULL, time REAL NOT NULL, reason TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS scalability (
-    job TEXT NOT NULL, nodes INTEGER NOT NULL, rate REAL NOT NULL, time REAL NOT NULL,
-    PRIMARY KEY (job, nodes)
-);
-CREATE TABLE IF NOT EXISTS rescales (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    job TEXT NOT NULL, time REAL NOT NULL, from_nodes INTEGER NOT NULL,
-    to_nodes INTEGER NOT NULL, pause_s REAL NOT NULL, kind TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS generations (job TEXT PRIMARY KEY, gen INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS events (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    time REAL NOT NULL, kind TEXT NOT NULL, job TEXT NOT NULL, detail TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS events_kind ON events (kind, id);
-"""
-
-
-class StoreError(RuntimeError):
-    """A store that cannot be used (missing, empty, corrupt, wrong schema, disk full or
-    read-only) or a bad request (unknown job id); the message names the file or the job."""
-
-
-def _why(exc: sqlite3.Error | UnicodeDecodeError, path: str) -> str:
-    """A sqlite error in words an operator acts on."""
-    if isinstance(exc, UnicodeDecodeError):
-        return f"{path}: corrupt store (text that is not UTF-8: {exc.reason}); restore it from a backup of the state dir"
-    text = str(exc)
-    low = text.lower()
-    folder = os.path.dirname(path) or "."
-    if "full" in low:
-        return f"{path}: disk full ({text}); free space in {folder}: nothing stored was lost"
-    if "readonly" in low or "read-only" in low or not os.access(folder, os.W_OK):
-        return f"{path}: read-only ({text}); make {folder} writable: nothing stored was lost"
-    if "malformed" in low or "not a database" in low or "corrupt" in low:
-        return f"{path}: corrupt store ({text}); restore it from a backup of the state dir"
-    return f"{path}: {text}"
 
 
 @dataclass(frozen=True)
@@ -142,58 +85,6 @@ class JobRecord:
 def job_id(seq: int) -> str:
     return f"j{seq:06d}"
 
-
-def _init_schema(conn: sqlite3.Connection) -> None:
-    for stmt in _SCHEMA.split(";"):
-        if stmt.strip():
-            conn.execute(stmt)
-
-
-def _create(path: Path) -> None:
-    """Build a new store under a temporary name and link it into place (never an empty ``store.db``)."""
-    tmp = path.with_name(f"{path.name}.new-{os.getpid()}")
-    try:
-        os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, FILE_MODE))
-        conn = sqlite3.connect(str(tmp), isolation_level=None)
-        try:
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("BEGIN IMMEDIATE")
-            _init_schema(conn)
-            conn.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-            conn.execute("COMMIT")
-        finally:
-            conn.close()
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            pass  # another process created it first: use theirs
-    except sqlite3.Error as exc:
-        raise StoreError(_why(exc, str(path))) from None
-    except OSError as exc:
-        raise StoreError(f"{path}: cannot create the store: {exc.strerror or exc}") from None
-    finally:
-        for leftover in (tmp, Path(f"{tmp}-wal"), Path(f"{tmp}-shm")):
-            try:
-                leftover.unlink()
-            except FileNotFoundError:
-                pass
-            except OSError as exc:
-                log.warning("cannot remove %s: %s", leftover, exc)
-
-
-def _check_file(path: Path) -> None:
-    """An existing ``store.db`` must be a non-empty SQLite file; else a StoreError naming it."""
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(len(SQLITE_MAGIC))
-    except OSError as exc:
-        raise StoreError(f"{path}: cannot read the store: {exc.strerror or exc}") from None
-    if not head:
-        raise StoreError(f"{path}: the store is an empty file (0 bytes), not a malletrain store; "
-                         "restore it from a backup, or move it away to start with no jobs")
-    if head != SQLITE_MAGIC:
-        raise StoreError(f"{path}: not a SQLite database, so not a malletrain store; "
-                         "restore it from a backup, or move it away to start with no jobs")
 
 
 class Store:
@@ -227,13 +118,13 @@ class Store:
             except OSError as exc:
                 raise StoreError(f"{fp.parent}: cannot create the state dir: {exc.strerror or exc}") from None
             if not fp.exists():
-                _create(fp)
-            _check_file(fp)
+                create_file(fp)
+            check_file(fp)
             private_file(fp)
         try:
             conn = sqlite3.connect(p, timeout=10.0, isolation_level=None, check_same_thread=False)
         except sqlite3.Error as exc:
-            raise StoreError(_why(exc, p)) from None
+            raise StoreError(sqlite_error_text(exc, p)) from None
         store = cls(conn, p, max_events, max_samples, clock)
         try:
             store._setup(new=p == ":memory:")
@@ -257,22 +148,11 @@ class Store:
                                  "restore it from a backup of the state dir")
             tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         except (sqlite3.Error, UnicodeDecodeError) as exc:
-            raise StoreError(_why(exc, self.path)) from None
+            raise StoreError(sqlite_error_text(exc, self.path)) from None
         if not new and "meta" not in tables:
             raise StoreError(f"{self.path}: a SQLite database without malletrain's tables, not a malletrain store")
         with self._tx() as c:
-            _init_schema(c)  # IF NOT EXISTS: adds what a store of this version lacks (e.g. an index)
-            columns = {r[1] for r in c.execute("PRAGMA table_info(jobs)")}
-            for col in ("owner_uid", "owner_gid"):  # added in place: NULL (unknown) for older jobs
-                if col not in columns:
-                    c.execute(f"ALTER TABLE jobs ADD COLUMN {col} INTEGER")
-            row = c.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-            if row is None and not new:
-                raise StoreError(f"{self.path}: no schema version: not a malletrain store")
-            if row is None:
-                c.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-            elif row[0] != str(SCHEMA_VERSION):
-                raise StoreError(f"{self.path}: schema version {row[0]!r}, this malletrain reads {SCHEMA_VERSION}")
+            migrate(c, self.path, new)
 
     def close(self) -> None:
         self.conn.close()
@@ -292,7 +172,7 @@ class Store:
             try:
                 self.conn.execute("SAVEPOINT write" if self.nested else "BEGIN IMMEDIATE")
             except sqlite3.Error as exc:
-                raise StoreError(_why(exc, self.store.path)) from None
+                raise StoreError(sqlite_error_text(exc, self.store.path)) from None
             return self.conn
 
         def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
@@ -303,10 +183,10 @@ class Store:
                     return False
                 except sqlite3.Error as commit_exc:
                     self._rollback()
-                    raise StoreError(_why(commit_exc, self.store.path)) from None
+                    raise StoreError(sqlite_error_text(commit_exc, self.store.path)) from None
             self._rollback()
             if isinstance(exc, (sqlite3.Error, UnicodeDecodeError)):
-                raise StoreError(_why(exc, self.store.path)) from None
+                raise StoreError(sqlite_error_text(exc, self.store.path)) from None
             return False
 
         def _rollback(self) -> None:
@@ -337,7 +217,7 @@ class Store:
         try:
             self.conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
-            raise StoreError(_why(exc, self.path)) from None
+            raise StoreError(sqlite_error_text(exc, self.path)) from None
         self._batching = True
         try:
             yield
@@ -349,7 +229,7 @@ class Store:
                     self.commits += 1
                 except sqlite3.Error as exc:
                     Store._Tx(self)._rollback()
-                    raise StoreError(_why(exc, self.path)) from None
+                    raise StoreError(sqlite_error_text(exc, self.path)) from None
 
     # -- meta
     def get_meta(self, key: str) -> str | None:
@@ -437,7 +317,7 @@ class Store:
         try:
             return self.conn.execute(sql, args).fetchall()
         except (sqlite3.Error, UnicodeDecodeError) as exc:  # UnicodeDecodeError: a damaged TEXT value
-            raise StoreError(_why(exc, self.path)) from None
+            raise StoreError(sqlite_error_text(exc, self.path)) from None
 
     _COLS = "id, spec, state, samples, nodes, cancel_requested, message, submitted, updated, owner_uid, owner_gid"
 
@@ -523,13 +403,22 @@ class Store:
         return [(s, t, r) for s, t, r in rows]
 
     # -- scalability and rescales
-    def record_scaling(self, jid: str, nodes: int, rate: float) -> None:
-        with self._tx() as c:
-            c.execute("INSERT OR REPLACE INTO scalability VALUES (?, ?, ?, ?)", (jid, int(nodes), float(rate), self.clock()))
-
     def scaling(self, jid: str) -> dict[int, float]:
-        rows = self._select("SELECT nodes, rate FROM scalability WHERE job=? ORDER BY nodes", (jid,))
-        return {int(n): float(r) for n, r in rows}
+        """The samples/s measured for the job per node count, as the policy's events reported them
+        (``refined``, ``profile_done``, ``profile_aborted``; a later point replaces an earlier one),
+        over the rows a version-1 store kept. What the policy believes is its saved state, not this."""
+        out: dict[int, float] = {}
+        if self._select("SELECT name FROM sqlite_master WHERE type='table' AND name=?", (LEGACY_SCALING_TABLE,)):
+            rows = self._select(f"SELECT nodes, rate FROM {LEGACY_SCALING_TABLE} WHERE job=? ORDER BY nodes", (jid,))
+            out.update((int(n), float(r)) for n, r in rows)
+        for ev in self.job_events(jid, SCALING_EVENTS):
+            points = ev.get("points", ev.get("measured", {}))
+            for n, rate in (points.items() if isinstance(points, dict) else ()):
+                try:
+                    out[int(n)] = float(rate)
+                except (TypeError, ValueError):
+                    continue  # a damaged event is observability, not state: skipped
+        return dict(sorted(out.items()))
 
     def record_rescale(self, jid: str, from_nodes: int, to_nodes: int, pause_s: float, kind: str) -> None:
         with self._tx() as c:
@@ -587,18 +476,32 @@ class Store:
             log.warning("events not pruned: %s", exc)
         return deleted
 
+    def job_events(self, jid: str, kinds: Iterable[str]) -> Iterator[dict[str, Any]]:
+        """The job's events of these ``kinds``, oldest first."""
+        wanted = sorted(set(kinds))
+        marks = ",".join("?" * len(wanted))
+        rows = self._select(f"SELECT id, time, kind, job, detail FROM events WHERE kind IN ({marks}) AND job=? "
+                            "ORDER BY id", (*wanted, jid))
+        return (_event(row) for row in rows)
+
     def events(self, kind: str | None = None, since_id: int = 0) -> Iterator[dict[str, Any]]:
         q = "SELECT id, time, kind, job, detail FROM events WHERE id>?"
         args: tuple[Any, ...] = (since_id,)
         if kind:
             q += " AND kind=?"
             args += (kind,)
-        for i, t, k, j, d in self._select(q + " ORDER BY id", args):
-            try:
-                detail = json.loads(d)
-            except (ValueError, RecursionError):
-                detail = {"damaged": True}
-            yield {"id": i, "time": t, "kind": k, "job": j, **(detail if isinstance(detail, dict) else {})}
+        for row in self._select(q + " ORDER BY id", args):
+            yield _event(row)
+
+
+def _event(row: tuple[Any, ...]) -> dict[str, Any]:
+    """An event row as a dict: its detail's keys beside id, time, kind and job."""
+    i, t, k, j, d = row
+    try:
+        detail = json.loads(d)
+    except (ValueError, RecursionError):
+        detail = {"damaged": True}
+    return {"id": i, "time": t, "kind": k, "job": j, **(detail if isinstance(detail, dict) else {})}
 
 
 def _stored_spec(text: str, jid: str) -> JobSpec:

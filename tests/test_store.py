@@ -25,7 +25,7 @@ def test_submit_and_reopen_keeps_everything(tmp_path: Path) -> None:
     s.set_nodes(a, ["node00", "node01"])
     s.set_samples(a, 500)
     s.set_samples(a, 400)  # progress never goes back
-    s.record_scaling(a, 2, 19.5)
+    s.log_event("refined", a, points={"2": 19.5})  # the policy's event names what was measured
     s.record_rescale(a, 1, 2, 0.4, "up")
     s.close()
     s2 = Store.open(db)
@@ -36,7 +36,7 @@ def test_submit_and_reopen_keeps_everything(tmp_path: Path) -> None:
     assert s2.rescales(a)[0]["pause_s"] == pytest.approx(0.4)
     assert [s for s, _, _ in s2.history(a)] == ["pending", "running"]
     assert s2.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert [e["kind"] for e in s2.events()] == ["submit", "submit", "state"]
+    assert [e["kind"] for e in s2.events()] == ["submit", "submit", "state", "refined"]
 
 
 def test_states_terminal_and_cancel(tmp_path: Path) -> None:

@@ -169,11 +169,7 @@ class Trainers(DaemonBase):
         """``trainer``'s decision: its jobs' targets, waiting reasons and the policy's events."""
         for ev in decision.events:
             detail = {k: v for k, v in ev.detail.items()}
-            self.store.log_event(ev.kind.value, ev.job, **detail)
-            if ev.kind in (EventKind.REFINED, EventKind.PROFILE_DONE, EventKind.PROFILE_ABORTED):
-                points = detail.get("points", detail.get("measured", {}))
-                for n, rate in dict(points).items():  # type: ignore[call-overload]
-                    self.store.record_scaling(ev.job, int(n), float(rate))
+            self.store.log_event(ev.kind.value, ev.job, **detail)  # measured points: the policy state keeps them
             if ev.kind is EventKind.LENT and ev.job in self.runs:
                 self.runs[ev.job].last_interrupted = now
         for run in self.runs.values():
