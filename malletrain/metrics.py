@@ -4,7 +4,7 @@
     address = "127.0.0.1:9464"       # host:port to serve /metrics on; "" (default): no metrics
 
 The daemon calls one :class:`Metrics` method per thing it observes (one line
-each in ``malletrain/daemon.py``); with metrics off every method returns at once
+each in the ``malletrain.daemon`` package); with metrics off every method returns at once
 and nothing is imported, bound or counted. Each :class:`Metrics` has its own
 ``CollectorRegistry`` (no global state: a test may run several daemons).
 

@@ -61,3 +61,4 @@ class DaemonBase:
     _stopped_profiles: list[str]
     _machine_size: int
     _monitor_key: bytes
+    _lock_fd: int  # the state dir's daemon.lock, held (flock) while the daemon runs
