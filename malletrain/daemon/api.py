@@ -32,8 +32,7 @@ class ControlApi(DaemonBase):
         rec = self.store.get(job_id)
         if rec is None:
             return None
-        owner = getattr(rec, "owner_uid", None)
-        return int(owner) if owner is not None else os.geteuid()
+        return int(rec.owner_uid) if rec.owner_uid is not None else os.geteuid()
 
     def handle(self, req: Request, caller: Caller) -> dict[str, Any]:
         """One authorised control request (``control.authorize`` has checked who may do it)."""
@@ -60,10 +59,7 @@ class ControlApi(DaemonBase):
         return {"ok": True, "pid": os.getpid()}
 
     def _submit(self, spec: JobSpec, owner_uid: int, owner_gid: int) -> str:
-        try:
-            return self.store.submit(spec, owner_uid=owner_uid, owner_gid=owner_gid)  # type: ignore[call-arg]
-        except TypeError:  # a store without owners (older schema)
-            return self.store.submit(spec)
+        return self.store.submit(spec, owner_uid=owner_uid, owner_gid=owner_gid)
 
     def status_jobs(self) -> list[dict[str, Any]]:
         out = []

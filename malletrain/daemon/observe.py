@@ -42,7 +42,7 @@ class Observe(DaemonBase):
                 log.info("agent up on node %s", ev.node, extra=about(node=ev.node))
                 self._changed = True
             elif isinstance(ev, AgentWorkers):
-                self.scav.adopt(ev.node, str(getattr(ev, "batch_job", "") or self.scav.agent_batch_job(ev.node)),
+                self.scav.adopt(ev.node, str(ev.batch_job or self.scav.agent_batch_job(ev.node)),
                                 ev.pid)
                 self._adopt_workers(ev.node, ev.workers)
             elif isinstance(ev, AgentGone):

@@ -25,6 +25,8 @@ def stopped_from_outside(code: int) -> bool:
     or a killed process sends, or the daemon's store gone), not that the job's own code failed:
     only failures count toward ``max_failures``."""
     return code == EXIT_STORE_LOST or any(code in (-sig, 128 + sig) for sig in _STOP_SIGNALS)
+
+
 REPLAN_S = 10.0  # decide at least this often (estimates drift), besides every event
 POLICY_STATE_KEY = "policy_state"
 NODE_SECONDS_KEY = "node_seconds"  # store meta: {job: node-seconds its workers held} for live jobs

@@ -133,7 +133,7 @@ class Wiring(DaemonBase):
         )
         self._monitor_key = load_master_key(self.state_dir / "monitor.key")
         self.control = ControlServer(socket_path(self.state_dir), self.handle,
-                                     admin_gids=admin_gids_from(list(getattr(cfg, "admin_groups", ()) or ())),
+                                     admin_gids=admin_gids_from(list(cfg.admin_groups)),
                                      owner_of=self._owner_of, shared=os.geteuid() == 0)
         self.control_address = str(self.control.path)
         self.runtime = parts.runtime or make_runtime(cfg, self.monitor.address, ports["rendezvous"])
@@ -219,7 +219,7 @@ class Wiring(DaemonBase):
 
     def _scavenger(self) -> ScavengerConfig:
         """The [scavenger] table (a config without one: the defaults)."""
-        return getattr(self.cfg, "scavenger", None) or ScavengerConfig()
+        return self.cfg.scavenger
 
     def _kind(self) -> str:
         """Which backend: [scavenger] kind, or the top-level ``backend`` when only that is set."""
