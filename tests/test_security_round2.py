@@ -220,17 +220,29 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.slow
-def test_a_setsid_grandchild_ends_with_its_job(rig: AgentRig) -> None:
-    """Finding 6: a job's grandchild that calls setsid() ran 22 s after the cancel."""
-    pidfile = rig.tmp / "grandchild.pid"
-    assert rig.hub.start_worker("node00", "w", (sys.executable, "-c", GRANDCHILD, str(pidfile)), {}, None)
-    rig.wait("the grandchild detached", lambda: pidfile.exists() and pidfile.read_text().isdigit())
-    grandchild = int(pidfile.read_text())
-    assert _alive(grandchild) and os.getsid(grandchild) == grandchild  # its own session: killpg misses it
-    rig.hub.stop_worker("node00", "w", grace=0.5)
-    rig.wait("the worker exited", lambda: rig.exit_code("w") is not None)
-    rig.wait("the grandchild ended with the job", lambda: not _alive(grandchild), timeout=10)
-    assert rig.agent.poll() is None
+@pytest.mark.parametrize("containment", ["subreaper", "cgroup2", "freezer", "pids"])
+def test_a_setsid_grandchild_ends_with_its_job(tmp_path: Path, containment: str) -> None:
+    """Finding 6: a job's grandchild that calls setsid() ran 22 s after the cancel (with every backend)."""
+    from test_containment import skip_unless_usable
+
+    skip_unless_usable(containment)
+    rig = AgentRig(tmp_path, "--containment", containment)
+    try:
+        pidfile = rig.tmp / "grandchild.pid"
+        assert rig.hub.start_worker("node00", "w", (sys.executable, "-c", GRANDCHILD, str(pidfile)), {}, None)
+        rig.wait("the grandchild detached", lambda: pidfile.exists() and pidfile.read_text().isdigit())
+        grandchild = int(pidfile.read_text())
+        assert _alive(grandchild) and os.getsid(grandchild) == grandchild  # its own session: killpg misses it
+        expected = "subreaper (" if containment == "subreaper" else f"{containment} cgroups at "
+        assert f"containment: {expected}" in (tmp_path / "agent.log").read_text()
+        if containment != "subreaper":  # born in the worker's cgroup
+            assert "/malletrain-agent." in Path(f"/proc/{grandchild}/cgroup").read_text()
+        rig.hub.stop_worker("node00", "w", grace=0.5)
+        rig.wait("the worker exited", lambda: rig.exit_code("w") is not None)
+        rig.wait("the grandchild ended with the job", lambda: not _alive(grandchild), timeout=10)
+        assert rig.agent.poll() is None
+    finally:
+        rig.close()
 
 
 @pytest.mark.slow
