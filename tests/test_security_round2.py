@@ -376,6 +376,75 @@ def test_a_job_cannot_report_more_progress_than_its_nodes_could_train(fast_path:
         mon.close()
 
 
+def _steady(mon, key, seq: int, seconds: int, nodes: int, per_node: int, now: list[float]) -> int:  # type: ignore[no-untyped-def]
+    """Report ``per_node`` samples/s per node on ``nodes`` nodes, one report a second; the next seq."""
+    from malletrain.messages import Report
+
+    for _ in range(seconds):
+        now[0] += 1.0
+        mon.ingest(Report("j", seq, per_node * nodes, now[0], nodes, 0, "w0").encode(key))
+        seq += 1
+    return seq
+
+
+@pytest.mark.parametrize("fast_path", [True, False])
+def test_a_job_that_trained_at_1000_per_node_cannot_claim_100_times_that(fast_path: bool) -> None:
+    """Finding 10, round two: the bound is relative to what the job has shown, not only absolute."""
+    from malletrain.messages import Report, new_secret, secret_key
+    from malletrain.monitor import Monitor
+    from malletrain.ratebound import HistoryBound
+
+    now = [1000.0]
+    mon = Monitor(clock=lambda: now[0], history=HistoryBound(factor=4.0, min_reports=20, min_seconds=30.0))
+    mon.fast_path = fast_path
+    try:
+        secret = new_secret()
+        key = secret_key(secret)
+        mon.register("j", secret, max_nodes=8)
+        seq = _steady(mon, key, 1, 60, 2, 1_000, now)  # a minute at 1,000 samples/s per node on 2 nodes
+        assert mon.counts()["implausible"] == 0 and mon.jobs["j"].bound.best_per_node == pytest.approx(1_000)
+        before = mon.jobs["j"].samples
+        now[0] += 10.0  # 10 s later: a claim of 10^5/s per node (far under the absolute 10^6)
+        mon.ingest(Report("j", seq, 100_000 * 2 * 10, now[0], 2, 0, "w0").encode(key))
+        assert mon.counts()["implausible"] == 1 and mon.jobs["j"].samples == before
+        seq = _steady(mon, key, seq + 1, 30, 2, 100_000, now)  # and a steady stream of such claims
+        gained = mon.jobs["j"].samples - before
+        assert gained <= 4 * 1_000 * 2 * (120 + 40)  # its bank plus 4x its rate, nothing like 100x
+        assert mon.counts()["implausible"] >= 25
+    finally:
+        mon.close()
+
+
+@pytest.mark.parametrize("fast_path", [True, False])
+@pytest.mark.parametrize("nodes", [4, 16])
+def test_a_job_that_scales_up_is_not_refused(fast_path: bool, nodes: int) -> None:
+    """The relative bound is per node of the current world size: twice (or 8x) the nodes, twice (8x) the rate."""
+    from malletrain.messages import new_secret, secret_key
+    from malletrain.monitor import Monitor
+
+    now = [1000.0]
+    mon = Monitor(clock=lambda: now[0])
+    mon.fast_path = fast_path
+    try:
+        secret = new_secret()
+        key = secret_key(secret)
+        mon.register("j", secret, max_nodes=16)
+        seq = _steady(mon, key, 1, 60, 2, 1_000, now)
+        assert mon.jobs["j"].bound.best_per_node > 0  # it has a history: the relative bound applies
+        _steady(mon, key, seq, 300, nodes, 1_000, now)  # 5 minutes on more nodes, same rate per node
+        assert mon.counts()["implausible"] == 0 and mon.counts()["accepted"] == 360
+    finally:
+        mon.close()
+
+
+def test_the_history_bound_names_a_bad_setting() -> None:
+    from malletrain.ratebound import HistoryBound
+
+    for bad in ({"factor": 0.5}, {"factor": float("nan")}, {"min_reports": 1}, {"bank_s": -1.0}, {"factor": True}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            HistoryBound(**bad)  # type: ignore[arg-type]
+
+
 # ---- 5: descriptors -------------------------------------------------------------------------
 
 FLOOD = (
@@ -508,3 +577,28 @@ def test_a_root_daemon_runs_no_other_users_job_with_a_runtime_that_runs_commands
     with pytest.raises(ValueError, match="beside the daemon"):
         Daemon._run_as(SimpleNamespace(owner=(NOBODY, NOBODY)), True)  # type: ignore[arg-type]
     assert Daemon._run_as(SimpleNamespace(owner=(0, 0)), True) == (0, 0)  # type: ignore[arg-type]
+
+
+def test_a_window_with_a_refused_report_does_not_count_and_a_careful_liar_climbs_at_most_2x_per_window() -> None:
+    """The measured rate is the job's own claims: it rises only from windows without a refusal, and by at
+    most ``growth`` per window, so a liar cannot ratchet it up at ``factor`` per window."""
+    from malletrain.ratebound import ClaimBound, HistoryBound
+
+    bound = ClaimBound(0.0, max_nodes=4, history=HistoryBound(factor=4.0, min_reports=20, min_seconds=30.0))
+    t = 0.0
+    for _ in range(41):  # 40 s at 1,000/s per node on 2 nodes (the first report opens the window)
+        t += 1.0
+        assert bound.refusal(2_000, 2, t) is None
+    assert bound.best_per_node == pytest.approx(1_000)
+    for _ in range(60):  # claims at 100x: refused (after the bank), and those windows do not count
+        t += 1.0
+        bound.refusal(200_000, 2, t)
+    assert bound.best_per_node == pytest.approx(1_000)
+    best = [bound.best_per_node]
+    for _ in range(5):  # a careful liar: just under 4x its best, never refused
+        for _ in range(30):
+            t += 1.0
+            assert bound.refusal(int(3.9 * bound.best_per_node * 2), 2, t) is None
+        best.append(bound.best_per_node)
+    assert all(b2 <= 2.0 * b1 + 1e-9 for b1, b2 in zip(best, best[1:]))
+    assert best[-1] <= 1_000 * 2 ** 5
