@@ -182,3 +182,55 @@ def test_a_stale_folder_of_a_live_agent_is_left_alone(tmp_path: Path) -> None:
         assert proc.wait(timeout=10) == -signal.SIGKILL
     finally:
         held.close()
+
+
+def _cgroup_of(pid: int) -> str:
+    return next(line.split(":", 2)[2] for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+                if line.startswith("0::"))
+
+
+def test_a_warm_process_joins_the_workers_cgroup_before_it_learns_the_job_and_one_that_refuses_is_handed_back(
+        tmp_path: Path) -> None:
+    from test_warm import KEY, SCRIPT, wait_ready
+
+    from scavenger import protocol as P
+    from scavenger.agent import Agent
+
+    skip_unless_usable("cgroup2")
+    place = next(p for p in CT.own_places() if p.mode is Mode.V2)
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT + "import time; time.sleep(300)\n")
+    agent = Agent("n1", "tcp://127.0.0.1:1", KEY, log_dir=str(tmp_path / "logs"), warm_modules=("json",))
+    agent.containment = CT.CgroupContainment(place, CT.Subreaper(False))
+    try:
+        assert agent.warm is not None
+        agent.warm.prepare()
+        wait_ready(agent.warm)
+        warm_pid = agent.warm.proc.pid if agent.warm.proc else -1
+        outside = _cgroup_of(warm_pid)
+        agent.start_worker(P.StartWorker("n1", "j1.n1.1", (sys.executable, str(script)), {}, str(tmp_path)))
+        warm = agent.workers["j1.n1.1"].proc
+        assert warm.pid == warm_pid and _cgroup_of(warm.pid).endswith("/w1.j1.n1.1")
+        # a command the warm process cannot run exactly: it starts cold in its own cgroup, the warm one is handed back
+        agent.warm.prepare()
+        wait_ready(agent.warm)
+        spare = agent.warm.proc.pid if agent.warm.proc else -1
+        agent.start_worker(P.StartWorker("n1", "j1.n1.2", (sys.executable, "-u", str(script)), {}, str(tmp_path)))
+        cold = agent.workers["j1.n1.2"].proc
+        assert cold.pid != spare and _cgroup_of(cold.pid).endswith("/w2.j1.n1.2")
+        assert _cgroup_of(spare) == outside
+        agent.stop_worker("j1.n1.1", 0.0)
+        agent.stop_worker("j1.n1.2", 0.0)
+        for proc in (warm, cold):
+            proc.wait(timeout=30)
+        agent.reap()
+        held = agent.containment
+        assert isinstance(held, CT.CgroupContainment) and not list(held.base.glob("w*"))  # both removed
+    finally:
+        agent.kill_all(0.2)
+        if agent.warm is not None:
+            agent.warm.close()
+        agent.containment.close()
+        agent.sock.close(0)
+        agent.monitor.close(0)
+        agent.ctx.term()
