@@ -239,10 +239,10 @@ class Monitor:
         batch: int = 4096,
         clock: Callable[[], float] = time.monotonic,
         max_rate_per_node: float = MAX_RATE_PER_NODE,
-        history: HistoryBound = HistoryBound(),
+        history: HistoryBound | None = None,
     ) -> None:
         self.max_rate_per_node = max_rate_per_node
-        self.history = history
+        self.history = history or HistoryBound()  # what a job's reports may claim relative to its own rate
         self.ctx = ctx or zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.PULL)
         self.sock.setsockopt(zmq.LINGER, 0)

@@ -370,8 +370,13 @@ class CgroupContainment:
         if group is None:
             return
         self._close_fd(group)
-        if not _write(group.path / "cgroup.procs", str(pid)) and start_ticks(pid) is not None:
-            log.warning("worker %s: pid %d could not join its cgroup %s", worker, pid, group.path)
+        try:
+            with open(group.path / "cgroup.procs", "w") as fh:
+                fh.write(str(pid))
+        except ProcessLookupError:
+            pass  # it already exited
+        except OSError as exc:
+            log.warning("worker %s: pid %d could not join its cgroup %s: %s", worker, pid, group.path, exc)
 
     def release(self, pid: int) -> None:
         _write(self.place.parent / "cgroup.procs", str(pid))

@@ -582,6 +582,8 @@ def test_a_root_daemon_runs_no_other_users_job_with_a_runtime_that_runs_commands
 def test_a_window_with_a_refused_report_does_not_count_and_a_careful_liar_climbs_at_most_2x_per_window() -> None:
     """The measured rate is the job's own claims: it rises only from windows without a refusal, and by at
     most ``growth`` per window, so a liar cannot ratchet it up at ``factor`` per window."""
+    from itertools import pairwise
+
     from malletrain.ratebound import ClaimBound, HistoryBound
 
     bound = ClaimBound(0.0, max_nodes=4, history=HistoryBound(factor=4.0, min_reports=20, min_seconds=30.0))
@@ -600,5 +602,5 @@ def test_a_window_with_a_refused_report_does_not_count_and_a_careful_liar_climbs
             t += 1.0
             assert bound.refusal(int(3.9 * bound.best_per_node * 2), 2, t) is None
         best.append(bound.best_per_node)
-    assert all(b2 <= 2.0 * b1 + 1e-9 for b1, b2 in zip(best, best[1:]))
+    assert all(b2 <= 2.0 * b1 + 1e-9 for b1, b2 in pairwise(best))
     assert best[-1] <= 1_000 * 2 ** 5
