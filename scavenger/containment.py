@@ -24,7 +24,10 @@ are re-parented to the agent, which reaps them.
 Where: cgroup v2 if mounted and writable (``/sys/fs/cgroup``, or ``/sys/fs/cgroup/unified`` beside v1
 controllers), else a writable v1 ``freezer``, else v1 ``pids``; the agent's place in each hierarchy is
 read from ``/proc/self/cgroup`` and ``/proc/self/mountinfo``. On a pilot the agent usually runs in the
-batch system's cgroup, which it may not subdivide: then it falls back to the subreaper.
+batch system's cgroup, which it may not subdivide: then it falls back to the subreaper. A folder's
+agent is looked up in ``/proc``, so agents whose cgroups share a parent must share a pid namespace
+(one machine's agents do). An agent that runs as root inside a batch job's cgroup subdivides it; it
+removes its folders when it exits, and the next agent in the same cgroup ends those of one killed -9.
 """
 
 from __future__ import annotations
