@@ -9,8 +9,9 @@ monitor's clock (never the sender's timestamps):
   that long). It is the only bound while a job has no history.
 - **relative to the job's own history** (:class:`HistoryBound`): once the job has a measured rate
   (``min_reports`` accepted reports over at least ``min_seconds``), a report may claim at most
-  ``factor`` (4) times the best per-node rate it has shown, per node of the world size it reports
-  (capped at ``max_nodes``: a scale-up onto more nodes is taken), banked for at most ``bank_s``
+  ``factor`` (4) times the larger of the best rate the job has shown and its best per-node rate
+  times the world size it reports (capped at ``max_nodes``): a scale-up onto more nodes is taken,
+  and so is a scale-down of a job that scales poorly (more per node on fewer nodes), banked for at most ``bank_s``
   (bursts of reports held until a checkpoint commits). The rate is measured over windows of
   accepted reports; the best window counts, but a window in which a report was refused counts for
   nothing, and a window raises the best rate by at most ``growth`` (2x).
@@ -40,7 +41,7 @@ class HistoryBound:
     """The bound relative to a job's measured rate (see the module doc); ``factor`` 0 turns it off."""
 
     factor: float = 4.0
-    """A report may claim up to this many times the job's best measured per-node rate."""
+    """A report may claim up to this many times the job's best measured rate (or per-node rate x nodes)."""
     min_reports: int = 20
     """Accepted reports a measuring window needs before its rate counts."""
     min_seconds: float = 30.0
@@ -86,6 +87,8 @@ class ClaimBound:
     credit: float = 0.0
     best_per_node: float = 0.0
     """The job's best measured rate, samples per second per node (0: no history yet)."""
+    best_rate: float = 0.0
+    """The job's best measured rate, samples per second on all its nodes."""
     rel_credit: float = 0.0
     rel_credit_at: float = 0.0
     window: _Window | None = None
@@ -110,11 +113,11 @@ class ClaimBound:
         nodes = min(max(1, world_size), self.max_nodes)
         rel = 0.0
         if self.best_per_node > 0 and self.history.factor > 0:
-            rel_rate = self.history.factor * self.best_per_node * nodes
+            rel_rate = self.history.factor * max(self.best_rate, self.best_per_node * nodes)
             rel = min(rel_rate * self.history.bank_s, self.rel_credit + rel_rate * max(0.0, now - self.rel_credit_at))
             if samples > rel:
                 return (f"{samples} samples claimed on {nodes} node(s), more than {self.history.factor:g}x its "
-                        f"measured {self.best_per_node:.4g}/s per node allows")
+                        f"measured rate allows ({self.best_rate:.4g}/s, {self.best_per_node:.4g}/s per node)")
             self.rel_credit, self.rel_credit_at = rel - samples, now
         self.credit, self.credit_at = credit - samples, now
         self._measure(samples, nodes, now)
@@ -131,11 +134,13 @@ class ClaimBound:
         win.reports += 1
         if win.reports < self.history.min_reports or now - win.start < self.history.min_seconds or win.node_s <= 0:
             return
-        measured = win.samples / win.node_s
+        per_node, rate = win.samples / win.node_s, win.samples / (now - win.start)
         if self.best_per_node == 0 and not win.refused:  # history from now on, with a full bank
-            self.rel_credit = self.history.factor * measured * nodes * self.history.bank_s
+            self.best_per_node, self.best_rate = per_node, rate
+            self.rel_credit = self.history.factor * max(rate, per_node * nodes) * self.history.bank_s
             self.rel_credit_at = now
-            self.best_per_node = measured
         elif not win.refused:
-            self.best_per_node = max(self.best_per_node, min(measured, self.best_per_node * self.history.growth))
+            growth = self.history.growth
+            self.best_per_node = max(self.best_per_node, min(per_node, self.best_per_node * growth))
+            self.best_rate = max(self.best_rate, min(rate, self.best_rate * growth))
         self.window = _Window(now, now)

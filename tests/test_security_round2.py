@@ -416,9 +416,11 @@ def test_a_job_that_trained_at_1000_per_node_cannot_claim_100_times_that(fast_pa
 
 
 @pytest.mark.parametrize("fast_path", [True, False])
-@pytest.mark.parametrize("nodes", [4, 16])
-def test_a_job_that_scales_up_is_not_refused(fast_path: bool, nodes: int) -> None:
-    """The relative bound is per node of the current world size: twice (or 8x) the nodes, twice (8x) the rate."""
+@pytest.mark.parametrize(("before", "after", "per_node_after"), [(2, 4, 1_000), (2, 16, 1_000), (8, 1, 6_000)])
+def test_a_job_that_scales_up_or_down_is_not_refused(fast_path: bool, before: int, after: int,
+                                                     per_node_after: int) -> None:
+    """The relative bound is per node of the current world size: twice (or 8x) the nodes at 1,000 samples/s per
+    node is twice (8x) the rate; and a job that scales poorly (8 nodes at 1,000 each) does 6,000 on one node."""
     from malletrain.messages import new_secret, secret_key
     from malletrain.monitor import Monitor
 
@@ -429,9 +431,9 @@ def test_a_job_that_scales_up_is_not_refused(fast_path: bool, nodes: int) -> Non
         secret = new_secret()
         key = secret_key(secret)
         mon.register("j", secret, max_nodes=16)
-        seq = _steady(mon, key, 1, 60, 2, 1_000, now)
+        seq = _steady(mon, key, 1, 60, before, 1_000, now)
         assert mon.jobs["j"].bound.best_per_node > 0  # it has a history: the relative bound applies
-        _steady(mon, key, seq, 300, nodes, 1_000, now)  # 5 minutes on more nodes, same rate per node
+        _steady(mon, key, seq, 300, after, per_node_after, now)  # 5 minutes on the new world size
         assert mon.counts()["implausible"] == 0 and mon.counts()["accepted"] == 360
     finally:
         mon.close()
