@@ -287,8 +287,8 @@ def self_signed_reports(t: B.Tally, d: B.Daemon) -> None:
     if gained > MAX_RATE_PER_NODE * (spent + 600):
         t.accepted += 1
         t.note(f"round2: a job's self-signed reports added {gained} samples in {spent:.0f} s")
-    # once it has a history (20 reports over 30 s), 1,000x its own rate: under the absolute bound, over the relative
-    B.wait(lambda: time.time() - t0 > 45, 60, step=1.0)
+    # once it has a history (20 reports over 60 s), 1,000x its own rate: under the absolute bound, over the relative
+    B.wait(lambda: time.time() - t0 > HistoryBound().min_seconds + 15, 120, step=1.0)
     h0, s0 = time.time(), d.jobs()[jid]["samples"]
     time.sleep(10.0)
     honest = (d.jobs()[jid]["samples"] - s0) / (time.time() - h0)

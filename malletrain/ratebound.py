@@ -13,8 +13,10 @@ monitor's clock (never the sender's timestamps):
   times the world size it reports (capped at ``max_nodes``): a scale-up onto more nodes is taken,
   and so is a scale-down of a job that scales poorly (more per node on fewer nodes), banked for at most ``bank_s``
   (bursts of reports held until a checkpoint commits). The rate is measured over windows of
-  accepted reports; the best window counts, but a window in which a report was refused counts for
-  nothing, and a window raises the best rate by at most ``growth`` (2x).
+  accepted reports; the best window counts, and a window raises the best rate by at most ``growth``
+  (2x), so a job cannot ratchet its own bound up by ``factor`` per window. (A window with refused
+  reports still counts, with what was accepted: an honest job whose first window was slow, a rescale
+  pause in it, catches up at 2x per window instead of being refused for good.)
 
 What a lying job can still do: lie from its first report (then only the absolute bound holds);
 raise its measured rate by ``growth`` per window by claiming just under the bound every window (a
@@ -44,7 +46,7 @@ class HistoryBound:
     """A report may claim up to this many times the job's best measured rate (or per-node rate x nodes)."""
     min_reports: int = 20
     """Accepted reports a measuring window needs before its rate counts."""
-    min_seconds: float = 30.0
+    min_seconds: float = 60.0
     """Seconds (monitor clock) a measuring window spans at least."""
     bank_s: float = 120.0
     """Seconds of the relative bound a job may bank: bursts of held reports up to ``factor`` x this long."""
@@ -73,7 +75,6 @@ class _Window:
     samples: int = 0
     node_s: float = 0.0
     reports: int = 1
-    refused: bool = False
 
 
 @dataclass
@@ -99,13 +100,7 @@ class ClaimBound:
 
     def refusal(self, samples: int, world_size: int, now: float) -> str | None:
         """Take ``samples`` claimed at ``now`` on ``world_size`` nodes if both bounds allow it (None);
-        else why not, with nothing changed but the measuring window marked (it will not count)."""
-        why = self._check(samples, world_size, now)
-        if why is not None and self.window is not None:
-            self.window.refused = True
-        return why
-
-    def _check(self, samples: int, world_size: int, now: float) -> str | None:
+        else why not, with nothing changed."""
         rate = self.max_samples_per_s
         credit = min(rate * CREDIT_WINDOW_S, self.credit + rate * max(0.0, now - self.credit_at))
         if samples > credit:
@@ -135,11 +130,11 @@ class ClaimBound:
         if win.reports < self.history.min_reports or now - win.start < self.history.min_seconds or win.node_s <= 0:
             return
         per_node, rate = win.samples / win.node_s, win.samples / (now - win.start)
-        if self.best_per_node == 0 and not win.refused:  # history from now on, with a full bank
+        if self.best_per_node == 0:  # history from now on, with a full bank
             self.best_per_node, self.best_rate = per_node, rate
             self.rel_credit = self.history.factor * max(rate, per_node * nodes) * self.history.bank_s
             self.rel_credit_at = now
-        elif not win.refused:
+        else:
             growth = self.history.growth
             self.best_per_node = max(self.best_per_node, min(per_node, self.best_per_node * growth))
             self.best_rate = max(self.best_rate, min(rate, self.best_rate * growth))

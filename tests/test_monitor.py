@@ -392,7 +392,7 @@ def test_the_fast_path_and_the_checked_path_agree_on_the_history_bound(claims: l
     """After a measured history (1,000 samples/s per node), any stream of claims: the two paths take and
     refuse the same ones (the relative bound engaged, on the monitor's injected clock)."""
     key = secret_key(SECRETS[0])
-    history = [(2_000, 2, 1.0)] * 40
+    history = [(2_000, 2, 1.0)] * 70
     results = []
     for fast in (True, False):
         now = [0.0]

@@ -409,8 +409,8 @@ def test_a_job_that_trained_at_1000_per_node_cannot_claim_100_times_that(fast_pa
         assert mon.counts()["implausible"] == 1 and mon.jobs["j"].samples == before
         seq = _steady(mon, key, seq + 1, 30, 2, 100_000, now)  # and a steady stream of such claims
         gained = mon.jobs["j"].samples - before
-        assert gained <= 4 * 1_000 * 2 * (120 + 40)  # its bank plus 4x its rate, nothing like 100x
-        assert mon.counts()["implausible"] >= 25
+        assert gained <= 4 * 1_000 * 2 * (120 + 2 * 40)  # its bank, 4x its rate (doubled at most once): not 100x
+        assert mon.counts()["implausible"] >= 20
     finally:
         mon.close()
 
@@ -431,10 +431,10 @@ def test_a_job_that_scales_up_or_down_is_not_refused(fast_path: bool, before: in
         secret = new_secret()
         key = secret_key(secret)
         mon.register("j", secret, max_nodes=16)
-        seq = _steady(mon, key, 1, 60, before, 1_000, now)
+        seq = _steady(mon, key, 1, 90, before, 1_000, now)
         assert mon.jobs["j"].bound.best_per_node > 0  # it has a history: the relative bound applies
         _steady(mon, key, seq, 300, after, per_node_after, now)  # 5 minutes on the new world size
-        assert mon.counts()["implausible"] == 0 and mon.counts()["accepted"] == 360
+        assert mon.counts()["implausible"] == 0 and mon.counts()["accepted"] == 390
     finally:
         mon.close()
 
@@ -581,9 +581,9 @@ def test_a_root_daemon_runs_no_other_users_job_with_a_runtime_that_runs_commands
     assert Daemon._run_as(SimpleNamespace(owner=(0, 0)), True) == (0, 0)  # type: ignore[arg-type]
 
 
-def test_a_window_with_a_refused_report_does_not_count_and_a_careful_liar_climbs_at_most_2x_per_window() -> None:
-    """The measured rate is the job's own claims: it rises only from windows without a refusal, and by at
-    most ``growth`` per window, so a liar cannot ratchet it up at ``factor`` per window."""
+def test_a_liar_raises_its_own_measured_rate_at_most_2x_per_window() -> None:
+    """The measured rate is the job's own claims: a window raises it by at most ``growth``, whether the liar
+    claims 100x (most refused) or just under the bound (none refused), so it cannot ratchet up by ``factor``."""
     from itertools import pairwise
 
     from malletrain.ratebound import ClaimBound, HistoryBound
@@ -593,16 +593,34 @@ def test_a_window_with_a_refused_report_does_not_count_and_a_careful_liar_climbs
     for _ in range(41):  # 40 s at 1,000/s per node on 2 nodes (the first report opens the window)
         t += 1.0
         assert bound.refusal(2_000, 2, t) is None
-    assert bound.best_per_node == pytest.approx(1_000)
-    for _ in range(60):  # claims at 100x: refused (after the bank), and those windows do not count
+    assert bound.best_per_node == pytest.approx(1_000) and bound.best_rate == pytest.approx(2_000)
+    refused = 0
+    for _ in range(60):  # claims at 100x for two windows
         t += 1.0
-        bound.refusal(200_000, 2, t)
-    assert bound.best_per_node == pytest.approx(1_000)
+        refused += bound.refusal(200_000, 2, t) is not None
+    assert refused >= 45 and bound.best_per_node <= 1_000 * 2 ** 2
     best = [bound.best_per_node]
-    for _ in range(5):  # a careful liar: just under 4x its best, never refused
+    for _ in range(5):  # a careful liar: just under 4x its bound, never refused
         for _ in range(30):
             t += 1.0
             assert bound.refusal(int(3.9 * bound.best_per_node * 2), 2, t) is None
         best.append(bound.best_per_node)
     assert all(b2 <= 2.0 * b1 + 1e-9 for b1, b2 in pairwise(best))
-    assert best[-1] <= 1_000 * 2 ** 5
+
+
+def test_an_honest_job_whose_first_window_was_slow_catches_up() -> None:
+    """A rescale pause in the first window (rate 1/10 of the steady one): refused for a few windows at
+    most, then every report is taken again (no window is discarded for good)."""
+    from malletrain.ratebound import ClaimBound, HistoryBound
+
+    bound = ClaimBound(0.0, max_nodes=4, history=HistoryBound(factor=4.0, min_reports=20, min_seconds=30.0))
+    t = 0.0
+    for i in range(41):
+        t += 1.0
+        bound.refusal(2_000 if i < 4 else 0, 2, t)  # 4 s of training, then a 36 s pause
+    assert 0 < bound.best_rate < 400
+    refused_late = 0
+    for i in range(600):  # 10 minutes at the steady 2,000/s
+        t += 1.0
+        refused_late += bound.refusal(2_000, 2, t) is not None and i >= 300
+    assert refused_late == 0
