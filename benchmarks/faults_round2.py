@@ -8,10 +8,15 @@ Against a real root daemon (toy runtime, local backend), as another local user
   folder inside root's 0700 home, directly and through a link swapped after
   submission (it must not list it); a job that leaves a ``setsid()`` grandchild (it must end with the job's
   cancel); a job row without an owner (the old schema: it must not run as root); a
-  job that floods its log (the log must stay under its cap).
+  job that floods its log (the log must stay under its cap); and two **cgroup escape
+  probes** (:func:`cgroup_escapes`): a job that writes itself into every cgroup above its own
+  (it must stay in its worker's cgroup), and a ``setsid()`` grandchild whose agent and
+  worker are killed -9 (it must end once the daemon's next agent starts on this machine:
+  the subreaper alone cannot catch it).
 * **spoofed reports** (added to S; accepted: A): a job signs reports for itself
   (it holds its secret) claiming 2^31-1 samples each; accepted if its progress grows
-  past what its node could train.
+  past what its node could train. Then, once it has a measured rate, 1,000 times its
+  own rate (under the absolute bound): accepted if its progress grows past 4x its rate.
 * **descriptor floods** (D; daemon down: DD): ~1,000 idle connections each to the
   monitor port, the agent port and the control socket, held at once, against a
   daemon started with the usual 1,024-descriptor limit; down (one count each) if
@@ -205,12 +210,65 @@ def probes(t: B.Tally, r: Round2, d: B.Daemon) -> None:
     self_signed_reports(t, d)
 
 
+CGROUP_MOVE = ("for f in /sys/fs/cgroup/cgroup.procs /sys/fs/cgroup/unified/cgroup.procs "
+               "/sys/fs/cgroup/freezer/cgroup.procs /sys/fs/cgroup/pids/cgroup.procs; do "
+               "[ -e $f ] && (echo $$ > $f) 2>/dev/null && echo moved-via-$f; done; "
+               "echo probe-done; cat /proc/$$/cgroup; sleep 60")
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return int(fh.read().rsplit(") ", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def cgroup_escapes(t: B.Tally, r: Round2, d: B.Daemon) -> None:
+    """A job leaving its cgroup; a grandchild outliving an agent killed -9 (P, PA)."""
+    used = sorted({line.split("containment: ", 1)[1].split(" (")[0] for p in (d.state / "logs").glob("agent-*.log")
+                   for line in p.read_text(errors="replace").splitlines() if "containment: " in line})
+    print(f"  agents' containment: {'; '.join(used) or 'not logged'}", flush=True)
+    jid = _submit_as_nobody(d, "cgroup-move", CGROUP_MOVE)
+    B.wait(lambda: "probe-done" in _log_of(d, jid) or _ended(d, jid), 60)
+    r.probes += 1
+    if "moved-via-" in _log_of(d, jid):
+        r.escaped += 1
+        t.note(f"round2: a job wrote itself out of its cgroup: {_log_of(d, jid).split('probe-done')[0].strip()}")
+    d.cancel(jid)
+    pidfile = d.top / "orphan.pid"
+    os.chmod(d.top, 0o777)
+    jid = _submit_as_nobody(d, "agent-killed", GRANDCHILD.format(pidfile=pidfile))
+    B.wait(lambda: pidfile.exists() and pidfile.read_text().strip().isdigit(), 60)
+    os.chmod(d.top, 0o755)
+    r.probes += 1
+    if not (pidfile.exists() and pidfile.read_text().strip().isdigit()):
+        t.note("round2: the agent-killed probe never started")
+        return
+    pid = int(pidfile.read_text())
+    worker = _parent(pid)
+    agent = _parent(worker) if worker else None
+    for victim in (agent, worker):  # the agent first: nothing of it cleans up
+        if victim:
+            os.kill(victim, signal.SIGKILL)
+    t0 = time.monotonic()
+    if B.wait(lambda: not _alive(pid), 90) is None:
+        r.escaped += 1
+        t.note(f"round2: a setsid() grandchild (pid {pid}) outlived its agent and worker killed -9")
+        os.kill(pid, signal.SIGKILL)
+    else:
+        print(f"  agent killed -9: its job's setsid() grandchild ended {time.monotonic() - t0:.1f} s later "
+              f"(the next agent found it by its cgroup)", flush=True)
+    d.cancel(jid)
+
+
 def self_signed_reports(t: B.Tally, d: B.Daemon) -> None:
     """A job holds its own secret: it signs reports claiming 2^31-1 samples (S, A)."""
     import zmq
 
     from malletrain.messages import MAX_SAMPLES, Report, secret_key
     from malletrain.monitor import MAX_RATE_PER_NODE, job_secret
+    from malletrain.ratebound import HistoryBound
 
     jid = d.submit(B.TOY_JOB.format(name="greedy", rate=200, lo=1, hi=1, profile="false", samples=""), "greedy")
     B.wait(lambda: d.jobs()[jid]["samples"] > 0, 60)
@@ -229,6 +287,24 @@ def self_signed_reports(t: B.Tally, d: B.Daemon) -> None:
     if gained > MAX_RATE_PER_NODE * (spent + 600):
         t.accepted += 1
         t.note(f"round2: a job's self-signed reports added {gained} samples in {spent:.0f} s")
+    # once it has a history (20 reports over 60 s), 1,000x its own rate: under the absolute bound, over the relative
+    B.wait(lambda: time.time() - t0 > HistoryBound().min_seconds + 15, 120, step=1.0)
+    h0, s0 = time.time(), d.jobs()[jid]["samples"]
+    time.sleep(10.0)
+    honest = (d.jobs()[jid]["samples"] - s0) / (time.time() - h0)
+    before, t0 = d.jobs()[jid]["samples"], time.time()
+    for seq in range(10):
+        push.send(Report(jid, 10**12 + 100 + seq, int(1000 * honest), time.time(), 1, 10**6, "greedy").encode(key))
+        t.spoofed += 1
+        time.sleep(1.0)
+    time.sleep(3.0)
+    gained, spent = d.jobs()[jid]["samples"] - before, time.time() - t0
+    bound = honest * spent + HistoryBound().factor * honest * (spent + HistoryBound().bank_s)
+    print(f"  1,000x its own rate ({honest:.0f}/s): {gained} samples taken in {spent:.0f} s (bound {bound:.0f})",
+          flush=True)
+    if honest <= 0 or gained > bound:
+        t.accepted += 1
+        t.note(f"round2: claims at 1,000x a job's own rate added {gained} samples in {spent:.0f} s")
     push.close()
     d.cancel(jid)
 
@@ -303,6 +379,7 @@ def part_round2(t: B.Tally, r: Round2) -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
         try:
             probes(t, r, d)
+            cgroup_escapes(t, r, d)
             floods(t, r, d)
             tried, accepted = store_attacks(d.state)
             r.store_tried += tried

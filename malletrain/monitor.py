@@ -72,6 +72,7 @@ from malletrain.messages import (
     secret_key,
     verify,
 )
+from malletrain.ratebound import MAX_RATE_PER_NODE, ClaimBound, HistoryBound
 from profiler.estimators import RescaleCostEstimator, RescaleEvent, ThroughputEstimator
 from profiler.records import Record, RecordError
 from scavenger.channel import create_key_file
@@ -80,12 +81,6 @@ from scavenger.connguard import ConnectionGuard
 log = logging.getLogger(__name__)
 
 MAX_WORKERS = 64
-MAX_RATE_PER_NODE = 1e6
-"""Samples per second one node can train, at most (an ImageNet ResNet-50 node does ~10^4): a job's
-reports may claim this much per node of its ``max_nodes`` per second of wall time, no more."""
-CREDIT_WINDOW_S = 600.0
-"""Unclaimed progress a job may bank (seconds at its bound): a report after a long silence is taken
-if it covers at most this long."""
 """Senders a job's replay window remembers; the least recently heard is retired first."""
 
 RCVHWM = 10_000
@@ -189,24 +184,10 @@ class JobStats:
     throughput: ThroughputEstimator = field(default_factory=ThroughputEstimator)
     rescale: RescaleCostEstimator = field(default_factory=RescaleCostEstimator)
     window: ReplayWindow = field(default_factory=ReplayWindow)
-    max_samples_per_s: float = MAX_RATE_PER_NODE * MAX_WORLD
-    """What this job's nodes can train at most (``MAX_RATE_PER_NODE`` x its ``max_nodes``)."""
-    credit: float = 0.0
-    """Samples the job may still claim (grows at ``max_samples_per_s``, at most ``CREDIT_WINDOW_S`` worth)."""
-    credit_at: float = 0.0
+    bound: ClaimBound = field(default_factory=lambda: ClaimBound(0.0))
+    """What its reports may claim: absolute per node, and relative to its own history (malletrain.ratebound)."""
     implausible: int = 0
     _rescales_taken: int = 0
-
-    def claim(self, samples: int, now: float) -> bool:
-        """Take ``samples`` of progress claimed at ``now`` (the monitor's clock, not the sender's) if the
-        job's nodes could have trained them; False (nothing changed) if not."""
-        cap = self.max_samples_per_s * CREDIT_WINDOW_S
-        credit = min(cap, self.credit + self.max_samples_per_s * max(0.0, now - self.credit_at))
-        if samples > credit:
-            self.implausible += 1
-            return False
-        self.credit, self.credit_at = credit - samples, now
-        return True
 
     def add(self, rep: Report, now: float | None = None) -> None:
         """Take one validated, authenticated report; raises REPLAYED (and changes nothing) for a replay,
@@ -218,9 +199,9 @@ class JobStats:
                    generation: int, now: float | None = None) -> None:
         """:meth:`add` of a report's fields (the fast path builds no :class:`Report`)."""
         self.seq_gaps += self.window.admit(worker, seq, timestamp)
-        if now is not None and not self.claim(samples, now):
-            raise MessageError(Reason.IMPLAUSIBLE, f"job {self.job}: {samples} samples claimed, more than its "
-                                                   f"nodes could train ({self.max_samples_per_s:g}/s at most)")
+        if now is not None and (why := self.bound.refusal(samples, world_size, now)) is not None:
+            self.implausible += 1
+            raise MessageError(Reason.IMPLAUSIBLE, f"job {self.job}: {why}")
         self.reports += 1
         self.samples += samples
         if timestamp > self.last_time:
@@ -258,8 +239,10 @@ class Monitor:
         batch: int = 4096,
         clock: Callable[[], float] = time.monotonic,
         max_rate_per_node: float = MAX_RATE_PER_NODE,
+        history: HistoryBound | None = None,
     ) -> None:
         self.max_rate_per_node = max_rate_per_node
+        self.history = history or HistoryBound()  # what a job's reports may claim relative to its own rate
         self.ctx = ctx or zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.PULL)
         self.sock.setsockopt(zmq.LINGER, 0)
@@ -289,7 +272,8 @@ class Monitor:
 
         ``max_nodes`` (the job's spec) bounds the progress its reports may claim: at most
         ``max_rate_per_node`` samples per node per second of the monitor's clock since
-        registration (a report claiming more is :attr:`Reason.IMPLAUSIBLE`).
+        registration and, once the job has a measured rate, ``history.factor`` times that rate
+        per node (:mod:`malletrain.ratebound`; a report claiming more is :attr:`Reason.IMPLAUSIBLE`).
 
         ``replay_state`` (from :meth:`replay_state`, e.g. as persisted before a restart)
         restores the job's replay window when the job is not registered yet; without it,
@@ -302,8 +286,9 @@ class Monitor:
         if stats is None:
             state = replay_state if replay_state is not None else saved
             window = ReplayWindow.from_dict(state) if state is not None else ReplayWindow()
-            stats = self.jobs[job_id] = JobStats(job_id, window=window, credit_at=self._clock())
-        stats.max_samples_per_s = self.max_rate_per_node * (max_nodes or MAX_WORLD)
+            stats = self.jobs[job_id] = JobStats(job_id, window=window,
+                                                 bound=ClaimBound(self._clock(), history=self.history))
+        stats.bound.max_nodes, stats.bound.max_rate_per_node = max_nodes or MAX_WORLD, self.max_rate_per_node
         self._fast[job_id.encode("utf-8", "surrogatepass")] = (hmac.new(key, digestmod="sha256"), stats)
         return stats
 

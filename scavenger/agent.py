@@ -9,9 +9,9 @@ path is given, never the key), says hello with its batch job id (``SLURM_JOB_ID`
 starts/stops job workers on command. A server that cannot prove the key
 (another process on the daemon's port) gets nothing run: the agent logs why and
 keeps trying, so it finds the real daemon when that comes back. Each worker runs in its own process group so
-the agent can kill it with everything it spawned; the agent and each worker are subreapers, so what a
-worker leaves behind (a ``setsid()`` grandchild too) is killed when it ends (:meth:`Agent.sweep_orphans`:
-any child of the agent that :meth:`Agent.worker_pids` does not name). A worker's environment, working
+the agent can kill it with everything it spawned; each worker runs in a cgroup of its own where the node
+has one, and the agent and each worker are subreapers, so what a worker leaves behind (a ``setsid()``
+grandchild too) is killed when it ends (:mod:`scavenger.containment`). A worker's environment, working
 directory and log follow :mod:`scavenger.jobproc`. On SIGTERM (the main
 scheduler recalls the node) it SIGTERMs its workers (they checkpoint and exit),
 SIGKILLs what is left after :data:`RECALL_GRACE_S`, reports ``leaving`` and
@@ -44,6 +44,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from scavenger import channel as C
+from scavenger import containment
 from scavenger import jobproc
 from scavenger import protocol as P
 from scavenger.warm import WARM_WAIT_S, Assignment, WarmSlot, warm_refusal
@@ -176,7 +177,7 @@ class Agent:
         self.log_dir = Path(log_dir) if log_dir else None
         self.batch_job = batch_job
         self.workers: dict[str, _Worker] = {}
-        self.subreaper = False  # set by main(): orphans of ended workers land here and are killed
+        self.containment: containment.Containment = containment.Subreaper(False)  # main() chooses
         self.next_sweep = 0.0
         self.log_max_bytes = jobproc.LOG_MAX_BYTES
         self.logs_max_total = jobproc.LOGS_MAX_TOTAL
@@ -305,6 +306,7 @@ class Agent:
         env = jobproc.worker_environ(os.environ, msg.env or {}, run_as.env if run_as is not None else None)
         out: IO[bytes] | None = None
         log_path = None
+        join = self.containment.prepare(msg.worker)  # before the drop: the child joins its cgroup with it
         try:
             if self.log_dir is not None:
                 jobproc.private_dir(self.log_dir)
@@ -315,7 +317,7 @@ class Agent:
             proc = self._warm_start(msg, env, run_as, out) or subprocess.Popen(
                 list(msg.argv),
                 env=env,
-                preexec_fn=jobproc.child_setup(msg.cwd),  # after the privilege drop: cwd entered as the owner
+                preexec_fn=jobproc.child_setup(msg.cwd, join),  # after the privilege drop: cwd entered as the owner
                 stdin=subprocess.DEVNULL,
                 stdout=out if out else subprocess.DEVNULL,
                 stderr=subprocess.STDOUT if out else subprocess.DEVNULL,
@@ -329,7 +331,9 @@ class Agent:
                 out.write(f"agent {self.node}: cannot start {msg.argv!r}: {exc}\n".encode())
                 out.close()
             self.send(P.WorkerExited(self.node, msg.worker, 127))
+            self.containment.end(msg.worker)
             return
+        self.containment.add(msg.worker, proc.pid)
         capped = None
         if out is not None and log_path is not None:
             capped = jobproc.CappedLog(log_path, out, self.log_max_bytes,
@@ -368,8 +372,13 @@ class Agent:
         if self.warm is None:
             return None
         uid, gid = (run_as.uid, run_as.gid) if run_as is not None else (None, None)
+        pid = self.warm.proc.pid if self.warm.ready and self.warm.proc is not None else None
+        if pid is not None:
+            self.containment.add(msg.worker, pid)  # in the worker's cgroup before it learns the job
         got = self.warm.take(Assignment(tuple(msg.argv), env, msg.cwd or None, uid, gid), out)
         if isinstance(got, str):
+            if pid is not None:
+                self.containment.release(pid)
             log.info("node %s: worker %s starts cold: %s", self.node, msg.worker, got)
             return None
         log.info("node %s: worker %s starts warm (framework imported ahead)", self.node, msg.worker)
@@ -396,10 +405,8 @@ class Agent:
 
     def sweep_orphans(self) -> None:
         """Kill what ended workers left behind (re-parented to this subreaper agent)."""
-        if self.subreaper:
-            killed = jobproc.end_orphans(os.getpid(), self.worker_pids())
-            if killed:
-                log.info("node %s: killed %d process(es) left behind by ended workers", self.node, killed)
+        if killed := self.containment.sweep(self.worker_pids()):
+            log.info("node %s: killed %d process(es) left behind by ended workers", self.node, killed)
 
     def reap(self) -> None:
         now = time.monotonic()
@@ -416,6 +423,8 @@ class Agent:
                     w.kill_at = float("inf")  # killed once
                 continue
             _signal_group(w.proc, signal.SIGKILL)  # leftovers of its group
+            if killed := self.containment.end(name):  # and of its cgroup (setsid() ones too)
+                log.info("node %s: worker %s: killed %d process(es) left in its cgroup", self.node, name, killed)
             if w.log:
                 w.log.close()
             del self.workers[name]
@@ -565,6 +574,7 @@ class Agent:
             if self.warm is not None:
                 self.warm.close()
             self.kill_all(RECALL_GRACE_S if self.leave_reason == "recalled" else STOP_GRACE_S)
+            self.containment.close()
             self.send(P.Leaving(self.node, self.leave_reason or "error"))
             self.sock.disable_monitor()
             self.monitor.close(0)
@@ -587,6 +597,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="rotate a worker's log past this size (one older part kept)")
     ap.add_argument("--logs-max-total", type=int, default=jobproc.LOGS_MAX_TOTAL,
                     help="delete the oldest logs of ended workers when --log-dir holds more than this")
+    ap.add_argument("--containment", choices=containment.CHOICES, default="auto",
+                    help="how a worker's processes are held and ended with it (auto: a cgroup if usable)")
     ap.add_argument("--warm", default="", help="modules a warm worker imports ahead, comma-separated "
                                                 "(scavenger.warm; empty: every worker starts cold)")
     args = ap.parse_args(argv)
@@ -615,10 +627,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                   batch_job=batch_job_from(os.environ),
                   warm_modules=tuple(m for m in args.warm.split(",") if m))
     agent.log_max_bytes, agent.logs_max_total = args.log_max_bytes, args.logs_max_total
-    agent.subreaper = jobproc.become_subreaper()
-    if not agent.subreaper:
-        log.warning("node %s: cannot become a subreaper: processes a job detaches (setsid) may outlive it",
-                    args.node)
+    agent.containment = containment.choose(args.containment)
+    log.info("node %s: containment: %s", args.node, agent.containment.description)
     if recalled:
         agent.leave_reason = "recalled"
     return agent.run()

@@ -19,9 +19,9 @@ another job through the process the agent starts:
   while a worker lives, whatever it starts (a ``setsid()``, double-forked daemon
   included) stays below it; when it exits, what is left is re-parented to the agent,
   which kills it (:func:`orphans`). A process cannot leave a subreaper's tree
-  without ptrace rights over it. cgroups would also catch a process that escapes by
-  other means (none known without privileges), and are not used: the agent runs
-  inside the batch system's cgroup on a pilot, which it may not subdivide.
+  without ptrace rights over it, but the tree ends with the agent: where the node
+  lets the agent make cgroups, each worker also runs in a cgroup of its own
+  (:mod:`scavenger.containment`), which holds what it starts even then.
 - **Logs**: each worker's log is capped at ``max_bytes`` and rotated once
   (``WORKER.log.1``) by :class:`CappedLog`; :func:`prune_logs` keeps the whole log
   folder under a quota by deleting the oldest logs of ended workers. Log folders
@@ -92,13 +92,16 @@ def become_subreaper() -> bool:
     return int(_libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
 
 
-def child_setup(cwd: str | None) -> Callable[[], None]:
+def child_setup(cwd: str | None, join: Callable[[], None] | None = None) -> Callable[[], None]:
     """What the worker's process runs after the privilege drop and before exec (``preexec_fn``):
-    become the subreaper of its own descendants, then enter ``cwd`` as the owner. A ``cwd`` the
-    owner cannot enter: a line on stderr (the worker's log) and exit :data:`EXIT_NO_CWD`."""
+    ``join`` its cgroup (:mod:`scavenger.containment`), become the subreaper of its own descendants,
+    then enter ``cwd`` as the owner. A ``cwd`` the owner cannot enter: a line on stderr (the worker's
+    log) and exit :data:`EXIT_NO_CWD`."""
     target = os.fsencode(cwd) if cwd else None
 
     def setup() -> None:
+        if join is not None:
+            join()
         become_subreaper()
         if target is None:
             return

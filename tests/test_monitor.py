@@ -385,6 +385,32 @@ def test_the_fast_path_and_the_checked_path_agree(frames_spec: list) -> None:
     assert results[0] == results[1]
 
 
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.integers(0, 50_000), st.integers(1, 16), st.sampled_from([0.0, 0.5, 1.0, 7.0])),
+                min_size=1, max_size=40))
+def test_the_fast_path_and_the_checked_path_agree_on_the_history_bound(claims: list) -> None:
+    """After a measured history (1,000 samples/s per node), any stream of claims: the two paths take and
+    refuse the same ones (the relative bound engaged, on the monitor's injected clock)."""
+    key = secret_key(SECRETS[0])
+    history = [(2_000, 2, 1.0)] * 70
+    results = []
+    for fast in (True, False):
+        now = [0.0]
+        mon = Monitor(bind=f"inproc://history-{next(INPROC)}", ctx=CTX, clock=lambda: now[0])
+        try:
+            mon.fast_path = fast
+            mon.register("j", SECRETS[0], max_nodes=16)
+            for seq, (samples, world, dt) in enumerate(history + claims, start=1):
+                now[0] += dt
+                mon.ingest(Report("j", seq, samples, 1000.0 + seq, world, 0, "w0").encode(key))
+            st_j = mon.jobs["j"]
+            results.append((mon.counts(), st_j.samples, st_j.reports, st_j.implausible, st_j.bound.best_per_node))
+        finally:
+            mon.close()
+    assert results[0] == results[1]
+    assert results[0][4] > 0  # the history was measured: the relative bound was on
+
+
 def test_typical_frames_take_the_fast_path(mon: Monitor) -> None:
     key = secret_key(secret := new_secret())
     mon.register("j000001", secret)

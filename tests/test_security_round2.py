@@ -220,17 +220,29 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.slow
-def test_a_setsid_grandchild_ends_with_its_job(rig: AgentRig) -> None:
-    """Finding 6: a job's grandchild that calls setsid() ran 22 s after the cancel."""
-    pidfile = rig.tmp / "grandchild.pid"
-    assert rig.hub.start_worker("node00", "w", (sys.executable, "-c", GRANDCHILD, str(pidfile)), {}, None)
-    rig.wait("the grandchild detached", lambda: pidfile.exists() and pidfile.read_text().isdigit())
-    grandchild = int(pidfile.read_text())
-    assert _alive(grandchild) and os.getsid(grandchild) == grandchild  # its own session: killpg misses it
-    rig.hub.stop_worker("node00", "w", grace=0.5)
-    rig.wait("the worker exited", lambda: rig.exit_code("w") is not None)
-    rig.wait("the grandchild ended with the job", lambda: not _alive(grandchild), timeout=10)
-    assert rig.agent.poll() is None
+@pytest.mark.parametrize("containment", ["subreaper", "cgroup2", "freezer", "pids"])
+def test_a_setsid_grandchild_ends_with_its_job(tmp_path: Path, containment: str) -> None:
+    """Finding 6: a job's grandchild that calls setsid() ran 22 s after the cancel (with every backend)."""
+    from test_containment import skip_unless_usable
+
+    skip_unless_usable(containment)
+    rig = AgentRig(tmp_path, "--containment", containment)
+    try:
+        pidfile = rig.tmp / "grandchild.pid"
+        assert rig.hub.start_worker("node00", "w", (sys.executable, "-c", GRANDCHILD, str(pidfile)), {}, None)
+        rig.wait("the grandchild detached", lambda: pidfile.exists() and pidfile.read_text().isdigit())
+        grandchild = int(pidfile.read_text())
+        assert _alive(grandchild) and os.getsid(grandchild) == grandchild  # its own session: killpg misses it
+        expected = "subreaper (" if containment == "subreaper" else f"{containment} cgroups at "
+        assert f"containment: {expected}" in (tmp_path / "agent.log").read_text()
+        if containment != "subreaper":  # born in the worker's cgroup
+            assert "/malletrain-agent." in Path(f"/proc/{grandchild}/cgroup").read_text()
+        rig.hub.stop_worker("node00", "w", grace=0.5)
+        rig.wait("the worker exited", lambda: rig.exit_code("w") is not None)
+        rig.wait("the grandchild ended with the job", lambda: not _alive(grandchild), timeout=10)
+        assert rig.agent.poll() is None
+    finally:
+        rig.close()
 
 
 @pytest.mark.slow
@@ -362,6 +374,77 @@ def test_a_job_cannot_report_more_progress_than_its_nodes_could_train(fast_path:
         assert mon.counts()["accepted"] >= 1 and mon.jobs["other"].samples == 0
     finally:
         mon.close()
+
+
+def _steady(mon, key, seq: int, seconds: int, nodes: int, per_node: int, now: list[float]) -> int:  # type: ignore[no-untyped-def]
+    """Report ``per_node`` samples/s per node on ``nodes`` nodes, one report a second; the next seq."""
+    from malletrain.messages import Report
+
+    for _ in range(seconds):
+        now[0] += 1.0
+        mon.ingest(Report("j", seq, per_node * nodes, now[0], nodes, 0, "w0").encode(key))
+        seq += 1
+    return seq
+
+
+@pytest.mark.parametrize("fast_path", [True, False])
+def test_a_job_that_trained_at_1000_per_node_cannot_claim_100_times_that(fast_path: bool) -> None:
+    """Finding 10, round two: the bound is relative to what the job has shown, not only absolute."""
+    from malletrain.messages import Report, new_secret, secret_key
+    from malletrain.monitor import Monitor
+    from malletrain.ratebound import HistoryBound
+
+    now = [1000.0]
+    mon = Monitor(clock=lambda: now[0], history=HistoryBound(factor=4.0, min_reports=20, min_seconds=30.0))
+    mon.fast_path = fast_path
+    try:
+        secret = new_secret()
+        key = secret_key(secret)
+        mon.register("j", secret, max_nodes=8)
+        seq = _steady(mon, key, 1, 60, 2, 1_000, now)  # a minute at 1,000 samples/s per node on 2 nodes
+        assert mon.counts()["implausible"] == 0 and mon.jobs["j"].bound.best_per_node == pytest.approx(1_000)
+        before = mon.jobs["j"].samples
+        now[0] += 10.0  # 10 s later: a claim of 10^5/s per node (far under the absolute 10^6)
+        mon.ingest(Report("j", seq, 100_000 * 2 * 10, now[0], 2, 0, "w0").encode(key))
+        assert mon.counts()["implausible"] == 1 and mon.jobs["j"].samples == before
+        seq = _steady(mon, key, seq + 1, 30, 2, 100_000, now)  # and a steady stream of such claims
+        gained = mon.jobs["j"].samples - before
+        assert gained <= 4 * 1_000 * 2 * (120 + 2 * 40)  # its bank, 4x its rate (doubled at most once): not 100x
+        assert mon.counts()["implausible"] >= 20
+    finally:
+        mon.close()
+
+
+@pytest.mark.parametrize("fast_path", [True, False])
+@pytest.mark.parametrize(("before", "after", "per_node_after"), [(2, 4, 1_000), (2, 16, 1_000), (8, 1, 6_000)])
+def test_a_job_that_scales_up_or_down_is_not_refused(fast_path: bool, before: int, after: int,
+                                                     per_node_after: int) -> None:
+    """The relative bound is per node of the current world size: twice (or 8x) the nodes at 1,000 samples/s per
+    node is twice (8x) the rate; and a job that scales poorly (8 nodes at 1,000 each) does 6,000 on one node."""
+    from malletrain.messages import new_secret, secret_key
+    from malletrain.monitor import Monitor
+
+    now = [1000.0]
+    mon = Monitor(clock=lambda: now[0])
+    mon.fast_path = fast_path
+    try:
+        secret = new_secret()
+        key = secret_key(secret)
+        mon.register("j", secret, max_nodes=16)
+        seq = _steady(mon, key, 1, 90, before, 1_000, now)
+        assert mon.jobs["j"].bound.best_per_node > 0  # it has a history: the relative bound applies
+        _steady(mon, key, seq, 300, after, per_node_after, now)  # 5 minutes on the new world size
+        assert mon.counts()["implausible"] == 0 and mon.counts()["accepted"] == 390
+    finally:
+        mon.close()
+
+
+def test_the_history_bound_names_a_bad_setting() -> None:
+    from malletrain.ratebound import HistoryBound
+
+    for bad in ({"factor": 0.5}, {"factor": float("nan")}, {"min_reports": 1}, {"bank_s": -1.0}, {"factor": True}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            HistoryBound(**bad)  # type: ignore[arg-type]
 
 
 # ---- 5: descriptors -------------------------------------------------------------------------
@@ -496,3 +579,48 @@ def test_a_root_daemon_runs_no_other_users_job_with_a_runtime_that_runs_commands
     with pytest.raises(ValueError, match="beside the daemon"):
         Daemon._run_as(SimpleNamespace(owner=(NOBODY, NOBODY)), True)  # type: ignore[arg-type]
     assert Daemon._run_as(SimpleNamespace(owner=(0, 0)), True) == (0, 0)  # type: ignore[arg-type]
+
+
+def test_a_liar_raises_its_own_measured_rate_at_most_2x_per_window() -> None:
+    """The measured rate is the job's own claims: a window raises it by at most ``growth``, whether the liar
+    claims 100x (most refused) or just under the bound (none refused), so it cannot ratchet up by ``factor``."""
+    from itertools import pairwise
+
+    from malletrain.ratebound import ClaimBound, HistoryBound
+
+    bound = ClaimBound(0.0, max_nodes=4, history=HistoryBound(factor=4.0, min_reports=20, min_seconds=30.0))
+    t = 0.0
+    for _ in range(41):  # 40 s at 1,000/s per node on 2 nodes (the first report opens the window)
+        t += 1.0
+        assert bound.refusal(2_000, 2, t) is None
+    assert bound.best_per_node == pytest.approx(1_000) and bound.best_rate == pytest.approx(2_000)
+    refused = 0
+    for _ in range(60):  # claims at 100x for two windows
+        t += 1.0
+        refused += bound.refusal(200_000, 2, t) is not None
+    assert refused >= 45 and bound.best_per_node <= 1_000 * 2 ** 2
+    best = [bound.best_per_node]
+    for _ in range(5):  # a careful liar: just under 4x its bound, never refused
+        for _ in range(30):
+            t += 1.0
+            assert bound.refusal(int(3.9 * bound.best_per_node * 2), 2, t) is None
+        best.append(bound.best_per_node)
+    assert all(b2 <= 2.0 * b1 + 1e-9 for b1, b2 in pairwise(best))
+
+
+def test_an_honest_job_whose_first_window_was_slow_catches_up() -> None:
+    """A rescale pause in the first window (rate 1/10 of the steady one): refused for a few windows at
+    most, then every report is taken again (no window is discarded for good)."""
+    from malletrain.ratebound import ClaimBound, HistoryBound
+
+    bound = ClaimBound(0.0, max_nodes=4, history=HistoryBound(factor=4.0, min_reports=20, min_seconds=30.0))
+    t = 0.0
+    for i in range(41):
+        t += 1.0
+        bound.refusal(2_000 if i < 4 else 0, 2, t)  # 4 s of training, then a 36 s pause
+    assert 0 < bound.best_rate < 400
+    refused_late = 0
+    for i in range(600):  # 10 minutes at the steady 2,000/s
+        t += 1.0
+        refused_late += bound.refusal(2_000, 2, t) is not None and i >= 300
+    assert refused_late == 0
