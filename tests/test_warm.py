@@ -226,7 +226,7 @@ def test_a_root_warm_process_runs_the_job_as_its_owner() -> None:
 
 
 def test_a_stuck_warm_process_is_killed_and_the_worker_starts_cold(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    import scavenger.agent as agent_mod
+    import scavenger.agent_workers as agent_workers
 
     (tmp_path / "slowmod.py").write_text("import time\ntime.sleep(120)\n")
     script = tmp_path / "train.py"
