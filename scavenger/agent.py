@@ -151,6 +151,8 @@ class Agent(DaemonLink, WorkerHost):
         log.info("node %s: agent start, pid %d, daemon %s (heartbeat %.1f s, gives up after %.1f s of silence, "
                  "batch job %s)", self.node, os.getpid(), self.daemon, self.heartbeat_s, self.dead_after_s,
                  self.batch_job or "none")
+        if self.warm is not None and not self.workers:
+            self.warm.prepare()  # first: the framework imports while the pilot registers (before the first challenge)
         last_daemon = time.monotonic()
         next_hb = 0.0
         poller = zmq.Poller()
