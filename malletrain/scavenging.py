@@ -18,7 +18,9 @@ decide
 act
     :meth:`Scavenging.hold_idle` submits a pilot for every idle node some trainer can
     use (in groups of ``nodes_per_pilot``; the backend rate-limits and caps them),
-    never a node the scheduler planned for a pending job; before that it cancels a
+    never a node the scheduler planned for a pending job, and queues a pilot at once for
+    the nodes of a preempted pilot (:meth:`Scavenging.queue_for_recalled`: it waits while
+    the main job runs and starts the moment the node is free); before that it cancels a
     RUNNING pilot whose agent has not said hello (or whose node's agent belongs to
     another batch job) for ``agent_grace`` seconds, so a broken node does not keep a
     pilot slot (and that node gets no new pilot for a while, longer at each such
@@ -42,6 +44,8 @@ from typing import Any, Callable, Mapping
 from scavenger.base import (
     BackendError,
     Discovery,
+    EndReason,
+    NodeState,
     PilotEnded,
     PilotEnding,
     PilotEvent,
@@ -76,7 +80,7 @@ PILOTS_KEY = "pilots"
 def pilots_json(views: Mapping[PilotId, PilotView]) -> str:
     """The live pilots a restarted daemon must take back: every pilot we have not cancelled."""
     keep = {
-        str(pid): {"nodes": list(v.nodes), "replaces": v.replaces}
+        str(pid): {"nodes": list(v.nodes), "replaces": v.replaces, **({"waits": True} if v.waits_for_node else {})}
         for pid, v in views.items() if not v.cancelling and v.state is not PilotState.ENDED
     }
     return json.dumps(keep, sort_keys=True)
@@ -94,10 +98,11 @@ def parse_pilots(text: str) -> list[SavedPilot]:
     for pid, rec in obj.items():
         nodes = rec.get("nodes") if isinstance(rec, dict) else None
         replaces = rec.get("replaces") if isinstance(rec, dict) else None
+        waits = rec.get("waits", False) if isinstance(rec, dict) else None
         if not pid or not isinstance(nodes, list) or not all(isinstance(n, str) for n in nodes) \
-                or not (replaces is None or isinstance(replaces, str)):
+                or not (replaces is None or isinstance(replaces, str)) or not isinstance(waits, bool):
             raise ValueError(f"store meta {PILOTS_KEY!r}: bad entry for pilot {pid!r}: {rec!r}")
-        out.append(SavedPilot(PilotId(pid), tuple(nodes), PilotId(replaces) if replaces else None))
+        out.append(SavedPilot(PilotId(pid), tuple(nodes), PilotId(replaces) if replaces else None, waits))
     return out
 
 
@@ -109,6 +114,9 @@ class Scavenging:
     agent's hello carried). ``meta``: where our live pilots are kept across restarts
     (the store: ``get_meta``/``set_meta``; None: nowhere). ``agent_grace``: seconds a
     RUNNING pilot may go without its own agent before it is cancelled (0: never).
+    ``requeue_recalled``: queue a pilot for the nodes of each preempted pilot at once (when the
+    backend ``queues_for_busy_nodes``), so a node the main job gives back starts our pilot without
+    waiting for the next look and submit (see :meth:`queue_for_recalled`).
     """
 
     backend: Any
@@ -118,6 +126,7 @@ class Scavenging:
     poll_interval: float = 0.0
     meta: Any = None
     agent_grace: float = 0.0
+    requeue_recalled: bool = True
     discovery: Discovery | None = None
     stale: bool = False
     error: str = ""
@@ -128,6 +137,7 @@ class Scavenging:
     _agentless_since: dict[PilotId, float] = field(default_factory=dict, repr=False)
     _shunned: dict[str, tuple[float, int]] = field(default_factory=dict, repr=False)  # node -> (until, strikes)
     _last_nodes: frozenset[str] = field(default=frozenset(), repr=False)  # the last daemon's pilots' nodes
+    _recalled: list[tuple[str, ...]] = field(default_factory=list, repr=False)  # preempted pilots' nodes
 
     # ------------------------------------------------------------ remember
     def resume(self) -> list[PilotId]:
@@ -182,6 +192,7 @@ class Scavenging:
         events: list[PilotEvent] = []
         try:
             events = list(self.backend.poll())
+            self._note_recalls(events)
             self._remember()
             self.discovery = self.backend.discover()
         except BackendError as exc:  # the daemon never dies of a scheduler hiccup; it waits for a good look
@@ -192,6 +203,15 @@ class Scavenging:
             log.info("%s backend answers again", self.backend.name)
         self.stale, self.error = False, ""
         return events
+
+    def _note_recalls(self, events: list[PilotEvent]) -> None:
+        """Remember the nodes of each pilot the main scheduler preempted: the daemon expects them back."""
+        if not self.requeue_recalled or not getattr(self.backend, "queues_for_busy_nodes", False):
+            return
+        for ev in events:
+            if isinstance(ev, PilotEnded) and ev.reason is EndReason.PREEMPTED and ev.nodes \
+                    and len(ev.nodes) == self.nodes_per_pilot:
+                self._recalled.append(tuple(ev.nodes))
 
     def _failed(self, exc: BackendError) -> None:
         text = f"{type(exc).__name__}: {exc}"
@@ -293,14 +313,64 @@ class Scavenging:
         if self.stale or d is None:
             return []
         self._cancel_agentless(now)
+        self._cancel_unwanted_waits(wanted)
         if now < self._hold_blocked_until:
             self._remember()
             return []
         taken = {n for v in self.backend.pilots().values() for n in v.nodes}
-        free = sorted(n for n in d.idle - taken - self._shunned_now(now) if wanted is None or wanted(n))
-        out = self._submit_for(free, now)
+        shunned = self._shunned_now(now)
+        free = sorted(n for n in d.idle - taken - shunned if wanted is None or wanted(n))
+        out = self.queue_for_recalled(d, taken | shunned, now, wanted)
+        out += self._submit_for(free, now)
         self._remember()
         return out
+
+    def queue_for_recalled(self, d: Discovery, taken: set[str], now: float,
+                           wanted: Callable[[str], bool] | None) -> list[PilotId]:
+        """A pilot queued now for each preempted pilot's nodes that a main-queue job holds or is planned on
+        (``waits_for_node``):
+        Slurm or PBS starts it the moment that job ends, where a pilot submitted on the next look would
+        start a poll interval, an ``sbatch`` and a scheduling pass later. Pilots are preemptable, so it
+        never delays the main queue. Nodes free again, taken, unwanted or gone from the machine are left
+        to :meth:`hold_idle`'s usual rule."""
+        out: list[PilotId] = []
+        held = {n.name for n in d.nodes if n.state is NodeState.BUSY or (n.state is NodeState.IDLE and n.planned)}
+        while self._recalled:
+            nodes = self._recalled[0]
+            if any(n in taken or n not in held or (wanted is not None and not wanted(n)) for n in nodes):
+                self._recalled.pop(0)
+                continue
+            try:
+                pid = self.backend.submit(PilotRequest(nodes, waits_for_node=True))
+            except Throttled as exc:
+                self._hold_blocked_until = exc.retry_at if exc.retry_at is not None else now + self.poll_interval
+                break
+            except BackendError as exc:
+                self.log_event("pilot_submit_error", nodes=list(nodes), error=str(exc))
+                log.warning("%s: queueing a pilot for recalled %s: %s", self.backend.name, nodes, exc)
+                break
+            self._recalled.pop(0)
+            taken.update(nodes)
+            self.log_event("pilot_submitted", pilot=pid, nodes=list(nodes), waits_for_node=True)
+            log.info("%s: pilot %s queued for %s, recalled: it starts when the main job there ends",
+                     self.backend.name, pid, ",".join(nodes))
+            out.append(pid)
+        return out
+
+    def _cancel_unwanted_waits(self, wanted: Callable[[str], bool] | None) -> None:
+        """Cancel each pilot still queued for recalled nodes the daemon no longer wants."""
+        if wanted is None:
+            return
+        for pid, view in sorted(self.backend.pilots().items()):
+            if not view.waits_for_node or view.state is not PilotState.QUEUED or view.cancelling \
+                    or all(wanted(n) for n in view.nodes):
+                continue
+            try:
+                self.backend.cancel(pid)
+            except BackendError as exc:
+                log.warning("%s: cancel %s: %s (retried at the next hold)", self.backend.name, pid, exc)
+                continue
+            self.log_event("pilot_cancelled", pilot=pid, nodes=list(view.nodes), reason="node no longer wanted")
 
     def _submit_for(self, free: list[str], now: float) -> list[PilotId]:
         """Pilots for ``free`` nodes, at most :data:`MAX_SUBMITS_PER_HOLD` (the rest at the next hold)."""

@@ -28,6 +28,7 @@ from scavenger.base import (
     Discovery,
     EndReason,
     NodeInfo,
+    NodeState,
     PilotEvent,
     PilotId,
     PilotRequest,
@@ -139,6 +140,8 @@ class BatchBackend:
     ``runner`` runs commands (:func:`~scavenger.base.run_command`, or a fake in tests).
     """
 
+    queues_for_busy_nodes = True  # a pilot may wait in the queue for a node a main-queue job holds
+
     def __init__(
         self,
         dialect: Dialect,
@@ -173,7 +176,20 @@ class BatchBackend:
             claims = self.dialect.parse_claims(self._run(argv))
         busy = self.book.nodes_in_use()
         idle = frozenset(n.name for n in nodes if n.holdable and n.name not in busy)
-        return Discovery(nodes, claims, idle, self.clock())
+        now = self.clock()
+        self._restart_waits(nodes, now)
+        return Discovery(nodes, claims, idle, now)
+
+    def _restart_waits(self, nodes: Sequence[NodeInfo], now: float) -> None:
+        """A pilot queued for nodes a main-queue job still holds is not stuck: its time in the queue
+        (``max_queued_s``) counts from when they were last seen free."""
+        waiting = [r for r in self.book.live() if r.request.waits_for_node and r.state is PilotState.QUEUED]
+        if not waiting:
+            return
+        busy = {n.name for n in nodes if n.state is NodeState.BUSY}
+        for rec in waiting:
+            if busy.intersection(rec.request.nodes):
+                rec.queued_since = now
 
     @_changes_pilots
     def submit(self, request: PilotRequest) -> PilotId:
