@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import deque
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Mapping
 
@@ -72,6 +73,10 @@ MAX_SUBMITS_PER_HOLD = 32
 first look at 4,608 idle nodes) is held over many loop iterations, not in one that runs thousands
 of ``sbatch`` while no agent is heard and nothing is decided (32 a step is 320 a second at the
 default loop interval, above any centre's ``submit_rate``)."""
+
+MAX_WAITING_PILOTS = 64
+"""Pilots queued for recalled nodes at most at once (:meth:`Scavenging.queue_for_recalled`): a machine-wide
+recall must not fill the backend's ``max_pilots`` with pilots that wait while other nodes are idle."""
 
 PILOTS_KEY = "pilots"
 """Store meta: our live pilots, ``{id: {"nodes": [...], "replaces": id or null}}``."""
@@ -116,7 +121,8 @@ class Scavenging:
     RUNNING pilot may go without its own agent before it is cancelled (0: never).
     ``requeue_recalled``: queue a pilot for the nodes of each preempted pilot at once (when the
     backend ``queues_for_busy_nodes``), so a node the main job gives back starts our pilot without
-    waiting for the next look and submit (see :meth:`queue_for_recalled`).
+    waiting for the next look and submit (see :meth:`queue_for_recalled`); at most ``max_waiting``
+    such pilots at once.
     """
 
     backend: Any
@@ -127,6 +133,7 @@ class Scavenging:
     meta: Any = None
     agent_grace: float = 0.0
     requeue_recalled: bool = True
+    max_waiting: int = MAX_WAITING_PILOTS
     discovery: Discovery | None = None
     stale: bool = False
     error: str = ""
@@ -137,7 +144,8 @@ class Scavenging:
     _agentless_since: dict[PilotId, float] = field(default_factory=dict, repr=False)
     _shunned: dict[str, tuple[float, int]] = field(default_factory=dict, repr=False)  # node -> (until, strikes)
     _last_nodes: frozenset[str] = field(default=frozenset(), repr=False)  # the last daemon's pilots' nodes
-    _recalled: list[tuple[str, ...]] = field(default_factory=list, repr=False)  # preempted pilots' nodes
+    _recalled: deque[tuple[str, ...]] = field(default_factory=deque, repr=False)  # preempted pilots' nodes
+    _just_recalled: list[tuple[str, ...]] = field(default_factory=list, repr=False)  # seen by this look
 
     # ------------------------------------------------------------ remember
     def resume(self) -> list[PilotId]:
@@ -189,6 +197,8 @@ class Scavenging:
         if now < self._next_look:
             return []
         self._next_look = now + self.poll_interval
+        self._recalled.extend(self._just_recalled)  # the last look's: the daemon has acted on them since
+        self._just_recalled.clear()
         events: list[PilotEvent] = []
         try:
             events = list(self.backend.poll())
@@ -205,13 +215,16 @@ class Scavenging:
         return events
 
     def _note_recalls(self, events: list[PilotEvent]) -> None:
-        """Remember the nodes of each pilot the main scheduler preempted: the daemon expects them back."""
+        """Remember the nodes of each pilot the main scheduler preempted: the daemon expects them back. Their
+        pilots are queued from the next look on, never in the step that saw the preemption: there the daemon's
+        decision and act (jobs leave those nodes) come first, and an ``sbatch`` (a second or more on a busy
+        head node) would delay them."""
         if not self.requeue_recalled or not getattr(self.backend, "queues_for_busy_nodes", False):
             return
         for ev in events:
             if isinstance(ev, PilotEnded) and ev.reason is EndReason.PREEMPTED and ev.nodes \
                     and len(ev.nodes) == self.nodes_per_pilot:
-                self._recalled.append(tuple(ev.nodes))
+                self._just_recalled.append(tuple(ev.nodes))
 
     def _failed(self, exc: BackendError) -> None:
         text = f"{type(exc).__name__}: {exc}"
@@ -320,25 +333,27 @@ class Scavenging:
         taken = {n for v in self.backend.pilots().values() for n in v.nodes}
         shunned = self._shunned_now(now)
         free = sorted(n for n in d.idle - taken - shunned if wanted is None or wanted(n))
-        out = self.queue_for_recalled(d, taken | shunned, now, wanted)
-        out += self._submit_for(free, now)
+        out = self._submit_for(free, now)  # idle nodes first: a node free now never waits behind a recalled one
+        if now >= self._hold_blocked_until:
+            out += self.queue_for_recalled(d, taken | shunned, now, wanted)
         self._remember()
         return out
 
     def queue_for_recalled(self, d: Discovery, taken: set[str], now: float,
                            wanted: Callable[[str], bool] | None) -> list[PilotId]:
         """A pilot queued now for each preempted pilot's nodes that a main-queue job holds or is planned on
-        (``waits_for_node``):
-        Slurm or PBS starts it the moment that job ends, where a pilot submitted on the next look would
+        (``waits_for_node``): Slurm or PBS starts it the moment that job ends, where a pilot submitted on the next look would
         start a poll interval, an ``sbatch`` and a scheduling pass later. Pilots are preemptable, so it
         never delays the main queue. Nodes free again, taken, unwanted or gone from the machine are left
         to :meth:`hold_idle`'s usual rule."""
         out: list[PilotId] = []
+        waiting = sum(1 for v in self.backend.pilots().values() if v.waits_for_node and v.state is PilotState.QUEUED)
         held = {n.name for n in d.nodes if n.state is NodeState.BUSY or (n.state is NodeState.IDLE and n.planned)}
         while self._recalled:
             nodes = self._recalled[0]
-            if any(n in taken or n not in held or (wanted is not None and not wanted(n)) for n in nodes):
-                self._recalled.pop(0)
+            if any(n in taken or n not in held or (wanted is not None and not wanted(n)) for n in nodes) \
+                    or waiting >= self.max_waiting:
+                self._recalled.popleft()  # left to the usual rule: a pilot once the node is idle
                 continue
             try:
                 pid = self.backend.submit(PilotRequest(nodes, waits_for_node=True))
@@ -349,7 +364,8 @@ class Scavenging:
                 self.log_event("pilot_submit_error", nodes=list(nodes), error=str(exc))
                 log.warning("%s: queueing a pilot for recalled %s: %s", self.backend.name, nodes, exc)
                 break
-            self._recalled.pop(0)
+            self._recalled.popleft()
+            waiting += 1
             taken.update(nodes)
             self.log_event("pilot_submitted", pilot=pid, nodes=list(nodes), waits_for_node=True)
             log.info("%s: pilot %s queued for %s, recalled: it starts when the main job there ends",

@@ -96,7 +96,10 @@ def waiting_on(backend: SlurmBackend, node: str) -> list[PilotView]:
 
 def test_a_recalled_nodes_pilot_is_queued_at_once_and_starts_when_the_node_comes_back() -> None:
     slurm, clock, scav, backend, events, old = recalled_setup()
-    step(scav, clock)  # the preemption is seen; the node is the main queue's now
+    step(scav, clock)  # the preemption is seen: the daemon acts on it first (jobs leave n00), no sbatch
+    assert waiting_on(backend, "n00") == []
+    clock.t += 0.5
+    step(scav, clock)  # the next look: the node is still the main queue's
     [view] = waiting_on(backend, "n00")
     assert view.waits_for_node and view.id != old
     assert [d["nodes"] for d in events.kinds("pilot_submitted") if d.get("waits_for_node")] == [["n00"]]
@@ -116,6 +119,7 @@ def test_a_recalled_nodes_pilot_is_queued_at_once_and_starts_when_the_node_comes
 def test_without_requeue_the_node_waits_for_the_next_look() -> None:
     slurm, clock, scav, backend, events, old = recalled_setup(requeue_recalled=False)
     step(scav, clock)
+    step(scav, clock)
     assert waiting_on(backend, "n00") == []
     slurm.give_back("n00")
     slurm.tick()
@@ -126,6 +130,7 @@ def test_without_requeue_the_node_waits_for_the_next_look() -> None:
 
 def test_a_queued_pilot_for_a_node_no_longer_wanted_is_cancelled() -> None:
     slurm, clock, scav, backend, events, old = recalled_setup()
+    step(scav, clock)
     step(scav, clock)
     [view] = waiting_on(backend, "n00")
     clock.t += 1
@@ -148,6 +153,7 @@ def test_a_node_given_back_before_the_next_look_gets_one_pilot() -> None:
 def test_a_node_drained_while_the_pilot_waits_makes_it_stuck_after_max_queued() -> None:
     slurm, clock, scav, backend, events, old = recalled_setup()
     step(scav, clock)
+    step(scav, clock)
     [view] = waiting_on(backend, "n00")
     DRAINED.add("n00")  # the main job ends and the node is drained: the pilot can never start
     slurm.give_back("n00")
@@ -167,3 +173,20 @@ def test_a_restarted_daemon_keeps_knowing_the_pilot_waits_for_its_node() -> None
     assert sorted(saved, key=lambda p: p.id) == [SavedPilot("7", ("n00",), None, True),  # type: ignore[arg-type]
                                                  SavedPilot("8", ("n01",), None, False)]  # type: ignore[arg-type]
     assert '"waits"' not in pilots_json({"8": PilotView("8", PilotState.RUNNING, ("n01",), None)})  # type: ignore
+
+
+def test_pilots_waiting_for_recalled_nodes_are_capped_and_idle_nodes_come_first() -> None:
+    clock = Clock()
+    slurm = FakeSlurm([*NODES, "n03"], clock=clock)
+    scav, backend, events = scavenging_on(slurm, clock, max_waiting=1)
+    step(scav, clock, wanted=lambda node: node != "n03")  # n03 is not wanted yet
+    step(scav, clock, wanted=lambda node: node != "n03")
+    assert set(backend.held_nodes()) == set(NODES) and "n03" not in slurm.running()
+    clock.t += 5
+    slurm.recall("n00")
+    slurm.recall("n01")
+    step(scav, clock)
+    step(scav, clock)
+    waiting = [v for v in backend.pilots().values() if v.waits_for_node]
+    assert len(waiting) == 1  # a machine-wide recall does not fill max_pilots with waiting pilots
+    assert "n03" in slurm.running()  # and the idle node was held in the same step
