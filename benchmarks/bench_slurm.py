@@ -13,7 +13,8 @@ start minus ``sbatch`` time. Printed per run and as median / max:
 
 Then the daemon (``[scavenger] kind = "slurm"``, polling every 0.3 s, warm workers unless
 ``--cold``) runs a real torch training job (the example trainer, linear model) on every held
-node, and per run (``--daemon-runs``) a prod job takes ``--prod-nodes`` of them, then ends:
+node, and per run (``--daemon-runs``) a prod job takes ``--prod-nodes`` of them, runs at least
+``--prod-hold`` seconds, then ends:
 
 * the prod job's start delay, paired with run ``i``'s start on idle nodes without the daemon;
 * preemption -> new plan: prod ``sbatch`` to the daemon's plan without those nodes;
@@ -189,10 +190,11 @@ class DaemonRun:
     requeue: bool = True  # a pilot was queued for each recalled node (False: the baseline)
 
 
-def daemon_runs(cluster: SlurmCluster, tmp: Path, modes: list[bool], prod_nodes: list[str]) -> list[DaemonRun]:
+def daemon_runs(cluster: SlurmCluster, tmp: Path, modes: list[bool], prod_nodes: list[str],
+                hold_s: float = 0.0) -> list[DaemonRun]:
     """Per mode, one run: a prod job preempts ``prod_nodes`` under the daemon, then ends (see the module
     doc); the mode says whether the daemon queues a pilot for each recalled node at once (False: the
-    baseline)."""
+    baseline). Each prod job runs at least ``hold_s`` seconds."""
     from malletrain.config import DaemonConfig, ScavengerConfig
     from malletrain.daemon import Daemon
     from malletrain.jobspec import JobSpec
@@ -249,6 +251,7 @@ def daemon_runs(cluster: SlurmCluster, tmp: Path, modes: list[bool], prod_nodes:
             wait_for("prod job start", lambda: started.exists() and started.read_text().strip() != "", tick=tick)
             prod_delay = float(started.read_text().split()[0]) - t0
             plan_s, resumed_s = new_plan() - t0, steps_after(logs(), small, t0) - t0  # type: ignore[operator]
+            wait_for("prod job's hold", lambda: time.time() >= t0 + hold_s, timeout=hold_s + 60, tick=tick)
             t1 = time.time()
             cluster.run(["scancel", prod])
             wait_for("job grown", lambda: steps_after(logs(), n_all, t1) is not None, timeout=120, tick=tick)
@@ -280,6 +283,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prod-nodes", type=int, default=2)
     ap.add_argument("--daemon-runs", type=int, default=5, help="daemon runs of each mode, alternating (0: skip them)")
     ap.add_argument("--cold", action="store_true", help="no warm workers (the baseline: every worker starts cold)")
+    ap.add_argument("--prod-hold", type=float, default=10.0,
+                    help="seconds each daemon run's prod job runs at least (the daemon queues a pilot for a "
+                         "recalled node 5 s after the preemption)")
     ap.add_argument("--no-baseline", action="store_true",
                     help="skip the daemon's baseline runs (no pilot queued for a recalled node)")
     args = ap.parse_args(argv)
@@ -302,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"run {run + 1}: prod start on idle nodes {i:.2f} s, on held nodes {h:.2f} s, "
                       f"extra {h - i:+.2f} s; preempted reported after {r:.2f} s", flush=True)
             modes = [True] * args.daemon_runs if args.no_baseline else [False, True] * args.daemon_runs
-            done = daemon_runs(cluster, Path(tmp), modes, prod_nodes) if args.daemon_runs else []
+            done = daemon_runs(cluster, Path(tmp), modes, prod_nodes, args.prod_hold) if args.daemon_runs else []
             figures, base = [f for f in done if f.requeue], [f for f in done if not f.requeue]
     finally:
         cluster.stop()

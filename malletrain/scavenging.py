@@ -74,6 +74,10 @@ first look at 4,608 idle nodes) is held over many loop iterations, not in one th
 of ``sbatch`` while no agent is heard and nothing is decided (32 a step is 320 a second at the
 default loop interval, above any centre's ``submit_rate``)."""
 
+REQUEUE_AFTER_S = 5.0
+"""Seconds from a preemption seen to the pilot queued for that node: the daemon's shrink off the node is done
+by then (0.5-1.5 s measured), and main-queue jobs last far longer."""
+
 MAX_WAITING_PILOTS = 64
 """Pilots queued for recalled nodes at most at once (:meth:`Scavenging.queue_for_recalled`): a machine-wide
 recall must not fill the backend's ``max_pilots`` with pilots that wait while other nodes are idle."""
@@ -122,7 +126,7 @@ class Scavenging:
     ``requeue_recalled``: queue a pilot for the nodes of each preempted pilot at once (when the
     backend ``queues_for_busy_nodes``), so a node the main job gives back starts our pilot without
     waiting for the next look and submit (see :meth:`queue_for_recalled`); at most ``max_waiting``
-    such pilots at once.
+    such pilots at once, each ``requeue_after_s`` after its preemption was seen.
     """
 
     backend: Any
@@ -133,6 +137,7 @@ class Scavenging:
     meta: Any = None
     agent_grace: float = 0.0
     requeue_recalled: bool = True
+    requeue_after_s: float = REQUEUE_AFTER_S
     max_waiting: int = MAX_WAITING_PILOTS
     discovery: Discovery | None = None
     stale: bool = False
@@ -144,8 +149,7 @@ class Scavenging:
     _agentless_since: dict[PilotId, float] = field(default_factory=dict, repr=False)
     _shunned: dict[str, tuple[float, int]] = field(default_factory=dict, repr=False)  # node -> (until, strikes)
     _last_nodes: frozenset[str] = field(default=frozenset(), repr=False)  # the last daemon's pilots' nodes
-    _recalled: deque[tuple[str, ...]] = field(default_factory=deque, repr=False)  # preempted pilots' nodes
-    _just_recalled: list[tuple[str, ...]] = field(default_factory=list, repr=False)  # seen by this look
+    _recalled: deque[tuple[float, tuple[str, ...]]] = field(default_factory=deque, repr=False)  # (seen, nodes)
 
     # ------------------------------------------------------------ remember
     def resume(self) -> list[PilotId]:
@@ -197,12 +201,10 @@ class Scavenging:
         if now < self._next_look:
             return []
         self._next_look = now + self.poll_interval
-        self._recalled.extend(self._just_recalled)  # the last look's: the daemon has acted on them since
-        self._just_recalled.clear()
         events: list[PilotEvent] = []
         try:
             events = list(self.backend.poll())
-            self._note_recalls(events)
+            self._note_recalls(events, now)
             self._remember()
             self.discovery = self.backend.discover()
         except BackendError as exc:  # the daemon never dies of a scheduler hiccup; it waits for a good look
@@ -214,17 +216,17 @@ class Scavenging:
         self.stale, self.error = False, ""
         return events
 
-    def _note_recalls(self, events: list[PilotEvent]) -> None:
+    def _note_recalls(self, events: list[PilotEvent], now: float) -> None:
         """Remember the nodes of each pilot the main scheduler preempted: the daemon expects them back. Their
-        pilots are queued from the next look on, never in the step that saw the preemption: there the daemon's
-        decision and act (jobs leave those nodes) come first, and an ``sbatch`` (a second or more on a busy
-        head node) would delay them."""
+        pilots are queued :data:`REQUEUE_AFTER_S` later, never while the daemon shrinks its jobs off those
+        nodes: an ``sbatch`` blocks the daemon's loop (1-2.5 s on a busy head node), and one in the steps
+        after a preemption delayed the survivors' next step from 0.7 s to 3.5 s."""
         if not self.requeue_recalled or not getattr(self.backend, "queues_for_busy_nodes", False):
             return
         for ev in events:
             if isinstance(ev, PilotEnded) and ev.reason is EndReason.PREEMPTED and ev.nodes \
                     and len(ev.nodes) == self.nodes_per_pilot:
-                self._just_recalled.append(tuple(ev.nodes))
+                self._recalled.append((now, tuple(ev.nodes)))
 
     def _failed(self, exc: BackendError) -> None:
         text = f"{type(exc).__name__}: {exc}"
@@ -349,8 +351,8 @@ class Scavenging:
         out: list[PilotId] = []
         waiting = sum(1 for v in self.backend.pilots().values() if v.waits_for_node and v.state is PilotState.QUEUED)
         held = {n.name for n in d.nodes if n.state is NodeState.BUSY or (n.state is NodeState.IDLE and n.planned)}
-        while self._recalled:
-            nodes = self._recalled[0]
+        while self._recalled and now >= self._recalled[0][0] + self.requeue_after_s:
+            nodes = self._recalled[0][1]
             if any(n in taken or n not in held or (wanted is not None and not wanted(n)) for n in nodes) \
                     or waiting >= self.max_waiting:
                 self._recalled.popleft()  # left to the usual rule: a pilot once the node is idle

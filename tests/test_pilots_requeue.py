@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from malletrain.scavenging import Scavenging, parse_pilots, pilots_json
+from malletrain.scavenging import REQUEUE_AFTER_S, Scavenging, parse_pilots, pilots_json
 from scavenger.base import CommandResult, PilotStarted, PilotState, PilotView, SavedPilot
 from scavenger.slurm import SlurmBackend, SlurmConfig
 from scavenger.testing.fake_slurm import FakeSlurm
@@ -82,6 +82,7 @@ def recalled_setup(**kw: Any) -> tuple[FakeSlurm, Clock, Scavenging, SlurmBacken
     slurm = FakeSlurm(NODES, clock=clock)
     scav, backend, events = scavenging_on(slurm, clock, **kw)
     step(scav, clock)
+    clock.t += REQUEUE_AFTER_S
     step(scav, clock)
     assert set(backend.held_nodes()) == set(NODES)
     old = backend.held_nodes()["n00"]
@@ -96,10 +97,12 @@ def waiting_on(backend: SlurmBackend, node: str) -> list[PilotView]:
 
 def test_a_recalled_nodes_pilot_is_queued_at_once_and_starts_when_the_node_comes_back() -> None:
     slurm, clock, scav, backend, events, old = recalled_setup()
-    step(scav, clock)  # the preemption is seen: the daemon acts on it first (jobs leave n00), no sbatch
+    step(scav, clock)  # the preemption is seen: the daemon shrinks its jobs off n00 first, no sbatch
+    clock.t += REQUEUE_AFTER_S - 1
+    step(scav, clock)
     assert waiting_on(backend, "n00") == []
-    clock.t += 0.5
-    step(scav, clock)  # the next look: the node is still the main queue's
+    clock.t += 1
+    step(scav, clock)  # the node is still the main queue's
     [view] = waiting_on(backend, "n00")
     assert view.waits_for_node and view.id != old
     assert [d["nodes"] for d in events.kinds("pilot_submitted") if d.get("waits_for_node")] == [["n00"]]
@@ -119,6 +122,7 @@ def test_a_recalled_nodes_pilot_is_queued_at_once_and_starts_when_the_node_comes
 def test_without_requeue_the_node_waits_for_the_next_look() -> None:
     slurm, clock, scav, backend, events, old = recalled_setup(requeue_recalled=False)
     step(scav, clock)
+    clock.t += REQUEUE_AFTER_S
     step(scav, clock)
     assert waiting_on(backend, "n00") == []
     slurm.give_back("n00")
@@ -131,6 +135,7 @@ def test_without_requeue_the_node_waits_for_the_next_look() -> None:
 def test_a_queued_pilot_for_a_node_no_longer_wanted_is_cancelled() -> None:
     slurm, clock, scav, backend, events, old = recalled_setup()
     step(scav, clock)
+    clock.t += REQUEUE_AFTER_S
     step(scav, clock)
     [view] = waiting_on(backend, "n00")
     clock.t += 1
@@ -153,6 +158,7 @@ def test_a_node_given_back_before_the_next_look_gets_one_pilot() -> None:
 def test_a_node_drained_while_the_pilot_waits_makes_it_stuck_after_max_queued() -> None:
     slurm, clock, scav, backend, events, old = recalled_setup()
     step(scav, clock)
+    clock.t += REQUEUE_AFTER_S
     step(scav, clock)
     [view] = waiting_on(backend, "n00")
     DRAINED.add("n00")  # the main job ends and the node is drained: the pilot can never start
@@ -160,6 +166,7 @@ def test_a_node_drained_while_the_pilot_waits_makes_it_stuck_after_max_queued() 
     slurm.recall("n00")  # (the stand-in keeps it from starting; sinfo says drained)
     clock.t += MAX_QUEUED_S + 1
     step(scav, clock)
+    clock.t += REQUEUE_AFTER_S
     step(scav, clock)
     assert [v for v in waiting_on(backend, "n00") if not v.cancelling] == []
     assert ("n00", view.id) not in slurm.running().items()
@@ -186,6 +193,7 @@ def test_pilots_waiting_for_recalled_nodes_are_capped_and_idle_nodes_come_first(
     slurm.recall("n00")
     slurm.recall("n01")
     step(scav, clock)
+    clock.t += REQUEUE_AFTER_S
     step(scav, clock)
     waiting = [v for v in backend.pilots().values() if v.waits_for_node]
     assert len(waiting) == 1  # a machine-wide recall does not fill max_pilots with waiting pilots
