@@ -1,7 +1,7 @@
 """The workers a node agent runs (a mixin of :class:`scavenger.agent.Agent`).
 
 Each worker runs in its own process group, as the job's owner when a root agent
-starts it (:func:`run_as`), with the environment, working directory and log of
+starts it (:func:`run_as_owner`), with the environment, working directory and log of
 :mod:`scavenger.jobproc`; a worker assigned while the warm process still imports
 waits for it (:mod:`scavenger.warm`). Stopping is SIGTERM then SIGKILL after the
 grace; what an ended worker left behind is killed (the agent is a subreaper).
@@ -30,6 +30,8 @@ EXIT_RECALLED = 143  # 128 + SIGTERM, what schedulers expect of a SIGTERMed job
 
 @dataclass
 class Worker:
+    """One running worker: its process (group leader), its capped log, and its SIGKILL deadline once stopped."""
+
     name: str
     proc: subprocess.Popen[bytes]
     log: jobproc.CappedLog | None
