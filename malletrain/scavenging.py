@@ -334,7 +334,8 @@ class Scavenging:
             return []
         taken = {n for v in self.backend.pilots().values() for n in v.nodes}
         shunned = self._shunned_now(now)
-        free = sorted(n for n in d.idle - taken - shunned if wanted is None or wanted(n))
+        settling = {n for seen, nodes in self._recalled if now < seen + self.requeue_after_s for n in nodes}
+        free = sorted(n for n in d.idle - taken - shunned - settling if wanted is None or wanted(n))
         out = self._submit_for(free, now)  # idle nodes first: a node free now never waits behind a recalled one
         if now >= self._hold_blocked_until:
             out += self.queue_for_recalled(d, taken | shunned, now, wanted)
@@ -343,11 +344,14 @@ class Scavenging:
 
     def queue_for_recalled(self, d: Discovery, taken: set[str], now: float,
                            wanted: Callable[[str], bool] | None) -> list[PilotId]:
-        """A pilot queued now for each preempted pilot's nodes that a main-queue job holds or is planned on
-        (``waits_for_node``): Slurm or PBS starts it the moment that job ends, where a pilot submitted on the next look would
-        start a poll interval, an ``sbatch`` and a scheduling pass later. Pilots are preemptable, so it
-        never delays the main queue. Nodes free again, taken, unwanted or gone from the machine are left
-        to :meth:`hold_idle`'s usual rule."""
+        """A pilot queued for each preempted pilot's nodes that a main-queue job holds or is planned on, once
+        ``requeue_after_s`` passed (``waits_for_node``): Slurm or PBS starts it the moment that job ends,
+        where a pilot submitted on the next look would start a poll interval, an ``sbatch`` and a scheduling
+        pass later. Pilots are preemptable, so it never delays the main queue. Nodes free again, taken, unwanted or gone from the machine are left
+        to :meth:`hold_idle`'s usual rule. Until then a recalled node gets no pilot by that rule either:
+        the look between the preempted pilot's end and the main job's start can show it idle, and a pilot
+        submitted then waited behind the main job by accident, and was cancelled as stuck after
+        ``max_queued_s``, so a main job longer than that gave the node back to no pilot at all."""
         out: list[PilotId] = []
         waiting = sum(1 for v in self.backend.pilots().values() if v.waits_for_node and v.state is PilotState.QUEUED)
         held = {n.name for n in d.nodes if n.state is NodeState.BUSY or (n.state is NodeState.IDLE and n.planned)}

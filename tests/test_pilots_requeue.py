@@ -147,12 +147,30 @@ def test_a_queued_pilot_for_a_node_no_longer_wanted_is_cancelled() -> None:
     assert "n00" not in slurm.running()
 
 
-def test_a_node_given_back_before_the_next_look_gets_one_pilot() -> None:
+def test_a_node_given_back_at_once_gets_one_pilot_by_the_usual_rule() -> None:
     slurm, clock, scav, backend, events, old = recalled_setup()
     slurm.give_back("n00")  # the main job ended before the daemon even saw the preemption
     step(scav, clock)
+    assert len([d for d in events.kinds("pilot_submitted") if "n00" in d["nodes"]]) == 1  # only the first yet
+    clock.t += REQUEUE_AFTER_S
+    step(scav, clock)
     assert len([d for d in events.kinds("pilot_submitted") if "n00" in d["nodes"]]) == 2  # the first, and one
     assert not any(d.get("waits_for_node") for d in events.kinds("pilot_submitted"))  # by the usual rule
+
+
+def test_a_recalled_node_seen_idle_before_the_main_job_starts_gets_a_waiting_pilot_not_a_stuck_one() -> None:
+    slurm, clock, scav, backend, events, old = recalled_setup()
+    slurm.give_back("n00")  # the look between the pilot's end and the main job's start sees it idle
+    step(scav, clock)
+    assert not [v for v in backend.pilots().values() if "n00" in v.nodes]  # no pilot by accident
+    slurm.recall("n00")  # the main job starts
+    clock.t += REQUEUE_AFTER_S
+    step(scav, clock)
+    [view] = waiting_on(backend, "n00")
+    assert view.waits_for_node
+    clock.t += 2 * MAX_QUEUED_S  # a long main job: the pilot still waits
+    step(scav, clock)
+    assert [v.id for v in waiting_on(backend, "n00") if not v.cancelling] == [view.id]
 
 
 def test_a_node_drained_while_the_pilot_waits_makes_it_stuck_after_max_queued() -> None:
