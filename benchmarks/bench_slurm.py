@@ -25,10 +25,11 @@ node, and per run (``--daemon-runs``) a prod job takes ``--prod-nodes`` of them,
 
 The daemon's runs alternate (one daemon, same cluster, so both see the same load): the baseline
 (``Scavenging.requeue_recalled`` off: a returning node gets its pilot when the daemon's next look
-finds it idle), then the default (a pilot queued for each recalled node at once, which Slurm starts
-when the prod job ends), ``--daemon-runs`` of each; ``--no-baseline`` runs the default only. The last lines read ``node back -> first step on it: median X s,
-p95 Y s`` (with the baseline's figures and the ratio to them) and ``main-queue delay (paired with
-a run without the daemon): median X s, p95 Y s, max Z s``.
+finds it idle), then the default (a pilot queued for each recalled node 5 s after its preemption,
+which Slurm starts when the prod job ends), ``--daemon-runs`` of each; ``--no-baseline`` runs the
+default only. The last lines read ``node back -> first step on it: median X s, p95 Y s`` (with the
+baseline's figures and the ratio to them) and ``main-queue delay (paired with a run without the
+daemon): median X s, p95 Y s, max Z s``.
 Needs Slurm (installed with apt when missing, as root).
 """
 
@@ -286,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prod-hold", type=float, default=10.0,
                     help="seconds each daemon run's prod job runs at least (the daemon queues a pilot for a "
                          "recalled node 5 s after the preemption)")
+    ap.add_argument("--no-restart-stall", action="store_true", help="skip bench_restart_stall.py's lines at the end")
     ap.add_argument("--no-baseline", action="store_true",
                     help="skip the daemon's baseline runs (no pilot queued for a recalled node)")
     args = ap.parse_args(argv)
@@ -347,6 +349,8 @@ def main(argv: list[str] | None = None) -> int:
         paired = [f.prod_delay_s - idle_d[i % len(idle_d)] for i, f in enumerate(figures)]
         print(f"main-queue delay (paired with a run without the daemon): median {med(paired):.2f} s, "
               f"p95 {p95(paired):.2f} s, max {mx(paired):.2f} s")
+    if args.no_restart_stall:
+        return 0
     from bench_restart_stall import main as restart_stall  # its own cluster; the restart lines come last
 
     restart_stall(["--kills", "5", "--nodes", str(args.nodes)])
