@@ -76,7 +76,8 @@ default loop interval, above any centre's ``submit_rate``)."""
 
 REQUEUE_AFTER_S = 5.0
 """Seconds from a preemption seen to the pilot queued for that node: the daemon's shrink off the node is done
-by then (0.5-1.5 s measured), and main-queue jobs last far longer."""
+by then (preemption -> training resumed: 0.2-1 s, at most 3.9 s in bench_slurm.py at load 12), and main-queue
+jobs last far longer."""
 
 MAX_WAITING_PILOTS = 64
 """Pilots queued for recalled nodes at most at once (:meth:`Scavenging.queue_for_recalled`): a machine-wide
@@ -219,8 +220,7 @@ class Scavenging:
     def _note_recalls(self, events: list[PilotEvent], now: float) -> None:
         """Remember the nodes of each pilot the main scheduler preempted: the daemon expects them back. Their
         pilots are queued :data:`REQUEUE_AFTER_S` later, never while the daemon shrinks its jobs off those
-        nodes: an ``sbatch`` blocks the daemon's loop (1-2.5 s on a busy head node), and one in the steps
-        after a preemption delayed the survivors' next step from 0.7 s to 3.5 s."""
+        nodes: an ``sbatch`` blocks the daemon's loop (up to seconds on a busy head node)."""
         if not self.requeue_recalled or not getattr(self.backend, "queues_for_busy_nodes", False):
             return
         for ev in events:
