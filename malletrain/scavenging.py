@@ -18,9 +18,9 @@ decide
 act
     :meth:`Scavenging.hold_idle` submits a pilot for every idle node some trainer can
     use (in groups of ``nodes_per_pilot``; the backend rate-limits and caps them),
-    never a node the scheduler planned for a pending job, and queues a pilot at once for
-    the nodes of a preempted pilot (:meth:`Scavenging.queue_for_recalled`: it waits while
-    the main job runs and starts the moment the node is free); before that it cancels a
+    never a node the scheduler planned for a pending job, and queues a pilot for the nodes
+    of a preempted pilot a few seconds after (:meth:`Scavenging.queue_for_recalled`: it waits
+    while the main job runs and starts the moment the node is free); before that it cancels a
     RUNNING pilot whose agent has not said hello (or whose node's agent belongs to
     another batch job) for ``agent_grace`` seconds, so a broken node does not keep a
     pilot slot (and that node gets no new pilot for a while, longer at each such
@@ -84,7 +84,7 @@ MAX_WAITING_PILOTS = 64
 recall must not fill the backend's ``max_pilots`` with pilots that wait while other nodes are idle."""
 
 PILOTS_KEY = "pilots"
-"""Store meta: our live pilots, ``{id: {"nodes": [...], "replaces": id or null}}``."""
+"""Store meta: our live pilots, ``{id: {"nodes": [...], "replaces": id or null[, "waits": true]}}``."""
 
 
 def pilots_json(views: Mapping[PilotId, PilotView]) -> str:
@@ -124,7 +124,7 @@ class Scavenging:
     agent's hello carried). ``meta``: where our live pilots are kept across restarts
     (the store: ``get_meta``/``set_meta``; None: nowhere). ``agent_grace``: seconds a
     RUNNING pilot may go without its own agent before it is cancelled (0: never).
-    ``requeue_recalled``: queue a pilot for the nodes of each preempted pilot at once (when the
+    ``requeue_recalled``: queue a pilot for the nodes of each preempted pilot (when the
     backend ``queues_for_busy_nodes``), so a node the main job gives back starts our pilot without
     waiting for the next look and submit (see :meth:`queue_for_recalled`); at most ``max_waiting``
     such pilots at once, each ``requeue_after_s`` after its preemption was seen.
