@@ -13,7 +13,8 @@ start minus ``sbatch`` time. Printed per run and as median / max:
 
 Then the daemon (``[scavenger] kind = "slurm"``, polling every 0.3 s, warm workers unless
 ``--cold``) runs a real torch training job (the example trainer, linear model) on every held
-node, and per run (``--daemon-runs``) a prod job takes ``--prod-nodes`` of them, then ends:
+node, and per run (``--daemon-runs``) a prod job takes ``--prod-nodes`` of them, runs at least
+``--prod-hold`` seconds, then ends:
 
 * the prod job's start delay, paired with run ``i``'s start on idle nodes without the daemon;
 * preemption -> new plan: prod ``sbatch`` to the daemon's plan without those nodes;
@@ -22,8 +23,13 @@ node, and per run (``--daemon-runs``) a prod job takes ``--prod-nodes`` of them,
 * node back -> job grown: prod job's end (``scancel``) to the first step at the full size;
 * each stage of a node coming back, in seconds after the prod job's end (:data:`STAGES`).
 
-The last lines read ``node back -> first step on it: median X s, p95 Y s`` and
-``main-queue delay (paired with a run without the daemon): median X s, p95 Y s, max Z s``.
+The daemon's runs alternate (one daemon, same cluster, so both see the same load): the baseline
+(``Scavenging.requeue_recalled`` off: a returning node gets its pilot when the daemon's next look
+finds it idle), then the default (a pilot queued for each recalled node 5 s after its preemption,
+which Slurm starts when the prod job ends), ``--daemon-runs`` of each; ``--no-baseline`` runs the
+default only. The last lines read ``node back -> first step on it: median X s, p95 Y s`` (with the
+baseline's figures and the ratio to them) and ``main-queue delay (paired with a run without the
+daemon): median X s, p95 Y s, max Z s``.
 Needs Slurm (installed with apt when missing, as root).
 """
 
@@ -143,17 +149,29 @@ def _first_event(d, kind: str, node: str, after: float) -> float | None:  # type
     return None
 
 
+def _submitted(d, node: str, after: float, started: float | None) -> float | None:  # type: ignore[no-untyped-def]
+    """When the pilot that started on ``node`` at ``started`` was submitted: the last submission there
+    before it started (before ``after`` too, for a pilot queued while the node was recalled)."""
+    if started is None:
+        return _first_event(d, "pilot_submitted", node, after)
+    times = [float(e["time"]) for e in d.store.events("pilot_submitted")
+             if node in (e.get("nodes") or []) and float(e["time"]) <= started]
+    return max(times) if times else None
+
+
 def node_stages(d, jid: str, node: str, after: float) -> dict[str, float | None]:  # type: ignore[no-untyped-def]
-    """When each of :data:`STAGES` happened for ``node`` after ``after`` (seconds after it; None: not seen)."""
+    """When each of :data:`STAGES` happened for ``node`` after ``after`` (seconds after it, negative for a
+    pilot submitted before; None: not seen)."""
     from malletrain.examples.tracelog import traced
 
     wid = d.runs[jid].workers.get(node)
     log = d.state_dir / "logs" / f"{wid}.log" if wid else None
     joins = [e for e in traced(log, "rescale") if e.get("kind") == "join"] if log else []
     first = [e["t"] for e in steps(log)] if log else []
+    running = _first_event(d, "pilot_started", node, after)
     at = {
-        "pilot submitted": _first_event(d, "pilot_submitted", node, after),
-        "pilot running": _first_event(d, "pilot_started", node, after),
+        "pilot submitted": _submitted(d, node, after, running),
+        "pilot running": running,
         "agent hello": _first_event(d, "agent_up", node, after),
         "worker spawned": _first_event(d, "worker_started", node, after),
         "script ready": float(joins[0]["started"]) if joins else None,
@@ -170,10 +188,14 @@ class DaemonRun:
     grown_s: float
     prod_delay_s: float
     stages: list[dict[str, float | None]]  # one per node that came back
+    requeue: bool = True  # a pilot was queued for each recalled node (False: the baseline)
 
 
-def daemon_runs(cluster: SlurmCluster, tmp: Path, runs: int, prod_nodes: list[str]) -> list[DaemonRun]:
-    """Per run: a prod job preempts ``prod_nodes`` under the daemon, then ends (see the module doc)."""
+def daemon_runs(cluster: SlurmCluster, tmp: Path, modes: list[bool], prod_nodes: list[str],
+                hold_s: float = 0.0) -> list[DaemonRun]:
+    """Per mode, one run: a prod job preempts ``prod_nodes`` under the daemon, then ends (see the module
+    doc); the mode says whether the daemon queues a pilot for each recalled node at once (False: the
+    baseline). Each prod job runs at least ``hold_s`` seconds."""
     from malletrain.config import DaemonConfig, ScavengerConfig
     from malletrain.daemon import Daemon
     from malletrain.jobspec import JobSpec
@@ -203,7 +225,9 @@ def daemon_runs(cluster: SlurmCluster, tmp: Path, runs: int, prod_nodes: list[st
 
         wait_for("job on every node", lambda: len(d.runs[jid].members) == n_all
                  and steps_after(logs(), n_all, 0.0) is not None, timeout=180, tick=tick)
-        for run in range(runs):
+        for run, requeue in enumerate(modes):
+            d.scav.requeue_recalled = requeue
+            label = "default" if requeue else "baseline"
             since = max(e["id"] for e in d.store.events())
             started = tmp / f"prod-daemon-{run}"
             t0 = time.time()
@@ -228,16 +252,17 @@ def daemon_runs(cluster: SlurmCluster, tmp: Path, runs: int, prod_nodes: list[st
             wait_for("prod job start", lambda: started.exists() and started.read_text().strip() != "", tick=tick)
             prod_delay = float(started.read_text().split()[0]) - t0
             plan_s, resumed_s = new_plan() - t0, steps_after(logs(), small, t0) - t0  # type: ignore[operator]
+            wait_for("prod job's hold", lambda: time.time() >= t0 + hold_s, timeout=hold_s + 60, tick=tick)
             t1 = time.time()
             cluster.run(["scancel", prod])
             wait_for("job grown", lambda: steps_after(logs(), n_all, t1) is not None, timeout=120, tick=tick)
             grown_s = steps_after(logs(), n_all, t1) - t1  # type: ignore[operator]
             stages = [node_stages(d, jid, n, t1) for n in prod_nodes]
-            out.append(DaemonRun(plan_s, resumed_s, grown_s, prod_delay, stages))
+            out.append(DaemonRun(plan_s, resumed_s, grown_s, prod_delay, stages, requeue))
             per_stage = "; ".join(
                 f"{n}: " + ", ".join(f"{k} {v:.2f}" if v is not None else f"{k} -" for k, v in st.items())
                 for n, st in zip(prod_nodes, stages))
-            print(f"daemon run {run + 1}: prod start {prod_delay:.2f} s after sbatch; preemption -> new plan "
+            print(f"daemon run {run + 1} ({label}): prod start {prod_delay:.2f} s after sbatch; preemption -> new plan "
                   f"{plan_s:.2f} s, -> training resumed on {small} nodes {resumed_s:.2f} s; node back -> job grown "
                   f"{grown_s:.2f} s; stages (s after scancel) {per_stage}", flush=True)
     finally:
@@ -257,8 +282,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--nodes", type=int, default=4)
     ap.add_argument("--prod-nodes", type=int, default=2)
-    ap.add_argument("--daemon-runs", type=int, default=5, help="runs of the daemon figures (0: skip them)")
+    ap.add_argument("--daemon-runs", type=int, default=5, help="daemon runs of each mode, alternating (0: skip them)")
     ap.add_argument("--cold", action="store_true", help="no warm workers (the baseline: every worker starts cold)")
+    ap.add_argument("--prod-hold", type=float, default=10.0,
+                    help="seconds each daemon run's prod job runs at least (the daemon queues a pilot for a "
+                         "recalled node 5 s after the preemption)")
+    ap.add_argument("--no-restart-stall", action="store_true", help="skip bench_restart_stall.py's lines at the end")
+    ap.add_argument("--no-baseline", action="store_true",
+                    help="skip the daemon's baseline runs (no pilot queued for a recalled node)")
     args = ap.parse_args(argv)
     if args.cold:
         from malletrain.runtimes.torch_elastic import TorchRuntime
@@ -278,7 +309,9 @@ def main(argv: list[str] | None = None) -> int:
                 idle_d.append(i), held_d.append(h), extra.append(h - i), reports.append(r)
                 print(f"run {run + 1}: prod start on idle nodes {i:.2f} s, on held nodes {h:.2f} s, "
                       f"extra {h - i:+.2f} s; preempted reported after {r:.2f} s", flush=True)
-            figures = daemon_runs(cluster, Path(tmp), args.daemon_runs, prod_nodes) if args.daemon_runs else []
+            modes = [True] * args.daemon_runs if args.no_baseline else [False, True] * args.daemon_runs
+            done = daemon_runs(cluster, Path(tmp), modes, prod_nodes, args.prod_hold) if args.daemon_runs else []
+            figures, base = [f for f in done if f.requeue], [f for f in done if not f.requeue]
     finally:
         cluster.stop()
     med, mx = statistics.median, max
@@ -289,8 +322,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"daemon: {name}: median {med(col):.2f} s, max {mx(col):.2f} s over {len(col)} runs")
     for stage in STAGES:
         col = [st[stage] for f in figures for st in f.stages if st[stage] is not None]
+        old = [st[stage] for f in base for st in f.stages if st[stage] is not None]
         if col:
-            print(f"stage (s after the prod job's end): {stage}: median {med(col):.2f} s, max {mx(col):.2f} s")
+            was = f" (baseline: median {med(old):.2f} s, max {mx(old):.2f} s)" if old else ""
+            print(f"stage (s after the prod job's end): {stage}: median {med(col):.2f} s, max {mx(col):.2f} s{was}")
     print(f"prod start delay on idle nodes: median {med(idle_d):.2f} s, max {mx(idle_d):.2f} s")
     print(f"prod start delay on held nodes: median {med(held_d):.2f} s, max {mx(held_d):.2f} s")
     print(f"prod sbatch -> ended(preempted) reported: median {med(reports):.2f} s, max {mx(reports):.2f} s")
@@ -300,12 +335,22 @@ def main(argv: list[str] | None = None) -> int:
     if handed:  # what a warm worker removes: the framework's import after the daemon's decision
         print(f"worker spawned -> first step on it: median {med(handed):.2f} s, max {mx(handed):.2f} s")
     first = [st["first step"] for f in figures for st in f.stages if st["first step"] is not None]
+    old = [st["first step"] for f in base for st in f.stages if st["first step"] is not None]
+    if old:
+        print(f"baseline (no pilot queued on recall, runs alternating): node back -> first step on it: "
+              f"median {med(old):.2f} s, p95 {p95(old):.2f} s")
+        paired = [f.prod_delay_s - idle_d[i % len(idle_d)] for i, f in enumerate(base)]
+        print(f"baseline: main-queue delay (paired with a run without the daemon): median {med(paired):.2f} s, "
+              f"p95 {p95(paired):.2f} s, max {mx(paired):.2f} s")
     if first:
-        print(f"node back -> first step on it: median {med(first):.2f} s, p95 {p95(first):.2f} s")
+        ratio = f"; {med(first) / med(old):.2f}x the baseline's median" if old else ""
+        print(f"node back -> first step on it: median {med(first):.2f} s, p95 {p95(first):.2f} s{ratio}")
     if figures:
         paired = [f.prod_delay_s - idle_d[i % len(idle_d)] for i, f in enumerate(figures)]
         print(f"main-queue delay (paired with a run without the daemon): median {med(paired):.2f} s, "
               f"p95 {p95(paired):.2f} s, max {mx(paired):.2f} s")
+    if args.no_restart_stall:
+        return 0
     from bench_restart_stall import main as restart_stall  # its own cluster; the restart lines come last
 
     restart_stall(["--kills", "5", "--nodes", str(args.nodes)])

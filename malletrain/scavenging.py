@@ -18,7 +18,9 @@ decide
 act
     :meth:`Scavenging.hold_idle` submits a pilot for every idle node some trainer can
     use (in groups of ``nodes_per_pilot``; the backend rate-limits and caps them),
-    never a node the scheduler planned for a pending job; before that it cancels a
+    never a node the scheduler planned for a pending job, and queues a pilot for the nodes
+    of a preempted pilot a few seconds after (:meth:`Scavenging.queue_for_recalled`: it waits
+    while the main job runs and starts the moment the node is free); before that it cancels a
     RUNNING pilot whose agent has not said hello (or whose node's agent belongs to
     another batch job) for ``agent_grace`` seconds, so a broken node does not keep a
     pilot slot (and that node gets no new pilot for a while, longer at each such
@@ -36,12 +38,15 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import deque
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Mapping
 
 from scavenger.base import (
     BackendError,
     Discovery,
+    EndReason,
+    NodeState,
     PilotEnded,
     PilotEnding,
     PilotEvent,
@@ -69,14 +74,23 @@ first look at 4,608 idle nodes) is held over many loop iterations, not in one th
 of ``sbatch`` while no agent is heard and nothing is decided (32 a step is 320 a second at the
 default loop interval, above any centre's ``submit_rate``)."""
 
+REQUEUE_AFTER_S = 5.0
+"""Seconds from a preemption seen to the pilot queued for that node: the daemon's shrink off the node is done
+by then (preemption -> training resumed: 0.2-1 s, at most 3.9 s in bench_slurm.py at load 12), and main-queue
+jobs last far longer."""
+
+MAX_WAITING_PILOTS = 64
+"""Pilots queued for recalled nodes at most at once (:meth:`Scavenging.queue_for_recalled`): a machine-wide
+recall must not fill the backend's ``max_pilots`` with pilots that wait while other nodes are idle."""
+
 PILOTS_KEY = "pilots"
-"""Store meta: our live pilots, ``{id: {"nodes": [...], "replaces": id or null}}``."""
+"""Store meta: our live pilots, ``{id: {"nodes": [...], "replaces": id or null[, "waits": true]}}``."""
 
 
 def pilots_json(views: Mapping[PilotId, PilotView]) -> str:
     """The live pilots a restarted daemon must take back: every pilot we have not cancelled."""
     keep = {
-        str(pid): {"nodes": list(v.nodes), "replaces": v.replaces}
+        str(pid): {"nodes": list(v.nodes), "replaces": v.replaces, **({"waits": True} if v.waits_for_node else {})}
         for pid, v in views.items() if not v.cancelling and v.state is not PilotState.ENDED
     }
     return json.dumps(keep, sort_keys=True)
@@ -94,10 +108,11 @@ def parse_pilots(text: str) -> list[SavedPilot]:
     for pid, rec in obj.items():
         nodes = rec.get("nodes") if isinstance(rec, dict) else None
         replaces = rec.get("replaces") if isinstance(rec, dict) else None
+        waits = rec.get("waits", False) if isinstance(rec, dict) else None
         if not pid or not isinstance(nodes, list) or not all(isinstance(n, str) for n in nodes) \
-                or not (replaces is None or isinstance(replaces, str)):
+                or not (replaces is None or isinstance(replaces, str)) or not isinstance(waits, bool):
             raise ValueError(f"store meta {PILOTS_KEY!r}: bad entry for pilot {pid!r}: {rec!r}")
-        out.append(SavedPilot(PilotId(pid), tuple(nodes), PilotId(replaces) if replaces else None))
+        out.append(SavedPilot(PilotId(pid), tuple(nodes), PilotId(replaces) if replaces else None, waits))
     return out
 
 
@@ -109,6 +124,10 @@ class Scavenging:
     agent's hello carried). ``meta``: where our live pilots are kept across restarts
     (the store: ``get_meta``/``set_meta``; None: nowhere). ``agent_grace``: seconds a
     RUNNING pilot may go without its own agent before it is cancelled (0: never).
+    ``requeue_recalled``: queue a pilot for the nodes of each preempted pilot (when the
+    backend ``queues_for_busy_nodes``), so a node the main job gives back starts our pilot without
+    waiting for the next look and submit (see :meth:`queue_for_recalled`); at most ``max_waiting``
+    such pilots at once, each ``requeue_after_s`` after its preemption was seen.
     """
 
     backend: Any
@@ -118,6 +137,9 @@ class Scavenging:
     poll_interval: float = 0.0
     meta: Any = None
     agent_grace: float = 0.0
+    requeue_recalled: bool = True
+    requeue_after_s: float = REQUEUE_AFTER_S
+    max_waiting: int = MAX_WAITING_PILOTS
     discovery: Discovery | None = None
     stale: bool = False
     error: str = ""
@@ -128,6 +150,7 @@ class Scavenging:
     _agentless_since: dict[PilotId, float] = field(default_factory=dict, repr=False)
     _shunned: dict[str, tuple[float, int]] = field(default_factory=dict, repr=False)  # node -> (until, strikes)
     _last_nodes: frozenset[str] = field(default=frozenset(), repr=False)  # the last daemon's pilots' nodes
+    _recalled: deque[tuple[float, tuple[str, ...]]] = field(default_factory=deque, repr=False)  # (seen, nodes)
 
     # ------------------------------------------------------------ remember
     def resume(self) -> list[PilotId]:
@@ -182,6 +205,7 @@ class Scavenging:
         events: list[PilotEvent] = []
         try:
             events = list(self.backend.poll())
+            self._note_recalls(events, now)
             self._remember()
             self.discovery = self.backend.discover()
         except BackendError as exc:  # the daemon never dies of a scheduler hiccup; it waits for a good look
@@ -192,6 +216,17 @@ class Scavenging:
             log.info("%s backend answers again", self.backend.name)
         self.stale, self.error = False, ""
         return events
+
+    def _note_recalls(self, events: list[PilotEvent], now: float) -> None:
+        """Remember the nodes of each pilot the main scheduler preempted: the daemon expects them back. Their
+        pilots are queued :data:`REQUEUE_AFTER_S` later, never while the daemon shrinks its jobs off those
+        nodes: an ``sbatch`` blocks the daemon's loop (up to seconds on a busy head node)."""
+        if not self.requeue_recalled or not getattr(self.backend, "queues_for_busy_nodes", False):
+            return
+        for ev in events:
+            if isinstance(ev, PilotEnded) and ev.reason is EndReason.PREEMPTED and ev.nodes \
+                    and len(ev.nodes) == self.nodes_per_pilot:
+                self._recalled.append((now, tuple(ev.nodes)))
 
     def _failed(self, exc: BackendError) -> None:
         text = f"{type(exc).__name__}: {exc}"
@@ -293,14 +328,71 @@ class Scavenging:
         if self.stale or d is None:
             return []
         self._cancel_agentless(now)
+        self._cancel_unwanted_waits(wanted)
         if now < self._hold_blocked_until:
             self._remember()
             return []
         taken = {n for v in self.backend.pilots().values() for n in v.nodes}
-        free = sorted(n for n in d.idle - taken - self._shunned_now(now) if wanted is None or wanted(n))
-        out = self._submit_for(free, now)
+        shunned = self._shunned_now(now)
+        settling = {n for seen, nodes in self._recalled if now < seen + self.requeue_after_s for n in nodes}
+        free = sorted(n for n in d.idle - taken - shunned - settling if wanted is None or wanted(n))
+        out = self._submit_for(free, now)  # idle nodes first: a node free now never waits behind a recalled one
+        if now >= self._hold_blocked_until:
+            out += self.queue_for_recalled(d, taken | shunned, now, wanted)
         self._remember()
         return out
+
+    def queue_for_recalled(self, d: Discovery, taken: set[str], now: float,
+                           wanted: Callable[[str], bool] | None) -> list[PilotId]:
+        """A pilot queued for each preempted pilot's nodes that a main-queue job holds or is planned on, once
+        ``requeue_after_s`` passed (``waits_for_node``): Slurm or PBS starts it the moment that job ends,
+        where a pilot submitted on the next look would start a poll interval, an ``sbatch`` and a scheduling
+        pass later. Pilots are preemptable, so it never delays the main queue. Nodes free again, taken, unwanted or gone from the machine are left
+        to :meth:`hold_idle`'s usual rule. Until then a recalled node gets no pilot by that rule either:
+        the look between the preempted pilot's end and the main job's start can show it idle, and a pilot
+        submitted then waited behind the main job by accident, and was cancelled as stuck after
+        ``max_queued_s``, so a main job longer than that gave the node back to no pilot at all."""
+        out: list[PilotId] = []
+        waiting = sum(1 for v in self.backend.pilots().values() if v.waits_for_node and v.state is PilotState.QUEUED)
+        held = {n.name for n in d.nodes if n.state is NodeState.BUSY or (n.state is NodeState.IDLE and n.planned)}
+        while self._recalled and now >= self._recalled[0][0] + self.requeue_after_s:
+            nodes = self._recalled[0][1]
+            if any(n in taken or n not in held or (wanted is not None and not wanted(n)) for n in nodes) \
+                    or waiting >= self.max_waiting:
+                self._recalled.popleft()  # left to the usual rule: a pilot once the node is idle
+                continue
+            try:
+                pid = self.backend.submit(PilotRequest(nodes, waits_for_node=True))
+            except Throttled as exc:
+                self._hold_blocked_until = exc.retry_at if exc.retry_at is not None else now + self.poll_interval
+                break
+            except BackendError as exc:
+                self.log_event("pilot_submit_error", nodes=list(nodes), error=str(exc))
+                log.warning("%s: queueing a pilot for recalled %s: %s", self.backend.name, nodes, exc)
+                break
+            self._recalled.popleft()
+            waiting += 1
+            taken.update(nodes)
+            self.log_event("pilot_submitted", pilot=pid, nodes=list(nodes), waits_for_node=True)
+            log.info("%s: pilot %s queued for %s, recalled: it starts when the main job there ends",
+                     self.backend.name, pid, ",".join(nodes))
+            out.append(pid)
+        return out
+
+    def _cancel_unwanted_waits(self, wanted: Callable[[str], bool] | None) -> None:
+        """Cancel each pilot still queued for recalled nodes the daemon no longer wants."""
+        if wanted is None:
+            return
+        for pid, view in sorted(self.backend.pilots().items()):
+            if not view.waits_for_node or view.state is not PilotState.QUEUED or view.cancelling \
+                    or all(wanted(n) for n in view.nodes):
+                continue
+            try:
+                self.backend.cancel(pid)
+            except BackendError as exc:
+                log.warning("%s: cancel %s: %s (retried at the next hold)", self.backend.name, pid, exc)
+                continue
+            self.log_event("pilot_cancelled", pilot=pid, nodes=list(view.nodes), reason="node no longer wanted")
 
     def _submit_for(self, free: list[str], now: float) -> list[PilotId]:
         """Pilots for ``free`` nodes, at most :data:`MAX_SUBMITS_PER_HOLD` (the rest at the next hold)."""

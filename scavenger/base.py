@@ -249,12 +249,16 @@ class PilotRequest:
     """Ask for one pilot on ``nodes`` (empty: any nodes of the pilot partition).
 
     ``walltime_s`` None uses the backend's configured walltime. ``after``: start only
-    when that pilot has ended (a walltime replacement on the same nodes).
+    when that pilot has ended (a walltime replacement on the same nodes). ``waits_for_node``:
+    queued for nodes the main scheduler holds now (a recalled node the daemon expects back,
+    ``queues_for_busy_nodes`` of :class:`SchedulerBackend`): it starts the moment they are free, and
+    its time in the queue counts only from then (``max_queued_s``).
     """
 
     nodes: tuple[str, ...] = ()
     walltime_s: float | None = None
     after: PilotId | None = None
+    waits_for_node: bool = False
 
 
 @dataclass(frozen=True)
@@ -351,6 +355,10 @@ class SchedulerBackend(Protocol):
     that fails, hangs or answers garbage raises a :class:`BackendError` subclass
     (carrying the :class:`CommandResult`); the backend then keeps its last known pilot
     states unchanged and returns no stale data: callers skip that round's decision.
+
+    An optional ``queues_for_busy_nodes`` attribute, True, says that a pilot may be queued for a
+    node a main-queue job holds (a batch scheduler): it waits and starts when the node is free
+    (:attr:`PilotRequest.waits_for_node`); absent means False (the local backend).
     """
 
     name: str
@@ -385,7 +393,7 @@ class SchedulerBackend(Protocol):
 @dataclass(frozen=True)
 class PilotView:
     """A read-only look at one pilot; ``cancelling``: our cancel of it went through, it is
-    on its way out."""
+    on its way out; ``waits_for_node``: see :class:`PilotRequest`."""
 
     id: PilotId
     state: PilotState
@@ -393,13 +401,16 @@ class PilotView:
     expires_at: float | None
     replaces: PilotId | None = None
     cancelling: bool = False
+    waits_for_node: bool = False
 
 
 @dataclass(frozen=True)
 class SavedPilot:
     """What a daemon keeps of one live pilot across a restart (:meth:`SchedulerBackend.resume`):
-    its id, the nodes it holds or asked for, and the pilot it replaces at walltime."""
+    its id, the nodes it holds or asked for, the pilot it replaces at walltime, and whether it
+    was queued for nodes the main scheduler held (:attr:`PilotRequest.waits_for_node`)."""
 
     id: PilotId
     nodes: tuple[str, ...] = ()
     replaces: PilotId | None = None
+    waits_for_node: bool = False

@@ -87,6 +87,7 @@ class LocalBackend:
     """
 
     name = "local"
+    queues_for_busy_nodes = False  # an agent process starts at once or not at all
 
     def __init__(
         self,

@@ -117,7 +117,8 @@ class PilotRecord:
     announced: EndReason | None = None  # the reason of the last PilotEnding sent
 
     def view(self) -> PilotView:
-        return PilotView(self.id, self.state, self.nodes, self.expires_at, self.replaces, self.cancel_requested)
+        return PilotView(self.id, self.state, self.nodes, self.expires_at, self.replaces, self.cancel_requested,
+                         self.request.waits_for_node)
 
 
 class PilotBook:
@@ -198,7 +199,7 @@ class PilotBook:
         rec = self._live.get(saved.id)
         if rec is not None:
             return rec
-        request = PilotRequest(saved.nodes, after=saved.replaces)
+        request = PilotRequest(saved.nodes, after=saved.replaces, waits_for_node=saved.waits_for_node)
         rec = PilotRecord(saved.id, request, now, state=PilotState.UNKNOWN, nodes=saved.nodes, queued_since=now,
                           replaces=saved.replaces)
         self._live[saved.id] = rec

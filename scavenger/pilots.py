@@ -28,6 +28,7 @@ from scavenger.base import (
     Discovery,
     EndReason,
     NodeInfo,
+    NodeState,
     PilotEvent,
     PilotId,
     PilotRequest,
@@ -139,6 +140,8 @@ class BatchBackend:
     ``runner`` runs commands (:func:`~scavenger.base.run_command`, or a fake in tests).
     """
 
+    queues_for_busy_nodes = True  # a pilot may wait in the queue for a node a main-queue job holds
+
     def __init__(
         self,
         dialect: Dialect,
@@ -158,6 +161,7 @@ class BatchBackend:
         self._views: Mapping[PilotId, PilotView] | None = None  # pilots(), built once per change
         self.version = 0  # counts the calls that may have changed the pilots (a caller skips work when equal)
         self._held: dict[str, PilotId] = {}  # held_nodes(), built with it
+        self._busy: frozenset[str] = frozenset()  # nodes a main-queue job held at the last discover
 
     # -- commands
     def _run(self, argv: Sequence[str]) -> CommandResult:
@@ -173,7 +177,22 @@ class BatchBackend:
             claims = self.dialect.parse_claims(self._run(argv))
         busy = self.book.nodes_in_use()
         idle = frozenset(n.name for n in nodes if n.holdable and n.name not in busy)
-        return Discovery(nodes, claims, idle, self.clock())
+        now = self.clock()
+        self._restart_waits(nodes, now)
+        return Discovery(nodes, claims, idle, now)
+
+    def _restart_waits(self, nodes: Sequence[NodeInfo], now: float) -> None:
+        """A pilot queued for nodes a main-queue job still holds is not stuck: its time in the queue
+        (``max_queued_s``) counts from when they were last seen free."""
+        self._busy = frozenset(n.name for n in nodes if n.state is NodeState.BUSY)
+        for rec in self.book.live():
+            if self._waits_on_busy(rec):
+                rec.queued_since = now
+
+    def _waits_on_busy(self, rec: PilotRecord) -> bool:
+        """``rec`` is queued for nodes a main-queue job held at the last discover (and asked to wait)."""
+        return rec.request.waits_for_node and rec.state is PilotState.QUEUED and not self._busy.isdisjoint(
+            rec.request.nodes)
 
     @_changes_pilots
     def submit(self, request: PilotRequest) -> PilotId:
@@ -331,7 +350,7 @@ class BatchBackend:
             r.id for r in self.book.live()
             if r.state is PilotState.QUEUED and not r.cancel_requested
             and (r.replaces is None or r.replaces not in self.book)
-            and now - r.queued_since > cfg.max_queued_s
+            and now - r.queued_since > cfg.max_queued_s and not self._waits_on_busy(r)
         ]
         if stuck:
             self._try_cancel(stuck, EndReason.CANCELLED)

@@ -228,7 +228,7 @@ def test_start_worker_carries_the_owner_and_the_agent_decides_who_runs_it() -> N
     import pytest
 
     from scavenger import protocol as P
-    from scavenger.agent import RunAs, _run_as
+    from scavenger.agent import RunAs, run_as_owner
 
     msg = P.StartWorker("node00", "w1", ("/bin/true",), {}, None, 65534, 65534)
     assert P.decode(P.encode(msg)) == msg
@@ -236,9 +236,9 @@ def test_start_worker_carries_the_owner_and_the_agent_decides_who_runs_it() -> N
         frame = P.encode(msg).replace(b'"uid":65534', b'"uid":' + json.dumps(bad).encode())
         with pytest.raises(P.ProtocolError, match="uid"):
             P.decode(frame)
-    assert _run_as(P.StartWorker("n", "w", ("x",))) is None  # no owner: the agent's own user
-    assert _run_as(P.StartWorker("n", "w", ("x",), uid=os.geteuid())) is None
-    other = _run_as(P.StartWorker("n", "w", ("x",), uid=65534, gid=65534))
+    assert run_as_owner(P.StartWorker("n", "w", ("x",))) is None  # no owner: the agent's own user
+    assert run_as_owner(P.StartWorker("n", "w", ("x",), uid=os.geteuid())) is None
+    other = run_as_owner(P.StartWorker("n", "w", ("x",), uid=65534, gid=65534))
     if os.geteuid() == 0:
         assert isinstance(other, RunAs) and (other.uid, other.gid) == (65534, 65534)
         assert other.popen_args() == {"user": 65534, "group": 65534, "extra_groups": []}

@@ -27,7 +27,7 @@ from scavenger.base import (
     Throttled,
     can_move,
 )
-from malletrain.scavenging import Scavenging
+from malletrain.scavenging import REQUEUE_AFTER_S, Scavenging
 from scavenger.pilots import SubmitLimiter
 from scavenger.slurm import (
     SLURM_STATES,
@@ -452,6 +452,10 @@ def test_a_restarted_daemon_takes_back_its_queued_running_and_ended_pilots() -> 
     assert [(ev.pilot, ev.reason) for ev in events if isinstance(ev, PilotEnded)] == [(e, EndReason.PREEMPTED)]
     assert b2.pilots()[q].state is PilotState.QUEUED and b2.pilots()[r].state is PilotState.RUNNING
     s2.hold_idle(clock.t)
+    assert [c for c in fake.calls if c[0] == "sbatch"][before:] == []  # a node just recalled: a main job may start
+    clock.t += REQUEUE_AFTER_S
+    s2.look(clock.t)
+    s2.hold_idle(clock.t)  # still idle: held by the usual rule
     sbatch = [c for c in fake.calls if c[0] == "sbatch"][before:]
     assert [next(a for a in c if a.startswith("--nodelist=")) for c in sbatch] == ["--nodelist=node4"]
     assert set(json.loads(meta.data["pilots"])) == {q, r, *(b2.pilots().keys() - {q, r})}

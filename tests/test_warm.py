@@ -227,7 +227,7 @@ def test_a_root_warm_process_runs_the_job_as_its_owner() -> None:
 
 
 def test_a_stuck_warm_process_is_killed_and_the_worker_starts_cold(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    import scavenger.agent as agent_mod
+    import scavenger.agent_workers as agent_workers
 
     (tmp_path / "slowmod.py").write_text("import time\ntime.sleep(120)\n")
     script = tmp_path / "train.py"
@@ -242,7 +242,7 @@ def test_a_stuck_warm_process_is_killed_and_the_worker_starts_cold(tmp_path: Pat
         agent.start_worker(P.StartWorker("n1", "j1.n1.1", (sys.executable, str(script)), {}, str(tmp_path)))
         agent._start_deferred()
         assert "j1.n1.1" in agent.deferred  # still within its wait: no second import
-        monkeypatch.setattr(agent_mod, "WARM_WAIT_S", 0.0)
+        monkeypatch.setattr(agent_workers, "WARM_WAIT_S", 0.0)
         agent._start_deferred()
         w = agent.workers["j1.n1.1"]
         assert w.proc.pid != stuck.pid and stuck.poll() is not None  # the stuck one is gone
@@ -254,3 +254,21 @@ def test_a_stuck_warm_process_is_killed_and_the_worker_starts_cold(tmp_path: Pat
         agent.sock.close(0)
         agent.monitor.close(0)
         agent.ctx.term()
+
+
+def test_the_warm_process_starts_before_the_agent_sends_its_first_challenge(tmp_path: Path) -> None:
+    """A returning node's pilot imports the framework while it registers with the daemon: the warm
+    process is spawned before the agent's first handshake frame, not once the daemon answered."""
+    agent = Agent("n1", "tcp://127.0.0.1:1", KEY, dead_after_s=0.3, log_dir=str(tmp_path / "logs"),
+                  warm_modules=("json",))
+    spawned_at_first_challenge: list[bool] = []
+    challenge = agent.authenticate
+
+    def spy(now: float) -> None:
+        if not spawned_at_first_challenge:
+            spawned_at_first_challenge.append(agent.warm is not None and agent.warm.proc is not None)
+        challenge(now)
+
+    agent.authenticate = spy  # type: ignore[method-assign]
+    assert agent.run() == 3  # nothing answers: the agent gives up after dead_after_s
+    assert spawned_at_first_challenge == [True]

@@ -1,0 +1,279 @@
+"""The workers a node agent runs (a mixin of :class:`scavenger.agent.Agent`).
+
+Each worker runs in its own process group, as the job's owner when a root agent
+starts it (:func:`run_as_owner`), with the environment, working directory and log of
+:mod:`scavenger.jobproc`; a worker assigned while the warm process still imports
+waits for it (:mod:`scavenger.warm`). Stopping is SIGTERM then SIGKILL after the
+grace; what an ended worker left behind is killed: everything in its cgroup where the node has one,
+else what the subreaper agent inherits (:mod:`scavenger.containment`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pwd
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from scavenger import containment
+from scavenger import jobproc
+from scavenger import protocol as P
+from scavenger.warm import WARM_WAIT_S, Assignment, WarmSlot, warm_refusal
+
+log = logging.getLogger("scavenger.agent")
+
+EXIT_RECALLED = 143  # 128 + SIGTERM, what schedulers expect of a SIGTERMed job
+
+
+@dataclass
+class Worker:
+    """One running worker: its process (group leader), its capped log, and its SIGKILL deadline once stopped."""
+
+    name: str
+    proc: subprocess.Popen[bytes]
+    log: jobproc.CappedLog | None
+    kill_at: float | None = None  # SIGKILL deadline after a stop
+
+
+def _describe_exit(code: int) -> str:
+    """``code 0`` / ``code 3`` / ``signal SIGKILL (-9)``: a worker's exit for a log line."""
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name} ({code})"
+        except ValueError:
+            return f"signal {-code} ({code})"
+    return f"code {code}"
+
+
+def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+@dataclass(frozen=True)
+class RunAs:
+    """The user a worker runs as: the job's owner, when a root agent starts it."""
+
+    uid: int
+    gid: int
+    env: dict[str, str]
+
+    def popen_args(self) -> dict[str, Any]:
+        return {"user": self.uid, "group": self.gid, "extra_groups": []}
+
+
+def run_as_owner(msg: P.StartWorker) -> "RunAs | None | str":
+    """Who runs ``msg``'s worker: None (this agent's user), a :class:`RunAs`, or why it may not run.
+
+    A root agent switches to the job's owner (never runs a job as root unless the owner is
+    root); any other agent runs only jobs of its own user, since it cannot switch.
+    """
+    if msg.uid is None or msg.uid == os.geteuid():
+        return None
+    if os.geteuid() != 0:
+        return f"the job belongs to uid {msg.uid} and this agent (uid {os.geteuid()}) cannot switch users"
+    gid = msg.gid
+    env: dict[str, str] = {}
+    try:
+        pw = pwd.getpwuid(msg.uid)
+    except KeyError:
+        pass  # a uid without a passwd entry still runs, with the gid given
+    else:
+        env = {"HOME": pw.pw_dir, "USER": pw.pw_name, "LOGNAME": pw.pw_name}
+        gid = pw.pw_gid if gid is None else gid
+    if gid is None:
+        return f"uid {msg.uid} has no passwd entry and the job names no gid"
+    return RunAs(msg.uid, gid, env)
+
+
+def _open_log(path: Path, run_as: "RunAs | None") -> IO[bytes]:
+    """The worker's log, 0600, owned by the user the worker runs as (never a link)."""
+    return jobproc.open_private(path, *((run_as.uid, run_as.gid) if run_as is not None else (None, None)))
+
+
+
+class WorkerHost:
+    """Start, stop, reap and kill the node's workers; :class:`scavenger.agent.Agent` sets the state
+    in its ``__init__`` and sends what happened (:meth:`send`)."""
+
+    node: str
+    log_dir: Path | None
+    workers: dict[str, Worker]
+    containment: containment.Containment  # holds a worker's processes and ends them with it
+    next_sweep: float
+    log_max_bytes: int
+    logs_max_total: int
+    warm: WarmSlot | None  # a worker prepared ahead (scavenger.warm)
+    deferred: dict[str, tuple[P.StartWorker, float]]  # workers waiting for the warm process
+
+    def send(self, msg: P.AgentMessage) -> None:
+        raise NotImplementedError
+
+    def start_worker(self, msg: P.StartWorker, defer: bool = True) -> None:
+        if msg.worker in self.workers or (defer and self._defer(msg)):
+            return  # idempotent; or it waits for the warm process, which is ahead of a cold start
+        if not msg.argv:
+            log.error("node %s: worker %s has an empty argv; reported as exit 127", self.node, msg.worker)
+            self.send(P.WorkerExited(self.node, msg.worker, 127))
+            return
+        run_as = run_as_owner(msg)
+        if isinstance(run_as, str):
+            log.error("node %s: worker %s refused: %s; reported as exit 126", self.node, msg.worker, run_as)
+            self.send(P.WorkerExited(self.node, msg.worker, 126))
+            return
+        env = jobproc.worker_environ(os.environ, msg.env or {}, run_as.env if run_as is not None else None)
+        out: IO[bytes] | None = None
+        log_path = None
+        join = self.containment.prepare(msg.worker)  # before the drop: the child joins its cgroup with it
+        try:
+            if self.log_dir is not None:
+                jobproc.private_dir(self.log_dir)
+                log_path = self.log_dir / f"{msg.worker}.log"
+                jobproc.prune_logs(self.log_dir, [w.log.path for w in self.workers.values() if w.log],
+                                   self.logs_max_total)
+                out = _open_log(log_path, run_as)
+            proc = self._warm_start(msg, env, run_as, out) or subprocess.Popen(
+                list(msg.argv),
+                env=env,
+                preexec_fn=jobproc.child_setup(msg.cwd, join),  # after the privilege drop: cwd entered as the owner
+                stdin=subprocess.DEVNULL,
+                stdout=out if out else subprocess.DEVNULL,
+                stderr=subprocess.STDOUT if out else subprocess.DEVNULL,
+                start_new_session=True,
+                **(run_as.popen_args() if run_as is not None else {}),
+            )
+        except (OSError, ValueError, TypeError, subprocess.SubprocessError) as exc:
+            log.error("node %s: cannot start worker %s (%r): %s; reported as exit 127",
+                      self.node, msg.worker, list(msg.argv), exc)
+            if out:
+                out.write(f"agent {self.node}: cannot start {msg.argv!r}: {exc}\n".encode())
+                out.close()
+            self.send(P.WorkerExited(self.node, msg.worker, 127))
+            self.containment.end(msg.worker)
+            return
+        self.containment.add(msg.worker, proc.pid)
+        capped = None
+        if out is not None and log_path is not None:
+            capped = jobproc.CappedLog(log_path, out, self.log_max_bytes,
+                                       (run_as.uid, run_as.gid) if run_as is not None else None)
+        self.workers[msg.worker] = Worker(msg.worker, proc, capped)
+        log.info("node %s: worker %s started, pid %d, uid %d (output: %s)", self.node, msg.worker, proc.pid,
+                 run_as.uid if run_as is not None else os.geteuid(), log_path or "discarded")
+        log.debug("node %s: worker %s argv %r", self.node, msg.worker, list(msg.argv))  # escaped: one line
+        self.send(P.WorkerStarted(self.node, msg.worker, proc.pid))
+
+    def _defer(self, msg: P.StartWorker) -> bool:
+        """True if ``msg`` waits for the warm process still importing (see :meth:`_start_deferred`)."""
+        if self.warm is None or not self.warm.starting:
+            return False
+        if warm_refusal(msg.argv, {**self.warm.env, **(msg.env or {})}, self.warm.env, self.warm.python):
+            self.deferred.pop(msg.worker, None)
+            return False
+        self.deferred.setdefault(msg.worker, (msg, time.monotonic()))
+        return True
+
+    def _start_deferred(self) -> None:
+        """Start the workers that waited, once the warm process is ready (or gone, or too slow)."""
+        now = time.monotonic()
+        for name, (msg, first) in list(self.deferred.items()):
+            if self.warm is not None and self.warm.starting and now - first > WARM_WAIT_S:
+                log.warning("node %s: the warm worker is still importing after %.0f s; killed, worker %s starts "
+                            "cold", self.node, now - first, name)
+                self.warm.close()
+            if self.warm is None or not self.warm.starting:
+                del self.deferred[name]
+                self.start_worker(msg, defer=False)
+
+    def _warm_start(self, msg: P.StartWorker, env: dict[str, str], run_as: "RunAs | None",
+                    out: IO[bytes] | None) -> subprocess.Popen[bytes] | None:
+        """The warm process turned into ``msg``'s worker, or None (then it starts cold)."""
+        if self.warm is None:
+            return None
+        uid, gid = (run_as.uid, run_as.gid) if run_as is not None else (None, None)
+        pid = self.warm.proc.pid if self.warm.ready and self.warm.proc is not None else None
+        if pid is not None:
+            self.containment.add(msg.worker, pid)  # in the worker's cgroup before it learns the job
+        got = self.warm.take(Assignment(tuple(msg.argv), env, msg.cwd or None, uid, gid), out)
+        if isinstance(got, str):
+            if pid is not None:
+                self.containment.release(pid)
+            log.info("node %s: worker %s starts cold: %s", self.node, msg.worker, got)
+            return None
+        log.info("node %s: worker %s starts warm (framework imported ahead)", self.node, msg.worker)
+        return got
+
+    def stop_worker(self, name: str, grace: float) -> None:
+        if self.deferred.pop(name, None) is not None:
+            self.send(P.WorkerExited(self.node, name, EXIT_RECALLED))  # stopped before it started
+            return
+        w = self.workers.get(name)
+        if w is None or w.kill_at is not None:
+            return  # idempotent
+        log.info("node %s: stopping worker %s (pid %d): SIGTERM, SIGKILL after %.1f s", self.node, name,
+                 w.proc.pid, float(grace))
+        _signal_group(w.proc, signal.SIGTERM)
+        w.kill_at = time.monotonic() + max(0.0, float(grace))
+
+    def worker_pids(self) -> set[int]:
+        """The agent's own children that are live workers (every other child is an orphan to end)."""
+        pids = {w.proc.pid for w in self.workers.values()}
+        if self.warm is not None and self.warm.proc is not None:
+            pids.add(self.warm.proc.pid)  # the worker prepared ahead is ours, not an orphan
+        return pids
+
+    def sweep_orphans(self) -> None:
+        """Kill what ended workers left behind (re-parented to this subreaper agent)."""
+        if killed := self.containment.sweep(self.worker_pids()):
+            log.info("node %s: killed %d process(es) left behind by ended workers", self.node, killed)
+
+    def reap(self) -> None:
+        now = time.monotonic()
+        ended = False
+        for name, w in list(self.workers.items()):
+            if w.log is not None:
+                w.log.check()
+            code = w.proc.poll()
+            if code is None:
+                if w.kill_at is not None and now >= w.kill_at:
+                    log.warning("node %s: worker %s (pid %d) still running after its grace: SIGKILL",
+                                self.node, name, w.proc.pid)
+                    _signal_group(w.proc, signal.SIGKILL)
+                    w.kill_at = float("inf")  # killed once
+                continue
+            _signal_group(w.proc, signal.SIGKILL)  # leftovers of its group
+            if killed := self.containment.end(name):  # and of its cgroup (setsid() ones too)
+                log.info("node %s: worker %s: killed %d process(es) left in its cgroup", self.node, name, killed)
+            if w.log:
+                w.log.close()
+            del self.workers[name]
+            ended = True
+            log.info("node %s: worker %s (pid %d) exited with %s", self.node, name, w.proc.pid, _describe_exit(code))
+            self.send(P.WorkerExited(self.node, name, int(code)))
+        if ended or now >= self.next_sweep:
+            self.sweep_orphans()
+            self.next_sweep = now + 1.0
+
+    def kill_all(self, grace: float = 1.0) -> None:
+        if self.workers:
+            log.info("node %s: stopping all workers (%s): SIGTERM, SIGKILL after %.1f s", self.node,
+                     ", ".join(sorted(self.workers)), grace)
+        for w in self.workers.values():
+            _signal_group(w.proc, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and any(w.proc.poll() is None for w in self.workers.values()):
+            time.sleep(0.02)
+        for w in self.workers.values():
+            _signal_group(w.proc, signal.SIGKILL)
+            try:
+                w.proc.wait(timeout=2.0)
+            except subprocess.TimeoutExpired:
+                pass
+        self.reap()
+
