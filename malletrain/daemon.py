@@ -72,7 +72,7 @@ from malletrain.monitor import Monitor, ReplaySaver, job_secret, load_master_key
 from malletrain.runtimes import Runtime
 from malletrain.store import Store, StoreError
 from policy import Decision, EventKind, JobEvidence, JobView, Policy, PolicyState, PolicyStateError, View
-from policy import PolicyInputError, evidence_from
+from policy import PolicyInputError, below_min, evidence_from, interrupts
 from profiler.estimators import RescaleEvent
 from malletrain.scavenging import Scavenging, view_extras
 from scavenger.base import AgentGone, AgentUp, BackendError, PilotEnded, PilotEnding, PilotStarted
@@ -673,7 +673,7 @@ class Daemon:
                 except (OSError, ValueError, RuntimeError) as exc:
                     log.warning("runtime.readopt(%s): %s", run.id, exc, extra=about(job=run.id))
                     self.store.log_event("readopt_error", run.id, error=str(exc))
-            if len(run.target) < run.spec.min_nodes:
+            if below_min(len(run.target), run.spec.min_nodes):
                 self._suspend(run, now, "not re-adopted after a daemon restart")
                 try:
                     self.runtime.forget(run.id)  # e.g. a driver the last daemon left running
@@ -915,12 +915,12 @@ class Daemon:
             if run.state.terminal or self.trainer_name(run.spec) != trainer:
                 continue
             new = list(decision.nodes_of(run.id))
-            if set(new) != set(run.target):  # a permutation of the same nodes is no change
+            if interrupts(run.target, new):  # a permutation of the same nodes is no change
                 self.store.log_event("plan", run.id, nodes=new, before=run.target)
                 run.last_interrupted = now  # as the simulator counts it: any change of nodes (lender order)
                 run.target = [n for n in run.target if n in set(new)] + [n for n in new if n not in set(run.target)]
             run.waiting = decision.waiting.get(run.id, "")
-        for job_id, why in getattr(decision, "stop", {}).items():
+        for job_id, why in decision.stop.items():
             run = self.runs.get(job_id)
             if run is not None and not run.state.terminal and self.trainer_name(run.spec) == trainer:
                 self._end(run, *self._stop_reason(run, why))
@@ -959,7 +959,7 @@ class Daemon:
             if run.state.terminal:
                 continue
             run.target = [n for n in run.target if n in usable]
-            if len(run.target) < run.spec.min_nodes:
+            if below_min(len(run.target), run.spec.min_nodes):
                 if run.members or run.workers or run.state.active:
                     self._suspend(run, now, "below min_nodes")
                 run.target = []
@@ -999,7 +999,7 @@ class Daemon:
         joining = [n for n in run.target if n not in kept_set]
         ready = all(self._ready(run, run.workers[n]) for n in joining)
         members = kept + joining if ready else kept
-        if members and len(members) < run.spec.min_nodes:
+        if members and below_min(len(members), run.spec.min_nodes):
             members = []
         changed = members != run.members or tuple(run.workers[n] for n in members) != run.published
         if changed and (members or run.members):
