@@ -137,7 +137,9 @@ class Ledger:
         """A job arrived; it holds no node yet."""
         if job.id in self._jobs:
             raise LedgerError(f"job {job.id} is submitted twice")
-        self._jobs[job.id] = job if not job.nodes else replace(job, nodes=())
+        if job.nodes:
+            raise LedgerError(f"job {job.id} is submitted on nodes {list(job.nodes)}: place it on them with placed()")
+        self._jobs[job.id] = job
         self._nodes[job.id] = []
 
     def placed(self, job_id: str, nodes: Sequence[str], at: float) -> bool:
@@ -149,6 +151,8 @@ class Ledger:
             return False
         if len(set(nodes)) != len(nodes):
             raise LedgerError(f"job {job_id} is given a node twice")
+        if len(nodes) > job.max_nodes:
+            raise LedgerError(f"job {job_id} is given {len(nodes)} nodes, more than its max {job.max_nodes}")
         have = set(old)
         for node in nodes:
             if node not in have and node not in self._free:

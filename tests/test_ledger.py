@@ -104,6 +104,10 @@ def test_placing_a_node_another_job_holds_or_that_is_not_ours_is_refused_and_cha
         led.placed("k", ("x",), 2.0)
     with pytest.raises(LedgerError, match="twice"):
         led.placed("k", ("b", "b"), 2.0)
+    with pytest.raises(LedgerError, match="job j is given 5 nodes, more than its max 4"):
+        led.usable(["d", "e", "f", "g"], 2.0)
+        led.placed("j", ("a", "b", "c", "d", "e"), 2.0)
+    led.lost(["d", "e", "f", "g"], 2.0)
     with pytest.raises(LedgerError, match="job nope"):
         led.placed("nope", ("b",), 2.0)
     assert led.free_nodes() == ("b", "c") and led.nodes_of("k") == () and led.job("k").last_interrupted is None
@@ -132,9 +136,11 @@ def test_progress_budget_use_and_ending():
     assert view.jobs[0].work_left == 500.0 and view.jobs[0].used_node_hours == 1.5
     led.ended("j")
     assert led.view(11.0).jobs == () and led.free_nodes() == ("a", "b") and led.holder("a") is None
+    led.submitted(job("k"))
     with pytest.raises(LedgerError, match="submitted twice"):
         led.submitted(job("k"))
-        led.submitted(job("k"))
+    with pytest.raises(LedgerError, match=r"job m is submitted on nodes \['b'\]"):
+        led.submitted(JobView("m", 1, 2, nodes=("b",)))
 
 
 def test_the_view_shows_the_jobs_asked_for_and_the_free_nodes_they_could_take():
