@@ -20,6 +20,7 @@ from policy.config import (
     preset,
 )
 from policy.decide import Policy, evidence_from, profile_counts
+from policy.ledger import Ledger, LedgerError, Loss, below_min, interrupts
 from policy.model import (
     NO_EVIDENCE,
     Decision,
@@ -36,7 +37,8 @@ from policy.state import Debt, PolicyState, PolicyStateError
 __all__ = (
     "Admission", "Horizon", "Objective",
     "Allocation", "CostSource", "Debt", "Decision", "EventKind", "Evidence", "JobEvidence", "JobView",
+    "Ledger", "LedgerError", "Loss",
     "NO_EVIDENCE", "PRESETS", "Policy", "PolicyConfig", "PolicyConfigError", "PolicyEvent",
     "PolicyInputError", "PolicyState", "PolicyStateError", "Profiling", "View", "evidence_from",
-    "preset", "profile_counts",
+    "below_min", "interrupts", "preset", "profile_counts",
 )

@@ -7,9 +7,9 @@ of its own about admission, profiling, lending, curves or costs. Each rule is se
   hold a slot; all free slots are filled in one decision, in queue order. A job that cannot start
   (its profile cannot be sourced) waits at the head and **blocks the jobs behind it**: FCFS, as
   the chapter says, so a big job is not starved by small ones slipping past. A profiling job holds
-  a slot like any other. A job a recall takes below its ``min_nodes`` is stopped by its driver;
-  the policy then takes its slot away and puts it at the **front** of the queue with its progress
-  (it is re-admitted first).
+  a slot like any other. A job a recall takes below its ``min_nodes`` (:func:`policy.ledger.below_min`,
+  the one rule; the driver's ledger frees its nodes) is stopped by its driver; the policy then takes
+  its slot away and puts it at the **front** of the queue with its progress (it is re-admitted first).
 * **Profiling** (the JPA, :mod:`profiler.jpa`; MalleTrain §3.3), for the jobs
   ``PolicyConfig.profiling`` selects, once per job: a profile cut short by a recall keeps what it
   measured and is never restarted (a second profile would cost a second scale-up and a second
@@ -70,6 +70,7 @@ from policy import beliefs
 from policy.allocation import apply_pins, equal_counts, greedy_counts, node_map
 from policy.beliefs import Beliefs, Population
 from policy.config import Admission, Allocation, Horizon, PolicyConfig, PolicyConfigError, Profiling
+from policy.ledger import below_min
 from policy.model import Decision, EventKind, Evidence, JobEvidence, JobView, View
 from policy.profiling import (advance_profiles, end_profile, expected_count, needs_profile, profile_counts,
                               profile_pays, reserved, source_profile)
@@ -239,7 +240,7 @@ class Policy:
         st = self.state
         for job_id in list(st.admitted):
             job = r.jobs[job_id]
-            if job.count >= job.min_nodes or st.assigned.get(job_id, 0) < job.min_nodes:
+            if not below_min(job.count, job.min_nodes) or below_min(st.assigned.get(job_id, 0), job.min_nodes):
                 continue
             st.admitted.remove(job_id)
             st.queue_front.append(job_id)
@@ -311,7 +312,7 @@ class Policy:
         st, cfg = self.state, self.config
         admitted = [r.jobs[j] for j in st.admitted]
         # a job below its min cannot run: its nodes count as free (drivers stop it anyway)
-        admitted = [j if j.count >= j.min_nodes else _without_nodes(j, r) for j in admitted]
+        admitted = [_without_nodes(j, r) if below_min(j.count, j.min_nodes) else j for j in admitted]
         free = r.free + sorted(r.released)
         pins = {job_id: s.count for job_id, s in st.profiles.items()}
         fixed: dict[str, tuple[str, ...]] = {}
@@ -325,9 +326,9 @@ class Policy:
             if lender in lender_nodes or lender not in st.admitted:
                 continue
             lj = r.jobs[lender]
-            own = lj.nodes if lj.count >= lj.min_nodes else ()  # below its min its nodes are free already
+            own = () if below_min(lj.count, lj.min_nodes) else lj.nodes  # below its min its nodes are free already
             give = free[: max(0, min(k, lj.max_nodes - len(own)))]
-            if len(own) + len(give) < lj.min_nodes:
+            if below_min(len(own) + len(give), lj.min_nodes):
                 continue  # too few to run on (a recall stopped it): the allocator places it like any job
             del free[: len(give)]
             # the repaid nodes are the lender's again from now on; the allocator then plans it like

@@ -4,11 +4,14 @@ Events (nodes become idle, nodes recalled, jobs arrive, jobs complete, the polic
 sit on a heap ordered by ``(time, priority, seq)``. All events at one timestamp are applied
 together, then the policy decides once. The engine holds no rule of its own: admission,
 profiling, lending, curves, costs and allocation are the daemon's :class:`policy.Policy`, fed
-what a job monitor would have measured (:class:`simulator.monitor.SimJobMonitor`). What stays
-here is physics and ground truth: a job's progress is its TRUE throughput over time minus
-rescale pauses; a recalled node leaves its job at once (the job pays its scale-down pause and
-shrinks; below its min it cannot run and stops; the policy then puts it back at the front of the
-queue).
+what a job monitor would have measured (:class:`simulator.monitor.SimJobMonitor`); which node is
+ours since when, which job runs on which, interruptions and "below its min a job stops" are the
+policy's :class:`policy.Ledger`, which the engine feeds with events and which builds the View.
+What stays here is physics and ground truth: a job's progress is its TRUE throughput over time
+minus rescale pauses; a recalled node leaves its job at once (the job pays its scale-down pause
+and shrinks, or stops if the ledger says that left it below its min; the policy then puts it back
+at the front of the queue). Records are in :mod:`simulator.records`, the summary in
+:mod:`simulator.summary`.
 
 Costs come from one calibration (:mod:`simulator.calibration`, ``SimConfig.calibration``): a node
 that goes idle is usable only once its pilot runs (``pilot_start_s``); a job's first start holds its
@@ -21,183 +24,27 @@ charge the shipped calibration unless told otherwise.
 
 from __future__ import annotations
 
-import enum
 import math
 import time
-from dataclasses import dataclass, field, replace
-from functools import cached_property
-from itertools import islice
+from dataclasses import replace
 from typing import Callable, Iterator, Mapping
 
-from allocator import throughput_at
-from policy import Decision, EventKind, JobEvidence, JobView, View
-from simulator.calibration import Calibration, free
+from curves import throughput_at
+from policy import Decision, EventKind, JobEvidence, JobView, Ledger, LedgerError, View
+from simulator.calibration import free
 from simulator.clock import EventQueue, Priority, SimClock
 from simulator.monitor import SimJobMonitor
 from simulator.policies import SimPolicy
+from simulator.records import (Arrival, Cancel, Completion, Decide, DecisionRow, End, PilotUp, PolicyError,
+                               SimConfig, SimJob, SimJobState, SimResult, Wake, remove_job)
+from simulator.summary import DecisionStats, Tally, about_replay, replay_summary
 from simulator.workload import JobSpec, Workload
 from traces.model import EventBatch, IdleTimeline
 
-
-class PolicyError(RuntimeError):
-    """A plan that breaks the simulator's rules; the message names policy, job and node."""
+__all__ = ("QUEUE_VIEW_CAP", "DecisionRow", "PolicyError", "SimConfig", "SimJob", "SimJobState", "SimResult", "Simulator")
 
 
 QUEUE_VIEW_CAP = 1000  # queued jobs shown to the policy at most (FCFS needs only the head)
-
-
-class SimJobState(enum.Enum):
-    """A simulated job's state (the daemon's jobs have their own, :class:`malletrain.jobspec.JobState`)."""
-
-    QUEUED = "queued"  # waiting for a slot (FCFS)
-    ADMITTED = "admitted"  # holds one of the Pjmax slots; may hold 0 nodes
-    DONE = "done"  # trained all its samples
-    CANCELLED = "cancelled"  # cancelled by its user (queued or admitted)
-
-
-@dataclass
-class SimJob:
-    id: str
-    spec: JobSpec
-    submitted_at: float
-    order: int = 0  # submission order (FCFS)
-    state: SimJobState = SimJobState.QUEUED
-    nodes: list[str] = field(default_factory=list)
-    progress: float = 0.0
-    paused_until: float = -math.inf
-    last_update: float = 0.0
-    rate: float = 0.0  # true samples/s at len(nodes)
-    version: int = 0  # bumped on every change; stale completion events are ignored
-    finished_at: float | None = None
-    admitted_at: float | None = None  # first admission
-    last_interrupted: float | None = None
-    preemptions: int = 0
-    rescales: int = 0
-    paused_seconds: float = 0.0  # time it held nodes but made no progress
-    runs: int = 0  # starts from zero nodes (the first is a cold start, the others restarts)
-    run_since: float | None = None  # its current run's checkpoint clock starts here (None: not running)
-    committed: float = 0.0  # progress at its last checkpoint commit
-    lost_samples: float = 0.0  # progress rolled back to the last commit at stops
-    paused_node_seconds: float = 0.0
-    node_seconds: float = 0.0
-    user_curve: Mapping[int, float] | None = None  # what the user told the policy (ground truth's doing)
-    monitor: SimJobMonitor | None = None
-    last_n: int = 0  # node count at the last change (for the monitor)
-    # profiling accounting: every node-second the job holds while its profile runs, the part of it
-    # lost to rescale pauses, the samples those pauses cost, and the scale-ups it went through while
-    # profiling (inverse order: exactly 1)
-    profiled: bool = False
-    profiling_node_seconds: float = 0.0
-    profiling_paused_node_seconds: float = 0.0
-    profiling_lost_samples: float = 0.0
-    profiling_scale_ups: int = 0
-    # (time, samples done, nodes held from then on, paused until) at every change
-    history: list[tuple[float, float, int, float]] = field(default_factory=list)
-
-    # the view the policy was last shown and what it was built from (see _job_view)
-    view_cache: tuple[tuple, JobView] | None = field(default=None, repr=False, compare=False)
-
-    @cached_property
-    def one_node_rate(self) -> float:
-        """The job's true rate at one node (linear through the origin below its first point)."""
-        return throughput_at(self.spec.scaling, 1)
-
-
-@dataclass(frozen=True)
-class Completion:
-    job_id: str
-    version: int
-
-
-@dataclass(frozen=True)
-class Arrival:
-    spec: JobSpec
-
-
-@dataclass(frozen=True)
-class Cancel:
-    """The user cancels ``job_id`` (queued or admitted): it leaves with its nodes (:meth:`Simulator.cancel_at`)."""
-
-    job_id: str
-
-
-@dataclass(frozen=True)
-class PilotUp:
-    """The pilots of ``nodes``, submitted when those nodes went idle at ``since``, run now."""
-
-    nodes: tuple[str, ...]
-    since: float
-
-
-@dataclass(frozen=True)
-class Decide:
-    """A deferred decision (``min_interval_s`` > 0)."""
-
-
-@dataclass(frozen=True)
-class End:
-    pass
-
-
-@dataclass(frozen=True)
-class Wake:
-    """A time a policy asked to decide again at (``Policy.wakeups``), e.g. a profiling step's end."""
-
-
-@dataclass(frozen=True)
-class SimConfig:
-    """The replay's own settings (the policy's knobs are in :class:`policy.PolicyConfig`)."""
-
-    start: float | None = None  # replay window (defaults: the trace's span)
-    end: float | None = None
-    # The allocator's cost model charges nothing for starting a job from zero
-    # nodes; the simulator follows it unless told to charge the up cost.
-    charge_start: bool = False
-    # Ask the policy at most once per this many seconds (0: at every timestamp with
-    # a change). Node changes still apply at their exact time: a recalled node
-    # leaves its job at once; new idle nodes wait in the pool for the next decision.
-    min_interval_s: float = 0.0
-    # step times of the simulated monitor's records vary by this fraction (uniform)
-    record_noise: float = 0.03
-    # cap every job's max_nodes at this many nodes (None: the workload's own, 64 for the streams);
-    # the evaluation's sweep replays each stream at 16 and 64
-    max_nodes: int | None = None
-    # what starts, restarts, pilots, rollbacks and rescales cost (simulator.calibration); the engine's
-    # default is the free ablation, simulate() and the CLI pass the shipped calibration
-    calibration: Calibration | None = None  # None: free here; simulate() makes it the shipped default
-
-    def __post_init__(self) -> None:
-        if self.max_nodes is not None and self.max_nodes < 1:
-            raise ValueError(f"max_nodes must be >= 1, got {self.max_nodes}")
-        if not (self.min_interval_s >= 0) or math.isinf(self.min_interval_s):
-            raise ValueError(f"min_interval_s must be a finite number >= 0 s, got {self.min_interval_s}")
-        if not 0.0 <= self.record_noise < 1.0:
-            raise ValueError(f"record_noise must be in [0, 1), got {self.record_noise}")
-
-
-@dataclass(frozen=True)
-class DecisionRow:
-    """One line of events.csv: the state right after a decision."""
-
-    time: float
-    idle_nodes: int
-    used_nodes: int
-    running_jobs: int
-    queued_jobs: int
-    rescales: int
-    decision_ms: float
-    # the idle pool is at most what the admitted jobs can absorb at their max nodes
-    constrained: bool = True
-
-
-@dataclass
-class SimResult:
-    summary: dict
-    rows: list[DecisionRow]
-    jobs: list[SimJob]
-    start: float
-    end: float
-    decisions: list[Decision] = field(default_factory=list)  # kept only with ``keep_decisions``
 
 
 class Simulator:
@@ -234,17 +81,10 @@ class Simulator:
         # the policy reads measured costs
         self._want_rates = self.pcfg.learn or self.pcfg.profiling.value != "never"
         self._want_costs = self.pcfg.rescale_costs.value == "measured" and self.pcfg.allocation.value == "milp"
-        # node state: ordered dicts used as sets so iteration order is deterministic
-        self.idle: dict[str, None] = {}
-        self._idle_since: dict[str, float] = {}  # node valuation (policy View.idle_since)
-        self._ended_fragments: list[float] = []  # idle fragments ended since the last decision
-        # idle nodes no job holds -> when each became idle (its _idle_since), so the policy's
-        # View.idle_since of the free nodes is a copy of this dict, not a lookup per node
-        self.free: dict[str, float] = {}
-        # idle nodes whose pilot is starting -> when it was submitted (not usable yet)
-        self.starting: dict[str, float] = {}
+        # what the driver observed (idle nodes and since when, which job runs on which node, idle
+        # fragments, interruptions, work left): the policy's ledger, which builds the View
+        self.ledger = Ledger()
         self.cal = config.calibration if config.calibration is not None else free()
-        self.owner: dict[str, SimJob] = {}
         self.jobs: dict[str, SimJob] = {}
         self.admitted: list[SimJob] = []
         self._capacity: int | None = None  # absorb_capacity() of the admitted list (None: not known)
@@ -253,26 +93,9 @@ class Simulator:
         self._batches: Iterator[EventBatch] | None = None
         # accounting
         self._last_t = self.start
-        self.idle_node_seconds = 0.0
-        self.used_node_seconds = 0.0
-        self.held_node_seconds = 0.0  # idle nodes a running pilot holds (used or free)
-        self.cold_starts = 0
-        self.restarts = 0
-        self.start_paused_node_seconds = 0.0  # node-seconds held while (re)starting
-        # per-interval split: [constrained, unconstrained] (unconstrained = the idle pool exceeds the
-        # admitted jobs' summed max nodes, so no allocation could use every idle node)
-        self.split_seconds = [0.0, 0.0]
-        self.split_idle = [0.0, 0.0]
-        self.split_used = [0.0, 0.0]
-        self.split_work = [0.0, 0.0]
-        self.excess_node_seconds = 0.0  # idle node-seconds above what the admitted jobs could absorb
-        self.rescales = 0
-        self.starts = 0
-        self.stops = 0
-        self.preemptions = 0
+        self.tally = Tally()
         self.rows: list[DecisionRow] = []
         self.decision_ms: list[float] = []
-        self.solver_calls = 0
         self._dirty: set[str] = set()
         self._step_rescales = 0
         self._pending = False  # a change waits for a decision
@@ -282,16 +105,7 @@ class Simulator:
         self._profiling: set[str] = set()
         self._keep = keep_decisions
         self.decisions: list[Decision] = []
-        # statistics of what the policy did (from its decisions' events)
-        self._profile_started: dict[str, float] = {}
-        self.profile_seconds: list[float] = []
-        self.profile_counts: list[int] = []
-        self.profile_waits: set[str] = set()
-        self.event_counts: dict[str, int] = {}
-        self.lent_nodes = 0
-        self.returned_nodes = 0
-        self.capped_steps = 0
-        self._belief_errors: dict[tuple[str, int], float] = {}
+        self.stats = DecisionStats()  # what the policy did (from its decisions)
 
     # ------------------------------------------------------------ main loop
 
@@ -388,19 +202,20 @@ class Simulator:
         last = self._last_t
         dt = t - last
         if dt > 0:
-            n_idle = len(self.idle)
-            held = n_idle - len(self.starting)
-            used = held - len(self.free)
-            self.idle_node_seconds += n_idle * dt
-            self.held_node_seconds += held * dt
-            self.used_node_seconds += used * dt
+            ledger = self.ledger
+            n_idle = ledger.n_idle
+            held = ledger.n_usable
+            used = held - ledger.n_free
+            self.tally.idle_node_seconds += n_idle * dt
+            self.tally.held_node_seconds += held * dt
+            self.tally.used_node_seconds += used * dt
             capacity = self.absorb_capacity()
             k = 0 if n_idle <= capacity else 1
-            self.split_seconds[k] += dt
-            self.split_idle[k] += n_idle * dt
-            self.split_used[k] += used * dt
-            self.split_work[k] += self._work_between(last, t)
-            self.excess_node_seconds += max(0, n_idle - capacity) * dt
+            self.tally.split_seconds[k] += dt
+            self.tally.split_idle[k] += n_idle * dt
+            self.tally.split_used[k] += used * dt
+            self.tally.split_work[k] += self._work_between(last, t)
+            self.tally.excess_node_seconds += max(0, n_idle - capacity) * dt
             self._last_t = t
 
     def absorb_capacity(self) -> int:
@@ -415,7 +230,7 @@ class Simulator:
         work = 0.0
         for job in self.admitted:  # at every event: max() spelled as conditionals (same values, no calls)
             rate = job.rate
-            if rate > 0 and job.nodes:
+            if rate > 0:  # a job on no nodes has rate 0
                 r1 = job.one_node_rate
                 if r1 > 0:
                     paused = job.paused_until
@@ -431,14 +246,14 @@ class Simulator:
         dt = t - job.last_update
         if dt <= 0:
             return
-        n = len(job.nodes)
+        n = self.ledger.count(job.id)
         if n:
             last, paused = job.last_update, job.paused_until
             work = t - (paused if paused > last else last)  # max(0.0, t - max(last, paused)), no calls
             if not work > 0.0:
                 work = 0.0
             samples = job.rate * work
-            self._commit(job, last, t)
+            job.commit(last, t, self.cal.commit_interval_s)
             job.progress = min(job.spec.samples, job.progress + samples)
             job.paused_seconds += dt - work
             job.paused_node_seconds += n * (dt - work)
@@ -449,23 +264,6 @@ class Simulator:
                 job.profiling_lost_samples += job.rate * (dt - work)
         job.last_update = t
 
-    def _commit(self, job: SimJob, last: float, t: float) -> None:
-        """Set ``job.committed`` to its progress at its last checkpoint commit in ``(last, t]`` (commits
-        come every ``commit_interval_s`` after its run started; 0: every step, nothing is ever lost).
-        Called before its progress over ``[last, t)`` is added; its rate is constant over it."""
-        interval = self.cal.commit_interval_s
-        since = job.run_since
-        if since is None:
-            return
-        if interval <= 0:
-            job.committed = min(job.spec.samples, job.progress + job.rate * max(0.0, t - max(last, job.paused_until)))
-            return
-        k = math.floor((t - since) / interval)
-        tc = since + k * interval
-        if k >= 1 and tc > last:
-            job.committed = min(job.spec.samples,
-                                job.progress + job.rate * max(0.0, tc - max(last, job.paused_until)))
-
     def _roll_back(self, job: SimJob) -> None:
         """A stop: the work since the last commit is lost (the job restarts from its checkpoint)."""
         if job.run_since is not None and job.progress > job.committed:
@@ -473,9 +271,10 @@ class Simulator:
             job.lost_samples += lost
             job.progress = job.committed
             if job.one_node_rate > 0:  # the period split counts work as done: a rollback is charged to
-                k = 0 if len(self.idle) <= self.absorb_capacity() else 1  # the period it happens in
-                self.split_work[k] -= lost / job.one_node_rate
+                k = 0 if self.ledger.n_idle <= self.absorb_capacity() else 1  # the period it happens in
+                self.tally.split_work[k] -= lost / job.one_node_rate
         job.run_since = None
+        self.ledger.progressed(job.id, job.work_left)
 
     # ------------------------------------------------------------ events
 
@@ -497,62 +296,43 @@ class Simulator:
                                         rel_ci=self.pcfg.profile_rel_ci, rates=self._want_rates,
                                         costs=self._want_costs)
         self.jobs[job.id] = job
+        self.ledger.submitted(JobView(id=job.id, min_nodes=spec.min_nodes, max_nodes=spec.max_nodes, order=job.order,
+                                      scaling=job.user_curve, profile=False, work_left=job.work_left))
         return job
 
     def _apply_batch(self, batch: EventBatch) -> None:
-        idle, free = self.idle, self.free
+        ledger, t = self.ledger, batch.time
         delay = self.cal.pilot_start_s
-        submitted: list[str] = []
-        for node in batch.became_idle:
-            if node not in idle:
-                idle[node] = None
-                self._idle_since[node] = batch.time
-                if delay > 0:
-                    self.starting[node] = batch.time
-                    submitted.append(node)
-                else:
-                    free[node] = batch.time
-        if submitted:
-            self.events.push(batch.time + delay, Priority.TRACE, PilotUp(tuple(submitted), batch.time))
-        hit: dict[str, SimJob] = {}
+        if delay > 0:
+            submitted = ledger.idle(batch.became_idle, t)
+            if submitted:
+                self.events.push(t + delay, Priority.TRACE, PilotUp(submitted, t))
+        else:
+            ledger.usable(batch.became_idle, t)
+        hit: set[str] = set()
         for node in batch.recalled:
-            if node not in idle:
-                continue
-            del idle[node]
-            self._ended_fragments.append(batch.time - self._idle_since.pop(node, batch.time))
-            if node in free:
-                del free[node]
-                continue
-            if node in self.starting:  # recalled before its pilot ran
-                del self.starting[node]
-                continue
-            job = self.owner.pop(node)
-            if job.id not in hit:
-                self._advance(job, batch.time)  # account the interval before the node leaves
-                hit[job.id] = job
-            job.nodes.remove(node)
-        for job in hit.values():
-            self._recalled(job, batch.time)
+            job_id = ledger.holder(node)
+            if job_id is not None and job_id not in hit:
+                self._advance(self.jobs[job_id], t)  # account the interval before the node leaves
+                hit.add(job_id)
+        for loss in ledger.lost(batch.recalled, t):
+            self._recalled(self.jobs[loss.job], loss.stopped, t)
 
     def _pilots_up(self, ev: PilotUp) -> bool:
         """The pilots submitted at ``ev.since`` run: their nodes still idle since then become usable."""
-        up = False
-        for node in ev.nodes:
-            if self.starting.get(node) == ev.since:
-                del self.starting[node]
-                self.free[node] = self._idle_since[node]
-                up = True
-        return up
+        ledger = self.ledger
+        up = [n for n in ev.nodes if ledger.idle_since(n) == ev.since and not ledger.is_usable(n)]
+        return ledger.usable(up, ev.since) > 0
 
-    def _recalled(self, job: SimJob, t: float) -> None:
-        """Nodes left ``job`` without notice: pay the down pause and shrink, or stop below its min."""
-        job.last_interrupted = t
-        if len(job.nodes) < job.spec.min_nodes:
-            self._release_all(job)  # it cannot run below its min; the policy re-queues it
+    def _recalled(self, job: SimJob, stopped: bool, t: float) -> None:
+        """Nodes left ``job`` without notice: pay the down pause and shrink, or stop if that left it below
+        its min (the ledger's rule; it freed the job's other nodes, the policy re-queues it)."""
+        if stopped:
+            job.stopped()
             self._roll_back(job)
-            self.stops += 1
+            self.tally.stops += 1
         else:
-            self.rescales += 1
+            self.tally.rescales += 1
             self._step_rescales += 1
             self._pause(job, t, job.spec.down_cost_s)
         self._changed(job, t)
@@ -565,8 +345,9 @@ class Simulator:
         job.progress = job.spec.samples
         job.finished_at = t
         job.state = SimJobState.DONE
-        self._release_all(job)
-        _remove(self.admitted, job)
+        self.ledger.ended(job.id)
+        job.stopped()
+        remove_job(self.admitted, job)
         self._capacity = None
         job.monitor = None
         job.history.append((t, job.progress, 0, job.paused_until))
@@ -582,22 +363,15 @@ class Simulator:
             return False
         if job.state is SimJobState.ADMITTED:
             self._advance(job, t)
-            self._release_all(job)
-            _remove(self.admitted, job)
+            job.stopped()
+            remove_job(self.admitted, job)
             self._capacity = None
         else:
-            _remove(self.queue, job)
+            remove_job(self.queue, job)
+        self.ledger.ended(job.id)
         job.state = SimJobState.CANCELLED
         job.monitor = None
         return True
-
-    def _release_all(self, job: SimJob) -> None:
-        for node in job.nodes:
-            del self.owner[node]
-            self.free[node] = self._idle_since[node]
-        job.nodes = []
-        job.rate = 0.0
-        job.version += 1
 
     def _pause(self, job: SimJob, t: float, cost: float) -> None:
         if not self._free_pause:
@@ -605,7 +379,7 @@ class Simulator:
 
     def _changed(self, job: SimJob, t: float) -> None:
         job.version += 1
-        n = len(job.nodes)
+        n = self.ledger.count(job.id)
         job.rate = throughput_at(job.spec.scaling, n)
         job.history.append((t, job.progress, n, job.paused_until))
         if job.monitor is not None:
@@ -630,17 +404,11 @@ class Simulator:
         return self.queue[: max(QUEUE_VIEW_CAP, want + sum(1 for j in self.queue if j.admitted_at is not None))]
 
     def _view(self, t: float, queued: list[SimJob]) -> View:
-        shown = self.admitted + queued
-        room = sum(j.spec.max_nodes - len(j.nodes) for j in shown)
-        n_free = len(self.free)
-        if room >= n_free:
-            free, since = tuple(self.free), dict(self.free)
-        else:
-            free = tuple(islice(self.free, room))
-            since = {n: self.free[n] for n in free}
-        ended, self._ended_fragments = tuple(self._ended_fragments), []
-        return View(now=t, free_nodes=free, n_free=n_free, jobs=tuple(map(_job_view, shown)),
-                    idle_since=since, ended_fragments=ended)
+        """The ledger's view of the admitted jobs and the queue's window (queued jobs made no progress)."""
+        ledger = self.ledger
+        for job in self.admitted:
+            ledger.progressed(job.id, job.work_left)
+        return ledger.view(t, [j.id for j in self.admitted] + [j.id for j in queued])
 
     def _evidence(self, t: float) -> dict[str, JobEvidence]:
         return {j.id: j.monitor.evidence(t) for j in self.admitted if j.monitor is not None}
@@ -654,18 +422,19 @@ class Simulator:
             decision = self.policy.decide(view, self._evidence(t))
             decision_ms = (time.perf_counter() - t0) * 1000.0
             self.decision_ms.append(decision_ms)
-            self.solver_calls += decision.solved
+            self.ledger.delivered(view)
+            self.tally.solver_calls += decision.solved
             if self._keep:
                 self.decisions.append(decision)
             self._apply_decision(decision, view, t)
             self._push_wakeups(decision, t)
         self._schedule_completions(t)
-        n_idle = len(self.idle)
+        n_idle = self.ledger.n_idle
         self.rows.append(DecisionRow(
             time=t,
             idle_nodes=n_idle,
-            used_nodes=n_idle - len(self.free),
-            running_jobs=sum(1 for j in self.admitted if j.nodes),
+            used_nodes=n_idle - self.ledger.n_free,
+            running_jobs=sum(1 for j in self.admitted if self.ledger.count(j.id)),
             queued_jobs=len(self.queue),
             rescales=self._step_rescales,
             decision_ms=decision_ms,
@@ -691,7 +460,8 @@ class Simulator:
         admitted = set(decision.admitted)
         by_id = self.jobs
         for job in [j for j in self.admitted if j.id not in admitted]:  # lost its slot (preempted)
-            self._release_all(job)
+            self.ledger.placed(job.id, (), t)
+            job.stopped()
             self._roll_back(job)
             job.state = SimJobState.QUEUED
             self._changed(job, t)  # its history and monitor record the stop
@@ -699,7 +469,7 @@ class Simulator:
         for job_id in decision.admitted:
             job = by_id[job_id]
             if job.state is SimJobState.QUEUED:
-                _remove(self.queue, job)
+                remove_job(self.queue, job)
                 job.state = SimJobState.ADMITTED
                 job.last_update = t
                 if job.admitted_at is None:
@@ -708,61 +478,27 @@ class Simulator:
         self._capacity = None
         self._profiling = set(decision.profiling)
         self._apply_plan(decision.assignment, t)
-        self._note_beliefs(view, decision)
+        if self.pcfg.allocation.value == "milp" and decision.solved:
+            self.stats.note_beliefs(view, decision, self.jobs, self.policy)
 
     def _note_events(self, decision: Decision, t: float) -> None:
-        counts = self.event_counts
+        self.stats.note(decision, t)
         for ev in decision.events:
-            counts[ev.kind.value] = counts.get(ev.kind.value, 0) + 1
             if ev.kind is EventKind.PREEMPTED:
                 self.jobs[ev.job].preemptions += 1
-                self.preemptions += 1
-            elif ev.kind is EventKind.PROFILE_START:
-                self._profile_started[ev.job] = t
-            elif ev.kind in (EventKind.PROFILE_DONE, EventKind.PROFILE_ABORTED):
-                started = self._profile_started.pop(ev.job, t)
-                self.profile_seconds.append(t - started)
-                self.profile_counts.append(len(ev.detail.get("measured", {})))  # type: ignore[arg-type]
-                self.capped_steps += len(ev.detail.get("capped", ()))  # type: ignore[arg-type]
-            elif ev.kind is EventKind.LENT:
-                self.lent_nodes += int(ev.detail.get("nodes", 0))  # type: ignore[arg-type]
-            elif ev.kind is EventKind.RETURNED:
-                self.returned_nodes += int(ev.detail.get("nodes", 0))  # type: ignore[arg-type]
-        for job_id, reason in decision.waiting.items():
-            if reason.startswith("waiting to be profiled"):
-                self.profile_waits.add(job_id)
-
-    def _note_beliefs(self, view: View, decision: Decision) -> None:
-        """scalability_error_pct: |believed - true| / true at every (job, count) the allocator chose,
-        with the belief the policy held when it first chose that count."""
-        if self.pcfg.allocation.value != "milp" or not decision.solved:
-            return
-        views: dict[str, JobView] | None = None  # made when a count is new (rarely, after the first decisions)
-        for job_id, nodes in decision.assignment.items():
-            n = len(nodes)
-            key = (job_id, n)
-            if n <= 0 or key in self._belief_errors or job_id in decision.profiling:
-                continue
-            if views is None:
-                views = {j.id: j for j in view.jobs}
-            if job_id not in views:
-                continue
-            true = throughput_at(self.jobs[job_id].spec.scaling, n)
-            believed = throughput_at(self.policy.believed_curve(views[job_id]), n)
-            self._belief_errors[key] = abs(believed - true) / true * 100.0 if true > 0 else 0.0
+                self.tally.preemptions += 1
 
     def _apply_plan(self, assignment: Mapping[str, tuple[str, ...]], t: float) -> bool:
         """Apply a node map; True if any job's nodes changed."""
         name = self.sim_policy.name
         growing: list[tuple[SimJob, tuple[str, ...]]] = []
         changed = False
+        ledger = self.ledger
         for job in list(self.admitted):
             new = tuple(assignment.get(job.id, ()))
-            old = job.nodes
-            if len(new) == len(old):
-                seen = job.view_cache  # its nodes sorted, as the policy saw them (same version: same nodes)
-                if (seen is not None and seen[0][0] == job.version and new == seen[1].nodes) or set(new) == set(old):
-                    continue
+            old = ledger.nodes_of(job.id)
+            if len(new) == len(old) and (new == ledger.job(job.id).nodes or set(new) == set(old)):
+                continue  # its nodes (sorted, as the policy saw them), or the same set
             self._check_counts(name, job, new)
             changed = True
             if len(new) > len(old):
@@ -789,44 +525,32 @@ class Simulator:
             )
 
     def _shrink(self, job: SimJob, new: tuple[str, ...], t: float) -> None:
-        keep = set(new)
-        for node in job.nodes:
-            if node not in keep:
-                del self.owner[node]
-                self.free[node] = self._idle_since[node]
-        job.nodes = list(new)
-        job.last_interrupted = t
+        self.ledger.placed(job.id, new, t)
         if new:
-            self.rescales += 1
+            self.tally.rescales += 1
             self._step_rescales += 1
             self._pause(job, t, job.spec.down_cost_s)
         else:
             self._roll_back(job)
-            self.stops += 1
+            self.tally.stops += 1
         self._changed(job, t)
 
     def _grow(self, name: str, job: SimJob, new: tuple[str, ...], t: float) -> None:
-        have = set(job.nodes)
-        extra = [node for node in new if node not in have]
-        for node in extra:
-            if node not in self.free:
-                holder = self.owner.get(node)
-                why = f"held by job {holder.id}" if holder else "not a held idle node"
-                raise PolicyError(f"policy {name}: job {job.id} given node {node!r}, {why}")
-        for node in extra:
-            del self.free[node]
-            self.owner[node] = job
-        started = not job.nodes
-        job.nodes = list(job.nodes) + extra
+        old = self.ledger.nodes_of(job.id)
+        have = set(old)
+        try:  # the nodes it kept first, in its order, then the new ones
+            self.ledger.placed(job.id, old + tuple(node for node in new if node not in have), t)
+        except LedgerError as exc:
+            raise PolicyError(f"policy {name}: {exc}") from None
+        started = not old
         if job.id in self._profiling:
             job.profiled = True
             job.profiling_scale_ups += 1
         if started:
-            self.starts += 1
+            self.tally.starts += 1
         else:
-            self.rescales += 1
+            self.tally.rescales += 1
             self._step_rescales += 1
-        job.last_interrupted = t
         if not started or self.config.charge_start:
             self._pause(job, t, job.spec.up_cost_s)
         if started:
@@ -837,20 +561,20 @@ class Simulator:
         """A start from zero nodes: a cold start the first time, a restart (from the last commit) after."""
         cost = self.cal.restart_s if job.runs else self.cal.cold_start_s
         if job.runs:
-            self.restarts += 1
+            self.tally.restarts += 1
         else:
-            self.cold_starts += 1
+            self.tally.cold_starts += 1
         job.runs += 1
         if cost > 0:  # charged even for the oracle: free rescales, not free starts
             job.paused_until = max(job.paused_until, t + cost)
-        self.start_paused_node_seconds += len(job.nodes) * max(0.0, job.paused_until - t)
+        self.tally.start_paused_node_seconds += self.ledger.count(job.id) * max(0.0, job.paused_until - t)
         job.run_since = max(t, job.paused_until)
         job.committed = job.progress
 
     def _schedule_completions(self, t: float) -> None:
         for job_id in sorted(self._dirty):  # a set of str: sorted, or ties depend on PYTHONHASHSEED
             job = self.jobs[job_id]
-            if job.state is not SimJobState.ADMITTED or not job.nodes or job.rate <= 0:
+            if job.state is not SimJobState.ADMITTED or job.rate <= 0:  # rate 0: on no nodes
                 continue
             remaining = job.spec.samples - job.progress
             done_at = max(t, job.paused_until) + remaining / job.rate
@@ -861,228 +585,10 @@ class Simulator:
 
     def _result(self, wall: float, cpu: float) -> SimResult:
         jobs = list(self.jobs.values())
-        completed = [j for j in jobs if j.state is SimJobState.DONE]
-        makespan = None
-        if self.workload.finite and self._stream_done and not self.queue and not self.admitted:
-            if all(j.finished_at is not None for j in jobs) and completed:
-                makespan = max(j.finished_at for j in completed) - self.start  # type: ignore[type-var]
-        ms = sorted(self.decision_ms)
-        idle = self.idle_node_seconds
-        paused = sum(j.paused_node_seconds for j in jobs)
-        productive = self.used_node_seconds - paused
         cfg = self.pcfg
-        summary = {
-            "policy": self.sim_policy.name,
-            "workload": self.workload.name,
-            "scaling_source": self.workload.scaling_source,
-            "synthetic_scaling": self.workload.synthetic,
-            "trace": self.timeline.source,
-            "nodes_total": len(self.timeline.nodes),
-            "start": self.start,
-            "end": self.end,
-            "span_seconds": self.end - self.start,
-            "horizon_s": cfg.tfwd_s,
-            # what ran (issue 18: presets never silently win over an override)
-            "admission": cfg.admission.value,
-            "max_running": cfg.max_running,
-            "admission_cap": cfg.admission_cap,
-            "objective": cfg.objective.value,
-            "calibration": self.cal.name,
-            "calibration_values": self.cal.as_dict(),
-            "policy_config": cfg.as_dict(),
-            "idle_node_seconds": idle,
-            "used_node_seconds": self.used_node_seconds,
-            "used_fraction": self.used_node_seconds / idle if idle > 0 else 0.0,
-            "held_node_seconds": self.held_node_seconds,
-            "held_fraction": self.held_node_seconds / idle if idle > 0 else 0.0,
-            "paused_node_seconds": paused,
-            "productive_node_seconds": productive,
-            "trained_node_seconds": productive,  # held by a job and not paused (the real replay's "trained")
-            "productive_fraction": productive / idle if idle > 0 else 0.0,
-            "samples_processed": sum(j.progress for j in jobs),
-            # model-neutral work: each job's samples over its own 1-node rate (node-seconds at 1 node)
-            "work_node_seconds": sum(j.progress / j.one_node_rate for j in jobs if j.one_node_rate > 0),
-            "lost_work_node_seconds": sum(j.lost_samples / j.one_node_rate for j in jobs if j.one_node_rate > 0),
-            "cold_starts": self.cold_starts,
-            "restarts": self.restarts,
-            "start_paused_node_seconds": self.start_paused_node_seconds,
-            "jobs_submitted": len(jobs),
-            "jobs_completed": len(completed),
-            "makespan_seconds": makespan,
-            "rescales": self.rescales,
-            "starts": self.starts,
-            "stops": self.stops,
-            "preemptions": self.preemptions,
-            "decisions": len(self.rows),
-            "policy_calls": len(self.decision_ms),
-            "solver_calls": self.solver_calls,
-            "decision_ms_p50": _percentile(ms, 0.50),
-            "decision_ms_p99": _percentile(ms, 0.99),
-            "wall_seconds": wall,
-            "cpu_seconds": cpu,
-        }
-        summary.update(_bound_summary(jobs, idle, summary["work_node_seconds"], self.workload.finite))
-        summary.update(_profiling_summary(jobs, self.used_node_seconds))
-        summary.update(self._split_summary())
-        summary.update(_completion_summary(jobs, self.end))
-        errs = self._belief_errors
-        n = len(self.profile_seconds)
-        summary.update({
-            "scalability_error_pct": sum(errs.values()) / len(errs) if errs else None,
-            "profiles_done": self.event_counts.get("profile_done", 0),
-            "profiles_aborted": self.event_counts.get("profile_aborted", 0),
-            "profile_waits": len(self.profile_waits),
-            "profile_seconds_mean": sum(self.profile_seconds) / n if n else None,
-            "profile_counts_mean": sum(self.profile_counts) / n if n else None,
-            "profile_capped_steps": self.capped_steps,
-            "profile_lent_nodes": self.lent_nodes,
-            "profile_returned_nodes": self.returned_nodes,
-            "refinements": self.event_counts.get("refined", 0),
-        })
+        about = about_replay(self.sim_policy.name, self.workload, self.timeline, self.start, self.end, cfg, self.cal)
+        drained = self.workload.finite and self._stream_done and not self.queue and not self.admitted
+        summary = replay_summary(about, self.tally, self.stats, jobs, start=self.start, end=self.end,
+                                 finite=self.workload.finite, drained=drained, decisions=len(self.rows),
+                                 decision_ms=self.decision_ms, wall=wall, cpu=cpu)
         return SimResult(summary, self.rows, jobs, self.start, self.end, self.decisions)
-
-
-    def _split_summary(self) -> dict:
-        """Constrained / unconstrained periods apart (see :meth:`_integrate`)."""
-        out: dict[str, float] = {}
-        for k, part in enumerate(("constrained", "unconstrained")):
-            out[f"{part}_seconds"] = self.split_seconds[k]
-            out[f"idle_node_seconds_{part}"] = self.split_idle[k]
-            out[f"used_node_seconds_{part}"] = self.split_used[k]
-            out[f"work_node_seconds_{part}"] = self.split_work[k]
-        idle = self.idle_node_seconds
-        out["excess_idle_node_seconds"] = self.excess_node_seconds
-        out["excess_idle_fraction"] = self.excess_node_seconds / idle if idle > 0 else 0.0
-        return out
-
-
-def _completion_summary(jobs: list[SimJob], end: float) -> dict:
-    """Job completion times (submission to finish, completed jobs) and waits (submission to first
-    nodes; a job that never ran waits until the end of the replay), and who waits: the mean wait of
-    the quarter of jobs with the lowest 1-node rate (the slowest models) against the fastest quarter,
-    and the model whose jobs wait longest on average."""
-    jct = sorted(j.finished_at - j.submitted_at for j in jobs if j.finished_at is not None)
-    waits = [(j.one_node_rate, _wait(j, end), j.spec.model) for j in jobs]
-    by_rate = sorted(waits, key=lambda w: w[0])
-    q = max(1, len(by_rate) // 4) if by_rate else 0
-    per_model: dict[str, list[float]] = {}
-    for _, w, model in waits:
-        per_model.setdefault(model, []).append(w)
-    starved = max(per_model.items(), key=lambda kv: (sum(kv[1]) / len(kv[1]), kv[0]), default=None)
-    wait_values = sorted(w for _, w, _ in waits)
-    return {
-        "jct_mean_seconds": sum(jct) / len(jct) if jct else None,
-        "jct_p95_seconds": _percentile(jct, 0.95) if jct else None,
-        "wait_mean_seconds": sum(wait_values) / len(wait_values) if wait_values else None,
-        "wait_p95_seconds": _percentile(wait_values, 0.95) if wait_values else None,
-        "wait_slowest_quarter_seconds": sum(w for _, w, _ in by_rate[:q]) / q if q else None,
-        "wait_fastest_quarter_seconds": sum(w for _, w, _ in by_rate[-q:]) / q if q else None,
-        "wait_by_model_seconds": {m: sum(ws) / len(ws) for m, ws in sorted(per_model.items())},
-        "longest_waiting_model": starved[0] if starved else None,
-        "longest_waiting_model_seconds": sum(starved[1]) / len(starved[1]) if starved else None,
-    }
-
-
-def _bound_summary(jobs: list[SimJob], idle: float, work: float, finite: bool) -> dict:
-    """The work no policy can exceed: min(offered work, idle node-seconds x the best work per node-second
-    any job's curve reaches), and this run's gap to it. An endless stream's offered work is unbounded
-    (a saturation case): the bound is then the idle term alone."""
-    offered = sum(j.spec.samples / j.one_node_rate for j in jobs if j.one_node_rate > 0)
-    eff = max((_best_efficiency(j) for j in jobs), default=0.0)
-    bound = min(offered, idle * eff) if finite else idle * eff
-    return {
-        "offered_work_node_seconds": offered if finite else None,
-        "work_share_of_offered": work / offered if finite and offered > 0 else None,
-        "best_efficiency": eff,
-        "bound_work_node_seconds": bound,
-        "gap_to_bound_pct": 100.0 * (1.0 - work / bound) if bound > 0 else None,
-    }
-
-
-def _best_efficiency(job: SimJob) -> float:
-    """max over the job's curve points up to its max, and its max, of rate(n) / (n rate(1)): rate(n) / n
-    of a piecewise-linear curve (through the origin below its first point) peaks at one of them."""
-    r1 = job.one_node_rate
-    if r1 <= 0:
-        return 0.0
-    top = job.spec.max_nodes  # the rate at its max too: it may lie between two points
-    pts = [(n, v) for n, v in job.spec.scaling.items() if n <= top] + [(top, throughput_at(job.spec.scaling, top))]
-    return max(v / (n * r1) for n, v in pts)
-
-
-def _wait(job: SimJob, end: float) -> float:
-    for t, _, n, _ in job.history:
-        if n > 0:
-            return t - job.submitted_at
-    return end - job.submitted_at
-
-
-def _profiling_summary(jobs: list[SimJob], used_node_seconds: float) -> dict:
-    """Profiling accounting over the jobs that profiled (zeros for a policy that never profiles)."""
-    profiled = [j for j in jobs if j.profiled]
-    node_s = sum(j.profiling_node_seconds for j in profiled)
-    ups = [j.profiling_scale_ups for j in profiled]
-    return {
-        "profiled_jobs": len(profiled),
-        "profiling_node_seconds": node_s,
-        "profiling_paused_node_seconds": sum(j.profiling_paused_node_seconds for j in profiled),
-        "profiling_lost_samples": sum(j.profiling_lost_samples for j in profiled),
-        "profiling_fraction": node_s / used_node_seconds if used_node_seconds > 0 else 0.0,
-        "profiling_scale_ups": sum(ups),
-        "profiling_scale_ups_max_per_job": max(ups, default=0),
-        "profiling_scale_ups_min_per_job": min(ups, default=0),
-    }
-
-
-def _percentile(sorted_values: list[float], q: float) -> float:
-    if not sorted_values:
-        return 0.0
-    k = min(len(sorted_values) - 1, max(0, math.ceil(q * len(sorted_values)) - 1))
-    return sorted_values[k]
-
-
-def _remove(jobs: list[SimJob], job: SimJob) -> None:
-    """``jobs.remove(job)``, by identity: list.remove compares ``job`` with each job before it, and
-    SimJob's dataclass ``==`` compares every field."""
-    for i, other in enumerate(jobs):
-        if other is job:
-            del jobs[i]
-            return
-    raise ValueError(f"job {job.id} is not in the list")
-
-
-def _job_view(job: SimJob) -> JobView:
-    """The job as the policy sees it, nodes in canonical order; rebuilt only when the job changed
-    (a queued job's view is the same decision after decision)."""
-    spec = job.spec
-    key = (job.version, len(job.nodes), job.last_interrupted, job.progress)
-    hit = job.view_cache
-    if hit is not None and hit[0] == key:
-        return hit[1]
-    work_left = spec.samples - job.progress
-    if not work_left > 0.0:  # max(0.0, ...) without its call: every running job, every decision
-        work_left = 0.0
-    if hit is not None and hit[0][:3] == key[:3]:
-        view = _progressed(hit[1], work_left)  # a running job: only its progress moved
-    else:
-        # the nodes change only with the version: the same sorted tuple while they do not
-        nodes = hit[1].nodes if hit is not None and hit[0][:2] == key[:2] else tuple(sorted(job.nodes))
-        view = JobView(
-            id=job.id,
-            min_nodes=spec.min_nodes,
-            max_nodes=spec.max_nodes,
-            nodes=nodes,
-            order=job.order,
-            last_interrupted=job.last_interrupted,
-            scaling=job.user_curve,
-            profile=False,
-            work_left=work_left,
-        )
-    job.view_cache = (key, view)
-    return view
-
-
-def _progressed(view: JobView, work_left: float) -> JobView:
-    """``view`` with ``work_left`` in place of its own (every running job's view changes so at every
-    decision)."""
-    return replace(view, work_left=work_left)

@@ -30,10 +30,6 @@ RANK = {
 }
 PURE = ("curves", "hostlist", "allocator", "profiler", "policy")
 MAX_LINES = 600
-TOO_LONG_TODAY = {  # still to split (the daemon's package, issue L step 2; the simulator's engine and evaluation);
-    # the xfail below flips when they are, and no other file may join them
-    "simulator/engine.py", "simulator/evaluate.py",
-}
 
 
 def module_name(path: Path) -> str:
@@ -210,13 +206,6 @@ def source_files() -> list[Path]:
     return [p for p in sorted(REPO.rglob("*.py")) if not skip.intersection(p.relative_to(REPO).parts)]
 
 
-def test_no_file_is_over_600_lines_but_todays_known_ones() -> None:
-    long = {str(p.relative_to(REPO)) for p in source_files() if len(p.read_text().splitlines()) > MAX_LINES}
-    assert long <= TOO_LONG_TODAY
-
-
-@pytest.mark.xfail(strict=True, reason="still over 600 lines: " + ", ".join(sorted(TOO_LONG_TODAY))
-                   + " (to split; drop this mark when they are)")
 def test_no_file_outside_tests_is_over_600_lines() -> None:
     long = [f"{p.relative_to(REPO)}: {n} lines" for p in source_files()
             if (n := len(p.read_text().splitlines())) > MAX_LINES]

@@ -351,10 +351,9 @@ def test_monitor_evidence_is_evidence_from_its_rates_and_events():
 
 
 def test_job_views_moved_on_equal_the_constructors():
-    # a running job's view is its previous one with the new work_left; it must be the JobView the
-    # constructor makes
+    # a running job's view is the ledger's, moved on by events (placed, progressed); it must be the
+    # JobView the constructor makes
     from policy import JobView
-    from simulator.engine import _job_view
 
     # job a stays at its 2 nodes while nodes come and go (a decision each time); b finishes early
     changes = [(50.0, "c", True), (100.0, "d", True), (150.0, "c", False), (200.0, "e", True), (250.0, "d", False)]
@@ -376,7 +375,6 @@ def test_job_views_moved_on_equal_the_constructors():
                         last_interrupted=v.last_interrupted, scaling=simjob.user_curve,  # type: ignore[attr-defined]
                         profile=False, work_left=v.work_left)
         assert v == fresh and vars(v) == vars(fresh)
-    assert _job_view(sim.jobs["j00000"]) is _job_view(sim.jobs["j00000"])
 
 
 def test_monitor_estimates_are_those_of_its_records():
@@ -404,7 +402,7 @@ def test_monitor_estimates_are_those_of_its_records():
 
 
 def test_the_views_idle_since_is_the_free_nodes_idle_times():
-    # the engine keeps each free node's idle-since time in its free dict: the view's idle_since is
+    # the ledger keeps each free node's idle-since time in its free pool: the view's idle_since is
     # every shown free node's time, in the free nodes' order
     changes = [(50.0, "c", True), (100.0, "d", True), (150.0, "c", False), (200.0, "e", True), (250.0, "c", True)]
     tl = timeline("abcde", "ab", changes, end=300.0)
@@ -415,7 +413,7 @@ def test_the_views_idle_since_is_the_free_nodes_idle_times():
     def decide(view: View, evidence: Evidence) -> Decision:
         seen.append(view)
         assert list(view.idle_since) == list(view.free_nodes)
-        assert view.idle_since == {n: sim._idle_since[n] for n in view.free_nodes}
+        assert view.idle_since == {n: sim.ledger.idle_since(n) for n in view.free_nodes}
         return real(view, evidence)
 
     sim.policy.decide = decide  # type: ignore[method-assign]

@@ -6,6 +6,7 @@ from __future__ import annotations
 from malletrain.daemon.base import DaemonBase, log
 from malletrain.daemon.records import JobRun, job_of
 from malletrain.logs import about
+from policy import below_min
 
 
 class Adoption(DaemonBase):
@@ -63,7 +64,7 @@ class Adoption(DaemonBase):
             except (OSError, ValueError, RuntimeError) as exc:
                 log.warning("runtime.readopt(%s): %s", run.id, exc, extra=about(job=run.id))
                 self.store.log_event("readopt_error", run.id, error=str(exc))
-            if len(run.target) < run.spec.min_nodes:
+            if below_min(len(run.target), run.spec.min_nodes):
                 self._suspend(run, now, "not re-adopted after a daemon restart")
                 try:
                     self.runtime.forget(run.id)  # e.g. a driver the last daemon left running

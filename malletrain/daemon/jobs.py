@@ -13,6 +13,7 @@ from malletrain.jobspec import JobState
 from malletrain.logs import about
 from malletrain.messages import ENV_SECRET
 from malletrain.store import StoreError
+from policy import below_min
 
 
 class Jobs(DaemonBase):
@@ -35,7 +36,7 @@ class Jobs(DaemonBase):
             if run.state.terminal:
                 continue
             run.target = [n for n in run.target if n in usable]
-            if len(run.target) < run.spec.min_nodes:
+            if below_min(len(run.target), run.spec.min_nodes):
                 if run.members or run.workers or run.state.active:
                     self._suspend(run, now, "below min_nodes")
                 run.target = []
@@ -75,7 +76,7 @@ class Jobs(DaemonBase):
         joining = [n for n in run.target if n not in kept_set]
         ready = all(self._ready(run, run.workers[n]) for n in joining)
         members = kept + joining if ready else kept
-        if members and len(members) < run.spec.min_nodes:
+        if members and below_min(len(members), run.spec.min_nodes):
             members = []
         changed = members != run.members or tuple(run.workers[n] for n in members) != run.published
         if changed and (members or run.members):

@@ -15,7 +15,7 @@ from malletrain.daemon.records import submission_order
 from malletrain.jobspec import JobSpec, JobState
 from malletrain.scavenging import view_extras
 from policy import Decision, EventKind, JobEvidence, JobView, Policy, PolicyState, PolicyStateError, View
-from policy import PolicyInputError, evidence_from
+from policy import PolicyInputError, evidence_from, interrupts
 
 
 def read_policy_states(text: str, first: str) -> dict[str, PolicyState]:
@@ -176,7 +176,7 @@ class Trainers(DaemonBase):
             if run.state.terminal or self.trainer_name(run.spec) != trainer:
                 continue
             new = list(decision.nodes_of(run.id))
-            if set(new) != set(run.target):  # a permutation of the same nodes is no change
+            if interrupts(run.target, new):  # a permutation of the same nodes is no change
                 self.store.log_event("plan", run.id, nodes=new, before=run.target)
                 run.last_interrupted = now  # as the simulator counts it: any change of nodes (lender order)
                 run.target = [n for n in run.target if n in set(new)] + [n for n in new if n not in set(run.target)]

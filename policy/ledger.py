@@ -1,0 +1,269 @@
+"""Pure: what a driver observed, fed with events, and the :class:`~policy.model.View` built from it.
+
+A driver (the simulator; the daemon, one ledger per trainer) tells the ledger what happened, in the
+order it happened, and asks it for the view the policy decides on. It never keeps its own copy of
+which node is ours since when, which job holds which node, or when a job was last interrupted; the
+two rules drivers used to write themselves are here, once:
+
+* :func:`below_min`: a job on fewer than its ``min_nodes`` nodes cannot run. When a recall takes a
+  job below its min, :meth:`Ledger.lost` frees its other nodes and reports it stopped; the driver
+  stops it, and the policy takes its slot away (:mod:`policy.decide`) or suspends it.
+* :func:`interrupts`: any change of a job's node set is an interruption (a start, a rescale, a
+  recall, a stop, a suspension, nodes lent); the same nodes in another order are none.
+
+Events (times are the driver's clock, passed in; the ledger reads no clock and does no I/O):
+
+==============================  ==================================================================
+``idle(nodes, since)``          nodes became idle at ``since`` and our pilots for them were
+                                submitted; not usable yet (their idle fragment starts at ``since``)
+``usable(nodes, at)``           their pilots run: usable from ``at``, free until a job is placed
+                                on them (a node not announced idle was idle since ``at``)
+``lost(nodes, at)``             taken back (a recall): each ends an idle fragment; a job holding one
+                                is interrupted, and stopped if it fell below its min
+``recall_expected(times)``      known times usable nodes will be taken back (e.g. a planned start)
+``submitted(job)``              a job arrived (its :class:`JobView`, no nodes yet)
+``placed(job, nodes, at)``      the driver carried out a decision: the job now runs on ``nodes``
+``progressed(job, work_left)``  samples the job still has to train
+``used(job, node_hours)``       node-hours the job has held so far (budgets)
+``ended(job)``                  the job finished or was cancelled: its nodes are free
+``delivered(view)``             the policy decided on ``view``: the fragments it carried are learned
+==============================  ==================================================================
+
+Node order is the driver's: the free pool keeps the order nodes became free in, and a job's nodes
+the order :meth:`Ledger.placed` gave them, so nodes a job gives up go back to the pool in that
+order. A view cut to what its jobs can take (:meth:`Ledger.view`) shows the first free nodes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from itertools import islice
+from typing import Iterable, Mapping, Sequence
+
+from policy.model import JobView, PolicyInputError, View
+
+
+class LedgerError(PolicyInputError):
+    """An event the ledger cannot apply; the message names the job or node."""
+
+
+def below_min(count: int, min_nodes: int) -> bool:
+    """A job on ``count`` nodes cannot run when that is fewer than its ``min_nodes`` (0 always is)."""
+    return count < min_nodes
+
+
+def interrupts(before: Sequence[str], after: Sequence[str]) -> bool:
+    """Whether a job going from nodes ``before`` to ``after`` is interrupted: any change of its node
+    set (a start, a rescale, a recall, a stop); the same nodes in another order are no change."""
+    return len(before) != len(after) or set(before) != set(after)
+
+
+@dataclass(frozen=True)
+class Loss:
+    """What a recall did to one job: the nodes it ``lost``; ``stopped`` if that left it below its min
+    (its other nodes are free again and the driver must stop it)."""
+
+    job: str
+    lost: tuple[str, ...]
+    stopped: bool
+
+
+class Ledger:
+    """What one driver observed (see the module doc for the events)."""
+
+    def __init__(self) -> None:
+        self._idle_since: dict[str, float] = {}  # every node ours (usable or pilot starting) -> since
+        self._free: dict[str, float] = {}  # usable nodes no job holds -> idle since, in the order freed
+        self._holder: dict[str, str] = {}  # usable node a job holds -> the job
+        self._jobs: dict[str, JobView] = {}  # live jobs, as the policy sees them (nodes sorted)
+        self._nodes: dict[str, list[str]] = {}  # each live job's nodes, in the driver's order
+        self._fragments: list[float] = []  # lengths of idle fragments ended, not delivered yet
+        self._recall_at: dict[str, float] = {}
+
+    # ------------------------------------------------------------------ node events
+
+    def idle(self, nodes: Iterable[str], since: float) -> tuple[str, ...]:
+        """``nodes`` became idle at ``since`` (pilots submitted); returns those not already ours."""
+        new = []
+        for node in nodes:
+            if node not in self._idle_since:
+                self._idle_since[node] = since
+                new.append(node)
+        return tuple(new)
+
+    def usable(self, nodes: Iterable[str], at: float) -> int:
+        """``nodes`` can be given to jobs from ``at``; returns how many were not usable before."""
+        n = 0
+        for node in nodes:
+            since = self._idle_since.setdefault(node, at)
+            if node not in self._free and node not in self._holder:
+                self._free[node] = since
+                n += 1
+        return n
+
+    def lost(self, nodes: Iterable[str], at: float) -> list[Loss]:
+        """``nodes`` were taken back at ``at`` (nodes not ours are ignored). Returns what it did to each
+        job that held one, in the order the jobs were hit."""
+        hit: dict[str, list[str]] = {}
+        for node in nodes:
+            since = self._idle_since.pop(node, None)
+            if since is None:
+                continue
+            self._fragments.append(max(0.0, at - since))
+            self._recall_at.pop(node, None)
+            if self._free.pop(node, None) is not None:
+                continue
+            job_id = self._holder.pop(node, None)
+            if job_id is not None:
+                self._nodes[job_id].remove(node)
+                hit.setdefault(job_id, []).append(node)
+        out = []
+        for job_id, lost in hit.items():
+            job = self._jobs[job_id]
+            stopped = below_min(len(self._nodes[job_id]), job.min_nodes)
+            if stopped:
+                self._release(job_id, ())
+            self._jobs[job_id] = replace(job, nodes=tuple(sorted(self._nodes[job_id])), last_interrupted=at)
+            out.append(Loss(job_id, tuple(lost), stopped))
+        return out
+
+    def recall_expected(self, times: Mapping[str, float]) -> None:
+        """The known times nodes will be taken back (replaces the ones known before)."""
+        self._recall_at = dict(times)
+
+    # ------------------------------------------------------------------ job events
+
+    def submitted(self, job: JobView) -> None:
+        """A job arrived; it holds no node yet."""
+        if job.id in self._jobs:
+            raise LedgerError(f"job {job.id} is submitted twice")
+        if job.nodes:
+            raise LedgerError(f"job {job.id} is submitted on nodes {list(job.nodes)}: place it on them with placed()")
+        self._jobs[job.id] = job
+        self._nodes[job.id] = []
+
+    def placed(self, job_id: str, nodes: Sequence[str], at: float) -> bool:
+        """The driver carried out a decision: ``job_id`` runs on ``nodes`` (in the driver's order) from
+        ``at``. Returns whether that :func:`interrupts` it; the same set in another order changes nothing."""
+        job = self._job(job_id)
+        old = self._nodes[job_id]
+        if not interrupts(old, nodes):
+            return False
+        if len(set(nodes)) != len(nodes):
+            raise LedgerError(f"job {job_id} is given a node twice")
+        if len(nodes) > job.max_nodes:
+            raise LedgerError(f"job {job_id} is given {len(nodes)} nodes, more than its max {job.max_nodes}")
+        have = set(old)
+        for node in nodes:
+            if node not in have and node not in self._free:
+                holder = self._holder.get(node)
+                why = f"held by job {holder}" if holder is not None else "not a usable node of ours"
+                raise LedgerError(f"job {job_id} given node {node!r}, {why}")
+        self._release(job_id, nodes)
+        for node in nodes:
+            if node not in have:
+                del self._free[node]
+                self._holder[node] = job_id
+        self._nodes[job_id] = list(nodes)
+        self._jobs[job_id] = replace(job, nodes=tuple(sorted(nodes)), last_interrupted=at)
+        return True
+
+    def progressed(self, job_id: str, work_left: float) -> None:
+        """``job_id`` still has ``work_left`` samples to train."""
+        job = self._job(job_id)
+        if job.work_left != work_left:
+            self._jobs[job_id] = replace(job, work_left=work_left)
+
+    def used(self, job_id: str, node_hours: float) -> None:
+        """``job_id`` has held ``node_hours`` node-hours so far."""
+        job = self._job(job_id)
+        if job.used_node_hours != node_hours:
+            self._jobs[job_id] = replace(job, used_node_hours=node_hours)
+
+    def ended(self, job_id: str) -> None:
+        """``job_id`` finished or was cancelled: its nodes are free, the ledger forgets it."""
+        self._job(job_id)
+        self._release(job_id, ())
+        del self._jobs[job_id], self._nodes[job_id]
+
+    def delivered(self, view: View) -> None:
+        """The policy decided on ``view``: the idle fragments it carried are learned."""
+        del self._fragments[: len(view.ended_fragments)]
+
+    # ------------------------------------------------------------------ reading
+
+    def job(self, job_id: str) -> JobView:
+        """``job_id`` as the policy sees it."""
+        return self._job(job_id)
+
+    def nodes_of(self, job_id: str) -> tuple[str, ...]:
+        """``job_id``'s nodes, in the driver's order."""
+        self._job(job_id)
+        return tuple(self._nodes[job_id])
+
+    def count(self, job_id: str) -> int:
+        """How many nodes ``job_id`` runs on."""
+        self._job(job_id)
+        return len(self._nodes[job_id])
+
+    def holder(self, node: str) -> str | None:
+        """The job running on ``node``, if any."""
+        return self._holder.get(node)
+
+    def idle_since(self, node: str) -> float | None:
+        """Since when ``node`` is ours (None: it is not)."""
+        return self._idle_since.get(node)
+
+    def is_usable(self, node: str) -> bool:
+        return node in self._free or node in self._holder
+
+    @property
+    def n_idle(self) -> int:
+        """Nodes ours, usable or with a pilot starting."""
+        return len(self._idle_since)
+
+    @property
+    def n_usable(self) -> int:
+        return len(self._free) + len(self._holder)
+
+    @property
+    def n_free(self) -> int:
+        return len(self._free)
+
+    def free_nodes(self) -> tuple[str, ...]:
+        """Usable nodes no job runs on, in the order they became free."""
+        return tuple(self._free)
+
+    def view(self, now: float, jobs: Iterable[str] | None = None) -> View:
+        """The view to decide on at ``now``: ``jobs`` (default: every live job, in submission order)
+        and the free nodes, cut to the first ones the shown jobs could take (``View.n_free`` the real
+        count), each with its idle-since time; the idle fragments ended since the last delivered view."""
+        shown = tuple(self._jobs.values()) if jobs is None else tuple(self._job(j) for j in jobs)
+        room = sum(j.max_nodes - len(j.nodes) for j in shown)
+        pool = self._free
+        if room >= len(pool):
+            free, since = tuple(pool), dict(pool)
+        else:
+            free = tuple(islice(pool, room))
+            since = {n: pool[n] for n in free}
+        recall = {n: t for n, t in self._recall_at.items() if self.is_usable(n)} if self._recall_at else {}
+        return View(now=now, free_nodes=free, n_free=len(pool), jobs=shown, idle_since=since,
+                    recall_at=recall, ended_fragments=tuple(self._fragments))
+
+    # ------------------------------------------------------------------ helpers
+
+    def _job(self, job_id: str) -> JobView:
+        job = self._jobs.get(job_id)
+        if job is None:
+            raise LedgerError(f"job {job_id} is not a live job of the ledger")
+        return job
+
+    def _release(self, job_id: str, keep: Sequence[str]) -> None:
+        """``job_id``'s nodes not in ``keep`` go back to the free pool, in the job's order."""
+        kept = set(keep)
+        nodes = self._nodes[job_id]
+        for node in nodes:
+            if node not in kept:
+                del self._holder[node]
+                self._free[node] = self._idle_since[node]
+        self._nodes[job_id] = [n for n in nodes if n in kept]

@@ -1,0 +1,427 @@
+"""The evaluation's data and arithmetic: settings, the runs of one evaluation, statistics over seeds,
+the rows of its tables and the targets it checks (:mod:`simulator.evaluate` runs it,
+:mod:`simulator.evaluation_report` writes it). See :mod:`simulator.evaluate` for what is measured.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from policy import PolicyConfig
+from simulator.calibration import Calibration
+from simulator.calibration import default as default_calibration
+from simulator.engine import SimConfig
+from simulator.policies import Overrides
+from simulator.sweep import RunSpec, split_workload
+from traces.model import IdleTimeline
+
+POLICIES = ("freetrain", "malletrain", "jpa", "milp-true", "oracle", "greedy")
+# issue 18: on a real finite stream every baseline runs at the default's admission (--admission
+# and friends override presets), scored in work; freetrain also at fixed Pjmax, best of FIXED_PJMAX
+REAL_POLICIES = ("malletrain", "freetrain", "greedy", "equal", "rigid-preemptible", "jpa", "milp-true")
+FIXED_PJMAX = (10, 40, 100)
+FIXED_PRIOR = "mean"  # freetrain's prior in the fixed-Pjmax sweep
+DEFAULT = "malletrain"
+REAL_WORKLOADS = ("philly@1", "philly@1.5", "philly@2")
+HEADLINE_LOADS = (1.0, 1.5)  # the target: default >= best equal-admission baseline + TARGET_REAL_GAIN_PCT
+SATURATION_LOAD = 2.0  # the target: gap to the bound <= TARGET_BOUND_GAP_PCT
+TARGET_REAL_GAIN_PCT = 5.0
+TARGET_BOUND_GAP_PCT = 5.0
+MIN_SEEDS = 5
+BOUND_TOLERANCE_PCT = 0.5  # a policy above the oracle bound by more than this (mean over seeds) is a bug
+PRIORS = ("linear", "mean", "other", "noise:20")  # freetrain's user curves (simulator.policies)
+# freetrain given the true curves: the ceiling of the policies that admit a fixed Pjmax (freetrain,
+# jpa, greedy), as milp-true is the ceiling of the daemon's default (adaptive admission)
+CEILING_PRIOR = "noise:0"
+WORKLOADS = ("nas", "hpo")
+SEEDS = (0, 1, 2, 3, 4)
+SWEEP_MAX_RUNNING = (3, 10, 40)
+SWEEP_MAX_NODES = (16, 64)
+TFWD_CANDIDATES = (30.0, 60.0, 120.0, 300.0, 900.0)
+TFWD_POLICIES = ("milp-true", "malletrain")
+TARGET_GAIN_PCT = 20.0  # the paper: malletrain >= freetrain + 20% on NAS
+TARGET_REGRET_PCT = 3.0  # learning (profiling included, in full) costs at most 3% of milp-true's work
+TARGET_ABOVE_SHARE_PCT = 50.0  # most idle node-seconds come while the pool exceeds Pjmax x max nodes
+PARTS = ("whole", "constrained", "unconstrained")
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    seeds: tuple[int, ...] = SEEDS
+    policy_config: PolicyConfig = field(default_factory=PolicyConfig)  # the daemon's defaults
+    start: float | None = None
+    end: float | None = None
+    min_interval_s: float = 0.0
+    workers: int = 2
+    scheduler: str | None = None
+    workloads: tuple[str, ...] = WORKLOADS
+    policies: tuple[str, ...] = POLICIES
+    priors: tuple[str, ...] = PRIORS
+    n_jobs: int | None = None  # a finite job list per replay; None: endless streams
+    sweep: bool = False  # the grid Pjmax {3, 10, 40} x max nodes {16, 64}
+    tfwd_sweep: bool = False  # Tfwd candidates x TFWD_POLICIES instead of the policy comparison
+    # what wins over every preset (the default's admission for every baseline, all scored in work)
+    overrides: Overrides = field(default_factory=lambda: Overrides(objective="work"))
+    calibration: Calibration | None = None  # None: the shipped calibration
+    fixed_pjmax: tuple[int, ...] = FIXED_PJMAX
+
+    @property
+    def max_running(self) -> int:
+        return self.policy_config.max_running
+
+    @property
+    def horizon_s(self) -> float:
+        return self.policy_config.tfwd_s
+
+    def sim_config(self) -> SimConfig:
+        cal = self.calibration if self.calibration is not None else default_calibration()
+        return SimConfig(start=self.start, end=self.end, min_interval_s=self.min_interval_s, calibration=cal)
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    value: str
+    passed: bool
+
+
+Cell = tuple[str, "int | None", "int | None", "float | None"]  # workload, Pjmax, max nodes, Tfwd
+
+
+@dataclass
+class Evaluation:
+    settings: EvalSettings
+    trace: str
+    scaling_source: str
+    runs: list[tuple[RunSpec, dict]]
+    trace_claims: dict = field(default_factory=dict)
+    targets: list[Target] = field(default_factory=list)
+
+    def cells(self) -> list[Cell]:
+        out: list[Cell] = []
+        for spec, _ in self.runs:
+            if spec.cell not in out:
+                out.append(spec.cell)
+        return out
+
+    def by_label(self, cell: Cell) -> dict[str, dict[int, dict]]:
+        """label -> seed -> summary, for one cell."""
+        out: dict[str, dict[int, dict]] = {}
+        for spec, s in self.runs:
+            if spec.cell == cell:
+                out.setdefault(spec.label, {})[spec.seed] = s
+        return out
+
+
+def is_real(workload: str) -> bool:
+    """A real finite stream (``philly@X``), not an endless generated one (a saturation case)."""
+    return split_workload(workload)[0] == "philly"
+
+
+
+# ---------------------------------------------------------------- statistics
+
+
+def mean_sd(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for one value; NaN for none)."""
+    vals = [v for v in values if v is not None and not math.isnan(v)]
+    if not vals:
+        return float("nan"), float("nan")
+    return statistics.fmean(vals), statistics.stdev(vals) if len(vals) > 1 else 0.0
+
+
+def work(s: dict, part: str = "whole") -> float:
+    return s["work_node_seconds"] if part == "whole" else s[f"work_node_seconds_{part}"]
+
+
+def _pct_over(a: float, b: float) -> float:
+    return 100.0 * (a / b - 1.0) if b > 0 else float("nan")
+
+
+def freetrain_priors(runs: dict[str, dict[int, dict]], panel: Sequence[str] = PRIORS) -> list[tuple[str, float]]:
+    """freetrain's priors of the panel in this cell, best first, by mean work over the seeds."""
+    labels = {f"freetrain:{p}" for p in panel}
+    priors = [(label, statistics.fmean(work(s) for s in seeds.values()))
+              for label, seeds in runs.items() if label in labels]
+    return sorted(priors, key=lambda p: -p[1])
+
+
+def policy_rows(ev: Evaluation, cell: Cell) -> list[dict]:
+    """One row per policy label: work (whole / constrained / unconstrained), vs freetrain's best prior,
+    regret vs milp-true, samples, profiling, completion times; each a (mean, sd) over the seeds."""
+    runs = ev.by_label(cell)
+    priors = freetrain_priors(runs, ev.settings.priors)
+    best = runs[priors[0][0]] if priors else {}
+    rows = []
+    for label in _ordered_labels(runs, priors):
+        seeds = runs[label]
+        ss = [seeds[k] for k in sorted(seeds)]
+        ceiling_label = ceiling_for(runs, ss[0])
+        ceiling = runs.get(ceiling_label, {})
+        row: dict = {"policy": label, "seeds": sorted(seeds), "regret_against": ceiling_label,
+                     "best_prior": bool(priors) and label == priors[0][0],
+                     "worst_prior": len(priors) > 1 and label == priors[-1][0]}
+        for part in PARTS:
+            row[f"work_{part}"] = mean_sd([work(s, part) for s in ss])
+            row[f"vs_best_freetrain_{part}_pct"] = mean_sd(
+                [_pct_over(work(seeds[k], part), work(best[k], part)) for k in sorted(seeds) if k in best])
+            row[f"regret_{part}_pct"] = mean_sd(
+                [-_pct_over(work(seeds[k], part), work(ceiling[k], part)) for k in sorted(seeds) if k in ceiling])
+        row["constrained_time_pct"] = mean_sd([100.0 * s["constrained_seconds"] / s["span_seconds"] for s in ss])
+        row["samples"] = mean_sd([s["samples_processed"] for s in ss])
+        row["productive_fraction"] = mean_sd([s["productive_fraction"] for s in ss])
+        row["used_fraction"] = mean_sd([s["used_fraction"] for s in ss])
+        row["profiling_pct"] = mean_sd([100.0 * s["profiling_fraction"] for s in ss])
+        row["profiled_jobs"] = mean_sd([s["profiled_jobs"] for s in ss])
+        row["belief_error_pct"] = mean_sd([s.get("scalability_error_pct") for s in ss])
+        for key in ("makespan_seconds", "jct_mean_seconds", "jct_p95_seconds", "wait_slowest_quarter_seconds",
+                    "wait_fastest_quarter_seconds"):
+            row[key] = mean_sd([s.get(key) for s in ss])
+        row["jobs_completed"] = mean_sd([s["jobs_completed"] for s in ss])
+        row["cpu_seconds"] = mean_sd([s.get("cpu_seconds", s["wall_seconds"]) for s in ss])
+        row["replayed_as"] = ss[0].get("replayed_as")
+        rows.append(row)
+    for row in rows:  # a period comparison holds only over the same periods (see same_periods)
+        row["same_periods"] = same_periods(row, rows)
+        if not row["same_periods"]:
+            for part in PARTS[1:]:
+                row[f"vs_best_freetrain_{part}_pct"] = (math.nan, math.nan)
+    return rows
+
+
+def ceiling_for(runs: dict[str, dict[int, dict]], summary: dict) -> str:
+    """The same policy given the true curves: ``milp-true`` for a policy that admits as milp-true does,
+    else freetrain with the true curve (fixed Pjmax) when it was replayed."""
+    ref = next(iter(runs.get("milp-true", {}).values()), None)
+    fixed = f"freetrain:{CEILING_PRIOR}"
+    admission = summary.get("policy_config", {}).get("admission")
+    if ref is not None and admission == ref.get("policy_config", {}).get("admission"):
+        return "milp-true"
+    return fixed if fixed in runs else "milp-true"
+
+
+def _ordered_labels(runs: dict, priors: list[tuple[str, float]]) -> list[str]:
+    order = [p for p, _ in priors]
+    for p in POLICIES + ("equal",):
+        if p in runs and p not in order:
+            order.append(p)
+    return order + [label for label in runs if label not in order]
+
+
+def trace_claims(timeline: IdleTimeline, settings: EvalSettings) -> dict:
+    """How much of the window's idle pool lies above Pjmax x max nodes, by time and by node-seconds."""
+    start = timeline.start if settings.start is None else settings.start
+    end = timeline.end if settings.end is None else settings.end
+    t, c = timeline.idle_counts()
+    t = np.asarray(t, dtype=float)
+    c = np.asarray(c, dtype=float)
+    lo = np.clip(t, start, end)
+    hi = np.clip(np.append(t[1:], timeline.end), start, end)
+    dt = hi - lo
+    # the count in force at `start` comes from the last change before it (clipping keeps it)
+    cap = settings.max_running * 64
+    idle_ns = float((c * dt).sum())
+    above = c > cap
+    return {
+        "capacity_nodes": cap,
+        "idle_node_seconds": idle_ns,
+        "time_above_pct": 100.0 * float(dt[above].sum()) / float(dt.sum()) if dt.sum() > 0 else 0.0,
+        "node_seconds_while_above_pct": 100.0 * float((c * dt)[above].sum()) / idle_ns if idle_ns else 0.0,
+        "node_seconds_beyond_pct": 100.0 * float((np.maximum(0.0, c - cap) * dt).sum()) / idle_ns if idle_ns else 0.0,
+    }
+
+
+def headline_cells(ev: Evaluation) -> dict[str, Cell]:
+    """Per workload, the cell at the base Pjmax and 64 nodes per job (in a sweep), else its first."""
+    out: dict[str, Cell] = {}
+    base = ev.settings.max_running
+    for cell in ev.cells():
+        w, pj, mn, _ = cell
+        if pj in (None, base) and mn in (None, 64):
+            out[w] = cell
+    for cell in ev.cells():
+        out.setdefault(cell[0], cell)
+    return out
+
+
+def check_targets(ev: Evaluation) -> list[Target]:
+    """Targets that can fail, on the headline cell of each workload (:func:`headline_cells`)."""
+    out: list[Target] = []
+    if ev.settings.tfwd_sweep:
+        return out
+    out += real_targets(ev)
+    for w, cell in headline_cells(ev).items():
+        if is_real(w):
+            continue
+        rows = {r["policy"]: r for r in policy_rows(ev, cell)}
+        best = next((r for r in rows.values() if r["best_prior"]), None)
+        for name in ("jpa", "malletrain"):  # the paper's MalleTrain, then the daemon's default
+            mt = rows.get(name)
+            if w != "nas" or mt is None or best is None:
+                continue
+            gain = mt["vs_best_freetrain_whole_pct"][0]
+            inside = mt["vs_best_freetrain_constrained_pct"][0]
+            periods = (f"constrained periods: {inside:+.1f}%" if mt["same_periods"] else
+                       "its admitted jobs absorb another pool: no period comparison")
+            out.append(Target(f"NAS: {name} >= freetrain (best prior, {best['policy']}) + "
+                              f"{TARGET_GAIN_PCT:g}% in work, mean over seeds", f"{gain:+.1f}% ({periods})",
+                              gain >= TARGET_GAIN_PCT))
+        for name in ("malletrain", "jpa"):
+            r = rows.get(name)
+            if r is None or "milp-true" not in rows:
+                continue
+            if name == "jpa" and r.get("replayed_as") == "malletrain" and "malletrain" in rows:
+                continue  # the same replays: one target
+            regret = r["regret_whole_pct"][0]
+            out.append(Target(f"{w.upper()}: {name}'s learning cost (regret vs {r['regret_against']} in work, "
+                              f"profiling counted in full) <= {TARGET_REGRET_PCT:g}%", f"{regret:.1f}%",
+                              regret <= TARGET_REGRET_PCT))
+    claims = ev.trace_claims
+    if claims and not all(is_real(c[0]) for c in ev.cells()):
+        share = claims["node_seconds_while_above_pct"]
+        out.append(Target(
+            f"trace: >= {TARGET_ABOVE_SHARE_PCT:g}% of idle node-seconds come while the pool exceeds "
+            f"Pjmax x 64 = {claims['capacity_nodes']} nodes",
+            f"{share:.1f}% (by time: {claims['time_above_pct']:.1f}%; beyond the {claims['capacity_nodes']} "
+            f"no policy can use: {claims['node_seconds_beyond_pct']:.1f}%)",
+            share >= TARGET_ABOVE_SHARE_PCT))
+    return out
+
+
+# ---------------------------------------------------------------- real streams (issue 18)
+
+
+def is_baseline(label: str) -> bool:
+    """The simple baselines the default is compared with (all at its admission, but the fixed-Pjmax ones)."""
+    return label.startswith("freetrain") or label in ("greedy", "equal", "rigid-preemptible")
+
+
+def best_baseline(runs: dict[str, dict[int, dict]]) -> str | None:
+    """The baseline label with the highest mean work over the seeds in this cell."""
+    base = [(statistics.fmean(work(s) for s in seeds.values()), label)
+            for label, seeds in runs.items() if is_baseline(label)]
+    return max(base)[1] if base else None
+
+
+def real_rows(ev: Evaluation, cell: Cell) -> list[dict]:
+    """One row per label: work, share of offered work, vs the best baseline (per seed), gap to the bound
+    (min(offered, idle x best efficiency)) and to the oracle bound, what costs cost, completion and waits."""
+    runs = ev.by_label(cell)
+    best = best_baseline(runs)
+    ref = runs.get(best, {}) if best else {}
+    oracle = runs.get("oracle-bound", {})
+    rows = []
+    order = [DEFAULT] + sorted(label for label in runs if label != DEFAULT)
+    for label in [lb for lb in order if lb in runs]:
+        seeds = runs[label]
+        ks = sorted(seeds)
+        ss = [seeds[k] for k in ks]
+        row: dict = {"policy": label, "seeds": ks, "best_baseline": label == best, "baseline": is_baseline(label)}
+        row["work"] = mean_sd([work(s) for s in ss])
+        row["share_of_offered_pct"] = mean_sd([100.0 * s["work_share_of_offered"] for s in ss
+                                               if s.get("work_share_of_offered") is not None])
+        row["vs_best_baseline_pct"] = mean_sd([_pct_over(work(seeds[k]), work(ref[k])) for k in ks if k in ref])
+        row["vs_best_baseline_min_pct"] = min((_pct_over(work(seeds[k]), work(ref[k])) for k in ks if k in ref),
+                                              default=math.nan)
+        row["gap_to_bound_pct"] = mean_sd([s.get("gap_to_bound_pct") for s in ss])
+        row["above_bound"] = [k for k in ks if work(seeds[k]) > seeds[k]["bound_work_node_seconds"] * (1 + 1e-9)]
+        row["vs_oracle_bound_pct"] = mean_sd([_pct_over(work(seeds[k]), work(oracle[k])) for k in ks if k in oracle])
+        row["lost_work_pct"] = mean_sd([100.0 * s.get("lost_work_node_seconds", 0.0) / max(work(s), 1e-9) for s in ss])
+        for key in ("restarts", "preemptions", "rescales", "jobs_completed", "jobs_submitted", "jct_mean_seconds",
+                    "wait_mean_seconds", "wait_p95_seconds", "cpu_seconds", "held_fraction"):
+            row[key] = mean_sd([s.get(key) for s in ss])
+        row["longest_waiting_model"] = _mode([s.get("longest_waiting_model") for s in ss])
+        row["wait_by_model_seconds"] = _mean_by_key([s.get("wait_by_model_seconds") or {} for s in ss])
+        row["admission"] = ss[0].get("admission")
+        row["calibration"] = ss[0].get("calibration")
+        rows.append(row)
+    return rows
+
+
+def _mode(values: list) -> object:
+    vals = [v for v in values if v is not None]
+    return max(sorted(set(vals)), key=vals.count) if vals else None
+
+
+def _mean_by_key(dicts: list[dict]) -> dict[str, float]:
+    keys = sorted({k for d in dicts for k in d})
+    return {k: statistics.fmean(d[k] for d in dicts if k in d) for k in keys}
+
+
+def real_targets(ev: Evaluation) -> list[Target]:
+    """Issue 18's targets on the real streams: the default against the best equal-admission baseline at
+    the headline loads (>= MIN_SEEDS seeds), its gap to the bound at the saturation load, and bounds
+    that hold (no policy above min(offered, idle x best efficiency) on any seed, none above the oracle
+    bound on the mean)."""
+    out: list[Target] = []
+    held: list[str] = []
+    for cell in ev.cells():
+        if not is_real(cell[0]):
+            continue
+        load = split_workload(cell[0])[1]
+        rows = {r["policy"]: r for r in real_rows(ev, cell)}
+        mt = rows.get(DEFAULT)
+        best = next((r for r in rows.values() if r["best_baseline"]), None)
+        n = len(ev.settings.seeds)
+        if mt is not None and best is not None and load in HEADLINE_LOADS:
+            gain = mt["vs_best_baseline_pct"][0]
+            out.append(Target(
+                f"{cell[0]}: {DEFAULT} >= the best equal-admission baseline ({best['policy']}) + "
+                f"{TARGET_REAL_GAIN_PCT:g}% in work, mean over >= {MIN_SEEDS} seeds, costs charged",
+                f"{gain:+.1f}% (worst seed {mt['vs_best_baseline_min_pct']:+.1f}%; {n} seeds)",
+                gain >= TARGET_REAL_GAIN_PCT and n >= MIN_SEEDS))
+        if mt is not None and load == SATURATION_LOAD:
+            gap = mt["gap_to_bound_pct"][0]
+            out.append(Target(f"{cell[0]}: {DEFAULT}'s gap to the bound min(offered work, idle node-s x best "
+                              f"per-node efficiency) <= {TARGET_BOUND_GAP_PCT:g}%",
+                              f"{gap:.1f}% (vs the oracle bound {mt['vs_oracle_bound_pct'][0]:+.1f}%)",
+                              gap <= TARGET_BOUND_GAP_PCT))
+        for r in rows.values():
+            if r["above_bound"]:
+                held.append(f"{cell[0]} {r['policy']} above min(offered, idle x eff) on seed(s) {r['above_bound']}")
+            beat = r["vs_oracle_bound_pct"][0]
+            if r["policy"] != "oracle-bound" and not math.isnan(beat) and beat > BOUND_TOLERANCE_PCT:
+                held.append(f"{cell[0]} {r['policy']} {beat:+.1f}% over the oracle bound")
+    if any(is_real(c[0]) for c in ev.cells()):
+        out.append(Target("bounds hold: no policy above min(offered, idle x best efficiency) on any seed, none "
+                          f"more than {BOUND_TOLERANCE_PCT:g}% above the oracle bound (free costs, no cap) on the mean",
+                          "; ".join(held) if held else "held everywhere", not held))
+    return out
+
+
+def tfwd_rows(ev: Evaluation) -> list[dict]:
+    """Per workload, Tfwd and policy: work mean and sd over seeds, and the share of the best Tfwd."""
+    rows: list[dict] = []
+    for cell in ev.cells():
+        for label, seeds in ev.by_label(cell).items():
+            m, sd = mean_sd([work(s) for s in seeds.values()])
+            rows.append({"workload": cell[0], "tfwd_s": cell[3], "policy": label, "work": (m, sd)})
+    for w, p in {(r["workload"], r["policy"]) for r in rows}:
+        mine = [r for r in rows if r["workload"] == w and r["policy"] == p]
+        top = max(r["work"][0] for r in mine)
+        for r in mine:
+            r["of_best_pct"] = 100.0 * r["work"][0] / top if top > 0 else float("nan")
+    return rows
+
+
+def tfwd_choice(rows: list[dict]) -> float | None:
+    """The Tfwd with the highest mean share of each (workload, policy)'s best work."""
+    shares: dict[float, list[float]] = {}
+    for r in rows:
+        shares.setdefault(r["tfwd_s"], []).append(r["of_best_pct"])
+    if not shares:
+        return None
+    return max(shares, key=lambda tf: (statistics.fmean(shares[tf]), -tf))
+
+
+def same_periods(row: dict, rows: list[dict], tolerance_pct: float = 0.5) -> bool:
+    """Whether ``row``'s constrained periods are the best freetrain prior's (their share of time agrees)."""
+    base = next((r for r in rows if r.get("best_prior")), None)
+    if base is None or "constrained_time_pct" not in row:
+        return True
+    return abs(row["constrained_time_pct"][0] - base["constrained_time_pct"][0]) <= tolerance_pct
