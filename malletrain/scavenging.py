@@ -69,6 +69,9 @@ first look at 4,608 idle nodes) is held over many loop iterations, not in one th
 of ``sbatch`` while no agent is heard and nothing is decided (32 a step is 320 a second at the
 default loop interval, above any centre's ``submit_rate``)."""
 
+Versions = tuple[int | None, int | None]
+"""The backend's and the hub's ``version``: see :meth:`Scavenging.versions`."""
+
 PILOTS_KEY = "pilots"
 """Store meta: our live pilots, ``{id: {"nodes": [...], "replaces": id or null}}``."""
 
@@ -128,6 +131,16 @@ class Scavenging:
     _agentless_since: dict[PilotId, float] = field(default_factory=dict, repr=False)
     _shunned: dict[str, tuple[float, int]] = field(default_factory=dict, repr=False)  # node -> (until, strikes)
     _last_nodes: frozenset[str] = field(default=frozenset(), repr=False)  # the last daemon's pilots' nodes
+    _usable: tuple[Versions, frozenset[str]] | None = field(default=None, repr=False)  # usable(), by versions
+    _taken: tuple[Versions, frozenset[str]] | None = field(default=None, repr=False)  # every pilot's nodes
+    _agentless: tuple[Versions, list[tuple[PilotId, PilotView, str]]] | None = field(default=None, repr=False)
+
+    def versions(self) -> Versions:
+        """The backend's and the hub's ``version`` (None when either has none): what :meth:`usable`,
+        the nodes our pilots take and the agentless pilots are computed from. While both stay the
+        same, the last answer is the answer (the daemon asks several times per loop iteration, and
+        at 4,608 nodes each answer is a pass over every pilot)."""
+        return getattr(self.backend, "version", None), getattr(self.hub, "version", None)
 
     # ------------------------------------------------------------ remember
     def resume(self) -> list[PilotId]:
@@ -251,8 +264,18 @@ class Scavenging:
             return ""
 
     def usable(self) -> set[str]:
-        """Nodes of RUNNING pilots whose own agent is connected (one dict lookup per node when the hub
-        lists its agents' batch jobs at once, ``batch_jobs()``: the daemon asks several times a step)."""
+        """Nodes of RUNNING pilots whose own agent is connected (computed again only when the backend's
+        or the hub's version moved: see :meth:`versions`)."""
+        key = self.versions()
+        if self._usable is not None and self._usable[0] == key and None not in key:
+            return set(self._usable[1])
+        out = self._usable_now()
+        self._usable = key, frozenset(out)
+        return out
+
+    def _usable_now(self) -> set[str]:
+        """:meth:`usable`, computed (one dict lookup per node when the hub lists its agents' batch
+        jobs at once, ``batch_jobs()``)."""
         batch_jobs = getattr(self.hub, "batch_jobs", None)
         if batch_jobs is not None:
             batches: Mapping[str, str | None] = batch_jobs()
@@ -296,7 +319,10 @@ class Scavenging:
         if now < self._hold_blocked_until:
             self._remember()
             return []
-        taken = {n for v in self.backend.pilots().values() for n in v.nodes}
+        key = self.versions()
+        if self._taken is None or self._taken[0] != key or None in key:
+            self._taken = key, frozenset(n for v in self.backend.pilots().values() for n in v.nodes)
+        taken = self._taken[1]
         free = sorted(n for n in d.idle - taken - self._shunned_now(now) if wanted is None or wanted(n))
         out = self._submit_for(free, now)
         self._remember()
@@ -335,18 +361,11 @@ class Scavenging:
         """Cancel each RUNNING pilot whose own agent has been missing for ``agent_grace`` seconds."""
         if self.agent_grace <= 0:
             return
-        alive = self.hub.alive()
-        batch_jobs = getattr(self.hub, "batch_jobs", None)
-        batches: Mapping[str, str | None] | None = batch_jobs() if batch_jobs is not None else None
+        key = self.versions()
+        if self._agentless is None or self._agentless[0] != key or None in key:
+            self._agentless = key, self._agentless_pilots()
         watched: dict[PilotId, float] = {}
-        running = [(pid, view) for pid, view in self.backend.pilots().items()
-                   if view.state is PilotState.RUNNING and not view.cancelling
-                   and (batches is None or not all(batches.get(n, pid) in (pid, None, "") and n in batches
-                                                   for n in view.nodes))]  # (the common case, in one pass)
-        for pid, view in sorted(running):
-            why = self._missing_agent(pid, view, alive)
-            if not why:
-                continue
+        for pid, view, why in self._agentless[1]:
             since = watched[pid] = self._agentless_since.get(pid, now)
             if now - since < self.agent_grace:
                 continue
@@ -362,6 +381,22 @@ class Scavenging:
             self.log_event("pilot_cancelled", pilot=pid, nodes=list(view.nodes), reason=text)
             log.warning("%s: cancelled pilot %s on %s: %s", self.backend.name, pid, ",".join(view.nodes), text)
         self._agentless_since = watched
+
+    def _agentless_pilots(self) -> list[tuple[PilotId, PilotView, str]]:
+        """Each RUNNING pilot (not being cancelled) whose own agent is missing, and why."""
+        alive = self.hub.alive()
+        batch_jobs = getattr(self.hub, "batch_jobs", None)
+        batches: Mapping[str, str | None] | None = batch_jobs() if batch_jobs is not None else None
+        running = [(pid, view) for pid, view in self.backend.pilots().items()
+                   if view.state is PilotState.RUNNING and not view.cancelling
+                   and (batches is None or not all(batches.get(n, pid) in (pid, None, "") and n in batches
+                                                   for n in view.nodes))]  # (the common case, in one pass)
+        out = []
+        for pid, view in sorted(running):
+            why = self._missing_agent(pid, view, alive)
+            if why:
+                out.append((pid, view, why))
+        return out
 
     def _shun(self, node: str, now: float) -> None:
         """No new pilot on ``node`` for a while: ``agent_grace``, doubling at each pilot lost there for

@@ -61,3 +61,79 @@ def test_the_daemon_reads_a_jobs_spec_once_not_at_every_iteration(tmp_path: Path
         assert d.runs[jid].ending == (JobState.CANCELLED, "cancelled by user")
     finally:
         d.close()
+
+
+# ---------------------------------------------------------------- the hub's version, silence and pings
+def _hub(tmp_path: Path, now: list[float], dead_after: float = 5.0):
+    from scavenger.hub import AgentHub
+
+    return AgentHub(dead_after_s=dead_after, clock=lambda: now[0], key_file=tmp_path / "agent.key")
+
+
+def test_the_hubs_version_moves_whenever_its_agents_or_their_batch_jobs_change(tmp_path: Path) -> None:
+    """A random run of hellos, heartbeats, leavings and silences: whenever ``version`` stayed the
+    same, so did ``alive()`` and ``batch_jobs()``; and the agents declared silent are exactly
+    those a look at every agent finds."""
+    import random
+
+    from scavenger import protocol as P
+
+    rng = random.Random(7)
+    now = [1000.0]
+    hub = _hub(tmp_path, now)
+    try:
+        nodes = [f"n{i}" for i in range(12)]
+        before = (hub.version, hub.alive(), hub.batch_jobs())
+        for _ in range(600):
+            node = rng.choice(nodes)
+            op = rng.random()
+            if op < 0.3:
+                hub._handle(P.Hello(node, 1, (), rng.choice(["1", "2", None])), now[0])
+            elif op < 0.7:
+                hub._handle(P.Heartbeat(node), now[0])
+            elif op < 0.8:
+                hub._handle(P.Leaving(node, "recalled"), now[0])
+            else:
+                now[0] += rng.uniform(0.0, 3.0)
+                silent = {n for n, info in hub.agents.items() if now[0] - info.last_seen > hub.dead_after_s}
+                assert {ev.node for ev in hub._silent(now[0])} == silent
+                assert not any(now[0] - info.last_seen > hub.dead_after_s for info in hub.agents.values())
+            after = (hub.version, hub.alive(), hub.batch_jobs())
+            if after[0] == before[0]:
+                assert after[1:] == before[1:]
+            before = after
+    finally:
+        hub.close()
+
+
+def test_pings_are_spread_each_agent_pinged_once_per_interval(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from scavenger import protocol as P
+
+    now = [1000.0]
+    hub = _hub(tmp_path, now, dead_after=30.0)  # a ping every 3 s
+    sent: list[tuple[float, str]] = []
+    monkeypatch.setattr(hub, "send", lambda msg: sent.append((now[0], msg.node)) or True)
+    try:
+        for i in range(30):  # agents come up over 3 s
+            hub._handle(P.Hello(f"n{i}", 1), now[0])
+            hub._ping(now[0])
+            now[0] += 0.1
+        for _ in range(60):  # 6 s more, heartbeats keep them alive
+            hub._ping(now[0])
+            now[0] += 0.1
+        per_poll = {}
+        for t, _ in sent:
+            per_poll[t] = per_poll.get(t, 0) + 1
+        assert max(per_poll.values()) <= 2  # never every agent in one poll
+        for i in range(30):
+            times = [t for t, n in sent if n == f"n{i}"]
+            assert len(times) >= 2 and all(2.9 <= b - a <= 3.1 for a, b in zip(times, times[1:]))
+        hub._handle(P.Leaving("n0", "recalled"), now[0])
+        sent.clear()
+        for _ in range(40):
+            hub._ping(now[0])
+            now[0] += 0.1
+        assert "n0" not in {n for _, n in sent} and len({n for _, n in sent}) == 29
+    finally:
+        hub.close()
