@@ -137,3 +137,58 @@ def test_pings_are_spread_each_agent_pinged_once_per_interval(tmp_path: Path,
         assert "n0" not in {n for _, n in sent} and len({n for _, n in sent}) == 29
     finally:
         hub.close()
+
+
+# ---------------------------------------------------------------- Scavenging: answers by versions
+def test_usable_nodes_and_agentless_pilots_equal_a_full_recompute_after_random_events(tmp_path: Path) -> None:
+    """Pilots submitted, started, recalled, given back, cancelled; agents saying hello (with the
+    right or a wrong batch job), leaving, falling silent: after each event the answers kept by
+    version are what a look at every pilot and agent gives."""
+    import random
+
+    from malletrain.scavenging import Scavenging
+    from scavenger import protocol as P
+    from scavenger.slurm import SlurmBackend, SlurmConfig
+    from scavenger.testing.fake_slurm import FakeSlurm
+
+    rng = random.Random(11)
+    now = [1000.0]
+    nodes = [f"n{i}" for i in range(10)]
+    slurm = FakeSlurm(nodes)
+    be = SlurmBackend(SlurmConfig(daemon_address="tcp://127.0.0.1:1", max_pilots=100, submit_rate=1000.0,
+                                  submit_burst=1000, renew_before_s=0.0), runner=slurm.run)
+    hub = _hub(tmp_path, now)
+    scav = Scavenging(be, hub, lambda *a, **k: None, agent_grace=3.0)
+    try:
+        for step in range(400):
+            op = rng.random()
+            node = rng.choice(nodes)
+            if op < 0.2:
+                scav.look(now[0])
+                scav.hold_idle(now[0])
+            elif op < 0.3:
+                slurm.recall(node)
+            elif op < 0.4:
+                slurm.give_back(node)
+            elif op < 0.6:
+                pilot = slurm.running().get(node)
+                batch = pilot if rng.random() < 0.8 else "999"
+                hub._handle(P.Hello(node, 1, (), batch), now[0])
+            elif op < 0.75:
+                hub._handle(P.Heartbeat(node), now[0])
+            elif op < 0.8:
+                hub._handle(P.Leaving(node, "recalled"), now[0])
+            elif op < 0.85:
+                scav.release({node})
+            else:
+                now[0] += rng.uniform(0.0, 2.0)
+                hub._silent(now[0])
+            assert scav.usable() == scav._usable_now(), step
+            scav._cancel_agentless(now[0])
+            assert scav._agentless is not None
+            assert scav._agentless[0] != scav.versions() or scav._agentless[1] == scav._agentless_pilots(), step
+            assert scav._taken is None or scav._taken[0] != scav.versions() or \
+                scav._taken[1] == {n for v in be.pilots().values() for n in v.nodes}, step
+        assert scav.usable() and be.version > 50 and hub.version > 50  # the run went through many changes
+    finally:
+        hub.close()
