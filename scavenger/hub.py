@@ -147,6 +147,7 @@ class AgentHub:
         self._pending: dict[str, _Pending] = {}
         self._last_log: dict[str, float] = {}
         self._ping_due: dict[str, float] = {}  # node -> when its next ping is due, in that order
+        self.lost = 0  # agents declared gone so far (left or fell silent): the daemon's loop wakes on it
         self.version = 0  # moves when an agent comes or goes or its batch job changes (callers skip work when equal)
         self._seq = 0
 
@@ -246,6 +247,7 @@ class AgentHub:
         recently heard), not a look at every agent (a poll runs many times a second)."""
         gone = list(itertools.takewhile(lambda n: now - self.agents[n].last_seen > self.dead_after_s, self.agents))
         self.version += bool(gone)
+        self.lost += len(gone)
         for node in gone:
             del self.agents[node]
             self._sessions.pop(node, None)
@@ -327,6 +329,7 @@ class AgentHub:
             self._ping_due.pop(node, None)
             if self.agents.pop(node, None) is not None:
                 self.version += 1
+                self.lost += 1
                 return [AgentGone(node, msg.reason)]
             return []
         out: list[HubEvent] = []

@@ -192,3 +192,71 @@ def test_usable_nodes_and_agentless_pilots_equal_a_full_recompute_after_random_e
         assert scav.usable() and be.version > 50 and hub.version > 50  # the run went through many changes
     finally:
         hub.close()
+
+
+# ---------------------------------------------------------------- between two loop iterations
+def test_a_recall_ends_the_wait_between_iterations_and_heartbeats_do_not(tmp_path: Path) -> None:
+    """The loop's wait reads reports and agent frames as they come (through the observe phase it is
+    given), and an agent's ``leaving`` ends it at once: the recall is decided on at the next
+    iteration, not a tick later."""
+    import contextlib
+
+    import zmq
+
+    from malletrain.loopwait import LoopWait
+    from scavenger import channel as C
+    from scavenger import protocol as P
+    from scavenger.hub import AgentHub
+
+    hub = AgentHub(dead_after_s=30.0, key_file=tmp_path / "agent.key")
+    key = C.read_key_file(hub.key_file)
+    ctx = zmq.Context()
+    agent = ctx.socket(zmq.DEALER)
+    agent.setsockopt(zmq.IDENTITY, b"n1")
+    agent.setsockopt(zmq.LINGER, 0)
+    agent.connect(hub.address)
+
+    class Reports:  # the monitor's part: a socket and drain()
+        def __init__(self) -> None:
+            self.sock = ctx.socket(zmq.PULL)
+            self.sock.bind("inproc://reports")
+            self.read = 0
+
+        def drain(self, timeout_ms: int = 0) -> int:
+            n = 0
+            while self.sock.poll(timeout_ms if n == 0 else 0):
+                self.sock.recv()
+                n += 1
+            self.read += n
+            return n
+
+    reports = Reports()
+    push = ctx.socket(zmq.PUSH)
+    push.connect("inproc://reports")
+    seen: list[object] = []
+    wait = LoopWait(reports, hub, lambda now: seen.extend(hub.poll()), contextlib.nullcontext, lambda: 0.0)
+    try:
+        nonce_a = C.new_nonce()
+        agent.send(C.challenge_frame(nonce_a))
+        assert wait.wait(0.5) is False
+        assert agent.poll(5000)
+        nonce_h = C.parse_nonce(agent.recv())
+        agent.send(C.finish_frame(C.agent_proof(key, "n1", nonce_a, nonce_h)))
+        assert wait.wait(0.5) is False
+        assert agent.poll(5000) and C.kind_of(agent.recv()) is C.Kind.PROOF
+        session = C.Session.for_agent(C.session_key(key, "n1", nonce_a, nonce_h))
+        agent.send(session.seal(P.encode(P.Hello("n1", 1), 1)))
+        agent.send(session.seal(P.encode(P.Heartbeat("n1"), 2)))
+        push.send(b"a report")
+        assert wait.wait(0.5) is False  # an agent up and a heartbeat: the next tick is soon enough
+        assert "n1" in hub.alive() and reports.read == 1  # ... but both were read as they came
+        agent.send(session.seal(P.encode(P.Leaving("n1", "recalled"), 3)))
+        assert wait.wait(30.0) is True  # a recall: the next iteration starts now
+        assert "n1" not in hub.alive() and any(getattr(ev, "node", "") == "n1" and type(ev).__name__ == "AgentGone"
+                                               for ev in seen)
+    finally:
+        agent.close(0)
+        push.close(0)
+        reports.sock.close(0)
+        hub.close()
+        ctx.term()
