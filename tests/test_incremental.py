@@ -260,3 +260,41 @@ def test_a_recall_ends_the_wait_between_iterations_and_heartbeats_do_not(tmp_pat
         reports.sock.close(0)
         hub.close()
         ctx.term()
+
+
+# ---------------------------------------------------------------- squeue: a poll parses the lines that changed
+def test_a_polls_observations_equal_a_fresh_parse_after_random_changes() -> None:
+    import random
+
+    from scavenger.base import BadReply, PilotRequest
+    from scavenger.slurm import SlurmConfig, SlurmDialect
+    from scavenger.testing.fake_slurm import FakeSlurm
+
+    rng = random.Random(5)
+    clock = [1_790_000_000.0]
+    nodes = [f"n{i:02d}" for i in range(40)]
+    slurm = FakeSlurm(nodes, clock=lambda: clock[0])
+    cfg = SlurmConfig(daemon_address="tcp://127.0.0.1:1", partition="preemptable")
+    polled = SlurmDialect(cfg)
+    pilots = []
+    parsed = 0
+    for step in range(120):
+        node = rng.choice(nodes)
+        op = rng.random()
+        if op < 0.4:
+            pilots.append(polled.parse_submit(slurm.run(polled.render_submit(PilotRequest((node,)), 3600.0))))
+        elif op < 0.6:
+            slurm.recall(node)
+        elif op < 0.7:
+            slurm.give_back(node)
+        else:
+            clock[0] += rng.uniform(0.0, 5000.0)  # the hour changes too
+            slurm.tick()
+        reply = slurm.run(polled.render_poll(pilots))
+        wanted = rng.sample(pilots, k=len(pilots) // 2) if pilots else []
+        assert polled.parse_poll(reply, wanted) == SlurmDialect(cfg).parse_poll(reply, wanted), step
+        parsed += len(polled._last_poll)
+    assert parsed > 600
+    with pytest.raises(BadReply, match="squeue line 2"):  # a line the last reply had is no excuse for a bad one
+        polled.parse_poll(reply.__class__(reply.argv, 0, reply.stdout.splitlines()[0] + "\n1|2|3\n", "", 0.0),
+                          pilots)
