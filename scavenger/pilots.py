@@ -127,7 +127,6 @@ def _changes_pilots(method: Callable[..., _T]) -> Callable[..., _T]:
             return method(self, *args, **kwargs)
         finally:
             self._views = None
-            self.version += 1
 
     return wrapper
 
@@ -156,7 +155,8 @@ class BatchBackend:
         self.limiter = SubmitLimiter(config.submit_rate, config.submit_burst, config.backoff_s, config.backoff_max_s)
         self.commands = 0  # scheduler commands run (for tests and benchmarks)
         self._views: Mapping[PilotId, PilotView] | None = None  # pilots(), built once per change
-        self.version = 0  # counts the calls that may have changed the pilots (a caller skips work when equal)
+        self._last_views: Mapping[PilotId, PilotView] = MappingProxyType({})  # the last views built
+        self._version = 0  # counts the changes of the views
         self._held: dict[str, PilotId] = {}  # held_nodes(), built with it
 
     # -- commands
@@ -203,13 +203,25 @@ class BatchBackend:
     def cancel(self, pilot: PilotId) -> None:
         self._cancel([pilot], None)
 
+    @property
+    def version(self) -> int:
+        """Moves when the pilots' views (:meth:`pilots`) changed: a caller that derived something
+        from them skips the work while it stays the same. A poll that changed nothing (most of
+        them, once every node is held) does not move it."""
+        self.pilots()
+        return self._version
+
     def pilots(self) -> Mapping[PilotId, PilotView]:
-        """Every live pilot's view (read-only). Built once after each change: the daemon asks
-        several times a step and once per agent event, and at 10,000 pilots a build is ~50 ms."""
+        """Every live pilot's view (read-only). Built once after each call that may change them:
+        the daemon asks several times a step and once per agent event, and at 10,000 pilots a
+        build is ~50 ms. Views equal to the last ones are the last ones (same version)."""
         if self._views is None:
             views = {r.id: r.view() for r in self.book.live()}
-            self._held = {n: pid for pid, v in views.items() if v.state is PilotState.RUNNING for n in v.nodes}
-            self._views = MappingProxyType(views)
+            if views != self._last_views:
+                self._held = {n: pid for pid, v in views.items() if v.state is PilotState.RUNNING for n in v.nodes}
+                self._last_views = MappingProxyType(views)
+                self._version += 1
+            self._views = self._last_views
         return self._views
 
     def held_nodes(self) -> Mapping[str, PilotId]:
@@ -228,7 +240,6 @@ class BatchBackend:
             return pilot  # nothing changes (every hello of our own agents asks)
         now = self.clock()
         self._views = None
-        self.version += 1
         self.book.add(pilot, PilotRequest((node,)), now)
         self.book.apply(Observation(pilot, PilotState.RUNNING, "RUNNING", (node,)), now)
         return pilot
