@@ -303,6 +303,10 @@ class Scavenging:
                 out[node] = min(out.get(node, claim.start), claim.start)
         return out
 
+    def machine_size(self) -> int:
+        """How many nodes the last look found (0: none yet); no tuple of their names built."""
+        return len(self.discovery.nodes) if self.discovery is not None else 0
+
     def machine_nodes(self) -> tuple[str, ...]:
         d = self.discovery
         return tuple(n.name for n in d.nodes) if d is not None else ()

@@ -312,6 +312,7 @@ class SlurmDialect:
     config: SlurmConfig
     name: str = field(default="slurm", init=False)
     _last_poll: dict[str, Observation] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _last_nodes: dict[str, NodeInfo] = field(default_factory=dict, init=False, repr=False, compare=False)
     """The last ``squeue`` reply's lines -> their observations (a line's observation depends on its
     text alone): a poll parses only the lines that changed since the last one."""
 
@@ -323,10 +324,17 @@ class SlurmDialect:
         return argv
 
     def parse_nodes(self, res: CommandResult) -> tuple[NodeInfo, ...]:
+        """Every node of ``sinfo`` once, by name (a line the last reply had is not parsed again)."""
         require_ok(res, "sinfo")
         seen: dict[str, NodeInfo] = {}
         states: dict[str, tuple[NodeState, bool]] = {}  # raw state -> translated, for this reply
+        last, lines = self._last_nodes, {}
         for no, line in enumerate(res.stdout.splitlines(), 1):
+            known = last.get(line)
+            if known is not None:  # (a line's node is what its text says: the one parsed from it before)
+                lines[line] = known
+                seen.setdefault(known.name, known)  # once per partition: first wins
+                continue
             if not line.strip():
                 continue
             fields = line.split("|")
@@ -338,7 +346,8 @@ class SlurmDialect:
             if raw not in states:
                 states[raw] = translate_node_state(raw)
             state, planned = states[raw]
-            seen[name] = NodeInfo(name, state, planned, raw)
+            seen[name] = lines[line] = NodeInfo(name, state, planned, raw)
+        self._last_nodes = lines
         return tuple(seen[n] for n in sorted(seen))
 
     def render_claims(self) -> list[str]:

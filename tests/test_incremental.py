@@ -298,3 +298,23 @@ def test_a_polls_observations_equal_a_fresh_parse_after_random_changes() -> None
     with pytest.raises(BadReply, match="squeue line 2"):  # a line the last reply had is no excuse for a bad one
         polled.parse_poll(reply.__class__(reply.argv, 0, reply.stdout.splitlines()[0] + "\n1|2|3\n", "", 0.0),
                           pilots)
+
+
+def test_sinfo_parsed_after_earlier_replies_equals_a_fresh_parse() -> None:
+    import random
+
+    from scavenger.base import BadReply, CommandResult
+    from scavenger.slurm import SlurmConfig, SlurmDialect
+
+    rng = random.Random(3)
+    cfg = SlurmConfig(daemon_address="tcp://127.0.0.1:1", partition="preemptable")
+    polled = SlurmDialect(cfg)
+    states = ["idle", "allocated", "planned", "idle*", "mixed", "drained", "idle-"]
+    for step in range(150):
+        lines = [f"n{rng.randrange(30):02d}|{rng.choice(states)}" for _ in range(rng.randrange(1, 40))]
+        if rng.random() < 0.1:
+            lines.insert(rng.randrange(len(lines)), "")
+        reply = CommandResult(("sinfo",), 0, "\n".join(lines) + "\n", "", 0.0)
+        assert polled.parse_nodes(reply) == SlurmDialect(cfg).parse_nodes(reply), step  # first line of a name wins
+    with pytest.raises(BadReply, match="sinfo line 2"):
+        polled.parse_nodes(CommandResult(("sinfo",), 0, lines[0] + "\nbad line\n", "", 0.0))
