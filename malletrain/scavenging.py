@@ -420,6 +420,9 @@ class Scavenging:
 
     def release(self, nodes: set[str]) -> None:
         """Cancel the RUNNING pilot of each of ``nodes`` whose agent is (still) gone."""
+        if not nodes:  # (the daemon calls at every iteration: no copy of every agent and pilot then)
+            self._remember()
+            return
         alive = self.hub.alive()
         held = self.held()
         for pid in sorted({held[n] for n in nodes if n in held and n not in alive}):
