@@ -450,7 +450,8 @@ def cpu_estimate(counters: list[Any], w0: float, w1: float, agents: int, workers
     per_frame = cpu["hub"] / frames if frames else 0.0
     per_report = cpu["monitor"] / reports if reports else 0.0
     per_decision = cpu["decide"] / decisions if decisions else 0.0
-    per_step = max(0.0, cpu["step"] - cpu["hub"] - cpu["decide"] - cpu["monitor"]) / steps if steps else 0.0
+    besides = cpu["besides"] if "besides" in cpu else cpu["step"] - cpu["hub"] - cpu["decide"] - cpu["monitor"]
+    per_step = max(0.0, besides) / steps if steps else 0.0
     steps_s = 1.0 / args.loop_interval
     frames_s = agents / args.heartbeat
     reports_s = args.rate * (workers if args.reporters == "all" else args.jobs)
