@@ -18,7 +18,8 @@ def parse_figures(nodes: int = 10_624, repeat: int = 5) -> str:
     dialect's own parsers; best of ``repeat``, with the ratio to splitting the same text into
     fields (``str.split`` per line: the least any parser of these formats does).
 
-    ``squeue`` twice: a first reply (a new dialect, every line parsed), and the next poll's reply,
+    Each parser is a new dialect's (every line parsed: a dialect does not parse again a line its
+    last reply had), and ``squeue`` twice: that first reply, and the next poll's reply,
     in which 1% of the pilots changed (a dialect that parsed the one before: what a daemon's poll
     costs once it runs)."""
     names = [f"n{i:05d}" for i in range(nodes)]
@@ -53,7 +54,7 @@ def parse_figures(nodes: int = 10_624, repeat: int = 5) -> str:
         polled.parse_poll(squeue_next, pilots)
         return time.perf_counter() - t0
 
-    t_sinfo = best(lambda: dialect.parse_nodes(sinfo))
+    t_sinfo = best(lambda: SlurmDialect(dialect.config).parse_nodes(sinfo))  # a new dialect: every line
     t_squeue = best(lambda: SlurmDialect(dialect.config).parse_poll(squeue, pilots))  # a new dialect: every line
     t_next = min(next_poll() for _ in range(repeat))
     b_sinfo = best(lambda: [ln.split("|") for ln in sinfo.stdout.splitlines()])
