@@ -72,6 +72,11 @@ default loop interval, above any centre's ``submit_rate``)."""
 Versions = tuple[int | None, int | None]
 """The backend's and the hub's ``version``: see :meth:`Scavenging.versions`."""
 
+AGENTLESS_LOOK_S = 1.0
+"""The pilots whose agent is missing are looked for at most this often (a look is a pass over every
+pilot; a recall changes the pilots, and at Summit size recalls come several a second): one found a
+second late is cancelled a second late, after ``agent_grace`` (60 s by default)."""
+
 PILOTS_KEY = "pilots"
 """Store meta: our live pilots, ``{id: {"nodes": [...], "replaces": id or null}}``."""
 
@@ -134,6 +139,7 @@ class Scavenging:
     _usable: tuple[Versions, frozenset[str]] | None = field(default=None, repr=False)  # usable(), by versions
     _taken: tuple[Versions, frozenset[str]] | None = field(default=None, repr=False)  # every pilot's nodes
     _agentless: tuple[Versions, list[tuple[PilotId, PilotView, str]]] | None = field(default=None, repr=False)
+    _agentless_next: float = field(default=0.0, repr=False)  # the agentless pilots are looked for again from then
 
     def versions(self) -> Versions:
         """The backend's and the hub's ``version`` (None when either has none): what :meth:`usable`,
@@ -366,12 +372,18 @@ class Scavenging:
         if self.agent_grace <= 0:
             return
         key = self.versions()
-        if self._agentless is None or self._agentless[0] != key or None in key:
+        if self._agentless is None or (self._agentless[0] != key or None in key) and now >= self._agentless_next:
             self._agentless = key, self._agentless_pilots()
+            self._agentless_next = now + min(AGENTLESS_LOOK_S, self.agent_grace / 10)
         watched: dict[PilotId, float] = {}
+        alive = None
         for pid, view, why in self._agentless[1]:
             since = watched[pid] = self._agentless_since.get(pid, now)
             if now - since < self.agent_grace:
+                continue
+            alive = self.hub.alive() if alive is None else alive  # the list may be a second old: asked again
+            if self.backend.pilots().get(pid) != view or not self._missing_agent(pid, view, alive):
+                del watched[pid]
                 continue
             try:
                 self.backend.cancel(pid)

@@ -318,3 +318,34 @@ def test_sinfo_parsed_after_earlier_replies_equals_a_fresh_parse() -> None:
         assert polled.parse_nodes(reply) == SlurmDialect(cfg).parse_nodes(reply), step  # first line of a name wins
     with pytest.raises(BadReply, match="sinfo line 2"):
         polled.parse_nodes(CommandResult(("sinfo",), 0, lines[0] + "\nbad line\n", "", 0.0))
+
+
+def test_a_pilot_whose_agent_came_back_since_the_last_look_is_not_cancelled(tmp_path: Path) -> None:
+    """The agentless pilots are looked for at most every second (a pass over every pilot); a pilot in
+    that list whose agent has said hello since is asked again before it is cancelled."""
+    from malletrain.scavenging import Scavenging
+    from scavenger import protocol as P
+    from scavenger.base import PilotRequest
+    from scavenger.slurm import SlurmBackend, SlurmConfig
+    from scavenger.testing.fake_slurm import FakeSlurm
+
+    now = [1000.0]
+    slurm = FakeSlurm(["n0", "n1"])
+    be = SlurmBackend(SlurmConfig(daemon_address="tcp://127.0.0.1:1", renew_before_s=0.0), runner=slurm.run)
+    hub = _hub(tmp_path, now, dead_after=1e6)
+    cancelled: list[str] = []
+    scav = Scavenging(be, hub, lambda kind, job=None, **d: cancelled.append(d["pilot"]) if kind == "pilot_cancelled"
+                      else None, agent_grace=10.0)
+    try:
+        p0, p1 = be.submit(PilotRequest(("n0",))), be.submit(PilotRequest(("n1",)))
+        be.poll()
+        scav._cancel_agentless(now[0])  # neither agent yet: both watched
+        now[0] = 1009.95
+        scav._cancel_agentless(now[0])  # looked again (due): both still agentless
+        hub._handle(P.Hello("n0", 1, (), p0), now[0])  # n0's agent arrives; the list is not looked at again yet
+        now[0] = 1010.05
+        scav._cancel_agentless(now[0])
+        assert cancelled == [p1]  # n1 is past its grace; n0's agent came back in time
+        assert scav._agentless is not None and scav._agentless[0] != scav.versions()  # (the list was not redone)
+    finally:
+        hub.close()
