@@ -23,7 +23,8 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Union
+from types import MappingProxyType
+from typing import Callable, Mapping, Union
 
 import zmq
 
@@ -148,6 +149,7 @@ class AgentHub:
         self._last_log: dict[str, float] = {}
         self._ping_due: dict[str, float] = {}  # node -> when its next ping is due, in that order
         self.lost = 0  # agents declared gone so far (left or fell silent): the daemon's loop wakes on it
+        self._batch_jobs: tuple[int, Mapping[str, str | None]] = (-1, MappingProxyType({}))
         self.version = 0  # moves when an agent comes or goes or its batch job changes (callers skip work when equal)
         self._seq = 0
 
@@ -167,9 +169,12 @@ class AgentHub:
         info = self.agents.get(node)
         return set(info.workers) if info else set()
 
-    def batch_jobs(self) -> dict[str, str | None]:
-        """Every connected agent's node -> the batch job it said it runs in (None if none)."""
-        return {node: info.batch_job for node, info in self.agents.items()}
+    def batch_jobs(self) -> Mapping[str, str | None]:
+        """Every connected agent's node -> the batch job it said it runs in (None if none); read-only,
+        built again only when :attr:`version` moved."""
+        if self._batch_jobs[0] != self.version:
+            self._batch_jobs = self.version, MappingProxyType({n: info.batch_job for n, info in self.agents.items()})
+        return self._batch_jobs[1]
 
     def batch_job(self, node: str) -> str | None:
         """The batch job id ``node``'s agent said it runs in (its pilot), None if none or unknown."""

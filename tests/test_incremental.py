@@ -83,7 +83,10 @@ def test_the_hubs_version_moves_whenever_its_agents_or_their_batch_jobs_change(t
     hub = _hub(tmp_path, now)
     try:
         nodes = [f"n{i}" for i in range(12)]
-        before = (hub.version, hub.alive(), hub.batch_jobs())
+        def now_seen() -> tuple[int, set[str], dict[str, str | None]]:  # (batch jobs: computed, not the hub's)
+            return hub.version, hub.alive(), {n: info.batch_job for n, info in hub.agents.items()}
+
+        before = now_seen()
         for _ in range(600):
             node = rng.choice(nodes)
             op = rng.random()
@@ -98,7 +101,8 @@ def test_the_hubs_version_moves_whenever_its_agents_or_their_batch_jobs_change(t
                 silent = {n for n, info in hub.agents.items() if now[0] - info.last_seen > hub.dead_after_s}
                 assert {ev.node for ev in hub._silent(now[0])} == silent
                 assert not any(now[0] - info.last_seen > hub.dead_after_s for info in hub.agents.values())
-            after = (hub.version, hub.alive(), hub.batch_jobs())
+            after = now_seen()
+            assert dict(hub.batch_jobs()) == after[2]
             if after[0] == before[0]:
                 assert after[1:] == before[1:]
             before = after
