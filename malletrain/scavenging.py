@@ -140,6 +140,7 @@ class Scavenging:
     _taken: tuple[Versions, frozenset[str]] | None = field(default=None, repr=False)  # every pilot's nodes
     _agentless: tuple[Versions, list[tuple[PilotId, PilotView, str]]] | None = field(default=None, repr=False)
     _agentless_next: float = field(default=0.0, repr=False)  # the agentless pilots are looked for again from then
+    _agentless_put_off: float | None = field(default=None, repr=False)  # the first look put off since the last
 
     def versions(self) -> Versions:
         """The backend's and the hub's ``version`` (None when either has none): what :meth:`usable`,
@@ -372,13 +373,19 @@ class Scavenging:
         if self.agent_grace <= 0:
             return
         key = self.versions()
-        if self._agentless is None or (self._agentless[0] != key or None in key) and now >= self._agentless_next:
-            self._agentless = key, self._agentless_pilots()
-            self._agentless_next = now + min(AGENTLESS_LOOK_S, self.agent_grace / 10)
+        seen_at = now  # when a pilot found agentless now was first seen so
+        if self._agentless is None or self._agentless[0] != key or None in key:
+            if self._agentless is not None and now < self._agentless_next:  # looked a moment ago: put off
+                self._agentless_put_off = now if self._agentless_put_off is None else self._agentless_put_off
+            else:  # (a pilot found now could have been found at the first look put off: it counts from then)
+                seen_at = now if self._agentless_put_off is None else self._agentless_put_off
+                self._agentless, self._agentless_put_off = (key, self._agentless_pilots()), None
+                self._agentless_next = now + min(AGENTLESS_LOOK_S, self.agent_grace / 10)
+        assert self._agentless is not None
         watched: dict[PilotId, float] = {}
         alive = None
         for pid, view, why in self._agentless[1]:
-            since = watched[pid] = self._agentless_since.get(pid, now)
+            since = watched[pid] = self._agentless_since.get(pid, seen_at)
             if now - since < self.agent_grace:
                 continue
             alive = self.hub.alive() if alive is None else alive  # the list may be a second old: asked again
