@@ -444,12 +444,19 @@ class Scavenging:
             return
         alive = self.hub.alive()
         held = self.held()
-        for pid in sorted({held[n] for n in nodes if n in held and n not in alive}):
+        pilots = sorted({held[n] for n in nodes if n in held and n not in alive})
+        cancel_all = getattr(self.backend, "cancel_all", None)  # one command for all (a burst of recalls)
+        for group in ([pilots] if cancel_all is not None and pilots else [[pid] for pid in pilots]):
             try:
-                self.backend.cancel(pid)
-                self.log_event("pilot_cancelled", pilot=pid)
+                if cancel_all is not None:
+                    cancel_all(group)
+                else:
+                    self.backend.cancel(group[0])
+                for pid in group:
+                    self.log_event("pilot_cancelled", pilot=pid)
             except BackendError as exc:
-                log.warning("%s: cancel %s: %s (retried when its agent is gone again)", self.backend.name, pid, exc)
+                log.warning("%s: cancel %s: %s (retried when its agent is gone again)", self.backend.name,
+                            ", ".join(group), exc)
         self._remember()
 
     def node_states(self) -> dict[str, str]:

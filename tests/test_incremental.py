@@ -353,3 +353,30 @@ def test_a_pilot_whose_agent_came_back_since_the_last_look_is_not_cancelled(tmp_
         assert scav._agentless is not None and scav._agentless[0] != scav.versions()  # (the list was not redone)
     finally:
         hub.close()
+
+
+def test_the_pilots_of_many_nodes_whose_agents_left_are_cancelled_with_one_command(tmp_path: Path) -> None:
+    from malletrain.scavenging import Scavenging
+    from scavenger.base import PilotRequest
+    from scavenger.slurm import SlurmBackend, SlurmConfig
+    from scavenger.testing.fake_slurm import FakeSlurm
+
+    now = [1000.0]
+    nodes = [f"n{i}" for i in range(5)]
+    slurm = FakeSlurm(nodes)
+    be = SlurmBackend(SlurmConfig(daemon_address="tcp://127.0.0.1:1", renew_before_s=0.0, submit_burst=10),
+                      runner=slurm.run)
+    hub = _hub(tmp_path, now)
+    logged: list[str] = []
+    scav = Scavenging(be, hub, lambda kind, job=None, **d: logged.append(d.get("pilot", "")) if kind == "pilot_cancelled"
+                      else None)
+    try:
+        pilots = [be.submit(PilotRequest((n,))) for n in nodes]
+        be.poll()
+        before = slurm.commands.get("scancel", 0)
+        scav.release({"n0", "n1", "n2", "n4"})  # no agent on any: their agents left
+        assert slurm.commands.get("scancel", 0) == before + 1  # one scancel, not four
+        assert logged == sorted([pilots[0], pilots[1], pilots[2], pilots[4]])
+        assert {pid for pid, v in be.pilots().items() if v.cancelling} == set(logged)
+    finally:
+        hub.close()
