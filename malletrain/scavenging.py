@@ -236,9 +236,13 @@ class Scavenging:
     def adopt(self, node: str, batch_job: str, pid: int) -> PilotId | None:
         """An agent says hello from ``node``: if no pilot of ours runs there (a daemon restart),
         the backend takes its pilot over (backends without ``adopt`` cannot)."""
-        if node in self.held() or any(node in v.nodes and v.state is not PilotState.QUEUED
-                                      for v in self.backend.pilots().values()):
-            return None  # (held(): the common answer without a look at every pilot)
+        if node in self.held():
+            return None  # (the common answer)
+        pilots_on = getattr(self.backend, "pilots_on", None)  # (the backend's index: no look at every pilot)
+        views = pilots_on(node) if pilots_on is not None else [v for v in self.backend.pilots().values()
+                                                                if node in v.nodes]
+        if any(v.state is not PilotState.QUEUED for v in views):
+            return None
         adopt = getattr(self.backend, "adopt", None)
         if adopt is None:
             return None

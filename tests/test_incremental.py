@@ -380,3 +380,32 @@ def test_the_pilots_of_many_nodes_whose_agents_left_are_cancelled_with_one_comma
         assert {pid for pid, v in be.pilots().items() if v.cancelling} == set(logged)
     finally:
         hub.close()
+
+
+def test_the_pilots_on_a_node_are_those_a_look_at_every_pilot_finds() -> None:
+    import random
+
+    from scavenger.base import PilotRequest
+    from scavenger.slurm import SlurmBackend, SlurmConfig
+    from scavenger.testing.fake_slurm import FakeSlurm
+
+    rng = random.Random(9)
+    nodes = [f"n{i}" for i in range(8)]
+    slurm = FakeSlurm(nodes)
+    be = SlurmBackend(SlurmConfig(daemon_address="tcp://127.0.0.1:1", renew_before_s=0.0, submit_rate=1000.0,
+                                  submit_burst=1000, max_pilots=100), runner=slurm.run)
+    for step in range(150):
+        node = rng.choice(nodes)
+        op = rng.random()
+        if op < 0.35:
+            be.submit(PilotRequest((node,)))
+        elif op < 0.5:
+            slurm.recall(node)
+        elif op < 0.6:
+            slurm.give_back(node)
+        elif op < 0.7 and be.pilots():
+            be.cancel(rng.choice(sorted(be.pilots())))
+        else:
+            be.poll()
+        for n in nodes:
+            assert be.pilots_on(n) == [v for pid, v in sorted(be.pilots().items()) if n in v.nodes], step
