@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -119,6 +120,8 @@ def measure(nodes: int, jobs: int, idle_steps: int, recalls: int) -> dict[str, f
                 "recall_ms": statistics.median(recall) * 1e3, "recall_max_ms": max(recall) * 1e3}
     finally:
         d.close()
+        hub.close()
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def run_tree(tree: Path, args: argparse.Namespace) -> dict[str, float]:
