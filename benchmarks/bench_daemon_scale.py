@@ -71,55 +71,12 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from scavenger.slurm import SlurmConfig, SlurmDialect  # noqa: E402
+from scale_parse import parse_figures  # noqa: E402  (benchmarks/scale_parse.py: --parse-only)
 from scavenger.testing.fake_slurm import FakeSlurm, serve_once  # noqa: E402
 
 TRACE = "summit-2021-02-10_17.nodes.csv.gz"
 TILE_SHIFT_S = 86400.0
 PARTITION = "preemptable"
-
-
-# ---------------------------------------------------------------- parse speed
-def parse_figures(nodes: int = 10_624, repeat: int = 5) -> str:
-    """``sinfo`` and ``squeue`` replies for ``nodes`` nodes (one pilot each) parsed by the Slurm
-    dialect's own parsers; best of ``repeat``, with the ratio to splitting the same text into
-    fields (``str.split`` per line: the least any parser of these formats does)."""
-    names = [f"n{i:05d}" for i in range(nodes)]
-    ticks = iter(range(10**9))
-    base = time.time()
-    slurm = FakeSlurm(names, clock=lambda: base + 0.5 * next(ticks))  # pilots start seconds apart
-    dialect = SlurmDialect(SlurmConfig(daemon_address="tcp://127.0.0.1:1", partition=PARTITION))
-    pilots = []
-    for i, n in enumerate(names):
-        res = slurm.run(dialect.render_submit(_request(n), 86400.0))
-        pilots.append(dialect.parse_submit(res))
-        if i % 2:
-            slurm.recall(n)  # half of them preempted: ended lines too
-    sinfo = slurm.run(dialect.render_nodes())
-    squeue = slurm.run(dialect.render_poll(pilots))
-
-    def best(fn: Any) -> float:
-        times = []
-        for _ in range(repeat):
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        return min(times)
-
-    t_sinfo = best(lambda: dialect.parse_nodes(sinfo))
-    t_squeue = best(lambda: dialect.parse_poll(squeue, pilots))
-    b_sinfo = best(lambda: [ln.split("|") for ln in sinfo.stdout.splitlines()])
-    b_squeue = best(lambda: [ln.split("|") for ln in squeue.stdout.splitlines()])
-    assert len(dialect.parse_nodes(sinfo)) == nodes and len(dialect.parse_poll(squeue, pilots)) == nodes
-    return (f"parse: {nodes} nodes: sinfo {t_sinfo * 1e3:.1f} ms ({t_sinfo / b_sinfo:.1f}x split-only "
-            f"{b_sinfo * 1e3:.1f} ms), squeue {t_squeue * 1e3:.1f} ms ({t_squeue / b_squeue:.1f}x split-only "
-            f"{b_squeue * 1e3:.1f} ms); target <= 100 ms each")
-
-
-def _request(node: str) -> Any:
-    from scavenger.base import PilotRequest
-
-    return PilotRequest((node,))
 
 
 # ---------------------------------------------------------------- the log
@@ -267,6 +224,7 @@ class Run:
         log = open(self.work / "daemon.log", "wb")
         self.daemon = subprocess.Popen([sys.executable, str(ROOT / "benchmarks/scale/daemon_proc.py"),
                                         str(self.work / "daemon_settings.json")], stdout=log, stderr=log, env=env)
+        place(self.daemon.pid, a.daemon_cpus, 0)
         key = state / "agent.key"
         deadline = time.monotonic() + 60
         while not (state / "daemon.json").exists():
@@ -285,6 +243,7 @@ class Run:
             self.loads.append(subprocess.Popen([sys.executable, str(ROOT / "benchmarks/scale/load.py"),
                                                 str(self.work / f"load{i}_settings.json")],
                                                stdout=llog, stderr=llog, env=env))
+            place(self.loads[-1].pid, a.load_cpus, a.load_nice)
         for n, pilot in self.slurm.running().items():  # pilots that started before the loads listened
             self._start(n, pilot)
 
@@ -335,6 +294,23 @@ class Run:
             except subprocess.TimeoutExpired:
                 p.kill()
         self.ctx.destroy(linger=0)
+
+
+def cpu_set(text: str) -> set[int]:
+    """``--daemon-cpus``/``--load-cpus``: comma-separated CPU numbers ("" = any)."""
+    try:
+        return {int(c) for c in text.split(",") if c.strip()}
+    except ValueError:
+        raise SystemExit(f"bad CPU list {text!r}: expected numbers like 0 or 1,2") from None
+
+
+def place(pid: int, cpus: str, nice: int) -> None:
+    """Pin process ``pid`` to ``cpus`` (none: where the OS likes) and lower its priority by ``nice``
+    (the daemon keeps its own: the load generator must not take the daemon's core)."""
+    if cpus:
+        os.sched_setaffinity(pid, cpu_set(cpus))
+    if nice:
+        os.setpriority(os.PRIO_PROCESS, pid, nice)
 
 
 def run_queue_wait(pid: int) -> float:
@@ -474,7 +450,8 @@ def cpu_estimate(counters: list[Any], w0: float, w1: float, agents: int, workers
     per_frame = cpu["hub"] / frames if frames else 0.0
     per_report = cpu["monitor"] / reports if reports else 0.0
     per_decision = cpu["decide"] / decisions if decisions else 0.0
-    per_step = max(0.0, cpu["step"] - cpu["hub"] - cpu["decide"] - cpu["monitor"]) / steps if steps else 0.0
+    besides = cpu["besides"] if "besides" in cpu else cpu["step"] - cpu["hub"] - cpu["decide"] - cpu["monitor"]
+    per_step = max(0.0, besides) / steps if steps else 0.0
     steps_s = 1.0 / args.loop_interval
     frames_s = agents / args.heartbeat
     reports_s = args.rate * (workers if args.reporters == "all" else args.jobs)
@@ -535,12 +512,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup-timeout", type=float, default=300.0)
     ap.add_argument("--settle", type=float, default=15.0)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--load-nice", type=int, default=0,
+                    help="nice value of the load processes (19: the daemon first whenever it is runnable)")
+    ap.add_argument("--daemon-cpus", default="", help="CPUs the daemon runs on, e.g. 0 (default: any)")
+    ap.add_argument("--load-cpus", default="",
+                    help="CPUs the load processes and this harness run on, e.g. 1 (default: any)")
     ap.add_argument("--sweep", default="", help="comma-separated node counts: find the largest that keeps up")
     ap.add_argument("--parse-only", action="store_true")
     ap.add_argument("--profile", default="", help="write the daemon's cProfile stats here")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (logs, store)")
     ap.add_argument("--json", default="", help="also write the figures here")
     args = ap.parse_args(argv)
+    if args.load_cpus:
+        os.sched_setaffinity(0, cpu_set(args.load_cpus))  # the stand-in too (its own process is the harness)
     print(parse_figures(), flush=True)
     if args.parse_only:
         return 0

@@ -83,6 +83,14 @@ MAX_WAITING_PILOTS = 64
 """Pilots queued for recalled nodes at most at once (:meth:`Scavenging.queue_for_recalled`): a machine-wide
 recall must not fill the backend's ``max_pilots`` with pilots that wait while other nodes are idle."""
 
+Versions = tuple[int | None, int | None]
+"""The backend's and the hub's ``version``: see :meth:`Scavenging.versions`."""
+
+AGENTLESS_LOOK_S = 1.0
+"""The pilots whose agent is missing are looked for at most this often (a look is a pass over every
+pilot; a recall changes the pilots, and at Summit size recalls come several a second): one found a
+second late is cancelled a second late, after ``agent_grace`` (60 s by default)."""
+
 PILOTS_KEY = "pilots"
 """Store meta: our live pilots, ``{id: {"nodes": [...], "replaces": id or null[, "waits": true]}}``."""
 
@@ -151,6 +159,18 @@ class Scavenging:
     _shunned: dict[str, tuple[float, int]] = field(default_factory=dict, repr=False)  # node -> (until, strikes)
     _last_nodes: frozenset[str] = field(default=frozenset(), repr=False)  # the last daemon's pilots' nodes
     _recalled: deque[tuple[float, tuple[str, ...]]] = field(default_factory=deque, repr=False)  # (seen, nodes)
+    _usable: tuple[Versions, frozenset[str]] | None = field(default=None, repr=False)  # usable(), by versions
+    _taken: tuple[Versions, frozenset[str]] | None = field(default=None, repr=False)  # every pilot's nodes
+    _agentless: tuple[Versions, list[tuple[PilotId, PilotView, str]]] | None = field(default=None, repr=False)
+    _agentless_next: float = field(default=0.0, repr=False)  # the agentless pilots are looked for again from then
+    _agentless_put_off: float | None = field(default=None, repr=False)  # the first look put off since the last
+
+    def versions(self) -> Versions:
+        """The backend's and the hub's ``version`` (None when either has none): what :meth:`usable`,
+        the nodes our pilots take and the agentless pilots are computed from. While both stay the
+        same, the last answer is the answer (the daemon asks several times per loop iteration, and
+        at 4,608 nodes each answer is a pass over every pilot)."""
+        return getattr(self.backend, "version", None), getattr(self.hub, "version", None)
 
     # ------------------------------------------------------------ remember
     def resume(self) -> list[PilotId]:
@@ -251,9 +271,13 @@ class Scavenging:
     def adopt(self, node: str, batch_job: str, pid: int) -> PilotId | None:
         """An agent says hello from ``node``: if no pilot of ours runs there (a daemon restart),
         the backend takes its pilot over (backends without ``adopt`` cannot)."""
-        if node in self.held() or any(node in v.nodes and v.state is not PilotState.QUEUED
-                                      for v in self.backend.pilots().values()):
-            return None  # (held(): the common answer without a look at every pilot)
+        if node in self.held():
+            return None  # (the common answer)
+        pilots_on = getattr(self.backend, "pilots_on", None)  # (the backend's index: no look at every pilot)
+        views = pilots_on(node) if pilots_on is not None else [v for v in self.backend.pilots().values()
+                                                                if node in v.nodes]
+        if any(v.state is not PilotState.QUEUED for v in views):
+            return None
         adopt = getattr(self.backend, "adopt", None)
         if adopt is None:
             return None
@@ -286,8 +310,18 @@ class Scavenging:
             return ""
 
     def usable(self) -> set[str]:
-        """Nodes of RUNNING pilots whose own agent is connected (one dict lookup per node when the hub
-        lists its agents' batch jobs at once, ``batch_jobs()``: the daemon asks several times a step)."""
+        """Nodes of RUNNING pilots whose own agent is connected (computed again only when the backend's
+        or the hub's version moved: see :meth:`versions`)."""
+        key = self.versions()
+        if self._usable is not None and self._usable[0] == key and None not in key:
+            return set(self._usable[1])
+        out = self._usable_now()
+        self._usable = key, frozenset(out)
+        return out
+
+    def _usable_now(self) -> set[str]:
+        """:meth:`usable`, computed (one dict lookup per node when the hub lists its agents' batch
+        jobs at once, ``batch_jobs()``)."""
         batch_jobs = getattr(self.hub, "batch_jobs", None)
         if batch_jobs is not None:
             batches: Mapping[str, str | None] = batch_jobs()
@@ -315,6 +349,10 @@ class Scavenging:
                 out[node] = min(out.get(node, claim.start), claim.start)
         return out
 
+    def machine_size(self) -> int:
+        """How many nodes the last look found (0: none yet); no tuple of their names built."""
+        return len(self.discovery.nodes) if self.discovery is not None else 0
+
     def machine_nodes(self) -> tuple[str, ...]:
         d = self.discovery
         return tuple(n.name for n in d.nodes) if d is not None else ()
@@ -332,13 +370,16 @@ class Scavenging:
         if now < self._hold_blocked_until:
             self._remember()
             return []
-        taken = {n for v in self.backend.pilots().values() for n in v.nodes}
+        key = self.versions()
+        if self._taken is None or self._taken[0] != key or None in key:
+            self._taken = key, frozenset(n for v in self.backend.pilots().values() for n in v.nodes)
+        taken = self._taken[1]
         shunned = self._shunned_now(now)
         settling = {n for seen, nodes in self._recalled if now < seen + self.requeue_after_s for n in nodes}
         free = sorted(n for n in d.idle - taken - shunned - settling if wanted is None or wanted(n))
         out = self._submit_for(free, now)  # idle nodes first: a node free now never waits behind a recalled one
         if now >= self._hold_blocked_until:
-            out += self.queue_for_recalled(d, taken | shunned, now, wanted)
+            out += self.queue_for_recalled(d, set(taken) | shunned, now, wanted)
         self._remember()
         return out
 
@@ -427,20 +468,25 @@ class Scavenging:
         """Cancel each RUNNING pilot whose own agent has been missing for ``agent_grace`` seconds."""
         if self.agent_grace <= 0:
             return
-        alive = self.hub.alive()
-        batch_jobs = getattr(self.hub, "batch_jobs", None)
-        batches: Mapping[str, str | None] | None = batch_jobs() if batch_jobs is not None else None
+        key = self.versions()
+        seen_at = now  # when a pilot found agentless now was first seen so
+        if self._agentless is None or self._agentless[0] != key or None in key:
+            if self._agentless is not None and now < self._agentless_next:  # looked a moment ago: put off
+                self._agentless_put_off = now if self._agentless_put_off is None else self._agentless_put_off
+            else:  # (a pilot found now could have been found at the first look put off: it counts from then)
+                seen_at = now if self._agentless_put_off is None else self._agentless_put_off
+                self._agentless, self._agentless_put_off = (key, self._agentless_pilots()), None
+                self._agentless_next = now + min(AGENTLESS_LOOK_S, self.agent_grace / 10)
+        assert self._agentless is not None
         watched: dict[PilotId, float] = {}
-        running = [(pid, view) for pid, view in self.backend.pilots().items()
-                   if view.state is PilotState.RUNNING and not view.cancelling
-                   and (batches is None or not all(batches.get(n, pid) in (pid, None, "") and n in batches
-                                                   for n in view.nodes))]  # (the common case, in one pass)
-        for pid, view in sorted(running):
-            why = self._missing_agent(pid, view, alive)
-            if not why:
-                continue
-            since = watched[pid] = self._agentless_since.get(pid, now)
+        alive = None
+        for pid, view, why in self._agentless[1]:
+            since = watched[pid] = self._agentless_since.get(pid, seen_at)
             if now - since < self.agent_grace:
+                continue
+            alive = self.hub.alive() if alive is None else alive  # the list may be a second old: asked again
+            if self.backend.pilots().get(pid) != view or not self._missing_agent(pid, view, alive):
+                del watched[pid]
                 continue
             try:
                 self.backend.cancel(pid)
@@ -454,6 +500,22 @@ class Scavenging:
             self.log_event("pilot_cancelled", pilot=pid, nodes=list(view.nodes), reason=text)
             log.warning("%s: cancelled pilot %s on %s: %s", self.backend.name, pid, ",".join(view.nodes), text)
         self._agentless_since = watched
+
+    def _agentless_pilots(self) -> list[tuple[PilotId, PilotView, str]]:
+        """Each RUNNING pilot (not being cancelled) whose own agent is missing, and why."""
+        alive = self.hub.alive()
+        batch_jobs = getattr(self.hub, "batch_jobs", None)
+        batches: Mapping[str, str | None] | None = batch_jobs() if batch_jobs is not None else None
+        running = [(pid, view) for pid, view in self.backend.pilots().items()
+                   if view.state is PilotState.RUNNING and not view.cancelling
+                   and (batches is None or not all(batches.get(n, pid) in (pid, None, "") and n in batches
+                                                   for n in view.nodes))]  # (the common case, in one pass)
+        out = []
+        for pid, view in sorted(running):
+            why = self._missing_agent(pid, view, alive)
+            if why:
+                out.append((pid, view, why))
+        return out
 
     def _shun(self, node: str, now: float) -> None:
         """No new pilot on ``node`` for a while: ``agent_grace``, doubling at each pilot lost there for
@@ -473,14 +535,24 @@ class Scavenging:
 
     def release(self, nodes: set[str]) -> None:
         """Cancel the RUNNING pilot of each of ``nodes`` whose agent is (still) gone."""
+        if not nodes:  # (the daemon calls at every iteration: no copy of every agent and pilot then)
+            self._remember()
+            return
         alive = self.hub.alive()
         held = self.held()
-        for pid in sorted({held[n] for n in nodes if n in held and n not in alive}):
+        pilots = sorted({held[n] for n in nodes if n in held and n not in alive})
+        cancel_all = getattr(self.backend, "cancel_all", None)  # one command for all (a burst of recalls)
+        for group in ([pilots] if cancel_all is not None and pilots else [[pid] for pid in pilots]):
             try:
-                self.backend.cancel(pid)
-                self.log_event("pilot_cancelled", pilot=pid)
+                if cancel_all is not None:
+                    cancel_all(group)
+                else:
+                    self.backend.cancel(group[0])
+                for pid in group:
+                    self.log_event("pilot_cancelled", pilot=pid)
             except BackendError as exc:
-                log.warning("%s: cancel %s: %s (retried when its agent is gone again)", self.backend.name, pid, exc)
+                log.warning("%s: cancel %s: %s (retried when its agent is gone again)", self.backend.name,
+                            ", ".join(group), exc)
         self._remember()
 
     def node_states(self) -> dict[str, str]:

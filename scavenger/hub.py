@@ -23,7 +23,8 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Union
+from types import MappingProxyType
+from typing import Callable, Mapping, Union
 
 import zmq
 
@@ -140,13 +141,16 @@ class AgentHub:
         self.guard = ConnectionGuard(self.sock, "agents")  # caps connections per user and in total
         self.dead_after_s = dead_after_s
         self.ping_s = ping_s if ping_s is not None else ping_interval(dead_after_s)
-        self.agents: dict[str, _AgentInfo] = {}
+        self.agents: dict[str, _AgentInfo] = {}  # in the order they were last heard: the silent ones first
         self.rejected: collections.Counter[str] = collections.Counter()
         self.frames = 0  # frames read from agents, accepted or not (for metrics and benchmarks)
         self._sessions: dict[str, C.Session] = {}
         self._pending: dict[str, _Pending] = {}
         self._last_log: dict[str, float] = {}
-        self._next_ping = 0.0
+        self._ping_due: dict[str, float] = {}  # node -> when its next ping is due, in that order
+        self.lost = 0  # agents declared gone so far (left or fell silent): the daemon's loop wakes on it
+        self._batch_jobs: tuple[int, Mapping[str, str | None]] = (-1, MappingProxyType({}))
+        self.version = 0  # moves when an agent comes or goes or its batch job changes (callers skip work when equal)
         self._seq = 0
 
     @property
@@ -165,9 +169,12 @@ class AgentHub:
         info = self.agents.get(node)
         return set(info.workers) if info else set()
 
-    def batch_jobs(self) -> dict[str, str | None]:
-        """Every connected agent's node -> the batch job it said it runs in (None if none)."""
-        return {node: info.batch_job for node, info in self.agents.items()}
+    def batch_jobs(self) -> Mapping[str, str | None]:
+        """Every connected agent's node -> the batch job it said it runs in (None if none); read-only,
+        built again only when :attr:`version` moved."""
+        if self._batch_jobs[0] != self.version:
+            self._batch_jobs = self.version, MappingProxyType({n: info.batch_job for n, info in self.agents.items()})
+        return self._batch_jobs[1]
 
     def batch_job(self, node: str) -> str | None:
         """The batch job id ``node``'s agent said it runs in (its pilot), None if none or unknown."""
@@ -235,16 +242,32 @@ class AgentHub:
                 continue
             if msg is not None:
                 out.extend(self._handle(msg, now))
-        for node, info in list(self.agents.items()) if drained else ():
-            if now - info.last_seen > self.dead_after_s:
-                del self.agents[node]
-                self._sessions.pop(node, None)
-                out.append(AgentGone(node, f"no heartbeat for {self.dead_after_s:g} s"))
-        if now >= self._next_ping:
-            for node in self.agents:
-                self.send(P.Ping(node))
-            self._next_ping = now + self.ping_s
+        if drained:
+            out.extend(self._silent(now))
+        self._ping(now)
         return out
+
+    def _silent(self, now: float) -> list[AgentGone]:
+        """The agents silent for ``dead_after_s``, gone: the first of :attr:`agents` (the least
+        recently heard), not a look at every agent (a poll runs many times a second)."""
+        gone = list(itertools.takewhile(lambda n: now - self.agents[n].last_seen > self.dead_after_s, self.agents))
+        self.version += bool(gone)
+        self.lost += len(gone)
+        for node in gone:
+            del self.agents[node]
+            self._sessions.pop(node, None)
+            self._ping_due.pop(node, None)
+        return [AgentGone(node, f"no heartbeat for {self.dead_after_s:g} s") for node in gone]
+
+    def _ping(self, now: float) -> None:
+        """Ping the agents whose ping is due, each every ``ping_s``: spread over the polls (a ping
+        to all 4,608 agents at once kept one loop iteration busy for a tenth of a second)."""
+        due = list(itertools.takewhile(lambda n: self._ping_due[n] <= now, self._ping_due))
+        for node in due:
+            del self._ping_due[node]
+            if node in self.agents:
+                self.send(P.Ping(node))
+                self._ping_due[node] = now + self.ping_s
 
     # -- the channel
     def _receive(self, node: str, frame: bytes, now: float) -> P.AgentMessage | None:
@@ -308,21 +331,30 @@ class AgentHub:
         node = msg.node
         if isinstance(msg, P.Leaving):
             self._sessions.pop(node, None)
+            self._ping_due.pop(node, None)
             if self.agents.pop(node, None) is not None:
+                self.version += 1
+                self.lost += 1
                 return [AgentGone(node, msg.reason)]
             return []
         out: list[HubEvent] = []
         info = self.agents.get(node)
         if info is None:
-            info = self.agents[node] = _AgentInfo()
+            info = _AgentInfo()
+            self._ping_due.setdefault(node, now + self.ping_s)  # (every entry is now + ping_s: in due order)
+            self.version += 1
             out.append(AgentUp(node))
             if isinstance(msg, P.Heartbeat):
                 info.pid = int(msg.pid)
                 out.append(AgentWorkers(node, info.pid, tuple(msg.workers)))
+        else:
+            del self.agents[node]
+        self.agents[node] = info  # the most recently heard last
         info.last_seen = now
         if isinstance(msg, P.Hello):
             info.pid = int(msg.pid)
             info.workers = set(msg.workers)
+            self.version += info.batch_job != msg.batch_job
             info.batch_job = msg.batch_job
             out.append(AgentWorkers(node, info.pid, tuple(msg.workers), msg.batch_job))
         elif isinstance(msg, P.Heartbeat):

@@ -162,6 +162,10 @@ class PilotBook:
                 return r
         return None
 
+    def on_node(self, node: str) -> set[PilotId]:
+        """The live pilots that asked for ``node`` or run there (the index: no look at every pilot)."""
+        return set(self._on_node.get(node, ()))
+
     def set_nodes(self, rec: PilotRecord, nodes: tuple[str, ...]) -> None:
         """``rec`` runs on ``nodes`` (as the scheduler says)."""
         rec.nodes = nodes

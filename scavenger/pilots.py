@@ -128,7 +128,6 @@ def _changes_pilots(method: Callable[..., _T]) -> Callable[..., _T]:
             return method(self, *args, **kwargs)
         finally:
             self._views = None
-            self.version += 1
 
     return wrapper
 
@@ -159,7 +158,8 @@ class BatchBackend:
         self.limiter = SubmitLimiter(config.submit_rate, config.submit_burst, config.backoff_s, config.backoff_max_s)
         self.commands = 0  # scheduler commands run (for tests and benchmarks)
         self._views: Mapping[PilotId, PilotView] | None = None  # pilots(), built once per change
-        self.version = 0  # counts the calls that may have changed the pilots (a caller skips work when equal)
+        self._last_views: Mapping[PilotId, PilotView] = MappingProxyType({})  # the last views built
+        self._version = 0  # counts the changes of the views
         self._held: dict[str, PilotId] = {}  # held_nodes(), built with it
         self._busy: frozenset[str] = frozenset()  # nodes a main-queue job held at the last discover
 
@@ -222,14 +222,38 @@ class BatchBackend:
     def cancel(self, pilot: PilotId) -> None:
         self._cancel([pilot], None)
 
+    @_changes_pilots
+    def cancel_all(self, pilots: Sequence[PilotId]) -> None:
+        """Cancel ``pilots`` with one command (a burst of recalls at Summit size is hundreds of
+        pilots in one loop iteration: one ``scancel`` each took the iteration over a second)."""
+        self._cancel(list(pilots), None)
+
+    @property
+    def version(self) -> int:
+        """Moves when the pilots' views (:meth:`pilots`) changed: a caller that derived something
+        from them skips the work while it stays the same. A poll that changed nothing (most of
+        them, once every node is held) does not move it."""
+        self.pilots()
+        return self._version
+
     def pilots(self) -> Mapping[PilotId, PilotView]:
-        """Every live pilot's view (read-only). Built once after each change: the daemon asks
-        several times a step and once per agent event, and at 10,000 pilots a build is ~50 ms."""
+        """Every live pilot's view (read-only). Built once after each call that may change them:
+        the daemon asks several times a step and once per agent event, and at 10,000 pilots a
+        build is ~50 ms. Views equal to the last ones are the last ones (same version)."""
         if self._views is None:
             views = {r.id: r.view() for r in self.book.live()}
-            self._held = {n: pid for pid, v in views.items() if v.state is PilotState.RUNNING for n in v.nodes}
-            self._views = MappingProxyType(views)
+            if views != self._last_views:
+                self._held = {n: pid for pid, v in views.items() if v.state is PilotState.RUNNING for n in v.nodes}
+                self._last_views = MappingProxyType(views)
+                self._version += 1
+            self._views = self._last_views
         return self._views
+
+    def pilots_on(self, node: str) -> list[PilotView]:
+        """The views of the live pilots on ``node`` (asked for it or running there), without a look
+        at every pilot: every agent's hello asks (4,608 of them in a Summit warm-up)."""
+        views = self.pilots()
+        return [views[pid] for pid in sorted(self.book.on_node(node)) if pid in views and node in views[pid].nodes]
 
     def held_nodes(self) -> Mapping[str, PilotId]:
         """Node -> the RUNNING pilot on it (read-only; built with :meth:`pilots`)."""
@@ -247,7 +271,6 @@ class BatchBackend:
             return pilot  # nothing changes (every hello of our own agents asks)
         now = self.clock()
         self._views = None
-        self.version += 1
         self.book.add(pilot, PilotRequest((node,)), now)
         self.book.apply(Observation(pilot, PilotState.RUNNING, "RUNNING", (node,)), now)
         return pilot

@@ -201,8 +201,15 @@ class ReplyTimes:
     def __init__(self) -> None:
         self._hours: dict[str, float | None] = {}  # "YYYY-MM-DDTHH" -> its first second, epoch (None: not one offset)
         self._durations: dict[str, float | None] = {}
+        self._times: dict[str, float | None] = {}  # a time's text -> its value (pilots start in bursts)
 
     def time(self, text: str) -> float | None:
+        if text in self._times:
+            return self._times[text]
+        value = self._times[text] = self._time(text)  # (a bad one raises: never kept)
+        return value
+
+    def _time(self, text: str) -> float | None:
         if len(text) != 19 or not _ISO_TIME.fullmatch(text):
             return parse_time(text)
         hour = text[:13]
@@ -304,6 +311,10 @@ class SlurmDialect:
 
     config: SlurmConfig
     name: str = field(default="slurm", init=False)
+    _last_poll: dict[str, Observation] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _last_nodes: dict[str, NodeInfo] = field(default_factory=dict, init=False, repr=False, compare=False)
+    """The last ``squeue`` reply's lines -> their observations (a line's observation depends on its
+    text alone): a poll parses only the lines that changed since the last one."""
 
     # -- nodes
     def render_nodes(self) -> list[str]:
@@ -313,10 +324,17 @@ class SlurmDialect:
         return argv
 
     def parse_nodes(self, res: CommandResult) -> tuple[NodeInfo, ...]:
+        """Every node of ``sinfo`` once, by name (a line the last reply had is not parsed again)."""
         require_ok(res, "sinfo")
         seen: dict[str, NodeInfo] = {}
         states: dict[str, tuple[NodeState, bool]] = {}  # raw state -> translated, for this reply
+        last, lines = self._last_nodes, {}
         for no, line in enumerate(res.stdout.splitlines(), 1):
+            known = last.get(line)
+            if known is not None:  # (a line's node is what its text says: the one parsed from it before)
+                lines[line] = known
+                seen.setdefault(known.name, known)  # once per partition: first wins
+                continue
             if not line.strip():
                 continue
             fields = line.split("|")
@@ -328,7 +346,8 @@ class SlurmDialect:
             if raw not in states:
                 states[raw] = translate_node_state(raw)
             state, planned = states[raw]
-            seen[name] = NodeInfo(name, state, planned, raw)
+            seen[name] = lines[line] = NodeInfo(name, state, planned, raw)
+        self._last_nodes = lines
         return tuple(seen[n] for n in sorted(seen))
 
     def render_claims(self) -> list[str]:
@@ -421,16 +440,23 @@ class SlurmDialect:
         return ["squeue", "-h", "-t", "all", "-n", self.config.job_name, "-o", SQUEUE_FORMAT]
 
     def parse_poll(self, res: CommandResult, pilots: Sequence[PilotId]) -> list[Observation]:
+        """Our pilots' lines of ``squeue``, parsed (a line the last reply had too is not parsed
+        again: at 10,000 pilots most lines do not change from one poll to the next)."""
         require_ok(res, "squeue")
         wanted = set(pilots)
         out = []
         times = ReplyTimes()
+        last, seen = self._last_poll, {}
         for no, line in enumerate(res.stdout.splitlines(), 1):
-            if not line.strip():
-                continue
-            obs = parse_squeue_line(line, res, no, times)
+            obs = last.get(line)
+            if obs is None:
+                if not line or line.isspace():
+                    continue
+                obs = parse_squeue_line(line, res, no, times)
+            seen[line] = obs
             if obs.pilot in wanted:
                 out.append(obs)
+        self._last_poll = seen
         return out
 
     def render_detail(self, pilot: PilotId) -> list[str]:
@@ -467,15 +493,23 @@ def parse_squeue_line(line: str, res: CommandResult, no: int, times: ReplyTimes 
     fields = line.split("|")
     if len(fields) != 8:
         raise BadReply(f"squeue line {no}: expected {SQUEUE_FORMAT}, got {line!r}", res)
-    job, _part, raw, reason_text, nodes_text, start_text, end_text, limit_text = [f.strip() for f in fields]
-    if not _JOB_ID.fullmatch(job):
+    if not line.isascii() or not line.isprintable() or " " in line:  # (Slurm's own lines are neither)
+        fields = [f.strip() for f in fields]
+    job, _part, raw, reason_text, nodes_text, start_text, end_text, limit_text = fields
+    if not (job.isdigit() and job.isascii()) and not _JOB_ID.fullmatch(job):
         raise BadReply(f"squeue line {no}: bad job id {job!r} in {line!r}", res)
     try:
         nodes = expand_hostlist(nodes_text) or ()
         start, end, limit = times.time(start_text), times.time(end_text), times.duration(limit_text)
     except ValueError as exc:
         raise BadReply(f"squeue line {no}: {exc} in {line!r}", res) from None
-    state, reason = translate_job_state(raw)
+    return squeue_observation(job, raw, reason_text, nodes, start, end, limit)
+
+
+def squeue_observation(job: str, raw: str, reason_text: str, nodes: tuple[str, ...], start: float | None,
+                       end: float | None, limit: float | None) -> Observation:
+    """One ``squeue`` line's fields, converted, -> its observation."""
+    state, reason = SLURM_STATES.get(raw) or translate_job_state(raw)
     preempted: bool | None = True if reason is EndReason.PREEMPTED else None
     deadline = None
     if state is PilotState.RUNNING:

@@ -164,6 +164,8 @@ def test_live_pilots_are_remembered_only_when_the_backend_changed(tmp_path: Path
         assert calls == [] and meta.writes == 2
         scav.look(0.2)  # a poll may change them: looked at again (unchanged: not written)
         assert calls == [1] and meta.writes == 2
+        scav.look(0.3)  # a poll that changed no pilot's view: not even looked at
+        assert calls == [1] and meta.writes == 2
     finally:
         scavenging.pilots_json = real  # type: ignore[assignment]
 

@@ -43,7 +43,9 @@ class MeasuredDaemon(Daemon):
         self.sizes: list[tuple[float, int, int]] = []  # (wall time, agents connected, workers in jobs), with it
         self.counters: list[tuple[float, int, int, int, int, dict[str, float]]] = []  # (time, steps, frames, reports,
         #                                                                 decisions, CPU by phase so far), with it
-        self.cpu = {"hub": 0.0, "monitor": 0.0, "decide": 0.0, "step": 0.0}  # thread CPU seconds by phase
+        self.cpu = {"hub": 0.0, "monitor": 0.0, "decide": 0.0, "step": 0.0, "besides": 0.0}  # thread CPU s by
+        # phase; "besides": a step's own, less the hub, monitor and decisions in it (the loop also reads agents
+        # and reports between steps: hub and monitor count those too)
         super().__init__(*args, **kwargs)
         self.hub.poll = self._timed(self.hub.poll, "hub")  # type: ignore[method-assign]
         self.monitor.drain = self._timed(self.monitor.drain, "monitor")  # type: ignore[method-assign]
@@ -66,9 +68,12 @@ class MeasuredDaemon(Daemon):
 
     def step(self) -> None:
         t0, c0 = time.perf_counter(), time.thread_time()
+        inner0 = self.cpu["hub"] + self.cpu["monitor"] + self.cpu["decide"]
         super().step()
         self.steps.append(time.perf_counter() - t0)
-        self.cpu["step"] += time.thread_time() - c0
+        own = time.thread_time() - c0
+        self.cpu["step"] += own
+        self.cpu["besides"] += own - (self.cpu["hub"] + self.cpu["monitor"] + self.cpu["decide"] - inner0)
         now = time.time()
         if not self.commits or now - self.commits[-1][0] >= 1.0:
             self.commits.append((now, self.store.commits))

@@ -22,6 +22,7 @@ from malletrain.daemon.records import REPLAN_S
 from malletrain.daemon.shutdown import Shutdown
 from malletrain.daemon.trainers import Trainers
 from malletrain.daemon.wiring import Wiring
+from malletrain.loopwait import LoopWait
 
 
 class Daemon(Wiring, Observe, Adoption, Trainers, Jobs, ControlApi, Shutdown):
@@ -31,17 +32,21 @@ class Daemon(Wiring, Observe, Adoption, Trainers, Jobs, ControlApi, Shutdown):
         end = None if duration_s is None else time.monotonic() + duration_s
         while not self.stopping and (end is None or time.monotonic() < end):
             t0 = time.monotonic()
-            try:
-                self.step()
-            except (OSError, RuntimeError, ValueError, KeyError, zmq.ZMQError, sqlite3.Error) as exc:
-                # the daemon never dies of one bad input; the event log keeps the reason
-                log.exception("reconcile step failed")
-                self.store.log_event("step_error", error=f"{type(exc).__name__}: {exc}")
+            self._guarded(self.step)
             if on_tick is not None:
                 on_tick(self)
             spare = self.cfg.loop_interval - (time.monotonic() - t0)
-            if spare > 0:
-                self.monitor.drain(timeout_ms=int(spare * 1000))
+            if spare > 0:  # reports and agent frames as they come; a recall starts the next step at once
+                wait = LoopWait(self.monitor, self.hub, self._observe_agents, self.store.batch, self.clock)
+                self._guarded(lambda: wait.wait(spare))
+
+    def _guarded(self, fn: Callable[[], object]) -> None:
+        try:
+            fn()
+        except (OSError, RuntimeError, ValueError, KeyError, zmq.ZMQError, sqlite3.Error) as exc:
+            # the daemon never dies of one bad input; the event log keeps the reason
+            log.exception("reconcile step failed")
+            self.store.log_event("step_error", error=f"{type(exc).__name__}: {exc}")
 
     def step(self) -> None:
         now = self.clock()

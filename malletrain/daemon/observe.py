@@ -135,16 +135,19 @@ class Observe(DaemonBase):
 
     def _observe_store(self, now: float) -> None:
         """New jobs and cancels written by the CLI (directly into the store)."""
-        live = {rec.id: rec for rec in self.store.jobs([s for s in JobState if not s.terminal])}
-        for rec in live.values():
-            run = self.runs.get(rec.id)
-            if run is None and rec.state is JobState.PENDING and not self._refused_trainer(rec.id, rec.spec):
+        live = self.store.job_states([s for s in JobState if not s.terminal])  # specs read only for new jobs
+        for jid, status in live.items():
+            run = self.runs.get(jid)
+            if run is not None:
+                if status.cancel_requested:
+                    self._end(run, JobState.CANCELLED, "cancelled by user")
+                continue
+            rec = self.store.get(jid) if status.state is JobState.PENDING else None  # a new job's spec, read once
+            if rec is not None and not self._refused_trainer(rec.id, rec.spec):
                 self.runs[rec.id] = JobRun(rec.id, rec.spec, rec.state, base_samples=rec.samples,
                                            owner=(rec.owner_uid, rec.owner_gid))
                 self._register(rec.id)
                 self._changed = True
-            elif run is not None and rec.cancel_requested:
-                self._end(run, JobState.CANCELLED, "cancelled by user")
         for run in list(self.runs.values()):
             if not run.state.terminal and run.id not in live:  # cancelled while queued
                 rec = self.store.get(run.id)

@@ -236,7 +236,7 @@ class Wiring(DaemonBase):
         self._note_machine_size()
 
     def _note_machine_size(self) -> None:
-        n = len(self.scav.machine_nodes())
+        n = self.scav.machine_size()
         if n and n != self._machine_size:
             self._machine_size = n
             self.store.set_machine_nodes(n)  # `submit` refuses jobs bigger than the machine

@@ -1,0 +1,62 @@
+"""What the daemon's loop does between two iterations: read reports and agent frames as they come,
+and end the wait at once when an agent is gone (a recall), so its new plan does not wait for the
+next tick.
+
+The loop runs one iteration every ``loop_interval``; the time left over is spent here. Reports
+are read as they arrive (the monitor's queue never builds up); agent frames too, through the
+daemon's own observe phase (so a frame read here is handled exactly as one read at the start of
+an iteration). An agent gone (its ``leaving`` on a recall, or its silence) ends the wait: the next
+iteration starts at once and decides on the loss. Anything else waits for the next tick, as
+before (a heartbeat a millisecond at Summit size must not turn the loop into a spin).
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import zmq
+
+
+@dataclass
+class LoopWait:
+    """``reports``: the monitor (``sock``, ``drain()``); ``agents``: the hub (``sock``, ``lost``:
+    how many agents it declared gone so far); ``observe_agents(now)``: the daemon's observe phase
+    for agent frames, run inside ``batch()`` (the store's one transaction). A hub without a socket
+    or a ``lost`` count (a test's fake) is read at the next iteration only."""
+
+    reports: Any
+    agents: Any
+    observe_agents: Callable[[float], None]
+    batch: Callable[[], AbstractContextManager[Any]]
+    clock: Callable[[], float]
+
+    def wait(self, seconds: float) -> bool:
+        """Wait up to ``seconds``, reading what comes; True when it ended early because an agent
+        was gone."""
+        agent_sock = getattr(self.agents, "sock", None)
+        if agent_sock is None or not hasattr(self.agents, "lost"):
+            self._drain(seconds)
+            return False
+        poller = zmq.Poller()
+        poller.register(self.reports.sock, zmq.POLLIN)
+        poller.register(agent_sock, zmq.POLLIN)
+        end = time.monotonic() + seconds
+        while True:
+            left = end - time.monotonic()
+            if left <= 0:
+                return False
+            ready = dict(poller.poll(max(1, int(left * 1000))))
+            if self.reports.sock in ready:
+                self.reports.drain()
+            if agent_sock in ready:
+                before = self.agents.lost
+                with self.batch():
+                    self.observe_agents(self.clock())
+                if self.agents.lost != before:
+                    return True
+
+    def _drain(self, seconds: float) -> None:
+        self.reports.drain(timeout_ms=int(seconds * 1000))  # (returns at the first reports: as before)
