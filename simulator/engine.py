@@ -10,16 +10,17 @@ policy's :class:`policy.Ledger`, which the engine feeds with events and which bu
 What stays here is physics and ground truth: a job's progress is its TRUE throughput over time
 minus rescale pauses; a recalled node leaves its job at once (the job pays its scale-down pause
 and shrinks, or stops if the ledger says that left it below its min; the policy then puts it back
-at the front of the queue). Records are in :mod:`simulator.records`, the summary in
-:mod:`simulator.summary`.
+at the front of the queue). Records: :mod:`simulator.records`; summary: :mod:`simulator.summary`.
 
 Costs come from one calibration (:mod:`simulator.calibration`, ``SimConfig.calibration``): a node
 that goes idle is usable only once its pilot runs (``pilot_start_s``); a job's first start holds its
 nodes idle for ``cold_start_s``, a start after any stop for ``restart_s``, and a stop loses the work
 since the job's last checkpoint commit (every ``commit_interval_s`` of running); rescales pause for
-``rescale_pause_s``. The engine's default is the ``free`` ablation (none of these; the jobs' own
-rescale pauses) when ``SimConfig.calibration`` is None; :func:`simulator.simulate` and the CLI
-charge the shipped calibration unless told otherwise.
+``rescale_pause_s``; a running job that grows trains on its old nodes for ``join_s`` while the new
+nodes' workers start (the daemon publishes them once all are ready), then pauses. The engine's
+default is the ``free`` ablation (none of these; the jobs' own rescale pauses) when
+``SimConfig.calibration`` is None; :func:`simulator.simulate` and the CLI charge the shipped
+calibration unless told otherwise.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ from simulator.clock import EventQueue, Priority, SimClock
 from simulator.monitor import SimJobMonitor
 from simulator.policies import SimPolicy
 from simulator.records import (Arrival, Cancel, Completion, Decide, DecisionRow, End, PilotUp, PolicyError,
-                               SimConfig, SimJob, SimJobState, SimResult, Wake, remove_job)
+                               Joined, SimConfig, SimJob, SimJobState, SimResult, Wake, check_counts,
+                               remove_job)
 from simulator.summary import DecisionStats, Tally, about_replay, replay_summary
 from simulator.workload import JobSpec, Workload
 from traces.model import EventBatch, IdleTimeline
@@ -177,6 +179,8 @@ class Simulator:
                 changed |= self._cancel(ev.job_id, t)
             elif isinstance(ev, PilotUp):
                 changed |= self._pilots_up(ev)
+            elif isinstance(ev, Joined):
+                changed |= self._joined(self.jobs[ev.job_id], t)
             elif isinstance(ev, Decide):
                 self._decide_scheduled = False
             elif isinstance(ev, Wake):
@@ -187,9 +191,7 @@ class Simulator:
         return changed, False
 
     def _push_next_batch(self) -> None:
-        if self._batches is None:
-            return
-        batch = next(self._batches, None)
+        batch = None if self._batches is None else next(self._batches, None)
         if batch is None or batch.time >= self.end:
             self._batches = None
             return
@@ -316,7 +318,7 @@ class Simulator:
                 self._advance(self.jobs[job_id], t)  # account the interval before the node leaves
                 hit.add(job_id)
         for loss in ledger.lost(batch.recalled, t):
-            self._recalled(self.jobs[loss.job], loss.stopped, t)
+            self._recalled(self.jobs[loss.job], loss.stopped, loss.lost, t)
 
     def _pilots_up(self, ev: PilotUp) -> bool:
         """The pilots submitted at ``ev.since`` run: their nodes still idle since then become usable."""
@@ -324,14 +326,14 @@ class Simulator:
         up = [n for n in ev.nodes if ledger.idle_since(n) == ev.since and not ledger.is_usable(n)]
         return ledger.usable(up, ev.since) > 0
 
-    def _recalled(self, job: SimJob, stopped: bool, t: float) -> None:
-        """Nodes left ``job`` without notice: pay the down pause and shrink, or stop if that left it below
-        its min (the ledger's rule; it freed the job's other nodes, the policy re-queues it)."""
+    def _recalled(self, job: SimJob, stopped: bool, lost: tuple[str, ...], t: float) -> None:
+        """``lost`` left ``job`` without notice: pay the down pause and shrink (no pause if none had joined
+        yet), or stop if that left it below its min (the ledger's rule; the policy re-queues it)."""
         if stopped:
             job.stopped()
             self._roll_back(job)
             self.tally.stops += 1
-        else:
+        elif not job.joining.issuperset(lost):
             self.tally.rescales += 1
             self._step_rescales += 1
             self._pause(job, t, job.spec.down_cost_s)
@@ -380,12 +382,25 @@ class Simulator:
     def _changed(self, job: SimJob, t: float) -> None:
         job.version += 1
         n = self.ledger.count(job.id)
+        if job.joining:  # nodes whose workers are still starting add nothing yet
+            job.joining.intersection_update(self.ledger.nodes_of(job.id))
+            n -= len(job.joining)
         job.rate = throughput_at(job.spec.scaling, n)
         job.history.append((t, job.progress, n, job.paused_until))
         if job.monitor is not None:
             job.monitor.change(t, job.last_n, n, max(t, job.paused_until))
         job.last_n = n
         self._dirty.add(job.id)
+
+    def _joined(self, job: SimJob, t: float) -> bool:
+        """The workers on the nodes ``job`` grew onto are ready: they join, the job pays its up pause."""
+        if t != job.join_at or not job.joining or job.state is not SimJobState.ADMITTED:
+            return False  # a later grow moved the join, or the job lost those nodes or stopped
+        self._advance(job, t)
+        job.joining.clear()
+        self._pause(job, t, job.spec.up_cost_s)
+        self._changed(job, t)
+        return True
 
     # ------------------------------------------------------------ decisions
 
@@ -499,7 +514,7 @@ class Simulator:
             old = ledger.nodes_of(job.id)
             if len(new) == len(old) and (new == ledger.job(job.id).nodes or set(new) == set(old)):
                 continue  # its nodes (sorted, as the policy saw them), or the same set
-            self._check_counts(name, job, new)
+            check_counts(name, job, new)
             changed = True
             if len(new) > len(old):
                 if not set(old) <= set(new):
@@ -512,17 +527,6 @@ class Simulator:
         for job, new in growing:
             self._grow(name, job, new, t)
         return changed
-
-    @staticmethod
-    def _check_counts(name: str, job: SimJob, new: tuple[str, ...]) -> None:
-        n = len(new)
-        if len(set(new)) != n:
-            raise PolicyError(f"policy {name}: job {job.id} is given a node twice")
-        if n and not (job.spec.min_nodes <= n <= job.spec.max_nodes):
-            raise PolicyError(
-                f"policy {name}: job {job.id} given {n} nodes, outside "
-                f"{job.spec.min_nodes}..{job.spec.max_nodes}"
-            )
 
     def _shrink(self, job: SimJob, new: tuple[str, ...], t: float) -> None:
         self.ledger.placed(job.id, new, t)
@@ -546,12 +550,14 @@ class Simulator:
         if job.id in self._profiling:
             job.profiled = True
             job.profiling_scale_ups += 1
-        if started:
-            self.tally.starts += 1
-        else:
-            self.tally.rescales += 1
-            self._step_rescales += 1
-        if not started or self.config.charge_start:
+        self.tally.starts += started
+        self.tally.rescales += not started
+        self._step_rescales += not started
+        if not started and self.cal.join_s > 0:  # the others train on until every new worker is ready
+            job.joining.update(node for node in new if node not in have)
+            job.join_at = t + self.cal.join_s
+            self.events.push(job.join_at, Priority.TRACE, Joined(job.id))
+        elif not started or self.config.charge_start:
             self._pause(job, t, job.spec.up_cost_s)
         if started:
             self._start(job, t)
