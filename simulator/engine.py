@@ -258,7 +258,7 @@ class Simulator:
             job.commit(last, t, self.cal.commit_interval_s)
             job.progress = min(job.spec.samples, job.progress + samples)
             job.paused_seconds += dt - work
-            job.paused_node_seconds += n * (dt - work)
+            job.paused_node_seconds += n * (dt - work) + len(job.joining) * work  # joining: idle nodes
             job.node_seconds += n * dt
             if job.id in self._profiling:
                 job.profiling_node_seconds += n * dt

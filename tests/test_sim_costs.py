@@ -81,6 +81,8 @@ def test_a_grown_node_adds_its_work_only_after_the_join_delay():
     # 1 node 0-60 (n2 held from 50, its worker starting), 4 s pause, 2 nodes 64-100
     assert res.summary["samples_processed"] == pytest.approx(10.0 * 60.0 + 20.0 * 36.0)
     assert res.summary["held_node_seconds"] == pytest.approx(100.0 + 50.0)
+    # trained (held and not paused): n2's 10 s of join and both nodes' 4 s pause are not
+    assert res.summary["trained_node_seconds"] == pytest.approx(150.0 - 10.0 - 2 * 4.0)
     history = [(t, n) for t, _, n, _ in res.jobs[0].history]
     assert (50.0, 1) in history and (60.0, 2) in history
     assert res.summary["calibration_values"]["join_s"] == 10.0
