@@ -12,15 +12,10 @@ minus rescale pauses; a recalled node leaves its job at once (the job pays its s
 and shrinks, or stops if the ledger says that left it below its min; the policy then puts it back
 at the front of the queue). Records: :mod:`simulator.records`; summary: :mod:`simulator.summary`.
 
-Costs come from one calibration (:mod:`simulator.calibration`, ``SimConfig.calibration``): a node
-that goes idle is usable only once its pilot runs (``pilot_start_s``); a job's first start holds its
-nodes idle for ``cold_start_s``, a start after any stop for ``restart_s``, and a stop loses the work
-since the job's last checkpoint commit (every ``commit_interval_s`` of running); rescales pause for
-``rescale_pause_s``; a running job that grows trains on its old nodes for ``join_s`` while the new
-nodes' workers start (the daemon publishes them once all are ready), then pauses. The engine's
-default is the ``free`` ablation (none of these; the jobs' own rescale pauses) when
-``SimConfig.calibration`` is None; :func:`simulator.simulate` and the CLI charge the shipped
-calibration unless told otherwise.
+Costs come from one calibration (:mod:`simulator.calibration` says what each value charges; a grow
+pays ``join_s`` from when the new node's warm worker began: its pilot's start or its last worker's
+exit). Without ``SimConfig.calibration`` the engine charges the ``free`` ablation;
+:func:`simulator.simulate` and the CLI charge the shipped calibration unless told otherwise.
 """
 
 from __future__ import annotations
@@ -79,22 +74,19 @@ class Simulator:
         self.events: EventQueue[object] = EventQueue()
         self._progress = progress
         self._free_pause = policy.free_rescales
-        # what the simulated monitor measures: rates when the policy learns or profiles, costs when
-        # the policy reads measured costs
+        # the simulated monitor measures rates if the policy learns or profiles, costs if it reads them
         self._want_rates = self.pcfg.learn or self.pcfg.profiling.value != "never"
         self._want_costs = self.pcfg.rescale_costs.value == "measured" and self.pcfg.allocation.value == "milp"
-        # what the driver observed (idle nodes and since when, which job runs on which node, idle
-        # fragments, interruptions, work left): the policy's ledger, which builds the View
-        self.ledger = Ledger()
+        self.ledger = Ledger()  # what the driver observed (nodes, who runs where, work left): builds the View
         self.cal = config.calibration if config.calibration is not None else free()
+        self._left: dict[str, float] = {}  # node -> when its last worker left it (its agent warms a new one)
         self.jobs: dict[str, SimJob] = {}
         self.admitted: list[SimJob] = []
         self._capacity: int | None = None  # absorb_capacity() of the admitted list (None: not known)
         self.queue: list[SimJob] = []  # submitted, not admitted (FCFS order is the policy's business)
         self._stream_done = False
         self._batches: Iterator[EventBatch] | None = None
-        # accounting
-        self._last_t = self.start
+        self._last_t = self.start  # accounting
         self.tally = Tally()
         self.rows: list[DecisionRow] = []
         self.decision_ms: list[float] = []
@@ -221,8 +213,8 @@ class Simulator:
             self._last_t = t
 
     def absorb_capacity(self) -> int:
-        """Nodes the admitted jobs could hold at once: the sum of their max nodes."""
-        # asked at every event; the admitted list changes only at decisions, completions, cancels
+        """Nodes the admitted jobs could hold at once: the sum of their max nodes (kept: asked at every
+        event; the admitted list changes only at decisions, completions, cancels)."""
         if self._capacity is None:
             self._capacity = sum(j.spec.max_nodes for j in self.admitted)
         return self._capacity
@@ -347,6 +339,7 @@ class Simulator:
         job.progress = job.spec.samples
         job.finished_at = t
         job.state = SimJobState.DONE
+        self._left.update(dict.fromkeys(self.ledger.nodes_of(job.id), t))
         self.ledger.ended(job.id)
         job.stopped()
         remove_job(self.admitted, job)
@@ -370,6 +363,7 @@ class Simulator:
             self._capacity = None
         else:
             remove_job(self.queue, job)
+        self._left.update(dict.fromkeys(self.ledger.nodes_of(job.id), t))
         self.ledger.ended(job.id)
         job.state = SimJobState.CANCELLED
         job.monitor = None
@@ -382,6 +376,9 @@ class Simulator:
     def _changed(self, job: SimJob, t: float) -> None:
         job.version += 1
         n = self.ledger.count(job.id)
+        held = self.ledger.nodes_of(job.id)
+        self._left.update(dict.fromkeys(set(job.held).difference(held), t))
+        job.held = held
         if job.joining:  # nodes whose workers are still starting add nothing yet
             job.joining.intersection_update(self.ledger.nodes_of(job.id))
             n -= len(job.joining)
@@ -541,9 +538,9 @@ class Simulator:
 
     def _grow(self, name: str, job: SimJob, new: tuple[str, ...], t: float) -> None:
         old = self.ledger.nodes_of(job.id)
-        have = set(old)
+        added = tuple(node for node in new if node not in set(old))
         try:  # the nodes it kept first, in its order, then the new ones
-            self.ledger.placed(job.id, old + tuple(node for node in new if node not in have), t)
+            self.ledger.placed(job.id, old + added, t)
         except LedgerError as exc:
             raise PolicyError(f"policy {name}: {exc}") from None
         started = not old
@@ -553,9 +550,12 @@ class Simulator:
         self.tally.starts += started
         self.tally.rescales += not started
         self._step_rescales += not started
-        if not started and self.cal.join_s > 0:  # the others train on until every new worker is ready
-            job.joining.update(node for node in new if node not in have)
-            job.join_at = t + self.cal.join_s
+        warm = [max(s + self.cal.pilot_start_s, self._left.get(n, s)) for n in added  # the agent's warm
+                if (s := self.ledger.idle_since(n)) is not None]  # worker imports from then on
+        ready = max(warm, default=t) + self.cal.join_s
+        if not started and (ready > t or job.joining):  # the others train on until every new worker is ready
+            job.join_at = max(job.join_at if job.joining else t, ready)
+            job.joining.update(added)
             self.events.push(job.join_at, Priority.TRACE, Joined(job.id))
         elif not started or self.config.charge_start:
             self._pause(job, t, job.spec.up_cost_s)

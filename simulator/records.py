@@ -55,6 +55,7 @@ class SimJob:
     user_curve: Mapping[int, float] | None = None  # what the user told the policy (ground truth's doing)
     monitor: SimJobMonitor | None = None
     last_n: int = 0  # node count at the last change (for the monitor)
+    held: tuple[str, ...] = ()  # its nodes at its last change
     joining: set[str] = field(default_factory=set)  # nodes it grew onto whose workers are not ready yet
     join_at: float = -math.inf  # when they are (the last grow's time + the calibration's join_s)
     # profiling accounting: every node-second the job holds while its profile runs, the part of it

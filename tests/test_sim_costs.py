@@ -101,6 +101,22 @@ def test_a_second_grow_before_the_join_moves_it_and_a_recall_drops_the_joining_n
     assert res.jobs[0].history[-1][2] == 1
 
 
+def test_a_node_whose_warm_worker_is_ready_joins_at_once_and_a_handed_over_one_waits():
+    """The agent warms a worker from its pilot's start, and again after a worker leaves: a grow onto a
+    node whose warm worker has had join_s costs only the pause; onto a node a job just left, join_s."""
+    cal = Calibration("t", rescale_pause_s=0.0, join_s=10.0)
+    # b (max 1 node) ends at 20 s; a grows onto its node then, whose new warm worker is ready at 30
+    specs = [job("b", samples=200.0, max_nodes=1), job("a", max_nodes=2)]
+    res = run(timeline(["n1", "n2"], ["n1", "n2"], end=100.0), specs, cal)
+    a = next(j for j in res.jobs if j.spec.name == "a")
+    assert a.progress == pytest.approx(10.0 * 30.0 + 20.0 * 70.0)
+    # n2 ours from 5 s; decisions at most every 30 s: a grows onto it at 30, its worker warm since 15
+    tl = timeline(["n1", "n2"], ["n1"], [(5.0, "n2", True)], end=100.0)
+    specs = [job(max_nodes=2)]
+    warm = Simulator(tl, workload(*specs), named("greedy", specs), SimConfig(calibration=cal, min_interval_s=30.0)).run()
+    assert warm.summary["samples_processed"] == pytest.approx(10.0 * 30.0 + 20.0 * 70.0)
+
+
 def test_the_free_calibration_and_files_without_join_s_charge_no_join():
     tl = timeline(["n1", "n2"], ["n1"], [(50.0, "n2", True)], end=100.0)
     res = run(tl, [job(max_nodes=2, up_cost_s=5.0)], free())
