@@ -93,7 +93,8 @@ def main() -> int:
     for (workload, knobs, seed), a, b in zip(REPLAYS, new, old):
         costs = set(a.get("calibration_values", {})) & set(b.get("calibration_values", {}))
         for summary in (a, b):  # a cost only one side knows is not compared
-            summary["calibration_values"] = {k: v for k, v in summary.get("calibration_values", {}).items() if k in costs}
+            values = summary.get("calibration_values", {})
+            summary["calibration_values"] = {k: v for k, v in values.items() if k in costs}
         keys = [k for k in set(a) | set(b) if not any(t in k for t in UNTIMED)]
         differ = sorted(k for k in keys if a.get(k) != b.get(k))
         same_all &= not differ

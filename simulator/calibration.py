@@ -22,10 +22,11 @@ and optionally (:data:`OPTIONAL`; 0 when a file has none, as files written befor
 
 * ``join_s``: a running job grows onto a node: the new node's worker starts (agent hello -> its
   first step) while the job's other nodes train on; the node adds to the job's throughput only
-  after this, then the job pays its rescale pause (the daemon's next generation).
+  this long after its agent's warm worker began (its pilot's start, or its last worker's exit),
+  then the job pays its rescale pause (the daemon's next generation).
 
-``free`` (:func:`free`) is the named ablation with no start, restart, pilot or rollback cost
-(rescale pauses: each job's own, 18 s up / 12 s down by default; no join delay), what the simulator charged
+``free`` (:func:`free`) is the named ablation with no start, restart, pilot, join or rollback cost
+(rescale pauses: each job's own, 18 s up / 12 s down by default), what the simulator charged
 before issue 18. Every ``summary.json`` names the calibration it ran with.
 """
 

@@ -222,4 +222,5 @@ def check_counts(name: str, job: SimJob, new: tuple[str, ...]) -> None:
     if len(set(new)) != n:
         raise PolicyError(f"policy {name}: job {job.id} is given a node twice")
     if n and not (job.spec.min_nodes <= n <= job.spec.max_nodes):
-        raise PolicyError(f"policy {name}: job {job.id} given {n} nodes, outside {job.spec.min_nodes}..{job.spec.max_nodes}")
+        raise PolicyError(f"policy {name}: job {job.id} given {n} nodes, outside "
+                          f"{job.spec.min_nodes}..{job.spec.max_nodes}")

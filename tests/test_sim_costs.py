@@ -113,7 +113,8 @@ def test_a_node_whose_warm_worker_is_ready_joins_at_once_and_a_handed_over_one_w
     # n2 ours from 5 s; decisions at most every 30 s: a grows onto it at 30, its worker warm since 15
     tl = timeline(["n1", "n2"], ["n1"], [(5.0, "n2", True)], end=100.0)
     specs = [job(max_nodes=2)]
-    warm = Simulator(tl, workload(*specs), named("greedy", specs), SimConfig(calibration=cal, min_interval_s=30.0)).run()
+    config = SimConfig(calibration=cal, min_interval_s=30.0)
+    warm = Simulator(tl, workload(*specs), named("greedy", specs), config).run()
     assert warm.summary["samples_processed"] == pytest.approx(10.0 * 30.0 + 20.0 * 70.0)
 
 
