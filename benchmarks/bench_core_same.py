@@ -1,11 +1,16 @@
-"""Same results before and after issue L: six one-day replays of the Summit log, this checkout against
-the code before issue L (commit 12b7530), each in a fresh process; prints SAME or the fields that differ.
+"""Same results before and after a pure-core refactor: six one-day replays of the Summit log, this
+checkout against a baseline commit (default 4b8a6c1: main before the ledger and the simulator's split,
+after issue I's calibration), each in a fresh process; prints SAME or the fields that differ.
 
-    .venv/bin/python benchmarks/bench_core_same.py                  # makes a git worktree of 12b7530
-    .venv/bin/python benchmarks/bench_core_same.py --baseline DIR   # a checkout of it you have
+    .venv/bin/python benchmarks/bench_core_same.py                  # makes a git worktree of 4b8a6c1
+    .venv/bin/python benchmarks/bench_core_same.py --baseline DIR   # a checkout of a baseline you have
 
-A summary is compared whole, less what is timed or counts solver calls (``wall``, ``decision_ms``,
-``cpu``, ``solve``): a no-op decision may be recognised differently without changing any plan.
+The replays run with ``--calibration free`` (``SimConfig(calibration=free())``): what is compared is
+the policy and the engine's bookkeeping, not the costs charged, which change when the calibration or
+what it charges does (issue I's grow join changes every charged replay on purpose). A summary is
+compared whole, less what is timed or counts solver calls (``wall``, ``decision_ms``, ``cpu``,
+``solve``): a no-op decision may be recognised differently without changing any plan; the
+``calibration_values`` are compared on the keys both sides have (a new cost is 0 under ``free``).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-BASELINE_COMMIT = "12b7530"
+BASELINE_COMMIT = "4b8a6c1"
 TRACE = Path("/work/shared/data/summit-2021-02-10_17.nodes.csv.gz")
 # (workload, preset knobs over the default PolicyConfig, seed)
 REPLAYS = (
@@ -34,6 +39,7 @@ sys.path.insert(0, sys.argv[1])
 import traces
 from policy import PolicyConfig
 from simulator import SimConfig, find_scaling, make_workload, simulate
+from simulator.calibration import free
 from simulator.policies import PolicyContext, make_policy
 tl = traces.read(sys.argv[2])
 out = []
@@ -42,7 +48,7 @@ for workload, knobs, seed in json.loads(sys.argv[3]):
     wl = make_workload(workload, scaling, seed=seed)
     pol = make_policy("malletrain", PolicyContext(wl.models, seed, "mean"), PolicyConfig(**knobs))
     s = simulate(tl, pol, workload, scaling=scaling, seed=seed,
-                 config=SimConfig(start=tl.start, end=tl.start + 86400.0)).summary
+                 config=SimConfig(start=tl.start, end=tl.start + 86400.0, calibration=free())).summary
     out.append(s)
 print(json.dumps(out, default=str))
 """
@@ -56,11 +62,19 @@ def replays(checkout: Path, trace: Path) -> list[dict]:
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
+def baseline_label(tree: Path) -> str:
+    """``tree``, and its commit when it is a git checkout (a ``git archive`` of one is not)."""
+    res = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                         timeout=30)
+    return f"{tree} (commit {res.stdout.strip()})" if res.returncode == 0 else str(tree)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trace", type=Path, default=TRACE, help="the idle-node log replayed (default: Summit)")
     ap.add_argument("--baseline", type=Path, default=None,
-                    help=f"a checkout of commit {BASELINE_COMMIT} (default: made with git worktree add, removed after)")
+                    help=f"a checkout of the baseline (default: commit {BASELINE_COMMIT}, made with git worktree add, "
+                         "removed after)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-core-base-") as tmp:
         old_tree = args.baseline if args.baseline is not None else Path(tmp) / "base"
@@ -73,8 +87,14 @@ def main() -> int:
             if args.baseline is None:
                 subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(old_tree)],
                                capture_output=True, timeout=120)
+    label = f"commit {BASELINE_COMMIT}" if args.baseline is None else baseline_label(args.baseline)
+    print(f"this checkout against {label}, --calibration free")
     same_all = True
     for (workload, knobs, seed), a, b in zip(REPLAYS, new, old):
+        costs = set(a.get("calibration_values", {})) & set(b.get("calibration_values", {}))
+        for summary in (a, b):  # a cost only one side knows is not compared
+            values = summary.get("calibration_values", {})
+            summary["calibration_values"] = {k: v for k, v in values.items() if k in costs}
         keys = [k for k in set(a) | set(b) if not any(t in k for t in UNTIMED)]
         differ = sorted(k for k in keys if a.get(k) != b.get(k))
         same_all &= not differ

@@ -5,7 +5,8 @@
 Replays ``malletrain`` twice per seed, paired: with the shipped calibration
 (simulator/calibration.json: pilot start, cold start, restart with rollback, rescale pause) and
 with the ``free`` ablation (what the simulator charged before issue 18); prints the share of the
-work the costs take, the mean and per seed.
+work the costs take, the mean and per seed; then the share the grow's join (``join_s``) alone takes:
+the shipped calibration against the same with ``join_s`` 0.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -43,7 +45,7 @@ def main() -> int:
     start = tl.start + args.start_h * 3600.0
     tl = restrict(tl, args.nodes, start, start + args.hours * 3600.0)
     work = {}
-    for name, cal in (("charged", default()), ("free", free())):
+    for name, cal in (("charged", default()), ("free", free()), ("no join", replace(default(), join_s=0.0))):
         work[name] = [simulate(tl, "malletrain", "philly", seed=k, config=SimConfig(calibration=cal),
                                overrides=Overrides(objective="work"), offered_load=args.load)
                       .summary["work_node_seconds"] for k in range(args.seeds)]
@@ -51,6 +53,9 @@ def main() -> int:
     print(f"philly@{args.load:g} malletrain, {args.nodes} nodes of Summit +{args.start_h:g}h for {args.hours:g} h, "
           f"{args.seeds} seeds: charging the calibration's costs costs {statistics.fmean(loss):.1f}% of the work "
           f"(per seed {', '.join(f'{x:.1f}' for x in loss)}; baseline: the same replays with --calibration free)")
+    join = [100.0 * (1.0 - c / n) for c, n in zip(work["charged"], work["no join"])]
+    print(f"of which the grow's join ({default().join_s:g} s) costs {statistics.fmean(join):.1f}% of the work "
+          f"(per seed {', '.join(f'{x:.1f}' for x in join)}; baseline: the same calibration with join_s 0)")
     return 0
 
 

@@ -10,10 +10,11 @@ Measured (medians over every occurrence):
 
 ``pilot_start_s``      node idle -> pilot usable: the daemon's ``sbatch`` of a pilot to its
                        agent's hello (``pilot_submitted`` -> ``agent_up`` in the event log);
-``cold_start_s``       a fresh worker on a fresh node (the job's start from zero, and each
-                       node a running job grows onto): agent hello -> the first step of the
-                       worker there (process, framework import -- overlapped by the warm
-                       worker --, rendezvous, first step);
+``cold_start_s``       a fresh worker on a fresh node at the job's start from zero: agent
+                       hello -> the first step of the worker there (process, framework
+                       import -- overlapped by the warm worker --, rendezvous, first step);
+``join_s``             the same for the node a running job grows onto (its other nodes train
+                       on meanwhile; the simulator adds the node's work only after this);
 ``restart_s``          the same for a suspended job coming back: agent hello -> first step,
                        its state loaded from the checkpoint rank 0 left on SIGTERM;
 ``rescale_pause_s``    what the workers report as their pause at an ``up`` or ``down`` switch;
@@ -93,7 +94,8 @@ def measure(cluster: SlurmCluster, tmp: Path, rounds: int) -> dict[str, list[flo
     train = (sys.executable, "-m", "malletrain.examples.train", "--model", "linear", "--samples", "1000000000000",
              "--trace", "--step-sleep", f"{STEP_SLEEP_S:g}")
     d = Daemon(cfg)
-    got: dict[str, list[float]] = {"cold_start_s": [], "restart_s": [], "rescale_pause_s": [], "commit_interval_s": []}
+    got: dict[str, list[float]] = {"cold_start_s": [], "restart_s": [], "rescale_pause_s": [], "commit_interval_s": [],
+                                   "join_s": []}
     try:
         jid = d.store.submit(JobSpec("cal", train, 1, len(nodes), False, {1: 100.0, 2: 200.0},
                                      env={"OMP_NUM_THREADS": "1"}))
@@ -124,8 +126,8 @@ def measure(cluster: SlurmCluster, tmp: Path, rounds: int) -> dict[str, list[flo
             t1 = time.time()
             cluster.run(["scancel", p])
             wait_for("rescaled up", lambda: steps_after(logs(), len(nodes), t1) is not None, 120, tick)
-            grown = hello_to_first_step(d, jid, nodes[-1], t1)  # a fresh worker on a fresh node, as at a start
-            got["cold_start_s"].append(grown) if grown is not None else None
+            grown = hello_to_first_step(d, jid, nodes[-1], t1)  # a fresh worker joining a running job
+            got["join_s"].append(grown) if grown is not None else None
             t2 = time.time()
             p = prod(nodes)
             wait_for("job suspended", lambda: not d.runs[jid].members, 120, tick)
@@ -152,9 +154,11 @@ def measure(cluster: SlurmCluster, tmp: Path, rounds: int) -> dict[str, list[flo
 HOW = {
     "pilot_start_s": "node idle -> pilot usable on the Slurm test cluster: the daemon's sbatch of a pilot to its "
                      "agent's authenticated hello (median over every pilot of the run)",
-    "cold_start_s": "a fresh worker on a fresh node (a job starting from zero, or growing onto a returning "
-                    "node): agent hello -> the worker's first step (warm worker: torch imported while the agent "
-                    "says hello; rendezvous; first step), example trainer",
+    "cold_start_s": "a fresh worker on a fresh node, a job starting from zero: agent hello -> the worker's first "
+                    "step (warm worker: torch imported while the agent says hello; rendezvous; first step), "
+                    "example trainer",
+    "join_s": "a running job grows onto a returning node: agent hello -> the first step of the new worker there "
+              "(the job's other nodes train on meanwhile), example trainer",
     "restart_s": "a suspended job back on its nodes: agent hello -> first step, state from the checkpoint its "
                  "rank 0 left on SIGTERM, example trainer",
     "rescale_pause_s": "the pause the workers report at a rescale (up and down) of a running job, 1 <-> 2 nodes",

@@ -18,7 +18,14 @@ with at least :data:`REQUIRED`:
 * ``commit_interval_s``: how often a running job commits a checkpoint (0: after every step,
   nothing is lost).
 
-``free`` (:func:`free`) is the named ablation with no start, restart, pilot or rollback cost
+and optionally (:data:`OPTIONAL`; 0 when a file has none, as files written before it had):
+
+* ``join_s``: a running job grows onto a node: the new node's worker starts (agent hello -> its
+  first step) while the job's other nodes train on; the node adds to the job's throughput only
+  this long after its agent's warm worker began (its pilot's start, or its last worker's exit),
+  then the job pays its rescale pause (the daemon's next generation).
+
+``free`` (:func:`free`) is the named ablation with no start, restart, pilot, join or rollback cost
 (rescale pauses: each job's own, 18 s up / 12 s down by default), what the simulator charged
 before issue 18. Every ``summary.json`` names the calibration it ran with.
 """
@@ -27,7 +34,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import date
 from importlib import resources
 from pathlib import Path
@@ -35,6 +42,7 @@ from typing import Any, Mapping
 
 SCHEMA = 1
 REQUIRED = ("pilot_start_s", "cold_start_s", "restart_s", "rescale_pause_s", "commit_interval_s")
+OPTIONAL = ("join_s",)
 DEFAULT_FILE = "calibration.json"
 FREE = "free"
 
@@ -53,9 +61,10 @@ class Calibration:
     restart_s: float = 0.0
     rescale_pause_s: float | None = None
     commit_interval_s: float = 0.0
+    join_s: float = 0.0
 
     def __post_init__(self) -> None:
-        for key in ("pilot_start_s", "cold_start_s", "restart_s", "commit_interval_s"):
+        for key in ("pilot_start_s", "cold_start_s", "restart_s", "commit_interval_s", "join_s"):
             _check(self.name, key, getattr(self, key))
         if self.rescale_pause_s is not None:
             _check(self.name, "rescale_pause_s", self.rescale_pause_s)
@@ -67,7 +76,7 @@ class Calibration:
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "pilot_start_s": self.pilot_start_s, "cold_start_s": self.cold_start_s,
                 "restart_s": self.restart_s, "rescale_pause_s": self.rescale_pause_s,
-                "commit_interval_s": self.commit_interval_s}
+                "commit_interval_s": self.commit_interval_s, "join_s": self.join_s}
 
 
 def _check(where: str, key: str, value: object) -> None:
@@ -97,7 +106,7 @@ def parse(data: Any, where: str) -> Calibration:
     if missing:
         raise CalibrationError(f"{where}: missing value(s) {', '.join(missing)}")
     got: dict[str, float] = {}
-    for key in REQUIRED:
+    for key in REQUIRED + tuple(k for k in OPTIONAL if k in values):
         entry = values[key]
         if not isinstance(entry, Mapping):
             raise CalibrationError(f"{where}: values.{key} must be an object with 'value', 'unit', 'how', 'when'")
@@ -133,9 +142,7 @@ def load(path: str | Path) -> Calibration:
 
 def default() -> Calibration:
     """The shipped calibration, named ``simulator/calibration.json``."""
-    cal = load(default_path())
-    return Calibration(f"simulator/{DEFAULT_FILE}", cal.pilot_start_s, cal.cold_start_s, cal.restart_s, cal.rescale_pause_s,
-                       cal.commit_interval_s)
+    return replace(load(default_path()), name=f"simulator/{DEFAULT_FILE}")
 
 
 def resolve(spec: str | None) -> Calibration:

@@ -10,16 +10,12 @@ policy's :class:`policy.Ledger`, which the engine feeds with events and which bu
 What stays here is physics and ground truth: a job's progress is its TRUE throughput over time
 minus rescale pauses; a recalled node leaves its job at once (the job pays its scale-down pause
 and shrinks, or stops if the ledger says that left it below its min; the policy then puts it back
-at the front of the queue). Records are in :mod:`simulator.records`, the summary in
-:mod:`simulator.summary`.
+at the front of the queue). Records: :mod:`simulator.records`; summary: :mod:`simulator.summary`.
 
-Costs come from one calibration (:mod:`simulator.calibration`, ``SimConfig.calibration``): a node
-that goes idle is usable only once its pilot runs (``pilot_start_s``); a job's first start holds its
-nodes idle for ``cold_start_s``, a start after any stop for ``restart_s``, and a stop loses the work
-since the job's last checkpoint commit (every ``commit_interval_s`` of running); rescales pause for
-``rescale_pause_s``. The engine's default is the ``free`` ablation (none of these; the jobs' own
-rescale pauses) when ``SimConfig.calibration`` is None; :func:`simulator.simulate` and the CLI
-charge the shipped calibration unless told otherwise.
+Costs come from one calibration (:mod:`simulator.calibration` says what each value charges; a grow
+pays ``join_s`` from when the new node's warm worker began: its pilot's start or its last worker's
+exit). Without ``SimConfig.calibration`` the engine charges the ``free`` ablation;
+:func:`simulator.simulate` and the CLI charge the shipped calibration unless told otherwise.
 """
 
 from __future__ import annotations
@@ -36,7 +32,8 @@ from simulator.clock import EventQueue, Priority, SimClock
 from simulator.monitor import SimJobMonitor
 from simulator.policies import SimPolicy
 from simulator.records import (Arrival, Cancel, Completion, Decide, DecisionRow, End, PilotUp, PolicyError,
-                               SimConfig, SimJob, SimJobState, SimResult, Wake, remove_job)
+                               Joined, SimConfig, SimJob, SimJobState, SimResult, Wake, check_counts,
+                               remove_job)
 from simulator.summary import DecisionStats, Tally, about_replay, replay_summary
 from simulator.workload import JobSpec, Workload
 from traces.model import EventBatch, IdleTimeline
@@ -77,22 +74,19 @@ class Simulator:
         self.events: EventQueue[object] = EventQueue()
         self._progress = progress
         self._free_pause = policy.free_rescales
-        # what the simulated monitor measures: rates when the policy learns or profiles, costs when
-        # the policy reads measured costs
+        # the simulated monitor measures rates if the policy learns or profiles, costs if it reads them
         self._want_rates = self.pcfg.learn or self.pcfg.profiling.value != "never"
         self._want_costs = self.pcfg.rescale_costs.value == "measured" and self.pcfg.allocation.value == "milp"
-        # what the driver observed (idle nodes and since when, which job runs on which node, idle
-        # fragments, interruptions, work left): the policy's ledger, which builds the View
-        self.ledger = Ledger()
+        self.ledger = Ledger()  # what the driver observed (nodes, who runs where, work left): builds the View
         self.cal = config.calibration if config.calibration is not None else free()
+        self._left: dict[str, float] = {}  # node -> when its last worker left it (its agent warms a new one)
         self.jobs: dict[str, SimJob] = {}
         self.admitted: list[SimJob] = []
         self._capacity: int | None = None  # absorb_capacity() of the admitted list (None: not known)
         self.queue: list[SimJob] = []  # submitted, not admitted (FCFS order is the policy's business)
         self._stream_done = False
         self._batches: Iterator[EventBatch] | None = None
-        # accounting
-        self._last_t = self.start
+        self._last_t = self.start  # accounting
         self.tally = Tally()
         self.rows: list[DecisionRow] = []
         self.decision_ms: list[float] = []
@@ -177,6 +171,8 @@ class Simulator:
                 changed |= self._cancel(ev.job_id, t)
             elif isinstance(ev, PilotUp):
                 changed |= self._pilots_up(ev)
+            elif isinstance(ev, Joined):
+                changed |= self._joined(self.jobs[ev.job_id], t)
             elif isinstance(ev, Decide):
                 self._decide_scheduled = False
             elif isinstance(ev, Wake):
@@ -187,9 +183,7 @@ class Simulator:
         return changed, False
 
     def _push_next_batch(self) -> None:
-        if self._batches is None:
-            return
-        batch = next(self._batches, None)
+        batch = None if self._batches is None else next(self._batches, None)
         if batch is None or batch.time >= self.end:
             self._batches = None
             return
@@ -219,8 +213,8 @@ class Simulator:
             self._last_t = t
 
     def absorb_capacity(self) -> int:
-        """Nodes the admitted jobs could hold at once: the sum of their max nodes."""
-        # asked at every event; the admitted list changes only at decisions, completions, cancels
+        """Nodes the admitted jobs could hold at once: the sum of their max nodes (kept: asked at every
+        event; the admitted list changes only at decisions, completions, cancels)."""
         if self._capacity is None:
             self._capacity = sum(j.spec.max_nodes for j in self.admitted)
         return self._capacity
@@ -256,7 +250,7 @@ class Simulator:
             job.commit(last, t, self.cal.commit_interval_s)
             job.progress = min(job.spec.samples, job.progress + samples)
             job.paused_seconds += dt - work
-            job.paused_node_seconds += n * (dt - work)
+            job.paused_node_seconds += n * (dt - work) + len(job.joining) * work  # joining: idle nodes
             job.node_seconds += n * dt
             if job.id in self._profiling:
                 job.profiling_node_seconds += n * dt
@@ -316,7 +310,7 @@ class Simulator:
                 self._advance(self.jobs[job_id], t)  # account the interval before the node leaves
                 hit.add(job_id)
         for loss in ledger.lost(batch.recalled, t):
-            self._recalled(self.jobs[loss.job], loss.stopped, t)
+            self._recalled(self.jobs[loss.job], loss.stopped, loss.lost, t)
 
     def _pilots_up(self, ev: PilotUp) -> bool:
         """The pilots submitted at ``ev.since`` run: their nodes still idle since then become usable."""
@@ -324,14 +318,14 @@ class Simulator:
         up = [n for n in ev.nodes if ledger.idle_since(n) == ev.since and not ledger.is_usable(n)]
         return ledger.usable(up, ev.since) > 0
 
-    def _recalled(self, job: SimJob, stopped: bool, t: float) -> None:
-        """Nodes left ``job`` without notice: pay the down pause and shrink, or stop if that left it below
-        its min (the ledger's rule; it freed the job's other nodes, the policy re-queues it)."""
+    def _recalled(self, job: SimJob, stopped: bool, lost: tuple[str, ...], t: float) -> None:
+        """``lost`` left ``job`` without notice: pay the down pause and shrink (no pause if none had joined
+        yet), or stop if that left it below its min (the ledger's rule; the policy re-queues it)."""
         if stopped:
             job.stopped()
             self._roll_back(job)
             self.tally.stops += 1
-        else:
+        elif not job.joining.issuperset(lost):
             self.tally.rescales += 1
             self._step_rescales += 1
             self._pause(job, t, job.spec.down_cost_s)
@@ -345,6 +339,7 @@ class Simulator:
         job.progress = job.spec.samples
         job.finished_at = t
         job.state = SimJobState.DONE
+        self._left.update(dict.fromkeys(self.ledger.nodes_of(job.id), t))
         self.ledger.ended(job.id)
         job.stopped()
         remove_job(self.admitted, job)
@@ -368,6 +363,7 @@ class Simulator:
             self._capacity = None
         else:
             remove_job(self.queue, job)
+        self._left.update(dict.fromkeys(self.ledger.nodes_of(job.id), t))
         self.ledger.ended(job.id)
         job.state = SimJobState.CANCELLED
         job.monitor = None
@@ -380,12 +376,28 @@ class Simulator:
     def _changed(self, job: SimJob, t: float) -> None:
         job.version += 1
         n = self.ledger.count(job.id)
+        held = self.ledger.nodes_of(job.id)
+        self._left.update(dict.fromkeys(set(job.held).difference(held), t))
+        job.held = held
+        if job.joining:  # nodes whose workers are still starting add nothing yet
+            job.joining.intersection_update(self.ledger.nodes_of(job.id))
+            n -= len(job.joining)
         job.rate = throughput_at(job.spec.scaling, n)
         job.history.append((t, job.progress, n, job.paused_until))
         if job.monitor is not None:
             job.monitor.change(t, job.last_n, n, max(t, job.paused_until))
         job.last_n = n
         self._dirty.add(job.id)
+
+    def _joined(self, job: SimJob, t: float) -> bool:
+        """The workers on the nodes ``job`` grew onto are ready: they join, the job pays its up pause."""
+        if t != job.join_at or not job.joining or job.state is not SimJobState.ADMITTED:
+            return False  # a later grow moved the join, or the job lost those nodes or stopped
+        self._advance(job, t)
+        job.joining.clear()
+        self._pause(job, t, job.spec.up_cost_s)
+        self._changed(job, t)
+        return True
 
     # ------------------------------------------------------------ decisions
 
@@ -499,7 +511,7 @@ class Simulator:
             old = ledger.nodes_of(job.id)
             if len(new) == len(old) and (new == ledger.job(job.id).nodes or set(new) == set(old)):
                 continue  # its nodes (sorted, as the policy saw them), or the same set
-            self._check_counts(name, job, new)
+            check_counts(name, job, new)
             changed = True
             if len(new) > len(old):
                 if not set(old) <= set(new):
@@ -512,17 +524,6 @@ class Simulator:
         for job, new in growing:
             self._grow(name, job, new, t)
         return changed
-
-    @staticmethod
-    def _check_counts(name: str, job: SimJob, new: tuple[str, ...]) -> None:
-        n = len(new)
-        if len(set(new)) != n:
-            raise PolicyError(f"policy {name}: job {job.id} is given a node twice")
-        if n and not (job.spec.min_nodes <= n <= job.spec.max_nodes):
-            raise PolicyError(
-                f"policy {name}: job {job.id} given {n} nodes, outside "
-                f"{job.spec.min_nodes}..{job.spec.max_nodes}"
-            )
 
     def _shrink(self, job: SimJob, new: tuple[str, ...], t: float) -> None:
         self.ledger.placed(job.id, new, t)
@@ -537,21 +538,26 @@ class Simulator:
 
     def _grow(self, name: str, job: SimJob, new: tuple[str, ...], t: float) -> None:
         old = self.ledger.nodes_of(job.id)
-        have = set(old)
+        added = tuple(node for node in new if node not in set(old))
         try:  # the nodes it kept first, in its order, then the new ones
-            self.ledger.placed(job.id, old + tuple(node for node in new if node not in have), t)
+            self.ledger.placed(job.id, old + added, t)
         except LedgerError as exc:
             raise PolicyError(f"policy {name}: {exc}") from None
         started = not old
         if job.id in self._profiling:
             job.profiled = True
             job.profiling_scale_ups += 1
-        if started:
-            self.tally.starts += 1
-        else:
-            self.tally.rescales += 1
-            self._step_rescales += 1
-        if not started or self.config.charge_start:
+        self.tally.starts += started
+        self.tally.rescales += not started
+        self._step_rescales += not started
+        warm = [max(s + self.cal.pilot_start_s, self._left.get(n, s)) for n in added  # the agent's warm
+                if (s := self.ledger.idle_since(n)) is not None]  # worker imports from then on
+        ready = max(warm, default=t) + self.cal.join_s
+        if not started and (ready > t or job.joining):  # the others train on until every new worker is ready
+            job.join_at = max(job.join_at if job.joining else t, ready)
+            job.joining.update(added)
+            self.events.push(job.join_at, Priority.TRACE, Joined(job.id))
+        elif not started or self.config.charge_start:
             self._pause(job, t, job.spec.up_cost_s)
         if started:
             self._start(job, t)

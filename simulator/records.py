@@ -55,6 +55,9 @@ class SimJob:
     user_curve: Mapping[int, float] | None = None  # what the user told the policy (ground truth's doing)
     monitor: SimJobMonitor | None = None
     last_n: int = 0  # node count at the last change (for the monitor)
+    held: tuple[str, ...] = ()  # its nodes at its last change
+    joining: set[str] = field(default_factory=set)  # nodes it grew onto whose workers are not ready yet
+    join_at: float = -math.inf  # when they are (the last grow's time + the calibration's join_s)
     # profiling accounting: every node-second the job holds while its profile runs, the part of it
     # lost to rescale pauses, the samples those pauses cost, and the scale-ups it went through while
     # profiling (inverse order: exactly 1)
@@ -123,6 +126,13 @@ class PilotUp:
 
     nodes: tuple[str, ...]
     since: float
+
+
+@dataclass(frozen=True)
+class Joined:
+    """The workers on the nodes ``job_id`` grew onto may be ready (if no later grow moved its ``join_at``)."""
+
+    job_id: str
 
 
 @dataclass(frozen=True)
@@ -204,3 +214,13 @@ def remove_job(jobs: list[SimJob], job: SimJob) -> None:
             del jobs[i]
             return
     raise ValueError(f"job {job.id} is not in the list")
+
+
+def check_counts(name: str, job: SimJob, new: tuple[str, ...]) -> None:
+    """Policy ``name`` gives ``job`` the nodes ``new``: each once, within the job's min..max (or none)."""
+    n = len(new)
+    if len(set(new)) != n:
+        raise PolicyError(f"policy {name}: job {job.id} is given a node twice")
+    if n and not (job.spec.min_nodes <= n <= job.spec.max_nodes):
+        raise PolicyError(f"policy {name}: job {job.id} given {n} nodes, outside "
+                          f"{job.spec.min_nodes}..{job.spec.max_nodes}")

@@ -72,6 +72,59 @@ def test_a_calibrated_rescale_pause_replaces_the_jobs_own():
     assert res.summary["samples_processed"] == pytest.approx(10.0 * 50.0 + 20.0 * 46.0)
 
 
+def test_a_grown_node_adds_its_work_only_after_the_join_delay():
+    """The daemon publishes a new member once its worker is ready: the old nodes train on for join_s,
+    then the job pays its up pause and trains on all (issue 18: the grow's cost the engine missed)."""
+    tl = timeline(["n1", "n2"], ["n1"], [(50.0, "n2", True)], end=100.0)
+    cal = Calibration("t", rescale_pause_s=4.0, join_s=10.0)
+    res = run(tl, [job(max_nodes=2)], cal)
+    # 1 node 0-60 (n2 held from 50, its worker starting), 4 s pause, 2 nodes 64-100
+    assert res.summary["samples_processed"] == pytest.approx(10.0 * 60.0 + 20.0 * 36.0)
+    assert res.summary["held_node_seconds"] == pytest.approx(100.0 + 50.0)
+    # trained (held and not paused): n2's 10 s of join and both nodes' 4 s pause are not
+    assert res.summary["trained_node_seconds"] == pytest.approx(150.0 - 10.0 - 2 * 4.0)
+    history = [(t, n) for t, _, n, _ in res.jobs[0].history]
+    assert (50.0, 1) in history and (60.0, 2) in history
+    assert res.summary["calibration_values"]["join_s"] == 10.0
+
+
+def test_a_second_grow_before_the_join_moves_it_and_a_recall_drops_the_joining_node():
+    # n2 back at 50, n3 at 55: both join at 65 (the daemon waits until every joining worker is ready)
+    tl = timeline(["n1", "n2", "n3"], ["n1"], [(50.0, "n2", True), (55.0, "n3", True)], end=100.0)
+    res = run(tl, [job(max_nodes=3, scaling={1: 10.0, 2: 20.0, 3: 30.0})], Calibration("t", rescale_pause_s=0.0,
+                                                                                       join_s=10.0))
+    assert res.summary["samples_processed"] == pytest.approx(10.0 * 65.0 + 30.0 * 35.0)
+    # n2 recalled at 55, before its worker joined: the job never trained on it, and no member left (no pause)
+    tl = timeline(["n1", "n2"], ["n1"], [(50.0, "n2", True), (55.0, "n2", False)], end=100.0)
+    res = run(tl, [job(max_nodes=2)], Calibration("t", rescale_pause_s=4.0, join_s=10.0))
+    assert res.summary["samples_processed"] == pytest.approx(10.0 * 100.0)
+    assert res.jobs[0].history[-1][2] == 1
+
+
+def test_a_node_whose_warm_worker_is_ready_joins_at_once_and_a_handed_over_one_waits():
+    """The agent warms a worker from its pilot's start, and again after a worker leaves: a grow onto a
+    node whose warm worker has had join_s costs only the pause; onto a node a job just left, join_s."""
+    cal = Calibration("t", rescale_pause_s=0.0, join_s=10.0)
+    # b (max 1 node) ends at 20 s; a grows onto its node then, whose new warm worker is ready at 30
+    specs = [job("b", samples=200.0, max_nodes=1), job("a", max_nodes=2)]
+    res = run(timeline(["n1", "n2"], ["n1", "n2"], end=100.0), specs, cal)
+    a = next(j for j in res.jobs if j.spec.name == "a")
+    assert a.progress == pytest.approx(10.0 * 30.0 + 20.0 * 70.0)
+    # n2 ours from 5 s; decisions at most every 30 s: a grows onto it at 30, its worker warm since 15
+    tl = timeline(["n1", "n2"], ["n1"], [(5.0, "n2", True)], end=100.0)
+    specs = [job(max_nodes=2)]
+    config = SimConfig(calibration=cal, min_interval_s=30.0)
+    warm = Simulator(tl, workload(*specs), named("greedy", specs), config).run()
+    assert warm.summary["samples_processed"] == pytest.approx(10.0 * 30.0 + 20.0 * 70.0)
+
+
+def test_the_free_calibration_and_files_without_join_s_charge_no_join():
+    tl = timeline(["n1", "n2"], ["n1"], [(50.0, "n2", True)], end=100.0)
+    res = run(tl, [job(max_nodes=2, up_cost_s=5.0)], free())
+    assert free().join_s == 0.0 and res.summary["samples_processed"] == pytest.approx(10.0 * 50.0 + 20.0 * 45.0)
+    assert default().join_s > 0  # the shipped file charges it
+
+
 def test_a_recall_before_the_pilot_runs_leaves_the_node_unused():
     tl = timeline(["n1"], [], [(10.0, "n1", True), (11.0, "n1", False)], end=100.0)
     res = run(tl, [job(max_nodes=1)], Calibration("t", pilot_start_s=2.0))
@@ -98,3 +151,11 @@ def test_a_calibration_file_is_read_and_bad_ones_are_named(tmp_path):
     with pytest.raises(CalibrationError, match="when"):
         load(_write(tmp_path, {**good, "pilot_start_s": {**_entry(1.0), "when": "yesterday"}}))
     assert load("free").is_free
+
+
+def test_join_s_is_optional_in_a_file_and_checked_when_there(tmp_path):
+    good = {k: _entry(1.0) for k in REQUIRED}
+    assert load(_write(tmp_path, good)).join_s == 0.0  # a file written before it: no join delay
+    assert load(_write(tmp_path, {**good, "join_s": _entry(7.0)})).join_s == 7.0
+    with pytest.raises(CalibrationError, match="values.join_s.*>= 0"):
+        load(_write(tmp_path, {**good, "join_s": _entry(-1.0)}))
