@@ -172,7 +172,11 @@ def test_torch_job_survives_a_stop_and_a_kill_9_while_suspended(tmp_path: Path) 
         trained = max(s["samples"] for p in first for s in _steps(p))
         rec, _ = record(jid)
         assert rec.state is JobState.SUSPENDED and rec.message == "daemon stopped"
-        assert rec.samples >= trained, (rec.samples, trained)  # every report of every trained step stored
+        # every report of every committed step is stored; the last step printed may have been caught by the stop
+        # between its report and its commit (the script sleeps there): rolled back, its report dropped, and
+        # trained again after the restart (step 3: the fresh workers start at last_step or after)
+        per_step = trained // last_step  # min = max = 2 nodes: every step the same global batch
+        assert trained - per_step <= rec.samples <= trained, (rec.samples, trained, per_step)
         ckpt = state / "checkpoints" / f"{jid}.ckpt"
         assert ckpt.exists() and stat.S_IMODE(ckpt.stat().st_mode) == 0o600
         assert stat.S_IMODE((state / "checkpoints").stat().st_mode) == 0o700
