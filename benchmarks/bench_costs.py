@@ -6,7 +6,9 @@ Replays ``malletrain`` twice per seed, paired: with the shipped calibration
 (simulator/calibration.json: pilot start, cold start, restart with rollback, rescale pause) and
 with the ``free`` ablation (what the simulator charged before issue 18); prints the share of the
 work the costs take, the mean and per seed; then the share the grow's join (``join_s``) alone takes:
-the shipped calibration against the same with ``join_s`` 0.
+the shipped calibration against the same with ``join_s`` 0; then what warm starts save
+(``warm_start_s``: a start or restart on nodes whose warm workers are ready): the same calibration
+without it (every start pays its full figure) against the shipped one.
 """
 
 from __future__ import annotations
@@ -45,7 +47,9 @@ def main() -> int:
     start = tl.start + args.start_h * 3600.0
     tl = restrict(tl, args.nodes, start, start + args.hours * 3600.0)
     work = {}
-    for name, cal in (("charged", default()), ("free", free()), ("no join", replace(default(), join_s=0.0))):
+    cals = (("charged", default()), ("free", free()), ("no join", replace(default(), join_s=0.0)),
+            ("no warm", replace(default(), warm_start_s=None)))
+    for name, cal in cals:
         work[name] = [simulate(tl, "malletrain", "philly", seed=k, config=SimConfig(calibration=cal),
                                overrides=Overrides(objective="work"), offered_load=args.load)
                       .summary["work_node_seconds"] for k in range(args.seeds)]
@@ -56,6 +60,9 @@ def main() -> int:
     join = [100.0 * (1.0 - c / n) for c, n in zip(work["charged"], work["no join"])]
     print(f"of which the grow's join ({default().join_s:g} s) costs {statistics.fmean(join):.1f}% of the work "
           f"(per seed {', '.join(f'{x:.1f}' for x in join)}; baseline: the same calibration with join_s 0)")
+    warm = [100.0 * (c / n - 1.0) for c, n in zip(work["charged"], work["no warm"])]
+    print(f"warm starts ({default().warm_start_s:g} s on ready nodes) add {statistics.fmean(warm):.1f}% to the work "
+          f"(per seed {', '.join(f'{x:.1f}' for x in warm)}; baseline: the same calibration without warm_start_s)")
     return 0
 
 

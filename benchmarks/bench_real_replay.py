@@ -41,7 +41,7 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -202,10 +202,23 @@ def load_calibration(path: Path | None) -> dict[str, float]:
     return {k: float(v["value"]) for k, v in data.get("values", {}).items()}
 
 
+def warmed(tl: IdleTimeline, warmup: float) -> IdleTimeline:
+    """``tl`` with ``warmup`` seconds of its initial state before it (its events ``warmup`` s later)."""
+    return IdleTimeline.from_arrays(
+        source=f"{tl.source} + {warmup:g} s warm-up", format=tl.format, nodes=tl.nodes, start=tl.start,
+        end=tl.end + warmup, initial_idle=np.array([n in tl.initial_idle for n in tl.nodes], dtype=bool),
+        times=tl.times + warmup, node_ids=tl.node_ids, idle=tl.idle,
+    )
+
+
 def simulator_predicts(tl: IdleTimeline, n_jobs: int, max_nodes: int, calibration: Path | None,
-                       tmp: Path) -> float:
+                       tmp: Path, warmup: float = 0.0) -> float:
     """The simulator's trained node-seconds for the replayed window and jobs: the one place this
     bench calls the simulator (its public API).
+
+    ``warmup`` > 0 replays, as the real run does, that long of the window's initial state first (the
+    jobs start on the initially idle nodes before the window opens) and counts the window only: the
+    trained node-seconds to the window's end less those to its start (the engine is deterministic).
 
     The jobs are the trainer's (linear throughput, never finishing in the window). A simulator
     that charges a calibration file (``simulator.calibration``, ``SimConfig.calibration``) is given
@@ -229,7 +242,16 @@ def simulator_predicts(tl: IdleTimeline, n_jobs: int, max_nodes: int, calibratio
         config = SimConfig(calibration=load(calibration))  # type: ignore[call-arg]
     else:
         config = SimConfig(charge_start=True)
-    summary = simulate(tl, policy="malletrain", workload=str(path), config=config).summary
+    if warmup <= 0:
+        return _trained(simulate(tl, policy="malletrain", workload=str(path), config=config).summary)
+    longer = warmed(tl, warmup)
+    ends = [replace(config, end=longer.start + warmup), replace(config, end=longer.end)]
+    before, through = (_trained(simulate(longer, policy="malletrain", workload=str(path), config=c).summary)
+                       for c in ends)
+    return through - before
+
+
+def _trained(summary: dict) -> float:
     return float(summary.get("trained_node_seconds", summary["productive_node_seconds"]))
 
 
@@ -296,13 +318,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="which nodes of the log: random by idle time (default) or the most state changes")
     ap.add_argument("--seed", type=int, default=0, help="seed of --pick random")
     ap.add_argument("--warmup", type=float, default=120.0, help="at most this long for the daemon's jobs to train")
+    ap.add_argument("--sim-warmup", type=float, default=120.0,
+                    help="the simulator replays this long of the window's initial state first, as the real run's "
+                         "warm-up (0: its jobs start when the window opens)")
     ap.add_argument("--calibration", type=Path, default=DEFAULT_CALIBRATION,
                     help="the calibration file the simulator is given (default: simulator/calibration.json)")
     ap.add_argument("--simulate-only", action="store_true",
                     help="no Slurm: print the window's idle node-s and the simulator's prediction only")
     args = ap.parse_args(argv)
-    if args.nodes < 1 or args.jobs < 1 or args.duration <= 0 or args.compress <= 0:
-        ap.error("--nodes and --jobs must be >= 1, --duration and --compress > 0")
+    if args.nodes < 1 or args.jobs < 1 or args.duration <= 0 or args.compress <= 0 or args.sim_warmup < 0:
+        ap.error("--nodes and --jobs must be >= 1, --duration and --compress > 0, --sim-warmup >= 0")
     full = read(args.trace)
     lo = full.start + args.start
     tl = full.window(lo, min(lo + args.duration, full.end))
@@ -310,7 +335,8 @@ def main(argv: list[str] | None = None) -> int:
         picked = pick_nodes(tl, args.nodes, args.pick, args.seed)
         window = compressed(tl, picked, tuple(f"node{i + 1}" for i in range(args.nodes)), args.compress)
         with tempfile.TemporaryDirectory(prefix="mt-real-replay-") as tmpdir:
-            predicted = simulator_predicts(window, args.jobs, args.nodes, args.calibration, Path(tmpdir))
+            predicted = simulator_predicts(window, args.jobs, args.nodes, args.calibration, Path(tmpdir),
+                                           args.sim_warmup)
         print(f"window: nodes {', '.join(picked)}; idle {window.idle_node_seconds():.0f} node-s; "
               f"simulator predicts {predicted:.0f} (calibration {args.calibration})")
         return 0
@@ -335,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
             cluster.cancel_all()
             print(f"control: prod start delay median {statistics.median(control.values()):.2f} s", flush=True)
             _, with_d, held, trained = daemon_replay(cluster, tmp, jobs, span, busy0, args.jobs, args.warmup)
-            predicted = simulator_predicts(window, args.jobs, args.nodes, args.calibration, tmp)
+            predicted = simulator_predicts(window, args.jobs, args.nodes, args.calibration, tmp, args.sim_warmup)
     finally:
         cluster.stop()
     extra = [with_d[k] - control[k] for k in control if k in with_d]

@@ -23,7 +23,11 @@ and optionally (:data:`OPTIONAL`; 0 when a file has none, as files written befor
 * ``join_s``: a running job grows onto a node: the new node's worker starts (agent hello -> its
   first step) while the job's other nodes train on; the node adds to the job's throughput only
   this long after its agent's warm worker began (its pilot's start, or its last worker's exit),
-  then the job pays its rescale pause (the daemon's next generation).
+  then the job pays its rescale pause (the daemon's next generation);
+* ``warm_start_s``: a job's start or restart on nodes whose warm workers are ready (imported): the
+  daemon's decision -> its first step (a restart adds ``restart_s - cold_start_s``, the checkpoint's
+  load); a node whose warm worker is still importing makes the job wait for it
+  (:func:`simulator.costs.start_ends`). A file without it charges every start its full figure.
 
 ``free`` (:func:`free`) is the named ablation with no start, restart, pilot, join or rollback cost
 (rescale pauses: each job's own, 18 s up / 12 s down by default), what the simulator charged
@@ -42,7 +46,7 @@ from typing import Any, Mapping
 
 SCHEMA = 1
 REQUIRED = ("pilot_start_s", "cold_start_s", "restart_s", "rescale_pause_s", "commit_interval_s")
-OPTIONAL = ("join_s",)
+OPTIONAL = ("join_s", "warm_start_s")
 DEFAULT_FILE = "calibration.json"
 FREE = "free"
 
@@ -62,12 +66,15 @@ class Calibration:
     rescale_pause_s: float | None = None
     commit_interval_s: float = 0.0
     join_s: float = 0.0
+    warm_start_s: float | None = None  # None: no warm discount (every start pays its full figure)
 
     def __post_init__(self) -> None:
         for key in ("pilot_start_s", "cold_start_s", "restart_s", "commit_interval_s", "join_s"):
             _check(self.name, key, getattr(self, key))
         if self.rescale_pause_s is not None:
             _check(self.name, "rescale_pause_s", self.rescale_pause_s)
+        if self.warm_start_s is not None:
+            _check(self.name, "warm_start_s", self.warm_start_s)
 
     @property
     def is_free(self) -> bool:
@@ -76,7 +83,8 @@ class Calibration:
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "pilot_start_s": self.pilot_start_s, "cold_start_s": self.cold_start_s,
                 "restart_s": self.restart_s, "rescale_pause_s": self.rescale_pause_s,
-                "commit_interval_s": self.commit_interval_s, "join_s": self.join_s}
+                "commit_interval_s": self.commit_interval_s, "join_s": self.join_s,
+                "warm_start_s": self.warm_start_s}
 
 
 def _check(where: str, key: str, value: object) -> None:

@@ -12,10 +12,8 @@ minus rescale pauses; a recalled node leaves its job at once (the job pays its s
 and shrinks, or stops if the ledger says that left it below its min; the policy then puts it back
 at the front of the queue). Records: :mod:`simulator.records`; summary: :mod:`simulator.summary`.
 
-Costs come from one calibration (:mod:`simulator.calibration` says what each value charges; a grow
-pays ``join_s`` from when the new node's warm worker began: its pilot's start or its last worker's
-exit). Without ``SimConfig.calibration`` the engine charges the ``free`` ablation;
-:func:`simulator.simulate` and the CLI charge the shipped calibration unless told otherwise.
+Costs: one calibration (:mod:`simulator.calibration`; starts and grows by :mod:`simulator.costs`'s warm
+rule); without ``SimConfig.calibration`` the ``free`` ablation (the CLI charges the shipped file).
 """
 
 from __future__ import annotations
@@ -29,6 +27,7 @@ from curves import throughput_at
 from policy import Decision, EventKind, JobEvidence, JobView, Ledger, LedgerError, View
 from simulator.calibration import free
 from simulator.clock import EventQueue, Priority, SimClock
+from simulator.costs import join_ready, start_ends, warm_began
 from simulator.monitor import SimJobMonitor
 from simulator.policies import SimPolicy
 from simulator.records import (Arrival, Cancel, Completion, Decide, DecisionRow, End, PilotUp, PolicyError,
@@ -550,9 +549,7 @@ class Simulator:
         self.tally.starts += started
         self.tally.rescales += not started
         self._step_rescales += not started
-        warm = [max(s + self.cal.pilot_start_s, self._left.get(n, s)) for n in added  # the agent's warm
-                if (s := self.ledger.idle_since(n)) is not None]  # worker imports from then on
-        ready = max(warm, default=t) + self.cal.join_s
+        ready = join_ready(self.cal, self._warm_began(added), t)
         if not started and (ready > t or job.joining):  # the others train on until every new worker is ready
             job.join_at = max(job.join_at if job.joining else t, ready)
             job.joining.update(added)
@@ -560,19 +557,22 @@ class Simulator:
         elif not started or self.config.charge_start:
             self._pause(job, t, job.spec.up_cost_s)
         if started:
-            self._start(job, t)
+            self._start(job, t, self._warm_began(added))
         self._changed(job, t)
 
-    def _start(self, job: SimJob, t: float) -> None:
-        """A start from zero nodes: a cold start the first time, a restart (from the last commit) after."""
-        cost = self.cal.restart_s if job.runs else self.cal.cold_start_s
-        if job.runs:
-            self.tally.restarts += 1
-        else:
-            self.tally.cold_starts += 1
+    def _warm_began(self, nodes: tuple[str, ...]) -> list[float]:
+        """When each node's agent began warming the worker a job gets there (:mod:`simulator.costs`)."""
+        return [warm_began(s, self.cal.pilot_start_s, self._left.get(n)) for n in nodes
+                if (s := self.ledger.idle_since(n)) is not None]
+
+    def _start(self, job: SimJob, t: float, warm: list[float]) -> None:
+        """A start from zero nodes (a restart from the last commit if it ran before), charged by the warm rule."""
+        ends = start_ends(self.cal, t, warm, restart=job.runs > 0)
+        self.tally.restarts += job.runs > 0
+        self.tally.cold_starts += job.runs == 0
         job.runs += 1
-        if cost > 0:  # charged even for the oracle: free rescales, not free starts
-            job.paused_until = max(job.paused_until, t + cost)
+        if ends > t:  # charged even for the oracle: free rescales, not free starts
+            job.paused_until = max(job.paused_until, ends)
         self.tally.start_paused_node_seconds += self.ledger.count(job.id) * max(0.0, job.paused_until - t)
         job.run_since = max(t, job.paused_until)
         job.committed = job.progress

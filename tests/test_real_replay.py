@@ -91,3 +91,25 @@ def test_calibration_values_are_read_by_name(rr, tmp_path: Path) -> None:  # typ
     path.write_text(json.dumps({"schema": 1, "values": {"cold_start_s": {"value": 2.5, "unit": "s"}}}))
     assert rr.load_calibration(path) == {"cold_start_s": 2.5}
     assert rr.load_calibration(tmp_path / "none.json") == {}
+
+
+def test_warmed_puts_the_initial_state_before_the_window(rr) -> None:  # type: ignore[no-untyped-def]
+    w = rr.warmed(rr.compressed(timeline(), ["a", "c"], ("node1", "node2"), 10.0), 40.0)
+    assert w.start == 0.0 and w.end == 70.0 and w.initial_idle == frozenset({"node2"})
+    assert [(e.time, e.node, e.idle) for e in w.events()] == [
+        (45.0, "node2", False), (50.0, "node1", True), (60.0, "node1", False)]
+
+
+def test_the_simulator_side_warms_up_like_the_real_run(rr, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The real run's jobs train on the initially idle nodes before the window opens: with a warm-up the
+    simulator's window holds no pilot or cold start, and only the window's node-seconds count."""
+    values = {k: {"value": v, "unit": "s", "how": "test", "when": "2026-11-26", "command": "none"}
+              for k, v in (("pilot_start_s", 2.0), ("cold_start_s", 10.0), ("restart_s", 10.0),
+                           ("rescale_pause_s", 0.0), ("commit_interval_s", 0.0))}
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps({"schema": 1, "values": values}))
+    one = IdleTimeline.from_arrays(source="t", format="nodes-csv", nodes=("node1",), start=0.0, end=100.0,
+                                   initial_idle=np.array([True]), times=np.array([]),
+                                   node_ids=np.array([], dtype=np.int64), idle=np.array([], dtype=bool))
+    assert rr.simulator_predicts(one, 1, 1, cal, tmp_path) == pytest.approx(100.0 - 2.0 - 10.0)
+    assert rr.simulator_predicts(one, 1, 1, cal, tmp_path, warmup=50.0) == pytest.approx(100.0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -123,6 +124,52 @@ def test_the_free_calibration_and_files_without_join_s_charge_no_join():
     res = run(tl, [job(max_nodes=2, up_cost_s=5.0)], free())
     assert free().join_s == 0.0 and res.summary["samples_processed"] == pytest.approx(10.0 * 50.0 + 20.0 * 45.0)
     assert default().join_s > 0  # the shipped file charges it
+
+
+WARM = Calibration("t", pilot_start_s=2.0, cold_start_s=10.0, restart_s=20.0, commit_interval_s=50.0,
+                   warm_start_s=1.0)
+
+
+def test_a_start_on_nodes_whose_warm_workers_are_ready_costs_the_warm_figure():
+    """The agent's warm worker imports from the pilot's start (2 s): a job arriving at 50 s starts at once
+    (1 s), one arriving at 5 s waits for the import (ready at 2 + 10 s), not the full 10 s from its start."""
+    tl = timeline(["n1", "n2"], ["n1", "n2"], end=100.0)
+    assert run(tl, [job(max_nodes=2, arrival=50.0)], WARM).summary["samples_processed"] == pytest.approx(20.0 * 49.0)
+    assert run(tl, [job(max_nodes=2, arrival=5.0)], WARM).summary["samples_processed"] == pytest.approx(20.0 * 88.0)
+    cold = replace(WARM, warm_start_s=None)  # a file without warm_start_s: the full figure from the start
+    assert run(tl, [job(max_nodes=2, arrival=50.0)], cold).summary["samples_processed"] == pytest.approx(20.0 * 40.0)
+
+
+def test_a_restart_on_a_warm_node_pays_the_warm_figure_plus_the_load_and_on_a_fresh_one_all_of_it():
+    cal = replace(WARM, pilot_start_s=0.0)
+    # n1 recalled at 130: the job restarts on n2, ours (and warm) since 0: 1 s + the load (20 - 10 s)
+    res = run(timeline(["n1", "n2"], ["n1", "n2"], [(130.0, "n1", False)], end=300.0), [job(max_nodes=1)], cal)
+    assert res.summary["restarts"] == 1 and res.jobs[0].history[-1][:3] == (130.0, 1000.0, 1)
+    assert res.summary["samples_processed"] == pytest.approx(10.0 * (100.0 + 300.0 - 141.0))
+    # both recalled, n1 back at 140: its warm worker begins then, so the restart pays all 20 s
+    tl = timeline(["n1", "n2"], ["n1", "n2"], [(130.0, "n1", False), (130.0, "n2", False), (140.0, "n1", True)],
+                  end=300.0)
+    res = run(tl, [job(max_nodes=1)], cal)
+    assert res.summary["samples_processed"] == pytest.approx(10.0 * (100.0 + 300.0 - 160.0))
+
+
+def test_a_start_on_a_node_a_worker_just_left_waits_for_the_new_warm_worker():
+    # b ends at 30 (10 s start + 200 samples); a takes n1 then, whose agent warms a new worker from 30
+    cal = replace(WARM, pilot_start_s=0.0)
+    res = run(timeline(["n1"], ["n1"], end=100.0), [job("b", samples=200.0, max_nodes=1), job("a", max_nodes=1)], cal)
+    a = next(j for j in res.jobs if j.spec.name == "a")
+    assert a.progress == pytest.approx(10.0 * (100.0 - 40.0))
+
+
+def test_warm_start_s_is_optional_in_a_file_and_the_shipped_one_has_it(tmp_path):
+    good = {k: _entry(1.0) for k in REQUIRED}
+    assert load(_write(tmp_path, good)).warm_start_s is None
+    assert load(_write(tmp_path, {**good, "warm_start_s": _entry(0.25)})).warm_start_s == 0.25
+    with pytest.raises(CalibrationError, match="values.warm_start_s.*>= 0"):
+        load(_write(tmp_path, {**good, "warm_start_s": _entry(-1.0)}))
+    shipped = default()
+    assert shipped.warm_start_s is not None and 0 < shipped.warm_start_s < shipped.cold_start_s
+    assert free().warm_start_s is None
 
 
 def test_a_recall_before_the_pilot_runs_leaves_the_node_unused():
