@@ -524,3 +524,17 @@ def test_daemon_view_is_its_trainers_ledger_a_recall_ends_a_fragment_once(tmp_pa
         assert views[-1].ended_fragments == ()  # learned by the last decision: not given again
     finally:
         h.close()
+
+
+def test_daemon_view_shows_known_recall_times_of_its_usable_nodes_only(tmp_path: Path) -> None:
+    h = Harness(tmp_path / "d", PolicyConfig(profiling="never"))
+    try:
+        h.cluster.became_idle(*NODES[:2])
+        h.run_until(3.0)
+        held = sorted(h.daemon.usable_nodes())
+        assert held == sorted(NODES[:2])
+        planned = {held[0]: 300.0, NODES[3]: 400.0}  # a planned start on one of ours, one on a node not ours
+        h.daemon.scav.recall_times = lambda: dict(planned)  # type: ignore[method-assign]
+        assert h.daemon.view(h.now).recall_at == {held[0]: 300.0}
+    finally:
+        h.close()
