@@ -214,6 +214,14 @@ class Ledger:
         """Since when ``node`` is ours (None: it is not)."""
         return self._idle_since.get(node)
 
+    def ours(self) -> tuple[str, ...]:
+        """Every node ours (usable or with a pilot starting), in the order it became ours."""
+        return tuple(self._idle_since)
+
+    def live_jobs(self) -> tuple[str, ...]:
+        """The live jobs' ids, in submission order."""
+        return tuple(self._jobs)
+
     def is_usable(self, node: str) -> bool:
         return node in self._free or node in self._holder
 

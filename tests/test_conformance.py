@@ -33,7 +33,7 @@ import numpy as np
 from malletrain.daemon import Daemon, DaemonParts
 from malletrain.jobspec import JobSpec as DaemonJobSpec
 from malletrain.jobspec import JobState
-from policy import Decision, Policy, PolicyConfig
+from policy import Decision, Policy, PolicyConfig, View
 from simulator import SimConfig, SimPolicy, Simulator, Workload
 from simulator.workload import JobSpec as SimJobSpec
 from tests.fakes import (
@@ -490,3 +490,51 @@ def test_daemon_resumes_a_profile_and_its_debt_after_a_crash(tmp_path: Path) -> 
         assert len(h2.daemon.runs[a].target) > 2
     finally:
         h2.close()
+
+
+def test_daemon_view_is_its_trainers_ledger_a_recall_ends_a_fragment_once(tmp_path: Path) -> None:
+    """The daemon keeps no idle or interruption bookkeeping of its own: the view its policy decides
+    on is its trainer's ledger's, so a recalled node's idle fragment is shown once and the job that
+    held it is interrupted at the recall."""
+    h = Harness(tmp_path / "d", PolicyConfig(profiling="never"))
+    try:
+        h.cluster.became_idle(*NODES[:3])
+        job = h.submit("A", LINEAR, max_nodes=3)
+        h.run_until(5.0)
+        assert _state(h, job) is JobState.RUNNING and len(h.daemon.runs[job].members) == 3
+        ledger = next(iter(h.daemon.trainers.values())).ledger
+        victim = h.daemon.runs[job].target[-1]
+        since = ledger.idle_since(victim)
+        assert since is not None and ledger.holder(victim) == job
+        views: list[View] = []
+        decide = h.daemon.policy.decide
+
+        def seen(view, evidence):
+            views.append(view)
+            return decide(view, evidence)
+
+        h.daemon.policy.decide = seen  # type: ignore[method-assign]
+        h.cluster.recall(victim)
+        h.step(8.0, decide=True)
+        shown = next(j for j in views[-1].jobs if j.id == job)
+        assert views[-1].ended_fragments == (8.0 - since,)
+        assert shown.last_interrupted == 8.0 and victim not in shown.nodes and len(shown.nodes) == 2
+        assert ledger.idle_since(victim) is None and ledger.nodes_of(job) == tuple(h.daemon.runs[job].target)
+        h.step(9.0, decide=True)
+        assert views[-1].ended_fragments == ()  # learned by the last decision: not given again
+    finally:
+        h.close()
+
+
+def test_daemon_view_shows_known_recall_times_of_its_usable_nodes_only(tmp_path: Path) -> None:
+    h = Harness(tmp_path / "d", PolicyConfig(profiling="never"))
+    try:
+        h.cluster.became_idle(*NODES[:2])
+        h.run_until(3.0)
+        held = sorted(h.daemon.usable_nodes())
+        assert held == sorted(NODES[:2])
+        planned = {held[0]: 300.0, NODES[3]: 400.0}  # a planned start on one of ours, one on a node not ours
+        h.daemon.scav.recall_times = lambda: dict(planned)  # type: ignore[method-assign]
+        assert h.daemon.view(h.now).recall_at == {held[0]: 300.0}
+    finally:
+        h.close()

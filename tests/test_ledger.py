@@ -52,6 +52,15 @@ def test_usable_nodes_are_free_in_the_order_they_came_with_their_idle_since():
     assert view.idle_since == {"c": 5.0, "a": 5.0, "b": 9.0}
 
 
+def test_ours_lists_every_node_ours_and_live_jobs_every_job_not_ended():
+    led = ledger_with("ab", job("j1"), job("j2", order=1))
+    led.idle(["c"], 1.0)  # a pilot starting: ours, not usable
+    assert led.ours() == ("a", "b", "c") and led.live_jobs() == ("j1", "j2")
+    led.lost(["a"], 2.0)
+    led.ended("j1")
+    assert led.ours() == ("b", "c") and led.live_jobs() == ("j2",)
+
+
 def test_a_node_whose_pilot_starts_is_ours_but_not_usable_until_it_runs():
     led = ledger_with("", job("j", hi=4))
     assert led.idle(["a", "b"], 3.0) == ("a", "b")

@@ -53,10 +53,10 @@ The package's files are the daemon's parts:
 ``wiring.py``      construction: state-dir lock, store, sockets and ports, runtime, backend
 ``observe.py``     observe: pilots, agents and their workers, progress, the store's new jobs
 ``adoption.py``    scavenging and adoption after a restart; holding idle nodes
-``trainers.py``    decide: one policy per trainer, its view and evidence, carrying out a decision
+``trainers.py``    decide: a policy and a ledger per trainer (the ledger builds the view)
 ``jobs.py``        act: jobs and workers (start, publish, suspend, stop, end)
 ``api.py``         the control API (submit, cancel, status, nodes, shutdown)
-``accounting.py``  node-seconds per job (budgets) and idle fragments: a collaborator it owns
+``accounting.py``  node-seconds per job (budgets), kept in the store: a collaborator it owns
 ``shutdown.py``    checkpoints and a clean stop
 ``records.py``     :class:`JobRun`, :class:`Trainer`, constants, exit codes, rescale kinds
 ``base.py``        the state every part shares, declared once with its types

@@ -65,7 +65,7 @@ class Daemon(Wiring, Observe, Adoption, Trainers, Jobs, ControlApi, Shutdown):
         if self._adopt_until:
             self._finish_adoption(now)
         self._hold_idle_nodes()
-        self._track_idle(now)
+        self._feed_ledgers(now)
         # a profile's step ends on evidence: while one runs, ask at every iteration (the policy
         # answers an unchanged problem without solving)
         if self.scav.stale:
@@ -107,6 +107,3 @@ class Daemon(Wiring, Observe, Adoption, Trainers, Jobs, ControlApi, Shutdown):
 
     def _save_node_seconds(self) -> None:
         self.accounting.save(self.runs)
-
-    def _track_idle(self, now: float) -> None:
-        self.accounting.track_idle(now, self.usable_nodes(), self.node_trainer)

@@ -67,7 +67,6 @@ class Observe(DaemonBase):
                 wid = run.workers.pop(node, None)
                 if wid:
                     run.leaving.pop(wid, None)
-                run.last_interrupted = now
                 self.store.log_event("node_lost", run.id, node=node, reason=reason)
                 log.info("job %s lost node %s (%s)", run.id, node, reason, extra=about(job=run.id, node=node))
         self._changed = True

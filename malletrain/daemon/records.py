@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from malletrain.config import TrainerConfig
 from malletrain.jobspec import JobSpec, JobState
-from policy import Decision, Policy
+from policy import Decision, Ledger, Policy
 from profiler.estimators import RescaleEvent
 
 STATE_FILE = "daemon.json"
@@ -59,6 +59,7 @@ class Trainer:
     policy: Policy
     last_decision: Decision | None = None
     profiling: frozenset[str] = frozenset()  # its jobs the last decision profiles
+    ledger: Ledger = field(default_factory=Ledger)  # its usable nodes, its live jobs' node sets: builds its View
 
     @property
     def name(self) -> str:
@@ -84,7 +85,6 @@ class JobRun:
     emptied_at: float | None = None  # when the job last lost all its workers (suspended or stopped)
     failures: int = 0
     last_progress: int = 0
-    last_interrupted: float | None = None
     rescales: list[RescaleEvent] = field(default_factory=list)  # measured pauses (resumes left out)
     waiting: str = ""  # why the policy keeps it queued
     adopted: bool = False

@@ -13,8 +13,7 @@ from malletrain.daemon.base import DaemonBase, log
 from malletrain.daemon.records import POLICY_STATE_KEY, STOPPED, STORE_FILE, DaemonError, JobRun, Trainer
 from malletrain.daemon.records import submission_order
 from malletrain.jobspec import JobSpec, JobState
-from malletrain.scavenging import view_extras
-from policy import Decision, EventKind, JobEvidence, JobView, Policy, PolicyState, PolicyStateError, View
+from policy import Decision, JobEvidence, JobView, Policy, PolicyState, PolicyStateError, View
 from policy import PolicyInputError, evidence_from, interrupts
 
 
@@ -100,31 +99,77 @@ class Trainers(DaemonBase):
         return self._node_owner[node]
 
     def view(self, now: float, trainer: str | None = None) -> View:
-        """What one trainer's policy decides on (default: the first trainer's): its held usable
-        nodes, its live jobs (the daemon's targets)."""
-        name = trainer or next(iter(self.trainers))
-        usable = {n for n in self.usable_nodes() if self.node_trainer(n) == name}
-        jobs = []
+        """What one trainer's policy decides on (default: the first trainer's), built by its ledger
+        once it is told what this daemon holds now: its usable nodes, its live jobs (their targets)."""
+        t = self.trainers[trainer or next(iter(self.trainers))]
+        self._feed_ledger(t, now)
+        return t.ledger.view(now, sorted(t.ledger.live_jobs()))
+
+    def _feed_ledgers(self, now: float) -> None:
+        """Every trainer's ledger learns what this step observed (nodes usable, nodes gone, targets)."""
+        usable = self._usable_by_trainer()
+        for t in self.trainers.values():
+            self._feed_ledger(t, now, usable[t.name])
+
+    def _usable_by_trainer(self) -> dict[str, set[str]]:
+        usable = self.usable_nodes()
+        only = next(iter(self.trainers.values()))
+        if len(self.trainers) == 1 and only.config.nodes is None:  # one trainer without patterns takes all
+            return {only.name: usable}
+        out: dict[str, set[str]] = {name: set() for name in self.trainers}
+        for node in usable:
+            name = self.node_trainer(node)
+            if name in out:
+                out[name].add(node)
+        return out
+
+    def _feed_ledger(self, t: Trainer, now: float, usable: set[str] | None = None) -> None:
+        """``t``'s ledger as events: nodes no longer usable are lost (each ends an idle fragment, and
+        interrupts the job on it), new ones usable from ``now``; jobs that ended leave it, new ones
+        are submitted; each live job's progress, node-hours and the nodes of its target it can hold
+        (a changed set: placed at ``now``, which is when the daemon changed or lost it)."""
+        ledger = t.ledger
+        if usable is None:
+            usable = self._usable_by_trainer()[t.name]
+        ours = set(ledger.ours())  # (set operations: 4,608 nodes every step)
+        if gone := ours - usable:
+            ledger.lost(sorted(gone), now)
+        if new := usable - ours:
+            ledger.usable(sorted(new), now)
+        ledger.recall_expected({n: at for n, at in self.scav.recall_times().items() if n in usable})
+        runs = {run.id: run for run in sorted(self.runs.values(), key=lambda r: r.id)
+                if not run.state.terminal and run.ending is None and self.trainer_name(run.spec) == t.name}
+        for job_id in ledger.live_jobs():
+            if job_id not in runs:
+                ledger.ended(job_id)
+        held: dict[str, list[str]] = {}
         taken: set[str] = set()
-        for run in sorted(self.runs.values(), key=lambda r: r.id):
-            if run.state.terminal or run.ending is not None or self.trainer_name(run.spec) != name:
-                continue
-            nodes = tuple(n for n in run.target if n in usable and n not in taken)[: run.spec.max_nodes]
-            taken.update(nodes)
+        known = set(ledger.live_jobs())
+        for run in runs.values():
+            if run.id not in known:
+                ledger.submitted(self._job_view(run))
             spec = run.spec
-            jobs.append(JobView(run.id, spec.min_nodes, spec.max_nodes, nodes, order=submission_order(run.id),
-                                last_interrupted=run.last_interrupted,
-                                scaling=dict(spec.scaling) if spec.scaling else None,
-                                profile=bool(spec.profile),
-                                work_left=None if spec.samples is None else float(max(0, spec.samples - run.last_progress)),
-                                budget_node_hours=spec.budget_node_hours,
-                                used_node_hours=self.used_node_hours(run.id),
-                                deadline=spec.deadline))
-        free = tuple(sorted(usable - taken))
-        return View(now, free, tuple(jobs),
-                    idle_since={n: self.accounting.idle_since[n] for n in free if n in self.accounting.idle_since},
-                    ended_fragments=tuple(self.accounting.ended_fragments.get(name, ())),
-                    **view_extras(View, {n: t for n, t in self.scav.recall_times().items() if n in usable}))
+            if spec.samples is not None:
+                ledger.progressed(run.id, float(max(0, spec.samples - run.last_progress)))
+            ledger.used(run.id, self.used_node_hours(run.id))
+            nodes = [n for n in run.target if n in usable and n not in taken][: spec.max_nodes]
+            taken.update(nodes)
+            held[run.id] = nodes
+        moved = {j: nodes for j, nodes in held.items() if interrupts(ledger.nodes_of(j), nodes)}
+        for job_id, nodes in moved.items():  # first every job gives up what it lost, then takes what it gained
+            kept = set(nodes)
+            ledger.placed(job_id, [n for n in ledger.nodes_of(job_id) if n in kept], now)
+        for job_id, nodes in moved.items():
+            ledger.placed(job_id, nodes, now)
+
+    def _job_view(self, run: JobRun) -> JobView:
+        """A new job as its trainer's ledger is told of it (no nodes yet)."""
+        spec = run.spec
+        return JobView(run.id, spec.min_nodes, spec.max_nodes, (), order=submission_order(run.id),
+                       scaling=dict(spec.scaling) if spec.scaling else None, profile=bool(spec.profile),
+                       work_left=None if spec.samples is None else float(max(0, spec.samples - run.last_progress)),
+                       budget_node_hours=spec.budget_node_hours, used_node_hours=self.used_node_hours(run.id),
+                       deadline=spec.deadline)
 
     def evidence(self, trainer: str | None = None) -> dict[str, JobEvidence]:
         """What the monitor measured, per live job of ``trainer`` (default: the first): rates per count
@@ -148,16 +193,18 @@ class Trainers(DaemonBase):
     def _decide_trainer(self, trainer: Trainer, now: float) -> None:
         t0 = time.perf_counter()
         try:
-            decision = trainer.policy.decide(self.view(now, trainer.name), self.evidence(trainer.name))
+            view = self.view(now, trainer.name)
+            decision = trainer.policy.decide(view, self.evidence(trainer.name))
             self.metrics.observe_decision(time.perf_counter() - t0)
         except PolicyInputError as exc:  # a bug of ours, not a reason to stop: log it, try again later
             log.error("policy of trainer %s refused the view: %s", trainer.name, exc)
             self.store.log_event("decide_error", error=str(exc), trainer=trainer.name)
             return
-        self.accounting.fragments_learned(trainer.name)  # the policy has learned them
+        trainer.ledger.delivered(view)  # the policy has learned the idle fragments it carried
         trainer.last_decision = decision
         trainer.profiling = frozenset(decision.profiling)
         self._apply_decision(decision, now, trainer.name)
+        self._feed_ledger(trainer, now)  # the new targets: placed now
 
     def _save_policy_states(self) -> None:
         state = policy_states_json(self.trainers)
@@ -170,15 +217,12 @@ class Trainers(DaemonBase):
         for ev in decision.events:
             detail = {k: v for k, v in ev.detail.items()}
             self.store.log_event(ev.kind.value, ev.job, **detail)  # measured points: the policy state keeps them
-            if ev.kind is EventKind.LENT and ev.job in self.runs:
-                self.runs[ev.job].last_interrupted = now
         for run in self.runs.values():
             if run.state.terminal or self.trainer_name(run.spec) != trainer:
                 continue
             new = list(decision.nodes_of(run.id))
             if interrupts(run.target, new):  # a permutation of the same nodes is no change
                 self.store.log_event("plan", run.id, nodes=new, before=run.target)
-                run.last_interrupted = now  # as the simulator counts it: any change of nodes (lender order)
                 run.target = [n for n in run.target if n in set(new)] + [n for n in new if n not in set(run.target)]
             run.waiting = decision.waiting.get(run.id, "")
         for job_id, why in decision.stop.items():
