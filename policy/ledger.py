@@ -41,6 +41,7 @@ from itertools import islice
 from typing import Iterable, Mapping, Sequence
 
 from policy.model import JobView, PolicyInputError, View
+from policy.state import FRAGMENTS_KEEP
 
 
 class LedgerError(PolicyInputError):
@@ -110,6 +111,9 @@ class Ledger:
             if since is None:
                 continue
             self._fragments.append(max(0.0, at - since))
+            # the policy learns from the newest FRAGMENTS_KEEP alone: while no view is delivered (decisions
+            # failing) the older ones are dropped here, so the ledger's memory stays bounded
+            del self._fragments[:-FRAGMENTS_KEEP]
             self._recall_at.pop(node, None)
             if self._free.pop(node, None) is not None:
                 continue

@@ -82,6 +82,17 @@ def test_lost_nodes_end_fragments_that_a_delivered_view_hands_over_once():
     assert led.view(31.0).ended_fragments == (20.0,)
 
 
+def test_fragments_not_delivered_are_bounded_to_what_the_policy_learns_from():
+    from policy.state import FRAGMENTS_KEEP
+
+    led = Ledger()
+    for i in range(FRAGMENTS_KEEP + 10):  # a node comes and goes while no decision is made
+        led.usable(["a"], float(i))
+        led.lost(["a"], i + 0.5)
+    frags = led.view(1e6).ended_fragments
+    assert len(frags) == FRAGMENTS_KEEP and set(frags) == {0.5}
+
+
 # ------------------------------------------------------------------ jobs
 
 
