@@ -402,14 +402,8 @@ class Scavenging:
                     or waiting >= self.max_waiting:
                 self._recalled.popleft()  # left to the usual rule: a pilot once the node is idle
                 continue
-            try:
-                pid = self.backend.submit(PilotRequest(nodes, waits_for_node=True))
-            except Throttled as exc:
-                self._hold_blocked_until = exc.retry_at if exc.retry_at is not None else now + self.poll_interval
-                break
-            except BackendError as exc:
-                self.log_event("pilot_submit_error", nodes=list(nodes), error=str(exc))
-                log.warning("%s: queueing a pilot for recalled %s: %s", self.backend.name, nodes, exc)
+            pid = self._submit(PilotRequest(nodes, waits_for_node=True), now, "queueing a pilot for recalled")
+            if pid is None:
                 break
             self._recalled.popleft()
             waiting += 1
@@ -441,18 +435,24 @@ class Scavenging:
         last = min(len(free) - self.nodes_per_pilot + 1, MAX_SUBMITS_PER_HOLD * self.nodes_per_pilot)
         for i in range(0, last, self.nodes_per_pilot):
             nodes = tuple(free[i: i + self.nodes_per_pilot])
-            try:
-                pid = self.backend.submit(PilotRequest(nodes))
-            except Throttled as exc:
-                self._hold_blocked_until = exc.retry_at if exc.retry_at is not None else now + self.poll_interval
-                break
-            except BackendError as exc:
-                self.log_event("pilot_submit_error", nodes=list(nodes), error=str(exc))
-                log.warning("%s: submitting a pilot on %s: %s", self.backend.name, nodes, exc)
+            pid = self._submit(PilotRequest(nodes), now, "submitting a pilot on")
+            if pid is None:
                 break
             self.log_event("pilot_submitted", pilot=pid, nodes=list(nodes))
             out.append(pid)
         return out
+
+    def _submit(self, request: PilotRequest, now: float, doing: str) -> PilotId | None:
+        """``request`` submitted; None when the backend throttles (holds wait until it allows) or fails
+        (logged): either way this hold submits no more."""
+        try:
+            return self.backend.submit(request)
+        except Throttled as exc:
+            self._hold_blocked_until = exc.retry_at if exc.retry_at is not None else now + self.poll_interval
+        except BackendError as exc:
+            self.log_event("pilot_submit_error", nodes=list(request.nodes), error=str(exc))
+            log.warning("%s: %s %s: %s", self.backend.name, doing, request.nodes, exc)
+        return None
 
     def _missing_agent(self, pid: PilotId, view: PilotView, alive: set[str]) -> str:
         """Why ``pid``'s own agent is not on one of its nodes ("": it is on all of them)."""
