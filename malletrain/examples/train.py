@@ -2,7 +2,8 @@
 
 ``python -m malletrain.examples.train --model mlp --samples 20000``
 
-Models of different scalability, all on CPU with one thread:
+Models of different scalability, on CPU with one thread (``--device cuda``: on the GPU, the
+collectives still through gloo, which carries CUDA tensors):
 
 ``mlp``     big fully-connected layers (``--width``): few flops per byte of
             gradient, communication-heavy, scales poorly.
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -82,7 +84,7 @@ def batch(shape: tuple[int, ...], size: int, seed: int, step: int, rank: int) ->
 def param_hash(model: nn.Module) -> str:
     h = hashlib.sha1()
     for p in model.state_dict().values():
-        h.update(p.detach().contiguous().numpy().tobytes())
+        h.update(p.detach().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()[:16]
 
 
@@ -97,6 +99,17 @@ class Options:
     step_sleep: float
     trace: bool
     manual_allreduce: bool
+    device: str = "cpu"
+
+
+def pick_device(name: str) -> torch.device:
+    """``cpu``, ``cuda`` (this worker's first visible GPU) or ``auto`` (cuda when there is one)."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: torch sees no GPU here (torch.cuda.is_available() is False; "
+                         f"torch {torch.__version__}, CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})")
+    return torch.device(name)
 
 
 def train(state: State, opts: Options, shape: tuple[int, ...]) -> int:
@@ -104,8 +117,10 @@ def train(state: State, opts: Options, shape: tuple[int, ...]) -> int:
     loss_fn = nn.CrossEntropyLoss()
     assert state.optimizer is not None
     _trace_rescales(state, opts)
+    device = next(state.model.parameters()).device
     while state.samples < opts.samples:
-        x, y = batch(shape, opts.batch, opts.seed, state.step, state.rank)
+        x, y = batch(shape, opts.batch, opts.seed, state.step, state.rank)  # drawn on the CPU: same data anywhere
+        x, y = x.to(device), y.to(device)
         state.optimizer.zero_grad()
         loss = loss_fn(net(x), y)
         loss.backward()
@@ -120,7 +135,7 @@ def train(state: State, opts: Options, shape: tuple[int, ...]) -> int:
         if opts.trace:
             _emit({"ev": "step", "worker": state.worker, "gen": state.generation, "rank": state.rank,
                    "world": state.world_size, "step": state.step, "samples": state.samples,
-                   "hash": param_hash(state.model), "t": time.time()})
+                   "hash": param_hash(state.model), "device": str(device), "t": time.time()})
         if opts.step_sleep > 0:
             time.sleep(opts.step_sleep)
         state.commit()
@@ -154,11 +169,14 @@ def parse_args(argv: Sequence[str] | None) -> Options:
     p.add_argument("--step-sleep", type=float, default=0.0, help="extra seconds per step (tests)")
     p.add_argument("--trace", action="store_true", help="print a JSON line per step and per rescale")
     p.add_argument("--manual-allreduce", action="store_true", help="average gradients by hand instead of DDP")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"],
+                   help="where the model trains (auto: cuda when torch sees a GPU); checkpoints are portable")
     a = p.parse_args(argv)
     for name in ("width", "batch", "samples"):
         if getattr(a, name) < 1:
             p.error(f"--{name} must be >= 1")
-    return Options(a.model, a.width, a.batch, a.samples, a.lr, a.seed, a.step_sleep, a.trace, a.manual_allreduce)
+    return Options(a.model, a.width, a.batch, a.samples, a.lr, a.seed, a.step_sleep, a.trace, a.manual_allreduce,
+                   a.device)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -166,6 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.set_num_threads(1)
     torch.manual_seed(opts.seed)
     model, shape = build_model(opts.model, opts.width)
+    model = model.to(pick_device(opts.device))
     optimizer = torch.optim.SGD(model.parameters(), lr=opts.lr, momentum=0.9)
     state = State(model, optimizer)
     steps = run(train, state, opts, shape)
