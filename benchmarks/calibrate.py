@@ -20,7 +20,10 @@ Measured (medians over every occurrence):
 ``rescale_pause_s``    what the workers report as their pause at an ``up`` or ``down`` switch;
 ``commit_interval_s``  time between two commits of the trainer (it commits every step, so a
                        preemption loses at most this much work; a SIGTERMed rank 0 also
-                       checkpoints its last commit).
+                       checkpoints its last commit);
+``warm_start_s``       after the rounds the job is cancelled, its nodes stay held and their agents
+                       prepare warm workers (``WARM_SETTLE_S``); a second job then starts there:
+                       worker started (the agent's report) -> its first step.
 
 Writes ``{"schema": 1, "values": {NAME: {"value", "unit", "how", "when", "command"}}}``
 (the format ``simulator/calibration.py`` reads) and prints each value. Needs Slurm.
@@ -47,6 +50,9 @@ from scavenger.testing.slurm_cluster import ClusterUnavailable, SlurmCluster  # 
 
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "simulator" / "calibration.json"
 STEP_SLEEP_S = 0.05
+WARM_SETTLE_S = 30.0
+"""Seconds the held nodes are left alone before the warm-start job: the agents' warm workers import
+torch meanwhile (about 2 s on an idle 2-core machine, several times that under load)."""
 
 
 def _times(d, kind: str, since: int = 0) -> list[tuple[float, str]]:  # type: ignore[no-untyped-def]
@@ -66,6 +72,15 @@ def pilot_starts(d) -> list[float]:  # type: ignore[no-untyped-def]
         if later:
             out.append(min(later) - t)
     return out
+
+
+def started_to_first_step(d, jid: str, node: str) -> float | None:  # type: ignore[no-untyped-def]
+    """``jid``'s ``worker_started`` on ``node`` -> that worker's first step."""
+    for e in d.store.events("worker_started"):
+        if e.get("job") == jid and e.get("node") == node and e.get("worker"):
+            first = [float(s["t"]) for s in steps(d.state_dir / "logs" / f"{e['worker']}.log")]
+            return first[0] - float(e["time"]) if first else None
+    return None
 
 
 def hello_to_first_step(d, jid: str, node: str, after: float) -> float | None:  # type: ignore[no-untyped-def]
@@ -95,7 +110,7 @@ def measure(cluster: SlurmCluster, tmp: Path, rounds: int) -> dict[str, list[flo
              "--trace", "--step-sleep", f"{STEP_SLEEP_S:g}")
     d = Daemon(cfg)
     got: dict[str, list[float]] = {"cold_start_s": [], "restart_s": [], "rescale_pause_s": [], "commit_interval_s": [],
-                                   "join_s": []}
+                                   "join_s": [], "warm_start_s": []}
     try:
         jid = d.store.submit(JobSpec("cal", train, 1, len(nodes), False, {1: 100.0, 2: 200.0},
                                      env={"OMP_NUM_THREADS": "1"}))
@@ -138,6 +153,17 @@ def measure(cluster: SlurmCluster, tmp: Path, rounds: int) -> dict[str, list[flo
             got["restart_s"].append(min(back)) if back else None
             print(f"round {r + 1}: down/up {t2 - t0:.1f} s, suspended and back {time.time() - t2:.1f} s; "
                   f"restart (hello -> first step) {min(back) if back else float('nan'):.2f} s", flush=True)
+        d.store.request_cancel(jid)  # the nodes stay held; their agents prepare warm workers again
+        wait_for("job cancelled", lambda: d.store.require(jid).state.terminal and not (jid in d.runs and d.runs[jid].members), 120, tick)
+        settle = time.monotonic() + WARM_SETTLE_S
+        wait_for("warm workers settled", lambda: time.monotonic() > settle, WARM_SETTLE_S + 10, tick)
+        warm = d.store.submit(JobSpec("cal-warm", train, len(nodes), len(nodes), False, {1: 100.0, 2: 200.0},
+                                      env={"OMP_NUM_THREADS": "1"}))
+        wait_for("warm job on every node", lambda: len(d.runs[warm].members) == len(nodes) and all(
+            started_to_first_step(d, warm, n) is not None for n in nodes), 120, tick)
+        got["warm_start_s"] = [v for n in nodes if (v := started_to_first_step(d, warm, n)) is not None]
+        print(f"warm start (worker started -> first step): {', '.join(f'{v:.2f} s' for v in got['warm_start_s'])}",
+              flush=True)
         for log in logs():
             for ev in traced(log, "rescale"):
                 if ev.get("kind") in ("up", "down"):
@@ -164,6 +190,10 @@ HOW = {
     "rescale_pause_s": "the pause the workers report at a rescale (up and down) of a running job, 1 <-> 2 nodes",
     "commit_interval_s": "time between two commits of the example trainer (it commits every step; a SIGTERMed "
                          "rank 0 also checkpoints its last commit), so the work a preemption loses",
+    "warm_start_s": "a job's start on held nodes whose warm workers are ready (imported): worker started -> its "
+                    "first step, a second job after the first was cancelled and the nodes left alone "
+                    f"{WARM_SETTLE_S:g} s; a restart adds restart_s - cold_start_s (the checkpoint's load) in the "
+                    "simulator",
 }
 
 
