@@ -97,6 +97,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_demo)
 
 
+def _state(args: argparse.Namespace) -> Path:
+    from malletrain.control import state_dir
+
+    return state_dir(args.state_dir).absolute()
+
+
 def _store(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from malletrain.control import state_dir
     from malletrain.store import Store
@@ -199,7 +205,8 @@ def cmd_cancel(args: argparse.Namespace) -> int:
             was = store.request_cancel(args.id).value
             now = store.require(args.id).state.value
         except StoreError as exc:
-            print(f"malletrain cancel: error: {exc}", file=sys.stderr)
+            print(f"malletrain cancel: error: {exc} (no daemon is running at {_state(args)}; its store has "
+                  "no such job)", file=sys.stderr)
             return 1
         finally:
             store.close()
@@ -229,6 +236,7 @@ def status_data(args: argparse.Namespace) -> dict[str, Any]:
             store.close()
         reply = {"ok": True, "daemon": False, "jobs": jobs, "nodes": []}
     reply["log_dir"] = str(state / LOG_DIR)
+    reply["state_dir"] = str(state)
     for j in reply["jobs"]:
         j["logs"] = [str(p) for p in job_logs(state, str(j["id"]))]
         j["note"] = job_note(j)
@@ -249,7 +257,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         print()
         print(format_nodes(data["nodes"]))
     else:
-        print("\n(daemon not running: states as stored)")
+        print(f"\n(no daemon is running at {data['state_dir']}: job states as stored)")
     return 0
 
 
@@ -262,12 +270,15 @@ def cmd_wait(args: argparse.Namespace) -> int:
     import time
 
     from malletrain.control import state_dir
+    from malletrain.store import StoreError
 
     state = state_dir(args.state_dir).absolute()
     deadline = time.monotonic() + max(0.0, args.timeout)
     store = _store(args)  # one connection: each read sees the daemon's latest commit (WAL)
     try:
         return _wait_loop(args, store, state, deadline)
+    except StoreError as exc:  # e.g. no such job: say which state dir was asked
+        raise StoreError(f"{exc} in the store at {state}") from None
     finally:
         store.close()
 

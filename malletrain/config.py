@@ -13,7 +13,7 @@
                                      # more: a dead node is noticed later, and a restarted daemon waits
                                      # this + 1 s for the agents before it decides (docs/operators.md)
     backend = "local"                # the same as [scavenger] kind (give either)
-    admin_groups = ["wheel"]         # may cancel any job and stop the daemon (besides root, its user)
+    admin_groups = ["wheel"]         # may cancel any job and stop the daemon (besides root, its user); default none
 
     [local]
     nodes = 6
@@ -224,9 +224,9 @@ def parse_config(obj: dict[str, Any], where: str = "config") -> DaemonConfig:
     top = {k: v for k, v in obj.items() if k not in TABLES and k != "admin_groups"}
     values = _table(top, where, "")
     values["admin_groups"] = _admin_groups(obj.get("admin_groups", []), where)
-    if values.get("runtime", "torch") not in RUNTIMES:
+    if values.get("runtime", DaemonConfig.runtime) not in RUNTIMES:
         raise ConfigError(f"{where}: runtime must be one of {', '.join(RUNTIMES)}, got {values['runtime']!r}")
-    if values.get("backend", "local") not in BACKENDS:
+    if values.get("backend", DaemonConfig.backend) not in BACKENDS:
         raise ConfigError(f"{where}: backend must be one of {', '.join(BACKENDS)}, got {values['backend']!r}")
     lc = LocalConfig(**_table(_subtable(obj, "local", where), where, "local."))
     pc = Ports(**_table(_subtable(obj, "ports", where), where, "ports."))

@@ -39,7 +39,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import deque
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from scavenger.base import (
@@ -577,12 +577,3 @@ class Scavenging:
         self.backend.close()
         self._remember()  # cancelled pilots are not taken back by the next daemon
 
-
-def view_extras(view_type: type, recall_times: dict[str, float]) -> dict[str, Any]:
-    """Optional :class:`policy.View` fields this daemon can fill: known recall times per node, under
-    the first of the names a View may give them (none: the policy does not use them)."""
-    names = {f.name for f in fields(view_type)}
-    for name in ("recall_at", "recall_times", "node_recall_at"):
-        if name in names:
-            return {name: dict(recall_times)}
-    return {}

@@ -25,6 +25,8 @@ Events (times are the driver's clock, passed in; the ledger reads no clock and d
 ``placed(job, nodes, at)``      the driver carried out a decision: the job now runs on ``nodes``
 ``progressed(job, work_left)``  samples the job still has to train
 ``used(job, node_hours)``       node-hours the job has held so far (budgets)
+``released(job, nodes, at)``    the job gave up nodes no decision took (a worker failed there):
+                                they stay ours and free; below its min the job is stopped
 ``ended(job)``                  the job finished or was cancelled: its nodes are free
 ``delivered(view)``             the policy decided on ``view``: the fragments it carried are learned
 ==============================  ==================================================================
@@ -121,15 +123,7 @@ class Ledger:
             if job_id is not None:
                 self._nodes[job_id].remove(node)
                 hit.setdefault(job_id, []).append(node)
-        out = []
-        for job_id, lost in hit.items():
-            job = self._jobs[job_id]
-            stopped = below_min(len(self._nodes[job_id]), job.min_nodes)
-            if stopped:
-                self._release(job_id, ())
-            self._jobs[job_id] = replace(job, nodes=tuple(sorted(self._nodes[job_id])), last_interrupted=at)
-            out.append(Loss(job_id, tuple(lost), stopped))
-        return out
+        return [self._interrupted(job_id, tuple(lost), at) for job_id, lost in hit.items()]
 
     def recall_expected(self, times: Mapping[str, float]) -> None:
         """The known times nodes will be taken back (replaces the ones known before)."""
@@ -171,6 +165,20 @@ class Ledger:
         self._nodes[job_id] = list(nodes)
         self._jobs[job_id] = replace(job, nodes=tuple(sorted(nodes)), last_interrupted=at)
         return True
+
+    def released(self, job_id: str, nodes: Iterable[str], at: float) -> Loss:
+        """``job_id`` gave up ``nodes`` at ``at`` without a decision asking it (its worker there failed;
+        a restarted daemon did not re-adopt it there): they stay ours and are free again. Below its min
+        the job is stopped (:func:`below_min`: its other nodes are free too); a job on no node is stopped."""
+        job = self._job(job_id)
+        gone = set(nodes)
+        mine = self._nodes[job_id]
+        lost = tuple(n for n in mine if n in gone)
+        if lost:
+            self._release(job_id, [n for n in mine if n not in gone])
+            return self._interrupted(job_id, lost, at)
+        stopped = below_min(len(mine), job.min_nodes)
+        return self._interrupted(job_id, (), at) if stopped and mine else Loss(job_id, (), stopped)
 
     def progressed(self, job_id: str, work_left: float) -> None:
         """``job_id`` still has ``work_left`` samples to train."""
@@ -226,6 +234,10 @@ class Ledger:
         """The live jobs' ids, in submission order."""
         return tuple(self._jobs)
 
+    def is_live(self, job_id: str) -> bool:
+        """Whether ``job_id`` was submitted and has not ended."""
+        return job_id in self._jobs
+
     def is_usable(self, node: str) -> bool:
         return node in self._free or node in self._holder
 
@@ -269,6 +281,16 @@ class Ledger:
         if job is None:
             raise LedgerError(f"job {job_id} is not a live job of the ledger")
         return job
+
+    def _interrupted(self, job_id: str, lost: tuple[str, ...], at: float) -> Loss:
+        """``job_id`` just lost nodes at ``at`` (or is below its min): stopped below its min (its other
+        nodes go back to the free pool), interrupted either way."""
+        job = self._jobs[job_id]
+        stopped = below_min(len(self._nodes[job_id]), job.min_nodes)
+        if stopped:
+            self._release(job_id, ())
+        self._jobs[job_id] = replace(job, nodes=tuple(sorted(self._nodes[job_id])), last_interrupted=at)
+        return Loss(job_id, lost, stopped)
 
     def _release(self, job_id: str, keep: Sequence[str]) -> None:
         """``job_id``'s nodes not in ``keep`` go back to the free pool, in the job's order."""

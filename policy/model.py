@@ -20,8 +20,7 @@ class PolicyInputError(ValueError):
 class JobView:
     """A live job (admitted or queued) as the driver sees it now.
 
-    ``nodes`` are the nodes it runs on (the daemon: its target nodes whose agents are up; the
-    simulator: its nodes, from :class:`policy.ledger.Ledger`). A job below its ``min_nodes`` cannot run
+    ``nodes`` are the nodes it runs on (both drivers: from their :class:`policy.ledger.Ledger`). A job below its ``min_nodes`` cannot run
     (:func:`policy.ledger.below_min`): drivers stop it, so it shows no nodes. ``order`` is its
     submission order (FCFS); ``last_interrupted`` the last time its node set changed
     (:func:`policy.ledger.interrupts`: rescaled, recalled, stopped; None: never). ``scaling`` is the user's curve, if any;

@@ -34,6 +34,20 @@ def test_nodes_without_a_daemon_names_the_state_dir(tmp_path: Path, capsys: pyte
     assert f"no daemon is running at {tmp_path}" in capsys.readouterr().err
 
 
+def test_status_without_a_daemon_names_the_state_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["status", "--state-dir", str(tmp_path)]) == 0
+    assert f"no daemon is running at {tmp_path}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", [["cancel", "j000007"], ["wait", "j000007", "--timeout", "1"]])
+def test_an_unknown_job_names_the_state_dir_it_was_looked_for_in(
+        command: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A job id from another state dir (or a typo) is not found: the message says where it looked."""
+    assert main([*command, "--state-dir", str(tmp_path)]) != 0
+    err = capsys.readouterr().err
+    assert "no job 'j000007'" in err and str(tmp_path) in err
+
+
 def test_a_root_daemons_traversable_state_dir_is_left_alone_without_a_warning(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     state = tmp_path / "state"

@@ -195,3 +195,39 @@ def test_ports_host_is_one_interface_address() -> None:
     for bad, why in (("0.0.0.0", "every network"), ("head-node", "IP address"), ("::1", "IPv4"), (5, "string")):
         with pytest.raises(ConfigError, match=why):
             parse_config({"ports": {"host": bad}})
+
+
+def test_the_documented_config_shows_the_defaults_the_code_has() -> None:
+    """Defaults are written once, in the dataclasses (``config_types``); the annotated config in
+    ``malletrain/config.py``'s docstring (what ``--config`` help and the docs point at) must show
+    those values, so a changed default cannot leave the documentation behind."""
+    import textwrap
+
+    import malletrain.config as config_module
+    from malletrain.config import DaemonConfig
+
+    doc = textwrap.dedent((config_module.__doc__ or "").split("\n", 2)[2])
+    lines = []
+    for line in doc.splitlines():  # the TOML sample: up to the first line of prose
+        if line and not line.startswith((" ", "#", "[")) and "=" not in line:
+            break
+        lines.append(line)
+    documented = tomllib.loads("\n".join(lines))
+    examples = {"admin_groups", "trainers"}  # shown with example values (the defaults: none)
+
+    def differences(prefix: str, table: dict, obj: object) -> list[str]:
+        out = []
+        for key, value in table.items():
+            if key in examples:
+                continue
+            if isinstance(value, dict):
+                out += differences(f"{prefix}{key}.", value, getattr(obj, key))
+                continue
+            default = getattr(obj, key)
+            if (list(default) if isinstance(default, tuple) else default) != value:
+                out.append(f"{prefix}{key}: documented {value!r}, default {default!r}")
+        return out
+
+    assert len(documented) > 10 and {"local", "policy", "scavenger", "ports", "metrics", "log"} <= set(documented)
+    assert differences("", documented, DaemonConfig()) == []
+

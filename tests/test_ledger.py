@@ -147,6 +147,23 @@ def test_a_recall_shrinks_a_job_and_stops_one_it_takes_below_its_min():
     assert led.job("big").last_interrupted == 60.0
 
 
+def test_a_job_that_gives_up_a_node_keeps_it_ours_and_free_and_stops_below_its_min():
+    led = ledger_with("abcd", job("big", lo=2, hi=4), job("q", lo=1, hi=1, order=1))
+    led.placed("big", ("a", "b", "c"), 1.0)
+    loss = led.released("big", ["b", "zz"], 5.0)  # its worker on b failed (zz: never its node)
+    assert (loss.job, loss.lost, loss.stopped) == ("big", ("b",), False)
+    assert led.nodes_of("big") == ("a", "c") and led.job("big").last_interrupted == 5.0
+    assert led.idle_since("b") == 0.0 and led.free_nodes() == ("d", "b")  # still ours, its fragment goes on
+    assert led.view(6.0).ended_fragments == ()
+    loss = led.released("big", ["c"], 7.0)  # 1 node < its min 2: stopped, a is free too
+    assert (loss.lost, loss.stopped) == (("c",), True)
+    assert led.nodes_of("big") == () and led.free_nodes() == ("d", "b", "c", "a")
+    assert led.job("big").last_interrupted == 7.0
+    assert led.released("big", [], 8.0).stopped  # on no node: stopped, and nothing changes
+    assert led.job("big").last_interrupted == 7.0
+    assert led.is_live("big") and not led.is_live("zz")
+
+
 def test_progress_budget_use_and_ending():
     led = ledger_with("ab", job("j"))
     led.placed("j", ("a", "b"), 0.0)
@@ -203,6 +220,7 @@ event = st.one_of(
     st.tuples(st.just("lost"), st.lists(st.sampled_from(NODES), max_size=4)),
     st.tuples(st.just("place"), st.sampled_from(sorted(JOBS)), st.integers(0, 8)),
     st.tuples(st.just("end"), st.sampled_from(sorted(JOBS))),
+    st.tuples(st.just("release"), st.sampled_from(sorted(JOBS)), st.lists(st.sampled_from(NODES), max_size=3)),
     st.tuples(st.just("submit"), st.sampled_from(sorted(JOBS))),
 )
 
@@ -237,6 +255,14 @@ def test_any_event_sequence_keeps_the_ledger_consistent(events):
         elif ev[1] in {j.id for j in led.view(t).jobs}:
             if kind == "end":
                 led.ended(ev[1])
+            elif kind == "release":
+                own = led.nodes_of(ev[1])
+                loss = led.released(ev[1], ev[2], t)
+                left = [n for n in own if n not in ev[2]]
+                assert loss.lost == tuple(n for n in own if n in ev[2])
+                assert loss.stopped == below_min(len(left), JOBS[ev[1]][0])
+                assert led.nodes_of(ev[1]) == (() if loss.stopped else tuple(left))
+                assert all(led.idle_since(n) is not None for n in own)  # still ours
             else:  # keep some of its nodes, take free ones up to ev[2] nodes in all (at most its max)
                 own, free = led.nodes_of(ev[1]), led.free_nodes()
                 want = min(ev[2], JOBS[ev[1]][1])

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from malletrain.config import ConfigError, DaemonConfig, ScavengerConfig, parse_config, to_toml
-from malletrain.scavenging import Scavenging, view_extras
-from policy import PolicyConfig, View
+from malletrain.scavenging import Scavenging
+from policy import PolicyConfig
 from scavenger.base import (
     Claim,
     CommandFailed,
@@ -134,7 +134,6 @@ def test_planned_starts_become_recall_times_in_the_view() -> None:
     s, _ = scav(b, Hub(set()))
     s.look(0.0)
     assert s.recall_times() == {"a": 300.0, "b": 500.0}
-    assert view_extras(View, {"a": 300.0}) == {"recall_at": {"a": 300.0}}
 
 
 def test_scavenger_config_errors_name_the_key() -> None:

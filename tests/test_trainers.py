@@ -269,7 +269,7 @@ def test_two_trainers_run_side_by_side_on_their_own_nodes(tmp_path: Path) -> Non
             for jid, nodes in home.items():
                 run = d.runs.get(jid)
                 if run is not None:
-                    assert set(run.target) | set(run.members) | set(run.workers) <= nodes, (jid, run)
+                    assert set(d.nodes_of(jid)) | set(run.members) | set(run.workers) <= nodes, (jid, run)
 
         until(d, lambda: len(d.runs[v1].members) == 2 and len(d.runs[l1].members) == 1
               and d.runs[l1].last_progress > 0 and len(d.usable_nodes()) == 4, never_crossing)

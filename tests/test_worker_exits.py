@@ -59,6 +59,31 @@ def test_a_dead_member_of_a_larger_job_is_replaced(tmp_path: Path) -> None:
         h.close()
 
 
+def test_a_failed_worker_gives_its_node_up_in_the_ledger_and_a_job_at_its_min_is_stopped(tmp_path: Path) -> None:
+    """The daemon keeps no plan of its own: a crash takes the node from the job in its trainer's ledger
+    (the node stays ours), and a job that falls below its min there is stopped by the ledger, so the
+    policy sees it stopped (preempted) and places it again; act follows the ledger."""
+    h = Harness(tmp_path / "d", PolicyConfig())
+    try:
+        h.cluster.became_idle("n01", "n02")
+        jid = h.submit("A", LINEAR, min_nodes=2, max_nodes=2)
+        h.run_until(3.0)
+        run = h.daemon.runs[jid]
+        ledger = next(iter(h.daemon.trainers.values())).ledger
+        assert sorted(run.members) == ["n01", "n02"] and sorted(ledger.nodes_of(jid)) == ["n01", "n02"]
+        dead = run.workers["n02"]
+        h.cluster.exit_worker("n02", dead, 1)  # the job's own code failed there
+        h.step(4.0)
+        assert run.failures == 1 and [e["code"] for e in h.events("worker_failed")] == [1]
+        assert ledger.job(jid).last_interrupted == 4.0 and ledger.idle_since("n02") is not None
+        assert [e["job"] for e in h.events("preempted")] == [jid]  # the policy saw it stopped
+        h.run_until(8.0)
+        assert sorted(h.daemon.nodes_of(jid)) == ["n01", "n02"] and sorted(run.members) == ["n01", "n02"]
+        assert run.workers["n02"] != dead and run.state is JobState.RUNNING
+    finally:
+        h.close()
+
+
 def test_recalls_and_stops_are_never_failures(tmp_path: Path) -> None:
     """Before: every recalled worker was a ``worker_failed``; a job recalled often enough was FAILED."""
     h, jid, worker = _one_node_job(tmp_path, max_failures=2)

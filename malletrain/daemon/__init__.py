@@ -12,15 +12,16 @@ decide
     replays), once per trainer (``[[trainers]]``; none declared: one, ``default``):
     the trainer's view (its held usable nodes, its live jobs in submission order)
     and the monitor's evidence go in; the decision (admitted jobs and their
-    nodes, waiting reasons, profiling counts) comes out and becomes each job's
-    target. A node belongs to the first trainer whose patterns match it (else
+    nodes, waiting reasons, profiling counts) comes out, and each job's nodes are
+    placed in the trainer's ledger (:class:`policy.Ledger`, the one record of which
+    job runs on which nodes). A node belongs to the first trainer whose patterns match it (else
     the one without patterns), a job to the trainer it names (else the first).
     The policy states, one per trainer, are saved in the store after every
     decision that changed one, so a restart resumes profiles and lender debts. Decisions
     happen when something changed, at least every ``REPLAN_S``, and while a
     profile runs (its steps end on evidence).
 act
-    make the workers match the plan: start workers on new nodes (ahead of
+    make the workers match each job's nodes in its trainer's ledger: start workers on new nodes (ahead of
     time), publish the new member list once they are ready, stop workers of
     nodes a job lost. Every action is idempotent (agents ignore duplicate
     starts/stops; a member list is published only when it differs).
@@ -37,7 +38,7 @@ their last commit reaches the state dir and their last reports the store,
 and the jobs are SUSPENDED ("daemon stopped"); a profile it interrupted
 starts over at the next start. A daemon that finds the ``daemon.json`` of a
 killed one waits ``agent_dead_after`` for surviving agents even with no job
-active. See "Restarts" in docs/operators.md.
+active. See "Restarts" in docs/operations.md.
 
 Runtime hooks are methods of :class:`malletrain.runtimes.Runtime` with no-op defaults:
 ``ready(job, worker)`` (a worker started ahead is ready to join), ``resume_generation(job, gen)``

@@ -6,7 +6,6 @@ from __future__ import annotations
 from malletrain.daemon.base import DaemonBase, log
 from malletrain.daemon.records import JobRun, job_of
 from malletrain.logs import about
-from policy import below_min
 
 
 class Adoption(DaemonBase):
@@ -24,15 +23,14 @@ class Adoption(DaemonBase):
             self._register(rec.id)
             run.last_progress = rec.samples
             if rec.state.active:
-                run.target = list(rec.nodes)
-                run.adopted = True
+                run.adopted, run.left_on = True, tuple(rec.nodes)
                 self._adopt_until = now + self.cfg.agent_dead_after + 1.0
             self.runs[rec.id] = run
 
     def _adopt_workers(self, node: str, workers: tuple[str, ...]) -> None:
         for wid in workers:
             run = self.runs.get(job_of(wid))
-            if run is not None and run.adopted and node in run.target and node not in run.workers:
+            if run is not None and node in run.left_on and node not in run.workers:
                 run.workers[node] = wid
                 run.started.add(wid)
                 self.store.log_event("adopt", run.id, node=node, worker=wid)
@@ -49,28 +47,31 @@ class Adoption(DaemonBase):
         # new pilot submitted for its node would fight the agent still running there
         if not held or any(node not in alive for node in set(held) | self.scav.last_daemons_nodes()):
             return False
-        return all(node in run.workers for run in self.runs.values() if run.adopted for node in run.target)
+        return all(node in run.workers for run in self.runs.values() for node in run.left_on)
 
     def _finish_adoption(self, now: float) -> None:
+        """Each adopted job runs on the nodes the last daemon left it on whose workers came back (its
+        trainer's ledger places it there); below its min it is suspended."""
         self._adopt_until = 0.0
+        self._feed_ledgers(now)  # the usable nodes and the live jobs, to place the adopted ones on
         for run in self.runs.values():
             if not run.adopted:
                 continue
-            run.adopted = False
-            run.target = [n for n in run.target if n in run.workers]
+            stopped = self._adopt_nodes(run, now)
+            run.adopted, run.left_on = False, ()
             run.members, run.published = [], ()  # republish: the runtime may be new
             try:  # runtimes with daemon-side state (a Horovod driver) take the job over
                 self.runtime.readopt(run.id, run.spec.command, {wid: node for node, wid in run.workers.items()})
             except (OSError, ValueError, RuntimeError) as exc:
                 log.warning("runtime.readopt(%s): %s", run.id, exc, extra=about(job=run.id))
                 self.store.log_event("readopt_error", run.id, error=str(exc))
-            if below_min(len(run.target), run.spec.min_nodes):
+            if stopped:
                 self._suspend(run, now, "not re-adopted after a daemon restart")
                 try:
                     self.runtime.forget(run.id)  # e.g. a driver the last daemon left running
                 except Exception as exc:
                     log.warning("runtime.forget(%s): %s", run.id, exc, extra=about(job=run.id))
-            self.store.log_event("readopted", run.id, nodes=run.target)
+            self.store.log_event("readopted", run.id, nodes=list(self.nodes_of(run.id)))
         self._changed = True
 
     def _hold_idle_nodes(self) -> None:

@@ -1,4 +1,4 @@
-"""Jobs and workers (act): make each job's workers match its target. Start workers on new nodes
+"""Jobs and workers (act): make each job's workers match its nodes (its trainer's ledger). Start workers on new nodes
 ahead of time, publish the member list once they are ready, stop workers of nodes a job lost, end
 the jobs observe marked. Every action is idempotent (agents ignore duplicate starts and stops; a
 member list is published only when it differs)."""
@@ -31,18 +31,16 @@ class Jobs(DaemonBase):
                 self._finish(run, *run.ending)
         self.scav.release(self._to_release)
         self._to_release.clear()
-        usable = self.usable_nodes()
         for run in list(self.runs.values()):
             if run.state.terminal:
                 continue
-            run.target = [n for n in run.target if n in usable]
-            if below_min(len(run.target), run.spec.min_nodes):
+            nodes = self.nodes_of(run.id)  # its trainer's ledger: usable nodes only, never below its min
+            if not nodes:  # the decision gave it none, or a loss stopped it (below min_nodes)
                 if run.members or run.workers or run.state.active:
                     self._suspend(run, now, "below min_nodes")
-                run.target = []
                 continue
             try:
-                self._act_job(run, now)
+                self._act_job(run, nodes, now)
             except ValueError as exc:  # e.g. the runtime refuses the job's command or ids
                 self._finish(run, JobState.FAILED, f"cannot run: {exc}")
         for run in self.runs.values():
@@ -51,8 +49,8 @@ class Jobs(DaemonBase):
                     self.hub.stop_worker(node, wid, grace=1.0)
                     run.leaving[wid] = (node, now + 5.0)
 
-    def _act_job(self, run: JobRun, now: float) -> None:
-        for node in run.target:
+    def _act_job(self, run: JobRun, nodes: tuple[str, ...], now: float) -> None:
+        for node in nodes:
             if node not in run.workers:
                 self._worker_seq += 1
                 run.workers[node] = f"{run.id}.{node}.{int(now * 1000) % 10**9}{self._worker_seq}"
@@ -65,7 +63,7 @@ class Jobs(DaemonBase):
                 env[ENV_SECRET] = self.job_secret(run.id)  # after the user's env: not overridable
                 self.hub.start_worker(node, wid, spec.argv, env, spec.cwd or run.spec.cwd, uid, gid)
                 run.start_sent[wid] = now
-        target = set(run.target)  # (list lookups: 64 x 64 a job, every step)
+        target = set(nodes)  # (list lookups: 64 x 64 a job, every step)
         for node in [n for n in run.workers if n not in target]:
             wid = run.workers.pop(node)
             run.leaving[wid] = (node, now + LEAVE_GRACE_S)
@@ -73,7 +71,7 @@ class Jobs(DaemonBase):
         published_ids = set(run.published)
         kept = [n for n in run.members if n in target and run.workers.get(n) in published_ids]
         kept_set = set(kept)
-        joining = [n for n in run.target if n not in kept_set]
+        joining = [n for n in nodes if n not in kept_set]
         ready = all(self._ready(run, run.workers[n]) for n in joining)
         members = kept + joining if ready else kept
         if members and below_min(len(members), run.spec.min_nodes):
@@ -85,7 +83,7 @@ class Jobs(DaemonBase):
         if run.members and set(run.members) == target:
             self._set_state(run, want, "placed")
         elif run.members:
-            self._set_state(run, JobState.RESCALING, f"to {len(run.target)} nodes")
+            self._set_state(run, JobState.RESCALING, f"to {len(nodes)} nodes")
 
     @staticmethod
     def _run_as(run: JobRun, beside_daemon: bool = False) -> tuple[int | None, int | None]:
@@ -122,7 +120,6 @@ class Jobs(DaemonBase):
 
     def _suspend(self, run: JobRun, now: float, reason: str) -> None:
         self._stop_workers(run, now)
-        run.target = []
         if run.state.active:
             self._set_state(run, JobState.SUSPENDED, reason)
         self._changed = True

@@ -60,10 +60,9 @@ class Observe(DaemonBase):
                 self._worker_exited(ev, now)
 
     def _node_lost(self, node: str, now: float, reason: str) -> None:
+        holders = self._lose_node(node, now)
         for run in self.runs.values():
-            if node in run.target or node in run.workers:
-                if node in run.target:
-                    run.target.remove(node)
+            if run.id in holders or node in run.workers:
                 wid = run.workers.pop(node, None)
                 if wid:
                     run.leaving.pop(wid, None)
@@ -94,8 +93,7 @@ class Observe(DaemonBase):
             self._changed = True
             return
         run.failures += 1
-        if ev.node in run.target:
-            run.target.remove(ev.node)
+        self._give_up_node(run, ev.node, now)
         self.store.log_event("worker_failed", run.id, worker=ev.worker, code=ev.code, failures=run.failures)
         if run.failures >= self.cfg.max_failures:
             self._end(run, JobState.FAILED, f"{run.failures} workers failed without progress; last {ev.worker} exit {ev.code}")

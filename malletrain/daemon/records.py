@@ -75,7 +75,6 @@ class JobRun:
     spec: JobSpec
     state: JobState
     base_samples: int = 0  # progress stored before this daemon started
-    target: list[str] = field(default_factory=list)  # nodes the last decision gave it
     members: list[str] = field(default_factory=list)  # nodes of the published member list
     published: tuple[str, ...] = ()  # worker ids of the published member list, in rank order
     workers: dict[str, str] = field(default_factory=dict)  # node -> worker id (members + joining)
@@ -87,7 +86,8 @@ class JobRun:
     last_progress: int = 0
     rescales: list[RescaleEvent] = field(default_factory=list)  # measured pauses (resumes left out)
     waiting: str = ""  # why the policy keeps it queued
-    adopted: bool = False
+    adopted: bool = False  # the last daemon ran it: its workers may come back (the adoption window)
+    left_on: tuple[str, ...] = ()  # while adopted: the nodes the last daemon ran it on (its stored members)
     saved_samples: int = 0  # progress last written to the store
     ending: tuple[JobState, str] | None = None  # observed: it ends (act makes it so), and why
     owner: tuple[int | None, int | None] = (None, None)  # (uid, gid) of the submitter

@@ -1,6 +1,6 @@
 """Trainers and the decide step: one policy per trainer (``[[trainers]]``), each deciding on its
 own view (its held usable nodes, its live jobs) and the monitor's evidence; a decision becomes each
-job's target. The policy states, one per trainer, are saved in the store after every decision that
+job's nodes in its trainer's ledger. The policy states, one per trainer, are saved in the store after every decision that
 changed one, so a restart resumes profiles, lender debts and learned curves."""
 
 from __future__ import annotations
@@ -100,13 +100,13 @@ class Trainers(DaemonBase):
 
     def view(self, now: float, trainer: str | None = None) -> View:
         """What one trainer's policy decides on (default: the first trainer's), built by its ledger
-        once it is told what this daemon holds now: its usable nodes, its live jobs (their targets)."""
+        once it is told what this daemon holds now: its usable nodes, its live jobs."""
         t = self.trainers[trainer or next(iter(self.trainers))]
         self._feed_ledger(t, now)
         return t.ledger.view(now, sorted(t.ledger.live_jobs()))
 
     def _feed_ledgers(self, now: float) -> None:
-        """Every trainer's ledger learns what this step observed (nodes usable, nodes gone, targets)."""
+        """Every trainer's ledger learns what this step observed (nodes usable, nodes gone, jobs)."""
         usable = self._usable_by_trainer()
         for t in self.trainers.values():
             self._feed_ledger(t, now, usable[t.name])
@@ -125,9 +125,9 @@ class Trainers(DaemonBase):
 
     def _feed_ledger(self, t: Trainer, now: float, usable: set[str] | None = None) -> None:
         """``t``'s ledger as events: nodes no longer usable are lost (each ends an idle fragment, and
-        interrupts the job on it), new ones usable from ``now``; jobs that ended leave it, new ones
-        are submitted; each live job's progress, node-hours and the nodes of its target it can hold
-        (a changed set: placed at ``now``, which is when the daemon changed or lost it)."""
+        interrupts the job on it, stopped below its min), new ones usable from ``now``; jobs that ended
+        leave it, new ones are submitted; each live job's progress and node-hours. The jobs' nodes are
+        the ledger's own: decisions place them (:meth:`_apply_decision`), losses take them away."""
         ledger = t.ledger
         if usable is None:
             usable = self._usable_by_trainer()[t.name]
@@ -142,25 +142,51 @@ class Trainers(DaemonBase):
         for job_id in ledger.live_jobs():
             if job_id not in runs:
                 ledger.ended(job_id)
-        held: dict[str, list[str]] = {}
-        taken: set[str] = set()
-        known = set(ledger.live_jobs())
         for run in runs.values():
-            if run.id not in known:
+            if not ledger.is_live(run.id):
                 ledger.submitted(self._job_view(run))
             spec = run.spec
             if spec.samples is not None:
                 ledger.progressed(run.id, float(max(0, spec.samples - run.last_progress)))
             ledger.used(run.id, self.used_node_hours(run.id))
-            nodes = [n for n in run.target if n in usable and n not in taken][: spec.max_nodes]
-            taken.update(nodes)
-            held[run.id] = nodes
-        moved = {j: nodes for j, nodes in held.items() if interrupts(ledger.nodes_of(j), nodes)}
-        for job_id, nodes in moved.items():  # first every job gives up what it lost, then takes what it gained
-            kept = set(nodes)
-            ledger.placed(job_id, [n for n in ledger.nodes_of(job_id) if n in kept], now)
-        for job_id, nodes in moved.items():
-            ledger.placed(job_id, nodes, now)
+
+    def nodes_of(self, job_id: str) -> tuple[str, ...]:
+        """The nodes ``job_id`` runs on, as its trainer's ledger has them (the one record act reads):
+        what the last decision gave it, less what it lost since; () for a job not live."""
+        run = self.runs.get(job_id)
+        if run is None:
+            return ()
+        ledger = self._trainer_of(run).ledger
+        return ledger.nodes_of(job_id) if ledger.is_live(job_id) else ()
+
+    def _lose_node(self, node: str, now: float) -> set[str]:
+        """``node`` was taken back (observed before the next feed): its trainer's ledger ends its idle
+        fragment and interrupts the job on it (stopped below its min). Returns the jobs that held it."""
+        holders = set()
+        for t in self.trainers.values():
+            holder = t.ledger.holder(node)
+            if holder is not None:
+                holders.add(holder)
+            t.ledger.lost([node], now)
+        return holders
+
+    def _adopt_nodes(self, run: JobRun, now: float) -> bool:
+        """An adopted job is placed on the nodes the last daemon left it on that are usable (and no other
+        job's); those whose workers did not come back are released. Returns whether that stopped it
+        (below its min, :meth:`policy.Ledger.released`)."""
+        ledger = self._trainer_of(run).ledger
+        if not ledger.is_live(run.id):
+            return False  # ending (e.g. cancelled while adoption was open): act ends it
+        nodes = [n for n in dict.fromkeys(run.left_on) if ledger.is_usable(n) and ledger.holder(n) is None]
+        ledger.placed(run.id, nodes, now)
+        return ledger.released(run.id, [n for n in nodes if n not in run.workers], now).stopped
+
+    def _give_up_node(self, run: JobRun, node: str, now: float) -> None:
+        """``run`` no longer runs on ``node`` (its worker there failed): the node stays ours and free,
+        and the job is stopped if that leaves it below its min (:meth:`policy.Ledger.released`)."""
+        ledger = self._trainer_of(run).ledger
+        if ledger.is_live(run.id):
+            ledger.released(run.id, [node], now)
 
     def _job_view(self, run: JobRun) -> JobView:
         """A new job as its trainer's ledger is told of it (no nodes yet)."""
@@ -204,7 +230,6 @@ class Trainers(DaemonBase):
         trainer.last_decision = decision
         trainer.profiling = frozenset(decision.profiling)
         self._apply_decision(decision, now, trainer.name)
-        self._feed_ledger(trainer, now)  # the new targets: placed now
 
     def _save_policy_states(self) -> None:
         state = policy_states_json(self.trainers)
@@ -213,18 +238,26 @@ class Trainers(DaemonBase):
             self._saved_policy_state = state
 
     def _apply_decision(self, decision: Decision, now: float, trainer: str) -> None:
-        """``trainer``'s decision: its jobs' targets, waiting reasons and the policy's events."""
+        """``trainer``'s decision: its jobs' nodes (placed in its ledger), waiting reasons and the policy's events."""
         for ev in decision.events:
             detail = {k: v for k, v in ev.detail.items()}
             self.store.log_event(ev.kind.value, ev.job, **detail)  # measured points: the policy state keeps them
+        ledger = self.trainers[trainer].ledger
+        moved: dict[str, list[str]] = {}
+        for job_id in ledger.live_jobs():
+            old, new = ledger.nodes_of(job_id), decision.nodes_of(job_id)
+            if interrupts(old, new):  # a permutation of the same nodes is no change
+                self.store.log_event("plan", job_id, nodes=list(new), before=list(old))
+                keep, had = set(new), set(old)
+                moved[job_id] = [n for n in old if n in keep] + [n for n in new if n not in had]
+        for job_id, nodes in moved.items():  # first every job gives up what it lost, then takes what it gained
+            kept = set(nodes)
+            ledger.placed(job_id, [n for n in ledger.nodes_of(job_id) if n in kept], now)
+        for job_id, nodes in moved.items():
+            ledger.placed(job_id, nodes, now)
         for run in self.runs.values():
-            if run.state.terminal or self.trainer_name(run.spec) != trainer:
-                continue
-            new = list(decision.nodes_of(run.id))
-            if interrupts(run.target, new):  # a permutation of the same nodes is no change
-                self.store.log_event("plan", run.id, nodes=new, before=run.target)
-                run.target = [n for n in run.target if n in set(new)] + [n for n in new if n not in set(run.target)]
-            run.waiting = decision.waiting.get(run.id, "")
+            if not run.state.terminal and self.trainer_name(run.spec) == trainer:
+                run.waiting = decision.waiting.get(run.id, "")
         for job_id, why in decision.stop.items():
             run = self.runs.get(job_id)
             if run is not None and not run.state.terminal and self.trainer_name(run.spec) == trainer:

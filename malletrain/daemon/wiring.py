@@ -161,7 +161,7 @@ class Wiring(DaemonBase):
         self._to_release: set[str] = set()
         self._node_owner: dict[str, str | None] = {}  # node -> its trainer (memo of node_trainer)
         self.trainers, self._saved_policy_state = self._load_trainers()
-        self.accounting = NodeAccounting(self.store)  # node-seconds (budget_node_hours), idle fragments
+        self.accounting = NodeAccounting(self.store)  # node-seconds (budget_node_hours); fragments: the ledgers
         self._worker_seq = 0
         now = self.clock()
         self._adopt_until = 0.0
