@@ -469,7 +469,8 @@ class Policy:
 
 
 def _same_nodes(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
-    return len(a) == len(b) and set(a) == set(b)
+    """The same node set (an unchanged job's plan lists its nodes in the same order: no sets built)."""
+    return a == b or (len(a) == len(b) and set(a) == set(b))
 
 
 def _without_nodes(job: JobView, r: Round) -> JobView:
