@@ -2,12 +2,11 @@
 
 ``best_j[c]`` is the best value of the first ``j`` items using at most ``c``
 units; ``best_j = max over choices (w, v) of shift(best_{j-1}, w) + v``. Each
-item is one gather of its choices' shifted rows and one ``max`` over them, so
-Python loops run over items, never over choices or capacity. Every row is kept
-so the backtrack can find, for each item, the first choice in its preference
-order that reproduces the row exactly (the same float operations give
-bit-identical sums, so ties are broken deterministically by the caller's
-preference order).
+choice is one ``np.maximum`` over a slice, so Python loops run over choices,
+never over capacity. Every row is kept so the backtrack can find, for each item,
+the first choice in its preference order that reproduces the row exactly (the
+same float operations give bit-identical sums, so ties are broken
+deterministically by the caller's preference order).
 """
 
 from __future__ import annotations
@@ -66,23 +65,19 @@ def _forward(items: list[Item], capacity: int) -> list[np.ndarray]:
     width = capacity + 1
     best = np.zeros(width)
     rows = [best]
-    columns = np.arange(width)
+    tmp = np.empty(width)
     reach = 0
     for pos, item in enumerate(items):
         new = np.empty(width)
+        new.fill(-np.inf)
         reach = min(capacity, reach + max(item.weights, default=0))
         top = reach + 1
-        weights = np.array(item.weights, np.int64)
-        fits = weights < top
-        if fits.any():
-            shifts, values = weights[fits], np.array(item.values, np.float64)[fits]
-            # row c of the previous table is read at c - w for each choice (-inf below 0, before the
-            # row): every choice's shifted row at once, and the best over the choices per capacity
-            pad = int(shifts.max())
-            prev = np.concatenate((np.full(pad, -np.inf), best[:top]))
-            new[:top] = (prev[(pad - shifts)[:, None] + columns[:top]] + values[:, None]).max(axis=0)
-        else:
-            new[:top] = -np.inf
+        for w, v in zip(item.weights, item.values):
+            if w >= top:
+                continue
+            n = top - w
+            np.add(best[:n], v, out=tmp[:n])
+            np.maximum(new[w:top], tmp[:n], out=new[w:top])
         if top < width:
             new[top:] = new[reach]
         if new[capacity] == -np.inf:
