@@ -155,12 +155,19 @@ class ValueRow:
     current_index: int
 
 
-def value_row(job: Job, horizon_s: float) -> ValueRow:
-    """``job.value(count, horizon_s)`` at every count 0, min..max, with one ``np.interp``: the
-    horizon times the rate, less the rescale pause (counts ascend, so the counts above the current
-    one are a suffix, those below it a prefix)."""
+def gains(job: Job, horizon_s: float) -> tuple[np.ndarray, np.ndarray]:
+    """``job``'s counts (0, then min..max) and what each earns over the horizon before any rescale
+    pause: the horizon times the rate, with one ``np.interp``."""
     counts = np.concatenate([np.zeros(1, np.int64), np.arange(job.min_nodes, job.max_nodes + 1, dtype=np.int64)])
-    values = horizon_s * curve_throughputs(job.scaling, counts)
+    return counts, horizon_s * curve_throughputs(job.scaling, counts)
+
+
+def value_row(job: Job, horizon_s: float, earned: tuple[np.ndarray, np.ndarray] | None = None) -> ValueRow:
+    """``job.value(count, horizon_s)`` at every count 0, min..max: :func:`gains` (``earned``, when the
+    caller has them) less the rescale pause (counts ascend, so the counts above the current one are a
+    suffix, those below it a prefix)."""
+    counts, earns = earned if earned is not None else gains(job, horizon_s)
+    values = earns.copy()
     cur, lo = job.current, job.min_nodes
     index = 0 if cur == 0 else (cur - lo + 1 if lo <= cur <= job.max_nodes else -1)
     if cur:
@@ -179,11 +186,11 @@ def row_envelope(job: Job, values: np.ndarray) -> Envelope:
     inner = [n for n in job.scaling if lo < n < top]
     if cur:
         inner.extend(n for n in (cur - 1, cur, cur + 1) if lo < n < top)
-    vals = values.tolist()
-    points = [(0, vals[0])]
+    at = [0]
     if top >= lo:
-        points.extend((n, vals[n - lo + 1]) for n in sorted({lo, top, *inner}))
-    return envelope(points)
+        at.extend(sorted({lo, top, *inner}))
+    vals = values[[0] + [n - lo + 1 for n in at[1:]]].tolist()  # the row's values at those counts
+    return envelope(list(zip(at, vals)))
 
 
 def _row_and_envelope(job: Job, horizon_s: float, size: int) -> tuple[ValueRow, Envelope]:
@@ -194,22 +201,31 @@ def _row_and_envelope(job: Job, horizon_s: float, size: int) -> tuple[ValueRow, 
 class RowMemo:
     """Value rows and envelopes of the jobs valued before, keyed by everything they are made of (the
     curve's points, the range, the current count, the rescale costs, the horizon and the row's
-    size). A caller that solves a stream of similar problems (the policy: most jobs are the same
-    from one decision to the next) keeps one and passes it to :func:`allocator.solve`; the plans
-    are the same with it or without it."""
+    size), and each curve's :func:`gains` over its range and the horizon (a job's row changes with
+    its count and its pauses far more often than its curve does). A caller that solves a stream of
+    similar problems (the policy: most jobs are the same from one decision to the next) keeps one and
+    passes it to :func:`allocator.solve`; the plans are the same with it or without it."""
 
     def __init__(self, keep: int = 4096) -> None:
         self.keep = keep
         self._rows: dict[tuple, tuple[ValueRow, Envelope]] = {}
+        self._gains: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
 
     def row(self, job: Job, horizon_s: float, size: int) -> tuple[ValueRow, Envelope]:
-        key = (tuple(job.scaling.items()), job.min_nodes, job.max_nodes, job.current, job.up_cost_s,
-               job.down_cost_s, horizon_s, size)
+        curve = tuple(job.scaling.items())
+        key = (curve, job.min_nodes, job.max_nodes, job.current, job.up_cost_s, job.down_cost_s, horizon_s, size)
         hit = self._rows.get(key)
         if hit is None:
+            gain_key = (curve, job.min_nodes, job.max_nodes, horizon_s)
+            earned = self._gains.get(gain_key)
+            if earned is None:
+                if len(self._gains) >= self.keep:
+                    self._gains.clear()
+                earned = self._gains[gain_key] = gains(job, horizon_s)
             if len(self._rows) >= self.keep:
                 self._rows.clear()
-            hit = self._rows[key] = _row_and_envelope(job, horizon_s, size)
+            row = value_row(job, horizon_s, earned)
+            hit = self._rows[key] = (row, row_envelope(job, row.values[:size]))
         return hit
 
 

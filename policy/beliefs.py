@@ -195,31 +195,69 @@ class Population:
     pooled: dict[int, float] | None
 
 
+@dataclass(frozen=True)
+class Believed:
+    """One job's believed curve (``raw``, samples/s), the allocator's curve made from it (``scaled``)
+    and the nodes the job absorbs on it, with what they were made of: the job's own curve and range,
+    its measured points, and the population's guess and pooled prior when it uses them (copies:
+    compared by value)."""
+
+    scaling: dict[int, float] | None
+    min_nodes: int
+    max_nodes: int
+    measured: dict[int, float]
+    population: tuple[float, dict[int, float] | None] | None
+    raw: dict[int, float]
+    scaled: dict[int, float]
+    absorbs: int
+
+    def made_of(self, job: JobView, measured: Mapping[int, float],
+                population: tuple[float, dict[int, float] | None] | None) -> bool:
+        """Whether these curves were made of exactly what ``job`` has now (all by value)."""
+        return (self.min_nodes == job.min_nodes and self.max_nodes == job.max_nodes
+                and self.measured == measured and self.population == population
+                and self.scaling == (job.scaling or None))
+
+
+@dataclass(frozen=True)
+class Guess:
+    """The population's per-node rate, with the state it was computed from (copies: compared by value)."""
+
+    measured: dict[str, dict[int, float]]
+    population: list[float]
+    guess: float
+
+
 class Beliefs:
     """The curves the policy believes, from its config and state, under this module's rules.
 
-    Curves are remembered per job, keyed by everything they are made of (the job's own curve and
-    range, its measured points, and the population's guess and pooled prior when it uses them): a
-    curve is made again exactly when one of those changed, and a state changed by hand (a test, a
-    restart) is read as it is now.
+    Curves are remembered per job (:class:`Believed`) with everything they are made of, compared by
+    value: a curve is made again exactly when one of those changed, and a state changed by hand (a
+    test, a restart) is read as it is now. The population's guess and pooled prior are remembered the
+    same way.
     """
 
     def __init__(self, config: PolicyConfig, state: PolicyState) -> None:
         self.config = config
         self.state = state
-        self._curves: dict[str, tuple[tuple, dict[int, float], dict[int, float]]] = {}  # job -> (key, raw, scaled)
-        self._pooled: tuple[tuple, dict[int, float] | None] | None = None  # (shapes and guess, pooled prior)
+        self._curves: dict[str, Believed] = {}
+        self._guess: Guess | None = None
+        self._pooled: tuple[list[dict[int, float]], float, dict[int, float] | None] | None = None  # shapes, guess, prior
 
     def guess(self) -> float:
         """The population's per-node rate (:func:`guess_per_node`) as the state stands."""
-        return guess_per_node(self.state.measured.values(), self.state.population)
+        st, memo = self.state, self._guess
+        if memo is None or memo.population != st.population or memo.measured != st.measured:
+            memo = self._guess = Guess({k: dict(v) for k, v in st.measured.items()}, list(st.population),
+                                       guess_per_node(st.measured.values(), st.population))
+        return memo.guess
 
     def pooled_prior(self, guess: float) -> dict[int, float] | None:
         """The population prior pooled from the shapes of the jobs that finished, at ``guess``."""
-        key = (tuple(tuple(sorted(sh.items())) for sh in self.state.shapes), guess)
-        if self._pooled is None or self._pooled[0] != key:
-            self._pooled = (key, pooled_prior(self.state.shapes, guess))
-        return self._pooled[1]
+        shapes, memo = self.state.shapes, self._pooled
+        if memo is None or memo[1] != guess or memo[0] != shapes:
+            memo = self._pooled = ([dict(sh) for sh in shapes], guess, pooled_prior(shapes, guess))
+        return memo[2]
 
     def population(self) -> Population:
         """The :class:`Population` as the state stands (a decision takes it once its points are settled)."""
@@ -239,22 +277,32 @@ class Beliefs:
         """``job``'s believed curve (samples/s) and the allocator's curve made from it (in 1-node
         equivalents with ``objective = "work"``); ``population``: :meth:`population`, when the caller
         has it."""
+        b = self.believed(job, population)
+        return b.raw, b.scaled
+
+    def absorbs(self, job: JobView, population: Population | None = None) -> int:
+        """The nodes ``job`` can put to use (:func:`absorbs` on its believed curve)."""
+        return self.believed(job, population).absorbs
+
+    def believed(self, job: JobView, population: Population | None = None) -> Believed:
+        """What the policy believes about ``job`` (:class:`Believed`), made again only when what it is
+        made of changed."""
         measured = self.state.measured.get(job.id, {})
         uses_pool = self._uses_pool(job)
         pop = population if population is not None or not uses_pool else self.population()
-        key = (tuple(job.scaling.items()) if job.scaling else None, job.min_nodes, job.max_nodes,
-               tuple(measured.items()),
-               (pop.guess, tuple(pop.pooled.items()) if pop.pooled else None) if uses_pool and pop else None)
+        pop_part = (pop.guess, pop.pooled or None) if uses_pool and pop else None
         hit = self._curves.get(job.id)
-        if hit is not None and hit[0] == key:
-            return hit[1], hit[2]
+        if hit is not None and hit.made_of(job, measured, pop_part):
+            return hit
         raw = allocator_curve(job, self.scalability(job, pop if uses_pool else Population(1.0, None)))
         scaled = raw
         if self.config.objective is Objective.WORK:  # in 1-node equivalents: rate(n) / rate(1)
             one = throughput_at(raw, 1)
             scaled = {n: v / one for n, v in raw.items()} if one > 0 else raw
-        self._curves[job.id] = (key, raw, scaled)
-        return raw, scaled
+        made = self._curves[job.id] = Believed(
+            dict(job.scaling) if job.scaling else None, job.min_nodes, job.max_nodes, dict(measured),
+            pop_part, raw, scaled, absorbs(job, raw, self.config.admission_knee))
+        return made
 
     def forget(self, live: Iterable[str]) -> None:
         """Drop the curves of jobs not in ``live``."""

@@ -87,9 +87,10 @@ __all__ = ("Policy", "evidence_from", "profile_counts")
 class Policy:
     """Holds the config and the :class:`PolicyState`; see the module doc for the rules.
 
-    Besides the state it remembers only what is keyed by value: each job's believed curve with
+    Besides the state it remembers only what is compared by value: each job's believed curve with
     what it was made of (:class:`policy.beliefs.Beliefs`), the fragment model with the fragments
-    it was made of, and the inputs of the last decision that changed nothing.
+    it was made of, the inputs of the last decision that changed nothing, the allocator's value rows
+    (:class:`allocator.RowMemo`) and the allocator's jobs of the last problem (reused when equal).
     """
 
     def __init__(self, config: PolicyConfig | None = None, state: PolicyState | None = None) -> None:
@@ -101,6 +102,7 @@ class Policy:
         self._fragments: tuple[tuple[float, ...], FragmentModel] | None = None
         self._noop_key: tuple | None = None  # the inputs of the last decision, if it changed nothing
         self._rows = RowMemo()  # the allocator's value rows of jobs valued before, keyed by value
+        self._jobs: dict[str, Job] = {}  # the allocator's jobs of the last problem solved, by job id
 
     # ------------------------------------------------------------------ the decision
 
@@ -139,7 +141,7 @@ class Policy:
 
     def absorbs(self, job: JobView, population: Population | None = None) -> int:
         """The nodes ``job`` can put to use (:func:`policy.beliefs.absorbs` on its believed curve)."""
-        return beliefs.absorbs(job, self.believed_curve(job, population), self.config.admission_knee)
+        return self.beliefs.absorbs(job, population)
 
     def expected_count(self, r: Round, job: JobView, n_jobs: int) -> int:
         """The count the allocator is expected to give ``job`` (:func:`policy.profiling.expected_count`)."""
@@ -403,14 +405,25 @@ class Policy:
             if j.budget_node_hours is not None:  # no more nodes than the rest of the budget pays for
                 left_s = max(0.0, j.budget_node_hours - j.used_node_hours) * 3600.0
                 hi = max(lo, min(hi, int(left_s // horizon)))
-            jobs.append(Job(j.id, lo, hi, curve, tuple(nodes), up, down))
+            jobs.append(self._problem_job(j.id, lo, hi, curve, tuple(nodes), up, down))
         # the jobs can grow by at most their room, and a growing job takes the first free nodes: the
         # rest of a large idle pool changes no plan, only what the problem costs to build and check
         room = sum(max(0, j.max_nodes - j.current) for j in jobs)
+        self._jobs = {job.id: job for job in jobs}
         plan = solve(Problem(tuple(jobs), tuple(free[:room]), horizon), method=cfg.method, memo=self._rows)
         assignment = dict(plan.assignment)
         assignment.update(fixed)
         return assignment, plan.objective, plan.method
+
+    def _problem_job(self, job_id: str, lo: int, hi: int, curve: dict[int, float], nodes: tuple[str, ...],
+                     up: float, down: float) -> Job:
+        """The allocator's :class:`Job`: the one of the last problem when every field is equal (made and
+        checked then), else a new one."""
+        last = self._jobs.get(job_id)
+        if (last is not None and last.min_nodes == lo and last.max_nodes == hi and last.nodes == nodes
+                and last.up_cost_s == up and last.down_cost_s == down and last.scaling == curve):
+            return last
+        return Job(job_id, lo, hi, curve, nodes, up, down)
 
     def _curve_of(self, r: Round) -> Callable[[JobView], dict[int, float]]:
         """The believed curve of a job in decision ``r``."""
@@ -456,7 +469,8 @@ class Policy:
 
 
 def _same_nodes(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
-    return len(a) == len(b) and set(a) == set(b)
+    """The same node set (an unchanged job's plan lists its nodes in the same order: no sets built)."""
+    return a == b or (len(a) == len(b) and set(a) == set(b))
 
 
 def _without_nodes(job: JobView, r: Round) -> JobView:
