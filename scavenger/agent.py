@@ -31,6 +31,7 @@ import argparse
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -59,6 +60,8 @@ RECALL_GRACE_S = 0.5
 """After SIGTERM, workers get this long to checkpoint and exit before SIGKILL (the agent
 itself must be gone within a second: Slurm honours GraceTime only then)."""
 STOP_GRACE_S = 1.0
+POLL_MS = 50
+"""The loop's longest wait for something to happen (timers: heartbeats, reaping, retries)."""
 BATCH_JOB_VARS = ("SLURM_JOB_ID", "PBS_JOBID", "MALLETRAIN_BATCH_JOB")
 """Where the agent finds its pilot's id: Slurm, PBS, then the local backend's variable."""
 
@@ -74,6 +77,17 @@ def batch_job_from(env: Mapping[str, str]) -> str | None:
             except ValueError as exc:
                 log.warning("ignoring %s: %s", var, exc)
     return None
+
+
+def process_age() -> str:
+    """Seconds since this process started (its interpreter's start and imports included), or ``?``
+    where ``/proc`` does not say."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return f"{uptime - int(fields[19]) / os.sysconf('SC_CLK_TCK'):.2f}"
+    except (OSError, ValueError, IndexError):
+        return "?"
 
 
 class Agent(DaemonLink, WorkerHost):
@@ -129,6 +143,23 @@ class Agent(DaemonLink, WorkerHost):
         self.sock.setsockopt(zmq.MAXMSGSIZE, C.MAX_FRAME)
         self.monitor = self.sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         self.sock.connect(daemon)
+        self.poller = zmq.Poller()
+        self.poller.register(self.sock, zmq.POLLIN)
+        self.poller.register(self.monitor, zmq.POLLIN)
+        self.watched: socket.socket | None = None  # the warm process's socket, watched while it imports
+
+    def wait_events(self, timeout_ms: int) -> dict[object, int]:
+        """Wait up to ``timeout_ms`` for a frame from the daemon, a connection event, or the word of
+        the warm process still importing (its ``ready`` ends the wait at once: a worker deferred
+        until then starts without waiting for the next loop)."""
+        importing = self.warm.sock if self.warm is not None and self.warm.starting else None
+        if importing is not self.watched:
+            if self.watched is not None:
+                self.poller.unregister(self.watched)
+            if importing is not None:
+                self.poller.register(importing, zmq.POLLIN)
+            self.watched = importing
+        return dict(self.poller.poll(timeout_ms))
 
     def handle(self, body: bytes) -> None:
         """Carry out one authenticated message from the daemon."""
@@ -150,20 +181,17 @@ class Agent(DaemonLink, WorkerHost):
 
 
     def run(self) -> int:
-        log.info("node %s: agent start, pid %d, daemon %s (heartbeat %.1f s, gives up after %.1f s of silence, "
-                 "batch job %s)", self.node, os.getpid(), self.daemon, self.heartbeat_s, self.dead_after_s,
-                 self.batch_job or "none")
+        log.info("node %s: agent start, pid %d (up %s s), daemon %s (heartbeat %.1f s, gives up after %.1f s of "
+                 "silence, batch job %s)", self.node, os.getpid(), process_age(), self.daemon, self.heartbeat_s,
+                 self.dead_after_s, self.batch_job or "none")
         if self.warm is not None and not self.workers:
             self.warm.prepare()  # first: the framework imports while the pilot registers (before the first challenge)
         last_daemon = time.monotonic()
         next_hb = 0.0
-        poller = zmq.Poller()
-        poller.register(self.sock, zmq.POLLIN)
-        poller.register(self.monitor, zmq.POLLIN)
         code = 0
         try:
             while self.leave_reason is None:
-                events = dict(poller.poll(50))
+                events = self.wait_events(POLL_MS)
                 if self.monitor in events:
                     self._on_connection_events()
                 if self.sock in events:
