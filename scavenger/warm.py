@@ -263,6 +263,26 @@ class WarmSlot:
                 pass
 
 
+def warm_modules_in(argv: Sequence[str]) -> tuple[str, ...]:
+    """The modules an agent's command line (``--warm MODULES``) asks it to import ahead (none if none)."""
+    ap = argparse.ArgumentParser(add_help=False)
+    ap.add_argument("--warm", default="")
+    known, _ = ap.parse_known_args(list(argv))
+    return tuple(m for m in known.warm.split(",") if m)
+
+
+def early_slot(argv: Sequence[str]) -> WarmSlot | None:
+    """A warm process started at once for the agent program about to run with ``argv`` (None without
+    ``--warm``): the agent starts it before its own imports (:mod:`scavenger.agent`), so the framework's
+    import begins with the pilot's process, not after the agent's start-up."""
+    modules = warm_modules_in(argv)
+    if not modules:
+        return None
+    slot = WarmSlot(modules)
+    slot.prepare()
+    return slot
+
+
 # ----------------------------------------------------------------------------- warm side
 def _receive(sock: socket.socket) -> tuple[Assignment, int]:
     chunks, fds = [], []

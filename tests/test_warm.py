@@ -3,6 +3,7 @@ fresh interpreter would have run it; anything it could not run exactly that way 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -204,6 +205,35 @@ def test_the_agent_knows_how_long_its_process_has_run() -> None:
     from scavenger.agent import process_age
 
     assert 0.0 <= float(process_age()) < 24 * 3600  # (the agent's start line says it: its start-up's cost)
+
+
+def test_the_agent_program_starts_its_warm_process_before_its_own_imports(tmp_path: Path) -> None:
+    """Run as the pilot runs it (``python -m scavenger.agent ... --warm MODULES``), the agent spawns its
+    warm process before it imports zmq and the rest of itself; an agent that then cannot run (here: no
+    key file) ends that process too."""
+    driver = tmp_path / "driver.py"
+    driver.write_text(
+        "import json, runpy, subprocess, sys\n"
+        "seen = []\n"
+        "class Spy(subprocess.Popen):\n"
+        "    def __init__(self, args, *a, **k):\n"
+        "        super().__init__(args, *a, **k)\n"
+        "        seen.append((list(args), 'zmq' in sys.modules, self))\n"
+        "subprocess.Popen = Spy\n"
+        f"sys.argv = ['agent', '--node', 'n1', '--daemon', 'tcp://127.0.0.1:1', '--key-file', "
+        f"{str(tmp_path / 'missing.key')!r}, '--warm', 'json']\n"
+        "try:\n"
+        "    runpy.run_module('scavenger.agent', run_name='__main__', alter_sys=True)\n"
+        "except SystemExit as exc:\n"
+        "    code = exc.code\n"
+        "print(json.dumps({'code': code, 'popens': [(a, z, p.poll()) for a, z, p in seen]}))\n")
+    res = subprocess.run([sys.executable, str(driver)], capture_output=True, text=True, timeout=60)
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["code"] == 2  # EXIT_NO_KEY
+    argv, zmq_loaded, returncode = out["popens"][0]
+    assert argv[1:3] == ["-m", "scavenger.warm"] and argv[-1] == "json"
+    assert not zmq_loaded  # spawned before the agent's own imports
+    assert returncode is not None  # and ended with the agent that could not run
 
 
 def test_daemon_passes_the_runtimes_modules_to_its_agents() -> None:
