@@ -256,6 +256,10 @@ def node_stages(d, jid: str, node: str, after: float) -> dict[str, float | None]
     age = re.search(r"\(up ([0-9.]+) s\)", begun)
     if age and at["agent start"] is not None:
         at["agent exec"] = at["agent start"] - float(age.group(1))
+    spawned = next(((t, line) for t, line in agent if ": importing " in line), None)
+    early = re.search(r"started with the agent's process, ([0-9.]+) s ago", spawned[1]) if spawned else None
+    if early and at["warm import start"] is not None:  # spawned before the agent's imports, logged after them
+        at["warm import start"] -= float(early.group(1))
     joined = next((line for t, line in worker if t > after and ": in generation " in line), None)
     if joined is not None and at["rendezvous joined"] is not None:  # "... barrier B s, gloo group G s, state S s"
         m = re.search(r"gloo group ([0-9.]+) s, state ([0-9.]+) s", joined)

@@ -306,8 +306,8 @@ def _main(argv: Sequence[str] | None, warm: WarmSlot | None) -> int:
         warm.close()
         warm = None
     if warm is not None and warm.proc is not None:
-        log.info("warm worker pid %d: importing %s (started with the agent's process)", warm.proc.pid,
-                 ", ".join(modules))
+        log.info("warm worker pid %d: importing %s (started with the agent's process, %.2f s ago)", warm.proc.pid,
+                 ", ".join(modules), time.monotonic() - warm.spawned_at)
     agent = Agent(args.node, args.daemon, key, args.heartbeat, args.dead_after, args.log_dir,
                   batch_job=batch_job_from(os.environ), warm_modules=modules, warm=warm)
     agent.log_max_bytes, agent.logs_max_total = args.log_max_bytes, args.logs_max_total

@@ -77,8 +77,9 @@ class Jobs(DaemonBase):
         ready = [n for n in joining if self._ready(run, run.workers[n])]
         run.ready_at = {run.workers[n]: run.ready_at.get(run.workers[n], now) for n in ready}
         waited = now - min(run.ready_at.values(), default=now)
-        # together once all are ready; the ready ones alone once the first has waited JOIN_BATCH_S
-        members = kept + ready if len(ready) == len(joining) or waited >= JOIN_BATCH_S else kept
+        # together once all are ready; into a running world, the ready ones alone once the first has
+        # waited JOIN_BATCH_S (a job's first world still waits for all its workers)
+        members = kept + ready if len(ready) == len(joining) or (kept and waited >= JOIN_BATCH_S) else kept
         if members and below_min(len(members), run.spec.min_nodes):
             members = []
         changed = members != run.members or tuple(run.workers[n] for n in members) != run.published
