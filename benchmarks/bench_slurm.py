@@ -36,8 +36,10 @@ Needs Slurm (installed with apt when missing, as root).
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -52,14 +54,16 @@ from scavenger.slurm import SlurmBackend, SlurmConfig
 from scavenger.testing.slurm_cluster import ClusterUnavailable, SlurmCluster
 
 
-def wait_for(what: str, pred, timeout: float = 60.0, tick=None) -> None:
+def wait_for(what: str, pred, timeout: float = 60.0, tick=None, pause: float = 0.05) -> None:
+    """Call ``tick`` and ``pred`` until ``pred()``, sleeping ``pause`` between (0: ``tick`` waits itself)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if tick is not None:
             tick()
         if pred():
             return
-        time.sleep(0.05)
+        if pause:
+            time.sleep(pause)
     raise RuntimeError(f"{what}: not within {timeout:g} s")
 
 
@@ -123,22 +127,81 @@ def one_run(cluster: SlurmCluster, tmp: Path, run: int, prod_nodes: list[str]) -
     return idle_delay, held_delay, report
 
 
-def steps_after(logs: list[Path], world: int, after: float) -> float | None:
-    """The time of the first traced step at ``world`` after ``after`` in any of ``logs``."""
-    best = None
-    for log in logs:
-        later = [s["t"] for s in steps(log) if s.get("world") == world and s["t"] > after]
-        if later:
-            best = later[0] if best is None else min(best, later[0])
-    return best
+class StepTail:
+    """The traced steps of worker logs, each log read on from where the last call stopped (the logs
+    grow by a line a step: read whole at every tick, they slowed the daemon's loop they measure)."""
+
+    def __init__(self) -> None:
+        self.offsets: dict[Path, int] = {}
+        self.steps: dict[Path, list[tuple[float, int]]] = {}  # (time, world) of each step
+
+    def read(self, log: Path) -> list[tuple[float, int]]:
+        got = self.steps.setdefault(log, [])
+        try:
+            with log.open("rb") as f:
+                f.seek(self.offsets.get(log, 0))
+                chunk = f.read()
+        except FileNotFoundError:
+            return got
+        done = chunk.rfind(b"\n") + 1  # whole lines only: the rest is read next time
+        self.offsets[log] = self.offsets.get(log, 0) + done
+        for line in chunk[:done].splitlines():
+            if b'"ev": "step"' not in line:
+                continue
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                continue
+            got.append((float(obj["t"]), int(obj.get("world", 0))))
+        return got
+
+    def first_after(self, logs: list[Path], world: int, after: float) -> float | None:
+        """The time of the first traced step at ``world`` after ``after`` in any of ``logs``."""
+        times = [t for log in logs for t, w in self.read(log) if w == world and t > after]
+        return min(times) if times else None
 
 
-STAGES = ("pilot submitted", "pilot running", "agent hello", "worker spawned", "script ready",
-          "rendezvous joined", "first step")
+STAGES = ("pilot submitted", "pilot running", "agent exec", "agent start", "warm import start", "agent hello", "grow decided",
+          "start deferred", "warm import done", "worker spawned", "store connected", "script ready",
+          "generation published", "barrier passed", "rendezvous joined", "first step")
 """Stages of a node coming back, each as seconds after the prod job's end (``scancel``): the daemon's
-sbatch of a new pilot, the backend seeing it run, its agent's hello, the worker's start (warm or cold),
-the training script calling join (framework imported, model built), the worker in the new world,
-and its first step."""
+sbatch of a new pilot, the backend seeing it run, its agent's process start (its interpreter's exec, from
+the age the agent logs) and the agent's start (after its imports; its log), the
+warm process's spawn, the agent's hello, the daemon's plan that adds the node, the start the agent defers
+while the warm process imports, the warm process ready, the worker's start (the daemon's event), the
+worker connected to the daemon's store (its log), the training script calling join (framework imported,
+model built), the daemon's member list with the node, the join barrier passed, the worker in the new
+world (gloo group and state), and its first step."""
+
+_STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) ")
+
+
+def _stamped(path: Path) -> list[tuple[float, str]]:
+    """``(unix time, line)`` of each timestamped log line of ``path`` (the agent's and the worker's format)."""
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
+        m = _STAMP.match(line)
+        if m:
+            t = time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")) + int(m.group(2)) / 1000
+            out.append((t, line))
+    return out
+
+
+def _first_line(lines: list[tuple[float, str]], needle: str, after: float) -> float | None:
+    return next((t for t, line in lines if t > after - 0.001 and needle in line), None)
+
+
+def _agent_log(logs: Path, node: str, after: float) -> list[tuple[float, str]]:
+    """The log of the first agent that started on ``node`` after ``after`` (its pilot's output file)."""
+    best: tuple[float, list[tuple[float, str]]] | None = None
+    for path in logs.glob("pilot-*.out"):
+        lines = _stamped(path)
+        t = _first_line(lines, f"node {node}: agent start", after)
+        if t is not None and (best is None or t < best[0]):
+            best = (t, lines)
+    return best[1] if best else []
 
 
 def _first_event(d, kind: str, node: str, after: float) -> float | None:  # type: ignore[no-untyped-def]
@@ -169,16 +232,44 @@ def node_stages(d, jid: str, node: str, after: float) -> dict[str, float | None]
     joins = [e for e in traced(log, "rescale") if e.get("kind") == "join"] if log else []
     first = [e["t"] for e in steps(log)] if log else []
     running = _first_event(d, "pilot_started", node, after)
+    agent = _agent_log(d.state_dir / "logs", node, after)
+    worker = _stamped(log) if log else []
     at = {
         "pilot submitted": _submitted(d, node, after, running),
         "pilot running": running,
+        "agent exec": None,
+        "agent start": _first_line(agent, "agent start", after),
+        "warm import start": _first_line(agent, ": importing ", after),
         "agent hello": _first_event(d, "agent_up", node, after),
+        "grow decided": _first_event(d, "plan", node, after),
+        "start deferred": _first_line(agent, "waits for the warm worker", after),
+        "warm import done": _first_line(agent, " ready after ", after),
         "worker spawned": _first_event(d, "worker_started", node, after),
+        "store connected": _first_line(worker, "connected to the daemon's store", after),
         "script ready": float(joins[0]["started"]) if joins else None,
+        "generation published": _first_event(d, "members", node, after),
+        "barrier passed": None,
         "rendezvous joined": float(joins[0]["finished"]) if joins else None,
         "first step": float(first[0]) if first else None,
     }
-    return {k: (v - after if v is not None else None) for k, v in at.items()}
+    begun = next((line for t, line in agent if "agent start" in line), "")
+    age = re.search(r"\(up ([0-9.]+) s\)", begun)
+    if age and at["agent start"] is not None:
+        at["agent exec"] = at["agent start"] - float(age.group(1))
+    spawned = next(((t, line) for t, line in agent if ": importing " in line), None)
+    early = re.search(r"started with the agent's process, ([0-9.]+) s ago", spawned[1]) if spawned else None
+    if early and at["warm import start"] is not None:  # spawned before the agent's imports, logged after them
+        at["warm import start"] -= float(early.group(1))
+    joined = next((line for t, line in worker if t > after and ": in generation " in line), None)
+    if joined is not None and at["rendezvous joined"] is not None:  # "... barrier B s, gloo group G s, state S s"
+        m = re.search(r"gloo group ([0-9.]+) s, state ([0-9.]+) s", joined)
+        if m:
+            at["barrier passed"] = at["rendezvous joined"] - float(m.group(1)) - float(m.group(2))
+    out = {k: (v - after if v is not None else None) for k, v in at.items()}
+    ready = next((line for t, line in agent if " ready after " in line), "")
+    m = re.search(r"\(import ([0-9.]+) s, ([0-9.]+) s CPU\)", ready)
+    out["import wall s"], out["import CPU s"] = (float(m.group(1)), float(m.group(2))) if m else (None, None)
+    return out
 
 
 @dataclass
@@ -215,16 +306,18 @@ def daemon_runs(cluster: SlurmCluster, tmp: Path, modes: list[bool], prod_nodes:
         jid = d.store.submit(JobSpec("lin", train, 1, n_all, False, {n: 100.0 * n for n in range(1, n_all + 1)},
                                      env={"OMP_NUM_THREADS": "1"}))
 
+        tail = StepTail()
+        steps_after = tail.first_after
+
         def tick() -> None:
-            d.step()
-            d.monitor.drain(timeout_ms=20)
+            d.run(cfg.loop_interval)  # one iteration and its wait, as the daemon's own loop does them
 
         def logs() -> list[Path]:
             run = d.runs[jid]
             return [d.state_dir / "logs" / f"{w}.log" for w in run.workers.values()]
 
         wait_for("job on every node", lambda: len(d.runs[jid].members) == n_all
-                 and steps_after(logs(), n_all, 0.0) is not None, timeout=180, tick=tick)
+                 and steps_after(logs(), n_all, 0.0) is not None, timeout=180, tick=tick, pause=0)
         for run, requeue in enumerate(modes):
             d.scav.requeue_recalled = requeue
             label = "default" if requeue else "baseline"
@@ -246,16 +339,16 @@ def daemon_runs(cluster: SlurmCluster, tmp: Path, modes: list[bool], prod_nodes:
                 cands = plans[:1] + members[:1] + ([max(lost.values())] if len(lost) == len(prod_nodes) else [])
                 return min(cands) if cands else None
 
-            wait_for("new plan", lambda: new_plan() is not None, tick=tick)
+            wait_for("new plan", lambda: new_plan() is not None, tick=tick, pause=0)
             small = n_all - len(prod_nodes)
-            wait_for("training resumed", lambda: steps_after(logs(), small, t0) is not None, tick=tick)
-            wait_for("prod job start", lambda: started.exists() and started.read_text().strip() != "", tick=tick)
+            wait_for("training resumed", lambda: steps_after(logs(), small, t0) is not None, tick=tick, pause=0)
+            wait_for("prod job start", lambda: started.exists() and started.read_text().strip() != "", tick=tick, pause=0)
             prod_delay = float(started.read_text().split()[0]) - t0
             plan_s, resumed_s = new_plan() - t0, steps_after(logs(), small, t0) - t0  # type: ignore[operator]
-            wait_for("prod job's hold", lambda: time.time() >= t0 + hold_s, timeout=hold_s + 60, tick=tick)
+            wait_for("prod job's hold", lambda: time.time() >= t0 + hold_s, timeout=hold_s + 60, tick=tick, pause=0)
             t1 = time.time()
             cluster.run(["scancel", prod])
-            wait_for("job grown", lambda: steps_after(logs(), n_all, t1) is not None, timeout=120, tick=tick)
+            wait_for("job grown", lambda: steps_after(logs(), n_all, t1) is not None, timeout=120, tick=tick, pause=0)
             grown_s = steps_after(logs(), n_all, t1) - t1  # type: ignore[operator]
             stages = [node_stages(d, jid, n, t1) for n in prod_nodes]
             out.append(DaemonRun(plan_s, resumed_s, grown_s, prod_delay, stages, requeue))
@@ -330,6 +423,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"prod start delay on held nodes: median {med(held_d):.2f} s, max {mx(held_d):.2f} s")
     print(f"prod sbatch -> ended(preempted) reported: median {med(reports):.2f} s, max {mx(reports):.2f} s")
     print(f"main-queue delay (agents only): median {med(extra):.2f} s, max {mx(extra):.2f} s over {len(extra)} runs")
+    for what in ("import wall s", "import CPU s"):  # the warm process's own figures (the agent's log)
+        col = [st[what] for f in figures for st in f.stages if st.get(what) is not None]
+        if col:
+            print(f"warm process: {what[:-2]}: median {med(col):.2f} s, max {mx(col):.2f} s")
     handed = [st["first step"] - st["worker spawned"] for f in figures for st in f.stages  # type: ignore[operator]
               if st["first step"] is not None and st["worker spawned"] is not None]
     if handed:  # what a warm worker removes: the framework's import after the daemon's decision

@@ -27,24 +27,40 @@ exits. Each worker's stdout and stderr go to ``--log-dir``/``WORKER.log``.
 
 from __future__ import annotations
 
-import argparse
-import logging
-import os
-import signal
 import sys
-import time
-from pathlib import Path
-from typing import Mapping, Sequence
 
-import zmq
+from scavenger.warm import WarmSlot, early_slot
 
-from scavenger import channel as C
-from scavenger import containment
-from scavenger import jobproc
-from scavenger import protocol as P
-from scavenger.agent_link import AUTH_RETRY_MAX_S, AUTH_RETRY_S, CONNECT_RETRY_S, OUTBOX_MAX, DaemonLink
-from scavenger.agent_workers import EXIT_RECALLED, RunAs, Worker, WorkerHost, run_as_owner
-from scavenger.warm import WarmSlot
+EARLY_WARM = early_slot(sys.argv[1:]) if __name__ == "__main__" else None
+"""Run as the agent program (the pilot's command), the warm process starts here, before the agent's own
+imports below (zmq, the channel, containment: 0.2 s of CPU, 0.5 s at this machine's load), so the
+framework's import -- the longest stage of a node's return -- begins with the pilot's process;
+:func:`main` hands it to the agent. Imported as a module (tests, the local backend's in-process use),
+nothing starts."""
+
+import argparse  # noqa: E402  (after the warm process's start: see EARLY_WARM)
+import logging  # noqa: E402
+import os  # noqa: E402
+import signal  # noqa: E402
+import socket  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Mapping, Sequence  # noqa: E402
+
+import zmq  # noqa: E402
+
+from scavenger import channel as C  # noqa: E402
+from scavenger import containment  # noqa: E402
+from scavenger import jobproc  # noqa: E402
+from scavenger import protocol as P  # noqa: E402
+from scavenger.agent_link import (  # noqa: E402
+    AUTH_RETRY_MAX_S,
+    AUTH_RETRY_S,
+    CONNECT_RETRY_S,
+    OUTBOX_MAX,
+    DaemonLink,
+)
+from scavenger.agent_workers import EXIT_RECALLED, RunAs, Worker, WorkerHost, run_as_owner  # noqa: E402
 
 __all__ = ("AUTH_RETRY_MAX_S", "AUTH_RETRY_S", "CONNECT_RETRY_S", "EXIT_DAEMON_LOST", "EXIT_NO_KEY", "EXIT_RECALLED",
            "OUTBOX_MAX", "RECALL_GRACE_S", "STOP_GRACE_S", "Agent", "RunAs", "Worker", "batch_job_from", "main",
@@ -59,6 +75,8 @@ RECALL_GRACE_S = 0.5
 """After SIGTERM, workers get this long to checkpoint and exit before SIGKILL (the agent
 itself must be gone within a second: Slurm honours GraceTime only then)."""
 STOP_GRACE_S = 1.0
+POLL_MS = 50
+"""The loop's longest wait for something to happen (timers: heartbeats, reaping, retries)."""
 BATCH_JOB_VARS = ("SLURM_JOB_ID", "PBS_JOBID", "MALLETRAIN_BATCH_JOB")
 """Where the agent finds its pilot's id: Slurm, PBS, then the local backend's variable."""
 
@@ -74,6 +92,17 @@ def batch_job_from(env: Mapping[str, str]) -> str | None:
             except ValueError as exc:
                 log.warning("ignoring %s: %s", var, exc)
     return None
+
+
+def process_age() -> str:
+    """Seconds since this process started (its interpreter's start and imports included), or ``?``
+    where ``/proc`` does not say."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return f"{uptime - int(fields[19]) / os.sysconf('SC_CLK_TCK'):.2f}"
+    except (OSError, ValueError, IndexError):
+        return "?"
 
 
 class Agent(DaemonLink, WorkerHost):
@@ -94,6 +123,7 @@ class Agent(DaemonLink, WorkerHost):
         log_dir: str | None = None,
         batch_job: str | None = None,
         warm_modules: tuple[str, ...] = (),
+        warm: WarmSlot | None = None,
     ) -> None:
         if len(key) != C.KEY_BYTES:
             raise ValueError(f"agent key must be {C.KEY_BYTES} bytes, got {len(key)}")
@@ -109,7 +139,9 @@ class Agent(DaemonLink, WorkerHost):
         self.next_sweep = 0.0
         self.log_max_bytes = jobproc.LOG_MAX_BYTES
         self.logs_max_total = jobproc.LOGS_MAX_TOTAL
-        self.warm = WarmSlot(warm_modules) if warm_modules else None  # a worker prepared ahead (scavenger.warm)
+        if warm is None and warm_modules:
+            warm = WarmSlot(warm_modules)
+        self.warm = warm  # a worker prepared ahead (scavenger.warm); ``warm``: one started already
         self.deferred: dict[str, tuple[P.StartWorker, float]] = {}  # workers waiting for the warm process
         self.leave_reason: str | None = None
         self.seq = 0
@@ -129,6 +161,23 @@ class Agent(DaemonLink, WorkerHost):
         self.sock.setsockopt(zmq.MAXMSGSIZE, C.MAX_FRAME)
         self.monitor = self.sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         self.sock.connect(daemon)
+        self.poller = zmq.Poller()
+        self.poller.register(self.sock, zmq.POLLIN)
+        self.poller.register(self.monitor, zmq.POLLIN)
+        self.watched: socket.socket | None = None  # the warm process's socket, watched while it imports
+
+    def wait_events(self, timeout_ms: int) -> dict[object, int]:
+        """Wait up to ``timeout_ms`` for a frame from the daemon, a connection event, or the word of
+        the warm process still importing (its ``ready`` ends the wait at once: a worker deferred
+        until then starts without waiting for the next loop)."""
+        importing = self.warm.sock if self.warm is not None and self.warm.starting else None
+        if importing is not self.watched:
+            if self.watched is not None:
+                self.poller.unregister(self.watched)
+            if importing is not None:
+                self.poller.register(importing, zmq.POLLIN)
+            self.watched = importing
+        return dict(self.poller.poll(timeout_ms))
 
     def handle(self, body: bytes) -> None:
         """Carry out one authenticated message from the daemon."""
@@ -150,20 +199,17 @@ class Agent(DaemonLink, WorkerHost):
 
 
     def run(self) -> int:
-        log.info("node %s: agent start, pid %d, daemon %s (heartbeat %.1f s, gives up after %.1f s of silence, "
-                 "batch job %s)", self.node, os.getpid(), self.daemon, self.heartbeat_s, self.dead_after_s,
-                 self.batch_job or "none")
+        log.info("node %s: agent start, pid %d (up %s s), daemon %s (heartbeat %.1f s, gives up after %.1f s of "
+                 "silence, batch job %s)", self.node, os.getpid(), process_age(), self.daemon, self.heartbeat_s,
+                 self.dead_after_s, self.batch_job or "none")
         if self.warm is not None and not self.workers:
             self.warm.prepare()  # first: the framework imports while the pilot registers (before the first challenge)
         last_daemon = time.monotonic()
         next_hb = 0.0
-        poller = zmq.Poller()
-        poller.register(self.sock, zmq.POLLIN)
-        poller.register(self.monitor, zmq.POLLIN)
         code = 0
         try:
             while self.leave_reason is None:
-                events = dict(poller.poll(50))
+                events = self.wait_events(POLL_MS)
                 if self.monitor in events:
                     self._on_connection_events()
                 if self.sock in events:
@@ -206,7 +252,17 @@ class Agent(DaemonLink, WorkerHost):
         return code
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, warm: WarmSlot | None = None) -> int:
+    """The agent program; ``warm``: a warm process started already for it (:data:`EARLY_WARM`), which it
+    takes over (and ends if it does not run)."""
+    try:
+        return _main(argv, warm)
+    finally:
+        if warm is not None:
+            warm.close()  # (the agent closed it already when it ran: idempotent)
+
+
+def _main(argv: Sequence[str] | None, warm: WarmSlot | None) -> int:
     ap = argparse.ArgumentParser(prog="python -m scavenger.agent", description=__doc__.splitlines()[0])
     ap.add_argument("--node", required=True)
     ap.add_argument("--daemon", required=True, help="the daemon's agent address, tcp://HOST:PORT")
@@ -245,9 +301,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not P.is_node_name(args.node):
         log.error("node name %r: must be 1-%d printable ASCII characters without spaces", args.node, P.NAME_MAX)
         return EXIT_NO_KEY
+    modules = tuple(m for m in args.warm.split(",") if m)
+    if warm is not None and warm.modules != modules:
+        warm.close()
+        warm = None
+    if warm is not None and warm.proc is not None:
+        log.info("warm worker pid %d: importing %s (started with the agent's process, %.2f s ago)", warm.proc.pid,
+                 ", ".join(modules), time.monotonic() - warm.spawned_at)
     agent = Agent(args.node, args.daemon, key, args.heartbeat, args.dead_after, args.log_dir,
-                  batch_job=batch_job_from(os.environ),
-                  warm_modules=tuple(m for m in args.warm.split(",") if m))
+                  batch_job=batch_job_from(os.environ), warm_modules=modules, warm=warm)
     agent.log_max_bytes, agent.logs_max_total = args.log_max_bytes, args.logs_max_total
     agent.containment = containment.choose(args.containment)
     log.info("node %s: containment: %s", args.node, agent.containment.description)
@@ -257,4 +319,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(warm=EARLY_WARM))

@@ -176,7 +176,10 @@ class WorkerHost:
         if warm_refusal(msg.argv, {**self.warm.env, **(msg.env or {})}, self.warm.env, self.warm.python):
             self.deferred.pop(msg.worker, None)
             return False
-        self.deferred.setdefault(msg.worker, (msg, time.monotonic()))
+        if msg.worker not in self.deferred:
+            log.info("node %s: worker %s waits for the warm worker, importing for %.2f s", self.node, msg.worker,
+                     time.monotonic() - self.warm.spawned_at)
+            self.deferred[msg.worker] = (msg, time.monotonic())
         return True
 
     def _start_deferred(self) -> None:

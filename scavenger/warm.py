@@ -49,7 +49,10 @@ from scavenger import jobproc
 
 log = logging.getLogger("scavenger.warm")
 
-READY = b"ready\n"
+READY = b"ready"
+"""The warm process's word once imported: ``ready IMPORT_S CPU_S\n`` (the import's wall time and the
+process's CPU time so far, for the agent's log)."""
+READY_MAX = 64
 ASSIGN_MAX = 1 << 20
 START_TIME_VARS = ("LD_", "PYTHON", "OMP_", "MKL_", "KMP_", "GOMP_", "TORCH_", "MALLOC_")
 """Prefixes of environment variables read when an interpreter or its framework starts: a
@@ -155,6 +158,7 @@ class WarmSlot:
     sock: socket.socket | None = None
     ready: bool = False
     spawned_at: float = 0.0
+    said: bytes = b""  # what the warm process said so far (its ready line)
 
     @property
     def starting(self) -> bool:
@@ -180,7 +184,7 @@ class WarmSlot:
         finally:
             theirs.close()
         mine.setblocking(False)
-        self.sock, self.ready, self.spawned_at = mine, False, time.monotonic()
+        self.sock, self.ready, self.spawned_at, self.said = mine, False, time.monotonic(), b""
         log.info("warm worker pid %d: importing %s", self.proc.pid, ", ".join(self.modules))
 
     def poll(self) -> None:
@@ -193,16 +197,26 @@ class WarmSlot:
             return
         if not self.ready:
             try:
-                data = self.sock.recv(len(READY))
+                data = self.sock.recv(READY_MAX)
             except BlockingIOError:
                 return
             except OSError:
                 data = b""
-            if data == READY:
-                self.ready = True
-                log.info("warm worker pid %d ready after %.2f s", self.proc.pid, time.monotonic() - self.spawned_at)
-            else:
+            self.said += data
+            if b"\n" not in self.said:
+                if data and len(self.said) < READY_MAX:
+                    return  # the rest of the line comes next
+                self.close()  # it closed (or said something else) before it was ready
+                return
+            words = self.said.split(b"\n", 1)[0].split()
+            if not words or words[0] != READY:
                 self.close()
+                return
+            self.ready = True
+            import_s, cpu_s = (words[1:3] + [b"?", b"?"])[:2]
+            log.info("warm worker pid %d ready after %.2f s (import %s s, %s s CPU)", self.proc.pid,
+                     time.monotonic() - self.spawned_at, import_s.decode(errors="replace"),
+                     cpu_s.decode(errors="replace"))
 
     def take(self, assignment: Assignment, log_file: IO[bytes] | None) -> subprocess.Popen[bytes] | str:
         """Hand ``assignment`` to the ready warm process; its Popen, or why not (then start it cold)."""
@@ -247,6 +261,26 @@ class WarmSlot:
                 proc.wait(timeout=2.0)
             except subprocess.TimeoutExpired:
                 pass
+
+
+def warm_modules_in(argv: Sequence[str]) -> tuple[str, ...]:
+    """The modules an agent's command line (``--warm MODULES``) asks it to import ahead (none if none)."""
+    ap = argparse.ArgumentParser(add_help=False)
+    ap.add_argument("--warm", default="")
+    known, _ = ap.parse_known_args(list(argv))
+    return tuple(m for m in known.warm.split(",") if m)
+
+
+def early_slot(argv: Sequence[str]) -> WarmSlot | None:
+    """A warm process started at once for the agent program about to run with ``argv`` (None without
+    ``--warm``): the agent starts it before its own imports (:mod:`scavenger.agent`), so the framework's
+    import begins with the pilot's process, not after the agent's start-up."""
+    modules = warm_modules_in(argv)
+    if not modules:
+        return None
+    slot = WarmSlot(modules)
+    slot.prepare()
+    return slot
 
 
 # ----------------------------------------------------------------------------- warm side
@@ -300,9 +334,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--import", dest="modules", default="", help="modules to import ahead, comma-separated")
     args = ap.parse_args(argv)
     sock = socket.socket(fileno=args.fd)
+    began = time.monotonic()
     for name in filter(None, args.modules.split(",")):
         importlib.import_module(name)
-    sock.sendall(READY)
+    sock.sendall(READY + f" {time.monotonic() - began:.3f} {time.process_time():.3f}\n".encode())
     try:
         assignment, log_fd = _receive(sock)
     except (OSError, ValueError) as exc:

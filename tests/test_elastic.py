@@ -431,6 +431,39 @@ def test_renumber_recover_and_leave_in_process(runtime: TorchRuntime) -> None:
     assert not runtime.ready("j", "a")
 
 
+def test_a_failed_world_is_freed_before_the_recovery_waits(runtime: TorchRuntime,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The failed world's gloo group (held by the training function's DDP model, in the failure's
+    traceback) is freed before the worker waits for the next generation: its connections close, so a
+    peer blocked on this worker fails at once instead of at its collective timeout."""
+    runtime.set_members("j", ["a"])
+    state = make_state(runtime, "j", "a")
+    groups: list[Any] = []
+    alive_at_rejoin: list[bool] = []
+    rejoin = state._join
+
+    def join_again(gen: int) -> None:
+        alive_at_rejoin.append(groups[0]() is not None)
+        rejoin(gen)
+
+    def train(s: State) -> None:
+        net = s.ddp()  # the training function's own reference to the world's group
+        groups.append(weakref.ref(dist.group.WORLD))
+        if len(groups) == 1:
+            net(torch.zeros(1, 4)).sum().backward()
+            s.commit()
+            monkeypatch.setattr(s, "_join", join_again)
+            runtime.set_members("j", ["a"])
+            raise RuntimeError("[gloo] Connection closed by peer")
+        runtime.set_members("j", [])
+        s.commit()
+
+    with pytest.raises(SystemExit):
+        run(train, state)
+    assert [e.kind for e in state.rescales] == ["join", "recover", "leave"]
+    assert alive_at_rejoin[0] is False
+
+
 def test_user_errors_are_not_recovered(runtime: TorchRuntime) -> None:
     runtime.set_members("j", ["a"])
     state = make_state(runtime, "j", "a")

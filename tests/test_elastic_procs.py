@@ -278,3 +278,27 @@ def test_agent_and_worker_logs_say_what_happened(tmp_path: Path) -> None:
                  "node node00: worker w0 (pid", "exited with code 0", "SIGTERM: the node is recalled",
                  "agent exit 143, reason: recalled"):
         assert line in agent_log, f"{line!r} not in the agent's log:\n{agent_log}"
+
+
+def test_a_recall_of_alternate_ranks_fails_every_survivor_at_once() -> None:
+    """Ranks 0 and 2 of 4 recalled (SIGTERM): the survivors' collectives fail on the closed connections,
+    and the survivor whose peer gave up (not died) is told so at once by that peer's closed group; no
+    survivor waits for its collective timeout (before: rank 3 waited it out, 3 s of every such recall)."""
+    cmd = example_command("--model", "linear", "--batch", str(BATCH), "--samples", str(10**9),
+                          "--trace", "--step-sleep", "0.05")
+    with LocalJob("j6", cmd, collective_timeout_s=60.0) as job:
+        workers = [job.spawn(w) for w in ("w0", "w1", "w2", "w3")]
+        g1, _ = job.set_members(["w0", "w1", "w2", "w3"])
+        for w in ("w0", "w1", "w2", "w3"):
+            job.wait_steps(w, g1, 3)
+        for w in ("w0", "w2"):
+            os.killpg(job.workers[w].proc.pid, signal.SIGTERM)
+        g2, _ = job.set_members(["w1", "w3"])
+        job.wait_steps("w1", g2, 3)
+        job.wait_steps("w3", g2, 3)
+        why = [line for w in ("w1", "w3") for line in job.workers[w].stderr if "failed (" in line]
+        assert len(why) == 2, why
+        assert not [line for line in why if "timed out" in line.lower()], why
+        job.set_members([])
+        assert job.wait_exit("w1") == 0 and job.wait_exit("w3") == 0
+    assert _sessions_alive(workers) == []

@@ -3,7 +3,9 @@ fresh interpreter would have run it; anything it could not run exactly that way 
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -177,6 +179,63 @@ def test_worker_assigned_while_the_warm_process_imports_waits_for_it(tmp_path: P
         agent.ctx.term()
 
 
+def test_the_agents_wait_ends_when_its_warm_process_is_ready(tmp_path: Path) -> None:
+    """The agent's loop watches the importing warm process's socket: its ``ready`` ends the wait, so a
+    worker deferred until then starts at once (the wait's timeout here is far longer than the import)."""
+    agent = Agent("n1", "tcp://127.0.0.1:1", KEY, log_dir=str(tmp_path / "logs"), warm_modules=("json",))
+    try:
+        assert agent.warm is not None
+        agent.warm.prepare()
+        assert agent.warm.starting
+        events = agent.wait_events(120_000)
+        assert agent.warm.sock is not None and agent.warm.sock.fileno() in events  # (pyzmq names it by its fd)
+        agent.warm.poll()
+        assert agent.warm.ready and not agent.warm.starting
+        agent.wait_events(0)
+        assert agent.watched is None  # a ready process is no longer watched (its socket carries the job next)
+    finally:
+        if agent.warm is not None:
+            agent.warm.close()
+        agent.sock.close(0)
+        agent.monitor.close(0)
+        agent.ctx.term()
+
+
+def test_the_agent_knows_how_long_its_process_has_run() -> None:
+    from scavenger.agent import process_age
+
+    assert 0.0 <= float(process_age()) < 24 * 3600  # (the agent's start line says it: its start-up's cost)
+
+
+def test_the_agent_program_starts_its_warm_process_before_its_own_imports(tmp_path: Path) -> None:
+    """Run as the pilot runs it (``python -m scavenger.agent ... --warm MODULES``), the agent spawns its
+    warm process before it imports zmq and the rest of itself; an agent that then cannot run (here: no
+    key file) ends that process too."""
+    driver = tmp_path / "driver.py"
+    driver.write_text(
+        "import json, runpy, subprocess, sys\n"
+        "seen = []\n"
+        "class Spy(subprocess.Popen):\n"
+        "    def __init__(self, args, *a, **k):\n"
+        "        super().__init__(args, *a, **k)\n"
+        "        seen.append((list(args), 'zmq' in sys.modules, self))\n"
+        "subprocess.Popen = Spy\n"
+        f"sys.argv = ['agent', '--node', 'n1', '--daemon', 'tcp://127.0.0.1:1', '--key-file', "
+        f"{str(tmp_path / 'missing.key')!r}, '--warm', 'json']\n"
+        "try:\n"
+        "    runpy.run_module('scavenger.agent', run_name='__main__', alter_sys=True)\n"
+        "except SystemExit as exc:\n"
+        "    code = exc.code\n"
+        "print(json.dumps({'code': code, 'popens': [(a, z, p.poll()) for a, z, p in seen]}))\n")
+    res = subprocess.run([sys.executable, str(driver)], capture_output=True, text=True, timeout=60)
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["code"] == 2  # EXIT_NO_KEY
+    argv, zmq_loaded, returncode = out["popens"][0]
+    assert argv[1:3] == ["-m", "scavenger.warm"] and argv[-1] == "json"
+    assert not zmq_loaded  # spawned before the agent's own imports
+    assert returncode is not None  # and ended with the agent that could not run
+
+
 def test_daemon_passes_the_runtimes_modules_to_its_agents() -> None:
     from types import SimpleNamespace
 
@@ -184,9 +243,24 @@ def test_daemon_passes_the_runtimes_modules_to_its_agents() -> None:
     from malletrain.runtimes.torch_elastic import TorchRuntime
 
     args = Daemon._warm_args(SimpleNamespace(runtime=SimpleNamespace(warm_modules=TorchRuntime.warm_modules)))
-    assert args[0] == "--warm" and "torch" in args[1].split(",") and "malletrain.elastic" in args[1].split(",")
+    assert args[0] == "--warm" and "torch" in args[1].split(",") and "malletrain.elastic.state" in args[1].split(",")
     nothing = SimpleNamespace(warm_modules=())  # a runtime with nothing to import ahead
     assert Daemon._warm_args(SimpleNamespace(runtime=nothing)) == ()
+
+
+def test_the_torch_runtimes_warm_modules_are_all_a_worker_loads_of_malletrain_and_torch() -> None:
+    """A warm worker finds loaded what the elastic API loads (``malletrain.elastic`` loads its modules
+    on first use, so naming the package alone left them for after the assignment)."""
+    from malletrain.runtimes.torch_elastic import TorchRuntime
+
+    code = ("import importlib, sys\n"
+            f"for m in {list(TorchRuntime.warm_modules)!r}: importlib.import_module(m)\n"
+            "before = set(sys.modules)\n"
+            "from malletrain.elastic import State, run\n"
+            "import torch.optim, torch.nn\n"
+            "print(sorted(m for m in set(sys.modules) - before if m.startswith(('malletrain', 'torch'))))\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert res.stdout.strip() == "[]", res.stdout
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs a root agent")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 
 from malletrain.daemon.base import DaemonBase, log
-from malletrain.daemon.records import LEAVE_GRACE_S, START_RETRY_S, JobRun
+from malletrain.daemon.records import JOIN_BATCH_S, LEAVE_GRACE_S, START_RETRY_S, JobRun
 from malletrain.jobspec import JobState
 from malletrain.logs import about
 from malletrain.messages import ENV_SECRET
@@ -72,8 +72,12 @@ class Jobs(DaemonBase):
         kept = [n for n in run.members if n in target and run.workers.get(n) in published_ids]
         kept_set = set(kept)
         joining = [n for n in nodes if n not in kept_set]
-        ready = all(self._ready(run, run.workers[n]) for n in joining)
-        members = kept + joining if ready else kept
+        ready = [n for n in joining if self._ready(run, run.workers[n])]
+        run.ready_at = {run.workers[n]: run.ready_at.get(run.workers[n], now) for n in ready}
+        waited = now - min(run.ready_at.values(), default=now)
+        # together once all are ready; into a running world, the ready ones alone once the first has
+        # waited JOIN_BATCH_S (a job's first world still waits for all its workers)
+        members = kept + ready if len(ready) == len(joining) or (kept and waited >= JOIN_BATCH_S) else kept
         if members and below_min(len(members), run.spec.min_nodes):
             members = []
         changed = members != run.members or tuple(run.workers[n] for n in members) != run.published

@@ -15,6 +15,10 @@ STATE_FILE = "daemon.json"
 STORE_FILE = "store.db"
 LEAVE_GRACE_S = 5.0  # a dropped worker leaves at its next commit; killed after this
 START_RETRY_S = 3.0
+JOIN_BATCH_S = 0.5
+"""A worker ready to join a running world waits at most this long for the job's other joining workers,
+so that nodes back together join in one rescale; past it, the ready ones join now and the others in a
+later one. (A job's first world waits for all its workers, as before.)"""
 
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGKILL, signal.SIGINT, signal.SIGHUP)
 EXIT_STORE_LOST = 75  # a torch worker whose daemon's store stayed away too long (malletrain.elastic)
@@ -80,6 +84,7 @@ class JobRun:
     workers: dict[str, str] = field(default_factory=dict)  # node -> worker id (members + joining)
     started: set[str] = field(default_factory=set)  # worker ids the agent confirmed
     start_sent: dict[str, float] = field(default_factory=dict)  # worker id -> last start request
+    ready_at: dict[str, float] = field(default_factory=dict)  # joining worker id -> when first seen ready
     leaving: dict[str, tuple[str, float]] = field(default_factory=dict)  # worker -> (node, kill time)
     emptied_at: float | None = None  # when the job last lost all its workers (suspended or stopped)
     failures: int = 0

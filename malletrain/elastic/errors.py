@@ -72,6 +72,20 @@ def is_comm_failure(exc: BaseException) -> bool:
     return False
 
 
+def drop_frames(exc: BaseException) -> None:
+    """Drop the tracebacks of ``exc`` and of the exceptions it was raised from or during (their frames,
+    and what those hold, are freed: e.g. a training function's DDP model and its gloo group)."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        e.__traceback__ = None
+        todo += [e.__cause__, e.__context__]
+
+
 def first_line(exc: BaseException, limit: int = 160) -> str:
     """The first line of ``exc``'s message, shortened, for a log line."""
     text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__

@@ -8,7 +8,15 @@ import sys
 from typing import Any, Callable, TypeVar
 
 from malletrain import client
-from malletrain.elastic.errors import EXIT_STORE_LOST, LeaveJob, Rescaled, StoreLost, first_line, is_comm_failure
+from malletrain.elastic.errors import (
+    EXIT_STORE_LOST,
+    LeaveJob,
+    Rescaled,
+    StoreLost,
+    drop_frames,
+    first_line,
+    is_comm_failure,
+)
 from malletrain.elastic.state import State
 
 log = logging.getLogger("malletrain.elastic")
@@ -87,4 +95,8 @@ def _train(train_fn: Callable[..., T], state: State, args: tuple[Any, ...], kwar
         except Exception as exc:
             if not state.elastic or not is_comm_failure(exc):
                 raise
+            # its frames hold the training function's DDP model, and so the failed world's gloo group:
+            # freed first, the group's connections close now, so a peer blocked on this worker fails at
+            # once (not at its collective timeout) and the survivors rejoin together
+            drop_frames(exc)
             state.recover(exc)

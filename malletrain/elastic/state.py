@@ -263,14 +263,20 @@ class State:
                 raise LeaveJob(f"worker {self.worker} is not in generation {gen} of job {self._rdzv.job}")
             if self._version < 0:
                 self._rdzv.wait_handover(gen)
+            t0 = time.monotonic()
             if not self._rdzv.barrier(gen, len(members)):
                 gen = self._rdzv.wait_published(gen + 1)
                 continue
             try:
+                t1 = time.monotonic()
                 self._init_group(gen, members)
+                t2 = time.monotonic()
                 self._sync_state()
                 if self.rank == 0:
                     self._rdzv.mark_active(gen)
+                log.info("worker %s: in generation %d as rank %d of %d: barrier %.3f s, gloo group %.3f s, "
+                         "state %.3f s", self.worker, gen, self.rank, self.world_size, t1 - t0, t2 - t1,
+                         time.monotonic() - t2)
             except Exception as exc:
                 if not is_comm_failure(exc):
                     raise
@@ -365,6 +371,8 @@ class State:
             ) from exc
         started, old_gen, old_world = time.time(), self.generation, self.world_size
         self._teardown()
+        if any(ref() is not None for _, ref in self._groups):
+            gc.collect()  # a DDP wrapper in a reference cycle holds the group: its connections close now
         self.restore()
         log.warning("worker %s: a peer of generation %d failed (%s); rolled back to the commit of step %d, "
                     "waiting for the next generation", self.worker, old_gen, first_line(exc), self.step)

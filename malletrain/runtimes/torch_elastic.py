@@ -175,10 +175,12 @@ class TorchRuntime(Runtime):
     """
 
     name = "torch"
-    warm_modules = ("torch", "torch.distributed", "torch._dynamo", "torch.nn.parallel", "malletrain.elastic")
+    warm_modules = ("torch", "torch.distributed", "torch._dynamo", "torch.nn.parallel", "malletrain.elastic.state",
+                    "malletrain.elastic.loop")
     """What a node agent's warm worker imports before its assignment (``scavenger.warm``): torch, what
-    a worker of this runtime imports, and ``torch._dynamo``, which torch imports when a script makes
-    its first optimizer (about 800 modules, sympy among them: most of a worker's start after torch)."""
+    a worker of this runtime imports (``malletrain.elastic`` loads its modules on first use: named
+    here, so the worker finds them loaded), and ``torch._dynamo``, which torch imports when a script
+    makes its first optimizer (about 800 modules, sympy among them: most of a worker's start after torch)."""
 
     def __init__(
         self,
