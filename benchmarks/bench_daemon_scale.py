@@ -406,6 +406,7 @@ def run_once(args: argparse.Namespace) -> dict[str, Any]:
         learnt = seen[0]
         nxt = next((end for end, d in decision_ends if end - d >= learnt), None)
         latencies.append(float("inf") if nxt is None else nxt - t_rec)
+    slow = sorted((st for st in dout.get("slow_steps", []) if w0 <= st[0] <= w1), key=lambda st: -st[1])
     commits = [(t, c) for t, c in dout["commits"] if w0 <= t <= w1]
     store_rate = (commits[-1][1] - commits[0][1]) / (commits[-1][0] - commits[0][0]) if len(commits) > 1 else 0.0
     dcpu = (cpu1.user + cpu1.system - cpu0.user - cpu0.system) / wall * 100
@@ -427,11 +428,25 @@ def run_once(args: argparse.Namespace) -> dict[str, Any]:
         "accepted": accepted, "rejected": dout["monitor"]["rejected"],
         "daemon_cpu_pct": dcpu, "daemon_rss_mib": rss / 2**20, "load_cpu_pct": lcpu, "harness_cpu_pct": mcpu,
         "store_writes_per_s": store_rate, "window_s": wall, "log_window_start": t0, "changes": i,
+        "recall_bursts": {f"{int(t - w0)}": k for t, k in _per_second([t for _, t in recalled_held]) if k >= 10},
+        "slowest_steps": [{"at_s": round(t - w0, 2), "s": round(d, 3), **{k: round(v, 3) for k, v in ph.items()}}
+                          for t, d, ph in slow[:5]],
         "hub_rejected": dout["hub_rejected"], "commands": dout["commands"], "work": str(work),
     }
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
     return fig
+
+
+def _per_second(times: list[float]) -> list[tuple[float, int]]:
+    """How many of ``times`` fall in each whole second (its first time, the count), in order."""
+    out: list[tuple[float, int]] = []
+    for t in sorted(times):
+        if out and int(t) == int(out[-1][0]):
+            out[-1] = (out[-1][0], out[-1][1] + 1)
+        else:
+            out.append((t, 1))
+    return out
 
 
 def cpu_estimate(counters: list[Any], w0: float, w1: float, agents: int, workers: int,
@@ -548,6 +563,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"{f['cpu_needed_pct']:.0f}% of a core to keep up ({f['frames_s_needed']:.0f} frames/s, "
                   f"{f['reports_s_needed']:.0f} reports/s, {1 / args.loop_interval:.0f} steps/s, "
                   f"{f['decisions_s_needed']:.1f} decisions/s)", flush=True)
+        if f["slowest_steps"]:
+            print("slowest steps (wall s by phase, at s into the window): " + "; ".join(
+                f"{st['s']:.2f} at {st['at_s']:.1f}: " + ", ".join(f"{k} {v:.2f}" for k, v in st.items()
+                                                                   if k not in ("s", "at_s"))
+                for st in f["slowest_steps"]), flush=True)
         print(line(f), flush=True)
     if args.sweep:
         good = [f for f in results if f["keeps_up"]]
