@@ -146,3 +146,113 @@ def test_the_pilots_json_written_from_the_last_entries_equals_one_written_whole(
     whole = {str(p): {"nodes": list(v.nodes), "replaces": v.replaces, **({"waits": True} if v.waits_for_node else {})}
              for p, v in views.items() if not v.cancelling and v.state is not PilotState.ENDED}
     assert json.loads(pilots_json(views, texts)) == whole
+
+
+# ---------------------------------------------------------------- the loop: a recall's plan before scheduler commands
+def _daemon_on_fake_slurm(tmp_path: Path, nodes: int = 6):
+    """A daemon on the Slurm backend against the stand-in (commands counted), each agent a message
+    handed to the real hub (hello when its pilot starts, ``leaving`` when its node is recalled)."""
+    from malletrain.config import parse_config
+    from malletrain.daemon import Daemon, DaemonParts
+    from scavenger import protocol as P
+    from scavenger.hub import AgentHub
+    from tests.fakes import FakeRuntime
+
+    clock = [1_790_000_000.0]
+    inbox: list[object] = []
+
+    class Hub(AgentHub):
+        def poll(self, timeout_ms: int = 0, max_frames: int = 0) -> list[object]:
+            msgs, inbox[:] = list(inbox), []
+            return [ev for m in msgs for ev in self._handle(m, self.clock())]
+
+        def send(self, msg: object) -> bool:
+            if isinstance(msg, P.StartWorker):
+                inbox.append(P.WorkerStarted(msg.node, msg.worker, 4242))
+            return True
+
+    names = [f"n{i}" for i in range(nodes)]
+    slurm = FakeSlurm(names, clock=lambda: clock[0],
+                      on_start=lambda node, pilot: inbox.append(P.Hello(node, 1, (), pilot)),
+                      on_stop=lambda node, pilot, why: inbox.append(P.Leaving(node, "recalled")))
+    cfg = parse_config({"state_dir": str(tmp_path / "state"), "runtime": "toy", "loop_interval": 0.1,
+                        "agent_heartbeat": 5.0, "agent_dead_after": 86400.0,
+                        "scavenger": {"kind": "slurm", "partition": "preemptable", "walltime": 86400.0,
+                                      "max_pilots": nodes + 4, "submit_rate": 1000.0, "poll_interval": 1.0,
+                                      "renew_before": 0.0}}, "test")
+    backend = SlurmBackend(SlurmConfig(daemon_address="tcp://127.0.0.1:1", walltime_s=86400.0, max_pilots=nodes + 4,
+                                       renew_before_s=0.0, submit_rate=1e6, submit_burst=10**6),
+                           clock=lambda: clock[0], runner=slurm.run)
+    hub = Hub(dead_after_s=1e9, clock=lambda: clock[0], key_file=tmp_path / "agent.key")
+    d = Daemon(cfg, clock=lambda: clock[0], parts=DaemonParts(backend=backend, hub=hub, runtime=FakeRuntime()))
+    d.store.submit(JobSpec("j", ("x",), 1, nodes))
+
+    def step(quick: bool = False) -> None:
+        d.step(quick)
+        clock[0] += 0.1
+        slurm.tick()
+
+    for _ in range(60):
+        step()
+        if len(d.usable_nodes()) == nodes and all(len(r.members) == nodes for r in d.runs.values()):
+            break
+    assert len(d.usable_nodes()) == nodes, "the warm-up did not hold the machine"
+    return d, slurm, step, hub
+
+
+def test_a_quick_iteration_plans_for_a_recall_before_any_scheduler_command(tmp_path: Path) -> None:
+    d, slurm, step, hub = _daemon_on_fake_slurm(tmp_path)
+    try:
+        run = next(iter(d.runs.values()))
+        for _ in range(12):  # a poll is due in this iteration, whatever the phase
+            step()
+        lost = run.members[0]
+        slurm.recall(lost)
+        slurm.give_back(lost)  # idle again at once: a hold would submit a pilot for it
+        d._observe_agents(d.clock())  # the loop's wait read the leaving (and ended at once)
+        commands: list[int] = []
+        decide = d._decide
+
+        def noted(now: float) -> None:
+            commands.append(sum(slurm.commands.values()))
+            decide(now)
+
+        d._decide = noted  # type: ignore[method-assign]
+        before = sum(slurm.commands.values())
+        d._next_decide = 0.0
+        d.scav._next_look = 0.0  # the look is due
+        step(quick=True)
+        assert commands == [before]  # decided before squeue, sinfo, scontrol or sbatch ran
+        assert lost not in d.trainers[next(iter(d.trainers))].last_decision.nodes_of(run.id)
+        step()  # the next iteration looks at the scheduler as usual
+        assert sum(slurm.commands.values()) > before and slurm.commands.get("squeue", 0) > 0
+    finally:
+        d.close()
+        hub.close()
+
+
+def test_the_loop_runs_a_quick_iteration_after_a_loss_never_two_in_a_row(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from malletrain.config import DaemonConfig, LocalConfig
+    from malletrain.daemon import Daemon
+    from malletrain.loopwait import LoopWait
+
+    calls: list[bool] = []
+    answers = iter([False, True, True, True, False, True] + [False] * 1000)
+
+    def fake_step(self: Daemon, quick: bool = False) -> None:
+        calls.append(quick)
+        if len(calls) >= 7:
+            self.stopping = True
+
+    monkeypatch.setattr(LoopWait, "wait", lambda self, seconds: next(answers))
+    monkeypatch.setattr(Daemon, "step", fake_step)
+    d = Daemon(DaemonConfig(state_dir=str(tmp_path / "state"), runtime="toy", loop_interval=10.0,
+                            local=LocalConfig(nodes=2, trace="none")))
+    try:
+        d.run()  # (its step and its wait are the fakes above)
+    finally:
+        d.close()
+    # the wait's answers: none, lost, lost, lost, none, lost -> the next iteration quick after a loss, but a
+    # quick one is followed by a full one even if another agent went meanwhile
+    assert calls == [False, False, True, False, True, False, True]

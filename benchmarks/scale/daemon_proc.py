@@ -103,12 +103,12 @@ class MeasuredDaemon(Daemon):
         self.decision_cpu.append(time.thread_time() - c0)
         self.cpu["decide"] += self.decision_cpu[-1]
 
-    def step(self) -> None:
+    def step(self, quick: bool = False) -> None:
         t0, c0 = time.perf_counter(), time.thread_time()
         inner0 = self.cpu["hub"] + self.cpu["monitor"] + self.cpu["decide"]
         self._phase, w0 = {}, time.time()
         try:
-            super().step()
+            super().step(quick)
         finally:
             phases, self._phase = self._phase, None
         self.steps.append(time.perf_counter() - t0)
