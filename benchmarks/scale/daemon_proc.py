@@ -108,7 +108,7 @@ class MeasuredDaemon(Daemon):
         inner0 = self.cpu["hub"] + self.cpu["monitor"] + self.cpu["decide"]
         self._phase, w0 = {}, time.time()
         try:
-            super().step(quick)
+            super().step(quick) if quick else super().step()  # (a baseline's step takes no argument)
         finally:
             phases, self._phase = self._phase, None
         self.steps.append(time.perf_counter() - t0)
