@@ -31,8 +31,7 @@ def expand_hostlist(text: str, limit: int = DEFAULT_LIMIT) -> tuple[str, ...] | 
     than ``limit`` nodes (the count is known before anything is expanded).
     """
     text = text.strip()
-    lower = text.lower()
-    if lower in UNSET or lower.startswith("none"):
+    if text.lower() in UNSET or text.lower().startswith("none"):
         return None
     if "[" not in text and "]" not in text and "," not in text:
         return (text,)  # one plain name (a one-node pilot's line, most of a big squeue): nothing to split

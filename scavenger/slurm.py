@@ -201,13 +201,12 @@ class ReplyTimes:
     def __init__(self) -> None:
         self._hours: dict[str, float | None] = {}  # "YYYY-MM-DDTHH" -> its first second, epoch (None: not one offset)
         self._durations: dict[str, float | None] = {}
-        self.known: dict[str, float | None] = {}  # a time's text -> its value (pilots start in bursts): a
-        #                                          reply's lines look here first, without a call
+        self._times: dict[str, float | None] = {}  # a time's text -> its value (pilots start in bursts)
 
     def time(self, text: str) -> float | None:
-        if text in self.known:
-            return self.known[text]
-        value = self.known[text] = self._time(text)  # (a bad one raises: never kept)
+        if text in self._times:
+            return self._times[text]
+        value = self._times[text] = self._time(text)  # (a bad one raises: never kept)
         return value
 
     def _time(self, text: str) -> float | None:
@@ -447,16 +446,13 @@ class SlurmDialect:
         wanted = set(pilots)
         out = []
         times = ReplyTimes()
-        text = res.stdout
-        plain = text.isascii() and " " not in text and text.replace("\n", "").isprintable()  # (Slurm's: one look
-        #                                                            for the whole reply, not three per line)
         last, seen = self._last_poll, {}
-        for no, line in enumerate(text.splitlines(), 1):
+        for no, line in enumerate(res.stdout.splitlines(), 1):
             obs = last.get(line)
             if obs is None:
                 if not line or line.isspace():
                     continue
-                obs = parse_squeue_line(line, res, no, times, plain)
+                obs = parse_squeue_line(line, res, no, times)
             seen[line] = obs
             if obs.pilot in wanted:
                 out.append(obs)
@@ -486,11 +482,9 @@ class SlurmDialect:
                            preempted=preempt is not None, detail=detail)
 
 
-def parse_squeue_line(line: str, res: CommandResult, no: int, times: ReplyTimes | None = None,
-                      plain: bool = False) -> Observation:
+def parse_squeue_line(line: str, res: CommandResult, no: int, times: ReplyTimes | None = None) -> Observation:
     """One ``squeue -o '%i|%P|%T|%r|%N|%S|%e|%l'`` line -> an observation (``times``: the
-    reply's :class:`ReplyTimes`, shared by its lines; ``plain``: the reply is printable ASCII
-    without a space, as Slurm's is, so no field needs stripping).
+    reply's :class:`ReplyTimes`, shared by its lines).
 
     A RUNNING job whose end time is earlier than start + limit was preempted and is in its
     grace time: ENDING with that end as the deadline.
@@ -499,17 +493,14 @@ def parse_squeue_line(line: str, res: CommandResult, no: int, times: ReplyTimes 
     fields = line.split("|")
     if len(fields) != 8:
         raise BadReply(f"squeue line {no}: expected {SQUEUE_FORMAT}, got {line!r}", res)
-    if not plain and (not line.isascii() or not line.isprintable() or " " in line):  # (Slurm's own lines are
-        fields = [f.strip() for f in fields]  # neither)
+    if not line.isascii() or not line.isprintable() or " " in line:  # (Slurm's own lines are neither)
+        fields = [f.strip() for f in fields]
     job, _part, raw, reason_text, nodes_text, start_text, end_text, limit_text = fields
     if not (job.isdigit() and job.isascii()) and not _JOB_ID.fullmatch(job):
         raise BadReply(f"squeue line {no}: bad job id {job!r} in {line!r}", res)
-    known = times.known
     try:
         nodes = expand_hostlist(nodes_text) or ()
-        start = known[start_text] if start_text in known else times.time(start_text)
-        end = known[end_text] if end_text in known else times.time(end_text)
-        limit = times.duration(limit_text)
+        start, end, limit = times.time(start_text), times.time(end_text), times.duration(limit_text)
     except ValueError as exc:
         raise BadReply(f"squeue line {no}: {exc} in {line!r}", res) from None
     return squeue_observation(job, raw, reason_text, nodes, start, end, limit)

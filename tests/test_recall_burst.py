@@ -256,20 +256,3 @@ def test_the_loop_runs_a_quick_iteration_after_a_loss_never_two_in_a_row(tmp_pat
     # the wait's answers: none, lost, lost, lost, none, lost -> the next iteration quick after a loss, but a
     # quick one is followed by a full one even if another agent went meanwhile
     assert calls == [False, False, True, False, True, False, True]
-
-
-# ---------------------------------------------------------------- squeue: Slurm's plain replies looked at once
-def test_a_plain_reply_and_one_with_padded_fields_parse_as_each_line_alone() -> None:
-    from scavenger.base import CommandResult
-    from scavenger.slurm import SlurmDialect, parse_squeue_line
-
-    lines = ["1001|preemptable|RUNNING|None|n1|2026-11-26T10:00:00|2026-11-27T10:00:00|1-00:00:00",
-             "1002|preemptable|COMPLETED|None|n2|2026-11-26T10:00:01|2026-11-26T10:05:00|1-00:00:00",
-             "1003|preemptable|PENDING|Priority|(null)|N/A|N/A|1-00:00:00"]
-    padded = [" 1004 |preemptable| RUNNING |None| n4 |2026-11-26T10:00:00|2026-11-26T10:30:00|1-00:00:00 "]
-    for reply in (lines, lines + padded):
-        res = CommandResult(("squeue",), 0, "\n".join(reply) + "\n", "", 0.0)
-        ids = [PilotId(str(1001 + i)) for i in range(len(reply))]
-        got = SlurmDialect(SlurmConfig(daemon_address="tcp://127.0.0.1:1")).parse_poll(res, ids)
-        assert got == [parse_squeue_line(ln, res, no) for no, ln in enumerate(reply, 1)]
-    assert got[-1].pilot == "1004" and got[-1].nodes == ("n4",) and got[-1].state is PilotState.ENDING
