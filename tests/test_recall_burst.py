@@ -256,3 +256,56 @@ def test_the_loop_runs_a_quick_iteration_after_a_loss_never_two_in_a_row(tmp_pat
     # the wait's answers: none, lost, lost, lost, none, lost -> the next iteration quick after a loss, but a
     # quick one is followed by a full one even if another agent went meanwhile
     assert calls == [False, False, True, False, True, False, True]
+
+
+def test_a_wait_with_no_time_left_still_reads_a_recall_already_there(tmp_path: Path) -> None:
+    """After an iteration that overran its interval the loop does not wait, but it reads the agent
+    frames already queued: a ``leaving`` among them makes the next iteration a quick one."""
+    import contextlib
+
+    import zmq
+
+    from malletrain.loopwait import LoopWait
+    from scavenger import channel as C
+    from scavenger import protocol as P
+    from scavenger.hub import AgentHub
+
+    hub = AgentHub(dead_after_s=30.0, key_file=tmp_path / "agent.key")
+    key = C.read_key_file(hub.key_file)
+    ctx = zmq.Context()
+    agent = ctx.socket(zmq.DEALER)
+    agent.setsockopt(zmq.IDENTITY, b"n1")
+    agent.setsockopt(zmq.LINGER, 0)
+    agent.connect(hub.address)
+
+    class Reports:
+        def __init__(self) -> None:
+            self.sock = ctx.socket(zmq.PULL)
+            self.sock.bind("inproc://reports-0")
+
+        def drain(self, timeout_ms: int = 0) -> int:
+            return 0
+
+    reports = Reports()
+    wait = LoopWait(reports, hub, lambda now: hub.poll(), contextlib.nullcontext, lambda: 0.0)
+    try:
+        nonce_a = C.new_nonce()
+        agent.send(C.challenge_frame(nonce_a))
+        assert wait.wait(0.5) is False and agent.poll(5000)
+        nonce_h = C.parse_nonce(agent.recv())
+        agent.send(C.finish_frame(C.agent_proof(key, "n1", nonce_a, nonce_h)))
+        assert wait.wait(0.5) is False and agent.poll(5000)
+        agent.recv()
+        session = C.Session.for_agent(C.session_key(key, "n1", nonce_a, nonce_h))
+        agent.send(session.seal(P.encode(P.Hello("n1", 1), 1)))
+        assert hub.sock.poll(5000)
+        assert wait.wait(0.0) is False and "n1" in hub.alive()  # read at once, with no time to wait
+        agent.send(session.seal(P.encode(P.Leaving("n1", "recalled"), 2)))
+        assert hub.sock.poll(5000)
+        assert wait.wait(0.0) is True and "n1" not in hub.alive()
+        assert wait.wait(-1.0) is False  # nothing there: returns at once
+    finally:
+        agent.close(0)
+        reports.sock.close(0)
+        hub.close()
+        ctx.term()

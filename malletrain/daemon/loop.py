@@ -37,10 +37,10 @@ class Daemon(Wiring, Observe, Adoption, Trainers, Jobs, ControlApi, Shutdown):
             if on_tick is not None:
                 on_tick(self)
             spare = self.cfg.loop_interval - (time.monotonic() - t0)
-            lost: list[bool] = []
-            if spare > 0:  # reports and agent frames as they come; a recall starts the next step at once
-                wait = LoopWait(self.monitor, self.hub, self._observe_agents, self.store.batch, self.clock)
-                self._guarded(lambda: lost.append(wait.wait(spare)))
+            lost: list[bool] = []  # reports and agent frames as they come (none to wait for after an iteration
+            #                        that overran: what is there); a recall starts the next step at once
+            wait = LoopWait(self.monitor, self.hub, self._observe_agents, self.store.batch, self.clock)
+            self._guarded(lambda: lost.append(wait.wait(max(0.0, spare))))
             quick = bool(lost and lost[0]) and not quick  # (never two in a row: the scheduler is asked at least
             #                                               every other iteration, whatever the agents say)
 
