@@ -221,9 +221,11 @@ class Run:
                     "submit_burst": 1000, "profile": a.profile}
         (self.work / "daemon_settings.json").write_text(json.dumps(settings))
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        tree = Path(a.daemon_tree).resolve() if a.daemon_tree else ROOT  # the daemon's code (a baseline's?)
+        denv = {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys([str(tree), str(ROOT)]))}
         log = open(self.work / "daemon.log", "wb")
         self.daemon = subprocess.Popen([sys.executable, str(ROOT / "benchmarks/scale/daemon_proc.py"),
-                                        str(self.work / "daemon_settings.json")], stdout=log, stderr=log, env=env)
+                                        str(self.work / "daemon_settings.json")], stdout=log, stderr=log, env=denv)
         place(self.daemon.pid, a.daemon_cpus, 0)
         key = state / "agent.key"
         deadline = time.monotonic() + 60
@@ -406,6 +408,7 @@ def run_once(args: argparse.Namespace) -> dict[str, Any]:
         learnt = seen[0]
         nxt = next((end for end, d in decision_ends if end - d >= learnt), None)
         latencies.append(float("inf") if nxt is None else nxt - t_rec)
+    slow = sorted((st for st in dout.get("slow_steps", []) if w0 <= st[0] <= w1), key=lambda st: -st[1])
     commits = [(t, c) for t, c in dout["commits"] if w0 <= t <= w1]
     store_rate = (commits[-1][1] - commits[0][1]) / (commits[-1][0] - commits[0][0]) if len(commits) > 1 else 0.0
     dcpu = (cpu1.user + cpu1.system - cpu0.user - cpu0.system) / wall * 100
@@ -427,11 +430,26 @@ def run_once(args: argparse.Namespace) -> dict[str, Any]:
         "accepted": accepted, "rejected": dout["monitor"]["rejected"],
         "daemon_cpu_pct": dcpu, "daemon_rss_mib": rss / 2**20, "load_cpu_pct": lcpu, "harness_cpu_pct": mcpu,
         "store_writes_per_s": store_rate, "window_s": wall, "log_window_start": t0, "changes": i,
+        "recall_bursts": {f"{int(t - w0)}": k for t, k in _per_second([t for _, t in recalled_held]) if k >= 10},
+        "slowest_steps": [{"at_s": round(t - w0, 2), "s": round(d, 3), **{k: round(v, 3) for k, v in ph.items()}}
+                          for t, d, ph in slow[:5]],
+        "daemon_tree": args.daemon_tree,
         "hub_rejected": dout["hub_rejected"], "commands": dout["commands"], "work": str(work),
     }
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
     return fig
+
+
+def _per_second(times: list[float]) -> list[tuple[float, int]]:
+    """How many of ``times`` fall in each whole second (its first time, the count), in order."""
+    out: list[tuple[float, int]] = []
+    for t in sorted(times):
+        if out and int(t) == int(out[-1][0]):
+            out[-1] = (out[-1][0], out[-1][1] + 1)
+        else:
+            out.append((t, 1))
+    return out
 
 
 def cpu_estimate(counters: list[Any], w0: float, w1: float, agents: int, workers: int,
@@ -517,6 +535,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--daemon-cpus", default="", help="CPUs the daemon runs on, e.g. 0 (default: any)")
     ap.add_argument("--load-cpus", default="",
                     help="CPUs the load processes and this harness run on, e.g. 1 (default: any)")
+    ap.add_argument("--daemon-tree", default="",
+                    help="run the daemon's code from this tree (e.g. a checkout of main: the baseline); the "
+                         "harness, stand-in and load processes stay this tree's")
     ap.add_argument("--sweep", default="", help="comma-separated node counts: find the largest that keeps up")
     ap.add_argument("--parse-only", action="store_true")
     ap.add_argument("--profile", default="", help="write the daemon's cProfile stats here")
@@ -538,7 +559,8 @@ def main(argv: list[str] | None = None) -> int:
         f["keeps_up"], f["broke"] = ok, why
         results.append(f)
         print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in f.items()}), flush=True)
-        print(f"{n} nodes: {'keeps up' + why if ok else 'breaks: ' + why}; decision CPU p50 "
+        print(f"{n} nodes{' (the daemon of ' + args.daemon_tree + ')' if args.daemon_tree else ''}: "
+              f"{'keeps up' + why if ok else 'breaks: ' + why}; decision CPU p50 "
               f"{f['decision_cpu_p50_ms']:.1f} ms, p99 {f['decision_cpu_p99_ms']:.1f} ms; the daemon waited for a CPU "
               f"{f['daemon_waited_pct']:.0f}% of the window; load generator CPU {f['load_cpu_pct']:.0f}%, stand-in "
               f"{f['harness_cpu_pct']:.0f}% (all on {os.cpu_count()} shared cores: figures are upper bounds)", flush=True)
@@ -548,6 +570,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"{f['cpu_needed_pct']:.0f}% of a core to keep up ({f['frames_s_needed']:.0f} frames/s, "
                   f"{f['reports_s_needed']:.0f} reports/s, {1 / args.loop_interval:.0f} steps/s, "
                   f"{f['decisions_s_needed']:.1f} decisions/s)", flush=True)
+        if f["slowest_steps"]:
+            print("slowest steps (wall s by phase, at s into the window): " + "; ".join(
+                f"{st['s']:.2f} at {st['at_s']:.1f}: " + ", ".join(f"{k} {v:.2f}" for k, v in st.items()
+                                                                   if k not in ("s", "at_s"))
+                for st in f["slowest_steps"]), flush=True)
         print(line(f), flush=True)
     if args.sweep:
         good = [f for f in results if f["keeps_up"]]

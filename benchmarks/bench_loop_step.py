@@ -36,7 +36,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def measure(nodes: int, jobs: int, idle_steps: int, recalls: int) -> dict[str, float]:
+def measure(nodes: int, jobs: int, idle_steps: int, recalls: int, burst: int = 0,
+            profile: str = "") -> dict[str, float]:
     """One tree's figures (run inside the tree's process)."""
     from malletrain.config import parse_config
     from malletrain.daemon import Daemon, DaemonParts
@@ -114,7 +115,10 @@ def measure(nodes: int, jobs: int, idle_steps: int, recalls: int) -> dict[str, f
             recall.append(time.thread_time() - c0)
             for _ in range(3):
                 step()
-        return {"held": held, "placed": placed, "idle_ms": statistics.median(idle) * 1e3,
+        burst_s = burst_wall = 0.0
+        if burst:
+            burst_s, burst_wall = recall_burst(d, slurm, step, burst, profile)
+        return {"burst": burst, "burst_ms": burst_s * 1e3, "burst_wall_ms": burst_wall * 1e3,"held": held, "placed": placed, "idle_ms": statistics.median(idle) * 1e3,
                 "idle_mean_ms": statistics.mean(idle) * 1e3,
                 "idle_p99_ms": sorted(idle)[int(0.99 * (len(idle) - 1))] * 1e3,
                 "recall_ms": statistics.median(recall) * 1e3, "recall_max_ms": max(recall) * 1e3}
@@ -124,10 +128,51 @@ def measure(nodes: int, jobs: int, idle_steps: int, recalls: int) -> dict[str, f
         shutil.rmtree(work, ignore_errors=True)
 
 
+def recall_burst(d: Any, slurm: Any, step: Any, burst: int, profile: str) -> tuple[float, float]:
+    """``burst`` nodes of running jobs recalled at once (the harness's window saw 484 in one poll):
+    thread CPU and wall time from the recalls to the end of the first decision that sees them all
+    (what comes after it in that iteration, act, is not the new plan's)."""
+    import random
+
+    members = sorted(n for r in d.runs.values() for n in r.members)
+    recalled = random.Random(7).sample(members, min(burst, len(members)))
+    for node in recalled:
+        slurm.recall(node)
+    ends: list[tuple[float, float]] = []
+    decide = d._decide
+
+    def timed_decide(now: float) -> None:
+        decide(now)
+        usable = d.usable_nodes()
+        if not any(n in usable for n in recalled):
+            ends.append((time.thread_time(), time.perf_counter()))
+
+    d._decide = timed_decide
+    prof = None
+    if profile:
+        import cProfile
+
+        prof = cProfile.Profile()
+        prof.enable()
+    c0, w0 = time.thread_time(), time.perf_counter()
+    for _ in range(10):
+        step()
+        if ends:
+            break
+    if prof is not None:
+        prof.disable()
+        prof.dump_stats(profile)
+    del d._decide
+    if not ends:
+        raise SystemExit(f"no decision saw the {len(recalled)} recalls in 10 iterations")
+    return ends[0][0] - c0, ends[0][1] - w0
+
+
 def run_tree(tree: Path, args: argparse.Namespace) -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": str(tree)}
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--nodes", str(args.nodes), "--jobs",
-           str(args.jobs), "--idle-steps", str(args.idle_steps), "--recalls", str(args.recalls)]
+           str(args.jobs), "--idle-steps", str(args.idle_steps), "--recalls", str(args.recalls),
+           "--burst", str(args.burst)] + (["--profile", str(Path(args.profile).resolve())] if args.profile else [])
     out = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True, timeout=3600, check=False)
     if out.returncode != 0:
         raise SystemExit(f"{tree}: exited {out.returncode}: {out.stderr[-2000:]}")
@@ -140,13 +185,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=100)
     ap.add_argument("--idle-steps", type=int, default=50)
     ap.add_argument("--recalls", type=int, default=20)
+    ap.add_argument("--burst", type=int, default=0,
+                    help="then recall this many nodes of running jobs at once and time their new plan")
+    ap.add_argument("--profile", default="", help="write the cProfile of the burst here (no --baseline)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--baseline", default="", help="another tree (e.g. a clone of main) to measure beside this one")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.profile and args.baseline:
+        raise SystemExit("--profile slows the tree it profiles: give it without --baseline")
     if args.child:
         sys.path.insert(0, os.getcwd())
-        print(json.dumps(measure(args.nodes, args.jobs, args.idle_steps, args.recalls)))
+        print(json.dumps(measure(args.nodes, args.jobs, args.idle_steps, args.recalls, args.burst,
+                                 os.path.abspath(args.profile) if args.profile else "")))
         return 0
     trees = {"this tree": ROOT} | ({"baseline": Path(args.baseline).resolve()} if args.baseline else {})
     best: dict[str, dict[str, float]] = {}
@@ -159,13 +210,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}: {args.nodes} nodes ({f['held']:.0f} held), {args.jobs} jobs ({f['placed']:.0f} placed): "
               f"idle iteration {f['idle_ms']:.1f} ms CPU (mean with the polls {f['idle_mean_ms']:.1f}, p99 "
               f"{f['idle_p99_ms']:.1f}), recall -> new plan "
-              f"{f['recall_ms']:.1f} ms CPU (max {f['recall_max_ms']:.1f})")
+              f"{f['recall_ms']:.1f} ms CPU (max {f['recall_max_ms']:.1f})"
+              + (f"; {f['burst']:.0f} recalls at once -> new plan {f['burst_ms']:.1f} ms CPU, {f['burst_wall_ms']:.1f} ms wall"
+                 if f.get("burst") else ""))
     if "baseline" in best:
         b, t = best["baseline"], best["this tree"]
         print(f"step: {args.nodes} nodes: idle iteration {t['idle_ms']:.1f} ms CPU ({b['idle_ms'] / t['idle_ms']:.1f}x "
               f"less than baseline {b['idle_ms']:.1f} ms; mean with the polls {t['idle_mean_ms']:.1f} ms, "
               f"{b['idle_mean_ms'] / t['idle_mean_ms']:.1f}x less than {b['idle_mean_ms']:.1f} ms), recall -> new plan {t['recall_ms']:.1f} ms CPU "
-              f"({b['recall_ms'] / t['recall_ms']:.1f}x less than baseline {b['recall_ms']:.1f} ms)")
+              f"({b['recall_ms'] / t['recall_ms']:.1f}x less than baseline {b['recall_ms']:.1f} ms)"
+              + (f"; {t['burst']:.0f} recalls at once -> new plan {t['burst_ms']:.1f} ms CPU "
+                 f"({b['burst_ms'] / t['burst_ms']:.1f}x less than baseline {b['burst_ms']:.1f} ms)" if args.burst else ""))
     return 0
 
 

@@ -35,7 +35,8 @@ class LoopWait:
 
     def wait(self, seconds: float) -> bool:
         """Wait up to ``seconds``, reading what comes; True when it ended early because an agent
-        was gone."""
+        was gone. With no time (0, or less) it reads what is already there, once: a loop whose
+        iterations overran still learns of a recall before its next look at the scheduler."""
         agent_sock = getattr(self.agents, "sock", None)
         if agent_sock is None or not hasattr(self.agents, "lost"):
             self._drain(seconds)
@@ -44,11 +45,13 @@ class LoopWait:
         poller.register(self.reports.sock, zmq.POLLIN)
         poller.register(agent_sock, zmq.POLLIN)
         end = time.monotonic() + seconds
+        first = True
         while True:
             left = end - time.monotonic()
-            if left <= 0:
+            if left <= 0 and not first:
                 return False
-            ready = dict(poller.poll(max(1, int(left * 1000))))
+            first = False  # (no time left, as after an iteration that overran: what is there is read, once)
+            ready = dict(poller.poll(max(1, int(left * 1000)) if left > 0 else 0))
             if self.reports.sock in ready:
                 self.reports.drain()
             if agent_sock in ready:

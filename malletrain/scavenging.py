@@ -36,12 +36,12 @@ remember
 
 from __future__ import annotations
 
-import json
 import logging
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+from malletrain.pilotsmeta import PILOTS_KEY, PilotTexts, parse_pilots, pilots_json
 from scavenger.base import (
     BackendError,
     Discovery,
@@ -56,7 +56,6 @@ from scavenger.base import (
     PilotStarted,
     PilotState,
     PilotView,
-    SavedPilot,
     Throttled,
 )
 
@@ -91,39 +90,6 @@ AGENTLESS_LOOK_S = 1.0
 pilot; a recall changes the pilots, and at Summit size recalls come several a second): one found a
 second late is cancelled a second late, after ``agent_grace`` (60 s by default)."""
 
-PILOTS_KEY = "pilots"
-"""Store meta: our live pilots, ``{id: {"nodes": [...], "replaces": id or null[, "waits": true]}}``."""
-
-
-def pilots_json(views: Mapping[PilotId, PilotView]) -> str:
-    """The live pilots a restarted daemon must take back: every pilot we have not cancelled."""
-    keep = {
-        str(pid): {"nodes": list(v.nodes), "replaces": v.replaces, **({"waits": True} if v.waits_for_node else {})}
-        for pid, v in views.items() if not v.cancelling and v.state is not PilotState.ENDED
-    }
-    return json.dumps(keep, sort_keys=True)
-
-
-def parse_pilots(text: str) -> list[SavedPilot]:
-    """The pilots :func:`pilots_json` wrote; ValueError naming what is wrong."""
-    try:
-        obj = json.loads(text)
-    except ValueError as exc:
-        raise ValueError(f"store meta {PILOTS_KEY!r} is not JSON: {exc}") from None
-    if not isinstance(obj, dict):
-        raise ValueError(f"store meta {PILOTS_KEY!r} is not a JSON object")
-    out = []
-    for pid, rec in obj.items():
-        nodes = rec.get("nodes") if isinstance(rec, dict) else None
-        replaces = rec.get("replaces") if isinstance(rec, dict) else None
-        waits = rec.get("waits", False) if isinstance(rec, dict) else None
-        if not pid or not isinstance(nodes, list) or not all(isinstance(n, str) for n in nodes) \
-                or not (replaces is None or isinstance(replaces, str)) or not isinstance(waits, bool):
-            raise ValueError(f"store meta {PILOTS_KEY!r}: bad entry for pilot {pid!r}: {rec!r}")
-        out.append(SavedPilot(PilotId(pid), tuple(nodes), PilotId(replaces) if replaces else None, waits))
-    return out
-
-
 @dataclass
 class Scavenging:
     """One daemon's backend, its last look at the machine and the rules above.
@@ -155,6 +121,7 @@ class Scavenging:
     _hold_blocked_until: float = field(default=0.0, repr=False)
     _saved: str | None = field(default=None, repr=False)
     _remembered_version: int | None = field(default=None, repr=False)
+    _pilot_texts: PilotTexts = field(default_factory=dict, repr=False)  # pilots_json's entries, kept between calls
     _agentless_since: dict[PilotId, float] = field(default_factory=dict, repr=False)
     _shunned: dict[str, tuple[float, int]] = field(default_factory=dict, repr=False)  # node -> (until, strikes)
     _last_nodes: frozenset[str] = field(default=frozenset(), repr=False)  # the last daemon's pilots' nodes
@@ -162,6 +129,7 @@ class Scavenging:
     _usable: tuple[Versions, frozenset[str]] | None = field(default=None, repr=False)  # usable(), by versions
     _taken: tuple[Versions, frozenset[str]] | None = field(default=None, repr=False)  # every pilot's nodes
     _agentless: tuple[Versions, list[tuple[PilotId, PilotView, str]]] | None = field(default=None, repr=False)
+    _waits: tuple[int | None, list[tuple[PilotId, PilotView]]] | None = field(default=None, repr=False)
     _agentless_next: float = field(default=0.0, repr=False)  # the agentless pilots are looked for again from then
     _agentless_put_off: float | None = field(default=None, repr=False)  # the first look put off since the last
 
@@ -203,14 +171,14 @@ class Scavenging:
         return self._last_nodes
 
     def _remember(self) -> None:
-        """Keep the ids of our live pilots in ``meta`` when they changed (not even looked at when
-        the backend's ``version`` says nothing could have: at 10,000 pilots the JSON costs ~0.1 s)."""
+        """Keep the ids of our live pilots in ``meta`` when they changed (not looked at while the backend's
+        ``version`` says nothing could have; only the pilots that changed are written again)."""
         if self.meta is None:
             return
         version = getattr(self.backend, "version", None)
         if version is not None and version == self._remembered_version:
             return
-        text = pilots_json(self.backend.pilots())
+        text = pilots_json(self.backend.pilots(), self._pilot_texts)
         if text != self._saved:
             self.meta.set_meta(PILOTS_KEY, text)
             self._saved = text
@@ -394,7 +362,9 @@ class Scavenging:
         submitted then waited behind the main job by accident, and was cancelled as stuck after
         ``max_queued_s``, so a main job longer than that gave the node back to no pilot at all."""
         out: list[PilotId] = []
-        waiting = sum(1 for v in self.backend.pilots().values() if v.waits_for_node and v.state is PilotState.QUEUED)
+        if not self._recalled or now < self._recalled[0][0] + self.requeue_after_s:
+            return out  # (at every iteration: no look at every pilot and node for nothing)
+        waiting = len(self._waiting_pilots())
         held = {n.name for n in d.nodes if n.state is NodeState.BUSY or (n.state is NodeState.IDLE and n.planned)}
         while self._recalled and now >= self._recalled[0][0] + self.requeue_after_s:
             nodes = self._recalled[0][1]
@@ -418,9 +388,8 @@ class Scavenging:
         """Cancel each pilot still queued for recalled nodes the daemon no longer wants."""
         if wanted is None:
             return
-        for pid, view in sorted(self.backend.pilots().items()):
-            if not view.waits_for_node or view.state is not PilotState.QUEUED or view.cancelling \
-                    or all(wanted(n) for n in view.nodes):
+        for pid, view in self._waiting_pilots():
+            if view.cancelling or all(wanted(n) for n in view.nodes):
                 continue
             try:
                 self.backend.cancel(pid)
@@ -428,6 +397,15 @@ class Scavenging:
                 log.warning("%s: cancel %s: %s (retried at the next hold)", self.backend.name, pid, exc)
                 continue
             self.log_event("pilot_cancelled", pilot=pid, nodes=list(view.nodes), reason="node no longer wanted")
+
+    def _waiting_pilots(self) -> list[tuple[PilotId, PilotView]]:
+        """The pilots queued for recalled nodes (``waits_for_node``), by id: found again only when the
+        backend's version moved (every hold asks; at 4,608 pilots a look at each is milliseconds)."""
+        version = getattr(self.backend, "version", None)
+        if self._waits is None or self._waits[0] != version or version is None:
+            self._waits = version, sorted((pid, v) for pid, v in self.backend.pilots().items()
+                                          if v.waits_for_node and v.state is PilotState.QUEUED)
+        return self._waits[1]
 
     def _submit_for(self, free: list[str], now: float) -> list[PilotId]:
         """Pilots for ``free`` nodes, at most :data:`MAX_SUBMITS_PER_HOLD` (the rest at the next hold)."""

@@ -133,6 +133,7 @@ class PilotBook:
         self._events: list[PilotEvent] = []
         self._ended: dict[PilotId, EndReason] = {}
         self._on_node: dict[str, set[PilotId]] = {}  # node -> live pilots that asked for it or run there
+        self._touched: dict[PilotId, None] = {}  # pilots whose view may have changed (or that came or went), in order
 
     # -- queries
     def __contains__(self, pid: object) -> bool:
@@ -168,6 +169,8 @@ class PilotBook:
 
     def set_nodes(self, rec: PilotRecord, nodes: tuple[str, ...]) -> None:
         """``rec`` runs on ``nodes`` (as the scheduler says)."""
+        if nodes != rec.nodes:
+            self._touched[rec.id] = None
         rec.nodes = nodes
         self._index(rec)
 
@@ -183,6 +186,16 @@ class PilotBook:
                 if not ids:
                     del self._on_node[n]
 
+    def touch(self, pid: PilotId) -> None:
+        """``pid``'s view may have changed (a field a :class:`PilotView` shows was set outside the book)."""
+        self._touched[pid] = None
+
+    def take_touched(self) -> list[PilotId]:
+        """The pilots touched since the last call (added, changed, ended), in the order first touched:
+        what the views of every pilot must look at again, not every pilot."""
+        out, self._touched = list(self._touched), {}
+        return out
+
     def drain(self) -> list[PilotEvent]:
         out, self._events = self._events, []
         return out
@@ -194,6 +207,7 @@ class PilotBook:
             self._live[request.after].replaced_by = pid
         self._live[pid] = rec
         self._index(rec)
+        self._touched[pid] = None
         self._events.append(PilotQueued(pid, request.nodes, request.after))
         return rec
 
@@ -208,6 +222,7 @@ class PilotBook:
                           replaces=saved.replaces)
         self._live[saved.id] = rec
         self._index(rec)
+        self._touched[saved.id] = None
         for other in self._live.values():  # link replacements whichever came back first
             if other.replaces == rec.id:
                 rec.replaced_by = other.id
@@ -220,6 +235,12 @@ class PilotBook:
         rec = self._live.get(obs.pilot)
         if rec is None or obs.state is PilotState.ENDED:
             return
+        state, expires = rec.state, rec.expires_at
+        self._apply(rec, obs, now)
+        if rec.state is not state or rec.expires_at != expires:
+            self._touched[rec.id] = None  # (most of a poll's observations change nothing)
+
+    def _apply(self, rec: PilotRecord, obs: Observation, now: float) -> None:
         rec.raw_state = obs.raw_state
         if obs.nodes:
             self.set_nodes(rec, obs.nodes)
@@ -260,6 +281,7 @@ class PilotBook:
         for rec in self._live.values():
             if rec.state is PilotState.RUNNING and rec.expires_at is not None and now >= rec.expires_at - lead_s:
                 rec.state = PilotState.ENDING
+                self._touched[rec.id] = None
                 self._announce(rec, rec.expires_at, EndReason.TIMEOUT)
                 due.append(rec)
         return due
@@ -270,6 +292,7 @@ class PilotBook:
         if rec is None:
             return None
         self._unindex(rec)
+        self._touched[pid] = None
         rec.state = PilotState.ENDED
         self._ended[pid] = reason
         if len(self._ended) > 10_000:

@@ -158,7 +158,7 @@ def test_live_pilots_are_remembered_only_when_the_backend_changed(tmp_path: Path
 
     calls = []
     real = scavenging.pilots_json
-    scavenging.pilots_json = lambda views: calls.append(1) or real(views)  # type: ignore[assignment]
+    scavenging.pilots_json = lambda views, *a: calls.append(1) or real(views, *a)  # type: ignore[assignment]
     try:
         scav.hold_idle(0.1)  # nothing submitted, nothing polled: no JSON of every pilot
         assert calls == [] and meta.writes == 2

@@ -30,6 +30,8 @@ from malletrain.daemon import Daemon, DaemonParts
 from scavenger.slurm import SlurmBackend, SlurmConfig
 from scavenger.testing.fake_slurm import remote_runner
 
+SLOW_STEP_S = 0.1  # steps that took longer are kept with their phases' wall times
+
 
 class MeasuredDaemon(Daemon):
     """The daemon, timing its decisions and steps and noting when it learns of a lost node."""
@@ -46,6 +48,9 @@ class MeasuredDaemon(Daemon):
         self.cpu = {"hub": 0.0, "monitor": 0.0, "decide": 0.0, "step": 0.0, "besides": 0.0}  # thread CPU s by
         # phase; "besides": a step's own, less the hub, monitor and decisions in it (the loop also reads agents
         # and reports between steps: hub and monitor count those too)
+        self.slow_steps: list[tuple[float, float, dict[str, float]]] = []  # (wall start, seconds, wall s by
+        #                                                        phase) of each step over SLOW_STEP_S
+        self._phase: dict[str, float] | None = None
         super().__init__(*args, **kwargs)
         self.hub.poll = self._timed(self.hub.poll, "hub")  # type: ignore[method-assign]
         self.monitor.drain = self._timed(self.monitor.drain, "monitor")  # type: ignore[method-assign]
@@ -59,18 +64,57 @@ class MeasuredDaemon(Daemon):
                 self.cpu[phase] += time.thread_time() - c0
         return timed
 
+    def _phased(self, name: str, fn: Any, now: float) -> None:
+        t0 = time.perf_counter()
+        try:
+            fn(now)
+        finally:
+            if self._phase is not None:
+                self._phase[name] = self._phase.get(name, 0.0) + time.perf_counter() - t0
+
+    def _observe_backend(self, now: float) -> None:
+        self._phased("backend", super()._observe_backend, now)
+
+    def _observe_agents(self, now: float) -> None:
+        self._phased("agents", super()._observe_agents, now)
+
+    def _observe_progress(self, now: float) -> None:
+        self._phased("progress", super()._observe_progress, now)
+
+    def _act(self, now: float) -> None:
+        self._phased("act", super()._act, now)
+
+    def _observe_store(self, now: float) -> None:
+        self._phased("store", super()._observe_store, now)
+
+    def _feed_ledgers(self, now: float) -> None:
+        self._phased("ledgers", super()._feed_ledgers, now)
+
+    def _sample(self, now: float) -> None:
+        self._phased("sample", super()._sample, now)
+
+    def _hold_idle_nodes(self) -> None:
+        self._phased("hold", lambda _now: super(MeasuredDaemon, self)._hold_idle_nodes(), 0.0)
+
     def _decide(self, now: float) -> None:
         t0, c0 = time.perf_counter(), time.thread_time()
-        super()._decide(now)
+        self._phased("decide", super()._decide, now)
         self.decisions.append((time.time(), time.perf_counter() - t0))
         self.decision_cpu.append(time.thread_time() - c0)
         self.cpu["decide"] += self.decision_cpu[-1]
 
-    def step(self) -> None:
+    def step(self, quick: bool = False) -> None:
         t0, c0 = time.perf_counter(), time.thread_time()
         inner0 = self.cpu["hub"] + self.cpu["monitor"] + self.cpu["decide"]
-        super().step()
+        self._phase, w0 = {}, time.time()
+        try:
+            super().step(quick) if quick else super().step()  # (a baseline's step takes no argument)
+        finally:
+            phases, self._phase = self._phase, None
         self.steps.append(time.perf_counter() - t0)
+        if self.steps[-1] > SLOW_STEP_S:
+            phases["other"] = self.steps[-1] - sum(phases.values())
+            self.slow_steps.append((w0, self.steps[-1], phases))
         own = time.thread_time() - c0
         self.cpu["step"] += own
         self.cpu["besides"] += own - (self.cpu["hub"] + self.cpu["monitor"] + self.cpu["decide"] - inner0)
@@ -118,6 +162,7 @@ def main(argv: list[str]) -> int:
     out = {
         "decisions": daemon.decisions,
         "steps": daemon.steps,
+        "slow_steps": daemon.slow_steps,
         "decision_cpu": daemon.decision_cpu,
         "lost": daemon.lost,
         "monitor": daemon.monitor.counts(),

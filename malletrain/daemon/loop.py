@@ -30,15 +30,19 @@ class Daemon(Wiring, Observe, Adoption, Trainers, Jobs, ControlApi, Shutdown):
 
     def run(self, duration_s: float | None = None, on_tick: Callable[["Daemon"], None] | None = None) -> None:
         end = None if duration_s is None else time.monotonic() + duration_s
+        quick = False
         while not self.stopping and (end is None or time.monotonic() < end):
             t0 = time.monotonic()
-            self._guarded(self.step)
+            self._guarded(lambda: self.step(quick))
             if on_tick is not None:
                 on_tick(self)
             spare = self.cfg.loop_interval - (time.monotonic() - t0)
-            if spare > 0:  # reports and agent frames as they come; a recall starts the next step at once
-                wait = LoopWait(self.monitor, self.hub, self._observe_agents, self.store.batch, self.clock)
-                self._guarded(lambda: wait.wait(spare))
+            lost: list[bool] = []  # reports and agent frames as they come (none to wait for after an iteration
+            #                        that overran: what is there); a recall starts the next step at once
+            wait = LoopWait(self.monitor, self.hub, self._observe_agents, self.store.batch, self.clock)
+            self._guarded(lambda: lost.append(wait.wait(max(0.0, spare))))
+            quick = bool(lost and lost[0]) and not quick  # (never two in a row: the scheduler is asked at least
+            #                                               every other iteration, whatever the agents say)
 
     def _guarded(self, fn: Callable[[], object]) -> None:
         try:
@@ -48,10 +52,16 @@ class Daemon(Wiring, Observe, Adoption, Trainers, Jobs, ControlApi, Shutdown):
             log.exception("reconcile step failed")
             self.store.log_event("step_error", error=f"{type(exc).__name__}: {exc}")
 
-    def step(self) -> None:
+    def step(self, quick: bool = False) -> None:
+        """One iteration. ``quick``: it started at once because an agent was lost (a recall): its new
+        plan comes before any scheduler command (the look at pilots and nodes, which runs one
+        ``scontrol`` per ended pilot, and the pilots submitted for idle nodes wait for the next
+        iteration, at most ``loop_interval`` later): a burst of recalls at Summit size made those
+        seconds."""
         now = self.clock()
         self._count_node_seconds(now)
-        self._observe_backend(now)
+        if not quick:
+            self._observe_backend(now)
         with self.store.batch():  # a burst of agent events, every job's progress: one commit each
             self._observe_agents(now)
         self.monitor.drain()
@@ -64,7 +74,8 @@ class Daemon(Wiring, Observe, Adoption, Trainers, Jobs, ControlApi, Shutdown):
             return  # agents may still reconnect with the workers of the last daemon
         if self._adopt_until:
             self._finish_adoption(now)
-        self._hold_idle_nodes()
+        if not quick:
+            self._hold_idle_nodes()
         self._feed_ledgers(now)
         # a profile's step ends on evidence: while one runs, ask at every iteration (the policy
         # answers an unchanged problem without solving)
