@@ -43,7 +43,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_slurm import steps_after, wait_for  # noqa: E402  (a sibling script)
+from bench_slurm import StepTail, wait_for  # noqa: E402  (a sibling script)
 
 from malletrain.examples.tracelog import steps, traced  # noqa: E402
 from scavenger.testing.slurm_cluster import ClusterUnavailable, SlurmCluster  # noqa: E402
@@ -109,6 +109,7 @@ def measure(cluster: SlurmCluster, tmp: Path, rounds: int) -> dict[str, list[flo
     train = (sys.executable, "-m", "malletrain.examples.train", "--model", "linear", "--samples", "1000000000000",
              "--trace", "--step-sleep", f"{STEP_SLEEP_S:g}")
     d = Daemon(cfg)
+    steps_after = StepTail().first_after  # each worker log read on from where the last look stopped
     got: dict[str, list[float]] = {"cold_start_s": [], "restart_s": [], "rescale_pause_s": [], "commit_interval_s": [],
                                    "join_s": [], "warm_start_s": []}
     try:
