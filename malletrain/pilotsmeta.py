@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import json
-from typing import Mapping
+from typing import Mapping, Protocol
 
 from scavenger.base import PilotId, PilotState, PilotView, SavedPilot
 
@@ -12,6 +12,16 @@ PILOTS_KEY = "pilots"
 """Store meta: our live pilots, ``{id: {"nodes": [...], "replaces": id or null[, "waits": true]}}``."""
 PilotTexts = dict[PilotId, tuple[PilotView, str]]
 """Each kept pilot's view and its entry's JSON, as :func:`pilots_json` last wrote them."""
+
+
+class MetaStore(Protocol):
+    """Where the live pilots are kept across restarts (the daemon's store)."""
+
+    def get_meta(self, key: str) -> str | None:
+        """The text kept under ``key``; None: nothing."""
+
+    def set_meta(self, key: str, value: str) -> None:
+        """Keep ``value`` under ``key``."""
 
 
 def pilots_json(views: Mapping[PilotId, PilotView], last: PilotTexts | None = None) -> str:

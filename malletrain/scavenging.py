@@ -41,8 +41,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from malletrain.pilotsmeta import PILOTS_KEY, PilotTexts, parse_pilots, pilots_json
+from malletrain.pilotsmeta import PILOTS_KEY, MetaStore, PilotTexts, parse_pilots, pilots_json
 from scavenger.base import (
+    AgentRoster,
     BackendError,
     Discovery,
     EndReason,
@@ -56,6 +57,7 @@ from scavenger.base import (
     PilotStarted,
     PilotState,
     PilotView,
+    SchedulerBackend,
     Throttled,
 )
 
@@ -94,8 +96,8 @@ second late is cancelled a second late, after ``agent_grace`` (60 s by default).
 class Scavenging:
     """One daemon's backend, its last look at the machine and the rules above.
 
-    ``hub`` is the agent hub (``alive()``; optionally ``batch_job(node)``, the id an
-    agent's hello carried). ``meta``: where our live pilots are kept across restarts
+    ``hub`` is the agent hub (:class:`scavenger.base.AgentRoster`: ``alive()``, ``batch_job(node)``,
+    the id an agent's hello carried). ``meta``: where our live pilots are kept across restarts
     (the store: ``get_meta``/``set_meta``; None: nowhere). ``agent_grace``: seconds a
     RUNNING pilot may go without its own agent before it is cancelled (0: never).
     ``requeue_recalled``: queue a pilot for the nodes of each preempted pilot (when the
@@ -104,12 +106,12 @@ class Scavenging:
     such pilots at once, each ``requeue_after_s`` after its preemption was seen.
     """
 
-    backend: Any
-    hub: Any
+    backend: SchedulerBackend
+    hub: AgentRoster
     log_event: EventLog
     nodes_per_pilot: int = 1
     poll_interval: float = 0.0
-    meta: Any = None
+    meta: MetaStore | None = None
     agent_grace: float = 0.0
     requeue_recalled: bool = True
     requeue_after_s: float = REQUEUE_AFTER_S
@@ -138,7 +140,7 @@ class Scavenging:
         the nodes our pilots take and the agentless pilots are computed from. While both stay the
         same, the last answer is the answer (the daemon asks several times per loop iteration, and
         at 4,608 nodes each answer is a pass over every pilot)."""
-        return getattr(self.backend, "version", None), getattr(self.hub, "version", None)
+        return self.backend.version, self.hub.version
 
     # ------------------------------------------------------------ remember
     def resume(self) -> list[PilotId]:
@@ -158,8 +160,7 @@ class Scavenging:
             log.warning("%s (their pilots are not taken back)", exc)
             return []
         self._last_nodes = frozenset(n for pilot in saved for n in pilot.nodes)
-        resume = getattr(self.backend, "resume", None)
-        taken = list(resume(saved)) if resume is not None and saved else []
+        taken = list(self.backend.resume(saved)) if saved else []
         if taken:
             self.log_event("pilots_resumed", pilots=list(taken))
         return taken
@@ -175,7 +176,7 @@ class Scavenging:
         ``version`` says nothing could have; only the pilots that changed are written again)."""
         if self.meta is None:
             return
-        version = getattr(self.backend, "version", None)
+        version = self.backend.version
         if version is not None and version == self._remembered_version:
             return
         text = pilots_json(self.backend.pilots(), self._pilot_texts)
@@ -209,7 +210,7 @@ class Scavenging:
         """Remember the nodes of each pilot the main scheduler preempted: the daemon expects them back. Their
         pilots are queued :data:`REQUEUE_AFTER_S` later, never while the daemon shrinks its jobs off those
         nodes: an ``sbatch`` blocks the daemon's loop (up to seconds on a busy head node)."""
-        if not self.requeue_recalled or not getattr(self.backend, "queues_for_busy_nodes", False):
+        if not self.requeue_recalled or not self.backend.queues_for_busy_nodes:
             return
         for ev in events:
             if isinstance(ev, PilotEnded) and ev.reason is EndReason.PREEMPTED and ev.nodes \
@@ -238,42 +239,26 @@ class Scavenging:
 
     def adopt(self, node: str, batch_job: str, pid: int) -> PilotId | None:
         """An agent says hello from ``node``: if no pilot of ours runs there (a daemon restart),
-        the backend takes its pilot over (backends without ``adopt`` cannot)."""
+        the backend takes its pilot over (a backend whose ``adopt`` answers None cannot)."""
         if node in self.held():
             return None  # (the common answer)
-        pilots_on = getattr(self.backend, "pilots_on", None)  # (the backend's index: no look at every pilot)
-        views = pilots_on(node) if pilots_on is not None else [v for v in self.backend.pilots().values()
-                                                                if node in v.nodes]
+        views = self.backend.pilots_on(node)  # (a batch backend's index: no look at every pilot)
         if any(v.state is not PilotState.QUEUED for v in views):
             return None
-        adopt = getattr(self.backend, "adopt", None)
-        if adopt is None:
-            return None
-        pilot = adopt(node, batch_job, pid)
+        pilot = self.backend.adopt(node, batch_job, pid)
         if pilot is not None:
             self.log_event("pilot_adopted", pilot=pilot, node=node, pid=pid)
         return pilot
 
     # ------------------------------------------------------------ decide
     def held(self) -> Mapping[str, PilotId]:
-        """Node -> the RUNNING pilot on it (from the backend's ``held_nodes()`` when it has one:
-        built once per change of its pilots, where this loop is once per call)."""
-        held_nodes = getattr(self.backend, "held_nodes", None)
-        if held_nodes is not None:
-            return held_nodes()  # type: ignore[no-any-return]
-        out: dict[str, PilotId] = {}
-        for pid, view in self.backend.pilots().items():
-            if view.state is PilotState.RUNNING:
-                for node in view.nodes:
-                    out[node] = pid
-        return out
+        """Node -> the RUNNING pilot on it (the backend's ``held_nodes()``: a batch backend builds it
+        once per change of its pilots, where a loop over them is once per call)."""
+        return self.backend.held_nodes()
 
     def agent_batch_job(self, node: str) -> str:
-        get = getattr(self.hub, "batch_job", None)
-        if get is None:
-            return ""
         try:
-            return str(get(node) or "")
+            return str(self.hub.batch_job(node) or "")
         except (KeyError, ValueError):
             return ""
 
@@ -290,9 +275,8 @@ class Scavenging:
     def _usable_now(self) -> set[str]:
         """:meth:`usable`, computed (one dict lookup per node when the hub lists its agents' batch
         jobs at once, ``batch_jobs()``)."""
-        batch_jobs = getattr(self.hub, "batch_jobs", None)
-        if batch_jobs is not None:
-            batches: Mapping[str, str | None] = batch_jobs()
+        batches = self.hub.batch_jobs()
+        if batches is not None:
             return {node for node, pid in self.held().items()
                     if node in batches and (not batches[node] or batches[node] == pid)}
         alive = self.hub.alive()
@@ -401,7 +385,7 @@ class Scavenging:
     def _waiting_pilots(self) -> list[tuple[PilotId, PilotView]]:
         """The pilots queued for recalled nodes (``waits_for_node``), by id: found again only when the
         backend's version moved (every hold asks; at 4,608 pilots a look at each is milliseconds)."""
-        version = getattr(self.backend, "version", None)
+        version = self.backend.version
         if self._waits is None or self._waits[0] != version or version is None:
             self._waits = version, sorted((pid, v) for pid, v in self.backend.pilots().items()
                                           if v.waits_for_node and v.state is PilotState.QUEUED)
@@ -482,8 +466,7 @@ class Scavenging:
     def _agentless_pilots(self) -> list[tuple[PilotId, PilotView, str]]:
         """Each RUNNING pilot (not being cancelled) whose own agent is missing, and why."""
         alive = self.hub.alive()
-        batch_jobs = getattr(self.hub, "batch_jobs", None)
-        batches: Mapping[str, str | None] | None = batch_jobs() if batch_jobs is not None else None
+        batches = self.hub.batch_jobs()
         running = [(pid, view) for pid, view in self.backend.pilots().items()
                    if view.state is PilotState.RUNNING and not view.cancelling
                    and (batches is None or not all(batches.get(n, pid) in (pid, None, "") and n in batches
@@ -519,18 +502,14 @@ class Scavenging:
         alive = self.hub.alive()
         held = self.held()
         pilots = sorted({held[n] for n in nodes if n in held and n not in alive})
-        cancel_all = getattr(self.backend, "cancel_all", None)  # one command for all (a burst of recalls)
-        for group in ([pilots] if cancel_all is not None and pilots else [[pid] for pid in pilots]):
+        if pilots:
             try:
-                if cancel_all is not None:
-                    cancel_all(group)
-                else:
-                    self.backend.cancel(group[0])
-                for pid in group:
+                self.backend.cancel_all(pilots)  # one command for all on a batch backend (a burst of recalls)
+                for pid in pilots:
                     self.log_event("pilot_cancelled", pilot=pid)
             except BackendError as exc:
                 log.warning("%s: cancel %s: %s (retried when its agent is gone again)", self.backend.name,
-                            ", ".join(group), exc)
+                            ", ".join(pilots), exc)
         self._remember()
 
     def node_states(self) -> dict[str, str]:

@@ -356,12 +356,24 @@ class SchedulerBackend(Protocol):
     (carrying the :class:`CommandResult`); the backend then keeps its last known pilot
     states unchanged and returns no stale data: callers skip that round's decision.
 
-    An optional ``queues_for_busy_nodes`` attribute, True, says that a pilot may be queued for a
-    node a main-queue job holds (a batch scheduler): it waits and starts when the node is free
-    (:attr:`PilotRequest.waits_for_node`); absent means False (the local backend).
+    ``queues_for_busy_nodes``, True, says that a pilot may be queued for a node a main-queue job
+    holds (a batch scheduler): it waits and starts when the node is free
+    (:attr:`PilotRequest.waits_for_node`); False: the local backend.
+
+    The members with a body (:attr:`version`, :meth:`pilots_on`, :meth:`held_nodes`,
+    :meth:`adopt`, :meth:`cancel_all`) are what a backend that derives nothing incrementally
+    does; a class that subclasses this protocol explicitly inherits them (the batch backends
+    give faster ones).
     """
 
     name: str
+    queues_for_busy_nodes: bool = False
+
+    @property
+    def version(self) -> int | None:
+        """Moves whenever :meth:`pilots` changed (a caller skips work derived from them while it
+        stays the same); None: not counted, every caller computes again each time."""
+        return None
 
     def discover(self) -> Discovery:
         """Idle nodes a pilot may hold now, and known future claims (one node and one queue
@@ -384,10 +396,63 @@ class SchedulerBackend(Protocol):
     def resume(self, saved: Sequence["SavedPilot"]) -> list[PilotId]:
         """Track again the pilots an earlier daemon left in the scheduler (a restart): each is
         polled like any other (queued, running or ended) and counts towards the cap at once, so
-        nothing is submitted twice. Returns the ids taken back; idempotent."""
+        nothing is submitted twice. Returns the ids taken back (none: a backend that cannot, whose
+        pilots come back only through their agents' hellos, :meth:`adopt`); idempotent."""
+        return []
 
     def close(self) -> None:
         """Cancel every pilot; idempotent."""
+
+    def cancel_all(self, pilots: Sequence[PilotId]) -> None:
+        """Cancel each of ``pilots`` (a batch backend does it in one command); the first
+        :class:`BackendError` stops it."""
+        for pilot in pilots:
+            self.cancel(pilot)
+
+    def pilots_on(self, node: str) -> list["PilotView"]:
+        """The views of the live pilots on ``node`` (asked for it or running there)."""
+        return [v for v in self.pilots().values() if node in v.nodes]
+
+    def held_nodes(self) -> Mapping[str, PilotId]:
+        """Node -> the RUNNING pilot on it (of two, the last one :meth:`pilots` lists)."""
+        out: dict[str, PilotId] = {}
+        for pid, view in self.pilots().items():
+            if view.state is PilotState.RUNNING:
+                for node in view.nodes:
+                    out[node] = pid
+        return out
+
+    def adopt(self, node: str, batch_job: str, pid: int) -> PilotId | None:
+        """The agent of a pilot an earlier daemon left says hello from ``node`` (``batch_job``: the
+        id its hello carried, ``pid`` its process): take that pilot over and return its id; None:
+        this backend cannot."""
+        return None
+
+
+class AgentRoster(Protocol):
+    """What the scavenging side needs of the agent hub (``scavenger.hub.AgentHub``): the nodes
+    whose agent is connected, and the batch job each agent said it runs in.
+
+    The members with a body are what a hub that keeps no more says (a class that subclasses
+    this protocol explicitly inherits them)."""
+
+    @property
+    def version(self) -> int | None:
+        """Moves when an agent comes or goes or its batch job changes; None: not counted
+        (callers compute again each time)."""
+        return None
+
+    def alive(self) -> set[str]:
+        """The nodes whose agent is connected."""
+
+    def batch_job(self, node: str) -> str | None:
+        """The batch job id ``node``'s agent said it runs in; None if none or unknown."""
+        return None
+
+    def batch_jobs(self) -> Mapping[str, str | None] | None:
+        """Every connected agent's node -> its :meth:`batch_job`, at once; None: not kept (callers
+        ask :meth:`batch_job` node by node)."""
+        return None
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,7 @@ from scavenger.base import (
     PilotStateError,
     PilotView,
     SavedPilot,
+    SchedulerBackend,
     can_move,
 )
 from scavenger import jobproc
@@ -75,7 +76,7 @@ class _LocalPilot:
         return PilotView(self.id, self.state, (self.node,), None)
 
 
-class LocalBackend:
+class LocalBackend(SchedulerBackend):
     """Local nodes ``node00..`` whose idleness follows ``timeline`` (None: always idle).
 
     The first ``n_nodes`` nodes of the timeline map, in order, onto the local

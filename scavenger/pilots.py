@@ -36,6 +36,7 @@ from scavenger.base import (
     PilotView,
     Runner,
     SavedPilot,
+    SchedulerBackend,
     Throttled,
     run_command,
 )
@@ -132,7 +133,7 @@ def _changes_pilots(method: Callable[..., _T]) -> Callable[..., _T]:
     return wrapper
 
 
-class BatchBackend:
+class BatchBackend(SchedulerBackend):
     """A :class:`~scavenger.base.SchedulerBackend` over one :class:`Dialect`.
 
     ``clock`` is the injected wall clock (scheduler times are wall times);

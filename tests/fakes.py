@@ -27,6 +27,7 @@ from policy import JobEvidence, PolicyConfig
 from profiler.estimators import Estimate
 from scavenger.base import (
     AgentGone,
+    AgentRoster,
     AgentUp,
     Discovery,
     EndReason,
@@ -36,6 +37,7 @@ from scavenger.base import (
     PilotRequest,
     PilotState,
     PilotView,
+    SchedulerBackend,
 )
 from scavenger.hub import AgentWorkers, WorkerExitedEvent, WorkerStartedEvent
 
@@ -141,7 +143,7 @@ class FakeCluster:
         return 1000 + self.nodes.index(node)
 
 
-class FakeBackend:
+class FakeBackend(SchedulerBackend):
     """A :class:`scavenger.base.SchedulerBackend` on the fake cluster: a pilot runs as soon as it is
     submitted; a recall of a held node ends its pilot ``preempted``."""
 
@@ -201,7 +203,7 @@ class FakeBackend:
         pass
 
 
-class FakeHub:
+class FakeHub(AgentRoster):
     address = "tcp://127.0.0.1:1"
 
     def __init__(self, cluster: FakeCluster) -> None:

@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from malletrain.scavenging import REQUEUE_AFTER_S, Scavenging, parse_pilots, pilots_json
-from scavenger.base import CommandResult, PilotStarted, PilotState, PilotView, SavedPilot
+from scavenger.base import AgentRoster, CommandResult, PilotStarted, PilotState, PilotView, SavedPilot
 from scavenger.slurm import SlurmBackend, SlurmConfig
 from scavenger.testing.fake_slurm import FakeSlurm
 
@@ -29,7 +29,7 @@ class Clock:
         return self.t
 
 
-class Hub:
+class Hub(AgentRoster):
     def alive(self) -> set[str]:
         return set()
 

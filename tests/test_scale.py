@@ -15,8 +15,7 @@ from malletrain.jobspec import JobSpec, JobState
 from malletrain.store import Store, StoreError
 from scavenger import channel as C
 from scavenger import protocol as P
-from scavenger.base import PilotRequest, PilotState
-from scavenger.base import AgentGone
+from scavenger.base import AgentGone, AgentRoster, PilotRequest, PilotState
 from scavenger.hub import AgentHub, _AgentInfo, ping_interval
 from scavenger.slurm import SlurmBackend, SlurmConfig
 from scavenger.testing.fake_slurm import FakeSlurm
@@ -144,7 +143,7 @@ def test_live_pilots_are_remembered_only_when_the_backend_changed(tmp_path: Path
             self.writes += 1
             self.value = value
 
-    class Hub:
+    class Hub(AgentRoster):
         def alive(self) -> set[str]:
             return set()
 
@@ -177,7 +176,7 @@ def test_usable_nodes_and_agentless_pilots_read_the_hubs_batch_jobs_at_once() ->
     p0, p1, p2 = (be.submit(PilotRequest((n,))) for n in ("n0", "n1", "n2"))
     be.poll()
 
-    class OneByOne:
+    class OneByOne(AgentRoster):
         def __init__(self, batches: dict[str, str | None]) -> None:
             self.batches = batches
 
@@ -206,7 +205,7 @@ def test_usable_nodes_and_agentless_pilots_read_the_hubs_batch_jobs_at_once() ->
 def test_a_whole_idle_machine_is_held_over_several_holds() -> None:
     from malletrain.scavenging import MAX_SUBMITS_PER_HOLD, Scavenging
 
-    class Hub:
+    class Hub(AgentRoster):
         def alive(self) -> set[str]:
             return set()
 

@@ -17,6 +17,7 @@ from malletrain.config import ConfigError, DaemonConfig, ScavengerConfig, parse_
 from malletrain.scavenging import Scavenging
 from policy import PolicyConfig
 from scavenger.base import (
+    AgentRoster,
     Claim,
     CommandFailed,
     Discovery,
@@ -26,11 +27,12 @@ from scavenger.base import (
     PilotState,
     PilotView,
     SavedPilot,
+    SchedulerBackend,
     Throttled,
 )
 
 
-class ScriptedBackend:
+class ScriptedBackend(SchedulerBackend):
     name = "scripted"
 
     def __init__(self, idle: set[str], claims: tuple[Claim, ...] = ()) -> None:
@@ -71,7 +73,7 @@ class ScriptedBackend:
         pass
 
 
-class Hub:
+class Hub(AgentRoster):
     def __init__(self, alive: set[str], batch: dict[str, str] | None = None) -> None:
         self._alive, self._batch = alive, batch or {}
 
@@ -289,10 +291,10 @@ def test_a_restart_knows_the_nodes_of_the_last_daemons_pilots_before_their_agent
             return _json.dumps({"local-n0-1": {"nodes": ["n0"], "replaces": None},
                                 "local-n1-2": {"nodes": ["n1"], "replaces": None}})
 
-    class NoResume:  # a backend without resume(): its pilots come back only through their agents
+    class NoResume(SchedulerBackend):  # a backend without resume(): its pilots come back only through their agents
         name = "stub"
 
-    scav = Scavenging(NoResume(), object(), lambda *a, **k: None, meta=Meta())  # type: ignore[arg-type]
+    scav = Scavenging(NoResume(), Hub(set()), lambda *a, **k: None, meta=Meta())  # type: ignore[abstract,arg-type]
     assert scav.last_daemons_nodes() == frozenset()
     assert scav.resume() == []
     assert scav.last_daemons_nodes() == {"n0", "n1"}

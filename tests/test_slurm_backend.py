@@ -10,6 +10,7 @@ import pytest
 
 from scavenger.base import (
     TRANSITIONS,
+    AgentRoster,
     BadReply,
     CommandFailed,
     CommandResult,
@@ -410,7 +411,7 @@ class Meta:
         self.data[key] = value
 
 
-class Hub:
+class Hub(AgentRoster):
     def __init__(self, alive: set[str] | None = None, batch: dict[str, str] | None = None) -> None:
         self.up, self.batch = set(alive or ()), dict(batch or {})
 
