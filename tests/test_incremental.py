@@ -3,6 +3,7 @@ each incremental path is held to the full recompute it replaces."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -202,6 +203,51 @@ def test_usable_nodes_and_agentless_pilots_equal_a_full_recompute_after_random_e
 
 
 # ---------------------------------------------------------------- between two loop iterations
+class _AgentOnHub:
+    """A real hub and one agent socket ``n1`` beside it, for the loop's wait: the agent shakes hands
+    (each frame the hub answers is read through ``pump``, the wait under test) and then sends sealed
+    messages."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        import zmq
+
+        from scavenger import channel as C
+        from scavenger.hub import AgentHub
+
+        self.hub = AgentHub(dead_after_s=30.0, key_file=tmp_path / "agent.key")
+        self.key = C.read_key_file(self.hub.key_file)
+        self.ctx = zmq.Context()
+        self.agent = self.ctx.socket(zmq.DEALER)
+        self.agent.setsockopt(zmq.IDENTITY, b"n1")
+        self.agent.setsockopt(zmq.LINGER, 0)
+        self.agent.connect(self.hub.address)
+        self.session: object = None
+
+    def handshake(self, pump: Callable[[], None]) -> None:
+        """Challenge and proof, ``pump()`` after each frame the hub must answer."""
+        from scavenger import channel as C
+
+        nonce_a = C.new_nonce()
+        self.agent.send(C.challenge_frame(nonce_a))
+        pump()
+        assert self.agent.poll(5000)
+        nonce_h = C.parse_nonce(self.agent.recv())
+        self.agent.send(C.finish_frame(C.agent_proof(self.key, "n1", nonce_a, nonce_h)))
+        pump()
+        assert self.agent.poll(5000) and C.kind_of(self.agent.recv()) is C.Kind.PROOF
+        self.session = C.Session.for_agent(C.session_key(self.key, "n1", nonce_a, nonce_h))
+
+    def send(self, msg: object, seq: int) -> None:
+        from scavenger import protocol as P
+
+        self.agent.send(self.session.seal(P.encode(msg, seq)))  # type: ignore[attr-defined]
+
+    def close(self) -> None:
+        self.agent.close(0)
+        self.hub.close()
+        self.ctx.term()
+
+
 def test_a_recall_ends_the_wait_between_iterations_and_heartbeats_do_not(tmp_path: Path) -> None:
     """The loop's wait reads reports and agent frames as they come (through the observe phase it is
     given), and an agent's ``leaving`` ends it at once: the recall is decided on at the next
@@ -211,17 +257,10 @@ def test_a_recall_ends_the_wait_between_iterations_and_heartbeats_do_not(tmp_pat
     import zmq
 
     from malletrain.loopwait import LoopWait
-    from scavenger import channel as C
     from scavenger import protocol as P
-    from scavenger.hub import AgentHub
 
-    hub = AgentHub(dead_after_s=30.0, key_file=tmp_path / "agent.key")
-    key = C.read_key_file(hub.key_file)
-    ctx = zmq.Context()
-    agent = ctx.socket(zmq.DEALER)
-    agent.setsockopt(zmq.IDENTITY, b"n1")
-    agent.setsockopt(zmq.LINGER, 0)
-    agent.connect(hub.address)
+    a = _AgentOnHub(tmp_path)
+    hub, ctx = a.hub, a.ctx
 
     class Reports:  # the monitor's part: a socket and drain()
         def __init__(self) -> None:
@@ -242,34 +281,67 @@ def test_a_recall_ends_the_wait_between_iterations_and_heartbeats_do_not(tmp_pat
     push.connect("inproc://reports")
     seen: list[object] = []
     wait = LoopWait(reports, hub, lambda now: seen.extend(hub.poll()), contextlib.nullcontext, lambda: 0.0)
+
+    def pump() -> None:
+        assert wait.wait(0.5) is False
+
     try:
-        nonce_a = C.new_nonce()
-        agent.send(C.challenge_frame(nonce_a))
-        assert wait.wait(0.5) is False
-        assert agent.poll(5000)
-        nonce_h = C.parse_nonce(agent.recv())
-        agent.send(C.finish_frame(C.agent_proof(key, "n1", nonce_a, nonce_h)))
-        assert wait.wait(0.5) is False
-        assert agent.poll(5000) and C.kind_of(agent.recv()) is C.Kind.PROOF
-        session = C.Session.for_agent(C.session_key(key, "n1", nonce_a, nonce_h))
-        agent.send(session.seal(P.encode(P.Hello("n1", 1), 1)))
-        agent.send(session.seal(P.encode(P.Heartbeat("n1"), 2)))
+        a.handshake(pump)
+        a.send(P.Hello("n1", 1), 1)
+        a.send(P.Heartbeat("n1"), 2)
         push.send(b"a report")
         assert wait.wait(0.5) is False  # an agent up and a heartbeat: the next tick is soon enough
         assert "n1" in hub.alive() and reports.read == 1  # ... but both were read as they came
-        agent.send(session.seal(P.encode(P.Leaving("n1", "recalled"), 3)))
+        a.send(P.Leaving("n1", "recalled"), 3)
         assert wait.wait(30.0) is True  # a recall: the next iteration starts now
         assert "n1" not in hub.alive() and any(getattr(ev, "node", "") == "n1" and type(ev).__name__ == "AgentGone"
                                                for ev in seen)
     finally:
-        agent.close(0)
         push.close(0)
         reports.sock.close(0)
-        hub.close()
-        ctx.term()
+        a.close()
 
 
-# ---------------------------------------------------------------- squeue: a poll parses the lines that changed
+def test_a_wait_with_no_time_left_still_reads_a_recall_already_there(tmp_path: Path) -> None:
+    """After an iteration that overran its interval the loop does not wait, but it reads the agent
+    frames already queued: a ``leaving`` among them makes the next iteration a quick one."""
+    import contextlib
+
+    import zmq
+
+    from malletrain.loopwait import LoopWait
+    from scavenger import protocol as P
+
+    a = _AgentOnHub(tmp_path)
+    hub, ctx = a.hub, a.ctx
+
+    class Reports:
+        def __init__(self) -> None:
+            self.sock = ctx.socket(zmq.PULL)
+            self.sock.bind("inproc://reports-0")
+
+        def drain(self, timeout_ms: int = 0) -> int:
+            return 0
+
+    reports = Reports()
+    wait = LoopWait(reports, hub, lambda now: hub.poll(), contextlib.nullcontext, lambda: 0.0)
+
+    def pump() -> None:
+        assert wait.wait(0.5) is False
+
+    try:
+        a.handshake(pump)
+        a.send(P.Hello("n1", 1), 1)
+        assert hub.sock.poll(5000)
+        assert wait.wait(0.0) is False and "n1" in hub.alive()  # read at once, with no time to wait
+        a.send(P.Leaving("n1", "recalled"), 2)
+        assert hub.sock.poll(5000)
+        assert wait.wait(0.0) is True and "n1" not in hub.alive()
+        assert wait.wait(-1.0) is False  # nothing there: returns at once
+    finally:
+        reports.sock.close(0)
+        a.close()
+
 def test_a_polls_observations_equal_a_fresh_parse_after_random_changes() -> None:
     import random
 
