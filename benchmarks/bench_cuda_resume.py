@@ -53,6 +53,15 @@ def job_steps(state: Path, jid: str) -> list[dict[str, Any]]:
     return [s for log in sorted((state / "logs").glob(f"{jid}.*.log")) for s in steps_of(log)]
 
 
+def resumed_from_checkpoint(first_after: int, ckpt_step: int, last_before: int, devices: list[str],
+                            device: str) -> bool:
+    """The verdict: the checkpoint holds the last commit before the recall (at most the step in flight
+    is lost), the first step after the return is the one after it (not a start from step 0), and
+    every step ran on ``device``."""
+    return (first_after == ckpt_step + 1 and last_before - 1 <= ckpt_step <= last_before
+            and bool(devices) and all(dev.startswith(device) for dev in devices))
+
+
 def device_name(device: str) -> str:
     if device == "cuda":
         return f"{torch.cuda.get_device_name(0)} (torch {torch.__version__}, CUDA {torch.version.cuda})"
@@ -105,8 +114,7 @@ def run(args: argparse.Namespace, state: Path) -> tuple[bool, str]:
         resumed = after()
         first = min(resumed, key=lambda s: s["t"])
         devices = sorted({s["device"] for s in before + resumed})
-        ok = (first["step"] == ckpt_step + 1 and last_before - 1 <= ckpt_step <= last_before
-              and all(dev.startswith(args.device) for dev in devices))
+        ok = resumed_from_checkpoint(first["step"], ckpt_step, last_before, devices, args.device)
         line = (f"{args.device} resume: {'PASS' if ok else 'FAIL'}: {device_name(args.device)}; trained to step "
                 f"{last_before} on {len(nodes)} nodes, recalled to 0, checkpoint of step {ckpt_step}; first step "
                 f"after the nodes came back: {first['step']} (world {first['world']}), "
