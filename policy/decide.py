@@ -117,6 +117,7 @@ class Policy:
         self._budgets(r)
         advance_profiles(self.state, r, evidence)
         r.population = self.beliefs.population()  # the measured points are settled for this decision
+        r.believed = {j: self.beliefs.believed(r.jobs[j], r.population) for j in self.state.admitted}
         self._suspensions(r)
         waiting = self._admit(r, view)
         return self._allocate(r, view, evidence, waiting)
@@ -210,10 +211,10 @@ class Policy:
         st, cfg = self.state, self.config
         if cfg.admission is not Admission.ADAPTIVE or not cfg.max_running or len(st.admitted) <= cfg.max_running:
             return  # no job beyond Pjmax to give way
-        absorb = sum(self.absorbs(r.jobs[j], r.population) for j in st.admitted)
+        absorb = sum(r.believed[j].absorbs for j in st.admitted)
         for job_id in reversed(st.admitted[cfg.max_running:]):
             job = r.jobs[job_id]
-            others = absorb - self.absorbs(job, r.population)
+            others = absorb - r.believed[job_id].absorbs
             if job_id in st.profiles or r.total_nodes - others >= job.min_nodes:
                 break
             st.admitted.remove(job_id)
@@ -283,7 +284,7 @@ class Policy:
                 if absorb is None:  # summed by the suspensions already, if they weighed any job
                     absorb = r.absorb
                     if absorb is None:
-                        absorb = sum(self.absorbs(r.jobs[j], r.population) for j in st.admitted) if adaptive else 0
+                        absorb = sum(r.believed[j].absorbs for j in st.admitted) if adaptive else 0
                 surplus = r.total_nodes - reserved(st) - absorb
                 if extra_closed or not adaptive or len(st.admitted) >= cap or surplus < job.min_nodes:
                     waiting[job_id] = f"all {cfg.max_running} slots are taken (max_running)"
@@ -300,8 +301,9 @@ class Policy:
                 res = source_profile(cfg, st, r, job, free_avail, borrowed, end=end)
                 if not isinstance(res, Wait):
                     free_avail -= res.from_free
+            r.believed[job_id] = self.beliefs.believed(job, r.population)
             if adaptive and absorb is not None:
-                absorb += self.absorbs(job, r.population)
+                absorb += r.believed[job_id].absorbs
             st.admitted.append(job_id)
             if job_id in st.queue_front:
                 st.queue_front.remove(job_id)
@@ -341,13 +343,14 @@ class Policy:
             free = free[: len(free) - reserve]
         horizon = self._horizon(view, free, admitted)
         r.weights = self._deadline_weights(admitted, r.now, r.population)
-        key = self._problem_key(admitted, free, evidence, pins, r, horizon)
+        curves = {j.id: _weighted(r.believed[j.id].scaled, r.weights.get(j.id, 1.0)) for j in admitted}
+        key = self._problem_key(admitted, free, evidence, pins, r, horizon, curves)
         if key == self._noop_key:  # the inputs of the last decision, which changed nothing: nor would this
             assignment = {j.id: j.nodes for j in admitted}
             return self._finish(r, assignment, waiting, 0.0, "unchanged", solved=False, horizon=horizon)
         if cfg.allocation is Allocation.MILP:
             assignment, objective, method = self._solve(admitted, free, fixed, lender_nodes, repaid,
-                                                         evidence, horizon, r)
+                                                         evidence, horizon, curves)
         else:
             counts_fn = greedy_counts if cfg.allocation is Allocation.GREEDY else equal_counts
             counts = counts_fn(admitted, min(view.free_count, len(free)))
@@ -384,8 +387,9 @@ class Policy:
 
     def _solve(self, admitted: list[JobView], free: list[str], fixed: dict[str, tuple[str, ...]],
                lender_nodes: dict[str, tuple[str, ...]], repaid: dict[str, tuple[str, ...]], evidence: Evidence,
-               horizon: float, r: Round) -> tuple[dict[str, tuple[str, ...]], float, str]:
-        """``lender_nodes``: what lenders keep in this decision; ``repaid``: lenders' nodes after repayment."""
+               horizon: float, curves: Mapping[str, dict[int, float]]) -> tuple[dict[str, tuple[str, ...]], float, str]:
+        """``lender_nodes``: what lenders keep in this decision; ``repaid``: lenders' nodes after repayment;
+        ``curves``: each job's allocator curve in this decision."""
         st, cfg = self.state, self.config
         owed = {d.lender for d in st.debts.values()}
         others = [evidence[j.id] for j in admitted if j.id in evidence]
@@ -399,7 +403,7 @@ class Policy:
             if capped and not nodes:
                 fixed[j.id] = ()
                 continue
-            curve = self._allocator_curve(j, r.weights.get(j.id, 1.0), r.population)
+            curve = curves[j.id]
             up, down = beliefs.rescale_costs(evidence.get(j.id), others, cfg, pooled_costs)
             lo, hi = (min(j.min_nodes, len(nodes)), len(nodes)) if capped else (j.min_nodes, j.max_nodes)
             if j.budget_node_hours is not None:  # no more nodes than the rest of the budget pays for
@@ -429,21 +433,14 @@ class Policy:
         """The believed curve of a job in decision ``r``."""
         return lambda job: self.believed_curve(job, r.population)
 
-    def _allocator_curve(self, job: JobView, weight: float, population: Population | None) -> dict[int, float]:
-        """The curve the allocator is given for ``job``: its believed curve (in 1-node equivalents with
-        ``objective = "work"``), times its deadline ``weight``."""
-        curve = self.beliefs.curves(job, population)[1]
-        return curve if weight == 1.0 else {n: v * weight for n, v in curve.items()}
-
     def _problem_key(self, admitted: list[JobView], free: list[str], evidence: Evidence,
-                     pins: Mapping[str, int], r: Round, horizon: float) -> tuple:
-        """What a decision's plan depends on, beyond the state: equal keys, equal plans."""
+                     pins: Mapping[str, int], r: Round, horizon: float, curves: Mapping[str, dict[int, float]]) -> tuple:
+        """What a decision's plan depends on, beyond the state: equal keys, equal plans (compared with
+        ``==``, never hashed: the allocator ``curves`` are in it as they are)."""
         room = sum(j.max_nodes - j.count for j in admitted)
         costs = tuple((e.costs.n_up, e.costs.n_down) if (e := evidence.get(j.id)) is not None and e.costs else None
                       for j in admitted)
-        curves = tuple(tuple(self._allocator_curve(j, r.weights.get(j.id, 1.0), r.population).items())
-                       for j in admitted)
-        return (tuple((j.id, j.count) for j in admitted), min(room, len(free)), curves, costs,
+        return (tuple((j.id, j.count) for j in admitted), min(room, len(free)), [curves[j.id] for j in admitted], costs,
                 tuple(sorted(pins.items())), tuple(sorted(r.returning.items())),
                 tuple(sorted((b, d.lender, d.nodes) for b, d in self.state.debts.items())),
                 r.released != [], horizon, tuple(sorted(r.weights.items())))
@@ -466,6 +463,11 @@ class Policy:
             objective=objective, method=method, solved=solved,
             stop=dict(r.stop), horizon_s=horizon,
         )
+
+
+def _weighted(curve: dict[int, float], weight: float) -> dict[int, float]:
+    """The allocator's ``curve`` of a job times its deadline ``weight``."""
+    return curve if weight == 1.0 else {n: v * weight for n, v in curve.items()}
 
 
 def _same_nodes(a: tuple[str, ...], b: tuple[str, ...]) -> bool:

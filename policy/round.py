@@ -4,17 +4,23 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from policy.beliefs import Population
+from policy.beliefs import Believed, Population
 from policy.model import EventKind, JobView, PolicyEvent, PolicyInputError, View
 
 
 def check_view(view: View) -> None:
     """Raise :class:`PolicyInputError` naming what ``view`` lists twice (a job, a free node, or a
     node of some job)."""
+    ids = {j.id for j in view.jobs}
+    listed = list(view.free_nodes)
+    for j in view.jobs:
+        listed += j.nodes
+    if len(ids) == len(view.jobs) and len(set(listed)) == len(listed):
+        return  # nothing listed twice (one set over every node); else find what is, to name it
     seen: set[str] = set(view.free_nodes)
     if len(seen) != len(view.free_nodes):
         raise PolicyInputError("a free node is listed twice in the view")
-    ids: set[str] = set()
+    ids.clear()
     for j in view.jobs:
         if j.id in ids:
             raise PolicyInputError(f"job {j.id} is listed twice in the view")
@@ -51,6 +57,8 @@ class Round:
         self.weights: dict[str, float] = {}  # deadline weights of this decision
         self.absorb: int | None = None  # what the admitted jobs absorb, once the suspensions summed it
         self.population: Population | None = None  # taken once the decision's measured points are settled
+        # what the policy believes about each admitted job in this decision, made once (then settled)
+        self.believed: dict[str, Believed] = {}
         # every node the driver holds: free (the real count) plus the admitted and queued jobs' nodes
         self.total_nodes = view.free_count + sum(j.count for j in view.jobs)
 
