@@ -38,11 +38,11 @@ order. A view cut to what its jobs can take (:meth:`Ledger.view`) shows the firs
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from itertools import islice
 from typing import Iterable, Mapping, Sequence
 
-from policy.model import JobView, PolicyInputError, View
+from policy.model import JobView, PolicyInputError, View, check_amount
 from policy.state import FRAGMENTS_KEEP
 
 
@@ -71,6 +71,36 @@ class Loss:
     stopped: bool
 
 
+@dataclass
+class _Held:
+    """One live job as the ledger keeps it, written in place as events come: its nodes in the driver's
+    order and its progress as last reported; ``shown`` is the job as the policy sees it (nodes
+    sorted), made again when its nodes change (:meth:`moved`) and, when read, if its progress moved."""
+
+    shown: JobView
+    nodes: list[str]
+    work_left: float | None
+    used_node_hours: float
+
+    def view(self) -> JobView:
+        """The job as the policy sees it now."""
+        s = self.shown
+        if s.work_left != self.work_left or s.used_node_hours != self.used_node_hours:
+            s = self.shown = self._made(s.nodes, s.last_interrupted)
+        return s
+
+    def moved(self, at: float) -> None:
+        """Its node set changed at ``at``: an interruption."""
+        self.shown = self._made(tuple(sorted(self.nodes)), at)
+
+    def _made(self, nodes: tuple[str, ...], last_interrupted: float | None) -> JobView:
+        s = self.shown
+        return JobView(id=s.id, min_nodes=s.min_nodes, max_nodes=s.max_nodes, nodes=nodes, order=s.order,
+                       last_interrupted=last_interrupted, scaling=s.scaling, profile=s.profile,
+                       work_left=self.work_left, budget_node_hours=s.budget_node_hours,
+                       used_node_hours=self.used_node_hours, deadline=s.deadline)
+
+
 class Ledger:
     """What one driver observed (see the module doc for the events)."""
 
@@ -78,8 +108,7 @@ class Ledger:
         self._idle_since: dict[str, float] = {}  # every node ours (usable or pilot starting) -> since
         self._free: dict[str, float] = {}  # usable nodes no job holds -> idle since, in the order freed
         self._holder: dict[str, str] = {}  # usable node a job holds -> the job
-        self._jobs: dict[str, JobView] = {}  # live jobs, as the policy sees them (nodes sorted)
-        self._nodes: dict[str, list[str]] = {}  # each live job's nodes, in the driver's order
+        self._jobs: dict[str, _Held] = {}  # live jobs, in submission order
         self._fragments: list[float] = []  # lengths of idle fragments ended, not delivered yet
         self._recall_at: dict[str, float] = {}
 
@@ -121,7 +150,7 @@ class Ledger:
                 continue
             job_id = self._holder.pop(node, None)
             if job_id is not None:
-                self._nodes[job_id].remove(node)
+                self._jobs[job_id].nodes.remove(node)
                 hit.setdefault(job_id, []).append(node)
         return [self._interrupted(job_id, tuple(lost), at) for job_id, lost in hit.items()]
 
@@ -137,20 +166,19 @@ class Ledger:
             raise LedgerError(f"job {job.id} is submitted twice")
         if job.nodes:
             raise LedgerError(f"job {job.id} is submitted on nodes {list(job.nodes)}: place it on them with placed()")
-        self._jobs[job.id] = job
-        self._nodes[job.id] = []
+        self._jobs[job.id] = _Held(job, [], job.work_left, job.used_node_hours)
 
     def placed(self, job_id: str, nodes: Sequence[str], at: float) -> bool:
         """The driver carried out a decision: ``job_id`` runs on ``nodes`` (in the driver's order) from
         ``at``. Returns whether that :func:`interrupts` it; the same set in another order changes nothing."""
         job = self._job(job_id)
-        old = self._nodes[job_id]
+        old = job.nodes
         if not interrupts(old, nodes):
             return False
         if len(set(nodes)) != len(nodes):
             raise LedgerError(f"job {job_id} is given a node twice")
-        if len(nodes) > job.max_nodes:
-            raise LedgerError(f"job {job_id} is given {len(nodes)} nodes, more than its max {job.max_nodes}")
+        if len(nodes) > job.shown.max_nodes:
+            raise LedgerError(f"job {job_id} is given {len(nodes)} nodes, more than its max {job.shown.max_nodes}")
         have = set(old)
         for node in nodes:
             if node not in have and node not in self._free:
@@ -162,8 +190,8 @@ class Ledger:
             if node not in have:
                 del self._free[node]
                 self._holder[node] = job_id
-        self._nodes[job_id] = list(nodes)
-        self._jobs[job_id] = replace(job, nodes=tuple(sorted(nodes)), last_interrupted=at)
+        job.nodes = list(nodes)
+        job.moved(at)
         return True
 
     def released(self, job_id: str, nodes: Iterable[str], at: float) -> Loss:
@@ -172,31 +200,31 @@ class Ledger:
         the job is stopped (:func:`below_min`: its other nodes are free too); a job on no node is stopped."""
         job = self._job(job_id)
         gone = set(nodes)
-        mine = self._nodes[job_id]
+        mine = job.nodes
         lost = tuple(n for n in mine if n in gone)
         if lost:
             self._release(job_id, [n for n in mine if n not in gone])
             return self._interrupted(job_id, lost, at)
-        stopped = below_min(len(mine), job.min_nodes)
+        stopped = below_min(len(mine), job.shown.min_nodes)
         return self._interrupted(job_id, (), at) if stopped and mine else Loss(job_id, (), stopped)
 
     def progressed(self, job_id: str, work_left: float) -> None:
         """``job_id`` still has ``work_left`` samples to train."""
         job = self._job(job_id)
-        if job.work_left != work_left:
-            self._jobs[job_id] = replace(job, work_left=work_left)
+        check_amount(job_id, "work_left", work_left)
+        job.work_left = work_left
 
     def used(self, job_id: str, node_hours: float) -> None:
         """``job_id`` has held ``node_hours`` node-hours so far."""
         job = self._job(job_id)
-        if job.used_node_hours != node_hours:
-            self._jobs[job_id] = replace(job, used_node_hours=node_hours)
+        check_amount(job_id, "used_node_hours", node_hours)
+        job.used_node_hours = node_hours
 
     def ended(self, job_id: str) -> None:
         """``job_id`` finished or was cancelled: its nodes are free, the ledger forgets it."""
         self._job(job_id)
         self._release(job_id, ())
-        del self._jobs[job_id], self._nodes[job_id]
+        del self._jobs[job_id]
 
     def delivered(self, view: View) -> None:
         """The policy decided on ``view``: the idle fragments it carried are learned."""
@@ -206,17 +234,15 @@ class Ledger:
 
     def job(self, job_id: str) -> JobView:
         """``job_id`` as the policy sees it."""
-        return self._job(job_id)
+        return self._job(job_id).view()
 
     def nodes_of(self, job_id: str) -> tuple[str, ...]:
         """``job_id``'s nodes, in the driver's order."""
-        self._job(job_id)
-        return tuple(self._nodes[job_id])
+        return tuple(self._job(job_id).nodes)
 
     def count(self, job_id: str) -> int:
         """How many nodes ``job_id`` runs on."""
-        self._job(job_id)
-        return len(self._nodes[job_id])
+        return len(self._job(job_id).nodes)
 
     def holder(self, node: str) -> str | None:
         """The job running on ``node``, if any."""
@@ -262,7 +288,7 @@ class Ledger:
         """The view to decide on at ``now``: ``jobs`` (default: every live job, in submission order)
         and the free nodes, cut to the first ones the shown jobs could take (``View.n_free`` the real
         count), each with its idle-since time; the idle fragments ended since the last delivered view."""
-        shown = tuple(self._jobs.values()) if jobs is None else tuple(self._job(j) for j in jobs)
+        shown = tuple(h.view() for h in (self._jobs.values() if jobs is None else map(self._job, jobs)))
         room = sum(j.max_nodes - len(j.nodes) for j in shown)
         pool = self._free
         if room >= len(pool):
@@ -276,7 +302,7 @@ class Ledger:
 
     # ------------------------------------------------------------------ helpers
 
-    def _job(self, job_id: str) -> JobView:
+    def _job(self, job_id: str) -> _Held:
         job = self._jobs.get(job_id)
         if job is None:
             raise LedgerError(f"job {job_id} is not a live job of the ledger")
@@ -286,18 +312,18 @@ class Ledger:
         """``job_id`` just lost nodes at ``at`` (or is below its min): stopped below its min (its other
         nodes go back to the free pool), interrupted either way."""
         job = self._jobs[job_id]
-        stopped = below_min(len(self._nodes[job_id]), job.min_nodes)
+        stopped = below_min(len(job.nodes), job.shown.min_nodes)
         if stopped:
             self._release(job_id, ())
-        self._jobs[job_id] = replace(job, nodes=tuple(sorted(self._nodes[job_id])), last_interrupted=at)
+        job.moved(at)
         return Loss(job_id, lost, stopped)
 
     def _release(self, job_id: str, keep: Sequence[str]) -> None:
         """``job_id``'s nodes not in ``keep`` go back to the free pool, in the job's order."""
         kept = set(keep)
-        nodes = self._nodes[job_id]
-        for node in nodes:
+        job = self._jobs[job_id]
+        for node in job.nodes:
             if node not in kept:
                 del self._holder[node]
                 self._free[node] = self._idle_since[node]
-        self._nodes[job_id] = [n for n in nodes if n in kept]
+        job.nodes = [n for n in job.nodes if n in kept]

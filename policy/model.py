@@ -16,6 +16,13 @@ class PolicyInputError(ValueError):
     """A view or evidence the policy cannot decide on; the message names the job or node."""
 
 
+def check_amount(job_id: str, name: str, value: object) -> None:
+    """Raise :class:`PolicyInputError` unless ``value`` (a job's ``name``: work left, node-hours) is
+    None or a finite number >= 0."""
+    if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+        raise PolicyInputError(f"job {job_id}: {name} must be a finite number >= 0, got {value!r}")
+
+
 @dataclass(frozen=True)
 class JobView:
     """A live job (admitted or queued) as the driver sees it now.
@@ -48,10 +55,9 @@ class JobView:
     def __post_init__(self) -> None:
         if not self.id:
             raise PolicyInputError("a job with an empty id")
-        for name in ("work_left", "budget_node_hours", "used_node_hours"):
-            v = getattr(self, name)
-            if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
-                raise PolicyInputError(f"job {self.id}: {name} must be a finite number >= 0, got {v!r}")
+        check_amount(self.id, "work_left", self.work_left)
+        check_amount(self.id, "budget_node_hours", self.budget_node_hours)
+        check_amount(self.id, "used_node_hours", self.used_node_hours)
         if self.deadline is not None and not (isinstance(self.deadline, (int, float)) and math.isfinite(self.deadline)):
             raise PolicyInputError(f"job {self.id}: deadline must be a finite time, got {self.deadline!r}")
         if not 1 <= self.min_nodes <= self.max_nodes:

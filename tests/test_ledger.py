@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policy import EventKind, JobView, Ledger, LedgerError, Policy, PolicyConfig, below_min, interrupts
+from policy import EventKind, JobView, Ledger, LedgerError, Policy, PolicyConfig, PolicyInputError, below_min, interrupts
 from policy.round import check_view
 
 
@@ -171,6 +173,11 @@ def test_progress_budget_use_and_ending():
     led.used("j", 1.5)
     view = led.view(10.0)
     assert view.jobs[0].work_left == 500.0 and view.jobs[0].used_node_hours == 1.5
+    with pytest.raises(PolicyInputError, match="job j: work_left must be a finite number"):
+        led.progressed("j", math.nan)  # refused at the event that brings it, not at the next view
+    with pytest.raises(PolicyInputError, match="job j: used_node_hours must be a finite number"):
+        led.used("j", -1.0)
+    assert led.view(10.0).jobs[0].work_left == 500.0 and led.job("j").used_node_hours == 1.5
     led.ended("j")
     assert led.view(11.0).jobs == () and led.free_nodes() == ("a", "b") and led.holder("a") is None
     led.submitted(job("k"))
