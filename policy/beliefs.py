@@ -136,13 +136,15 @@ def guess_per_node(curves: Iterable[Mapping[int, float]], population: Iterable[f
 
 def accept(evidence: JobEvidence, known: Mapping[int, float], job: JobView, cfg: PolicyConfig) -> dict[int, float]:
     """The points of ``evidence`` that enter the job's curve now (empty: nothing new)."""
+    lo, hi, max_ci, change = job.min_nodes, job.max_nodes, cfg.profile_rel_ci, cfg.refine_rel_change
     new: dict[int, float] = {}
     for n, est in evidence.rates.items():
-        if not job.min_nodes <= n <= job.max_nodes or est.rel_ci > cfg.profile_rel_ci or not est.rate > 0:
+        rate = est.rate
+        if not lo <= n <= hi or est.rel_ci > max_ci or not rate > 0:
             continue
         old = known.get(n)
-        if old is None or abs(est.rate - old) > cfg.refine_rel_change * old:
-            new[n] = est.rate
+        if old is None or abs(rate - old) > change * old:
+            new[n] = rate
     return new
 
 

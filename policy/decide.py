@@ -271,6 +271,7 @@ class Policy:
         waiting: dict[str, str] = {}
         blocked_by: str | None = None
         extra_closed = False
+        slots_taken = f"all {cfg.max_running} slots are taken (max_running)"
         for job_id in queue:
             if job_id in st.over_budget:
                 waiting[job_id] = "over its budget_node_hours"
@@ -285,9 +286,9 @@ class Policy:
                     absorb = r.absorb
                     if absorb is None:
                         absorb = sum(r.believed[j].absorbs for j in st.admitted) if adaptive else 0
-                surplus = r.total_nodes - reserved(st) - absorb
-                if extra_closed or not adaptive or len(st.admitted) >= cap or surplus < job.min_nodes:
-                    waiting[job_id] = f"all {cfg.max_running} slots are taken (max_running)"
+                if (extra_closed or not adaptive or len(st.admitted) >= cap
+                        or r.total_nodes - reserved(st) - absorb < job.min_nodes):  # the surplus is too small
+                    waiting[job_id] = slots_taken
                     extra_closed = True  # FCFS beyond Pjmax too: no smaller job slips past
                     continue
             if not extra and needs_profile(cfg, st, job):
