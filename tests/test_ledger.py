@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import fields, replace
 
 import pytest
 from hypothesis import given, settings
@@ -164,6 +165,21 @@ def test_a_job_that_gives_up_a_node_keeps_it_ours_and_free_and_stops_below_its_m
     assert led.released("big", [], 8.0).stopped  # on no node: stopped, and nothing changes
     assert led.job("big").last_interrupted == 7.0
     assert led.is_live("big") and not led.is_live("zz")
+
+
+def test_every_field_of_a_job_is_carried():
+    """The ledger makes each job's JobView again as its nodes and progress change: every field the
+    job was submitted with survives (a field JobView gains must be carried too)."""
+    spec = JobView("j", 2, 3, order=7, last_interrupted=1.0, scaling={2: 5.0}, profile=True, work_left=9.0,
+                   budget_node_hours=4.0, used_node_hours=0.5, deadline=99.0)
+    for f in fields(JobView):
+        assert getattr(spec, f.name) != f.default or f.name == "nodes", f"set {f.name} in this test"
+    led = ledger_with("abc", spec)
+    led.placed("j", ("b", "a"), 2.0)
+    led.progressed("j", 8.0)
+    led.used("j", 0.75)
+    want = replace(spec, nodes=("a", "b"), last_interrupted=2.0, work_left=8.0, used_node_hours=0.75)
+    assert led.job("j") == want and led.view(3.0).jobs == (want,)
 
 
 def test_progress_budget_use_and_ending():
