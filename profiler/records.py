@@ -72,15 +72,17 @@ def iter_records(
     """:func:`synthesize`'s stream one record at a time: a consumer that stops early (the simulated
     monitor, once an estimate is stable) draws nothing more; what it does draw is the same."""
     _check_noise(noise)
-    rng = random.Random(seed)
+    draw = random.Random(seed).random
+    low, span = 1.0 - noise, (1.0 + noise) - (1.0 - noise)  # U(low, low + span), as Random.uniform makes it
     t = start
     for seg in segments:
+        step_s, samples, world_size = seg.step_s, seg.samples, seg.world_size
         for i in range(seg.steps):
-            dt = seg.step_s * (seg.warmup_factor if 1 <= i <= seg.warmup_steps else 1.0)
+            dt = step_s * (seg.warmup_factor if 1 <= i <= seg.warmup_steps else 1.0)
             if noise:
-                dt *= rng.uniform(1.0 - noise, 1.0 + noise)
+                dt *= low + span * draw()
             t += dt + (seg.pause_before_s if i == 0 else 0.0)
-            yield Record(seg.samples, t, seg.world_size)
+            yield Record(samples, t, world_size)
 
 
 def _check_noise(noise: float) -> None:

@@ -24,23 +24,21 @@ from dataclasses import replace
 from typing import Callable, Iterator, Mapping
 
 from curves import throughput_at
-from policy import Decision, EventKind, JobEvidence, JobView, Ledger, LedgerError, View
+from policy import Decision, EventKind, JobView, Ledger, LedgerError, View
 from simulator.calibration import free
 from simulator.clock import EventQueue, Priority, SimClock
 from simulator.costs import join_ready, start_ends, warm_began
 from simulator.monitor import SimJobMonitor
 from simulator.policies import SimPolicy
-from simulator.records import (Arrival, Cancel, Completion, Decide, DecisionRow, End, PilotUp, PolicyError,
-                               Joined, SimConfig, SimJob, SimJobState, SimResult, Wake, check_counts,
-                               remove_job)
+from simulator.records import (QUEUE_VIEW_CAP, Arrival, Cancel, Completion, Decide, DecisionRow, End, PilotUp,
+                               PolicyError, Joined, SimConfig, SimJob, SimJobState, SimResult, Wake, check_counts,
+                               queue_window, remove_job)
 from simulator.summary import DecisionStats, Tally, about_replay, replay_summary
 from simulator.workload import JobSpec, Workload
 from traces.model import EventBatch, IdleTimeline
 
 __all__ = ("QUEUE_VIEW_CAP", "DecisionRow", "PolicyError", "SimConfig", "SimJob", "SimJobState", "SimResult", "Simulator")
 
-
-QUEUE_VIEW_CAP = 1000  # queued jobs shown to the policy at most (FCFS needs only the head)
 
 
 class Simulator:
@@ -379,7 +377,7 @@ class Simulator:
         self._left.update(dict.fromkeys(set(job.held).difference(held), t))
         job.held = held
         if job.joining:  # nodes whose workers are still starting add nothing yet
-            job.joining.intersection_update(self.ledger.nodes_of(job.id))
+            job.joining.intersection_update(held)
             n -= len(job.joining)
         job.rate = throughput_at(job.spec.scaling, n)
         job.history.append((t, job.progress, n, job.paused_until))
@@ -410,9 +408,7 @@ class Simulator:
                 self._stream_done = True
                 break
             self.queue.append(self._new_job(spec, t))
-        # the policy sees every submitted job, as the daemon's does (its waiting reasons included), up
-        # to QUEUE_VIEW_CAP: a job file with thousands of arrivals at once would cost that much per decision
-        return self.queue[: max(QUEUE_VIEW_CAP, want + sum(1 for j in self.queue if j.admitted_at is not None))]
+        return queue_window(self.queue, want)
 
     def _view(self, t: float, queued: list[SimJob]) -> View:
         """The ledger's view of the admitted jobs and the queue's window (queued jobs made no progress)."""
@@ -421,16 +417,14 @@ class Simulator:
             ledger.progressed(job.id, job.work_left)
         return ledger.view(t, [j.id for j in self.admitted] + [j.id for j in queued])
 
-    def _evidence(self, t: float) -> dict[str, JobEvidence]:
-        return {j.id: j.monitor.evidence(t) for j in self.admitted if j.monitor is not None}
-
     def _decide(self, t: float) -> None:
         queued = self._queue_window(t)
         decision_ms = 0.0
         if self.admitted or queued:
             view = self._view(t, queued)
             t0 = time.perf_counter()
-            decision = self.policy.decide(view, self._evidence(t))
+            evidence = {j.id: j.monitor.evidence(t) for j in self.admitted if j.monitor is not None}
+            decision = self.policy.decide(view, evidence)
             decision_ms = (time.perf_counter() - t0) * 1000.0
             self.decision_ms.append(decision_ms)
             self.ledger.delivered(view)
@@ -537,7 +531,8 @@ class Simulator:
 
     def _grow(self, name: str, job: SimJob, new: tuple[str, ...], t: float) -> None:
         old = self.ledger.nodes_of(job.id)
-        added = tuple(node for node in new if node not in set(old))
+        kept = set(old)
+        added = tuple(node for node in new if node not in kept)
         try:  # the nodes it kept first, in its order, then the new ones
             self.ledger.placed(job.id, old + added, t)
         except LedgerError as exc:
@@ -549,7 +544,8 @@ class Simulator:
         self.tally.starts += started
         self.tally.rescales += not started
         self._step_rescales += not started
-        ready = join_ready(self.cal, self._warm_began(added), t)
+        warm = self._warm_began(added)
+        ready = join_ready(self.cal, warm, t)
         if not started and (ready > t or job.joining):  # the others train on until every new worker is ready
             job.join_at = max(job.join_at if job.joining else t, ready)
             job.joining.update(added)
@@ -557,7 +553,7 @@ class Simulator:
         elif not started or self.config.charge_start:
             self._pause(job, t, job.spec.up_cost_s)
         if started:
-            self._start(job, t, self._warm_began(added))
+            self._start(job, t, warm)
         self._changed(job, t)
 
     def _warm_began(self, nodes: tuple[str, ...]) -> list[float]:
