@@ -122,27 +122,26 @@ class Envelope:
     steps: tuple[int, ...]  # > 0
 
 
-def envelope(counts: list[int], values: list[float]) -> Envelope:
-    """The :class:`Envelope` of a row whose values are linear between consecutive points (``counts``
-    ascending, the first the row's count 0 and the last its end; ``values`` the row's there): its
-    hull is theirs."""
-    xs: list[int] = []  # the hull's points so far
-    ys: list[float] = []
-    for x, y in zip(counts, values):
-        # drop the last point while it is not above the chord from the one before it to (x, y)
-        while len(xs) >= 2 and (xs[-1] - xs[-2]) * (y - ys[-2]) - (ys[-1] - ys[-2]) * (x - xs[-2]) >= 0:
-            xs.pop()
-            ys.pop()
-        xs.append(x)
-        ys.append(y)
+def envelope(points: list[tuple[int, float]]) -> Envelope:
+    """The :class:`Envelope` of a row whose values are linear between consecutive ``points`` ((count,
+    value), counts ascending, the first the row's count 0 and the last its end): its hull is theirs."""
+    hull: list[tuple[int, float]] = []
+    for x, y in points:
+        while len(hull) >= 2:
+            (x0, y0), (x1, y1) = hull[-2], hull[-1]
+            if (x1 - x0) * (y - y0) - (y1 - y0) * (x - x0) >= 0:  # the last point is not above the chord
+                hull.pop()
+            else:
+                break
+        hull.append((x, y))
     slopes: list[float] = []
     steps: list[int] = []
-    for i in range(1, len(xs)):
-        slope = (ys[i] - ys[i - 1]) / (xs[i] - xs[i - 1])
+    for (x0, y0), (x1, y1) in zip(hull, hull[1:]):
+        slope = (y1 - y0) / (x1 - x0)
         if not slope > 0:
             break  # concave: every later segment falls too
         slopes.append(slope)
-        steps.append(xs[i] - xs[i - 1])
+        steps.append(x1 - x0)
     return Envelope(tuple(slopes), tuple(steps))
 
 
@@ -187,9 +186,11 @@ def row_envelope(job: Job, values: np.ndarray) -> Envelope:
     inner = [n for n in job.scaling if lo < n < top]
     if cur:
         inner.extend(n for n in (cur - 1, cur, cur + 1) if lo < n < top)
-    at = sorted({lo, top, *inner}) if top >= lo else []
-    row = values.tolist()
-    return envelope([0, *at], [row[0], *[row[n - lo + 1] for n in at]])  # the row's values at those counts
+    at = [0]
+    if top >= lo:
+        at.extend(sorted({lo, top, *inner}))
+    vals = values[[0] + [n - lo + 1 for n in at[1:]]].tolist()  # the row's values at those counts
+    return envelope(list(zip(at, vals)))
 
 
 def _row_and_envelope(job: Job, horizon_s: float, size: int) -> tuple[ValueRow, Envelope]:
