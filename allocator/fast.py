@@ -84,7 +84,7 @@ def sides_at(pad: Padded, lo: float, hi: float, rows: np.ndarray) -> tuple[Side,
     element-wise operations, half the numpy calls."""
     relaxed = pad.values - np.array([lo, hi])[:, None, None] * pad.counts
     idx = relaxed.argmax(axis=2)
-    rowmax = np.take_along_axis(relaxed, idx[:, :, None], axis=2)[:, :, 0]
+    rowmax = relaxed[np.arange(2)[:, None], rows, idx]  # each side's row maxima
     chosen = pad.counts[rows, idx]
     demand = chosen.sum(axis=1).tolist()
     return (Side(lo, relaxed[0], idx[0], rowmax[0], chosen[0], demand[0]),
