@@ -1,11 +1,15 @@
 """Exact multiple-choice knapsack by (max,+) dynamic programming, vectorised.
 
 ``best_j[c]`` is the best value of the first ``j`` items using at most ``c``
-units; ``best_j = max over choices (w, v) of shift(best_{j-1}, w) + v``. Each
-choice is one ``np.maximum`` over a slice, so Python loops run over choices,
-never over capacity. Every row is kept so the backtrack can find, for each item,
-the first choice in its preference order that reproduces the row exactly (the
-same float operations give bit-identical sums, so ties are broken
+units; ``best_j[c] = max over choices (w, v) of best_{j-1}[c - w] + v``. Each
+item is one gather of a (cells x choices) array and one ``max`` over it, so
+Python loops run over items, never over choices or capacity. Only the cells the
+answer can reach are filled: row ``j`` needs no cell below the capacity less
+what the later items can take at most (the backtrack, which starts at the
+capacity, never goes lower), nor above what the first ``j`` items can take
+(the row is flat from there). Every row is kept so the backtrack can find, for
+each item, the first choice in its preference order that reproduces the row
+exactly (the same float operations give bit-identical sums, so ties are broken
 deterministically by the caller's preference order).
 """
 
@@ -63,27 +67,25 @@ def _solve_one(item: Item, capacity: int) -> tuple[list[int], float]:
 
 def _forward(items: list[Item], capacity: int) -> list[np.ndarray]:
     width = capacity + 1
-    best = np.zeros(width)
-    rows = [best]
-    tmp = np.empty(width)
-    reach = 0
-    for pos, item in enumerate(items):
-        new = np.empty(width)
-        new.fill(-np.inf)
-        reach = min(capacity, reach + max(item.weights, default=0))
-        top = reach + 1
-        for w, v in zip(item.weights, item.values):
-            if w >= top:
-                continue
-            n = top - w
-            np.add(best[:n], v, out=tmp[:n])
-            np.maximum(new[w:top], tmp[:n], out=new[w:top])
-        if top < width:
-            new[top:] = new[reach]
-        if new[capacity] == -np.inf:
+    tops = [max(item.weights, default=0) for item in items]
+    # each row sits behind a margin of -inf as wide as the heaviest choice: a choice heavier than a
+    # cell reads the margin, so every cell is one gather and no choice needs a bound of its own
+    margin = max(tops, default=0)
+    prev = np.full(margin + width, -np.inf)
+    prev[margin:] = 0.0
+    rows = [prev[margin:]]
+    reach, later = 0, sum(tops)
+    for pos, (item, top) in enumerate(zip(items, tops)):
+        reach, later = min(capacity, reach + top), later - top
+        lo, hi = margin + min(reach, max(0, capacity - later)), margin + reach + 1  # the cells the answer reads
+        new = np.full(margin + width, -np.inf)
+        cells = prev[np.arange(lo, hi)[:, None] - np.array(item.weights, np.int64)] + np.array(item.values)
+        cells.max(axis=1, out=new[lo:hi], initial=-np.inf)
+        new[hi:] = new[hi - 1]  # at most c units: flat above what the items can take
+        if new[-1] == -np.inf:
             raise InfeasibleError(f"item {pos}: no choice fits capacity {capacity}")
-        rows.append(new)
-        best = new
+        rows.append(new[margin:])
+        prev = new
     return rows
 
 

@@ -84,14 +84,11 @@ def sides_at(pad: Padded, lo: float, hi: float, rows: np.ndarray) -> tuple[Side,
     element-wise operations, half the numpy calls."""
     relaxed = pad.values - np.array([lo, hi])[:, None, None] * pad.counts
     idx = relaxed.argmax(axis=2)
-    rowmax = relaxed[_BOTH, rows, idx]
+    rowmax = relaxed[np.arange(2)[:, None], rows, idx]  # each side's row maxima
     chosen = pad.counts[rows, idx]
     demand = chosen.sum(axis=1).tolist()
     return (Side(lo, relaxed[0], idx[0], rowmax[0], chosen[0], demand[0]),
             Side(hi, relaxed[1], idx[1], rowmax[1], chosen[1], demand[1]))
-
-
-_BOTH = np.array([[0], [1]])  # picks both sides' rows in :func:`sides_at`
 
 
 def solve_fast(tables: Tables, capacity: int) -> list[int]:

@@ -117,6 +117,10 @@ class Problem:
         self._check_each_once()
 
     def _check_each_once(self) -> None:
+        held = [node for job in self.jobs for node in job.nodes]
+        if len({job.id for job in self.jobs}) == len(self.jobs) and \
+                len({*held, *self.free_nodes}) == len(held) + len(self.free_nodes):
+            return  # every id and node once (one set each); else the walk below names the first repeat
         seen: dict[str, str] = {}
         ids: set[str] = set()
         for job in self.jobs:

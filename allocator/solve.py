@@ -59,12 +59,13 @@ def assign_nodes(problem: Problem, counts: dict[str, int]) -> dict[str, tuple[st
         if n <= job.current:
             out[job.id] = job.nodes[:n]
             pool.extend(job.nodes[n:])
-    pool.reverse()
+    taken = 0  # growing jobs, in order, take the next nodes of the pool
     for job in problem.jobs:
         n = counts.get(job.id, 0)
         if n > job.current:
-            extra = [pool.pop() for _ in range(n - job.current)]
-            out[job.id] = job.nodes + tuple(extra)
+            grow = n - job.current
+            out[job.id] = job.nodes + tuple(pool[taken:taken + grow])
+            taken += grow
     return {job.id: out[job.id] for job in problem.jobs}
 
 

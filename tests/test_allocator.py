@@ -249,3 +249,18 @@ def test_throughput_semantics_below_between_above() -> None:
     assert got[1] == throughput_at(scaling, 1) == 5.0
     assert got[3] == throughput_at(scaling, 3) == 20.0
     assert got[9] == throughput_at(scaling, 9) == 30.0
+
+
+@pytest.mark.parametrize(
+    ("jobs", "free_nodes", "message"),
+    [
+        ((("a", ("n1",)), ("a", ())), (), "job id 'a' appears twice"),
+        ((("a", ("n1",)), ("b", ("n2", "n1"))), (), "node 'n1' held by both a and b"),
+        ((("a", ("n1",)),), ("n2", "n1"), "free node 'n1' is also held by job a"),
+        ((("a", ("n1",)),), ("n2", "n3", "n2"), "free_nodes lists a node twice"),
+    ],
+)
+def test_a_problem_names_the_id_or_node_it_lists_twice(jobs, free_nodes, message: str) -> None:
+    made = tuple(Job(job_id, 1, 4, {1: 1.0}, nodes) for job_id, nodes in jobs)
+    with pytest.raises(ProblemError, match=message):
+        Problem(made, free_nodes, 10.0)

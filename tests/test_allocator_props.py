@@ -150,3 +150,46 @@ def test_a_row_memo_changes_no_plan(stream: list[Problem]) -> None:
         alone, memoised = solve(problem), solve(problem, memo=memo)
         assert (memoised.assignment, memoised.counts, memoised.objective) == \
             (alone.assignment, alone.counts, alone.objective)
+
+
+def _table_dp(items, capacity: int) -> tuple[list[int], float]:
+    """The plain (max,+) table, cell by cell over every capacity, and its backtrack in each item's
+    preference order: what :func:`allocator.dp.solve_items` must give."""
+    rows = [[0.0] * (capacity + 1)]
+    for item in items:
+        prev = rows[-1]
+        rows.append([max([prev[c - w] + v for w, v in zip(item.weights, item.values) if w <= c], default=-math.inf)
+                     for c in range(capacity + 1)])
+    picks, c = [0] * len(items), capacity
+    for j in range(len(items) - 1, -1, -1):
+        item = items[j]
+        picks[j] = next(i for i in item.preference
+                        if item.weights[i] <= c and rows[j][c - item.weights[i]] + item.values[i] == rows[j + 1][c])
+        c -= item.weights[picks[j]]
+    return picks, rows[-1][capacity]
+
+
+@st.composite
+def knapsacks(draw):
+    """Items of 1-5 choices (weights 0-6, repeated values for ties, a shuffled preference) and a
+    capacity from 0 to beyond what all items can take together."""
+    from allocator.dp import Item
+
+    items = []
+    for _ in range(draw(st.integers(1, 5))):
+        k = draw(st.integers(1, 5))
+        weights = [0] + [draw(st.integers(0, 6)) for _ in range(k - 1)]
+        values = [float(draw(st.integers(-3, 6))) for _ in range(k)]
+        items.append(Item(weights, values, draw(st.permutations(list(range(k))))))
+    return items, draw(st.integers(0, 5 + sum(max(it.weights) for it in items)))
+
+
+@settings(PROPS, max_examples=300)
+@given(knapsacks())
+def test_the_dp_fills_only_the_cells_its_answer_reads(case) -> None:
+    """The DP fills only the band of cells the answer can reach; its picks and optimum are the full
+    table's, ties included, also when the capacity exceeds what the items can take."""
+    from allocator.dp import solve_items
+
+    items, capacity = case
+    assert solve_items(items, capacity) == _table_dp(items, capacity)
