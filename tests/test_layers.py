@@ -140,11 +140,14 @@ def test_no_private_name_is_imported_from_another_module(package: str) -> None:
 
 
 def _mutable(value: ast.expr) -> bool:
+    while isinstance(value, ast.Subscript):  # a slice or view of a mutable thing is one too
+        value = value.value
     if isinstance(value, (ast.Dict, ast.List, ast.Set, ast.DictComp, ast.ListComp, ast.SetComp)):
         return True
     return isinstance(value, ast.Call) and isinstance(value.func, (ast.Name, ast.Attribute)) and \
         (value.func.id if isinstance(value.func, ast.Name) else value.func.attr) in (
-            "dict", "list", "set", "defaultdict", "deque", "OrderedDict", "Counter", "bytearray")
+            "dict", "list", "set", "defaultdict", "deque", "OrderedDict", "Counter", "bytearray",
+            "array", "asarray", "zeros", "ones", "full", "empty", "arange")  # numpy arrays are mutable too
 
 
 def pure_core_findings(path: Path) -> list[str]:
@@ -172,13 +175,14 @@ def pure_core_findings(path: Path) -> list[str]:
 
 def test_the_checks_of_the_pure_core_can_fail(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
-    bad.write_text("import functools\n_seen: dict = {}\nKEEP = []\n__all__ = ['x']\nOK = (1, 2)\n"
+    bad.write_text("import functools\nimport numpy as np\n_seen: dict = {}\nKEEP = []\n__all__ = ['x']\nOK = (1, 2)\n"
+                   "_BOTH = np.arange(2)[:, None]\nROWS = np.zeros(3)\n"
                    "@functools.lru_cache\ndef f(x):\n    global KEEP\n"
                    "    return _seen.get(id(x)) or object.__new__(int)\n")
     found = sorted(f.split(" ", 1)[1] for f in pure_core_findings(bad))
     assert found == sorted([
         "module-level mutable _seen", "module-level mutable KEEP", "module-level mutable __all__",
-        "f keeps a module-level cache (functools.lru_cache)", "global KEEP", "keys something by id()",
+        "module-level mutable _BOTH", "module-level mutable ROWS", "f keeps a module-level cache (functools.lru_cache)", "global KEEP", "keys something by id()",
         "calls __new__"])
 
 
