@@ -40,7 +40,6 @@ from traces.model import EventBatch, IdleTimeline
 __all__ = ("QUEUE_VIEW_CAP", "DecisionRow", "PolicyError", "SimConfig", "SimJob", "SimJobState", "SimResult", "Simulator")
 
 
-
 class Simulator:
     """Replays ``timeline`` over ``[start, end]`` with ``workload`` under ``policy``."""
 
