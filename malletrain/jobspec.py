@@ -13,6 +13,11 @@
     budget_node_hours = 12.5        # optional: the most node-hours it may use (> 0); stopped when spent
     deadline = 2026-03-01T12:00:00Z # optional: unix seconds, or ISO 8601 with a timezone (a TOML
                                     # datetime or a string); stored as unix seconds
+    launcher = "elastic"            # optional: "elastic" (in-process rescale, the default) or
+                                    # "torchrun" (a script written for torchrun, restarted at each
+                                    # change of its world)
+    workers_per_node = 1            # optional: fewer workers per node than the node's slots
+    worker_batch = 32               # optional: samples one worker trains per optimizer step
 
 The interpreter rule (applied when the job is submitted, :meth:`JobSpec.resolved`):
 ``python`` or ``python3`` as the first word of ``command``, and the word
@@ -61,6 +66,9 @@ PYTHON_WORDS = ("python", "python3")
 """First words of ``command`` that mean "the submitting interpreter"."""
 PYTHON_PLACEHOLDER = "{python}"
 SAMPLES_PLACEHOLDER = "{samples}"
+WORKERS_PER_NODE_MAX = 1024
+"""No node has more accelerators (worker slots) than this."""
+WORKER_BATCH_MAX = 2**31
 TRAINER_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 """A trainer's name (the daemon config's ``[[trainers]]`` and a job's ``trainer``)."""
 
@@ -121,6 +129,18 @@ JOB_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
 :class:`simulator.engine.SimJobState`); :meth:`malletrain.store.Store.set_state` enforces it."""
 
 
+class Launcher(enum.Enum):
+    """How a job's workers are started and rescaled (the job file's ``launcher``)."""
+
+    ELASTIC = "elastic"
+    """In-process rescale: the script uses :mod:`malletrain.elastic` (or the client API); a change of
+    world is a pause inside the running processes."""
+    TORCHRUN = "torchrun"
+    """A script written for ``torchrun --nnodes=MIN:MAX`` (``init_process_group`` with ``env://``,
+    resuming from its own checkpoint when restarted): every change of world stops its ranks and
+    starts them again at the new size."""
+
+
 @dataclass(frozen=True)
 class JobSpec:
     name: str
@@ -135,12 +155,19 @@ class JobSpec:
     trainer: str | None = None  # None: the daemon's first trainer
     budget_node_hours: float | None = None  # None: no budget
     deadline: float | None = None  # unix seconds; None: none
+    launcher: Launcher = Launcher.ELASTIC
+    workers_per_node: int | None = None  # None: every worker slot of the node
+    worker_batch: int | None = None  # samples one worker trains per optimizer step; None: not given
 
     def to_json(self) -> str:
         d = asdict(self)
-        for key in ("trainer", "budget_node_hours", "deadline"):
+        for key in ("trainer", "budget_node_hours", "deadline", "workers_per_node", "worker_batch"):
             if d[key] is None:
                 del d[key]  # stored as before these fields existed
+        if self.launcher is Launcher.ELASTIC:
+            del d["launcher"]
+        else:
+            d["launcher"] = self.launcher.value
         d["command"] = list(self.command)
         if self.scaling is not None:
             d["scaling"] = {str(k): v for k, v in self.scaling.items()}
@@ -176,7 +203,7 @@ class JobSpec:
 
 
 _KEYS = {"name", "command", "min_nodes", "max_nodes", "profile", "scaling", "samples", "cwd", "env", "trainer",
-         "budget_node_hours", "deadline"}
+         "budget_node_hours", "deadline", "launcher", "workers_per_node", "worker_batch"}
 
 
 def _int(obj: Mapping[str, Any], key: str, where: str, default: int | None, low: int, high: int) -> int | None:
@@ -301,8 +328,24 @@ def parse_spec(obj: Any, where: str = "job") -> JobSpec:
     trainer = _trainer(obj.get("trainer"), where)
     budget = _budget(obj.get("budget_node_hours"), where)
     deadline = _deadline(obj.get("deadline"), where)
+    launcher = _launcher(obj.get("launcher"), where)
+    workers_per_node = _int(obj, "workers_per_node", where, None, 1, WORKERS_PER_NODE_MAX)
+    worker_batch = _int(obj, "worker_batch", where, None, 1, WORKER_BATCH_MAX)
     return JobSpec(name, command, min_nodes, max_nodes, profile, scaling, samples, cwd, env, trainer, budget,
-                   deadline)
+                   deadline, launcher, workers_per_node, worker_batch)
+
+
+def _launcher(raw: Any, where: str) -> Launcher:
+    """``launcher``: one of :class:`Launcher`'s values; the default is the in-process elastic one."""
+    if raw is None:
+        return Launcher.ELASTIC
+    known = ", ".join(repr(m.value) for m in Launcher)
+    if not isinstance(raw, str):
+        raise JobSpecError(f"{where}: launcher must be one of {known}, got {_short(raw)}")
+    try:
+        return Launcher(raw)
+    except ValueError:
+        raise JobSpecError(f"{where}: launcher must be one of {known}, got {_short(raw)}") from None
 
 
 def _budget(raw: Any, where: str) -> float | None:

@@ -49,10 +49,20 @@ ENV_LOG_LEVEL = "MALLETRAIN_LOG_LEVEL"
 ENV_JOB_SECRET = "MALLETRAIN_JOB_SECRET"
 """The job's secret that signs its progress reports (see :mod:`malletrain.messages`); never logged."""
 
+ENV_WORKER_BATCH = "MALLETRAIN_WORKER_BATCH"
+"""Samples one worker trains per optimizer step (the job file's ``worker_batch``); unset: not given."""
+
 ALL_VARIABLES: tuple[str, ...] = (
     ENV_JOB, ENV_WORKER, ENV_MONITOR, ENV_RUNTIME, ENV_STORE, ENV_COLLECTIVE_TIMEOUT,
-    ENV_STORE_GRACE, ENV_HOROVOD_JOB_DIR, ENV_TOY_DIR, ENV_LOG_LEVEL, ENV_JOB_SECRET,
+    ENV_STORE_GRACE, ENV_HOROVOD_JOB_DIR, ENV_TOY_DIR, ENV_LOG_LEVEL, ENV_JOB_SECRET, ENV_WORKER_BATCH,
 )
+
+TORCHRUN_VARIABLES: tuple[str, ...] = (
+    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+    "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
+)
+"""The variables ``torchrun`` gives each worker, which :func:`torchrun_environ` writes for one rank."""
 
 DEFAULT_COLLECTIVE_TIMEOUT_S = 3.0
 """Seconds a gloo collective (or a group rendezvous) waits for a silent peer."""
@@ -229,6 +239,55 @@ class WorkerEnv:
         if self.job_secret:
             out[ENV_JOB_SECRET] = self.job_secret
         return out
+
+
+@dataclass(frozen=True)
+class RankPlace:
+    """Where one worker sits in its job's current world: a node (group) of ``local_world_size`` ranks.
+
+    Ranks are numbered node by node: the ``local_rank``-th worker of the ``group_rank``-th node is
+    rank ``group_rank * local_world_size + local_rank``, as ``torchrun`` numbers them.
+    """
+
+    group_rank: int
+    group_world_size: int
+    local_rank: int
+    local_world_size: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.group_rank < self.group_world_size:
+            raise WorkerEnvError(f"RankPlace: group_rank {self.group_rank} not in [0, {self.group_world_size})")
+        if not 0 <= self.local_rank < self.local_world_size:
+            raise WorkerEnvError(f"RankPlace: local_rank {self.local_rank} not in [0, {self.local_world_size})")
+
+    @property
+    def rank(self) -> int:
+        return self.group_rank * self.local_world_size + self.local_rank
+
+    @property
+    def world_size(self) -> int:
+        return self.group_world_size * self.local_world_size
+
+
+def torchrun_environ(place: RankPlace, master: tuple[str, int], run_id: str,
+                     restart_count: int = 0, max_restarts: int = 0) -> dict[str, str]:
+    """The variables ``torchrun`` would give the worker at ``place`` (every name in :data:`TORCHRUN_VARIABLES`).
+
+    ``master`` is the (host, port) of the world's rendezvous (``init_process_group("env://")``
+    reads ``MASTER_ADDR`` and ``MASTER_PORT``); ``run_id`` is the job's id; ``restart_count``
+    counts the world's restarts (0 at the first start). Pure: the caller sets them.
+    """
+    if restart_count < 0 or max_restarts < 0:
+        raise WorkerEnvError(f"torchrun_environ: restart counts must be >= 0, got {restart_count}, {max_restarts}")
+    host, port = master
+    return {
+        "RANK": str(place.rank), "WORLD_SIZE": str(place.world_size),
+        "LOCAL_RANK": str(place.local_rank), "LOCAL_WORLD_SIZE": str(place.local_world_size),
+        "GROUP_RANK": str(place.group_rank), "GROUP_WORLD_SIZE": str(place.group_world_size),
+        "ROLE_RANK": str(place.rank), "ROLE_WORLD_SIZE": str(place.world_size), "ROLE_NAME": "default",
+        "MASTER_ADDR": host, "MASTER_PORT": str(port), "TORCHELASTIC_RUN_ID": run_id,
+        "TORCHELASTIC_RESTART_COUNT": str(restart_count), "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
+    }
 
 
 _HANDLER_NAME = "malletrain-worker"

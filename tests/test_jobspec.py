@@ -213,3 +213,28 @@ def test_fuzz_job_file_bytes(data: bytes, suffix: str) -> None:
         parse_spec(obj, "fuzz")
     except JobSpecError as exc:
         assert "fuzz" in str(exc)
+
+
+def test_launcher_workers_per_node_and_worker_batch_are_read_and_kept():
+    from malletrain.jobspec import JobSpec, Launcher, parse_spec
+    spec = parse_spec({"command": ["python", "train.py"], "launcher": "torchrun", "workers_per_node": 2,
+                       "worker_batch": 16})
+    assert (spec.launcher, spec.workers_per_node, spec.worker_batch) == (Launcher.TORCHRUN, 2, 16)
+    assert JobSpec.from_json(spec.to_json()) == spec
+    plain = parse_spec({"command": ["python", "train.py"]})
+    assert (plain.launcher, plain.workers_per_node, plain.worker_batch) == (Launcher.ELASTIC, None, None)
+    assert "launcher" not in plain.to_json() and "worker_batch" not in plain.to_json()
+
+
+@pytest.mark.parametrize("obj, words", [
+    ({"launcher": "mpirun"}, "launcher must be one of"),
+    ({"launcher": 1}, "launcher must be one of"),
+    ({"workers_per_node": 0}, "workers_per_node must be an integer"),
+    ({"workers_per_node": 2**63}, "workers_per_node must be an integer"),
+    ({"worker_batch": -1}, "worker_batch must be an integer"),
+    ({"worker_batch": "32"}, "worker_batch must be an integer"),
+])
+def test_bad_launcher_fields_are_named(obj, words):
+    from malletrain.jobspec import JobSpecError, parse_spec
+    with pytest.raises(JobSpecError, match=words):
+        parse_spec({"command": ["python", "train.py"], **obj}, "job.toml")

@@ -85,3 +85,25 @@ def test_every_runtime_writes_its_worker_env_through_the_contract(tmp_path: Path
         assert (parsed.job, parsed.worker) == ("j", "w")
     finally:
         hvd.close()
+
+
+def test_torchrun_environ_numbers_ranks_node_by_node():
+    from malletrain.workerenv import TORCHRUN_VARIABLES, RankPlace, torchrun_environ
+    seen = set()
+    for node in range(3):
+        for local in range(2):
+            env = torchrun_environ(RankPlace(node, 3, local, 2), ("10.0.0.1", 29400), "job-1", restart_count=2)
+            assert set(env) == set(TORCHRUN_VARIABLES)
+            assert (env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"], env["GROUP_WORLD_SIZE"]) == ("6", "2", "3")
+            assert env["LOCAL_RANK"] == str(local) and env["GROUP_RANK"] == str(node)
+            assert env["TORCHELASTIC_RESTART_COUNT"] == "2" and env["MASTER_PORT"] == "29400"
+            seen.add(int(env["RANK"]))
+    assert seen == set(range(6))
+
+
+def test_a_rank_place_outside_its_world_is_refused():
+    from malletrain.workerenv import RankPlace, WorkerEnvError
+    with pytest.raises(WorkerEnvError, match="local_rank 2"):
+        RankPlace(0, 1, 2, 2)
+    with pytest.raises(WorkerEnvError, match="group_rank 3"):
+        RankPlace(3, 3, 0, 1)
