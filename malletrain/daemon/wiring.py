@@ -55,6 +55,13 @@ def load_timeline(cfg: DaemonConfig) -> IdleTimeline | None:
     return slot_timeline(tl, cfg.local.nodes)
 
 
+def make_torchrun_runtime(cfg: DaemonConfig, monitor_address: str) -> Runtime:
+    """The runtime of jobs whose launcher is ``torchrun`` (restarted at each change of their world)."""
+    from malletrain.runtimes.torchrun import TorchrunRuntime
+
+    return TorchrunRuntime(host=cfg.ports.host, monitor=monitor_address, store_grace_s=cfg.store_grace)
+
+
 def make_runtime(cfg: DaemonConfig, monitor_address: str, rendezvous_port: int = 0) -> Runtime:
     """The configured runtime; ``rendezvous_port`` is where the torch runtime serves its store (0: any)."""
     if cfg.runtime == "toy":
@@ -139,6 +146,8 @@ class Wiring(DaemonBase):
         self.runtime = parts.runtime or make_runtime(cfg, self.monitor.address, ports["rendezvous"])
         self.runtime.use_secrets(self.job_secret)  # each job's reports and store requests are signed with its own
         self.runtime.start()
+        self.torchrun = make_torchrun_runtime(cfg, self.monitor.address)  # its store starts with its first job
+        self.torchrun.use_secrets(self.job_secret)
         self.store.set_meta("ports", json.dumps({
             "monitor": port_of(self.monitor.address), "agents": port_of(self.hub.address),
             "rendezvous": int(self.runtime.port or 0),

@@ -1,0 +1,130 @@
+"""``launcher = "torchrun"``: a plain DDP script written for torchrun runs under the daemon unchanged.
+
+Unit tests of the daemon side (the command wrapping, rank places, the world key) and the rank
+agent's moves, then the real thing: the example script (``malletrain.examples.torchrun_ddp``,
+gloo on CPU) on 3 local nodes, shrunk by a recall, grown back, restarted with its own
+checkpoint each time, and COMPLETED with no failure counted and no process left behind.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from malletrain.elastic.keys import BadKey, DAEMON_KINDS, KeyKind, done_key, parse_key, world_key
+from malletrain.jobspec import JobSpec, JobState, Launcher
+from malletrain.runtimes.torchrun import LAUNCH_MODULE, World, rank_places, wrap_python_command
+from malletrain.runtimes.torchrun_agent import RANK_TRANSITIONS, RankState, exit_code
+from malletrain.workerenv import RankPlace
+
+PY = sys.executable
+
+
+def test_python_commands_run_through_the_launch_module_once_it_exists() -> None:
+    assert wrap_python_command((PY, "train.py", "--lr", "1"), True) == (PY, "-m", LAUNCH_MODULE, "train.py", "--lr", "1")
+    assert wrap_python_command(("python3", "-m", "pkg.train", "-x"), True) == \
+        ("python3", "-m", LAUNCH_MODULE, "-m", "pkg.train", "-x")
+    assert wrap_python_command((PY, "train.py"), False) == (PY, "train.py")  # not installed: as given
+    assert wrap_python_command(("bash", "run.sh"), True) == ("bash", "run.sh")
+    assert wrap_python_command((PY, "-u", "train.py"), True) == (PY, "-u", "train.py")  # interpreter flags
+
+
+def test_ranks_are_numbered_node_by_node_as_torchrun_does() -> None:
+    one = rank_places([("w0", "n3"), ("w1", "n1"), ("w2", "n2")])
+    assert [one[w].rank for w in ("w0", "w1", "w2")] == [0, 1, 2]
+    assert one["w1"] == RankPlace(group_rank=1, group_world_size=3, local_rank=0, local_world_size=1)
+    two = rank_places([("a0", "n1"), ("b0", "n2"), ("a1", "n1"), ("b1", "n2")])  # K = 2 workers a node
+    assert {w: (p.rank, p.local_rank, p.group_rank, p.world_size) for w, p in two.items()} == {
+        "a0": (0, 0, 0, 4), "a1": (1, 1, 0, 4), "b0": (2, 0, 1, 4), "b1": (3, 1, 1, 4)}
+    with pytest.raises(ValueError, match="same number of workers"):
+        rank_places([("a0", "n1"), ("a1", "n1"), ("b0", "n2")])
+
+
+def test_the_world_key_round_trips_and_a_bad_one_is_named() -> None:
+    world = World(3, rank_places([("w0", "n1"), ("w1", "n2")]))
+    assert World.parse(world.to_json(), "k") == world
+    for bad in (b"{", b'{"restart_count": -1, "places": {}}', b'{"restart_count": 0, "places": {"w": [1, 1, 0, 1]}}'):
+        with pytest.raises(ValueError, match="mt/j1/world/2: not a torchrun world"):
+            World.parse(bad, "mt/j1/world/2")
+
+
+def test_the_world_key_is_the_daemons_and_done_is_the_workers() -> None:
+    assert parse_key(world_key("j1", 4)).kind is KeyKind.WORLD and KeyKind.WORLD in DAEMON_KINDS
+    assert parse_key(done_key("j1", 4)).kind is KeyKind.DONE and KeyKind.DONE not in DAEMON_KINDS
+    with pytest.raises(BadKey):
+        parse_key("mt/j1/world/x")
+
+
+def test_a_newer_world_can_take_a_rank_agent_from_any_state() -> None:
+    for state, moves in RANK_TRANSITIONS.items():
+        assert RankState.FORMING in moves, state
+    assert RankState.RUNNING not in RANK_TRANSITIONS[RankState.WAITING]  # never without forming a world
+    assert exit_code(-15) == 143 and exit_code(3) == 3
+
+
+STEP_LINE = re.compile(r"^step (\d+) world (\d+) rank (\d+) restart (\d+)$")
+
+
+def rank0_steps(logs: Path, job: str) -> list[tuple[int, int, int]]:
+    """(step, world, restart) of every step rank 0 printed, in the order of restarts then steps."""
+    out = []
+    for path in logs.glob(f"{job}.*.log"):
+        for line in path.read_text(errors="replace").splitlines():
+            m = STEP_LINE.match(line.strip())
+            if m and m.group(3) == "0":
+                out.append((int(m.group(1)), int(m.group(2)), int(m.group(4))))
+    return sorted(out, key=lambda s: (s[2], s[0]))
+
+
+@pytest.mark.slow
+def test_a_plain_ddp_script_shrinks_on_recall_grows_back_and_completes(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    from malletrain.config import DaemonConfig, LocalConfig
+    from malletrain.daemon import Daemon
+    from procs import procs_mentioning
+    from tests.stepping import step_until
+
+    state = tmp_path / "state"
+    cfg = DaemonConfig(state_dir=str(state), runtime="toy", local=LocalConfig(nodes=3, trace="none"),
+                       agent_heartbeat=0.2, agent_dead_after=5.0, loop_interval=0.05)
+    steps, every = 400, 10
+    cmd = (PY, "-m", "malletrain.examples.torchrun_ddp", "--steps", str(steps), "--batch", "4",
+           "--checkpoint", str(tmp_path / "ddp.pt"), "--checkpoint-every", str(every), "--step-sleep", "0.1")
+    spec = JobSpec("ddp", cmd, 1, 3, False, {1: 10.0, 2: 20.0, 3: 30.0}, env={"OMP_NUM_THREADS": "1"},
+                   launcher=Launcher.TORCHRUN, worker_batch=4)
+    d = Daemon(cfg)
+    logs = state / "logs"
+    try:
+        jid = d.store.submit(spec)
+        seen = lambda world: any(w == world for _, w, _ in rank0_steps(logs, jid))  # noqa: E731
+        step_until(d, lambda: len(d.runs[jid].members) == 3 and seen(3), 240, "the job trains at 3 ranks")
+        victim = d.runs[jid].members[-1]
+        d.backend.recall(victim)
+        step_until(d, lambda: seen(2), 240, "the job trains at 2 ranks after a recall")
+        d.backend.make_idle(victim)
+        step_until(d, lambda: any(w == 3 and r >= 2 for _, w, r in rank0_steps(logs, jid)), 240,
+                   "the job trains at 3 ranks again")
+        step_until(d, lambda: d.store.require(jid).state.terminal, 600, "the job ends")
+        rec = d.store.require(jid)
+        assert rec.state is JobState.COMPLETED, rec.message
+        events = [e["kind"] for e in d.store.events() if e.get("job") == jid]
+        assert "worker_failed" not in events
+    finally:
+        d.close()
+    ran = rank0_steps(logs, jid)
+    worlds = [w for _, w, _ in ran]
+    assert 3 in worlds and 2 in worlds and worlds.index(2) > worlds.index(3) and worlds[-1] == 3
+    assert ran[-1][0] == steps  # it trained every step
+    by_restart: dict[int, list[int]] = {}
+    for step, _, restart in ran:
+        by_restart.setdefault(restart, []).append(step)
+    counts = sorted(by_restart)
+    assert counts[0] == 0 and len(counts) >= 3  # each world a restart, counted up
+    for before, after in zip(counts, counts[1:]):
+        last, first = max(by_restart[before]), min(by_restart[after])
+        # resumed from its own checkpoint: at most the steps since it, never from the start
+        assert last - every <= first - 1 <= last, (before, last, after, first)
+    assert procs_mentioning(str(state)) == []
