@@ -8,13 +8,13 @@ checkpoint each time, and COMPLETED with no failure counted and no process left 
 
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 
 import pytest
 
 from malletrain.elastic.keys import BadKey, DAEMON_KINDS, KeyKind, done_key, parse_key, world_key
+from malletrain.examples.tracelog import torchrun_steps
 from malletrain.jobspec import JobSpec, JobState, Launcher
 from malletrain.runtimes.torchrun import LAUNCH_MODULE, World, rank_places, wrap_python_command
 from malletrain.runtimes.torchrun_agent import RANK_TRANSITIONS, RankState, exit_code
@@ -65,17 +65,10 @@ def test_a_newer_world_can_take_a_rank_agent_from_any_state() -> None:
     assert exit_code(-15) == 143 and exit_code(3) == 3
 
 
-STEP_LINE = re.compile(r"^step (\d+) world (\d+) rank (\d+) restart (\d+)$")
-
-
 def rank0_steps(logs: Path, job: str) -> list[tuple[int, int, int]]:
     """(step, world, restart) of every step rank 0 printed, in the order of restarts then steps."""
-    out = []
-    for path in logs.glob(f"{job}.*.log"):
-        for line in path.read_text(errors="replace").splitlines():
-            m = STEP_LINE.match(line.strip())
-            if m and m.group(3) == "0":
-                out.append((int(m.group(1)), int(m.group(2)), int(m.group(4))))
+    out = [(s["step"], s["world"], s["restart"]) for path in logs.glob(f"{job}.*.log")
+           for s in torchrun_steps(path) if s["rank"] == 0]
     return sorted(out, key=lambda s: (s[2], s[0]))
 
 

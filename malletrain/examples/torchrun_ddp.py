@@ -10,8 +10,8 @@ and how many of its samples the whole world has trained). Restarted, at any worl
 resumes from that checkpoint: the epoch's remaining samples, in the same order, are sharded
 over the new world. It ends, exit 0, after ``--steps`` optimizer steps.
 
-Each step prints one line to stdout (``step S world W rank R restart C``: the restart count is
-``TORCHELASTIC_RESTART_COUNT``), so a log shows which world trained which step.
+Each step prints one line to stdout (``step S world W rank R restart C t UNIXTIME``: the restart
+count is ``TORCHELASTIC_RESTART_COUNT``), so a log shows which world trained which step, and when.
 
 Run under malletrain with ``launcher = "torchrun"`` (see docs/training.md); ``--batch`` is the
 samples one rank trains per step (give the job file the same ``worker_batch``).
@@ -94,7 +94,7 @@ def main() -> None:
             opt.step()
             step += 1
             position += args.batch * world
-            print(f"step {step} world {world} rank {rank} restart {restart}", flush=True)
+            print(f"step {step} world {world} rank {rank} restart {restart} t {time.time():.3f}", flush=True)
             if args.step_sleep:
                 time.sleep(args.step_sleep)
             if rank == 0 and step % args.checkpoint_every == 0:
