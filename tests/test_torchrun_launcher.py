@@ -16,7 +16,7 @@ import pytest
 from malletrain.elastic.keys import BadKey, DAEMON_KINDS, KeyKind, done_key, parse_key, world_key
 from malletrain.examples.tracelog import torchrun_steps
 from malletrain.jobspec import JobSpec, JobState, Launcher
-from malletrain.runtimes.torchrun import LAUNCH_MODULE, World, rank_places, wrap_python_command
+from malletrain.runtimes.torchrun import LAUNCH_MODULE, World, launch_module_present, rank_places, wrap_python_command
 from malletrain.runtimes.torchrun_agent import RANK_TRANSITIONS, RankState, exit_code
 from malletrain.workerenv import RankPlace
 
@@ -103,6 +103,7 @@ def test_a_plain_ddp_script_shrinks_on_recall_grows_back_and_completes(tmp_path:
         step_until(d, lambda: d.store.require(jid).state.terminal, 600, "the job ends")
         rec = d.store.require(jid)
         assert rec.state is JobState.COMPLETED, rec.message
+        samples = max(rec.samples, d.runs[jid].last_progress) if jid in d.runs else rec.samples
         events = [e["kind"] for e in d.store.events() if e.get("job") == jid]
         assert "worker_failed" not in events
     finally:
@@ -121,3 +122,125 @@ def test_a_plain_ddp_script_shrinks_on_recall_grows_back_and_completes(tmp_path:
         # resumed from its own checkpoint: at most the steps since it, never from the start
         assert last - every <= first - 1 <= last, (before, last, after, first)
     assert procs_mentioning(str(state)) == []
+    if launch_module_present():  # the progress hook: rank 0 reports worker_batch x world size a step
+        trained = sum(4 * world for _, world, _ in ran)
+        assert abs(samples - trained) <= 0.01 * trained, (samples, trained)
+
+
+class FakeRendezvous:
+    """The store keys a rank agent uses, in a dict (the daemon's side written by the test)."""
+
+    def __init__(self, worker: str = "w0") -> None:
+        self.job, self.worker = "j1", worker
+        self.keys: dict[str, bytes] = {}
+        self.counters: dict[str, int] = {}
+        self.gen = 0
+
+    def publish(self, members: list[str], restart: int, nodes: dict[str, str] | None = None) -> None:
+        self.gen += 1
+        places = rank_places([(w, (nodes or {}).get(w, w)) for w in members])
+        self.keys[world_key(self.job, self.gen)] = World(restart, places).to_json().encode()
+        self.keys[f"members/{self.gen}"] = ",".join(members).encode()
+
+    def generation(self) -> int:
+        return self.gen
+
+    def published(self, gen: int) -> bool:
+        return f"members/{gen}" in self.keys
+
+    def members(self, gen: int) -> tuple[str, ...] | None:
+        raw = self.keys.get(f"members/{gen}")
+        return tuple(raw.decode().split(",")) if raw is not None else None
+
+    def read(self, key: str) -> bytes | None:
+        return self.keys.get(key)
+
+    def add(self, key: str, delta: int) -> int:
+        self.counters[key] = self.counters.get(key, 0) + delta
+        return self.counters[key]
+
+    def mark_ready(self) -> None:
+        pass
+
+    def local_host(self) -> str:
+        return "127.0.0.1"
+
+    def publish_group(self, gen: int, host: str, port: int, token: str) -> None:
+        self.keys[f"pg/{gen}"] = f"{host} {port} {token}".encode()
+
+    def wait_group(self, gen: int, wait_s: float) -> tuple[str, int, str] | None:
+        raw = self.keys.get(f"pg/{gen}")
+        if raw is None:
+            return None
+        host, port, token = raw.decode().split(" ")
+        return host, int(port), token
+
+
+def _agent(rdzv: FakeRendezvous, code: str, tmp_path: Path, failure_wait_s: float = 600.0):
+    from malletrain.runtimes.torchrun_agent import RankAgent
+
+    script = tmp_path / "rank.py"
+    script.write_text(code)
+    return RankAgent(rdzv, (PY, str(script)), stop_grace_s=5.0, failure_wait_s=failure_wait_s)  # type: ignore[arg-type]
+
+
+def _tick_until(agent, state: RankState, limit: int = 2000) -> None:
+    import time
+
+    for _ in range(limit):
+        assert agent.tick() is None
+        if agent.state is state:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"agent stayed {agent.state}, not {state}")
+
+
+ENV_TO_FILE = """import os, sys
+with open(sys.argv[0] + ".env", "a") as fh:
+    fh.write(" ".join(os.environ[k] for k in ("RANK", "WORLD_SIZE", "TORCHELASTIC_RESTART_COUNT", "MASTER_PORT")) + "\\n")
+sys.exit(int(os.environ["TORCHELASTIC_RESTART_COUNT"]) == 0 and 3 or 0)
+"""
+
+
+def test_a_rank_whose_command_failed_waits_for_a_newer_world_and_restarts_in_it(tmp_path: Path) -> None:
+    rdzv = FakeRendezvous()
+    agent = _agent(rdzv, ENV_TO_FILE, tmp_path)
+    rdzv.publish(["w0"], 0)
+    _tick_until(agent, RankState.FAILED)  # exit 3 (a peer recalled, say): not reported yet
+    rdzv.publish(["w0"], 1)  # the daemon's newer world
+    _tick_until(agent, RankState.FINISHED)
+    starts = [line.split() for line in (tmp_path / "rank.py.env").read_text().splitlines()]
+    assert [s[:3] for s in starts] == [["0", "1", "0"], ["0", "1", "1"]]  # restart counted up
+    assert starts[0][3] != "" and agent.tick() == 0  # every rank (one) exited 0: complete
+
+
+def test_a_failure_counts_once_no_newer_world_comes(tmp_path: Path) -> None:
+    rdzv = FakeRendezvous()
+    agent = _agent(rdzv, "import sys; sys.exit(3)", tmp_path, failure_wait_s=0.0)
+    rdzv.publish(["w0"], 0)
+    _tick_until(agent, RankState.FAILED)
+    assert agent.tick() == 3
+
+
+def test_a_world_without_it_stops_its_command_and_it_waits(tmp_path: Path) -> None:
+    rdzv = FakeRendezvous()
+    agent = _agent(rdzv, "import time; time.sleep(600)", tmp_path)
+    rdzv.publish(["w0"], 0)
+    _tick_until(agent, RankState.RUNNING)
+    child = agent.child
+    rdzv.publish(["w9"], 1)
+    assert agent.tick() is None and agent.state is RankState.WAITING
+    assert child is not None and child.returncode == -15  # SIGTERM, within the grace
+
+
+def test_a_rank_that_finished_waits_for_every_other_rank(tmp_path: Path) -> None:
+    rdzv = FakeRendezvous("a")
+    agent = _agent(rdzv, "pass", tmp_path)
+    rdzv.publish(["a", "b"], 0, {"a": "n1", "b": "n2"})
+    assert agent.tick() is None and agent.state is RankState.FORMING
+    assert agent.tick() is None and agent.state is RankState.FORMING  # rank 0 waits for b at the barrier
+    rdzv.add(f"mt/j1/arrive/{rdzv.gen}", 1)  # b arrives
+    _tick_until(agent, RankState.FINISHED)
+    assert agent.tick() is None  # b still trains
+    rdzv.add(done_key("j1", rdzv.gen), 1)
+    assert agent.tick() == 0

@@ -18,7 +18,9 @@ and waits for a world that lists it. Then, for each world:
    world (a peer recalled: the daemon publishes the world without it), else exits with its code.
 
 SIGTERM (a recall, a cancel, the daemon stopping it) stops the command the same way and exits
-143: a stop, never a failure of the job.
+143: a stop, never a failure of the job. While the daemon is away (a restart) the command runs on;
+a store away longer than ``MALLETRAIN_STORE_GRACE`` stops it and exits 75 (a stop too: the daemon
+starts the job again, and the script resumes from its checkpoint).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from malletrain.elastic.errors import StoreLost
 from malletrain.elastic.keys import arrive_key, done_key, world_key
 from malletrain.elastic.rendezvous import Rendezvous
 from malletrain.runtimes.torchrun import DEFAULT_STOP_GRACE_S, World
@@ -47,6 +50,7 @@ POLL_S = 0.05
 DEFAULT_FAILURE_WAIT_S = 20.0
 """After its command failed, how long an agent waits for a newer world before it reports the failure."""
 EXIT_STOPPED = 128 + signal.SIGTERM
+EXIT_STORE_LOST = 75  # as a torch worker whose daemon's store stayed away (the daemon's EXIT_STORE_LOST)
 
 
 class RankState(enum.Enum):
@@ -117,14 +121,20 @@ class RankAgent:
         self.state = new
 
     def run(self) -> int:
-        """Until the job is complete (0), the command failed for good (its status) or a stop (143)."""
-        self.rdzv.mark_ready()
-        log.info("worker %s: ready, waiting for a world that lists it", self.worker)
-        while not self.stop_requested:
-            code = self.tick()
-            if code is not None:
-                return code
-            time.sleep(POLL_S)
+        """Until the job is complete (0), the command failed for good (its status), a stop (143) or
+        the daemon's store gone for longer than its grace (75: the daemon starts the job again)."""
+        try:
+            self.rdzv.mark_ready()
+            log.info("worker %s: ready, waiting for a world that lists it", self.worker)
+            while not self.stop_requested:
+                code = self.tick()
+                if code is not None:
+                    return code
+                time.sleep(POLL_S)
+        except StoreLost as exc:  # the daemon stayed away past the grace: a stop, not a failure
+            log.error("worker %s: %s; stopping its command", self.worker, exc)
+            self.stop_child()
+            return EXIT_STORE_LOST
         self.stop_child()
         return EXIT_STOPPED
 
