@@ -129,8 +129,10 @@ def main() -> None:
         restarted = measure(Launcher.TORCHRUN, args.reps, Path(tmp))
         in_process = measure(Launcher.ELASTIC, args.reps, Path(tmp))
     x, y = statistics.median(restarted), statistics.median(in_process)
-    print(f"torchrun: {len(restarted)} changes, median {x:.2f} s, max {max(restarted):.2f} s")
-    print(f"in-process: {len(in_process)} changes, median {y:.2f} s, max {max(in_process):.2f} s")
+    for name, changes in (("torchrun", restarted), ("in-process", in_process)):
+        down, up = changes[0::2], changes[1::2]
+        print(f"{name}: {len(changes)} changes, median {statistics.median(changes):.2f} s, max {max(changes):.2f} s; "
+              f"shrink median {statistics.median(down):.2f} s, grow median {statistics.median(up):.2f} s")
     print(f"launchers: torchrun stop -> first step at the new size median {x:.2f} s; "
           f"in-process median {y:.2f} s; ratio {x / y:.1f}")
 
