@@ -97,6 +97,7 @@ def change(d: Daemon, job: str, launcher: Launcher, logs: Path, size: int, since
 
 def measure(launcher: Launcher, reps: int, root: Path) -> list[float]:
     state = root / launcher.value
+    state.mkdir(mode=0o700)
     cfg = DaemonConfig(state_dir=str(state), runtime="torch", local=LocalConfig(nodes=NODES, trace="none"),
                        agent_heartbeat=0.2, agent_dead_after=5.0, loop_interval=0.05)
     d = Daemon(cfg)
