@@ -244,3 +244,50 @@ def test_a_rank_that_finished_waits_for_every_other_rank(tmp_path: Path) -> None
     assert agent.tick() is None  # b still trains
     rdzv.add(done_key("j1", rdzv.gen), 1)
     assert agent.tick() == 0
+
+
+def test_the_job_file_launcher_chooses_the_runtime_whatever_the_trainers(tmp_path: Path) -> None:
+    """On fakes: a torchrun job's workers are rank agents of the torchrun runtime (the daemon's own
+    runtime is a fake), told the job's worker_batch; its world's places reach the store once its
+    agents are ready; an in-process job beside it runs its command as given."""
+    from malletrain.elastic.keys import ready_key
+    from malletrain.runtimes.torchrun import AGENT_MODULE
+    from malletrain.workerenv import ENV_RUNTIME, ENV_WORKER_BATCH
+    from policy import PolicyConfig
+    from tests.test_conformance import LINEAR, NODES, Harness
+
+    h = Harness(tmp_path / "d", PolicyConfig(profiling="never"))
+    started: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {}
+    real = h.daemon.hub.start_worker
+
+    def record(node, worker, argv, env, cwd, uid=None, gid=None):  # type: ignore[no-untyped-def]
+        started[worker] = (tuple(argv), dict(env))
+        real(node, worker, argv, env, cwd, uid, gid)
+
+    h.daemon.hub.start_worker = record  # type: ignore[method-assign]
+    try:
+        h.cluster.became_idle(*NODES[:3])
+        ddp = h.daemon.store.submit(JobSpec("ddp", (PY, "train.py"), 2, 2, launcher=Launcher.TORCHRUN, worker_batch=16))
+        plain = h.daemon.store.submit(JobSpec("plain", ("true",), 1, 1))
+        for jid in (ddp, plain):
+            h.monitor.curves[jid] = dict(LINEAR)
+        h.run_until(5.0)
+        ours = {w: v for w, v in started.items() if w.startswith(ddp)}
+        assert len(ours) == 2
+        for argv, env in ours.values():
+            assert argv[1:3] == ("-m", AGENT_MODULE) and argv[-2:] == (PY, "train.py")
+            assert env[ENV_RUNTIME] == "torchrun" and env[ENV_WORKER_BATCH] == "16"
+        assert [argv for w, (argv, _) in started.items() if w.startswith(plain)] == [("true",)]
+        store = h.daemon.torchrun._require_store()  # type: ignore[attr-defined]
+        for worker in ours:
+            store.set(ready_key(ddp, worker), "1")  # the agents connected
+        h.run_until(8.0)
+        run = h.daemon.runs[ddp]
+        assert len(run.members) == 2
+        gen = h.daemon.torchrun.generation(ddp)  # type: ignore[attr-defined]
+        world = World.parse(store.get(world_key(ddp, gen)), "world")
+        assert world.restart_count == 0
+        assert sorted(p.rank for p in world.places.values()) == [0, 1]
+        assert [world.places[w].rank for w in run.published] == [0, 1]  # one worker a node: the list's order
+    finally:
+        h.close()
