@@ -291,3 +291,48 @@ def test_the_job_file_launcher_chooses_the_runtime_whatever_the_trainers(tmp_pat
         assert [world.places[w].rank for w in run.published] == [0, 1]  # one worker a node: the list's order
     finally:
         h.close()
+
+
+def test_the_runtime_numbers_restarts_and_drops_old_worlds(tmp_path: Path) -> None:
+    from malletrain.runtimes.torchrun import TorchrunRuntime
+
+    rt = TorchrunRuntime()
+    try:
+        for w, node in (("j1.a", "n1"), ("j1.b", "n2")):
+            assert rt.launch_spec("j1", (PY, "train.py"), w, node).argv[-2:] == (PY, "train.py")
+        store = rt._require_store()
+        gens = [rt.set_members("j1", m) for m in (["j1.a"], ["j1.a", "j1.b"], ["j1.b"], ["j1.b", "j1.a"])]
+        worlds = {g: World.parse(store.get(world_key("j1", g)), "w") for g in gens[-2:]}
+        assert [w.restart_count for w in worlds.values()] == [2, 3]
+        assert worlds[gens[-1]].places["j1.b"].rank == 0 and worlds[gens[-1]].places["j1.a"].rank == 1
+        assert not store.check([world_key("j1", gens[0])]) and not store.check([world_key("j1", gens[1])])
+        gen = rt.set_members("j1", [])  # suspended: no world, no restart counted
+        rt.forget("j1")
+        rt.launch_spec("j1", (PY, "train.py"), "j1.c", "n3")
+        resumed = rt.set_members("j1", ["j1.c"])
+        assert resumed > gen and World.parse(store.get(world_key("j1", resumed)), "w").restart_count == 4
+    finally:
+        rt.close()
+
+
+def test_a_stop_stops_the_command_and_exits_143(tmp_path: Path) -> None:
+    import threading
+
+    rdzv = FakeRendezvous()
+    agent = _agent(rdzv, "import time; time.sleep(600)", tmp_path)
+    rdzv.publish(["w0"], 0)
+    result: list[int] = []
+    thread = threading.Thread(target=lambda: result.append(agent.run()))
+    thread.start()
+    try:
+        import time
+
+        deadline = time.monotonic() + 60
+        while agent.state is not RankState.RUNNING and time.monotonic() < deadline:
+            time.sleep(0.02)
+        child = agent.child
+        assert child is not None
+    finally:
+        agent.stop_requested = True  # what its SIGTERM handler does (a recall, a cancel)
+        thread.join(60)
+    assert result == [143] and child.returncode == -15

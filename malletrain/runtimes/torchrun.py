@@ -143,6 +143,7 @@ class TorchrunRuntime(TorchRuntime):
         self.stop_grace_s = stop_grace_s
         self._nodes: dict[str, dict[str, str]] = {}  # job -> worker -> node
         self._restarts: dict[str, int] = {}  # job -> restart count of its last world
+        self._pruned: dict[str, int] = {}  # job -> generations whose keys are deleted (all up to it)
 
     def start_if_needed(self) -> None:
         if self._store is None:
@@ -168,14 +169,21 @@ class TorchrunRuntime(TorchRuntime):
         return super().readopt(job_id, command, workers)
 
     def _before_publish(self, job_id: str, gen: int, members: tuple[str, ...]) -> None:
-        """A non-empty world's places and restart count go into the store before its member list."""
+        """A non-empty world's places and restart count go into the store before its member list; the
+        keys of worlds two generations back go (no agent reads them: every one has moved on)."""
+        store = self._require_store()
+        first = self._pruned.get(job_id, self._forgotten.get(job_id, 0)) + 1
+        for old in range(first, gen - 1):
+            for key in self._generation_keys(job_id, old):
+                store.delete_key(key)
+        self._pruned[job_id] = max(first - 1, gen - 2)
         if not members:
             return
         nodes = self._nodes.get(job_id, {})
         places = rank_places([(w, nodes.get(w, w)) for w in members])  # unknown node: a node of its own
         count = self._restarts.get(job_id, -1) + 1
         self._restarts[job_id] = count
-        self._require_store().set(world_key(job_id, gen), World(count, places).to_json())
+        store.set(world_key(job_id, gen), World(count, places).to_json())
 
     def _generation_keys(self, job_id: str, gen: int) -> list[str]:
         return super()._generation_keys(job_id, gen) + [world_key(job_id, gen), done_key(job_id, gen),
@@ -186,6 +194,7 @@ class TorchrunRuntime(TorchRuntime):
         super().forget(job_id, keep_state)
         with self._lock:
             self._nodes.pop(job_id, None)
+            self._pruned.pop(job_id, None)  # forget deleted them: its own count goes on from there
             if not keep_state:
                 self._restarts.pop(job_id, None)
 
