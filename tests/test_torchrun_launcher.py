@@ -313,6 +313,15 @@ def test_the_runtime_numbers_restarts_and_drops_old_worlds(tmp_path: Path) -> No
         assert resumed > gen and World.parse(store.get(world_key("j1", resumed)), "w").restart_count == 4
     finally:
         rt.close()
+    rt = TorchrunRuntime()  # a restarted daemon: the job had published 5 worlds (the event log)
+    try:
+        rt.resume_generation("j1", resumed)
+        rt.resume_worlds("j1", 5)
+        rt.readopt("j1", (PY, "train.py"), {"j1.c": "n3"})
+        again = rt.set_members("j1", ["j1.c"])
+        assert again > resumed and World.parse(rt._require_store().get(world_key("j1", again)), "w").restart_count == 5
+    finally:
+        rt.close()
 
 
 def test_a_stop_stops_the_command_and_exits_143(tmp_path: Path) -> None:
@@ -336,3 +345,79 @@ def test_a_stop_stops_the_command_and_exits_143(tmp_path: Path) -> None:
         agent.stop_requested = True  # what its SIGTERM handler does (a recall, a cancel)
         thread.join(60)
     assert result == [143] and child.returncode == -15
+
+
+DAEMON = """
+state_dir = "{state}"
+runtime = "toy"
+loop_interval = 0.05
+agent_heartbeat = 0.2
+agent_dead_after = 10.0
+store_grace = 45.0
+backend = "local"
+[local]
+nodes = 2
+trace = "none"
+"""
+
+TORCHRUN_JOB = """
+name = "ddp"
+command = ["{python}", "-m", "malletrain.examples.torchrun_ddp", "--steps", "100000000", "--batch", "4",
+           "--checkpoint", "{ckpt}", "--checkpoint-every", "10", "--step-sleep", "0.05"]
+launcher = "torchrun"
+worker_batch = 4
+min_nodes = 2
+max_nodes = 2
+scaling = {{ 1 = 10.0, 2 = 20.0 }}
+env = {{ OMP_NUM_THREADS = "1" }}
+"""
+
+
+@pytest.mark.slow
+def test_a_torchrun_job_rides_through_a_daemon_kill_9(tmp_path: Path) -> None:
+    """kill -9 of the daemon: the ranks train on; the restarted daemon serves the launcher's store on
+    the same port, re-adopts the rank agents and publishes their world again, which changes nothing:
+    no rank is restarted."""
+    pytest.importorskip("torch")
+    import signal
+    import time
+
+    from malletrain.store import Store
+    from procs import procs_mentioning
+    from tests.test_daemon_cli import cli, start_daemon, wait
+
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    cfg = tmp_path / "daemon.toml"
+    cfg.write_text(DAEMON.format(state=state))
+    (tmp_path / "job.toml").write_text(TORCHRUN_JOB.format(python=PY, ckpt=tmp_path / "ddp.pt"))
+    log = tmp_path / "daemon.log"
+    d = start_daemon(cfg, log)
+    try:
+        wait(lambda: (state / "daemon.json").exists(), "daemon.json", timeout=60)
+        res = cli("submit", str(tmp_path / "job.toml"), "--state-dir", str(state))
+        assert res.returncode == 0, res.stderr
+        jid = res.stdout.strip()
+        logs = state / "logs"
+        wait(lambda: sum(w == 2 for _, w, _ in rank0_steps(logs, jid)) >= 10, "steps at 2 ranks", timeout=240)
+        d.send_signal(signal.SIGKILL)
+        d.wait(timeout=10)
+        t_kill = time.time()
+        d = start_daemon(cfg, log)
+        def republished() -> float | None:  # its two agents ready in the new daemon's store, their world published
+            return next((e["time"] for e in Store.open(state / "store.db").events("members")
+                         if e["job"] == jid and len(e.get("nodes") or ()) == 2 and e["time"] > t_kill), None)
+
+        t_published = wait(republished, "the world published again by the new daemon", timeout=120)
+        wait(lambda: any(s["t"] > t_published + 2 for p in logs.glob(f"{jid}.*.log") for s in torchrun_steps(p)),
+             "steps after the new daemon published the world", timeout=120)
+        ran = [s for p in logs.glob(f"{jid}.*.log") for s in torchrun_steps(p)]
+        assert {s["restart"] for s in ran} == {0}  # never restarted: the world went on through the kill
+        assert any(t_kill < s["t"] for s in ran)
+        assert len(list(logs.glob(f"{jid}.*.log"))) == 2  # the same two rank agents
+        assert Store.open(state / "store.db").require(jid).state is JobState.RUNNING
+    finally:
+        if d.poll() is None:
+            d.send_signal(signal.SIGTERM)
+            d.wait(timeout=60)
+    wait(lambda: not procs_mentioning(str(state)), "no orphans", timeout=30)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from malletrain.daemon.base import DaemonBase, log
 from malletrain.daemon.records import JobRun, job_of
+from malletrain.jobspec import Launcher
 from malletrain.logs import about
 
 
@@ -21,11 +22,17 @@ class Adoption(DaemonBase):
             self.runs[rec.id] = run
             if gen:  # numbering never goes backwards: old workers may still run
                 self.runtime_of(rec.id).resume_generation(rec.id, gen)
+            if rec.spec.launcher is Launcher.TORCHRUN:  # its restart count goes on
+                self.torchrun.resume_worlds(rec.id, self._worlds_published(rec.id))
             self._register(rec.id)
             run.last_progress = rec.samples
             if rec.state.active:
                 run.adopted, run.left_on = True, tuple(rec.nodes)
                 self._adopt_until = now + self.cfg.agent_dead_after + 1.0
+
+    def _worlds_published(self, job_id: str) -> int:
+        """How many non-empty member lists the daemons published for ``job_id`` (the event log)."""
+        return sum(1 for ev in self.store.events("members") if ev.get("job") == job_id and ev.get("nodes"))
 
     def _adopt_workers(self, node: str, workers: tuple[str, ...]) -> None:
         for wid in workers:

@@ -22,6 +22,7 @@ from malletrain.jobspec import Launcher
 from malletrain.metrics import Metrics
 from malletrain.monitor import Monitor, ReplaySaver
 from malletrain.runtimes import Runtime
+from malletrain.runtimes.torchrun import TorchrunRuntime
 from malletrain.scavenging import Scavenging
 from malletrain.store import Store
 from scavenger.base import SchedulerBackend
@@ -45,7 +46,7 @@ class DaemonBase:
     control: ControlServer
     control_address: str
     runtime: Runtime  # the configured runtime: every job whose launcher is the in-process one
-    torchrun: Runtime  # the restart-based runtime of jobs whose launcher is ``torchrun``
+    torchrun: TorchrunRuntime  # the restart-based runtime of jobs whose launcher is ``torchrun``
     backend: SchedulerBackend
     scav: Scavenging
     accounting: NodeAccounting

@@ -31,7 +31,7 @@ import os
 import re
 import sys
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 from malletrain.elastic.keys import done_key, pg_key, world_key
 from malletrain.runtimes import LaunchSpec
@@ -135,8 +135,10 @@ class TorchrunRuntime(TorchRuntime):
 
     def __init__(self, host: str = "127.0.0.1", monitor: str | None = None,
                  store_grace_s: float = DEFAULT_STORE_GRACE_S, python: str = sys.executable,
-                 stop_grace_s: float = DEFAULT_STOP_GRACE_S, bind: str | None = None) -> None:
-        super().__init__(host=host, port=0, monitor=monitor, store_grace_s=store_grace_s, bind=bind)
+                 stop_grace_s: float = DEFAULT_STOP_GRACE_S, bind: str | None = None, port: int = 0,
+                 on_start: Callable[[], None] | None = None) -> None:
+        super().__init__(host=host, port=port, monitor=monitor, store_grace_s=store_grace_s, bind=bind)
+        self.on_start = on_start
         if not stop_grace_s > 0:
             raise ValueError(f"stop_grace_s must be > 0, got {stop_grace_s}")
         self.python = python
@@ -146,8 +148,11 @@ class TorchrunRuntime(TorchRuntime):
         self._pruned: dict[str, int] = {}  # job -> generations whose keys are deleted (all up to it)
 
     def start_if_needed(self) -> None:
+        """Serve the store now if it is not served yet (then ``on_start``: the daemon records its port)."""
         if self._store is None:
             self.start()
+            if self.on_start is not None:
+                self.on_start()
 
     def launch_spec(self, job_id: str, command: Sequence[str], worker_id: str, node: str) -> LaunchSpec:
         """The rank agent, with the job's command (a Python one through :data:`LAUNCH_MODULE`) after ``--``."""
@@ -161,6 +166,19 @@ class TorchrunRuntime(TorchRuntime):
     def set_members(self, job_id: str, members: Sequence[str]) -> int:
         self.start_if_needed()
         return super().set_members(job_id, members)
+
+    def resume_generation(self, job_id: str, generation: int) -> None:
+        """After a daemon restart: serve the store at once (on the last daemon's port: the job's agents
+        reconnect to it) and number on from ``generation``."""
+        self.start_if_needed()
+        super().resume_generation(job_id, generation)
+
+    def resume_worlds(self, job_id: str, worlds: int) -> None:
+        """After a daemon restart: ``job_id`` has run ``worlds`` worlds (the last daemon's published
+        member lists that were not empty), so its restart count goes on from there."""
+        with self._lock:
+            if worlds > 0:
+                self._restarts[job_id] = max(self._restarts.get(job_id, -1), worlds - 1)
 
     def readopt(self, job_id: str, command: Sequence[str], workers: dict[str, str]) -> int:
         self.start_if_needed()

@@ -12,7 +12,9 @@ and waits for a world that lists it. Then, for each world:
    (:func:`malletrain.workerenv.torchrun_environ`);
 3. a newer world stops the command (SIGTERM, ``--stop-grace`` seconds, SIGKILL) and goes back to 1
    in it, or, when the newer world does not list this worker, waits for one that does (the
-   daemon stops it);
+   daemon stops it); the same world published again (a restarted daemon re-adopting it) changes
+   nothing; a world that does not form within ``--stop-grace`` + ``--failure-wait`` seconds is a
+   failure (exit 1);
 4. a command that exits 0 adds to the world's ``done`` counter: once every rank has, the agent
    exits 0 (the job is complete); one that fails waits ``--failure-wait`` seconds for a newer
    world (a peer recalled: the daemon publishes the world without it), else exits with its code.
@@ -50,6 +52,7 @@ POLL_S = 0.05
 DEFAULT_FAILURE_WAIT_S = 20.0
 """After its command failed, how long an agent waits for a newer world before it reports the failure."""
 EXIT_STOPPED = 128 + signal.SIGTERM
+EXIT_NOT_FORMED = 1  # a world whose ranks never all came: a failure (the daemon replaces this worker)
 EXIT_STORE_LOST = 75  # as a torch worker whose daemon's store stayed away (the daemon's EXIT_STORE_LOST)
 
 
@@ -103,6 +106,7 @@ class RankAgent:
     world: World | None = None  # the world this worker is in (FORMING onwards)
     child: subprocess.Popen[bytes] | None = None
     failed: tuple[int, float] | None = None  # (exit status, when) of a failed command
+    forming_since: float = 0.0  # when it entered its current world's barrier
     stop_requested: bool = False
     _env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
 
@@ -145,6 +149,10 @@ class RankAgent:
             self.switch_to(newest)
             return None
         if self.state is RankState.FORMING:
+            if time.monotonic() - self.forming_since > self.stop_grace_s + self.failure_wait_s:
+                log.error("worker %s: world %d did not form in %.0f s (a rank never came)", self.worker, self.gen,
+                          self.stop_grace_s + self.failure_wait_s)
+                return EXIT_NOT_FORMED
             self.form()
         elif self.state is RankState.RUNNING:
             self.watch_child()
@@ -174,9 +182,16 @@ class RankAgent:
         raw = self.rdzv.read(world_key(self.rdzv.job, gen))
         if raw is None:
             raise ValueError(f"job {self.rdzv.job}: generation {gen} has no world key (not a torchrun job?)")
+        world = World.parse(raw, world_key(self.rdzv.job, gen))
+        if self.state is RankState.RUNNING and self.world is not None and world.places == self.world.places:
+            # the same world published again (a restarted daemon re-adopting it): the command goes on
+            log.info("worker %s: world %d is the one it runs in; the command goes on", self.worker, gen)
+            return
         self.stop_child()
-        self.world = World.parse(raw, world_key(self.rdzv.job, gen))
+        self.world = world
+        self.rdzv.current = gen  # reported to a restarted daemon's store: its numbering goes on above it
         self.move(RankState.FORMING)
+        self.forming_since = time.monotonic()
         self.rdzv.add(arrive_key(self.rdzv.job, gen), 1)
 
     def form(self) -> None:
