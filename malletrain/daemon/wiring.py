@@ -148,7 +148,7 @@ class Wiring(DaemonBase):
         self.runtime = parts.runtime or make_runtime(cfg, self.monitor.address, ports["rendezvous"])
         self.runtime.use_secrets(self.job_secret)  # each job's reports and store requests are signed with its own
         self.runtime.start()
-        # its store starts with its first job, on the port the last daemon's served (its agents come back to it)
+        # its store starts with its first job, on the port the last daemon served it on (its agents come back there)
         self.torchrun = make_torchrun_runtime(cfg, self.monitor.address, ports["torchrun"], self._save_ports)
         self.torchrun.use_secrets(self.job_secret)
         self._save_ports()
