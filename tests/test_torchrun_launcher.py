@@ -421,3 +421,30 @@ def test_a_torchrun_job_rides_through_a_daemon_kill_9(tmp_path: Path) -> None:
             d.send_signal(signal.SIGTERM)
             d.wait(timeout=60)
     wait(lambda: not procs_mentioning(str(state)), "no orphans", timeout=30)
+
+
+@pytest.mark.slow
+def test_a_broken_script_ends_failed_with_its_exit_status(tmp_path: Path) -> None:
+    """A command that fails at once, on every rank, with no recall: each failure counts (after the
+    agents' wait for a newer world), and the job ends FAILED naming the exit status."""
+    from malletrain.config import DaemonConfig, LocalConfig
+    from malletrain.daemon import Daemon
+    from procs import procs_mentioning
+    from tests.stepping import step_until
+
+    script = tmp_path / "broken.py"
+    script.write_text("import sys\nprint('broken on purpose', flush=True)\nsys.exit(3)\n")
+    state = tmp_path / "state"
+    cfg = DaemonConfig(state_dir=str(state), runtime="toy", local=LocalConfig(nodes=2, trace="none"),
+                       agent_heartbeat=0.2, agent_dead_after=5.0, loop_interval=0.05, max_failures=2)
+    d = Daemon(cfg)
+    d.torchrun.failure_wait_s = 0.5
+    try:
+        jid = d.store.submit(JobSpec("broken", (PY, str(script)), 1, 2, False, {1: 1.0, 2: 2.0},
+                                     launcher=Launcher.TORCHRUN))
+        step_until(d, lambda: d.store.require(jid).state.terminal, 240, "the job ends")
+        rec = d.store.require(jid)
+        assert rec.state is JobState.FAILED and "exit 3" in rec.message, rec.message
+    finally:
+        d.close()
+    assert procs_mentioning(str(state)) == []

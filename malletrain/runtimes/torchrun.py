@@ -45,6 +45,9 @@ AGENT_MODULE = "malletrain.runtimes.torchrun_agent"
 """The rank agent the daemon starts as each worker of a ``torchrun`` job."""
 DEFAULT_STOP_GRACE_S = 10.0
 """Seconds a rank has after SIGTERM (at a change of its world) before SIGKILL."""
+DEFAULT_FAILURE_WAIT_S = 20.0
+"""After its command failed, how long a rank agent waits for a newer world (a peer recalled: the daemon
+publishes the world without it) before the failure counts."""
 
 _PYTHON = re.compile(r"python(\d+(\.\d+)?)?")
 
@@ -126,7 +129,8 @@ class TorchrunRuntime(TorchRuntime):
     """The daemon-side half of the ``torchrun`` launcher (see the module docstring).
 
     ``python`` is the interpreter that runs the rank agent (it has malletrain installed);
-    ``stop_grace_s`` is a rank's time between SIGTERM and SIGKILL at a change of its world.
+    ``stop_grace_s`` is a rank's time between SIGTERM and SIGKILL at a change of its world;
+    ``failure_wait_s`` how long a rank whose command failed waits for a newer world.
     The store starts on first use, so a daemon that runs no such job opens no port for it.
     """
 
@@ -136,13 +140,15 @@ class TorchrunRuntime(TorchRuntime):
     def __init__(self, host: str = "127.0.0.1", monitor: str | None = None,
                  store_grace_s: float = DEFAULT_STORE_GRACE_S, python: str = sys.executable,
                  stop_grace_s: float = DEFAULT_STOP_GRACE_S, bind: str | None = None, port: int = 0,
-                 on_start: Callable[[], None] | None = None) -> None:
+                 on_start: Callable[[], None] | None = None,
+                 failure_wait_s: float = DEFAULT_FAILURE_WAIT_S) -> None:
         super().__init__(host=host, port=port, monitor=monitor, store_grace_s=store_grace_s, bind=bind)
         self.on_start = on_start
-        if not stop_grace_s > 0:
-            raise ValueError(f"stop_grace_s must be > 0, got {stop_grace_s}")
+        if not stop_grace_s > 0 or not failure_wait_s >= 0:
+            raise ValueError(f"stop_grace_s must be > 0 and failure_wait_s >= 0, got {stop_grace_s}, {failure_wait_s}")
         self.python = python
         self.stop_grace_s = stop_grace_s
+        self.failure_wait_s = failure_wait_s
         self._nodes: dict[str, dict[str, str]] = {}  # job -> worker -> node
         self._restarts: dict[str, int] = {}  # job -> restart count of its last world
         self._pruned: dict[str, int] = {}  # job -> generations whose keys are deleted (all up to it)
@@ -160,7 +166,8 @@ class TorchrunRuntime(TorchRuntime):
         spec = super().launch_spec(job_id, wrap_python_command(command), worker_id, node)
         with self._lock:
             self._nodes.setdefault(job_id, {})[worker_id] = node
-        argv = (self.python, "-m", AGENT_MODULE, "--stop-grace", repr(self.stop_grace_s), "--", *spec.argv)
+        argv = (self.python, "-m", AGENT_MODULE, "--stop-grace", repr(self.stop_grace_s),
+                "--failure-wait", repr(self.failure_wait_s), "--", *spec.argv)
         return LaunchSpec(argv=argv, env=spec.env, cwd=spec.cwd)
 
     def set_members(self, job_id: str, members: Sequence[str]) -> int:

@@ -42,15 +42,13 @@ from typing import Sequence
 from malletrain.elastic.errors import StoreLost
 from malletrain.elastic.keys import arrive_key, done_key, world_key
 from malletrain.elastic.rendezvous import Rendezvous
-from malletrain.runtimes.torchrun import DEFAULT_STOP_GRACE_S, World
+from malletrain.runtimes.torchrun import DEFAULT_FAILURE_WAIT_S, DEFAULT_STOP_GRACE_S, World
 from malletrain.workerenv import RankPlace, WorkerEnv, configure_worker_logging, torchrun_environ
 
 log = logging.getLogger("malletrain.torchrun")
 
 POLL_S = 0.05
 """How often the agent looks at its command and the job's generation."""
-DEFAULT_FAILURE_WAIT_S = 20.0
-"""After its command failed, how long an agent waits for a newer world before it reports the failure."""
 EXIT_STOPPED = 128 + signal.SIGTERM
 EXIT_NOT_FORMED = 1  # a world whose ranks never all came: a failure (the daemon replaces this worker)
 EXIT_STORE_LOST = 75  # as a torch worker whose daemon's store stayed away (the daemon's EXIT_STORE_LOST)
