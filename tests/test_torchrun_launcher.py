@@ -448,3 +448,24 @@ def test_a_broken_script_ends_failed_with_its_exit_status(tmp_path: Path) -> Non
     finally:
         d.close()
     assert procs_mentioning(str(state)) == []
+
+
+def test_the_same_world_published_again_keeps_every_rank_going(tmp_path: Path) -> None:
+    rdzv = FakeRendezvous("a")
+    agent = _agent(rdzv, "import time; time.sleep(600)", tmp_path)
+    rdzv.publish(["a"], 0)
+    _tick_until(agent, RankState.RUNNING)
+    child = agent.child
+    rdzv.publish(["a"], 0)  # a restarted daemon re-adopts the world: the same places
+    assert agent.tick() is None and agent.state is RankState.RUNNING and agent.child is child
+    assert child is not None and child.poll() is None  # not restarted
+    finished = _agent(FakeRendezvous("b"), "pass", tmp_path)
+    finished.rdzv.publish(["b", "c"], 0, {"b": "n1", "c": "n2"})
+    finished.tick()
+    finished.rdzv.add(f"mt/j1/arrive/{finished.rdzv.gen}", 1)
+    _tick_until(finished, RankState.FINISHED)
+    finished.rdzv.publish(["b", "c"], 0, {"b": "n1", "c": "n2"})
+    assert finished.tick() is None and finished.state is RankState.FINISHED
+    finished.rdzv.add(done_key("j1", finished.rdzv.gen), 1)  # c finishes in the republished world
+    assert finished.tick() == 0
+    agent.stop_child()

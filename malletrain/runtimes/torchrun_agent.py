@@ -181,9 +181,13 @@ class RankAgent:
         if raw is None:
             raise ValueError(f"job {self.rdzv.job}: generation {gen} has no world key (not a torchrun job?)")
         world = World.parse(raw, world_key(self.rdzv.job, gen))
-        if self.state is RankState.RUNNING and self.world is not None and world.places == self.world.places:
+        if self.state in (RankState.RUNNING, RankState.FINISHED) and self.world is not None \
+                and world.places == self.world.places:
             # the same world published again (a restarted daemon re-adopting it): the command goes on
             log.info("worker %s: world %d is the one it runs in; the command goes on", self.worker, gen)
+            self.rdzv.current = gen
+            if self.state is RankState.FINISHED:  # counted in the world under its new number
+                self.rdzv.add(done_key(self.rdzv.job, gen), 1)
             return
         self.stop_child()
         self.world = world
