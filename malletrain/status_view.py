@@ -30,11 +30,14 @@ def job_logs(state: Path, jid: str) -> list[Path]:
 
 
 def job_note(j: dict[str, Any]) -> str | None:
-    """One line on why a job is where it is, when that is worth saying."""
+    """One line on why a job is where it is, when that is worth saying (a queued job: why it waits)."""
     state, message = j.get("state"), j.get("message") or ""
     target, samples = j.get("target"), int(j.get("samples") or 0)
     if state == "completed" and target and samples < int(target):
         return f"the command exited 0 at {samples:,} of {int(target):,} samples ({message or 'no reason stored'})"
+    waiting = j.get("waiting") or ""
+    if state in ("pending", "suspended") and waiting:
+        return f"{message}; waiting: {waiting}" if state == "suspended" and message else f"waiting: {waiting}"
     if state in ("failed", "suspended") and message:
         return message
     return None
@@ -117,7 +120,7 @@ def format_details(jobs: list[dict[str, Any]], log_dir: str) -> str:
             lines.append(f"  log: {printable(logs[-1])}{more}")
             if j.get("state") == "failed":
                 lines.extend(f"    | {printable(ln, 200)}" for ln in tail(Path(logs[-1])))
-        else:
+        elif j.get("state") != "pending":  # a queued job has run nowhere yet
             lines.append(f"  log: none in {printable(log_dir)}")
     lines.append(f"worker logs: {printable(log_dir)}/JOBID.*.log")
     return "\n".join(lines)

@@ -19,7 +19,7 @@ from policy.config import (
     Profiling,
     preset,
 )
-from policy.decide import Policy, evidence_from, profile_counts
+from policy.decide import Policy, evidence_from, profile_counts, unplaced_reasons
 from policy.ledger import Ledger, LedgerError, Loss, below_min, interrupts
 from policy.model import (
     NO_EVIDENCE,
@@ -40,5 +40,5 @@ __all__ = (
     "Ledger", "LedgerError", "Loss",
     "NO_EVIDENCE", "PRESETS", "Policy", "PolicyConfig", "PolicyConfigError", "PolicyEvent",
     "PolicyInputError", "PolicyState", "PolicyStateError", "Profiling", "View", "evidence_from",
-    "below_min", "interrupts", "preset", "profile_counts",
+    "below_min", "interrupts", "preset", "profile_counts", "unplaced_reasons",
 )

@@ -466,6 +466,29 @@ class Policy:
         )
 
 
+def unplaced_reasons(view: View, decision: Decision) -> dict[str, str]:
+    """Why each job ``decision`` admits but gives no node waits (its ``waiting`` holds the reasons of
+    the jobs it does not admit): no node held, fewer than its min_nodes held, or its min_nodes not
+    free beside the other jobs."""
+    total = view.free_count + sum(j.count for j in view.jobs)
+    free = max(0, total - sum(len(nodes) for nodes in decision.assignment.values()))
+    min_nodes = {j.id: j.min_nodes for j in view.jobs}
+    out: dict[str, str] = {}
+    for job_id, nodes in decision.assignment.items():
+        if nodes or job_id not in min_nodes:
+            continue
+        need = min_nodes[job_id]
+        if total == 0:
+            out[job_id] = "no nodes: none is idle and held for this trainer yet"
+        elif total < need:
+            out[job_id] = f"min_nodes {need}: only {total} nodes held"
+        elif free < need:
+            out[job_id] = f"min_nodes {need}: {free} of {total} held nodes free, the rest run other jobs"
+        else:
+            out[job_id] = f"admitted; this decision gives it none of the {free} free nodes (reserved or kept back)"
+    return out
+
+
 def _weighted(curve: dict[int, float], weight: float) -> dict[int, float]:
     """The allocator's ``curve`` of a job times its deadline ``weight``."""
     return curve if weight == 1.0 else {n: v * weight for n, v in curve.items()}

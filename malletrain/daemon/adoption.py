@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from malletrain.daemon.base import DaemonBase, log
 from malletrain.daemon.records import JobRun, job_of
+from malletrain.jobspec import Launcher
 from malletrain.logs import about
 
 
@@ -16,16 +17,22 @@ class Adoption(DaemonBase):
             if rec.state.terminal or self._refused_trainer(rec.id, rec.spec):
                 continue
             gen = self.store.generation(rec.id)
-            if gen:
-                self.runtime.resume_generation(rec.id, gen)  # numbering never goes backwards: old workers may still run
             run = JobRun(rec.id, rec.spec, rec.state, base_samples=rec.samples,
                          owner=(rec.owner_uid, rec.owner_gid))
+            self.runs[rec.id] = run
+            if gen:  # numbering never goes backwards: old workers may still run
+                self.runtime_of(rec.id).resume_generation(rec.id, gen)
+            if rec.spec.launcher is Launcher.TORCHRUN:  # its restart count goes on
+                self.torchrun.resume_worlds(rec.id, self._worlds_published(rec.id))
             self._register(rec.id)
             run.last_progress = rec.samples
             if rec.state.active:
                 run.adopted, run.left_on = True, tuple(rec.nodes)
                 self._adopt_until = now + self.cfg.agent_dead_after + 1.0
-            self.runs[rec.id] = run
+
+    def _worlds_published(self, job_id: str) -> int:
+        """How many non-empty member lists the daemons published for ``job_id`` (the event log)."""
+        return sum(1 for ev in self.store.events("members") if ev.get("job") == job_id and ev.get("nodes"))
 
     def _adopt_workers(self, node: str, workers: tuple[str, ...]) -> None:
         for wid in workers:
@@ -61,14 +68,14 @@ class Adoption(DaemonBase):
             run.adopted, run.left_on = False, ()
             run.members, run.published = [], ()  # republish: the runtime may be new
             try:  # runtimes with daemon-side state (a Horovod driver) take the job over
-                self.runtime.readopt(run.id, run.spec.command, {wid: node for node, wid in run.workers.items()})
+                self.runtime_of(run.id).readopt(run.id, run.spec.command, {wid: node for node, wid in run.workers.items()})
             except (OSError, ValueError, RuntimeError) as exc:
                 log.warning("runtime.readopt(%s): %s", run.id, exc, extra=about(job=run.id))
                 self.store.log_event("readopt_error", run.id, error=str(exc))
             if stopped:
                 self._suspend(run, now, "not re-adopted after a daemon restart")
                 try:
-                    self.runtime.forget(run.id)  # e.g. a driver the last daemon left running
+                    self.runtime_of(run.id).forget(run.id)  # e.g. a driver the last daemon left running
                 except Exception as exc:
                     log.warning("runtime.forget(%s): %s", run.id, exc, extra=about(job=run.id))
             self.store.log_event("readopted", run.id, nodes=list(self.nodes_of(run.id)))

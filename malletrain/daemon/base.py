@@ -18,9 +18,11 @@ from malletrain.config import DaemonConfig
 from malletrain.control import ControlServer
 from malletrain.daemon.accounting import NodeAccounting
 from malletrain.daemon.records import JobRun, Trainer
+from malletrain.jobspec import Launcher
 from malletrain.metrics import Metrics
 from malletrain.monitor import Monitor, ReplaySaver
 from malletrain.runtimes import Runtime
+from malletrain.runtimes.torchrun import TorchrunRuntime
 from malletrain.scavenging import Scavenging
 from malletrain.store import Store
 from scavenger.base import SchedulerBackend
@@ -43,7 +45,8 @@ class DaemonBase:
     hub: AgentHub
     control: ControlServer
     control_address: str
-    runtime: Runtime
+    runtime: Runtime  # the configured runtime: every job whose launcher is the in-process one
+    torchrun: TorchrunRuntime  # the restart-based runtime of jobs whose launcher is ``torchrun``
     backend: SchedulerBackend
     scav: Scavenging
     accounting: NodeAccounting
@@ -62,3 +65,8 @@ class DaemonBase:
     _machine_size: int
     _monitor_key: bytes
     _lock_fd: int  # the state dir's daemon.lock, held (flock) while the daemon runs
+
+    def runtime_of(self, job_id: str) -> Runtime:
+        """The runtime that runs ``job_id``: chosen by the job's launcher, whatever the trainer's runtime."""
+        run = self.runs.get(job_id)
+        return self.torchrun if run is not None and run.spec.launcher is Launcher.TORCHRUN else self.runtime

@@ -12,6 +12,7 @@ from malletrain.daemon.records import JOIN_BATCH_S, LEAVE_GRACE_S, START_RETRY_S
 from malletrain.jobspec import JobState
 from malletrain.logs import about
 from malletrain.messages import ENV_SECRET
+from malletrain.workerenv import ENV_WORKER_BATCH
 from malletrain.store import StoreError
 from policy import below_min
 
@@ -56,10 +57,13 @@ class Jobs(DaemonBase):
                 run.workers[node] = f"{run.id}.{node}.{int(now * 1000) % 10**9}{self._worker_seq}"
             wid = run.workers[node]
             if wid not in run.started and now - run.start_sent.get(wid, -1e9) >= START_RETRY_S:
-                uid, gid = self._run_as(run, self.runtime.COMMAND_BESIDE_DAEMON)
-                spec = self.runtime.launch_spec(run.id, run.spec.command, wid, node)
+                runtime = self.runtime_of(run.id)
+                uid, gid = self._run_as(run, runtime.COMMAND_BESIDE_DAEMON)
+                spec = runtime.launch_spec(run.id, run.spec.command, wid, node)
                 env = dict(spec.env)
                 env.update(run.spec.env)
+                if run.spec.worker_batch is not None:
+                    env[ENV_WORKER_BATCH] = str(run.spec.worker_batch)
                 env[ENV_SECRET] = self.job_secret(run.id)  # after the user's env: not overridable
                 self.hub.start_worker(node, wid, spec.argv, env, spec.cwd or run.spec.cwd, uid, gid)
                 run.start_sent[wid] = now
@@ -109,13 +113,13 @@ class Jobs(DaemonBase):
         if wid not in run.started:
             return False
         try:
-            return bool(self.runtime.ready(run.id, wid))
+            return bool(self.runtime_of(run.id).ready(run.id, wid))
         except Exception as exc:  # a runtime hiccup must not kill the loop
             log.warning("runtime.ready(%s, %s): %s", run.id, wid, exc, extra=about(job=run.id, worker=wid))
             return False
 
     def _publish(self, run: JobRun, members: list[str], now: float) -> None:
-        gen = self.runtime.set_members(run.id, [run.workers[n] for n in members])
+        gen = self.runtime_of(run.id).set_members(run.id, [run.workers[n] for n in members])
         self.store.set_generation(run.id, gen)
         self.store.log_event("members", run.id, generation=gen, nodes=members, before=run.members)
         run.members = list(members)
@@ -132,9 +136,10 @@ class Jobs(DaemonBase):
         run.emptied_at = now
         if run.members:
             try:
-                gen = self.runtime.set_members(run.id, [])  # members leave at their next commit ...
+                runtime = self.runtime_of(run.id)
+                gen = runtime.set_members(run.id, [])  # members leave at their next commit ...
                 self.store.set_generation(run.id, gen)
-                self.runtime.forget(run.id)  # ... and workers started later wait for a new list
+                runtime.forget(run.id)  # ... and workers started later wait for a new list
             except Exception as exc:
                 log.warning("runtime.set_members(%s, []): %s", run.id, exc, extra=about(job=run.id))
             run.members = []
@@ -155,7 +160,7 @@ class Jobs(DaemonBase):
         self._set_state(run, state, reason)
         self.monitor.forget(run.id)
         try:
-            self.runtime.forget(run.id, keep_state=False)
+            self.runtime_of(run.id).forget(run.id, keep_state=False)
         except Exception as exc:
             log.warning("runtime.forget(%s): %s", run.id, exc, extra=about(job=run.id))
         self._changed = True

@@ -84,6 +84,7 @@ class Shutdown(DaemonBase):
         self._save_node_seconds()
         self.scav.close()
         self.runtime.close()
+        self.torchrun.close()
         self.store.log_event("daemon_stop", pid=os.getpid())
         self.replay.save()
         self.metrics.close()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Mapping
 
 from malletrain.config import DEFAULT_TRAINER, node_trainer
 from malletrain.daemon.base import DaemonBase, log
@@ -14,7 +15,7 @@ from malletrain.daemon.records import POLICY_STATE_KEY, STOPPED, STORE_FILE, Dae
 from malletrain.daemon.records import submission_order
 from malletrain.jobspec import JobSpec, JobState
 from policy import Decision, JobEvidence, JobView, Policy, PolicyState, PolicyStateError, View
-from policy import PolicyInputError, evidence_from, interrupts
+from policy import PolicyInputError, evidence_from, interrupts, unplaced_reasons
 
 
 def read_policy_states(text: str, first: str) -> dict[str, PolicyState]:
@@ -229,7 +230,7 @@ class Trainers(DaemonBase):
         trainer.ledger.delivered(view)  # the policy has learned the idle fragments it carried
         trainer.last_decision = decision
         trainer.profiling = frozenset(decision.profiling)
-        self._apply_decision(decision, now, trainer.name)
+        self._apply_decision(decision, now, trainer.name, {**unplaced_reasons(view, decision), **decision.waiting})
 
     def _save_policy_states(self) -> None:
         state = policy_states_json(self.trainers)
@@ -237,8 +238,10 @@ class Trainers(DaemonBase):
             self.store.set_meta(POLICY_STATE_KEY, state)
             self._saved_policy_state = state
 
-    def _apply_decision(self, decision: Decision, now: float, trainer: str) -> None:
-        """``trainer``'s decision: its jobs' nodes (placed in its ledger), waiting reasons and the policy's events."""
+    def _apply_decision(self, decision: Decision, now: float, trainer: str,
+                        waiting: Mapping[str, str] | None = None) -> None:
+        """``trainer``'s decision: its jobs' nodes (placed in its ledger), waiting reasons (``waiting``;
+        default the decision's) and the policy's events."""
         for ev in decision.events:
             detail = {k: v for k, v in ev.detail.items()}
             self.store.log_event(ev.kind.value, ev.job, **detail)  # measured points: the policy state keeps them
@@ -257,7 +260,7 @@ class Trainers(DaemonBase):
             ledger.placed(job_id, nodes, now)
         for run in self.runs.values():
             if not run.state.terminal and self.trainer_name(run.spec) == trainer:
-                run.waiting = decision.waiting.get(run.id, "")
+                run.waiting = (decision.waiting if waiting is None else waiting).get(run.id, "")
         for job_id, why in decision.stop.items():
             run = self.runs.get(job_id)
             if run is not None and not run.state.terminal and self.trainer_name(run.spec) == trainer:

@@ -21,6 +21,7 @@ from malletrain.jobspec import JobState
 from malletrain.metrics import Metrics
 from malletrain.monitor import Monitor, ReplaySaver, load_master_key
 from malletrain.runtimes import Runtime
+from malletrain.runtimes.torchrun import TorchrunRuntime
 from malletrain.scavenging import Scavenging
 from malletrain.store import Store
 from scavenger import jobproc
@@ -53,6 +54,14 @@ def load_timeline(cfg: DaemonConfig) -> IdleTimeline | None:
 
         tl = read(trace)
     return slot_timeline(tl, cfg.local.nodes)
+
+
+def make_torchrun_runtime(cfg: DaemonConfig, monitor_address: str, port: int = 0,
+                          on_start: Callable[[], None] | None = None) -> TorchrunRuntime:
+    """The runtime of jobs whose launcher is ``torchrun`` (restarted at each change of their world); its
+    store starts with its first job, on ``port`` if free (0: any), and then calls ``on_start``."""
+    return TorchrunRuntime(host=cfg.ports.host, monitor=monitor_address, store_grace_s=cfg.store_grace,
+                           port=port, on_start=on_start)
 
 
 def make_runtime(cfg: DaemonConfig, monitor_address: str, rendezvous_port: int = 0) -> Runtime:
@@ -139,10 +148,10 @@ class Wiring(DaemonBase):
         self.runtime = parts.runtime or make_runtime(cfg, self.monitor.address, ports["rendezvous"])
         self.runtime.use_secrets(self.job_secret)  # each job's reports and store requests are signed with its own
         self.runtime.start()
-        self.store.set_meta("ports", json.dumps({
-            "monitor": port_of(self.monitor.address), "agents": port_of(self.hub.address),
-            "rendezvous": int(self.runtime.port or 0),
-        }))
+        # its store starts with its first job, on the port the last daemon served it on (its agents come back there)
+        self.torchrun = make_torchrun_runtime(cfg, self.monitor.address, ports["torchrun"], self._save_ports)
+        self.torchrun.use_secrets(self.job_secret)
+        self._save_ports()
         self.backend = parts.backend or self._make_backend()
         self.scav = Scavenging(self.backend, self.hub, self.store.log_event,
                                nodes_per_pilot=self._scavenger().nodes_per_pilot if self._kind() != "local" else 1,
@@ -181,8 +190,15 @@ class Wiring(DaemonBase):
 
     # ---------------------------------------------------------------- setup
     def _ports(self) -> dict[str, int]:
-        stored = self.store.ports(("monitor", "agents", "rendezvous"))  # a bad entry: StoreError naming the file
-        return {k: getattr(self.cfg.ports, k) or port for k, port in stored.items()}
+        stored = self.store.ports(("monitor", "agents", "rendezvous", "torchrun"))  # a bad entry: StoreError naming the file
+        return {k: getattr(self.cfg.ports, k, 0) or port for k, port in stored.items()}
+
+    def _save_ports(self) -> None:
+        """The ports this daemon serves on, for the next one (the torchrun launcher's once its store started)."""
+        self.store.set_meta("ports", json.dumps({
+            "monitor": port_of(self.monitor.address), "agents": port_of(self.hub.address),
+            "rendezvous": int(self.runtime.port or 0), "torchrun": int(self.torchrun.port or 0),
+        }))
 
     def _bind(self, port: int, what: str) -> str:
         """The address for ``what`` (``monitor``, ``agents``): ``port`` on ``[ports] host``

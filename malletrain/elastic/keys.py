@@ -19,6 +19,10 @@ Every key of a job lives under ``mt/<job>/``:
                                   daemon copies each new one to ``STATE_DIR/checkpoints/<job>.ckpt``)
 ``mt/<job>/resume/<worker>``      the generation a worker was in when it reconnected to a new  workers
                                   store (after a daemon restart): numbering goes on above it
+``mt/<job>/world/<g>``            a restarted (``torchrun``) job's world ``g``: each worker's  daemon
+                                  rank place and the world's restart count (JSON)
+``mt/<job>/done/<g>``             counter of a restarted job's ranks of world ``g`` whose      workers
+                                  command exited 0
 
 The store (:mod:`malletrain.runtimes.torch_elastic`) serves each connection only the keys of
 the job it authenticated for, refuses a worker's write to a key the daemon owns, and refuses
@@ -49,16 +53,19 @@ class KeyKind(str, enum.Enum):
     CKPT_TAG = "ckpt_tag"
     CKPT_SEQ = "ckpt_seq"
     RESUME = "resume"
+    WORLD = "world"
+    DONE = "done"
 
 
-DAEMON_KINDS = frozenset({KeyKind.GEN, KeyKind.MEMBERS, KeyKind.HANDOVER})
+DAEMON_KINDS = frozenset({KeyKind.GEN, KeyKind.MEMBERS, KeyKind.HANDOVER, KeyKind.WORLD})
 """Keys only the daemon writes: a worker that tries is refused (it would end or split its job)."""
 
 CHECKPOINT_KINDS = frozenset({KeyKind.CKPT, KeyKind.CKPT_TAG, KeyKind.CKPT_SEQ})
 """Keys of the job's checkpoint: written only by a worker the daemon started for the job."""
 
 _NO_ARG = frozenset({KeyKind.GEN, KeyKind.ACTIVE, KeyKind.CKPT_TAG, KeyKind.CKPT_SEQ})
-_GEN_ARG = frozenset({KeyKind.MEMBERS, KeyKind.HANDOVER, KeyKind.ARRIVE, KeyKind.JOINED, KeyKind.PG})
+_GEN_ARG = frozenset({KeyKind.MEMBERS, KeyKind.HANDOVER, KeyKind.ARRIVE, KeyKind.JOINED, KeyKind.PG,
+                      KeyKind.WORLD, KeyKind.DONE})
 _WORKER_ARG = frozenset({KeyKind.READY, KeyKind.RESUME})
 
 MAX_KEY = 600
@@ -129,6 +136,16 @@ def joined_key(job: str, gen: int) -> str:
 def pg_key(job: str, gen: int) -> str:
     """Where generation ``gen``'s rank 0 serves the store of gloo's own rendezvous."""
     return f"{PREFIX}/{job}/pg/{gen}"
+
+
+def world_key(job: str, gen: int) -> str:
+    """A restarted (``torchrun``) job's world ``gen``: rank places and restart count (the daemon writes it)."""
+    return f"{PREFIX}/{job}/world/{gen}"
+
+
+def done_key(job: str, gen: int) -> str:
+    """Counter of world ``gen``'s ranks whose command exited 0 (a restarted job's workers add to it)."""
+    return f"{PREFIX}/{job}/done/{gen}"
 
 
 def handover_key(job: str, gen: int) -> str:

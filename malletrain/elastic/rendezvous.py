@@ -317,6 +317,14 @@ class Rendezvous:
         """Whether generation ``gen`` exists (its member list is written before the generation key)."""
         return bool(self._call("check", [members_key(self.job, gen)]))
 
+    def add(self, key: str, delta: int) -> int:
+        """Add ``delta`` to this job's counter ``key`` (0: read it); its new value. A lost store is waited for."""
+        return int(self._call("add", key, delta))
+
+    def read(self, key: str) -> bytes | None:
+        """This job's key ``key`` (None: not set). A lost store is waited for."""
+        return self._call("get_or_none", key)
+
     def mark_ready(self) -> None:
         self._call("set", ready_key(self.job, self.worker), "1")
         self._marked_ready = True

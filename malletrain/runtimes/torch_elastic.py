@@ -334,6 +334,7 @@ class TorchRuntime(Runtime):
                 store.set(handover_key(job_id, gen), str(last[0]))
             if ordered:
                 self._last_nonempty[job_id] = (gen, frozenset(ordered))
+            self._before_publish(job_id, gen, ordered)
             store.set(members_key(job_id, gen), json.dumps(list(ordered)))
             store.set(gen_key(job_id), str(gen))  # after the members: readers see both
             self._generations[job_id] = gen
@@ -341,6 +342,15 @@ class TorchRuntime(Runtime):
             self._workers.setdefault(job_id, set()).update(ordered)
             self._own.setdefault(job_id, set()).update(ordered)
         return gen
+
+    def _before_publish(self, job_id: str, gen: int, members: tuple[str, ...]) -> None:
+        """Keys a runtime built on this one writes for generation ``gen`` before its member list
+        (the caller holds the lock); none here."""
+
+    def _generation_keys(self, job_id: str, gen: int) -> list[str]:
+        """The keys of generation ``gen`` that :meth:`forget` deletes."""
+        return [members_key(job_id, gen), arrive_key(job_id, gen), joined_key(job_id, gen),
+                handover_key(job_id, gen)]
 
     def readopt(self, job_id: str, command: Sequence[str], workers: dict[str, str]) -> int:
         """Workers an earlier daemon started (worker id -> node): remembered so :meth:`forget` clears
@@ -489,8 +499,7 @@ class TorchRuntime(Runtime):
                 return
             keys = []
             for g in range(first, gens + 1):
-                keys += [members_key(job_id, g), arrive_key(job_id, g), joined_key(job_id, g),
-                         handover_key(job_id, g)]
+                keys += self._generation_keys(job_id, g)
             keys += [ready_key(job_id, w) for w in workers] + [resume_key(job_id, w) for w in workers]
             for key in keys:
                 store.delete_key(key)

@@ -1,0 +1,227 @@
+"""The ``torchrun`` launcher, daemon side: a script written for ``torchrun --nnodes=MIN:MAX``, run as it is.
+
+A job whose file says ``launcher = "torchrun"`` keeps TorchElastic's contract: its command
+calls ``init_process_group("env://")`` and, when restarted, resumes from its own checkpoint.
+Every change of the job's world restarts it: each rank is stopped (SIGTERM, a grace time,
+then SIGKILL) and all ranks start again at the new size, with ``TORCHELASTIC_RESTART_COUNT``
+one higher. Nothing in the script changes.
+
+The daemon's job manager treats such a job like any other: it starts one worker per node
+ahead of time and publishes member lists. The worker it starts is a small rank agent
+(:mod:`malletrain.runtimes.torchrun_agent`, no torch in it) that runs the job's command as
+its child: it waits for a world that lists it, forms it with the world's other agents (a
+barrier in the daemon's store, then the first rank's agent names a free port on its own
+host: ``MASTER_ADDR``/``MASTER_PORT``, fresh for each world) and starts the command with
+torchrun's variables (:func:`malletrain.workerenv.torchrun_environ`). When a newer world
+comes it stops the child and starts it again in the new one.
+
+:class:`TorchrunRuntime` is the daemon-side half. It hosts its own store (the ``torch``
+runtime's, :class:`~malletrain.runtimes.torch_elastic.TorchRuntime`, started on first use)
+and, with each member list, writes the world's rank places (``mt/<job>/world/<g>``): ranks
+are numbered node by node from the job's ordered nodes and the workers on each
+(:func:`rank_places`), as ``torchrun`` numbers them. The job's checkpoint is the script's
+own file: the daemon keeps none for it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import sys
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from malletrain.elastic.keys import done_key, pg_key, world_key
+from malletrain.runtimes import LaunchSpec
+from malletrain.runtimes.torch_elastic import TorchRuntime
+from malletrain.workerenv import DEFAULT_STORE_GRACE_S, RankPlace, WorkerEnvError
+
+LAUNCH_MODULE = "malletrain.launch"
+"""The worker-side launcher a Python command runs through (it installs the progress hook, then runs
+the script as ``python SCRIPT`` / ``python -m MODULE`` would)."""
+AGENT_MODULE = "malletrain.runtimes.torchrun_agent"
+"""The rank agent the daemon starts as each worker of a ``torchrun`` job."""
+DEFAULT_STOP_GRACE_S = 10.0
+"""Seconds a rank has after SIGTERM (at a change of its world) before SIGKILL."""
+DEFAULT_FAILURE_WAIT_S = 20.0
+"""After its command failed, how long a rank agent waits for a newer world (a peer recalled: the daemon
+publishes the world without it) before the failure counts."""
+
+_PYTHON = re.compile(r"python(\d+(\.\d+)?)?")
+
+
+def launch_module_present() -> bool:
+    """Whether :data:`LAUNCH_MODULE` is installed (Python commands run through it once it is)."""
+    try:
+        return importlib.util.find_spec(LAUNCH_MODULE) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def is_python(word: str) -> bool:
+    """Whether ``word`` names a Python interpreter (``python``, ``python3.12``, a path to one)."""
+    return bool(_PYTHON.fullmatch(os.path.basename(word)))
+
+
+def wrap_python_command(command: Sequence[str], launcher_present: bool | None = None) -> tuple[str, ...]:
+    """``command`` as a rank runs it: ``PY SCRIPT ARGS`` becomes ``PY -m malletrain.launch SCRIPT ARGS``
+    and ``PY -m MODULE ARGS`` becomes ``PY -m malletrain.launch -m MODULE ARGS`` (when that module is
+    installed: ``launcher_present``, default: look). Anything else (not Python, interpreter flags
+    first) runs as given."""
+    argv = tuple(command)
+    present = launch_module_present() if launcher_present is None else launcher_present
+    if len(argv) < 2 or not present or not is_python(argv[0]):
+        return argv
+    rest = argv[1:]
+    if rest[0] == "-m" and len(rest) >= 2 and not rest[1].startswith("-"):
+        return (argv[0], "-m", LAUNCH_MODULE, *rest)
+    if rest[0].startswith("-"):
+        return argv
+    return (argv[0], "-m", LAUNCH_MODULE, *rest)
+
+
+def rank_places(members: Sequence[tuple[str, str]]) -> dict[str, RankPlace]:
+    """Each worker's place from ``(worker, node)`` pairs in the job's order: nodes are numbered in the
+    order they first appear (``GROUP_RANK``), a node's workers in their order (``LOCAL_RANK``), and
+    every node runs the same number of workers (torchrun's ``--nproc-per-node``); ``ValueError``
+    names the nodes otherwise."""
+    by_node: dict[str, list[str]] = {}
+    for worker, node in members:
+        by_node.setdefault(node, []).append(worker)
+    sizes = {node: len(workers) for node, workers in by_node.items()}
+    if len(set(sizes.values())) > 1:
+        raise ValueError(f"a torchrun world runs the same number of workers on every node, got {sizes}")
+    groups = list(by_node.values())
+    return {worker: RankPlace(g, len(groups), local, len(workers))
+            for g, workers in enumerate(groups) for local, worker in enumerate(workers)}
+
+
+@dataclass(frozen=True)
+class World:
+    """One world of a restarted job, as the daemon publishes it: its restart count and every rank's place."""
+
+    restart_count: int
+    places: dict[str, RankPlace]
+
+    def to_json(self) -> str:
+        return json.dumps({"restart_count": self.restart_count,
+                           "places": {w: [p.group_rank, p.group_world_size, p.local_rank, p.local_world_size]
+                                      for w, p in self.places.items()}})
+
+    @classmethod
+    def parse(cls, raw: bytes | str, where: str) -> World:
+        """The world stored at ``where`` (a store key); ``ValueError`` naming it if malformed."""
+        try:
+            obj = json.loads(raw)
+            count = obj["restart_count"]
+            if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+                raise ValueError(f"restart_count {count!r} is not an integer >= 0")
+            places = {str(w): RankPlace(*(int(x) for x in p)) for w, p in obj["places"].items()}
+        except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError,
+                WorkerEnvError, ValueError) as exc:
+            raise ValueError(f"{where}: not a torchrun world: {exc}") from None
+        return cls(count, places)
+
+
+class TorchrunRuntime(TorchRuntime):
+    """The daemon-side half of the ``torchrun`` launcher (see the module docstring).
+
+    ``python`` is the interpreter that runs the rank agent (it has malletrain installed);
+    ``stop_grace_s`` is a rank's time between SIGTERM and SIGKILL at a change of its world;
+    ``failure_wait_s`` how long a rank whose command failed waits for a newer world.
+    The store starts on first use, so a daemon that runs no such job opens no port for it.
+    """
+
+    name = "torchrun"
+    warm_modules: tuple[str, ...] = ()
+
+    def __init__(self, host: str = "127.0.0.1", monitor: str | None = None,
+                 store_grace_s: float = DEFAULT_STORE_GRACE_S, python: str = sys.executable,
+                 stop_grace_s: float = DEFAULT_STOP_GRACE_S, bind: str | None = None, port: int = 0,
+                 on_start: Callable[[], None] | None = None,
+                 failure_wait_s: float = DEFAULT_FAILURE_WAIT_S) -> None:
+        super().__init__(host=host, port=port, monitor=monitor, store_grace_s=store_grace_s, bind=bind)
+        self.on_start = on_start
+        if not stop_grace_s > 0 or not failure_wait_s >= 0:
+            raise ValueError(f"stop_grace_s must be > 0 and failure_wait_s >= 0, got {stop_grace_s}, {failure_wait_s}")
+        self.python = python
+        self.stop_grace_s = stop_grace_s
+        self.failure_wait_s = failure_wait_s
+        self._nodes: dict[str, dict[str, str]] = {}  # job -> worker -> node
+        self._restarts: dict[str, int] = {}  # job -> restart count of its last world
+        self._pruned: dict[str, int] = {}  # job -> generations whose keys are deleted (all up to it)
+
+    def start_if_needed(self) -> None:
+        """Serve the store now if it is not served yet (then ``on_start``: the daemon records its port)."""
+        if self._store is None:
+            self.start()
+            if self.on_start is not None:
+                self.on_start()
+
+    def launch_spec(self, job_id: str, command: Sequence[str], worker_id: str, node: str) -> LaunchSpec:
+        """The rank agent, with the job's command (a Python one through :data:`LAUNCH_MODULE`) after ``--``."""
+        self.start_if_needed()
+        spec = super().launch_spec(job_id, wrap_python_command(command), worker_id, node)
+        with self._lock:
+            self._nodes.setdefault(job_id, {})[worker_id] = node
+        argv = (self.python, "-m", AGENT_MODULE, "--stop-grace", repr(self.stop_grace_s),
+                "--failure-wait", repr(self.failure_wait_s), "--", *spec.argv)
+        return LaunchSpec(argv=argv, env=spec.env, cwd=spec.cwd)
+
+    def set_members(self, job_id: str, members: Sequence[str]) -> int:
+        self.start_if_needed()
+        return super().set_members(job_id, members)
+
+    def resume_generation(self, job_id: str, generation: int) -> None:
+        """After a daemon restart: serve the store at once (on the last daemon's port: the job's agents
+        reconnect to it) and number on from ``generation``."""
+        self.start_if_needed()
+        super().resume_generation(job_id, generation)
+
+    def resume_worlds(self, job_id: str, worlds: int) -> None:
+        """After a daemon restart: ``job_id`` has run ``worlds`` worlds (the last daemon's published
+        member lists that were not empty), so its restart count goes on from there."""
+        with self._lock:
+            if worlds > 0:
+                self._restarts[job_id] = max(self._restarts.get(job_id, -1), worlds - 1)
+
+    def readopt(self, job_id: str, command: Sequence[str], workers: dict[str, str]) -> int:
+        self.start_if_needed()
+        with self._lock:
+            self._nodes.setdefault(job_id, {}).update(workers)
+        return super().readopt(job_id, command, workers)
+
+    def _before_publish(self, job_id: str, gen: int, members: tuple[str, ...]) -> None:
+        """A non-empty world's places and restart count go into the store before its member list; the
+        keys of worlds two generations back go (no agent reads them: every one has moved on)."""
+        store = self._require_store()
+        first = self._pruned.get(job_id, self._forgotten.get(job_id, 0)) + 1
+        for old in range(first, gen - 1):
+            for key in self._generation_keys(job_id, old):
+                store.delete_key(key)
+        self._pruned[job_id] = max(first - 1, gen - 2)
+        if not members:
+            return
+        nodes = self._nodes.get(job_id, {})
+        places = rank_places([(w, nodes.get(w, w)) for w in members])  # unknown node: a node of its own
+        count = self._restarts.get(job_id, -1) + 1
+        self._restarts[job_id] = count
+        store.set(world_key(job_id, gen), World(count, places).to_json())
+
+    def _generation_keys(self, job_id: str, gen: int) -> list[str]:
+        return super()._generation_keys(job_id, gen) + [world_key(job_id, gen), done_key(job_id, gen),
+                                                        pg_key(job_id, gen)]
+
+    def forget(self, job_id: str, keep_state: bool = True) -> None:
+        """As the ``torch`` runtime's; a job that ended (``keep_state=False``) also loses its restart count."""
+        super().forget(job_id, keep_state)
+        with self._lock:
+            self._nodes.pop(job_id, None)
+            self._pruned.pop(job_id, None)  # forget deleted them: its own count goes on from there
+            if not keep_state:
+                self._restarts.pop(job_id, None)
+
+    def ready(self, job_id: str, worker_id: str) -> bool:
+        return self._store is not None and super().ready(job_id, worker_id)

@@ -1,0 +1,285 @@
+"""The rank agent of a ``torchrun`` job: what the daemon starts as each worker (no torch in it).
+
+    python -m malletrain.runtimes.torchrun_agent [--stop-grace S] [--failure-wait S] -- COMMAND...
+
+It connects to the daemon's store (``MALLETRAIN_STORE``, the job's secret), says it is ready
+and waits for a world that lists it. Then, for each world:
+
+1. every agent of the world adds itself to the world's barrier (``arrive``); the agent of rank 0
+   waits until all have, picks a free port on its host and publishes ``host port restart_count``
+   (``pg``): the world's ``MASTER_ADDR``/``MASTER_PORT``, fresh for each world;
+2. each agent starts ``COMMAND`` with torchrun's variables for its place
+   (:func:`malletrain.workerenv.torchrun_environ`);
+3. a newer world stops the command (SIGTERM, ``--stop-grace`` seconds, SIGKILL) and goes back to 1
+   in it, or, when the newer world does not list this worker, waits for one that does (the
+   daemon stops it); the same world published again (a restarted daemon re-adopting it) changes
+   nothing; a world that does not form within ``--stop-grace`` + ``--failure-wait`` seconds is a
+   failure (exit 1);
+4. a command that exits 0 adds to the world's ``done`` counter: once every rank has, the agent
+   exits 0 (the job is complete); one that fails waits ``--failure-wait`` seconds for a newer
+   world (a peer recalled: the daemon publishes the world without it), else exits with its code.
+
+SIGTERM (a recall, a cancel, the daemon stopping it) stops the command the same way and exits
+143: a stop, never a failure of the job. While the daemon is away (a restart) the command runs on;
+a store away longer than ``MALLETRAIN_STORE_GRACE`` stops it and exits 75 (a stop too: the daemon
+starts the job again, and the script resumes from its checkpoint).
+"""
+
+from __future__ import annotations
+
+import argparse
+import enum
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from malletrain.elastic.errors import StoreLost
+from malletrain.elastic.keys import arrive_key, done_key, world_key
+from malletrain.elastic.rendezvous import Rendezvous
+from malletrain.runtimes.torchrun import DEFAULT_FAILURE_WAIT_S, DEFAULT_STOP_GRACE_S, World
+from malletrain.workerenv import RankPlace, WorkerEnv, configure_worker_logging, torchrun_environ
+
+log = logging.getLogger("malletrain.torchrun")
+
+POLL_S = 0.05
+"""How often the agent looks at its command and the job's generation."""
+EXIT_STOPPED = 128 + signal.SIGTERM
+EXIT_NOT_FORMED = 1  # a world whose ranks never all came: a failure (the daemon replaces this worker)
+EXIT_STORE_LOST = 75  # as a torch worker whose daemon's store stayed away (the daemon's EXIT_STORE_LOST)
+
+
+class RankState(enum.Enum):
+    """Where a rank agent is."""
+
+    WAITING = "waiting"
+    """No world lists this worker (yet, or any more): its command is not running."""
+    FORMING = "forming"
+    """In a world's barrier, or waiting for the world's master address."""
+    RUNNING = "running"
+    """Its command runs in the current world."""
+    FINISHED = "finished"
+    """Its command exited 0: waiting for the world's other ranks to finish."""
+    FAILED = "failed"
+    """Its command failed: waiting a bounded time for a newer world."""
+
+
+RANK_TRANSITIONS: dict[RankState, frozenset[RankState]] = {
+    RankState.WAITING: frozenset({RankState.FORMING}),
+    RankState.FORMING: frozenset({RankState.RUNNING, RankState.FORMING, RankState.WAITING}),
+    RankState.RUNNING: frozenset({RankState.FINISHED, RankState.FAILED, RankState.FORMING, RankState.WAITING}),
+    RankState.FINISHED: frozenset({RankState.FORMING, RankState.WAITING}),
+    RankState.FAILED: frozenset({RankState.FORMING, RankState.WAITING}),
+}
+"""The one table of a rank agent's moves (a newer world takes any state to FORMING or WAITING)."""
+
+
+def free_port(host: str) -> int:
+    """A TCP port free on ``host`` now (the OS picks it)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def exit_code(returncode: int) -> int:
+    """A child's return code as a process exit status (killed by signal N: 128 + N)."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+@dataclass
+class RankAgent:
+    """One worker of a ``torchrun`` job: its command, restarted in each world that lists it."""
+
+    rdzv: Rendezvous
+    command: tuple[str, ...]
+    stop_grace_s: float = DEFAULT_STOP_GRACE_S
+    failure_wait_s: float = DEFAULT_FAILURE_WAIT_S
+    state: RankState = RankState.WAITING
+    gen: int = 0  # the newest generation seen
+    world: World | None = None  # the world this worker is in (FORMING onwards)
+    child: subprocess.Popen[bytes] | None = None
+    failed: tuple[int, float] | None = None  # (exit status, when) of a failed command
+    forming_since: float = 0.0  # when it entered its current world's barrier
+    stop_requested: bool = False
+    _env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
+
+    @property
+    def worker(self) -> str:
+        return self.rdzv.worker
+
+    @property
+    def place(self) -> RankPlace:
+        assert self.world is not None
+        return self.world.places[self.worker]
+
+    def move(self, new: RankState) -> None:
+        if new not in RANK_TRANSITIONS[self.state]:
+            raise RuntimeError(f"rank agent {self.worker}: no move from {self.state.value} to {new.value}")
+        self.state = new
+
+    def run(self) -> int:
+        """Until the job is complete (0), the command failed for good (its status), a stop (143) or
+        the daemon's store gone for longer than its grace (75: the daemon starts the job again)."""
+        try:
+            self.rdzv.mark_ready()
+            log.info("worker %s: ready, waiting for a world that lists it", self.worker)
+            while not self.stop_requested:
+                code = self.tick()
+                if code is not None:
+                    return code
+                time.sleep(POLL_S)
+        except StoreLost as exc:  # the daemon stayed away past the grace: a stop, not a failure
+            log.error("worker %s: %s; stopping its command", self.worker, exc)
+            self.stop_child()
+            return EXIT_STORE_LOST
+        self.stop_child()
+        return EXIT_STOPPED
+
+    def tick(self) -> int | None:
+        """One look: a newer world first, then the current state's own step; an exit status when done."""
+        newest = self.rdzv.generation()
+        if newest > self.gen and self.rdzv.published(newest):
+            self.switch_to(newest)
+            return None
+        if self.state is RankState.FORMING:
+            if time.monotonic() - self.forming_since > self.stop_grace_s + self.failure_wait_s:
+                log.error("worker %s: world %d did not form in %.0f s (a rank never came)", self.worker, self.gen,
+                          self.stop_grace_s + self.failure_wait_s)
+                return EXIT_NOT_FORMED
+            self.form()
+        elif self.state is RankState.RUNNING:
+            self.watch_child()
+        elif self.state is RankState.FINISHED:
+            assert self.world is not None
+            if self.rdzv.add(done_key(self.rdzv.job, self.gen), 0) >= len(self.world.places):
+                log.info("worker %s: every rank of world %d exited 0", self.worker, self.gen)
+                return 0
+        elif self.state is RankState.FAILED:
+            assert self.failed is not None
+            if time.monotonic() - self.failed[1] > self.failure_wait_s:
+                log.error("worker %s: the command failed (exit %d) and no newer world came in %.0f s",
+                          self.worker, self.failed[0], self.failure_wait_s)
+                return self.failed[0]
+        return None
+
+    def switch_to(self, gen: int) -> None:
+        """Generation ``gen`` is published: stop the command; join it if it lists this worker."""
+        self.gen = gen
+        members = self.rdzv.members(gen) or ()
+        if self.worker not in members:
+            if self.state is not RankState.WAITING:
+                log.info("worker %s: world %d does not list it; stopping its command", self.worker, gen)
+                self.stop_child()
+                self.move(RankState.WAITING)
+            return
+        raw = self.rdzv.read(world_key(self.rdzv.job, gen))
+        if raw is None:
+            raise ValueError(f"job {self.rdzv.job}: generation {gen} has no world key (not a torchrun job?)")
+        world = World.parse(raw, world_key(self.rdzv.job, gen))
+        if self.state in (RankState.RUNNING, RankState.FINISHED) and self.world is not None \
+                and world.places == self.world.places:
+            # the same world published again (a restarted daemon re-adopting it): the command goes on
+            log.info("worker %s: world %d is the one it runs in; the command goes on", self.worker, gen)
+            self.rdzv.current = gen
+            if self.state is RankState.FINISHED:  # counted in the world under its new number
+                self.rdzv.add(done_key(self.rdzv.job, gen), 1)
+            return
+        self.stop_child()
+        self.world = world
+        self.rdzv.current = gen  # reported to a restarted daemon's store: its numbering goes on above it
+        self.move(RankState.FORMING)
+        self.forming_since = time.monotonic()
+        self.rdzv.add(arrive_key(self.rdzv.job, gen), 1)
+
+    def form(self) -> None:
+        """FORMING: rank 0's agent names the master once all have arrived; everyone starts with it."""
+        assert self.world is not None
+        job, size = self.rdzv.job, len(self.world.places)
+        if self.place.rank == 0 and self.rdzv.wait_group(self.gen, 0.0) is None \
+                and self.rdzv.add(arrive_key(job, self.gen), 0) >= size:
+            host = self.rdzv.local_host()
+            self.rdzv.publish_group(self.gen, host, free_port(host), str(self.world.restart_count))
+        group = self.rdzv.wait_group(self.gen, 0.0)
+        if group is not None:
+            self.start_child((group[0], group[1]))
+
+    def start_child(self, master: tuple[str, int]) -> None:
+        assert self.world is not None
+        env = dict(self._env)
+        env.update(torchrun_environ(self.place, master, self.rdzv.job, self.world.restart_count))
+        log.info("worker %s: starting rank %d of %d (restart %d, master %s:%d)", self.worker, self.place.rank,
+                 self.place.world_size, self.world.restart_count, master[0], master[1])
+        self.child = subprocess.Popen(list(self.command), env=env)
+        self.move(RankState.RUNNING)
+
+    def watch_child(self) -> None:
+        assert self.child is not None
+        code = self.child.poll()
+        if code is None:
+            return
+        self.child = None
+        if code == 0:
+            self.rdzv.add(done_key(self.rdzv.job, self.gen), 1)
+            self.move(RankState.FINISHED)
+            return
+        log.warning("worker %s: the command exited %d in world %d; waiting up to %.0f s for a newer world",
+                    self.worker, code, self.gen, self.failure_wait_s)
+        self.failed = (exit_code(code), time.monotonic())
+        self.move(RankState.FAILED)
+
+    def stop_child(self) -> None:
+        """SIGTERM, ``stop_grace_s`` seconds, SIGKILL; returns once the command has exited."""
+        child, self.child = self.child, None
+        if child is None or child.poll() is not None:
+            return
+        child.send_signal(signal.SIGTERM)
+        try:
+            child.wait(timeout=self.stop_grace_s)
+        except subprocess.TimeoutExpired:
+            log.warning("worker %s: the command did not exit %.1f s after SIGTERM: SIGKILL", self.worker,
+                        self.stop_grace_s)
+            child.kill()
+            child.wait(timeout=30)
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m malletrain.runtimes.torchrun_agent",
+                                description="Run a torchrun script as one rank of a malletrain job, "
+                                            "restarted in each of the job's worlds.")
+    p.add_argument("--stop-grace", type=float, default=DEFAULT_STOP_GRACE_S,
+                   help="seconds between SIGTERM and SIGKILL when the world changes")
+    p.add_argument("--failure-wait", type=float, default=DEFAULT_FAILURE_WAIT_S,
+                   help="seconds a failed command waits for a newer world before the failure counts")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the job's command")
+    args = p.parse_args(argv)
+    if args.command[:1] == ["--"]:
+        args.command = args.command[1:]
+    if not args.command:
+        p.error("no command given after --")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    configure_worker_logging()
+    rdzv = Rendezvous.from_worker_env(WorkerEnv.from_environ())
+    if rdzv is None:
+        print("malletrain torchrun agent: MALLETRAIN_STORE is not set: start it through the daemon",
+              file=sys.stderr)
+        return 2
+    agent = RankAgent(rdzv, tuple(args.command), args.stop_grace, args.failure_wait)
+
+    def on_sigterm(signum: int, frame: object) -> None:
+        agent.stop_requested = True
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    return agent.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,471 @@
+"""``launcher = "torchrun"``: a plain DDP script written for torchrun runs under the daemon unchanged.
+
+Unit tests of the daemon side (the command wrapping, rank places, the world key) and the rank
+agent's moves, then the real thing: the example script (``malletrain.examples.torchrun_ddp``,
+gloo on CPU) on 3 local nodes, shrunk by a recall, grown back, restarted with its own
+checkpoint each time, and COMPLETED with no failure counted and no process left behind.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from malletrain.elastic.keys import BadKey, DAEMON_KINDS, KeyKind, done_key, parse_key, world_key
+from malletrain.examples.tracelog import torchrun_steps
+from malletrain.jobspec import JobSpec, JobState, Launcher
+from malletrain.runtimes.torchrun import LAUNCH_MODULE, World, launch_module_present, rank_places, wrap_python_command
+from malletrain.runtimes.torchrun_agent import RANK_TRANSITIONS, RankState, exit_code
+from malletrain.workerenv import RankPlace
+
+PY = sys.executable
+
+
+def test_python_commands_run_through_the_launch_module_once_it_exists() -> None:
+    assert wrap_python_command((PY, "train.py", "--lr", "1"), True) == (PY, "-m", LAUNCH_MODULE, "train.py", "--lr", "1")
+    assert wrap_python_command(("python3", "-m", "pkg.train", "-x"), True) == \
+        ("python3", "-m", LAUNCH_MODULE, "-m", "pkg.train", "-x")
+    assert wrap_python_command((PY, "train.py"), False) == (PY, "train.py")  # not installed: as given
+    assert wrap_python_command(("bash", "run.sh"), True) == ("bash", "run.sh")
+    assert wrap_python_command((PY, "-u", "train.py"), True) == (PY, "-u", "train.py")  # interpreter flags
+
+
+def test_ranks_are_numbered_node_by_node_as_torchrun_does() -> None:
+    one = rank_places([("w0", "n3"), ("w1", "n1"), ("w2", "n2")])
+    assert [one[w].rank for w in ("w0", "w1", "w2")] == [0, 1, 2]
+    assert one["w1"] == RankPlace(group_rank=1, group_world_size=3, local_rank=0, local_world_size=1)
+    two = rank_places([("a0", "n1"), ("b0", "n2"), ("a1", "n1"), ("b1", "n2")])  # K = 2 workers a node
+    assert {w: (p.rank, p.local_rank, p.group_rank, p.world_size) for w, p in two.items()} == {
+        "a0": (0, 0, 0, 4), "a1": (1, 1, 0, 4), "b0": (2, 0, 1, 4), "b1": (3, 1, 1, 4)}
+    with pytest.raises(ValueError, match="same number of workers"):
+        rank_places([("a0", "n1"), ("a1", "n1"), ("b0", "n2")])
+
+
+def test_the_world_key_round_trips_and_a_bad_one_is_named() -> None:
+    world = World(3, rank_places([("w0", "n1"), ("w1", "n2")]))
+    assert World.parse(world.to_json(), "k") == world
+    for bad in (b"{", b'{"restart_count": -1, "places": {}}', b'{"restart_count": 0, "places": {"w": [1, 1, 0, 1]}}'):
+        with pytest.raises(ValueError, match="mt/j1/world/2: not a torchrun world"):
+            World.parse(bad, "mt/j1/world/2")
+
+
+def test_the_world_key_is_the_daemons_and_done_is_the_workers() -> None:
+    assert parse_key(world_key("j1", 4)).kind is KeyKind.WORLD and KeyKind.WORLD in DAEMON_KINDS
+    assert parse_key(done_key("j1", 4)).kind is KeyKind.DONE and KeyKind.DONE not in DAEMON_KINDS
+    with pytest.raises(BadKey):
+        parse_key("mt/j1/world/x")
+
+
+def test_a_newer_world_can_take_a_rank_agent_from_any_state() -> None:
+    for state, moves in RANK_TRANSITIONS.items():
+        assert RankState.FORMING in moves, state
+    assert RankState.RUNNING not in RANK_TRANSITIONS[RankState.WAITING]  # never without forming a world
+    assert exit_code(-15) == 143 and exit_code(3) == 3
+
+
+def rank0_steps(logs: Path, job: str) -> list[tuple[int, int, int]]:
+    """(step, world, restart) of every step rank 0 printed, in the order of restarts then steps."""
+    out = [(s["step"], s["world"], s["restart"]) for path in logs.glob(f"{job}.*.log")
+           for s in torchrun_steps(path) if s["rank"] == 0]
+    return sorted(out, key=lambda s: (s[2], s[0]))
+
+
+@pytest.mark.slow
+def test_a_plain_ddp_script_shrinks_on_recall_grows_back_and_completes(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    from malletrain.config import DaemonConfig, LocalConfig
+    from malletrain.daemon import Daemon
+    from procs import procs_mentioning
+    from tests.stepping import step_until
+
+    state = tmp_path / "state"
+    cfg = DaemonConfig(state_dir=str(state), runtime="toy", local=LocalConfig(nodes=3, trace="none"),
+                       agent_heartbeat=0.2, agent_dead_after=5.0, loop_interval=0.05)
+    steps, every = 400, 10
+    cmd = (PY, "-m", "malletrain.examples.torchrun_ddp", "--steps", str(steps), "--batch", "4",
+           "--checkpoint", str(tmp_path / "ddp.pt"), "--checkpoint-every", str(every), "--step-sleep", "0.1")
+    spec = JobSpec("ddp", cmd, 1, 3, False, {1: 10.0, 2: 20.0, 3: 30.0}, env={"OMP_NUM_THREADS": "1"},
+                   launcher=Launcher.TORCHRUN, worker_batch=4)
+    d = Daemon(cfg)
+    logs = state / "logs"
+    try:
+        jid = d.store.submit(spec)
+        seen = lambda world: any(w == world for _, w, _ in rank0_steps(logs, jid))  # noqa: E731
+        step_until(d, lambda: len(d.runs[jid].members) == 3 and seen(3), 240, "the job trains at 3 ranks")
+        victim = d.runs[jid].members[-1]
+        d.backend.recall(victim)
+        step_until(d, lambda: seen(2), 240, "the job trains at 2 ranks after a recall")
+        d.backend.make_idle(victim)
+        step_until(d, lambda: any(w == 3 and r >= 2 for _, w, r in rank0_steps(logs, jid)), 240,
+                   "the job trains at 3 ranks again")
+        step_until(d, lambda: d.store.require(jid).state.terminal, 600, "the job ends")
+        rec = d.store.require(jid)
+        assert rec.state is JobState.COMPLETED, rec.message
+        samples = max(rec.samples, d.runs[jid].last_progress) if jid in d.runs else rec.samples
+        events = [e["kind"] for e in d.store.events() if e.get("job") == jid]
+        assert "worker_failed" not in events
+    finally:
+        d.close()
+    ran = rank0_steps(logs, jid)
+    worlds = [w for _, w, _ in ran]
+    assert 3 in worlds and 2 in worlds and worlds.index(2) > worlds.index(3) and worlds[-1] == 3
+    assert ran[-1][0] == steps  # it trained every step
+    by_restart: dict[int, list[int]] = {}
+    for step, _, restart in ran:
+        by_restart.setdefault(restart, []).append(step)
+    counts = sorted(by_restart)
+    assert counts[0] == 0 and len(counts) >= 3  # each world a restart, counted up
+    for before, after in zip(counts, counts[1:]):
+        last, first = max(by_restart[before]), min(by_restart[after])
+        # resumed from its own checkpoint: at most the steps since it, never from the start
+        assert last - every <= first - 1 <= last, (before, last, after, first)
+    assert procs_mentioning(str(state)) == []
+    if launch_module_present():  # the progress hook: rank 0 reports worker_batch x world size a step
+        trained = sum(4 * world for _, world, _ in ran)
+        assert abs(samples - trained) <= 0.01 * trained, (samples, trained)
+
+
+class FakeRendezvous:
+    """The store keys a rank agent uses, in a dict (the daemon's side written by the test)."""
+
+    def __init__(self, worker: str = "w0") -> None:
+        self.job, self.worker = "j1", worker
+        self.keys: dict[str, bytes] = {}
+        self.counters: dict[str, int] = {}
+        self.gen = 0
+
+    def publish(self, members: list[str], restart: int, nodes: dict[str, str] | None = None) -> None:
+        self.gen += 1
+        places = rank_places([(w, (nodes or {}).get(w, w)) for w in members])
+        self.keys[world_key(self.job, self.gen)] = World(restart, places).to_json().encode()
+        self.keys[f"members/{self.gen}"] = ",".join(members).encode()
+
+    def generation(self) -> int:
+        return self.gen
+
+    def published(self, gen: int) -> bool:
+        return f"members/{gen}" in self.keys
+
+    def members(self, gen: int) -> tuple[str, ...] | None:
+        raw = self.keys.get(f"members/{gen}")
+        return tuple(raw.decode().split(",")) if raw is not None else None
+
+    def read(self, key: str) -> bytes | None:
+        return self.keys.get(key)
+
+    def add(self, key: str, delta: int) -> int:
+        self.counters[key] = self.counters.get(key, 0) + delta
+        return self.counters[key]
+
+    def mark_ready(self) -> None:
+        pass
+
+    def local_host(self) -> str:
+        return "127.0.0.1"
+
+    def publish_group(self, gen: int, host: str, port: int, token: str) -> None:
+        self.keys[f"pg/{gen}"] = f"{host} {port} {token}".encode()
+
+    def wait_group(self, gen: int, wait_s: float) -> tuple[str, int, str] | None:
+        raw = self.keys.get(f"pg/{gen}")
+        if raw is None:
+            return None
+        host, port, token = raw.decode().split(" ")
+        return host, int(port), token
+
+
+def _agent(rdzv: FakeRendezvous, code: str, tmp_path: Path, failure_wait_s: float = 600.0):
+    from malletrain.runtimes.torchrun_agent import RankAgent
+
+    script = tmp_path / "rank.py"
+    script.write_text(code)
+    return RankAgent(rdzv, (PY, str(script)), stop_grace_s=5.0, failure_wait_s=failure_wait_s)  # type: ignore[arg-type]
+
+
+def _tick_until(agent, state: RankState, limit: int = 2000) -> None:
+    import time
+
+    for _ in range(limit):
+        assert agent.tick() is None
+        if agent.state is state:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"agent stayed {agent.state}, not {state}")
+
+
+ENV_TO_FILE = """import os, sys
+with open(sys.argv[0] + ".env", "a") as fh:
+    fh.write(" ".join(os.environ[k] for k in ("RANK", "WORLD_SIZE", "TORCHELASTIC_RESTART_COUNT", "MASTER_PORT")) + "\\n")
+sys.exit(int(os.environ["TORCHELASTIC_RESTART_COUNT"]) == 0 and 3 or 0)
+"""
+
+
+def test_a_rank_whose_command_failed_waits_for_a_newer_world_and_restarts_in_it(tmp_path: Path) -> None:
+    rdzv = FakeRendezvous()
+    agent = _agent(rdzv, ENV_TO_FILE, tmp_path)
+    rdzv.publish(["w0"], 0)
+    _tick_until(agent, RankState.FAILED)  # exit 3 (a peer recalled, say): not reported yet
+    rdzv.publish(["w0"], 1)  # the daemon's newer world
+    _tick_until(agent, RankState.FINISHED)
+    starts = [line.split() for line in (tmp_path / "rank.py.env").read_text().splitlines()]
+    assert [s[:3] for s in starts] == [["0", "1", "0"], ["0", "1", "1"]]  # restart counted up
+    assert starts[0][3] != "" and agent.tick() == 0  # every rank (one) exited 0: complete
+
+
+def test_a_failure_counts_once_no_newer_world_comes(tmp_path: Path) -> None:
+    rdzv = FakeRendezvous()
+    agent = _agent(rdzv, "import sys; sys.exit(3)", tmp_path, failure_wait_s=0.0)
+    rdzv.publish(["w0"], 0)
+    _tick_until(agent, RankState.FAILED)
+    assert agent.tick() == 3
+
+
+def test_a_world_without_it_stops_its_command_and_it_waits(tmp_path: Path) -> None:
+    rdzv = FakeRendezvous()
+    agent = _agent(rdzv, "import time; time.sleep(600)", tmp_path)
+    rdzv.publish(["w0"], 0)
+    _tick_until(agent, RankState.RUNNING)
+    child = agent.child
+    rdzv.publish(["w9"], 1)
+    assert agent.tick() is None and agent.state is RankState.WAITING
+    assert child is not None and child.returncode == -15  # SIGTERM, within the grace
+
+
+def test_a_rank_that_finished_waits_for_every_other_rank(tmp_path: Path) -> None:
+    rdzv = FakeRendezvous("a")
+    agent = _agent(rdzv, "pass", tmp_path)
+    rdzv.publish(["a", "b"], 0, {"a": "n1", "b": "n2"})
+    assert agent.tick() is None and agent.state is RankState.FORMING
+    assert agent.tick() is None and agent.state is RankState.FORMING  # rank 0 waits for b at the barrier
+    rdzv.add(f"mt/j1/arrive/{rdzv.gen}", 1)  # b arrives
+    _tick_until(agent, RankState.FINISHED)
+    assert agent.tick() is None  # b still trains
+    rdzv.add(done_key("j1", rdzv.gen), 1)
+    assert agent.tick() == 0
+
+
+def test_the_job_file_launcher_chooses_the_runtime_whatever_the_trainers(tmp_path: Path) -> None:
+    """On fakes: a torchrun job's workers are rank agents of the torchrun runtime (the daemon's own
+    runtime is a fake), told the job's worker_batch; its world's places reach the store once its
+    agents are ready; an in-process job beside it runs its command as given."""
+    from malletrain.elastic.keys import ready_key
+    from malletrain.runtimes.torchrun import AGENT_MODULE
+    from malletrain.workerenv import ENV_RUNTIME, ENV_WORKER_BATCH
+    from policy import PolicyConfig
+    from tests.test_conformance import LINEAR, NODES, Harness
+
+    h = Harness(tmp_path / "d", PolicyConfig(profiling="never"))
+    started: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {}
+    real = h.daemon.hub.start_worker
+
+    def record(node, worker, argv, env, cwd, uid=None, gid=None):  # type: ignore[no-untyped-def]
+        started[worker] = (tuple(argv), dict(env))
+        real(node, worker, argv, env, cwd, uid, gid)
+
+    h.daemon.hub.start_worker = record  # type: ignore[method-assign]
+    try:
+        h.cluster.became_idle(*NODES[:3])
+        ddp = h.daemon.store.submit(JobSpec("ddp", (PY, "train.py"), 2, 2, launcher=Launcher.TORCHRUN, worker_batch=16))
+        plain = h.daemon.store.submit(JobSpec("plain", ("true",), 1, 1))
+        for jid in (ddp, plain):
+            h.monitor.curves[jid] = dict(LINEAR)
+        h.run_until(5.0)
+        ours = {w: v for w, v in started.items() if w.startswith(ddp)}
+        assert len(ours) == 2
+        for argv, env in ours.values():
+            assert argv[1:3] == ("-m", AGENT_MODULE) and argv[-2:] == (PY, "train.py")
+            assert env[ENV_RUNTIME] == "torchrun" and env[ENV_WORKER_BATCH] == "16"
+        assert [argv for w, (argv, _) in started.items() if w.startswith(plain)] == [("true",)]
+        store = h.daemon.torchrun._require_store()  # type: ignore[attr-defined]
+        for worker in ours:
+            store.set(ready_key(ddp, worker), "1")  # the agents connected
+        h.run_until(8.0)
+        run = h.daemon.runs[ddp]
+        assert len(run.members) == 2
+        gen = h.daemon.torchrun.generation(ddp)  # type: ignore[attr-defined]
+        world = World.parse(store.get(world_key(ddp, gen)), "world")
+        assert world.restart_count == 0
+        assert sorted(p.rank for p in world.places.values()) == [0, 1]
+        assert [world.places[w].rank for w in run.published] == [0, 1]  # one worker a node: the list's order
+    finally:
+        h.close()
+
+
+def test_the_runtime_numbers_restarts_and_drops_old_worlds(tmp_path: Path) -> None:
+    from malletrain.runtimes.torchrun import TorchrunRuntime
+
+    rt = TorchrunRuntime()
+    try:
+        for w, node in (("j1.a", "n1"), ("j1.b", "n2")):
+            assert rt.launch_spec("j1", (PY, "train.py"), w, node).argv[-2:] == (PY, "train.py")
+        store = rt._require_store()
+        gens = [rt.set_members("j1", m) for m in (["j1.a"], ["j1.a", "j1.b"], ["j1.b"], ["j1.b", "j1.a"])]
+        worlds = {g: World.parse(store.get(world_key("j1", g)), "w") for g in gens[-2:]}
+        assert [w.restart_count for w in worlds.values()] == [2, 3]
+        assert worlds[gens[-1]].places["j1.b"].rank == 0 and worlds[gens[-1]].places["j1.a"].rank == 1
+        assert not store.check([world_key("j1", gens[0])]) and not store.check([world_key("j1", gens[1])])
+        gen = rt.set_members("j1", [])  # suspended: no world, no restart counted
+        rt.forget("j1")
+        rt.launch_spec("j1", (PY, "train.py"), "j1.c", "n3")
+        resumed = rt.set_members("j1", ["j1.c"])
+        assert resumed > gen and World.parse(store.get(world_key("j1", resumed)), "w").restart_count == 4
+    finally:
+        rt.close()
+    rt = TorchrunRuntime()  # a restarted daemon: the job had published 5 worlds (the event log)
+    try:
+        rt.resume_generation("j1", resumed)
+        rt.resume_worlds("j1", 5)
+        rt.readopt("j1", (PY, "train.py"), {"j1.c": "n3"})
+        again = rt.set_members("j1", ["j1.c"])
+        assert again > resumed and World.parse(rt._require_store().get(world_key("j1", again)), "w").restart_count == 5
+    finally:
+        rt.close()
+
+
+def test_a_stop_stops_the_command_and_exits_143(tmp_path: Path) -> None:
+    import threading
+
+    rdzv = FakeRendezvous()
+    agent = _agent(rdzv, "import time; time.sleep(600)", tmp_path)
+    rdzv.publish(["w0"], 0)
+    result: list[int] = []
+    thread = threading.Thread(target=lambda: result.append(agent.run()))
+    thread.start()
+    try:
+        import time
+
+        deadline = time.monotonic() + 60
+        while agent.state is not RankState.RUNNING and time.monotonic() < deadline:
+            time.sleep(0.02)
+        child = agent.child
+        assert child is not None
+    finally:
+        agent.stop_requested = True  # what its SIGTERM handler does (a recall, a cancel)
+        thread.join(60)
+    assert result == [143] and child.returncode == -15
+
+
+DAEMON = """
+state_dir = "{state}"
+runtime = "toy"
+loop_interval = 0.05
+agent_heartbeat = 0.2
+agent_dead_after = 10.0
+store_grace = 45.0
+backend = "local"
+[local]
+nodes = 2
+trace = "none"
+"""
+
+TORCHRUN_JOB = """
+name = "ddp"
+command = ["{python}", "-m", "malletrain.examples.torchrun_ddp", "--steps", "100000000", "--batch", "4",
+           "--checkpoint", "{ckpt}", "--checkpoint-every", "10", "--step-sleep", "0.05"]
+launcher = "torchrun"
+worker_batch = 4
+min_nodes = 2
+max_nodes = 2
+scaling = {{ 1 = 10.0, 2 = 20.0 }}
+env = {{ OMP_NUM_THREADS = "1" }}
+"""
+
+
+@pytest.mark.slow
+def test_a_torchrun_job_rides_through_a_daemon_kill_9(tmp_path: Path) -> None:
+    """kill -9 of the daemon: the ranks train on; the restarted daemon serves the launcher's store on
+    the same port, re-adopts the rank agents and publishes their world again, which changes nothing:
+    no rank is restarted."""
+    pytest.importorskip("torch")
+    import signal
+    import time
+
+    from malletrain.store import Store
+    from procs import procs_mentioning
+    from tests.test_daemon_cli import cli, start_daemon, wait
+
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    cfg = tmp_path / "daemon.toml"
+    cfg.write_text(DAEMON.format(state=state))
+    (tmp_path / "job.toml").write_text(TORCHRUN_JOB.format(python=PY, ckpt=tmp_path / "ddp.pt"))
+    log = tmp_path / "daemon.log"
+    d = start_daemon(cfg, log)
+    try:
+        wait(lambda: (state / "daemon.json").exists(), "daemon.json", timeout=60)
+        res = cli("submit", str(tmp_path / "job.toml"), "--state-dir", str(state))
+        assert res.returncode == 0, res.stderr
+        jid = res.stdout.strip()
+        logs = state / "logs"
+        wait(lambda: sum(w == 2 for _, w, _ in rank0_steps(logs, jid)) >= 10, "steps at 2 ranks", timeout=240)
+        d.send_signal(signal.SIGKILL)
+        d.wait(timeout=10)
+        t_kill = time.time()
+        d = start_daemon(cfg, log)
+        def republished() -> float | None:  # its two agents ready in the new daemon's store, their world published
+            return next((e["time"] for e in Store.open(state / "store.db").events("members")
+                         if e["job"] == jid and len(e.get("nodes") or ()) == 2 and e["time"] > t_kill), None)
+
+        t_published = wait(republished, "the world published again by the new daemon", timeout=120)
+        wait(lambda: any(s["t"] > t_published + 2 for p in logs.glob(f"{jid}.*.log") for s in torchrun_steps(p)),
+             "steps after the new daemon published the world", timeout=120)
+        ran = [s for p in logs.glob(f"{jid}.*.log") for s in torchrun_steps(p)]
+        assert {s["restart"] for s in ran} == {0}  # never restarted: the world went on through the kill
+        assert any(t_kill < s["t"] for s in ran)
+        assert len(list(logs.glob(f"{jid}.*.log"))) == 2  # the same two rank agents
+        assert Store.open(state / "store.db").require(jid).state is JobState.RUNNING
+    finally:
+        if d.poll() is None:
+            d.send_signal(signal.SIGTERM)
+            d.wait(timeout=60)
+    wait(lambda: not procs_mentioning(str(state)), "no orphans", timeout=30)
+
+
+@pytest.mark.slow
+def test_a_broken_script_ends_failed_with_its_exit_status(tmp_path: Path) -> None:
+    """A command that fails at once, on every rank, with no recall: each failure counts (after the
+    agents' wait for a newer world), and the job ends FAILED naming the exit status."""
+    from malletrain.config import DaemonConfig, LocalConfig
+    from malletrain.daemon import Daemon
+    from procs import procs_mentioning
+    from tests.stepping import step_until
+
+    script = tmp_path / "broken.py"
+    script.write_text("import sys\nprint('broken on purpose', flush=True)\nsys.exit(3)\n")
+    state = tmp_path / "state"
+    cfg = DaemonConfig(state_dir=str(state), runtime="toy", local=LocalConfig(nodes=2, trace="none"),
+                       agent_heartbeat=0.2, agent_dead_after=5.0, loop_interval=0.05, max_failures=2)
+    d = Daemon(cfg)
+    d.torchrun.failure_wait_s = 0.5
+    try:
+        jid = d.store.submit(JobSpec("broken", (PY, str(script)), 1, 2, False, {1: 1.0, 2: 2.0},
+                                     launcher=Launcher.TORCHRUN))
+        step_until(d, lambda: d.store.require(jid).state.terminal, 240, "the job ends")
+        rec = d.store.require(jid)
+        assert rec.state is JobState.FAILED and "exit 3" in rec.message, rec.message
+    finally:
+        d.close()
+    assert procs_mentioning(str(state)) == []
+
+
+def test_the_same_world_published_again_keeps_every_rank_going(tmp_path: Path) -> None:
+    rdzv = FakeRendezvous("a")
+    agent = _agent(rdzv, "import time; time.sleep(600)", tmp_path)
+    rdzv.publish(["a"], 0)
+    _tick_until(agent, RankState.RUNNING)
+    child = agent.child
+    rdzv.publish(["a"], 0)  # a restarted daemon re-adopts the world: the same places
+    assert agent.tick() is None and agent.state is RankState.RUNNING and agent.child is child
+    assert child is not None and child.poll() is None  # not restarted
+    finished = _agent(FakeRendezvous("b"), "pass", tmp_path)
+    finished.rdzv.publish(["b", "c"], 0, {"b": "n1", "c": "n2"})
+    finished.tick()
+    finished.rdzv.add(f"mt/j1/arrive/{finished.rdzv.gen}", 1)
+    _tick_until(finished, RankState.FINISHED)
+    finished.rdzv.publish(["b", "c"], 0, {"b": "n1", "c": "n2"})
+    assert finished.tick() is None and finished.state is RankState.FINISHED
+    finished.rdzv.add(done_key("j1", finished.rdzv.gen), 1)  # c finishes in the republished world
+    assert finished.tick() == 0
+    agent.stop_child()
