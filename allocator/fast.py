@@ -103,7 +103,7 @@ def solve_fast(tables: Tables, capacity: int) -> list[int]:
         if int(tables.counts[rows, picks].sum()) <= capacity:
             return picks.tolist()
     pad = Padded(tables.counts, tables.values)
-    # rows and the finite mask are computed once here: each numpy call costs ~1 us on these small arrays
+    # the finite mask is computed once here and shared by both sides
     finite = np.isfinite(pad.values)
     lo, hi = _bracket_sides(pad, capacity, tables.envelopes, rows, finite)
     incumbent, inc_value = _incumbent(pad, capacity, lo, hi, rows)

@@ -329,7 +329,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
             + ("\n- **3.10** `fig3_10.png`: FreeTrain vs MalleTrain (and the other baselines), NAS and HPO, in "
                "model-neutral work, mean ± sd over the seeds; tables in [evaluation.md](evaluation.md).\n"
                if (out / "fig3_10.png").exists() and any(not w.startswith("philly") for w in workloads) else
-               "\n- **issue 18** `fig_real.png`: the default vs every simple baseline at the default's admission "
+               "\n- **Real stream** `fig_real.png`: the default vs every simple baseline at the default's admission "
                "on the real Philly stream, costs charged; tables in [evaluation.md](evaluation.md).\n"))
     print_report(ev)
     print(f"wrote {out}", file=sys.stderr)

@@ -93,7 +93,7 @@ class CostSource(str, Enum):
 # Tfwd: the horizon over which the allocator weighs a rescale's pause against its gain. Decisions on
 # the Summit week come every ~46 s on average and an allocation usually outlives a few of them; of
 # 30/60/120/300/900 s, 120 s trained the most samples on that week (chosen on the evaluation week
-# itself: issue G re-tunes it on other data).
+# itself: re-tune it on other data before trusting it elsewhere).
 DEFAULT_TFWD_S = 120.0
 
 
@@ -113,7 +113,7 @@ class PolicyConfig:
     admission_knee: float = 0.75
     """Adaptive admission counts a job as able to use nodes up to the knee of its believed curve: the
     count past which a further node adds less than this fraction of its per-node rate at its min.
-    0: up to its max (no knee). Higher admits more jobs. 0.75 rather than 0.5 (issue H, 1 day, 3 seeds):
+    0: up to its max (no knee). Higher admits more jobs. 0.75 rather than 0.5 (1 day, 3 seeds):
     a believed curve's knee sits above the true one until the job has run at several counts, so the
     gentler rule admitted too few jobs (regret vs milp-true 8.8% on hpo, 4.5% on stress)."""
     profiling: Profiling = Profiling.GATED

@@ -1,4 +1,4 @@
-"""Real, finite job streams (issue 18 §3): the ``philly`` workload and ``--jobs-file`` lists.
+"""Real, finite job streams: the ``philly`` workload and ``--jobs-file`` lists.
 
 **Curves.** The six models the Pollux authors measured (``pollux/<model>/``: bert, cifar10,
 deepspeech2, imagenet, ncf, yolov3) on nodes of 4 GPUs. One simulated node is one such node: the

@@ -55,7 +55,7 @@ def make_workload(
     (:func:`simulator.philly.jobs_file_workload`) or a JSON/TOML/CSV job file."""
     if n_jobs is not None and n_jobs < 1:
         raise WorkloadError(f"--jobs must be >= 1, got {n_jobs}")
-    if name in GENERATED_STREAMS:  # nas, hpo, stress, imagenet7: simulator/streams.py (issue G §2)
+    if name in GENERATED_STREAMS:  # nas, hpo, stress, imagenet7: simulator/streams.py
         return make_stream(name, scaling, seed, n_jobs)
     if name == "philly":
         if window is None:
