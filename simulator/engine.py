@@ -286,8 +286,10 @@ class Simulator:
                                         rel_ci=self.pcfg.profile_rel_ci, rates=self._want_rates,
                                         costs=self._want_costs)
         self.jobs[job.id] = job
+        deadline = None if spec.deadline is None else self.start + spec.deadline
         self.ledger.submitted(JobView(id=job.id, min_nodes=spec.min_nodes, max_nodes=spec.max_nodes, order=job.order,
-                                      scaling=job.user_curve, profile=False, work_left=job.work_left))
+                                      scaling=job.user_curve, profile=False, work_left=job.work_left,
+                                      budget_node_hours=spec.budget_node_hours, deadline=deadline))
         return job
 
     def _apply_batch(self, batch: EventBatch) -> None:
@@ -365,6 +367,24 @@ class Simulator:
         job.monitor = None
         return True
 
+    def _stop(self, job: SimJob, why: str, t: float) -> None:
+        """The policy ends ``job`` (``Decision.stop``): its workers stop, its nodes are free, it never runs again."""
+        if job.state is SimJobState.QUEUED:
+            remove_job(self.queue, job)
+        elif job.state is SimJobState.ADMITTED:
+            self._advance(job, t)
+            job.stopped()
+            remove_job(self.admitted, job)
+            self._capacity = None
+        else:
+            return
+        self._left.update(dict.fromkeys(self.ledger.nodes_of(job.id), t))
+        self.ledger.ended(job.id)
+        job.state = SimJobState.STOPPED
+        job.stop_reason = why
+        job.monitor = None
+        job.history.append((t, job.progress, 0, job.paused_until))
+
     def _pause(self, job: SimJob, t: float, cost: float) -> None:
         if not self._free_pause:
             job.paused_until = max(job.paused_until, t + cost)
@@ -414,7 +434,20 @@ class Simulator:
         ledger = self.ledger
         for job in self.admitted:
             ledger.progressed(job.id, job.work_left)
+            ledger.used(job.id, job.node_seconds / 3600.0)  # what a budget is counted in, as the daemon does
+        if self.config.recall_notice_s > 0:
+            ledger.recall_expected(self._recalls_known(t))
         return ledger.view(t, [j.id for j in self.admitted] + [j.id for j in queued])
+
+    def _recalls_known(self, t: float) -> dict[str, float]:
+        """The trace's recalls in ``(t, t + recall_notice_s]``: each node's first, as a scheduler knows them."""
+        tl = self.timeline
+        lo, hi = tl.times.searchsorted([t, t + self.config.recall_notice_s], side="right")
+        known: dict[str, float] = {}
+        for i in range(int(lo), int(hi)):
+            if not tl.idle[i]:
+                known.setdefault(tl.nodes[int(tl.node_ids[i])], float(tl.times[i]))
+        return known
 
     def _decide(self, t: float) -> None:
         queued = self._queue_window(t)
@@ -461,6 +494,8 @@ class Simulator:
 
     def _apply_decision(self, decision: Decision, view: View, t: float) -> None:
         self._note_events(decision, t)
+        for job_id, why in decision.stop.items():  # ended by the policy (over its budget), as the daemon does
+            self._stop(self.jobs[job_id], why, t)
         admitted = set(decision.admitted)
         by_id = self.jobs
         for job in [j for j in self.admitted if j.id not in admitted]:  # lost its slot (preempted)
