@@ -213,28 +213,6 @@ class SimResult:
     decisions: list[Decision] = field(default_factory=list)  # kept only with ``keep_decisions``
 
 
-QUEUE_VIEW_CAP = 1000  # queued jobs shown to the policy at most (FCFS needs only the head)
-
-
-def queue_window(queue: list[SimJob], want: int) -> list[SimJob]:
-    """The queued jobs a decision shows the policy: every submitted job, as the daemon's policy sees them
-    (their waiting reasons included), up to :data:`QUEUE_VIEW_CAP` (a job file with thousands of arrivals
-    at once would cost that much per decision) or ``want`` beyond the ones admitted before, if more."""
-    if len(queue) <= QUEUE_VIEW_CAP:  # all of them: the ones admitted before need no count
-        return queue[:]
-    return queue[: max(QUEUE_VIEW_CAP, want + sum(1 for j in queue if j.admitted_at is not None))]
-
-
-def remove_job(jobs: list[SimJob], job: SimJob) -> None:
-    """``jobs.remove(job)``, by identity: list.remove compares ``job`` with each job before it, and
-    SimJob's dataclass ``==`` compares every field."""
-    for i, other in enumerate(jobs):
-        if other is job:
-            del jobs[i]
-            return
-    raise ValueError(f"job {job.id} is not in the list")
-
-
 def check_counts(name: str, job: SimJob, new: tuple[str, ...]) -> None:
     """Policy ``name`` gives ``job`` the nodes ``new``: each once, within the job's min..max (or none)."""
     n = len(new)
