@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from allocator import throughput_at
+from curves import throughput_at
 from simulator.jobs import JobSpec, Workload, WorkloadError
 from traces.data import find_data
 

@@ -37,7 +37,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
-from allocator import throughput_at
+from curves import throughput_at
 from policy import PRESETS, Policy, PolicyConfig, Profiling, preset
 from policy.config import Admission, Objective
 from simulator.jobs import JobSpec
