@@ -100,7 +100,6 @@ def add_policy_options(p: argparse.ArgumentParser) -> None:
 
 def policy_config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     """The base :class:`policy.PolicyConfig`: the file's [policy] table, then --max-running/--tfwd."""
-    import dataclasses
     import tomllib
 
     from policy import PolicyConfig
@@ -115,14 +114,12 @@ def policy_config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise ValueError(f"--policy-config {path}: not valid TOML: {exc}") from None
         cfg = PolicyConfig.from_mapping(data.get("policy", {}), f"{path}: policy")
-    changes = {}
+    changes: dict[str, object] = {}
     if args.max_running is not None:
-        if args.max_running < 1:
-            raise ValueError(f"--max-running must be >= 1, got {args.max_running}")
         changes["max_running"] = args.max_running
     if args.tfwd is not None:
         changes["tfwd_s"] = args.tfwd
-    return dataclasses.replace(cfg, **changes) if changes else cfg
+    return cfg.overridden(changes, {"max_running": "--max-running", "tfwd_s": "--tfwd"})
 
 
 def overrides(args: argparse.Namespace):  # type: ignore[no-untyped-def]

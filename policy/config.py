@@ -20,6 +20,10 @@ class PolicyConfigError(ValueError):
     """A policy knob with a bad value; the message names the knob."""
 
 
+MAX_NUMBER = 1e15
+"""Any number in a ``[policy]`` table at most this (no knob is anywhere near; huge ints overflow floats)."""
+
+
 class Profiling(str, Enum):
     """Which jobs the job profiling advisor profiles (inverse order) before they run."""
 
@@ -211,6 +215,33 @@ class PolicyConfig:
             out[f.name] = v.value if isinstance(v, Enum) else ([list(p) for p in v] if f.name == "prior" and v else v)
         return out
 
+    def overridden(self, changes: Mapping[str, Any], names: Mapping[str, str] | None = None) -> "PolicyConfig":
+        """This config with ``changes`` (knobs given over a preset or a file, e.g. on a command line),
+        checked as one; ``names`` says how each knob was given (a flag), for errors. Two rules tie knobs
+        together: a cap (``admission_cap``) bounds adaptive admission only, so a cap given with fixed
+        admission is an error; adaptive admission needs a Pjmax floor, so ``max_running`` 0 given with
+        it (or adaptive given over a 0) is one too."""
+        named = dict(names or {})
+
+        def name(knob: str) -> str:
+            return named.get(knob, f"policy.{knob}")
+
+        try:
+            out = replace(self, **changes) if changes else self
+        except PolicyConfigError as exc:
+            text = str(exc)
+            for knob in changes:
+                text = text.replace(f"policy.{knob} ", f"{name(knob)} ", 1)
+            raise PolicyConfigError(text) from None
+        if out.admission is Admission.FIXED and "admission_cap" in changes:
+            raise PolicyConfigError(f"{name('admission_cap')} {out.admission_cap} and {name('admission')} fixed: "
+                                    "a cap bounds adaptive admission only")
+        if out.admission is Admission.ADAPTIVE and out.max_running == 0 and (
+                "admission" in changes or "max_running" in changes):
+            raise PolicyConfigError(f"{name('admission')} adaptive and {name('max_running')} 0: adaptive admission "
+                                    "needs a Pjmax floor >= 1")
+        return out
+
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], where: str = "policy") -> "PolicyConfig":
         """From a ``[policy]`` table; unknown keys and bad values raise errors naming ``where.key``."""
@@ -220,6 +251,8 @@ class PolicyConfig:
         unknown = sorted(str(k) for k in data if k not in known)
         if unknown:
             raise PolicyConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        for key, value in data.items():
+            _sane_number(f"{where}.{key}", value)
         kwargs = dict(data)
         if "prior" in kwargs and kwargs["prior"] is not None:
             prior = kwargs["prior"]
@@ -231,6 +264,20 @@ class PolicyConfig:
             raise PolicyConfigError(str(exc).replace("policy.", f"{where}.", 1)) from None
         except TypeError as exc:
             raise PolicyConfigError(f"{where}: {exc}") from None
+
+
+def _sane_number(name: str, value: Any) -> None:
+    """A number in a table must be finite and at most :data:`MAX_NUMBER` (before any knob reads it)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return
+    try:
+        ok = math.isfinite(float(value)) and abs(value) <= MAX_NUMBER
+    except OverflowError:
+        ok = False
+    if not ok:
+        text = repr(value)
+        raise PolicyConfigError(f"{name} must be a finite number of at most {MAX_NUMBER:g}, got "
+                                f"{text if len(text) <= 40 else text[:37] + '...'}")
 
 
 def _positive_finite(name: str, v: Any, lo: float) -> None:
