@@ -46,7 +46,8 @@ class Padded:
 
     def choice(self, lam: float) -> np.ndarray:
         """Each job's best index under ``lam`` (ties: the smaller count)."""
-        return self.relaxed(lam).argmax(axis=1)
+        best: np.ndarray = self.relaxed(lam).argmax(axis=1)
+        return best
 
     def demand(self, idx: np.ndarray) -> int:
         return int(self.counts[np.arange(idx.size), idx].sum())
@@ -101,7 +102,8 @@ def solve_fast(tables: Tables, capacity: int) -> list[int]:
     if int(tables.counts[rows, tables.values.argmax(axis=1)].sum()) <= capacity:
         picks = tables.preferred_best()
         if int(tables.counts[rows, picks].sum()) <= capacity:
-            return picks.tolist()
+            chosen: list[int] = picks.tolist()
+            return chosen
     pad = Padded(tables.counts, tables.values)
     # the finite mask is computed once here and shared by both sides
     finite = np.isfinite(pad.values)
