@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, fields, replace
 from enum import Enum
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any, Mapping, cast
 
 from allocator.solve import METHODS
 
@@ -310,7 +310,7 @@ def _curve(where: str, points: Any) -> tuple[tuple[int, float], ...]:
 
 # The simulator's named policies: this config with a few fields changed. What a preset cannot say
 # (the true curves, the freetrain user's error model, free rescales) is ground truth the simulator adds.
-PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType({k: MappingProxyType(v) for k, v in {
+PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType({k: MappingProxyType(cast("dict[str, Any]", v)) for k, v in {
     # the default policy (what the daemon runs out of the box): passive learning, gated profiling,
     # adaptive admission
     "malletrain": {},

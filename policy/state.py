@@ -129,6 +129,6 @@ class PolicyState:
         return st
 
 
-def _pairs(value: Any) -> list:
+def _pairs(value: Any) -> list[Any]:
     """``[[key, value], ...]``; an object (as version 1 states first saved profiles) reads as its items."""
     return list(value.items()) if isinstance(value, dict) else [(k, v) for k, v in value]
