@@ -28,6 +28,10 @@ from traces.model import IdleTimeline
 ENDLESS_WANT = 64  # queued jobs drawn ahead from an endless stream when the policy has no Pjmax
 
 
+def _job_id(job: SimJob) -> str:
+    return job.id
+
+
 class PolicyDriver:
     """Asks the policy at each decision and carries its decision out."""
 
@@ -103,8 +107,7 @@ class PolicyDriver:
                 self.stream_done = True
                 break
             fleet.queue.append(fleet.submit(spec, t))
-        shown = shown_queue([j.id for j in fleet.queue], self.policy.state.queue_front, want)
-        return [fleet.jobs[j] for j in shown]
+        return shown_queue(fleet.queue, self.policy.state.queue_front, want, id_of=_job_id)
 
     def _view(self, t: float, queued: list[SimJob]) -> View:
         """The ledger's view of the admitted jobs and the queue's window (queued jobs made no progress)."""
@@ -156,7 +159,7 @@ class PolicyDriver:
                 job.last_update = t
                 if job.admitted_at is None:
                     job.admitted_at = t
-        fleet.admitted = [by_id[j] for j in decision.admitted]
+        fleet.admit([by_id[j] for j in decision.admitted])
         physics.profiling = set(decision.profiling)
         self._apply_plan(decision.assignment, t)
         if self._pcfg.allocation.value == "milp" and decision.solved:

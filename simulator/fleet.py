@@ -41,28 +41,24 @@ class Fleet:
         self._want_costs = pcfg.rescale_costs.value == "measured" and pcfg.allocation.value == "milp"
         self.jobs: dict[str, SimJob] = {}
         self.queue: list[SimJob] = []  # submitted, not admitted, in submission order
-        self._admitted: list[SimJob] = []
+        self.admitted: list[SimJob] = []  # read at every event; changed by admit() and drop_admitted()
         self._capacity: int | None = None  # absorb_capacity() of the admitted list (None: not known)
 
-    @property
-    def admitted(self) -> list[SimJob]:
-        return self._admitted
-
-    @admitted.setter
-    def admitted(self, jobs: list[SimJob]) -> None:
-        self._admitted = jobs
+    def admit(self, jobs: list[SimJob]) -> None:
+        """The jobs holding a slot from now on, in the policy's order."""
+        self.admitted = jobs
         self._capacity = None
 
     def absorb_capacity(self) -> int:
         """Nodes the admitted jobs could hold at once: the sum of their max nodes (kept: asked at every
         event; the admitted list changes only at decisions, completions, cancels)."""
         if self._capacity is None:
-            self._capacity = sum(j.spec.max_nodes for j in self._admitted)
+            self._capacity = sum(j.spec.max_nodes for j in self.admitted)
         return self._capacity
 
     def drop_admitted(self, job: SimJob) -> None:
         """``job`` holds its slot no more (it finished, was cancelled or stopped)."""
-        remove_job(self._admitted, job)
+        remove_job(self.admitted, job)
         self._capacity = None
 
     def requeue(self, job: SimJob) -> None:
