@@ -17,6 +17,10 @@ nodes, as the simulator does (the lender order reads it); a permutation of a job
 rescale; the simulator shows the policy every queued job (up to 1,000), as the daemon does; a
 lender's repayment and the re-plan it allows happen in one decision.
 
+A second scenario replays budgets and deadlines: a job with ``budget_node_hours`` is stopped
+(``Decision.stop``) at the same decision in both drivers, each counting the node-hours it held, and a
+job with a ``deadline`` is weighed up the same way.
+
 Then daemon-side tests of Pjmax and lending (the daemon had none) and of the policy state across a
 restart (clean close, and a crash with re-adoption), with the same fakes.
 """
