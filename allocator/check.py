@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from allocator.model import Plan, Problem
+from allocator.model import Job, Plan, Problem
 
 
 def violations(problem: Problem, plan: Plan) -> list[str]:
@@ -28,7 +28,7 @@ def violations(problem: Problem, plan: Plan) -> list[str]:
     return out
 
 
-def _job_violations(job, nodes: tuple[str, ...], held: set[str], owner: dict[str, str]) -> list[str]:
+def _job_violations(job: Job, nodes: tuple[str, ...], held: set[str], owner: dict[str, str]) -> list[str]:
     out: list[str] = []
     n = len(nodes)
     if n and not (job.min_nodes <= n <= job.max_nodes):

@@ -46,7 +46,8 @@ class Padded:
 
     def choice(self, lam: float) -> np.ndarray:
         """Each job's best index under ``lam`` (ties: the smaller count)."""
-        return self.relaxed(lam).argmax(axis=1)
+        best: np.ndarray = self.relaxed(lam).argmax(axis=1)
+        return best
 
     def demand(self, idx: np.ndarray) -> int:
         return int(self.counts[np.arange(idx.size), idx].sum())
@@ -101,9 +102,10 @@ def solve_fast(tables: Tables, capacity: int) -> list[int]:
     if int(tables.counts[rows, tables.values.argmax(axis=1)].sum()) <= capacity:
         picks = tables.preferred_best()
         if int(tables.counts[rows, picks].sum()) <= capacity:
-            return picks.tolist()
+            chosen: list[int] = picks.tolist()
+            return chosen
     pad = Padded(tables.counts, tables.values)
-    # rows and the finite mask are computed once here: each numpy call costs ~1 us on these small arrays
+    # the finite mask is computed once here and shared by both sides
     finite = np.isfinite(pad.values)
     lo, hi = _bracket_sides(pad, capacity, tables.envelopes, rows, finite)
     incumbent, inc_value = _incumbent(pad, capacity, lo, hi, rows)

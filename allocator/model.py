@@ -30,7 +30,7 @@ def _is_count(n: object) -> bool:
 
 def _is_rate(v: object) -> bool:
     """A finite real number >= 0."""
-    return isinstance(v, _RATE_TYPES) and not isinstance(v, bool) and 0.0 <= v < math.inf
+    return isinstance(v, _RATE_TYPES) and not isinstance(v, bool) and bool(0.0 <= v < math.inf)
 
 
 @dataclass(frozen=True)

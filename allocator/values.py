@@ -65,7 +65,7 @@ class Tables:
     def preferred_best(self, values: np.ndarray | None = None) -> np.ndarray:
         """Each row's best index; ties go to the current count, then the smallest count."""
         vals = self.values if values is None else values
-        first = vals.argmax(axis=1)
+        first: np.ndarray = vals.argmax(axis=1)
         if not len(self.jobs):
             return first
         rows = np.arange(len(self.jobs))
@@ -80,7 +80,7 @@ def curve_throughputs(scaling: Mapping[int, float], counts: np.ndarray) -> np.nd
     xs = sorted(scaling)
     px = np.array([0.0] + [float(x) for x in xs])
     py = np.array([0.0] + [float(scaling[x]) for x in xs])
-    out = np.interp(counts.astype(np.float64), px, py)
+    out: np.ndarray = np.interp(counts.astype(np.float64), px, py)
     out[counts <= 0] = 0.0
     return out
 
@@ -208,8 +208,8 @@ class RowMemo:
 
     def __init__(self, keep: int = 4096) -> None:
         self.keep = keep
-        self._rows: dict[tuple, tuple[ValueRow, Envelope]] = {}
-        self._gains: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+        self._rows: dict[tuple[object, ...], tuple[ValueRow, Envelope]] = {}
+        self._gains: dict[tuple[object, ...], tuple[np.ndarray, np.ndarray]] = {}
 
     def row(self, job: Job, horizon_s: float, size: int) -> tuple[ValueRow, Envelope]:
         curve = tuple(job.scaling.items())

@@ -4,7 +4,7 @@
 
     python benchmarks/bench_allocator.py [--quick] [--seed N]
 
-Scalability curves come from ../shared/data/summit-scaling.csv (or
+Scalability curves come from the data directory's summit-scaling.csv (or
 $MALLETRAIN_DATA / $MALLETRAIN_SHARED_DATA); synthetic concave curves if it is absent.
 """
 

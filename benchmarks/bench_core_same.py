@@ -1,13 +1,13 @@
 """Same results before and after a pure-core refactor: six one-day replays of the Summit log, this
 checkout against a baseline commit (default 4b8a6c1: main before the ledger and the simulator's split,
-after issue I's calibration), each in a fresh process; prints SAME or the fields that differ.
+after the first measured calibration), each in a fresh process; prints SAME or the fields that differ.
 
     .venv/bin/python benchmarks/bench_core_same.py                  # makes a git worktree of 4b8a6c1
     .venv/bin/python benchmarks/bench_core_same.py --baseline DIR   # a checkout of a baseline you have
 
 The replays run with ``--calibration free`` (``SimConfig(calibration=free())``): what is compared is
 the policy and the engine's bookkeeping, not the costs charged, which change when the calibration or
-what it charges does (issue I's grow join changes every charged replay on purpose). A summary is
+what it charges does (the grow's join cost changes every charged replay on purpose). A summary is
 compared whole, less what is timed or counts solver calls (``wall``, ``decision_ms``, ``cpu``,
 ``solve``): a no-op decision may be recognised differently without changing any plan; the
 ``calibration_values`` are compared on the keys both sides have (a new cost is 0 under ``free``).
@@ -22,9 +22,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from traces.data import find_data  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 BASELINE_COMMIT = "4b8a6c1"
-TRACE = Path("/work/shared/data/summit-2021-02-10_17.nodes.csv.gz")
+TRACE = find_data("summit-2021-02-10_17.nodes.csv.gz")  # $MALLETRAIN_DATA, else the default
 # (workload, preset knobs over the default PolicyConfig, seed)
 REPLAYS = (
     ("nas", {}, 0), ("hpo", {}, 1), ("stress", {}, 2),

@@ -4,7 +4,7 @@
 
 Replays ``malletrain`` twice per seed, paired: with the shipped calibration
 (simulator/calibration.json: pilot start, cold start, restart with rollback, rescale pause) and
-with the ``free`` ablation (what the simulator charged before issue 18); prints the share of the
+with the ``free`` ablation (what the simulator charged before it had a measured calibration); prints the share of the
 work the costs take, the mean and per seed; then the share the grow's join (``join_s``) alone takes:
 the shipped calibration against the same with ``join_s`` 0; then what warm starts save
 (``warm_start_s``: a start or restart on nodes whose warm workers are ready): the same calibration

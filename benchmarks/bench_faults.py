@@ -3,7 +3,7 @@
     python benchmarks/bench_faults.py [--kills 20] [--recalls 100] [--fuzz 3000] [--seed 1]
 
 Every part runs the real thing (``malletrain daemon`` subprocesses, local backend,
-real agents and workers) on a private state dir, and counts what issue E asks:
+real agents and workers) on a private state dir, and counts what is lost, duplicated or accepted that should not be:
 
 * **kills**: a toy-runtime daemon on 4 nodes whose idleness flips (a written
   nodes-csv trace), a mix of jobs (with targets, without, profiled), submits and
@@ -30,7 +30,7 @@ real agents and workers) on a private state dir, and counts what issue E asks:
   Accepted: any of them that changed anything.
 
 Orphans: processes that mention a state dir after its daemon stopped.
-* **round2** (issue K, ``benchmarks/faults_round2.py``): another user's jobs probing
+* **round2** (``benchmarks/faults_round2.py``): another user's jobs probing
   the privilege drop (environment, cwd, a ``setsid()`` grandchild, an ownerless job,
   a log flood), self-signed reports claiming more than a node can train, ~1,000
   idle connections from one user to each port, and the rendezvous store's attacks.

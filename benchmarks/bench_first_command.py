@@ -7,7 +7,8 @@ Takes the first ```bash block of README.md's "The two commands" section, clones 
 checkout's committed HEAD (``git clone``: what a newcomer gets, nothing ignored or
 uncommitted), runs the block there with ``bash -e`` and stamps every chunk of output it
 prints. Prints the total wall time and the longest silence (with the line before it), each
-next to its target (issue 21: at most 240 s in all, no silence over 30 s), and exits 1 when
+next to its target (at most 240 s in all, no silence over 30 s: a newcomer's first command must
+not look hung), and exits 1 when
 one is missed. pip's download cache (``~/.cache/pip``) is used as on any machine that
 installed a package before; the torch CPU wheel comes from the local wheel folder pip is
 configured with.

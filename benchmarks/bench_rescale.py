@@ -27,7 +27,7 @@ Printed (median and max over repetitions):
   period, a reconnection probe, leaving and the interpreter's exit;
   ``tests/test_elastic.py`` checks the behaviour, this prints the time).
 
-Targets (issue C): planned pause <= 1 s, recall recovery <= 5 s.
+Targets: planned pause <= 1 s, recall recovery <= 5 s.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ own step traces and the daemon's store:
   (its stored samples after a clean stop, minus the newest ``samples`` in the traces);
 * workers started afresh during the kills (0: every worker was re-adopted).
 
-Baseline (issue 19, before this change): 3 of 4 kills stopped training for 44-56 s (rank 0
+Baseline (before the store reconnected and adopted workers kept their rank): 3 of 4 kills stopped training for 44-56 s (rank 0
 blocked in torch's 30 s TCPStore connect, the others rolled back), and 1,523 steps were
 trained twice after a double SIGTERM.
 """

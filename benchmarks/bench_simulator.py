@@ -3,7 +3,7 @@
     python benchmarks/bench_simulator.py [--policies malletrain,oracle] [--workload nas] [--days D] [--seed N]
                                          [--max-running N] [--tfwd S]
 
-Replays ../shared/data/summit-2021-02-10_17.nodes.csv.gz (or $MALLETRAIN_DATA)
+Replays the data directory's summit-2021-02-10_17.nodes.csv.gz ($MALLETRAIN_DATA or the default)
 with an endless job stream (default: nas) under the daemon's policy defaults
 (:class:`policy.PolicyConfig`: Pjmax 10, Tfwd 120 s unless given), once per
 policy, and prints for each: wall and CPU seconds, decisions, policy calls,

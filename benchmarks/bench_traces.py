@@ -1,6 +1,6 @@
 """Speed of the trace readers on the real logs, and of the synthetic generator.
 
-Prints, for each log in ../shared/data (or $MALLETRAIN_DATA): best-of-N wall time
+Prints, for each log in the data directory ($MALLETRAIN_DATA or the default): best-of-N wall time
 of ``traces.read``; for the Summit node-state CSV also the same work done the
 obvious way (``csv.DictReader`` rows -> ``NodeEvent`` objects -> a dict of node
 states, no numpy) as the baseline, and the ratio. Then the time to fit the

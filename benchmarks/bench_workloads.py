@@ -3,7 +3,7 @@
     python benchmarks/bench_workloads.py [--draws 1000] [--seed 0] [--scaling FILE]
 
 Prints, for the rate model of :mod:`simulator.perfmodel` fitted on the measured Summit
-curves (``../shared/data/summit-scaling.csv`` unless ``--scaling``): the fitted constants
+curves (the data directory's ``summit-scaling.csv`` unless ``--scaling``): the fitted constants
 and the mean absolute error per measured model (full model, and the brief's basic
 compute + ring-allreduce model for comparison); then for each stream (``nas``, ``hpo``,
 ``stress``, ``imagenet7``) over ``--draws`` seeded draws: the 1-node rate, the scaling

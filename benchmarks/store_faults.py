@@ -1,4 +1,5 @@
-"""The rendezvous store's attacks for ``bench_faults.py --parts round2`` (issue K, finding 1).
+"""The rendezvous store's attacks for ``bench_faults.py --parts round2`` (the store once
+accepted any peer).
 
 :func:`attacks` tries what an attacker tried against the unauthenticated TCPStore the daemon
 hosted before: against the live daemon's store port (read from its state dir), a peer without the

@@ -1,4 +1,4 @@
-"""How much progress one job's own reports may claim (issue 20, finding 10).
+"""How much progress one job's own reports may claim, so that a job cannot inflate its own share.
 
 A job signs its reports with its own secret, so it can claim any progress for itself; what it claims
 feeds the policy's beliefs (its throughput curve) and its share of the nodes. Two bounds, both on the

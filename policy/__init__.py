@@ -4,7 +4,7 @@
     decision = Policy(PolicyConfig()).decide(View(now, free_nodes, jobs), evidence)
 
 Imports only :mod:`allocator`, :mod:`profiler`, numpy and the standard library: no clock, no I/O.
-The daemon and the simulator both drive it (see ``../shared/docs/ARCHITECTURE.md``).
+The daemon and the simulator both drive it (see ``docs/design.md``).
 """
 
 from policy.config import (

@@ -11,13 +11,17 @@ import math
 from dataclasses import dataclass, fields, replace
 from enum import Enum
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any, Mapping, cast
 
 from allocator.solve import METHODS
 
 
 class PolicyConfigError(ValueError):
     """A policy knob with a bad value; the message names the knob."""
+
+
+MAX_NUMBER = 1e15
+"""Any number in a ``[policy]`` table at most this (no knob is anywhere near; huge ints overflow floats)."""
 
 
 class Profiling(str, Enum):
@@ -93,7 +97,7 @@ class CostSource(str, Enum):
 # Tfwd: the horizon over which the allocator weighs a rescale's pause against its gain. Decisions on
 # the Summit week come every ~46 s on average and an allocation usually outlives a few of them; of
 # 30/60/120/300/900 s, 120 s trained the most samples on that week (chosen on the evaluation week
-# itself: issue G re-tunes it on other data).
+# itself: re-tune it on other data before trusting it elsewhere).
 DEFAULT_TFWD_S = 120.0
 
 
@@ -113,7 +117,7 @@ class PolicyConfig:
     admission_knee: float = 0.75
     """Adaptive admission counts a job as able to use nodes up to the knee of its believed curve: the
     count past which a further node adds less than this fraction of its per-node rate at its min.
-    0: up to its max (no knee). Higher admits more jobs. 0.75 rather than 0.5 (issue H, 1 day, 3 seeds):
+    0: up to its max (no knee). Higher admits more jobs. 0.75 rather than 0.5 (1 day, 3 seeds):
     a believed curve's knee sits above the true one until the job has run at several counts, so the
     gentler rule admitted too few jobs (regret vs milp-true 8.8% on hpo, 4.5% on stress)."""
     profiling: Profiling = Profiling.GATED
@@ -211,6 +215,33 @@ class PolicyConfig:
             out[f.name] = v.value if isinstance(v, Enum) else ([list(p) for p in v] if f.name == "prior" and v else v)
         return out
 
+    def overridden(self, changes: Mapping[str, Any], names: Mapping[str, str] | None = None) -> "PolicyConfig":
+        """This config with ``changes`` (knobs given over a preset or a file, e.g. on a command line),
+        checked as one; ``names`` says how each knob was given (a flag), for errors. Two rules tie knobs
+        together: a cap (``admission_cap``) bounds adaptive admission only, so a cap given with fixed
+        admission is an error; adaptive admission needs a Pjmax floor, so ``max_running`` 0 given with
+        it (or adaptive given over a 0) is one too."""
+        named = dict(names or {})
+
+        def name(knob: str) -> str:
+            return named.get(knob, f"policy.{knob}")
+
+        try:
+            out = replace(self, **changes) if changes else self
+        except PolicyConfigError as exc:
+            text = str(exc)
+            for knob in changes:
+                text = text.replace(f"policy.{knob} ", f"{name(knob)} ", 1)
+            raise PolicyConfigError(text) from None
+        if out.admission is Admission.FIXED and "admission_cap" in changes:
+            raise PolicyConfigError(f"{name('admission_cap')} {out.admission_cap} and {name('admission')} fixed: "
+                                    "a cap bounds adaptive admission only")
+        if out.admission is Admission.ADAPTIVE and out.max_running == 0 and (
+                "admission" in changes or "max_running" in changes):
+            raise PolicyConfigError(f"{name('admission')} adaptive and {name('max_running')} 0: adaptive admission "
+                                    "needs a Pjmax floor >= 1")
+        return out
+
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], where: str = "policy") -> "PolicyConfig":
         """From a ``[policy]`` table; unknown keys and bad values raise errors naming ``where.key``."""
@@ -220,6 +251,8 @@ class PolicyConfig:
         unknown = sorted(str(k) for k in data if k not in known)
         if unknown:
             raise PolicyConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        for key, value in data.items():
+            _sane_number(f"{where}.{key}", value)
         kwargs = dict(data)
         if "prior" in kwargs and kwargs["prior"] is not None:
             prior = kwargs["prior"]
@@ -231,6 +264,20 @@ class PolicyConfig:
             raise PolicyConfigError(str(exc).replace("policy.", f"{where}.", 1)) from None
         except TypeError as exc:
             raise PolicyConfigError(f"{where}: {exc}") from None
+
+
+def _sane_number(name: str, value: Any) -> None:
+    """A number in a table must be finite and at most :data:`MAX_NUMBER` (before any knob reads it)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return
+    try:
+        ok = math.isfinite(float(value)) and abs(value) <= MAX_NUMBER
+    except OverflowError:
+        ok = False
+    if not ok:
+        text = repr(value)
+        raise PolicyConfigError(f"{name} must be a finite number of at most {MAX_NUMBER:g}, got "
+                                f"{text if len(text) <= 40 else text[:37] + '...'}")
 
 
 def _positive_finite(name: str, v: Any, lo: float) -> None:
@@ -263,7 +310,7 @@ def _curve(where: str, points: Any) -> tuple[tuple[int, float], ...]:
 
 # The simulator's named policies: this config with a few fields changed. What a preset cannot say
 # (the true curves, the freetrain user's error model, free rescales) is ground truth the simulator adds.
-PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType({k: MappingProxyType(v) for k, v in {
+PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType({k: MappingProxyType(cast("dict[str, Any]", v)) for k, v in {
     # the default policy (what the daemon runs out of the box): passive learning, gated profiling,
     # adaptive admission
     "malletrain": {},

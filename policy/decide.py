@@ -100,7 +100,7 @@ class Policy:
         self.state = state if state is not None else PolicyState()
         self.beliefs = Beliefs(self.config, self.state)
         self._fragments: tuple[tuple[float, ...], FragmentModel] | None = None
-        self._noop_key: tuple | None = None  # the inputs of the last decision, if it changed nothing
+        self._noop_key: tuple[object, ...] | None = None  # the inputs of the last decision, if it changed nothing
         self._rows = RowMemo()  # the allocator's value rows of jobs valued before, keyed by value
         self._jobs: dict[str, Job] = {}  # the allocator's jobs of the last problem solved, by job id
 
@@ -435,7 +435,7 @@ class Policy:
         return lambda job: self.believed_curve(job, r.population)
 
     def _problem_key(self, admitted: list[JobView], free: list[str], evidence: Evidence,
-                     pins: Mapping[str, int], r: Round, horizon: float, curves: Mapping[str, dict[int, float]]) -> tuple:
+                     pins: Mapping[str, int], r: Round, horizon: float, curves: Mapping[str, dict[int, float]]) -> tuple[object, ...]:
         """What a decision's plan depends on, beyond the state: equal keys, equal plans (compared with
         ``==``, never hashed: the allocator ``curves`` are in it as they are)."""
         room = sum(j.max_nodes - j.count for j in admitted)

@@ -108,7 +108,7 @@ class PolicyState:
                 lent_at={str(k): float(v) for k, v in data["lent_at"].items()},
                 measured={str(k): {int(n): float(r) for n, r in pts.items()} for k, pts in data["measured"].items()},
                 population=[float(x) for x in data["population"]][-POPULATION_KEEP:],
-                # absent from states saved before issue H
+                # absent from states saved before node shapes and fragments were kept
                 shapes=[{int(n): float(e) for n, e in sh.items()} for sh in data.get("shapes", [])][-SHAPES_KEEP:],
                 fragments=[float(x) for x in data.get("fragments", [])][-FRAGMENTS_KEEP:],
                 over_budget={str(x) for x in data.get("over_budget", [])},
@@ -129,6 +129,6 @@ class PolicyState:
         return st
 
 
-def _pairs(value: Any) -> list:
+def _pairs(value: Any) -> list[Any]:
     """``[[key, value], ...]``; an object (as version 1 states first saved profiles) reads as its items."""
     return list(value.items()) if isinstance(value, dict) else [(k, v) for k, v in value]

@@ -1,4 +1,4 @@
-"""Node valuation: how long the nodes on offer are expected to stay (issue H §3).
+"""Node valuation: how long the nodes on offer are expected to stay.
 
 A rescale pays when its gain over the time the nodes stay outweighs its pause. ``tfwd`` weighs it
 over a fixed horizon; ``learned`` over the expected remaining idle time of the nodes on offer:

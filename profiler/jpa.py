@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from enum import Enum
-from typing import Literal, Mapping, Protocol, Sequence
+from typing import Any, Literal, Mapping, Protocol, Sequence
 
 from profiler.estimators import Estimate
 from profiler.scalability import Scalability, Source
@@ -278,7 +278,7 @@ class ProfileSession:
         self._missing: list[int] = []
         self._done: Done | None = None
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """Plain data (JSON-safe) that :meth:`from_dict` turns back into an equal session."""
         plan = self.plan
         return {
@@ -291,7 +291,7 @@ class ProfileSession:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping) -> "ProfileSession":
+    def from_dict(cls, data: Mapping[str, Any]) -> "ProfileSession":
         """The session :meth:`to_dict` saved; a malformed dict raises :class:`ProfilingError`."""
         try:
             plan = ProfilePlan(str(data["job_id"]), tuple(int(c) for c in data["counts_desc"]),

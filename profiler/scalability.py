@@ -160,7 +160,7 @@ def _lstsq(x: list[list[float]]) -> list[float]:
 
 def _least_squares(a: list[list[float]], columns: Callable[[], list[list[float]]]) -> list[float] | None:
     """``argmin |x c - 1|`` for at most 3 columns from its normal equations ``a`` = ``[x'x | x'1]``, by
-    Gaussian elimination (a few microseconds, where numpy's SVD on so small a system costs tens), or
+    Gaussian elimination (a 3x3 system needs no SVD), or
     numpy's lstsq on ``x = columns()`` when they are near singular."""
     k = len(a)
     a = [row[:] for row in a]

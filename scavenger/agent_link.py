@@ -52,8 +52,8 @@ class DaemonLink:
     outbox: list[P.AgentMessage]  # worker events while no session: sent after hello
     refused: dict[str, int]  # why frames or servers were refused, and how often
     refusals_in_a_row: int  # proofs the server refused since the last session
-    sock: zmq.Socket  # type: ignore[type-arg]
-    monitor: zmq.Socket  # type: ignore[type-arg]
+    sock: zmq.Socket
+    monitor: zmq.Socket
 
     def handle(self, body: bytes) -> None:
         raise NotImplementedError

@@ -31,48 +31,28 @@ forger does with it is cost a handshake. Frames are bounded (:data:`MAX_FRAME`).
 
 from __future__ import annotations
 
-import enum
-import hmac
 import os
 import secrets
 import stat
-from dataclasses import dataclass
 from pathlib import Path
 
+# the frames themselves are shared with the workers' store channel, one layer down
+from authframe import (COUNTER_BYTES, MAC_BYTES, MAX_FRAME, NONCE_BYTES, TO_AGENT, TO_HUB, ChannelError, Kind,
+                       Session, mac, new_nonce)
+
+__all__ = [
+    "AGENT_KEY_FILE", "COUNTER_BYTES", "KEY_BYTES", "MAC_BYTES", "MAX_FRAME", "MAX_REASON", "NONCE_BYTES", "TO_AGENT",
+    "TO_HUB", "ChannelError", "KeyFileError", "Kind", "Session", "agent_proof", "challenge_frame", "create_key_file",
+    "finish_frame", "hub_proof", "kind_of", "new_nonce", "nonce_frame", "parse_challenge", "parse_finish",
+    "parse_nonce", "parse_proof", "parse_reauth", "proof_frame", "reauth_frame", "read_key_file", "session_key",
+]
+
 KEY_BYTES = 32
-NONCE_BYTES = 32
-MAC_BYTES = 32
-COUNTER_BYTES = 8
-MAX_FRAME = 1 << 20
-"""Largest frame either side accepts (a ``start_worker`` with its env and argv fits easily)."""
 MAX_REASON = 64
 AGENT_KEY_FILE = "agent.key"
 
 _LABEL = b"malletrain-agent-v1 "
-TO_HUB = b"agent->hub"
-TO_AGENT = b"hub->agent"
-
-
-class Kind(bytes, enum.Enum):
-    """The first byte of every frame."""
-
-    CHALLENGE = b"C"  # agent -> hub: nonce_a
-    NONCE = b"N"  # hub -> agent: nonce_h
-    FINISH = b"F"  # agent -> hub: proof_a
-    PROOF = b"P"  # hub -> agent: proof_h
-    REAUTH = b"R"  # hub -> agent: no session for you, authenticate again (unauthenticated hint)
-    DATA = b"D"  # either way: counter, MAC, body
-
-
 _KINDS: dict[bytes, Kind] = {k.value: k for k in Kind}
-
-
-class ChannelError(ValueError):
-    """A frame that fails the channel's checks; ``reason`` is a short counter key."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
 
 
 class KeyFileError(ValueError):
@@ -132,24 +112,16 @@ def _transcript(what: bytes, node: str, nonce_a: bytes, nonce_h: bytes) -> bytes
     return _LABEL + what + len(name).to_bytes(2, "big") + name + nonce_a + nonce_h
 
 
-def _mac(key: bytes, data: bytes) -> bytes:
-    return hmac.digest(key, data, "sha256")  # HMAC-SHA256 in one C call (hmac.new(...).digest() is 3)
-
-
 def hub_proof(key: bytes, node: str, nonce_a: bytes, nonce_h: bytes) -> bytes:
-    return _mac(key, _transcript(b"hub", node, nonce_a, nonce_h))
+    return mac(key, _transcript(b"hub", node, nonce_a, nonce_h))
 
 
 def agent_proof(key: bytes, node: str, nonce_a: bytes, nonce_h: bytes) -> bytes:
-    return _mac(key, _transcript(b"agent", node, nonce_a, nonce_h))
+    return mac(key, _transcript(b"agent", node, nonce_a, nonce_h))
 
 
 def session_key(key: bytes, node: str, nonce_a: bytes, nonce_h: bytes) -> bytes:
-    return _mac(key, _transcript(b"session", node, nonce_a, nonce_h))
-
-
-def new_nonce() -> bytes:
-    return secrets.token_bytes(NONCE_BYTES)
+    return mac(key, _transcript(b"session", node, nonce_a, nonce_h))
 
 
 def challenge_frame(nonce_a: bytes) -> bytes:
@@ -211,50 +183,3 @@ def parse_reauth(frame: bytes) -> str:
     if len(frame) > 1 + MAX_REASON:
         raise ChannelError("malformed", f"reauth of {len(frame)} bytes")
     return frame[1:].decode("ascii", "replace")
-
-
-# ---- session -------------------------------------------------------------------------------
-
-
-@dataclass
-class Session:
-    """One authenticated connection: seals outgoing frames, opens incoming ones.
-
-    ``send_label``/``recv_label`` are :data:`TO_HUB`/:data:`TO_AGENT` (the agent's
-    view) or the reverse (the hub's).
-    """
-
-    key: bytes
-    send_label: bytes
-    recv_label: bytes
-    sent: int = 0
-    received: int = 0  # highest counter accepted
-
-    @classmethod
-    def for_agent(cls, key: bytes) -> "Session":
-        return cls(key, TO_HUB, TO_AGENT)
-
-    @classmethod
-    def for_hub(cls, key: bytes) -> "Session":
-        return cls(key, TO_AGENT, TO_HUB)
-
-    def seal(self, body: bytes) -> bytes:
-        self.sent += 1
-        counter = self.sent.to_bytes(COUNTER_BYTES, "big")
-        return Kind.DATA.value + counter + _mac(self.key, self.send_label + counter + body) + body
-
-    def open(self, frame: bytes) -> bytes:
-        """The body of a data frame, after checking its MAC and that its counter moved forward."""
-        head = 1 + COUNTER_BYTES + MAC_BYTES
-        if len(frame) < head or frame[:1] != Kind.DATA.value:
-            raise ChannelError("malformed", f"data frame of {len(frame)} bytes")
-        if len(frame) > MAX_FRAME:
-            raise ChannelError("too_big", f"frame of {len(frame)} bytes (limit {MAX_FRAME})")
-        counter_b, mac, body = frame[1 : 1 + COUNTER_BYTES], frame[1 + COUNTER_BYTES : head], frame[head:]
-        if not hmac.compare_digest(mac, _mac(self.key, self.recv_label + counter_b + body)):
-            raise ChannelError("bad_mac", "the frame's MAC does not match (forged, reflected or another session)")
-        counter = int.from_bytes(counter_b, "big")
-        if counter <= self.received:
-            raise ChannelError("replayed", f"counter {counter} not after {self.received} (replayed or reordered)")
-        self.received = counter
-        return body

@@ -353,10 +353,14 @@ def slot_timeline(timeline: IdleTimeline, n_slots: int) -> IdleTimeline:
     for when, now in zip(t[1:].tolist(), capped[1:].tolist()):
         if now > prev:
             for slot in range(prev, now):
-                times.append(when), ids.append(slot), idle.append(True)
+                times.append(when)
+                ids.append(slot)
+                idle.append(True)
         elif now < prev:
             for slot in range(prev - 1, now - 1, -1):
-                times.append(when), ids.append(slot), idle.append(False)
+                times.append(when)
+                ids.append(slot)
+                idle.append(False)
         prev = now
     names = tuple(f"slot{i}" for i in range(n_slots))
     return IdleTimeline(

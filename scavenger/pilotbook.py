@@ -275,7 +275,7 @@ class PilotBook:
 
     def notice_walltime(self, now: float, lead_s: float) -> list[PilotRecord]:
         """RUNNING pilots within ``lead_s`` of their walltime: ENDING, announced (TIMEOUT)."""
-        due = []
+        due: list[PilotRecord] = []
         if lead_s <= 0:
             return due
         for rec in self._live.values():

@@ -343,11 +343,11 @@ class BatchBackend(SchedulerBackend):
             for obs in ended:
                 self._end(self._detail(obs) if obs.needs_detail else obs, now)
             for pid in missing:
-                obs = self._lookup(pid)
-                if obs is not None and obs.state is not PilotState.ENDED:
-                    self.book.apply(obs, now)
+                found = self._lookup(pid)
+                if found is not None and found.state is not PilotState.ENDED:
+                    self.book.apply(found, now)
                 else:
-                    self._end(obs or Observation(pid, PilotState.ENDED, "", reason=EndReason.UNKNOWN,
+                    self._end(found or Observation(pid, PilotState.ENDED, "", reason=EndReason.UNKNOWN,
                                                  detail="the scheduler no longer knows this job"), now)
         self._after_poll(now)
         return self.book.drain()

@@ -280,7 +280,7 @@ def decode(frame: bytes) -> AgentMessage:
     if not isinstance(payload, dict):
         raise ProtocolError(f"{type_} message from {node}: payload is not an object")
     kwargs: dict[str, Any] = {"node": node}
-    for name, f in cls.__dataclass_fields__.items():
+    for name, f in cls.__dataclass_fields__.items():  # type: ignore[attr-defined]
         if name == "node" or name not in payload:
             continue
         try:

@@ -31,7 +31,7 @@ and optionally (:data:`OPTIONAL`; 0 when a file has none, as files written befor
 
 ``free`` (:func:`free`) is the named ablation with no start, restart, pilot, join or rollback cost
 (rescale pauses: each job's own, 18 s up / 12 s down by default), what the simulator charged
-before issue 18. Every ``summary.json`` names the calibration it ran with.
+before its costs were measured on the real daemon. Every ``summary.json`` names the calibration it ran with.
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ class Priority(enum.IntEnum):
     END = 4  # the end of the replay window, after everything else at that time
 
 
-_PRIORITIES: dict[int, Priority] = {int(p): p for p in Priority}  # a lookup, cheaper than calling the enum
+_PRIORITIES: dict[int, Priority] = {int(p): p for p in Priority}  # int -> Priority
 
 
 class EventQueue(Generic[T]):

@@ -21,7 +21,7 @@ from simulator.sweep import RunSpec, split_workload
 from traces.model import IdleTimeline
 
 POLICIES = ("freetrain", "malletrain", "jpa", "milp-true", "oracle", "greedy")
-# issue 18: on a real finite stream every baseline runs at the default's admission (--admission
+# On a real finite stream every baseline runs at the default's admission (--admission
 # and friends override presets), scored in work; freetrain also at fixed Pjmax, best of FIXED_PJMAX
 REAL_POLICIES = ("malletrain", "freetrain", "greedy", "equal", "rigid-preemptible", "jpa", "milp-true")
 FIXED_PJMAX = (10, 40, 100)
@@ -293,7 +293,7 @@ def check_targets(ev: Evaluation) -> list[Target]:
     return out
 
 
-# ---------------------------------------------------------------- real streams (issue 18)
+# ---------------------------------------------------------------- real streams
 
 
 def is_baseline(label: str) -> bool:

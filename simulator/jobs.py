@@ -55,6 +55,8 @@ class JobSpec:
     arrival_s: float = 0.0  # offset from the start of the replay window
     believed_scaling: Curve | None = None
     requested_nodes: int | None = None  # the count a rigid submission asks for (a trace's GPUs / node)
+    budget_node_hours: float | None = None  # the most node-hours it may hold (the daemon's job file key)
+    deadline: float | None = None  # when it should be done, in seconds after the start of the replay window
 
     def __post_init__(self) -> None:
         if not (self.samples > 0) or math.isinf(self.samples):
@@ -69,6 +71,12 @@ class JobSpec:
             raise WorkloadError(f"job {self.name}: requested_nodes must be >= 1, got {self.requested_nodes}")
         if self.arrival_s < 0:
             raise WorkloadError(f"job {self.name}: arrival must be >= 0 s after the start")
+        if self.budget_node_hours is not None and not (0 < self.budget_node_hours < math.inf):
+            raise WorkloadError(f"job {self.name}: budget_node_hours must be a finite number > 0, "
+                                f"got {self.budget_node_hours!r}")
+        if self.deadline is not None and not (0 <= self.deadline < math.inf):
+            raise WorkloadError(f"job {self.name}: deadline must be a finite number of seconds >= 0 after the "
+                                f"start, got {self.deadline!r}")
         _check_curve(self.scaling, f"job {self.name}: scaling")
         if self.believed_scaling is not None:
             _check_curve(self.believed_scaling, f"job {self.name}: believed_scaling")

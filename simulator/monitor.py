@@ -18,7 +18,7 @@ from itertools import islice
 from operator import itemgetter
 from typing import TYPE_CHECKING, Iterator, Mapping
 
-from allocator import throughput_at
+from curves import throughput_at
 from policy import JobEvidence, evidence_from
 from profiler import Estimate, Record, Segment, ThroughputEstimator, rescale_events, synthesize
 from profiler.estimators import RescaleSummary

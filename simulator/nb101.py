@@ -18,7 +18,7 @@ copied). What it assumes:
   stacks of 3 cells; before stacks 2 and 3 a 2x2 max-pool (stride 2) halves the
   resolution and the channels double; then global average pooling and a dense layer.
   The benchmark trains at 32x32 with 10 labels; here the input is 224x224 with 1000
-  labels (issue G), which makes the networks far heavier than the benchmark's.
+  labels (ImageNet-sized), which makes the networks far heavier than the benchmark's.
 * **Channels in a cell** (:func:`vertex_channels`): the cell's output channels are
   split evenly over the vertices that feed the output (their outputs are
   concatenated; the first ``remainder`` of them get one more channel); any other

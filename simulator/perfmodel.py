@@ -77,7 +77,7 @@ class Machine:
                          self.fs_bandwidth], dtype=float)
 
 
-# The result of calibrate() on ../shared/data/summit-scaling.csv (rounded); used when no
+# The result of calibrate() on the data directory's summit-scaling.csv (rounded); used when no
 # measured curves are at hand (the synthetic fallback). bench_workloads.py prints the refit.
 SUMMIT_V100 = Machine(mac_rate=2.80e13, sample_s=3.77e-5, layer_s=3.79e-4, bandwidth=2.30e10,
                       latency_s=6.3e-5, fs_bandwidth=3.08e10)

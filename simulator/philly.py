@@ -1,4 +1,4 @@
-"""Real, finite job streams (issue 18 §3): the ``philly`` workload and ``--jobs-file`` lists.
+"""Real, finite job streams: the ``philly`` workload and ``--jobs-file`` lists.
 
 **Curves.** The six models the Pollux authors measured (``pollux/<model>/``: bert, cifar10,
 deepspeech2, imagenet, ncf, yolov3) on nodes of 4 GPUs. One simulated node is one such node: the
@@ -15,10 +15,11 @@ compressed into the window (order and relative spacing kept). Its model is a see
 six; its rigid size (what ``rigid-preemptible`` runs it at) is ``ceil(num_gpus / 4)`` nodes. Every
 job may use 1..16 nodes (the measured range).
 
-**Jobs files.** ``name,time,application[,num_replicas,batch_size,samples]``: ``time`` in seconds from
-the start of the replayed window, ``application`` one of the six models, ``num_replicas`` GPUs
-(rigid size ``ceil(num_replicas / 4)`` nodes), ``batch_size`` the per-GPU batch, ``samples`` the job's
-length (default: :data:`DEFAULT_JOB_WORK_S` node-seconds of work at one node).
+**Jobs files.** ``name,time,application[,num_replicas,batch_size,samples,budget_node_hours,deadline]``:
+``time`` in seconds from the start of the replayed window, ``application`` one of the six models,
+``num_replicas`` GPUs (rigid size ``ceil(num_replicas / 4)`` nodes), ``batch_size`` the per-GPU batch,
+``samples`` the job's length (default: :data:`DEFAULT_JOB_WORK_S` node-seconds of work at one node),
+``budget_node_hours`` and ``deadline`` (seconds from the start, as ``time``) as in the daemon's job file.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from allocator import throughput_at
+from curves import throughput_at
 from simulator.jobs import JobSpec, Workload, WorkloadError
 from traces.data import find_data
 
@@ -46,7 +47,7 @@ SCALABILITY_NODES = (6, 8, 12, 16)
 PHILLY_FILE = "philly-jobs.csv.gz"
 DEFAULT_JOB_WORK_S = 4 * 3600.0  # a jobs-file job without samples: 4 node-hours of work at one node
 JOBS_FILE_COLUMNS = ("name", "time", "application")
-JOBS_FILE_OPTIONAL = ("num_replicas", "batch_size", "samples")
+JOBS_FILE_OPTIONAL = ("num_replicas", "batch_size", "samples", "budget_node_hours", "deadline")
 
 
 @dataclass(frozen=True)
@@ -217,7 +218,8 @@ def philly_workload(seed: int, duration_s: float, idle_node_seconds: float, offe
 
 
 def jobs_file_workload(path: str | Path, data_dir: Path | None = None) -> Workload:
-    """A job list ``name,time,application[,num_replicas,batch_size,samples]`` (see the module docstring)."""
+    """A job list ``name,time,application[,num_replicas,batch_size,samples,budget_node_hours,deadline]``
+    (see the module docstring; a deadline in seconds after the start, as ``time``)."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
@@ -229,7 +231,8 @@ def jobs_file_workload(path: str | Path, data_dir: Path | None = None) -> Worklo
     missing = [c for c in JOBS_FILE_COLUMNS if c not in header]
     unknown = [c for c in header if c not in JOBS_FILE_COLUMNS + JOBS_FILE_OPTIONAL]
     if missing or unknown:
-        raise WorkloadError(f"--jobs-file {p}: columns are name,time,application[,num_replicas,batch_size,samples]"
+        raise WorkloadError(f"--jobs-file {p}: columns are name,time,application"
+                            "[,num_replicas,batch_size,samples,budget_node_hours,deadline]"
                             + (f"; missing {', '.join(missing)}" if missing else "")
                             + (f"; unknown {', '.join(unknown)}" if unknown else ""))
     base = _data_dir(data_dir)
@@ -247,10 +250,13 @@ def jobs_file_workload(path: str | Path, data_dir: Path | None = None) -> Worklo
             raise WorkloadError(f"{where}: num_replicas must be >= 1, got {replicas}")
         samples = _float(row, "samples", where) if row.get("samples") else DEFAULT_JOB_WORK_S * one_node_rate(curve)
         time_s = _float(row, "time", where)
+        budget = _float(row, "budget_node_hours", where) if row.get("budget_node_hours") else None
+        deadline = _float(row, "deadline", where) if row.get("deadline") else None
         try:
             specs.append(JobSpec(name=row.get("name") or f"job#{k}", model=app, samples=samples, scaling=curve,
                                  min_nodes=1, max_nodes=MAX_NODES, arrival_s=time_s,
-                                 requested_nodes=None if replicas is None else rigid_size(replicas)))
+                                 requested_nodes=None if replicas is None else rigid_size(replicas),
+                                 budget_node_hours=budget, deadline=deadline))
         except WorkloadError as exc:
             raise WorkloadError(f"{where}: {exc}") from None
     if not specs:

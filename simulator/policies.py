@@ -37,7 +37,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
-from allocator import throughput_at
+from curves import throughput_at
 from policy import PRESETS, Policy, PolicyConfig, Profiling, preset
 from policy.config import Admission, Objective
 from simulator.jobs import JobSpec
@@ -75,27 +75,18 @@ class Overrides:
             raise ValueError(f"--admission {self.admission!r}: choose {', '.join(a.value for a in Admission)}")
         if self.objective is not None and self.objective not in {o.value for o in Objective}:
             raise ValueError(f"--objective {self.objective!r}: choose {', '.join(o.value for o in Objective)}")
-        if self.max_running is not None and self.max_running < 0:
-            raise ValueError(f"--max-running must be >= 0, got {self.max_running}")
-        if self.admission_cap is not None and self.admission_cap < 0:
-            raise ValueError(f"--admission-cap must be >= 0 (0: no cap), got {self.admission_cap}")
 
     def fields(self) -> dict[str, object]:
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
 
     def apply(self, name: str, cfg: PolicyConfig) -> PolicyConfig:
-        """``cfg`` (the preset ``name`` on the base) with these overrides; an impossible combination
-        is a ValueError naming both."""
-        out = dataclasses.replace(cfg, **self.fields()) if self.fields() else cfg
-        where = lambda knob, flag: flag if getattr(self, knob) is not None else f"policy {name}'s {knob}"  # noqa: E731
-        if out.admission is Admission.FIXED and self.admission_cap is not None:
-            raise ValueError(f"--admission-cap {self.admission_cap} and {where('admission', '--admission')} "
-                             "fixed: a cap bounds adaptive admission only")
-        if out.admission is Admission.ADAPTIVE and out.max_running == 0 and (
-                self.admission is not None or self.max_running is not None):
-            raise ValueError(f"{where('admission', '--admission')} adaptive and {where('max_running', '--max-running')}"
-                             " 0: adaptive admission needs a Pjmax floor >= 1")
-        return out
+        """``cfg`` (the preset ``name`` on the base) with these overrides, checked by
+        :meth:`policy.PolicyConfig.overridden` (a bad value or an impossible combination is a ValueError
+        naming the flags, or the preset's own knobs)."""
+        flags = {knob: "--" + knob.replace("_", "-") for knob in ("admission", "max_running", "admission_cap",
+                                                                    "objective")}
+        names = {knob: flags[knob] if getattr(self, knob) is not None else f"policy {name}'s {knob}" for knob in flags}
+        return cfg.overridden(self.fields(), names)
 
 
 @dataclass

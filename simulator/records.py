@@ -27,6 +27,7 @@ class SimJobState(enum.Enum):
     ADMITTED = "admitted"  # holds one of the Pjmax slots; may hold 0 nodes
     DONE = "done"  # trained all its samples
     CANCELLED = "cancelled"  # cancelled by its user (queued or admitted)
+    STOPPED = "stopped"  # ended by the policy (``Decision.stop``: over its budget), as the daemon ends it
 
 
 @dataclass
@@ -68,6 +69,7 @@ class SimJob:
     profiling_scale_ups: int = 0
     # (time, samples done, nodes held from then on, paused until) at every change
     history: list[tuple[float, float, int, float]] = field(default_factory=list)
+    stop_reason: str = ""  # why the policy ended it (``Decision.stop``), if it did
 
     @cached_property
     def one_node_rate(self) -> float:
@@ -171,8 +173,13 @@ class SimConfig:
     # what starts, restarts, pilots, rollbacks and rescales cost (simulator.calibration); the engine's
     # default is the free ablation, simulate() and the CLI pass the shipped calibration
     calibration: Calibration | None = None  # None: free here; simulate() makes it the shipped default
+    # a recall of one of our nodes is known this long before it comes, as a scheduler's planned start
+    # is (the daemon feeds such times to its ledger as recall_expected); 0: none is known in advance
+    recall_notice_s: float = 0.0
 
     def __post_init__(self) -> None:
+        if not (self.recall_notice_s >= 0) or math.isinf(self.recall_notice_s):
+            raise ValueError(f"recall_notice_s must be a finite number >= 0 s, got {self.recall_notice_s}")
         if self.max_nodes is not None and self.max_nodes < 1:
             raise ValueError(f"max_nodes must be >= 1, got {self.max_nodes}")
         if not (self.min_interval_s >= 0) or math.isinf(self.min_interval_s):
@@ -204,28 +211,6 @@ class SimResult:
     start: float
     end: float
     decisions: list[Decision] = field(default_factory=list)  # kept only with ``keep_decisions``
-
-
-QUEUE_VIEW_CAP = 1000  # queued jobs shown to the policy at most (FCFS needs only the head)
-
-
-def queue_window(queue: list[SimJob], want: int) -> list[SimJob]:
-    """The queued jobs a decision shows the policy: every submitted job, as the daemon's policy sees them
-    (their waiting reasons included), up to :data:`QUEUE_VIEW_CAP` (a job file with thousands of arrivals
-    at once would cost that much per decision) or ``want`` beyond the ones admitted before, if more."""
-    if len(queue) <= QUEUE_VIEW_CAP:  # all of them: the ones admitted before need no count
-        return queue[:]
-    return queue[: max(QUEUE_VIEW_CAP, want + sum(1 for j in queue if j.admitted_at is not None))]
-
-
-def remove_job(jobs: list[SimJob], job: SimJob) -> None:
-    """``jobs.remove(job)``, by identity: list.remove compares ``job`` with each job before it, and
-    SimJob's dataclass ``==`` compares every field."""
-    for i, other in enumerate(jobs):
-        if other is job:
-            del jobs[i]
-            return
-    raise ValueError(f"job {job.id} is not in the list")
 
 
 def check_counts(name: str, job: SimJob, new: tuple[str, ...]) -> None:

@@ -1,4 +1,4 @@
-"""Generated job streams for the simulator (issue G §2): ``nas``, ``hpo``, ``stress``, ``imagenet7``.
+"""Generated job streams for the simulator: ``nas``, ``hpo``, ``stress``, ``imagenet7``.
 
 Every stream is seeded and offline. Rates and curves of ``nas`` and ``hpo`` come from
 :mod:`simulator.perfmodel` (calibrated on the measured Summit curves when they are at

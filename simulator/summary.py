@@ -136,7 +136,7 @@ def about_replay(policy_name: str, workload: Workload, timeline: IdleTimeline, s
         "end": end,
         "span_seconds": end - start,
         "horizon_s": cfg.tfwd_s,
-        # what ran (issue 18: presets never silently win over an override)
+        # what ran (presets never silently win over an override)
         "admission": cfg.admission.value,
         "max_running": cfg.max_running,
         "admission_cap": cfg.admission_cap,

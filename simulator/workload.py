@@ -55,7 +55,7 @@ def make_workload(
     (:func:`simulator.philly.jobs_file_workload`) or a JSON/TOML/CSV job file."""
     if n_jobs is not None and n_jobs < 1:
         raise WorkloadError(f"--jobs must be >= 1, got {n_jobs}")
-    if name in GENERATED_STREAMS:  # nas, hpo, stress, imagenet7: simulator/streams.py (issue G §2)
+    if name in GENERATED_STREAMS:  # nas, hpo, stress, imagenet7: simulator/streams.py
         return make_stream(name, scaling, seed, n_jobs)
     if name == "philly":
         if window is None:
@@ -86,7 +86,7 @@ def _first(wl: Workload, n_jobs: int | None) -> Workload:
 
 _FIELDS = {
     "name", "model", "samples", "min_nodes", "max_nodes", "arrival", "arrival_s",
-    "up_cost_s", "down_cost_s", "scaling", "believed_scaling", "count",
+    "up_cost_s", "down_cost_s", "scaling", "believed_scaling", "count", "budget_node_hours", "deadline",
 }
 
 
@@ -161,6 +161,11 @@ def _number(entry: Mapping[str, Any], key: str, default: float, where: str) -> f
     return out
 
 
+def _optional(entry: Mapping[str, Any], key: str, where: str) -> float | None:
+    """Field ``key`` as a number, or None when the entry has none."""
+    return _number(entry, key, 0.0, where) if key in entry else None
+
+
 def _integer(entry: Mapping[str, Any], key: str, default: int, where: str) -> int:
     value = _number(entry, key, default, where)
     if value != int(value):
@@ -204,6 +209,8 @@ def _entry_specs(entry: Any, scaling: ScalingSet, where: str, first_index: int) 
                 down_cost_s=_number(entry, "down_cost_s", DEFAULT_DOWN_COST_S, where),
                 arrival_s=_number(entry, arrival_key, 0.0, where),
                 believed_scaling=believed,
+                budget_node_hours=_optional(entry, "budget_node_hours", where),
+                deadline=_optional(entry, "deadline", where),
             ))
         except WorkloadError as exc:
             raise WorkloadError(f"{where}: {exc}") from None

@@ -8,14 +8,16 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED_DATA = Path(os.environ.get("MALLETRAIN_SHARED_DATA", REPO.parent / "shared" / "data"))
+# the real data: $MALLETRAIN_SHARED_DATA, else $MALLETRAIN_DATA (as the product finds it), else the default
+SHARED_DATA = Path(os.environ.get("MALLETRAIN_SHARED_DATA") or os.environ.get("MALLETRAIN_DATA")
+                   or REPO.parent / "shared" / "data")
 
 
 def shared_file(name: str) -> Path:
-    """A file of ../shared/data; a missing one is an error (CI always has it)."""
+    """A file of the real data (:data:`SHARED_DATA`); a missing one is an error (CI always has it)."""
     path = SHARED_DATA / name
     if not path.exists():
-        pytest.fail(f"real data file missing: {path} (expected ../shared/data beside the checkout)")
+        pytest.fail(f"real data file missing: {path} (set $MALLETRAIN_DATA, or put shared/data beside the checkout)")
     return path
 
 

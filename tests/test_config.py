@@ -231,3 +231,27 @@ def test_the_documented_config_shows_the_defaults_the_code_has() -> None:
     assert len(documented) > 10 and {"local", "policy", "scavenger", "ports", "metrics", "log"} <= set(documented)
     assert differences("", documented, DaemonConfig()) == []
 
+
+
+def test_the_policy_table_has_one_loader_and_one_validation() -> None:
+    """The daemon's [policy] table and ``malletrain simulate``'s are read by ``PolicyConfig.from_mapping``;
+    knobs given over it (flags) are checked by ``PolicyConfig.overridden``, with the rules that tie knobs."""
+    import pytest as _pytest
+
+    from malletrain.config import ConfigError, parse_config
+    from policy import PolicyConfig
+    from policy.config import PolicyConfigError
+
+    with _pytest.raises(ConfigError, match=r"policy\.max_running must be a finite number of at most 1e\+15"):
+        parse_config({"policy": {"max_running": 10**20}})
+    with _pytest.raises(PolicyConfigError, match=r"policy\.max_running must be a finite number of at most 1e\+15"):
+        PolicyConfig.from_mapping({"max_running": 10**20})
+    base = PolicyConfig()
+    with _pytest.raises(PolicyConfigError, match=r"--max-running must be an integer in 0\.\.1000000, got -1"):
+        base.overridden({"max_running": -1}, {"max_running": "--max-running"})
+    with _pytest.raises(PolicyConfigError, match="a cap bounds adaptive admission only"):
+        base.overridden({"admission": "fixed", "admission_cap": 5})
+    assert base.overridden({"admission": "fixed"}).admission_cap == base.admission_cap  # the default cap is no cap given
+    with _pytest.raises(PolicyConfigError, match="adaptive admission needs a Pjmax floor >= 1"):
+        base.overridden({"max_running": 0})
+    assert base.overridden({}) is base

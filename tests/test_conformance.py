@@ -17,6 +17,10 @@ nodes, as the simulator does (the lender order reads it); a permutation of a job
 rescale; the simulator shows the policy every queued job (up to 1,000), as the daemon does; a
 lender's repayment and the re-plan it allows happen in one decision.
 
+A second scenario replays budgets and deadlines: a job with ``budget_node_hours`` is stopped
+(``Decision.stop``) at the same decision in both drivers, each counting the node-hours it held, and a
+job with a ``deadline`` is weighed up the same way.
+
 Then daemon-side tests of Pjmax and lending (the daemon had none) and of the policy state across a
 restart (clean close, and a crash with re-adoption), with the same fakes.
 """
@@ -35,6 +39,7 @@ from malletrain.jobspec import JobSpec as DaemonJobSpec
 from malletrain.jobspec import JobState
 from policy import Decision, Policy, PolicyConfig, View
 from simulator import SimConfig, SimPolicy, Simulator, Workload
+from simulator.records import SimJobState
 from simulator.workload import JobSpec as SimJobSpec
 from tests.fakes import (
     FakeBackend,
@@ -60,6 +65,8 @@ class ScriptJob:
     min_nodes: int = 1
     max_nodes: int = 4
     samples: int | None = None  # None: runs past the end
+    budget_node_hours: float | None = None
+    deadline: float | None = None  # on the scenario's clock (both drivers start at 0)
 
 
 @dataclass(frozen=True)
@@ -152,7 +159,8 @@ def run_simulator(sc: Scenario) -> SimRun:
     order = sc.arrival_order
     specs = [SimJobSpec(name=j.name, model=j.name, samples=float(j.samples or 1e15), scaling=dict(j.curve),
                         min_nodes=j.min_nodes, max_nodes=j.max_nodes, up_cost_s=2.0, down_cost_s=1.0,
-                        arrival_s=j.arrival, believed_scaling=dict(j.user_curve) if j.user_curve else None)
+                        arrival_s=j.arrival, believed_scaling=dict(j.user_curve) if j.user_curve else None,
+                        budget_node_hours=j.budget_node_hours, deadline=j.deadline)
              for j in order]
     ids = {j.name: f"j{i:05d}" for i, j in enumerate(order)}
     pol = SimPolicy("conformance", Policy(sc.policy), lambda spec: spec.believed_scaling)
@@ -186,9 +194,11 @@ class Harness:
 
     def submit(self, name: str, curve: Mapping[int, float], user_curve: Mapping[int, float] | None = None,
                min_nodes: int = 1, max_nodes: int = 4, samples: int | None = None,
-               done_at: float | None = None) -> str:
+               done_at: float | None = None, budget_node_hours: float | None = None,
+               deadline: float | None = None) -> str:
         spec = DaemonJobSpec(name=name, command=("true",), min_nodes=min_nodes, max_nodes=max_nodes,
-                             scaling=dict(user_curve) if user_curve else None, samples=samples)
+                             scaling=dict(user_curve) if user_curve else None, samples=samples,
+                             budget_node_hours=budget_node_hours, deadline=deadline)
         jid = self.daemon.store.submit(spec)
         self.monitor.curves[jid] = dict(curve)
         if done_at is not None:
@@ -243,7 +253,7 @@ def run_daemon(sc: Scenario, times: Iterable[float], done_at: Mapping[str, float
                     h.cluster.recall(*nodes)
             for j in arrivals.get(t, ()):
                 ids[j.name] = h.submit(j.name, j.curve, j.user_curve, j.min_nodes, j.max_nodes, j.samples,
-                                       done_at.get(j.name))
+                                       done_at.get(j.name), j.budget_node_hours, j.deadline)
             for when, name in sc.cancels:
                 if when == t:
                     h.daemon.store.request_cancel(ids[name])
@@ -305,6 +315,43 @@ def test_lender_choice_is_the_same_in_both_drivers(tmp_path: Path) -> None:
 def test_same_decisions_when_the_daemon_keeps_its_own_cadence(tmp_path: Path) -> None:
     sim_seq, daemon_seq, _, _ = both(SCENARIO, tmp_path, same_times=False)
     assert _first_difference(sim_seq, daemon_seq) is None
+
+
+# E has a budget of 0.05 node-hours (180 node-seconds): it is stopped when it has held its nodes that
+# long, and its nodes go to the others. F has a deadline it can meet only near its max, so the policy
+# weighs it up; G, without either, takes what is left. Both drivers count node-seconds from the
+# decisions' times and end E at the same decision.
+BUDGET_DEADLINE = Scenario(
+    jobs=(ScriptJob("E", 0.0, {1: 100.0, 2: 200.0, 3: 300.0}, {1: 100.0, 2: 200.0, 3: 300.0}, max_nodes=3,
+                    budget_node_hours=0.05),
+          ScriptJob("F", 0.0, {1: 100.0, 2: 190.0, 3: 270.0}, {1: 100.0, 2: 190.0, 3: 270.0}, max_nodes=3,
+                    samples=40_000, deadline=160.0),
+          ScriptJob("G", 0.0, {1: 100.0, 2: 200.0, 3: 300.0}, {1: 100.0, 2: 200.0, 3: 300.0}, max_nodes=3)),
+    idle=((0.0, NODES[:6]),),
+    recalls=(),
+    cancels=(),
+    policy=PolicyConfig(profiling="never", max_running=3),
+    end=300.0,
+)
+
+
+def test_budget_and_deadline_are_replayed_as_the_daemon_decides(tmp_path: Path) -> None:
+    sim_seq, daemon_seq, sim, h = both(BUDGET_DEADLINE, tmp_path)
+    assert _first_difference(sim_seq, daemon_seq) is None, _first_difference(sim_seq, daemon_seq)
+    events = [ev for d in sim_seq for ev in d[5]]
+    assert ("over_budget", "E") in events
+    e = next(j for j in sim.sim.jobs.values() if j.spec.name == "E")
+    assert e.state is SimJobState.STOPPED and "budget" in e.stop_reason
+    assert 0.05 * 3600 <= e.node_seconds < 0.05 * 3600 + 3 * 60  # stopped at the decision its budget ran out
+    assert h.final_states["E"] is JobState.CANCELLED  # the daemon's end for a job over its budget
+    assert h.final_states["F"] is JobState.COMPLETED
+    f_first = next(d for d in sim.decisions if d.assignment.get(sim_ids(sim)["F"]))
+    g_first = f_first.assignment.get(sim_ids(sim)["G"], ())
+    assert len(f_first.assignment[sim_ids(sim)["F"]]) > len(g_first)  # the deadline weighs F up
+
+
+def sim_ids(run: SimRun) -> dict[str, str]:
+    return {name: job_id for job_id, name in run.names.items()}
 
 
 # More queued jobs than max_running: P runs, Q, R and S wait for the one slot.
@@ -538,3 +585,32 @@ def test_daemon_view_shows_known_recall_times_of_its_usable_nodes_only(tmp_path:
         assert h.daemon.view(h.now).recall_at == {held[0]: 300.0}
     finally:
         h.close()
+
+
+class _ViewSpy(Policy):
+    """The policy, keeping every view it decided on."""
+
+    def __init__(self, config: PolicyConfig) -> None:
+        super().__init__(config)
+        self.views: list[View] = []
+
+    def decide(self, view: View, evidence: Any) -> Decision:
+        self.views.append(view)
+        return super().decide(view, evidence)
+
+
+def test_the_simulator_feeds_known_recalls_as_the_daemon_feeds_its_schedulers(tmp_path: Path) -> None:
+    """With ``recall_notice_s``, a recall of a node we hold is in the views of that long before it, as
+    the daemon's ledger has a scheduler's planned starts (``recall_expected``); without, none is."""
+    def views(notice: float) -> list[View]:
+        spy = _ViewSpy(SCENARIO.policy)
+        specs = [SimJobSpec(name=j.name, model=j.name, samples=float(j.samples or 1e15), scaling=dict(j.curve),
+                            max_nodes=j.max_nodes, arrival_s=j.arrival) for j in SCENARIO.arrival_order]
+        Simulator(sim_timeline(SCENARIO), Workload("c", "test", timed=specs, finite=True),
+                  SimPolicy("spy", spy, lambda spec: spec.believed_scaling), SimConfig(recall_notice_s=notice),
+                  monitor_factory=lambda job_id, spec: ScriptedSimMonitor(spec.scaling)).run()
+        return spy.views
+
+    known = [(v.now, dict(v.recall_at)) for v in views(100.0) if v.recall_at]
+    assert known and all(50.0 <= now < 150.0 and at == {NODES[1]: 150.0} for now, at in known)
+    assert not any(v.recall_at for v in views(0.0))

@@ -16,10 +16,11 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 # Layers, bottom first: a package may import its own modules and packages of a LOWER rank only.
-# (docs/design-core.md draws it; ../shared/docs/ARCHITECTURE.md is the intent.)
+# (docs/design-core.md draws it.)
 RANK = {
     "curves": 0,  # throughput_at: how every layer reads a curve
     "hostlist": 0,  # Slurm host lists: read by the Slurm backend and the trace readers
+    "authframe": 0,  # authenticated frames: the agent channel and the workers' store channel
     "allocator": 1,
     "profiler": 1,
     "policy": 2,
@@ -121,6 +122,15 @@ def test_imports_point_down_the_layers() -> None:
 
 
 PER_PACKAGE = list(RANK)
+
+
+def test_the_workers_wire_does_not_import_the_scavenger() -> None:
+    """The worker side (``malletrain/elastic``) speaks the frames the agent channel speaks; both import
+    them from :mod:`authframe`, below both, and the worker imports nothing of the scavenger."""
+    worker = [m for m in MODULES if m.startswith("malletrain.elastic")]
+    assert "malletrain.elastic.wire" in worker
+    bad = [(m, target, line) for m in worker for target, _, line in imports(m) if target.split(".")[0] == "scavenger"]
+    assert not bad, bad
 
 
 @pytest.mark.parametrize("package", PER_PACKAGE)

@@ -5,7 +5,7 @@ Every page's blocks run from the repository root, as a reader pastes them there.
 
 A block runs in a sandbox that looks like a fresh clone: a temporary folder
 whose entries are links to the checkout's (``.venv`` included), with
-``../shared`` beside it, HOME in the sandbox (so ``~/.malletrain`` is a fresh
+``../shared`` beside it, ``$MALLETRAIN_DATA`` naming the data directory, HOME in the sandbox (so ``~/.malletrain`` is a fresh
 state dir) and ``MALLETRAIN_STATE_DIR`` unset. A block that uses only
 ``.venv/bin/...`` runs with the system PATH, exactly as pasted into a new
 shell; a block with bare ``malletrain``/``python`` runs with the venv's bin
@@ -35,6 +35,7 @@ from pathlib import Path
 import pytest
 
 from procs import procs_mentioning
+from traces.data import data_dirs
 
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
@@ -184,6 +185,9 @@ def sandbox(tmp: Path) -> tuple[Path, dict[str, str]]:
     home.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLETRAIN_") and k != "VIRTUAL_ENV"}
     env["HOME"] = str(home)
+    data = next((d for d in [tmp / "shared" / "data", *data_dirs()] if d.is_dir()), None)
+    if data is not None:  # the pages name real data as $MALLETRAIN_DATA/<file>
+        env["MALLETRAIN_DATA"] = str(data.resolve())
     path = [p for p in env.get("PATH", "/usr/bin:/bin").split(os.pathsep) if Path(p).resolve() != VENV_BIN.resolve()]
     env["PATH"] = os.pathsep.join(path)
     return clone, env

@@ -62,3 +62,14 @@ def test_a_jobs_file_is_read_and_its_errors_name_file_row_and_field(data, tmp_pa
         path.write_text(text)
         with pytest.raises(WorkloadError, match=message):
             jobs_file_workload(path, data)
+
+
+def test_a_jobs_file_carries_budgets_and_deadlines(data, tmp_path):
+    path = tmp_path / "jobs.csv"
+    path.write_text("name,time,application,budget_node_hours,deadline\na,0,cifar10,0.5,7200\nb,10,bert,,\n")
+    a, b = jobs_file_workload(path, data).timed
+    assert (a.budget_node_hours, a.deadline) == (0.5, 7200.0)
+    assert (b.budget_node_hours, b.deadline) == (None, None)
+    path.write_text("name,time,application,budget_node_hours\na,0,cifar10,-1\n")
+    with pytest.raises(WorkloadError, match=r"row 2 \(a\).*budget_node_hours must be a finite number > 0"):
+        jobs_file_workload(path, data)

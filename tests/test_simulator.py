@@ -373,7 +373,7 @@ def test_job_views_moved_on_equal_the_constructors():
         spec = simjob.spec  # type: ignore[attr-defined]
         fresh = JobView(id=v.id, min_nodes=spec.min_nodes, max_nodes=spec.max_nodes, nodes=v.nodes, order=v.order,
                         last_interrupted=v.last_interrupted, scaling=simjob.user_curve,  # type: ignore[attr-defined]
-                        profile=False, work_left=v.work_left)
+                        profile=False, work_left=v.work_left, used_node_hours=v.used_node_hours)
         assert v == fresh and vars(v) == vars(fresh)
 
 

@@ -108,7 +108,10 @@ def test_policy_options_default_to_the_daemons_config(tmp_path: Path, capsys):
     assert main(["evaluate", "--trace", trace, "--policy-config", str(conf), "--out", str(tmp_path / "x")]) == 2
     assert "policy.toml: policy.max_running must be" in capsys.readouterr().err
     assert main(["simulate", "--trace", trace, "--max-running", "0", "--out", str(tmp_path / "x")]) == 2
-    assert "--max-running must be >= 1" in capsys.readouterr().err
+    assert "--max-running 0: adaptive admission needs a Pjmax floor >= 1" in capsys.readouterr().err
+    conf.write_text("[policy]\nmax_running = 99999999999999999999\n")  # the daemon's loader says the same
+    assert main(["simulate", "--trace", trace, "--policy-config", str(conf), "--out", str(tmp_path / "x")]) == 2
+    assert "policy.toml: policy.max_running must be a finite number of at most 1e+15" in capsys.readouterr().err
 
 
 def test_simulate_reports_bad_inputs(tmp_path: Path, capsys):

@@ -123,3 +123,15 @@ def test_bad_scaling_file_names_the_line(tmp_path: Path):
 def test_unknown_workload_name():
     with pytest.raises(WorkloadError, match="neither nas, hpo nor an existing file"):
         make_workload("imagenet", synthetic_scaling())
+
+
+def test_a_jobs_file_carries_budgets_and_deadlines_and_names_a_bad_one(tmp_path: Path):
+    path = tmp_path / "w.toml"
+    path.write_text('[[jobs]]\nmodel = "synthetic-fast"\nbudget_node_hours = 2.5\ndeadline = 3600\n'
+                    '[[jobs]]\nmodel = "synthetic-fast"\n')
+    a, b = load_jobs_file(path, synthetic_scaling())
+    assert (a.budget_node_hours, a.deadline) == (2.5, 3600.0)
+    assert (b.budget_node_hours, b.deadline) == (None, None)
+    path.write_text('[[jobs]]\nmodel = "synthetic-fast"\nbudget_node_hours = 0\n')
+    with pytest.raises(WorkloadError, match=r"w\.toml: job #1.*budget_node_hours must be a finite number > 0"):
+        load_jobs_file(path, synthetic_scaling())

@@ -1,4 +1,4 @@
-"""Where the real data lives: ``$MALLETRAIN_DATA``, else ``../shared/data`` beside the checkout."""
+"""Where the real data lives: ``$MALLETRAIN_DATA``, else the default: a ``shared/data`` folder beside the checkout."""
 
 from __future__ import annotations
 

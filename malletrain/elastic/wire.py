@@ -2,7 +2,7 @@
 
 The daemon's rendezvous store (:mod:`malletrain.runtimes.store_server`) serves each job's
 keys (:mod:`malletrain.elastic.keys`) to that job's workers only. The key discipline is
-the agent channel's (:mod:`scavenger.channel`) with the job's secret in place of the
+the agent channel's (:mod:`scavenger.channel`; both speak :mod:`authframe`) with the job's secret in place of the
 daemon's agent key: the key of a job's store connections is
 ``K = HMAC(secret, "malletrain-store-v1 key")`` (``secret``: the 32 bytes of
 ``MALLETRAIN_JOB_SECRET``, which also signs the job's reports). Every message is a
@@ -14,7 +14,7 @@ daemon's agent key: the key of a job's store connections is
     store  -> worker P | HMAC(K, "store"  | job | worker | nonce_w | nonce_s)   (or R | reason, then close)
 
 then both use ``S = HMAC(K, "session" | job | worker | nonce_w | nonce_s)`` in a
-:class:`scavenger.channel.Session` (counter and MAC on every frame, a direction label
+:class:`authframe.Session` (counter and MAC on every frame, a direction label
 each way). A request is ``op | fields``, an answer ``status | fields`` (each field
 4-byte length + bytes). Nothing a peer sends is trusted before its proof, and a
 worker believes nothing from a server that cannot prove the job's key.
@@ -29,7 +29,7 @@ import socket
 import threading
 from typing import Sequence
 
-from scavenger.channel import MAX_FRAME, NONCE_BYTES, ChannelError, Kind, Session, new_nonce
+from authframe import MAX_FRAME, NONCE_BYTES, ChannelError, Kind, Session, new_nonce
 
 from malletrain.messages import secret_key
 from malletrain.workerenv import format_address

@@ -61,6 +61,7 @@ class Runtime(Protocol):
     def resume_generation(self, job_id: str, generation: int) -> None:
         """After a daemon restart: number the job's generations on from ``generation`` (and, for
         runtimes that keep one, restore the job's checkpoint). Default: nothing to do."""
+        return None
 
     def readopt(self, job_id: str, command: Sequence[str], workers: dict[str, str]) -> int | None:
         """Take over a job an earlier daemon ran, with its ``workers`` (worker id -> node), e.g. a
@@ -75,3 +76,4 @@ class Runtime(Protocol):
     def use_secrets(self, secret_for: Callable[[str], str]) -> None:
         """The daemon's per-job signing secret (``secret_for(job_id)``), for runtimes that hand it to
         what they start or check it themselves. Default: not needed."""
+        return None

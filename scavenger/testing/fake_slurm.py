@@ -296,7 +296,7 @@ def remote_runner(address: str) -> Callable[..., CommandResult]:
     scheduler command does."""
     import zmq
 
-    ctx = zmq.Context.instance()
+    ctx = zmq.Context.instance()  # type: ignore[var-annotated]
     state: dict[str, object] = {}
 
     def connect() -> object:

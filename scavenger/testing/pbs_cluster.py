@@ -258,7 +258,7 @@ def resolves_to_loopback_only(host: str) -> bool:
         infos = socket.getaddrinfo(host, None, socket.AF_INET)
     except socket.gaierror:
         return True
-    return all(info[4][0].startswith("127.") for info in infos)
+    return all(str(info[4][0]).startswith("127.") for info in infos)
 
 
 def vnode_names(n: int) -> tuple[str, ...]:
