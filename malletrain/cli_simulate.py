@@ -169,10 +169,10 @@ def register_evaluate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--policies", metavar="NAME[,NAME]",
                    help="generated streams: freetrain,malletrain,jpa,milp-true,oracle,greedy; philly: "
                    "malletrain,freetrain,greedy,equal,rigid-preemptible,jpa,milp-true (plus freetrain at each "
-                   "--fixed-pjmax and the oracle bound)")
+                   "--fixed-pjmax and the oracle reference)")
     p.add_argument("--fixed-pjmax", default="10,40,100", metavar="N[,N]",
-                   help="philly: freetrain at fixed admission with these Pjmax, the best one a baseline "
-                   "(default: 10,40,100)")
+                   help="philly: freetrain at fixed admission with these Pjmax, a baseline at its own admission "
+                   "compared on its own; 'none' for no such rows (default: 10,40,100)")
     p.add_argument("--priors", metavar="MODEL[,MODEL]",
                    help="freetrain's user curves (default: linear,mean,other,noise:20)")
     p.add_argument("--jobs", type=int, metavar="N", help="a finite list of N jobs per replay (makespan, job "
@@ -274,12 +274,15 @@ def run_evaluate(args: argparse.Namespace) -> int:
                          f"{', '.join(GENERATED_STREAMS)}")
     over = Overrides(admission=args.admission or base.admission.value, max_running=args.max_running,
                      admission_cap=args.admission_cap, objective=args.objective or "work")
+    fixed: tuple[int, ...] = ()
     try:
-        fixed = tuple(int(x) for x in args.fixed_pjmax.split(",") if x.strip())
+        fixed = () if args.fixed_pjmax.strip() == "none" else \
+            tuple(int(x) for x in args.fixed_pjmax.split(",") if x.strip())
+        wrong = args.fixed_pjmax.strip() != "none" and (not fixed or min(fixed) < 1)
     except ValueError:
-        fixed = ()
-    if not fixed or min(fixed) < 1:
-        raise ValueError(f"--fixed-pjmax {args.fixed_pjmax!r}: a comma list of integers >= 1")
+        wrong = True
+    if wrong:
+        raise ValueError(f"--fixed-pjmax {args.fixed_pjmax!r}: a comma list of integers >= 1, or none")
     policies = _names(args.policies, "--policies", KNOWN) if args.policies else POLICIES
     priors = tuple(p.strip() for p in args.priors.split(",") if p.strip()) if args.priors else PRIORS
     for prior in priors:
@@ -302,7 +305,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
         seeds=seeds, policy_config=base, start=start, end=end,
         min_interval_s=interval, workers=args.workers, scheduler=args.scheduler, workloads=workloads,
         policies=policies, priors=priors, n_jobs=args.jobs, sweep=args.sweep, tfwd_sweep=args.sweep_tfwd,
-        overrides=over, calibration=calibration(args), fixed_pjmax=fixed,
+        overrides=over, flags=overrides(args), calibration=calibration(args), fixed_pjmax=fixed,
     )
     scaling = find_scaling(args.scaling)
     if scaling.synthetic:
@@ -329,7 +332,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
             + ("\n- **3.10** `fig3_10.png`: FreeTrain vs MalleTrain (and the other baselines), NAS and HPO, in "
                "model-neutral work, mean ± sd over the seeds; tables in [evaluation.md](evaluation.md).\n"
                if (out / "fig3_10.png").exists() and any(not w.startswith("philly") for w in workloads) else
-               "\n- **issue 18** `fig_real.png`: the default vs every simple baseline at the default's admission "
+               "\n- **real streams** `fig_real.png`: the default vs the best fixed-prior baseline at the default's admission "
                "on the real Philly stream, costs charged; tables in [evaluation.md](evaluation.md).\n"))
     print_report(ev)
     print(f"wrote {out}", file=sys.stderr)

@@ -20,7 +20,6 @@ from itertools import product
 from typing import Callable
 
 from simulator.evaluation import (
-    BOUND_TOLERANCE_PCT,
     CEILING_PRIOR,
     DEFAULT,
     FIXED_PJMAX,
@@ -105,7 +104,7 @@ def run_specs(settings: EvalSettings) -> list[RunSpec]:
 
 def real_specs(settings: EvalSettings, w: str, seed: int, pj: int | None, mn: int | None) -> list[RunSpec]:
     """The issue-18 comparison on a real stream: every baseline at the default's admission, freetrain's
-    prior panel, freetrain at fixed Pjmax (each of ``fixed_pjmax``), and the oracle bound."""
+    prior panel, freetrain at fixed Pjmax (each of ``fixed_pjmax``), and the oracle reference."""
     out: list[RunSpec] = []
     policies = [p for p in settings.policies if p != "oracle"] if settings.policies != POLICIES else list(REAL_POLICIES)
     for p in policies:
@@ -116,6 +115,19 @@ def real_specs(settings: EvalSettings, w: str, seed: int, pj: int | None, mn: in
     return out
 
 
+def refuse_impossible(replays: Replays, specs: list[RunSpec]) -> None:
+    """Resolve every replay's policy before any runs: a flag a preset cannot honour (e.g. ``--admission-cap``
+    for a policy at fixed admission) is a ValueError naming both, raised before the first replay."""
+    from simulator.policies import resolve_config
+
+    for spec in specs:
+        pcfg, _ = replays.config_for(spec)
+        try:
+            resolve_config(spec.policy, pcfg, replays.overrides_for(spec))
+        except ValueError as exc:
+            raise ValueError(f"{spec.label}: {exc}") from None
+
+
 def evaluate(
     timeline: IdleTimeline,
     scaling: ScalingSet,
@@ -124,8 +136,10 @@ def evaluate(
 ) -> Evaluation:
     """Run every replay (Dask tasks; see :func:`simulator.sweep.run_replays`) and check the targets."""
     replays = Replays(timeline, scaling, settings.policy_config, settings.sim_config(), settings.n_jobs,
-                      settings.overrides)
-    runs = run_replays(replays, run_specs(settings), workers=settings.workers, scheduler=settings.scheduler,
+                      settings.overrides, settings.flags)
+    specs = run_specs(settings)
+    refuse_impossible(replays, specs)
+    runs = run_replays(replays, specs, workers=settings.workers, scheduler=settings.scheduler,
                        on_done=on_done)
     ev = Evaluation(settings, timeline.source, scaling.source, runs)
     ev.trace_claims = trace_claims(timeline, settings)
@@ -134,7 +148,7 @@ def evaluate(
 
 
 __all__ = (
-    "BOUND_TOLERANCE_PCT", "CEILING_PRIOR", "Cell", "DEFAULT", "EvalSettings", "Evaluation", "FIXED_PJMAX",
+    "CEILING_PRIOR", "Cell", "DEFAULT", "EvalSettings", "Evaluation", "FIXED_PJMAX",
     "FIXED_PRIOR", "HEADLINE_LOADS", "MIN_SEEDS", "PARTS", "POLICIES", "PRIORS", "REAL_METHOD",
     "REAL_POLICIES", "REAL_WORKLOADS", "SATURATION_LOAD", "SEEDS", "SWEEP_MAX_NODES", "SWEEP_MAX_RUNNING",
     "TARGET_ABOVE_SHARE_PCT", "TARGET_BOUND_GAP_PCT", "TARGET_GAIN_PCT", "TARGET_REAL_GAIN_PCT",

@@ -44,12 +44,12 @@ class RunSpec:
     max_nodes: int | None = None
     tfwd_s: float | None = None
     fixed_pjmax: int | None = None  # fixed admission at this Pjmax (the "freetrain at fixed Pjmax N" baseline)
-    bound: bool = False  # the oracle bound: free rescales, free starts (calibration free), no admission cap
+    bound: bool = False  # the oracle reference: free rescales, free starts (calibration free), no admission cap
 
     @property
     def label(self) -> str:
         if self.bound:
-            return "oracle-bound"
+            return "oracle-reference"  # not an upper bound: the allocator is a heuristic over time
         if self.fixed_pjmax is not None:
             return f"{self.policy}-fixed:{self.fixed_pjmax}"
         return f"freetrain:{self.prior}" if self.policy == "freetrain" else self.policy
@@ -85,13 +85,16 @@ class Replays:
     sim_config: SimConfig = field(default_factory=SimConfig)
     n_jobs: int | None = None  # a finite job list of this many jobs; None: endless streams
     overrides: Overrides | None = None  # win over every preset (the evaluation: the default's admission)
+    flags: Overrides | None = None  # what the user gave on the command line: wins over jpa's own admission too
 
     def overrides_for(self, spec: RunSpec) -> Overrides | None:
         """The evaluation's overrides for ``spec``: its Pjmax, a fixed-Pjmax baseline's fixed admission, the
-        bound's uncapped admission; jpa (the paper's policy) keeps its own admission."""
+        reference's uncapped admission; jpa (the paper's policy) keeps its own admission unless the user's
+        flags (``flags``) name one."""
         base = self.overrides if self.overrides is not None else Overrides()
         if spec.policy == "jpa":
-            base = Overrides(objective=base.objective)
+            given = self.flags.fields() if self.flags is not None else {}
+            base = Overrides(**{"objective": base.objective, **given})
         if spec.max_running is not None:
             base = dataclasses.replace(base, max_running=spec.max_running)
         if spec.fixed_pjmax is not None:
