@@ -72,8 +72,8 @@ from policy.beliefs import Beliefs, Population
 from policy.config import Admission, Allocation, Horizon, PolicyConfig, PolicyConfigError, Profiling
 from policy.ledger import below_min
 from policy.model import Decision, EventKind, Evidence, JobEvidence, JobView, View
-from policy.profiling import (advance_profiles, end_profile, expected_count, needs_profile, profile_counts,
-                              profile_pays, reserved, source_profile)
+from policy.profiling import (advance_profiles, end_profile, expected_count, needs_profile, probe_counts,
+                              profile_counts, profile_pays, reserved, source_profile, start_probe)
 from policy.round import Round
 from policy.state import FRAGMENTS_KEEP, POPULATION_KEEP, SHAPES_KEEP, PolicyState
 from policy.valuation import FragmentModel, learned_horizon
@@ -120,6 +120,7 @@ class Policy:
         r.believed = {j: self.beliefs.believed(r.jobs[j], r.population) for j in self.state.admitted}
         self._suspensions(r)
         waiting = self._admit(r, view)
+        self._probes(r, evidence)
         return self._allocate(r, view, evidence, waiting)
 
     def guess(self) -> float:
@@ -310,6 +311,26 @@ class Policy:
                 st.queue_front.remove(job_id)
             r.note(EventKind.ADMITTED, job_id)
         return waiting
+
+    def _probes(self, r: Round, evidence: Evidence) -> None:
+        """Gated profiling of running jobs whose shape is unverified, where it pays
+        (:func:`policy.profiling.probe_counts`)."""
+        st, cfg = self.state, self.config
+        if cfg.profiling is not Profiling.GATED or not cfg.learn or len(r.jobs) < 2:
+            return  # a job alone gets every node whatever its curve: knowing it changes nothing
+        if sum(r.jobs[j].max_nodes for j in st.admitted) <= r.total_nodes:
+            return  # nodes are not scarce: every admitted job gets its max whatever its curve
+        free = max(0, len(r.free) + len(r.released) - reserved(st)
+                   - sum(s.plan.from_free for j, s in st.profiles.items() if r.jobs[j].count < s.count))
+        others = [evidence[j] for j in st.admitted if j in evidence]
+        for job_id in list(st.admitted):
+            job = r.jobs[job_id]
+            if job.count == 0 or job_id in st.profiles or job_id in st.profiled:
+                continue
+            up, down = beliefs.rescale_costs(evidence.get(job_id), others, cfg)
+            counts = probe_counts(cfg, st, job, r.believed[job_id].raw, up, down, free)
+            if counts is not None:
+                free -= start_probe(cfg, st, r, job, counts)
 
     # ------------------------------------------------------------------ allocation
 

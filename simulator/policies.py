@@ -205,10 +205,16 @@ def parse_error_model(text: str) -> ErrorModel:
 
 
 def mean_curve(curves: Mapping[str, Curve]) -> dict[int, float]:
-    """Point-wise mean of ``curves`` over the union of their node counts (piecewise-linear between points)."""
+    """The population's mean curve over the union of their node counts (piecewise-linear between
+    points): the mean 1-node rate times the point-wise mean of each curve over its own 1-node rate.
+    A mean of the raw rates would take the shape of the fastest models (cifar10's samples/s are a
+    hundred times bert's), not the population's."""
     counts = sorted({n for c in curves.values() for n in c})
     k = len(curves)
-    return {n: sum(throughput_at(c, n) for c in curves.values()) / k for n in counts}
+    ones = [throughput_at(c, 1) for c in curves.values()]
+    level = sum(ones) / k
+    return {n: level * sum(throughput_at(c, n) / one for c, one in zip(curves.values(), ones) if one > 0) / k
+            for n in counts}
 
 
 def believed_curve(model: ErrorModel, spec: JobSpec, mean: Curve | None, seed: int,

@@ -40,10 +40,10 @@ from simulator.jobs import (  # noqa: F401  (re-exported: the workload API)
     load_scaling,
     synthetic_scaling,
 )
-from simulator.philly import is_jobs_file, jobs_file_workload, philly_workload
+from simulator.philly import is_jobs_file, jobs_file_workload, philly_workload, scarce_workload
 from simulator.streams import make_stream
 
-REAL_STREAMS = ("philly",)
+REAL_STREAMS = ("philly", "scarce")
 
 
 def make_workload(
@@ -63,6 +63,8 @@ def make_workload(
                                 "and --offered-load)")
         wl = philly_workload(seed, window.duration_s, window.idle_node_seconds, window.offered_load)
         return _first(wl, n_jobs)
+    if name == "scarce":  # fewer jobs than nodes, the six models' curves: how nodes are shared
+        return _first(scarce_workload(seed, window.duration_s if window is not None else 86400.0), n_jobs)
     path = Path(name)
     if not path.exists():
         raise WorkloadError(f"workload {name!r} is neither nas, hpo nor an existing file "
