@@ -164,7 +164,8 @@ def register_evaluate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--min-interval", type=float, metavar="S",
                    help=f"decide at most once per S s (default: 0; {EMBEDDED_MIN_INTERVAL_S:g} for the embedded trace)")
     p.add_argument("--workloads", default=DEFAULT_EVAL_WORKLOADS, metavar="NAME[,NAME]",
-                   help="philly@X (the real Philly stream at offered load X), or the endless saturation cases "
+                   help="philly@X (the real Philly stream at offered load X), scarce (12 jobs of the six models: "
+                   "learning against milp-true from the mean and a linear belief), or the endless saturation cases "
                    f"nas, hpo, stress, imagenet7 (default: {DEFAULT_EVAL_WORKLOADS})")
     p.add_argument("--policies", metavar="NAME[,NAME]",
                    help="generated streams: freetrain,malletrain,jpa,milp-true,oracle,greedy; philly: "
@@ -266,11 +267,11 @@ def run_evaluate(args: argparse.Namespace) -> int:
         raise ValueError(f"--workers must be >= 0, got {args.workers}")
     workloads = tuple(w.strip() for w in args.workloads.split(",") if w.strip())
     try:
-        bad = [w for w in workloads if split_workload(w)[0] not in GENERATED_STREAMS + ("philly",)]
+        bad = [w for w in workloads if split_workload(w)[0] not in GENERATED_STREAMS + ("philly", "scarce")]
     except ValueError:
         bad = list(workloads)
     if bad or not workloads:
-        raise ValueError(f"--workloads {args.workloads!r}: a comma list of philly@X (X > 0) and "
+        raise ValueError(f"--workloads {args.workloads!r}: a comma list of philly@X (X > 0), scarce and "
                          f"{', '.join(GENERATED_STREAMS)}")
     over = Overrides(admission=args.admission or base.admission.value, max_running=args.max_running,
                      admission_cap=args.admission_cap, objective=args.objective or "work")

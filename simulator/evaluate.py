@@ -54,11 +54,14 @@ from simulator.evaluation import (
     headline_cells,
     is_baseline,
     is_real,
+    is_scarce,
+    learning_ratios,
     mean_sd,
     policy_rows,
     real_rows,
     real_targets,
     same_periods,
+    scarce_target,
     tfwd_choice,
     tfwd_rows,
     trace_claims,
@@ -105,12 +108,18 @@ def run_specs(settings: EvalSettings) -> list[RunSpec]:
 def real_specs(settings: EvalSettings, w: str, seed: int, pj: int | None, mn: int | None) -> list[RunSpec]:
     """The issue-18 comparison on a real stream: every baseline at the default's admission, freetrain's
     prior panel, freetrain at fixed Pjmax (each of ``fixed_pjmax``), and the oracle reference."""
+    from simulator.policies import BASELINES, LEARNING_PRIORS
+
     out: list[RunSpec] = []
     policies = [p for p in settings.policies if p != "oracle"] if settings.policies != POLICIES else list(REAL_POLICIES)
+    scarce = is_scarce(w)
     for p in policies:
-        priors = settings.priors if p == "freetrain" else ("mean",)
+        priors = settings.priors if p == "freetrain" else \
+            LEARNING_PRIORS if scarce and p not in BASELINES else ("mean",)
         out += [RunSpec(w, p, seed, prior=pr, max_running=pj, max_nodes=mn) for pr in priors]
-    out += [RunSpec(w, "freetrain", seed, prior=FIXED_PRIOR, max_nodes=mn, fixed_pjmax=n) for n in settings.fixed_pjmax]
+    if not scarce:  # the scarce mix compares learning with milp-true; no fixed-Pjmax rows
+        out += [RunSpec(w, "freetrain", seed, prior=FIXED_PRIOR, max_nodes=mn, fixed_pjmax=n)
+                for n in settings.fixed_pjmax]
     out.append(RunSpec(w, "oracle", seed, max_running=pj, max_nodes=mn, bound=True))
     return out
 
@@ -154,8 +163,8 @@ __all__ = (
     "TARGET_ABOVE_SHARE_PCT", "TARGET_BOUND_GAP_PCT", "TARGET_GAIN_PCT", "TARGET_REAL_GAIN_PCT",
     "TARGET_REGRET_PCT", "TFWD_CANDIDATES", "TFWD_POLICIES", "Target", "WORKLOADS", "best_baseline",
     "ceiling_for", "cell_table", "cell_title", "check_targets", "completion_table", "evaluate",
-    "freetrain_priors", "headline_cells", "is_baseline", "is_real", "markdown", "mean_sd", "ms",
-    "policy_rows", "print_report", "real_rows", "real_specs", "real_table", "real_targets", "run_specs",
-    "same_periods", "tfwd_choice", "tfwd_rows", "trace_claims", "waits_table", "work", "write_chart",
-    "write_evaluation", "write_real_chart",
+    "freetrain_priors", "headline_cells", "is_baseline", "is_real", "is_scarce", "learning_ratios", "markdown",
+    "mean_sd", "ms", "policy_rows", "print_report", "real_rows", "real_specs", "real_table", "real_targets",
+    "refuse_impossible", "run_specs", "same_periods", "scarce_target", "tfwd_choice", "tfwd_rows", "trace_claims",
+    "waits_table", "work", "write_chart", "write_evaluation", "write_real_chart",
 )

@@ -233,8 +233,11 @@ def test_dask_local_cluster_gives_the_in_process_results(tmp_path: Path):
 
 def test_one_preset_under_two_names_is_replayed_once(tmp_path: Path):
     replays = tiny_replays(tmp_path)
-    a, b = RunSpec("hpo", "malletrain", 0), RunSpec("hpo", "malletrain", 0, prior="linear")  # prior: freetrain's only
-    assert duplicates([a, b, RunSpec("hpo", "freetrain", 0)], replays) == {b: a}
+    # the base Tfwd named again: the same preset and config under another spec
+    a, b = RunSpec("hpo", "malletrain", 0), RunSpec("hpo", "malletrain", 0, tfwd_s=PolicyConfig().tfwd_s)
+    linear = RunSpec("hpo", "malletrain", 0, prior="linear")  # another starting belief: its own replay
+    assert duplicates([a, b, linear, RunSpec("hpo", "freetrain", 0)], replays) == {b: a}
+    assert linear.label == "malletrain:linear"
     seen: list[str] = []
     done = run_replays(replays, [a, b], workers=0, on_done=lambda spec, s: seen.append(spec.label))
     assert len(seen) == 2 and done[1][1]["replayed_as"] == "malletrain"

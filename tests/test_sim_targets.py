@@ -140,3 +140,19 @@ def test_a_policy_that_leaves_nodes_idle_is_far_from_the_bound():
     good = make_policy("greedy", PolicyContext({}), None, Overrides(admission="fixed", max_running=4))
     gap = [Simulator(tl, workload(*specs), p, SimConfig()).run().summary["gap_to_bound_pct"] for p in (bad, good)]
     assert gap[0] == pytest.approx(75.0) and gap[1] == pytest.approx(0.0)
+
+
+def test_the_scarce_target_needs_095_of_milp_true_from_every_learning_prior():
+    def scarce(works: dict[str, float], seeds: int = MIN_SEEDS):
+        ev = evaluation(works, load="scarce", seeds=seeds)
+        return next(t for t in real_targets(ev) if "milp-true's work" in t.name)
+
+    good = scarce({"milp-true": 100.0, "malletrain": 97.0, "malletrain:linear": 96.0, "freetrain:mean": 80.0})
+    assert good.passed and "from linear: 0.960x" in good.value
+    # learning that recovers nothing from an optimistic (linear) belief fails it, as does a prior not replayed
+    assert not scarce({"milp-true": 100.0, "malletrain": 97.0, "malletrain:linear": 90.0}).passed
+    assert not scarce({"milp-true": 100.0, "malletrain": 97.0}).passed
+    assert not scarce({"milp-true": 100.0, "malletrain": 97.0, "malletrain:linear": 96.0}, seeds=MIN_SEEDS - 1).passed
+    # and the scarce cell carries no Philly target (no gain, saturation or gap target)
+    ev = evaluation({"milp-true": 100.0, "malletrain": 97.0, "malletrain:linear": 96.0}, load="scarce")
+    assert [t.name.split(":")[0] for t in real_targets(ev)] == ["scarce", "bounds hold"]
