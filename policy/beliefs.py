@@ -344,7 +344,7 @@ class Beliefs:
             return hit
         raw = allocator_curve(job, self.scalability(job, pop if uses_pool else Population(1.0, None)))
         scaled = raw
-        if self.config.objective is Objective.WORK:  # in 1-node equivalents: rate(n) / rate(1)
+        if self.config.objective in (Objective.WORK, Objective.COMPLETION):  # 1-node equivalents: rate(n) / rate(1)
             one = throughput_at(raw, 1)
             scaled = {n: v / one for n, v in raw.items()} if one > 0 else raw
         made = self._curves[job.id] = Believed(

@@ -69,7 +69,7 @@ from curves import throughput_at
 from policy import beliefs
 from policy.allocation import apply_pins, equal_counts, greedy_counts, node_map
 from policy.beliefs import Beliefs, Population
-from policy.config import Admission, Allocation, Horizon, PolicyConfig, PolicyConfigError, Profiling
+from policy.config import Admission, Allocation, Horizon, Objective, PolicyConfig, PolicyConfigError, Profiling
 from policy.ledger import below_min
 from policy.model import Decision, EventKind, Evidence, JobEvidence, JobView, View
 from policy.profiling import (advance_profiles, end_profile, expected_count, needs_profile, probe_counts,
@@ -365,6 +365,8 @@ class Policy:
             free = free[: len(free) - reserve]
         horizon = self._horizon(view, free, admitted)
         r.weights = self._deadline_weights(admitted, r.now, r.population)
+        if cfg.objective is Objective.COMPLETION and not waiting:
+            r.weights = completion_weights(admitted, r, r.weights)
         curves = {j.id: _weighted(r.believed[j.id].scaled, r.weights.get(j.id, 1.0)) for j in admitted}
         key = self._problem_key(admitted, free, evidence, pins, r, horizon, curves)
         if key == self._noop_key:  # the inputs of the last decision, which changed nothing: nor would this
@@ -485,6 +487,32 @@ class Policy:
             objective=objective, method=method, solved=solved,
             stop=dict(r.stop), horizon_s=horizon,
         )
+
+
+COMPLETION_WEIGHT_SPAN = 4.0  # a job's completion weight lies within 1/this .. this
+
+
+def completion_weights(admitted: list[JobView], r: Round, weights: Mapping[str, float]) -> dict[str, float]:
+    """``weights`` times each job's completion weight (``objective = "completion"``, every job admitted):
+    the median remaining work over the job's own (in 1-node seconds on its believed curve), within
+    1/:data:`COMPLETION_WEIGHT_SPAN` .. :data:`COMPLETION_WEIGHT_SPAN`; a job whose length is unknown
+    weighs 1. Maximising the weighted work then sums each job's rate over its remaining work: the
+    completion speed, which finishes short jobs first (shortest remaining first) as far as their
+    curves allow."""
+    left: dict[str, float] = {}
+    for j in admitted:
+        one = throughput_at(r.believed[j.id].raw, 1)
+        if j.work_left is not None and j.work_left > 0 and one > 0:
+            left[j.id] = j.work_left / one
+    out = dict(weights)
+    if len(left) < 2:
+        return out
+    ordered = sorted(left.values())
+    median = ordered[len(ordered) // 2]
+    for job_id, w in left.items():
+        k = min(COMPLETION_WEIGHT_SPAN, max(1.0 / COMPLETION_WEIGHT_SPAN, median / w))
+        out[job_id] = out.get(job_id, 1.0) * k
+    return out
 
 
 def _weighted(curve: dict[int, float], weight: float) -> dict[int, float]:

@@ -27,6 +27,7 @@ from simulator.evaluation import (
     tfwd_rows,
     work,
 )
+from simulator.regimes import regime
 from simulator.sweep import split_workload
 
 
@@ -34,8 +35,8 @@ def real_table(ev: Evaluation, cell: Cell) -> list[str]:
     lines = [
         "| policy | admission | work (node-s) | share of offered | vs best fixed-prior baseline | vs freetrain:mean "
         "| vs freetrain:linear | gap to bound | vs oracle reference | lost to rollbacks | restarts | JCT mean h "
-        "| JCT p95 h | wait mean h | longest wait |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| JCT p95 h | slowdown mean | slowdown p95 | fairness (Jain, per model) | wait mean h | longest wait |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in real_rows(ev, cell):
         lines.append(
@@ -44,6 +45,8 @@ def real_table(ev: Evaluation, cell: Cell) -> list[str]:
             f"| {ms(r['vs_pct']['freetrain:linear'], '+.1f', '%')} | {ms(r['gap_to_bound_pct'], '.1f', '%')} "
             f"| {ms(r['vs_oracle_bound_pct'], '+.1f', '%')} | {ms(r['lost_work_pct'], '.1f', '%')} "
             f"| {ms(r['restarts'], '.0f')} | {_hours(r['jct_mean_seconds'])} | {_hours(r['jct_p95_seconds'])} "
+            f"| {ms(r['slowdown_mean'], '.2f')} | {ms(r['slowdown_p95'], '.2f')} "
+            f"| {ms(r['slowdown_fairness_jain'], '.2f')} "
             f"| {_hours(r['wait_mean_seconds'])} | {r['longest_waiting_model'] or '-'} |")
     return lines
 
@@ -185,7 +188,8 @@ def markdown(ev: Evaluation, command: str) -> str:
                   ""]
     for cell in ev.cells():
         if is_real(cell[0]):
-            lines += [f"## {cell_title(cell, st)}: real stream, offered load {split_workload(cell[0])[1]:g}", ""]
+            lines += [f"## {cell_title(cell, st)}: real stream, offered load {split_workload(cell[0])[1]:g}, "
+                      f"{regime(ev, cell)}", ""]
             lines += [f"- {h}" for h in headline_lines(ev, cell)] + [""]
             lines += real_table(ev, cell) + ["", "Mean wait per model, hours (who starves):", ""]
             lines += waits_table(ev, cell) + [""]
@@ -386,16 +390,18 @@ def print_report(ev: Evaluation, stream=None) -> None:  # type: ignore[no-untype
         return
     for cell in ev.cells():
         if is_real(cell[0]):
-            print(f"{cell_title(cell, ev.settings)} (real stream):", file=stream)
+            print(f"{cell_title(cell, ev.settings)} (real stream, {regime(ev, cell)}):", file=stream)
             for h in headline_lines(ev, cell):
                 print(f"  {h}", file=stream)
             print(f"  {'policy':<22} {'work node-s':>20} {'of offered':>14} {'vs best fixed-prior':>20} "
-                  f"{'gap to bound':>14} {'vs oracle ref.':>16} {'JCT mean h':>12}", file=stream)
+                  f"{'gap to bound':>14} {'vs oracle ref.':>16} {'JCT mean h':>12} {'JCT p95 h':>12} "
+                  f"{'slowdown':>12} {'fairness':>12}", file=stream)
             for r in real_rows(ev, cell):
                 print(f"  {r['policy']:<22} {ms(r['work']):>20} {ms(r['share_of_offered_pct'], '.1f', '%'):>14} "
                       f"{ms(r['vs_best_baseline_pct'], '+.1f', '%'):>20} {ms(r['gap_to_bound_pct'], '.1f', '%'):>14} "
-                      f"{ms(r['vs_oracle_bound_pct'], '+.1f', '%'):>16} {_hours(r['jct_mean_seconds']):>12}",
-                      file=stream)
+                      f"{ms(r['vs_oracle_bound_pct'], '+.1f', '%'):>16} {_hours(r['jct_mean_seconds']):>12} "
+                      f"{_hours(r['jct_p95_seconds']):>12} {ms(r['slowdown_mean'], '.2f'):>12} "
+                      f"{ms(r['slowdown_fairness_jain'], '.2f'):>12}", file=stream)
             continue
         print(f"{cell_title(cell, ev.settings)}:", file=stream)
         print(f"  {'policy':<22} {'work node-s':>20} {'vs freetrain best':>18} {'regret':>15} "
