@@ -257,7 +257,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
     from simulator.evaluate import POLICIES, PRIORS, EvalSettings, evaluate, print_report, write_evaluation
     from simulator.policies import POLICIES as KNOWN, parse_error_model
     from simulator.sweep import Progress
-    from simulator.workload import GENERATED_STREAMS
+    from simulator.workload import GENERATED_STREAMS, REAL_STREAMS
 
     from simulator.policies import Overrides
     from simulator.sweep import split_workload
@@ -267,7 +267,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
         raise ValueError(f"--workers must be >= 0, got {args.workers}")
     workloads = tuple(w.strip() for w in args.workloads.split(",") if w.strip())
     try:
-        bad = [w for w in workloads if split_workload(w)[0] not in GENERATED_STREAMS + ("philly", "scarce")]
+        bad = [w for w in workloads if split_workload(w)[0] not in GENERATED_STREAMS + REAL_STREAMS]
     except ValueError:
         bad = list(workloads)
     if bad or not workloads:

@@ -71,7 +71,7 @@ def simulate(
         pol = policy
     result = Simulator(timeline, wl, pol, config, progress=progress, seed=seed, keep_decisions=keep_decisions).run()
     result.summary["seed"] = seed
-    result.summary["offered_load"] = offered_load if workload == "philly" else None
+    result.summary["offered_load"] = offered_load if workload in ("philly", "philly-done") else None
     if pol.name == "freetrain":
         result.summary["freetrain_model"] = pol.label
     return result

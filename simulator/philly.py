@@ -183,9 +183,16 @@ def one_node_rate(curve: dict[int, float]) -> float:
     return throughput_at(curve, 1)
 
 
+FINISHING_ARRIVAL_SHARE = 0.5  # philly-done: arrivals in the first half of the window
+FINISHING_WORK_CAP_SHARE = 0.05  # ... and no job longer than 5% of what 16 nodes at its 1-node rate do in it
+
+
 def philly_workload(seed: int, duration_s: float, idle_node_seconds: float, offered_load: float,
-                    data_dir: Path | None = None) -> Workload:
-    """The seeded Philly stream for a replay window of ``duration_s`` with ``idle_node_seconds``."""
+                    data_dir: Path | None = None, finishing: bool = False) -> Workload:
+    """The seeded Philly stream for a replay window of ``duration_s`` with ``idle_node_seconds``;
+    ``finishing`` (``philly-done``): arrivals in the first :data:`FINISHING_ARRIVAL_SHARE` of the window
+    and each job's work capped at :data:`FINISHING_WORK_CAP_SHARE` of the window at 16 nodes, so that
+    every job can finish (the unsaturated regime: what differs is completion time)."""
     if not offered_load > 0 or math.isinf(offered_load):
         raise WorkloadError(f"--offered-load must be a finite number > 0, got {offered_load}")
     if not idle_node_seconds > 0:
@@ -197,7 +204,7 @@ def philly_workload(seed: int, duration_s: float, idle_node_seconds: float, offe
     target = offered_load * idle_node_seconds
     # a job's work: its GPU time over 4, capped at what it could do in the window (MAX_NODES nodes at one
     # node's rate each): the rest of a heavy-tailed job lies beyond the window and is never offered in it
-    cap = duration_s * MAX_NODES
+    cap = duration_s * MAX_NODES * (FINISHING_WORK_CAP_SHARE if finishing else 1.0)
     works = np.minimum(np.array([j.gpu_time / GPUS_PER_NODE for j in jobs]), cap)
     if works.sum() < target:
         raise WorkloadError(f"philly workload: the whole trace offers {works.sum():.3g} node-s, less than "
@@ -211,7 +218,7 @@ def philly_workload(seed: int, duration_s: float, idle_node_seconds: float, offe
     # their arrivals, compressed (or stretched) into the window, in the trace's order and spacing
     t0 = chosen[0].submit
     span = (jobs[stop].submit if stop < len(jobs) else chosen[-1].submit + 1.0) - t0
-    squeeze = duration_s / span if span > 0 else 0.0
+    squeeze = duration_s * (FINISHING_ARRIVAL_SHARE if finishing else 1.0) / span if span > 0 else 0.0
     models = [MODELS[int(i)] for i in rng.integers(len(MODELS), size=len(chosen))]
     specs = []
     for i, (j, m) in enumerate(zip(chosen, models)):
@@ -220,7 +227,7 @@ def philly_workload(seed: int, duration_s: float, idle_node_seconds: float, offe
                              samples=float(works[first + i]) * one_node_rate(curve), scaling=curve,
                              min_nodes=1, max_nodes=MAX_NODES, arrival_s=min(duration_s, (j.submit - t0) * squeeze),
                              requested_nodes=rigid_size(j.gpus)))
-    label = f"philly (load {offered_load:g})"
+    label = f"philly{'-done' if finishing else ''} (load {offered_load:g})"
     return Workload(label, str(base / "pollux"), timed=specs, finite=True, models=dict(cs))
 
 

@@ -43,7 +43,7 @@ from simulator.jobs import (  # noqa: F401  (re-exported: the workload API)
 from simulator.philly import is_jobs_file, jobs_file_workload, philly_workload, scarce_workload
 from simulator.streams import make_stream
 
-REAL_STREAMS = ("philly", "scarce")
+REAL_STREAMS = ("philly", "philly-done", "scarce")
 
 
 def make_workload(
@@ -57,11 +57,12 @@ def make_workload(
         raise WorkloadError(f"--jobs must be >= 1, got {n_jobs}")
     if name in GENERATED_STREAMS:  # nas, hpo, stress, imagenet7: simulator/streams.py (issue G §2)
         return make_stream(name, scaling, seed, n_jobs)
-    if name == "philly":
+    if name in ("philly", "philly-done"):
         if window is None:
             raise WorkloadError("the philly workload needs the replay window (its length, idle node-seconds "
                                 "and --offered-load)")
-        wl = philly_workload(seed, window.duration_s, window.idle_node_seconds, window.offered_load)
+        wl = philly_workload(seed, window.duration_s, window.idle_node_seconds, window.offered_load,
+                             finishing=name == "philly-done")
         return _first(wl, n_jobs)
     if name == "scarce":  # fewer jobs than nodes, the six models' curves: how nodes are shared
         return _first(scarce_workload(seed, window.duration_s if window is not None else 86400.0), n_jobs)
