@@ -22,6 +22,11 @@ if TYPE_CHECKING:  # heavy imports stay inside the handler
 EMBEDDED_MIN_INTERVAL_S = 60.0
 SUMMIT_WEEK = "summit-2021-02-10_17.nodes.csv.gz"
 DEFAULT_EVAL_WORKLOADS = "philly@1,philly@1.5,philly@2"
+# --regimes: the scarce mix, a Philly list every job of which can finish, a saturated Philly stream;
+# a day of the dev week on 64 nodes unless --start/--end/--nodes say otherwise (--nodes all: the machine)
+REGIMES = {"workloads": "scarce,philly-done@0.3,philly@2", "start": "+78h", "end": "+102h", "nodes": "64",
+           "policies": "malletrain,freetrain,greedy,equal,rigid-preemptible,milp-true",
+           "priors": "mean,linear,other,noise:20", "fixed_pjmax": "none"}
 
 _OFFSET = re.compile(r"^\+(\d+(?:\.\d+)?)([smhd]?)$")
 _UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -163,6 +168,10 @@ def register_evaluate(sub: argparse._SubParsersAction) -> None:
                    "idle node-seconds in the window) or these named nodes")
     p.add_argument("--min-interval", type=float, metavar="S",
                    help=f"decide at most once per S s (default: 0; {EMBEDDED_MIN_INTERVAL_S:g} for the embedded trace)")
+    p.add_argument("--regimes", action="store_true",
+                   help="the regimes apart, one command: scarce (learning vs milp-true from the mean and a linear "
+                   "belief), unsaturated (philly-done@0.3: completion time), saturated (philly@2: work); a day "
+                   "(+78h..+102h) on 64 nodes unless --start/--end/--nodes say otherwise (--nodes all: the machine)")
     p.add_argument("--workloads", default=DEFAULT_EVAL_WORKLOADS, metavar="NAME[,NAME]",
                    help="philly@X (the real Philly stream at offered load X), scarce (12 jobs of the six models: "
                    "learning against milp-true from the mean and a linear belief), or the endless saturation cases "
@@ -195,6 +204,14 @@ def register_evaluate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-check", action="store_true", help="report the targets but exit 0 when one fails")
     p.add_argument("--quiet", action="store_true", help="no progress display")
     p.set_defaults(func=run_evaluate)
+
+
+def apply_regimes(args: argparse.Namespace) -> None:
+    """``--regimes``: :data:`REGIMES` for every option left at its default."""
+    defaults = {"workloads": DEFAULT_EVAL_WORKLOADS, "fixed_pjmax": "10,40,100"}
+    for key, value in REGIMES.items():
+        if getattr(args, key) == defaults.get(key):
+            setattr(args, key, value)
 
 
 def parse_seeds(text: str) -> tuple[int, ...]:
@@ -262,6 +279,8 @@ def run_evaluate(args: argparse.Namespace) -> int:
     from simulator.policies import Overrides
     from simulator.sweep import split_workload
 
+    if args.regimes:
+        apply_regimes(args)
     base = policy_config(args)
     if args.workers < 0:
         raise ValueError(f"--workers must be >= 0, got {args.workers}")
@@ -298,7 +317,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
         raise ValueError(f"--min-interval must be >= 0, got {args.min_interval}")
     interval = args.min_interval if args.min_interval is not None else (EMBEDDED_MIN_INTERVAL_S if embedded else 0.0)
     start, end = parse_time(args.start, timeline.start, "start"), parse_time(args.end, timeline.start, "end")
-    if args.nodes is not None:
+    if args.nodes is not None and args.nodes != "all":
         from simulator.window import restrict
 
         timeline = restrict(timeline, parse_nodes(args.nodes), start, end)
@@ -369,7 +388,7 @@ def _argv_of(args: argparse.Namespace) -> list[str]:
         value = getattr(args, opt)
         if value != default:
             out += [f"--{opt.replace('_', '-')}", str(value)]
-    for flag in ("sweep", "sweep_tfwd", "no_check"):
+    for flag in ("regimes", "sweep", "sweep_tfwd", "no_check"):
         if getattr(args, flag):
             out.append(f"--{flag.replace('_', '-')}")
     if args.paper_figures is not None:

@@ -41,22 +41,25 @@ SCARCE, UNSATURATED, SATURATED = "scarce", "unsaturated", "saturated"
 
 
 def regime(ev: Evaluation, cell: Cell) -> str:
-    """``scarce`` (the scarce mix), ``unsaturated`` (the default and every fixed-prior baseline finished
-    every job on every seed) or ``saturated``."""
+    """``scarce`` (the scarce mix), ``unsaturated`` (the default finished every job on every seed) or
+    ``saturated``."""
     if is_scarce(cell[0]):
         return SCARCE
-    runs = ev.by_label(cell)
-    compared = [seeds for label, seeds in runs.items() if label == DEFAULT or is_fixed_prior_baseline(label)]
-    done = all(s.get("jobs_completed") is not None and s.get("jobs_completed") == s.get("jobs_submitted")
-               for seeds in compared for s in seeds.values())
-    return UNSATURATED if compared and done else SATURATED
+    mine = ev.by_label(cell).get(DEFAULT, {})
+    return UNSATURATED if mine and all(_finished_all(s) for s in mine.values()) else SATURATED
+
+
+def _finished_all(summary: dict) -> bool:
+    done = summary.get("jobs_completed")
+    return done is not None and done == summary.get("jobs_submitted") and bool(summary.get("jct_mean_seconds"))
 
 
 def best_jct_baseline(runs: dict[str, dict[int, dict]]) -> str | None:
-    """The fixed-prior equal-admission baseline with the lowest mean JCT over the seeds."""
+    """The fixed-prior equal-admission baseline with the lowest mean JCT over the seeds, among those that
+    finished every job on every seed (a JCT over the jobs that finished compares nothing else)."""
     base = [(statistics.fmean(s["jct_mean_seconds"] for s in seeds.values()), label)
             for label, seeds in runs.items() if is_fixed_prior_baseline(label)
-            and all(s.get("jct_mean_seconds") for s in seeds.values())]
+            and all(_finished_all(s) for s in seeds.values())]
     return min(base)[1] if base else None
 
 
