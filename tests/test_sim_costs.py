@@ -208,3 +208,18 @@ def test_join_s_is_optional_in_a_file_and_checked_when_there(tmp_path):
     assert load(_write(tmp_path, {**good, "join_s": _entry(7.0)})).join_s == 7.0
     with pytest.raises(CalibrationError, match="values.join_s.*>= 0"):
         load(_write(tmp_path, {**good, "join_s": _entry(-1.0)}))
+
+
+def test_a_calibration_may_name_the_torchrun_restart_and_a_bad_one_is_refused():
+    import json as _json
+
+    from simulator.calibration import CalibrationError, parse
+
+    entry = {"unit": "s", "how": "measured", "when": "2026-11-29", "command": "python benchmarks/calibrate.py"}
+    values = {k: {**entry, "value": 1.0} for k in ("pilot_start_s", "cold_start_s", "restart_s", "rescale_pause_s",
+                                                    "commit_interval_s")}
+    assert parse({"schema": 1, "values": values}, "c.json").torchrun_restart_s is None  # not measured yet
+    named = parse({"schema": 1, "values": {**values, "torchrun_restart_s": {**entry, "value": 9.5}}}, "c.json")
+    assert named.torchrun_restart_s == 9.5 and _json.dumps(named.as_dict())
+    with pytest.raises(CalibrationError, match="torchrun_restart_s"):
+        parse({"schema": 1, "values": {**values, "torchrun_restart_s": {**entry, "value": -1.0}}}, "c.json")
