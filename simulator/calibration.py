@@ -31,7 +31,8 @@ and optionally (:data:`OPTIONAL`; 0 when a file has none, as files written befor
 * ``torchrun_restart_s``: a job run by ``launcher = "torchrun"`` at a change of its size: every
   worker stops and torchrun starts them again (stop -> first step in the new world), where an
   in-process (elastic) job pauses for ``rescale_pause_s``. To be measured per launcher on the real
-  system; None (absent) until then, and not charged yet.
+  system; absent until then, and a torchrun job's change of size is charged ``restart_s`` instead
+  (a job file's ``launcher``; the policy weighs it as the pauses the job's monitor measures).
 
 ``free`` (:func:`free`) is the named ablation with no start, restart, pilot, join or rollback cost
 (rescale pauses: each job's own, 18 s up / 12 s down by default), what the simulator charged

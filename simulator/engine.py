@@ -28,6 +28,7 @@ from policy import Decision, EventKind, JobView, Ledger, LedgerError, View
 from simulator.calibration import free
 from simulator.clock import EventQueue, Priority, SimClock
 from simulator.costs import join_ready, start_ends, warm_began
+from simulator.jobs import TORCHRUN
 from simulator.monitor import SimJobMonitor
 from simulator.policies import SimPolicy
 from simulator.records import (QUEUE_VIEW_CAP, Arrival, Cancel, Completion, Decide, DecisionRow, End, PilotUp,
@@ -275,6 +276,8 @@ class Simulator:
         if cap is not None and spec.max_nodes > cap:
             spec = replace(spec, max_nodes=max(cap, spec.min_nodes))
         pause = self.cal.rescale_pause_s
+        if spec.launcher == TORCHRUN and not self.cal.is_free:  # every change of size restarts its workers
+            pause = self.cal.torchrun_restart_s if self.cal.torchrun_restart_s is not None else self.cal.restart_s
         if pause is not None and (spec.up_cost_s, spec.down_cost_s) != (pause, pause):
             spec = replace(spec, up_cost_s=pause, down_cost_s=pause)
         job = SimJob(id=f"j{len(self.jobs):05d}", spec=spec, submitted_at=t, order=len(self.jobs), last_update=t,

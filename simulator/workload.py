@@ -89,7 +89,7 @@ def _first(wl: Workload, n_jobs: int | None) -> Workload:
 
 _FIELDS = {
     "name", "model", "samples", "min_nodes", "max_nodes", "arrival", "arrival_s",
-    "up_cost_s", "down_cost_s", "scaling", "believed_scaling", "count",
+    "up_cost_s", "down_cost_s", "scaling", "believed_scaling", "count", "launcher",
 }
 
 
@@ -207,6 +207,7 @@ def _entry_specs(entry: Any, scaling: ScalingSet, where: str, first_index: int) 
                 down_cost_s=_number(entry, "down_cost_s", DEFAULT_DOWN_COST_S, where),
                 arrival_s=_number(entry, arrival_key, 0.0, where),
                 believed_scaling=believed,
+                launcher=str(entry.get("launcher", "elastic")),
             ))
         except WorkloadError as exc:
             raise WorkloadError(f"{where}: {exc}") from None
