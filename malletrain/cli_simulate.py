@@ -22,6 +22,11 @@ if TYPE_CHECKING:  # heavy imports stay inside the handler
 EMBEDDED_MIN_INTERVAL_S = 60.0
 SUMMIT_WEEK = "summit-2021-02-10_17.nodes.csv.gz"
 DEFAULT_EVAL_WORKLOADS = "philly@1,philly@1.5,philly@2"
+# --regimes: the scarce mix, a Philly list every job of which can finish, a saturated Philly stream;
+# a day of the dev week on 64 nodes unless --start/--end/--nodes say otherwise (--nodes all: the machine)
+REGIMES = {"workloads": "scarce,philly-done@0.3,philly@2", "start": "+78h", "end": "+102h", "nodes": "64",
+           "policies": "malletrain,freetrain,greedy,equal,rigid-preemptible,milp-true",
+           "priors": "mean,linear,other,noise:20", "fixed_pjmax": "none"}
 
 _OFFSET = re.compile(r"^\+(\d+(?:\.\d+)?)([smhd]?)$")
 _UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -160,16 +165,21 @@ def register_evaluate(sub: argparse._SubParsersAction) -> None:
                    "idle node-seconds in the window) or these named nodes")
     p.add_argument("--min-interval", type=float, metavar="S",
                    help=f"decide at most once per S s (default: 0; {EMBEDDED_MIN_INTERVAL_S:g} for the embedded trace)")
+    p.add_argument("--regimes", action="store_true",
+                   help="the regimes apart, one command: scarce (learning vs milp-true from the mean and a linear "
+                   "belief), unsaturated (philly-done@0.3: completion time), saturated (philly@2: work); a day "
+                   "(+78h..+102h) on 64 nodes unless --start/--end/--nodes say otherwise (--nodes all: the machine)")
     p.add_argument("--workloads", default=DEFAULT_EVAL_WORKLOADS, metavar="NAME[,NAME]",
-                   help="philly@X (the real Philly stream at offered load X), or the endless saturation cases "
+                   help="philly@X (the real Philly stream at offered load X), scarce (12 jobs of the six models: "
+                   "learning against milp-true from the mean and a linear belief), or the endless saturation cases "
                    f"nas, hpo, stress, imagenet7 (default: {DEFAULT_EVAL_WORKLOADS})")
     p.add_argument("--policies", metavar="NAME[,NAME]",
                    help="generated streams: freetrain,malletrain,jpa,milp-true,oracle,greedy; philly: "
                    "malletrain,freetrain,greedy,equal,rigid-preemptible,jpa,milp-true (plus freetrain at each "
-                   "--fixed-pjmax and the oracle bound)")
+                   "--fixed-pjmax and the oracle reference)")
     p.add_argument("--fixed-pjmax", default="10,40,100", metavar="N[,N]",
-                   help="philly: freetrain at fixed admission with these Pjmax, the best one a baseline "
-                   "(default: 10,40,100)")
+                   help="philly: freetrain at fixed admission with these Pjmax, a baseline at its own admission "
+                   "compared on its own; 'none' for no such rows (default: 10,40,100)")
     p.add_argument("--priors", metavar="MODEL[,MODEL]",
                    help="freetrain's user curves (default: linear,mean,other,noise:20)")
     p.add_argument("--jobs", type=int, metavar="N", help="a finite list of N jobs per replay (makespan, job "
@@ -191,6 +201,14 @@ def register_evaluate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-check", action="store_true", help="report the targets but exit 0 when one fails")
     p.add_argument("--quiet", action="store_true", help="no progress display")
     p.set_defaults(func=run_evaluate)
+
+
+def apply_regimes(args: argparse.Namespace) -> None:
+    """``--regimes``: :data:`REGIMES` for every option left at its default."""
+    defaults = {"workloads": DEFAULT_EVAL_WORKLOADS, "fixed_pjmax": "10,40,100"}
+    for key, value in REGIMES.items():
+        if getattr(args, key) == defaults.get(key):
+            setattr(args, key, value)
 
 
 def parse_seeds(text: str) -> tuple[int, ...]:
@@ -253,30 +271,35 @@ def run_evaluate(args: argparse.Namespace) -> int:
     from simulator.evaluate import POLICIES, PRIORS, EvalSettings, evaluate, print_report, write_evaluation
     from simulator.policies import POLICIES as KNOWN, parse_error_model
     from simulator.sweep import Progress
-    from simulator.workload import GENERATED_STREAMS
+    from simulator.workload import GENERATED_STREAMS, REAL_STREAMS
 
     from simulator.policies import Overrides
     from simulator.sweep import split_workload
 
+    if args.regimes:
+        apply_regimes(args)
     base = policy_config(args)
     if args.workers < 0:
         raise ValueError(f"--workers must be >= 0, got {args.workers}")
     workloads = tuple(w.strip() for w in args.workloads.split(",") if w.strip())
     try:
-        bad = [w for w in workloads if split_workload(w)[0] not in GENERATED_STREAMS + ("philly",)]
+        bad = [w for w in workloads if split_workload(w)[0] not in GENERATED_STREAMS + REAL_STREAMS]
     except ValueError:
         bad = list(workloads)
     if bad or not workloads:
-        raise ValueError(f"--workloads {args.workloads!r}: a comma list of philly@X (X > 0) and "
+        raise ValueError(f"--workloads {args.workloads!r}: a comma list of philly@X (X > 0), scarce and "
                          f"{', '.join(GENERATED_STREAMS)}")
     over = Overrides(admission=args.admission or base.admission.value, max_running=args.max_running,
                      admission_cap=args.admission_cap, objective=args.objective or "work")
+    fixed: tuple[int, ...] = ()
     try:
-        fixed = tuple(int(x) for x in args.fixed_pjmax.split(",") if x.strip())
+        fixed = () if args.fixed_pjmax.strip() == "none" else \
+            tuple(int(x) for x in args.fixed_pjmax.split(",") if x.strip())
+        wrong = args.fixed_pjmax.strip() != "none" and (not fixed or min(fixed) < 1)
     except ValueError:
-        fixed = ()
-    if not fixed or min(fixed) < 1:
-        raise ValueError(f"--fixed-pjmax {args.fixed_pjmax!r}: a comma list of integers >= 1")
+        wrong = True
+    if wrong:
+        raise ValueError(f"--fixed-pjmax {args.fixed_pjmax!r}: a comma list of integers >= 1, or none")
     policies = _names(args.policies, "--policies", KNOWN) if args.policies else POLICIES
     priors = tuple(p.strip() for p in args.priors.split(",") if p.strip()) if args.priors else PRIORS
     for prior in priors:
@@ -291,7 +314,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
         raise ValueError(f"--min-interval must be >= 0, got {args.min_interval}")
     interval = args.min_interval if args.min_interval is not None else (EMBEDDED_MIN_INTERVAL_S if embedded else 0.0)
     start, end = parse_time(args.start, timeline.start, "start"), parse_time(args.end, timeline.start, "end")
-    if args.nodes is not None:
+    if args.nodes is not None and args.nodes != "all":
         from simulator.window import restrict
 
         timeline = restrict(timeline, parse_nodes(args.nodes), start, end)
@@ -299,7 +322,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
         seeds=seeds, policy_config=base, start=start, end=end,
         min_interval_s=interval, workers=args.workers, scheduler=args.scheduler, workloads=workloads,
         policies=policies, priors=priors, n_jobs=args.jobs, sweep=args.sweep, tfwd_sweep=args.sweep_tfwd,
-        overrides=over, calibration=calibration(args), fixed_pjmax=fixed,
+        overrides=over, flags=overrides(args), calibration=calibration(args), fixed_pjmax=fixed,
     )
     scaling = find_scaling(args.scaling)
     if scaling.synthetic:
@@ -326,7 +349,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
             + ("\n- **3.10** `fig3_10.png`: FreeTrain vs MalleTrain (and the other baselines), NAS and HPO, in "
                "model-neutral work, mean ± sd over the seeds; tables in [evaluation.md](evaluation.md).\n"
                if (out / "fig3_10.png").exists() and any(not w.startswith("philly") for w in workloads) else
-               "\n- **Real stream** `fig_real.png`: the default vs every simple baseline at the default's admission "
+               "\n- **real streams** `fig_real.png`: the default vs the best fixed-prior baseline at the default's admission "
                "on the real Philly stream, costs charged; tables in [evaluation.md](evaluation.md).\n"))
     print_report(ev)
     print(f"wrote {out}", file=sys.stderr)
@@ -362,7 +385,7 @@ def _argv_of(args: argparse.Namespace) -> list[str]:
         value = getattr(args, opt)
         if value != default:
             out += [f"--{opt.replace('_', '-')}", str(value)]
-    for flag in ("sweep", "sweep_tfwd", "no_check"):
+    for flag in ("regimes", "sweep", "sweep_tfwd", "no_check"):
         if getattr(args, flag):
             out.append(f"--{flag.replace('_', '-')}")
     if args.paper_figures is not None:

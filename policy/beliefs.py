@@ -13,6 +13,13 @@ Rules, settled once:
   so a new job competes fairly until its own steps are measured. Above its largest measured
   count, a job measured at two counts or more is believed to gain no more than its measured
   trend allows (the last slope, decaying as ``b / n``; :func:`allocator_curve`).
+* **Correction.** A measured point corrects the prior around it too, not only its own count: the
+  prior is multiplied by the ratio measured / prior, interpolated in ``log n`` between the measured
+  counts and held beyond them (:func:`corrected_prior`: with one measured count the level, with
+  two or more the shape), and above each measured count the per-node rate is believed no higher
+  than measured there, below it no less (efficiency does not rise with nodes). So a job measured below a linear
+  belief at 13 nodes is not believed to reach the line at 16, and one measured at 1 and 8 nodes
+  has the shape those two give, whatever the prior said.
 * **Learning (passive).** Every interval at every count a job runs counts, whatever gave it that
   count (the allocator, a recall, a lender's loan). With ``learn`` on, a count's rate is accepted
   once its estimate is stable
@@ -44,6 +51,8 @@ def scalability(job: JobView, measured: Mapping[int, float], prior: Curve | None
     """The job's curve under the rules of the module doc (``pooled``: :func:`pooled_prior`)."""
     pts = {n: r for n, r in measured.items() if r > 0}
     base = job.scaling or prior or pooled
+    if base and pts:
+        base = corrected_prior(base, pts)
     if base:
         return Scalability(prior=base, measured=pts, source=Source.REFINED if pts else Source.USER)
     if pts:
@@ -52,6 +61,40 @@ def scalability(job: JobView, measured: Mapping[int, float], prior: Curve | None
 
 
 MIN_SHAPES = 3  # finished jobs with a shape before the pooled shape is used
+
+
+def corrected_prior(prior: Mapping[int, float], measured: Mapping[int, float]) -> dict[int, float]:
+    """``prior`` corrected by what is ``measured`` (the module doc's rule): at the prior's counts, the
+    powers of two up to its largest and the measured counts, the prior times the ratio measured /
+    prior interpolated in ``log n`` between the measured counts (held beyond the outermost), the
+    measured rates at their own counts, and above each measured count no more per node than there."""
+    pts = sorted((n, r) for n, r in measured.items() if r > 0 and throughput_at(prior, n) > 0)
+    if not pts:
+        return dict(prior)
+    top = max(max(prior), pts[-1][0])
+    counts = sorted(set(prior) | {n for n, _ in pts} | {1 << k for k in range(top.bit_length()) if 1 << k <= top})
+    ratios = [(math.log(n), r / throughput_at(prior, n)) for n, r in pts]
+    out = {n: throughput_at(prior, n) * _interpolated(ratios, math.log(n)) for n in counts}
+    out.update(dict(pts))
+    for m, r in pts:  # efficiency does not rise with nodes: above m, no more per node than measured at m
+        for n in counts:
+            if n > m and n not in measured:
+                out[n] = min(out[n], r * n / m)
+    for m, r in pts:  # ... and below m, no less per node than measured at m
+        for n in counts:
+            if n < m and n not in measured:
+                out[n] = max(out[n], r * n / m)
+    return out
+
+
+def _interpolated(points: list[tuple[float, float]], x: float) -> float:
+    """Piecewise-linear through ``points`` (sorted by x), constant beyond the ends."""
+    if x <= points[0][0]:
+        return points[0][1]
+    for (xa, ya), (xb, yb) in zip(points, points[1:]):
+        if x <= xb:
+            return ya + (yb - ya) * (x - xa) / (xb - xa) if xb > xa else yb
+    return points[-1][1]
 
 
 def shape_of(points: Mapping[int, float]) -> dict[int, float] | None:
@@ -110,13 +153,15 @@ def allocator_curve(job: JobView, scal: Scalability) -> dict[int, float]:
 
 def _no_better_than_measured_trend(curve: dict[int, float], measured: Mapping[int, float]) -> dict[int, float]:
     """Above its largest measured count ``b``, a job gains per node no more than the slope ``g`` it
-    showed between its two largest measured counts, decaying as ``b / n`` (a concave curve's slope
+    showed between its two largest measured counts above one node (a curve is concave past its first
+    inter-node allreduce, not across it: the Pollux models lose 20-70% of a node's rate from one node
+    to two, then scale on), decaying as ``b / n`` (a concave curve's slope
     falls as it goes): at most ``r(b) + g * b * ln(n / b)``. Without this, a prior shape calibrated
     on a job that scales worse than the population promises gains it will not give, and a job
     past its peak is grown further. (Issue H, 1 day, stress: regret vs milp-true 2.9% -> 2.1% with
     a straight-line cap, -> 1.75% with this one; seed 0.)"""
-    pts = sorted((n, r) for n, r in measured.items() if r > 0)
-    if len(pts) < 2:
+    pts = sorted((n, r) for n, r in measured.items() if r > 0 and n > 1)
+    if len(pts) < 2:  # the step from one node to two is the first inter-node allreduce: no trend across it
         return curve
     (a, ra), (b, rb) = pts[-2], pts[-1]
     slope = (rb - ra) / (b - a)
@@ -177,7 +222,8 @@ def pooled_rescale_costs(others: Iterable[JobEvidence], cfg: PolicyConfig) -> tu
 def absorbs(job: JobView, curve: Mapping[int, float], knee: float) -> int:
     """The nodes ``job`` can put to use: its max, or the count past which its believed ``curve`` gains
     less than ``knee`` of its per-node rate at its min for each further node (a job past its knee
-    wastes nodes another job would use better)."""
+    wastes nodes another job would use better). The curve is the corrected one (:func:`corrected_prior`):
+    admission weighs what was measured around each count, not the prior alone."""
     counts = sorted(n for n in curve if job.min_nodes <= n <= job.max_nodes)
     if knee > 0 and len(counts) >= 2 and curve[counts[0]] > 0:
         floor = knee * curve[counts[0]] / counts[0]
@@ -298,7 +344,7 @@ class Beliefs:
             return hit
         raw = allocator_curve(job, self.scalability(job, pop if uses_pool else Population(1.0, None)))
         scaled = raw
-        if self.config.objective is Objective.WORK:  # in 1-node equivalents: rate(n) / rate(1)
+        if self.config.objective in (Objective.WORK, Objective.COMPLETION):  # 1-node equivalents: rate(n) / rate(1)
             one = throughput_at(raw, 1)
             scaled = {n: v / one for n, v in raw.items()} if one > 0 else raw
         made = self._curves[job.id] = Believed(

@@ -60,6 +60,11 @@ class Objective(str, Enum):
     sample costs count alike (G's headline metric)."""
     SAMPLES = "samples"
     """Raw samples/s summed over the jobs (MalleTrain as published)."""
+    COMPLETION = "completion"
+    """Work while jobs wait in the queue (the machine is full: what is trained counts); once every job
+    is admitted, each job's work weighted by how soon it can finish (the median remaining work over
+    its own, within 1/4..4): a node goes where it saves the most completion time, the
+    multiple-choice knapsack the allocator already solves (Lyra's value of a node as the JCT it saves)."""
 
 
 class Horizon(str, Enum):

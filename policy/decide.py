@@ -69,11 +69,11 @@ from curves import throughput_at
 from policy import beliefs
 from policy.allocation import apply_pins, equal_counts, greedy_counts, node_map
 from policy.beliefs import Beliefs, Population
-from policy.config import Admission, Allocation, Horizon, PolicyConfig, PolicyConfigError, Profiling
+from policy.config import Admission, Allocation, Horizon, Objective, PolicyConfig, PolicyConfigError, Profiling
 from policy.ledger import below_min
 from policy.model import Decision, EventKind, Evidence, JobEvidence, JobView, View
-from policy.profiling import (advance_profiles, end_profile, expected_count, needs_profile, profile_counts,
-                              profile_pays, reserved, source_profile)
+from policy.profiling import (advance_profiles, end_profile, expected_count, needs_profile, probe_counts,
+                              profile_counts, profile_pays, reserved, source_profile, start_probe)
 from policy.round import Round
 from policy.state import FRAGMENTS_KEEP, POPULATION_KEEP, SHAPES_KEEP, PolicyState
 from policy.valuation import FragmentModel, learned_horizon
@@ -120,6 +120,7 @@ class Policy:
         r.believed = {j: self.beliefs.believed(r.jobs[j], r.population) for j in self.state.admitted}
         self._suspensions(r)
         waiting = self._admit(r, view)
+        self._probes(r, evidence)
         return self._allocate(r, view, evidence, waiting)
 
     def guess(self) -> float:
@@ -311,6 +312,26 @@ class Policy:
             r.note(EventKind.ADMITTED, job_id)
         return waiting
 
+    def _probes(self, r: Round, evidence: Evidence) -> None:
+        """Gated profiling of running jobs whose shape is unverified, where it pays
+        (:func:`policy.profiling.probe_counts`)."""
+        st, cfg = self.state, self.config
+        if cfg.profiling is not Profiling.GATED or not cfg.learn or len(r.jobs) < 2:
+            return  # a job alone gets every node whatever its curve: knowing it changes nothing
+        if sum(r.jobs[j].max_nodes for j in st.admitted) <= r.total_nodes:
+            return  # nodes are not scarce: every admitted job gets its max whatever its curve
+        free = max(0, len(r.free) + len(r.released) - reserved(st)
+                   - sum(s.plan.from_free for j, s in st.profiles.items() if r.jobs[j].count < s.count))
+        others = [evidence[j] for j in st.admitted if j in evidence]
+        for job_id in list(st.admitted):
+            job = r.jobs[job_id]
+            if job.count == 0 or job_id in st.profiles or job_id in st.profiled:
+                continue
+            up, down = beliefs.rescale_costs(evidence.get(job_id), others, cfg)
+            counts = probe_counts(cfg, st, job, r.believed[job_id].raw, up, down, free)
+            if counts is not None:
+                free -= start_probe(cfg, st, r, job, counts)
+
     # ------------------------------------------------------------------ allocation
 
     def _allocate(self, r: Round, view: View, evidence: Evidence, waiting: dict[str, str]) -> Decision:
@@ -344,6 +365,8 @@ class Policy:
             free = free[: len(free) - reserve]
         horizon = self._horizon(view, free, admitted)
         r.weights = self._deadline_weights(admitted, r.now, r.population)
+        if cfg.objective is Objective.COMPLETION and not waiting:
+            r.weights = completion_weights(admitted, r, r.weights)
         curves = {j.id: _weighted(r.believed[j.id].scaled, r.weights.get(j.id, 1.0)) for j in admitted}
         key = self._problem_key(admitted, free, evidence, pins, r, horizon, curves)
         if key == self._noop_key:  # the inputs of the last decision, which changed nothing: nor would this
@@ -486,6 +509,32 @@ def unplaced_reasons(view: View, decision: Decision) -> dict[str, str]:
             out[job_id] = f"min_nodes {need}: {free} of {total} held nodes free, the rest run other jobs"
         else:
             out[job_id] = f"admitted; this decision gives it none of the {free} free nodes (reserved or kept back)"
+    return out
+
+
+COMPLETION_WEIGHT_SPAN = 4.0  # a job's completion weight lies within 1/this .. this
+
+
+def completion_weights(admitted: list[JobView], r: Round, weights: Mapping[str, float]) -> dict[str, float]:
+    """``weights`` times each job's completion weight (``objective = "completion"``, every job admitted):
+    the median remaining work over the job's own (in 1-node seconds on its believed curve), within
+    1/:data:`COMPLETION_WEIGHT_SPAN` .. :data:`COMPLETION_WEIGHT_SPAN`; a job whose length is unknown
+    weighs 1. Maximising the weighted work then sums each job's rate over its remaining work: the
+    completion speed, which finishes short jobs first (shortest remaining first) as far as their
+    curves allow."""
+    left: dict[str, float] = {}
+    for j in admitted:
+        one = throughput_at(r.believed[j.id].raw, 1)
+        if j.work_left is not None and j.work_left > 0 and one > 0:
+            left[j.id] = j.work_left / one
+    out = dict(weights)
+    if len(left) < 2:
+        return out
+    ordered = sorted(left.values())
+    median = ordered[len(ordered) // 2]
+    for job_id, w in left.items():
+        k = min(COMPLETION_WEIGHT_SPAN, max(1.0 / COMPLETION_WEIGHT_SPAN, median / w))
+        out[job_id] = out.get(job_id, 1.0) * k
     return out
 
 

@@ -74,6 +74,71 @@ def profile_pays(cfg: PolicyConfig, st: PolicyState, r: Round, job: JobView, fre
     return end if gain > cost else None
 
 
+UNVERIFIED_SPREAD = 0.25
+"""How far a shape no measurement verified is assumed to be off at least (relative): the six Pollux
+models' efficiencies at 4-16 nodes span 0.2-0.85, so a prior (the population mean, a linear guess)
+is wrong by this much or more for most jobs."""
+
+
+PROBE_TOP = 4  # an upward probe of a job at its min goes to at most max(this, 2 x its count) nodes
+
+
+def probe_counts(cfg: PolicyConfig, st: PolicyState, job: JobView, curve: Mapping[int, float],
+                 up_s: float, down_s: float, free: int) -> tuple[int, ...] | None:
+    """A probe of a running job whose shape nothing verified (measured at one count only), in the
+    advisor's inverse order, or None when it does not pay:
+
+    * **down**, a job measured at the count it runs at but never at its min: from its count to its
+      min, on its own nodes (with ``objective = "work"`` its 1-node rate sets the value of every
+      node it holds, and passive learning at the counts it is given may never measure it);
+    * **up**, a job measured at its min only and running there, while ``free`` nodes are on offer:
+      once up to ``top`` (:data:`PROBE_TOP`, or twice its count; free nodes only, never a lender), then
+      back down to its count.
+
+    It pays when the expected gain (``profile_gain_fraction`` x the spread of the prior at the probed
+    count, at least :data:`UNVERIFIED_SPREAD`, x the job's rate x the time it has left) exceeds the
+    cost (the pauses up and down at the job's rate, and a step's time on the nodes between the two
+    counts)."""
+    if cfg.profiling is not Profiling.GATED or not cfg.learn or job.profile:
+        return None
+    if job.id in st.profiles or job.id in st.profiled or job.count < job.min_nodes or job.count == 0:
+        return None
+    pts = {n for n, v in st.measured.get(job.id, {}).items() if v > 0}
+    if job.count not in pts:
+        return None  # its own count is not measured yet: passive learning first
+    if job.count > job.min_nodes:
+        if job.min_nodes in pts:
+            return None  # its base is measured
+        counts = (job.count, job.min_nodes)
+    elif pts != {job.count}:
+        return None  # measured above its min already
+    else:
+        top = min(job.max_nodes, job.count + free, max(PROBE_TOP, 2 * job.count))
+        if top <= job.count:
+            return None
+        counts = (top, job.count)
+    rate = throughput_at(curve, job.count)
+    if rate <= 0:
+        return None
+    hi, lo = counts
+    step_s = min(cfg.profile_time_cap_s, 60.0)
+    cost = (up_s + down_s) * rate + (throughput_at(curve, hi) / hi) * (hi - lo) * step_s
+    horizon = job.work_left / rate if job.work_left is not None else cfg.horizon_max_s
+    spread = max(UNVERIFIED_SPREAD, prior_spread(st, max(counts), curve))
+    gain = cfg.profile_gain_fraction * spread * rate * horizon
+    return counts if gain > cost else None
+
+
+def start_probe(cfg: PolicyConfig, st: PolicyState, r: Round, job: JobView, counts: tuple[int, ...]) -> int:
+    """Start ``job``'s probe (:func:`probe_counts`) at ``counts[0]``: on its own nodes stepping down,
+    or up once on free nodes first; returns the free nodes it takes."""
+    from_free = max(0, counts[0] - job.count)
+    plan = ProfilePlan(job.id, counts, from_free, None, 0)
+    st.profiles[job.id] = ProfileSession(plan, r.now, rel_ci=cfg.profile_rel_ci, time_cap_s=cfg.profile_time_cap_s)
+    r.note(EventKind.PROFILE_START, job.id, counts=list(counts), lender=None, borrowed=0, probe=True)
+    return from_free
+
+
 def prior_spread(st: PolicyState, n: int, curve: Mapping[int, float]) -> float:
     """How unsure the prior is at ``n``: the relative spread (p90 - p10 over the median) of the
     population's efficiencies there, else how far the believed curve is from linear."""

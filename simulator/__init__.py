@@ -46,12 +46,14 @@ def simulate(
     keep_decisions: bool = False,
     overrides: Overrides | None = None,
     offered_load: float = 1.0,
+    learning_prior: str = "mean",
 ) -> SimResult:
     """Replay ``timeline`` with a named (or given) policy and workload; returns the result.
 
     A named policy is the preset of that name on ``policy_config`` (default: the daemon's
     defaults), given a :class:`PolicyContext` with the workload's model curves, ``seed`` and
-    ``freetrain_model`` (``mean`` | ``linear`` | ``noise:X``). ``overrides`` win over the preset. The
+    ``freetrain_model`` (``mean`` | ``linear`` | ``noise:X``) and a learning preset's ``learning_prior``
+    (``mean`` | ``linear``). ``overrides`` win over the preset. The
     ``philly`` workload offers ``offered_load`` x the window's idle node-seconds of work. Costs: ``config.calibration``, and when
     that is None the shipped calibration (:func:`simulator.calibration.default`).
     """
@@ -63,12 +65,13 @@ def simulate(
     window = StreamWindow(end - start, timeline.idle_node_seconds(start, end), offered_load)
     wl = make_workload(workload, curves, seed=seed, n_jobs=n_jobs, window=window)
     if isinstance(policy, str):
-        pol = make_policy(policy, PolicyContext(wl.models, seed, freetrain_model), policy_config, overrides)
+        pol = make_policy(policy, PolicyContext(wl.models, seed, freetrain_model, learning_prior), policy_config,
+                          overrides)
     else:
         pol = policy
     result = Simulator(timeline, wl, pol, config, progress=progress, seed=seed, keep_decisions=keep_decisions).run()
     result.summary["seed"] = seed
-    result.summary["offered_load"] = offered_load if workload == "philly" else None
+    result.summary["offered_load"] = offered_load if workload in ("philly", "philly-done") else None
     if pol.name == "freetrain":
         result.summary["freetrain_model"] = pol.label
     return result

@@ -28,6 +28,11 @@ and optionally (:data:`OPTIONAL`; 0 when a file has none, as files written befor
   daemon's decision -> its first step (a restart adds ``restart_s - cold_start_s``, the checkpoint's
   load); a node whose warm worker is still importing makes the job wait for it
   (:func:`simulator.costs.start_ends`). A file without it charges every start its full figure.
+* ``torchrun_restart_s``: a job run by ``launcher = "torchrun"`` at a change of its size: every
+  worker stops and torchrun starts them again (stop -> first step in the new world), where an
+  in-process (elastic) job pauses for ``rescale_pause_s``. To be measured per launcher on the real
+  system; absent until then, and a torchrun job's change of size is charged ``restart_s`` instead
+  (a job file's ``launcher``; the policy weighs it as the pauses the job's monitor measures).
 
 ``free`` (:func:`free`) is the named ablation with no start, restart, pilot, join or rollback cost
 (rescale pauses: each job's own, 18 s up / 12 s down by default), what the simulator charged
@@ -46,7 +51,7 @@ from typing import Any, Mapping
 
 SCHEMA = 1
 REQUIRED = ("pilot_start_s", "cold_start_s", "restart_s", "rescale_pause_s", "commit_interval_s")
-OPTIONAL = ("join_s", "warm_start_s")
+OPTIONAL = ("join_s", "warm_start_s", "torchrun_restart_s")
 DEFAULT_FILE = "calibration.json"
 FREE = "free"
 
@@ -67,14 +72,16 @@ class Calibration:
     commit_interval_s: float = 0.0
     join_s: float = 0.0
     warm_start_s: float | None = None  # None: no warm discount (every start pays its full figure)
+    torchrun_restart_s: float | None = None  # None: not measured (a torchrun job's stop -> first step)
 
     def __post_init__(self) -> None:
         for key in ("pilot_start_s", "cold_start_s", "restart_s", "commit_interval_s", "join_s"):
             _check(self.name, key, getattr(self, key))
         if self.rescale_pause_s is not None:
             _check(self.name, "rescale_pause_s", self.rescale_pause_s)
-        if self.warm_start_s is not None:
-            _check(self.name, "warm_start_s", self.warm_start_s)
+        for key in ("warm_start_s", "torchrun_restart_s"):
+            if getattr(self, key) is not None:
+                _check(self.name, key, getattr(self, key))
 
     @property
     def is_free(self) -> bool:
@@ -84,7 +91,7 @@ class Calibration:
         return {"name": self.name, "pilot_start_s": self.pilot_start_s, "cold_start_s": self.cold_start_s,
                 "restart_s": self.restart_s, "rescale_pause_s": self.rescale_pause_s,
                 "commit_interval_s": self.commit_interval_s, "join_s": self.join_s,
-                "warm_start_s": self.warm_start_s}
+                "warm_start_s": self.warm_start_s, "torchrun_restart_s": self.torchrun_restart_s}
 
 
 def _check(where: str, key: str, value: object) -> None:

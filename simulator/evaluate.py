@@ -20,7 +20,6 @@ from itertools import product
 from typing import Callable
 
 from simulator.evaluation import (
-    BOUND_TOLERANCE_PCT,
     CEILING_PRIOR,
     DEFAULT,
     FIXED_PJMAX,
@@ -50,15 +49,14 @@ from simulator.evaluation import (
     Target,
     best_baseline,
     ceiling_for,
-    check_targets,
     freetrain_priors,
     headline_cells,
     is_baseline,
     is_real,
+    is_scarce,
     mean_sd,
     policy_rows,
     real_rows,
-    real_targets,
     same_periods,
     tfwd_choice,
     tfwd_rows,
@@ -78,6 +76,15 @@ from simulator.evaluation_report import (
     write_chart,
     write_evaluation,
     write_real_chart,
+)
+from simulator.regimes import (
+    TARGET_JCT_RATIO,
+    check_targets,
+    jct_target,
+    learning_ratios,
+    real_targets,
+    regime,
+    scarce_target,
 )
 from simulator.sweep import Replays, RunSpec, run_replays
 from simulator.workload import ScalingSet
@@ -105,15 +112,34 @@ def run_specs(settings: EvalSettings) -> list[RunSpec]:
 
 def real_specs(settings: EvalSettings, w: str, seed: int, pj: int | None, mn: int | None) -> list[RunSpec]:
     """The issue-18 comparison on a real stream: every baseline at the default's admission, freetrain's
-    prior panel, freetrain at fixed Pjmax (each of ``fixed_pjmax``), and the oracle bound."""
+    prior panel, freetrain at fixed Pjmax (each of ``fixed_pjmax``), and the oracle reference."""
+    from simulator.policies import BASELINES, LEARNING_PRIORS
+
     out: list[RunSpec] = []
     policies = [p for p in settings.policies if p != "oracle"] if settings.policies != POLICIES else list(REAL_POLICIES)
+    scarce = is_scarce(w)
     for p in policies:
-        priors = settings.priors if p == "freetrain" else ("mean",)
+        priors = settings.priors if p == "freetrain" else \
+            LEARNING_PRIORS if scarce and p not in BASELINES else ("mean",)
         out += [RunSpec(w, p, seed, prior=pr, max_running=pj, max_nodes=mn) for pr in priors]
-    out += [RunSpec(w, "freetrain", seed, prior=FIXED_PRIOR, max_nodes=mn, fixed_pjmax=n) for n in settings.fixed_pjmax]
+    if not scarce:  # the scarce mix compares learning with milp-true; no fixed-Pjmax rows
+        out += [RunSpec(w, "freetrain", seed, prior=FIXED_PRIOR, max_nodes=mn, fixed_pjmax=n)
+                for n in settings.fixed_pjmax]
     out.append(RunSpec(w, "oracle", seed, max_running=pj, max_nodes=mn, bound=True))
     return out
+
+
+def refuse_impossible(replays: Replays, specs: list[RunSpec]) -> None:
+    """Resolve every replay's policy before any runs: a flag a preset cannot honour (e.g. ``--admission-cap``
+    for a policy at fixed admission) is a ValueError naming both, raised before the first replay."""
+    from simulator.policies import resolve_config
+
+    for spec in specs:
+        pcfg, _ = replays.config_for(spec)
+        try:
+            resolve_config(spec.policy, pcfg, replays.overrides_for(spec))
+        except ValueError as exc:
+            raise ValueError(f"{spec.label}: {exc}") from None
 
 
 def evaluate(
@@ -124,8 +150,10 @@ def evaluate(
 ) -> Evaluation:
     """Run every replay (Dask tasks; see :func:`simulator.sweep.run_replays`) and check the targets."""
     replays = Replays(timeline, scaling, settings.policy_config, settings.sim_config(), settings.n_jobs,
-                      settings.overrides)
-    runs = run_replays(replays, run_specs(settings), workers=settings.workers, scheduler=settings.scheduler,
+                      settings.overrides, settings.flags)
+    specs = run_specs(settings)
+    refuse_impossible(replays, specs)
+    runs = run_replays(replays, specs, workers=settings.workers, scheduler=settings.scheduler,
                        on_done=on_done)
     ev = Evaluation(settings, timeline.source, scaling.source, runs)
     ev.trace_claims = trace_claims(timeline, settings)
@@ -134,14 +162,14 @@ def evaluate(
 
 
 __all__ = (
-    "BOUND_TOLERANCE_PCT", "CEILING_PRIOR", "Cell", "DEFAULT", "EvalSettings", "Evaluation", "FIXED_PJMAX",
+    "CEILING_PRIOR", "Cell", "DEFAULT", "EvalSettings", "Evaluation", "FIXED_PJMAX",
     "FIXED_PRIOR", "HEADLINE_LOADS", "MIN_SEEDS", "PARTS", "POLICIES", "PRIORS", "REAL_METHOD",
     "REAL_POLICIES", "REAL_WORKLOADS", "SATURATION_LOAD", "SEEDS", "SWEEP_MAX_NODES", "SWEEP_MAX_RUNNING",
     "TARGET_ABOVE_SHARE_PCT", "TARGET_BOUND_GAP_PCT", "TARGET_GAIN_PCT", "TARGET_REAL_GAIN_PCT",
-    "TARGET_REGRET_PCT", "TFWD_CANDIDATES", "TFWD_POLICIES", "Target", "WORKLOADS", "best_baseline",
+    "TARGET_JCT_RATIO", "TARGET_REGRET_PCT", "TFWD_CANDIDATES", "TFWD_POLICIES", "Target", "WORKLOADS", "best_baseline",
     "ceiling_for", "cell_table", "cell_title", "check_targets", "completion_table", "evaluate",
-    "freetrain_priors", "headline_cells", "is_baseline", "is_real", "markdown", "mean_sd", "ms",
-    "policy_rows", "print_report", "real_rows", "real_specs", "real_table", "real_targets", "run_specs",
-    "same_periods", "tfwd_choice", "tfwd_rows", "trace_claims", "waits_table", "work", "write_chart",
-    "write_evaluation", "write_real_chart",
+    "freetrain_priors", "headline_cells", "is_baseline", "is_real", "is_scarce", "jct_target", "learning_ratios", "markdown",
+    "mean_sd", "ms", "policy_rows", "print_report", "real_rows", "real_specs", "real_table", "real_targets",
+    "refuse_impossible", "regime", "run_specs", "same_periods", "scarce_target", "tfwd_choice", "tfwd_rows", "trace_claims",
+    "waits_table", "work", "write_chart", "write_evaluation", "write_real_chart",
 )

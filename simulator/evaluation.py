@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -21,19 +21,21 @@ from simulator.sweep import RunSpec, split_workload
 from traces.model import IdleTimeline
 
 POLICIES = ("freetrain", "malletrain", "jpa", "milp-true", "oracle", "greedy")
-# On a real finite stream every baseline runs at the default's admission (--admission
-# and friends override presets), scored in work; freetrain also at fixed Pjmax, best of FIXED_PJMAX
+# on a real finite stream every baseline runs at the default's admission (--admission and friends
+# override presets), scored in work; freetrain also at fixed Pjmax (its own baseline), each of FIXED_PJMAX
 REAL_POLICIES = ("malletrain", "freetrain", "greedy", "equal", "rigid-preemptible", "jpa", "milp-true")
 FIXED_PJMAX = (10, 40, 100)
 FIXED_PRIOR = "mean"  # freetrain's prior in the fixed-Pjmax sweep
 DEFAULT = "malletrain"
 REAL_WORKLOADS = ("philly@1", "philly@1.5", "philly@2")
-HEADLINE_LOADS = (1.0, 1.5)  # the target: default >= best equal-admission baseline + TARGET_REAL_GAIN_PCT
+HEADLINE_LOADS = (1.0, 1.5)  # the target: default >= best fixed-prior equal-admission baseline + TARGET_REAL_GAIN_PCT
 SATURATION_LOAD = 2.0  # the target: gap to the bound <= TARGET_BOUND_GAP_PCT
 TARGET_REAL_GAIN_PCT = 5.0
 TARGET_BOUND_GAP_PCT = 5.0
+SCARCE = "scarce"  # the scarce mix (simulator.philly.scarce_workload)
+TARGET_SCARCE_OF_CEILING = 0.95  # scarce: the default's work over milp-true's, from each learning prior
+TARGET_SATURATED_RATIO = 0.99  # saturated: the default's work over the best fixed-prior baseline's
 MIN_SEEDS = 5
-BOUND_TOLERANCE_PCT = 0.5  # a policy above the oracle bound by more than this (mean over seeds) is a bug
 PRIORS = ("linear", "mean", "other", "noise:20")  # freetrain's user curves (simulator.policies)
 # freetrain given the true curves: the ceiling of the policies that admit a fixed Pjmax (freetrain,
 # jpa, greedy), as milp-true is the ceiling of the daemon's default (adaptive admission)
@@ -67,6 +69,7 @@ class EvalSettings:
     tfwd_sweep: bool = False  # Tfwd candidates x TFWD_POLICIES instead of the policy comparison
     # what wins over every preset (the default's admission for every baseline, all scored in work)
     overrides: Overrides = field(default_factory=lambda: Overrides(objective="work"))
+    flags: Overrides = field(default_factory=Overrides)  # the overrides the user gave: every preset honours them
     calibration: Calibration | None = None  # None: the shipped calibration
     fixed_pjmax: tuple[int, ...] = FIXED_PJMAX
 
@@ -119,8 +122,13 @@ class Evaluation:
 
 
 def is_real(workload: str) -> bool:
-    """A real finite stream (``philly@X``), not an endless generated one (a saturation case)."""
-    return split_workload(workload)[0] == "philly"
+    """A real finite stream (``philly@X``, the ``scarce`` mix), not an endless generated one (a saturation case)."""
+    return split_workload(workload)[0] in ("philly", "philly-done", SCARCE)
+
+
+def is_scarce(workload: str) -> bool:
+    """The scarce mix: fewer jobs than nodes, the six models' curves (what learning is for)."""
+    return split_workload(workload)[0] == SCARCE
 
 
 
@@ -249,91 +257,97 @@ def headline_cells(ev: Evaluation) -> dict[str, Cell]:
     return out
 
 
-def check_targets(ev: Evaluation) -> list[Target]:
-    """Targets that can fail, on the headline cell of each workload (:func:`headline_cells`)."""
-    out: list[Target] = []
-    if ev.settings.tfwd_sweep:
-        return out
-    out += real_targets(ev)
-    for w, cell in headline_cells(ev).items():
-        if is_real(w):
-            continue
-        rows = {r["policy"]: r for r in policy_rows(ev, cell)}
-        best = next((r for r in rows.values() if r["best_prior"]), None)
-        for name in ("jpa", "malletrain"):  # the paper's MalleTrain, then the daemon's default
-            mt = rows.get(name)
-            if w != "nas" or mt is None or best is None:
-                continue
-            gain = mt["vs_best_freetrain_whole_pct"][0]
-            inside = mt["vs_best_freetrain_constrained_pct"][0]
-            periods = (f"constrained periods: {inside:+.1f}%" if mt["same_periods"] else
-                       "its admitted jobs absorb another pool: no period comparison")
-            out.append(Target(f"NAS: {name} >= freetrain (best prior, {best['policy']}) + "
-                              f"{TARGET_GAIN_PCT:g}% in work, mean over seeds", f"{gain:+.1f}% ({periods})",
-                              gain >= TARGET_GAIN_PCT))
-        for name in ("malletrain", "jpa"):
-            r = rows.get(name)
-            if r is None or "milp-true" not in rows:
-                continue
-            if name == "jpa" and r.get("replayed_as") == "malletrain" and "malletrain" in rows:
-                continue  # the same replays: one target
-            regret = r["regret_whole_pct"][0]
-            out.append(Target(f"{w.upper()}: {name}'s learning cost (regret vs {r['regret_against']} in work, "
-                              f"profiling counted in full) <= {TARGET_REGRET_PCT:g}%", f"{regret:.1f}%",
-                              regret <= TARGET_REGRET_PCT))
-    claims = ev.trace_claims
-    if claims and not all(is_real(c[0]) for c in ev.cells()):
-        share = claims["node_seconds_while_above_pct"]
-        out.append(Target(
-            f"trace: >= {TARGET_ABOVE_SHARE_PCT:g}% of idle node-seconds come while the pool exceeds "
-            f"Pjmax x 64 = {claims['capacity_nodes']} nodes",
-            f"{share:.1f}% (by time: {claims['time_above_pct']:.1f}%; beyond the {claims['capacity_nodes']} "
-            f"no policy can use: {claims['node_seconds_beyond_pct']:.1f}%)",
-            share >= TARGET_ABOVE_SHARE_PCT))
-    return out
-
-
 # ---------------------------------------------------------------- real streams
+# freetrain's priors a user can fix before the run (the population mean; linear from one small run);
+# the headline compares the default with each, per seed
+FIXED_PRIORS = ("mean", "linear")
+REFERENCE = "oracle-reference"  # the true curves, free costs, no admission cap: a reference, not a bound
+FIXED_PJMAX_PREFIX = "freetrain-fixed:"
 
 
 def is_baseline(label: str) -> bool:
-    """The simple baselines the default is compared with (all at its admission, but the fixed-Pjmax ones)."""
-    return label.startswith("freetrain") or label in ("greedy", "equal", "rigid-preemptible")
+    """A simple baseline at the default's admission (equal admission): freetrain with any prior,
+    greedy, equal, rigid-preemptible. The fixed-Pjmax rows run at their own admission: not these."""
+    if label.startswith(FIXED_PJMAX_PREFIX):
+        return False
+    return label.startswith("freetrain:") or label in ("greedy", "equal", "rigid-preemptible")
 
 
-def best_baseline(runs: dict[str, dict[int, dict]]) -> str | None:
-    """The baseline label with the highest mean work over the seeds in this cell."""
+def knows_the_curve(label: str) -> bool:
+    """A baseline handed each job's own true curve (within noise): information the default never has."""
+    return label.startswith("freetrain:noise")
+
+
+def is_fixed_prior_baseline(label: str) -> bool:
+    """An equal-admission baseline whose belief a user could configure before the run."""
+    return is_baseline(label) and not knows_the_curve(label)
+
+
+def best_baseline(runs: dict[str, dict[int, dict]],
+                  among: Callable[[str], bool] = is_fixed_prior_baseline) -> str | None:
+    """The label with the highest mean work over the seeds in this cell among ``among`` (by default
+    the equal-admission baselines with a prior fixed before the run)."""
     base = [(statistics.fmean(work(s) for s in seeds.values()), label)
-            for label, seeds in runs.items() if is_baseline(label)]
+            for label, seeds in runs.items() if among(label)]
     return max(base)[1] if base else None
 
 
+def best_fixed_pjmax(runs: dict[str, dict[int, dict]]) -> str | None:
+    """The best freetrain at a fixed Pjmax: a baseline at its own admission, compared on its own."""
+    return best_baseline(runs, lambda label: label.startswith(FIXED_PJMAX_PREFIX))
+
+
+def best_reference(runs: dict[str, dict[int, dict]]) -> str | None:
+    """The best equal-admission baseline handed each job's curve within noise (a labelled reference)."""
+    return best_baseline(runs, lambda label: is_baseline(label) and knows_the_curve(label))
+
+
+def _per_seed_pct(seeds: dict[int, dict], ref: dict[int, dict]) -> list[float]:
+    return [_pct_over(work(seeds[k]), work(ref[k])) for k in sorted(seeds) if k in ref]
+
+
+def comparisons(runs: dict[str, dict[int, dict]]) -> dict[str, str | None]:
+    """What each row is compared with: name -> label in this cell (None: not replayed)."""
+    out: dict[str, str | None] = {f"freetrain:{p}": (f"freetrain:{p}" if f"freetrain:{p}" in runs else None)
+                                  for p in FIXED_PRIORS}
+    out["best fixed-prior"] = best_baseline(runs)
+    out["best fixed-Pjmax"] = best_fixed_pjmax(runs)
+    out["reference"] = best_reference(runs)
+    return out
+
+
 def real_rows(ev: Evaluation, cell: Cell) -> list[dict]:
-    """One row per label: work, share of offered work, vs the best baseline (per seed), gap to the bound
-    (min(offered, idle x best efficiency)) and to the oracle bound, what costs cost, completion and waits."""
+    """One row per label: work, share of offered work, vs the best fixed-prior equal-admission baseline
+    (per seed), vs freetrain with each fixed prior, vs the best fixed-Pjmax freetrain and vs the reference
+    given each job's curve within 20%; gap to the bound (min(offered, idle x best efficiency)), vs the
+    oracle reference, what costs cost, completion and waits."""
     runs = ev.by_label(cell)
-    best = best_baseline(runs)
+    against = comparisons(runs)
+    best = against["best fixed-prior"]
     ref = runs.get(best, {}) if best else {}
-    oracle = runs.get("oracle-bound", {})
+    oracle = runs.get(REFERENCE, {})
     rows = []
     order = [DEFAULT] + sorted(label for label in runs if label != DEFAULT)
     for label in [lb for lb in order if lb in runs]:
         seeds = runs[label]
         ks = sorted(seeds)
         ss = [seeds[k] for k in ks]
-        row: dict = {"policy": label, "seeds": ks, "best_baseline": label == best, "baseline": is_baseline(label)}
+        row: dict = {"policy": label, "seeds": ks, "best_baseline": label == best, "baseline": is_baseline(label),
+                     "fixed_prior": is_fixed_prior_baseline(label), "compared_with": against}
         row["work"] = mean_sd([work(s) for s in ss])
         row["share_of_offered_pct"] = mean_sd([100.0 * s["work_share_of_offered"] for s in ss
                                                if s.get("work_share_of_offered") is not None])
-        row["vs_best_baseline_pct"] = mean_sd([_pct_over(work(seeds[k]), work(ref[k])) for k in ks if k in ref])
-        row["vs_best_baseline_min_pct"] = min((_pct_over(work(seeds[k]), work(ref[k])) for k in ks if k in ref),
-                                              default=math.nan)
+        row["vs_best_baseline_pct"] = mean_sd(_per_seed_pct(seeds, ref))
+        row["vs_best_baseline_min_pct"] = min(_per_seed_pct(seeds, ref), default=math.nan)
+        row["vs_pct"] = {name: mean_sd(_per_seed_pct(seeds, runs[lb])) if lb else (math.nan, math.nan)
+                         for name, lb in against.items()}
         row["gap_to_bound_pct"] = mean_sd([s.get("gap_to_bound_pct") for s in ss])
         row["above_bound"] = [k for k in ks if work(seeds[k]) > seeds[k]["bound_work_node_seconds"] * (1 + 1e-9)]
-        row["vs_oracle_bound_pct"] = mean_sd([_pct_over(work(seeds[k]), work(oracle[k])) for k in ks if k in oracle])
+        row["vs_oracle_bound_pct"] = mean_sd(_per_seed_pct(seeds, oracle))
         row["lost_work_pct"] = mean_sd([100.0 * s.get("lost_work_node_seconds", 0.0) / max(work(s), 1e-9) for s in ss])
         for key in ("restarts", "preemptions", "rescales", "jobs_completed", "jobs_submitted", "jct_mean_seconds",
-                    "wait_mean_seconds", "wait_p95_seconds", "cpu_seconds", "held_fraction"):
+                    "jct_p95_seconds", "wait_mean_seconds", "wait_p95_seconds", "cpu_seconds", "held_fraction",
+                    "slowdown_mean", "slowdown_p95", "slowdown_fairness_jain"):
             row[key] = mean_sd([s.get(key) for s in ss])
         row["longest_waiting_model"] = _mode([s.get("longest_waiting_model") for s in ss])
         row["wait_by_model_seconds"] = _mean_by_key([s.get("wait_by_model_seconds") or {} for s in ss])
@@ -351,47 +365,6 @@ def _mode(values: list) -> object:
 def _mean_by_key(dicts: list[dict]) -> dict[str, float]:
     keys = sorted({k for d in dicts for k in d})
     return {k: statistics.fmean(d[k] for d in dicts if k in d) for k in keys}
-
-
-def real_targets(ev: Evaluation) -> list[Target]:
-    """Issue 18's targets on the real streams: the default against the best equal-admission baseline at
-    the headline loads (>= MIN_SEEDS seeds), its gap to the bound at the saturation load, and bounds
-    that hold (no policy above min(offered, idle x best efficiency) on any seed, none above the oracle
-    bound on the mean)."""
-    out: list[Target] = []
-    held: list[str] = []
-    for cell in ev.cells():
-        if not is_real(cell[0]):
-            continue
-        load = split_workload(cell[0])[1]
-        rows = {r["policy"]: r for r in real_rows(ev, cell)}
-        mt = rows.get(DEFAULT)
-        best = next((r for r in rows.values() if r["best_baseline"]), None)
-        n = len(ev.settings.seeds)
-        if mt is not None and best is not None and load in HEADLINE_LOADS:
-            gain = mt["vs_best_baseline_pct"][0]
-            out.append(Target(
-                f"{cell[0]}: {DEFAULT} >= the best equal-admission baseline ({best['policy']}) + "
-                f"{TARGET_REAL_GAIN_PCT:g}% in work, mean over >= {MIN_SEEDS} seeds, costs charged",
-                f"{gain:+.1f}% (worst seed {mt['vs_best_baseline_min_pct']:+.1f}%; {n} seeds)",
-                gain >= TARGET_REAL_GAIN_PCT and n >= MIN_SEEDS))
-        if mt is not None and load == SATURATION_LOAD:
-            gap = mt["gap_to_bound_pct"][0]
-            out.append(Target(f"{cell[0]}: {DEFAULT}'s gap to the bound min(offered work, idle node-s x best "
-                              f"per-node efficiency) <= {TARGET_BOUND_GAP_PCT:g}%",
-                              f"{gap:.1f}% (vs the oracle bound {mt['vs_oracle_bound_pct'][0]:+.1f}%)",
-                              gap <= TARGET_BOUND_GAP_PCT))
-        for r in rows.values():
-            if r["above_bound"]:
-                held.append(f"{cell[0]} {r['policy']} above min(offered, idle x eff) on seed(s) {r['above_bound']}")
-            beat = r["vs_oracle_bound_pct"][0]
-            if r["policy"] != "oracle-bound" and not math.isnan(beat) and beat > BOUND_TOLERANCE_PCT:
-                held.append(f"{cell[0]} {r['policy']} {beat:+.1f}% over the oracle bound")
-    if any(is_real(c[0]) for c in ev.cells()):
-        out.append(Target("bounds hold: no policy above min(offered, idle x best efficiency) on any seed, none "
-                          f"more than {BOUND_TOLERANCE_PCT:g}% above the oracle bound (free costs, no cap) on the mean",
-                          "; ".join(held) if held else "held everywhere", not held))
-    return out
 
 
 def tfwd_rows(ev: Evaluation) -> list[dict]:

@@ -14,6 +14,7 @@ from typing import Callable
 
 from policy import JobView, Ledger, PolicyConfig
 from simulator.calibration import Calibration
+from simulator.jobs import TORCHRUN
 from simulator.monitor import SimJobMonitor
 from simulator.policies import SimPolicy
 from simulator.records import SimConfig, SimJob
@@ -73,6 +74,8 @@ class Fleet:
         if cap is not None and spec.max_nodes > cap:
             spec = replace(spec, max_nodes=max(cap, spec.min_nodes))
         pause = self._cal.rescale_pause_s
+        if spec.launcher == TORCHRUN and not self._cal.is_free:  # every change of size restarts its workers
+            pause = self._cal.torchrun_restart_s if self._cal.torchrun_restart_s is not None else self._cal.restart_s
         if pause is not None and (spec.up_cost_s, spec.down_cost_s) != (pause, pause):
             spec = replace(spec, up_cost_s=pause, down_cost_s=pause)
         job = SimJob(id=f"j{len(self.jobs):05d}", spec=spec, submitted_at=t, order=len(self.jobs), last_update=t,

@@ -35,6 +35,10 @@ class WorkloadError(ValueError):
     """A workload or scaling file that cannot be used; the message names file and entry."""
 
 
+ELASTIC, TORCHRUN = "elastic", "torchrun"  # the job file's launcher values (malletrain.jobspec.Launcher)
+LAUNCHERS = (ELASTIC, TORCHRUN)
+
+
 @dataclass(frozen=True)
 class JobSpec:
     """One training job to simulate.
@@ -57,8 +61,11 @@ class JobSpec:
     requested_nodes: int | None = None  # the count a rigid submission asks for (a trace's GPUs / node)
     budget_node_hours: float | None = None  # the most node-hours it may hold (the daemon's job file key)
     deadline: float | None = None  # when it should be done, in seconds after the start of the replay window
+    launcher: str = ELASTIC  # the job file's launcher: "torchrun" restarts every worker at a change of size
 
     def __post_init__(self) -> None:
+        if self.launcher not in LAUNCHERS:
+            raise WorkloadError(f"job {self.name}: launcher {self.launcher!r}: choose {' or '.join(LAUNCHERS)}")
         if not (self.samples > 0) or math.isinf(self.samples):
             raise WorkloadError(f"job {self.name}: samples must be a finite number > 0, got {self.samples!r}")
         if self.min_nodes < 1 or self.max_nodes < self.min_nodes:

@@ -1,4 +1,4 @@
-"""Real, finite job streams: the ``philly`` workload and ``--jobs-file`` lists.
+"""Real, finite job streams: the ``philly`` workload, the ``scarce`` mix and ``--jobs-file`` lists.
 
 **Curves.** The six models the Pollux authors measured (``pollux/<model>/``: bert, cifar10,
 deepspeech2, imagenet, ncf, yolov3) on nodes of 4 GPUs. One simulated node is one such node: the
@@ -14,6 +14,12 @@ jobs until their work reaches ``offered_load`` x the window's idle node-seconds,
 compressed into the window (order and relative spacing kept). Its model is a seeded draw of the
 six; its rigid size (what ``rigid-preemptible`` runs it at) is ``ceil(num_gpus / 4)`` nodes. Every
 job may use 1..16 nodes (the measured range).
+
+**Scarce mix** (``scarce``, :func:`scarce_workload`): fewer jobs than nodes, each of the six models
+:data:`SCARCE_PER_MODEL` times (their curves differ: imagenet near-linear, ncf, yolov3 and bert at
+0.3-0.45 efficiency), arriving in a seeded order over the first :data:`SCARCE_ARRIVAL_S` seconds,
+each with more work than the window can give it (16 nodes at its 1-node rate throughout): what
+counts is how nodes are shared, scored in work.
 
 **Jobs files.** ``name,time,application[,num_replicas,batch_size,samples,budget_node_hours,deadline]``:
 ``time`` in seconds from the start of the replayed window, ``application`` one of the six models,
@@ -46,6 +52,8 @@ PLACEMENT_NODES = (1, 2, 3, 4)
 SCALABILITY_NODES = (6, 8, 12, 16)
 PHILLY_FILE = "philly-jobs.csv.gz"
 DEFAULT_JOB_WORK_S = 4 * 3600.0  # a jobs-file job without samples: 4 node-hours of work at one node
+SCARCE_PER_MODEL = 2  # the scarce mix: 12 jobs, on 64 nodes fewer jobs than nodes
+SCARCE_ARRIVAL_S = 600.0
 JOBS_FILE_COLUMNS = ("name", "time", "application")
 JOBS_FILE_OPTIONAL = ("num_replicas", "batch_size", "samples", "budget_node_hours", "deadline")
 
@@ -176,9 +184,16 @@ def one_node_rate(curve: dict[int, float]) -> float:
     return throughput_at(curve, 1)
 
 
+FINISHING_ARRIVAL_SHARE = 0.5  # philly-done: arrivals in the first half of the window
+FINISHING_WORK_CAP_SHARE = 0.05  # ... and no job longer than 5% of what 16 nodes at its 1-node rate do in it
+
+
 def philly_workload(seed: int, duration_s: float, idle_node_seconds: float, offered_load: float,
-                    data_dir: Path | None = None) -> Workload:
-    """The seeded Philly stream for a replay window of ``duration_s`` with ``idle_node_seconds``."""
+                    data_dir: Path | None = None, finishing: bool = False) -> Workload:
+    """The seeded Philly stream for a replay window of ``duration_s`` with ``idle_node_seconds``;
+    ``finishing`` (``philly-done``): arrivals in the first :data:`FINISHING_ARRIVAL_SHARE` of the window
+    and each job's work capped at :data:`FINISHING_WORK_CAP_SHARE` of the window at 16 nodes, so that
+    every job can finish (the unsaturated regime: what differs is completion time)."""
     if not offered_load > 0 or math.isinf(offered_load):
         raise WorkloadError(f"--offered-load must be a finite number > 0, got {offered_load}")
     if not idle_node_seconds > 0:
@@ -190,7 +205,7 @@ def philly_workload(seed: int, duration_s: float, idle_node_seconds: float, offe
     target = offered_load * idle_node_seconds
     # a job's work: its GPU time over 4, capped at what it could do in the window (MAX_NODES nodes at one
     # node's rate each): the rest of a heavy-tailed job lies beyond the window and is never offered in it
-    cap = duration_s * MAX_NODES
+    cap = duration_s * MAX_NODES * (FINISHING_WORK_CAP_SHARE if finishing else 1.0)
     works = np.minimum(np.array([j.gpu_time / GPUS_PER_NODE for j in jobs]), cap)
     if works.sum() < target:
         raise WorkloadError(f"philly workload: the whole trace offers {works.sum():.3g} node-s, less than "
@@ -204,7 +219,7 @@ def philly_workload(seed: int, duration_s: float, idle_node_seconds: float, offe
     # their arrivals, compressed (or stretched) into the window, in the trace's order and spacing
     t0 = chosen[0].submit
     span = (jobs[stop].submit if stop < len(jobs) else chosen[-1].submit + 1.0) - t0
-    squeeze = duration_s / span if span > 0 else 0.0
+    squeeze = duration_s * (FINISHING_ARRIVAL_SHARE if finishing else 1.0) / span if span > 0 else 0.0
     models = [MODELS[int(i)] for i in rng.integers(len(MODELS), size=len(chosen))]
     specs = []
     for i, (j, m) in enumerate(zip(chosen, models)):
@@ -213,8 +228,22 @@ def philly_workload(seed: int, duration_s: float, idle_node_seconds: float, offe
                              samples=float(works[first + i]) * one_node_rate(curve), scaling=curve,
                              min_nodes=1, max_nodes=MAX_NODES, arrival_s=min(duration_s, (j.submit - t0) * squeeze),
                              requested_nodes=rigid_size(j.gpus)))
-    label = f"philly (load {offered_load:g})"
+    label = f"philly{'-done' if finishing else ''} (load {offered_load:g})"
     return Workload(label, str(base / "pollux"), timed=specs, finite=True, models=dict(cs))
+
+
+def scarce_workload(seed: int, duration_s: float, data_dir: Path | None = None) -> Workload:
+    """The scarce mix (see the module doc): every model :data:`SCARCE_PER_MODEL` times, in a seeded
+    order, arrivals spread over :data:`SCARCE_ARRIVAL_S`, none finishing in the window."""
+    cs = curves(_data_dir(data_dir))
+    rng = np.random.default_rng([seed, 31])
+    models = [MODELS[int(i)] for i in rng.permutation(np.repeat(np.arange(len(MODELS)), SCARCE_PER_MODEL))]
+    arrivals = np.sort(rng.uniform(0.0, SCARCE_ARRIVAL_S, size=len(models)))
+    work_s = 2.0 * max(duration_s, 1.0) * MAX_NODES  # more than 16 nodes at the 1-node rate can do
+    specs = [JobSpec(name=f"scarce-{m}#{i}", model=m, samples=work_s * one_node_rate(cs[m]), scaling=cs[m],
+                     min_nodes=1, max_nodes=MAX_NODES, arrival_s=float(t), requested_nodes=4)
+             for i, (m, t) in enumerate(zip(models, arrivals))]
+    return Workload("scarce mix", str(_data_dir(data_dir) / "pollux"), timed=specs, finite=True, models=dict(cs))
 
 
 def jobs_file_workload(path: str | Path, data_dir: Path | None = None) -> Workload:

@@ -5,7 +5,8 @@ comparison needs it, what only the simulator knows, handed to the policy as a us
 
 * ``malletrain``: the daemon's MalleTrain preset (whatever :data:`policy.PRESETS` says it is).
   Jobs carry no curve; the prior is the mean of the workload's model curves (the user knows the
-  candidate models, not which job is which).
+  candidate models, not which job is which), or with ``learning_prior = "linear"`` a linear curve
+  at its 1-node rate (:func:`learning_prior`: what a user without data gives).
 * ``jpa``: the paper's JPA policy: every job profiled in inverse order, refined online (the
   ``jpa`` preset when :data:`policy.PRESETS` has one, else ``malletrain`` with
   ``profiling="always"``); same prior as ``malletrain``.
@@ -53,6 +54,7 @@ class PolicyContext:
     curves: Mapping[str, Curve] = field(default_factory=dict)
     seed: int = 0
     freetrain_model: str = "mean"
+    learning_prior: str = "mean"  # a learning preset's starting belief (:func:`learning_prior`)
 
 
 UserCurve = Callable[[JobSpec], "Curve | None"]
@@ -149,7 +151,7 @@ def make_policy(name: str, context: PolicyContext | None = None, config: PolicyC
     mean = mean_curve(ctx.curves) if ctx.curves else None
     if name not in BASELINES:  # malletrain, jpa and any learning preset
         if mean is not None and cfg.prior is None:
-            cfg = cfg.with_prior(mean)
+            cfg = cfg.with_prior(learning_prior(ctx.learning_prior, mean))
         return SimPolicy(name, Policy(cfg), _file_curve)
     if name == "freetrain":
         model = parse_error_model(ctx.freetrain_model)
@@ -195,11 +197,31 @@ def parse_error_model(text: str) -> ErrorModel:
     raise ValueError(f"freetrain model {text!r}: use mean, linear, other or noise:X with 0 <= X < 100 (percent)")
 
 
+LEARNING_PRIORS = ("mean", "linear")  # what a learning preset may start from (PolicyContext.learning_prior)
+
+
+def learning_prior(kind: str, mean: Curve) -> dict[int, float]:
+    """A learning preset's starting belief: the population's ``mean`` curve, or ``linear`` at its
+    1-node rate (what a user without data gives); any other error model is refused."""
+    if kind == "mean":
+        return dict(mean)
+    if kind == "linear":
+        one = throughput_at(mean, 1)
+        return {n: one * n for n in sorted(mean)}
+    raise ValueError(f"a learning policy starts from one of {', '.join(LEARNING_PRIORS)}, not {kind!r}")
+
+
 def mean_curve(curves: Mapping[str, Curve]) -> dict[int, float]:
-    """Point-wise mean of ``curves`` over the union of their node counts (piecewise-linear between points)."""
+    """The population's mean curve over the union of their node counts (piecewise-linear between
+    points): the mean 1-node rate times the point-wise mean of each curve over its own 1-node rate.
+    A mean of the raw rates would take the shape of the fastest models (cifar10's samples/s are a
+    hundred times bert's), not the population's."""
     counts = sorted({n for c in curves.values() for n in c})
     k = len(curves)
-    return {n: sum(throughput_at(c, n) for c in curves.values()) / k for n in counts}
+    ones = [throughput_at(c, 1) for c in curves.values()]
+    level = sum(ones) / k
+    return {n: level * sum(throughput_at(c, n) / one for c, one in zip(curves.values(), ones) if one > 0) / k
+            for n in counts}
 
 
 def believed_curve(model: ErrorModel, spec: JobSpec, mean: Curve | None, seed: int,

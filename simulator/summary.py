@@ -226,6 +226,28 @@ def completion_summary(jobs: list[SimJob], end: float) -> dict:
         "wait_by_model_seconds": {m: sum(ws) / len(ws) for m, ws in sorted(per_model.items())},
         "longest_waiting_model": starved[0] if starved else None,
         "longest_waiting_model_seconds": sum(starved[1]) / len(starved[1]) if starved else None,
+        **slowdown_summary(jobs),
+    }
+
+
+def slowdown_summary(jobs: list[SimJob]) -> dict:
+    """Slowdown of each completed job: its completion time over the time it needs alone at its max on
+    its true curve; mean, p95, the mean per model and Jain's fairness index over the models' means
+    (1: every model slowed alike; 1/k: one model bears it all)."""
+    per_model: dict[str, list[float]] = {}
+    for j in jobs:
+        fast = throughput_at(j.spec.scaling, j.spec.max_nodes)
+        if j.finished_at is None or fast <= 0:
+            continue
+        per_model.setdefault(j.spec.model, []).append((j.finished_at - j.submitted_at) / (j.spec.samples / fast))
+    values = sorted(v for vs in per_model.values() for v in vs)
+    means = {m: sum(vs) / len(vs) for m, vs in sorted(per_model.items())}
+    squares = sum(v * v for v in means.values())
+    return {
+        "slowdown_mean": sum(values) / len(values) if values else None,
+        "slowdown_p95": percentile(values, 0.95) if values else None,
+        "slowdown_by_model": means,
+        "slowdown_fairness_jain": sum(means.values()) ** 2 / (len(means) * squares) if squares > 0 else None,
     }
 
 

@@ -28,11 +28,15 @@ from simulator.workload import ScalingSet
 from traces.model import IdleTimeline
 
 
+NO_PRIOR = ("milp-true", "oracle", "greedy", "equal", "rigid-preemptible")  # policies no prior reaches
+
+
 @dataclass(frozen=True)
 class RunSpec:
     """One replay: a workload stream and seed under a named policy, with the knobs the sweep varies.
 
-    ``prior`` is freetrain's user curve (``mean``, ``linear``, ``other``, ``noise:X``); ``None``
+    ``prior`` is freetrain's user curve (``mean``, ``linear``, ``other``, ``noise:X``) or a learning
+    policy's starting belief (``mean``, ``linear``); ``None``
     fields take the evaluation's base values.
     """
 
@@ -44,15 +48,22 @@ class RunSpec:
     max_nodes: int | None = None
     tfwd_s: float | None = None
     fixed_pjmax: int | None = None  # fixed admission at this Pjmax (the "freetrain at fixed Pjmax N" baseline)
-    bound: bool = False  # the oracle bound: free rescales, free starts (calibration free), no admission cap
+    bound: bool = False  # the oracle reference: free rescales, free starts (calibration free), no admission cap
 
     @property
     def label(self) -> str:
         if self.bound:
-            return "oracle-bound"
+            return "oracle-reference"  # not an upper bound: the allocator is a heuristic over time
         if self.fixed_pjmax is not None:
             return f"{self.policy}-fixed:{self.fixed_pjmax}"
-        return f"freetrain:{self.prior}" if self.policy == "freetrain" else self.policy
+        if self.policy == "freetrain" or (self.prior != "mean" and self.policy not in NO_PRIOR):
+            return f"{self.policy}:{self.prior}"  # freetrain's user curve, a learning policy's starting belief
+        return self.policy
+
+    @property
+    def learning_prior(self) -> str:
+        """A learning policy's starting belief (``mean`` for every other policy)."""
+        return self.prior if self.policy != "freetrain" and self.policy not in NO_PRIOR else "mean"
 
     @property
     def stream(self) -> tuple[str, float]:
@@ -85,13 +96,16 @@ class Replays:
     sim_config: SimConfig = field(default_factory=SimConfig)
     n_jobs: int | None = None  # a finite job list of this many jobs; None: endless streams
     overrides: Overrides | None = None  # win over every preset (the evaluation: the default's admission)
+    flags: Overrides | None = None  # what the user gave on the command line: wins over jpa's own admission too
 
     def overrides_for(self, spec: RunSpec) -> Overrides | None:
         """The evaluation's overrides for ``spec``: its Pjmax, a fixed-Pjmax baseline's fixed admission, the
-        bound's uncapped admission; jpa (the paper's policy) keeps its own admission."""
+        reference's uncapped admission; jpa (the paper's policy) keeps its own admission unless the user's
+        flags (``flags``) name one."""
         base = self.overrides if self.overrides is not None else Overrides()
         if spec.policy == "jpa":
-            base = Overrides(objective=base.objective)
+            given = self.flags.fields() if self.flags is not None else {}
+            base = Overrides(**{"objective": base.objective, **given})
         if spec.max_running is not None:
             base = dataclasses.replace(base, max_running=spec.max_running)
         if spec.fixed_pjmax is not None:
@@ -138,7 +152,7 @@ def run_one(replays: Replays, spec: RunSpec) -> tuple[RunSpec, dict]:
     workload, load = spec.stream
     res = simulate(replays.timeline, spec.policy, workload, scaling=replays.scaling, seed=spec.seed,
                    n_jobs=replays.n_jobs, config=scfg, freetrain_model=spec.prior, policy_config=pcfg,
-                   overrides=over, offered_load=load)
+                   learning_prior=spec.learning_prior, overrides=over, offered_load=load)
     summary = dict(res.summary)
     summary["label"] = spec.label
     summary["max_nodes_cap"] = spec.max_nodes
@@ -157,7 +171,7 @@ def duplicates(specs: Sequence[RunSpec], replays: Replays) -> dict[RunSpec, RunS
             continue
         pcfg, _ = replays.config_for(spec)
         cfg = resolve_config(spec.policy, pcfg, replays.overrides_for(spec)).as_dict()
-        key = (repr(sorted(cfg.items())), spec.workload, spec.seed, spec.max_nodes)
+        key = (repr(sorted(cfg.items())), spec.workload, spec.seed, spec.max_nodes, spec.prior)
         if key in seen:
             out[spec] = seen[key]
         else:

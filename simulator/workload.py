@@ -40,10 +40,10 @@ from simulator.jobs import (  # noqa: F401  (re-exported: the workload API)
     load_scaling,
     synthetic_scaling,
 )
-from simulator.philly import is_jobs_file, jobs_file_workload, philly_workload
+from simulator.philly import is_jobs_file, jobs_file_workload, philly_workload, scarce_workload
 from simulator.streams import make_stream
 
-REAL_STREAMS = ("philly",)
+REAL_STREAMS = ("philly", "philly-done", "scarce")
 
 
 def make_workload(
@@ -57,12 +57,15 @@ def make_workload(
         raise WorkloadError(f"--jobs must be >= 1, got {n_jobs}")
     if name in GENERATED_STREAMS:  # nas, hpo, stress, imagenet7: simulator/streams.py
         return make_stream(name, scaling, seed, n_jobs)
-    if name == "philly":
+    if name in ("philly", "philly-done"):
         if window is None:
             raise WorkloadError("the philly workload needs the replay window (its length, idle node-seconds "
                                 "and --offered-load)")
-        wl = philly_workload(seed, window.duration_s, window.idle_node_seconds, window.offered_load)
+        wl = philly_workload(seed, window.duration_s, window.idle_node_seconds, window.offered_load,
+                             finishing=name == "philly-done")
         return _first(wl, n_jobs)
+    if name == "scarce":  # fewer jobs than nodes, the six models' curves: how nodes are shared
+        return _first(scarce_workload(seed, window.duration_s if window is not None else 86400.0), n_jobs)
     path = Path(name)
     if not path.exists():
         raise WorkloadError(f"workload {name!r} is neither nas, hpo nor an existing file "
@@ -87,6 +90,7 @@ def _first(wl: Workload, n_jobs: int | None) -> Workload:
 _FIELDS = {
     "name", "model", "samples", "min_nodes", "max_nodes", "arrival", "arrival_s",
     "up_cost_s", "down_cost_s", "scaling", "believed_scaling", "count", "budget_node_hours", "deadline",
+    "launcher",
 }
 
 
@@ -211,6 +215,7 @@ def _entry_specs(entry: Any, scaling: ScalingSet, where: str, first_index: int) 
                 believed_scaling=believed,
                 budget_node_hours=_optional(entry, "budget_node_hours", where),
                 deadline=_optional(entry, "deadline", where),
+                launcher=str(entry.get("launcher", "elastic")),
             ))
         except WorkloadError as exc:
             raise WorkloadError(f"{where}: {exc}") from None

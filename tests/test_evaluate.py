@@ -233,8 +233,11 @@ def test_dask_local_cluster_gives_the_in_process_results(tmp_path: Path):
 
 def test_one_preset_under_two_names_is_replayed_once(tmp_path: Path):
     replays = tiny_replays(tmp_path)
-    a, b = RunSpec("hpo", "malletrain", 0), RunSpec("hpo", "malletrain", 0, prior="linear")  # prior: freetrain's only
-    assert duplicates([a, b, RunSpec("hpo", "freetrain", 0)], replays) == {b: a}
+    # the base Tfwd named again: the same preset and config under another spec
+    a, b = RunSpec("hpo", "malletrain", 0), RunSpec("hpo", "malletrain", 0, tfwd_s=PolicyConfig().tfwd_s)
+    linear = RunSpec("hpo", "malletrain", 0, prior="linear")  # another starting belief: its own replay
+    assert duplicates([a, b, linear, RunSpec("hpo", "freetrain", 0)], replays) == {b: a}
+    assert linear.label == "malletrain:linear"
     seen: list[str] = []
     done = run_replays(replays, [a, b], workers=0, on_done=lambda spec, s: seen.append(spec.label))
     assert len(seen) == 2 and done[1][1]["replayed_as"] == "malletrain"
@@ -251,3 +254,25 @@ def test_progress_logs_plain_lines_when_not_a_terminal():
     quiet = io.StringIO()
     Progress(1, quiet=True, stream=quiet)(RunSpec("nas", "jpa"), {"work_node_seconds": 1.0})
     assert quiet.getvalue() == ""
+
+
+def test_regimes_preset_reports_the_three_regimes_apart_from_one_command(tmp_path: Path, capsys, monkeypatch,
+                                                                         summit_nodes: Path):
+    # a small version of the headline command: half an hour, 16 nodes, one seed, four policies
+    from tests.conftest import SHARED_DATA
+
+    monkeypatch.setenv("MALLETRAIN_DATA", str(SHARED_DATA))
+    code = main(["evaluate", "--regimes", "--trace", str(summit_nodes), "--end", "+78.5h", "--nodes", "16",
+                 "--seeds", "1", "--policies", "malletrain,freetrain,milp-true", "--priors", "mean,linear",
+                 "--workers", "0", "--quiet", "--no-paper-figures", "--out", str(tmp_path / "r")])
+    out = capsys.readouterr().out
+    assert code == 1  # one seed: no target can pass (>= 5 seeds)
+    for title in ("SCARCE", "PHILLY-DONE@0.3", "PHILLY@2"):
+        assert title in out
+    assert "(real stream, scarce)" in out and "(real stream, saturated)" in out
+    assert "FAIL: scarce: malletrain reaches >= 0.95x milp-true's work" in out
+    assert "philly@2 (saturated): malletrain's work >= 0.99x" in out
+    ev = json.loads((tmp_path / "r" / "evaluation.json").read_text())
+    labels = {r["spec"]["workload"] + "/" + r["summary"]["label"] for r in ev["runs"]}
+    assert {"scarce/malletrain:linear", "scarce/milp-true", "philly@2/freetrain:linear"} <= labels
+    assert not any("fixed" in label for label in labels)  # the preset drops the fixed-Pjmax rows

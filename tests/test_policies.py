@@ -214,7 +214,8 @@ def test_freetrain_decides_on_the_believed_curve_but_progresses_on_the_true_one(
 def test_freetrain_error_models():
     view = true_spec()
     mean = mean_curve({"a": {1: 10.0, 4: 40.0}, "b": {1: 30.0, 2: 40.0}})
-    assert mean == {1: 20.0, 2: pytest.approx((20.0 + 40.0) / 2), 4: pytest.approx((40.0 + 40.0) / 2)}
+    # the mean 1-node rate (20) times the mean shape: a is linear (2x, 4x), b gains a third by 2 nodes
+    assert mean == {1: 20.0, 2: pytest.approx(20.0 * (2.0 + 4 / 3) / 2), 4: pytest.approx(20.0 * (4.0 + 4 / 3) / 2)}
     assert believed_curve(parse_error_model("mean"), view, mean, 0) == mean
     assert believed_curve(parse_error_model("linear"), view, None, 0) == {1: 100.0, 2: 200.0, 4: 400.0}
     noisy = believed_curve(parse_error_model("noise:20"), view, None, 7)
@@ -365,3 +366,13 @@ def test_jpa_is_named_and_profiles_every_job_in_inverse_order():
     assert pol.config.prior is not None  # the population prior, as malletrain's
     assert resolve_config("jpa") == (preset("jpa") if "jpa" in PRESETS
                                      else preset("malletrain", profiling=Profiling.ALWAYS))
+
+
+def test_a_learning_policy_starts_from_the_mean_or_a_linear_belief():
+    curves = {"a": {1: 10.0, 4: 40.0}, "b": {1: 30.0, 2: 40.0}}
+    mean = make_policy("malletrain", PolicyContext(curves, 0, "noise:20"))  # freetrain's model reaches freetrain only
+    assert mean.config.prior_curve == mean_curve(curves)
+    linear = make_policy("malletrain", PolicyContext(curves, 0, learning_prior="linear"))
+    assert linear.config.prior_curve == {1: 20.0, 2: 40.0, 4: 80.0}  # the mean 1-node rate, per node
+    with pytest.raises(ValueError, match="starts from one of mean, linear"):
+        make_policy("malletrain", PolicyContext(curves, 0, learning_prior="noise:20"))

@@ -56,3 +56,27 @@ def test_rigid_waits_for_its_count_never_rescales_and_is_killed_by_one_recall():
     # the elastic greedy baseline on the same trace starts at once and rescales
     elastic = run(tl, [spec], "greedy", Calibration("t", restart_s=5.0, commit_interval_s=30.0))
     assert elastic.summary["rescales"] > 0
+
+
+def test_evaluate_honours_the_users_admission_flags_for_jpa_or_refuses_them_before_any_replay():
+    from policy import PolicyConfig
+    from simulator.evaluate import refuse_impossible
+    from simulator.sweep import Replays, RunSpec
+
+    tl = timeline(["n0", "n1"], ["n0", "n1"], end=100.0)
+    base = Overrides(admission="adaptive", objective="work")
+    jpa = RunSpec("philly@1", "jpa")
+    plain = Replays(tl, None, PolicyConfig(), SimConfig(), None, base)  # type: ignore[arg-type]
+    assert resolve_config("jpa", PolicyConfig(), plain.overrides_for(jpa)).admission is Admission.FIXED  # its own
+    given = Overrides(admission="fixed", max_running=5)
+    told = Replays(tl, None, PolicyConfig(), SimConfig(), None, Overrides(admission="fixed", max_running=5,
+                                                                          objective="work"), given)  # type: ignore[arg-type]
+    cfg = resolve_config("jpa", PolicyConfig(), told.overrides_for(jpa))
+    assert (cfg.admission, cfg.max_running, cfg.objective) == (Admission.FIXED, 5, Objective.WORK)
+    adaptive = Replays(tl, None, PolicyConfig(), SimConfig(), None, base,
+                       Overrides(admission="adaptive"))  # type: ignore[arg-type]
+    assert resolve_config("jpa", PolicyConfig(), adaptive.overrides_for(jpa)).admission is Admission.ADAPTIVE
+    capped = Replays(tl, None, PolicyConfig(), SimConfig(), None, Overrides(admission="adaptive", admission_cap=7),
+                     Overrides(admission_cap=7))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="jpa: --admission-cap 7 and policy jpa's admission fixed"):
+        refuse_impossible(capped, [RunSpec("philly@1", "malletrain"), jpa])

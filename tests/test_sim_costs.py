@@ -208,3 +208,42 @@ def test_join_s_is_optional_in_a_file_and_checked_when_there(tmp_path):
     assert load(_write(tmp_path, {**good, "join_s": _entry(7.0)})).join_s == 7.0
     with pytest.raises(CalibrationError, match="values.join_s.*>= 0"):
         load(_write(tmp_path, {**good, "join_s": _entry(-1.0)}))
+
+
+def test_a_calibration_may_name_the_torchrun_restart_and_a_bad_one_is_refused():
+    import json as _json
+
+    from simulator.calibration import CalibrationError, parse
+
+    entry = {"unit": "s", "how": "measured", "when": "2026-11-29", "command": "python benchmarks/calibrate.py"}
+    values = {k: {**entry, "value": 1.0} for k in ("pilot_start_s", "cold_start_s", "restart_s", "rescale_pause_s",
+                                                    "commit_interval_s")}
+    assert parse({"schema": 1, "values": values}, "c.json").torchrun_restart_s is None  # not measured yet
+    named = parse({"schema": 1, "values": {**values, "torchrun_restart_s": {**entry, "value": 9.5}}}, "c.json")
+    assert named.torchrun_restart_s == 9.5 and _json.dumps(named.as_dict())
+    with pytest.raises(CalibrationError, match="torchrun_restart_s"):
+        parse({"schema": 1, "values": {**values, "torchrun_restart_s": {**entry, "value": -1.0}}}, "c.json")
+
+
+def test_a_torchrun_job_pays_a_restart_at_every_change_of_size_an_elastic_job_a_pause():
+    from policy import Policy, PolicyConfig
+    from simulator import SimPolicy
+
+    tl = timeline("abc", "ab", [(100.0, "c", True), (200.0, "a", False)], end=300.0)  # grows at 100, shrinks at 200
+    measured = Calibration("t", 0.0, 0.0, 20.0, 1.0, 0.0)  # restart 20 s, rescale pause 1 s
+    named_restart = replace(measured, torchrun_restart_s=9.0)
+    pauses = {}
+    for label, launcher, cal in (("elastic", "elastic", measured), ("torchrun", "torchrun", measured),
+                                 ("torchrun, measured", "torchrun", named_restart)):
+        pol = SimPolicy("defaults", Policy(PolicyConfig(profiling="never")), lambda spec: None)
+        res = Simulator(tl, workload(job(scaling=LINEAR, launcher=launcher)), pol, SimConfig(calibration=cal)).run()
+        (j,) = res.jobs
+        assert [h[2] for h in j.history] == [2, 3, 2]
+        ev = j.monitor.evidence(res.end)  # what the policy weighs: the pauses the job's monitor measured
+        pauses[label] = (ev.costs.up_s, ev.costs.down_s)
+    assert max(pauses["elastic"]) < 2.0  # the 1 s pause, as the monitor estimates it (its step granularity on top)
+    for k in (0, 1):  # up, down: the same estimate of a 20 s restart, and of the 9 s one named in the calibration
+        assert pauses["torchrun"][k] - pauses["elastic"][k] == pytest.approx(19.0, abs=0.05)
+        assert pauses["torchrun, measured"][k] - pauses["elastic"][k] == pytest.approx(8.0, abs=0.05)
+    with pytest.raises(Exception, match="launcher 'mpirun'"):
+        job(launcher="mpirun")

@@ -1,0 +1,113 @@
+"""Learning that corrects any prior: a measured rate corrects the belief around it (efficiency does not
+rise with nodes; the shape two measured counts give), and the profiling advisor probes a running
+job whose shape nothing verified, in inverse order, where the expected gain pays for it."""
+
+from __future__ import annotations
+
+import pytest
+
+from policy import Policy, PolicyConfig
+from policy.beliefs import corrected_prior
+from policy.model import EventKind, JobView
+from tests.test_policy import Cluster, est, evidence, jv, names
+
+LINEAR = {1: 10.0, 16: 160.0}  # what a user without data gives: 10 samples/s per node, all the way
+
+
+def test_a_rate_below_a_linear_belief_caps_the_counts_above_it():
+    # measured at 8 nodes at half the line: above 8 no more per node than there (not the line's 16/node x n)
+    curve = corrected_prior(LINEAR, {8: 40.0})
+    assert curve[8] == 40.0
+    assert curve[16] <= 40.0 / 8 * 16 + 1e-9
+    # a job measured at 1 and 8 nodes has the shape those give: at 4 between them, not the line
+    two = corrected_prior(LINEAR, {1: 10.0, 8: 40.0})
+    assert two[1] == 10.0 and two[8] == 40.0
+    assert 40.0 * 4 / 8 <= two[4] < 10.0 * 4  # efficiency between the two measured, below the line
+    assert two[16] <= 40.0 * 2 + 1e-9
+
+
+def test_the_believed_curve_of_a_job_follows_the_correction():
+    pol = Policy(PolicyConfig(prior=tuple(LINEAR.items()), profiling="never"))
+    job = jv("x", 1, 16)
+    pol.state.measured["x"] = {1: 10.0, 8: 40.0}
+    curve = pol.believed_curve(job)
+    assert curve[16] <= 80.0 + 1e-9 and curve[4] < 40.0
+    # the drop from one node to two (the first inter-node allreduce, 20-70% of a node's rate on the Pollux
+    # models) is not a trend: past 2 nodes the belief is the prior corrected at 2, not a rate falling to zero
+    pol.state.measured["x"] = {1: 10.0, 2: 6.0}
+    curve = pol.believed_curve(job)
+    assert curve[16] == pytest.approx(6.0 / 2 * 16)
+    assert pol.beliefs.curves(job)[1][16] == pytest.approx(4.8)  # work: 4.8 one-node equivalents on 16 nodes
+
+
+def _probing(nodes: int) -> Cluster:
+    return Cluster(Policy(PolicyConfig(prior=tuple(LINEAR.items()), max_running=10)), names("n", nodes))
+
+
+def test_a_running_job_measured_only_above_its_min_is_probed_down_to_it_when_it_pays():
+    c = _probing(6)
+    c.submit(JobView("a", 1, 16, order=0, work_left=1e9), JobView("b", 1, 16, order=1, work_left=1e9))
+    c.step(0.0)
+    a, b = c.count("a"), c.count("b")
+    assert a + b == 6 and a > 1
+    # both measured at the counts they run at, half the line: the shape is unverified
+    ev = {"a": evidence(est(a, 5.0 * a)), "b": evidence(est(b, 5.0 * b))}
+    d = c.step(60.0, ev)
+    starts = [e for e in d.events if e.kind is EventKind.PROFILE_START]
+    assert starts and all(e.detail["counts"][-1] == 1 and e.detail["lender"] is None for e in starts)
+    job = starts[0].job
+    assert d.profiling[job] == c.jobs[job].min_nodes or d.profiling[job] == (a if job == "a" else b)
+    # inverse order: it steps down (never up) to its min, then its 1-node rate enters its curve
+    ev[job] = evidence(est(c.count(job), 5.0 * c.count(job)), est(1, 10.0))
+    for t in (120.0, 180.0, 700.0):
+        c.step(t, ev)
+    assert 1 in c.policy.state.measured[job]
+    assert job in c.policy.state.profiled and not c.policy.state.profiles
+
+
+def test_a_probe_only_where_it_pays():
+    # a short job: the gain over its remaining time is below the cost of the pauses and the step
+    c = _probing(6)
+    c.submit(JobView("a", 1, 16, order=0, work_left=30.0), JobView("b", 1, 16, order=1, work_left=30.0))
+    c.step(0.0)
+    ev = {j: evidence(est(c.count(j), 5.0 * c.count(j))) for j in ("a", "b")}
+    assert not c.step(60.0, ev).profiling
+    # nodes not scarce (every job gets its max whatever its curve): nothing to learn for
+    plenty = Cluster(Policy(PolicyConfig(prior=tuple(LINEAR.items()))), names("n", 40))
+    plenty.submit(JobView("a", 1, 16, order=0, work_left=1e9), JobView("b", 1, 16, order=1, work_left=1e9))
+    plenty.step(0.0)
+    ev = {j: evidence(est(plenty.count(j), 5.0 * plenty.count(j))) for j in ("a", "b")}
+    assert not plenty.step(60.0, ev).profiling
+    # profiling off: never
+    off = Cluster(Policy(PolicyConfig(prior=tuple(LINEAR.items()), profiling="never")), names("n", 6))
+    off.submit(JobView("a", 1, 16, order=0, work_left=1e9), JobView("b", 1, 16, order=1, work_left=1e9))
+    off.step(0.0)
+    ev = {j: evidence(est(off.count(j), 5.0 * off.count(j))) for j in ("a", "b")}
+    assert not off.step(60.0, ev).profiling
+    # the same two jobs, long, scarce nodes, profiling gated: it pays
+    long = _probing(6)
+    long.submit(JobView("a", 1, 16, order=0, work_left=1e9), JobView("b", 1, 16, order=1, work_left=1e9))
+    long.step(0.0)
+    ev = {j: evidence(est(long.count(j), 5.0 * long.count(j))) for j in ("a", "b")}
+    assert long.step(60.0, ev).profiling
+
+
+def test_a_job_at_its_min_is_probed_up_on_free_nodes_only():
+    sublinear = ((1, 10.0), (2, 12.0), (4, 16.0), (16, 30.0))  # the population's mean: one node is best
+    c = Cluster(Policy(PolicyConfig(prior=sublinear, max_running=10)), names("n", 3))
+    c.submit(*(JobView(j, 1, 16, order=k, work_left=1e9) for k, j in enumerate("abc")))
+    c.step(0.0)
+    assert [c.count(j) for j in "abc"] == [1, 1, 1]
+    ev = {j: evidence(est(1, 10.0)) for j in "abc"}
+    assert not c.step(60.0, ev).profiling  # no free node: no probe (never a lender)
+    c.give("f0", "f1", "f2")
+    d = c.step(120.0, ev)
+    (start,) = [e for e in d.events if e.kind is EventKind.PROFILE_START]
+    assert start.detail["counts"] == [4, 1] and start.detail["lender"] is None
+    assert d.profiling == {start.job: 4} and c.count(start.job) == 4  # one scale-up on the free nodes
+    # then down to its min again: its 4-node rate enters its curve, a shape measured at two counts
+    ev[start.job] = evidence(est(4, 30.0), est(1, 10.0))
+    for t in (180.0, 240.0):
+        c.step(t, ev)
+    assert set(c.policy.state.measured[start.job]) == {1, 4}
+    assert c.count(start.job) <= 4 and not c.policy.state.profiles
