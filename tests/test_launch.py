@@ -6,66 +6,37 @@ the launcher; a real :class:`~malletrain.monitor.Monitor` takes the signed repor
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import zmq
 
 from malletrain import client
 from malletrain.launch import LaunchError, StepCounter, Target, TargetKind, exit_code, parse_target
-from malletrain.messages import ENV_SECRET, new_secret
+from malletrain.messages import ENV_SECRET
 from malletrain.monitor import Monitor
-from malletrain.workerenv import ENV_JOB, ENV_MONITOR, ENV_WORKER, ENV_WORKER_BATCH
+from malletrain.workerenv import ENV_JOB, ENV_MONITOR, ENV_WORKER_BATCH
+
+from launching import JOB, RUN_TIMEOUT_S, mon, torchrun_cmd, wait_received, worker_env
+
+__all__ = ["mon"]  # the fixture, used by name
 
 SCRIPT = Path(__file__).resolve().parent / "fixtures" / "scripts" / "plain_ddp.py"
-JOB = "j000029"
-RUN_TIMEOUT_S = 600
-
-
-@pytest.fixture
-def mon() -> Iterator[tuple[Monitor, str]]:
-    ctx = zmq.Context()
-    m = Monitor(ctx=ctx)
-    secret = new_secret()
-    m.register(JOB, secret)
-    yield m, secret
-    m.close()
-    ctx.destroy(linger=0)
-
-
-def worker_env(mon: Monitor, secret: str, worker_batch: int | None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in (ENV_WORKER_BATCH, "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-    env.update({ENV_MONITOR: mon.address, ENV_JOB: JOB, ENV_WORKER: f"{JOB}.n0.0", ENV_SECRET: secret,
-                "OMP_NUM_THREADS": "1"})
-    if worker_batch is not None:
-        env[ENV_WORKER_BATCH] = str(worker_batch)
-    return env
 
 
 def torchrun(nproc: int, script_args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "-m", "malletrain.launch", str(SCRIPT), *script_args]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    return subprocess.run(torchrun_cmd(nproc, [str(SCRIPT), *script_args]), env=env, capture_output=True,
+                          text=True, timeout=RUN_TIMEOUT_S)
 
 
 def launch(script_args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "malletrain.launch", str(SCRIPT), *script_args]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
-
-
-def wait_received(mon: Monitor, n: int) -> None:
-    deadline = time.monotonic() + 60
-    while mon.received < n and time.monotonic() < deadline:
-        mon.drain(timeout_ms=100)
-    assert mon.received == n, mon.counts()
 
 
 def sent_counts(stderr: str) -> list[int]:
