@@ -10,14 +10,15 @@ next step, so every step is trained, and reported, exactly once: the monitor acc
 fall short). The plain DDP script without a callback, which loses at most the steps since its own
 last checkpoint, is ``tests/test_torchrun_launcher.py``'s.
 
-``WORKERS_PER_NODE``: the ranks each node runs (the job file's ``workers_per_node``); a world of
-N nodes has N x that many ranks.
+``WORKERS_PER_NODE``: the ranks each node runs (the job file's ``workers_per_node``, and as many
+worker slots a local node); a world of N nodes has N x that many ranks. One rank a node for now:
+2 as well once the daemon starts K ranks a node for a ``torchrun`` job.
 """
 
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -64,6 +65,8 @@ def test_a_framework_job_shrinks_grows_and_completes_losing_no_step(name: str, p
     state = tmp_path / "state"
     cfg = DaemonConfig(state_dir=str(state), runtime="toy", local=LocalConfig(nodes=NODES, trace="none"),
                        agent_heartbeat=0.2, agent_dead_after=5.0, loop_interval=0.05)
+    if per_node > 1:  # local nodes report no GPUs: give each per_node worker slots ([scavenger] workers_per_node)
+        cfg = replace(cfg, scavenger=replace(cfg.scavenger, workers_per_node=per_node))
     cmd = (PY, PACED, str(PACE_S), ex.module, "--samples", "1000000", "--batch", str(BATCH),
            "--max-steps", str(STEPS), ex.dir_flag, str(tmp_path / "ckpt"))
     spec = JobSpec(name, cmd, 1, NODES, False, {1: 10.0, 2: 20.0}, env={"OMP_NUM_THREADS": "1"},
