@@ -327,6 +327,8 @@ def test_the_runtime_numbers_restarts_and_drops_old_worlds(tmp_path: Path) -> No
         for w, node in (("j1.a", "n1"), ("j1.b", "n2")):
             argv = rt.launch_spec("j1", (PY, "train.py"), w, node).argv
             assert argv[argv.index("--") + 1:] == (PY, "-m", LAUNCH_MODULE, "train.py")  # through the launcher
+        # a daemon that gives a node K worker slots still gets one rank agent there (one rank a node for now)
+        assert rt.launch_spec("j1", (PY, "train.py"), "j1.a", "n1", slots=2).argv == argv
         store = rt._require_store()
         gens = [rt.set_members("j1", m) for m in (["j1.a"], ["j1.a", "j1.b"], ["j1.b"], ["j1.b", "j1.a"])]
         worlds = {g: World.parse(store.get(world_key("j1", g)), "w") for g in gens[-2:]}
