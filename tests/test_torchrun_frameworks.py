@@ -98,7 +98,8 @@ def test_a_framework_job_shrinks_grows_and_completes_losing_no_step(name: str, p
         assert "worker_failed" not in events
     finally:
         d.close()
-    assert worlds[:3] == [NODES * per_node, (NODES - 1) * per_node, NODES * per_node], worlds
+    shrunk = worlds.index((NODES - 1) * per_node)  # after it trained at NODES (maybe grown to it from 1)
+    assert NODES * per_node in worlds[:shrunk] and NODES * per_node in worlds[shrunk:], worlds
     stats = held[0]
     # every step reported once: none lost at a restart (trained again), none refused, the hook silent
     assert stats.reports == STEPS, (stats.reports, stats.samples, worlds)
