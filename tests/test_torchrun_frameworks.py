@@ -98,8 +98,9 @@ def test_a_framework_job_shrinks_grows_and_completes_losing_no_step(name: str, p
         assert "worker_failed" not in events
     finally:
         d.close()
-    shrunk = worlds.index((NODES - 1) * per_node)  # after it trained at NODES (maybe grown to it from 1)
-    assert NODES * per_node in worlds[:shrunk] and NODES * per_node in worlds[shrunk:], worlds
+    full, less = NODES * per_node, (NODES - 1) * per_node  # it may have started at 1 node and grown first
+    assert full in worlds and less in worlds[worlds.index(full):], worlds
+    assert full in worlds[worlds.index(less, worlds.index(full)):], worlds  # shrunk, then grown back
     stats = held[0]
     # every step reported once: none lost at a restart (trained again), none refused, the hook silent
     assert stats.reports == STEPS, (stats.reports, stats.samples, worlds)
