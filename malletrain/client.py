@@ -44,6 +44,7 @@ LINGER_MS = 1000
 
 _RANK_VARS = ("RANK", "HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 _WORLD_VARS = ("WORLD_SIZE", "HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+_RESTART_VARS = ("TORCHELASTIC_RESTART_COUNT",)
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,7 @@ class Context:
 
 
 _context: Context | None = None
+_script_reports = False  # True once report() ran or a callback claimed the reports (malletrain.launch)
 
 
 def set_context(rank: int, world_size: int, generation: int) -> None:
@@ -67,10 +69,11 @@ def set_context(rank: int, world_size: int, generation: int) -> None:
 
 
 def context() -> Context:
-    """The current context: from the elastic layer, else from the environment."""
+    """The current context: from the elastic layer, else from the environment (under torchrun the
+    generation is ``TORCHELASTIC_RESTART_COUNT``: each restart at a new size is a new world)."""
     if _context is not None:
         return _context
-    return Context(_env_int(_RANK_VARS, 0), max(1, _env_int(_WORLD_VARS, 1)), 0)
+    return Context(_env_int(_RANK_VARS, 0), max(1, _env_int(_WORLD_VARS, 1)), _env_int(_RESTART_VARS, 0))
 
 
 def _env_int(names: tuple[str, ...], default: int) -> int:
@@ -215,14 +218,28 @@ def drop_held_reports() -> int:
         return n
 
 
+def claim_reports() -> None:
+    """Say that this process reports its own progress (a callback of :mod:`malletrain.integrations`
+    calls it when training starts): :mod:`malletrain.launch`'s optimizer-step count stops."""
+    global _script_reports
+    _script_reports = True
+
+
+def script_reports() -> bool:
+    """True once :func:`report` was called or :func:`claim_reports` was (on any rank)."""
+    return _script_reports
+
+
 def report(samples: int, *, world_size: int | None = None, rank: int | None = None) -> bool:
     """Report one finished training step of ``samples`` (the global batch size).
 
     Non-blocking; returns True if a report was queued, False if this rank does
     not report (only rank 0 does), there is no monitor, or the queue was full.
+    The first call, on any rank, stops :mod:`malletrain.launch`'s automatic count.
     """
     if not isinstance(samples, int) or isinstance(samples, bool) or samples < 0:
         raise ValueError(f"report(samples={samples!r}): samples must be an int >= 0 (the global batch size)")
+    claim_reports()
     ctx = context()
     if (ctx.rank if rank is None else rank) != 0:
         return False
@@ -249,12 +266,13 @@ def close(linger_ms: int = LINGER_MS) -> None:
 
 
 def reset() -> None:
-    """Close the reporter, forget the context and stop holding reports (tests; a forked child)."""
-    global _reporter, _context, _held
+    """Close the reporter, forget the context and the claim, stop holding reports (tests; a forked child)."""
+    global _reporter, _context, _held, _script_reports
     with _reporter_lock:
         if _reporter is not None:
             _reporter.close(0)
         _reporter = None
     _context = None
+    _script_reports = False
     with _held_lock:
         _held = None

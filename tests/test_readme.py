@@ -260,8 +260,14 @@ def test_command_splitting() -> None:
     assert check_command(["python", "benchmarks/no_such_bench.py"]) == "missing benchmarks/no_such_bench.py"
 
 
+def _daemon_block() -> Block:
+    """The first block that starts a daemon: :func:`test_daemon_example_runs_as_pasted` runs it and checks more."""
+    return next(b for b in RUN if "malletrain daemon" in b.code)
+
+
 def _short_blocks() -> list[Block]:
-    return [b for b in RUN if "malletrain daemon" not in b.code]
+    """Every other block that runs (another page's daemon example too: it must stop its daemon itself)."""
+    return [b for b in RUN if b != _daemon_block()]
 
 
 @pytest.mark.slow
@@ -281,7 +287,7 @@ def test_daemon_example_runs_as_pasted(tmp_path: Path) -> None:
     """
     from malletrain.store import Store
 
-    block = next(b for b in RUN if "malletrain daemon" in b.code)
+    block = _daemon_block()
     res, clone, home = run_block(block, tmp_path)
     state = home / ".malletrain"
     try:

@@ -214,6 +214,32 @@ def test_a_rank_whose_command_failed_waits_for_a_newer_world_and_restarts_in_it(
     assert starts[0][3] != "" and agent.tick() == 0  # every rank (one) exited 0: complete
 
 
+WORKER_TO_FILE = """import os, sys
+with open(sys.argv[0] + ".worker", "a") as fh:
+    fh.write(os.environ["MALLETRAIN_WORKER"] + "\\n")
+sys.exit(int(os.environ["TORCHELASTIC_RESTART_COUNT"]) == 0 and 3 or 0)
+"""
+
+
+def test_each_start_of_a_rank_reports_as_a_sender_of_its_own(tmp_path: Path) -> None:
+    """A restarted rank's reports are numbered from 1 again: under the same sender name the monitor
+    would refuse them as replays, and the daemon's sample count would miss every world after the first."""
+    from malletrain.monitor import ReplayWindow
+
+    rdzv = FakeRendezvous()
+    agent = _agent(rdzv, WORKER_TO_FILE, tmp_path)
+    agent._env["MALLETRAIN_WORKER"] = "w0"
+    rdzv.publish(["w0"], 0)
+    _tick_until(agent, RankState.FAILED)
+    rdzv.publish(["w0"], 1)
+    _tick_until(agent, RankState.FINISHED)
+    senders = (tmp_path / "rank.py.worker").read_text().split()
+    assert len(senders) == 2 and len(set(senders)) == 2 and all(s.startswith("w0") for s in senders)
+    window = ReplayWindow()
+    for t, sender in enumerate(senders):
+        assert window.admit(sender, 1, float(t)) == 0  # each start's first report is accepted
+
+
 def test_a_failure_counts_once_no_newer_world_comes(tmp_path: Path) -> None:
     rdzv = FakeRendezvous()
     agent = _agent(rdzv, "import sys; sys.exit(3)", tmp_path, failure_wait_s=0.0)
@@ -275,7 +301,7 @@ def test_the_job_file_launcher_chooses_the_runtime_whatever_the_trainers(tmp_pat
         ours = {w: v for w, v in started.items() if w.startswith(ddp)}
         assert len(ours) == 2
         for argv, env in ours.values():
-            assert argv[1:3] == ("-m", AGENT_MODULE) and argv[-2:] == (PY, "train.py")
+            assert argv[1:3] == ("-m", AGENT_MODULE) and argv[argv.index("--") + 1:] == wrap_python_command((PY, "train.py"))
             assert env[ENV_RUNTIME] == "torchrun" and env[ENV_WORKER_BATCH] == "16"
         assert [argv for w, (argv, _) in started.items() if w.startswith(plain)] == [("true",)]
         store = h.daemon.torchrun._require_store()  # type: ignore[attr-defined]
@@ -299,7 +325,10 @@ def test_the_runtime_numbers_restarts_and_drops_old_worlds(tmp_path: Path) -> No
     rt = TorchrunRuntime()
     try:
         for w, node in (("j1.a", "n1"), ("j1.b", "n2")):
-            assert rt.launch_spec("j1", (PY, "train.py"), w, node).argv[-2:] == (PY, "train.py")
+            argv = rt.launch_spec("j1", (PY, "train.py"), w, node).argv
+            assert argv[argv.index("--") + 1:] == (PY, "-m", LAUNCH_MODULE, "train.py")  # through the launcher
+        # a daemon that gives a node K worker slots still gets one rank agent there (one rank a node for now)
+        assert rt.launch_spec("j1", (PY, "train.py"), "j1.a", "n1", slots=2).argv == argv
         store = rt._require_store()
         gens = [rt.set_members("j1", m) for m in (["j1.a"], ["j1.a", "j1.b"], ["j1.b"], ["j1.b", "j1.a"])]
         worlds = {g: World.parse(store.get(world_key("j1", g)), "w") for g in gens[-2:]}

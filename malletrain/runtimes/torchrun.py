@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import os
 import re
 import sys
@@ -37,6 +38,8 @@ from malletrain.elastic.keys import done_key, pg_key, world_key
 from malletrain.runtimes import LaunchSpec
 from malletrain.runtimes.torch_elastic import TorchRuntime
 from malletrain.workerenv import DEFAULT_STORE_GRACE_S, RankPlace, WorkerEnvError
+
+log = logging.getLogger("malletrain.torchrun")
 
 LAUNCH_MODULE = "malletrain.launch"
 """The worker-side launcher a Python command runs through (it installs the progress hook, then runs
@@ -160,9 +163,16 @@ class TorchrunRuntime(TorchRuntime):
             if self.on_start is not None:
                 self.on_start()
 
-    def launch_spec(self, job_id: str, command: Sequence[str], worker_id: str, node: str) -> LaunchSpec:
-        """The rank agent, with the job's command (a Python one through :data:`LAUNCH_MODULE`) after ``--``."""
+    def launch_spec(self, job_id: str, command: Sequence[str], worker_id: str, node: str,
+                    slots: int = 1) -> LaunchSpec:
+        """The rank agent, with the job's command (a Python one through :data:`LAUNCH_MODULE`) after ``--``.
+
+        One rank a node for now: a daemon that gives the job ``slots`` > 1 worker slots on ``node``
+        still gets one rank agent (one process), which runs one rank there (logged)."""
         self.start_if_needed()
+        if slots > 1:
+            log.warning("job %s: %d worker slots on node %s, but a torchrun job runs one rank a node for now",
+                        job_id, slots, node)
         spec = super().launch_spec(job_id, wrap_python_command(command), worker_id, node)
         with self._lock:
             self._nodes.setdefault(job_id, {})[worker_id] = node

@@ -9,7 +9,8 @@ and waits for a world that lists it. Then, for each world:
    waits until all have, picks a free port on its host and publishes ``host port restart_count``
    (``pg``): the world's ``MASTER_ADDR``/``MASTER_PORT``, fresh for each world;
 2. each agent starts ``COMMAND`` with torchrun's variables for its place
-   (:func:`malletrain.workerenv.torchrun_environ`);
+   (:func:`malletrain.workerenv.torchrun_environ`) and ``MALLETRAIN_WORKER`` naming the worker and
+   the restart count (:func:`report_sender`: each start's progress reports are a sender of their own);
 3. a newer world stops the command (SIGTERM, ``--stop-grace`` seconds, SIGKILL) and goes back to 1
    in it, or, when the newer world does not list this worker, waits for one that does (the
    daemon stops it); the same world published again (a restarted daemon re-adopting it) changes
@@ -43,7 +44,7 @@ from malletrain.elastic.errors import StoreLost
 from malletrain.elastic.keys import arrive_key, done_key, world_key
 from malletrain.elastic.rendezvous import Rendezvous
 from malletrain.runtimes.torchrun import DEFAULT_FAILURE_WAIT_S, DEFAULT_STOP_GRACE_S, World
-from malletrain.workerenv import RankPlace, WorkerEnv, configure_worker_logging, torchrun_environ
+from malletrain.workerenv import ENV_WORKER, RankPlace, WorkerEnv, configure_worker_logging, torchrun_environ
 
 log = logging.getLogger("malletrain.torchrun")
 
@@ -84,6 +85,14 @@ def free_port(host: str) -> int:
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def report_sender(worker: str, restart_count: int) -> str:
+    """The ``MALLETRAIN_WORKER`` a command started in a world sees: the worker and the world's restart
+    count. Each start is a new process whose progress reports are numbered from 1 again; the monitor
+    refuses a sender's number at or below its last (a replay), so each start reports as a sender of
+    its own, and a restarted rank's reports count."""
+    return f"{worker}.restart{restart_count}"
 
 
 def exit_code(returncode: int) -> int:
@@ -212,6 +221,7 @@ class RankAgent:
         assert self.world is not None
         env = dict(self._env)
         env.update(torchrun_environ(self.place, master, self.rdzv.job, self.world.restart_count))
+        env[ENV_WORKER] = report_sender(self.worker, self.world.restart_count)
         log.info("worker %s: starting rank %d of %d (restart %d, master %s:%d)", self.worker, self.place.rank,
                  self.place.world_size, self.world.restart_count, master[0], master[1])
         self.child = subprocess.Popen(list(self.command), env=env)
