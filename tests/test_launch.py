@@ -101,6 +101,25 @@ def test_sigterm_reaches_the_script_as_an_exit(tmp_path: Path, mon: tuple[Monito
     assert m.job(JOB).samples == 2 * 5
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("fail", [False, True])
+def test_a_process_group_left_behind_ends_the_process_cleanly(fail: bool, mon: tuple[Monitor, str]) -> None:
+    """The script leaves its gloo group alive: its atexit functions run, its exit code (or its traceback
+    and 1) comes back, and no teardown of the group aborts or hangs the exit."""
+    m, secret = mon
+    args = ["--steps", "2", "--keep-group", "--exit", "5"] + (["--fail"] if fail else [])
+    res = torchrun(2, args, worker_env(m, secret, 3))
+    codes = re.findall(r"exitcode\s*:\s*(-?\d+) \(pid", res.stderr)
+    assert res.stdout.count("atexit ran") == 2, res.stderr[-3000:]
+    if fail:
+        assert res.returncode != 0 and codes == ["1", "1"], res.stderr[-3000:]
+        assert res.stderr.count("RuntimeError: script failed") == 2
+    else:
+        assert res.returncode != 0 and codes == ["5", "5"], res.stderr[-3000:]
+    wait_received(m, 2)
+    assert m.job(JOB).samples == 2 * 3 * 2
+
+
 @pytest.mark.parametrize("argv, target", [
     (["-m", "pkg.mod", "--x", "1"], Target(TargetKind.MODULE, "pkg.mod", ("--x", "1"))),
     ([str(SCRIPT), "a"], Target(TargetKind.SCRIPT, str(SCRIPT), ("a",))),
