@@ -68,6 +68,7 @@ def test_the_scripts_own_report_wins(mon: tuple[Monitor, str]) -> None:
     assert (m.accepted, m.job(JOB).samples) == (steps, steps * own)
 
 
+@pytest.mark.slow
 def test_without_worker_batch_nothing_is_counted_and_it_says_so(mon: tuple[Monitor, str]) -> None:
     m, secret = mon
     res = launch(["--steps", "3", "--exit", "3"], worker_env(m, secret, None))
@@ -78,6 +79,7 @@ def test_without_worker_batch_nothing_is_counted_and_it_says_so(mon: tuple[Monit
     assert m.drain(timeout_ms=0) == 0 and m.received == 0
 
 
+@pytest.mark.slow
 def test_sigterm_reaches_the_script_as_an_exit(tmp_path: Path, mon: tuple[Monitor, str]) -> None:
     m, secret = mon
     ready = tmp_path / "ready"
