@@ -215,17 +215,29 @@ def exit_without_finalizing(code: int) -> NoReturn:
     A gloo group still alive at exit can abort the interpreter's finalization ("terminate called
     without an active exception": SIGABRT), and destroying it can deadlock (its worker thread waits
     for the GIL to free a finished collective while the main thread, holding the GIL, joins it). So:
-    wait for the script's non-daemon threads, run its ``atexit`` functions, flush, and ``os._exit``.
+    wait for the script's non-daemon threads, run its ``atexit`` functions, deliver the queued reports,
+    flush, and ``os._exit``.
     """
     main = threading.main_thread()
     for thread in threading.enumerate():
         if thread is not main and not thread.daemon:
             thread.join()
     atexit._run_exitfuncs()
+    deliver_queued_frames()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
     os._exit(code)
+
+
+def deliver_queued_frames() -> None:
+    """Let ZeroMQ send what is queued (the last reports) before ``os._exit``: a closed socket's frames
+    go out from ZeroMQ's own thread, which only the context's termination waits for."""
+    zmq = sys.modules.get("zmq")
+    if zmq is None:
+        return
+    with contextlib.suppress(Exception):
+        zmq.Context.instance().destroy(linger=client.LINGER_MS)
 
 
 def start_counting() -> StepCounter | None:
