@@ -159,6 +159,16 @@ _reporter: Reporter | None = None
 _reporter_lock = threading.Lock()
 
 
+def sender_id() -> str:
+    """The id this process's reports carry: ``MALLETRAIN_WORKER``, plus ``.rN`` when the process is
+    the N-th restart of its world (``TORCHELASTIC_RESTART_COUNT``). The monitor takes each sender's
+    ``seq`` only above the last it accepted, and a restarted process counts from 1 again: without the
+    suffix a worker that a torchrun-style job restarts under the same id would be refused as a replay."""
+    worker = os.environ.get(ENV_WORKER, "")
+    restart = _env_int(_RESTART_VARS, 0)
+    return f"{worker}.r{restart}" if restart else worker
+
+
 def reporter() -> Reporter | None:
     """The process's reporter, created on first use from the environment (None if no monitor)."""
     global _reporter
@@ -167,7 +177,7 @@ def reporter() -> Reporter | None:
             address = os.environ.get(ENV_MONITOR, "")
             if not address:
                 return None
-            _reporter = Reporter(address, os.environ.get(ENV_JOB, ""), os.environ.get(ENV_WORKER, ""))
+            _reporter = Reporter(address, os.environ.get(ENV_JOB, ""), sender_id())
             atexit.register(_reporter.close)
         return _reporter
 

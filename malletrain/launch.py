@@ -22,23 +22,30 @@ of malletrain. Before it starts, this launcher
   main thread, so ``finally`` blocks, context managers and ``except SystemExit`` run and the script
   may checkpoint; a script that installs its own SIGTERM handler replaces this one.
 
-The process exits with the script's exit code (an uncaught exception: 1, with its traceback).
+The process exits with the script's exit code (an uncaught exception: 1, with its traceback). When the
+script leaves torch's default process group initialized (many torchrun scripts and frameworks do), the
+launcher ends the process with ``os._exit`` once the script's threads and ``atexit`` functions are done,
+so that neither the interpreter's teardown of a live gloo group (an abort) nor an explicit destroy (a
+possible deadlock) can turn a finished script into a failed or hung one.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import logging
 import os
 import runpy
 import signal
 import sys
 import threading
+import traceback
 import weakref
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from types import FrameType
-from typing import Any, Sequence
+from typing import Any, NoReturn, Sequence
 
 from malletrain import client
 from malletrain.workerenv import ENV_WORKER_BATCH, WorkerEnvError, configure_worker_logging
@@ -196,6 +203,43 @@ def exit_code(code: object) -> int:
     return 1
 
 
+def process_group_left() -> bool:
+    """True when the script ended with torch's default process group still initialized."""
+    dist = sys.modules.get("torch.distributed")
+    return bool(dist is not None and dist.is_available() and dist.is_initialized())
+
+
+def exit_without_finalizing(code: int) -> NoReturn:
+    """End the process as the interpreter would, but without tearing down torch's process group.
+
+    A gloo group still alive at exit can abort the interpreter's finalization ("terminate called
+    without an active exception": SIGABRT), and destroying it can deadlock (its worker thread waits
+    for the GIL to free a finished collective while the main thread, holding the GIL, joins it). So:
+    wait for the script's non-daemon threads, run its ``atexit`` functions, deliver the queued reports,
+    flush, and ``os._exit``.
+    """
+    main = threading.main_thread()
+    for thread in threading.enumerate():
+        if thread is not main and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    deliver_queued_frames()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
+def deliver_queued_frames() -> None:
+    """Let ZeroMQ send what is queued (the last reports) before ``os._exit``: a closed socket's frames
+    go out from ZeroMQ's own thread, which only the context's termination waits for."""
+    zmq = sys.modules.get("zmq")
+    if zmq is None:
+        return
+    with contextlib.suppress(Exception):
+        zmq.Context.instance().destroy(linger=client.LINGER_MS)
+
+
 def start_counting() -> StepCounter | None:
     """Install the step hook when ``MALLETRAIN_WORKER_BATCH`` is set; say once why not otherwise."""
     worker_batch = worker_batch_from_environ()
@@ -220,12 +264,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     install_sigterm_exit()
     try:
-        return run_target(target)
+        code = run_target(target)
+    except Exception:
+        if not process_group_left():
+            raise  # the interpreter prints it and exits 1
+        traceback.print_exc()
+        code = 1
     finally:
         if counter is not None:
             counter.flush()
             log.info("counted %d optimizer steps, %d reports sent", counter.steps, counter.sent)
         client.close()
+    if process_group_left():
+        exit_without_finalizing(code)
+    return code
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ from malletrain import client
 from malletrain.messages import ENV_SECRET, new_secret
 from malletrain.monitor import Monitor
 
-ENV = ("MALLETRAIN_MONITOR", "MALLETRAIN_JOB", "MALLETRAIN_WORKER", ENV_SECRET, "RANK", "WORLD_SIZE")
+ENV = ("MALLETRAIN_MONITOR", "MALLETRAIN_JOB", "MALLETRAIN_WORKER", ENV_SECRET, "RANK", "WORLD_SIZE",
+       "TORCHELASTIC_RESTART_COUNT")
 
 
 @pytest.fixture
@@ -81,3 +82,19 @@ def test_explicit_secret_and_per_worker_counters(mon: Monitor) -> None:
         first.close(0)
         second.close(0)
     assert mon.accepted == 3 and mon.job("j000001").samples == 24
+
+
+def test_a_restarted_worker_is_a_new_sender(mon: Monitor, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A torchrun-style restart keeps MALLETRAIN_WORKER and counts seq from 1 again: not a replay."""
+    secret = new_secret()
+    mon.register("j000001", secret)
+    monkeypatch.setenv(ENV_SECRET, secret)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for restart in ("0", "1", "2"):
+        monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", restart)
+        client.close()  # flush, then forget everything: a new process
+        client.reset()
+        assert client.report(10) and client.report(10)
+    wait_received(mon, 6)
+    st = mon.job("j000001")
+    assert (mon.accepted, st.samples, st.generation) == (6, 60, 2)

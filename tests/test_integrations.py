@@ -92,6 +92,21 @@ def test_the_callback_counts_the_real_batches(name: str, tmp_path: Path, mon: tu
     assert m.job(JOB).world_size == WORLD
 
 
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_one_process_counts_its_short_last_batch(name: str, tmp_path: Path, mon: tuple[Monitor, str]) -> None:
+    """One rank (no sharding, no padding): 28 samples in batches of 8 are steps of 8, 8, 8 and 4."""
+    needs(name)
+    ex, (m, secret) = EXAMPLES[name], mon
+    res = subprocess.run([sys.executable, "-m", "malletrain.launch", "-m", ex.module, "--samples", "28",
+                          "--batch", str(BATCH), "--epochs", "2", ex.dir_flag, str(tmp_path / "ckpt")],
+                         env=worker_env(m, secret, HOOK_BATCH), capture_output=True, text=True,
+                         timeout=RUN_TIMEOUT_S)
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert "done: step 8" in res.stdout
+    wait_received(m, 8)
+    assert (m.accepted, m.job(JOB).samples, m.job(JOB).world_size) == (8, 56, 1)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

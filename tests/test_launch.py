@@ -68,6 +68,7 @@ def test_the_scripts_own_report_wins(mon: tuple[Monitor, str]) -> None:
     assert (m.accepted, m.job(JOB).samples) == (steps, steps * own)
 
 
+@pytest.mark.slow
 def test_without_worker_batch_nothing_is_counted_and_it_says_so(mon: tuple[Monitor, str]) -> None:
     m, secret = mon
     res = launch(["--steps", "3", "--exit", "3"], worker_env(m, secret, None))
@@ -78,6 +79,7 @@ def test_without_worker_batch_nothing_is_counted_and_it_says_so(mon: tuple[Monit
     assert m.drain(timeout_ms=0) == 0 and m.received == 0
 
 
+@pytest.mark.slow
 def test_sigterm_reaches_the_script_as_an_exit(tmp_path: Path, mon: tuple[Monitor, str]) -> None:
     m, secret = mon
     ready = tmp_path / "ready"
@@ -99,6 +101,25 @@ def test_sigterm_reaches_the_script_as_an_exit(tmp_path: Path, mon: tuple[Monito
     assert "finally ran" in out
     wait_received(m, 2)  # both steps counted: the held one goes out when the script exits
     assert m.job(JOB).samples == 2 * 5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fail", [False, True])
+def test_a_process_group_left_behind_ends_the_process_cleanly(fail: bool, mon: tuple[Monitor, str]) -> None:
+    """The script leaves its gloo group alive: its atexit functions run, its exit code (or its traceback
+    and 1) comes back, and no teardown of the group aborts or hangs the exit."""
+    m, secret = mon
+    args = ["--steps", "2", "--keep-group", "--exit", "5"] + (["--fail"] if fail else [])
+    res = torchrun(2, args, worker_env(m, secret, 3))
+    codes = re.findall(r"exitcode\s*:\s*(-?\d+) \(pid", res.stderr)
+    assert res.stdout.count("atexit ran") == 2, res.stderr[-3000:]
+    if fail:
+        assert res.returncode != 0 and codes == ["1", "1"], res.stderr[-3000:]
+        assert res.stderr.count("RuntimeError: script failed") == 2
+    else:
+        assert res.returncode != 0 and codes == ["5", "5"], res.stderr[-3000:]
+    wait_received(m, 2)
+    assert m.job(JOB).samples == 2 * 3 * 2
 
 
 @pytest.mark.parametrize("argv, target", [

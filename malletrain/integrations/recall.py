@@ -78,15 +78,6 @@ def agree(local_samples: int, stop: bool, device: Any = None) -> StepAgreement:
     return StepAgreement(int(both[0]), bool(both[1]))
 
 
-def world_rank() -> tuple[int, int]:
-    """(rank, world size) of the default process group; (0, 1) without one."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
 def batch_size_of(batch: Any) -> int:
     """Samples in one batch: the first dimension of its first tensor (in a tensor, a mapping such as
     ``{"input_ids": ..., "labels": ...}``, or a list/tuple such as ``(x, y)``)."""
