@@ -61,6 +61,7 @@ from scavenger.agent_link import (  # noqa: E402
     DaemonLink,
 )
 from scavenger.agent_workers import EXIT_RECALLED, RunAs, Worker, WorkerHost, run_as_owner  # noqa: E402
+from scavenger.nodeshape import detect_accelerator  # noqa: E402
 
 __all__ = ("AUTH_RETRY_MAX_S", "AUTH_RETRY_S", "CONNECT_RETRY_S", "EXIT_DAEMON_LOST", "EXIT_NO_KEY", "EXIT_RECALLED",
            "OUTBOX_MAX", "RECALL_GRACE_S", "STOP_GRACE_S", "Agent", "RunAs", "Worker", "batch_job_from", "main",
@@ -92,6 +93,14 @@ def batch_job_from(env: Mapping[str, str]) -> str | None:
             except ValueError as exc:
                 log.warning("ignoring %s: %s", var, exc)
     return None
+
+
+def _dev_names() -> list[str]:
+    """The names under ``/dev`` (what tells the node's accelerator; none where it cannot be read)."""
+    try:
+        return os.listdir("/dev")
+    except OSError:
+        return []
 
 
 def process_age() -> str:
@@ -142,6 +151,10 @@ class Agent(DaemonLink, WorkerHost):
         if warm is None and warm_modules:
             warm = WarmSlot(warm_modules)
         self.warm = warm  # a worker prepared ahead (scavenger.warm); ``warm``: one started already
+        self.warm_more: list[WarmSlot] = []  # the warm processes of local ranks 1 .. K-1
+        self.slots = 1
+        self.accelerator = detect_accelerator(os.environ, _dev_names())
+        self.cores = tuple(sorted(os.sched_getaffinity(0)))
         self.deferred: dict[str, tuple[P.StartWorker, float]] = {}  # workers waiting for the warm process
         self.leave_reason: str | None = None
         self.seq = 0
@@ -223,7 +236,7 @@ class Agent(DaemonLink, WorkerHost):
                 self.reap()
                 if self.warm is not None:
                     if not self.workers:
-                        self.warm.prepare()  # while the node waits for a worker (CPU is free then)
+                        self.prepare_warm()  # while the node waits for a worker (CPU is free then)
                     self.warm.poll()
                     self._start_deferred()
                 now = time.monotonic()
@@ -239,8 +252,9 @@ class Agent(DaemonLink, WorkerHost):
             log.exception("node %s: agent loop failed: %s", self.node, exc)
             raise
         finally:
-            if self.warm is not None:
-                self.warm.close()
+            for warm in [self.warm, *self.warm_more]:
+                if warm is not None:
+                    warm.close()
             self.kill_all(RECALL_GRACE_S if self.leave_reason == "recalled" else STOP_GRACE_S)
             self.containment.close()
             self.send(P.Leaving(self.node, self.leave_reason or "error"))

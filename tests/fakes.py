@@ -220,7 +220,7 @@ class FakeHub(AgentRoster):
         return self.c.pid(node)
 
     def start_worker(self, node: str, worker: str, argv: Any, env: Any, cwd: Any,
-                     uid: int | None = None, gid: int | None = None) -> None:
+                     uid: int | None = None, gid: int | None = None, slots: int = 1) -> None:
         if node not in self.c.agents or worker in self.c.workers.get(node, set()):
             return  # idempotent, as the agent is
         self.c.workers.setdefault(node, set()).add(worker)
@@ -250,7 +250,7 @@ class FakeRuntime(Runtime):
     def close(self) -> None:
         pass
 
-    def launch_spec(self, job_id: str, command: Any, worker_id: str, node: str) -> LaunchSpec:
+    def launch_spec(self, job_id: str, command: Any, worker_id: str, node: str, slots: int = 1) -> LaunchSpec:
         return LaunchSpec(tuple(command), {}, None)
 
     def set_members(self, job_id: str, members: Any) -> int:

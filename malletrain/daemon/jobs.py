@@ -14,6 +14,7 @@ from malletrain.logs import about
 from malletrain.messages import ENV_SECRET
 from malletrain.store import StoreError
 from policy import below_min
+from scavenger.nodeshape import job_slots
 
 
 class Jobs(DaemonBase):
@@ -57,11 +58,13 @@ class Jobs(DaemonBase):
             wid = run.workers[node]
             if wid not in run.started and now - run.start_sent.get(wid, -1e9) >= START_RETRY_S:
                 uid, gid = self._run_as(run, self.runtime.COMMAND_BESIDE_DAEMON)
-                spec = self.runtime.launch_spec(run.id, run.spec.command, wid, node)
+                slots = job_slots(self.scav.slots_of(node), run.spec.workers_per_node)
+                spec = self.runtime.launch_spec(run.id, run.spec.command, wid, node, slots=slots)
                 env = dict(spec.env)
                 env.update(run.spec.env)
                 env[ENV_SECRET] = self.job_secret(run.id)  # after the user's env: not overridable
-                self.hub.start_worker(node, wid, spec.argv, env, spec.cwd or run.spec.cwd, uid, gid)
+                self.hub.start_worker(node, wid, spec.argv, env, spec.cwd or run.spec.cwd, uid, gid,
+                                      slots=spec.slots)
                 run.start_sent[wid] = now
         target = set(nodes)  # (list lookups: 64 x 64 a job, every step)
         for node in [n for n in run.workers if n not in target]:

@@ -29,6 +29,7 @@ from scavenger.channel import AGENT_KEY_FILE
 from scavenger.connguard import raise_nofile_limit
 from scavenger.hub import AgentHub
 from scavenger.local import LocalBackend, slot_timeline
+from scavenger.nodeshape import parse_workers_per_node
 from traces.model import IdleTimeline
 
 
@@ -149,7 +150,8 @@ class Wiring(DaemonBase):
                                poll_interval=self._scavenger().poll_interval if self._kind() != "local" else 0.0,
                                # an agent that cannot reach us leaves after agent_dead_after: twice that
                                # without its hello, the pilot's node is broken
-                               meta=self.store, agent_grace=2 * cfg.agent_dead_after)
+                               meta=self.store, agent_grace=2 * cfg.agent_dead_after,
+                               workers_per_node=parse_workers_per_node(self._scavenger().workers_per_node))
         self.scav.resume()  # the pilots the last daemon left (still queued ones too) before anything new
         self._machine_size = 0
         self._discover_machine()
