@@ -293,6 +293,9 @@ def _main(argv: Sequence[str] | None, warm: WarmSlot | None) -> int:
                     help="how a worker's processes are held and ended with it (auto: a cgroup if usable)")
     ap.add_argument("--warm", default="", help="modules a warm worker imports ahead, comma-separated "
                                                 "(scavenger.warm; empty: every worker starts cold)")
+    ap.add_argument("--slots", type=int, default=1,
+                    help="the node's worker slots (scavenger.nodeshape), so a warm worker is prepared for each "
+                         "from the start; a start from the daemon with another count changes it")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
     recalled: list[int] = []
@@ -326,6 +329,8 @@ def _main(argv: Sequence[str] | None, warm: WarmSlot | None) -> int:
                   batch_job=batch_job_from(os.environ), warm_modules=modules, warm=warm)
     agent.log_max_bytes, agent.logs_max_total = args.log_max_bytes, args.logs_max_total
     agent.containment = containment.choose(args.containment)
+    if args.slots > 1:
+        agent.learn_slots(min(args.slots, P.SLOTS_MAX))
     log.info("node %s: containment: %s", args.node, agent.containment.description)
     if recalled:
         agent.leave_reason = "recalled"

@@ -270,7 +270,9 @@ class Wiring(DaemonBase):
     def _warm_args(self) -> tuple[str, ...]:
         """``--warm MODULES``: what the runtime's workers import, so agents prepare one ahead."""
         modules = tuple(self.runtime.warm_modules or ())
-        return ("--warm", ",".join(modules)) if modules else ()
+        slots = self._scavenger().workers_per_node
+        shape = ("--slots", str(slots)) if isinstance(slots, int) and slots > 1 else ()  # one warm process a slot
+        return ("--warm", ",".join(modules), *shape) if modules else ()
 
     def _make_batch_backend(self, kind: str) -> SchedulerBackend:
         """Pilots as Slurm or PBS batch jobs; their agents connect to this daemon's hub."""
