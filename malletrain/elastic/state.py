@@ -337,9 +337,9 @@ class State:
         return self._model_device() if self.backend != "gloo" else torch.device("cpu")
 
     def _group_store(self, gen: int, rank: int) -> tuple[Any, tuple[str, int]]:
-        """The store of the group's own rendezvous for generation ``gen``, and its (host, port): served by its rank 0 (never the
-        daemon's store, which serves authenticated workers only), under a random key prefix that
-        only the job's workers learn (through the daemon's store)."""
+        """The store of the group's own rendezvous for generation ``gen``, and its (host, port): served
+        by its rank 0 (never the daemon's store, which serves authenticated workers only), under a
+        random key prefix that only the job's workers learn (through the daemon's store)."""
         assert self._rdzv is not None
         timeout = timedelta(seconds=self.timeout_s)
         if rank == 0:
