@@ -233,3 +233,46 @@ def test_a_start_of_k_slots_crosses_the_wire_and_a_bad_count_is_refused() -> Non
     bad["payload"]["slots"] = 0
     with pytest.raises(P.ProtocolError, match="slots"):
         P.decode(json.dumps(bad).encode())
+
+
+def _ready(slot: Any, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        slot.poll()
+        if slot.ready:
+            return
+        time.sleep(0.02)
+    raise AssertionError("warm process not ready")
+
+
+def test_one_warm_process_per_slot_each_becomes_its_local_rank(tmp_path: Path) -> None:
+    """An agent told its node has 2 slots keeps 2 warm processes, each on its slot's cores with its
+    slot's thread count, and a start of 2 local ranks takes both (no process started cold)."""
+    script = tmp_path / "show.py"
+    script.write_text(SHOW)
+    usable = sorted(os.sched_getaffinity(0))
+    if len(usable) < 2:
+        pytest.skip("needs two usable cores")
+    agent = _Sent("n1", "tcp://127.0.0.1:1", KEY, log_dir=str(tmp_path / "logs"), warm_modules=("json",))
+    agent.cores = tuple(usable[:2])  # the CPU set the slots share (cores/K = 1 each)
+    try:
+        agent.learn_slots(2)
+        agent.prepare_warm()
+        slots = [agent.warm_of(0), agent.warm_of(1)]
+        assert all(s is not None for s in slots)
+        assert [s.cores for s in slots] == [(usable[0],), (usable[1],)]  # type: ignore[union-attr]
+        for s in slots:
+            _ready(s)
+        pids = [s.proc.pid for s in slots]  # type: ignore[union-attr]
+        agent.start_worker(P.StartWorker("n1", "j.n1.1", (sys.executable, str(script), "-1", "0"), {},
+                                         str(tmp_path), slots=2))
+        assert [p.pid for p in agent.workers["j.n1.1"].procs] == pids  # both warm
+        assert [m.code for m in _reap_until_exited(agent)] == [0]
+        seen = sorted(_lines(tmp_path / "logs" / "j.n1.1.log"), key=lambda d: d["local_rank"])
+        assert [(d["local_rank"], d["omp"], d["pid"]) for d in seen] == [("0", "1", pids[0]), ("1", "1", pids[1])]
+    finally:
+        agent.kill_all(0.2)
+        for s in [agent.warm, *agent.warm_more]:
+            if s is not None:
+                s.close()
+        agent.sock.close(0)
