@@ -258,7 +258,7 @@ class Wiring(DaemonBase):
         return LocalBackend(
             cfg.local.nodes, self.hub.address, timeline, cfg.local.time_scale, epoch=epoch, clock=self.clock,
             agent_args=("--heartbeat", f"{cfg.agent_heartbeat:g}", "--dead-after", f"{cfg.agent_dead_after:g}",
-                        *self._key_args(), *self._warm_args()),
+                        *self._key_args(), *self._warm_args(), *self._slots_args()),
             log_dir=logs,
         )
 
@@ -270,9 +270,13 @@ class Wiring(DaemonBase):
     def _warm_args(self) -> tuple[str, ...]:
         """``--warm MODULES``: what the runtime's workers import, so agents prepare one ahead."""
         modules = tuple(self.runtime.warm_modules or ())
+        return ("--warm", ",".join(modules)) if modules else ()
+
+    def _slots_args(self) -> tuple[str, ...]:
+        """``--slots K`` where ``[scavenger] workers_per_node`` is a number: agents prepare a warm process
+        per slot from the start (a scheduler that reports the node's GPUs corrects it at the first start)."""
         slots = self._scavenger().workers_per_node
-        shape = ("--slots", str(slots)) if isinstance(slots, int) and slots > 1 else ()  # one warm process a slot
-        return ("--warm", ",".join(modules), *shape) if modules else ()
+        return ("--slots", str(slots)) if isinstance(slots, int) and slots > 1 and self.runtime.warm_modules else ()
 
     def _make_batch_backend(self, kind: str) -> SchedulerBackend:
         """Pilots as Slurm or PBS batch jobs; their agents connect to this daemon's hub."""
@@ -284,7 +288,7 @@ class Wiring(DaemonBase):
             submit_rate=sc.submit_rate, command_timeout_s=sc.command_timeout,
             agent_args=("--heartbeat", f"{self.cfg.agent_heartbeat:g}", "--dead-after",
                         f"{self.cfg.agent_dead_after:g}", "--log-dir", str(logs), *self._key_args(),
-                        *self._warm_args()),
+                        *self._warm_args(), *self._slots_args()),
             account=sc.account or None,
         )
         if sc.job_name:
