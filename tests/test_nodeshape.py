@@ -276,3 +276,30 @@ def test_one_warm_process_per_slot_each_becomes_its_local_rank(tmp_path: Path) -
             if s is not None:
                 s.close()
         agent.sock.close(0)
+
+
+# ---------------------------------------------------------------- the daemon asks each node for K
+def test_the_daemon_starts_k_processes_per_node_as_the_scheduler_config_and_job_say(tmp_path: Path) -> None:
+    from malletrain.config import ScavengerConfig
+    from malletrain.jobspec import JobSpec
+    from policy import PolicyConfig
+    from tests.fakes import FakeCluster
+    from tests.test_conformance import LINEAR, NODES, Harness
+
+    cluster = FakeCluster(NODES)
+    cluster.gpus = {"n01": 4, "n02": 4}  # n03 and n04: the scheduler says nothing
+    h = Harness(tmp_path / "d", PolicyConfig(), cluster, scavenger=ScavengerConfig(workers_per_node=2))
+    try:
+        cluster.became_idle("n01", "n02", "n03", "n04")
+        whole = h.submit("A", LINEAR, max_nodes=4)
+        h.run_until(3.0)
+        run = h.daemon.runs[whole]
+        assert {n: cluster.slots[w] for n, w in run.workers.items()} == {"n01": 4, "n02": 4, "n03": 2, "n04": 2}
+        h.daemon.store.request_cancel(whole)
+        h.run_until(6.0)
+        fewer = h.daemon.store.submit(JobSpec("B", ("true",), 1, 4, scaling=dict(LINEAR), workers_per_node=1))
+        h.run_until(10.0)
+        workers = h.daemon.runs[fewer].workers
+        assert workers and {cluster.slots[w] for w in workers.values()} == {1}
+    finally:
+        h.close()
