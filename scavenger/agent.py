@@ -61,7 +61,7 @@ from scavenger.agent_link import (  # noqa: E402
     DaemonLink,
 )
 from scavenger.agent_workers import EXIT_RECALLED, RunAs, Worker, WorkerHost, run_as_owner  # noqa: E402
-from scavenger.nodeshape import detect_accelerator  # noqa: E402
+from scavenger.nodeshape import detect_accelerator, local_device_count  # noqa: E402
 
 __all__ = ("AUTH_RETRY_MAX_S", "AUTH_RETRY_S", "CONNECT_RETRY_S", "EXIT_DAEMON_LOST", "EXIT_NO_KEY", "EXIT_RECALLED",
            "OUTBOX_MAX", "RECALL_GRACE_S", "STOP_GRACE_S", "Agent", "RunAs", "Worker", "batch_job_from", "main",
@@ -293,9 +293,10 @@ def _main(argv: Sequence[str] | None, warm: WarmSlot | None) -> int:
                     help="how a worker's processes are held and ended with it (auto: a cgroup if usable)")
     ap.add_argument("--warm", default="", help="modules a warm worker imports ahead, comma-separated "
                                                 "(scavenger.warm; empty: every worker starts cold)")
-    ap.add_argument("--slots", type=int, default=1,
+    ap.add_argument("--slots", type=int, default=None,
                     help="the node's worker slots (scavenger.nodeshape), so a warm worker is prepared for each "
-                         "from the start; a start from the daemon with another count changes it")
+                         "from the start (default: the GPUs this agent sees); a start from the daemon with "
+                         "another count changes it")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
     recalled: list[int] = []
@@ -329,8 +330,9 @@ def _main(argv: Sequence[str] | None, warm: WarmSlot | None) -> int:
                   batch_job=batch_job_from(os.environ), warm_modules=modules, warm=warm)
     agent.log_max_bytes, agent.logs_max_total = args.log_max_bytes, args.logs_max_total
     agent.containment = containment.choose(args.containment)
-    if args.slots > 1:
-        agent.learn_slots(min(args.slots, P.SLOTS_MAX))
+    slots = args.slots if args.slots is not None else local_device_count(agent.accelerator, os.environ, _dev_names())
+    if slots > 1:
+        agent.learn_slots(min(slots, P.SLOTS_MAX))
     log.info("node %s: containment: %s", args.node, agent.containment.description)
     if recalled:
         agent.leave_reason = "recalled"

@@ -169,6 +169,18 @@ def detect_accelerator(env: Mapping[str, str], dev_names: Iterable[str]) -> Acce
     return Accelerator.NONE
 
 
+def local_device_count(acc: Accelerator, env: Mapping[str, str], dev_names: Iterable[str]) -> int:
+    """How many devices the agent sees: the entries of its device variable (what the pilot was given),
+    else NVIDIA's ``/dev/nvidiaN`` files, else 1 (an agent's first guess at K, before the daemon's word)."""
+    var = acc.variable
+    listed = [d for d in env.get(var, "").split(",") if d.strip()] if var else []
+    if listed:
+        return min(len(listed), MAX_SLOTS)
+    if acc is Accelerator.CUDA:
+        return max(1, min(sum(1 for n in dev_names if n.startswith("nvidia") and n[6:].isdigit()), MAX_SLOTS))
+    return 1
+
+
 def visible_devices(acc: Accelerator, env: Mapping[str, str], slots: int) -> tuple[str, ...]:
     """The device names the node gave the pilot (its variable, comma-separated), else 0 .. K-1."""
     var = acc.variable

@@ -121,6 +121,21 @@ def test_a_node_placed_in_a_world_gives_each_local_rank_its_global_rank() -> Non
     assert [e["RANK"] for e in ranks] == ["8", "9", "10", "11"] and {e["WORLD_SIZE"] for e in ranks} == {"12"}
 
 
+def test_an_agent_s_first_guess_at_k_is_the_devices_it_sees() -> None:
+    from scavenger.nodeshape import local_device_count
+    assert local_device_count(Accelerator.CUDA, {"CUDA_VISIBLE_DEVICES": "2,3"}, ["nvidia0"]) == 2
+    assert local_device_count(Accelerator.CUDA, {}, ["nvidia0", "nvidia1", "nvidia2", "nvidia3", "nvidiactl"]) == 4
+    assert local_device_count(Accelerator.XPU, {"ZE_AFFINITY_MASK": "0,1,2"}, []) == 3
+    assert local_device_count(Accelerator.NONE, {}, ["null"]) == 1
+
+
+def test_horovod_gives_each_host_its_node_s_slots() -> None:
+    from malletrain.runtimes.horovod_elastic import hosts_lines
+    nodes = {"a": "n1", "b": "n2"}
+    assert hosts_lines(["a", "b"], nodes, local=False, per_member={"a": 4, "b": 4}) == ["n1:4", "n2:4"]
+    assert hosts_lines(["a", "b"], nodes, local=True, per_member={"a": 2, "b": 2}) == ["localhost:4"]
+
+
 def test_the_accelerator_is_told_by_the_pilot_s_devices_or_dev() -> None:
     assert detect_accelerator({"ROCR_VISIBLE_DEVICES": "0"}, ["nvidia0"]) is Accelerator.ROCM
     assert detect_accelerator({}, ["nvidia0", "nvidiactl"]) is Accelerator.CUDA
