@@ -302,6 +302,9 @@ class State:
         self.backend = self._backend()
         if self.backend == "nccl":
             torch.cuda.set_device(self._model_device())  # NCCL binds each rank to its current device
+            # a lost peer (a recalled node) raises in the training thread, which recovers as under gloo,
+            # instead of NCCL's watchdog tearing the whole process down (its default)
+            os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
         store, master = self._group_store(gen, rank)
         dist.init_process_group(
             self.backend,
