@@ -8,7 +8,9 @@ switch every rank holds the same parameters.
 
 from __future__ import annotations
 
+import sys
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
 
@@ -80,3 +82,54 @@ def test_a_node_recall_drops_its_k_ranks_in_one_generation_and_ranks_stay_in_syn
         job.set_members([])
         for wid in [w for w in job.workers if not w.startswith("w1/")]:
             assert job.wait_exit(wid, timeout_s=120) == 0
+
+
+ENV_SCRIPT = """
+import json, os, sys, time
+import torch
+from malletrain.elastic import State, run
+
+def train(state):
+    net = state.ddp()
+    opt = state.optimizer
+    while True:
+        opt.zero_grad()
+        net(torch.ones(1, 4)).sum().backward()
+        opt.step()
+        state.step += 1
+        print(json.dumps({"ev": "step", "gen": state.generation, "rank": state.rank, "world": state.world_size,
+                          "env": {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK",
+                                                                   "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                                                                   "GROUP_WORLD_SIZE", "MASTER_ADDR")}}),
+              flush=True)
+        time.sleep(0.02)
+        state.commit()
+
+torch.set_num_threads(1)
+model = torch.nn.Linear(4, 1)
+run(train, State(model, torch.optim.SGD(model.parameters(), lr=0.01)))
+"""
+
+
+def test_every_world_s_torchrun_variables_are_in_each_rank_s_environment(tmp_path: Path) -> None:
+    script = tmp_path / "env_train.py"
+    script.write_text(ENV_SCRIPT)
+    with LocalJob("envs", [sys.executable, str(script)], collective_timeout_s=10.0) as job:
+        for node in ("a", "b"):
+            for lr in range(K):
+                job.spawn(node, node, local=(lr, K))
+        g1, _ = job.set_members(["a", "b"])
+        for wid in job.workers:
+            job.wait_steps(wid, g1, 2, timeout_s=240)
+        g2, _ = job.set_members(["b"])  # node a leaves: b's ranks become 0 and 1 of 2
+        for wid in ("b/0", "b/1"):
+            job.wait_steps(wid, g2, 2, timeout_s=240)
+        for g, world in ((g1, 2 * K), (g2, K)):
+            seen = [s for w in job.workers.values() for s in w.steps(g)]
+            assert seen and {s["world"] for s in seen} == {world}
+            for s in seen:
+                env = s["env"]
+                assert (env["RANK"], env["WORLD_SIZE"]) == (str(s["rank"]), str(world)), s
+                assert env["LOCAL_RANK"] == str(s["rank"] % K) and env["LOCAL_WORLD_SIZE"] == str(K)
+                assert env["GROUP_WORLD_SIZE"] == str(world // K) and env["MASTER_ADDR"]
+        job.set_members([])
