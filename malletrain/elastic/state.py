@@ -237,7 +237,7 @@ class State:
             return False
         started, old_gen = time.time(), self.generation
         self.generation = self._rdzv.current = gen
-        client.set_context(self.rank, self.world_size, gen)
+        client.set_context(self.rank, self.world_size, gen, self.local_world_size)
         if self.rank == 0:
             self._rdzv.mark_active(gen)
         log.info("worker %s: generation %d keeps this world as it is: renumbered from %d at step %d",
@@ -321,7 +321,7 @@ class State:
         # libraries that read torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK ...) see this world
         os.environ.update(world_environ(place, master, self._rdzv.job, self._worlds))
         self._worlds += 1
-        client.set_context(rank, world, gen)
+        client.set_context(rank, world, gen, self.local_world_size)  # reports count nodes
 
     def _backend(self) -> str:
         """The collectives for the model's device: NCCL (RCCL) on CUDA, XCCL on XPU, else gloo."""
