@@ -54,18 +54,27 @@ class Context:
     rank: int
     world_size: int
     generation: int
+    per_node: int = 1
+    """Ranks a node runs (its K worker slots): reports count nodes, the policy's unit."""
+
+    @property
+    def nodes(self) -> int:
+        """The nodes of the world: what a report's ``world_size`` says (the monitor and the policy count nodes)."""
+        return max(1, self.world_size // self.per_node)
 
 
 _context: Context | None = None
 _script_reports = False  # True once report() ran or a callback claimed the reports (malletrain.launch)
 
 
-def set_context(rank: int, world_size: int, generation: int) -> None:
-    """Tell :func:`report` the current rank, world size and generation (elastic layer)."""
+def set_context(rank: int, world_size: int, generation: int, per_node: int = 1) -> None:
+    """Tell :func:`report` the current rank, world size (ranks), generation and ranks a node (elastic layer)."""
     global _context
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"bad context: rank {rank} of world size {world_size}")
-    _context = Context(rank, world_size, generation)
+    if per_node < 1 or world_size % per_node:
+        raise ValueError(f"bad context: {per_node} ranks a node in a world of {world_size}")
+    _context = Context(rank, world_size, generation, per_node)
 
 
 def context() -> Context:
@@ -73,7 +82,9 @@ def context() -> Context:
     generation is ``TORCHELASTIC_RESTART_COUNT``: each restart at a new size is a new world)."""
     if _context is not None:
         return _context
-    return Context(_env_int(_RANK_VARS, 0), max(1, _env_int(_WORLD_VARS, 1)), _env_int(_RESTART_VARS, 0))
+    world, per_node = max(1, _env_int(_WORLD_VARS, 1)), max(1, _env_int(("LOCAL_WORLD_SIZE",), 1))
+    return Context(_env_int(_RANK_VARS, 0), world, _env_int(_RESTART_VARS, 0),
+                   per_node if world % per_node == 0 else 1)
 
 
 def _env_int(names: tuple[str, ...], default: int) -> int:
@@ -253,7 +264,7 @@ def report(samples: int, *, world_size: int | None = None, rank: int | None = No
     ctx = context()
     if (ctx.rank if rank is None else rank) != 0:
         return False
-    world = ctx.world_size if world_size is None else world_size
+    world = ctx.nodes if world_size is None else world_size
     with _held_lock:
         if _held is not None:
             if os.environ.get(ENV_MONITOR, ""):

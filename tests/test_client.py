@@ -58,6 +58,21 @@ def test_reports_reach_the_monitor(monitor: zmq.Socket) -> None:
     assert (first.seq, second.seq) == (1, 2)
 
 
+def test_reports_count_nodes_when_a_node_runs_several_ranks(monitor: zmq.Socket,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """3 nodes of 2 ranks: the monitor and the policy count nodes, so the report says 3, not 6."""
+    client.set_context(rank=0, world_size=6, generation=2, per_node=2)
+    assert client.report(96) is True
+    assert decode_report(decode(_recv(monitor))).world_size == 3
+    with pytest.raises(ValueError, match="ranks a node"):
+        client.set_context(rank=0, world_size=5, generation=2, per_node=2)
+    client.reset()  # no context: from torchrun's variables alone
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert client.report(64) is True
+    assert decode_report(decode(_recv(monitor))).world_size == 2
+
+
 def test_only_rank_zero_reports(monitor: zmq.Socket) -> None:
     client.set_context(rank=1, world_size=2, generation=1)
     assert client.report(64) is False
