@@ -12,7 +12,12 @@ daemon's store, the job is SUSPENDED, and the daemon writes the checkpoint to it
 nodes come back; new pilots, agents and workers start, and the job must go on from the stored
 step (not from step 0), on the GPU, for ``--steps`` more steps.
 
-The last line says PASS or FAIL, with the device's name, the step the checkpoint holds, the first
+Each world's process group uses the device's own collectives (NCCL on ``cuda``, gloo on ``cpu``;
+one GPU, so one worker per node and each node's worker on the same GPU: NCCL cannot put two
+ranks of one world on one GPU, so ``--device cuda`` runs ``--nodes 1`` unless told otherwise).
+The line before the last names the backend the workers' logs say they used and its set-up time.
+
+The last line says PASS or FAIL (FAIL too where the backend is not the device's), with the device's name, the step the checkpoint holds, the first
 step trained after the nodes came back, and the seconds from nodes back to that step. Exit 0 on
 PASS, 1 on FAIL, 2 when ``--device cuda`` finds no GPU.
 """
@@ -20,6 +25,8 @@ PASS, 1 on FAIL, 2 when ``--device cuda`` finds no GPU.
 from __future__ import annotations
 
 import argparse
+import re
+import statistics
 import sys
 import tempfile
 import time
@@ -60,6 +67,21 @@ def resumed_from_checkpoint(first_after: int, ckpt_step: int, last_before: int, 
     every step ran on ``device``."""
     return (first_after == ckpt_step + 1 and last_before - 1 <= ckpt_step <= last_before
             and bool(devices) and all(dev.startswith(device) for dev in devices))
+
+
+GROUP_LINE = re.compile(r"as rank \d+ of \d+: barrier [\d.]+ s, (\w+) group ([\d.]+) s")
+"""A worker's log line on joining a world: the process group's backend and its set-up seconds."""
+
+EXPECTED_BACKEND = {"cuda": "nccl", "cpu": "gloo"}
+
+
+def group_setups(state: Path, jid: str) -> list[tuple[str, float]]:
+    """(backend, seconds) of every process group the job's workers set up, from their logs."""
+    out = []
+    for log in sorted((state / "logs").glob(f"{jid}.*.log")):
+        for m in GROUP_LINE.finditer(log.read_text(errors="replace")):
+            out.append((m.group(1), float(m.group(2))))
+    return out
 
 
 def device_name(device: str) -> str:
@@ -114,7 +136,13 @@ def run(args: argparse.Namespace, state: Path) -> tuple[bool, str]:
         resumed = after()
         first = min(resumed, key=lambda s: s["t"])
         devices = sorted({s["device"] for s in before + resumed})
-        ok = resumed_from_checkpoint(first["step"], ckpt_step, last_before, devices, args.device)
+        setups = group_setups(state, jid)
+        backends = sorted({b for b, _ in setups})
+        print(f"process groups: {len(setups)} set up, backend {', '.join(backends) or 'none'}; set-up median "
+              f"{statistics.median([t for _, t in setups]) * 1000 if setups else float('nan'):.0f} ms, max "
+              f"{max((t for _, t in setups), default=float('nan')) * 1000:.0f} ms", flush=True)
+        ok = resumed_from_checkpoint(first["step"], ckpt_step, last_before, devices, args.device) \
+            and backends == [EXPECTED_BACKEND[args.device]]
         line = (f"{args.device} resume: {'PASS' if ok else 'FAIL'}: {device_name(args.device)}; trained to step "
                 f"{last_before} on {len(nodes)} nodes, recalled to 0, checkpoint of step {ckpt_step}; first step "
                 f"after the nodes came back: {first['step']} (world {first['world']}), "
@@ -127,12 +155,15 @@ def run(args: argparse.Namespace, state: Path) -> tuple[bool, str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="where the job trains")
-    ap.add_argument("--nodes", type=int, default=2, help="local nodes (one worker each, all on this machine's GPU)")
+    ap.add_argument("--nodes", type=int, default=None,
+                    help="local nodes, one worker each (default 2 on cpu, 1 on cuda: NCCL takes one rank per GPU)")
     ap.add_argument("--steps", type=int, default=20, help="steps to see before the recall and after the return")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds allowed for each phase")
     ap.add_argument("--state-dir", type=Path, default=None,
                     help="the daemon's state dir, kept afterwards (logs, store); default: a temporary one")
     args = ap.parse_args(argv)
+    if args.nodes is None:
+        args.nodes = 1 if args.device == "cuda" else 2
     if args.device == "cuda" and not torch.cuda.is_available():
         print(f"cuda resume: SKIP: torch {torch.__version__} sees no GPU here")
         return 2

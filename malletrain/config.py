@@ -53,6 +53,7 @@
     poll_interval = 1.0              # seconds between two looks at the scheduler (sinfo/squeue, pbsnodes/qstat)
     submit_rate = 2.0                # pilot submissions a second at most (bursts of 5), backoff on failures
     command_timeout = 15.0           # seconds before a hung scheduler command is killed
+    workers_per_node = "gpus"        # worker slots per node: "gpus" (what Slurm's Gres / PBS's ngpus say, else 1) or an int
 
     [ports]                          # 0: pick a free port (kept across restarts)
     control = 0
@@ -90,6 +91,7 @@ from malletrain.jobspec import TRAINER_NAME
 from malletrain.metrics import MetricsAddressError, parse_address
 from malletrain.textfile import decode_text
 from policy import PolicyConfig, PolicyConfigError
+from scavenger.nodeshape import WORKERS_PER_NODE_GPUS, NodeShapeError, parse_workers_per_node
 
 RUNTIMES = ("torch", "horovod", "toy")
 BACKENDS = ("local", "slurm", "pbs")
@@ -275,7 +277,14 @@ def _check_host(host: str, where: str) -> None:
 
 def _scavenger(table: dict[str, Any], backend: str | None, where: str) -> ScavengerConfig:
     """[scavenger]: ``kind`` (or the top-level ``backend``, which must agree) and that kind's keys."""
+    table = dict(table)
+    shape = table.pop("workers_per_node", WORKERS_PER_NODE_GPUS)
+    try:
+        parse_workers_per_node(shape, "scavenger.workers_per_node")
+    except NodeShapeError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
     values = _table({k: v for k, v in table.items() if v != "" or k == "kind"}, where, "scavenger.")
+    values["workers_per_node"] = shape
     kind = values.get("kind", backend or "local")
     if kind not in BACKENDS:
         raise ConfigError(f"{where}: scavenger.kind must be one of {', '.join(BACKENDS)}, got {_short(kind)}")

@@ -74,6 +74,9 @@ class ScavengerConfig:
     poll_interval: float = 1.0
     submit_rate: float = 2.0
     command_timeout: float = 15.0
+    workers_per_node: int | str = "gpus"
+    """Worker slots per node: ``"gpus"`` (one per GPU the scheduler reports, 1 where it reports none)
+    or an integer used where the scheduler reports no GPUs (:func:`scavenger.nodeshape.node_slots`)."""
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,7 @@ from scavenger.base import (
     SchedulerBackend,
     Throttled,
 )
+from scavenger.nodeshape import node_slots
 
 log = logging.getLogger("malletrain.scavenging")
 
@@ -104,6 +105,7 @@ class Scavenging:
     backend ``queues_for_busy_nodes``), so a node the main job gives back starts our pilot without
     waiting for the next look and submit (see :meth:`queue_for_recalled`); at most ``max_waiting``
     such pilots at once, each ``requeue_after_s`` after its preemption was seen.
+    ``workers_per_node``: worker slots of a node whose scheduler reports no GPUs (None: 1).
     """
 
     backend: SchedulerBackend
@@ -116,6 +118,7 @@ class Scavenging:
     requeue_recalled: bool = True
     requeue_after_s: float = REQUEUE_AFTER_S
     max_waiting: int = MAX_WAITING_PILOTS
+    workers_per_node: int | None = None
     discovery: Discovery | None = None
     stale: bool = False
     error: str = ""
@@ -133,7 +136,8 @@ class Scavenging:
     _agentless: tuple[Versions, list[tuple[PilotId, PilotView, str]]] | None = field(default=None, repr=False)
     _waits: tuple[int | None, list[tuple[PilotId, PilotView]]] | None = field(default=None, repr=False)
     _agentless_next: float = field(default=0.0, repr=False)  # the agentless pilots are looked for again from then
-    _agentless_put_off: float | None = field(default=None, repr=False)  # the first look put off since the last
+    _agentless_put_off: float | None = field(default=None, repr=False)
+    _gpus: tuple[Discovery, dict[str, int]] | None = field(default=None, repr=False)  # the last look's GPUs by node  # the first look put off since the last
 
     def versions(self) -> Versions:
         """The backend's and the hub's ``version`` (None when either has none): what :meth:`usable`,
@@ -304,6 +308,17 @@ class Scavenging:
     def machine_size(self) -> int:
         """How many nodes the last look found (0: none yet); no tuple of their names built."""
         return len(self.discovery.nodes) if self.discovery is not None else 0
+
+    def slots_of(self, node: str) -> int:
+        """``node``'s worker slots: the GPUs the scheduler's last look reported for it, else
+        ``workers_per_node`` (None: ``"gpus"``, so 1). See :func:`scavenger.nodeshape.node_slots`."""
+        d = self.discovery
+        gpus = None
+        if d is not None:
+            if self._gpus is None or self._gpus[0] is not d:
+                self._gpus = (d, {n.name: n.gpus for n in d.nodes if n.gpus})
+            gpus = self._gpus[1].get(node)
+        return node_slots(gpus, self.workers_per_node)
 
     def machine_nodes(self) -> tuple[str, ...]:
         d = self.discovery

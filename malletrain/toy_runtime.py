@@ -48,7 +48,8 @@ class ToyRuntime(Runtime):
     def close(self) -> None:
         pass
 
-    def launch_spec(self, job_id: str, command: Sequence[str], worker_id: str, node: str) -> LaunchSpec:
+    def launch_spec(self, job_id: str, command: Sequence[str], worker_id: str, node: str,
+                    slots: int = 1) -> LaunchSpec:
         env = WorkerEnv(job=job_id, worker=worker_id, monitor=self.monitor or None, runtime=self.name,
                         toy_dir=self.directory).to_environ()
         return LaunchSpec(tuple(command), env)

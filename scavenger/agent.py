@@ -61,6 +61,7 @@ from scavenger.agent_link import (  # noqa: E402
     DaemonLink,
 )
 from scavenger.agent_workers import EXIT_RECALLED, RunAs, Worker, WorkerHost, run_as_owner  # noqa: E402
+from scavenger.nodeshape import detect_accelerator, local_device_count  # noqa: E402
 
 __all__ = ("AUTH_RETRY_MAX_S", "AUTH_RETRY_S", "CONNECT_RETRY_S", "EXIT_DAEMON_LOST", "EXIT_NO_KEY", "EXIT_RECALLED",
            "OUTBOX_MAX", "RECALL_GRACE_S", "STOP_GRACE_S", "Agent", "RunAs", "Worker", "batch_job_from", "main",
@@ -92,6 +93,14 @@ def batch_job_from(env: Mapping[str, str]) -> str | None:
             except ValueError as exc:
                 log.warning("ignoring %s: %s", var, exc)
     return None
+
+
+def _dev_names() -> list[str]:
+    """The names under ``/dev`` (what tells the node's accelerator; none where it cannot be read)."""
+    try:
+        return os.listdir("/dev")
+    except OSError:
+        return []
 
 
 def process_age() -> str:
@@ -142,6 +151,10 @@ class Agent(DaemonLink, WorkerHost):
         if warm is None and warm_modules:
             warm = WarmSlot(warm_modules)
         self.warm = warm  # a worker prepared ahead (scavenger.warm); ``warm``: one started already
+        self.warm_more: list[WarmSlot] = []  # the warm processes of local ranks 1 .. K-1
+        self.slots = 1
+        self.accelerator = detect_accelerator(os.environ, _dev_names())
+        self.cores = tuple(sorted(os.sched_getaffinity(0)))
         self.deferred: dict[str, tuple[P.StartWorker, float]] = {}  # workers waiting for the warm process
         self.leave_reason: str | None = None
         self.seq = 0
@@ -223,7 +236,7 @@ class Agent(DaemonLink, WorkerHost):
                 self.reap()
                 if self.warm is not None:
                     if not self.workers:
-                        self.warm.prepare()  # while the node waits for a worker (CPU is free then)
+                        self.prepare_warm()  # while the node waits for a worker (CPU is free then)
                     self.warm.poll()
                     self._start_deferred()
                 now = time.monotonic()
@@ -239,8 +252,9 @@ class Agent(DaemonLink, WorkerHost):
             log.exception("node %s: agent loop failed: %s", self.node, exc)
             raise
         finally:
-            if self.warm is not None:
-                self.warm.close()
+            for warm in [self.warm, *self.warm_more]:
+                if warm is not None:
+                    warm.close()
             self.kill_all(RECALL_GRACE_S if self.leave_reason == "recalled" else STOP_GRACE_S)
             self.containment.close()
             self.send(P.Leaving(self.node, self.leave_reason or "error"))
@@ -279,6 +293,10 @@ def _main(argv: Sequence[str] | None, warm: WarmSlot | None) -> int:
                     help="how a worker's processes are held and ended with it (auto: a cgroup if usable)")
     ap.add_argument("--warm", default="", help="modules a warm worker imports ahead, comma-separated "
                                                 "(scavenger.warm; empty: every worker starts cold)")
+    ap.add_argument("--slots", type=int, default=None,
+                    help="the node's worker slots (scavenger.nodeshape), so a warm worker is prepared for each "
+                         "from the start (default: the GPUs this agent sees); a start from the daemon with "
+                         "another count changes it")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
     recalled: list[int] = []
@@ -312,6 +330,9 @@ def _main(argv: Sequence[str] | None, warm: WarmSlot | None) -> int:
                   batch_job=batch_job_from(os.environ), warm_modules=modules, warm=warm)
     agent.log_max_bytes, agent.logs_max_total = args.log_max_bytes, args.logs_max_total
     agent.containment = containment.choose(args.containment)
+    slots = args.slots if args.slots is not None else local_device_count(agent.accelerator, os.environ, _dev_names())
+    if slots > 1:
+        agent.learn_slots(min(slots, P.SLOTS_MAX))
     log.info("node %s: containment: %s", args.node, agent.containment.description)
     if recalled:
         agent.leave_reason = "recalled"

@@ -16,28 +16,73 @@ import pwd
 import signal
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Callable
 
 from scavenger import containment
 from scavenger import jobproc
 from scavenger import protocol as P
+from scavenger.nodeshape import Accelerator, SlotPlace, slot_place
 from scavenger.warm import WARM_WAIT_S, Assignment, WarmSlot, warm_refusal
 
 log = logging.getLogger("scavenger.agent")
 
 EXIT_RECALLED = 143  # 128 + SIGTERM, what schedulers expect of a SIGTERMed job
+LOCAL_FAILURE_GRACE_S = 5.0
+"""Seconds the other local ranks of a worker get after one of them failed (SIGTERM, then SIGKILL)."""
+
+
+def pin_cores(cores: tuple[int, ...], then: Callable[[], None]) -> Callable[[], None]:
+    """A ``preexec_fn`` that pins the process to ``cores`` (its slot's share), then runs ``then``."""
+    def setup() -> None:
+        if cores:
+            os.sched_setaffinity(0, cores)
+        then()
+    return setup
+
+
+def warm_slot_envs(base: dict[str, str], slots: int, acc: Accelerator, cores: tuple[int, ...],
+                   ) -> list[tuple[tuple[int, ...], dict[str, str]]]:
+    """(cores, environment) of the warm process of each of ``slots`` slots: ``base`` (the agent's allowed
+    variables) plus what a worker of that slot is started with (its thread count) so the warm process's
+    start-time variables match the worker's (:func:`scavenger.warm.warm_refusal`)."""
+    out = []
+    for i in range(slots):
+        place = slot_place(i, slots, acc, base, cores, {})
+        env = {k: v for k, v in base.items() if k != "OMP_NUM_THREADS" or slots == 1}
+        env.update({k: v for k, v in place.env.items() if k == "OMP_NUM_THREADS"})
+        out.append((place.cores if slots > 1 else (), env))
+    return out
 
 
 @dataclass
 class Worker:
-    """One running worker: its process (group leader), its capped log, and its SIGKILL deadline once stopped."""
+    """One running worker: its process (group leader; local rank 0), its capped log, its SIGKILL deadline
+    once stopped, and the processes of its other local ranks (a node of K slots runs K, which end together:
+    the first that fails stops the others, and the worker's exit is reported once, with that failure's code)."""
 
     name: str
     proc: subprocess.Popen[bytes]
     log: jobproc.CappedLog | None
     kill_at: float | None = None  # SIGKILL deadline after a stop
+    others: list[subprocess.Popen[bytes]] = field(default_factory=list)  # local ranks 1 .. K-1
+    failed: int | None = None  # the first non-zero exit code of one of its processes
+
+    @property
+    def procs(self) -> list[subprocess.Popen[bytes]]:
+        """Every process of the worker, local rank 0 first."""
+        return [self.proc, *self.others]
+
+    def poll(self) -> int | None:
+        """None while any process runs; then the worker's code: the first failure's, else 0."""
+        for p in self.procs:
+            code = p.poll()
+            if code not in (None, 0) and self.failed is None:
+                self.failed = int(code)
+        if any(p.returncode is None for p in self.procs):
+            return None
+        return self.failed if self.failed is not None else 0
 
 
 def _describe_exit(code: int) -> str:
@@ -50,11 +95,13 @@ def _describe_exit(code: int) -> str:
     return f"code {code}"
 
 
-def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
-    try:
-        os.killpg(proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
+def _signal_group(proc: subprocess.Popen[bytes] | Worker, sig: int) -> None:
+    """Signal a process's group, or every process group of a worker."""
+    for p in proc.procs if isinstance(proc, Worker) else [proc]:
+        try:
+            os.killpg(p.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 @dataclass(frozen=True)
@@ -110,7 +157,11 @@ class WorkerHost:
     next_sweep: float
     log_max_bytes: int
     logs_max_total: int
-    warm: WarmSlot | None  # a worker prepared ahead (scavenger.warm)
+    warm: WarmSlot | None  # a worker prepared ahead (scavenger.warm): local rank 0's
+    warm_more: list[WarmSlot]  # those of local ranks 1 .. K-1 (once a start said the node has K slots)
+    slots: int  # the node's worker slots, as the daemon's last start said (1 until then)
+    accelerator: Accelerator  # the node's kind of device (scavenger.nodeshape)
+    cores: tuple[int, ...]  # the agent's CPU set, shared among the slots
     deferred: dict[str, tuple[P.StartWorker, float]]  # workers waiting for the warm process
 
     def send(self, msg: P.AgentMessage) -> None:
@@ -128,46 +179,100 @@ class WorkerHost:
             log.error("node %s: worker %s refused: %s; reported as exit 126", self.node, msg.worker, run_as)
             self.send(P.WorkerExited(self.node, msg.worker, 126))
             return
+        self.learn_slots(msg.slots)
         env = jobproc.worker_environ(os.environ, msg.env or {}, run_as.env if run_as is not None else None)
         out: IO[bytes] | None = None
         log_path = None
         join = self.containment.prepare(msg.worker)  # before the drop: the child joins its cgroup with it
+        procs: list[subprocess.Popen[bytes]] = []
         try:
+            places = [slot_place(i, msg.slots, self.accelerator, os.environ, self.cores, msg.env or {})
+                      for i in range(msg.slots)]
             if self.log_dir is not None:
                 jobproc.private_dir(self.log_dir)
                 log_path = self.log_dir / f"{msg.worker}.log"
                 jobproc.prune_logs(self.log_dir, [w.log.path for w in self.workers.values() if w.log],
                                    self.logs_max_total)
                 out = _open_log(log_path, run_as)
-            proc = self._warm_start(msg, env, run_as, out) or subprocess.Popen(
-                list(msg.argv),
-                env=env,
-                preexec_fn=jobproc.child_setup(msg.cwd, join),  # after the privilege drop: cwd entered as the owner
-                stdin=subprocess.DEVNULL,
-                stdout=out if out else subprocess.DEVNULL,
-                stderr=subprocess.STDOUT if out else subprocess.DEVNULL,
-                start_new_session=True,
-                **(run_as.popen_args() if run_as is not None else {}),
-            )
+            for place in places:
+                procs.append(self._start_slot(msg, place, {**env, **place.env}, run_as, out, join))
         except (OSError, ValueError, TypeError, subprocess.SubprocessError) as exc:
             log.error("node %s: cannot start worker %s (%r): %s; reported as exit 127",
                       self.node, msg.worker, list(msg.argv), exc)
+            for started in procs:  # the local ranks already started end with it
+                _signal_group(started, signal.SIGKILL)
+                started.wait()
             if out:
                 out.write(f"agent {self.node}: cannot start {msg.argv!r}: {exc}\n".encode())
                 out.close()
             self.send(P.WorkerExited(self.node, msg.worker, 127))
             self.containment.end(msg.worker)
             return
-        self.containment.add(msg.worker, proc.pid)
+        for proc in procs:
+            self.containment.add(msg.worker, proc.pid)
         capped = None
         if out is not None and log_path is not None:
             capped = jobproc.CappedLog(log_path, out, self.log_max_bytes,
                                        (run_as.uid, run_as.gid) if run_as is not None else None)
-        self.workers[msg.worker] = Worker(msg.worker, proc, capped)
-        log.info("node %s: worker %s started, pid %d, uid %d (output: %s)", self.node, msg.worker, proc.pid,
-                 run_as.uid if run_as is not None else os.geteuid(), log_path or "discarded")
+        proc = procs[0]
+        self.workers[msg.worker] = Worker(msg.worker, proc, capped, others=procs[1:])
+        log.info("node %s: worker %s started, pid %s, uid %d (output: %s)", self.node, msg.worker,
+                 ", ".join(str(p.pid) for p in procs), run_as.uid if run_as is not None else os.geteuid(),
+                 log_path or "discarded")
         log.debug("node %s: worker %s argv %r", self.node, msg.worker, list(msg.argv))  # escaped: one line
         self.send(P.WorkerStarted(self.node, msg.worker, proc.pid))
+
+    def _start_slot(self, msg: P.StartWorker, place: SlotPlace, env: dict[str, str], run_as: "RunAs | None",
+                    out: IO[bytes] | None, join: Any) -> subprocess.Popen[bytes]:
+        """Local rank ``place.local_rank`` of ``msg``'s worker: its warm process if one fits, else a new one
+        pinned to the slot's cores."""
+        warm = self.warm_of(place.local_rank)
+        if warm is not None and msg.slots > 1 and warm.cores != place.cores:
+            warm = None  # prepared for another shape of the node
+        proc = self._warm_start(msg, env, run_as, out, warm)
+        if proc is not None:
+            return proc
+        setup = jobproc.child_setup(msg.cwd, join)  # after the privilege drop: cwd entered as the owner
+        return subprocess.Popen(
+            list(msg.argv),
+            env=env,
+            preexec_fn=pin_cores(place.cores, setup) if msg.slots > 1 else setup,
+            stdin=subprocess.DEVNULL,
+            stdout=out if out else subprocess.DEVNULL,
+            stderr=subprocess.STDOUT if out else subprocess.DEVNULL,
+            start_new_session=True,
+            **(run_as.popen_args() if run_as is not None else {}),
+        )
+
+    def warm_of(self, local_rank: int) -> WarmSlot | None:
+        """The warm process prepared for slot ``local_rank`` (None: none)."""
+        if local_rank == 0:
+            return self.warm
+        more = self.warm_more
+        return more[local_rank - 1] if local_rank - 1 < len(more) else None
+
+    def learn_slots(self, slots: int) -> None:
+        """The node has ``slots`` worker slots (the daemon's word in a start): keep one warm process per
+        slot, each with the slot's cores and thread count, from the next start on."""
+        if self.warm is None or slots == self.slots:
+            return
+        self.slots = slots
+        for extra in self.warm_more:
+            extra.close()
+        self.warm_more = []
+        envs = warm_slot_envs(jobproc.worker_environ(os.environ, {}, None), slots, self.accelerator, self.cores)
+        if (self.warm.cores, self.warm.env) != envs[0]:
+            self.warm.close()  # imported with another thread count or cores: made again for this shape
+            self.warm.cores, self.warm.env = envs[0]
+        for cores, env in envs[1:]:
+            self.warm_more.append(WarmSlot(self.warm.modules, self.warm.python, env, cores=cores))
+
+    def prepare_warm(self) -> None:
+        """Start the warm processes of every slot that has none (idempotent)."""
+        for slot in [self.warm, *self.warm_more]:
+            if slot is not None:
+                slot.prepare()
+                slot.poll()
 
     def _defer(self, msg: P.StartWorker) -> bool:
         """True if ``msg`` waits for the warm process still importing (see :meth:`_start_deferred`)."""
@@ -195,15 +300,15 @@ class WorkerHost:
                 self.start_worker(msg, defer=False)
 
     def _warm_start(self, msg: P.StartWorker, env: dict[str, str], run_as: "RunAs | None",
-                    out: IO[bytes] | None) -> subprocess.Popen[bytes] | None:
-        """The warm process turned into ``msg``'s worker, or None (then it starts cold)."""
-        if self.warm is None:
+                    out: IO[bytes] | None, warm: WarmSlot | None) -> subprocess.Popen[bytes] | None:
+        """The warm process ``warm`` turned into (a local rank of) ``msg``'s worker, or None (then it starts cold)."""
+        if warm is None:
             return None
         uid, gid = (run_as.uid, run_as.gid) if run_as is not None else (None, None)
-        pid = self.warm.proc.pid if self.warm.ready and self.warm.proc is not None else None
+        pid = warm.proc.pid if warm.ready and warm.proc is not None else None
         if pid is not None:
             self.containment.add(msg.worker, pid)  # in the worker's cgroup before it learns the job
-        got = self.warm.take(Assignment(tuple(msg.argv), env, msg.cwd or None, uid, gid), out)
+        got = warm.take(Assignment(tuple(msg.argv), env, msg.cwd or None, uid, gid), out)
         if isinstance(got, str):
             if pid is not None:
                 self.containment.release(pid)
@@ -221,14 +326,15 @@ class WorkerHost:
             return  # idempotent
         log.info("node %s: stopping worker %s (pid %d): SIGTERM, SIGKILL after %.1f s", self.node, name,
                  w.proc.pid, float(grace))
-        _signal_group(w.proc, signal.SIGTERM)
+        _signal_group(w, signal.SIGTERM)
         w.kill_at = time.monotonic() + max(0.0, float(grace))
 
     def worker_pids(self) -> set[int]:
         """The agent's own children that are live workers (every other child is an orphan to end)."""
-        pids = {w.proc.pid for w in self.workers.values()}
-        if self.warm is not None and self.warm.proc is not None:
-            pids.add(self.warm.proc.pid)  # the worker prepared ahead is ours, not an orphan
+        pids = {p.pid for w in self.workers.values() for p in w.procs}
+        for warm in [self.warm, *self.warm_more]:
+            if warm is not None and warm.proc is not None:
+                pids.add(warm.proc.pid)  # a worker prepared ahead is ours, not an orphan
         return pids
 
     def sweep_orphans(self) -> None:
@@ -242,15 +348,20 @@ class WorkerHost:
         for name, w in list(self.workers.items()):
             if w.log is not None:
                 w.log.check()
-            code = w.proc.poll()
+            code = w.poll()
             if code is None:
+                if w.failed is not None and w.kill_at is None:
+                    log.warning("node %s: worker %s: a local rank failed (%s): its node's other ranks stop too",
+                                self.node, name, _describe_exit(w.failed))
+                    _signal_group(w, signal.SIGTERM)
+                    w.kill_at = now + LOCAL_FAILURE_GRACE_S
                 if w.kill_at is not None and now >= w.kill_at:
                     log.warning("node %s: worker %s (pid %d) still running after its grace: SIGKILL",
                                 self.node, name, w.proc.pid)
-                    _signal_group(w.proc, signal.SIGKILL)
+                    _signal_group(w, signal.SIGKILL)
                     w.kill_at = float("inf")  # killed once
                 continue
-            _signal_group(w.proc, signal.SIGKILL)  # leftovers of its group
+            _signal_group(w, signal.SIGKILL)  # leftovers of its group
             if killed := self.containment.end(name):  # and of its cgroup (setsid() ones too)
                 log.info("node %s: worker %s: killed %d process(es) left in its cgroup", self.node, name, killed)
             if w.log:
@@ -268,15 +379,16 @@ class WorkerHost:
             log.info("node %s: stopping all workers (%s): SIGTERM, SIGKILL after %.1f s", self.node,
                      ", ".join(sorted(self.workers)), grace)
         for w in self.workers.values():
-            _signal_group(w.proc, signal.SIGTERM)
+            _signal_group(w, signal.SIGTERM)
         deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and any(w.proc.poll() is None for w in self.workers.values()):
+        while time.monotonic() < deadline and any(w.poll() is None for w in self.workers.values()):
             time.sleep(0.02)
         for w in self.workers.values():
-            _signal_group(w.proc, signal.SIGKILL)
-            try:
-                w.proc.wait(timeout=2.0)
-            except subprocess.TimeoutExpired:
-                pass
+            _signal_group(w, signal.SIGKILL)
+            for p in w.procs:
+                try:
+                    p.wait(timeout=2.0)
+                except subprocess.TimeoutExpired:
+                    pass
         self.reap()
 

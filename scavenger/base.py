@@ -269,6 +269,8 @@ class NodeInfo:
     state: NodeState
     planned: bool = False
     raw: str = ""
+    gpus: int | None = None
+    """GPUs the scheduler says the node has (Slurm ``Gres=gpu:N``, PBS ``ngpus``); None: it says nothing."""
 
     @property
     def holdable(self) -> bool:

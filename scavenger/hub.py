@@ -198,9 +198,10 @@ class AgentHub:
             return False
 
     def start_worker(self, node: str, worker: str, argv: tuple[str, ...], env: dict[str, str], cwd: str | None,
-                     uid: int | None = None, gid: int | None = None) -> bool:
-        """Ask ``node``'s agent to run ``argv``; as ``uid``/``gid`` (the job's owner) when given."""
-        return self.send(P.StartWorker(node, worker, tuple(argv), dict(env), cwd, uid, gid))
+                     uid: int | None = None, gid: int | None = None, slots: int = 1) -> bool:
+        """Ask ``node``'s agent to run ``argv``; as ``uid``/``gid`` (the job's owner) when given; ``slots``
+        processes (local ranks) of it, each on its own part of the node."""
+        return self.send(P.StartWorker(node, worker, tuple(argv), dict(env), cwd, uid, gid, slots))
 
     def stop_worker(self, node: str, worker: str, grace: float = 2.0) -> bool:
         return self.send(P.StopWorker(node, worker, grace))

@@ -47,6 +47,7 @@ from scavenger.base import (
     Runner,
     run_command,
 )
+from scavenger.nodeshape import NodeShapeError, pbs_ngpus
 from scavenger.pilots import BatchBackend, BatchConfig, Observation, require_ok
 
 PBS_STATES: dict[str, PilotState] = {
@@ -231,7 +232,10 @@ class PbsDialect:
                 raise BadReply(f"pbsnodes: node {name!r} has no state string", res)
             if not runs_jobs(attrs):
                 continue  # a host whose CPUs its vnodes expose (ncpus 0): no pilot can run there
-            out.append(node_info(name, attrs))
+            try:
+                out.append(node_info(name, attrs))
+            except NodeShapeError as exc:
+                raise BadReply(f"pbsnodes: node {name!r}: {exc}", res) from None
         return tuple(sorted(out, key=lambda n: n.name))
 
     def render_claims(self) -> list[str]:
@@ -359,7 +363,7 @@ def node_info(name: str, attrs: Mapping[str, Any]) -> NodeInfo:
     used = bool(attrs.get("jobs")) or bool(isinstance(assigned, dict) and assigned.get("ncpus"))
     if state is NodeState.IDLE and used:
         state = NodeState.BUSY
-    return NodeInfo(name, state, planned=bool(attrs.get("resv")), raw=raw)
+    return NodeInfo(name, state, planned=bool(attrs.get("resv")), raw=raw, gpus=pbs_ngpus(attrs))
 
 
 def job_observation(pid: PilotId, attrs: Mapping[str, Any]) -> Observation:

@@ -26,6 +26,8 @@ ARG_MAX = 128 * 1024
 """Characters of one argv entry or env value at most (``cwd``: 4096)."""
 GRACE_MAX = 3600.0
 PID_MAX = 2**31 - 1
+SLOTS_MAX = 64
+"""Worker processes one start may ask of a node at most (``scavenger.nodeshape.MAX_SLOTS``)."""
 
 
 class ProtocolError(ValueError):
@@ -111,6 +113,9 @@ class StartWorker:
     """Run as this user (the job's owner) with ``gid``; None: as the agent's own user.
     A root agent switches; any other agent refuses a uid that is not its own."""
     gid: int | None = None
+    slots: int = 1
+    """Worker processes to run on the node, one per slot (local ranks 0 .. slots-1), each with its
+    own device, cores and ``LOCAL_RANK`` (:mod:`scavenger.nodeshape`); they end together."""
     TYPE = "start_worker"
 
 
@@ -253,6 +258,7 @@ LIMITS: dict[str, Callable[[Any], Any]] = {
     "batch_job": check_batch_job,
     "uid": _check_optional_id,
     "gid": _check_optional_id,
+    "slots": _check_int(1, SLOTS_MAX),
 }
 """One check per payload field name (a name means the same in every message)."""
 

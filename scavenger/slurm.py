@@ -45,6 +45,7 @@ from scavenger.base import (
     Runner,
     run_command,
 )
+from scavenger.nodeshape import NodeShapeError, parse_gres_gpus
 from scavenger.pilots import BatchBackend, BatchConfig, Observation, minutes_ceil, require_ok
 
 # ---- states ----------------------------------------------------------------------------
@@ -265,7 +266,8 @@ def parse_scontrol_record(text: str) -> dict[str, str]:
 # ---- config and dialect ----------------------------------------------------------------------
 
 SQUEUE_FORMAT = "%i|%P|%T|%r|%N|%S|%e|%l"
-SINFO_FORMAT = "%N|%T"
+SINFO_FORMAT = "%N|%T|%G"
+"""Node, state and generic resources (``gpu:4``: the node's shape, see :mod:`scavenger.nodeshape`)."""
 START_FORMAT = "%i|%P|%j|%S|%Y"
 
 
@@ -338,15 +340,19 @@ class SlurmDialect:
             if not line.strip():
                 continue
             fields = line.split("|")
-            if len(fields) != 2 or not fields[0].strip() or not fields[1].strip():
-                raise BadReply(f"sinfo line {no}: expected NODE|STATE, got {line!r}", res)
+            if len(fields) not in (2, 3) or not fields[0].strip() or not fields[1].strip():
+                raise BadReply(f"sinfo line {no}: expected NODE|STATE|GRES, got {line!r}", res)
             name, raw = fields[0].strip(), fields[1].strip()
+            try:
+                gpus = parse_gres_gpus(fields[2]) if len(fields) == 3 else None
+            except NodeShapeError as exc:
+                raise BadReply(f"sinfo line {no}: {exc}", res) from None
             if name in seen:
                 continue  # once per partition: first wins
             if raw not in states:
                 states[raw] = translate_node_state(raw)
             state, planned = states[raw]
-            seen[name] = lines[line] = NodeInfo(name, state, planned, raw)
+            seen[name] = lines[line] = NodeInfo(name, state, planned, raw, gpus)
         self._last_nodes = lines
         return tuple(seen[n] for n in sorted(seen))
 

@@ -2,8 +2,11 @@
 
     python -m scavenger.warm --fd N --import torch,malletrain.elastic
 
-A node agent started with ``--warm MODULES`` keeps one such process per node
-while it has no worker (:class:`WarmSlot`). The process imports ``MODULES`` (the
+A node agent started with ``--warm MODULES`` keeps one such process per worker
+slot of its node while it has no worker (:class:`WarmSlot`; a node of K slots,
+:mod:`scavenger.nodeshape`, keeps K, each pinned to its slot's cores with its
+slot's thread count). Nothing in it touches a GPU: importing torch does not
+initialise CUDA, so no device memory is held before the job runs. The process imports ``MODULES`` (the
 runtime's framework; seconds of CPU that a fresh worker would spend after its
 assignment), says ``ready`` on its socket and waits. The agent's next
 :class:`~scavenger.protocol.StartWorker` whose command it can run is handed to
@@ -159,6 +162,8 @@ class WarmSlot:
     ready: bool = False
     spawned_at: float = 0.0
     said: bytes = b""  # what the warm process said so far (its ready line)
+    cores: tuple[int, ...] = ()
+    """The CPU cores it is pinned to (its worker slot's share of the node; empty: not pinned)."""
 
     @property
     def starting(self) -> bool:
@@ -175,6 +180,7 @@ class WarmSlot:
                 [self.python, "-m", "scavenger.warm", "--fd", str(theirs.fileno()), "--import", ",".join(self.modules)],
                 env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 pass_fds=(theirs.fileno(),), start_new_session=True,
+                preexec_fn=self._pin if self.cores else None,
             )
         except OSError as exc:
             log.warning("no warm worker: cannot start %s: %s", self.python, exc)
@@ -186,6 +192,9 @@ class WarmSlot:
         mine.setblocking(False)
         self.sock, self.ready, self.spawned_at, self.said = mine, False, time.monotonic(), b""
         log.info("warm worker pid %d: importing %s", self.proc.pid, ", ".join(self.modules))
+
+    def _pin(self) -> None:
+        os.sched_setaffinity(0, self.cores)  # in the child, before exec: the slot's share of the cores
 
     def poll(self) -> None:
         """Notice that the warm process is ready (or died: then it is dropped, and made again later)."""

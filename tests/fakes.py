@@ -105,6 +105,8 @@ class FakeCluster:
         self.hub_events: list[Any] = []
         self.started: list[tuple[str, str]] = []  # (node, worker) start requests, in order
         self.stopped: list[tuple[str, str]] = []
+        self.gpus: dict[str, int] = {}  # node -> GPUs the scheduler reports (none: it says nothing)
+        self.slots: dict[str, int] = {}  # worker -> processes its start asked for
 
     def became_idle(self, *nodes: str) -> None:
         for node in nodes:
@@ -167,7 +169,8 @@ class FakeBackend(SchedulerBackend):
         return out
 
     def discover(self) -> Discovery:
-        infos = tuple(NodeInfo(n, NodeState.IDLE if n in self.c.idle else NodeState.BUSY) for n in self.c.nodes)
+        infos = tuple(NodeInfo(n, NodeState.IDLE if n in self.c.idle else NodeState.BUSY, gpus=self.c.gpus.get(n))
+                      for n in self.c.nodes)
         return Discovery(infos, (), frozenset(self.c.idle - set(self._pilots.values())), 0.0)
 
     def submit(self, request: PilotRequest) -> str:
@@ -220,11 +223,12 @@ class FakeHub(AgentRoster):
         return self.c.pid(node)
 
     def start_worker(self, node: str, worker: str, argv: Any, env: Any, cwd: Any,
-                     uid: int | None = None, gid: int | None = None) -> None:
+                     uid: int | None = None, gid: int | None = None, slots: int = 1) -> None:
         if node not in self.c.agents or worker in self.c.workers.get(node, set()):
             return  # idempotent, as the agent is
         self.c.workers.setdefault(node, set()).add(worker)
         self.c.started.append((node, worker))
+        self.c.slots[worker] = slots
         self.c.hub_events.append(WorkerStartedEvent(node, worker, 5000 + len(self.c.started)))
 
     def stop_worker(self, node: str, worker: str, grace: float = 0.0) -> None:
@@ -250,8 +254,8 @@ class FakeRuntime(Runtime):
     def close(self) -> None:
         pass
 
-    def launch_spec(self, job_id: str, command: Any, worker_id: str, node: str) -> LaunchSpec:
-        return LaunchSpec(tuple(command), {}, None)
+    def launch_spec(self, job_id: str, command: Any, worker_id: str, node: str, slots: int = 1) -> LaunchSpec:
+        return LaunchSpec(tuple(command), {}, None, slots)
 
     def set_members(self, job_id: str, members: Any) -> int:
         self.generation[job_id] = self.generation.get(job_id, 0) + 1

@@ -18,6 +18,7 @@ from typing import Callable, Iterator
 import psutil
 import pytest
 
+from malletrain.scavenging import Scavenging
 from scavenger.base import (
     AgentUp,
     CommandFailed,
@@ -242,6 +243,15 @@ def test_failing_or_hanging_qstat_pbsnodes_give_typed_errors_then_catch_up(
         cluster.set_preempt_order(PreemptOrder.REQUEUE)
         for name in ("hang", "fail"):
             (wrap / name).unlink(missing_ok=True)
+
+
+def test_the_scavenger_reads_k_4_from_the_vnodes_ngpus(rig: Rig) -> None:
+    """Each vnode declares ``resources_available.ngpus = 4``: pbsnodes reports it and the scavenger
+    gives every vnode 4 worker slots, whatever the config's fallback says."""
+    assert {n.name: n.gpus for n in rig.backend.discover().nodes} == {v: 4 for v in VNODES}
+    scav = Scavenging(rig.backend, rig.hub, lambda *a, **k: None, workers_per_node=2)
+    scav.look(time.time())
+    assert {v: scav.slots_of(v) for v in VNODES} == {v: 4 for v in VNODES}
 
 
 def test_edges_the_backend_relies_on(cluster: PbsCluster) -> None:

@@ -27,12 +27,14 @@ def test_pbs_conf_starts_every_daemon_on_this_host_and_keeps_the_rest() -> None:
     assert "PBS_SERVER=old" not in out and len(out) == len(set(out))
 
 
-def test_vnode_definitions_leave_the_host_without_cpus() -> None:
+def test_vnode_definitions_leave_the_host_without_cpus_and_give_each_vnode_four_gpus() -> None:
     text = render_vnodes("vm", vnode_names(2))
     assert text.splitlines() == [
         "$configversion 2", "vm: resources_available.ncpus = 0",
         "vn0: resources_available.ncpus = 1", "vn0: resources_available.mem = 1gb",
+        "vn0: resources_available.ngpus = 4",
         "vn1: resources_available.ncpus = 1", "vn1: resources_available.mem = 1gb",
+        "vn1: resources_available.ngpus = 4",
     ]
 
 

@@ -16,6 +16,7 @@ from typing import Callable, Iterator
 import psutil
 import pytest
 
+from malletrain.scavenging import Scavenging
 from scavenger.base import (
     AgentUp,
     CommandFailed,
@@ -123,6 +124,15 @@ def test_pilots_hold_every_idle_node(rig: Rig) -> None:
     d = rig.backend.discover()
     assert d.idle == set() and {n.raw for n in d.nodes} == {"allocated"}
     assert {v.state for v in rig.backend.pilots().values()} == {PilotState.RUNNING}
+
+
+def test_the_scavenger_reads_k_4_from_the_nodes_gres(rig: Rig) -> None:
+    """Each node declares ``Gres=gpu:4`` (gres.conf by count, no device files): sinfo reports it and
+    the scavenger gives every node 4 worker slots, whatever the config's fallback says."""
+    assert {n.name: n.gpus for n in rig.backend.discover().nodes} == {n: 4 for n in NODES}
+    scav = Scavenging(rig.backend, rig.hub, lambda *a, **k: None, workers_per_node=2)
+    scav.look(time.time())
+    assert {n: scav.slots_of(n) for n in NODES} == {n: 4 for n in NODES}
 
 
 def test_prod_job_preempts_pilots_and_backend_reports_preempted(rig: Rig) -> None:

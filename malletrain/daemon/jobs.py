@@ -15,6 +15,7 @@ from malletrain.messages import ENV_SECRET
 from malletrain.workerenv import ENV_WORKER_BATCH
 from malletrain.store import StoreError
 from policy import below_min
+from scavenger.nodeshape import job_slots
 
 
 class Jobs(DaemonBase):
@@ -59,13 +60,15 @@ class Jobs(DaemonBase):
             if wid not in run.started and now - run.start_sent.get(wid, -1e9) >= START_RETRY_S:
                 runtime = self.runtime_of(run.id)
                 uid, gid = self._run_as(run, runtime.COMMAND_BESIDE_DAEMON)
-                spec = runtime.launch_spec(run.id, run.spec.command, wid, node)
+                slots = job_slots(self.scav.slots_of(node), run.spec.workers_per_node)
+                spec = runtime.launch_spec(run.id, run.spec.command, wid, node, slots=slots)
                 env = dict(spec.env)
                 env.update(run.spec.env)
                 if run.spec.worker_batch is not None:
                     env[ENV_WORKER_BATCH] = str(run.spec.worker_batch)
                 env[ENV_SECRET] = self.job_secret(run.id)  # after the user's env: not overridable
-                self.hub.start_worker(node, wid, spec.argv, env, spec.cwd or run.spec.cwd, uid, gid)
+                self.hub.start_worker(node, wid, spec.argv, env, spec.cwd or run.spec.cwd, uid, gid,
+                                      slots=spec.slots)
                 run.start_sent[wid] = now
         target = set(nodes)  # (list lookups: 64 x 64 a job, every step)
         for node in [n for n in run.workers if n not in target]:

@@ -30,6 +30,7 @@ from scavenger.channel import AGENT_KEY_FILE
 from scavenger.connguard import raise_nofile_limit
 from scavenger.hub import AgentHub
 from scavenger.local import LocalBackend, slot_timeline
+from scavenger.nodeshape import parse_workers_per_node
 from traces.model import IdleTimeline
 
 
@@ -158,7 +159,8 @@ class Wiring(DaemonBase):
                                poll_interval=self._scavenger().poll_interval if self._kind() != "local" else 0.0,
                                # an agent that cannot reach us leaves after agent_dead_after: twice that
                                # without its hello, the pilot's node is broken
-                               meta=self.store, agent_grace=2 * cfg.agent_dead_after)
+                               meta=self.store, agent_grace=2 * cfg.agent_dead_after,
+                               workers_per_node=parse_workers_per_node(self._scavenger().workers_per_node))
         self.scav.resume()  # the pilots the last daemon left (still queued ones too) before anything new
         self._machine_size = 0
         self._discover_machine()
@@ -272,7 +274,7 @@ class Wiring(DaemonBase):
         return LocalBackend(
             cfg.local.nodes, self.hub.address, timeline, cfg.local.time_scale, epoch=epoch, clock=self.clock,
             agent_args=("--heartbeat", f"{cfg.agent_heartbeat:g}", "--dead-after", f"{cfg.agent_dead_after:g}",
-                        *self._key_args(), *self._warm_args()),
+                        *self._key_args(), *self._warm_args(), *self._slots_args()),
             log_dir=logs,
         )
 
@@ -286,6 +288,12 @@ class Wiring(DaemonBase):
         modules = tuple(self.runtime.warm_modules or ())
         return ("--warm", ",".join(modules)) if modules else ()
 
+    def _slots_args(self) -> tuple[str, ...]:
+        """``--slots K`` where ``[scavenger] workers_per_node`` is a number: agents prepare a warm process
+        per slot from the start (a scheduler that reports the node's GPUs corrects it at the first start)."""
+        slots = self._scavenger().workers_per_node
+        return ("--slots", str(slots)) if isinstance(slots, int) and slots > 1 and self.runtime.warm_modules else ()
+
     def _make_batch_backend(self, kind: str) -> SchedulerBackend:
         """Pilots as Slurm or PBS batch jobs; their agents connect to this daemon's hub."""
         sc = self._scavenger()
@@ -296,7 +304,7 @@ class Wiring(DaemonBase):
             submit_rate=sc.submit_rate, command_timeout_s=sc.command_timeout,
             agent_args=("--heartbeat", f"{self.cfg.agent_heartbeat:g}", "--dead-after",
                         f"{self.cfg.agent_dead_after:g}", "--log-dir", str(logs), *self._key_args(),
-                        *self._warm_args()),
+                        *self._warm_args(), *self._slots_args()),
             account=sc.account or None,
         )
         if sc.job_name:

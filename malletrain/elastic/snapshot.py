@@ -35,9 +35,10 @@ class Snapshot:
     counters: dict[str, Any] = field(default_factory=dict)
 
 
-def _broadcast_bytes(data: bytes | None, src: int, rank: int) -> bytes:
-    """``data`` from ``src`` to every rank: its length (-1: the sender refused), then the bytes."""
-    size = torch.tensor([len(data) if rank == src and data is not None else -1], dtype=torch.int64)
+def _broadcast_bytes(data: bytes | None, src: int, rank: int, device: Any = None) -> bytes:
+    """``data`` from ``src`` to every rank: its length (-1: the sender refused), then the bytes, in
+    tensors on ``device`` (None: the CPU; a GPU under NCCL, which carries device tensors only)."""
+    size = torch.tensor([len(data) if rank == src and data is not None else -1], dtype=torch.int64, device=device)
     dist.broadcast(size, src=src)
     n = int(size.item())
     if n < 0:
@@ -47,14 +48,15 @@ def _broadcast_bytes(data: bytes | None, src: int, rank: int) -> bytes:
     if rank == src:
         assert data is not None
         buf = torch.frombuffer(bytearray(data), dtype=torch.uint8) if n else torch.empty(0, dtype=torch.uint8)
+        buf = buf.to(device) if device is not None else buf
     else:
-        buf = torch.empty(n, dtype=torch.uint8)
+        buf = torch.empty(n, dtype=torch.uint8, device=device)
     if n:
         dist.broadcast(buf, src=src)
-    return data if rank == src and data is not None else buf.numpy().tobytes()
+    return data if rank == src and data is not None else buf.cpu().numpy().tobytes()
 
 
-def broadcast_snapshot(snap: Snapshot | None, src: int, rank: int, job: str = "-") -> Snapshot:
+def broadcast_snapshot(snap: Snapshot | None, src: int, rank: int, job: str = "-", device: Any = None) -> Snapshot:
     """Send ``snap`` from ``src`` to every rank in the checkpoint format (no pickled objects).
 
     The sender encodes with :func:`encode_checkpoint` (``torch.save`` of tensors and plain
@@ -70,7 +72,8 @@ def broadcast_snapshot(snap: Snapshot | None, src: int, rank: int, job: str = "-
             data = encode_checkpoint(snap)
         except CheckpointError as exc:
             refused = exc
-    received = _broadcast_bytes(data, src, rank)
+    received = _broadcast_bytes(data, src, rank) if device is None or str(device) == "cpu" \
+        else _broadcast_bytes(data, src, rank, device)
     if refused is not None:
         raise refused
     if rank == src:

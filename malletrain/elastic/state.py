@@ -34,6 +34,7 @@ import torch.distributed as dist
 import torch.distributed.nn.functional  # noqa: F401,E402  (see above)
 
 from malletrain import client
+from malletrain.elastic.devices import collective_backend, local_slot, place_in, world_environ
 from malletrain.elastic.errors import LeaveJob, Rescaled, StoreLost, StoreUnavailable, first_line, is_comm_failure
 from malletrain.elastic.rendezvous import Rendezvous
 from malletrain.elastic.snapshot import Snapshot, broadcast_snapshot
@@ -98,6 +99,11 @@ class State:
         self._rdzv = rendezvous if rendezvous is not None else Rendezvous.from_worker_env(env)
         self.worker = self._rdzv.worker if self._rdzv else (env.worker or "local")
         self.timeout_s = timeout_s if timeout_s is not None else env.collective_timeout_s
+        # this process's slot on its node: the daemon's members are nodes, each of K ranks
+        self.local_rank, self.local_world_size = local_slot(os.environ) if self._rdzv else (0, 1)
+        self.backend = "gloo"  # the collectives of the current world (see _init_group)
+        self.group_setup_s = 0.0  # seconds the current world's process group took to set up
+        self._worlds = 0  # worlds joined so far (torchrun's restart count is this less one)
         self._version = -1  # commits of the state this worker holds; -1: none yet
         self._committed: Snapshot | None = None
         self._ddp: Any = None
@@ -215,7 +221,7 @@ class State:
             except StoreLost as exc:
                 lost, target = exc, _STORE_LOST
         if self.world_size > 1:
-            t = torch.tensor([target], dtype=torch.int64)
+            t = torch.tensor([target], dtype=torch.int64, device=self._comm_device())
             dist.broadcast(t, src=0)
             target = int(t.item())
         if target == _STORE_LOST:
@@ -264,7 +270,7 @@ class State:
             if self._version < 0:
                 self._rdzv.wait_handover(gen)
             t0 = time.monotonic()
-            if not self._rdzv.barrier(gen, len(members)):
+            if not self._rdzv.barrier(gen, len(members) * self.local_world_size):
                 gen = self._rdzv.wait_published(gen + 1)
                 continue
             try:
@@ -274,9 +280,10 @@ class State:
                 self._sync_state()
                 if self.rank == 0:
                     self._rdzv.mark_active(gen)
-                log.info("worker %s: in generation %d as rank %d of %d: barrier %.3f s, gloo group %.3f s, "
-                         "state %.3f s", self.worker, gen, self.rank, self.world_size, t1 - t0, t2 - t1,
-                         time.monotonic() - t2)
+                self.group_setup_s = t2 - t1
+                log.info("worker %s: in generation %d as rank %d of %d: barrier %.3f s, %s group %.3f s, "
+                         "state %.3f s", self.worker, gen, self.rank, self.world_size, t1 - t0, self.backend,
+                         t2 - t1, time.monotonic() - t2)
             except Exception as exc:
                 if not is_comm_failure(exc):
                     raise
@@ -290,25 +297,52 @@ class State:
 
     def _init_group(self, gen: int, members: tuple[str, ...]) -> None:
         assert self._rdzv is not None
-        rank = members.index(self.worker)
+        place = place_in(members, self.worker, self.local_rank, self.local_world_size)
+        rank, world = place.rank, place.world_size
+        self.backend = self._backend()
+        if self.backend == "nccl":
+            torch.cuda.set_device(self._model_device())  # NCCL binds each rank to its current device
+            # a lost peer (a recalled node) raises in the training thread, which recovers as under gloo,
+            # instead of NCCL's watchdog tearing the whole process down (its default)
+            os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
+        store, master = self._group_store(gen, rank)
         dist.init_process_group(
-            "gloo",
-            store=self._group_store(gen, rank),
+            self.backend,
+            store=store,
             rank=rank,
-            world_size=len(members),
+            world_size=world,
             timeout=timedelta(seconds=self.timeout_s),
         )
         self._owns_group = True
         self._groups.append((gen, weakref.ref(dist.group.WORLD)))
-        self.rank, self.world_size, self.generation, self.members = rank, len(members), gen, members
+        self.rank, self.world_size, self.generation, self.members = rank, world, gen, members
         self._rdzv.world, self._rdzv.current, self._rdzv.rank = members, gen, rank
         self._joined = True
-        client.set_context(rank, len(members), gen)
+        # libraries that read torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK ...) see this world
+        os.environ.update(world_environ(place, master, self._rdzv.job, self._worlds))
+        self._worlds += 1
+        client.set_context(rank, world, gen)
 
-    def _group_store(self, gen: int, rank: int) -> Any:
-        """The store of gloo's own rendezvous for generation ``gen``: served by its rank 0 (never the
-        daemon's store, which serves authenticated workers only), under a random key prefix that
-        only the job's workers learn (through the daemon's store)."""
+    def _backend(self) -> str:
+        """The collectives for the model's device: NCCL (RCCL) on CUDA, XCCL on XPU, else gloo."""
+        available = {name for name, has in (("nccl", dist.is_nccl_available()),
+                                            ("xccl", getattr(dist, "is_xccl_available", lambda: False)()))
+                     if has}
+        return collective_backend(self._model_device().type, available)
+
+    def _model_device(self) -> torch.device:
+        first = next(iter(self.model.parameters()), None)
+        return first.device if first is not None else torch.device("cpu")
+
+    def _comm_device(self) -> torch.device:
+        """Where the control tensors of a collective live: the model's device under the device's own
+        collectives (NCCL takes device tensors only), the CPU under gloo."""
+        return self._model_device() if self.backend != "gloo" else torch.device("cpu")
+
+    def _group_store(self, gen: int, rank: int) -> tuple[Any, tuple[str, int]]:
+        """The store of the group's own rendezvous for generation ``gen``, and its (host, port): served
+        by its rank 0 (never the daemon's store, which serves authenticated workers only), under a
+        random key prefix that only the job's workers learn (through the daemon's store)."""
         assert self._rdzv is not None
         timeout = timedelta(seconds=self.timeout_s)
         if rank == 0:
@@ -331,17 +365,18 @@ class State:
                                    f"{self.timeout_s:g} s (timed out)")
             host, port, token = where
             store = dist.TCPStore(host, port, is_master=False, timeout=timeout)
-        return dist.PrefixStore(token, store)
+        return dist.PrefixStore(token, store), (host, port)
 
     def _sync_state(self) -> None:
         """Everyone takes the state of the lowest rank holding the newest commit."""
         if self._committed is None:
             self._committed = self._snapshot()
-        mine = torch.tensor([self._version], dtype=torch.int64)
+        device = self._comm_device()
+        mine = torch.tensor([self._version], dtype=torch.int64, device=device)
         if self.world_size == 1:
             versions = [self._version]
         else:
-            gathered = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world_size)]
+            gathered = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(self.world_size)]
             dist.all_gather(gathered, mine)
             versions = [int(v.item()) for v in gathered]
         newest = max(versions)
@@ -353,7 +388,7 @@ class State:
                 log.info("worker %s: resumed from the checkpoint of step %s", self.worker, self.step)
         if self.world_size > 1 and (newest < 0 or any(v != newest for v in versions)):
             snap = broadcast_snapshot(self._committed if self.rank == src else None, src, self.rank,
-                                      self._rdzv.job if self._rdzv is not None else "-")
+                                      self._rdzv.job if self._rdzv is not None else "-", device)
             if self.rank != src:
                 self._load(snap)
         self._version = max(self._version, 0)

@@ -74,9 +74,14 @@ class LocalJob:
         self._monitor_thread.start()
 
     # -- driving the job ----------------------------------------------------------------
-    def spawn(self, worker_id: str, node: str = "localhost") -> Worker:
-        spec = self.runtime.launch_spec(self.job, self.command, worker_id, node)
+    def spawn(self, worker_id: str, node: str = "localhost", local: tuple[int, int] = (0, 1)) -> Worker:
+        """Start worker ``worker_id``; ``local`` = (local rank, K): one of the K processes of a node's
+        worker, as an agent starts them (kept as ``worker_id/local_rank`` when K > 1)."""
+        spec = self.runtime.launch_spec(self.job, self.command, worker_id, node, slots=local[1])
         env = {**os.environ, **spec.env, "PYTHONUNBUFFERED": "1"}
+        if local[1] > 1:
+            env.update(LOCAL_RANK=str(local[0]), LOCAL_WORLD_SIZE=str(local[1]), OMP_NUM_THREADS="1")
+            worker_id = f"{worker_id}/{local[0]}"
         proc = subprocess.Popen(
             list(spec.argv), env=env, cwd=spec.cwd, start_new_session=True,
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -15,11 +15,19 @@ from typing import Callable, Iterable, Protocol, Sequence
 
 @dataclass(frozen=True)
 class LaunchSpec:
-    """What a node agent runs for one worker: argv (no shell), extra env, cwd."""
+    """What a node agent runs for one worker: argv (no shell), extra env, cwd, and how many processes.
+
+    ``slots``: the agent runs that many processes of ``argv`` on the node, local ranks 0 ..
+    slots-1, each with its own device, cores, ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE``
+    (:mod:`scavenger.nodeshape`); where ``env`` has ``GROUP_RANK`` and ``GROUP_WORLD_SIZE`` each
+    also gets its ``RANK`` and ``WORLD_SIZE``. They end together (one failure stops the others;
+    the worker's exit is reported once). 1: one process, as before.
+    """
 
     argv: tuple[str, ...]
     env: dict[str, str] = field(default_factory=dict)
     cwd: str | None = None
+    slots: int = 1
 
 
 class Runtime(Protocol):
@@ -40,8 +48,11 @@ class Runtime(Protocol):
     def close(self) -> None:
         """Stop daemon-side services; idempotent."""
 
-    def launch_spec(self, job_id: str, command: Sequence[str], worker_id: str, node: str) -> LaunchSpec:
-        """The argv/env for worker ``worker_id`` of ``job_id`` on ``node``."""
+    def launch_spec(self, job_id: str, command: Sequence[str], worker_id: str, node: str,
+                    slots: int = 1) -> LaunchSpec:
+        """The argv/env for worker ``worker_id`` of ``job_id`` on ``node``, which gives the job ``slots``
+        worker slots (its node's K, or fewer where the job asks): the worker stands for the node,
+        and its :attr:`LaunchSpec.slots` says how many processes the agent runs for it."""
 
     def set_members(self, job_id: str, members: Sequence[str]) -> int:
         """Publish the job's new ordered worker set; returns the new generation number."""

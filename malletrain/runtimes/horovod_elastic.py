@@ -51,7 +51,7 @@ import time
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import psutil
 
@@ -89,6 +89,7 @@ class _Job:
     dir: Path
     command: tuple[str, ...]
     nodes: dict[str, str] = field(default_factory=dict)
+    slots: dict[str, int] = field(default_factory=dict)  # worker -> Horovod slots on its host (its node's K)
     generation: int = 0
     ever_members: set[str] = field(default_factory=set)
     driver: "subprocess.Popen[bytes] | AdoptedDriver | None" = None
@@ -131,12 +132,14 @@ class AdoptedDriver:
             pass
 
 
-def hosts_lines(members: Sequence[str], nodes: dict[str, str], *, local: bool) -> list[str]:
-    """The ``host:slots`` lines for ``members`` (order of first appearance kept)."""
+def hosts_lines(members: Sequence[str], nodes: dict[str, str], *, local: bool,
+                per_member: Mapping[str, int] | None = None) -> list[str]:
+    """The ``host:slots`` lines for ``members`` (order of first appearance kept); each member brings
+    ``per_member[member]`` slots (its node's worker slots; default 1)."""
     slots: dict[str, int] = {}
     for member in members:
         host = "localhost" if local else nodes[member]
-        slots[host] = slots.get(host, 0) + 1
+        slots[host] = slots.get(host, 0) + (per_member or {}).get(member, 1)
     return [f"{host}:{count}" for host, count in slots.items()]
 
 
@@ -239,8 +242,9 @@ class HorovodRuntime(Runtime):
                 shutil.rmtree(self._work_dir, ignore_errors=True)
                 self._work_dir = None
 
-    def launch_spec(self, job_id: str, command: Sequence[str], worker_id: str, node: str) -> LaunchSpec:
-        """A slot holder for ``worker_id`` on ``node``; the job's command runs under the driver."""
+    def launch_spec(self, job_id: str, command: Sequence[str], worker_id: str, node: str,
+                    slots: int = 1) -> LaunchSpec:
+        """A slot holder for ``worker_id`` on ``node`` (Horovod's driver runs the job's ``slots`` ranks there)."""
         if not command:
             raise ValueError(f"job {job_id}: empty command for worker {worker_id}")
         with self._lock:
@@ -251,6 +255,7 @@ class HorovodRuntime(Runtime):
                     f"but the job's command is {list(job.command)!r}"
                 )
             job.nodes[worker_id] = node
+            job.slots[worker_id] = slots
             job.ever_members.discard(worker_id)  # a relaunched id starts fresh
             argv = (self.python, "-m", MODULE, "hold", "--job-dir", str(job.dir), "--worker", worker_id)
             return LaunchSpec(argv=argv, env=WorkerEnv(job=job_id, worker=worker_id).to_environ())
@@ -263,7 +268,7 @@ class HorovodRuntime(Runtime):
                 raise KeyError(f"job {job_id}: set_members before any launch_spec")
             self._check_members(job, members)
             job.generation += 1
-            lines = hosts_lines(members, job.nodes, local=self.local)
+            lines = hosts_lines(members, job.nodes, local=self.local, per_member=job.slots)
             write_atomic(job.dir / HOSTS_FILE, "".join(f"{line}\n" for line in lines))
             job.ever_members.update(members)
             retired = sorted(job.ever_members.difference(members))

@@ -290,8 +290,11 @@ class TorchRuntime(Runtime):
         return self._store
 
     # -- Runtime protocol ------------------------------------------------------------
-    def launch_spec(self, job_id: str, command: Sequence[str], worker_id: str, node: str) -> LaunchSpec:
-        """The argv/env of worker ``worker_id`` of ``job_id`` on ``node`` (argv is ``command``)."""
+    def launch_spec(self, job_id: str, command: Sequence[str], worker_id: str, node: str,
+                    slots: int = 1) -> LaunchSpec:
+        """The argv/env of worker ``worker_id`` of ``job_id`` on ``node`` (argv is ``command``): ``slots``
+        processes of it, the node's ranks (each finds its place from ``LOCAL_RANK`` and
+        ``LOCAL_WORLD_SIZE``, see :mod:`malletrain.elastic.state`)."""
         check_id("job", job_id)
         check_id("worker", worker_id)
         argv = tuple(command)
@@ -311,7 +314,7 @@ class TorchRuntime(Runtime):
         with self._lock:
             self._workers.setdefault(job_id, set()).add(worker_id)
             self._own.setdefault(job_id, set()).add(worker_id)
-        return LaunchSpec(argv=argv, env=env)
+        return LaunchSpec(argv=argv, env=env, slots=slots)
 
     def set_members(self, job_id: str, members: Sequence[str]) -> int:
         """Publish ``members`` (rank order) as the job's next generation; returns its number.

@@ -230,11 +230,16 @@ def render_pbs_conf(text: str, host: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_vnodes(host: str, vnodes: Sequence[str]) -> str:
-    """MoM's vnode definition file: the host's own vnode gets no CPUs, so jobs land on ``vnN``."""
+GPUS_PER_VNODE = 4  # resources_available.ngpus of each test vnode: the node shape a GPU machine reports
+
+
+def render_vnodes(host: str, vnodes: Sequence[str], gpus: int = GPUS_PER_VNODE) -> str:
+    """MoM's vnode definition file: the host's vnode gets no CPUs, so jobs land on ``vnN`` (``gpus`` GPUs each)."""
     lines = ["$configversion 2", f"{host}: resources_available.ncpus = 0"]
     for v in vnodes:
         lines += [f"{v}: resources_available.ncpus = 1", f"{v}: resources_available.mem = 1gb"]
+        if gpus:
+            lines.append(f"{v}: resources_available.ngpus = {gpus}")
     return "\n".join(lines) + "\n"
 
 
@@ -338,6 +343,7 @@ class PbsCluster:
             self._wait("the server answers", lambda: self.run(["qstat", "-B"], check=False).returncode == 0, 60)
             self._configure()
             self._wait(f"{self.n_vnodes} vnodes free", lambda: self.free_vnodes() == set(self.vnodes), timeout)
+            self._declare_gpus()
         except BaseException:
             self.stop()
             raise
@@ -404,6 +410,13 @@ class PbsCluster:
         q('set sched default preempt_prio = "express_queue, normal_jobs"')
         self.set_preempt_order(self.preempt_order)
         q("set sched default scheduling = True")
+
+    def _declare_gpus(self) -> None:
+        """``resources_available.ngpus`` on every vnode (``ngpus``: a site resource, created when missing)."""
+        if self.run(["qmgr", "-c", "list resource ngpus"], check=False).returncode != 0:
+            self.qmgr("create resource ngpus type=long, flag=nh")
+        for v in self.vnodes:
+            self.qmgr(f"set node {v} resources_available.ngpus = {GPUS_PER_VNODE}")
 
     def set_preempt_order(self, order: PreemptOrder) -> None:
         self.qmgr(f"set sched default preempt_order = {PreemptOrder(order).value}")

@@ -33,6 +33,8 @@ SLURM_BINARIES = ("slurmctld", "slurmd", "munged", "sbatch", "squeue", "sinfo", 
 APT_PACKAGES = ("slurm-wlm", "munge")
 GRACE_TIME_S = 5
 """GraceTime of the preemptable partition: a preempted pilot gets SIGTERM, SIGKILL this much later."""
+GPUS_PER_NODE = 4
+"""GPUs each test node declares (``Gres=gpu:4``): the node shape a GPU machine reports."""
 
 
 class ClusterUnavailable(RuntimeError):
@@ -90,9 +92,11 @@ def node_names(n: int) -> tuple[str, ...]:
 
 
 def render_config(
-    root: Path, nodes: Sequence[str], ctld_port: int, node_ports: Sequence[int], grace_s: int = GRACE_TIME_S
+    root: Path, nodes: Sequence[str], ctld_port: int, node_ports: Sequence[int], grace_s: int = GRACE_TIME_S,
+    gpus: int = GPUS_PER_NODE,
 ) -> str:
-    """slurm.conf for ``nodes`` on localhost, each slurmd on its own port (pure)."""
+    """slurm.conf for ``nodes`` on localhost, each slurmd on its own port, each declaring ``gpus`` GPUs
+    (``Gres=gpu:N``; the node's shape the scavenger reads) (pure)."""
     lines = [
         "ClusterName=malletrain",
         "SlurmctldHost=localhost",
@@ -132,8 +136,11 @@ def render_config(
         "MessageTimeout=10",
         "TreeWidth=65533",
     ]
+    if gpus:
+        lines.append("GresTypes=gpu")
+    gres = f" Gres=gpu:{gpus}" if gpus else ""
     for name, port in zip(nodes, node_ports):
-        lines.append(f"NodeName={name} NodeHostname=localhost Port={port} CPUs=1 RealMemory=100 State=UNKNOWN")
+        lines.append(f"NodeName={name} NodeHostname=localhost Port={port} CPUs=1 RealMemory=100{gres} State=UNKNOWN")
     all_nodes = ",".join(nodes)
     lines.append(f"PartitionName=prod Nodes={all_nodes} PriorityTier=10 PreemptMode=OFF MaxTime=INFINITE State=UP")
     lines.append(
@@ -143,6 +150,17 @@ def render_config(
     return "\n".join(lines) + "\n"
 
 
+def render_gres(nodes: Sequence[str], dev_dir: Path, gpus: int = GPUS_PER_NODE) -> str:
+    """gres.conf: ``gpus`` GPUs on each node (pure). The test machine has no GPU and the scavenger reads
+    the count alone, but this Slurm's slurmd drops a GPU without a device file ("Removing file-less
+    GPU") and the node then registers INVAL, so each GPU names a stand-in under ``dev_dir`` (a link to
+    ``/dev/null``, made by :meth:`SlurmCluster.start`); no GPU is detected or used."""
+    if not gpus:
+        return ""
+    files = f"{dev_dir}/gpu[0-{gpus - 1}]" if gpus > 1 else f"{dev_dir}/gpu0"
+    return "AutoDetect=off\n" + "".join(f"NodeName={name} Name=gpu File={files}\n" for name in nodes)
+
+
 @dataclass
 class SlurmCluster:
     """A private Slurm cluster of ``n_nodes`` nodes rooted at ``root`` (a new temp dir by default)."""
@@ -150,6 +168,7 @@ class SlurmCluster:
     n_nodes: int = 4
     root: Path | None = None
     grace_s: int = GRACE_TIME_S
+    gpus_per_node: int = GPUS_PER_NODE
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     _own_root: bool = False
 
@@ -186,7 +205,14 @@ class SlurmCluster:
         os.chmod(self.root, 0o755)
         os.chmod(self.root / "munge", 0o700)
         ctld_port, *node_ports = free_ports(self.n_nodes + 1)
-        self.conf.write_text(render_config(self.root, self.nodes, ctld_port, node_ports, self.grace_s))
+        self.conf.write_text(render_config(self.root, self.nodes, ctld_port, node_ports, self.grace_s,
+                                           self.gpus_per_node))
+        dev_dir = self.root / "dev"
+        dev_dir.mkdir(exist_ok=True)
+        for i in range(self.gpus_per_node):
+            if not (dev_dir / f"gpu{i}").is_symlink():
+                (dev_dir / f"gpu{i}").symlink_to("/dev/null")  # a character device slurmd accepts
+        (self.root / "gres.conf").write_text(render_gres(self.nodes, dev_dir, self.gpus_per_node))  # beside slurm.conf
         try:
             self._start_munged()
             self._spawn("slurmctld", [_req("slurmctld"), "-D", "-c", "-i", "-f", str(self.conf)])
