@@ -85,6 +85,14 @@ def wrap_python_command(command: Sequence[str], launcher_present: bool | None = 
     return (argv[0], "-m", LAUNCH_MODULE, *rest)
 
 
+def rank_names(worker: str, local_ranks: int) -> list[str]:
+    """The names of ``worker``'s ranks in a world's places: the worker itself where it runs one rank,
+    else ``WORKER/0`` .. ``WORKER/K-1`` (``/`` is never part of a worker id), its local ranks in order."""
+    if local_ranks < 1:
+        raise ValueError(f"worker {worker}: {local_ranks} local ranks, need at least 1")
+    return [worker] if local_ranks == 1 else [f"{worker}/{i}" for i in range(local_ranks)]
+
+
 def rank_places(members: Sequence[tuple[str, str]]) -> dict[str, RankPlace]:
     """Each worker's place from ``(worker, node)`` pairs in the job's order: nodes are numbered in the
     order they first appear (``GROUP_RANK``), a node's workers in their order (``LOCAL_RANK``), and
@@ -153,6 +161,7 @@ class TorchrunRuntime(TorchRuntime):
         self.stop_grace_s = stop_grace_s
         self.failure_wait_s = failure_wait_s
         self._nodes: dict[str, dict[str, str]] = {}  # job -> worker -> node
+        self._local: dict[str, dict[str, int]] = {}  # job -> worker -> local ranks (its node's slots)
         self._restarts: dict[str, int] = {}  # job -> restart count of its last world
         self._pruned: dict[str, int] = {}  # job -> generations whose keys are deleted (all up to it)
 
@@ -167,17 +176,17 @@ class TorchrunRuntime(TorchRuntime):
                     slots: int = 1) -> LaunchSpec:
         """The rank agent, with the job's command (a Python one through :data:`LAUNCH_MODULE`) after ``--``.
 
-        One rank a node for now: a daemon that gives the job ``slots`` > 1 worker slots on ``node``
-        still gets one rank agent (one process), which runs one rank there (logged)."""
+        The node agent runs one process for it (the rank agent); the agent itself starts ``slots``
+        ranks of the command (``--local-ranks``), each with its own device and share of the cores."""
         self.start_if_needed()
-        if slots > 1:
-            log.warning("job %s: %d worker slots on node %s, but a torchrun job runs one rank a node for now",
-                        job_id, slots, node)
+        if slots < 1:
+            raise ValueError(f"job {job_id}: worker {worker_id} on {node}: {slots} worker slots, need at least 1")
         spec = super().launch_spec(job_id, wrap_python_command(command), worker_id, node)
         with self._lock:
             self._nodes.setdefault(job_id, {})[worker_id] = node
+            self._local.setdefault(job_id, {})[worker_id] = slots
         argv = (self.python, "-m", AGENT_MODULE, "--stop-grace", repr(self.stop_grace_s),
-                "--failure-wait", repr(self.failure_wait_s), "--", *spec.argv)
+                "--failure-wait", repr(self.failure_wait_s), "--local-ranks", str(slots), "--", *spec.argv)
         return LaunchSpec(argv=argv, env=spec.env, cwd=spec.cwd)
 
     def set_members(self, job_id: str, members: Sequence[str]) -> int:
@@ -214,8 +223,9 @@ class TorchrunRuntime(TorchRuntime):
         self._pruned[job_id] = max(first - 1, gen - 2)
         if not members:
             return
-        nodes = self._nodes.get(job_id, {})
-        places = rank_places([(w, nodes.get(w, w)) for w in members])  # unknown node: a node of its own
+        nodes, local = self._nodes.get(job_id, {}), self._local.get(job_id, {})
+        places = rank_places([(name, nodes.get(w, w)) for w in members  # unknown node: a node of its own
+                              for name in rank_names(w, local.get(w, 1))])
         count = self._restarts.get(job_id, -1) + 1
         self._restarts[job_id] = count
         store.set(world_key(job_id, gen), World(count, places).to_json())
@@ -229,6 +239,7 @@ class TorchrunRuntime(TorchRuntime):
         super().forget(job_id, keep_state)
         with self._lock:
             self._nodes.pop(job_id, None)
+            self._local.pop(job_id, None)
             self._pruned.pop(job_id, None)  # forget deleted them: its own count goes on from there
             if not keep_state:
                 self._restarts.pop(job_id, None)
