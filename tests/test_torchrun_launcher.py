@@ -496,3 +496,92 @@ def test_the_same_world_published_again_keeps_every_rank_going(tmp_path: Path) -
     finished.rdzv.add(done_key("j1", finished.rdzv.gen), 1)  # c finishes in the republished world
     assert finished.tick() == 0
     agent.stop_child()
+
+
+def test_a_node_of_k_slots_runs_k_ranks_numbered_node_by_node(tmp_path: Path) -> None:
+    """The daemon side: a worker given K slots is one rank agent told ``--local-ranks K``, and the world
+    places its K ranks on its node (LOCAL_RANK 0..K-1, GROUP_RANK the node's index)."""
+    from malletrain.runtimes.torchrun import TorchrunRuntime, rank_names
+
+    rt = TorchrunRuntime()
+    try:
+        for w, node in (("j1.a", "n1"), ("j1.b", "n2")):
+            spec = rt.launch_spec("j1", (PY, "train.py"), w, node, slots=2)
+            assert spec.slots == 1  # the node agent runs the rank agent alone; it starts the ranks
+            argv = spec.argv
+            assert argv[argv.index("--local-ranks") + 1] == "2" and argv.index("--local-ranks") < argv.index("--")
+        gen = rt.set_members("j1", ["j1.b", "j1.a"])
+        world = World.parse(rt._require_store().get(world_key("j1", gen)), "w")
+        assert sorted(world.places) == rank_names("j1.a", 2) + rank_names("j1.b", 2)
+        got = {n: (p.rank, p.world_size, p.group_rank, p.local_rank, p.local_world_size)
+               for n, p in world.places.items()}
+        assert got == {"j1.b/0": (0, 4, 0, 0, 2), "j1.b/1": (1, 4, 0, 1, 2),
+                       "j1.a/0": (2, 4, 1, 0, 2), "j1.a/1": (3, 4, 1, 1, 2)}
+    finally:
+        rt.close()
+
+
+def _publish_k(rdzv: FakeRendezvous, nodes: dict[str, str], local_ranks: int, restart: int = 0) -> None:
+    """A world of the workers ``nodes`` (worker -> node), each running ``local_ranks`` ranks."""
+    from malletrain.runtimes.torchrun import rank_names
+
+    rdzv.gen += 1
+    places = rank_places([(name, node) for w, node in nodes.items() for name in rank_names(w, local_ranks)])
+    rdzv.keys[world_key(rdzv.job, rdzv.gen)] = World(restart, places).to_json().encode()
+    rdzv.keys[f"members/{rdzv.gen}"] = ",".join(nodes).encode()
+
+
+K_ENV_TO_FILE = """import os, sys
+keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "CUDA_VISIBLE_DEVICES",
+        "OMP_NUM_THREADS", "MALLETRAIN_WORKER")
+with open(sys.argv[0] + "." + os.environ["LOCAL_RANK"] + ".env", "w") as fh:
+    fh.write(" ".join(os.environ.get(k, "-") for k in keys))
+    fh.write(" " + ",".join(str(c) for c in sorted(os.sched_getaffinity(0))) + "\\n")
+"""
+
+
+def test_a_rank_agent_of_k_local_ranks_gives_each_its_own_place_device_and_cores(tmp_path: Path) -> None:
+    import os
+
+    rdzv = FakeRendezvous("b")
+    agent = _agent(rdzv, K_ENV_TO_FILE, tmp_path)
+    agent.local_ranks = 2
+    agent._env.update({"CUDA_VISIBLE_DEVICES": "4,5", "MALLETRAIN_WORKER": "b"})
+    agent._env.pop("OMP_NUM_THREADS", None)
+    _publish_k(rdzv, {"a": "n1", "b": "n2"}, 2, restart=3)
+    assert agent.tick() is None and agent.state is RankState.FORMING
+    assert rdzv.counters[f"mt/j1/arrive/{rdzv.gen}"] == 2  # its two ranks arrived
+    rdzv.publish_group(rdzv.gen, "127.0.0.1", 1234, "3")  # rank 0 is a's
+    _tick_until(agent, RankState.FINISHED)
+    seen = [(tmp_path / f"rank.py.{i}.env").read_text().split() for i in (0, 1)]
+    assert [s[:5] for s in seen] == [["2", "4", "0", "2", "1"], ["3", "4", "1", "2", "1"]]
+    assert [s[5] for s in seen] == ["4", "5"]  # a device each, of the node's
+    assert len({s[7] for s in seen}) == 2 and all(s[7].startswith("b") for s in seen)  # a sender each
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) >= 2:  # a share of the cores each, the thread count its size
+        shares = [set(s[8].split(",")) for s in seen]
+        assert not shares[0] & shares[1] and [int(s[6]) for s in seen] == [len(x) for x in shares]
+    assert rdzv.counters[done_key("j1", rdzv.gen)] == 2  # both counted in done
+    assert agent.tick() is None  # a's two ranks still train
+    rdzv.add(done_key("j1", rdzv.gen), 2)
+    assert agent.tick() == 0
+
+
+CRASH_LOCAL_1 = """import os, sys, time
+if os.environ["LOCAL_RANK"] == "1":
+    sys.exit(3)
+time.sleep(600)
+"""
+
+
+def test_a_crash_of_one_local_rank_ends_its_nodes_ranks_together_counted_once(tmp_path: Path) -> None:
+    rdzv = FakeRendezvous("a")
+    agent = _agent(rdzv, CRASH_LOCAL_1, tmp_path, failure_wait_s=0.0)
+    agent.local_ranks = 2
+    _publish_k(rdzv, {"a": "n1"}, 2)
+    _tick_until(agent, RankState.RUNNING)
+    survivor = agent.children[0]
+    _tick_until(agent, RankState.FAILED)
+    assert survivor is not None and survivor.returncode == -15  # stopped with it (SIGTERM)
+    assert agent.children == [] and done_key("j1", rdzv.gen) not in rdzv.counters
+    assert agent.tick() == 3  # one failure, its status
