@@ -21,6 +21,8 @@ from malletrain.runtimes.torchrun_agent import RANK_TRANSITIONS, RankState, exit
 from malletrain.workerenv import RankPlace
 
 PY = sys.executable
+WORKERS_PER_NODE = [1, 2]
+"""The ranks each node runs in the daemon test (the job file's ``workers_per_node``)."""
 
 
 def test_python_commands_run_through_the_launch_module_once_it_exists() -> None:
@@ -73,7 +75,13 @@ def rank0_steps(logs: Path, job: str) -> list[tuple[int, int, int]]:
 
 
 @pytest.mark.slow
-def test_a_plain_ddp_script_shrinks_on_recall_grows_back_and_completes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("per_node", WORKERS_PER_NODE)
+def test_a_plain_ddp_script_shrinks_on_recall_grows_back_and_completes(per_node: int, tmp_path: Path) -> None:
+    """3 nodes of ``per_node`` ranks each (local nodes report no GPUs: ``[scavenger] workers_per_node``
+    gives them the slots, the job file's ``workers_per_node`` asks for them): worlds of 3 x and 2 x
+    ``per_node`` ranks."""
+    from dataclasses import replace
+
     pytest.importorskip("torch")
     from malletrain.config import DaemonConfig, LocalConfig
     from malletrain.daemon import Daemon
@@ -83,23 +91,26 @@ def test_a_plain_ddp_script_shrinks_on_recall_grows_back_and_completes(tmp_path:
     state = tmp_path / "state"
     cfg = DaemonConfig(state_dir=str(state), runtime="toy", local=LocalConfig(nodes=3, trace="none"),
                        agent_heartbeat=0.2, agent_dead_after=5.0, loop_interval=0.05)
+    if per_node > 1:
+        cfg = replace(cfg, scavenger=replace(cfg.scavenger, workers_per_node=per_node))
     steps, every = 400, 10
     cmd = (PY, "-m", "malletrain.examples.torchrun_ddp", "--steps", str(steps), "--batch", "4",
            "--checkpoint", str(tmp_path / "ddp.pt"), "--checkpoint-every", str(every), "--step-sleep", "0.1")
     spec = JobSpec("ddp", cmd, 1, 3, False, {1: 10.0, 2: 20.0, 3: 30.0}, env={"OMP_NUM_THREADS": "1"},
-                   launcher=Launcher.TORCHRUN, worker_batch=4)
+                   launcher=Launcher.TORCHRUN, worker_batch=4, workers_per_node=per_node)
+    full, less = 3 * per_node, 2 * per_node
     d = Daemon(cfg)
     logs = state / "logs"
     try:
         jid = d.store.submit(spec)
         seen = lambda world: any(w == world for _, w, _ in rank0_steps(logs, jid))  # noqa: E731
-        step_until(d, lambda: len(d.runs[jid].members) == 3 and seen(3), 240, "the job trains at 3 ranks")
+        step_until(d, lambda: len(d.runs[jid].members) == 3 and seen(full), 240, "the job trains at 3 nodes")
         victim = d.runs[jid].members[-1]
         d.backend.recall(victim)
-        step_until(d, lambda: seen(2), 240, "the job trains at 2 ranks after a recall")
+        step_until(d, lambda: seen(less), 240, "the job trains at 2 nodes after a recall")
         d.backend.make_idle(victim)
-        step_until(d, lambda: any(w == 3 and r >= 2 for _, w, r in rank0_steps(logs, jid)), 240,
-                   "the job trains at 3 ranks again")
+        step_until(d, lambda: any(w == full and r >= 2 for _, w, r in rank0_steps(logs, jid)), 240,
+                   "the job trains at 3 nodes again")
         step_until(d, lambda: d.store.require(jid).state.terminal, 600, "the job ends")
         rec = d.store.require(jid)
         assert rec.state is JobState.COMPLETED, rec.message
@@ -110,7 +121,7 @@ def test_a_plain_ddp_script_shrinks_on_recall_grows_back_and_completes(tmp_path:
         d.close()
     ran = rank0_steps(logs, jid)
     worlds = [w for _, w, _ in ran]
-    assert 3 in worlds and 2 in worlds and worlds.index(2) > worlds.index(3) and worlds[-1] == 3
+    assert full in worlds and less in worlds and worlds.index(less) > worlds.index(full) and worlds[-1] == full
     assert ran[-1][0] == steps  # it trained every step
     by_restart: dict[int, list[int]] = {}
     for step, _, restart in ran:
