@@ -9,7 +9,8 @@ one higher. Nothing in the script changes.
 The daemon's job manager treats such a job like any other: it starts one worker per node
 ahead of time and publishes member lists. The worker it starts is a small rank agent
 (:mod:`malletrain.runtimes.torchrun_agent`, no torch in it) that runs the job's command as
-its child: it waits for a world that lists it, forms it with the world's other agents (a
+its children, one per worker slot the job uses on the node (K ranks a node, as ``torchrun
+--nproc-per-node`` runs them; each with its slot's device and cores): it waits for a world that lists it, forms it with the world's other agents (a
 barrier in the daemon's store, then the first rank's agent names a free port on its own
 host: ``MASTER_ADDR``/``MASTER_PORT``, fresh for each world) and starts the command with
 torchrun's variables (:func:`malletrain.workerenv.torchrun_environ`). When a newer world
@@ -18,8 +19,8 @@ comes it stops the child and starts it again in the new one.
 :class:`TorchrunRuntime` is the daemon-side half. It hosts its own store (the ``torch``
 runtime's, :class:`~malletrain.runtimes.torch_elastic.TorchRuntime`, started on first use)
 and, with each member list, writes the world's rank places (``mt/<job>/world/<g>``): ranks
-are numbered node by node from the job's ordered nodes and the workers on each
-(:func:`rank_places`), as ``torchrun`` numbers them. The job's checkpoint is the script's
+are numbered node by node from the job's ordered nodes and the K ranks on each
+(:func:`rank_names`, :func:`rank_places`), as ``torchrun`` numbers them. The job's checkpoint is the script's
 own file: the daemon keeps none for it.
 """
 
