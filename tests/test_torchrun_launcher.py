@@ -596,3 +596,28 @@ def test_a_crash_of_one_local_rank_ends_its_nodes_ranks_together_counted_once(tm
     assert survivor is not None and survivor.returncode == -15  # stopped with it (SIGTERM)
     assert agent.children == [] and done_key("j1", rdzv.gen) not in rdzv.counters
     assert agent.tick() == 3  # one failure, its status
+
+
+def test_a_restarted_daemon_learns_a_workers_k_from_its_ready_key(tmp_path: Path) -> None:
+    """A worker an earlier daemon started (re-adopted: no launch says its K): the rank agent writes its
+    K into its ready key (again at each reconnection), and the world places that many ranks."""
+    from malletrain.elastic.keys import ready_key
+    from malletrain.elastic.rendezvous import Rendezvous
+    from malletrain.runtimes.torchrun import TorchrunRuntime, rank_names
+    from malletrain.runtimes.torchrun_agent import parse_args
+
+    assert parse_args(["--local-ranks", "2", "--", PY, "x.py"]).local_ranks == 2
+    rt = TorchrunRuntime()
+    try:
+        rt.start_if_needed()  # a restarted daemon serves its store at once
+        store = rt._require_store()
+        rdzv = Rendezvous(store, "j1", "j1.a")
+        rdzv.ready_value = "2"  # what the agent's main sets from --local-ranks
+        rdzv.mark_ready()
+        store.set(ready_key("j1", "j1.b"), "1")  # an agent of one rank
+        rt.readopt("j1", (PY, "train.py"), {"j1.a": "n1", "j1.b": "n2"})
+        gen = rt.set_members("j1", ["j1.a"])
+        world = World.parse(store.get(world_key("j1", gen)), "w")
+        assert sorted(world.places) == rank_names("j1.a", 2)
+    finally:
+        rt.close()

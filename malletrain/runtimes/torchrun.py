@@ -35,7 +35,7 @@ import sys
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from malletrain.elastic.keys import done_key, pg_key, world_key
+from malletrain.elastic.keys import done_key, pg_key, ready_key, world_key
 from malletrain.runtimes import LaunchSpec
 from malletrain.runtimes.torch_elastic import TorchRuntime
 from malletrain.workerenv import DEFAULT_STORE_GRACE_S, RankPlace, WorkerEnvError
@@ -224,12 +224,29 @@ class TorchrunRuntime(TorchRuntime):
         self._pruned[job_id] = max(first - 1, gen - 2)
         if not members:
             return
-        nodes, local = self._nodes.get(job_id, {}), self._local.get(job_id, {})
+        nodes = self._nodes.get(job_id, {})
         places = rank_places([(name, nodes.get(w, w)) for w in members  # unknown node: a node of its own
-                              for name in rank_names(w, local.get(w, 1))])
+                              for name in rank_names(w, self._local_ranks(job_id, w))])
         count = self._restarts.get(job_id, -1) + 1
         self._restarts[job_id] = count
         store.set(world_key(job_id, gen), World(count, places).to_json())
+
+    def _local_ranks(self, job_id: str, worker: str) -> int:
+        """The ranks ``worker`` runs on its node: what its launch said, else (a worker an earlier daemon
+        started) what its rank agent's ready key says (it writes its K there, again at each reconnection),
+        else 1."""
+        known = self._local.get(job_id, {}).get(worker)
+        if known is not None:
+            return known
+        raw = self._require_store().get_or_none(ready_key(job_id, worker))
+        try:
+            said = int(raw) if raw is not None else 0
+        except ValueError:
+            said = 0
+        if said < 1:
+            return 1
+        self._local.setdefault(job_id, {})[worker] = said
+        return said
 
     def _generation_keys(self, job_id: str, gen: int) -> list[str]:
         return super()._generation_keys(job_id, gen) + [world_key(job_id, gen), done_key(job_id, gen),

@@ -344,6 +344,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("malletrain torchrun agent: MALLETRAIN_STORE is not set: start it through the daemon",
               file=sys.stderr)
         return 2
+    rdzv.ready_value = str(args.local_ranks)  # a restarted daemon learns the worker's K from its ready key
     agent = RankAgent(rdzv, tuple(args.command), args.stop_grace, args.failure_wait, args.local_ranks)
 
     def on_sigterm(signum: int, frame: object) -> None:
