@@ -412,10 +412,12 @@ env = {{ OMP_NUM_THREADS = "1" }}
 
 
 @pytest.mark.slow
-def test_a_torchrun_job_rides_through_a_daemon_kill_9(tmp_path: Path) -> None:
+@pytest.mark.parametrize("per_node", WORKERS_PER_NODE)
+def test_a_torchrun_job_rides_through_a_daemon_kill_9(per_node: int, tmp_path: Path) -> None:
     """kill -9 of the daemon: the ranks train on; the restarted daemon serves the launcher's store on
     the same port, re-adopts the rank agents and publishes their world again, which changes nothing:
-    no rank is restarted."""
+    no rank is restarted (with ``per_node`` ranks a node: the new daemon learns each agent's K from
+    its ready key)."""
     pytest.importorskip("torch")
     import signal
     import time
@@ -427,8 +429,9 @@ def test_a_torchrun_job_rides_through_a_daemon_kill_9(tmp_path: Path) -> None:
     state = tmp_path / "state"
     state.mkdir(mode=0o700)
     cfg = tmp_path / "daemon.toml"
-    cfg.write_text(DAEMON.format(state=state))
-    (tmp_path / "job.toml").write_text(TORCHRUN_JOB.format(python=PY, ckpt=tmp_path / "ddp.pt"))
+    cfg.write_text(DAEMON.format(state=state) + f"[scavenger]\nworkers_per_node = {per_node}\n")
+    (tmp_path / "job.toml").write_text(TORCHRUN_JOB.format(python=PY, ckpt=tmp_path / "ddp.pt")
+                                       + f"workers_per_node = {per_node}\n")
     log = tmp_path / "daemon.log"
     d = start_daemon(cfg, log)
     try:
@@ -437,7 +440,8 @@ def test_a_torchrun_job_rides_through_a_daemon_kill_9(tmp_path: Path) -> None:
         assert res.returncode == 0, res.stderr
         jid = res.stdout.strip()
         logs = state / "logs"
-        wait(lambda: sum(w == 2 for _, w, _ in rank0_steps(logs, jid)) >= 10, "steps at 2 ranks", timeout=240)
+        wait(lambda: sum(w == 2 * per_node for _, w, _ in rank0_steps(logs, jid)) >= 10, "steps at 2 nodes",
+             timeout=240)
         d.send_signal(signal.SIGKILL)
         d.wait(timeout=10)
         t_kill = time.time()
