@@ -11,8 +11,8 @@ fall short). The plain DDP script without a callback, which loses at most the st
 last checkpoint, is ``tests/test_torchrun_launcher.py``'s.
 
 ``WORKERS_PER_NODE``: the ranks each node runs (the job file's ``workers_per_node``, and as many
-worker slots a local node); a world of N nodes has N x that many ranks. One rank a node for now:
-2 as well once the daemon starts K ranks a node for a ``torchrun`` job.
+worker slots a local node); a world of N nodes has N x that many ranks, the rank agent of each
+node starting its K ranks.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from malletrain.monitor import JobStats
 
 PY = sys.executable
 PACED = str(Path(__file__).parent / "fixtures" / "scripts" / "paced.py")
-WORKERS_PER_NODE = [1]
+WORKERS_PER_NODE = [1, 2]
 NODES = 2
 STEPS = 600
 BATCH = 8

@@ -21,6 +21,8 @@ from malletrain.runtimes.torchrun_agent import RANK_TRANSITIONS, RankState, exit
 from malletrain.workerenv import RankPlace
 
 PY = sys.executable
+WORKERS_PER_NODE = [1, 2]
+"""The ranks each node runs in the daemon test (the job file's ``workers_per_node``)."""
 
 
 def test_python_commands_run_through_the_launch_module_once_it_exists() -> None:
@@ -73,7 +75,13 @@ def rank0_steps(logs: Path, job: str) -> list[tuple[int, int, int]]:
 
 
 @pytest.mark.slow
-def test_a_plain_ddp_script_shrinks_on_recall_grows_back_and_completes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("per_node", WORKERS_PER_NODE)
+def test_a_plain_ddp_script_shrinks_on_recall_grows_back_and_completes(per_node: int, tmp_path: Path) -> None:
+    """3 nodes of ``per_node`` ranks each (local nodes report no GPUs: ``[scavenger] workers_per_node``
+    gives them the slots, the job file's ``workers_per_node`` asks for them): worlds of 3 x and 2 x
+    ``per_node`` ranks."""
+    from dataclasses import replace
+
     pytest.importorskip("torch")
     from malletrain.config import DaemonConfig, LocalConfig
     from malletrain.daemon import Daemon
@@ -83,23 +91,26 @@ def test_a_plain_ddp_script_shrinks_on_recall_grows_back_and_completes(tmp_path:
     state = tmp_path / "state"
     cfg = DaemonConfig(state_dir=str(state), runtime="toy", local=LocalConfig(nodes=3, trace="none"),
                        agent_heartbeat=0.2, agent_dead_after=5.0, loop_interval=0.05)
+    if per_node > 1:
+        cfg = replace(cfg, scavenger=replace(cfg.scavenger, workers_per_node=per_node))
     steps, every = 400, 10
     cmd = (PY, "-m", "malletrain.examples.torchrun_ddp", "--steps", str(steps), "--batch", "4",
            "--checkpoint", str(tmp_path / "ddp.pt"), "--checkpoint-every", str(every), "--step-sleep", "0.1")
     spec = JobSpec("ddp", cmd, 1, 3, False, {1: 10.0, 2: 20.0, 3: 30.0}, env={"OMP_NUM_THREADS": "1"},
-                   launcher=Launcher.TORCHRUN, worker_batch=4)
+                   launcher=Launcher.TORCHRUN, worker_batch=4, workers_per_node=per_node)
+    full, less = 3 * per_node, 2 * per_node
     d = Daemon(cfg)
     logs = state / "logs"
     try:
         jid = d.store.submit(spec)
         seen = lambda world: any(w == world for _, w, _ in rank0_steps(logs, jid))  # noqa: E731
-        step_until(d, lambda: len(d.runs[jid].members) == 3 and seen(3), 240, "the job trains at 3 ranks")
+        step_until(d, lambda: len(d.runs[jid].members) == 3 and seen(full), 240, "the job trains at 3 nodes")
         victim = d.runs[jid].members[-1]
         d.backend.recall(victim)
-        step_until(d, lambda: seen(2), 240, "the job trains at 2 ranks after a recall")
+        step_until(d, lambda: seen(less), 240, "the job trains at 2 nodes after a recall")
         d.backend.make_idle(victim)
-        step_until(d, lambda: any(w == 3 and r >= 2 for _, w, r in rank0_steps(logs, jid)), 240,
-                   "the job trains at 3 ranks again")
+        step_until(d, lambda: any(w == full and r >= 2 for _, w, r in rank0_steps(logs, jid)), 240,
+                   "the job trains at 3 nodes again")
         step_until(d, lambda: d.store.require(jid).state.terminal, 600, "the job ends")
         rec = d.store.require(jid)
         assert rec.state is JobState.COMPLETED, rec.message
@@ -110,7 +121,7 @@ def test_a_plain_ddp_script_shrinks_on_recall_grows_back_and_completes(tmp_path:
         d.close()
     ran = rank0_steps(logs, jid)
     worlds = [w for _, w, _ in ran]
-    assert 3 in worlds and 2 in worlds and worlds.index(2) > worlds.index(3) and worlds[-1] == 3
+    assert full in worlds and less in worlds and worlds.index(less) > worlds.index(full) and worlds[-1] == full
     assert ran[-1][0] == steps  # it trained every step
     by_restart: dict[int, list[int]] = {}
     for step, _, restart in ran:
@@ -286,9 +297,9 @@ def test_the_job_file_launcher_chooses_the_runtime_whatever_the_trainers(tmp_pat
     started: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {}
     real = h.daemon.hub.start_worker
 
-    def record(node, worker, argv, env, cwd, uid=None, gid=None):  # type: ignore[no-untyped-def]
+    def record(node, worker, argv, env, cwd, uid=None, gid=None, slots=1):  # type: ignore[no-untyped-def]
         started[worker] = (tuple(argv), dict(env))
-        real(node, worker, argv, env, cwd, uid, gid)
+        real(node, worker, argv, env, cwd, uid, gid, slots=slots)
 
     h.daemon.hub.start_worker = record  # type: ignore[method-assign]
     try:
@@ -327,8 +338,6 @@ def test_the_runtime_numbers_restarts_and_drops_old_worlds(tmp_path: Path) -> No
         for w, node in (("j1.a", "n1"), ("j1.b", "n2")):
             argv = rt.launch_spec("j1", (PY, "train.py"), w, node).argv
             assert argv[argv.index("--") + 1:] == (PY, "-m", LAUNCH_MODULE, "train.py")  # through the launcher
-        # a daemon that gives a node K worker slots still gets one rank agent there (one rank a node for now)
-        assert rt.launch_spec("j1", (PY, "train.py"), "j1.a", "n1", slots=2).argv == argv
         store = rt._require_store()
         gens = [rt.set_members("j1", m) for m in (["j1.a"], ["j1.a", "j1.b"], ["j1.b"], ["j1.b", "j1.a"])]
         worlds = {g: World.parse(store.get(world_key("j1", g)), "w") for g in gens[-2:]}
@@ -403,10 +412,12 @@ env = {{ OMP_NUM_THREADS = "1" }}
 
 
 @pytest.mark.slow
-def test_a_torchrun_job_rides_through_a_daemon_kill_9(tmp_path: Path) -> None:
+@pytest.mark.parametrize("per_node", WORKERS_PER_NODE)
+def test_a_torchrun_job_rides_through_a_daemon_kill_9(per_node: int, tmp_path: Path) -> None:
     """kill -9 of the daemon: the ranks train on; the restarted daemon serves the launcher's store on
     the same port, re-adopts the rank agents and publishes their world again, which changes nothing:
-    no rank is restarted."""
+    no rank is restarted (with ``per_node`` ranks a node: the new daemon learns each agent's K from
+    its ready key)."""
     pytest.importorskip("torch")
     import signal
     import time
@@ -418,8 +429,9 @@ def test_a_torchrun_job_rides_through_a_daemon_kill_9(tmp_path: Path) -> None:
     state = tmp_path / "state"
     state.mkdir(mode=0o700)
     cfg = tmp_path / "daemon.toml"
-    cfg.write_text(DAEMON.format(state=state))
-    (tmp_path / "job.toml").write_text(TORCHRUN_JOB.format(python=PY, ckpt=tmp_path / "ddp.pt"))
+    cfg.write_text(DAEMON.format(state=state) + f"[scavenger]\nworkers_per_node = {per_node}\n")
+    (tmp_path / "job.toml").write_text(TORCHRUN_JOB.format(python=PY, ckpt=tmp_path / "ddp.pt")
+                                       + f"workers_per_node = {per_node}\n")
     log = tmp_path / "daemon.log"
     d = start_daemon(cfg, log)
     try:
@@ -428,7 +440,8 @@ def test_a_torchrun_job_rides_through_a_daemon_kill_9(tmp_path: Path) -> None:
         assert res.returncode == 0, res.stderr
         jid = res.stdout.strip()
         logs = state / "logs"
-        wait(lambda: sum(w == 2 for _, w, _ in rank0_steps(logs, jid)) >= 10, "steps at 2 ranks", timeout=240)
+        wait(lambda: sum(w == 2 * per_node for _, w, _ in rank0_steps(logs, jid)) >= 10, "steps at 2 nodes",
+             timeout=240)
         d.send_signal(signal.SIGKILL)
         d.wait(timeout=10)
         t_kill = time.time()
@@ -498,3 +511,117 @@ def test_the_same_world_published_again_keeps_every_rank_going(tmp_path: Path) -
     finished.rdzv.add(done_key("j1", finished.rdzv.gen), 1)  # c finishes in the republished world
     assert finished.tick() == 0
     agent.stop_child()
+
+
+def test_a_node_of_k_slots_runs_k_ranks_numbered_node_by_node(tmp_path: Path) -> None:
+    """The daemon side: a worker given K slots is one rank agent told ``--local-ranks K``, and the world
+    places its K ranks on its node (LOCAL_RANK 0..K-1, GROUP_RANK the node's index)."""
+    from malletrain.runtimes.torchrun import TorchrunRuntime, rank_names
+
+    rt = TorchrunRuntime()
+    try:
+        for w, node in (("j1.a", "n1"), ("j1.b", "n2")):
+            spec = rt.launch_spec("j1", (PY, "train.py"), w, node, slots=2)
+            assert spec.slots == 1  # the node agent runs the rank agent alone; it starts the ranks
+            argv = spec.argv
+            assert argv[argv.index("--local-ranks") + 1] == "2" and argv.index("--local-ranks") < argv.index("--")
+        gen = rt.set_members("j1", ["j1.b", "j1.a"])
+        world = World.parse(rt._require_store().get(world_key("j1", gen)), "w")
+        assert sorted(world.places) == rank_names("j1.a", 2) + rank_names("j1.b", 2)
+        got = {n: (p.rank, p.world_size, p.group_rank, p.local_rank, p.local_world_size)
+               for n, p in world.places.items()}
+        assert got == {"j1.b/0": (0, 4, 0, 0, 2), "j1.b/1": (1, 4, 0, 1, 2),
+                       "j1.a/0": (2, 4, 1, 0, 2), "j1.a/1": (3, 4, 1, 1, 2)}
+    finally:
+        rt.close()
+
+
+def _publish_k(rdzv: FakeRendezvous, nodes: dict[str, str], local_ranks: int, restart: int = 0) -> None:
+    """A world of the workers ``nodes`` (worker -> node), each running ``local_ranks`` ranks."""
+    from malletrain.runtimes.torchrun import rank_names
+
+    rdzv.gen += 1
+    places = rank_places([(name, node) for w, node in nodes.items() for name in rank_names(w, local_ranks)])
+    rdzv.keys[world_key(rdzv.job, rdzv.gen)] = World(restart, places).to_json().encode()
+    rdzv.keys[f"members/{rdzv.gen}"] = ",".join(nodes).encode()
+
+
+K_ENV_TO_FILE = """import os, sys
+keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "CUDA_VISIBLE_DEVICES",
+        "OMP_NUM_THREADS", "MALLETRAIN_WORKER")
+with open(sys.argv[0] + "." + os.environ["LOCAL_RANK"] + ".env", "w") as fh:
+    fh.write(" ".join(os.environ.get(k, "-") for k in keys))
+    fh.write(" " + ",".join(str(c) for c in sorted(os.sched_getaffinity(0))) + "\\n")
+"""
+
+
+def test_a_rank_agent_of_k_local_ranks_gives_each_its_own_place_device_and_cores(tmp_path: Path) -> None:
+    import os
+
+    rdzv = FakeRendezvous("b")
+    agent = _agent(rdzv, K_ENV_TO_FILE, tmp_path)
+    agent.local_ranks = 2
+    agent._env.update({"CUDA_VISIBLE_DEVICES": "4,5", "MALLETRAIN_WORKER": "b"})
+    agent._env.pop("OMP_NUM_THREADS", None)
+    _publish_k(rdzv, {"a": "n1", "b": "n2"}, 2, restart=3)
+    assert agent.tick() is None and agent.state is RankState.FORMING
+    assert rdzv.counters[f"mt/j1/arrive/{rdzv.gen}"] == 2  # its two ranks arrived
+    rdzv.publish_group(rdzv.gen, "127.0.0.1", 1234, "3")  # rank 0 is a's
+    _tick_until(agent, RankState.FINISHED)
+    seen = [(tmp_path / f"rank.py.{i}.env").read_text().split() for i in (0, 1)]
+    assert [s[:5] for s in seen] == [["2", "4", "0", "2", "1"], ["3", "4", "1", "2", "1"]]
+    assert [s[5] for s in seen] == ["4", "5"]  # a device each, of the node's
+    assert len({s[7] for s in seen}) == 2 and all(s[7].startswith("b") for s in seen)  # a sender each
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) >= 2:  # a share of the cores each, the thread count its size
+        shares = [set(s[8].split(",")) for s in seen]
+        assert not shares[0] & shares[1] and [int(s[6]) for s in seen] == [len(x) for x in shares]
+    assert rdzv.counters[done_key("j1", rdzv.gen)] == 2  # both counted in done
+    assert agent.tick() is None  # a's two ranks still train
+    rdzv.add(done_key("j1", rdzv.gen), 2)
+    assert agent.tick() == 0
+
+
+CRASH_LOCAL_1 = """import os, sys, time
+if os.environ["LOCAL_RANK"] == "1":
+    sys.exit(3)
+time.sleep(600)
+"""
+
+
+def test_a_crash_of_one_local_rank_ends_its_nodes_ranks_together_counted_once(tmp_path: Path) -> None:
+    rdzv = FakeRendezvous("a")
+    agent = _agent(rdzv, CRASH_LOCAL_1, tmp_path, failure_wait_s=0.0)
+    agent.local_ranks = 2
+    _publish_k(rdzv, {"a": "n1"}, 2)
+    _tick_until(agent, RankState.RUNNING)
+    survivor = agent.children[0]
+    _tick_until(agent, RankState.FAILED)
+    assert survivor is not None and survivor.returncode == -15  # stopped with it (SIGTERM)
+    assert agent.children == [] and done_key("j1", rdzv.gen) not in rdzv.counters
+    assert agent.tick() == 3  # one failure, its status
+
+
+def test_a_restarted_daemon_learns_a_workers_k_from_its_ready_key(tmp_path: Path) -> None:
+    """A worker an earlier daemon started (re-adopted: no launch says its K): the rank agent writes its
+    K into its ready key (again at each reconnection), and the world places that many ranks."""
+    from malletrain.elastic.keys import ready_key
+    from malletrain.elastic.rendezvous import Rendezvous
+    from malletrain.runtimes.torchrun import TorchrunRuntime, rank_names
+    from malletrain.runtimes.torchrun_agent import parse_args
+
+    assert parse_args(["--local-ranks", "2", "--", PY, "x.py"]).local_ranks == 2
+    rt = TorchrunRuntime()
+    try:
+        rt.start_if_needed()  # a restarted daemon serves its store at once
+        store = rt._require_store()
+        rdzv = Rendezvous(store, "j1", "j1.a")
+        rdzv.ready_value = "2"  # what the agent's main sets from --local-ranks
+        rdzv.mark_ready()
+        store.set(ready_key("j1", "j1.b"), "1")  # an agent of one rank
+        rt.readopt("j1", (PY, "train.py"), {"j1.a": "n1", "j1.b": "n2"})
+        gen = rt.set_members("j1", ["j1.a"])
+        world = World.parse(store.get(world_key("j1", gen)), "w")
+        assert sorted(world.places) == rank_names("j1.a", 2)
+    finally:
+        rt.close()

@@ -126,6 +126,7 @@ class Rendezvous:
         self.current = 0  # this worker's current generation (reported after a reconnection)
         self.rank = 0
         self._marked_ready = False
+        self.ready_value = "1"  # what its ready key holds (a torchrun rank agent: its local ranks)
         self._nowait = False
         self._next_probe = 0.0
         self.secret: str | None = None  # to reconnect (set by from_worker_env)
@@ -245,7 +246,7 @@ class Rendezvous:
     def _register(self, store: Any) -> None:
         """Tell a new store about this worker (and rank 0 about its whole world): ready, and at which generation."""
         if self._marked_ready:
-            store.set(ready_key(self.job, self.worker), "1")
+            store.set(ready_key(self.job, self.worker), self.ready_value)
         if self.current:
             store.set(resume_key(self.job, self.worker), str(self.current))
         if self.rank == 0:
@@ -326,7 +327,7 @@ class Rendezvous:
         return self._call("get_or_none", key)
 
     def mark_ready(self) -> None:
-        self._call("set", ready_key(self.job, self.worker), "1")
+        self._call("set", ready_key(self.job, self.worker), self.ready_value)
         self._marked_ready = True
 
     def clear_ready(self) -> None:

@@ -9,7 +9,8 @@ one higher. Nothing in the script changes.
 The daemon's job manager treats such a job like any other: it starts one worker per node
 ahead of time and publishes member lists. The worker it starts is a small rank agent
 (:mod:`malletrain.runtimes.torchrun_agent`, no torch in it) that runs the job's command as
-its child: it waits for a world that lists it, forms it with the world's other agents (a
+its children, one per worker slot the job uses on the node (K ranks a node, as ``torchrun
+--nproc-per-node`` runs them; each with its slot's device and cores): it waits for a world that lists it, forms it with the world's other agents (a
 barrier in the daemon's store, then the first rank's agent names a free port on its own
 host: ``MASTER_ADDR``/``MASTER_PORT``, fresh for each world) and starts the command with
 torchrun's variables (:func:`malletrain.workerenv.torchrun_environ`). When a newer world
@@ -18,8 +19,8 @@ comes it stops the child and starts it again in the new one.
 :class:`TorchrunRuntime` is the daemon-side half. It hosts its own store (the ``torch``
 runtime's, :class:`~malletrain.runtimes.torch_elastic.TorchRuntime`, started on first use)
 and, with each member list, writes the world's rank places (``mt/<job>/world/<g>``): ranks
-are numbered node by node from the job's ordered nodes and the workers on each
-(:func:`rank_places`), as ``torchrun`` numbers them. The job's checkpoint is the script's
+are numbered node by node from the job's ordered nodes and the K ranks on each
+(:func:`rank_names`, :func:`rank_places`), as ``torchrun`` numbers them. The job's checkpoint is the script's
 own file: the daemon keeps none for it.
 """
 
@@ -34,7 +35,7 @@ import sys
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from malletrain.elastic.keys import done_key, pg_key, world_key
+from malletrain.elastic.keys import done_key, pg_key, ready_key, world_key
 from malletrain.runtimes import LaunchSpec
 from malletrain.runtimes.torch_elastic import TorchRuntime
 from malletrain.workerenv import DEFAULT_STORE_GRACE_S, RankPlace, WorkerEnvError
@@ -83,6 +84,14 @@ def wrap_python_command(command: Sequence[str], launcher_present: bool | None = 
     if rest[0].startswith("-"):
         return argv
     return (argv[0], "-m", LAUNCH_MODULE, *rest)
+
+
+def rank_names(worker: str, local_ranks: int) -> list[str]:
+    """The names of ``worker``'s ranks in a world's places: the worker itself where it runs one rank,
+    else ``WORKER/0`` .. ``WORKER/K-1`` (``/`` is never part of a worker id), its local ranks in order."""
+    if local_ranks < 1:
+        raise ValueError(f"worker {worker}: {local_ranks} local ranks, need at least 1")
+    return [worker] if local_ranks == 1 else [f"{worker}/{i}" for i in range(local_ranks)]
 
 
 def rank_places(members: Sequence[tuple[str, str]]) -> dict[str, RankPlace]:
@@ -153,6 +162,7 @@ class TorchrunRuntime(TorchRuntime):
         self.stop_grace_s = stop_grace_s
         self.failure_wait_s = failure_wait_s
         self._nodes: dict[str, dict[str, str]] = {}  # job -> worker -> node
+        self._local: dict[str, dict[str, int]] = {}  # job -> worker -> local ranks (its node's slots)
         self._restarts: dict[str, int] = {}  # job -> restart count of its last world
         self._pruned: dict[str, int] = {}  # job -> generations whose keys are deleted (all up to it)
 
@@ -167,17 +177,17 @@ class TorchrunRuntime(TorchRuntime):
                     slots: int = 1) -> LaunchSpec:
         """The rank agent, with the job's command (a Python one through :data:`LAUNCH_MODULE`) after ``--``.
 
-        One rank a node for now: a daemon that gives the job ``slots`` > 1 worker slots on ``node``
-        still gets one rank agent (one process), which runs one rank there (logged)."""
+        The node agent runs one process for it (the rank agent); the agent itself starts ``slots``
+        ranks of the command (``--local-ranks``), each with its own device and share of the cores."""
         self.start_if_needed()
-        if slots > 1:
-            log.warning("job %s: %d worker slots on node %s, but a torchrun job runs one rank a node for now",
-                        job_id, slots, node)
+        if slots < 1:
+            raise ValueError(f"job {job_id}: worker {worker_id} on {node}: {slots} worker slots, need at least 1")
         spec = super().launch_spec(job_id, wrap_python_command(command), worker_id, node)
         with self._lock:
             self._nodes.setdefault(job_id, {})[worker_id] = node
+            self._local.setdefault(job_id, {})[worker_id] = slots
         argv = (self.python, "-m", AGENT_MODULE, "--stop-grace", repr(self.stop_grace_s),
-                "--failure-wait", repr(self.failure_wait_s), "--", *spec.argv)
+                "--failure-wait", repr(self.failure_wait_s), "--local-ranks", str(slots), "--", *spec.argv)
         return LaunchSpec(argv=argv, env=spec.env, cwd=spec.cwd)
 
     def set_members(self, job_id: str, members: Sequence[str]) -> int:
@@ -215,10 +225,28 @@ class TorchrunRuntime(TorchRuntime):
         if not members:
             return
         nodes = self._nodes.get(job_id, {})
-        places = rank_places([(w, nodes.get(w, w)) for w in members])  # unknown node: a node of its own
+        places = rank_places([(name, nodes.get(w, w)) for w in members  # unknown node: a node of its own
+                              for name in rank_names(w, self._local_ranks(job_id, w))])
         count = self._restarts.get(job_id, -1) + 1
         self._restarts[job_id] = count
         store.set(world_key(job_id, gen), World(count, places).to_json())
+
+    def _local_ranks(self, job_id: str, worker: str) -> int:
+        """The ranks ``worker`` runs on its node: what its launch said, else (a worker an earlier daemon
+        started) what its rank agent's ready key says (it writes its K there, again at each reconnection),
+        else 1."""
+        known = self._local.get(job_id, {}).get(worker)
+        if known is not None:
+            return known
+        raw = self._require_store().get_or_none(ready_key(job_id, worker))
+        try:
+            said = int(raw) if raw is not None else 0
+        except ValueError:
+            said = 0
+        if said < 1:
+            return 1
+        self._local.setdefault(job_id, {})[worker] = said
+        return said
 
     def _generation_keys(self, job_id: str, gen: int) -> list[str]:
         return super()._generation_keys(job_id, gen) + [world_key(job_id, gen), done_key(job_id, gen),
@@ -229,6 +257,7 @@ class TorchrunRuntime(TorchRuntime):
         super().forget(job_id, keep_state)
         with self._lock:
             self._nodes.pop(job_id, None)
+            self._local.pop(job_id, None)
             self._pruned.pop(job_id, None)  # forget deleted them: its own count goes on from there
             if not keep_state:
                 self._restarts.pop(job_id, None)

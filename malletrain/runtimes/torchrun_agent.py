@@ -1,24 +1,29 @@
 """The rank agent of a ``torchrun`` job: what the daemon starts as each worker (no torch in it).
 
-    python -m malletrain.runtimes.torchrun_agent [--stop-grace S] [--failure-wait S] -- COMMAND...
+    python -m malletrain.runtimes.torchrun_agent [--stop-grace S] [--failure-wait S] [--local-ranks K] -- COMMAND...
 
 It connects to the daemon's store (``MALLETRAIN_STORE``, the job's secret), says it is ready
-and waits for a world that lists it. Then, for each world:
+and waits for a world that lists it. It runs ``--local-ranks`` K ranks of the command on its node
+(the node's worker slots the job uses; the world names them ``WORKER/0`` .. ``WORKER/K-1``, one rank
+``WORKER``), each with its own device and share of the cores (:func:`scavenger.nodeshape.slot_place`,
+as the node agent gives the in-process runtimes' workers). Then, for each world:
 
 1. every agent of the world adds itself to the world's barrier (``arrive``); the agent of rank 0
    waits until all have, picks a free port on its host and publishes ``host port restart_count``
    (``pg``): the world's ``MASTER_ADDR``/``MASTER_PORT``, fresh for each world;
-2. each agent starts ``COMMAND`` with torchrun's variables for its place
-   (:func:`malletrain.workerenv.torchrun_environ`) and ``MALLETRAIN_WORKER`` naming the worker and
-   the restart count (:func:`report_sender`: each start's progress reports are a sender of their own);
+2. each agent starts ``COMMAND`` once per local rank, with torchrun's variables for its place
+   (:func:`malletrain.workerenv.torchrun_environ`) and ``MALLETRAIN_WORKER`` naming the worker, the
+   local rank and the restart count (:func:`report_sender`: each start's progress reports are a
+   sender of their own);
 3. a newer world stops the command (SIGTERM, ``--stop-grace`` seconds, SIGKILL) and goes back to 1
    in it, or, when the newer world does not list this worker, waits for one that does (the
    daemon stops it); the same world published again (a restarted daemon re-adopting it) changes
    nothing; a world that does not form within ``--stop-grace`` + ``--failure-wait`` seconds is a
    failure (exit 1);
 4. a command that exits 0 adds to the world's ``done`` counter: once every rank has, the agent
-   exits 0 (the job is complete); one that fails waits ``--failure-wait`` seconds for a newer
-   world (a peer recalled: the daemon publishes the world without it), else exits with its code.
+   exits 0 (the job is complete); one that fails stops the node's other local ranks with it (they
+   end together, the failure counted once) and waits ``--failure-wait`` seconds for a newer world
+   (a peer recalled: the daemon publishes the world without it), else exits with its code.
 
 SIGTERM (a recall, a cancel, the daemon stopping it) stops the command the same way and exits
 143: a stop, never a failure of the job. While the daemon is away (a restart) the command runs on;
@@ -43,8 +48,10 @@ from typing import Sequence
 from malletrain.elastic.errors import StoreLost
 from malletrain.elastic.keys import arrive_key, done_key, world_key
 from malletrain.elastic.rendezvous import Rendezvous
-from malletrain.runtimes.torchrun import DEFAULT_FAILURE_WAIT_S, DEFAULT_STOP_GRACE_S, World
+from malletrain.runtimes.torchrun import DEFAULT_FAILURE_WAIT_S, DEFAULT_STOP_GRACE_S, World, rank_names
 from malletrain.workerenv import ENV_WORKER, RankPlace, WorkerEnv, configure_worker_logging, torchrun_environ
+from scavenger.agent_workers import pin_cores
+from scavenger.nodeshape import DEVICE_VARIABLES, Accelerator, SlotPlace, detect_accelerator, slot_place
 
 log = logging.getLogger("malletrain.torchrun")
 
@@ -87,12 +94,31 @@ def free_port(host: str) -> int:
         return int(s.getsockname()[1])
 
 
-def report_sender(worker: str, restart_count: int) -> str:
-    """The ``MALLETRAIN_WORKER`` a command started in a world sees: the worker and the world's restart
-    count. Each start is a new process whose progress reports are numbered from 1 again; the monitor
-    refuses a sender's number at or below its last (a replay), so each start reports as a sender of
-    its own, and a restarted rank's reports count."""
-    return f"{worker}.restart{restart_count}"
+def report_sender(worker: str, restart_count: int, local_rank: int = 0, local_ranks: int = 1) -> str:
+    """The ``MALLETRAIN_WORKER`` a command started in a world sees: the worker, its local rank (where
+    the node runs more than one) and the world's restart count. Each start is a new process whose
+    progress reports are numbered from 1 again; the monitor refuses a sender's number at or below its
+    last (a replay), so each start and each local rank reports as a sender of its own, and a
+    restarted rank's reports count."""
+    local = f".local{local_rank}" if local_ranks > 1 else ""
+    return f"{worker}{local}.restart{restart_count}"
+
+
+def dev_names() -> list[str]:
+    """The names under ``/dev`` (what tells the node's accelerator; none where it cannot be read)."""
+    try:
+        return os.listdir("/dev")
+    except OSError:
+        return []
+
+
+def local_slots(local_ranks: int, env: dict[str, str], acc: Accelerator, cores: Sequence[int]) -> list[SlotPlace]:
+    """Each local rank's device, thread count and cores on this node, as the node agent gives a worker
+    slot (:func:`scavenger.nodeshape.slot_place`): the device variable in ``env`` is the node's (the
+    devices the agent was given, shared out among the local ranks); the rest of ``env`` is the job's
+    (an ``OMP_NUM_THREADS`` it sets wins; ``MALLETRAIN_DEVICES=all`` shows every rank every device)."""
+    job_env = {k: v for k, v in env.items() if k not in DEVICE_VARIABLES}
+    return [slot_place(i, local_ranks, acc, env, cores, job_env) for i in range(local_ranks)]
 
 
 def exit_code(returncode: int) -> int:
@@ -108,10 +134,11 @@ class RankAgent:
     command: tuple[str, ...]
     stop_grace_s: float = DEFAULT_STOP_GRACE_S
     failure_wait_s: float = DEFAULT_FAILURE_WAIT_S
+    local_ranks: int = 1  # the ranks it runs on its node (the node's worker slots the job uses)
     state: RankState = RankState.WAITING
     gen: int = 0  # the newest generation seen
     world: World | None = None  # the world this worker is in (FORMING onwards)
-    child: subprocess.Popen[bytes] | None = None
+    children: list[subprocess.Popen[bytes] | None] = field(default_factory=list)  # by local rank; None: exited 0
     failed: tuple[int, float] | None = None  # (exit status, when) of a failed command
     forming_since: float = 0.0  # when it entered its current world's barrier
     stop_requested: bool = False
@@ -122,9 +149,20 @@ class RankAgent:
         return self.rdzv.worker
 
     @property
-    def place(self) -> RankPlace:
+    def child(self) -> subprocess.Popen[bytes] | None:
+        """Local rank 0's command (None: not running)."""
+        return self.children[0] if self.children else None
+
+    @property
+    def names(self) -> list[str]:
+        """Its ranks' names in a world's places, by local rank."""
+        return rank_names(self.worker, self.local_ranks)
+
+    @property
+    def places(self) -> list[RankPlace]:
+        """Its ranks' places in the current world, by local rank."""
         assert self.world is not None
-        return self.world.places[self.worker]
+        return [self.world.places[name] for name in self.names]
 
     def move(self, new: RankState) -> None:
         if new not in RANK_TRANSITIONS[self.state]:
@@ -190,26 +228,32 @@ class RankAgent:
         if raw is None:
             raise ValueError(f"job {self.rdzv.job}: generation {gen} has no world key (not a torchrun job?)")
         world = World.parse(raw, world_key(self.rdzv.job, gen))
+        missing = [name for name in self.names if name not in world.places]
+        if missing:
+            raise ValueError(f"job {self.rdzv.job}: world {gen} has no place for {', '.join(missing)} "
+                             f"(this worker runs {self.local_ranks} local ranks)")
         if self.state in (RankState.RUNNING, RankState.FINISHED) and self.world is not None \
                 and world.places == self.world.places:
             # the same world published again (a restarted daemon re-adopting it): the command goes on
             log.info("worker %s: world %d is the one it runs in; the command goes on", self.worker, gen)
             self.rdzv.current = gen
-            if self.state is RankState.FINISHED:  # counted in the world under its new number
-                self.rdzv.add(done_key(self.rdzv.job, gen), 1)
+            finished = sum(1 for c in self.children if c is None) if self.state is RankState.RUNNING \
+                else self.local_ranks
+            if finished:  # its ranks that exited 0, counted in the world under its new number
+                self.rdzv.add(done_key(self.rdzv.job, gen), finished)
             return
         self.stop_child()
         self.world = world
         self.rdzv.current = gen  # reported to a restarted daemon's store: its numbering goes on above it
         self.move(RankState.FORMING)
         self.forming_since = time.monotonic()
-        self.rdzv.add(arrive_key(self.rdzv.job, gen), 1)
+        self.rdzv.add(arrive_key(self.rdzv.job, gen), self.local_ranks)
 
     def form(self) -> None:
         """FORMING: rank 0's agent names the master once all have arrived; everyone starts with it."""
         assert self.world is not None
         job, size = self.rdzv.job, len(self.world.places)
-        if self.place.rank == 0 and self.rdzv.wait_group(self.gen, 0.0) is None \
+        if any(p.rank == 0 for p in self.places) and self.rdzv.wait_group(self.gen, 0.0) is None \
                 and self.rdzv.add(arrive_key(job, self.gen), 0) >= size:
             host = self.rdzv.local_host()
             self.rdzv.publish_group(self.gen, host, free_port(host), str(self.world.restart_count))
@@ -218,43 +262,57 @@ class RankAgent:
             self.start_child((group[0], group[1]))
 
     def start_child(self, master: tuple[str, int]) -> None:
+        """Start the command once per local rank, each with its place's variables, device and cores."""
         assert self.world is not None
+        count = self.world.restart_count
         env = dict(self._env)
-        env.update(torchrun_environ(self.place, master, self.rdzv.job, self.world.restart_count))
-        env[ENV_WORKER] = report_sender(self.worker, self.world.restart_count)
-        log.info("worker %s: starting rank %d of %d (restart %d, master %s:%d)", self.worker, self.place.rank,
-                 self.place.world_size, self.world.restart_count, master[0], master[1])
-        self.child = subprocess.Popen(list(self.command), env=env)
+        slots = local_slots(self.local_ranks, env, detect_accelerator(env, dev_names()),
+                            sorted(os.sched_getaffinity(0)))
+        for i, (place, slot) in enumerate(zip(self.places, slots)):
+            child_env = {**env, **slot.env, **torchrun_environ(place, master, self.rdzv.job, count)}
+            child_env[ENV_WORKER] = report_sender(self.worker, count, i, self.local_ranks)
+            log.info("worker %s: starting rank %d of %d (local rank %d of %d, restart %d, master %s:%d)",
+                     self.worker, place.rank, place.world_size, i, self.local_ranks, count, master[0], master[1])
+            setup = pin_cores(slot.cores, lambda: None) if self.local_ranks > 1 else None
+            self.children.append(subprocess.Popen(list(self.command), env=child_env, preexec_fn=setup))
         self.move(RankState.RUNNING)
 
     def watch_child(self) -> None:
-        assert self.child is not None
-        code = self.child.poll()
-        if code is None:
+        """RUNNING: a rank that exits 0 adds to the world's ``done``; once all have, FINISHED. One that
+        fails stops the node's other local ranks (they end together, the failure counted once)."""
+        for i, child in enumerate(self.children):
+            code = child.poll() if child is not None else None
+            if code is None:
+                continue
+            if code == 0:
+                self.children[i] = None
+                self.rdzv.add(done_key(self.rdzv.job, self.gen), 1)
+                continue
+            log.warning("worker %s: local rank %d's command exited %d in world %d; its node's other ranks stop "
+                        "with it; waiting up to %.0f s for a newer world", self.worker, i, code, self.gen,
+                        self.failure_wait_s)
+            self.stop_child()
+            self.failed = (exit_code(code), time.monotonic())
+            self.move(RankState.FAILED)
             return
-        self.child = None
-        if code == 0:
-            self.rdzv.add(done_key(self.rdzv.job, self.gen), 1)
+        if all(child is None for child in self.children):
+            self.children = []
             self.move(RankState.FINISHED)
-            return
-        log.warning("worker %s: the command exited %d in world %d; waiting up to %.0f s for a newer world",
-                    self.worker, code, self.gen, self.failure_wait_s)
-        self.failed = (exit_code(code), time.monotonic())
-        self.move(RankState.FAILED)
 
     def stop_child(self) -> None:
-        """SIGTERM, ``stop_grace_s`` seconds, SIGKILL; returns once the command has exited."""
-        child, self.child = self.child, None
-        if child is None or child.poll() is not None:
-            return
-        child.send_signal(signal.SIGTERM)
-        try:
-            child.wait(timeout=self.stop_grace_s)
-        except subprocess.TimeoutExpired:
-            log.warning("worker %s: the command did not exit %.1f s after SIGTERM: SIGKILL", self.worker,
-                        self.stop_grace_s)
-            child.kill()
-            child.wait(timeout=30)
+        """Every local rank: SIGTERM, ``stop_grace_s`` seconds, SIGKILL; returns once all have exited."""
+        children, self.children = [c for c in self.children if c is not None and c.poll() is None], []
+        for child in children:
+            child.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + self.stop_grace_s
+        for child in children:
+            try:
+                child.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("worker %s: a rank's command did not exit %.1f s after SIGTERM: SIGKILL", self.worker,
+                            self.stop_grace_s)
+                child.kill()
+                child.wait(timeout=30)
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -265,12 +323,16 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                    help="seconds between SIGTERM and SIGKILL when the world changes")
     p.add_argument("--failure-wait", type=float, default=DEFAULT_FAILURE_WAIT_S,
                    help="seconds a failed command waits for a newer world before the failure counts")
+    p.add_argument("--local-ranks", type=int, default=1,
+                   help="ranks of the command to run on this node (the node's worker slots the job uses)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the job's command")
     args = p.parse_args(argv)
     if args.command[:1] == ["--"]:
         args.command = args.command[1:]
     if not args.command:
         p.error("no command given after --")
+    if args.local_ranks < 1:
+        p.error(f"--local-ranks must be at least 1, got {args.local_ranks}")
     return args
 
 
@@ -282,7 +344,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("malletrain torchrun agent: MALLETRAIN_STORE is not set: start it through the daemon",
               file=sys.stderr)
         return 2
-    agent = RankAgent(rdzv, tuple(args.command), args.stop_grace, args.failure_wait)
+    rdzv.ready_value = str(args.local_ranks)  # a restarted daemon learns the worker's K from its ready key
+    agent = RankAgent(rdzv, tuple(args.command), args.stop_grace, args.failure_wait, args.local_ranks)
 
     def on_sigterm(signum: int, frame: object) -> None:
         agent.stop_requested = True
