@@ -104,7 +104,7 @@ class Observe(DaemonBase):
 
         Stored at once rather than once a second: a ``kill -9`` then loses only the
         reports the dead daemon had received but not yet read (one loop interval), so
-        the stored count stays with what the workers trained (finding E: a stop left it
+        the stored count stays with what the workers trained (storing once a second, a stop left it
         3,840 samples behind). A clean stop reads every last report first (:meth:`close`).
         """
         for run in list(self.runs.values()):
