@@ -99,3 +99,18 @@ def test_a_bad_per_mb_rate_in_a_calibration_is_refused_naming_it():
     with pytest.raises(CalibrationError, match="state_broadcast_s_per_mb"):
         parse({"schema": 1, "values": {**values, "state_broadcast_s_per_mb": {**entry, "unit": "s/MB", "value": -1}}},
               "c.json")
+
+
+
+def test_a_jobs_file_declares_a_commit_interval_and_a_bad_one_is_named(tmp_path):
+    from simulator.philly import jobs_file_workload
+    from tests.conftest import shared_file
+
+    data = shared_file("philly-jobs.csv.gz").parent
+    jobs = tmp_path / "jobs.csv"
+    jobs.write_text("name,time,application,commit_interval_s\na,0,bert,600\nb,10,ncf,\n")
+    a, b = jobs_file_workload(jobs, data).timed
+    assert (a.commit_interval_s, b.commit_interval_s) == (600.0, None)
+    jobs.write_text("name,time,application,commit_interval_s\na,0,bert,-5\n")
+    with pytest.raises(WorkloadError, match=r"row 2 \(a\).*commit_interval_s"):
+        jobs_file_workload(jobs, data)
