@@ -33,6 +33,11 @@ and optionally (:data:`OPTIONAL`; 0 when a file has none, as files written befor
   in-process (elastic) job pauses for ``rescale_pause_s``. To be measured per launcher on the real
   system; absent until then, and a torchrun job's change of size is charged ``restart_s`` instead
   (a job file's ``launcher``; the policy weighs it as the pauses the job's monitor measures).
+* ``state_broadcast_s_per_mb``, ``checkpoint_load_s_per_mb``, ``checkpoint_save_s_per_mb`` (unit
+  ``s/MB``): seconds per MB of a job's checkpoint (:mod:`simulator.modelsizes`) to broadcast its state
+  to a new world, to load it and to save it (``benchmarks/bench_checkpoint.py``, linear in bytes). An
+  in-process job's rescale pause adds the broadcast of its state; a restart (and a torchrun job's change
+  of size) adds the load of its checkpoint. A file without them charges no size.
 
 ``free`` (:func:`free`) is the named ablation with no start, restart, pilot, join or rollback cost
 (rescale pauses: each job's own, 18 s up / 12 s down by default), what the simulator charged
@@ -51,7 +56,9 @@ from typing import Any, Mapping
 
 SCHEMA = 1
 REQUIRED = ("pilot_start_s", "cold_start_s", "restart_s", "rescale_pause_s", "commit_interval_s")
-OPTIONAL = ("join_s", "warm_start_s", "torchrun_restart_s")
+OPTIONAL = ("join_s", "warm_start_s", "torchrun_restart_s", "state_broadcast_s_per_mb", "checkpoint_load_s_per_mb",
+            "checkpoint_save_s_per_mb")
+PER_MB = ("state_broadcast_s_per_mb", "checkpoint_load_s_per_mb", "checkpoint_save_s_per_mb")  # unit s/MB
 DEFAULT_FILE = "calibration.json"
 FREE = "free"
 
@@ -73,9 +80,12 @@ class Calibration:
     join_s: float = 0.0
     warm_start_s: float | None = None  # None: no warm discount (every start pays its full figure)
     torchrun_restart_s: float | None = None  # None: not measured (a torchrun job's stop -> first step)
+    state_broadcast_s_per_mb: float = 0.0  # a rescale's broadcast of a job's state, per MB of its checkpoint
+    checkpoint_load_s_per_mb: float = 0.0  # a restart's load of a job's checkpoint, per MB
+    checkpoint_save_s_per_mb: float = 0.0  # a commit's save, per MB (measured; not charged: commits overlap)
 
     def __post_init__(self) -> None:
-        for key in ("pilot_start_s", "cold_start_s", "restart_s", "commit_interval_s", "join_s"):
+        for key in ("pilot_start_s", "cold_start_s", "restart_s", "commit_interval_s", "join_s") + PER_MB:
             _check(self.name, key, getattr(self, key))
         if self.rescale_pause_s is not None:
             _check(self.name, "rescale_pause_s", self.rescale_pause_s)
@@ -91,7 +101,16 @@ class Calibration:
         return {"name": self.name, "pilot_start_s": self.pilot_start_s, "cold_start_s": self.cold_start_s,
                 "restart_s": self.restart_s, "rescale_pause_s": self.rescale_pause_s,
                 "commit_interval_s": self.commit_interval_s, "join_s": self.join_s,
-                "warm_start_s": self.warm_start_s, "torchrun_restart_s": self.torchrun_restart_s}
+                "warm_start_s": self.warm_start_s, "torchrun_restart_s": self.torchrun_restart_s,
+                **{key: getattr(self, key) for key in PER_MB}}
+
+    def broadcast_s(self, mb: float) -> float:
+        """Seconds to broadcast ``mb`` MB of a job's state to a new world at a rescale."""
+        return self.state_broadcast_s_per_mb * mb
+
+    def load_s(self, mb: float) -> float:
+        """Seconds to load a checkpoint of ``mb`` MB at a restart."""
+        return self.checkpoint_load_s_per_mb * mb
 
 
 def _check(where: str, key: str, value: object) -> None:
@@ -128,8 +147,9 @@ def parse(data: Any, where: str) -> Calibration:
         for field_ in ("value", "unit", "how", "when"):
             if field_ not in entry:
                 raise CalibrationError(f"{where}: values.{key} has no {field_!r}")
-        if entry["unit"] != "s":
-            raise CalibrationError(f"{where}: values.{key}.unit {entry['unit']!r}: only 's' is known")
+        unit = "s/MB" if key in PER_MB else "s"
+        if entry["unit"] != unit:
+            raise CalibrationError(f"{where}: values.{key}.unit {entry['unit']!r}: must be {unit!r}")
         try:
             date.fromisoformat(str(entry["when"]))
         except ValueError:

@@ -27,18 +27,19 @@ def join_ready(cal: Calibration, warm: Sequence[float], t: float) -> float:
     return max(warm, default=t) + cal.join_s
 
 
-def start_ends(cal: Calibration, t: float, warm: Sequence[float], restart: bool) -> float:
+def start_ends(cal: Calibration, t: float, warm: Sequence[float], restart: bool, load_s: float = 0.0) -> float:
     """A job starts (``restart``: from its checkpoint) at ``t`` on nodes whose warm workers began at
     ``warm``: when its first step comes.
 
     Each node's worker is ready ``cold_start_s`` (``restart_s``) after its warm process began (what the
     calibration measured from the agent's hello: import, rendezvous, first step, and for a restart the
     checkpoint's load); once all are ready the start costs only ``warm_start_s`` (plus, for a restart, the
-    load: ``restart_s - cold_start_s``). A calibration without ``warm_start_s`` charges the full figure
-    from ``t``, as before it existed.
+    load: ``restart_s - cold_start_s``). A restart adds ``load_s``, the load of the job's own checkpoint
+    (its model's size at the calibration's rate). A calibration without ``warm_start_s`` charges the full
+    figure from ``t``, as before it existed.
     """
-    full = cal.restart_s if restart else cal.cold_start_s
+    full = cal.restart_s + load_s if restart else cal.cold_start_s
     if cal.warm_start_s is None:
         return t + full
-    quick = cal.warm_start_s + (max(0.0, cal.restart_s - cal.cold_start_s) if restart else 0.0)
+    quick = cal.warm_start_s + (max(0.0, cal.restart_s - cal.cold_start_s) + load_s if restart else 0.0)
     return min(t + full, max(t + quick, max(warm, default=t) + full))

@@ -15,6 +15,7 @@ from typing import Callable
 from policy import JobView, Ledger, PolicyConfig
 from simulator.calibration import Calibration
 from simulator.jobs import TORCHRUN
+from simulator.modelsizes import checkpoint_mb
 from simulator.monitor import SimJobMonitor
 from simulator.policies import SimPolicy
 from simulator.records import SimConfig, SimJob
@@ -73,9 +74,7 @@ class Fleet:
         cap = self._config.max_nodes
         if cap is not None and spec.max_nodes > cap:
             spec = replace(spec, max_nodes=max(cap, spec.min_nodes))
-        pause = self._cal.rescale_pause_s
-        if spec.launcher == TORCHRUN and not self._cal.is_free:  # every change of size restarts its workers
-            pause = self._cal.torchrun_restart_s if self._cal.torchrun_restart_s is not None else self._cal.restart_s
+        pause = self._rescale_pause(spec)
         if pause is not None and (spec.up_cost_s, spec.down_cost_s) != (pause, pause):
             spec = replace(spec, up_cost_s=pause, down_cost_s=pause)
         job = SimJob(id=f"j{len(self.jobs):05d}", spec=spec, submitted_at=t, order=len(self.jobs), last_update=t,
@@ -92,6 +91,17 @@ class Fleet:
                                        scaling=job.user_curve, profile=False, work_left=job.work_left,
                                        budget_node_hours=spec.budget_node_hours, deadline=deadline))
         return job
+
+    def _rescale_pause(self, spec: JobSpec) -> float | None:
+        """What a change of size costs ``spec`` (None: its own costs): an in-process job pauses for the
+        calibrated pause plus the broadcast of its state; a torchrun job restarts every worker (the
+        calibrated restart plus the load of its checkpoint; :mod:`simulator.modelsizes` gives the MB)."""
+        cal = self._cal
+        mb = checkpoint_mb(spec.model)
+        if spec.launcher == TORCHRUN and not cal.is_free:  # every change of size restarts its workers
+            restart = cal.torchrun_restart_s if cal.torchrun_restart_s is not None else cal.restart_s
+            return restart + cal.load_s(mb)
+        return None if cal.rescale_pause_s is None else cal.rescale_pause_s + cal.broadcast_s(mb)
 
 
 def remove_job(jobs: list[SimJob], job: SimJob) -> None:

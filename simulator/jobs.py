@@ -62,6 +62,7 @@ class JobSpec:
     budget_node_hours: float | None = None  # the most node-hours it may hold (the daemon's job file key)
     deadline: float | None = None  # when it should be done, in seconds after the start of the replay window
     launcher: str = ELASTIC  # the job file's launcher: "torchrun" restarts every worker at a change of size
+    commit_interval_s: float | None = None  # seconds between its checkpoint commits (None: the calibration's)
 
     def __post_init__(self) -> None:
         if self.launcher not in LAUNCHERS:
@@ -74,6 +75,9 @@ class JobSpec:
             )
         if self.up_cost_s < 0 or self.down_cost_s < 0:
             raise WorkloadError(f"job {self.name}: rescale costs must be >= 0")
+        if self.commit_interval_s is not None and not (0 <= self.commit_interval_s < math.inf):
+            raise WorkloadError(f"job {self.name}: commit_interval_s must be a finite number of seconds >= 0, "
+                                f"got {self.commit_interval_s!r}")
         if self.requested_nodes is not None and self.requested_nodes < 1:
             raise WorkloadError(f"job {self.name}: requested_nodes must be >= 1, got {self.requested_nodes}")
         if self.arrival_s < 0:

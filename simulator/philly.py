@@ -21,11 +21,13 @@ job may use 1..16 nodes (the measured range).
 each with more work than the window can give it (16 nodes at its 1-node rate throughout): what
 counts is how nodes are shared, scored in work.
 
-**Jobs files.** ``name,time,application[,num_replicas,batch_size,samples,budget_node_hours,deadline]``:
+**Jobs files.** ``name,time,application[,num_replicas,batch_size,samples,budget_node_hours,deadline,``
+``commit_interval_s]``:
 ``time`` in seconds from the start of the replayed window, ``application`` one of the six models,
 ``num_replicas`` GPUs (rigid size ``ceil(num_replicas / 4)`` nodes), ``batch_size`` the per-GPU batch,
 ``samples`` the job's length (default: :data:`DEFAULT_JOB_WORK_S` node-seconds of work at one node),
-``budget_node_hours`` and ``deadline`` (seconds from the start, as ``time``) as in the daemon's job file.
+``budget_node_hours`` and ``deadline`` (seconds from the start, as ``time``) as in the daemon's job file,
+``commit_interval_s`` the seconds between the job's checkpoint commits (default: the calibration's).
 """
 
 from __future__ import annotations
@@ -55,7 +57,8 @@ DEFAULT_JOB_WORK_S = 4 * 3600.0  # a jobs-file job without samples: 4 node-hours
 SCARCE_PER_MODEL = 2  # the scarce mix: 12 jobs, on 64 nodes fewer jobs than nodes
 SCARCE_ARRIVAL_S = 600.0
 JOBS_FILE_COLUMNS = ("name", "time", "application")
-JOBS_FILE_OPTIONAL = ("num_replicas", "batch_size", "samples", "budget_node_hours", "deadline")
+JOBS_FILE_OPTIONAL = ("num_replicas", "batch_size", "samples", "budget_node_hours", "deadline",
+                      "commit_interval_s")
 
 
 @dataclass(frozen=True)
@@ -247,7 +250,8 @@ def scarce_workload(seed: int, duration_s: float, data_dir: Path | None = None) 
 
 
 def jobs_file_workload(path: str | Path, data_dir: Path | None = None) -> Workload:
-    """A job list ``name,time,application[,num_replicas,batch_size,samples,budget_node_hours,deadline]``
+    """A job list ``name,time,application[,num_replicas,batch_size,samples,budget_node_hours,deadline,``
+    ``commit_interval_s]``
     (see the module docstring; a deadline in seconds after the start, as ``time``)."""
     p = Path(path)
     try:
@@ -261,7 +265,7 @@ def jobs_file_workload(path: str | Path, data_dir: Path | None = None) -> Worklo
     unknown = [c for c in header if c not in JOBS_FILE_COLUMNS + JOBS_FILE_OPTIONAL]
     if missing or unknown:
         raise WorkloadError(f"--jobs-file {p}: columns are name,time,application"
-                            "[,num_replicas,batch_size,samples,budget_node_hours,deadline]"
+                            "[,num_replicas,batch_size,samples,budget_node_hours,deadline,commit_interval_s]"
                             + (f"; missing {', '.join(missing)}" if missing else "")
                             + (f"; unknown {', '.join(unknown)}" if unknown else ""))
     base = _data_dir(data_dir)
@@ -281,11 +285,12 @@ def jobs_file_workload(path: str | Path, data_dir: Path | None = None) -> Worklo
         time_s = _float(row, "time", where)
         budget = _float(row, "budget_node_hours", where) if row.get("budget_node_hours") else None
         deadline = _float(row, "deadline", where) if row.get("deadline") else None
+        commit = _float(row, "commit_interval_s", where) if row.get("commit_interval_s") else None
         try:
             specs.append(JobSpec(name=row.get("name") or f"job#{k}", model=app, samples=samples, scaling=curve,
                                  min_nodes=1, max_nodes=MAX_NODES, arrival_s=time_s,
                                  requested_nodes=None if replicas is None else rigid_size(replicas),
-                                 budget_node_hours=budget, deadline=deadline))
+                                 budget_node_hours=budget, deadline=deadline, commit_interval_s=commit))
         except WorkloadError as exc:
             raise WorkloadError(f"{where}: {exc}") from None
     if not specs:

@@ -1,7 +1,8 @@
 """Job physics: what happens to a simulated job between and at events, as ground truth.
 
 A job's progress is its TRUE throughput over time minus rescale pauses; a checkpoint is committed
-every ``commit_interval_s`` of a run, and a stop loses what was trained since. A recalled node
+every ``commit_interval_s`` of a run (the job's own, else the calibration's), and a stop loses what was
+trained since; so does a torchrun job's change of size, which restarts every worker from the checkpoint. A recalled node
 leaves its job at once (the job pays its scale-down pause and shrinks, or stops if the ledger says
 that left it below its min). A grow pays its up pause when every new worker is ready (the warm rule
 of :mod:`simulator.costs`); a start from zero nodes pays the calibration's start or restart. Which
@@ -17,6 +18,8 @@ from simulator.calibration import Calibration
 from simulator.clock import EventQueue, Priority
 from simulator.costs import join_ready, start_ends, warm_began
 from simulator.fleet import Fleet, remove_job
+from simulator.jobs import TORCHRUN
+from simulator.modelsizes import checkpoint_mb
 from simulator.records import Completion, Joined, PolicyError, SimConfig, SimJob, SimJobState
 from simulator.tallying import Tallying
 
@@ -56,7 +59,7 @@ class JobPhysics:
             if not work > 0.0:
                 work = 0.0
             samples = job.rate * work
-            job.commit(last, t, self._cal.commit_interval_s)
+            job.commit(last, t, self._commit_interval(job))
             job.progress = min(job.spec.samples, job.progress + samples)
             job.paused_seconds += dt - work
             job.paused_node_seconds += n * (dt - work) + len(job.joining) * work  # joining: idle nodes
@@ -77,17 +80,38 @@ class JobPhysics:
             self._events.push(done_at, Priority.COMPLETION, Completion(job.id, job.version))
         self._dirty.clear()
 
+    def _commit_interval(self, job: SimJob) -> float:
+        """Seconds between ``job``'s commits: its own if it declares one, else the calibration's (the free
+        calibration: none lost)."""
+        if self._cal.is_free or job.spec.commit_interval_s is None:
+            return self._cal.commit_interval_s
+        return job.spec.commit_interval_s
+
     # ------------------------------------------------------------ ends
 
     def roll_back(self, job: SimJob) -> None:
         """A stop: the work since the last commit is lost (the job restarts from its checkpoint)."""
+        self._lose_uncommitted(job)
+        job.run_since = None
+        self._ledger.progressed(job.id, job.work_left)
+
+    def _lose_uncommitted(self, job: SimJob) -> None:
         if job.run_since is not None and job.progress > job.committed:
             lost = job.progress - job.committed
             job.lost_samples += lost
             job.progress = job.committed
             if job.one_node_rate > 0:  # the period split counts work as done: a rollback is charged to
                 self._tally.split_work[self._tallying.period()] -= lost / job.one_node_rate  # its period
-        job.run_since = None
+
+    def _resized(self, job: SimJob, t: float, cost: float) -> None:
+        """A running job changes size: an in-process job pauses for ``cost``; a torchrun job's workers all
+        restart (``cost``) from its last commit, losing what was trained since, and commit anew from then."""
+        self.pause(job, t, cost)
+        if job.spec.launcher != TORCHRUN or self._cal.is_free or self._free_pause or job.run_since is None:
+            return
+        self._lose_uncommitted(job)
+        job.run_since = max(t, job.paused_until)
+        job.committed = job.progress
         self._ledger.progressed(job.id, job.work_left)
 
     def complete(self, ev: Completion, t: float) -> bool:
@@ -161,7 +185,7 @@ class JobPhysics:
         elif not job.joining.issuperset(lost):
             self._tally.rescales += 1
             self.step_rescales += 1
-            self.pause(job, t, job.spec.down_cost_s)
+            self._resized(job, t, job.spec.down_cost_s)
         self.changed(job, t)
 
     def pause(self, job: SimJob, t: float, cost: float) -> None:
@@ -190,7 +214,7 @@ class JobPhysics:
             return False  # a later grow moved the join, or the job lost those nodes or stopped
         self.advance(job, t)
         job.joining.clear()
-        self.pause(job, t, job.spec.up_cost_s)
+        self._resized(job, t, job.spec.up_cost_s)
         self.changed(job, t)
         return True
 
@@ -199,7 +223,7 @@ class JobPhysics:
         if new:
             self._tally.rescales += 1
             self.step_rescales += 1
-            self.pause(job, t, job.spec.down_cost_s)
+            self._resized(job, t, job.spec.down_cost_s)
         else:
             self.roll_back(job)
             self._tally.stops += 1
@@ -227,7 +251,9 @@ class JobPhysics:
             job.join_at = max(job.join_at if job.joining else t, ready)
             job.joining.update(added)
             self._events.push(job.join_at, Priority.TRACE, Joined(job.id))
-        elif not started or self._charge_start:
+        elif not started:
+            self._resized(job, t, job.spec.up_cost_s)
+        elif self._charge_start:
             self.pause(job, t, job.spec.up_cost_s)
         if started:
             self._start(job, t, warm)
@@ -240,7 +266,8 @@ class JobPhysics:
 
     def _start(self, job: SimJob, t: float, warm: list[float]) -> None:
         """A start from zero nodes (a restart from the last commit if it ran before), charged by the warm rule."""
-        ends = start_ends(self._cal, t, warm, restart=job.runs > 0)
+        load = self._cal.load_s(checkpoint_mb(job.spec.model))  # its own checkpoint, if it restarts
+        ends = start_ends(self._cal, t, warm, restart=job.runs > 0, load_s=load)
         self._tally.restarts += job.runs > 0
         self._tally.cold_starts += job.runs == 0
         job.runs += 1
