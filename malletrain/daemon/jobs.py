@@ -43,6 +43,9 @@ class Jobs(DaemonBase):
                 self._act_job(run, nodes, now)
             except ValueError as exc:  # e.g. the runtime refuses the job's command or ids
                 self._finish(run, JobState.FAILED, f"cannot run: {exc}")
+            except Exception as exc:  # any other bad value of one job ends that job, never the loop
+                log.exception("job %s: acting on it failed", run.id, extra=about(job=run.id))
+                self._finish(run, JobState.FAILED, f"cannot run: {type(exc).__name__}: {exc}")
         for run in self.runs.values():
             for wid, (node, kill_at) in list(run.leaving.items()):
                 if now >= kill_at:

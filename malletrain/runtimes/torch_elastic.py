@@ -88,6 +88,9 @@ class RuntimeStateError(RuntimeError):
     """The runtime was used in the wrong state (e.g. before :meth:`TorchRuntime.start`)."""
 
 
+MAX_RESUMED_GENERATION = 2**31 - 1
+"""The largest generation a reconnected worker's ``resume`` key may report (a job writes that key: a
+bigger number, e.g. 2^63, would overflow the daemon's SQLite record and the numbering after it)."""
 CKPT_FILE_MAGIC = b"malletrain-checkpoint 1"
 """First word of a checkpoint file in the daemon's state dir: ``MAGIC TAG SIZE\\n`` then SIZE bytes."""
 
@@ -448,10 +451,13 @@ class TorchRuntime(Runtime):
         for w in workers:
             key = resume_key(job_id, w)
             if store.check([key]):
-                try:
-                    newest = max(newest, int(store.get(key)))
-                except ValueError:
-                    log.warning("job %s: store key %s is not a generation number; ignored", job_id, key)
+                raw = store.get(key)
+                value = int(raw) if raw.isdigit() and len(raw) <= len(str(MAX_RESUMED_GENERATION)) else -1
+                if 0 <= value <= MAX_RESUMED_GENERATION:
+                    newest = max(newest, value)
+                else:
+                    log.warning("job %s: store key %s is not a generation number in [0, %d]; ignored",
+                                job_id, key, MAX_RESUMED_GENERATION)
         return newest
 
     def forget(self, job_id: str, keep_state: bool = True) -> None:
