@@ -75,3 +75,87 @@ def test_an_overflow_acting_on_one_job_fails_that_job_and_the_daemon_goes_on(toy
     assert "OverflowError" in (d.store.require(bad).message or "")
     good = d.store.submit(JobSpec("good", TOY + ("--rate", "1000"), 1, 1))
     step_until(d, lambda: d.runs[good].last_progress > 0, 60)  # the same daemon runs the next job
+
+
+# ---- the rendezvous store's handshaking slots and counters ------------------------------------
+
+SILENT_FLOOD = (
+    "import socket, sys, time\n"
+    "port, n, until = int(sys.argv[1]), int(sys.argv[2]), time.monotonic() + float(sys.argv[3])\n"
+    "held, opened = [], 0\n"
+    "while time.monotonic() < until:\n"
+    "    live = []\n"
+    "    for s in held:\n"
+    "        try:\n"
+    "            s.setblocking(False)\n"
+    "            if s.recv(1) == b'': s.close(); continue\n"
+    "        except BlockingIOError: pass\n"
+    "        except OSError: s.close(); continue\n"
+    "        live.append(s)\n"
+    "    held = live\n"
+    "    while len(held) < n:\n"
+    "        try: held.append(socket.create_connection(('127.0.0.1', port), timeout=2)); opened += 1\n"
+    "        except OSError: break\n"
+    "    if opened >= n: print('flooding', flush=True); opened = -10**9\n"
+    "    time.sleep(0.05)\n"
+)
+
+VICTIM = (
+    "import os, sys\n"
+    "from malletrain.elastic.wire import StoreClient\n"
+    "c = StoreClient(('127.0.0.1', int(sys.argv[1])), 'victim', 'w0', os.environ['SECRET'])\n"
+    "c.set('mt/victim/ready/w0', '1'); print('joined', flush=True)\n"
+)
+
+
+def _as(uid: int, *argv: str) -> list[str]:
+    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", *argv]
+
+
+@pytest.mark.skipif(not ROOT, reason="acts as two other local users (setpriv needs root)")
+def test_one_user_re_opening_silent_connections_does_not_lock_another_user_out_of_the_store() -> None:
+    """A local user without a job filled the store's 64 shared handshaking slots in a loop: a victim's
+    workers got 'handshake with the store ...: Connection reset by peer' for as long as it lasted."""
+    import subprocess
+
+    from malletrain.runtimes.torch_elastic import TorchRuntime
+
+    rt = TorchRuntime("127.0.0.1", 0, monitor="tcp://127.0.0.1:5999")
+    rt.start()
+    flood = subprocess.Popen(_as(NOBODY, sys.executable, "-c", SILENT_FLOOD, str(rt.port), "300", "60"),
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert flood.stdout is not None and flood.stdout.readline().strip() == "flooding"
+        rt.launch_spec("victim", ["x"], "w0", "n")
+        env = {**os.environ, "SECRET": rt.secret_for("victim"), "PYTHONPATH": str(Path(__file__).parents[1])}
+        for _ in range(3):  # a victim of another user, while the flood goes on
+            res = subprocess.run(_as(1, sys.executable, "-c", VICTIM, str(rt.port)), env=env,
+                                 capture_output=True, text=True, timeout=60)
+            assert res.returncode == 0 and "joined" in res.stdout, res.stderr[-800:]
+        assert flood.poll() is None and rt.rejected.get("too_many", 0) > 0  # the flood was refused beyond its own share
+    finally:
+        flood.kill()
+        flood.wait(10)
+        rt.close()
+
+
+def test_an_add_on_a_counter_that_is_no_counter_is_refused_named_not_a_traceback() -> None:
+    """An ADD on a key holding 4,300 digits raised ValueError in the store's thread (a traceback each)."""
+    from malletrain.elastic.keys import arrive_key
+    from malletrain.elastic.wire import StoreClient, StoreRefused
+    from malletrain.runtimes.torch_elastic import TorchRuntime
+
+    rt = TorchRuntime("127.0.0.1", 0, monitor="tcp://127.0.0.1:5999")
+    rt.start()
+    try:
+        rt.launch_spec("j", ["x"], "w", "n")
+        c = StoreClient(("127.0.0.1", rt.port), "j", "w", rt.secret_for("j"))
+        key = arrive_key("j", 3)
+        for held, delta in (("9" * 4300, 1), ("9" * 4299, 1), (str(2**63 - 1), 1), ("12", 10**30)):
+            c.set(key, held)
+            with pytest.raises(StoreRefused, match="not a counter|not an integer"):
+                c.add(key, delta)
+        c.set(key, "5")
+        assert c.add(key, 2) == 7  # the connection is still served
+    finally:
+        rt.close()
