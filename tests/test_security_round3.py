@@ -159,3 +159,41 @@ def test_an_add_on_a_counter_that_is_no_counter_is_refused_named_not_a_traceback
         assert c.add(key, 2) == 7  # the connection is still served
     finally:
         rt.close()
+
+
+# ---- claims that move nodes ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fast_path", [True, False])
+def test_a_job_on_one_node_cannot_claim_a_world_of_two_at_a_rate_it_never_trained(fast_path: bool) -> None:
+    """A job trained at 1,000/s on one node, then claimed world size 2 at 7,600/s, doubling: the policy took
+    the victim's node for it. The world size a report counts at is the daemon's record of the job's members."""
+    from malletrain.messages import Report, new_secret, secret_key
+    from malletrain.monitor import Monitor
+
+    now = [1000.0]
+    mon = Monitor(clock=lambda: now[0])
+    mon.fast_path = fast_path
+    try:
+        secret = new_secret()
+        key = secret_key(secret)
+        mon.register("j", secret, max_nodes=2)
+        mon.set_world("j", 1, 1)  # what the daemon published: one node
+        seq = 1
+        for _ in range(90):  # 90 s at 1,000/s on its one node
+            now[0] += 1.0
+            mon.ingest(Report("j", seq, 1_000, now[0], 1, 1, "w0").encode(key))
+            seq += 1
+        for gen in (1, 2, 7):  # then claims of a world of 2 at 7,600/s, in its own and in made-up generations
+            for _ in range(60):
+                now[0] += 1.0
+                mon.ingest(Report("j", seq, 7_600, now[0], 2, gen, "w0").encode(key))
+                seq += 1
+        st = mon.jobs["j"]
+        assert set(st.rates()) == {1} and st.world_size == 1  # nothing measured at a world it was never given
+        mon.set_world("j", 8, 2)  # the daemon grows it: its reports now count at 2
+        now[0] += 1.0
+        mon.ingest(Report("j", seq, 2_000, now[0], 1, 8, "w0").encode(key))
+        assert st.world_size == 2
+    finally:
+        mon.close()

@@ -120,6 +120,7 @@ class Jobs(DaemonBase):
     def _publish(self, run: JobRun, members: list[str], now: float) -> None:
         gen = self.runtime.set_members(run.id, [run.workers[n] for n in members])
         self.store.set_generation(run.id, gen)
+        self.monitor.set_world(run.id, gen, len(members))  # reports count at this size, not at what they claim
         self.store.log_event("members", run.id, generation=gen, nodes=members, before=run.members)
         run.members = list(members)
         run.published = tuple(run.workers[n] for n in members)
