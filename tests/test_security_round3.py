@@ -197,3 +197,38 @@ def test_a_job_on_one_node_cannot_claim_a_world_of_two_at_a_rate_it_never_traine
         assert st.world_size == 2
     finally:
         mon.close()
+
+
+# ---- a checkpoint header a job writes ---------------------------------------------------------
+
+
+def test_a_checkpoint_header_of_5_million_chunks_is_refused_and_costs_the_daemon_no_key_list(tmp_path: Path) -> None:
+    """``ckpt`` = ``chunks:5000000:0``: every loop built a 5M-key list (486 MB), and a cancel froze the daemon."""
+    from malletrain.elastic.keys import ckpt_key, ckpt_seq_key, ckpt_tag_key, parse_ckpt_header
+    from malletrain.elastic.wire import StoreClient
+    from malletrain.runtimes.torch_elastic import TorchRuntime
+
+    for bad in (b"chunks:5000000:0", b"chunks:1:5000000000", b"chunks:2:10", b"chunks:" + b"9" * 4300 + b":0"):
+        with pytest.raises(ValueError, match="job j: checkpoint header"):
+            parse_ckpt_header(bad, "j")
+    assert parse_ckpt_header(b"chunks:2:983041", "j") == (2, 983041) and parse_ckpt_header(b"chunks:0:0", "j") == (0, 0)
+    rt = TorchRuntime("127.0.0.1", 0, monitor="tcp://127.0.0.1:5999", checkpoint_dir=tmp_path)
+    rt.start()
+    try:
+        rt.launch_spec("j", ["x"], "w", "n")
+        c = StoreClient(("127.0.0.1", rt.port), "j", "w", rt.secret_for("j"))
+        c.set(ckpt_key("j"), "chunks:5000000:0")
+        c.set(ckpt_tag_key("j"), "3")
+        c.set(ckpt_seq_key("j"), "2")
+        store = rt._store
+        assert store is not None
+        asked: list[int] = []
+        check, delete = store.check, store.delete_key
+        store.check = lambda keys: asked.append(len(keys)) or check(keys)  # type: ignore[method-assign]
+        store.delete_key = lambda key: asked.append(1) or delete(key)  # type: ignore[method-assign]
+        assert rt.persist_checkpoints(["j"]) == []
+        rt.forget("j", keep_state=False)  # what a cancel does
+        assert max(asked) <= 4 and len(asked) < 100
+        assert not store.check([ckpt_key("j")])  # its keys are gone all the same
+    finally:
+        rt.close()

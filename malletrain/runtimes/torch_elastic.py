@@ -476,7 +476,11 @@ class TorchRuntime(Runtime):
                 if self._store is not None:
                     head = ckpt_key(job_id)
                     if self._store.check([head]):
-                        n_chunks, _ = parse_ckpt_header(self._store.get(head), job_id)
+                        try:
+                            n_chunks, _ = parse_ckpt_header(self._store.get(head), job_id)
+                        except ValueError as exc:  # a header the job wrote wrong: its other keys still go
+                            log.warning("%s", exc)
+                            n_chunks = 0
                         for i in range(n_chunks):
                             self._store.delete_key(ckpt_chunk_key(job_id, i))
                     for key in (head, ckpt_tag_key(job_id), ckpt_seq_key(job_id), active_key(job_id)):
