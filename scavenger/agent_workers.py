@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from scavenger import containment
+from scavenger.logpump import LogPump
 from scavenger import jobproc
 from scavenger import protocol as P
 from scavenger.warm import WARM_WAIT_S, Assignment, WarmSlot, warm_refusal
@@ -36,7 +37,7 @@ class Worker:
 
     name: str
     proc: subprocess.Popen[bytes]
-    log: jobproc.CappedLog | None
+    log: LogPump | None
     kill_at: float | None = None  # SIGKILL deadline after a stop
 
 
@@ -93,9 +94,10 @@ def run_as_owner(msg: P.StartWorker) -> "RunAs | None | str":
     return RunAs(msg.uid, gid, env)
 
 
-def _open_log(path: Path, run_as: "RunAs | None") -> IO[bytes]:
-    """The worker's log, 0600, owned by the user the worker runs as (never a link)."""
-    return jobproc.open_private(path, *((run_as.uid, run_as.gid) if run_as is not None else (None, None)))
+def _open_log(path: Path, run_as: "RunAs | None", max_bytes: int) -> LogPump:
+    """The worker's log, 0600, owned by the user the worker runs as (never a link), written through a
+    pipe that keeps its cap and the disk's reserve (:mod:`scavenger.logpump`)."""
+    return LogPump(path, max_bytes, (run_as.uid, run_as.gid) if run_as is not None else None)
 
 
 
@@ -130,6 +132,7 @@ class WorkerHost:
             return
         env = jobproc.worker_environ(os.environ, msg.env or {}, run_as.env if run_as is not None else None)
         out: IO[bytes] | None = None
+        pump: LogPump | None = None
         log_path = None
         join = self.containment.prepare(msg.worker)  # before the drop: the child joins its cgroup with it
         try:
@@ -138,7 +141,8 @@ class WorkerHost:
                 log_path = self.log_dir / f"{msg.worker}.log"
                 jobproc.prune_logs(self.log_dir, [w.log.path for w in self.workers.values() if w.log],
                                    self.logs_max_total)
-                out = _open_log(log_path, run_as)
+                pump = _open_log(log_path, run_as, self.log_max_bytes)
+                out = pump.write_end
             proc = self._warm_start(msg, env, run_as, out) or subprocess.Popen(
                 list(msg.argv),
                 env=env,
@@ -159,11 +163,9 @@ class WorkerHost:
             self.containment.end(msg.worker)
             return
         self.containment.add(msg.worker, proc.pid)
-        capped = None
-        if out is not None and log_path is not None:
-            capped = jobproc.CappedLog(log_path, out, self.log_max_bytes,
-                                       (run_as.uid, run_as.gid) if run_as is not None else None)
-        self.workers[msg.worker] = Worker(msg.worker, proc, capped)
+        if pump is not None:
+            pump.spawned()  # the worker holds the pipe now; the agent's copy would keep it open forever
+        self.workers[msg.worker] = Worker(msg.worker, proc, pump)
         log.info("node %s: worker %s started, pid %d, uid %d (output: %s)", self.node, msg.worker, proc.pid,
                  run_as.uid if run_as is not None else os.geteuid(), log_path or "discarded")
         log.debug("node %s: worker %s argv %r", self.node, msg.worker, list(msg.argv))  # escaped: one line

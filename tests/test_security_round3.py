@@ -232,3 +232,52 @@ def test_a_checkpoint_header_of_5_million_chunks_is_refused_and_costs_the_daemon
         assert not store.check([ckpt_key("j")])  # its keys are gone all the same
     finally:
         rt.close()
+
+
+# ---- a log flood --------------------------------------------------------------------------------
+
+FLOOD_OUT = "import os\nb = b'A' * 65535 + b'\\n'\nfor _ in range(int(os.sys.argv[1])): os.write(1, b)\n"
+
+
+@pytest.mark.slow
+def test_a_log_flood_never_holds_more_than_twice_the_cap_on_disk(tmp_path: Path) -> None:
+    """``yes AAAA...`` grew one log to 256 MB (cap 64 MiB) in under 10 s: the agent looked too late."""
+    from test_security_round2 import AgentRig
+
+    r = AgentRig(tmp_path, "--log-max-bytes", "100000")
+    try:
+        sizes: list[int] = []
+
+        def look() -> bool:
+            r.tick()
+            sizes.extend(f.stat().st_size for f in r.logs.glob("flood.log*"))
+            return r.exit_code("flood") is not None
+
+        assert r.hub.start_worker("node00", "flood", (sys.executable, "-c", FLOOD_OUT, "800"), {}, None)
+        r.wait("the 52 MB flood ended", look, timeout=120)
+        assert r.exit_code("flood") == 0 and max(sizes) <= 100_000
+        assert {f.name for f in r.logs.glob("flood.log*")} == {"flood.log", "flood.log.1"}
+        assert "log rotated" in (r.logs / "flood.log").read_text()
+        assert "AAAA" not in (tmp_path / "agent.log").read_text()
+    finally:
+        r.close()
+
+
+def test_a_log_writes_nothing_into_the_disk_reserve_and_resumes_when_there_is_room(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The flood filled the state file system: every other user's submit and cancel then failed."""
+    import subprocess
+
+    from scavenger import logpump
+
+    room = {"free": 10 << 20}
+    monkeypatch.setattr(logpump, "free_and_reserve", lambda folder: (room["free"], 32 << 20))
+    monkeypatch.setattr(logpump, "SPACE_EVERY_S", 0.0)
+    pump = logpump.LogPump(tmp_path / "w.log", 64 << 20)
+    subprocess.run([sys.executable, "-c", FLOOD_OUT, "16"], stdout=pump.write_end, check=True, timeout=60)
+    room["free"] = 1 << 40
+    subprocess.run([sys.executable, "-c", "print('after')"], stdout=pump.write_end, check=True, timeout=60)
+    pump.close()
+    text = (tmp_path / "w.log").read_text()
+    assert "AAAA" not in text and "output dropped" in text and "after" in text
+    assert pump.dropped == 16 * 65536
