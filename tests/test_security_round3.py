@@ -281,3 +281,35 @@ def test_a_log_writes_nothing_into_the_disk_reserve_and_resumes_when_there_is_ro
     text = (tmp_path / "w.log").read_text()
     assert "AAAA" not in text and "output dropped" in text and "after" in text
     assert pump.dropped == 16 * 65536
+
+
+# ---- the metrics endpoint ----------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not ROOT, reason="a scrape as another local user (setpriv needs root)")
+def test_a_thousand_idle_connections_to_the_metrics_port_start_no_thousand_threads() -> None:
+    """1,000 connections gave the daemon 1,008 threads; and another user's scrape must still be served."""
+    import socket
+    import subprocess
+    import threading
+
+    pytest.importorskip("prometheus_client")
+    from malletrain.metrics import Metrics
+
+    m = Metrics("127.0.0.1:0")
+    held: list[socket.socket] = []
+    try:
+        before = threading.active_count()
+        port = int(m.address.rsplit(":", 1)[1])
+        for _ in range(300):
+            held.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+        scrape = ("import sys, urllib.request\n"
+                  "print(len(urllib.request.urlopen(f'http://127.0.0.1:{sys.argv[1]}/metrics', timeout=20).read()))\n")
+        res = subprocess.run(_as(NOBODY, sys.executable, "-c", scrape, str(port)), capture_output=True, text=True,
+                             timeout=60)
+        assert res.returncode == 0 and int(res.stdout) > 100, res.stderr[-500:]
+        assert threading.active_count() - before <= 16
+    finally:
+        for s in held:
+            s.close()
+        m.close()
