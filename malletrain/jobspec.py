@@ -483,18 +483,14 @@ def load_spec(path: str | Path, python: str | None = None) -> JobSpec:
     folder itself; the agent enters it as the job's owner), and the interpreter rule
     is applied (:meth:`JobSpec.resolved`).
     """
+    from malletrain.submitcheck import check_cwd, read_job_file  # (it imports this module)
+
     p = Path(path)
-    try:
-        data = p.read_bytes()
-    except FileNotFoundError:
-        raise FileNotFoundError(f"job file not found: {p}") from None
-    except IsADirectoryError:
-        raise JobSpecError(f"{p}: is a directory, not a job file") from None
-    except OSError as exc:
-        raise JobSpecError(f"{p}: cannot read: {exc.strerror or exc}") from None
+    data = read_job_file(p, JOB_FILE_MAX_BYTES)  # a regular file, bounded: never /dev/zero or a FIFO
     spec = parse_spec(decode_job_file(p, data), str(p))
     cwd = Path(spec.cwd) if spec.cwd else Path(".")
     cwd = (p.resolve().parent / cwd).resolve()  # links resolved now, by the submitting user (absolute ones too)
     spec = replace(spec, cwd=str(cwd)).resolved(python, str(p))
+    check_cwd(str(cwd), str(p))
     check_submit(spec, str(p))
     return spec

@@ -100,6 +100,7 @@ class LogPump:
             return
         try:
             self._file.write(chunk)
+            self._file.flush()  # (the file object buffers: a line must be there as soon as it is written)
             self._written += len(chunk)
         except OSError:
             self.dropped += len(chunk)
@@ -143,6 +144,7 @@ class LogPump:
         try:
             line = f"[malletrain agent: {text}]\n".encode()
             self._file.write(line)
+            self._file.flush()
             self._written += len(line)
         except OSError:
             pass

@@ -108,7 +108,7 @@ VICTIM = (
 )
 
 
-def _as(uid: int, *argv: str) -> list[str]:
+def _as(uid: int | None, *argv: str) -> list[str]:
     return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", *argv]
 
 
@@ -313,3 +313,121 @@ def test_a_thousand_idle_connections_to_the_metrics_port_start_no_thousand_threa
         for s in held:
             s.close()
         m.close()
+
+
+def test_a_short_line_is_in_the_log_as_soon_as_it_is_written(tmp_path: Path) -> None:
+    import subprocess
+
+    from scavenger.logpump import LogPump
+
+    pump = LogPump(tmp_path / "w.log", 64 << 20)
+    proc = subprocess.Popen([sys.executable, "-c", "import time; print('first', flush=True); time.sleep(60)"],
+                            stdout=pump.write_end)
+    pump.spawned()
+    try:
+        import time
+
+        deadline = time.monotonic() + 30
+        while "first" not in (tmp_path / "w.log").read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "first" in (tmp_path / "w.log").read_text()
+    finally:
+        proc.kill()
+        proc.wait(10)
+        pump.close()
+
+
+# ---- submit: what the CLI checks as the submitting user -----------------------------------------
+
+
+def _cli(*args: str, uid: int | None = None, timeout: float = 60) -> Any:
+    import subprocess
+
+    argv = [sys.executable, "-m", "malletrain", *args]
+    return subprocess.run(_as(uid, *argv) if uid is not None else argv, capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+@pytest.fixture
+def open_dir() -> Iterator[Path]:
+    """A folder every user can read (pytest's tmp_path is 0700)."""
+    import shutil
+    import tempfile
+
+    top = Path(tempfile.mkdtemp(prefix="mt-submit-"))
+    os.chmod(top, 0o755)
+    try:
+        yield top
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def test_a_job_file_that_is_a_device_or_a_fifo_is_refused_at_once_naming_it(open_dir: Path) -> None:
+    """``/dev/zero`` ran the CLI out of memory; a FIFO hung it."""
+    fifo = open_dir / "job.toml"
+    os.mkfifo(fifo)
+    for path in ("/dev/zero", str(fifo)):
+        res = _cli("submit", path, "--state-dir", str(open_dir / "s"), timeout=30)
+        assert res.returncode == 2 and path in res.stderr and "not a regular file" in res.stderr, res.stderr
+        assert "Traceback" not in res.stderr
+
+
+@pytest.mark.skipif(not ROOT, reason="submits as another local user (setpriv needs root)")
+def test_a_cwd_its_owner_cannot_enter_is_refused_naming_it_without_a_traceback(open_dir: Path) -> None:
+    """A cwd under another user's 0700 home gave a PermissionError traceback; ``cwd = "/root"`` was accepted."""
+    closed = open_dir / "home"
+    (closed / "proj").mkdir(parents=True)
+    os.chmod(closed, 0o700)
+    for cwd, why in ((closed / "proj", "permission denied"), (closed, "cannot enter it")):
+        job = open_dir / "job.toml"
+        job.write_text(f'name = "x"\ncommand = ["/bin/true"]\ncwd = "{cwd}"\n')
+        os.chmod(job, 0o644)
+        res = _cli("submit", str(job), "--state-dir", str(open_dir / "s"), uid=NOBODY)
+        assert res.returncode == 2 and str(cwd) in res.stderr and why in res.stderr, res.stderr
+        assert "Traceback" not in res.stderr
+
+
+MISSING = [
+    ('["python", "nothere.py"]', "script nothere.py not found"),
+    ('["python", "-u", "-X", "dev", "nothere.py", "--lr", "1"]', "script nothere.py not found"),
+    ('["python", "-m", "no_such_pkg_here.train"]', "module no_such_pkg_here.train not found"),
+    ('["no-such-program-here", "x"]', "command 'no-such-program-here' is not an executable"),
+    ('["./train.sh"]', "command './train.sh' is not an executable"),
+]
+THERE = ['["python", "train.py"]', '["python", "-m", "pkg.train"]', '["python", "-c", "pass"]',
+         '["/bin/sh", "-c", "exit 0"]', '["true"]']
+
+
+def test_submit_refuses_a_command_whose_program_or_script_is_not_there_naming_it(tmp_path: Path) -> None:
+    """A job whose script did not exist was accepted, and failed 20 s and five workers later."""
+    job = tmp_path / "job.toml"
+    (tmp_path / "train.sh").write_text("#!/bin/sh\n")  # there, but not executable
+    for command, named in MISSING:
+        job.write_text(f'name = "x"\ncommand = {command}\n')
+        res = _cli("submit", str(job), "--state-dir", str(tmp_path / "s"))
+        assert res.returncode == 2 and named in res.stderr and str(job) in res.stderr, res.stderr
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "train.py").write_text("")
+    for command in THERE:  # and what is there is taken
+        job.write_text(f'name = "x"\ncommand = {command}\n')
+        res = _cli("submit", str(job), "--state-dir", str(tmp_path / "s"))
+        assert res.returncode == 0, (command, res.stderr)
+
+
+def test_status_into_a_closed_pipe_ends_without_a_traceback(tmp_path: Path) -> None:
+    """``malletrain status | head`` ended in a BrokenPipeError traceback."""
+    import subprocess
+
+    from malletrain.store import Store
+
+    store = Store.open(tmp_path / "s" / "store.db")
+    for i in range(30):
+        store.submit(JobSpec(f"job{i}", ("true",), 1, 1))
+    store.close()
+    proc = subprocess.Popen([sys.executable, "-m", "malletrain", "status", "--state-dir", str(tmp_path / "s")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # the reader is gone before the first line
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141 and "Traceback" not in err and "BrokenPipe" not in err, err
