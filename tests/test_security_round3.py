@@ -431,3 +431,58 @@ def test_status_into_a_closed_pipe_ends_without_a_traceback(tmp_path: Path) -> N
     proc.stdout.close()  # the reader is gone before the first line
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 141 and "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+# ---- a warm worker looks like a cold one ---------------------------------------------------------
+
+LOOKS = """
+import ctypes, json, os, subprocess, sys, tempfile
+ps = subprocess.run(["ps", "-o", "args=", "-p", str(os.getpid())], capture_output=True, text=True).stdout.strip()
+print(json.dumps({"ps": ps, "environ": open("/proc/self/environ", "rb").read().decode(errors="replace"),
+                  "dumpable": ctypes.CDLL(None).prctl(3, 0, 0, 0, 0), "tmp": tempfile.gettempdir(),
+                  "comm": open("/proc/self/comm").read().strip()}))
+"""
+
+
+@pytest.mark.skipif(not ROOT, reason="a root warm process that runs the job as another user")
+def test_a_warm_worker_shows_its_command_and_environment_is_dumpable_and_follows_tmpdir() -> None:
+    """Warm workers differed from cold ones: non-dumpable, TMPDIR ignored (an import had cached the agent's),
+    ``ps`` showed ``scavenger.warm --fd 13``, ``/proc/PID/environ`` root's HOME and PATH."""
+    import json
+    import shutil
+    import tempfile
+
+    from scavenger.warm import Assignment, WarmSlot, start_time_env
+    from test_warm import wait_ready
+
+    work = Path(tempfile.mkdtemp(prefix="mt-warm-looks-"))
+    try:
+        work.chmod(0o755)
+        (work / "cachetmp.py").write_text("import tempfile\ntempfile.gettempdir()\n")  # as torch's import does
+        script = work / "looks.py"
+        script.write_text(LOOKS)
+        script.chmod(0o644)
+        own_tmp = work / "tmp"
+        own_tmp.mkdir(mode=0o777)
+        own_tmp.chmod(0o777)
+        slot = WarmSlot(("cachetmp",))
+        slot.env = {**slot.env, "PYTHONPATH": str(work), "HOME": "/root"}
+        slot.prepare()
+        try:
+            wait_ready(slot)
+            log_path = work / "w.log"
+            with log_path.open("ab") as log:
+                env = {**start_time_env(slot.env), "PATH": "/usr/bin:/bin", "TMPDIR": str(own_tmp), "X": "1"}
+                proc = slot.take(Assignment((sys.executable, str(script), "--lr", "0.1"), env, str(work),
+                                            NOBODY, NOBODY), log)
+                assert not isinstance(proc, str), proc
+                assert proc.wait(timeout=60) == 0, log_path.read_text()
+        finally:
+            slot.close()
+        seen = json.loads(next(line for line in log_path.read_text().splitlines() if line.startswith("{")))
+        assert "scavenger.warm" not in seen["ps"] and f"{script} --lr 0.1" in seen["ps"], seen["ps"]
+        assert seen["comm"] == "looks.py"
+        assert "HOME=/root" not in seen["environ"] and "X=1" in seen["environ"]
+        assert seen["dumpable"] == 1 and seen["tmp"] == str(own_tmp)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
