@@ -486,3 +486,46 @@ def test_a_warm_worker_shows_its_command_and_environment_is_dumpable_and_follows
         assert seen["dumpable"] == 1 and seen["tmp"] == str(own_tmp)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+# ---- progress that no longer exists -------------------------------------------------------------
+
+
+def test_a_world_with_no_survivor_and_no_checkpoint_is_known_to_start_from_step_0() -> None:
+    from malletrain.elastic.keys import ckpt_key, ckpt_seq_key, ckpt_tag_key
+    from malletrain.elastic.wire import StoreClient
+    from malletrain.runtimes.torch_elastic import TorchRuntime
+
+    rt = TorchRuntime("127.0.0.1", 0, monitor="tcp://127.0.0.1:5999")
+    rt.start()
+    try:
+        for w in ("a", "b", "c", "d"):
+            rt.launch_spec("j", ["x"], w, "n")
+        rt.set_members("j", ["a"])
+        assert not rt.restarted_from_scratch("j")  # the first world: nothing was counted yet
+        rt.set_members("j", ["a", "b"])
+        assert not rt.restarted_from_scratch("j")  # a grows into b: b joins a's state
+        rt.set_members("j", ["c"])  # both died, c replaces them: no checkpoint to start from
+        assert rt.restarted_from_scratch("j")
+        c = StoreClient(("127.0.0.1", rt.port), "j", "c", rt.secret_for("j"))
+        c.set(ckpt_key("j"), "chunks:0:0")
+        c.set(ckpt_tag_key("j"), "3")
+        c.set(ckpt_seq_key("j"), "2")
+        rt.set_members("j", ["d"])  # c died too, but it left a checkpoint
+        assert not rt.restarted_from_scratch("j")
+    finally:
+        rt.close()
+
+
+def test_the_daemon_drops_the_count_of_progress_a_restart_from_step_0_lost(toy_daemon: Any) -> None:
+    """A dead lone worker was replaced and restarted at step 0, while the daemon kept its 43k samples."""
+    d = toy_daemon
+    jid = d.store.submit(JobSpec("j", TOY + ("--rate", "4000"), 1, 1))
+    step_until(d, lambda: d.runs[jid].last_progress > 2000 and d.store.require(jid).samples > 2000, 60)
+    run = d.runs[jid]
+    d.runtime.restarted_from_scratch = lambda job: job == jid  # what the torch runtime says of such a world
+    d._publish(run, list(run.members), d.clock())  # (the replacement's world, published)
+    assert run.last_progress == 0 and d.store.require(jid).samples == 0
+    assert any(e["kind"] == "progress_lost" and e["samples"] > 2000 for e in d.store.events())
+    del d.runtime.restarted_from_scratch
+    step_until(d, lambda: 0 < d.runs[jid].last_progress and d.store.require(jid).samples > 0, 60)

@@ -219,6 +219,7 @@ class TorchRuntime(Runtime):
         self._lock = threading.Lock()
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
         self._persisted: dict[str, int] = {}  # job -> ckpt_seq of the checkpoint on disk
+        self._scratch: set[str] = set()  # jobs whose last published world starts from step 0
 
     # -- lifecycle -----------------------------------------------------------------
     def use_secrets(self, secret_for: Callable[[str], str]) -> None:
@@ -332,9 +333,12 @@ class TorchRuntime(Runtime):
             store = self._require_store()
             gen = max(self._generations.get(job_id, 0), self._reported(store, job_id, ordered)) + 1
             last = self._last_nonempty.get(job_id)
+            self._scratch.discard(job_id)
             if ordered and last is not None and not last[1] & set(ordered):
                 # nobody of the last world stays: the new one starts from its checkpoint
                 store.set(handover_key(job_id, gen), str(last[0]))
+                if not store.check([ckpt_tag_key(job_id)]):  # ... or, with none, from step 0
+                    self._scratch.add(job_id)
             if ordered:
                 self._last_nonempty[job_id] = (gen, frozenset(ordered))
             store.set(members_key(job_id, gen), json.dumps(list(ordered)))
@@ -353,6 +357,11 @@ class TorchRuntime(Runtime):
             self._workers.setdefault(job_id, set()).update(workers)
             self._own.setdefault(job_id, set()).update(workers)
             return self._generations.get(job_id, 0)
+
+    def restarted_from_scratch(self, job_id: str) -> bool:
+        """Whether the job's last published world has none of the last one's workers and no checkpoint."""
+        with self._lock:
+            return job_id in self._scratch
 
     def resume_generation(self, job_id: str, generation: int) -> None:
         """After a daemon restart: the job's numbering goes on above ``generation`` (never backwards),
