@@ -529,3 +529,15 @@ def test_the_daemon_drops_the_count_of_progress_a_restart_from_step_0_lost(toy_d
     assert any(e["kind"] == "progress_lost" and e["samples"] > 2000 for e in d.store.events())
     del d.runtime.restarted_from_scratch
     step_until(d, lambda: 0 < d.runs[jid].last_progress and d.store.require(jid).samples > 0, 60)
+
+
+# ---- the shipped systemd unit --------------------------------------------------------------------
+
+
+def test_the_shipped_unit_lets_the_agents_make_cgroups_in_its_delegated_subtree() -> None:
+    """``ProtectControlGroups=yes`` made /sys/fs/cgroup read-only: agents under systemd fell back to the
+    subreaper, which a setsid() grandchild of a worker killed with its agent outlives."""
+    unit = (Path(__file__).parents[1] / "docs" / "malletrain.service").read_text()
+    settings = [line.split("=", 1) for line in unit.splitlines() if "=" in line and not line.startswith("#")]
+    values = {k.strip(): v.strip() for k, v in settings}
+    assert values.get("ProtectControlGroups", "no") == "no" and values.get("Delegate") == "yes"
