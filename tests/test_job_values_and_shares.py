@@ -1,5 +1,6 @@
-"""What a job, or any local user, can do to the daemon, to other jobs and to the node (the third
-round of probes): each test replays the attack or the fault, and fails on the code before its fix.
+"""What a job, or any local user, can do to the daemon, to other jobs and to the node: every value a
+job writes is bounded where it is read, every shared resource has a per-user share. Each test
+replays the attack or the fault, and fails on the code before its fix.
 
 Tests that act as another local user need root (they drop to ``nobody``); they are skipped otherwise.
 """
