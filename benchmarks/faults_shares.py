@@ -10,9 +10,9 @@ Against real root daemons (local backend), each attack as it was reported:
 * **lockouts** (L; victims delayed: LV): a local user without a job (uid 65533) re-opens 300 silent connections to
   the store in a loop; meanwhile another user's (nobody's) job must reach the store (its worker sets a key and
   says so in its log) within 30 s, or it counts as delayed.
-* **evictions** (E; victims evicted: EV): on two nodes, a job that trains nothing signs reports with its
-  own secret: 1,000/s on its one node for 70 s, then claims a world of two at 7,600/s, doubling every
-  62 s. The victim (min 1, max 2) must keep a node: evicted if it is ever suspended or without nodes.
+* **evictions** (E; victims evicted: EV): on two nodes, a job that trains 1,000/s on its one node for
+  70 s (a toy worker) then also signs reports with its own secret claiming a world of two at 7,600/s,
+  doubling every 62 s. The victim (one node) must keep its node: evicted if it is ever suspended or without nodes.
 * **log floods** (G; disk full: GF): on a 300 MiB state file system, a job writes its log as fast as it
   can for 20 s. Full (one count each) if the file system's free space ever fell under the logs'
   reserve, a log held more than twice its cap, or another user's submit or cancel failed meanwhile.
@@ -106,18 +106,19 @@ SILENT = (
 )
 
 LIAR = """
-import os, time, zmq
+import os, subprocess, sys, time, zmq
 from malletrain.messages import Report, secret_key
 job, me = os.environ["MALLETRAIN_JOB"], os.environ["MALLETRAIN_WORKER"]
+worker = subprocess.Popen([sys.executable, "-m", "malletrain.toy_runtime", "--rate", "1000"])  # joins, reports
 key = secret_key(os.environ["MALLETRAIN_JOB_SECRET"])
 push = zmq.Context.instance().socket(zmq.PUSH)
 push.connect(os.environ["MALLETRAIN_MONITOR"])
-seq, start = 1, time.monotonic()
-while True:
+seq, start = 10 ** 9, time.monotonic()
+while worker.poll() is None:
     age = time.monotonic() - start
-    world, rate = (1, 1000) if age < 70 else (2, int(7600 * 2 ** ((age - 70) // 62)))
-    push.send(Report(job, seq, rate, time.time(), world, 10 ** 6, me).encode(key))
-    seq += 1
+    if age >= 70:  # then the false claims: a world of two, at 7,600/s, doubling every 62 s
+        push.send(Report(job, seq, int(7600 * 2 ** ((age - 70) // 62)), time.time(), 2, 10 ** 6, me).encode(key))
+        seq += 1
     time.sleep(1.0)
 """
 
@@ -243,11 +244,12 @@ def evictions(t: B.Tally, r: Shares) -> None:
         d = B.Daemon(top, CONFIG.format(runtime="toy", nodes=2))
         d.start()
         try:
-            victim = d.submit(B.TOY_JOB.format(name="victim", rate=1000, lo=1, hi=2, profile="false", samples=""),
+            victim = d.submit(B.TOY_JOB.format(name="victim", rate=1000, lo=1, hi=1, profile="false", samples=""),
                               "victim")
             B.wait(lambda: d.jobs()[victim]["samples"] > 0, 60)
             liar = _submit(d, "liar", _py_job("liar", LIAR, 1, 2))
-            B.wait(lambda: d.jobs()[liar]["state"] == "running", 60)
+            if not B.wait(lambda: d.jobs()[liar]["state"] == "running", 60):
+                t.note(f"shares: the lying job never ran ({d.jobs()[liar]['state']}): no eviction was tried")
             r.evictions += 1
             worst, end = "", time.monotonic() + 200  # 70 s of history, then the false claims, doubling
             while time.monotonic() < end:

@@ -1,11 +1,8 @@
-"""What ``malletrain submit`` checks on the submitting user's machine before a job is recorded.
+"""What ``malletrain submit`` checks of a job's command before it is recorded, as the submitting user.
 
-Everything here runs as the submitting user, in the CLI (the daemon only parses the job):
+(The job file itself is read bounded, a regular file only, by :func:`malletrain.textfile.read_user_file`,
+and its ``cwd`` checked by :func:`malletrain.jobspec.check_submit`.)
 
-- :func:`read_job_file`: the job file is a regular file of at most ``max_bytes`` (``/dev/zero`` ran
-  the CLI out of memory, a FIFO hung it);
-- :func:`check_cwd`: the job's ``cwd`` is a folder its owner can enter (one under another user's 0700
-  home gave a traceback, and ``/root`` was accepted from a user who cannot enter it);
 - :func:`check_command`: the command's program is there: a first word that is an executable (a path,
   from ``cwd``, or a name on ``PATH``), and for a Python interpreter the script (``python train.py``,
   from ``cwd``) or the top-level package of the module (``python -m pkg.mod``, looked up by that
@@ -18,9 +15,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import stat
 import subprocess
-from pathlib import Path
 from typing import Mapping, Sequence
 
 from malletrain.jobspec import JobSpecError
@@ -37,40 +32,6 @@ FIND_TIMEOUT_S = 30.0
 
 class SubmitCheckError(JobSpecError):
     """A job that cannot run as submitted; the message names the file, folder or program."""
-
-
-def read_job_file(path: Path, max_bytes: int) -> bytes:
-    """The bytes of a job file: a regular file (never waits on a FIFO), at most ``max_bytes`` + 1 read."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"job file not found: {path}") from None
-    except OSError as exc:
-        raise SubmitCheckError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    with os.fdopen(fd, "rb") as fh:
-        mode = os.fstat(fd).st_mode
-        if stat.S_ISDIR(mode):
-            raise SubmitCheckError(f"{path}: is a directory, not a job file")
-        if not stat.S_ISREG(mode):
-            raise SubmitCheckError(f"{path}: is not a regular file (a device, FIFO or socket), not a job file")
-        try:
-            return fh.read(max_bytes + 1)
-        except OSError as exc:
-            raise SubmitCheckError(f"{path}: cannot read: {exc.strerror or exc}") from None
-
-
-def check_cwd(cwd: str, where: str) -> None:
-    """``cwd`` is a folder the submitting user can enter (the agent enters it as them)."""
-    try:
-        st = os.stat(cwd)
-    except PermissionError:
-        raise SubmitCheckError(f"{where}: cwd {cwd}: permission denied (a folder above it is closed to you)") from None
-    except OSError:
-        raise SubmitCheckError(f"{where}: cwd {cwd} is not an existing directory") from None
-    if not stat.S_ISDIR(st.st_mode):
-        raise SubmitCheckError(f"{where}: cwd {cwd} is not an existing directory")
-    if not os.access(cwd, os.X_OK):
-        raise SubmitCheckError(f"{where}: cwd {cwd}: you cannot enter it (the job runs as you)")
 
 
 def _program(word: str, cwd: str, env: Mapping[str, str]) -> str | None:
