@@ -35,14 +35,25 @@ Orphans: processes that mention a state dir after its daemon stopped.
   a log flood), self-signed reports claiming more than a node can train, ~1,000
   idle connections from one user to each port, and the rendezvous store's attacks.
 
-The fuzz, spoofing and round2 parts live in ``faults_fuzz.py``, ``faults_spoof.py`` and
-``faults_round2.py`` beside this file.
+* **shares** (``benchmarks/faults_shares.py``): a job's values the daemon reads (a generation of
+  2^63, a 5M-chunk checkpoint header, a 4,300-digit counter: the daemon must stay up, also after a
+  restart), a local user's silent connections to the rendezvous store (another user's job must still
+  reach it), a job claiming a world it was not given at rates it never trained (its neighbour must
+  keep its node), and a log flood on a 300 MiB state file system (the disk must not fill).
+* **neighbours** (``--neighbours 2``): two more daemons, each with its own state dir, ports and
+  agents, run a job of their own for the whole run; a job of theirs that stops training or loses a
+  worker counts as lost (one installation's agents must not sweep another's cgroups).
+
+The fuzz, spoofing, round2 and shares parts live in ``faults_fuzz.py``, ``faults_spoof.py``,
+``faults_round2.py`` and ``faults_shares.py`` beside this file.
 
 Orphans: processes that mention a state dir after its daemon stopped.
 Goals: lost = duplicated = orphans = tracebacks = accepted = escaped = down = 0. The last line is
 ``faults: K kills, L lost, D duplicated, R recalls, O orphans, F fuzz cases, T tracebacks,
 S spoofed reports, A accepted, R store attacks, RA accepted, P privilege probes, PA escaped,
-D fd floods, DD daemon down``.
+D fd floods, DD daemon down, J job-crash attempts, JD daemon down, L lockouts, LV victims delayed,
+E evictions, EV victims evicted, G log floods, GF disk full``; every "down", "delayed", "evicted"
+and "full" count is a goal of 0.
 """
 
 from __future__ import annotations
@@ -238,29 +249,36 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--recalls", type=int, default=100)
     ap.add_argument("--fuzz", type=int, default=3000, help="mutated inputs per kind")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--parts", default="spoof,round2,fuzz,kills,restarts,recalls",
-                    help="comma-separated subset of spoof,round2,fuzz,kills,restarts,recalls")
+    ap.add_argument("--parts", default="spoof,round2,shares,fuzz,kills,restarts,recalls",
+                    help="comma-separated subset of spoof,round2,shares,fuzz,kills,restarts,recalls")
+    ap.add_argument("--neighbours", type=int, default=2,
+                    help="other daemons running their own jobs on this machine meanwhile (0: none)")
     args = ap.parse_args(argv)
     import faults_fuzz
     import faults_round2
+    import faults_shares
     import faults_spoof
 
     rng = random.Random(args.seed)
     t = Tally()
     r = faults_round2.Round2()
+    r3 = faults_shares.Shares()
     parts = {
         "spoof": lambda: faults_spoof.part_spoof(t),
         "round2": lambda: faults_round2.part_round2(t, r),
+        "shares": lambda: faults_shares.part_shares(t, r3),
         "fuzz": lambda: faults_fuzz.part_fuzz(t, args.fuzz, rng),
         "kills": lambda: part_kills(t, args.kills, rng),
         "restarts": lambda: part_restarts(t),
         "recalls": lambda: part_recalls(t, args.recalls, rng),
     }
     started = time.monotonic()
-    for name in args.parts.split(","):
-        t0 = time.monotonic()
-        parts[name.strip()]()
-        print(f"  ({name}: {time.monotonic() - t0:.0f} s)", flush=True)
+    with faults_shares.Neighbours(args.neighbours) as neighbours:
+        for name in args.parts.split(","):
+            t0 = time.monotonic()
+            parts[name.strip()]()
+            print(f"  ({name}: {time.monotonic() - t0:.0f} s)", flush=True)
+        neighbours.check(t)
     print()
     print(f"{'what':<12}{'count':>8}  goal")
     for label, value, goal in (("kills", t.kills, ">= 20"), ("lost", t.lost, "0"), ("duplicated", t.duplicated, "0"),
@@ -269,14 +287,20 @@ def main(argv: list[str] | None = None) -> int:
                                ("spoofed", t.spoofed, ""), ("accepted", t.accepted, "0"),
                                ("store", r.store_tried, ""), ("accepted", r.store_accepted, "0"),
                                ("probes", r.probes, ""), ("escaped", r.escaped, "0"),
-                               ("fd floods", r.floods, ""), ("down", r.down, "0")):
+                               ("fd floods", r.floods, ""), ("down", r.down, "0"),
+                               ("job crashes", r3.crashes, ""), ("down", r3.crash_down, "0"),
+                               ("lockouts", r3.lockouts, ""), ("delayed", r3.delayed, "0"),
+                               ("evictions", r3.evictions, ""), ("evicted", r3.evicted, "0"),
+                               ("log floods", r3.floods, ""), ("full", r3.full, "0")):
         print(f"{label:<12}{value:>8}  {goal}")
     met = t.lost == t.duplicated == t.orphans == t.tracebacks == t.accepted == 0
     met = met and r.store_accepted == r.escaped == r.down == 0
+    met = met and r3.crash_down == r3.delayed == r3.evicted == r3.full == 0
     print(f"goals {'met' if met else 'NOT met'} in {time.monotonic() - started:.0f} s")
     print(f"faults: {t.kills} kills, {t.lost} lost, {t.duplicated} duplicated, {t.recalls} recalls, "
           f"{t.orphans} orphans, {t.fuzz} fuzz cases, {t.tracebacks} tracebacks, "
-          f"{t.spoofed} spoofed reports, {t.accepted} accepted, {faults_round2.summary(r)}")
+          f"{t.spoofed} spoofed reports, {t.accepted} accepted, {faults_round2.summary(r)}, "
+          f"{faults_shares.summary(r3)}")
     return 0 if met else 1
 
 

@@ -8,6 +8,7 @@ matplotlib, zmq) happen inside the handlers, so ``malletrain --help`` is fast.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Sequence
 
@@ -34,6 +35,13 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     return (UserError, ValueError, FileNotFoundError, StoreError, ControlError)
 
 
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's flush at exit finds no closed pipe (no traceback)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="malletrain",
@@ -55,7 +63,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     errors = _user_errors()
     try:
-        return int(func(args) or 0)
+        code = int(func(args) or 0)
+        sys.stdout.flush()  # here, not at exit: a reader that went away is handled below
+        return code
+    except BrokenPipeError:  # `malletrain status | head`: the reader has what it wanted
+        _quiet_stdout()
+        return 141  # (128 + SIGPIPE, as a shell tool killed by it)
     except errors as exc:
         print(f"malletrain {args.command}: error: {exc}", file=sys.stderr)
         return 2

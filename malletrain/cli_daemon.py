@@ -163,8 +163,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
     import json
 
     from malletrain.jobspec import load_spec
+    from malletrain.submitcheck import check_command
 
     spec = load_spec(args.jobfile)  # the interpreter rule: `python` -> this Python (jobspec.py)
+    check_command(spec.command, spec.cwd or os.getcwd(), spec.env, args.jobfile)  # its script is there
     reply = _ask(args, {"cmd": "submit", "spec": json.loads(spec.to_json())})
     if reply is not None:
         if not reply.get("ok"):

@@ -40,14 +40,16 @@ import datetime as dt
 import enum
 import json
 import math
+import os
 import re
+import stat
 import sys
 import tomllib
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
-from malletrain.textfile import decode_text
+from malletrain.textfile import decode_text, read_user_file
 
 MAX_NODES_CAP = 100_000
 """No job may ask for more nodes than this, whatever the machine (the largest machines have ~10^4 nodes)."""
@@ -451,8 +453,17 @@ def check_submit(spec: JobSpec, where: str = "job", machine_nodes: int | None = 
         if not cwd.is_absolute():
             raise JobSpecError(f"{where}: cwd {spec.cwd!r} must be an absolute path (a job file's cwd is "
                                "resolved against the file's directory)")
-        if not cwd.is_dir():
+        try:
+            is_dir = stat.S_ISDIR(os.stat(cwd).st_mode)
+        except PermissionError:  # (a folder above it is closed to the submitting user)
+            raise JobSpecError(f"{where}: cwd {spec.cwd}: permission denied (a folder above it is closed to you)") \
+                from None
+        except OSError:
+            is_dir = False
+        if not is_dir:
             raise JobSpecError(f"{where}: cwd {spec.cwd} is not an existing directory")
+        if not os.access(cwd, os.X_OK):  # the agent enters it as the job's owner, who submits it
+            raise JobSpecError(f"{where}: cwd {spec.cwd}: you cannot enter it (the job runs as you)")
     if machine_nodes is not None and spec.min_nodes > machine_nodes:
         raise JobSpecError(f"{where}: min_nodes {spec.min_nodes} is more than the machine's {machine_nodes} nodes")
     if machine_nodes is not None and spec.max_nodes > machine_nodes:
@@ -484,14 +495,7 @@ def load_spec(path: str | Path, python: str | None = None) -> JobSpec:
     is applied (:meth:`JobSpec.resolved`).
     """
     p = Path(path)
-    try:
-        data = p.read_bytes()
-    except FileNotFoundError:
-        raise FileNotFoundError(f"job file not found: {p}") from None
-    except IsADirectoryError:
-        raise JobSpecError(f"{p}: is a directory, not a job file") from None
-    except OSError as exc:
-        raise JobSpecError(f"{p}: cannot read: {exc.strerror or exc}") from None
+    data = read_user_file(p, JOB_FILE_MAX_BYTES, "job file", JobSpecError)  # never /dev/zero nor a FIFO
     spec = parse_spec(decode_job_file(p, data), str(p))
     cwd = Path(spec.cwd) if spec.cwd else Path(".")
     cwd = (p.resolve().parent / cwd).resolve()  # links resolved now, by the submitting user (absolute ones too)

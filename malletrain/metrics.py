@@ -88,9 +88,13 @@ def parse_address(text: str) -> Endpoint:
         raise MetricsAddressError(f"metrics.address {text!r}: port must be an integer in [0, 65535]")
     if host != "localhost":
         try:
-            host = str(ipaddress.ip_address(host))
+            ip = ipaddress.ip_address(host)
         except ValueError:
             raise MetricsAddressError(f"metrics.address {text!r}: host must be an IP address or localhost") from None
+        if ip.is_unspecified:  # as ports.host: the metrics name every job and its owner's rates
+            raise MetricsAddressError(f"metrics.address {text!r} listens on every network; give the address "
+                                      "of the one the scraper uses")
+        host = str(ip)
     return Endpoint(host, int(port))
 
 
@@ -120,7 +124,7 @@ class Metrics:
     def _start(self, ep: Endpoint) -> None:
         try:
             from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
-            from prometheus_client import start_http_server
+            from prometheus_client import make_wsgi_app
         except ImportError:
             raise MetricsError("[metrics] address is set but prometheus-client is not installed: "
                                "pip install 'malletrain[metrics]'") from None
@@ -151,7 +155,9 @@ class Metrics:
         for s in NODE_STATES:
             self.nodes.labels(s).set(0)
         try:
-            self._server, self._thread = start_http_server(ep.port, ep.host, registry=reg)
+            from malletrain.metrics_server import serve_metrics  # a thread per request, within shares
+
+            self._server, self._thread = serve_metrics(ep.host, ep.port, make_wsgi_app(reg))
         except OSError as exc:
             raise MetricsAddressError(f"metrics.address {ep}: cannot serve metrics there: "
                                       f"{exc.strerror or exc}") from None

@@ -169,6 +169,11 @@ class ReplayWindow:
 
 
 # ---------------------------------------------------------------- per-job statistics
+RECORDED_GENERATIONS = 2
+"""Published generations whose world sizes a job's reports may be counted at (the current one and the
+one before it, whose reports are still in flight during a rescale)."""
+
+
 @dataclass
 class JobStats:
     """What the monitor knows about one registered job."""
@@ -187,6 +192,11 @@ class JobStats:
     bound: ClaimBound = field(default_factory=lambda: ClaimBound(0.0))
     """What its reports may claim: absolute per node, and relative to its own history (malletrain.ratebound)."""
     implausible: int = 0
+    worlds: dict[int, int] = field(default_factory=dict)
+    """World sizes of the job's last generations as the daemon published them (:meth:`Monitor.set_world`);
+    empty: none recorded, a report's own world size is taken (a monitor without a daemon)."""
+    recorded_world: int = 0
+    """The size of the job's newest non-empty published world (0: none recorded)."""
     _rescales_taken: int = 0
 
     def add(self, rep: Report, now: float | None = None) -> None:
@@ -199,6 +209,7 @@ class JobStats:
                    generation: int, now: float | None = None) -> None:
         """:meth:`add` of a report's fields (the fast path builds no :class:`Report`)."""
         self.seq_gaps += self.window.admit(worker, seq, timestamp)
+        world_size = self.world_of(world_size, generation)
         if now is not None and (why := self.bound.refusal(samples, world_size, now)) is not None:
             self.implausible += 1
             raise MessageError(Reason.IMPLAUSIBLE, f"job {self.job}: {why}")
@@ -216,6 +227,22 @@ class JobStats:
             self.rescale.add(rec)
         except RecordError:
             self.out_of_order += 1
+
+    def world_of(self, claimed: int, generation: int) -> int:
+        """The world size a report of ``generation`` is counted at: the daemon's record of that
+        generation (one of the last two it published), else of its newest world; what the report
+        claims only where the daemon recorded nothing. A job cannot claim nodes it was not given."""
+        if not self.recorded_world:
+            return claimed
+        return self.worlds.get(generation) or self.recorded_world
+
+    def record_world(self, generation: int, size: int) -> None:
+        """The daemon published ``generation`` with ``size`` members (0: the job's workers leave)."""
+        if size > 0:
+            self.worlds[generation] = size
+            self.recorded_world = size
+            for old in sorted(self.worlds)[:-RECORDED_GENERATIONS]:
+                del self.worlds[old]
 
     def rates(self) -> dict[int, float]:
         return self.throughput.rates()
@@ -291,6 +318,13 @@ class Monitor:
         stats.bound.max_nodes, stats.bound.max_rate_per_node = max_nodes or MAX_WORLD, self.max_rate_per_node
         self._fast[job_id.encode("utf-8", "surrogatepass")] = (hmac.new(key, digestmod="sha256"), stats)
         return stats
+
+    def set_world(self, job_id: str, generation: int, size: int) -> None:
+        """The daemon published ``generation`` of ``job_id`` with ``size`` members: the job's reports are
+        counted at the world sizes the daemon records, never at what they claim (see :meth:`JobStats.world_of`)."""
+        stats = self.jobs.get(job_id)
+        if stats is not None:
+            stats.record_world(generation, size)
 
     def forget(self, job_id: str) -> None:
         """Drop a job's key and statistics; its reports are unknown_job from now on."""

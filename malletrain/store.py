@@ -422,6 +422,10 @@ class Store:
     def set_samples(self, jid: str, samples: int) -> None:
         self._write1("UPDATE jobs SET samples=? WHERE id=? AND samples<?", (int(samples), jid, int(samples)))
 
+    def reset_samples(self, jid: str, samples: int) -> None:
+        """The job's count, also downwards: its training restarted from ``samples`` (its progress was lost)."""
+        self._write1("UPDATE jobs SET samples=? WHERE id=?", (int(samples), jid))
+
     def request_cancel(self, jid: str) -> JobState:
         """Cancel: a queued job is CANCELLED at once; a running one is flagged for the daemon."""
         rec = self.require(jid)

@@ -329,7 +329,7 @@ def _main(argv: Sequence[str] | None, warm: WarmSlot | None) -> int:
     agent = Agent(args.node, args.daemon, key, args.heartbeat, args.dead_after, args.log_dir,
                   batch_job=batch_job_from(os.environ), warm_modules=modules, warm=warm)
     agent.log_max_bytes, agent.logs_max_total = args.log_max_bytes, args.logs_max_total
-    agent.containment = containment.choose(args.containment)
+    agent.containment = containment.choose(args.containment, containment.installation_id(key))
     slots = args.slots if args.slots is not None else local_device_count(agent.accelerator, os.environ, _dev_names())
     if slots > 1:
         agent.learn_slots(min(slots, P.SLOTS_MAX))

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import IO, Any, Callable
 
 from scavenger import containment
+from scavenger.logpump import LogPump
 from scavenger import jobproc
 from scavenger import protocol as P
 from scavenger.nodeshape import Accelerator, SlotPlace, slot_place
@@ -64,7 +65,7 @@ class Worker:
 
     name: str
     proc: subprocess.Popen[bytes]
-    log: jobproc.CappedLog | None
+    log: LogPump | None
     kill_at: float | None = None  # SIGKILL deadline after a stop
     others: list[subprocess.Popen[bytes]] = field(default_factory=list)  # local ranks 1 .. K-1
     failed: int | None = None  # the first non-zero exit code of one of its processes
@@ -140,10 +141,10 @@ def run_as_owner(msg: P.StartWorker) -> "RunAs | None | str":
     return RunAs(msg.uid, gid, env)
 
 
-def _open_log(path: Path, run_as: "RunAs | None") -> IO[bytes]:
-    """The worker's log, 0600, owned by the user the worker runs as (never a link)."""
-    return jobproc.open_private(path, *((run_as.uid, run_as.gid) if run_as is not None else (None, None)))
-
+def _open_log(path: Path, run_as: "RunAs | None", max_bytes: int) -> LogPump:
+    """The worker's log, 0600, owned by the user the worker runs as (never a link), written through a
+    pipe that keeps its cap and the disk's reserve (:mod:`scavenger.logpump`)."""
+    return LogPump(path, max_bytes, (run_as.uid, run_as.gid) if run_as is not None else None)
 
 
 class WorkerHost:
@@ -182,6 +183,7 @@ class WorkerHost:
         self.learn_slots(msg.slots)
         env = jobproc.worker_environ(os.environ, msg.env or {}, run_as.env if run_as is not None else None)
         out: IO[bytes] | None = None
+        pump: LogPump | None = None
         log_path = None
         join = self.containment.prepare(msg.worker)  # before the drop: the child joins its cgroup with it
         procs: list[subprocess.Popen[bytes]] = []
@@ -193,7 +195,8 @@ class WorkerHost:
                 log_path = self.log_dir / f"{msg.worker}.log"
                 jobproc.prune_logs(self.log_dir, [w.log.path for w in self.workers.values() if w.log],
                                    self.logs_max_total)
-                out = _open_log(log_path, run_as)
+                pump = _open_log(log_path, run_as, self.log_max_bytes)
+                out = pump.write_end
             for place in places:
                 procs.append(self._start_slot(msg, place, {**env, **place.env}, run_as, out, join))
         except (OSError, ValueError, TypeError, subprocess.SubprocessError) as exc:
@@ -210,12 +213,10 @@ class WorkerHost:
             return
         for proc in procs:
             self.containment.add(msg.worker, proc.pid)
-        capped = None
-        if out is not None and log_path is not None:
-            capped = jobproc.CappedLog(log_path, out, self.log_max_bytes,
-                                       (run_as.uid, run_as.gid) if run_as is not None else None)
+        if pump is not None:
+            pump.spawned()  # the workers hold the pipe now; the agent's copy would keep it open forever
         proc = procs[0]
-        self.workers[msg.worker] = Worker(msg.worker, proc, capped, others=procs[1:])
+        self.workers[msg.worker] = Worker(msg.worker, proc, pump, others=procs[1:])
         log.info("node %s: worker %s started, pid %s, uid %d (output: %s)", self.node, msg.worker,
                  ", ".join(str(p.pid) for p in procs), run_as.uid if run_as is not None else os.geteuid(),
                  log_path or "discarded")

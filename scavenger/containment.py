@@ -3,8 +3,10 @@
 The agent picks one :class:`Containment` at start (:func:`choose`) and logs which, once:
 
 - :class:`CgroupContainment`: each worker gets a cgroup of its own, below a folder of the agent's
-  (``malletrain-agent.PID.START`` in the agent's own cgroup, START being the agent's start time in
-  clock ticks, so a reused pid never names it). The agent creates it and opens its ``cgroup.procs``
+  (``malletrain-agent.PID.START`` in its installation's subtree ``malletrain.ID`` of the agent's own
+  cgroup, START being the agent's start time in clock ticks, so a reused pid never names it; ID is
+  derived from the daemon's agent key, :func:`installation_id`, so each daemon's agents have a subtree
+  of their own). The agent creates it and opens its ``cgroup.procs``
   before the privilege drop; the worker writes itself into it between fork and exec (the kernel
   checks the rights of whoever opened the file, root), and the agent writes the pid again after the
   spawn. Every process the worker starts is born in that cgroup and cannot leave it (moving needs
@@ -13,7 +15,10 @@ The agent picks one :class:`Containment` at start (:func:`choose`) and logs whic
   over ``cgroup.procs`` until empty; cgroup v1 ``freezer``: FROZEN, SIGKILL all, THAWED; v1 ``pids``:
   ``pids.max`` 0 so nothing forks, then SIGKILL until empty), and the cgroup is removed.
   What an agent killed with SIGKILL leaves behind is found by the cgroup path: :func:`sweep_stale`
-  (run by every agent at start) ends the folders of agents that are gone.
+  (run by every agent at start) ends the folders of agents that are gone, in its own installation's
+  subtree only: an agent judges another dead by a pid and start time read in its own pid namespace,
+  which is wrong for an agent of another daemon in another namespace (a container) sharing the cgroup,
+  so it never judges those.
 - :class:`Subreaper`: the agent and each worker are subreapers (:mod:`scavenger.jobproc`); what an
   ended worker leaves behind is re-parented to the agent, which kills it. It cannot cover the agent's
   own death (then orphans go to init).
@@ -33,6 +38,8 @@ removes its folders when it exits, and the next agent in the same cgroup ends th
 from __future__ import annotations
 
 import enum
+import hashlib
+import hmac
 import logging
 import os
 import re
@@ -47,6 +54,7 @@ from scavenger import jobproc
 log = logging.getLogger("scavenger.containment")
 
 AGENT_DIR_PREFIX = "malletrain-agent."
+INSTALL_DIR_PREFIX = "malletrain."
 KILL_WAIT_S = 2.0
 """How long ending a cgroup waits for its processes to be gone before it leaves the folder for later."""
 FREEZE_WAIT_S = 1.0
@@ -204,6 +212,19 @@ def agent_dir_name(pid: int) -> str:
     return f"{AGENT_DIR_PREFIX}{pid}.{start_ticks(pid)}"
 
 
+def installation_id(key: bytes) -> str:
+    """The name of one daemon's cgroup subtree, from its agent key (every agent of the daemon holds it;
+    another daemon has another key): 16 hex digits of a keyed hash, which tell nothing of the key."""
+    return hmac.new(key, b"malletrain cgroup subtree", hashlib.sha256).hexdigest()[:16]
+
+
+def install_dir(parent: Path, installation: str) -> Path:
+    """The subtree below ``parent`` (the agent's own cgroup) of the daemon whose id is ``installation``."""
+    if not re.fullmatch(r"[0-9a-f]{1,64}", installation):
+        raise ValueError(f"installation id {installation[:80]!r}: must be 1-64 lower-case hex digits")
+    return parent / f"{INSTALL_DIR_PREFIX}{installation}"
+
+
 # ---------------------------------------------------------------- ending what a cgroup holds
 def _pids_in(folder: Path) -> list[int]:
     """The processes in ``folder`` and every cgroup below it."""
@@ -318,14 +339,22 @@ class CgroupContainment:
 
     place: Place
     reaper: Subreaper
+    installation: str = "0"
+    """The daemon's id (:func:`installation_id`): the agent's folder is in that daemon's subtree."""
     base: Path = field(init=False)
     groups: dict[str, _Group] = field(default_factory=dict)
     busy: list[Path] = field(default_factory=list)  # cgroups whose processes were not all gone yet
     seq: int = 0
 
     def __post_init__(self) -> None:
-        self.base = self.place.parent / agent_dir_name(os.getpid())
-        self.base.mkdir(mode=0o755, exist_ok=True)  # OSError: not usable (the caller falls back)
+        self.base = install_dir(self.place.parent, self.installation) / agent_dir_name(os.getpid())
+        for _ in range(3):  # another agent of the daemon may remove the (empty) subtree meanwhile
+            try:
+                self.base.parent.mkdir(mode=0o755, exist_ok=True)
+                self.base.mkdir(mode=0o755, exist_ok=True)  # OSError: not usable (the caller falls back)
+                break
+            except FileNotFoundError:
+                continue
         probe = self.base / "probe"
         try:
             probe.mkdir(mode=0o755)
@@ -409,13 +438,18 @@ class CgroupContainment:
             kill_cgroup(path, self.place.mode)
         kill_cgroup(self.base, self.place.mode)
         remove_tree(self.base)
+        try:
+            self.base.parent.rmdir()  # the daemon's subtree, once its last agent here is gone
+        except OSError:
+            pass
 
 
 # ---------------------------------------------------------------- the choice
-def choose(wanted: str = "auto") -> Containment:
+def choose(wanted: str = "auto", installation: str = "0") -> Containment:
     """The containment for this agent: ``wanted`` (one of :data:`CHOICES`), falling back to the
     subreaper when no cgroup is usable. The agent becomes a subreaper in every case. Stale folders of
-    agents that are gone are ended first (:func:`sweep_stale`)."""
+    agents that are gone are ended first (:func:`sweep_stale`), in the subtree of ``installation``
+    (the daemon's id, :func:`installation_id`) only."""
     reaper = Subreaper(jobproc.become_subreaper())
     if wanted == "subreaper":
         return reaper
@@ -424,11 +458,11 @@ def choose(wanted: str = "auto") -> Containment:
         if wanted not in ("auto", place.mode.value):
             continue
         try:
-            chosen = CgroupContainment(place, reaper)
+            chosen = CgroupContainment(place, reaper, installation)
         except OSError as exc:
             tried.append(f"{place.mode.value} at {place.parent}: {exc.strerror or exc}")
             continue
-        stale = sweep_stale(place.parent, place.mode)
+        stale = sweep_stale(chosen.base.parent, place.mode)
         if stale:
             log.warning("killed %d process(es) left in the cgroups of agents that are gone", stale)
         return chosen

@@ -23,7 +23,8 @@ another job through the process the agent starts:
   lets the agent make cgroups, each worker also runs in a cgroup of its own
   (:mod:`scavenger.containment`), which holds what it starts even then.
 - **Logs**: each worker's log is capped at ``max_bytes`` and rotated once
-  (``WORKER.log.1``) by :class:`CappedLog`; :func:`prune_logs` keeps the whole log
+  (``WORKER.log.1``) as it is written (:mod:`scavenger.logpump`; :class:`CappedLog` rotates a
+  file its writer holds, looking after the fact); :func:`prune_logs` keeps the whole log
   folder under a quota by deleting the oldest logs of ended workers. Log folders
   are 0700 (0711 for a root agent, so each owner can open their own 0600 log by
   name and nobody can list the folder), whatever the umask.

@@ -21,7 +21,11 @@ a new ``Popen``; the process then becomes the worker, exactly as a fresh
    the job's ``cwd`` as that user;
 3. its environment becomes the worker's (the one the agent computed);
 4. ``sys.argv`` and ``sys.path[0]`` are set as ``python -m MOD`` / ``python
-   SCRIPT`` would set them, and the module or script runs as ``__main__``.
+   SCRIPT`` would set them, and the module or script runs as ``__main__``;
+5. it looks like a fresh worker from outside: ``ps`` shows the worker's command
+   line and ``/proc/PID/environ`` its environment (:mod:`scavenger.proctitle`),
+   its owner may debug it and get its core (dumpable again after the drop, as
+   after an ``exec``), and ``tempfile`` follows the worker's ``TMPDIR``.
 
 The user's script is unchanged and runs once; only the imports are done ahead.
 A command that a warm process could not run exactly like a fresh interpreter is
@@ -44,11 +48,12 @@ import runpy
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import IO, Mapping, Sequence
 
-from scavenger import jobproc
+from scavenger import jobproc, proctitle
 
 log = logging.getLogger("scavenger.warm")
 
@@ -65,6 +70,7 @@ WARM_WAIT_S = 300.0
 would import the same modules again, competing for the same CPU, so it never finishes first
 while the warm process makes progress: only one still importing after this long is taken as
 stuck (killed; the worker starts cold)."""
+PR_SET_DUMPABLE = 4
 RUNTIME_VARS = frozenset({"PYTHONPATH", "PYTHONUNBUFFERED"})
 """Start-time variables a warm process applies itself (sys.path, unbuffered streams)."""
 
@@ -177,7 +183,8 @@ class WarmSlot:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self.proc = subprocess.Popen(
-                [self.python, "-m", "scavenger.warm", "--fd", str(theirs.fileno()), "--import", ",".join(self.modules)],
+                [self.python, "-m", "scavenger.warm", "--room", " " * proctitle.ROOM,  # for the worker's line in ps
+                 "--fd", str(theirs.fileno()), "--import", ",".join(self.modules)],
                 env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 pass_fds=(theirs.fileno(),), start_new_session=True,
                 preexec_fn=self._pin if self.cores else None,
@@ -326,8 +333,12 @@ def become(assignment: Assignment, log_fd: int) -> Entry:
         os.setgid(gid)
         os.setuid(assignment.uid)
     jobproc.child_setup(assignment.cwd)()  # a subreaper like a cold worker; cwd entered as the owner
+    _dumpable()  # (the drop made it undumpable: the owner could not debug it nor get a core)
     os.environ.clear()
     os.environ.update(assignment.env)
+    tempfile.tempdir = None  # an import may have cached the agent's TMPDIR: the worker's counts
+    proctitle.show_command(assignment.argv)
+    proctitle.show_environ(assignment.env)
     extra = [p for p in assignment.env.get("PYTHONPATH", "").split(os.pathsep) if p]
     first = os.getcwd() if entry.module is not None else os.path.dirname(os.path.abspath(entry.script or "."))
     sys.path[:] = [first, *extra, *sys.path[1:]]
@@ -337,10 +348,18 @@ def become(assignment: Assignment, log_fd: int) -> Entry:
     return entry
 
 
+def _dumpable() -> None:
+    """Dumpable again, as a process that ``exec``ed is (its memory holds nothing of root's but imports)."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m scavenger.warm", description=__doc__.splitlines()[0])
     ap.add_argument("--fd", type=int, required=True, help="the agent's end of the assignment socket")
     ap.add_argument("--import", dest="modules", default="", help="modules to import ahead, comma-separated")
+    ap.add_argument("--room", default="", help="blank: room for the worker's command line (see scavenger.proctitle)")
     args = ap.parse_args(argv)
     sock = socket.socket(fileno=args.fd)
     began = time.monotonic()

@@ -365,6 +365,9 @@ class FakeMonitor:
         self.forgotten.add(job_id)
         self.jobs.pop(job_id, None)
 
+    def set_world(self, job_id: str, generation: int, size: int) -> None:
+        pass  # the scripted world size is the daemon's own (sync)
+
     def job(self, job_id: str) -> FakeStats:
         st = self._stats(job_id)
         if st is None:

@@ -147,7 +147,7 @@ def test_every_key_has_a_limit() -> None:
 
 @pytest.mark.parametrize("address, served", [
     ("127.0.0.1:9464", "127.0.0.1:9464"), ("9464", "127.0.0.1:9464"), (":0", "127.0.0.1:0"),
-    ("[::1]:9464", "[::1]:9464"), ("localhost:1", "localhost:1"), ("0.0.0.0:9464", "0.0.0.0:9464"),
+    ("[::1]:9464", "[::1]:9464"), ("localhost:1", "localhost:1"),
 ])
 def test_metrics_address_is_parsed_with_loopback_by_default(address: str, served: str) -> None:
     from malletrain.metrics import parse_address
@@ -162,6 +162,8 @@ def test_metrics_address_is_parsed_with_loopback_by_default(address: str, served
     ({"metrics": {"address": "127.0.0.1:99999"}}, "port must be an integer in [0, 65535]"),
     ({"metrics": {"address": "127.0.0.1:"}}, "port must be an integer"),
     ({"metrics": {"address": "::1:9464"}}, "in brackets"),
+    ({"metrics": {"address": "0.0.0.0:9464"}}, "listens on every network"),
+    ({"metrics": {"address": "[::]:9464"}}, "listens on every network"),
     ({"metrics": {"address": 9464}}, "metrics.address must be a string"),
     ({"metrics": {"port": 1}}, "unknown key(s) metrics.port"),
     ({"metrics": "on"}, "[metrics] must be a table"),

@@ -153,15 +153,17 @@ def test_a_grandchild_is_caught_by_its_cgroup_after_the_agent_is_killed_9(tmp_pa
         os.kill(worker, signal.SIGKILL)
         rig.wait("the worker is gone", lambda: not _alive(worker), timeout=10)
         assert _alive(grandchild)  # out of every tree the agent controlled
-        # the next agent on the node: it ends the folders of agents that are gone
-        subprocess.run([sys.executable, "-c", f"from scavenger import containment as c; c.choose({mode!r}).close()"],
+        # the next agent of the same daemon on the node: it ends the folders of its agents that are gone
+        inst = CT.installation_id(Path(rig.hub.key_file).read_bytes())
+        subprocess.run([sys.executable, "-c",
+                        f"from scavenger import containment as c; c.choose({mode!r}, {inst!r}).close()"],
                        check=True, timeout=60)
         if mode == "subreaper":
             assert _alive(grandchild)  # the gap the cgroup closes
         else:
             rig.wait("the grandchild was found by its cgroup and killed", lambda: not _alive(grandchild), timeout=10)
-            assert not list(Path(next(p.parent for p in CT.own_places() if p.mode.value == mode)).glob(
-                f"{CT.AGENT_DIR_PREFIX}{rig.agent.pid}.*"))
+            parent = next(p.parent for p in CT.own_places() if p.mode.value == mode)
+            assert not list(CT.install_dir(parent, inst).glob(f"{CT.AGENT_DIR_PREFIX}{rig.agent.pid}.*"))
     finally:
         if grandchild and _alive(grandchild):
             os.kill(grandchild, signal.SIGKILL)
@@ -176,7 +178,7 @@ def test_a_stale_folder_of_a_live_agent_is_left_alone(tmp_path: Path) -> None:
         join = held.prepare("w")
         proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], preexec_fn=join)
         held.add("w", proc.pid)
-        CT.sweep_stale(place.parent, Mode.V2)
+        CT.sweep_stale(held.base.parent, Mode.V2)
         assert proc.poll() is None and held.base.exists()
         held.close()
         assert proc.wait(timeout=10) == -signal.SIGKILL
@@ -234,3 +236,33 @@ def test_a_warm_process_joins_the_workers_cgroup_before_it_learns_the_job_and_on
         agent.sock.close(0)
         agent.monitor.close(0)
         agent.ctx.term()
+
+
+@pytest.mark.parametrize("mode", CGROUP_MODES)
+def test_an_agent_sweeps_only_its_own_daemons_subtree_never_another_installations_folders(mode: str) -> None:
+    """Where cgroups are shared across pid namespaces (containers, a second daemon on the node), an agent
+    judged another installation's agent dead by a pid it could not see, and killed its workers: it sweeps
+    only the subtree of its own daemon (the id from its agent key)."""
+    skip_unless_usable(mode)
+    place = next(p for p in CT.own_places() if p.mode.value == mode)
+    unseen = f"{CT.AGENT_DIR_PREFIX}4194303.1"  # an agent this pid namespace cannot see (pid_max + 1)
+    theirs = [place.parent / unseen, CT.install_dir(place.parent, CT.installation_id(b"b" * 32)) / unseen]
+    ours = CT.installation_id(b"a" * 32)
+    dead_ours = CT.install_dir(place.parent, ours) / unseen  # one of our own agents, killed -9
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for folder in [*theirs, dead_ours]:
+            folder.mkdir(parents=True)
+            proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+            (folder / "cgroup.procs").write_text(str(proc.pid))
+            procs.append(proc)
+        CT.choose(mode, ours).close()
+        assert all(p.poll() is None for p in procs[:2]) and all(f.exists() for f in theirs)
+        assert procs[2].wait(timeout=10) == -signal.SIGKILL and not dead_ours.exists()
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait(10)
+        for folder in [*theirs, dead_ours]:
+            CT.kill_cgroup(folder, Mode(mode))
+            CT.remove_tree(folder.parent if folder.parent.name.startswith(CT.INSTALL_DIR_PREFIX) else folder)

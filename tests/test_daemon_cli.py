@@ -199,6 +199,7 @@ def test_submit_refuses_a_job_bigger_than_the_machine(tmp_path: Path) -> None:
     store.close()
     f = tmp_path / "big.toml"
     f.write_text('command = ["python", "t.py"]\nmax_nodes = 7\n')
+    (tmp_path / "t.py").write_text("")  # (submit looks for the script first)
     res = cli("submit", str(f), "--state-dir", str(state))
     assert res.returncode == 2 and "max_nodes 7 is more than the machine's 6 nodes" in res.stderr
     (state / "store.db").write_bytes(b"")

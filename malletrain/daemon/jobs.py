@@ -45,6 +45,9 @@ class Jobs(DaemonBase):
                 self._act_job(run, nodes, now)
             except ValueError as exc:  # e.g. the runtime refuses the job's command or ids
                 self._finish(run, JobState.FAILED, f"cannot run: {exc}")
+            except Exception as exc:  # any other bad value of one job ends that job, never the loop
+                log.exception("job %s: acting on it failed", run.id, extra=about(job=run.id))
+                self._finish(run, JobState.FAILED, f"cannot run: {type(exc).__name__}: {exc}")
         for run in self.runs.values():
             for wid, (node, kill_at) in list(run.leaving.items()):
                 if now >= kill_at:
@@ -124,10 +127,25 @@ class Jobs(DaemonBase):
     def _publish(self, run: JobRun, members: list[str], now: float) -> None:
         gen = self.runtime_of(run.id).set_members(run.id, [run.workers[n] for n in members])
         self.store.set_generation(run.id, gen)
+        self.monitor.set_world(run.id, gen, len(members))  # reports count at this size, not at what they claim
+        if members and self.runtime.restarted_from_scratch(run.id):
+            self._progress_lost(run)
         self.store.log_event("members", run.id, generation=gen, nodes=members, before=run.members)
         run.members = list(members)
         run.published = tuple(run.workers[n] for n in members)
         self.store.set_nodes(run.id, members)
+
+    def _progress_lost(self, run: JobRun) -> None:
+        """The job's new world trains from step 0 (its last worker died, no checkpoint): the samples
+        counted so far no longer exist, so its count starts again (status and the target with it)."""
+        stats = self.monitor.jobs.get(run.id)
+        lost = run.last_progress
+        run.base_samples = -(stats.samples if stats is not None else 0)
+        run.last_progress = run.saved_samples = 0
+        self.store.reset_samples(run.id, 0)
+        self.store.log_event("progress_lost", run.id, samples=lost)
+        log.warning("job %s: its new world starts from step 0 (no survivor, no checkpoint): %d samples "
+                    "counted so far are gone", run.id, lost, extra=about(job=run.id))
 
     def _suspend(self, run: JobRun, now: float, reason: str) -> None:
         self._stop_workers(run, now)

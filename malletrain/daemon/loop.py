@@ -47,8 +47,9 @@ class Daemon(Wiring, Observe, Adoption, Trainers, Jobs, ControlApi, Shutdown):
     def _guarded(self, fn: Callable[[], object]) -> None:
         try:
             fn()
-        except (OSError, RuntimeError, ValueError, KeyError, zmq.ZMQError, sqlite3.Error) as exc:
-            # the daemon never dies of one bad input; the event log keeps the reason
+        except (OSError, RuntimeError, ValueError, KeyError, zmq.ZMQError, sqlite3.Error, ArithmeticError,
+                MemoryError, TypeError) as exc:
+            # the daemon never dies of one bad input (an overflow, a huge value); the event log keeps the reason
             log.exception("reconcile step failed")
             self.store.log_event("step_error", error=f"{type(exc).__name__}: {exc}")
 

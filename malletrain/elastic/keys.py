@@ -186,14 +186,25 @@ def ckpt_header(n_chunks: int, size: int) -> str:
     return f"chunks:{n_chunks}:{size}"
 
 
+MAX_CKPT_BYTES = 1 << 30
+"""The largest checkpoint a header may announce (a job's whole share of the store)."""
+
+
 def parse_ckpt_header(raw: bytes, job: str) -> tuple[int, int]:
+    """``(chunks, size)`` of a checkpoint header a worker wrote: SIZE at most :data:`MAX_CKPT_BYTES` and
+    exactly the chunks of :data:`CKPT_CHUNK_BYTES` it takes (``chunks:5000000:0`` made the daemon build
+    a 5M-key list every loop); :class:`ValueError` naming the job otherwise."""
     try:
-        tag, n, size = raw.decode().split(":")
-        if tag != "chunks" or int(n) < 0 or int(size) < 0:
+        tag, n_text, size_text = raw.decode("ascii").split(":")
+        if tag != "chunks" or not (n_text.isdigit() and size_text.isdigit()) or len(n_text) + len(size_text) > 24:
             raise ValueError
-        return int(n), int(size)
+        n, size = int(n_text), int(size_text)
     except (UnicodeDecodeError, ValueError):
         raise ValueError(f"job {job}: checkpoint header {raw[:40]!r} is not 'chunks:N:SIZE'") from None
+    if size > MAX_CKPT_BYTES or n != -(-size // CKPT_CHUNK_BYTES):
+        raise ValueError(f"job {job}: checkpoint header {raw[:40]!r}: {n} chunks for {size} bytes "
+                         f"(a checkpoint of at most {MAX_CKPT_BYTES} bytes in chunks of {CKPT_CHUNK_BYTES})")
+    return n, size
 
 
 def parse_members(raw: bytes, job: str, gen: int) -> tuple[str, ...]:

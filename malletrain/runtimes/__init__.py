@@ -79,6 +79,12 @@ class Runtime(Protocol):
         Horovod driver left running; returns the generation taken over. Default: nothing to take."""
         return None
 
+    def restarted_from_scratch(self, job_id: str) -> bool:
+        """Whether the generation :meth:`set_members` last published for ``job_id`` starts training from
+        step 0 (none of the last world's workers in it, and no checkpoint): the job's progress so far
+        no longer exists. Default: never (a runtime that cannot tell)."""
+        return False
+
     def persist_checkpoints(self, jobs: Iterable[str]) -> list[str]:
         """Copy new checkpoints of ``jobs`` to the state dir; returns the jobs copied. Called every
         iteration. Default: none kept."""

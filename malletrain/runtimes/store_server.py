@@ -13,7 +13,12 @@ A TCP server (one thread per connection, behind an accept thread) speaking
   bytes (keys and values); a write past either is refused.
 
 Connections are capped in total, per job and while handshaking (a peer has
-:data:`~malletrain.elastic.wire.HANDSHAKE_TIMEOUT_S` to prove the key). The daemon
+:data:`~malletrain.elastic.wire.HANDSHAKE_TIMEOUT_S` to prove the key). The handshaking
+slots are shared per peer: a user of this host (the uid owning the connecting socket) or a
+remote address holds at most :attr:`StoreLimits.max_handshaking_per_peer` of them, so one
+user re-opening silent connections in a loop cannot lock another user's workers out
+(root and the daemon's own user share the total). A counter (``add``) holds an integer of
+at most :data:`MAX_COUNTER` in magnitude; a bigger one is refused, named. The daemon
 itself reads and writes keys in-process (:meth:`RendezvousStore.set` and friends).
 Refusals are counted by reason (:attr:`RendezvousStore.rejected`) and logged at most
 once a second per reason.
@@ -23,13 +28,16 @@ from __future__ import annotations
 
 import hmac
 import logging
+import os
 import socket
+import struct
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from scavenger.channel import ChannelError, Kind, Session, new_nonce
+from scavenger.connguard import local_peer_uid
 
 from malletrain.elastic.keys import CHECKPOINT_KINDS, DAEMON_KINDS, BadKey, parse_key
 from malletrain.elastic.wire import (
@@ -70,7 +78,52 @@ class StoreLimits:
     max_bytes: int = 1 << 30
     max_connections: int = 1024
     max_per_job: int = 256
-    max_handshaking: int = 64
+    max_handshaking: int = 512
+    max_handshaking_per_peer: int = 32
+    """Handshaking connections one user of this host (or one remote address) may hold; root and the
+    daemon's own user are not capped below ``max_handshaking``."""
+
+
+MAX_COUNTER = 2**63 - 1
+"""The largest magnitude a counter key (``add``) may hold or be moved by."""
+TRUSTED_UIDS = frozenset({0, os.geteuid()})
+
+
+SOCK_DIAG_BY_FAMILY = 20
+NETLINK_SOCK_DIAG = 4
+INET_DIAG_NOCOOKIE = 0xFFFFFFFF
+DIAG_UID_AT = 16 + 64
+"""Offset of ``idiag_uid`` in the answer: the netlink header, then ``struct inet_diag_msg`` up to it."""
+
+
+def _diag_uid(peer: tuple[str, int], ours: tuple[str, int]) -> int | None:
+    """The uid owning the TCP socket ``peer`` -> ``ours`` of this host, asked of the kernel by its exact
+    address (``sock_diag``: a hash lookup, ~10 us); None if there is none (a remote peer)."""
+    sockid = (struct.pack("!HH", peer[1], ours[1]) + socket.inet_aton(peer[0]) + bytes(12)
+              + socket.inet_aton(ours[0]) + bytes(12) + struct.pack("=III", 0, INET_DIAG_NOCOOKIE, INET_DIAG_NOCOOKIE))
+    req = struct.pack("=BBBBI", socket.AF_INET, socket.IPPROTO_TCP, 0, 0, 0xFFFFFFFF) + sockid
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_SOCK_DIAG) as nl:
+        nl.settimeout(1.0)
+        nl.send(struct.pack("=IHHII", 16 + len(req), SOCK_DIAG_BY_FAMILY, 1, 1, 0) + req)  # NLM_F_REQUEST
+        data = nl.recv(4096)
+    if len(data) < DIAG_UID_AT + 4 or struct.unpack_from("=H", data, 4)[0] != SOCK_DIAG_BY_FAMILY:
+        return None  # NLMSG_ERROR: no such socket here
+    return int(struct.unpack_from("=I", data, DIAG_UID_AT)[0])
+
+
+def _connecting_uid(peer: tuple[str, int], ours: tuple[str, int]) -> int | None:
+    """The uid owning the connecting end of a connection from this host (None: remote, or not found).
+
+    Asked of the kernel for this one socket (:func:`_diag_uid`): the accept thread does this for every
+    connection, and reading all of ``/proc/net/tcp`` each time (~16 ms under a flood) let a flood's
+    queue of connections delay another user's past its handshake timeout. Where netlink is not
+    available (or for IPv6), :func:`scavenger.connguard.local_peer_uid` reads ``/proc/net/tcp``."""
+    if ":" not in peer[0]:
+        try:
+            return _diag_uid(peer, ours)
+        except (OSError, struct.error):
+            pass
+    return local_peer_uid(peer, ours)
 
 
 class StoreRefusal(ValueError):
@@ -117,6 +170,7 @@ class RendezvousStore:
         self._lock = threading.Lock()
         self._listener: socket.socket | None = None
         self._conns: dict[socket.socket, str] = {}  # connection -> job ("" while handshaking)
+        self._shaking: dict[socket.socket, str] = {}  # handshaking connection -> its peer (user or address)
         self._threads: list[threading.Thread] = []
         self._closed = threading.Event()
         self.rejected: dict[str, int] = {}
@@ -171,9 +225,12 @@ class RendezvousStore:
     def _add(space: JobSpace, key: str, delta: int, limits: StoreLimits | None) -> int:
         raw = space.values.get(key, b"0")
         try:
-            value = int(raw) + delta
+            value = int(raw) + delta if len(raw) <= 20 else None
         except ValueError:
-            raise StoreRefusal("bad_value", f"store key {key} holds {raw[:20]!r}, not a number") from None
+            value = None
+        if value is None or abs(value) > MAX_COUNTER:
+            raise StoreRefusal("bad_value", f"store key {key[:80]} holds {raw[:20]!r}, not a counter "
+                                            f"(an integer of magnitude at most {MAX_COUNTER})")
         space.put(key, str(value).encode(), limits)
         return value
 
@@ -228,18 +285,43 @@ class RendezvousStore:
                 self._refused("accept", f"a connection: accept failed: {exc}")
                 time.sleep(0.1)
                 continue
+            who = self._peer_of(conn)
             with self._lock:
-                handshaking = sum(1 for j in self._conns.values() if not j)
-                full = len(self._conns) >= self.limits.max_connections or handshaking >= self.limits.max_handshaking
+                full = self._full(who)
                 if not full:
                     self._conns[conn] = ""
+                    self._shaking[conn] = who
             if full:
                 conn.close()
-                self._refused("too_many", f"a connection from {peer[0]}: too many connections")
+                self._refused("too_many", f"a connection from {peer[0]} ({who}): {full}")
                 continue
             thread = threading.Thread(target=self._serve_conn, args=(conn, peer[0]), name="rdzv-conn", daemon=True)
             thread.start()
             self._threads = [t for t in self._threads if t.is_alive()] + [thread]
+
+    @staticmethod
+    def _peer_of(conn: socket.socket) -> str:
+        """``uid N`` for a connection from this host (``trusted`` for root and the daemon's user),
+        else ``address IP``: whose share of the handshaking slots the connection takes."""
+        try:
+            peer, ours = conn.getpeername(), conn.getsockname()
+        except OSError:
+            return "unknown"
+        uid = _connecting_uid((str(peer[0]), int(peer[1])), (str(ours[0]), int(ours[1])))
+        if uid is None:
+            return f"address {peer[0]}"
+        return "trusted" if uid in TRUSTED_UIDS else f"uid {uid}"
+
+    def _full(self, who: str) -> str:
+        """Why a new connection of ``who`` is refused ('' if it is not); the caller holds the lock."""
+        limits = self.limits
+        if len(self._conns) >= limits.max_connections:
+            return "too many connections"
+        if len(self._shaking) >= limits.max_handshaking:
+            return "too many connections handshaking"
+        if who != "trusted" and sum(1 for w in self._shaking.values() if w == who) >= limits.max_handshaking_per_peer:
+            return f"its {limits.max_handshaking_per_peer} handshaking connections are open"
+        return ""
 
     def _serve_conn(self, conn: socket.socket, peer: str) -> None:
         try:
@@ -257,9 +339,13 @@ class RendezvousStore:
                 send_frame(conn, sess.seal(self._answer(job, worker, body)))
         except (OSError, StoreConnectionLost):
             return
+        except Exception as exc:  # one bad request never leaves a traceback per connection: counted, logged at a rate
+            self._refused("internal", f"a connection from {peer}: {type(exc).__name__}: {str(exc)[:200]}")
+            return
         finally:
             with self._lock:
                 self._conns.pop(conn, None)
+                self._shaking.pop(conn, None)
             conn.close()
 
     def _handshake(self, conn: socket.socket, peer: str) -> tuple[str, str, Session] | None:
@@ -288,6 +374,7 @@ class RendezvousStore:
             return None
         with self._lock:
             per_job = sum(1 for j in self._conns.values() if j == job)
+            self._shaking.pop(conn, None)
             if per_job >= self.limits.max_per_job:
                 full = True
             else:

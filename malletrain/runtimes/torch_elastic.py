@@ -88,6 +88,9 @@ class RuntimeStateError(RuntimeError):
     """The runtime was used in the wrong state (e.g. before :meth:`TorchRuntime.start`)."""
 
 
+MAX_RESUMED_GENERATION = 2**31 - 1
+"""The largest generation a reconnected worker's ``resume`` key may report (a job writes that key: a
+bigger number, e.g. 2^63, would overflow the daemon's SQLite record and the numbering after it)."""
 CKPT_FILE_MAGIC = b"malletrain-checkpoint 1"
 """First word of a checkpoint file in the daemon's state dir: ``MAGIC TAG SIZE\\n`` then SIZE bytes."""
 
@@ -216,6 +219,7 @@ class TorchRuntime(Runtime):
         self._lock = threading.Lock()
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
         self._persisted: dict[str, int] = {}  # job -> ckpt_seq of the checkpoint on disk
+        self._scratch: set[str] = set()  # jobs whose last published world starts from step 0
 
     # -- lifecycle -----------------------------------------------------------------
     def use_secrets(self, secret_for: Callable[[str], str]) -> None:
@@ -332,9 +336,12 @@ class TorchRuntime(Runtime):
             store = self._require_store()
             gen = max(self._generations.get(job_id, 0), self._reported(store, job_id, ordered)) + 1
             last = self._last_nonempty.get(job_id)
+            self._scratch.discard(job_id)
             if ordered and last is not None and not last[1] & set(ordered):
                 # nobody of the last world stays: the new one starts from its checkpoint
                 store.set(handover_key(job_id, gen), str(last[0]))
+                if not store.check([ckpt_tag_key(job_id)]):  # ... or, with none, from step 0
+                    self._scratch.add(job_id)
             if ordered:
                 self._last_nonempty[job_id] = (gen, frozenset(ordered))
             self._before_publish(job_id, gen, ordered)
@@ -363,6 +370,11 @@ class TorchRuntime(Runtime):
             self._workers.setdefault(job_id, set()).update(workers)
             self._own.setdefault(job_id, set()).update(workers)
             return self._generations.get(job_id, 0)
+
+    def restarted_from_scratch(self, job_id: str) -> bool:
+        """Whether the job's last published world has none of the last one's workers and no checkpoint."""
+        with self._lock:
+            return job_id in self._scratch
 
     def resume_generation(self, job_id: str, generation: int) -> None:
         """After a daemon restart: the job's numbering goes on above ``generation`` (never backwards),
@@ -461,10 +473,13 @@ class TorchRuntime(Runtime):
         for w in workers:
             key = resume_key(job_id, w)
             if store.check([key]):
-                try:
-                    newest = max(newest, int(store.get(key)))
-                except ValueError:
-                    log.warning("job %s: store key %s is not a generation number; ignored", job_id, key)
+                raw = store.get(key)
+                value = int(raw) if raw.isdigit() and len(raw) <= len(str(MAX_RESUMED_GENERATION)) else -1
+                if 0 <= value <= MAX_RESUMED_GENERATION:
+                    newest = max(newest, value)
+                else:
+                    log.warning("job %s: store key %s is not a generation number in [0, %d]; ignored",
+                                job_id, key, MAX_RESUMED_GENERATION)
         return newest
 
     def forget(self, job_id: str, keep_state: bool = True) -> None:
@@ -483,7 +498,11 @@ class TorchRuntime(Runtime):
                 if self._store is not None:
                     head = ckpt_key(job_id)
                     if self._store.check([head]):
-                        n_chunks, _ = parse_ckpt_header(self._store.get(head), job_id)
+                        try:
+                            n_chunks, _ = parse_ckpt_header(self._store.get(head), job_id)
+                        except ValueError as exc:  # a header the job wrote wrong: its other keys still go
+                            log.warning("%s", exc)
+                            n_chunks = 0
                         for i in range(n_chunks):
                             self._store.delete_key(ckpt_chunk_key(job_id, i))
                     for key in (head, ckpt_tag_key(job_id), ckpt_seq_key(job_id), active_key(job_id)):
