@@ -23,8 +23,8 @@ another job through the process the agent starts:
   lets the agent make cgroups, each worker also runs in a cgroup of its own
   (:mod:`scavenger.containment`), which holds what it starts even then.
 - **Logs**: each worker's log is capped at ``max_bytes`` and rotated once
-  (``WORKER.log.1``) as it is written (:mod:`scavenger.logpump`; :class:`CappedLog` rotates a
-  file its writer holds, looking after the fact); :func:`prune_logs` keeps the whole log
+  (``WORKER.log.1``) as it is written (:mod:`scavenger.logpump`: the worker writes into a pipe,
+  so the cap holds at every write, not after the fact); :func:`prune_logs` keeps the whole log
   folder under a quota by deleting the oldest logs of ended workers. Log folders
   are 0700 (0711 for a root agent, so each owner can open their own 0600 log by
   name and nobody can list the folder), whatever the umask.
@@ -208,53 +208,6 @@ def open_private(path: Path, uid: int | None = None, gid: int | None = None) -> 
         os.close(fd)
         raise
     return os.fdopen(fd, "ab")
-
-
-class CappedLog:
-    """A worker's log file, rotated when it grows past ``max_bytes``: its newest ``max_bytes`` move
-    to ``PATH.1`` (replacing an older one) and the file starts again. The worker writes through its
-    own copy of the descriptor (``O_APPEND``), so truncating it here takes effect at its next write."""
-
-    def __init__(self, path: Path, out: IO[bytes], max_bytes: int = LOG_MAX_BYTES,
-                 owner: tuple[int, int] | None = None) -> None:
-        self.path = path
-        self.out = out
-        self.max_bytes = max_bytes
-        self.owner = owner
-        self.rotations = 0
-
-    def check(self) -> bool:
-        """Rotate if over the cap; True if it did. Errors (a full disk) leave the file as it is."""
-        try:
-            size = os.fstat(self.out.fileno()).st_size
-            if size <= self.max_bytes:
-                return False
-            old = self.path.with_name(self.path.name + ".1")
-            try:
-                os.unlink(old)
-            except FileNotFoundError:
-                pass
-            src_fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-            with os.fdopen(src_fd, "rb") as src, open_private(old, *(self.owner or (None, None))) as dst:
-                src.seek(max(0, size - self.max_bytes))  # the newest part
-                remaining = self.max_bytes
-                while remaining > 0:
-                    chunk = src.read(min(1 << 20, remaining))
-                    if not chunk:
-                        break
-                    dst.write(chunk)
-                    remaining -= len(chunk)
-            os.ftruncate(self.out.fileno(), 0)
-            self.rotations += 1
-            self.out.write(f"[malletrain agent: log rotated at {size} bytes (cap {self.max_bytes}); the previous "
-                           f"part is {old.name}, older output was dropped]\n".encode())
-            self.out.flush()
-            return True
-        except OSError:
-            return False
-
-    def close(self) -> None:
-        self.out.close()
 
 
 def prune_logs(folder: Path, keep: Iterable[Path], max_total: int = LOGS_MAX_TOTAL,
