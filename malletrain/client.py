@@ -45,6 +45,9 @@ LINGER_MS = 1000
 _RANK_VARS = ("RANK", "HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 _WORLD_VARS = ("WORLD_SIZE", "HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 _RESTART_VARS = ("TORCHELASTIC_RESTART_COUNT",)
+_GENERATION_VARS = ("MALLETRAIN_GENERATION", "TORCHELASTIC_RESTART_COUNT")
+"""A report's generation without the elastic layer: the daemon's number of the world the process was
+started in (the torchrun launcher's rank agent sets it), else torchrun's restart count."""
 
 
 @dataclass(frozen=True)
@@ -83,7 +86,7 @@ def context() -> Context:
     if _context is not None:
         return _context
     world, per_node = max(1, _env_int(_WORLD_VARS, 1)), max(1, _env_int(("LOCAL_WORLD_SIZE",), 1))
-    return Context(_env_int(_RANK_VARS, 0), world, _env_int(_RESTART_VARS, 0),
+    return Context(_env_int(_RANK_VARS, 0), world, _env_int(_GENERATION_VARS, 0),
                    per_node if world % per_node == 0 else 1)
 
 

@@ -52,9 +52,14 @@ ENV_JOB_SECRET = "MALLETRAIN_JOB_SECRET"
 ENV_WORKER_BATCH = "MALLETRAIN_WORKER_BATCH"
 """Samples one worker trains per optimizer step (the job file's ``worker_batch``); unset: not given."""
 
+ENV_GENERATION = "MALLETRAIN_GENERATION"
+"""The daemon's number of the world a restarted command runs in (``torchrun`` launcher): its reports
+carry it, so the monitor counts them at the size the daemon published for that world."""
+
 ALL_VARIABLES: tuple[str, ...] = (
     ENV_JOB, ENV_WORKER, ENV_MONITOR, ENV_RUNTIME, ENV_STORE, ENV_COLLECTIVE_TIMEOUT,
     ENV_STORE_GRACE, ENV_HOROVOD_JOB_DIR, ENV_TOY_DIR, ENV_LOG_LEVEL, ENV_JOB_SECRET, ENV_WORKER_BATCH,
+    ENV_GENERATION,
 )
 
 TORCHRUN_VARIABLES: tuple[str, ...] = (

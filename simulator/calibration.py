@@ -30,9 +30,9 @@ and optionally (:data:`OPTIONAL`; 0 when a file has none, as files written befor
   (:func:`simulator.costs.start_ends`). A file without it charges every start its full figure.
 * ``torchrun_restart_s``: a job run by ``launcher = "torchrun"`` at a change of its size: every
   worker stops and torchrun starts them again (stop -> first step in the new world), where an
-  in-process (elastic) job pauses for ``rescale_pause_s``. To be measured per launcher on the real
-  system; absent until then, and a torchrun job's change of size is charged ``restart_s`` instead
-  (a job file's ``launcher``; the policy weighs it as the pauses the job's monitor measures).
+  in-process (elastic) job pauses for ``rescale_pause_s`` (``benchmarks/bench_launchers.py`` measures
+  both on the same job in one run); a file without it charges a torchrun job's change of size
+  ``restart_s`` (a job file's ``launcher``; the policy weighs it as the pauses the job's monitor measures).
 * ``state_broadcast_s_per_mb``, ``checkpoint_load_s_per_mb``, ``checkpoint_save_s_per_mb`` (unit
   ``s/MB``): seconds per MB of a job's checkpoint (:mod:`simulator.modelsizes`) to broadcast its state
   to a new world, to load it and to save it (``benchmarks/bench_checkpoint.py``, linear in bytes). An

@@ -252,7 +252,8 @@ def test_the_job_env_is_an_allowlist_plus_its_own_env(rig: AgentRig) -> None:
     env = dict(line.split("=", 1) for line in rig.log("w").splitlines() if "=" in line)
     assert env["MY_JOB_VAR"] == "mine" and "MT_DAEMON_ONLY_SECRET" not in env
     assert set(env) <= {"MY_JOB_VAR", "PATH", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM", "HOME", "USER", "LOGNAME",
-                        "PYTHONPATH", "VIRTUAL_ENV", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS"} | {
+                        "PYTHONPATH", "VIRTUAL_ENV", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS",
+                        "LOCAL_RANK", "LOCAL_WORLD_SIZE"} | {  # the worker's slot on its node
         k for k in env if k.startswith(("LC_", "NCCL_", "GLOO_"))}
     if ROOT:  # as another user: nothing of root's, a plain PATH, the owner's HOME
         assert rig.run("w2", ("/usr/bin/env",), {}, uid=NOBODY, gid=NOBODY) == 0

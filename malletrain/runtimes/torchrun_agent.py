@@ -49,7 +49,7 @@ from malletrain.elastic.errors import StoreLost
 from malletrain.elastic.keys import arrive_key, done_key, world_key
 from malletrain.elastic.rendezvous import Rendezvous
 from malletrain.runtimes.torchrun import DEFAULT_FAILURE_WAIT_S, DEFAULT_STOP_GRACE_S, World, rank_names
-from malletrain.workerenv import ENV_WORKER, RankPlace, WorkerEnv, configure_worker_logging, torchrun_environ
+from malletrain.workerenv import ENV_GENERATION, ENV_WORKER, RankPlace, WorkerEnv, configure_worker_logging, torchrun_environ
 from scavenger.agent_workers import pin_cores
 from scavenger.nodeshape import DEVICE_VARIABLES, Accelerator, SlotPlace, detect_accelerator, slot_place
 
@@ -271,6 +271,7 @@ class RankAgent:
         for i, (place, slot) in enumerate(zip(self.places, slots)):
             child_env = {**env, **slot.env, **torchrun_environ(place, master, self.rdzv.job, count)}
             child_env[ENV_WORKER] = report_sender(self.worker, count, i, self.local_ranks)
+            child_env[ENV_GENERATION] = str(self.gen)  # reports count at the size the daemon gave this world
             log.info("worker %s: starting rank %d of %d (local rank %d of %d, restart %d, master %s:%d)",
                      self.worker, place.rank, place.world_size, i, self.local_ranks, count, master[0], master[1])
             setup = pin_cores(slot.cores, lambda: None) if self.local_ranks > 1 else None
