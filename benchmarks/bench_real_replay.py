@@ -273,8 +273,9 @@ def daemon_replay(cluster: SlurmCluster, tmp: Path, jobs: list[ProdJob], span: f
              "--trace", "--step-sleep", f"{STEP_SLEEP_S:g}")
     d = Daemon(cfg)
     try:
+        # one worker a node (the test cluster's nodes declare 4 GPUs): the replay's unit is the node
         ids = [d.store.submit(JobSpec(f"lin{j}", train, 1, n, False, {m: 100.0 * m for m in range(1, n + 1)},
-                                      env={"OMP_NUM_THREADS": "1"})) for j in range(k)]
+                                      env={"OMP_NUM_THREADS": "1"}, workers_per_node=1)) for j in range(k)]
 
         def tick() -> None:
             d.step()

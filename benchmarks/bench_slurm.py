@@ -303,8 +303,9 @@ def daemon_runs(cluster: SlurmCluster, tmp: Path, modes: list[bool], prod_nodes:
     d = Daemon(cfg)
     out: list[DaemonRun] = []
     try:
+        # one worker a node (the test cluster's nodes declare 4 GPUs): the figures are per node, as before
         jid = d.store.submit(JobSpec("lin", train, 1, n_all, False, {n: 100.0 * n for n in range(1, n_all + 1)},
-                                     env={"OMP_NUM_THREADS": "1"}))
+                                     env={"OMP_NUM_THREADS": "1"}, workers_per_node=1))
 
         tail = StepTail()
         steps_after = tail.first_after

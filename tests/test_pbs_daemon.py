@@ -84,7 +84,11 @@ def until(d: Daemon, what: str, pred: Callable[[], bool], timeout: float = 60.0)
 
 def submit_job(d: Daemon, max_nodes: int = 4) -> str:
     scaling = {n: 100.0 * n for n in range(1, max_nodes + 1)}
-    return d.store.submit(JobSpec("lin", TRAIN, 1, max_nodes, False, scaling, env={"OMP_NUM_THREADS": "1"}))
+    # one worker a node: the test cluster's nodes declare 4 GPUs (4 slots), and 4 nodes of 4 torch workers
+    # would not fit this machine's 2 cores; the slots themselves are tested in test_nodeshape and the
+    # torchrun daemon tests
+    return d.store.submit(JobSpec("lin", TRAIN, 1, max_nodes, False, scaling, env={"OMP_NUM_THREADS": "1"},
+                                  workers_per_node=1))
 
 
 def prod_job(cluster: PbsCluster, vnodes: tuple[str, ...], seconds: int) -> str:
