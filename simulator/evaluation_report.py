@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import textwrap
 from dataclasses import asdict
 from pathlib import Path
 
@@ -344,12 +345,12 @@ def write_real_chart(ev: Evaluation, path: Path) -> Path | None:
         return None
     cells = [c for c in ev.cells() if is_real(c[0])]
     fig, axes = plt.subplots(1, len(cells), figsize=(5.2 * len(cells), 4.8), squeeze=False, sharey=True)
+    tops = [1.0]  # the highest bar, error bar or dot of every panel: the axes are shared
     for ax, cell in zip(axes[0], cells):
         rows = real_rows(ev, cell)
         runs = ev.by_label(cell)
         best = best_baseline(runs)
         ref = runs.get(best, {}) if best else {}
-        tops = [1.0]
         for i, r in enumerate(rows):
             m, sd = r["vs_best_baseline_pct"]
             colour = "#1b9e77" if r["policy"] == DEFAULT else "#d95f02" if r["best_baseline"] else \
@@ -360,17 +361,17 @@ def write_real_chart(ev: Evaluation, path: Path) -> Path | None:
             ax.plot([i] * len(dots), dots, "k.", ms=3, zorder=3)
         ax.axhline(1.0, color="grey", lw=0.8, zorder=1)
         ax.set_xticks(range(len(rows)), [r["policy"] for r in rows], rotation=55, ha="right", fontsize=7)
-        ax.set_title(f"offered load {split_workload(cell[0])[1]:g} (best fixed-prior baseline: {best})", fontsize=9)
+        ax.set_title(f"{cell[0]} (best fixed-prior baseline: {best})", fontsize=9)
         ax.grid(True, axis="y", alpha=0.3, zorder=0)
-        ax.set_ylim(0.0, max(tops) * 1.08)  # every bar, error bar and dot inside the axes
+    axes[0][0].set_ylim(0.0, max(tops) * 1.08)  # every bar, error bar and dot of every panel inside the axes
     axes[0][0].set_ylabel("work / best fixed-prior baseline's work")
     n = len(ev.settings.seeds)
     title = (f"Philly stream on {Path(ev.trace).name}: work relative to the best fixed-prior baseline, costs charged "
              f"(mean ± sd over {n} seed{'s' if n != 1 else ''}; dots: seeds)")
     if "SYNTHETIC" in ev.trace or "synthetic" in ev.trace.lower():
         title = "SYNTHETIC trace. " + title
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    fig.suptitle("\n".join(textwrap.wrap(title, width=int(95 * len(cells)))), fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1, 0.92))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
