@@ -49,7 +49,7 @@ from types import FrameType
 from typing import Any, NoReturn, Sequence
 
 from malletrain import client
-from malletrain.workerenv import ENV_WORKER_BATCH, WorkerEnvError, configure_worker_logging
+from malletrain.workerenv import ENV_WORKER_BATCH, WorkerEnvError, configure_worker_logging, worker_batch_from_environ
 
 log = logging.getLogger("malletrain.launch")
 
@@ -93,21 +93,6 @@ def parse_target(argv: Sequence[str]) -> Target:
     if not path.is_file():
         raise LaunchError(f"script {argv[0]!r} not found (working directory {os.getcwd()})")
     return Target(TargetKind.SCRIPT, argv[0], tuple(argv[1:]))
-
-
-def worker_batch_from_environ(environ: Any = None) -> int | None:
-    """``MALLETRAIN_WORKER_BATCH`` as a positive int (None if unset); :class:`WorkerEnvError` names a bad value."""
-    env = os.environ if environ is None else environ
-    text = env.get(ENV_WORKER_BATCH)
-    if not text:
-        return None
-    try:
-        value = int(text)
-    except ValueError:
-        raise WorkerEnvError(f"{ENV_WORKER_BATCH}={text!r} is not an integer") from None
-    if value < 1:
-        raise WorkerEnvError(f"{ENV_WORKER_BATCH}={text!r} must be >= 1")
-    return value
 
 
 @dataclass

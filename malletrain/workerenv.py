@@ -139,6 +139,21 @@ def parse_log_level(text: str | None, name: str = ENV_LOG_LEVEL) -> int:
     return level
 
 
+def worker_batch_from_environ(environ: Mapping[str, str] | None = None) -> int | None:
+    """``MALLETRAIN_WORKER_BATCH`` as a positive int (None if unset); :class:`WorkerEnvError` names a bad value."""
+    env = os.environ if environ is None else environ
+    text = env.get(ENV_WORKER_BATCH)
+    if not text:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise WorkerEnvError(f"{ENV_WORKER_BATCH}={text!r} is not an integer") from None
+    if value < 1:
+        raise WorkerEnvError(f"{ENV_WORKER_BATCH}={text!r} must be >= 1")
+    return value
+
+
 def _id_or_none(name: str, env: Mapping[str, str]) -> str | None:
     text = env.get(name)
     if not text:
