@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 from pathlib import Path
 
@@ -55,3 +56,24 @@ def _torchrun_variables_stay_with_their_test():
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
+
+
+PR_GET_CHILD_SUBREAPER = 37
+
+
+def _is_subreaper() -> bool:
+    flag = ctypes.c_int(0)
+    ctypes.CDLL(None, use_errno=True).prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0)
+    return flag.value != 0
+
+
+@pytest.fixture(autouse=True)
+def _the_test_process_stays_no_subreaper():
+    """A test that makes this process a subreaper (an agent's ``containment.choose`` run in it) makes it
+    the parent of every daemon a later test starts (PBS forks into the background): they end as zombies
+    no one reaps, and the next cluster refuses to start beside them. Such a test fails here, by name."""
+    before = _is_subreaper()
+    yield
+    if not before and _is_subreaper():
+        pytest.fail("this test made the test process a subreaper: run what calls containment.choose() "
+                    "or jobproc.become_subreaper() in a process of its own")

@@ -256,7 +256,10 @@ def test_an_agent_sweeps_only_its_own_daemons_subtree_never_another_installation
             proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
             (folder / "cgroup.procs").write_text(str(proc.pid))
             procs.append(proc)
-        CT.choose(mode, ours).close()
+        # as an agent does it, in a process of its own: choose() makes its caller a subreaper
+        subprocess.run([sys.executable, "-c",
+                        f"from scavenger import containment as c; c.choose({mode!r}, {ours!r}).close()"],
+                       check=True, timeout=60)
         assert all(p.poll() is None for p in procs[:2]) and all(f.exists() for f in theirs)
         assert procs[2].wait(timeout=10) == -signal.SIGKILL and not dead_ours.exists()
     finally:
