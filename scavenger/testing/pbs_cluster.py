@@ -271,13 +271,9 @@ def vnode_names(n: int) -> tuple[str, ...]:
 
 
 def pbs_daemon_pids() -> dict[str, int]:
-    """The PBS daemons running here, by name. A zombie is not running: a daemon that exited stays one
-    when whoever it was re-parented to never reaps it (a PID 1 that does not, or a subreaper)."""
-    out = {}
-    for p in psutil.process_iter(["pid", "name", "status"]):
-        if p.info["name"] in DAEMONS and p.info["status"] != psutil.STATUS_ZOMBIE:
-            out[p.info["name"]] = p.info["pid"]
-    return out
+    """The PBS daemons running here, by name; not a zombie (an exited daemon no one reaped)."""
+    return {p.info["name"]: p.info["pid"] for p in psutil.process_iter(["pid", "name", "status"])
+            if p.info["name"] in DAEMONS and p.info["status"] != psutil.STATUS_ZOMBIE}
 
 
 @dataclass
