@@ -58,8 +58,8 @@ of its own about admission, profiling, lending, curves or costs. Each rule is se
 
 A decision whose inputs equal those of the last decision that changed nothing is answered
 "no change" without running the allocator (the answer would be the same). The profiling rules are
-in :mod:`policy.profiling`, the curves' in :mod:`policy.beliefs`, a decision's scratch in
-:mod:`policy.round`.
+in :mod:`policy.profiling`, the curves' in :mod:`policy.beliefs`, the budget and deadline stops' in
+:mod:`policy.limits`, a decision's scratch in :mod:`policy.round`.
 """
 
 from __future__ import annotations
@@ -75,7 +75,8 @@ from policy.allocation import apply_pins, equal_counts, greedy_counts, node_map
 from policy.beliefs import Beliefs, Population
 from policy.config import Admission, Allocation, Horizon, Objective, PolicyConfig, PolicyConfigError, Profiling
 from policy.ledger import below_min
-from policy.model import Decision, EventKind, Evidence, JobEvidence, JobView, Stop, StopReason, View
+from policy.limits import stop_over_budget, stop_past_deadline
+from policy.model import Decision, EventKind, Evidence, JobEvidence, JobView, View
 from policy.profiling import (advance_profiles, end_profile, expected_count, needs_profile, probe_counts,
                               profile_counts, profile_pays, reserved, source_profile, start_probe)
 from policy.round import Round
@@ -118,8 +119,8 @@ class Policy:
         self._observe_fragments(view)
         self._learn(r, evidence)
         self._preemptions(r)
-        self._budgets(r)
-        self._deadlines(r)
+        stop_over_budget(self.state, r)
+        stop_past_deadline(self.state, r)
         advance_profiles(self.state, r, evidence)
         r.population = self.beliefs.population()  # the measured points are settled for this decision
         r.believed = {j: self.beliefs.believed(r.jobs[j], r.population) for j in self.state.admitted}
@@ -190,49 +191,6 @@ class Policy:
             frags = self.state.fragments
             frags.extend(float(x) for x in view.ended_fragments if x >= 0 and math.isfinite(x))
             del frags[:-FRAGMENTS_KEEP]
-
-    def _budgets(self, r: Round) -> None:
-        """A job that has used its budget is stopped and never admitted again."""
-        st = self.state
-        for job in r.jobs.values():
-            if job.budget_node_hours is None or job.id in st.over_budget:
-                continue
-            if job.used_node_hours >= job.budget_node_hours:
-                st.over_budget.add(job.id)
-                self._take_out(r, job, "over budget")
-                r.note(EventKind.OVER_BUDGET, job.id, used_node_hours=job.used_node_hours,
-                       budget_node_hours=job.budget_node_hours)
-        for job_id in st.over_budget:
-            job = r.jobs[job_id]
-            budget = job.budget_node_hours if job.budget_node_hours is not None else job.used_node_hours
-            r.stop[job_id] = Stop(StopReason.OVER_BUDGET, job.used_node_hours, budget)
-
-    def _deadlines(self, r: Round) -> None:
-        """A job still training at its deadline is stopped (time only goes on: it is never admitted
-        again); the next deadline still ahead is when to decide again at the latest."""
-        for job in r.jobs.values():
-            deadline = job.deadline
-            if deadline is None or job.id in r.stop or job.work_left == 0:
-                continue
-            if deadline > r.now:
-                r.next_deadline = min(r.next_deadline, deadline)
-                continue
-            self._take_out(r, job, "past deadline")
-            r.note(EventKind.PAST_DEADLINE, job.id, deadline=deadline, late_s=r.now - deadline)
-            r.stop[job.id] = Stop(StopReason.PAST_DEADLINE, r.now, deadline)
-
-    def _take_out(self, r: Round, job: JobView, why: str) -> None:
-        """``job`` is stopped for good: out of its slot (its profile ended for ``why``) or the queue's
-        front, its nodes free."""
-        st = self.state
-        if job.id in st.admitted:
-            st.admitted.remove(job.id)
-            st.assigned.pop(job.id, None)
-            if job.id in st.profiles:
-                end_profile(st, r, job.id, None, why)
-        if job.id in st.queue_front:
-            st.queue_front.remove(job.id)
-        r.release(job.nodes)
 
     def _suspensions(self, r: Round) -> None:
         """Adaptive admission: the newest jobs admitted beyond Pjmax give way first when nodes go."""
