@@ -151,10 +151,9 @@ class Jobs(DaemonBase):
 
     @staticmethod
     def _why_no_nodes(run: JobRun) -> str:
-        """Why a job runs on no node: the Loss that left it below its min, else the policy's plan."""
-        if run.suspended_by is not None:
-            return run.suspended_by.describe()
-        return f"the policy gives it no nodes: {run.waiting}" if run.waiting else "the policy gives it no nodes"
+        """Why a job runs on no node: the Loss that left it below its min, else the policy's plan (the
+        reason it waits is its own field, ``waiting``)."""
+        return run.suspended_by.describe() if run.suspended_by is not None else "no nodes in the policy's plan"
 
     def _suspend(self, run: JobRun, now: float, reason: str) -> None:
         self._stop_workers(run, now)
