@@ -20,7 +20,7 @@ from policy.config import (
     preset,
 )
 from policy.decide import Policy, evidence_from, profile_counts, unplaced_reasons
-from policy.ledger import Ledger, LedgerError, Loss, below_min, interrupts
+from policy.ledger import Ledger, LedgerError, Loss, LossOutcome, below_min, interrupts, loss_outcome
 from policy.model import (
     NO_EVIDENCE,
     Decision,
@@ -30,6 +30,8 @@ from policy.model import (
     JobView,
     PolicyEvent,
     PolicyInputError,
+    Stop,
+    StopReason,
     View,
 )
 from policy.state import Debt, PolicyState, PolicyStateError
@@ -37,8 +39,8 @@ from policy.state import Debt, PolicyState, PolicyStateError
 __all__ = (
     "Admission", "Horizon", "Objective",
     "Allocation", "CostSource", "Debt", "Decision", "EventKind", "Evidence", "JobEvidence", "JobView",
-    "Ledger", "LedgerError", "Loss",
+    "Ledger", "LedgerError", "Loss", "LossOutcome",
     "NO_EVIDENCE", "PRESETS", "Policy", "PolicyConfig", "PolicyConfigError", "PolicyEvent",
-    "PolicyInputError", "PolicyState", "PolicyStateError", "Profiling", "View", "evidence_from",
-    "below_min", "interrupts", "preset", "profile_counts", "unplaced_reasons",
+    "PolicyInputError", "PolicyState", "PolicyStateError", "Profiling", "Stop", "StopReason", "View", "evidence_from",
+    "below_min", "interrupts", "loss_outcome", "preset", "profile_counts", "unplaced_reasons",
 )

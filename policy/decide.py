@@ -42,7 +42,11 @@ of its own about admission, profiling, lending, curves or costs. Each rule is se
   ``over_budget`` event and ``Decision.stop``) and never admitted again; a running job with a
   budget is given no more nodes than its remaining budget pays for over the horizon, and the
   decision asks to be called again before the budget runs out. A job whose deadline can still be
-  met at its max, but not at its present count, has its rate weighted by ``deadline_weight``.
+  met at its max, but not at its present count, has its rate weighted by ``deadline_weight``; a
+  job still training at its deadline is stopped (a ``past_deadline`` event and ``Decision.stop``),
+  and the decision asks to be called again at the next deadline. Each stop is a
+  :class:`policy.model.Stop`: its reason (:class:`policy.model.StopReason`) and figures, which the
+  drivers carry out and word (:meth:`~policy.model.Stop.describe`), never parse.
 * **Curves and costs**: :mod:`policy.beliefs`.
 * **Objective** (``objective = "work"``, the default): the allocator maximises work, each job's
   rate in 1-node equivalents (``rate(n) / rate(1)`` on its believed curve), so a job that trains
@@ -54,8 +58,8 @@ of its own about admission, profiling, lending, curves or costs. Each rule is se
 
 A decision whose inputs equal those of the last decision that changed nothing is answered
 "no change" without running the allocator (the answer would be the same). The profiling rules are
-in :mod:`policy.profiling`, the curves' in :mod:`policy.beliefs`, a decision's scratch in
-:mod:`policy.round`.
+in :mod:`policy.profiling`, the curves' in :mod:`policy.beliefs`, the budget and deadline stops' in
+:mod:`policy.limits`, a decision's scratch in :mod:`policy.round`.
 """
 
 from __future__ import annotations
@@ -71,6 +75,7 @@ from policy.allocation import apply_pins, equal_counts, greedy_counts, node_map
 from policy.beliefs import Beliefs, Population
 from policy.config import Admission, Allocation, Horizon, Objective, PolicyConfig, PolicyConfigError, Profiling
 from policy.ledger import below_min
+from policy.limits import stop_over_budget, stop_past_deadline
 from policy.model import Decision, EventKind, Evidence, JobEvidence, JobView, View
 from policy.profiling import (advance_profiles, end_profile, expected_count, needs_profile, probe_counts,
                               profile_counts, profile_pays, reserved, source_profile, start_probe)
@@ -114,7 +119,8 @@ class Policy:
         self._observe_fragments(view)
         self._learn(r, evidence)
         self._preemptions(r)
-        self._budgets(r)
+        stop_over_budget(self.state, r)
+        stop_past_deadline(self.state, r)
         advance_profiles(self.state, r, evidence)
         r.population = self.beliefs.population()  # the measured points are settled for this decision
         r.believed = {j: self.beliefs.believed(r.jobs[j], r.population) for j in self.state.admitted}
@@ -186,27 +192,6 @@ class Policy:
             frags.extend(float(x) for x in view.ended_fragments if x >= 0 and math.isfinite(x))
             del frags[:-FRAGMENTS_KEEP]
 
-    def _budgets(self, r: Round) -> None:
-        """A job that has used its budget is stopped and never admitted again."""
-        st = self.state
-        for job in r.jobs.values():
-            if job.budget_node_hours is None or job.id in st.over_budget:
-                continue
-            if job.used_node_hours >= job.budget_node_hours:
-                st.over_budget.add(job.id)
-                if job.id in st.admitted:
-                    st.admitted.remove(job.id)
-                    st.assigned.pop(job.id, None)
-                    if job.id in st.profiles:
-                        end_profile(st, r, job.id, None, "over budget")
-                if job.id in st.queue_front:
-                    st.queue_front.remove(job.id)
-                r.release(job.nodes)
-                r.note(EventKind.OVER_BUDGET, job.id, used_node_hours=job.used_node_hours,
-                       budget_node_hours=job.budget_node_hours)
-        for job_id in st.over_budget:
-            r.stop[job_id] = "over its budget_node_hours"
-
     def _suspensions(self, r: Round) -> None:
         """Adaptive admission: the newest jobs admitted beyond Pjmax give way first when nodes go."""
         st, cfg = self.state, self.config
@@ -274,8 +259,9 @@ class Policy:
         extra_closed = False
         slots_taken = f"all {cfg.max_running} slots are taken (max_running)"
         for job_id in queue:
-            if job_id in st.over_budget:
-                waiting[job_id] = "over its budget_node_hours"
+            stop = r.stop.get(job_id)
+            if stop is not None:
+                waiting[job_id] = stop.reason.text
                 continue
             if blocked_by is not None:
                 waiting[job_id] = f"behind {blocked_by} in the FCFS queue"
@@ -475,6 +461,8 @@ class Policy:
         full = {job_id: tuple(assignment.get(job_id, ())) for job_id in st.admitted}
         st.assigned = {job_id: len(nodes) for job_id, nodes in full.items()}
         deadlines = [s.step_deadline for s in st.profiles.values()]
+        if r.next_deadline < math.inf:  # decide again when a job's deadline comes
+            deadlines.append(r.next_deadline)
         for job_id, nodes in full.items():  # decide again when a budget runs out
             j = r.jobs[job_id]
             if j.budget_node_hours is not None and nodes:

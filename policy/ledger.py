@@ -5,9 +5,12 @@ order it happened, and asks it for the view the policy decides on. It never keep
 which node is ours since when, which job holds which node, or when a job was last interrupted; the
 two rules drivers used to write themselves are here, once:
 
-* :func:`below_min`: a job on fewer than its ``min_nodes`` nodes cannot run. When a recall takes a
-  job below its min, :meth:`Ledger.lost` frees its other nodes and reports it stopped; the driver
-  stops it, and the policy takes its slot away (:mod:`policy.decide`) or suspends it.
+* :func:`below_min`: a job on fewer than its ``min_nodes`` nodes cannot run. What a lost node does to
+  the job that held it is decided here, once (:func:`loss_outcome`): :meth:`Ledger.lost` (and
+  :meth:`Ledger.released`) return a :class:`Loss` whose ``outcome`` says it runs on, shrunk, or is
+  suspended below its min (its other nodes freed); both drivers carry that out (the daemon suspends
+  the job with :meth:`Loss.describe` as the reason), and the policy takes the slot of a job on no
+  node away (:mod:`policy.decide`).
 * :func:`interrupts`: any change of a job's node set is an interruption (a start, a rescale, a
   recall, a stop, a suspension, nodes lent); the same nodes in another order are none.
 
@@ -19,14 +22,14 @@ Events (times are the driver's clock, passed in; the ledger reads no clock and d
 ``usable(nodes, at)``           their pilots run: usable from ``at``, free until a job is placed
                                 on them (a node not announced idle was idle since ``at``)
 ``lost(nodes, at)``             taken back (a recall): each ends an idle fragment; a job holding one
-                                is interrupted, and stopped if it fell below its min
+                                is interrupted, and suspended if it fell below its min
 ``recall_expected(times)``      known times usable nodes will be taken back (e.g. a planned start)
 ``submitted(job)``              a job arrived (its :class:`JobView`, no nodes yet)
 ``placed(job, nodes, at)``      the driver carried out a decision: the job now runs on ``nodes``
 ``progressed(job, work_left)``  samples the job still has to train
 ``used(job, node_hours)``       node-hours the job has held so far (budgets)
 ``released(job, nodes, at)``    the job gave up nodes no decision took (a worker failed there):
-                                they stay ours and free; below its min the job is stopped
+                                they stay ours and free; below its min the job is suspended
 ``ended(job)``                  the job finished or was cancelled: its nodes are free
 ``delivered(view)``             the policy decided on ``view``: the fragments it carried are learned
 ==============================  ==================================================================
@@ -39,6 +42,7 @@ order. A view cut to what its jobs can take (:meth:`Ledger.view`) shows the firs
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 from itertools import islice
 from typing import Iterable, Mapping, Sequence
 
@@ -61,14 +65,45 @@ def interrupts(before: Sequence[str], after: Sequence[str]) -> bool:
     return len(before) != len(after) or set(before) != set(after)
 
 
+class LossOutcome(str, Enum):
+    """What losing nodes does to the job that held them (:func:`loss_outcome`)."""
+
+    UNCHANGED = "unchanged"  # it lost none of its nodes and still has its min
+    SHRUNK = "shrunk"  # it runs on, on the nodes it kept (at least its min)
+    SUSPENDED = "suspended"  # below its min: its other nodes are free, it waits for nodes again
+
+
+def loss_outcome(lost: int, left: int, min_nodes: int) -> LossOutcome:
+    """The outcome for a job that lost ``lost`` nodes and has ``left``: suspended below its min
+    (:func:`below_min`), else shrunk, or unchanged if it lost none."""
+    if below_min(left, min_nodes):
+        return LossOutcome.SUSPENDED
+    return LossOutcome.SHRUNK if lost else LossOutcome.UNCHANGED
+
+
 @dataclass(frozen=True)
 class Loss:
-    """What a recall did to one job: the nodes it ``lost``; ``stopped`` if that left it below its min
-    (its other nodes are free again and the driver must stop it)."""
+    """What a recall (or a release) did to one job: the nodes it ``lost``, the count it had ``left``
+    then, its ``min_nodes`` and the ``outcome`` (:func:`loss_outcome`). A suspended job's other nodes
+    are free again: the driver stops its workers, and it waits for nodes (with :meth:`describe`)."""
 
     job: str
     lost: tuple[str, ...]
-    stopped: bool
+    outcome: LossOutcome
+    left: int
+    min_nodes: int
+
+    @property
+    def stopped(self) -> bool:
+        """Whether the job is suspended (below its min): it runs on no node."""
+        return self.outcome is LossOutcome.SUSPENDED
+
+    def describe(self) -> str:
+        """The outcome in words, with its figures (a suspended job's reason)."""
+        if self.outcome is LossOutcome.SUSPENDED:
+            return (f"below min_nodes: {self.left} node(s) left of the {self.min_nodes} it needs "
+                    f"after losing {len(self.lost)}")
+        return f"{self.outcome.value}: lost {len(self.lost)} node(s), runs on {self.left}"
 
 
 @dataclass
@@ -199,7 +234,7 @@ class Ledger:
     def released(self, job_id: str, nodes: Iterable[str], at: float) -> Loss:
         """``job_id`` gave up ``nodes`` at ``at`` without a decision asking it (its worker there failed;
         a restarted daemon did not re-adopt it there): they stay ours and are free again. Below its min
-        the job is stopped (:func:`below_min`: its other nodes are free too); a job on no node is stopped."""
+        the job is suspended (:func:`loss_outcome`: its other nodes are free too); so is a job on no node."""
         job = self._job(job_id)
         gone = set(nodes)
         mine = job.nodes
@@ -207,8 +242,10 @@ class Ledger:
         if lost:
             self._release(job_id, [n for n in mine if n not in gone])
             return self._interrupted(job_id, lost, at)
-        stopped = below_min(len(mine), job.shown.min_nodes)
-        return self._interrupted(job_id, (), at) if stopped and mine else Loss(job_id, (), stopped)
+        outcome = loss_outcome(0, len(mine), job.shown.min_nodes)
+        if outcome is LossOutcome.SUSPENDED and mine:
+            return self._interrupted(job_id, (), at)
+        return Loss(job_id, (), outcome, len(mine), job.shown.min_nodes)
 
     def progressed(self, job_id: str, work_left: float) -> None:
         """``job_id`` still has ``work_left`` samples to train."""
@@ -311,14 +348,15 @@ class Ledger:
         return job
 
     def _interrupted(self, job_id: str, lost: tuple[str, ...], at: float) -> Loss:
-        """``job_id`` just lost nodes at ``at`` (or is below its min): stopped below its min (its other
+        """``job_id`` just lost nodes at ``at`` (or is below its min): suspended below its min (its other
         nodes go back to the free pool), interrupted either way."""
         job = self._jobs[job_id]
-        stopped = below_min(len(job.nodes), job.shown.min_nodes)
-        if stopped:
+        left, min_nodes = len(job.nodes), job.shown.min_nodes
+        outcome = loss_outcome(len(lost), left, min_nodes)
+        if outcome is LossOutcome.SUSPENDED:
             self._release(job_id, ())
         job.moved(at)
-        return Loss(job_id, lost, stopped)
+        return Loss(job_id, lost, outcome, left, min_nodes)
 
     def _release(self, job_id: str, keep: Sequence[str]) -> None:
         """``job_id``'s nodes not in ``keep`` go back to the free pool, in the job's order."""

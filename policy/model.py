@@ -36,7 +36,7 @@ class JobView:
     Optional (None: unknown; the defaults keep older drivers working): ``work_left`` the samples
     still to train (gated profiling skips short jobs, deadlines need it); ``budget_node_hours`` the
     most node-hours the job may use and ``used_node_hours`` what it used so far; ``deadline`` the
-    time (the view's clock) it should be done by.
+    time (the view's clock) it should be done by (still training then, it is stopped).
     """
 
     id: str
@@ -134,6 +134,7 @@ class EventKind(str, Enum):
     REFINED = "refined"
     SUSPENDED = "suspended"  # admitted beyond Pjmax, gave way when nodes went: queue front, progress kept
     OVER_BUDGET = "over_budget"  # spent its budget_node_hours: the driver stops it (finished, over budget)
+    PAST_DEADLINE = "past_deadline"  # its deadline passed before it finished: the driver stops it
 
 
 @dataclass(frozen=True)
@@ -141,6 +142,35 @@ class PolicyEvent:
     kind: EventKind
     job: str
     detail: Mapping[str, object] = field(default_factory=dict)
+
+
+class StopReason(str, Enum):
+    """Why the policy ends a job (``Decision.stop``): a limit its user set was reached."""
+
+    OVER_BUDGET = "over_budget"  # it has held its nodes for its budget_node_hours
+    PAST_DEADLINE = "past_deadline"  # its deadline passed and it still had samples to train
+
+    @property
+    def text(self) -> str:
+        """The reason in words, without figures (a stopped job's waiting reason)."""
+        return "over its budget_node_hours" if self is StopReason.OVER_BUDGET else "past its deadline"
+
+
+@dataclass(frozen=True)
+class Stop:
+    """A job the policy ends: the ``reason`` and its figures, ``reached`` the value that met ``limit``
+    (``OVER_BUDGET``: the node-hours it used and its budget; ``PAST_DEADLINE``: the decision's time and
+    the deadline, on the view's clock). Drivers word their message with :meth:`describe`."""
+
+    reason: StopReason
+    reached: float
+    limit: float
+
+    def describe(self) -> str:
+        """What a user is told (the daemon's job message): the reason with its figures."""
+        if self.reason is StopReason.OVER_BUDGET:
+            return f"over budget: used {self.reached:.4g} of {self.limit:.4g} node-hours"
+        return f"past its deadline: not done by it (stopped {self.reached - self.limit:.3g} s after it)"
 
 
 @dataclass(frozen=True)
@@ -152,7 +182,8 @@ class Decision:
     holding a Pjmax slot in admission order; ``waiting`` the queued jobs with the reason each
     waits. ``profiling`` the count each profiling job must run at. ``wake_at``: decide again by
     then at the latest; ``watch``: decide again as soon as these jobs' evidence changes.
-    ``stop``: jobs to end now (e.g. over budget; not admitted, never re-admitted).
+    ``stop``: jobs to end now, each with its :class:`Stop` (over budget, past its deadline; not admitted,
+    never re-admitted).
     """
 
     now: float
@@ -166,7 +197,7 @@ class Decision:
     objective: float = 0.0
     method: str = ""
     solved: bool = False  # False: answered without running the allocator (nothing changed)
-    stop: Mapping[str, str] = field(default_factory=dict)  # jobs the driver must end, with the reason
+    stop: Mapping[str, Stop] = field(default_factory=dict)  # jobs the driver must end, and why
     horizon_s: float = 0.0  # the horizon the allocator weighed rescales over
 
     def nodes_of(self, job_id: str) -> tuple[str, ...]:

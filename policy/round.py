@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from policy.beliefs import Believed, Population
-from policy.model import EventKind, JobView, PolicyEvent, PolicyInputError, View
+from policy.model import EventKind, JobView, PolicyEvent, PolicyInputError, Stop, View
 
 
 def check_view(view: View) -> None:
@@ -53,7 +54,8 @@ class Round:
         self.returning: dict[str, int] = {}  # lenders owed nodes back in this decision
         self.released: list[str] = []  # nodes of jobs stopped under their min, free from now on
         self.lender_used = False
-        self.stop: dict[str, str] = {}  # jobs the driver must end, with the reason
+        self.stop: dict[str, Stop] = {}  # jobs the driver must end, and why
+        self.next_deadline = math.inf  # the earliest deadline still ahead of a job not stopped
         self.weights: dict[str, float] = {}  # deadline weights of this decision
         self.absorb: int | None = None  # what the admitted jobs absorb, once the suspensions summed it
         self.population: Population | None = None  # taken once the decision's measured points are settled

@@ -145,8 +145,10 @@ class PolicyDriver:
     def _apply_decision(self, decision: Decision, view: View, t: float) -> None:
         fleet, physics = self._fleet, self._physics
         self._note_events(decision, t)
-        for job_id, why in decision.stop.items():  # ended by the policy (over its budget), as the daemon does
-            physics.stop(fleet.jobs[job_id], why, t)
+        stopped = self._tallying.tally.policy_stops
+        for job_id, why in decision.stop.items():  # ended by the policy (budget, deadline), as the daemon does
+            if physics.stop(fleet.jobs[job_id], why, t):
+                stopped[why.reason] = stopped.get(why.reason, 0) + 1
         admitted = set(decision.admitted)
         by_id = fleet.jobs
         for job in [j for j in fleet.admitted if j.id not in admitted]:  # lost its slot (preempted, suspended)

@@ -247,7 +247,7 @@ class Simulator:
                 physics.advance(jobs[job_id], t)  # account the interval before the node leaves
                 hit.add(job_id)
         for loss in ledger.lost(batch.recalled, t):
-            physics.recalled(jobs[loss.job], loss.stopped, loss.lost, t)
+            physics.recalled(jobs[loss.job], loss, t)  # the ledger decided what the loss does to it
 
     def _push_next_batch(self) -> None:
         batch = None if self._batches is None else next(self._batches, None)

@@ -3,9 +3,9 @@
 A job's progress is its TRUE throughput over time minus rescale pauses; a checkpoint is committed
 every ``commit_interval_s`` of a run (the job's own, else the calibration's), and a stop loses what was
 trained since; so does a torchrun job's change of size, which restarts every worker from the checkpoint. A recalled node
-leaves its job at once (the job pays its scale-down pause and shrinks, or stops if the ledger says
-that left it below its min). A grow pays its up pause when every new worker is ready (the warm rule
-of :mod:`simulator.costs`); a start from zero nodes pays the calibration's start or restart. Which
+leaves its job at once (the job pays its scale-down pause and shrinks, or stops if the ledger's
+:class:`policy.Loss` says that left it below its min). A grow pays its up pause when every new worker
+is ready (the warm rule of :mod:`simulator.costs`); a start from zero nodes pays the calibration's start or restart. Which
 job runs on which node is the ledger's; this module moves the jobs on and tells the event loop when
 each will finish.
 """
@@ -13,7 +13,7 @@ each will finish.
 from __future__ import annotations
 
 from curves import throughput_at
-from policy import Ledger, LedgerError
+from policy import Ledger, LedgerError, Loss, LossOutcome, Stop
 from simulator.calibration import Calibration
 from simulator.clock import EventQueue, Priority
 from simulator.costs import join_ready, start_ends, warm_began
@@ -139,16 +139,18 @@ class JobPhysics:
         job.monitor = None
         return True
 
-    def stop(self, job: SimJob, why: str, t: float) -> None:
-        """The policy ends ``job`` (``Decision.stop``): its workers stop, its nodes are free, it never runs again."""
+    def stop(self, job: SimJob, why: Stop, t: float) -> bool:
+        """The policy ends ``job`` (``Decision.stop``): its workers stop, its nodes are free, it never runs
+        again. Returns whether it was live (queued or admitted) until now."""
         if job.state not in (SimJobState.QUEUED, SimJobState.ADMITTED):
-            return
+            return False
         self._leave(job, t)
         self._ended(job, t)
         job.state = SimJobState.STOPPED
-        job.stop_reason = why
+        job.stop = why
         job.monitor = None
         job.history.append((t, job.progress, 0, job.paused_until))
+        return True
 
     def _leave(self, job: SimJob, t: float) -> None:
         """``job`` leaves its slot or the queue at ``t``."""
@@ -175,14 +177,15 @@ class JobPhysics:
 
     # ------------------------------------------------------------ node changes
 
-    def recalled(self, job: SimJob, stopped: bool, lost: tuple[str, ...], t: float) -> None:
-        """``lost`` left ``job`` without notice: pay the down pause and shrink (no pause if none had joined
-        yet), or stop if that left it below its min (the ledger's rule; the policy re-queues it)."""
-        if stopped:
+    def recalled(self, job: SimJob, loss: Loss, t: float) -> None:
+        """``loss.lost`` left ``job`` without notice; the ledger's ``loss.outcome`` says what follows:
+        shrunk, it pays the down pause (none if none of those had joined yet); suspended below its
+        min, it stops (the policy re-queues it)."""
+        if loss.outcome is LossOutcome.SUSPENDED:
             job.stopped()
             self.roll_back(job)
             self._tally.stops += 1
-        elif not job.joining.issuperset(lost):
+        elif loss.outcome is LossOutcome.SHRUNK and not job.joining.issuperset(loss.lost):
             self._tally.rescales += 1
             self.step_rescales += 1
             self._resized(job, t, job.spec.down_cost_s)

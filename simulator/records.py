@@ -10,7 +10,7 @@ from functools import cached_property
 from typing import Mapping
 
 from curves import throughput_at
-from policy import Decision
+from policy import Decision, Stop
 from simulator.calibration import Calibration
 from simulator.monitor import SimJobMonitor
 from simulator.workload import JobSpec
@@ -27,7 +27,7 @@ class SimJobState(enum.Enum):
     ADMITTED = "admitted"  # holds one of the Pjmax slots; may hold 0 nodes
     DONE = "done"  # trained all its samples
     CANCELLED = "cancelled"  # cancelled by its user (queued or admitted)
-    STOPPED = "stopped"  # ended by the policy (``Decision.stop``: over its budget), as the daemon ends it
+    STOPPED = "stopped"  # ended by the policy (``Decision.stop``: over budget, past its deadline), as the daemon ends it
 
 
 @dataclass
@@ -69,7 +69,7 @@ class SimJob:
     profiling_scale_ups: int = 0
     # (time, samples done, nodes held from then on, paused until) at every change
     history: list[tuple[float, float, int, float]] = field(default_factory=list)
-    stop_reason: str = ""  # why the policy ended it (``Decision.stop``), if it did
+    stop: Stop | None = None  # why the policy ended it (``Decision.stop``), if it did
 
     @cached_property
     def one_node_rate(self) -> float:

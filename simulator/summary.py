@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from curves import throughput_at
-from policy import Decision, EventKind, JobView, Policy, PolicyConfig, View
+from policy import Decision, EventKind, JobView, Policy, PolicyConfig, StopReason, View
 from simulator.calibration import Calibration
 from simulator.records import SimJob, SimJobState
 from simulator.workload import Workload
@@ -35,7 +35,8 @@ class Tally:
     restarts: int = 0
     rescales: int = 0
     starts: int = 0
-    stops: int = 0
+    stops: int = 0  # jobs a recall took below their min (stopped, re-queued)
+    policy_stops: dict[StopReason, int] = field(default_factory=dict)  # jobs the policy ended, by reason
     preemptions: int = 0
     solver_calls: int = 0
 
@@ -185,6 +186,7 @@ def replay_summary(about: dict, tally: Tally, stats: DecisionStats, jobs: list[S
         "rescales": tally.rescales,
         "starts": tally.starts,
         "stops": tally.stops,
+        **{f"jobs_stopped_{reason.value}": tally.policy_stops.get(reason, 0) for reason in StopReason},
         "preemptions": tally.preemptions,
         "decisions": decisions,
         "policy_calls": len(decision_ms),

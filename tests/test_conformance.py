@@ -18,8 +18,9 @@ rescale; the simulator shows the policy every queued job (up to 1,000), as the d
 lender's repayment and the re-plan it allows happen in one decision.
 
 A second scenario replays budgets and deadlines: a job with ``budget_node_hours`` is stopped
-(``Decision.stop``) at the same decision in both drivers, each counting the node-hours it held, and a
-job with a ``deadline`` is weighed up the same way.
+(``Decision.stop``) at the same decision in both drivers, each counting the node-hours it held, a
+job with a ``deadline`` is weighed up the same way, and one still training at its deadline is
+stopped at the same decision; each stop carries the same typed reason in both drivers.
 
 Then daemon-side tests of Pjmax and lending (the daemon had none) and of the policy state across a
 restart (clean close, and a crash with re-adoption), with the same fakes.
@@ -37,7 +38,7 @@ import numpy as np
 from malletrain.daemon import Daemon, DaemonParts
 from malletrain.jobspec import JobSpec as DaemonJobSpec
 from malletrain.jobspec import JobState
-from policy import Decision, Policy, PolicyConfig, View
+from policy import Decision, Loss, LossOutcome, Policy, PolicyConfig, Stop, StopReason, View
 from simulator import SimConfig, SimPolicy, Simulator, Workload
 from simulator.records import SimJobState
 from simulator.workload import JobSpec as SimJobSpec
@@ -118,6 +119,7 @@ def normal(dec: Decision, names: Mapping[str, str]) -> tuple:
         tuple(sorted((names[j], c) for j, c in dec.profiling.items())),
         tuple(sorted((names[j], name(r)) for j, r in dec.waiting.items())),
         tuple((ev.kind.value, names[ev.job]) for ev in dec.events),
+        tuple(sorted((names[j], stop.reason) for j, stop in dec.stop.items())),  # typed: no text to compare
     )
 
 
@@ -125,7 +127,7 @@ def changes_only(decisions: Iterable[tuple]) -> list[tuple]:
     """Drop decisions that repeat the last kept one's outcome and did nothing (no event)."""
     out: list[tuple] = []
     for d in decisions:
-        if out and not d[5] and d[1:5] == out[-1][1:5]:
+        if out and not d[5] and d[1:5] == out[-1][1:5] and d[6] == out[-1][6]:
             continue
         out.append(d)
     return out
@@ -190,6 +192,7 @@ class Harness:
         self.monitor.daemon = self.daemon
         self.decisions: list[Decision] = []
         self.final_states: dict[str, JobState] = {}
+        self.messages: dict[str, str] = {}
         self._last: Decision | None = None
 
     def submit(self, name: str, curve: Mapping[int, float], user_curve: Mapping[int, float] | None = None,
@@ -259,6 +262,7 @@ def run_daemon(sc: Scenario, times: Iterable[float], done_at: Mapping[str, float
                     h.daemon.store.request_cancel(ids[name])
             h.step(t, decide=t in decide_at)
         h.final_states = {name: h.daemon.store.require(jid).state for name, jid in ids.items()}
+        h.messages = {name: h.daemon.store.require(jid).message for name, jid in ids.items()}
     finally:
         h.close()
     return h, {v: k for k, v in ids.items()}
@@ -319,18 +323,20 @@ def test_same_decisions_when_the_daemon_keeps_its_own_cadence(tmp_path: Path) ->
 
 # E has a budget of 0.05 node-hours (180 node-seconds): it is stopped when it has held its nodes that
 # long, and its nodes go to the others. F has a deadline it can meet only near its max, so the policy
-# weighs it up; G, without either, takes what is left. Both drivers count node-seconds from the
-# decisions' times and end E at the same decision.
+# weighs it up; G, without either, takes what is left. H arrives with a seventh node, runs on it and
+# cannot finish by its deadline (100 s): it is stopped then. Both drivers count node-seconds from the decisions' times, end E at the same decision
+# and H at its deadline.
 BUDGET_DEADLINE = Scenario(
     jobs=(ScriptJob("E", 0.0, {1: 100.0, 2: 200.0, 3: 300.0}, {1: 100.0, 2: 200.0, 3: 300.0}, max_nodes=3,
                     budget_node_hours=0.05),
           ScriptJob("F", 0.0, {1: 100.0, 2: 190.0, 3: 270.0}, {1: 100.0, 2: 190.0, 3: 270.0}, max_nodes=3,
                     samples=40_000, deadline=160.0),
-          ScriptJob("G", 0.0, {1: 100.0, 2: 200.0, 3: 300.0}, {1: 100.0, 2: 200.0, 3: 300.0}, max_nodes=3)),
-    idle=((0.0, NODES[:6]),),
+          ScriptJob("G", 0.0, {1: 100.0, 2: 200.0, 3: 300.0}, {1: 100.0, 2: 200.0, 3: 300.0}, max_nodes=3),
+          ScriptJob("H", 70.0, {1: 100.0}, {1: 100.0}, max_nodes=1, samples=1_000_000, deadline=100.0)),
+    idle=((0.0, NODES[:6]), (70.0, NODES[6:7])),
     recalls=(),
     cancels=(),
-    policy=PolicyConfig(profiling="never", max_running=3),
+    policy=PolicyConfig(profiling="never", max_running=4),
     end=300.0,
 )
 
@@ -340,10 +346,20 @@ def test_budget_and_deadline_are_replayed_as_the_daemon_decides(tmp_path: Path) 
     assert _first_difference(sim_seq, daemon_seq) is None, _first_difference(sim_seq, daemon_seq)
     events = [ev for d in sim_seq for ev in d[5]]
     assert ("over_budget", "E") in events
-    e = next(j for j in sim.sim.jobs.values() if j.spec.name == "E")
-    assert e.state is SimJobState.STOPPED and "budget" in e.stop_reason
+    stops = [stop for d in sim_seq for stop in d[6]]
+    assert stops == [("H", StopReason.PAST_DEADLINE), ("E", StopReason.OVER_BUDGET)]  # the same in the daemon
+    by_name = {j.spec.name: j for j in sim.sim.jobs.values()}
+    e, late = by_name["E"], by_name["H"]
+    assert e.state is SimJobState.STOPPED and e.stop is not None and e.stop.reason is StopReason.OVER_BUDGET
     assert 0.05 * 3600 <= e.node_seconds < 0.05 * 3600 + 3 * 60  # stopped at the decision its budget ran out
+    assert late.state is SimJobState.STOPPED and late.stop == Stop(StopReason.PAST_DEADLINE, 100.0, 100.0)
+    assert late.node_seconds == 30.0  # it ran from its arrival until its deadline
+    assert ("past_deadline", "H") in events
+    assert sim.sim.tally.policy_stops == {StopReason.OVER_BUDGET: 1, StopReason.PAST_DEADLINE: 1}
     assert h.final_states["E"] is JobState.CANCELLED  # the daemon's end for a job over its budget
+    assert h.final_states["H"] is JobState.CANCELLED  # and for one past its deadline, with the policy's words
+    assert h.messages["H"] == late.stop.describe() == "past its deadline: not done by it (stopped 0 s after it)"
+    assert h.messages["E"].startswith("over budget: used ")
     assert h.final_states["F"] is JobState.COMPLETED
     f_first = next(d for d in sim.decisions if d.assignment.get(sim_ids(sim)["F"]))
     g_first = f_first.assignment.get(sim_ids(sim)["G"], ())
@@ -569,6 +585,59 @@ def test_daemon_view_is_its_trainers_ledger_a_recall_ends_a_fragment_once(tmp_pa
         assert ledger.idle_since(victim) is None and set(h.daemon.nodes_of(job)) == set(shown.nodes)
         h.step(9.0, decide=True)
         assert views[-1].ended_fragments == ()  # learned by the last decision: not given again
+    finally:
+        h.close()
+
+
+def test_daemon_words_a_stop_from_its_typed_reason_never_from_text(tmp_path: Path) -> None:
+    """The daemon's message for a job the policy stops is the :class:`policy.Stop`'s own wording: a stop
+    over budget says so with its figures, though the job file sets no budget and no text is parsed."""
+    h = Harness(tmp_path / "d", PolicyConfig(profiling="never"))
+    try:
+        h.cluster.became_idle(*NODES[:2])
+        job = h.submit("A", LINEAR, max_nodes=2)  # no budget_node_hours in its spec
+        h.run_until(5.0)
+        assert _state(h, job) is JobState.RUNNING
+        decide = h.daemon.policy.decide
+
+        def over(view, evidence):
+            return replace(decide(view, evidence), stop={job: Stop(StopReason.OVER_BUDGET, 2.5, 2.0)})
+
+        h.daemon.policy.decide = over  # type: ignore[method-assign]
+        h.step(6.0, decide=True)
+        rec = h.daemon.store.require(job)
+        assert rec.state is JobState.CANCELLED and rec.message == "over budget: used 2.5 of 2 node-hours"
+    finally:
+        h.close()
+
+
+def test_daemon_suspends_a_job_a_recall_takes_below_its_min_as_the_ledger_says(tmp_path: Path) -> None:
+    """A lost node's consequence is the ledger's :class:`policy.Loss`: a recall that leaves a job below
+    its min gives a SUSPENDED outcome, and the daemon suspends the job with that Loss's reason."""
+    h = Harness(tmp_path / "d", PolicyConfig(profiling="never"))
+    try:
+        h.cluster.became_idle(*NODES[:2])
+        job = h.submit("A", LINEAR, min_nodes=2, max_nodes=2)
+        h.run_until(5.0)
+        assert _state(h, job) is JobState.RUNNING and len(h.daemon.runs[job].members) == 2
+        ledger = next(iter(h.daemon.trainers.values())).ledger
+        losses: list[Loss] = []
+        lost = ledger.lost
+
+        def seen(nodes, at):
+            out = lost(nodes, at)
+            losses.extend(out)
+            return out
+
+        ledger.lost = seen  # type: ignore[method-assign]
+        h.cluster.recall(NODES[1])
+        h.step(6.0)
+        h.run_until(8.0)
+        (loss,) = [x for x in losses if x.job == job]
+        assert loss.outcome is LossOutcome.SUSPENDED and (loss.left, loss.min_nodes) == (1, 2)
+        rec = h.daemon.store.require(job)
+        assert rec.state is JobState.SUSPENDED and rec.message == loss.describe()
+        assert h.daemon.runs[job].members == [] and not h.daemon.runs[job].workers
     finally:
         h.close()
 

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from policy import EventKind, JobView, Ledger, LedgerError, Policy, PolicyConfig, PolicyInputError, below_min, interrupts
+from policy import Loss, LossOutcome
 from policy.round import check_view
 
 
@@ -144,10 +145,27 @@ def test_a_recall_shrinks_a_job_and_stops_one_it_takes_below_its_min():
     assert [(x.job, x.lost, x.stopped) for x in losses] == [("small", ("d",), False), ("big", ("b",), False)]
     assert led.nodes_of("big") == ("a", "c") and led.job("big").last_interrupted == 50.0
     (loss,) = led.lost(["a"], 60.0)
-    assert loss == type(loss)("big", ("a",), True)  # 1 node < its min 2: stopped
+    assert loss == Loss("big", ("a",), LossOutcome.SUSPENDED, left=1, min_nodes=2)  # 1 node < its min 2
     assert led.nodes_of("big") == () and led.job("big").nodes == () and led.holder("c") is None
     assert led.free_nodes() == ("f", "c")  # its last node is free again
     assert led.job("big").last_interrupted == 60.0
+
+
+def test_the_loss_says_what_a_recall_does_to_the_job_so_no_driver_works_it_out():
+    """The consequence of a lost node is decided once, in the ledger: shrunk at or above the job's
+    min, suspended below it (with the figures a driver words its reason with), unchanged if the job
+    lost nothing; drivers carry the outcome out."""
+    led = ledger_with("abcdef", job("big", lo=2, hi=4, order=0), job("small", lo=1, hi=2, order=1))
+    led.placed("big", ("a", "b", "c"), 1.0)
+    led.placed("small", ("d", "e"), 1.0)
+    shrunk, suspended = led.lost(["d", "b", "c"], 50.0)
+    assert (shrunk.job, shrunk.outcome, shrunk.left, shrunk.min_nodes) == ("small", LossOutcome.SHRUNK, 1, 1)
+    assert (suspended.job, suspended.outcome, suspended.left, suspended.min_nodes) == \
+        ("big", LossOutcome.SUSPENDED, 1, 2)
+    assert suspended.stopped and not shrunk.stopped
+    assert suspended.describe() == "below min_nodes: 1 node(s) left of the 2 it needs after losing 2"
+    assert led.released("small", ["zz"], 60.0).outcome is LossOutcome.UNCHANGED  # not its node: nothing lost
+    assert led.released("big", [], 60.0).outcome is LossOutcome.SUSPENDED  # on no node: below its min
 
 
 def test_a_job_that_gives_up_a_node_keeps_it_ours_and_free_and_stops_below_its_min():

@@ -20,6 +20,8 @@ from policy import (
     PolicyConfigError,
     PolicyState,
     Profiling,
+    Stop,
+    StopReason,
     View,
     beliefs,
     preset,
@@ -226,10 +228,34 @@ def test_a_job_over_its_budget_is_stopped_and_never_admitted_again():
     pol = Policy(PolicyConfig(profiling="never"))
     job = JobView("a", 1, 4, ("n0", "n1"), budget_node_hours=1.0, used_node_hours=1.0)
     d = pol.decide(View(0.0, ("n2",), (job,)), {})
-    assert d.stop == {"a": "over its budget_node_hours"} and "a" not in d.admitted
+    assert d.stop == {"a": Stop(StopReason.OVER_BUDGET, 1.0, 1.0)} and "a" not in d.admitted
     assert "over_budget" in kinds(d, "a") and d.waiting["a"] == "over its budget_node_hours"
     d = pol.decide(View(1.0, ("n0", "n1", "n2"), (replace(job, nodes=()),)), {})
-    assert d.admitted == () and d.stop == {"a": "over its budget_node_hours"}
+    assert d.admitted == () and d.stop == {"a": Stop(StopReason.OVER_BUDGET, 1.0, 1.0)}
+    assert d.stop["a"].describe() == "over budget: used 1 of 1 node-hours"
+
+
+def test_a_job_still_training_at_its_deadline_is_stopped_with_a_typed_reason():
+    pol = Policy(PolicyConfig(profiling="never"))
+    late = JobView("a", 1, 4, order=0, scaling=linear(10.0, 4), work_left=1e6, deadline=100.0)
+    queued = JobView("q", 1, 4, order=1, scaling=linear(10.0, 4), work_left=1e6, deadline=150.0)
+    other = JobView("b", 1, 4, order=2, scaling=linear(10.0, 4))
+    d = pol.decide(View(40.0, names("n", 4), (late, queued, other)), {})
+    assert d.stop == {} and d.wake_at == 100.0  # decide again when the first deadline comes
+    assert "a" in d.admitted and d.nodes_of("a")
+    running = replace(late, nodes=d.nodes_of("a"))
+    free = tuple(n for n in names("n", 4) if n not in running.nodes)
+    d = pol.decide(View(100.0, free, (running, queued, other)), {})
+    assert d.stop == {"a": Stop(StopReason.PAST_DEADLINE, 100.0, 100.0)}
+    assert "a" not in d.admitted and not d.nodes_of("a") and "past_deadline" in kinds(d, "a")
+    assert d.waiting["a"] == "past its deadline"
+    assert set(running.nodes) <= {n for nodes in d.assignment.values() for n in nodes}  # its nodes go on
+    assert d.wake_at == 150.0
+    done = replace(queued, work_left=0.0)  # trained all it had to: finishing, not stopped
+    d = pol.decide(View(160.0, names("n", 4), (done, other)), {})
+    assert d.stop == {}
+    assert Stop(StopReason.PAST_DEADLINE, 112.5, 100.0).describe() == \
+        "past its deadline: not done by it (stopped 12.5 s after it)"
 
 
 def test_a_budget_caps_the_count_and_asks_to_decide_again_before_it_runs_out():

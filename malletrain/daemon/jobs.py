@@ -37,10 +37,12 @@ class Jobs(DaemonBase):
             if run.state.terminal:
                 continue
             nodes = self.nodes_of(run.id)  # its trainer's ledger: usable nodes only, never below its min
-            if not nodes:  # the decision gave it none, or a loss stopped it (below min_nodes)
+            if not nodes:  # the decision gave it none, or the ledger's Loss suspended it (and says why)
                 if run.members or run.workers or run.state.active:
-                    self._suspend(run, now, "below min_nodes")
+                    self._suspend(run, now, self._why_no_nodes(run))
+                run.suspended_by = None
                 continue
+            run.suspended_by = None  # it runs again
             try:
                 self._act_job(run, nodes, now)
             except ValueError as exc:  # e.g. the runtime refuses the job's command or ids
@@ -146,6 +148,12 @@ class Jobs(DaemonBase):
         self.store.log_event("progress_lost", run.id, samples=lost)
         log.warning("job %s: its new world starts from step 0 (no survivor, no checkpoint): %d samples "
                     "counted so far are gone", run.id, lost, extra=about(job=run.id))
+
+    @staticmethod
+    def _why_no_nodes(run: JobRun) -> str:
+        """Why a job runs on no node: the Loss that left it below its min, else the policy's plan (the
+        reason it waits is its own field, ``waiting``)."""
+        return run.suspended_by.describe() if run.suspended_by is not None else "no nodes in the policy's plan"
 
     def _suspend(self, run: JobRun, now: float, reason: str) -> None:
         self._stop_workers(run, now)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from malletrain.config import TrainerConfig
 from malletrain.jobspec import JobSpec, JobState
-from policy import Decision, Ledger, Policy
+from policy import Decision, Ledger, Loss, Policy
 from profiler.estimators import RescaleEvent
 
 STATE_FILE = "daemon.json"
@@ -95,6 +95,7 @@ class JobRun:
     left_on: tuple[str, ...] = ()  # while adopted: the nodes the last daemon ran it on (its stored members)
     saved_samples: int = 0  # progress last written to the store
     ending: tuple[JobState, str] | None = None  # observed: it ends (act makes it so), and why
+    suspended_by: Loss | None = None  # its ledger's Loss that left it below its min: act suspends it, saying why
     owner: tuple[int | None, int | None] = (None, None)  # (uid, gid) of the submitter
 
 

@@ -14,7 +14,7 @@ from malletrain.daemon.base import DaemonBase, log
 from malletrain.daemon.records import POLICY_STATE_KEY, STOPPED, STORE_FILE, DaemonError, JobRun, Trainer
 from malletrain.daemon.records import submission_order
 from malletrain.jobspec import JobSpec, JobState
-from policy import Decision, JobEvidence, JobView, Policy, PolicyState, PolicyStateError, View
+from policy import Decision, JobEvidence, JobView, Loss, Policy, PolicyState, PolicyStateError, Stop, View
 from policy import PolicyInputError, evidence_from, interrupts, unplaced_reasons
 
 
@@ -134,7 +134,7 @@ class Trainers(DaemonBase):
             usable = self._usable_by_trainer()[t.name]
         ours = set(ledger.ours())  # (set operations: 4,608 nodes every step)
         if gone := ours - usable:
-            ledger.lost(sorted(gone), now)
+            self._note_losses(ledger.lost(sorted(gone), now))
         if new := usable - ours:
             ledger.usable(sorted(new), now)
         ledger.recall_expected({n: at for n, at in self.scav.recall_times().items() if n in usable})
@@ -168,8 +168,16 @@ class Trainers(DaemonBase):
             holder = t.ledger.holder(node)
             if holder is not None:
                 holders.add(holder)
-            t.ledger.lost([node], now)
+            self._note_losses(t.ledger.lost([node], now))
         return holders
+
+    def _note_losses(self, losses: list[Loss]) -> None:
+        """What the ledger decided a loss does to each job: one it suspended (below its min) is marked
+        for act, which stops its workers and says why (:meth:`policy.Loss.describe`)."""
+        for loss in losses:
+            run = self.runs.get(loss.job)
+            if run is not None and loss.stopped:
+                run.suspended_by = loss
 
     def _adopt_nodes(self, run: JobRun, now: float) -> bool:
         """An adopted job is placed on the nodes the last daemon left it on that are usable (and no other
@@ -187,7 +195,7 @@ class Trainers(DaemonBase):
         and the job is stopped if that leaves it below its min (:meth:`policy.Ledger.released`)."""
         ledger = self._trainer_of(run).ledger
         if ledger.is_live(run.id):
-            ledger.released(run.id, [node], now)
+            self._note_losses([ledger.released(run.id, [node], now)])
 
     def _job_view(self, run: JobRun) -> JobView:
         """A new job as its trainer's ledger is told of it (no nodes yet)."""
@@ -268,19 +276,17 @@ class Trainers(DaemonBase):
         if decision.wake_at is not None:
             self._next_decide = min(self._next_decide, decision.wake_at)
 
-    def _stop_reason(self, run: JobRun, why: str) -> tuple[JobState, str]:
+    def _stop_reason(self, run: JobRun, why: Stop) -> tuple[JobState, str]:
         """The state and message of a job the policy stops (``Decision.stop``).
 
         CANCELLED, not FAILED: the job did nothing wrong; it reached a limit its user set, which
         is the user cancelling it at that point, decided in advance. FAILED stays what the
         job's own command did (``max_failures`` and alerting on FAILED keep meaning a broken job),
-        and COMPLETED would claim it trained what it was asked to. The message says it was the
-        budget and by how much, so ``malletrain status`` tells it apart from a user's cancel.
+        and COMPLETED would claim it trained what it was asked to. The message is the policy's
+        typed reason with its figures (:meth:`policy.Stop.describe`: what it used of its budget, or
+        how long after its deadline), so ``malletrain status`` tells it apart from a user's cancel.
         """
-        budget = run.spec.budget_node_hours
-        if budget is not None and "budget" in why:
-            return JobState.CANCELLED, f"over budget: used {self.used_node_hours(run.id):.4g} of {budget:.4g} node-hours"
-        return JobState.CANCELLED, f"stopped by the policy: {why}"
+        return JobState.CANCELLED, why.describe()
 
     def _restart_stopped_profiles(self) -> None:
         """Profiles that a clean stop interrupted start over (``PolicyState.restart_profile`` says why)."""
