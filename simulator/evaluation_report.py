@@ -28,7 +28,7 @@ from simulator.evaluation import (
     tfwd_rows,
     work,
 )
-from simulator.regimes import regime
+from simulator.regimes import jct_line, regime
 from simulator.sweep import split_workload
 
 
@@ -78,7 +78,9 @@ def headline_lines(ev: Evaluation, cell: Cell) -> list[str]:
                 "best fixed-Pjmax": f"the best fixed-Pjmax freetrain ({label}, its own admission)",
                 "reference": f"reference only: {label}, given each job's curve within 20%"}.get(name, label)
         out.append(f"{DEFAULT} vs {what}: {ms(mt['vs_pct'][name], '+.1f', '%')}")
-    return out
+    best = mt["compared_with"].get("best fixed-prior")
+    jct = jct_line(ev, cell, best) if best is not None else None
+    return out + ([jct] if jct is not None else [])
 
 
 def waits_table(ev: Evaluation, cell: Cell) -> list[str]:
