@@ -206,6 +206,13 @@ def test_simulate_overrides_win_over_the_preset(tmp_path: Path):
     assert (s["admission"], s["admission_cap"], s["objective"]) == ("adaptive", 7, "work")
 
 
+def test_simulate_takes_the_completion_objective_as_a_flag(tmp_path: Path):
+    out = tmp_path / "completion"
+    assert main(["simulate", "--trace", str(tiny_trace(tmp_path)), "--workload", "hpo", "--objective", "completion",
+                 "--end", "+1h", "--out", str(out), "--quiet", "--no-plots"]) == 0
+    assert json.loads((out / "summary.json").read_text())["objective"] == "completion"
+
+
 def test_simulate_nodes_by_name_and_unknown_names_are_named(tmp_path: Path, capsys):
     out = tmp_path / "named"
     assert main(["simulate", "--trace", str(tiny_trace(tmp_path)), "--workload", "hpo", "--nodes", "h0,h7",
