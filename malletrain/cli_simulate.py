@@ -94,9 +94,10 @@ def add_policy_options(p: argparse.ArgumentParser) -> None:
                    help="adaptive (Pjmax is a floor: more jobs while nodes would stay idle) or fixed; "
                    "overrides every preset (default: each policy's preset, else adaptive)")
     p.add_argument("--admission-cap", type=int, metavar="N",
-                   help="adaptive admission admits at most N jobs (0: no cap); overrides every preset (default: 100)")
-    p.add_argument("--objective", choices=("work", "samples"),
-                   help="what the allocator maximises; overrides every preset (default: each preset's, else work)")
+                   help="adaptive admission admits at most N jobs (0: no cap); overrides every preset (default: 0)")
+    p.add_argument("--objective", choices=("work", "samples", "completion"),
+                   help="what the allocator maximises (completion: work while jobs wait, then each job's work "
+                   "weighted by how soon it can finish); overrides every preset (default: each preset's, else work)")
     p.add_argument("--calibration", metavar="FILE|free",
                    help="the costs charged (pilot start, cold start, restart + rollback, rescale pause): a "
                    "calibration JSON, or free (the ablation: no start costs) (default: the shipped "

@@ -28,7 +28,7 @@ from simulator.evaluation import (
     tfwd_rows,
     work,
 )
-from simulator.regimes import regime
+from simulator.regimes import jct_line, regime
 from simulator.sweep import split_workload
 
 
@@ -78,7 +78,9 @@ def headline_lines(ev: Evaluation, cell: Cell) -> list[str]:
                 "best fixed-Pjmax": f"the best fixed-Pjmax freetrain ({label}, its own admission)",
                 "reference": f"reference only: {label}, given each job's curve within 20%"}.get(name, label)
         out.append(f"{DEFAULT} vs {what}: {ms(mt['vs_pct'][name], '+.1f', '%')}")
-    return out
+    best = mt["compared_with"].get("best fixed-prior")
+    jct = jct_line(ev, cell, best) if best is not None else None
+    return out + ([jct] if jct is not None else [])
 
 
 def waits_table(ev: Evaluation, cell: Cell) -> list[str]:
@@ -344,7 +346,8 @@ def write_real_chart(ev: Evaluation, path: Path) -> Path | None:
         print("malletrain evaluate: warning: matplotlib not installed; no chart", file=sys.stderr)
         return None
     cells = [c for c in ev.cells() if is_real(c[0])]
-    fig, axes = plt.subplots(1, len(cells), figsize=(5.2 * len(cells), 4.8), squeeze=False, sharey=True)
+    width_in = 5.2 * len(cells)
+    fig, axes = plt.subplots(1, len(cells), figsize=(width_in, 4.8), squeeze=False, sharey=True)
     tops = [1.0]  # the highest bar, error bar or dot of every panel: the axes are shared
     for ax, cell in zip(axes[0], cells):
         rows = real_rows(ev, cell)
@@ -370,8 +373,10 @@ def write_real_chart(ev: Evaluation, path: Path) -> Path | None:
              f"(mean ± sd over {n} seed{'s' if n != 1 else ''}; dots: seeds)")
     if "SYNTHETIC" in ev.trace or "synthetic" in ev.trace.lower():
         title = "SYNTHETIC trace. " + title
-    fig.suptitle("\n".join(textwrap.wrap(title, width=int(95 * len(cells)))), fontsize=9)
-    fig.tight_layout(rect=(0, 0, 1, 0.92))
+    # a 9-point character is about 1/13 inch wide: a line holds what the figure's width does
+    lines = textwrap.wrap(title, width=int(13 * width_in))
+    fig.suptitle("\n".join(lines), fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1, 1.0 - (0.2 + 0.16 * len(lines)) / 4.8))  # the panels start below the title
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

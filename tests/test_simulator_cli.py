@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -140,8 +141,8 @@ def test_summit_day_replay_conserves_node_seconds(summit_nodes: Path, summit_sca
     assert 0 < s["used_node_seconds"] <= s["idle_node_seconds"]
     assert s["jobs_completed"] > 0 and s["samples_processed"] > 0
     cfg = s["policy_config"]
-    limit = cfg["max_running"] if cfg.get("admission", "fixed") == "fixed" else cfg["admission_cap"]
-    assert all(r.running_jobs <= limit for r in res.rows)
+    limit = cfg["max_running"] if cfg.get("admission", "fixed") == "fixed" else cfg["admission_cap"] or math.inf
+    assert all(r.running_jobs <= limit and r.running_jobs <= r.used_nodes for r in res.rows)  # a job runs on >= 1 node
 
 
 def test_simulate_without_trace_uses_the_embedded_week(tmp_path: Path):
@@ -203,6 +204,13 @@ def test_simulate_overrides_win_over_the_preset(tmp_path: Path):
                  "--out", str(out), "--quiet", "--no-plots"]) == 0
     s = json.loads((out / "summary.json").read_text())
     assert (s["admission"], s["admission_cap"], s["objective"]) == ("adaptive", 7, "work")
+
+
+def test_simulate_takes_the_completion_objective_as_a_flag(tmp_path: Path):
+    out = tmp_path / "completion"
+    assert main(["simulate", "--trace", str(tiny_trace(tmp_path)), "--workload", "hpo", "--objective", "completion",
+                 "--end", "+1h", "--out", str(out), "--quiet", "--no-plots"]) == 0
+    assert json.loads((out / "summary.json").read_text())["objective"] == "completion"
 
 
 def test_simulate_nodes_by_name_and_unknown_names_are_named(tmp_path: Path, capsys):
