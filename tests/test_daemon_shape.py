@@ -58,3 +58,27 @@ def test_only_the_loop_writes_the_decide_again_flag() -> None:
     writers = sorted(p.name for p in PACKAGE.glob("*.py") if "_changed =" in p.read_text()
                      or "_changed |=" in p.read_text())
     assert writers == ["loop.py"]
+
+
+def test_a_job_submitted_through_the_control_api_is_decided_at_the_next_step(tmp_path: Path) -> None:
+    """The API observes what a request submitted at once; that change reaches the loop's next
+    decision (not the next periodic replan), whether the request came through the socket or not."""
+    from malletrain.control import Caller, Submit
+    from policy import PolicyConfig
+
+    try:
+        from test_conformance import NODES, Harness
+    except ImportError:  # run from the repository root as a package
+        from tests.test_conformance import NODES, Harness  # type: ignore[no-redef]
+
+    h = Harness(tmp_path / "d", PolicyConfig(profiling="never", admission="fixed"))
+    try:
+        h.cluster.became_idle(*NODES[:2])
+        h.run_until(3.0)  # nothing to run: decided, and the next replan is seconds away
+        decided = len(h.decisions)
+        ok = h.daemon.handle(Submit({"command": ["true"], "max_nodes": 2}, 0, 0), Caller(0, 0, True))
+        assert ok["id"] in h.daemon.runs  # observed at once
+        h.step(3.5)
+        assert len(h.decisions) == decided + 1 and h.daemon.nodes_of(ok["id"]) != ()
+    finally:
+        h.close()

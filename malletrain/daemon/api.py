@@ -31,11 +31,11 @@ class ControlApi:
         self.observe = observe
         self.decide = decide
         self.clock = clock
-        self._observed_change = False  # within one serve(): a request's job observed something new
+        self._observed_change = False  # a request since the last serve() observed something new
 
     def serve(self, control: ControlServer) -> bool:
-        """Answer the requests waiting on ``control``; returns whether one changed the jobs."""
-        self._observed_change = False
+        """Answer the requests waiting on ``control``; returns whether one (or one handled since the
+        last serve) changed the jobs."""
         control.serve(0)
         changed, self._observed_change = self._observed_change, False
         return changed
