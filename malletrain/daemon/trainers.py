@@ -96,8 +96,12 @@ class Decide:
 
     def plan(self) -> Plan:
         """Each live job's nodes as its trainer's ledger has them, for act to carry out."""
-        return Plan({rid: self.nodes_of(rid) for rid, run in self.table.runs.items() if not run.state.terminal},
-                    self.profiling)
+        nodes: dict[str, tuple[str, ...]] = {}
+        for rid, run in self.table.runs.items():
+            if not run.state.terminal:
+                ledger = self.table.trainer_of(run).ledger
+                nodes[rid] = ledger.nodes_of(rid) if ledger.is_live(rid) else ()
+        return Plan(nodes, self.profiling)
 
     def node_trainer(self, node: str) -> str | None:
         """The trainer ``node`` belongs to (None: no trainer's patterns take it)."""
