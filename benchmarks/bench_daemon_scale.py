@@ -25,8 +25,8 @@ The machine starts idle, so the daemon holds all N nodes (N agents) before the m
 window; then the log recalls and returns nodes for ``--duration`` wall seconds while the
 jobs' workers report. Figures are taken over that window only:
 
-* decision: wall time of the daemon's ``_decide`` (views, evidence, every trainer's policy,
-  carrying the decisions out), p50 and p99;
+* decision: wall time of the daemon's decide step (``Daemon.decide.decide``: views, evidence, every trainer's policy,
+  placing the decisions), p50 and p99;
 * recall -> new plan: a recalled agent's ``leaving`` (its send time) to the end of the first
   decision that started after the daemon learnt of the loss; p99 over the recalls of held
   nodes (a recall with no such decision counts as infinite);

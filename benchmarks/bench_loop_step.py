@@ -139,15 +139,18 @@ def recall_burst(d: Any, slurm: Any, step: Any, burst: int, profile: str) -> tup
     for node in recalled:
         slurm.recall(node)
     ends: list[tuple[float, float]] = []
-    decide = d._decide
+    # the decide step: the daemon's decide part (a baseline tree built of mixins: its own _decide)
+    owner, name = (d.decide, "decide") if hasattr(d, "decide") else (d, "_decide")
+    decide = getattr(owner, name)
 
-    def timed_decide(now: float) -> None:
-        decide(now)
+    def timed_decide(now: float) -> Any:
+        out = decide(now)
         usable = d.usable_nodes()
         if not any(n in usable for n in recalled):
             ends.append((time.thread_time(), time.perf_counter()))
+        return out
 
-    d._decide = timed_decide
+    setattr(owner, name, timed_decide)
     prof = None
     if profile:
         import cProfile
@@ -162,7 +165,7 @@ def recall_burst(d: Any, slurm: Any, step: Any, burst: int, profile: str) -> tup
     if prof is not None:
         prof.disable()
         prof.dump_stats(profile)
-    del d._decide
+    delattr(owner, name)
     if not ends:
         raise SystemExit(f"no decision saw the {len(recalled)} recalls in 10 iterations")
     return ends[0][0] - c0, ends[0][1] - w0

@@ -525,8 +525,8 @@ def _crash(h: Harness) -> None:
     """The daemon dies (kill -9): workers go on, the store keeps every job as it was; only the lock
     and the sockets are let go, so a new daemon can open the state dir in this process."""
     d = h.daemon
-    d._stop_workers = lambda run, now: None  # type: ignore[method-assign]
-    d._set_state = lambda run, state, reason: None  # type: ignore[method-assign]
+    d.act.stop_workers = lambda run, now: None  # type: ignore[method-assign]
+    d.act.set_state = lambda run, state, reason: None  # type: ignore[method-assign]
     d.close()
 
 

@@ -51,14 +51,14 @@ def test_the_daemon_reads_a_jobs_spec_once_not_at_every_iteration(tmp_path: Path
             return real(text, job)
 
         monkeypatch.setattr(store_mod, "_stored_spec", counting)
-        d._observe_store(d.clock())
+        d.observe.submissions(d.clock())
         assert jid in d.runs
         first = parsed.count(jid)
         for _ in range(5):
-            d._observe_store(d.clock())
+            d.observe.submissions(d.clock())
         assert parsed.count(jid) == first  # read when it was new; the other iterations read its state only
         d.store.request_cancel(jid)  # a pending job: CANCELLED in the store at once
-        d._observe_store(d.clock())
+        d.observe.submissions(d.clock())
         assert d.runs[jid].ending == (JobState.CANCELLED, "cancelled by user")
     finally:
         d.close()

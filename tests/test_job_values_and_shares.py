@@ -525,7 +525,7 @@ def test_the_daemon_drops_the_count_of_progress_a_restart_from_step_0_lost(toy_d
     step_until(d, lambda: d.runs[jid].last_progress > 2000 and d.store.require(jid).samples > 2000, 60)
     run = d.runs[jid]
     d.runtime.restarted_from_scratch = lambda job: job == jid  # what the torch runtime says of such a world
-    d._publish(run, list(run.members), d.clock())  # (the replacement's world, published)
+    d.act.publish(run, list(run.members), d.clock())  # (the replacement's world, published)
     assert run.last_progress == 0 and d.store.require(jid).samples == 0
     assert any(e["kind"] == "progress_lost" and e["samples"] > 2000 for e in d.store.events())
     del d.runtime.restarted_from_scratch

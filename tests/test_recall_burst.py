@@ -209,15 +209,15 @@ def test_a_quick_iteration_plans_for_a_recall_before_any_scheduler_command(tmp_p
         lost = run.members[0]
         slurm.recall(lost)
         slurm.give_back(lost)  # idle again at once: a hold would submit a pilot for it
-        d._observe_agents(d.clock())  # the loop's wait read the leaving (and ended at once)
+        d._observe_agents_between_steps(d.clock())  # the loop's wait read the leaving (and ended at once)
         commands: list[int] = []
-        decide = d._decide
+        decide = d.decide.decide
 
-        def noted(now: float) -> None:
+        def noted(now: float) -> float | None:
             commands.append(sum(slurm.commands.values()))
-            decide(now)
+            return decide(now)
 
-        d._decide = noted  # type: ignore[method-assign]
+        d.decide.decide = noted  # type: ignore[method-assign]
         before = sum(slurm.commands.values())
         d._next_decide = 0.0
         d.scav._next_look = 0.0  # the look is due

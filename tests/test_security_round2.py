@@ -338,11 +338,11 @@ def test_prune_keeps_the_log_folder_under_its_quota_oldest_first(tmp_path: Path)
 def test_a_root_daemon_refuses_a_job_without_a_recorded_owner_instead_of_running_it_as_root() -> None:
     from types import SimpleNamespace
 
-    from malletrain.daemon import Daemon
+    from malletrain.daemon.jobs import Act
 
     with pytest.raises(ValueError, match="no recorded owner"):
-        Daemon._run_as(SimpleNamespace(owner=(None, None)))  # type: ignore[arg-type]
-    assert Daemon._run_as(SimpleNamespace(owner=(NOBODY, NOBODY))) == (NOBODY, NOBODY)  # type: ignore[arg-type]
+        Act._run_as(SimpleNamespace(owner=(None, None)))  # type: ignore[arg-type]
+    assert Act._run_as(SimpleNamespace(owner=(NOBODY, NOBODY))) == (NOBODY, NOBODY)  # type: ignore[arg-type]
 
 
 # ---- 10: what a job's own reports may claim -------------------------------------------------
@@ -590,13 +590,13 @@ def test_a_root_daemon_runs_no_other_users_job_with_a_runtime_that_runs_commands
     job would run as root."""
     from types import SimpleNamespace
 
-    from malletrain.daemon import Daemon
+    from malletrain.daemon.jobs import Act
     from malletrain.runtimes.horovod_elastic import HorovodRuntime
 
     assert HorovodRuntime.COMMAND_BESIDE_DAEMON
     with pytest.raises(ValueError, match="beside the daemon"):
-        Daemon._run_as(SimpleNamespace(owner=(NOBODY, NOBODY)), True)  # type: ignore[arg-type]
-    assert Daemon._run_as(SimpleNamespace(owner=(0, 0)), True) == (0, 0)  # type: ignore[arg-type]
+        Act._run_as(SimpleNamespace(owner=(NOBODY, NOBODY)), True)  # type: ignore[arg-type]
+    assert Act._run_as(SimpleNamespace(owner=(0, 0)), True) == (0, 0)  # type: ignore[arg-type]
 
 
 def test_a_liar_raises_its_own_measured_rate_at_most_2x_per_window() -> None:

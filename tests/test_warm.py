@@ -239,13 +239,13 @@ def test_the_agent_program_starts_its_warm_process_before_its_own_imports(tmp_pa
 def test_daemon_passes_the_runtimes_modules_to_its_agents() -> None:
     from types import SimpleNamespace
 
-    from malletrain.daemon import Daemon
+    from malletrain.daemon.wiring import Wiring
     from malletrain.runtimes.torch_elastic import TorchRuntime
 
-    args = Daemon._warm_args(SimpleNamespace(runtime=SimpleNamespace(warm_modules=TorchRuntime.warm_modules)))
+    args = Wiring._warm_args(SimpleNamespace(runtime=SimpleNamespace(warm_modules=TorchRuntime.warm_modules)))
     assert args[0] == "--warm" and "torch" in args[1].split(",") and "malletrain.elastic.state" in args[1].split(",")
     nothing = SimpleNamespace(warm_modules=())  # a runtime with nothing to import ahead
-    assert Daemon._warm_args(SimpleNamespace(runtime=nothing)) == ()
+    assert Wiring._warm_args(SimpleNamespace(runtime=nothing)) == ()
 
 
 def test_the_torch_runtimes_warm_modules_are_all_a_worker_loads_of_malletrain_and_torch() -> None:

@@ -9,10 +9,10 @@ runner asks the stand-in (:func:`scavenger.testing.fake_slurm.remote_runner`) in
 forking ``sinfo``/``squeue``: everything else (parsers, pilot book, hub, monitor, store,
 policy) is the daemon's own.
 
-Measured here, by wrapping two of the daemon's methods (nothing else changes): each
-decision's wall time (``_decide``: every trainer's view, evidence, policy and the carrying
-out of its decision), each step's, and when the daemon learnt that a node was lost
-(``_node_lost``). SIGTERM (or SIGINT) ends the loop; the figures go to ``out`` as JSON
+Measured here, by wrapping methods of the daemon's parts (nothing else changes): each
+decision's wall time (``decide.decide``: every trainer's view, evidence, policy and the placing
+of its decision), each step's and its phases', and when the daemon learnt that a node was lost
+(``observe.node_lost``). SIGTERM (or SIGINT) ends the loop; the figures go to ``out`` as JSON
 before the daemon closes.
 """
 
@@ -54,6 +54,22 @@ class MeasuredDaemon(Daemon):
         super().__init__(*args, **kwargs)
         self.hub.poll = self._timed(self.hub.poll, "hub")  # type: ignore[method-assign]
         self.monitor.drain = self._timed(self.monitor.drain, "monitor")  # type: ignore[method-assign]
+        observe, decide = self.observe, self.decide
+        observe.pilots = self._phase_of("backend", observe.pilots)  # type: ignore[method-assign]
+        observe.agents = self._phase_of("agents", observe.agents)  # type: ignore[method-assign]
+        observe.progress = self._phase_of("progress", observe.progress)  # type: ignore[method-assign]
+        observe.submissions = self._phase_of("store", observe.submissions)  # type: ignore[method-assign]
+        self.act.act = self._phase_of("act", self.act.act)  # type: ignore[method-assign]
+        decide.feed_ledgers = self._phase_of("ledgers", decide.feed_ledgers)  # type: ignore[method-assign]
+        self.adoption.hold_idle_nodes = self._phase_of("hold", self.adoption.hold_idle_nodes)  # type: ignore[method-assign]
+        decide.decide = self._timed_decision(self._phase_of("decide", decide.decide))  # type: ignore[method-assign]
+        lose = observe.node_lost
+
+        def node_lost(ev: Any, now: float) -> None:
+            self.lost.setdefault(ev.node, []).append(time.time())
+            lose(ev, now)
+
+        observe.node_lost = node_lost  # type: ignore[method-assign]
 
     def _timed(self, fn: Any, phase: str) -> Any:
         def timed(*args: Any, **kwargs: Any) -> Any:
@@ -64,44 +80,31 @@ class MeasuredDaemon(Daemon):
                 self.cpu[phase] += time.thread_time() - c0
         return timed
 
-    def _phased(self, name: str, fn: Any, now: float) -> None:
-        t0 = time.perf_counter()
-        try:
-            fn(now)
-        finally:
-            if self._phase is not None:
-                self._phase[name] = self._phase.get(name, 0.0) + time.perf_counter() - t0
+    def _phase_of(self, name: str, fn: Any) -> Any:
+        """``fn``, its wall time added to this step's phase ``name``."""
+        def phased(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                if self._phase is not None:
+                    self._phase[name] = self._phase.get(name, 0.0) + time.perf_counter() - t0
+        return phased
 
-    def _observe_backend(self, now: float) -> None:
-        self._phased("backend", super()._observe_backend, now)
-
-    def _observe_agents(self, now: float) -> None:
-        self._phased("agents", super()._observe_agents, now)
-
-    def _observe_progress(self, now: float) -> None:
-        self._phased("progress", super()._observe_progress, now)
-
-    def _act(self, now: float) -> None:
-        self._phased("act", super()._act, now)
-
-    def _observe_store(self, now: float) -> None:
-        self._phased("store", super()._observe_store, now)
-
-    def _feed_ledgers(self, now: float) -> None:
-        self._phased("ledgers", super()._feed_ledgers, now)
+    def _timed_decision(self, fn: Any) -> Any:
+        """``fn`` (a decision), its wall and CPU time kept."""
+        def timed(now: float) -> Any:
+            t0, c0 = time.perf_counter(), time.thread_time()
+            try:
+                return fn(now)
+            finally:
+                self.decisions.append((time.time(), time.perf_counter() - t0))
+                self.decision_cpu.append(time.thread_time() - c0)
+                self.cpu["decide"] += self.decision_cpu[-1]
+        return timed
 
     def _sample(self, now: float) -> None:
-        self._phased("sample", super()._sample, now)
-
-    def _hold_idle_nodes(self) -> None:
-        self._phased("hold", lambda _now: super(MeasuredDaemon, self)._hold_idle_nodes(), 0.0)
-
-    def _decide(self, now: float) -> None:
-        t0, c0 = time.perf_counter(), time.thread_time()
-        self._phased("decide", super()._decide, now)
-        self.decisions.append((time.time(), time.perf_counter() - t0))
-        self.decision_cpu.append(time.thread_time() - c0)
-        self.cpu["decide"] += self.decision_cpu[-1]
+        self._phase_of("sample", super()._sample)(now)
 
     def step(self, quick: bool = False) -> None:
         t0, c0 = time.perf_counter(), time.thread_time()
@@ -124,10 +127,6 @@ class MeasuredDaemon(Daemon):
             self.sizes.append((now, len(self.hub.alive()), sum(len(r.members) for r in self.runs.values())))
             self.counters.append((now, len(self.steps), self.hub.frames, self.monitor.received, len(self.decisions),
                                   dict(self.cpu)))
-
-    def _node_lost(self, node: str, now: float, reason: str) -> None:
-        self.lost.setdefault(node, []).append(time.time())
-        super()._node_lost(node, now, reason)
 
 
 def main(argv: list[str]) -> int:

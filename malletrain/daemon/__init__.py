@@ -47,28 +47,48 @@ disk), ``readopt(job, command, workers)`` (take over a job an earlier daemon ran
 driver), ``persist_checkpoints(jobs)`` (copy new checkpoints to the state dir; called every
 iteration) and ``use_secrets(secret_for)`` (each job's own signing secret).
 
-The package's files are the daemon's parts:
+The package's files are the daemon's parts, plain classes given what they need when
+:class:`Daemon` builds them (it has no base class):
 
 =================  ==============================================================================
-``loop.py``        :class:`Daemon`: the reconcile loop (``run``, ``step``) and the 1-s sampler
-``wiring.py``      construction: state-dir lock, store, sockets and ports, runtime, backend
-``observe.py``     observe: pilots, agents and their workers, progress, the store's new jobs
-``adoption.py``    scavenging and adoption after a restart; holding idle nodes
-``trainers.py``    decide: a policy and a ledger per trainer (the ledger builds the view)
-``jobs.py``        act: jobs and workers (start, publish, suspend, stop, end)
-``api.py``         the control API (submit, cancel, status, nodes, shutdown)
-``accounting.py``  node-seconds per job (budgets), kept in the store: a collaborator it owns
-``shutdown.py``    checkpoints and a clean stop
-``records.py``     :class:`JobRun`, :class:`Trainer`, constants, exit codes, rescale kinds
-``base.py``        the state every part shares, declared once with its types
+``loop.py``        :class:`Daemon`: builds the parts; the reconcile loop (``run``, ``step``), the sampler
+``wiring.py``      :class:`.Wiring`: state-dir lock, store, sockets and ports, runtimes, backend; closing
+``state.py``       :class:`.JobTable` (runs, trainers, nodes to release, adoption window), ``Plan``
+``observe.py``     :class:`.Observe`: pilots, agents and their workers, progress, the store's new jobs
+``intake.py``      :class:`.JobIntake`: a job from the store registered with the monitor, or refused
+``adoption.py``    :class:`.Adoption`: the last daemon's jobs, the adoption window; holding idle nodes
+``trainers.py``    :class:`.Decide`: a policy and a ledger per trainer (the ledger builds the view)
+``jobs.py``        :class:`.Act`: jobs and workers (start, publish, suspend, stop, end)
+``api.py``         :class:`.ControlApi`: the control API (submit, cancel, status, nodes, shutdown)
+``accounting.py``  :class:`.NodeAccounting`: node-seconds per job (budgets), kept in the store
+``shutdown.py``    :class:`.Shutdown`: checkpoints and a clean stop
+``records.py``     :class:`JobRun`, :class:`Trainer`, :class:`.NodeLost`, constants, exit codes
 =================  ==============================================================================
+
+Who calls whom (an arrow: "calls"; no part calls back into one that calls it, and
+``tests/test_daemon_shape.py`` holds it)::
+
+    Daemon (loop) ──> Observe, Decide, Act, Adoption, ControlApi, Shutdown, Wiring
+    ControlApi ─────> Observe, Decide
+    Shutdown ───────> Act, Observe
+    Adoption ───────> Decide, Act, JobIntake
+    Observe ────────> Decide, JobIntake
+    Decide, Act, JobIntake, NodeAccounting, Wiring: call no part
+
+One step, as values: ``changed = observe(...)`` (pilots, agents, progress, the store, control
+requests); ``wake = decide.decide(now)`` when something changed, a replan is due or a profile
+runs; ``act.act(now, decide.plan())`` returns whether it ended or suspended a job. The "decide
+again" flag is the loop's alone. A recall, followed one way: the scheduler's reply or the agent's
+``leaving`` -> :meth:`.Observe.pilots` / :meth:`.Observe.agents` -> one :class:`.NodeLost` ->
+:meth:`.Decide.lose_node` (the ledger interrupts the job) -> :meth:`.Decide.decide` (the new plan)
+-> :meth:`.Act.act` (workers stopped there, the new member list published; the worker switches).
 """
 
 from malletrain.daemon.loop import Daemon
 from malletrain.daemon.records import (
     CHECKPOINT_DIR, EXIT_STORE_LOST, LEAVE_GRACE_S, NODE_SECONDS_KEY, POLICY_STATE_KEY, REPLAN_S,
-    START_RETRY_S, STATE_FILE, STOP_WAIT_S, STOPPED, STORE_FILE, DaemonError, JobRun, Trainer, rescale_kind,
-    stopped_from_outside,
+    START_RETRY_S, STATE_FILE, STOP_WAIT_S, STOPPED, STORE_FILE, DaemonError, JobRun, NodeLost, Trainer,
+    rescale_kind, stopped_from_outside,
 )
 from malletrain.daemon.trainers import policy_states_json, read_policy_states
 from malletrain.daemon.wiring import DaemonParts, load_timeline, make_runtime
@@ -76,6 +96,6 @@ from malletrain.daemon.wiring import DaemonParts, load_timeline, make_runtime
 __all__ = [
     "CHECKPOINT_DIR", "EXIT_STORE_LOST", "LEAVE_GRACE_S", "NODE_SECONDS_KEY", "POLICY_STATE_KEY", "REPLAN_S",
     "START_RETRY_S", "STATE_FILE", "STOP_WAIT_S", "STOPPED", "STORE_FILE", "Daemon", "DaemonError", "DaemonParts",
-    "JobRun", "Trainer", "load_timeline", "make_runtime", "policy_states_json", "read_policy_states",
+    "JobRun", "NodeLost", "Trainer", "load_timeline", "make_runtime", "policy_states_json", "read_policy_states",
     "rescale_kind", "stopped_from_outside",
 ]

@@ -1,34 +1,46 @@
 """The control API: requests on the daemon's Unix socket (submit, cancel, status, nodes, shutdown,
-ping), already authorised by :mod:`malletrain.control`, and the per-job report secrets."""
+ping), already authorised by :mod:`malletrain.control`. A submit or cancel is observed at once
+(:meth:`.observe.Observe.submissions`); observe and decide never call the API."""
 
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Callable
 
-from malletrain.daemon.base import DaemonBase
-from malletrain.control import Caller, Cancel, Nodes, Ping, Request, Shutdown, Status, Submit
+from malletrain.control import Caller, Cancel, ControlServer, Nodes, Ping, Request, Shutdown, Status, Submit
+from malletrain.daemon.accounting import NodeAccounting
+from malletrain.daemon.observe import Observe
+from malletrain.daemon.state import JobTable
+from malletrain.daemon.trainers import Decide
 from malletrain.jobspec import JobSpec, JobSpecError, parse_spec
-from malletrain.monitor import job_secret
+from malletrain.monitor import Monitor
+from malletrain.scavenging import Scavenging
+from malletrain.store import Store
 
 
-class ControlApi(DaemonBase):
+class ControlApi:
     """What the control socket asks of the daemon."""
 
-    def _serve_control(self) -> None:
-        self.control.serve(0)
+    def __init__(self, table: JobTable, store: Store, monitor: Monitor, scav: Scavenging,
+                 accounting: NodeAccounting, observe: Observe, decide: Decide, clock: Callable[[], float]) -> None:
+        self.table = table
+        self.store = store
+        self.monitor = monitor
+        self.scav = scav
+        self.accounting = accounting
+        self.observe = observe
+        self.decide = decide
+        self.clock = clock
+        self._observed_change = False  # a request since the last serve() observed something new
 
-    def _register(self, job_id: str) -> None:
-        """The monitor takes this job's reports, signed with its secret, and no more progress than
-        its max_nodes could train."""
-        rec = self.store.get(job_id)
-        self.monitor.register(job_id, self.job_secret(job_id), max_nodes=rec.spec.max_nodes if rec else None)
+    def serve(self, control: ControlServer) -> bool:
+        """Answer the requests waiting on ``control``; returns whether one (or one handled since the
+        last serve) changed the jobs."""
+        control.serve(0)
+        changed, self._observed_change = self._observed_change, False
+        return changed
 
-    def job_secret(self, job_id: str) -> str:
-        """The job's report-signing secret, derived from the daemon's private key (nothing stored per job)."""
-        return job_secret(self._monitor_key, job_id)
-
-    def _owner_of(self, job_id: str) -> int | None:
+    def owner_of(self, job_id: str) -> int | None:
         rec = self.store.get(job_id)
         if rec is None:
             return None
@@ -38,22 +50,22 @@ class ControlApi(DaemonBase):
         """One authorised control request (``control.authorize`` has checked who may do it)."""
         if isinstance(req, Submit):
             spec = parse_spec(req.spec, "submitted job").resolved(where="submitted job")  # `python` -> this Python
-            why = self.unknown_trainer(spec)
+            why = self.table.unknown_trainer(spec)
             if why is not None:
                 raise JobSpecError(f"submitted job: {why}")
             jid = self._submit(spec, req.owner_uid, req.owner_gid)
-            self._observe_store(self.clock())
+            self._observed_change |= self.observe.submissions(self.clock())
             return {"ok": True, "id": jid}
         if isinstance(req, Cancel):
             state = self.store.request_cancel(req.job)
-            self._observe_store(self.clock())
+            self._observed_change |= self.observe.submissions(self.clock())
             return {"ok": True, "id": req.job, "state": self.store.require(req.job).state.value, "was": state.value}
         if isinstance(req, Status):
             return {"ok": True, "jobs": self.status_jobs(), "nodes": self.status_nodes()}
         if isinstance(req, Nodes):
             return {"ok": True, "nodes": self.status_nodes()}
         if isinstance(req, Shutdown):
-            self.stopping = True
+            self.table.stopping = True
             return {"ok": True}
         assert isinstance(req, Ping)
         return {"ok": True, "pid": os.getpid()}
@@ -65,14 +77,14 @@ class ControlApi(DaemonBase):
         out = []
         for rec in self.store.jobs():
             d = rec.as_dict()
-            d["trainer"] = self.trainer_name(rec.spec)
+            d["trainer"] = self.table.trainer_name(rec.spec)
             if rec.spec.budget_node_hours is not None:
                 d["budget_node_hours"] = rec.spec.budget_node_hours
                 if rec.id in self.accounting.node_seconds:
-                    d["used_node_hours"] = self.used_node_hours(rec.id)
+                    d["used_node_hours"] = self.accounting.used_node_hours(rec.id)
             if rec.spec.deadline is not None:
                 d["deadline"] = rec.spec.deadline
-            run = self.runs.get(rec.id)
+            run = self.table.runs.get(rec.id)
             stats = self.monitor.jobs.get(rec.id)
             if run is not None:
                 d["samples"] = max(d["samples"], run.last_progress)
@@ -86,6 +98,7 @@ class ControlApi(DaemonBase):
         return out
 
     def status_nodes(self) -> list[dict[str, Any]]:
-        owner = {n: r.id for r in self.runs.values() for n in r.members}
-        return [{"node": node, "state": state, "job": owner.get(node, ""), "trainer": self.node_trainer(node) or ""}
+        owner = {n: r.id for r in self.table.runs.values() for n in r.members}
+        return [{"node": node, "state": state, "job": owner.get(node, ""),
+                 "trainer": self.decide.node_trainer(node) or ""}
                 for node, state in self.scav.node_states().items()]

@@ -1,69 +1,91 @@
 """Jobs and workers (act): make each job's workers match its nodes (its trainer's ledger). Start workers on new nodes
 ahead of time, publish the member list once they are ready, stop workers of nodes a job lost, end
 the jobs observe marked. Every action is idempotent (agents ignore duplicate starts and stops; a
-member list is published only when it differs)."""
+member list is published only when it differs). Act is handed its plan (:class:`.state.Plan`) and
+calls no other part of the daemon."""
 
 from __future__ import annotations
 
 import os
+from typing import Callable
 
-from malletrain.daemon.base import DaemonBase, log
+from malletrain.daemon.accounting import NodeAccounting
 from malletrain.daemon.records import JOIN_BATCH_S, LEAVE_GRACE_S, START_RETRY_S, JobRun
+from malletrain.daemon.state import JobTable, Plan, Runtimes, log
 from malletrain.jobspec import JobState
 from malletrain.logs import about
 from malletrain.messages import ENV_SECRET
+from malletrain.metrics import Metrics
+from malletrain.monitor import Monitor
+from malletrain.scavenging import Scavenging
 from malletrain.workerenv import ENV_WORKER_BATCH
-from malletrain.store import StoreError
+from malletrain.store import Store, StoreError
 from policy import below_min
+from scavenger.hub import AgentHub
 from scavenger.nodeshape import job_slots
 
 
-class Jobs(DaemonBase):
+class Act:
     """A job's lifecycle as act carries it out."""
 
-    def _end(self, run: JobRun, state: JobState, reason: str) -> None:
-        """Observe's way to end a job: recorded now, carried out by act (the first reason wins)."""
-        if run.ending is None and not run.state.terminal:
-            run.ending = (state, reason)
-            self._changed = True
+    def __init__(self, table: JobTable, hub: AgentHub, scav: Scavenging, store: Store, monitor: Monitor,
+                 metrics: Metrics, runtimes: Runtimes, accounting: NodeAccounting,
+                 job_secret: Callable[[str], str], clock: Callable[[], float]) -> None:
+        self.table = table
+        self.hub = hub
+        self.scav = scav
+        self.store = store
+        self.monitor = monitor
+        self.metrics = metrics
+        self.runtimes = runtimes
+        self.accounting = accounting
+        self.job_secret = job_secret
+        self.clock = clock
+        self._worker_seq = 0
 
-    def _act(self, now: float) -> None:
-        for run in list(self.runs.values()):
+    def act(self, now: float, plan: Plan) -> bool:
+        """Carry out ``plan`` (and the ends observe recorded); returns whether a job ended or was
+        suspended (something to decide again for)."""
+        changed = False
+        runs = self.table.runs
+        for run in list(runs.values()):
             if run.ending is not None:
-                self._finish(run, *run.ending)
-        self.scav.release(self._to_release)
-        self._to_release.clear()
-        for run in list(self.runs.values()):
+                changed |= self.finish(run, *run.ending)
+        self.scav.release(self.table.to_release)
+        self.table.to_release.clear()
+        for run in list(runs.values()):
             if run.state.terminal:
                 continue
-            nodes = self.nodes_of(run.id)  # its trainer's ledger: usable nodes only, never below its min
+            nodes = plan.nodes.get(run.id, ())  # its trainer's ledger: usable nodes only, never below its min
             if not nodes:  # the decision gave it none, or the ledger's Loss suspended it (and says why)
                 if run.members or run.workers or run.state.active:
-                    self._suspend(run, now, self._why_no_nodes(run))
+                    self.suspend(run, now, self._why_no_nodes(run))
+                    changed = True
                 run.suspended_by = None
                 continue
             run.suspended_by = None  # it runs again
             try:
-                self._act_job(run, nodes, now)
+                self._act_job(run, nodes, now, run.id in plan.profiling)
             except ValueError as exc:  # e.g. the runtime refuses the job's command or ids
-                self._finish(run, JobState.FAILED, f"cannot run: {exc}")
+                changed |= self.finish(run, JobState.FAILED, f"cannot run: {exc}")
             except Exception as exc:  # any other bad value of one job ends that job, never the loop
                 log.exception("job %s: acting on it failed", run.id, extra=about(job=run.id))
-                self._finish(run, JobState.FAILED, f"cannot run: {type(exc).__name__}: {exc}")
-        for run in self.runs.values():
+                changed |= self.finish(run, JobState.FAILED, f"cannot run: {type(exc).__name__}: {exc}")
+        for run in runs.values():
             for wid, (node, kill_at) in list(run.leaving.items()):
                 if now >= kill_at:
                     self.hub.stop_worker(node, wid, grace=1.0)
                     run.leaving[wid] = (node, now + 5.0)
+        return changed
 
-    def _act_job(self, run: JobRun, nodes: tuple[str, ...], now: float) -> None:
+    def _act_job(self, run: JobRun, nodes: tuple[str, ...], now: float, profiling: bool) -> None:
         for node in nodes:
             if node not in run.workers:
                 self._worker_seq += 1
                 run.workers[node] = f"{run.id}.{node}.{int(now * 1000) % 10**9}{self._worker_seq}"
             wid = run.workers[node]
             if wid not in run.started and now - run.start_sent.get(wid, -1e9) >= START_RETRY_S:
-                runtime = self.runtime_of(run.id)
+                runtime = self.runtimes.of(run.spec)
                 uid, gid = self._run_as(run, runtime.COMMAND_BESIDE_DAEMON)
                 slots = job_slots(self.scav.slots_of(node), run.spec.workers_per_node)
                 spec = runtime.launch_spec(run.id, run.spec.command, wid, node, slots=slots)
@@ -94,12 +116,12 @@ class Jobs(DaemonBase):
             members = []
         changed = members != run.members or tuple(run.workers[n] for n in members) != run.published
         if changed and (members or run.members):
-            self._publish(run, members, now)
-        want = JobState.PROFILING if run.id in self._profiling else JobState.RUNNING
+            self.publish(run, members, now)
+        want = JobState.PROFILING if profiling else JobState.RUNNING
         if run.members and set(run.members) == target:
-            self._set_state(run, want, "placed")
+            self.set_state(run, want, "placed")
         elif run.members:
-            self._set_state(run, JobState.RESCALING, f"to {len(nodes)} nodes")
+            self.set_state(run, JobState.RESCALING, f"to {len(nodes)} nodes")
 
     @staticmethod
     def _run_as(run: JobRun, beside_daemon: bool = False) -> tuple[int | None, int | None]:
@@ -121,16 +143,16 @@ class Jobs(DaemonBase):
         if wid not in run.started:
             return False
         try:
-            return bool(self.runtime_of(run.id).ready(run.id, wid))
+            return bool(self.runtimes.of(run.spec).ready(run.id, wid))
         except Exception as exc:  # a runtime hiccup must not kill the loop
             log.warning("runtime.ready(%s, %s): %s", run.id, wid, exc, extra=about(job=run.id, worker=wid))
             return False
 
-    def _publish(self, run: JobRun, members: list[str], now: float) -> None:
-        gen = self.runtime_of(run.id).set_members(run.id, [run.workers[n] for n in members])
+    def publish(self, run: JobRun, members: list[str], now: float) -> None:
+        gen = self.runtimes.of(run.spec).set_members(run.id, [run.workers[n] for n in members])
         self.store.set_generation(run.id, gen)
         self.monitor.set_world(run.id, gen, len(members))  # reports count at this size, not at what they claim
-        if members and self.runtime.restarted_from_scratch(run.id):
+        if members and self.runtimes.default.restarted_from_scratch(run.id):
             self._progress_lost(run)
         self.store.log_event("members", run.id, generation=gen, nodes=members, before=run.members)
         run.members = list(members)
@@ -155,17 +177,16 @@ class Jobs(DaemonBase):
         reason it waits is its own field, ``waiting``)."""
         return run.suspended_by.describe() if run.suspended_by is not None else "no nodes in the policy's plan"
 
-    def _suspend(self, run: JobRun, now: float, reason: str) -> None:
-        self._stop_workers(run, now)
+    def suspend(self, run: JobRun, now: float, reason: str) -> None:
+        self.stop_workers(run, now)
         if run.state.active:
-            self._set_state(run, JobState.SUSPENDED, reason)
-        self._changed = True
+            self.set_state(run, JobState.SUSPENDED, reason)
 
-    def _stop_workers(self, run: JobRun, now: float) -> None:
+    def stop_workers(self, run: JobRun, now: float) -> None:
         run.emptied_at = now
         if run.members:
             try:
-                runtime = self.runtime_of(run.id)
+                runtime = self.runtimes.of(run.spec)
                 gen = runtime.set_members(run.id, [])  # members leave at their next commit ...
                 self.store.set_generation(run.id, gen)
                 runtime.forget(run.id)  # ... and workers started later wait for a new list
@@ -179,22 +200,23 @@ class Jobs(DaemonBase):
         run.workers.clear()
         self.store.set_nodes(run.id, [])
 
-    def _finish(self, run: JobRun, state: JobState, reason: str) -> None:
+    def finish(self, run: JobRun, state: JobState, reason: str) -> bool:
+        """End the job now (its workers stopped, its state stored); returns whether it was not ended yet."""
         if run.state.terminal:
-            return
+            return False
         self.store.set_samples(run.id, run.last_progress)  # status shows what was trained, not the last 1-s sample
         if run.id in self.accounting.node_seconds:
-            self.store.log_event("node_hours", run.id, used=round(self.used_node_hours(run.id), 6))
-        self._stop_workers(run, self.clock())
-        self._set_state(run, state, reason)
+            self.store.log_event("node_hours", run.id, used=round(self.accounting.used_node_hours(run.id), 6))
+        self.stop_workers(run, self.clock())
+        self.set_state(run, state, reason)
         self.monitor.forget(run.id)
         try:
-            self.runtime_of(run.id).forget(run.id, keep_state=False)
+            self.runtimes.of(run.spec).forget(run.id, keep_state=False)
         except Exception as exc:
             log.warning("runtime.forget(%s): %s", run.id, exc, extra=about(job=run.id))
-        self._changed = True
+        return True
 
-    def _set_state(self, run: JobRun, state: JobState, reason: str) -> None:
+    def set_state(self, run: JobRun, state: JobState, reason: str) -> None:
         if run.state == state:
             return
         try:

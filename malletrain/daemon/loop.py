@@ -1,33 +1,96 @@
 """The loop: ONE reconcile loop, observe -> decide -> act, and the 1-s sampler.
 
-:class:`Daemon` is put together from its parts (see :mod:`malletrain.daemon`): :class:`.Wiring`
-builds it, :class:`.Observe` and :class:`.Adoption` observe, :class:`.Trainers` decides, :class:`.Jobs`
-acts, :class:`.ControlApi` serves the control socket and :class:`.Shutdown` stops it.
+:class:`Daemon` has no base class: it is built from its parts (see :mod:`malletrain.daemon`), each
+given what it needs at construction, and :meth:`Daemon.step` passes values between them: observe
+returns whether something changed, decide returns when to decide again and leaves its plan in the
+ledgers, act carries out the plan and returns whether it ended or suspended a job. The "decide again"
+flag is the loop's alone.
 """
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import zmq
 
+from malletrain.config import DaemonConfig
+from malletrain.control import Caller, Request
+from malletrain.daemon.accounting import NodeAccounting
 from malletrain.daemon.adoption import Adoption
 from malletrain.daemon.api import ControlApi
-from malletrain.daemon.base import log
-from malletrain.daemon.jobs import Jobs
+from malletrain.daemon.intake import JobIntake
+from malletrain.daemon.jobs import Act
 from malletrain.daemon.observe import Observe
-from malletrain.daemon.records import REPLAN_S
+from malletrain.daemon.records import REPLAN_S, STOPPED, JobRun, Trainer
 from malletrain.daemon.shutdown import Shutdown
-from malletrain.daemon.trainers import Trainers
-from malletrain.daemon.wiring import Wiring
+from malletrain.daemon.state import JobTable, log
+from malletrain.daemon.trainers import Decide, load_trainers
+from malletrain.daemon.wiring import DaemonParts, Wiring
+from malletrain.jobspec import JobSpec, JobState
 from malletrain.loopwait import LoopWait
+from malletrain.runtimes import Runtime
+from policy import Decision, JobEvidence, Policy, View
 
 
-class Daemon(Wiring, Observe, Adoption, Trainers, Jobs, ControlApi, Shutdown):
-    """Build with :meth:`start`; drive with :meth:`run` (or :meth:`step` in tests); :meth:`close` cleans up."""
+class Daemon:
+    """Build with ``Daemon(cfg)``; drive with :meth:`run` (or :meth:`step` in tests); :meth:`close` cleans up."""
 
+    def __init__(self, cfg: DaemonConfig, clock: Callable[[], float] = time.time,
+                 parts: DaemonParts | None = None) -> None:
+        self.wiring = Wiring(cfg, clock, parts)
+        try:
+            self._build(cfg, clock, self.wiring)
+        except BaseException:
+            self.wiring.abandon()
+            raise
+
+    def _build(self, cfg: DaemonConfig, clock: Callable[[], float], w: Wiring) -> None:
+        self.cfg, self.clock, self.parts, self.state_dir, self.ctx = cfg, clock, w.parts, w.state_dir, w.ctx
+        self.store, self.metrics, self.monitor, self.replay, self.hub = w.store, w.metrics, w.monitor, w.replay, w.hub
+        self.runtime, self.torchrun, self.backend, self.scav = w.runtime, w.torchrun, w.backend, w.scav
+        trainers, saved_policy_state = load_trainers(cfg, self.store, self.state_dir)
+        self.table = table = JobTable(trainers)
+        self.accounting = NodeAccounting(self.store)  # node-seconds (budget_node_hours); fragments: the ledgers
+        runtimes = w.runtimes
+        intake = JobIntake(table, self.store, self.monitor, w.job_secret)
+        self.decide = Decide(table, self.store, self.monitor, self.metrics, self.scav, self.accounting,
+                             saved_policy_state)
+        self.act = Act(table, self.hub, self.scav, self.store, self.monitor, self.metrics, runtimes, self.accounting,
+                       w.job_secret, clock)
+        self.observe = Observe(table, cfg, self.scav, self.hub, self.store, self.monitor, self.metrics, self.decide,
+                               intake)
+        self.adoption = Adoption(table, cfg, self.store, self.hub, self.scav, runtimes, intake, self.decide,
+                                 self.act, clock)
+        self.api = ControlApi(table, self.store, self.monitor, self.scav, self.accounting, self.observe,
+                              self.decide, clock)
+        self.shutdown = Shutdown(table, self.act, self.observe, self.hub, self.monitor, self.runtime, self.store,
+                                 self.accounting, clock)
+        w.open_control(self.api.handle, self.api.owner_of)
+        self.control, self.control_address = w.control, w.control_address
+        self.observe.discover_machine(self.backend)
+        self._changed = True  # something changed since the last decision: decide at the next step
+        self._next_sample = 0.0
+        self._next_decide = 0.0
+        self._closed = False
+        now = clock()
+        self.adoption.load_jobs(now)
+        if w.killed_last_time() and not table.adopt_until:
+            # the last daemon was killed (a clean stop removes daemon.json): its agents may still run
+            # even with no job active; give them the adoption window to come back before holding nodes,
+            # or a new agent and a surviving one would fight over a node
+            table.adopt_until = now + cfg.agent_dead_after + 1.0
+        # jobs a clean stop suspended in the middle of their profile: restarted at the first decision
+        table.stopped_profiles = sorted(
+            run.id for run in table.runs.values()
+            if run.id in table.trainer_of(run).policy.state.profiles and run.state is JobState.SUSPENDED
+            and (self.store.get(run.id) is not None and self.store.require(run.id).message == STOPPED))
+        w.write_state_file()
+        self.store.log_event("daemon_start", pid=os.getpid(), control=self.control_address)
+
+    # ---------------------------------------------------------------- the loop
     def run(self, duration_s: float | None = None, on_tick: Callable[["Daemon"], None] | None = None) -> None:
         end = None if duration_s is None else time.monotonic() + duration_s
         quick = False
@@ -39,7 +102,7 @@ class Daemon(Wiring, Observe, Adoption, Trainers, Jobs, ControlApi, Shutdown):
             spare = self.cfg.loop_interval - (time.monotonic() - t0)
             lost: list[bool] = []  # reports and agent frames as they come (none to wait for after an iteration
             #                        that overran: what is there); a recall starts the next step at once
-            wait = LoopWait(self.monitor, self.hub, self._observe_agents, self.store.batch, self.clock)
+            wait = LoopWait(self.monitor, self.hub, self._observe_agents_between_steps, self.store.batch, self.clock)
             self._guarded(lambda: lost.append(wait.wait(max(0.0, spare))))
             quick = bool(lost and lost[0]) and not quick  # (never two in a row: the scheduler is asked at least
             #                                               every other iteration, whatever the agents say)
@@ -53,6 +116,10 @@ class Daemon(Wiring, Observe, Adoption, Trainers, Jobs, ControlApi, Shutdown):
             log.exception("reconcile step failed")
             self.store.log_event("step_error", error=f"{type(exc).__name__}: {exc}")
 
+    def _observe_agents_between_steps(self, now: float) -> None:
+        """Agent frames read while the loop waits: handled as at a step, decided on at the next one."""
+        self._changed |= self.observe.agents(now)
+
     def step(self, quick: bool = False) -> None:
         """One iteration. ``quick``: it started at once because an agent was lost (a recall): its new
         plan comes before any scheduler command (the look at pilots and nodes, which runs one
@@ -60,42 +127,55 @@ class Daemon(Wiring, Observe, Adoption, Trainers, Jobs, ControlApi, Shutdown):
         iteration, at most ``loop_interval`` later): a burst of recalls at Summit size made those
         seconds."""
         now = self.clock()
-        self._count_node_seconds(now)
-        if not quick:
-            self._observe_backend(now)
-        with self.store.batch():  # a burst of agent events, every job's progress: one commit each
-            self._observe_agents(now)
-        self.monitor.drain()
-        with self.store.batch():
-            self._observe_progress(now)
-        self.replay.tick(now)
-        self._observe_store(now)
-        self._serve_control()
-        if now < self._adopt_until and not self._adoption_complete():
+        table = self.table
+        self.accounting.count(now, table.runs.values())
+        changed = self._observe(now, quick)
+        if now < table.adopt_until and not self.adoption.complete():
+            self._changed |= changed
             return  # agents may still reconnect with the workers of the last daemon
-        if self._adopt_until:
-            self._finish_adoption(now)
+        if table.adopt_until:
+            self.adoption.finish(now)
+            changed = True
         if not quick:
-            self._hold_idle_nodes()
-        self._feed_ledgers(now)
+            self.adoption.hold_idle_nodes()
+        self.decide.feed_ledgers(now)
+        changed |= self._changed
         # a profile's step ends on evidence: while one runs, ask at every iteration (the policy
         # answers an unchanged problem without solving)
         if self.scav.stale:
             pass  # no decision on stale data: the next good look catches up
-        elif self._changed or now >= self._next_decide or self._profiling:
-            self._changed = False
+        elif changed or now >= self._next_decide or self.decide.profiling:
+            changed = False
             self._next_decide = now + REPLAN_S
             with self.store.batch():  # a decision's events, plans and policy states: one commit
-                self._decide(now)
-        self._act(now)
-        self._persist_checkpoints()
+                wake = self.decide.decide(now)
+            if wake is not None:
+                self._next_decide = min(self._next_decide, wake)
+        self._changed = self.act.act(now, self.decide.plan()) or changed
+        self.shutdown.persist_checkpoints()
         self._sample(now)
+
+    def _observe(self, now: float, quick: bool) -> bool:
+        """Observe, in order: the scheduler (not in a quick step), the agents, the reports, the store
+        and the control socket. Returns whether something changed."""
+        changed = False
+        if not quick:
+            changed |= self.observe.pilots(now)
+        with self.store.batch():  # a burst of agent events, every job's progress: one commit each
+            changed |= self.observe.agents(now)
+        self.monitor.drain()
+        with self.store.batch():
+            changed |= self.observe.progress(now)
+        self.replay.tick(now)
+        changed |= self.observe.submissions(now)
+        changed |= self.api.serve(self.control)
+        return changed
 
     def _sample(self, now: float) -> None:
         if now < self._next_sample:
             return
         self._next_sample = now + 1.0
-        self._save_node_seconds()
+        self.accounting.save(self.runs)
         states = self.scav.node_states()
         held = [n for n, s in states.items() if s in ("held", "holding")]
         used = {n for r in self.runs.values() for n in r.members}
@@ -109,13 +189,82 @@ class Daemon(Wiring, Observe, Adoption, Trainers, Jobs, ControlApi, Shutdown):
         for rid in [rid for rid, r in self.runs.items() if r.state.terminal and not r.leaving]:
             del self.runs[rid]
 
-    # ---------------------------------------------------------------- accounting (NodeAccounting)
+    def close(self) -> None:
+        """Stop every job's workers (:meth:`.shutdown.Shutdown.stop`), release every node, close
+        sockets; idempotent. The jobs it stops are SUSPENDED ("daemon stopped") and resume
+        when a daemon runs again on the same state dir."""
+        if self._closed:
+            return
+        self._closed = True
+        self.shutdown.stop()
+        self.wiring.close()
+
+    # ---------------------------------------------------------------- what tests and front ends read
+    @property
+    def runs(self) -> dict[str, JobRun]:
+        return self.table.runs
+
+    @property
+    def trainers(self) -> dict[str, Trainer]:
+        return self.table.trainers
+
+    @property
+    def stopping(self) -> bool:
+        return self.table.stopping
+
+    @stopping.setter
+    def stopping(self, value: bool) -> None:
+        self.table.stopping = value
+
+    @property
+    def policy(self) -> Policy:
+        """The first trainer's policy (the only one of a config without ``[[trainers]]``)."""
+        return next(iter(self.trainers.values())).policy
+
+    @property
+    def last_decision(self) -> Decision | None:
+        """The first trainer's last decision (each trainer's: ``trainers[name].last_decision``)."""
+        return next(iter(self.trainers.values())).last_decision
+
+    def view(self, now: float, trainer: str | None = None) -> View:
+        return self.decide.view(now, trainer)
+
+    def evidence(self, trainer: str | None = None) -> dict[str, JobEvidence]:
+        return self.decide.evidence(trainer)
+
+    def nodes_of(self, job_id: str) -> tuple[str, ...]:
+        return self.decide.nodes_of(job_id)
+
+    def node_trainer(self, node: str) -> str | None:
+        return self.decide.node_trainer(node)
+
+    def trainer_name(self, spec: JobSpec) -> str:
+        return self.table.trainer_name(spec)
+
+    def unknown_trainer(self, spec: JobSpec) -> str | None:
+        return self.table.unknown_trainer(spec)
+
+    def usable_nodes(self) -> set[str]:
+        """Nodes of RUNNING pilots whose own agent is connected (not ENDING ones: jobs leave those)."""
+        return self.scav.usable()
+
     def used_node_hours(self, job_id: str) -> float:
         """Node-hours the job's workers have held, as this daemon (and the ones before it) counted them."""
         return self.accounting.used_node_hours(job_id)
 
-    def _count_node_seconds(self, now: float) -> None:
-        self.accounting.count(now, self.runs.values())
+    def runtime_of(self, job_id: str) -> Runtime:
+        """The runtime that runs ``job_id``: chosen by the job's launcher, whatever the trainer's runtime."""
+        run = self.runs.get(job_id)
+        return self.wiring.runtimes.of(run.spec if run is not None else None)
 
-    def _save_node_seconds(self) -> None:
-        self.accounting.save(self.runs)
+    def job_secret(self, job_id: str) -> str:
+        return self.wiring.job_secret(job_id)
+
+    def handle(self, req: Request, caller: Caller) -> dict[str, Any]:
+        return self.api.handle(req, caller)
+
+    def status_jobs(self) -> list[dict[str, Any]]:
+        return self.api.status_jobs()
+
+    def status_nodes(self) -> list[dict[str, Any]]:
+        return self.api.status_nodes()

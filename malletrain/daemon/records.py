@@ -98,6 +98,23 @@ class JobRun:
     suspended_by: Loss | None = None  # its ledger's Loss that left it below its min: act suspends it, saying why
     owner: tuple[int | None, int | None] = (None, None)  # (uid, gid) of the submitter
 
+    def end(self, state: JobState, reason: str) -> bool:
+        """Observe's (and decide's) way to end a job: recorded now, carried out by act (the first
+        reason wins). Returns whether that changed anything (a job to decide again for)."""
+        if self.ending is None and not self.state.terminal:
+            self.ending = (state, reason)
+            return True
+        return False
+
+
+@dataclass(frozen=True)
+class NodeLost:
+    """A node this daemon no longer has, whichever way it was learnt: its pilot ended, its agent
+    went, or a worker exited on it while its pilot was ending (a recall). One event, handled once."""
+
+    node: str
+    reason: str
+
 
 def submission_order(job_id: str) -> int:
     """Submission order from the store's id (``j000042`` -> 42)."""

@@ -1,26 +1,57 @@
 """Checkpoints and shutdown: new checkpoints copied to the state dir every iteration, and a clean
-stop that waits for the workers it stops, so their last commit and last reports are kept."""
+stop that waits for the workers it stops, so their last commit and last reports are kept. It calls
+act (to stop workers) and observe (to store the last reports); neither calls it. Closing the sockets,
+the store and the lock is the wiring's (:meth:`.wiring.Wiring.close`)."""
 
 from __future__ import annotations
 
-import fcntl
-import os
 import time
+from typing import Callable
 
-from malletrain.daemon.base import DaemonBase
-from malletrain.daemon.records import STATE_FILE, STOP_WAIT_S, STOPPED, job_of
+from malletrain.daemon.accounting import NodeAccounting
+from malletrain.daemon.jobs import Act
+from malletrain.daemon.observe import Observe
+from malletrain.daemon.records import STOP_WAIT_S, STOPPED, job_of
+from malletrain.daemon.state import JobTable
 from malletrain.jobspec import JobState
+from malletrain.monitor import Monitor
+from malletrain.runtimes import Runtime
+from malletrain.store import Store
 from scavenger.base import AgentGone
-from scavenger.hub import WorkerExitedEvent
+from scavenger.hub import AgentHub, WorkerExitedEvent
 
 
-class Shutdown(DaemonBase):
-    """Checkpoints kept across restarts, and :meth:`close`."""
+class Shutdown:
+    """Checkpoints kept across restarts, and the clean stop (:meth:`stop`)."""
 
-    def _persist_checkpoints(self) -> None:
+    def __init__(self, table: JobTable, act: Act, observe: Observe, hub: AgentHub, monitor: Monitor,
+                 runtime: Runtime, store: Store, accounting: NodeAccounting, clock: Callable[[], float]) -> None:
+        self.table = table
+        self.act = act
+        self.observe = observe
+        self.hub = hub
+        self.monitor = monitor
+        self.runtime = runtime
+        self.store = store
+        self.accounting = accounting
+        self.clock = clock
+
+    def persist_checkpoints(self) -> None:
         """Copy new checkpoints from the runtime's store to the state dir (a runtime hook; most do nothing)."""
-        for job in self.runtime.persist_checkpoints([r.id for r in self.runs.values() if not r.state.terminal]):
+        runs = self.table.runs.values()
+        for job in self.runtime.persist_checkpoints([r.id for r in runs if not r.state.terminal]):
             self.store.log_event("checkpoint_saved", job)
+
+    def stop(self) -> None:
+        """Carry out the ends observed but not yet acted on, then stop every job's workers (see
+        :meth:`_stop_for_restart`) and keep the node-seconds they used."""
+        now = self.clock()
+        for run in list(self.table.runs.values()):
+            if run.ending is not None:  # observed but not yet carried out
+                self.act.finish(run, *run.ending)
+        self.accounting.count(now, self.table.runs.values())
+        self._stop_for_restart(now)
+        self.accounting.save(self.table.runs)
 
     def _stop_for_restart(self, now: float) -> None:
         """A clean stop: every job's workers go, leaving nothing behind that a restart needs.
@@ -40,62 +71,29 @@ class Shutdown(DaemonBase):
         before it could leave a checkpoint would lose everything it reported.
         """
         stopping = []
-        for run in self.runs.values():
+        for run in self.table.runs.values():
             if not run.state.terminal and (run.members or run.workers):
                 before = set(run.leaving)
-                self._stop_workers(run, now)
+                self.act.stop_workers(run, now)
                 stopping += [(run, wid) for wid in run.leaving if wid not in before]
                 if run.state.active:
-                    self._set_state(run, JobState.SUSPENDED, STOPPED)
+                    self.act.set_state(run, JobState.SUSPENDED, STOPPED)
         if not stopping:
             return
         deadline = time.monotonic() + STOP_WAIT_S
         while any(wid in run.leaving for run, wid in stopping) and time.monotonic() < deadline:
             for ev in self.hub.poll():
                 if isinstance(ev, WorkerExitedEvent):
-                    run = self.runs.get(job_of(ev.worker))
-                    if run is not None:
-                        run.leaving.pop(ev.worker, None)
+                    exited = self.table.runs.get(job_of(ev.worker))
+                    if exited is not None:
+                        exited.leaving.pop(ev.worker, None)
                 elif isinstance(ev, AgentGone):
                     for run, wid in stopping:
                         if run.leaving.get(wid, ("",))[0] == ev.node:
                             run.leaving.pop(wid, None)
             self.monitor.drain(timeout_ms=50)
-            self._persist_checkpoints()
+            self.persist_checkpoints()
         while self.monitor.drain(timeout_ms=100):  # reports still on their way from the exited workers
             pass
-        self._observe_progress(self.clock())  # stores what the last reports added
-        self._persist_checkpoints()
-
-    # ---------------------------------------------------------------- shutdown
-    def close(self) -> None:
-        """Stop every job's workers (see :meth:`_stop_for_restart`), release every node, close
-        sockets; idempotent. The jobs it stops are SUSPENDED ("daemon stopped") and resume
-        when a daemon runs again on the same state dir."""
-        if getattr(self, "_closed", False):
-            return
-        self._closed = True
-        now = self.clock()
-        for run in list(self.runs.values()):
-            if run.ending is not None:  # observed but not yet carried out
-                self._finish(run, *run.ending)
-        self._count_node_seconds(now)
-        self._stop_for_restart(now)
-        self._save_node_seconds()
-        self.scav.close()
-        self.runtime.close()
-        self.torchrun.close()
-        self.store.log_event("daemon_stop", pid=os.getpid())
-        self.replay.save()
-        self.metrics.close()
-        for sock in (self.monitor, self.hub):
-            sock.close()
-        self.control.close()
-        self.ctx.term()
-        self.store.close()
-        try:
-            (self.state_dir / STATE_FILE).unlink()
-        except FileNotFoundError:
-            pass
-        fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
-        os.close(self._lock_fd)
+        self.observe.progress(self.clock())  # stores what the last reports added
+        self.persist_checkpoints()

@@ -1,4 +1,4 @@
-"""Trainers and the decide step: one policy per trainer (``[[trainers]]``), each deciding on its
+"""Decide: trainers and the decide step: one policy per trainer (``[[trainers]]``), each deciding on its
 own view (its held usable nodes, its live jobs) and the monitor's evidence; a decision becomes each
 job's nodes in its trainer's ledger. The policy states, one per trainer, are saved in the store after every decision that
 changed one, so a restart resumes profiles, lender debts and learned curves."""
@@ -7,13 +7,19 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import Mapping
 
-from malletrain.config import DEFAULT_TRAINER, node_trainer
-from malletrain.daemon.base import DaemonBase, log
+from malletrain.config import DEFAULT_TRAINER, DaemonConfig, node_trainer
+from malletrain.daemon.accounting import NodeAccounting
 from malletrain.daemon.records import POLICY_STATE_KEY, STOPPED, STORE_FILE, DaemonError, JobRun, Trainer
 from malletrain.daemon.records import submission_order
-from malletrain.jobspec import JobSpec, JobState
+from malletrain.daemon.state import JobTable, Plan, log
+from malletrain.jobspec import JobState
+from malletrain.metrics import Metrics
+from malletrain.monitor import Monitor
+from malletrain.scavenging import Scavenging
+from malletrain.store import Store
 from policy import Decision, JobEvidence, JobView, Loss, Policy, PolicyState, PolicyStateError, Stop, View
 from policy import PolicyInputError, evidence_from, interrupts, unplaced_reasons
 
@@ -45,53 +51,57 @@ def policy_states_json(trainers: dict[str, Trainer]) -> str:
     return "{" + ", ".join(f"{json.dumps(name)}: {t.policy.state.to_json()}" for name, t in trainers.items()) + "}"
 
 
+def load_trainers(cfg: DaemonConfig, store: Store, state_dir: Path) -> tuple[dict[str, Trainer], str | None]:
+    """One policy per trainer, each with the state the last daemon saved for it (profiles, debts,
+    learned curves); a single state saved before trainers existed is the ``default`` (or first)
+    trainer's. The state of a trainer no longer configured is dropped (an event says so). Returns the
+    trainers and the saved text."""
+    configs = cfg.trainer_list()
+    names = [t.name for t in configs]
+    saved = store.get_meta(POLICY_STATE_KEY)
+    try:
+        states = read_policy_states(saved, DEFAULT_TRAINER if DEFAULT_TRAINER in names else names[0]) \
+            if saved is not None else {}
+    except PolicyStateError as exc:
+        raise DaemonError(f"{state_dir / STORE_FILE}: {exc}") from None
+    for name in sorted(set(states) - set(names)):
+        store.log_event("policy_state_dropped", trainer=name)
+    return {t.name: Trainer(t, Policy(t.policy, states.get(t.name))) for t in configs}, saved
 
-class Trainers(DaemonBase):
-    """The decide step and the trainers it runs."""
 
-    def _load_trainers(self) -> tuple[dict[str, Trainer], str | None]:
-        """One policy per trainer, each with the state the last daemon saved for it (profiles, debts,
-        learned curves); a single state saved before trainers existed is the ``default`` (or first)
-        trainer's. The state of a trainer no longer configured is dropped (an event says so)."""
-        configs = self.cfg.trainer_list()
-        names = [t.name for t in configs]
-        saved = self.store.get_meta(POLICY_STATE_KEY)
-        try:
-            states = read_policy_states(saved, DEFAULT_TRAINER if DEFAULT_TRAINER in names else names[0]) \
-                if saved is not None else {}
-        except PolicyStateError as exc:
-            raise DaemonError(f"{self.state_dir / STORE_FILE}: {exc}") from None
-        for name in sorted(set(states) - set(names)):
-            self.store.log_event("policy_state_dropped", trainer=name)
-        return {t.name: Trainer(t, Policy(t.policy, states.get(t.name))) for t in configs}, saved
+class Decide:
+    """The decide step and the trainers it runs: every trainer's ledger learns what was observed,
+    every trainer's policy decides, each decision is placed in its ledger, and :meth:`plan` is what
+    act carries out. It calls no other part of the daemon."""
+
+    def __init__(self, table: JobTable, store: Store, monitor: Monitor, metrics: Metrics, scav: Scavenging,
+                 accounting: NodeAccounting, saved_policy_state: str | None) -> None:
+        self.table = table
+        self.store = store
+        self.monitor = monitor
+        self.metrics = metrics
+        self.scav = scav
+        self.accounting = accounting
+        self._saved_policy_state = saved_policy_state
+        self._node_owner: dict[str, str | None] = {}  # node -> its trainer (memo of node_trainer)
 
     @property
-    def policy(self) -> Policy:
-        """The first trainer's policy (the only one of a config without ``[[trainers]]``)."""
-        return next(iter(self.trainers.values())).policy
+    def trainers(self) -> dict[str, Trainer]:
+        return self.table.trainers
 
     @property
-    def last_decision(self) -> Decision | None:
-        """The first trainer's last decision (each trainer's: ``trainers[name].last_decision``)."""
-        return next(iter(self.trainers.values())).last_decision
-
-    @property
-    def _profiling(self) -> frozenset[str]:
+    def profiling(self) -> frozenset[str]:
         """Jobs every trainer's last decision profiles."""
         return frozenset().union(*(t.profiling for t in self.trainers.values()))
 
-    def trainer_name(self, spec: JobSpec) -> str:
-        """The trainer a job names, or the first one (which need not exist: see :meth:`unknown_trainer`)."""
-        return spec.trainer or next(iter(self.trainers))
-
-    def unknown_trainer(self, spec: JobSpec) -> str | None:
-        """Why this daemon cannot run the job (it names a trainer the daemon does not have), or None."""
-        if spec.trainer is None or spec.trainer in self.trainers:
-            return None
-        return f"no trainer {spec.trainer!r} in this daemon (its trainers: {', '.join(self.trainers)})"
-
-    def _trainer_of(self, run: JobRun) -> Trainer:
-        return self.trainers[self.trainer_name(run.spec)]
+    def plan(self) -> Plan:
+        """Each live job's nodes as its trainer's ledger has them, for act to carry out."""
+        nodes: dict[str, tuple[str, ...]] = {}
+        for rid, run in self.table.runs.items():
+            if not run.state.terminal:
+                ledger = self.table.trainer_of(run).ledger
+                nodes[rid] = ledger.nodes_of(rid) if ledger.is_live(rid) else ()
+        return Plan(nodes, self.profiling)
 
     def node_trainer(self, node: str) -> str | None:
         """The trainer ``node`` belongs to (None: no trainer's patterns take it)."""
@@ -103,17 +113,17 @@ class Trainers(DaemonBase):
         """What one trainer's policy decides on (default: the first trainer's), built by its ledger
         once it is told what this daemon holds now: its usable nodes, its live jobs."""
         t = self.trainers[trainer or next(iter(self.trainers))]
-        self._feed_ledger(t, now)
+        self.feed_ledger(t, now)
         return t.ledger.view(now, sorted(t.ledger.live_jobs()))
 
-    def _feed_ledgers(self, now: float) -> None:
+    def feed_ledgers(self, now: float) -> None:
         """Every trainer's ledger learns what this step observed (nodes usable, nodes gone, jobs)."""
         usable = self._usable_by_trainer()
         for t in self.trainers.values():
-            self._feed_ledger(t, now, usable[t.name])
+            self.feed_ledger(t, now, usable[t.name])
 
     def _usable_by_trainer(self) -> dict[str, set[str]]:
-        usable = self.usable_nodes()
+        usable = self.scav.usable()
         only = next(iter(self.trainers.values()))
         if len(self.trainers) == 1 and only.config.nodes is None:  # one trainer without patterns takes all
             return {only.name: usable}
@@ -124,7 +134,7 @@ class Trainers(DaemonBase):
                 out[name].add(node)
         return out
 
-    def _feed_ledger(self, t: Trainer, now: float, usable: set[str] | None = None) -> None:
+    def feed_ledger(self, t: Trainer, now: float, usable: set[str] | None = None) -> None:
         """``t``'s ledger as events: nodes no longer usable are lost (each ends an idle fragment, and
         interrupts the job on it, stopped below its min), new ones usable from ``now``; jobs that ended
         leave it, new ones are submitted; each live job's progress and node-hours. The jobs' nodes are
@@ -138,8 +148,8 @@ class Trainers(DaemonBase):
         if new := usable - ours:
             ledger.usable(sorted(new), now)
         ledger.recall_expected({n: at for n, at in self.scav.recall_times().items() if n in usable})
-        runs = {run.id: run for run in sorted(self.runs.values(), key=lambda r: r.id)
-                if not run.state.terminal and run.ending is None and self.trainer_name(run.spec) == t.name}
+        runs = {run.id: run for run in sorted(self.table.runs.values(), key=lambda r: r.id)
+                if not run.state.terminal and run.ending is None and self.table.trainer_name(run.spec) == t.name}
         for job_id in ledger.live_jobs():
             if job_id not in runs:
                 ledger.ended(job_id)
@@ -149,18 +159,18 @@ class Trainers(DaemonBase):
             spec = run.spec
             if spec.samples is not None:
                 ledger.progressed(run.id, float(max(0, spec.samples - run.last_progress)))
-            ledger.used(run.id, self.used_node_hours(run.id))
+            ledger.used(run.id, self.accounting.used_node_hours(run.id))
 
     def nodes_of(self, job_id: str) -> tuple[str, ...]:
         """The nodes ``job_id`` runs on, as its trainer's ledger has them (the one record act reads):
         what the last decision gave it, less what it lost since; () for a job not live."""
-        run = self.runs.get(job_id)
+        run = self.table.runs.get(job_id)
         if run is None:
             return ()
-        ledger = self._trainer_of(run).ledger
+        ledger = self.table.trainer_of(run).ledger
         return ledger.nodes_of(job_id) if ledger.is_live(job_id) else ()
 
-    def _lose_node(self, node: str, now: float) -> set[str]:
+    def lose_node(self, node: str, now: float) -> set[str]:
         """``node`` was taken back (observed before the next feed): its trainer's ledger ends its idle
         fragment and interrupts the job on it (stopped below its min). Returns the jobs that held it."""
         holders = set()
@@ -175,25 +185,25 @@ class Trainers(DaemonBase):
         """What the ledger decided a loss does to each job: one it suspended (below its min) is marked
         for act, which stops its workers and says why (:meth:`policy.Loss.describe`)."""
         for loss in losses:
-            run = self.runs.get(loss.job)
+            run = self.table.runs.get(loss.job)
             if run is not None and loss.stopped:
                 run.suspended_by = loss
 
-    def _adopt_nodes(self, run: JobRun, now: float) -> bool:
+    def adopt_nodes(self, run: JobRun, now: float) -> bool:
         """An adopted job is placed on the nodes the last daemon left it on that are usable (and no other
         job's); those whose workers did not come back are released. Returns whether that stopped it
         (below its min, :meth:`policy.Ledger.released`)."""
-        ledger = self._trainer_of(run).ledger
+        ledger = self.table.trainer_of(run).ledger
         if not ledger.is_live(run.id):
             return False  # ending (e.g. cancelled while adoption was open): act ends it
         nodes = [n for n in dict.fromkeys(run.left_on) if ledger.is_usable(n) and ledger.holder(n) is None]
         ledger.placed(run.id, nodes, now)
         return ledger.released(run.id, [n for n in nodes if n not in run.workers], now).stopped
 
-    def _give_up_node(self, run: JobRun, node: str, now: float) -> None:
+    def give_up_node(self, run: JobRun, node: str, now: float) -> None:
         """``run`` no longer runs on ``node`` (its worker there failed): the node stays ours and free,
         and the job is stopped if that leaves it below its min (:meth:`policy.Ledger.released`)."""
-        ledger = self._trainer_of(run).ledger
+        ledger = self.table.trainer_of(run).ledger
         if ledger.is_live(run.id):
             self._note_losses([ledger.released(run.id, [node], now)])
 
@@ -203,7 +213,7 @@ class Trainers(DaemonBase):
         return JobView(run.id, spec.min_nodes, spec.max_nodes, (), order=submission_order(run.id),
                        scaling=dict(spec.scaling) if spec.scaling else None, profile=bool(spec.profile),
                        work_left=None if spec.samples is None else float(max(0, spec.samples - run.last_progress)),
-                       budget_node_hours=spec.budget_node_hours, used_node_hours=self.used_node_hours(run.id),
+                       budget_node_hours=spec.budget_node_hours, used_node_hours=self.accounting.used_node_hours(run.id),
                        deadline=spec.deadline)
 
     def evidence(self, trainer: str | None = None) -> dict[str, JobEvidence]:
@@ -211,21 +221,23 @@ class Trainers(DaemonBase):
         and the rescale pauses."""
         name = trainer or next(iter(self.trainers))
         out: dict[str, JobEvidence] = {}
-        for run in self.runs.values():
+        for run in self.table.runs.values():
             stats = self.monitor.jobs.get(run.id)
-            if stats is not None and not run.state.terminal and self.trainer_name(run.spec) == name:
+            if stats is not None and not run.state.terminal and self.table.trainer_name(run.spec) == name:
                 out[run.id] = evidence_from(stats.throughput.estimates(), run.rescales)
         return out
 
-    def _decide(self, now: float) -> None:
-        """Each trainer's policy decides on its own view; every decision is carried out."""
-        if self._stopped_profiles:
+    def decide(self, now: float) -> float | None:
+        """Each trainer's policy decides on its own view; every decision is placed in its trainer's
+        ledger. Returns the earliest time a policy asked to decide again (None: no such request)."""
+        if self.table.stopped_profiles:
             self._restart_stopped_profiles()
-        for trainer in self.trainers.values():
-            self._decide_trainer(trainer, now)
+        wakes = [wake for trainer in self.trainers.values()
+                 if (wake := self._decide_trainer(trainer, now)) is not None]
         self._save_policy_states()
+        return min(wakes, default=None)
 
-    def _decide_trainer(self, trainer: Trainer, now: float) -> None:
+    def _decide_trainer(self, trainer: Trainer, now: float) -> float | None:
         t0 = time.perf_counter()
         try:
             view = self.view(now, trainer.name)
@@ -234,11 +246,12 @@ class Trainers(DaemonBase):
         except PolicyInputError as exc:  # a bug of ours, not a reason to stop: log it, try again later
             log.error("policy of trainer %s refused the view: %s", trainer.name, exc)
             self.store.log_event("decide_error", error=str(exc), trainer=trainer.name)
-            return
+            return None
         trainer.ledger.delivered(view)  # the policy has learned the idle fragments it carried
         trainer.last_decision = decision
         trainer.profiling = frozenset(decision.profiling)
-        self._apply_decision(decision, now, trainer.name, {**unplaced_reasons(view, decision), **decision.waiting})
+        return self._apply_decision(decision, now, trainer.name,
+                                    {**unplaced_reasons(view, decision), **decision.waiting})
 
     def _save_policy_states(self) -> None:
         state = policy_states_json(self.trainers)
@@ -247,9 +260,9 @@ class Trainers(DaemonBase):
             self._saved_policy_state = state
 
     def _apply_decision(self, decision: Decision, now: float, trainer: str,
-                        waiting: Mapping[str, str] | None = None) -> None:
+                        waiting: Mapping[str, str] | None = None) -> float | None:
         """``trainer``'s decision: its jobs' nodes (placed in its ledger), waiting reasons (``waiting``;
-        default the decision's) and the policy's events."""
+        default the decision's) and the policy's events. Returns when the policy asks to decide again."""
         for ev in decision.events:
             detail = {k: v for k, v in ev.detail.items()}
             self.store.log_event(ev.kind.value, ev.job, **detail)  # measured points: the policy state keeps them
@@ -266,15 +279,14 @@ class Trainers(DaemonBase):
             ledger.placed(job_id, [n for n in ledger.nodes_of(job_id) if n in kept], now)
         for job_id, nodes in moved.items():
             ledger.placed(job_id, nodes, now)
-        for run in self.runs.values():
-            if not run.state.terminal and self.trainer_name(run.spec) == trainer:
-                run.waiting = (decision.waiting if waiting is None else waiting).get(run.id, "")
+        for job in self.table.runs.values():
+            if not job.state.terminal and self.table.trainer_name(job.spec) == trainer:
+                job.waiting = (decision.waiting if waiting is None else waiting).get(job.id, "")
         for job_id, why in decision.stop.items():
-            run = self.runs.get(job_id)
-            if run is not None and not run.state.terminal and self.trainer_name(run.spec) == trainer:
-                self._end(run, *self._stop_reason(run, why))
-        if decision.wake_at is not None:
-            self._next_decide = min(self._next_decide, decision.wake_at)
+            run = self.table.runs.get(job_id)
+            if run is not None and not run.state.terminal and self.table.trainer_name(run.spec) == trainer:
+                run.end(*self._stop_reason(run, why))
+        return decision.wake_at
 
     def _stop_reason(self, run: JobRun, why: Stop) -> tuple[JobState, str]:
         """The state and message of a job the policy stops (``Decision.stop``).
@@ -290,11 +302,11 @@ class Trainers(DaemonBase):
 
     def _restart_stopped_profiles(self) -> None:
         """Profiles that a clean stop interrupted start over (``PolicyState.restart_profile`` says why)."""
-        for job in self._stopped_profiles:
-            run = self.runs.get(job)
+        for job in self.table.stopped_profiles:
+            run = self.table.runs.get(job)
             if run is None:
                 continue
-            count = self._trainer_of(run).policy.state.restart_profile(job)
+            count = self.table.trainer_of(run).policy.state.restart_profile(job)
             if count is not None:
                 self.store.log_event("profile_restarted", job, reason=STOPPED, count=count)
-        self._stopped_profiles = []
+        self.table.stopped_profiles = []

@@ -1,5 +1,6 @@
-"""Wiring: how a daemon is built on its state dir (lock, store, sockets and ports, runtime, backend,
-trainers, the jobs the last daemon left) and the ``daemon.json`` that says where it listens."""
+"""Wiring: what a daemon is built on, on its state dir (lock, store, sockets and ports, runtimes,
+backend, scavenging), the ``daemon.json`` that says where it listens, and closing them all. The parts
+of the daemon get these at construction; the wiring calls none of them."""
 
 from __future__ import annotations
 
@@ -13,19 +14,17 @@ from typing import Any, Callable
 import zmq
 
 from malletrain.config import ConfigError, DaemonConfig, ScavengerConfig
-from malletrain.control import ControlServer, admin_gids_from, socket_path
-from malletrain.daemon.accounting import NodeAccounting
-from malletrain.daemon.base import DaemonBase, log
-from malletrain.daemon.records import CHECKPOINT_DIR, STATE_FILE, STOPPED, STORE_FILE, DaemonError, JobRun
-from malletrain.jobspec import JobState
+from malletrain.control import Caller, ControlServer, Request, admin_gids_from, socket_path
+from malletrain.daemon.records import CHECKPOINT_DIR, STATE_FILE, STORE_FILE, DaemonError
+from malletrain.daemon.state import Runtimes, log
 from malletrain.metrics import Metrics
-from malletrain.monitor import Monitor, ReplaySaver, load_master_key
+from malletrain.monitor import Monitor, ReplaySaver, job_secret, load_master_key
 from malletrain.runtimes import Runtime
 from malletrain.runtimes.torchrun import TorchrunRuntime
 from malletrain.scavenging import Scavenging
 from malletrain.store import Store
 from scavenger import jobproc
-from scavenger.base import BackendError, SchedulerBackend, observed, run_command
+from scavenger.base import SchedulerBackend, observed, run_command
 from scavenger.channel import AGENT_KEY_FILE
 from scavenger.connguard import raise_nofile_limit
 from scavenger.hub import AgentHub
@@ -98,8 +97,22 @@ class DaemonParts:
     backend: SchedulerBackend | None = None
 
 
-class Wiring(DaemonBase):
-    """Construction: :meth:`__init__` takes the state dir's lock, :meth:`_open` builds the rest."""
+class Wiring:
+    """Construction: :meth:`__init__` takes the state dir's lock, :meth:`_open` builds the rest;
+    :meth:`open_control` binds the control socket to the API that answers it; :meth:`close` closes
+    everything (:meth:`abandon`, what a construction that failed had taken)."""
+
+    store: Store
+    metrics: Metrics
+    monitor: Monitor
+    replay: ReplaySaver
+    hub: AgentHub
+    control: ControlServer
+    control_address: str
+    runtime: Runtime  # the configured runtime: every job whose launcher is the in-process one
+    torchrun: TorchrunRuntime  # the restart-based runtime of jobs whose launcher is ``torchrun``
+    backend: SchedulerBackend
+    scav: Scavenging
 
     def __init__(self, cfg: DaemonConfig, clock: Callable[[], float] = time.time,
                  parts: DaemonParts | None = None) -> None:
@@ -123,11 +136,24 @@ class Wiring(DaemonBase):
         try:
             self._open(cfg)
         except BaseException:
-            getattr(self, "metrics", Metrics()).close()
-            self.ctx.destroy(linger=0)
-            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
-            os.close(self._lock_fd)
+            self.abandon()
             raise
+
+    def abandon(self) -> None:
+        """Let go of what a construction that failed had taken: the metrics endpoint, the sockets' context
+        and the state dir's lock (a later daemon can open it in this process)."""
+        getattr(self, "metrics", Metrics()).close()
+        self.ctx.destroy(linger=0)
+        fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+        os.close(self._lock_fd)
+
+    @property
+    def runtimes(self) -> Runtimes:
+        return Runtimes(self.runtime, self.torchrun)
+
+    def job_secret(self, job_id: str) -> str:
+        """The job's report-signing secret, derived from the daemon's private key (nothing stored per job)."""
+        return job_secret(self._monitor_key, job_id)
 
     def _open(self, cfg: DaemonConfig) -> None:
         self.store = Store.open(self.state_dir / STORE_FILE, clock=self.clock)
@@ -142,10 +168,6 @@ class Wiring(DaemonBase):
             key_file=self.state_dir / AGENT_KEY_FILE,  # kept across restarts: agents outlive a daemon
         )
         self._monitor_key = load_master_key(self.state_dir / "monitor.key")
-        self.control = ControlServer(socket_path(self.state_dir), self.handle,
-                                     admin_gids=admin_gids_from(list(cfg.admin_groups)),
-                                     owner_of=self._owner_of, shared=os.geteuid() == 0)
-        self.control_address = str(self.control.path)
         self.runtime = parts.runtime or make_runtime(cfg, self.monitor.address, ports["rendezvous"])
         self.runtime.use_secrets(self.job_secret)  # each job's reports and store requests are signed with its own
         self.runtime.start()
@@ -162,33 +184,39 @@ class Wiring(DaemonBase):
                                meta=self.store, agent_grace=2 * cfg.agent_dead_after,
                                workers_per_node=parse_workers_per_node(self._scavenger().workers_per_node))
         self.scav.resume()  # the pilots the last daemon left (still queued ones too) before anything new
-        self._machine_size = 0
-        self._discover_machine()
-        self.runs: dict[str, JobRun] = {}
-        self.stopping = False
-        self._changed = True
-        self._next_sample = 0.0
-        self._next_decide = 0.0
-        self._to_release: set[str] = set()
-        self._node_owner: dict[str, str | None] = {}  # node -> its trainer (memo of node_trainer)
-        self.trainers, self._saved_policy_state = self._load_trainers()
-        self.accounting = NodeAccounting(self.store)  # node-seconds (budget_node_hours); fragments: the ledgers
-        self._worker_seq = 0
-        now = self.clock()
-        self._adopt_until = 0.0
-        self._load_jobs(now)
-        if (self.state_dir / STATE_FILE).exists() and not self._adopt_until:
-            # the last daemon was killed (a clean stop removes daemon.json): its agents may still run
-            # even with no job active; give them the adoption window to come back before holding nodes,
-            # or a new agent and a surviving one would fight over a node
-            self._adopt_until = now + self.cfg.agent_dead_after + 1.0
-        # jobs a clean stop suspended in the middle of their profile: restarted at the first decision
-        self._stopped_profiles = sorted(
-            run.id for run in self.runs.values()
-            if run.id in self._trainer_of(run).policy.state.profiles and run.state is JobState.SUSPENDED
-            and (self.store.get(run.id) is not None and self.store.require(run.id).message == STOPPED))
-        self._write_state_file()
-        self.store.log_event("daemon_start", pid=os.getpid(), control=self.control_address)
+
+    def open_control(self, handle: Callable[[Request, Caller], dict[str, Any]],
+                     owner_of: Callable[[str], int | None]) -> None:
+        """The control socket, its requests answered by ``handle`` (``owner_of``: a job's owner's uid)."""
+        self.control = ControlServer(socket_path(self.state_dir), handle,
+                                     admin_gids=admin_gids_from(list(self.cfg.admin_groups)),
+                                     owner_of=owner_of, shared=os.geteuid() == 0)
+        self.control_address = str(self.control.path)
+
+    def killed_last_time(self) -> bool:
+        """Whether the last daemon on this state dir was killed (a clean stop removes ``daemon.json``)."""
+        return (self.state_dir / STATE_FILE).exists()
+
+    def close(self) -> None:
+        """Close the scavenging, the runtimes, the sockets and the store; remove ``daemon.json``; let
+        go of the state dir's lock."""
+        self.scav.close()
+        self.runtime.close()
+        self.torchrun.close()
+        self.store.log_event("daemon_stop", pid=os.getpid())
+        self.replay.save()
+        self.metrics.close()
+        for sock in (self.monitor, self.hub):
+            sock.close()
+        self.control.close()
+        self.ctx.term()
+        self.store.close()
+        try:
+            (self.state_dir / STATE_FILE).unlink()
+        except FileNotFoundError:
+            pass
+        fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+        os.close(self._lock_fd)
 
     # ---------------------------------------------------------------- setup
     def _ports(self) -> dict[str, int]:
@@ -243,21 +271,6 @@ class Wiring(DaemonBase):
         """Which backend: [scavenger] kind, or the top-level ``backend`` when only that is set."""
         kind = self._scavenger().kind
         return kind if kind != "local" else self.cfg.backend
-
-    def _discover_machine(self) -> None:
-        """One look at the machine at start: its size bounds the jobs `submit` accepts."""
-        try:
-            self.scav.discovery = self.backend.discover()
-        except BackendError as exc:  # the scheduler may be down now: the count comes with the first good look
-            self.store.log_event("backend_error", backend=self.backend.name, error=str(exc))
-            return
-        self._note_machine_size()
-
-    def _note_machine_size(self) -> None:
-        n = self.scav.machine_size()
-        if n and n != self._machine_size:
-            self._machine_size = n
-            self.store.set_machine_nodes(n)  # `submit` refuses jobs bigger than the machine
 
     def _make_backend(self) -> SchedulerBackend:
         """The configured :class:`scavenger.base.SchedulerBackend`: local, slurm or pbs."""
@@ -323,7 +336,7 @@ class Wiring(DaemonBase):
         except ValueError as exc:
             raise ConfigError(f"[scavenger]: {exc}") from None
 
-    def _write_state_file(self) -> None:
+    def write_state_file(self) -> None:
         info = {
             "pid": os.getpid(), "control": self.control_address, "agents": self.hub.address,
             "monitor": self.monitor.address, "store": str(self.state_dir / STORE_FILE),
