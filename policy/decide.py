@@ -309,9 +309,10 @@ class Policy:
         free = max(0, len(r.free) + len(r.released) - reserved(st)
                    - sum(s.plan.from_free for j, s in st.profiles.items() if r.jobs[j].count < s.count))
         others = [evidence[j] for j in st.admitted if j in evidence]
-        for job_id in list(st.admitted):
+        owed = {d.lender for d in st.debts.values()}  # a lender's count is short of its own until repaid:
+        for job_id in list(st.admitted):             # a probe from it would pin it, and grow it, while owed
             job = r.jobs[job_id]
-            if job.count == 0 or job_id in st.profiles or job_id in st.profiled:
+            if job.count == 0 or job_id in st.profiles or job_id in st.profiled or job_id in owed:
                 continue
             up, down = beliefs.rescale_costs(evidence.get(job_id), others, cfg)
             counts = probe_counts(cfg, st, job, r.believed[job_id].raw, up, down, free)
