@@ -49,7 +49,10 @@ of its own about admission, profiling, lending, curves or costs. Each rule is se
   many cheap samples does not crowd out one that trains few costly ones; ``"samples"`` maximises
   raw samples/s (the paper's).
 * **Allocation**: the exact allocator over the admitted jobs that are not pinned by a profile,
-  with horizon ``tfwd_s`` or, with ``horizon = "learned"``, the expected remaining idle time of
+  in FCFS order (submission order, whatever order they were re-admitted in: a tie goes to the older
+  job, so after a clean restart, which finds every job at 0 nodes, the jobs that ran get nodes
+  before one that had waited with none), with
+  horizon ``tfwd_s`` or, with ``horizon = "learned"``, the expected remaining idle time of
   the nodes on offer (:mod:`policy.valuation`), or the greedy / equal baselines.
 
 A decision whose inputs equal those of the last decision that changed nothing is answered
@@ -336,7 +339,10 @@ class Policy:
 
     def _allocate(self, r: Round, view: View, evidence: Evidence, waiting: dict[str, str]) -> Decision:
         st, cfg = self.state, self.config
-        admitted = [r.jobs[j] for j in st.admitted]
+        # FCFS order, not the order of (re-)admission: the allocator gives a tie to the job before, so a
+        # job that waited with no node never takes the node of an older one that a restart or a recall
+        # put back through the queue front (a clean restart has every job at 0 nodes: all values tie)
+        admitted = sorted((r.jobs[j] for j in st.admitted), key=lambda j: (j.order, j.id))
         # a job below its min cannot run: its nodes count as free (drivers stop it anyway)
         admitted = [_without_nodes(j, r) if below_min(j.count, j.min_nodes) else j for j in admitted]
         free = r.free + sorted(r.released)

@@ -94,6 +94,44 @@ def test_a_queued_job_stays_queued_across_a_clean_restart(tmp_path: Path) -> Non
         h2.close()
 
 
+def test_a_clean_restart_gives_the_jobs_that_ran_their_nodes_before_a_job_that_waited(tmp_path: Path) -> None:
+    """Three slots on four nodes: A on 2, B (profiled) on 1, C on 1; a recall takes C's node, so C
+    keeps its slot with no node. After a clean stop every job is at 0 nodes and every count ties.
+
+    Before: the restarted policy put A and B back through the queue front behind C, which had kept
+    its slot, and the allocator gave the tie to C: B, which had run, waited with no node for good
+    (the faults benchmark's part ``restarts`` lost it whenever the recall hit C's node). Now the
+    allocator sees the jobs in FCFS order: A and B run on what they ran on, C waits as it did."""
+    from tests.test_conformance import LINEAR, NODES
+
+    pcfg = PolicyConfig(max_running=3)
+    h = Harness(tmp_path / "d", pcfg)
+    h.cluster.became_idle(*NODES[:4])
+    a = h.submit("A", LINEAR, max_nodes=2)
+    h.run_until(3.0)
+    b = h.daemon.store.submit(DaemonJobSpec(name="B", command=("true",), min_nodes=1, max_nodes=1, profile=True))
+    h.monitor.curves[b] = {1: 100.0}
+    h.run_until(30.0)
+    c = h.submit("C", LINEAR, max_nodes=1)
+    h.run_until(40.0)
+    assert [len(h.daemon.nodes_of(j)) for j in (a, b, c)] == [2, 1, 1]
+    h.cluster.recall(*h.daemon.nodes_of(c))
+    h.run_until(60.0)
+    before = {j: h.daemon.nodes_of(j) for j in (a, b)}
+    assert _state(h, c) is JobState.SUSPENDED and h.daemon.nodes_of(c) == ()
+    assert c in h.daemon.policy.state.admitted  # it kept its slot, with no node
+    h.close()  # a clean stop: every job SUSPENDED ("daemon stopped")
+    h2 = Harness(tmp_path / "d", pcfg, cluster=h.cluster, now=61.0)
+    try:
+        h2.monitor.curves.update(h.monitor.curves)
+        h2.run_until(120.0)
+        assert {j: h2.daemon.nodes_of(j) for j in (a, b)} == before
+        assert _state(h2, a) is JobState.RUNNING and _state(h2, b) is JobState.RUNNING
+        assert _state(h2, c) is JobState.SUSPENDED and h2.daemon.nodes_of(c) == ()
+    finally:
+        h2.close()
+
+
 # -- real processes: a torch job through a stop, a kill -9 while suspended, and a restart --------------
 
 TORCH_CONFIG = """
