@@ -339,10 +339,7 @@ class Policy:
 
     def _allocate(self, r: Round, view: View, evidence: Evidence, waiting: dict[str, str]) -> Decision:
         st, cfg = self.state, self.config
-        # FCFS order, not the order of (re-)admission: the allocator gives a tie to the job before, so a
-        # job that waited with no node never takes the node of an older one that a restart or a recall
-        # put back through the queue front (a clean restart has every job at 0 nodes: all values tie)
-        admitted = sorted((r.jobs[j] for j in st.admitted), key=lambda j: (j.order, j.id))
+        admitted = [r.jobs[j] for j in st.admitted]
         # a job below its min cannot run: its nodes count as free (drivers stop it anyway)
         admitted = [_without_nodes(j, r) if below_min(j.count, j.min_nodes) else j for j in admitted]
         free = r.free + sorted(r.released)
@@ -443,6 +440,11 @@ class Policy:
         # the jobs can grow by at most their room, and a growing job takes the first free nodes: the
         # rest of a large idle pool changes no plan, only what the problem costs to build and check
         room = sum(max(0, j.max_nodes - j.current) for j in jobs)
+        # FCFS order, not the order of (re-)admission: the allocator gives a tie to the job before, so a
+        # job that waited with no node never takes the node of an older one that a restart or a recall
+        # put back through the queue front (a clean restart has every job at 0 nodes: all values tie)
+        fcfs = {j.id: (j.order, j.id) for j in admitted}
+        jobs.sort(key=lambda job: fcfs[job.id])
         self._jobs = {job.id: job for job in jobs}
         plan = solve(Problem(tuple(jobs), tuple(free[:room]), horizon), method=cfg.method, memo=self._rows)
         assignment = dict(plan.assignment)
