@@ -177,10 +177,10 @@ class Wiring(DaemonBase):
         now = self.clock()
         self._adopt_until = 0.0
         self._load_jobs(now)
-        if (self.state_dir / STATE_FILE).exists() and not self._adopt_until:
-            # the last daemon was killed (a clean stop removes daemon.json): its agents may still run
-            # even with no job active; give them the adoption window to come back before holding nodes,
-            # or a new agent and a surviving one would fight over a node
+        if ((self.state_dir / STATE_FILE).exists() or self.store.last_daemon_was_killed()) and not self._adopt_until:
+            # the last daemon was killed (a clean stop removes daemon.json and logs its stop): its agents may
+            # still run even with no job active; give them the adoption window to come back before holding
+            # nodes, or a new pilot's agent never gets in beside a surviving one (one connection per node)
             self._adopt_until = now + self.cfg.agent_dead_after + 1.0
         # jobs a clean stop suspended in the middle of their profile: restarted at the first decision
         self._stopped_profiles = sorted(
