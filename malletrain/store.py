@@ -521,6 +521,16 @@ class Store:
                             "ORDER BY id", (*wanted, jid))
         return (_event(row) for row in rows)
 
+    def last_daemon_was_killed(self) -> bool:
+        """Whether the last daemon on this store logged its start but not its stop (a kill -9, a
+        crash): its agents may still run. The event log says so even where its ``daemon.json`` is
+        gone (a state file another process removed, or a daemon killed before writing it)."""
+        rows = self._select("SELECT MAX(CASE WHEN kind='daemon_start' THEN id END), "
+                            "MAX(CASE WHEN kind='daemon_stop' THEN id END) FROM events "
+                            "WHERE kind IN ('daemon_start', 'daemon_stop')")
+        start, stop = rows[0] if rows else (None, None)
+        return start is not None and (stop is None or stop < start)
+
     def events(self, kind: str | None = None, since_id: int = 0) -> Iterator[dict[str, Any]]:
         q = "SELECT id, time, kind, job, detail FROM events WHERE id>?"
         args: tuple[Any, ...] = (since_id,)

@@ -53,7 +53,10 @@ of its own about admission, profiling, lending, curves or costs. Each rule is se
   many cheap samples does not crowd out one that trains few costly ones; ``"samples"`` maximises
   raw samples/s (the paper's).
 * **Allocation**: the exact allocator over the admitted jobs that are not pinned by a profile,
-  with horizon ``tfwd_s`` or, with ``horizon = "learned"``, the expected remaining idle time of
+  in FCFS order (submission order, whatever order they were re-admitted in: a tie goes to the older
+  job, so after a clean restart, which finds every job at 0 nodes, the jobs that ran get nodes
+  before one that had waited with none), with
+  horizon ``tfwd_s`` or, with ``horizon = "learned"``, the expected remaining idle time of
   the nodes on offer (:mod:`policy.valuation`), or the greedy / equal baselines.
 
 A decision whose inputs equal those of the last decision that changed nothing is answered
@@ -424,6 +427,11 @@ class Policy:
         # the jobs can grow by at most their room, and a growing job takes the first free nodes: the
         # rest of a large idle pool changes no plan, only what the problem costs to build and check
         room = sum(max(0, j.max_nodes - j.current) for j in jobs)
+        # FCFS order, not the order of (re-)admission: the allocator gives a tie to the job before, so a
+        # job that waited with no node never takes the node of an older one that a restart or a recall
+        # put back through the queue front (a clean restart has every job at 0 nodes: all values tie)
+        fcfs = {j.id: (j.order, j.id) for j in admitted}
+        jobs.sort(key=lambda job: fcfs[job.id])
         self._jobs = {job.id: job for job in jobs}
         plan = solve(Problem(tuple(jobs), tuple(free[:room]), horizon), method=cfg.method, memo=self._rows)
         assignment = dict(plan.assignment)

@@ -18,7 +18,9 @@ from malletrain.jobspec import JobSpec as DaemonJobSpec
 from malletrain.jobspec import JobState
 from policy import PolicyConfig
 from malletrain.store import Store
-from tests.test_conformance import Harness, _lending_setup, _state
+from tests.test_conformance import NODES, Harness, _lending_setup, _state
+
+NODES_4 = NODES[:4]
 
 
 def stored(tmp_path: Path, jid: str):
@@ -92,6 +94,84 @@ def test_a_queued_job_stays_queued_across_a_clean_restart(tmp_path: Path) -> Non
         assert _state(h2, c) is JobState.PENDING and c in h2.daemon.runs
     finally:
         h2.close()
+
+
+def test_a_clean_restart_gives_the_jobs_that_ran_their_nodes_before_a_job_that_waited(tmp_path: Path) -> None:
+    """Three slots on four nodes: A on 2, B (profiled) on 1, C on 1; a recall takes C's node, so C
+    keeps its slot with no node. After a clean stop every job is at 0 nodes and every count ties.
+
+    Before: the restarted policy put A and B back through the queue front behind C, which had kept
+    its slot, and the allocator gave the tie to C: B, which had run, waited with no node for good
+    (the faults benchmark's part ``restarts`` lost it whenever the recall hit C's node). Now the
+    allocator sees the jobs in FCFS order: A and B run on what they ran on, C waits as it did."""
+    from tests.test_conformance import LINEAR, NODES
+
+    pcfg = PolicyConfig(max_running=3)
+    h = Harness(tmp_path / "d", pcfg)
+    h.cluster.became_idle(*NODES[:4])
+    a = h.submit("A", LINEAR, max_nodes=2)
+    h.run_until(3.0)
+    b = h.daemon.store.submit(DaemonJobSpec(name="B", command=("true",), min_nodes=1, max_nodes=1, profile=True))
+    h.monitor.curves[b] = {1: 100.0}
+    h.run_until(30.0)
+    c = h.submit("C", LINEAR, max_nodes=1)
+    h.run_until(40.0)
+    assert [len(h.daemon.nodes_of(j)) for j in (a, b, c)] == [2, 1, 1]
+    h.cluster.recall(*h.daemon.nodes_of(c))
+    h.run_until(60.0)
+    before = {j: h.daemon.nodes_of(j) for j in (a, b)}
+    assert _state(h, c) is JobState.SUSPENDED and h.daemon.nodes_of(c) == ()
+    assert c in h.daemon.policy.state.admitted  # it kept its slot, with no node
+    h.close()  # a clean stop: every job SUSPENDED ("daemon stopped")
+    h2 = Harness(tmp_path / "d", pcfg, cluster=h.cluster, now=61.0)
+    try:
+        h2.monitor.curves.update(h.monitor.curves)
+        h2.run_until(120.0)
+        assert {j: h2.daemon.nodes_of(j) for j in (a, b)} == before
+        assert _state(h2, a) is JobState.RUNNING and _state(h2, b) is JobState.RUNNING
+        assert _state(h2, c) is JobState.SUSPENDED and h2.daemon.nodes_of(c) == ()
+    finally:
+        h2.close()
+
+
+def test_a_daemon_killed_without_its_state_file_gets_the_adoption_window(tmp_path: Path) -> None:
+    """A daemon killed -9 with no job active, its ``daemon.json`` gone (the faults benchmark removes
+    it to see the next one start): its agents still run, each holding its node's one connection.
+
+    Before: the next daemon took the missing file for a clean stop and held the idle nodes at once;
+    each new pilot's agent got no answer beside the surviving one, left, and was submitted again,
+    forever, so the nodes never became usable and every queued job stayed pending (25 jobs lost in
+    the benchmark's part ``kills``). Now the event log (a start with no stop after it) opens the
+    adoption window too: no pilot is submitted before the surviving agents had their chance."""
+    h = Harness(tmp_path / "d", PolicyConfig())
+    h.cluster.became_idle(*NODES_4)
+    h.run_until(3.0)
+    assert [e["nodes"] for e in h.events("pilot_submitted")]  # it held the idle nodes
+    log_event = h.daemon.store.log_event
+
+    def no_stop(kind: str, job: str = "", **detail: object) -> None:
+        if kind != "daemon_stop":
+            log_event(kind, job, **detail)
+
+    h.daemon.store.log_event = no_stop  # type: ignore[method-assign]
+    h.close()  # killed: no daemon_stop logged; daemon.json is gone as after any close
+    assert not (tmp_path / "d" / "daemon.json").exists()
+    h2 = Harness(tmp_path / "d", PolicyConfig(), cluster=h.cluster, now=4.0)
+    try:
+        submitted = len(h2.events("pilot_submitted"))
+        h2.run_until(5.0)
+        assert len(h2.events("pilot_submitted")) == submitted  # the window is open: nothing new held
+        h2.run_until(4.0 + h2.daemon.cfg.agent_dead_after + 3.0)
+        assert len(h2.events("pilot_submitted")) > submitted  # and then the idle nodes are held again
+    finally:
+        h2.close()
+    h3 = Harness(tmp_path / "d", PolicyConfig(), cluster=h.cluster, now=60.0)  # after a clean stop: no window
+    try:
+        submitted = len(h3.events("pilot_submitted"))
+        h3.run_until(61.0)
+        assert len(h3.events("pilot_submitted")) > submitted
+    finally:
+        h3.close()
 
 
 # -- real processes: a torch job through a stop, a kill -9 while suspended, and a restart --------------

@@ -78,9 +78,9 @@ class Daemon:
         now = clock()
         self.adoption.load_jobs(now)
         if w.killed_last_time() and not table.adopt_until:
-            # the last daemon was killed (a clean stop removes daemon.json): its agents may still run
-            # even with no job active; give them the adoption window to come back before holding nodes,
-            # or a new agent and a surviving one would fight over a node
+            # the last daemon was killed (a clean stop removes daemon.json and logs its stop): its agents
+            # may still run even with no job active; give them the adoption window to come back before
+            # holding nodes, or a new pilot's agent never gets in beside a surviving one (one connection a node)
             table.adopt_until = now + cfg.agent_dead_after + 1.0
         # jobs a clean stop suspended in the middle of their profile: restarted at the first decision
         table.stopped_profiles = sorted(

@@ -194,8 +194,9 @@ class Wiring:
         self.control_address = str(self.control.path)
 
     def killed_last_time(self) -> bool:
-        """Whether the last daemon on this state dir was killed (a clean stop removes ``daemon.json``)."""
-        return (self.state_dir / STATE_FILE).exists()
+        """Whether the last daemon on this state dir was killed: a clean stop removes ``daemon.json`` and
+        logs its stop, so either one left behind says so (``daemon.json`` may be gone after a kill -9)."""
+        return (self.state_dir / STATE_FILE).exists() or self.store.last_daemon_was_killed()
 
     def close(self) -> None:
         """Close the scavenging, the runtimes, the sockets and the store; remove ``daemon.json``; let
