@@ -30,6 +30,7 @@ from simulator.evaluation import (
 )
 from simulator.regimes import jct_line, regime
 from simulator.sweep import split_workload
+from traces.data import without_data_dir
 
 
 def real_table(ev: Evaluation, cell: Cell) -> list[str]:
@@ -246,7 +247,7 @@ def _jsonable(v: object) -> object:
 def write_evaluation(ev: Evaluation, out: Path, command: str) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     md = out / "evaluation.md"
-    md.write_text(markdown(ev, command))
+    md.write_text(without_data_dir(markdown(ev, command)))
     js = out / "evaluation.json"
     cells = [{"workload": c[0], "max_running": c[1], "max_nodes": c[2], "tfwd_s": c[3],
               "rows": [{k: _jsonable(v) for k, v in r.items()}
@@ -264,7 +265,7 @@ def write_evaluation(ev: Evaluation, out: Path, command: str) -> list[Path]:
         "targets": [asdict(t) for t in ev.targets],
         "runs": [{"spec": asdict(spec), "summary": s} for spec, s in ev.runs],
     }
-    js.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    js.write_text(without_data_dir(json.dumps(payload, indent=2, default=str)) + "\n")
     written = [md, js]
     if not ev.settings.tfwd_sweep:
         if not all(is_real(c[0]) for c in ev.cells()):

@@ -143,3 +143,12 @@ def test_window_of_real_trace_matches(summit: traces.IdleTimeline) -> None:
     for t in np.linspace(a, b, 7):
         assert w.idle_at(t) == summit.idle_at(t)
     assert_alternating(w)
+
+
+def test_a_report_names_the_data_folder_as_the_variable_never_a_path_of_this_machine(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from traces.data import without_data_dir
+    monkeypatch.setenv("MALLETRAIN_DATA", str(tmp_path / "data"))
+    shown = without_data_dir(f"Trace `{tmp_path}/data/summit.csv.gz`; scaling ../shared/data/summit-scaling.csv")
+    assert shown == "Trace `$MALLETRAIN_DATA/summit.csv.gz`; scaling $MALLETRAIN_DATA/summit-scaling.csv"
+    assert str(tmp_path) not in shown

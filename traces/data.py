@@ -26,3 +26,13 @@ def find_data(name: str) -> Path | None:
         if path.is_file():
             return path
     return None
+
+
+def without_data_dir(text: str) -> str:
+    """``text`` with every path into a data directory written as ``$MALLETRAIN_DATA/...``: a report
+    written on one machine names no folder of that machine (and none outside the repository)."""
+    for d in [*data_dirs(), Path("..") / "shared" / "data"]:
+        for form in {str(d), str(d.resolve())}:
+            if form not in ("", ".", "/"):
+                text = text.replace(form.rstrip("/") + "/", "$MALLETRAIN_DATA/")
+    return text
