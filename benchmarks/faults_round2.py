@@ -1,4 +1,5 @@
-"""Issue K's attacks ("no way in, round two") for ``benchmarks/bench_faults.py`` (part ``round2``).
+"""A local user's attacks on the daemon's privileges and descriptors, for ``benchmarks/bench_faults.py``
+(part ``round2``, the second set of attacks written).
 
 Against a real root daemon (toy runtime, local backend), as another local user
 (``nobody``, through ``setpriv``):

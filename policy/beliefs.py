@@ -158,8 +158,8 @@ def _no_better_than_measured_trend(curve: dict[int, float], measured: Mapping[in
     to two, then scale on), decaying as ``b / n`` (a concave curve's slope
     falls as it goes): at most ``r(b) + g * b * ln(n / b)``. Without this, a prior shape calibrated
     on a job that scales worse than the population promises gains it will not give, and a job
-    past its peak is grown further. (Issue H, 1 day, stress: regret vs milp-true 2.9% -> 2.1% with
-    a straight-line cap, -> 1.75% with this one; seed 0.)"""
+    past its peak is grown further. (A day of the stress workload, seed 0: regret vs milp-true 2.9%
+    uncapped, 2.1% with a straight-line cap, 1.75% with this one.)"""
     pts = sorted((n, r) for n, r in measured.items() if r > 0 and n > 1)
     if len(pts) < 2:  # the step from one node to two is the first inter-node allreduce: no trend across it
         return curve
