@@ -36,6 +36,8 @@ from typing import Iterator
 
 import faults_common as B
 
+from scavenger.testing.floods import SILENT_CONNECTIONS
+
 CONFIG = """
 state_dir = "{{state}}"
 runtime = "{runtime}"
@@ -85,25 +87,6 @@ ATTACKS = {
 VICTIM = STORE_WRITE.replace("{writes}", '[("mt/{job}/ready/{me}", "1", "set")]').replace(
     'print("attacked"', 'print("joined"')
 
-SILENT = (
-    "import socket, sys, time\n"
-    "port, n, until = int(sys.argv[1]), int(sys.argv[2]), time.monotonic() + float(sys.argv[3])\n"
-    "held = []\n"
-    "while time.monotonic() < until:\n"
-    "    live = []\n"
-    "    for s in held:\n"
-    "        try:\n"
-    "            s.setblocking(False)\n"
-    "            if s.recv(1) == b'': s.close(); continue\n"
-    "        except BlockingIOError: pass\n"
-    "        except OSError: s.close(); continue\n"
-    "        live.append(s)\n"
-    "    held = live\n"
-    "    while len(held) < n:\n"
-    "        try: held.append(socket.create_connection(('127.0.0.1', port), timeout=2))\n"
-    "        except OSError: break\n"
-    "    time.sleep(0.05)\n"
-)
 
 LIAR = """
 import os, subprocess, sys, time, zmq
@@ -219,7 +202,8 @@ def lockouts(t: B.Tally, r: Shares) -> None:
         d = B.Daemon(top, CONFIG.format(runtime="torch", nodes=2))
         d.start()
         flood = subprocess.Popen(["setpriv", f"--reuid={FLOODER}", f"--regid={FLOODER}", "--clear-groups", OTHER_PY,
-                                  "-c", SILENT, str(_store_port(d)), "300", "60"], cwd="/")
+                                  "-c", SILENT_CONNECTIONS, str(_store_port(d)), "300", "60"], cwd="/",
+                                 stdout=subprocess.DEVNULL)
         r.lockouts += 1
         try:
             time.sleep(5.0)

@@ -16,6 +16,7 @@ import pytest
 
 from malletrain.jobspec import JobSpec, JobState
 from procs import procs_mentioning
+from scavenger.testing.floods import SILENT_CONNECTIONS
 from tests.stepping import step_until
 
 ROOT = os.geteuid() == 0
@@ -80,27 +81,6 @@ def test_an_overflow_acting_on_one_job_fails_that_job_and_the_daemon_goes_on(toy
 
 # ---- the rendezvous store's handshaking slots and counters ------------------------------------
 
-SILENT_FLOOD = (
-    "import socket, sys, time\n"
-    "port, n, until = int(sys.argv[1]), int(sys.argv[2]), time.monotonic() + float(sys.argv[3])\n"
-    "held, opened = [], 0\n"
-    "while time.monotonic() < until:\n"
-    "    live = []\n"
-    "    for s in held:\n"
-    "        try:\n"
-    "            s.setblocking(False)\n"
-    "            if s.recv(1) == b'': s.close(); continue\n"
-    "        except BlockingIOError: pass\n"
-    "        except OSError: s.close(); continue\n"
-    "        live.append(s)\n"
-    "    held = live\n"
-    "    while len(held) < n:\n"
-    "        try: held.append(socket.create_connection(('127.0.0.1', port), timeout=2)); opened += 1\n"
-    "        except OSError: break\n"
-    "    if opened >= n: print('flooding', flush=True); opened = -10**9\n"
-    "    time.sleep(0.05)\n"
-)
-
 VICTIM = (
     "import os, sys\n"
     "from malletrain.elastic.wire import StoreClient\n"
@@ -123,7 +103,7 @@ def test_one_user_re_opening_silent_connections_does_not_lock_another_user_out_o
 
     rt = TorchRuntime("127.0.0.1", 0, monitor="tcp://127.0.0.1:5999")
     rt.start()
-    flood = subprocess.Popen(_as(NOBODY, sys.executable, "-c", SILENT_FLOOD, str(rt.port), "300", "60"),
+    flood = subprocess.Popen(_as(NOBODY, sys.executable, "-c", SILENT_CONNECTIONS, str(rt.port), "300", "60"),
                              stdout=subprocess.PIPE, text=True)
     try:
         assert flood.stdout is not None and flood.stdout.readline().strip() == "flooding"
