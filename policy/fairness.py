@@ -3,7 +3,8 @@
 With ``fairness = "equal"`` (the default) or ``"weighted"``, the held nodes are shared between the
 users with admitted work by weighted max-min (water-filling): a user's share is its weight's part of
 the nodes, but never more than its jobs can use (their believed knee, :func:`policy.beliefs.absorbs`,
-at most their max), and what one user cannot use goes to the others. A user's share is split the same
+at most their max), and what one user cannot use goes to the others (what no user can use, any job
+may take: the shares never leave a node idle). A user's share is split the same
 way between its own jobs (weights 1). A job whose min is above its share may still run at its min.
 
 The shares bind as per-job upper bounds handed to the exact allocator (each job's max this decision):
@@ -110,4 +111,6 @@ def fair_caps(cfg: PolicyConfig, st: PolicyState, admitted: Sequence[JobView], d
     if not st.fair_for:
         return {}, wake
     shares = job_shares(admitted, demand, total, cfg.weight_of)
-    return {j.id: max(shares[j.id], j.min_nodes) for j in admitted}, wake
+    # what no user's jobs can use (every demand met) may go to any job: shares never leave a node idle
+    spare = max(0, total - sum(shares.values()))
+    return {j.id: max(shares[j.id] + spare, j.min_nodes) for j in admitted}, wake

@@ -123,3 +123,16 @@ def test_settings_read_from_a_table():
     cfg = PolicyConfig.from_mapping({"fairness": "weighted", "user_weights": {"bob": 2.5}, "fair_wait_s": 30})
     assert cfg.fairness is Fairness.WEIGHTED and cfg.weight_of == {"bob": 2.5} and cfg.fair_wait_s == 30
     assert PolicyConfig.from_mapping(cfg.as_dict()) == cfg
+
+
+def test_shares_leave_no_node_idle():
+    """Held to shares, jobs that can use fewer nodes than there are (their believed knee) leave the rest
+    to any job: the allocator's objective places what no share needs."""
+    pol = Policy(CFG)
+    flat = {1: 10.0, 2: 11.0, 3: 11.5, 8: 12.0}  # knee at 1 node: what the job "can use"
+    a = JobView("a1", 1, 8, NODES[:7], order=0, scaling=flat, user="alice")
+    b = JobView("b1", 1, 8, (), order=1, scaling=flat, user="bob")
+    pol.decide(View(0.0, NODES[7:], (a,)), {})
+    pol.state.fair_for.add("bob")  # shares hold
+    d = pol.decide(View(1.0, NODES[7:], (a, b)), {})
+    assert sum(d.counts.values()) == 8 and d.counts["b1"] >= 1
