@@ -136,3 +136,35 @@ def test_shares_leave_no_node_idle():
     pol.state.fair_for.add("bob")  # shares hold
     d = pol.decide(View(1.0, NODES[7:], (a, b)), {})
     assert sum(d.counts.values()) == 8 and d.counts["b1"] >= 1
+
+
+def _simulate(users: str, spec_users: tuple[str, str] = ("", "")) -> dict[str, int]:
+    """Two jobs on 4 always-idle nodes in the simulator: one claims a superlinear curve from 0 s, the other
+    arrives at 30 s; the counts of the last decision, by job name."""
+    import numpy as np
+
+    from simulator import SimConfig, SimPolicy, Simulator, Workload
+    from simulator.workload import JobSpec as SimJobSpec
+    from traces.model import IdleTimeline
+
+    nodes = NODES[:4]
+    line = IdleTimeline(source="fairness", format="test", nodes=nodes, start=0.0, end=120.0,
+                        initial_idle=frozenset(nodes), times=np.array([], dtype=np.float64),
+                        node_ids=np.array([], dtype=np.int32), idle=np.array([], dtype=bool))
+    true = {1: 100.0, 2: 200.0, 4: 400.0}
+    specs = [SimJobSpec(name="liar", model="liar", samples=1e15, scaling=true, max_nodes=4,
+                        believed_scaling={1: 1.0, 4: 1000.0}, user=spec_users[0]),
+             SimJobSpec(name="late", model="late", samples=1e15, scaling=true, max_nodes=4, arrival_s=30.0,
+                        believed_scaling=true, user=spec_users[1])]
+    pol = SimPolicy("fairness", Policy(PolicyConfig(profiling="never", learn=False, fair_wait_s=10.0)),
+                    lambda spec: spec.believed_scaling)
+    res = Simulator(line, Workload("fairness", "test", timed=specs, finite=True), pol, SimConfig(users=users),
+                    keep_decisions=True).run()
+    last = res.decisions[-1]
+    return {("liar" if j == "j00000" else "late"): len(n) for j, n in last.assignment.items()}
+
+
+def test_the_simulator_applies_the_rule_to_its_users():
+    assert _simulate("workload") == {"liar": 4, "late": 0}  # a generated stream is one user: no shares
+    assert _simulate("job") == {"liar": 2, "late": 2}  # each job its own user
+    assert _simulate("workload", ("alice", "bob")) == {"liar": 2, "late": 2}  # a job file's users
