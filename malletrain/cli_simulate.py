@@ -98,6 +98,9 @@ def add_policy_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--objective", choices=("work", "samples", "completion"),
                    help="what the allocator maximises (completion: work while jobs wait, then each job's work "
                    "weighted by how soon it can finish); overrides every preset (default: each preset's, else work)")
+    p.add_argument("--users", choices=("workload", "job"), default="workload",
+                   help="whose each job is, for fair share ([policy] fairness): workload (as each job says; a "
+                   "generated stream is one user) or job (each job its own user) (default: workload)")
     p.add_argument("--calibration", metavar="FILE|free",
                    help="the costs charged (pilot start, cold start, restart + rollback, rescale pause): a "
                    "calibration JSON, or free (the ablation: no start costs) (default: the shipped "
@@ -324,6 +327,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
         min_interval_s=interval, workers=args.workers, scheduler=args.scheduler, workloads=workloads,
         policies=policies, priors=priors, n_jobs=args.jobs, sweep=args.sweep, tfwd_sweep=args.sweep_tfwd,
         overrides=over, flags=overrides(args), calibration=calibration(args), fixed_pjmax=fixed,
+        users=args.users,
     )
     scaling = find_scaling(args.scaling)
     if scaling.synthetic:
@@ -480,6 +484,7 @@ def run(args: argparse.Namespace) -> int:
         charge_start=args.charge_start,
         min_interval_s=min_interval(args),
         calibration=cal,
+        users=args.users,
     )
     scaling = find_scaling(args.scaling)
     if scaling.synthetic:

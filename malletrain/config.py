@@ -480,6 +480,9 @@ def _policy_lines(pc: PolicyConfig) -> list[str]:
             if value:
                 lines.append("prior = { " + ", ".join(f'"{n}" = {r!r}' for n, r in value) + " }")
             continue
+        if key == "user_weights":  # a table of user = weight (names quoted: any login name)
+            lines.append("user_weights = { " + ", ".join(f"{_toml_value(u)} = {w!r}" for u, w in value.items()) + " }")
+            continue
         lines.append(f"{key} = {_toml_value(value)}")
     return lines
 

@@ -12,6 +12,7 @@ from policy.config import (
     Admission,
     Allocation,
     CostSource,
+    Fairness,
     PolicyConfig,
     PolicyConfigError,
     Horizon,
@@ -38,7 +39,7 @@ from policy.state import Debt, PolicyState, PolicyStateError
 
 __all__ = (
     "Admission", "Horizon", "Objective",
-    "Allocation", "CostSource", "Debt", "Decision", "EventKind", "Evidence", "JobEvidence", "JobView",
+    "Allocation", "CostSource", "Fairness", "Debt", "Decision", "EventKind", "Evidence", "JobEvidence", "JobView",
     "Ledger", "LedgerError", "Loss", "LossOutcome",
     "NO_EVIDENCE", "PRESETS", "Policy", "PolicyConfig", "PolicyConfigError", "PolicyEvent",
     "PolicyInputError", "PolicyState", "PolicyStateError", "Profiling", "Stop", "StopReason", "View", "evidence_from",

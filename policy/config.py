@@ -89,6 +89,18 @@ class Allocation(str, Enum):
     """An even split of all held nodes over the admitted jobs."""
 
 
+class Fairness(str, Enum):
+    """How nodes are shared between users (:mod:`policy.fairness`)."""
+
+    NONE = "none"
+    """No shares: the objective alone decides (a job whose curve claims more can hold every node)."""
+    EQUAL = "equal"
+    """Each user with admitted work gets an equal share of the held nodes (the default), water-filled by
+    what its jobs can use, split evenly between its own jobs; the objective decides within the shares."""
+    WEIGHTED = "weighted"
+    """As ``equal``, each user's share in proportion to its weight in ``user_weights`` (1 if not named)."""
+
+
 class CostSource(str, Enum):
     """Where the allocator's rescale costs come from."""
 
@@ -171,13 +183,22 @@ class PolicyConfig:
     """How node counts are chosen."""
     method: str = "auto"
     """:func:`allocator.solve` method."""
+    fairness: Fairness = Fairness.EQUAL
+    """How nodes are shared between users: ``none``, ``equal`` (the default) or ``weighted``; see
+    :class:`Fairness` and :mod:`policy.fairness`."""
+    user_weights: tuple[tuple[str, float], ...] = ()
+    """``weighted`` fairness: each named user's weight (a ``{ user = weight }`` table; weights > 0;
+    users not named weigh 1)."""
+    fair_wait_s: float = 10.0
+    """The longest a user with admitted work is left at 0 nodes while another user's jobs hold them (s):
+    once one has waited this long, every job is held to its share until that user's work is done."""
 
     def __post_init__(self) -> None:
         for name, lo in (("tfwd_s", 0.0), ("profile_rel_ci", 0.0), ("profile_time_cap_s", 0.0),
                          ("horizon_min_s", 0.0), ("horizon_max_s", 0.0), ("deadline_weight", 0.0)):
             _positive_finite(name, getattr(self, name), lo)
         for name in ("refine_rel_change", "default_up_cost_s", "default_down_cost_s", "profile_min_work_s",
-                     "profile_gain_fraction", "admission_knee"):
+                     "profile_gain_fraction", "admission_knee", "fair_wait_s"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
                 raise PolicyConfigError(f"policy.{name} must be a finite number >= 0, got {v!r}")
@@ -194,7 +215,8 @@ class PolicyConfig:
             raise PolicyConfigError(f"policy.horizon_min_s ({self.horizon_min_s}) exceeds policy.horizon_max_s "
                                     f"({self.horizon_max_s})")
         for name, enum in (("profiling", Profiling), ("allocation", Allocation), ("rescale_costs", CostSource),
-                           ("admission", Admission), ("horizon", Horizon), ("objective", Objective)):
+                           ("admission", Admission), ("horizon", Horizon), ("objective", Objective),
+                           ("fairness", Fairness)):
             value = getattr(self, name)
             try:
                 object.__setattr__(self, name, enum(value))
@@ -209,6 +231,12 @@ class PolicyConfig:
             raise PolicyConfigError(f"policy.learn must be true or false, got {self.learn!r}")
         if self.prior is not None:
             object.__setattr__(self, "prior", _curve("policy.prior", self.prior))
+        object.__setattr__(self, "user_weights", _weights("policy.user_weights", self.user_weights))
+
+    @property
+    def weight_of(self) -> dict[str, float]:
+        """``user_weights`` as a mapping (``weighted`` fairness; the other rules weigh every user 1)."""
+        return dict(self.user_weights) if self.fairness is Fairness.WEIGHTED else {}
 
     @property
     def prior_curve(self) -> dict[int, float] | None:
@@ -221,6 +249,9 @@ class PolicyConfig:
         out: dict[str, Any] = {}
         for f in fields(self):
             v = getattr(self, f.name)
+            if f.name == "user_weights":
+                out[f.name] = dict(v)
+                continue
             out[f.name] = v.value if isinstance(v, Enum) else ([list(p) for p in v] if f.name == "prior" and v else v)
         return out
 
@@ -267,6 +298,10 @@ class PolicyConfig:
             prior = kwargs["prior"]
             if isinstance(prior, Mapping):
                 kwargs["prior"] = tuple((_int_key(f"{where}.prior", k), v) for k, v in prior.items())
+        if isinstance(kwargs.get("user_weights"), Mapping):
+            for user, weight in kwargs["user_weights"].items():
+                _sane_number(f"{where}.user_weights.{user}", weight)
+            kwargs["user_weights"] = tuple(kwargs["user_weights"].items())
         try:
             return cls(**kwargs)
         except PolicyConfigError as exc:
@@ -300,6 +335,26 @@ def _int_key(where: str, k: Any) -> int:
     except (TypeError, ValueError):
         raise PolicyConfigError(f"{where}: node count {k!r} is not an integer") from None
     return n
+
+
+MAX_USERS = 10_000  # users named in user_weights at most
+
+
+def _weights(where: str, pairs: Any) -> tuple[tuple[str, float], ...]:
+    """``((user, weight), ...)`` (or a mapping) checked: names non-empty, weights finite and > 0."""
+    items = pairs.items() if isinstance(pairs, Mapping) else pairs
+    try:
+        out = tuple((str(u), float(w)) for u, w in items)
+    except (TypeError, ValueError):
+        raise PolicyConfigError(f"{where} must be a table of user = weight, got {pairs!r}"[:200]) from None
+    if len(out) > MAX_USERS:
+        raise PolicyConfigError(f"{where} names {len(out)} users, at most {MAX_USERS}")
+    for user, w in out:
+        if not user or not math.isfinite(w) or not 0 < w <= MAX_NUMBER:
+            raise PolicyConfigError(f"{where}: user {user!r} needs a name and a finite weight > 0, got {w!r}")
+    if len({u for u, _ in out}) != len(out):
+        raise PolicyConfigError(f"{where}: a user is named twice")
+    return tuple(sorted(out))
 
 
 def _curve(where: str, points: Any) -> tuple[tuple[int, float], ...]:

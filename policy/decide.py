@@ -47,6 +47,11 @@ of its own about admission, profiling, lending, curves or costs. Each rule is se
   and the decision asks to be called again at the next deadline. Each stop is a
   :class:`policy.model.Stop`: its reason (:class:`policy.model.StopReason`) and figures, which the
   drivers carry out and word (:meth:`~policy.model.Stop.describe`), never parse.
+* **Fair share** (``fairness = "equal"``, the default; ``"weighted"``; ``"none"``): a queued job whose
+  user holds no slot is admitted beyond Pjmax and the cap, and is never the one suspended; once a user
+  with admitted work has held no node for ``fair_wait_s``, every job is held to its share of the nodes
+  (weighted max-min between users, then between a user's jobs) until that user's work is done: the
+  shares are per-job maxima handed to the exact allocator (:mod:`policy.fairness`).
 * **Curves and costs**: :mod:`policy.beliefs`.
 * **Objective** (``objective = "work"``, the default): the allocator maximises work, each job's
   rate in 1-node equivalents (``rate(n) / rate(1)`` on its believed curve), so a job that trains
@@ -76,7 +81,9 @@ from curves import throughput_at
 from policy import beliefs
 from policy.allocation import apply_pins, equal_counts, greedy_counts, node_map
 from policy.beliefs import Beliefs, Population
-from policy.config import Admission, Allocation, Horizon, Objective, PolicyConfig, PolicyConfigError, Profiling
+from policy.config import (Admission, Allocation, Fairness, Horizon, Objective, PolicyConfig, PolicyConfigError,
+                           Profiling)
+from policy.fairness import fair_caps
 from policy.ledger import below_min
 from policy.limits import stop_over_budget, stop_past_deadline
 from policy.model import Decision, EventKind, Evidence, JobEvidence, JobView, View
@@ -204,6 +211,8 @@ class Policy:
         for job_id in reversed(st.admitted[cfg.max_running:]):
             job = r.jobs[job_id]
             others = absorb - r.believed[job_id].absorbs
+            if self._only_slot_of_user(job_id, r):
+                continue  # fair share: a user's one slot never gives way to another user's jobs
             if job_id in st.profiles or r.total_nodes - others >= job.min_nodes:
                 break
             st.admitted.remove(job_id)
@@ -213,6 +222,13 @@ class Policy:
             absorb = others
             r.note(EventKind.SUSPENDED, job_id, nodes=job.count)
         r.absorb = absorb
+
+    def _only_slot_of_user(self, job_id: str, r: Round) -> bool:
+        """With fair share on, whether ``job_id`` is the one admitted job of its user."""
+        if self.config.fairness is Fairness.NONE:
+            return False
+        user = r.jobs[job_id].user
+        return sum(1 for j in self.state.admitted if r.jobs[j].user == user) == 1
 
     def _learn(self, r: Round, evidence: Evidence) -> None:
         if not self.config.learn:
@@ -261,6 +277,8 @@ class Policy:
         blocked_by: str | None = None
         extra_closed = False
         slots_taken = f"all {cfg.max_running} slots are taken (max_running)"
+        fair = cfg.fairness is not Fairness.NONE
+        with_slot = {r.jobs[j].user for j in st.admitted}  # fair share: a user without a slot gets one
         for job_id in queue:
             stop = r.stop.get(job_id)
             if stop is not None:
@@ -276,8 +294,9 @@ class Policy:
                     absorb = r.absorb
                     if absorb is None:
                         absorb = sum(r.believed[j].absorbs for j in st.admitted) if adaptive else 0
-                if (extra_closed or not adaptive or len(st.admitted) >= cap
-                        or r.total_nodes - reserved(st) - absorb < job.min_nodes):  # the surplus is too small
+                if (not (fair and job.user not in with_slot)
+                        and (extra_closed or not adaptive or len(st.admitted) >= cap
+                             or r.total_nodes - reserved(st) - absorb < job.min_nodes)):  # the surplus is too small
                     waiting[job_id] = slots_taken
                     extra_closed = True  # FCFS beyond Pjmax too: no smaller job slips past
                     continue
@@ -296,6 +315,7 @@ class Policy:
             if adaptive and absorb is not None:
                 absorb += r.believed[job_id].absorbs
             st.admitted.append(job_id)
+            with_slot.add(job.user)
             if job_id in st.queue_front:
                 st.queue_front.remove(job_id)
             r.note(EventKind.ADMITTED, job_id)
@@ -354,6 +374,8 @@ class Policy:
         if reserve:
             free = free[: len(free) - reserve]
         horizon = self._horizon(view, free, admitted)
+        demand = {j.id: r.believed[j.id].absorbs if j.id in r.believed else j.max_nodes for j in admitted}
+        r.caps, r.fair_wake = fair_caps(cfg, st, admitted, demand, r.total_nodes, r.now)
         r.weights = self._deadline_weights(admitted, r.now, r.population)
         if cfg.objective is Objective.COMPLETION and not waiting:
             r.weights = completion_weights(admitted, r, r.weights)
@@ -364,7 +386,7 @@ class Policy:
             return self._finish(r, assignment, waiting, 0.0, "unchanged", solved=False, horizon=horizon)
         if cfg.allocation is Allocation.MILP:
             assignment, objective, method = self._solve(admitted, free, fixed, lender_nodes, repaid,
-                                                         evidence, horizon, curves)
+                                                         evidence, horizon, curves, r.caps)
         else:
             counts_fn = greedy_counts if cfg.allocation is Allocation.GREEDY else equal_counts
             counts = counts_fn(admitted, min(view.free_count, len(free)))
@@ -401,9 +423,11 @@ class Policy:
 
     def _solve(self, admitted: list[JobView], free: list[str], fixed: dict[str, tuple[str, ...]],
                lender_nodes: dict[str, tuple[str, ...]], repaid: dict[str, tuple[str, ...]], evidence: Evidence,
-               horizon: float, curves: Mapping[str, dict[int, float]]) -> tuple[dict[str, tuple[str, ...]], float, str]:
+               horizon: float, curves: Mapping[str, dict[int, float]],
+               caps: Mapping[str, int]) -> tuple[dict[str, tuple[str, ...]], float, str]:
         """``lender_nodes``: what lenders keep in this decision; ``repaid``: lenders' nodes after repayment;
-        ``curves``: each job's allocator curve in this decision."""
+        ``curves``: each job's allocator curve in this decision; ``caps``: each job's fair share
+        (:mod:`policy.fairness`; empty: none binds), its max in this decision."""
         st, cfg = self.state, self.config
         owed = {d.lender for d in st.debts.values()}
         others = [evidence[j.id] for j in admitted if j.id in evidence]
@@ -423,6 +447,8 @@ class Policy:
             if j.budget_node_hours is not None:  # no more nodes than the rest of the budget pays for
                 left_s = max(0.0, j.budget_node_hours - j.used_node_hours) * 3600.0
                 hi = max(lo, min(hi, int(left_s // horizon)))
+            if j.id in caps:  # fair share: no more than its share while another user waits
+                hi = max(lo, min(hi, caps[j.id]))
             jobs.append(self._problem_job(j.id, lo, hi, curve, tuple(nodes), up, down))
         # the jobs can grow by at most their room, and a growing job takes the first free nodes: the
         # rest of a large idle pool changes no plan, only what the problem costs to build and check
@@ -462,7 +488,7 @@ class Policy:
         return (tuple((j.id, j.count) for j in admitted), min(room, len(free)), [curves[j.id] for j in admitted], costs,
                 tuple(sorted(pins.items())), tuple(sorted(r.returning.items())),
                 tuple(sorted((b, d.lender, d.nodes) for b, d in self.state.debts.items())),
-                r.released != [], horizon, tuple(sorted(r.weights.items())))
+                r.released != [], horizon, tuple(sorted(r.weights.items())), tuple(sorted(r.caps.items())))
 
     def _finish(self, r: Round, assignment: Mapping[str, tuple[str, ...]], waiting: dict[str, str],
                 objective: float, method: str, solved: bool, horizon: float = 0.0) -> Decision:
@@ -472,6 +498,8 @@ class Policy:
         deadlines = [s.step_deadline for s in st.profiles.values()]
         if r.next_deadline < math.inf:  # decide again when a job's deadline comes
             deadlines.append(r.next_deadline)
+        if r.fair_wake is not None:  # decide again when a waiting user's fair_wait_s runs out
+            deadlines.append(r.fair_wake)
         for job_id, nodes in full.items():  # decide again when a budget runs out
             j = r.jobs[job_id]
             if j.budget_node_hours is not None and nodes:

@@ -36,7 +36,9 @@ class JobView:
     Optional (None: unknown; the defaults keep older drivers working): ``work_left`` the samples
     still to train (gated profiling skips short jobs, deadlines need it); ``budget_node_hours`` the
     most node-hours the job may use and ``used_node_hours`` what it used so far; ``deadline`` the
-    time (the view's clock) it should be done by (still training then, it is stopped).
+    time (the view's clock) it should be done by (still training then, it is stopped). ``user`` who
+    submitted it (the daemon: the submitter's login name; the simulator: the workload's); fair share
+    (:mod:`policy.fairness`) shares the nodes between users. Jobs with the same user are one user's.
     """
 
     id: str
@@ -51,10 +53,13 @@ class JobView:
     budget_node_hours: float | None = None
     used_node_hours: float = 0.0
     deadline: float | None = None
+    user: str = ""
 
     def __post_init__(self) -> None:
         if not self.id:
             raise PolicyInputError("a job with an empty id")
+        if not isinstance(self.user, str):
+            raise PolicyInputError(f"job {self.id}: user must be a string, got {self.user!r}")
         check_amount(self.id, "work_left", self.work_left)
         check_amount(self.id, "budget_node_hours", self.budget_node_hours)
         check_amount(self.id, "used_node_hours", self.used_node_hours)

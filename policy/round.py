@@ -57,6 +57,8 @@ class Round:
         self.stop: dict[str, Stop] = {}  # jobs the driver must end, and why
         self.next_deadline = math.inf  # the earliest deadline still ahead of a job not stopped
         self.weights: dict[str, float] = {}  # deadline weights of this decision
+        self.caps: dict[str, int] = {}  # fair shares that bind in this decision (policy.fairness)
+        self.fair_wake: float | None = None  # when a waiting user's fair_wait_s runs out
         self.absorb: int | None = None  # what the admitted jobs absorb, once the suspensions summed it
         self.population: Population | None = None  # taken once the decision's measured points are settled
         # what the policy believes about each admitted job in this decision, made once (then settled)

@@ -47,6 +47,10 @@ class PolicyState:
     shapes: list[dict[int, float]] = field(default_factory=list)
     fragments: list[float] = field(default_factory=list)  # lengths (s) of idle fragments that ended
     over_budget: set[str] = field(default_factory=set)  # jobs stopped for spending their budget
+    # fair share (policy.fairness): since when each user with admitted work has held no node, and the
+    # users whose wait made every job be held to its share (until their work is done)
+    fair_since: dict[str, float] = field(default_factory=dict)
+    fair_for: set[str] = field(default_factory=set)
 
     def restart_profile(self, job: str) -> int | None:
         """Drop ``job``'s profile that a clean stop of the daemon interrupted, so it starts over.
@@ -86,6 +90,8 @@ class PolicyState:
             "shapes": [{str(n): e for n, e in sorted(sh.items())} for sh in self.shapes],
             "fragments": self.fragments,
             "over_budget": sorted(self.over_budget),
+            "fair_since": self.fair_since,
+            "fair_for": sorted(self.fair_for),
         }
         return json.dumps(data, sort_keys=True, allow_nan=False)
 
@@ -112,6 +118,9 @@ class PolicyState:
                 shapes=[{int(n): float(e) for n, e in sh.items()} for sh in data.get("shapes", [])][-SHAPES_KEEP:],
                 fragments=[float(x) for x in data.get("fragments", [])][-FRAGMENTS_KEEP:],
                 over_budget={str(x) for x in data.get("over_budget", [])},
+                # absent from states saved before fair share
+                fair_since={str(k): float(v) for k, v in data.get("fair_since", {}).items()},
+                fair_for={str(x) for x in data.get("fair_for", [])},
             )
         except PolicyStateError:
             raise

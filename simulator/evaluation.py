@@ -72,6 +72,7 @@ class EvalSettings:
     flags: Overrides = field(default_factory=Overrides)  # the overrides the user gave: every preset honours them
     calibration: Calibration | None = None  # None: the shipped calibration
     fixed_pjmax: tuple[int, ...] = FIXED_PJMAX
+    users: str = "workload"  # whose each job is, for fair share (SimConfig.users)
 
     @property
     def max_running(self) -> int:
@@ -83,7 +84,8 @@ class EvalSettings:
 
     def sim_config(self) -> SimConfig:
         cal = self.calibration if self.calibration is not None else default_calibration()
-        return SimConfig(start=self.start, end=self.end, min_interval_s=self.min_interval_s, calibration=cal)
+        return SimConfig(start=self.start, end=self.end, min_interval_s=self.min_interval_s, calibration=cal,
+                         users=self.users)
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,7 @@ class JobSpec:
     deadline: float | None = None  # when it should be done, in seconds after the start of the replay window
     launcher: str = ELASTIC  # the job file's launcher: "torchrun" restarts every worker at a change of size
     commit_interval_s: float | None = None  # seconds between its checkpoint commits (None: the calibration's)
+    user: str = ""  # who submitted it, for fair share ("": the workload's one user; SimConfig.users)
 
     def __post_init__(self) -> None:
         if self.launcher not in LAUNCHERS:

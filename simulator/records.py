@@ -152,6 +152,9 @@ class Wake:
     """A time a policy asked to decide again at (``Policy.wakeups``), e.g. a profiling step's end."""
 
 
+USERS = ("workload", "job")  # SimConfig.users
+
+
 @dataclass(frozen=True)
 class SimConfig:
     """The replay's own settings (the policy's knobs are in :class:`policy.PolicyConfig`)."""
@@ -176,8 +179,13 @@ class SimConfig:
     # a recall of one of our nodes is known this long before it comes, as a scheduler's planned start
     # is (the daemon feeds such times to its ledger as recall_expected); 0: none is known in advance
     recall_notice_s: float = 0.0
+    # whose each job is, for fair share (policy.fairness): "workload" (each job's spec says; the generated
+    # streams are one user each) or "job" (each job its own user: the most users fair share can see)
+    users: str = "workload"
 
     def __post_init__(self) -> None:
+        if self.users not in USERS:
+            raise ValueError(f"users {self.users!r}: choose {' or '.join(USERS)}")
         if not (self.recall_notice_s >= 0) or math.isinf(self.recall_notice_s):
             raise ValueError(f"recall_notice_s must be a finite number >= 0 s, got {self.recall_notice_s}")
         if self.max_nodes is not None and self.max_nodes < 1:

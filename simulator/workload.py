@@ -90,7 +90,7 @@ def _first(wl: Workload, n_jobs: int | None) -> Workload:
 _FIELDS = {
     "name", "model", "samples", "min_nodes", "max_nodes", "arrival", "arrival_s",
     "up_cost_s", "down_cost_s", "scaling", "believed_scaling", "count", "budget_node_hours", "deadline",
-    "launcher", "commit_interval_s",
+    "launcher", "commit_interval_s", "user",
 }
 
 
@@ -217,6 +217,7 @@ def _entry_specs(entry: Any, scaling: ScalingSet, where: str, first_index: int) 
                 deadline=_optional(entry, "deadline", where),
                 launcher=str(entry.get("launcher", "elastic")),
                 commit_interval_s=_optional(entry, "commit_interval_s", where),
+                user=str(entry.get("user", "")),
             ))
         except WorkloadError as exc:
             raise WorkloadError(f"{where}: {exc}") from None

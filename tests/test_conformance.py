@@ -36,6 +36,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from malletrain.daemon import Daemon, DaemonParts
+from malletrain.daemon.trainers import user_name
 from malletrain.jobspec import JobSpec as DaemonJobSpec
 from malletrain.jobspec import JobState
 from policy import Decision, Loss, LossOutcome, Policy, PolicyConfig, Stop, StopReason, View
@@ -68,6 +69,12 @@ class ScriptJob:
     samples: int | None = None  # None: runs past the end
     budget_node_hours: float | None = None
     deadline: float | None = None  # on the scenario's clock (both drivers start at 0)
+    uid: int | None = None  # the submitter (None: the daemon's own uid, the simulator's one user)
+
+    @property
+    def user(self) -> str:
+        """Whose it is, as the daemon names a submitter (the simulator's job spec carries the same)."""
+        return "" if self.uid is None else user_name(self.uid)
 
 
 @dataclass(frozen=True)
@@ -162,7 +169,7 @@ def run_simulator(sc: Scenario) -> SimRun:
     specs = [SimJobSpec(name=j.name, model=j.name, samples=float(j.samples or 1e15), scaling=dict(j.curve),
                         min_nodes=j.min_nodes, max_nodes=j.max_nodes, up_cost_s=2.0, down_cost_s=1.0,
                         arrival_s=j.arrival, believed_scaling=dict(j.user_curve) if j.user_curve else None,
-                        budget_node_hours=j.budget_node_hours, deadline=j.deadline)
+                        budget_node_hours=j.budget_node_hours, deadline=j.deadline, user=j.user)
              for j in order]
     ids = {j.name: f"j{i:05d}" for i, j in enumerate(order)}
     pol = SimPolicy("conformance", Policy(sc.policy), lambda spec: spec.believed_scaling)
@@ -198,11 +205,11 @@ class Harness:
     def submit(self, name: str, curve: Mapping[int, float], user_curve: Mapping[int, float] | None = None,
                min_nodes: int = 1, max_nodes: int = 4, samples: int | None = None,
                done_at: float | None = None, budget_node_hours: float | None = None,
-               deadline: float | None = None) -> str:
+               deadline: float | None = None, uid: int | None = None) -> str:
         spec = DaemonJobSpec(name=name, command=("true",), min_nodes=min_nodes, max_nodes=max_nodes,
                              scaling=dict(user_curve) if user_curve else None, samples=samples,
                              budget_node_hours=budget_node_hours, deadline=deadline)
-        jid = self.daemon.store.submit(spec)
+        jid = self.daemon.store.submit(spec, owner_uid=uid)
         self.monitor.curves[jid] = dict(curve)
         if done_at is not None:
             self.monitor.done_at[jid] = done_at
@@ -256,7 +263,7 @@ def run_daemon(sc: Scenario, times: Iterable[float], done_at: Mapping[str, float
                     h.cluster.recall(*nodes)
             for j in arrivals.get(t, ()):
                 ids[j.name] = h.submit(j.name, j.curve, j.user_curve, j.min_nodes, j.max_nodes, j.samples,
-                                       done_at.get(j.name), j.budget_node_hours, j.deadline)
+                                       done_at.get(j.name), j.budget_node_hours, j.deadline, j.uid)
             for when, name in sc.cancels:
                 if when == t:
                     h.daemon.store.request_cancel(ids[name])
@@ -385,6 +392,28 @@ def test_waiting_jobs_are_the_same_beyond_the_queue_window(tmp_path: Path) -> No
     sim_seq, daemon_seq, _, _ = both(QUEUE_WINDOW, tmp_path)
     assert [d[1] for d in sim_seq] == [d[1] for d in daemon_seq]  # the same jobs are admitted
     assert _first_difference(sim_seq, daemon_seq) is None
+
+
+# Two users: P (uid 4201) claims a curve 1,000x superlinear and holds all four nodes; Q (uid 4202)
+# submits at 30 s. Both drivers hold P to its share once Q has waited fair_wait_s at 0 nodes.
+FAIR = Scenario(
+    jobs=(ScriptJob("P", 0.0, {1: 100.0, 2: 200.0, 4: 400.0}, {1: 1.0, 4: 1000.0}, uid=4201),
+          ScriptJob("Q", 30.0, {1: 100.0, 2: 200.0, 4: 400.0}, None, uid=4202)),
+    idle=((0.0, NODES[:4]),),
+    recalls=(),
+    cancels=(),
+    policy=PolicyConfig(profiling="never", fair_wait_s=10.0),
+    end=120.0,
+)
+
+
+def test_both_drivers_share_the_nodes_between_users(tmp_path: Path) -> None:
+    sim_seq, daemon_seq, _, _ = both(FAIR, tmp_path)
+    assert _first_difference(sim_seq, daemon_seq) is None, _first_difference(sim_seq, daemon_seq)
+    last = dict(sim_seq[-1][2])
+    assert (len(last["P"]), len(last["Q"])) == (2, 2)  # each user's equal share of the four nodes
+    first_q = min(d[0] for d in sim_seq if dict(d[2]).get("Q"))
+    assert first_q - 30.0 <= FAIR.policy.fair_wait_s
 
 
 def test_the_scenario_covers_what_it_claims(tmp_path: Path) -> None:

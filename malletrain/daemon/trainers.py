@@ -6,6 +6,7 @@ changed one, so a restart resumes profiles, lender debts and learned curves."""
 from __future__ import annotations
 
 import json
+import pwd
 import time
 from pathlib import Path
 from typing import Mapping
@@ -214,7 +215,7 @@ class Decide:
                        scaling=dict(spec.scaling) if spec.scaling else None, profile=bool(spec.profile),
                        work_left=None if spec.samples is None else float(max(0, spec.samples - run.last_progress)),
                        budget_node_hours=spec.budget_node_hours, used_node_hours=self.accounting.used_node_hours(run.id),
-                       deadline=spec.deadline)
+                       deadline=spec.deadline, user=user_name(run.owner[0]))
 
     def evidence(self, trainer: str | None = None) -> dict[str, JobEvidence]:
         """What the monitor measured, per live job of ``trainer`` (default: the first): rates per count
@@ -310,3 +311,14 @@ class Decide:
             if count is not None:
                 self.store.log_event("profile_restarted", job, reason=STOPPED, count=count)
         self.table.stopped_profiles = []
+
+
+def user_name(uid: int | None) -> str:
+    """Whose a job is, for fair share (:attr:`policy.JobView.user`): the submitter's login name, ``uid N``
+    when the system has no name for it, ``""`` for a job stored before submitters were recorded."""
+    if uid is None:
+        return ""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except (KeyError, OverflowError):
+        return f"uid {uid}"

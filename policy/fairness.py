@@ -1,0 +1,116 @@
+"""Fair share between users: who may hold how many nodes while other users have work.
+
+With ``fairness = "equal"`` (the default) or ``"weighted"``, the held nodes are shared between the
+users with admitted work by weighted max-min (water-filling): a user's share is its weight's part of
+the nodes, but never more than its jobs can use (their believed knee, :func:`policy.beliefs.absorbs`,
+at most their max), and what one user cannot use goes to the others (what no user can use, any job
+may take: the shares never leave a node idle). A user's share is split the same
+way between its own jobs (weights 1). A job whose min is above its share may still run at its min.
+
+The shares bind as per-job upper bounds handed to the exact allocator (each job's max this decision):
+the allocator's objective decides within them, and stays exact. They bind only once a user was left
+waiting: while every user with admitted work holds a node, the objective alone decides; when a user
+with admitted work has held no node for ``fair_wait_s`` (another user's jobs hold them all), every job
+is held to its share from then until that user has no admitted job left (no back and forth). A job
+that claims more than it shows (a superlinear curve, declared or reported) so gains nothing beyond its
+share once another user waits.
+
+Admission is fair too: a queued job whose user holds no slot is admitted beyond Pjmax and the
+admission cap (:meth:`policy.Policy._admit`), so a user is never kept out by another user's slots.
+
+Pure: plain data in, plain data out. Applied by :mod:`policy.decide`; the drivers only say whose each
+job is (:attr:`policy.model.JobView.user`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping, Sequence
+
+from policy.config import Fairness, PolicyConfig
+from policy.model import JobView
+from policy.state import PolicyState
+
+
+def water_fill(total: int, demand: Mapping[str, int], weight: Mapping[str, float]) -> dict[str, int]:
+    """Weighted max-min integer shares of ``total`` nodes: each key gets at most its ``demand``, and
+    shares are in proportion to ``weight`` (default 1) among the keys not yet at their demand. Whole
+    nodes: the floors, then the nodes left one each by the largest fraction (ties: ``demand``'s order)."""
+    keys = [k for k, d in demand.items() if d > 0]
+    out = {k: 0 for k in demand}
+    if sum(demand[k] for k in keys) <= total:
+        out.update({k: demand[k] for k in keys})
+        return out
+    w = {k: float(weight.get(k, 1.0)) for k in keys}
+    left, wsum = float(max(0, total)), sum(w.values())
+    frac: dict[str, float] = {}
+    by_level = sorted(keys, key=lambda k: demand[k] / w[k])
+    for i, k in enumerate(by_level):
+        level = left / wsum if wsum > 0 else 0.0
+        if demand[k] <= w[k] * level:
+            frac[k] = float(demand[k])
+            left -= demand[k]
+            wsum -= w[k]
+            continue
+        for k2 in by_level[i:]:
+            frac[k2] = w[k2] * level
+        break
+    rank = {k: i for i, k in enumerate(keys)}
+    whole = {k: min(demand[k], int(math.floor(frac[k] + 1e-9))) for k in keys}
+    rest = max(0, total) - sum(whole.values())
+    for k in sorted(keys, key=lambda k: (-(frac[k] - whole[k]), rank[k])):
+        if rest <= 0:
+            break
+        if whole[k] < demand[k]:
+            whole[k] += 1
+            rest -= 1
+    out.update(whole)
+    return out
+
+
+def job_shares(jobs: Sequence[JobView], demand: Mapping[str, int], total: int,
+               weights: Mapping[str, float]) -> dict[str, int]:
+    """Each job's share of ``total`` nodes: the users' shares (weights ``weights``, 1 if not named), each
+    split evenly between the user's jobs; ``demand`` is what each job can use. ``jobs`` in FCFS order."""
+    by_user: dict[str, list[JobView]] = {}
+    for j in jobs:
+        by_user.setdefault(j.user, []).append(j)
+    users = water_fill(total, {u: sum(demand[j.id] for j in js) for u, js in by_user.items()},
+                       {u: weights.get(u, 1.0) for u in by_user})
+    out: dict[str, int] = {}
+    for u, js in by_user.items():
+        out.update(water_fill(users[u], {j.id: demand[j.id] for j in js}, {}))
+    return out
+
+
+def fair_caps(cfg: PolicyConfig, st: PolicyState, admitted: Sequence[JobView], demand: Mapping[str, int],
+              total: int, now: float) -> tuple[dict[str, int], float | None]:
+    """The most nodes each admitted job may get in this decision (empty: the shares do not bind), and
+    when to decide again at the latest (a waiting user's ``fair_wait_s`` runs out then; None: no such
+    time). Updates ``st``: since when each user with work has held no node, and the users the shares
+    are held for (see the module doc)."""
+    users = {j.user for j in admitted}
+    if cfg.fairness is Fairness.NONE or len(users) < 2:
+        st.fair_since.clear()
+        st.fair_for.clear()
+        return {}, None
+    st.fair_for.intersection_update(users)
+    held: dict[str, int] = {}
+    for j in admitted:
+        held[j.user] = held.get(j.user, 0) + j.count
+    for u in list(st.fair_since):
+        if u not in users or held[u] > 0 or u in st.fair_for:
+            del st.fair_since[u]
+    for u in sorted(users):
+        if held[u] == 0 and u not in st.fair_for:
+            since = st.fair_since.setdefault(u, now)
+            if now - since >= cfg.fair_wait_s:
+                st.fair_for.add(u)
+                del st.fair_since[u]
+    wake = min((s + cfg.fair_wait_s for s in st.fair_since.values()), default=None)
+    if not st.fair_for:
+        return {}, wake
+    shares = job_shares(admitted, demand, total, cfg.weight_of)
+    # what no user's jobs can use (every demand met) may go to any job: shares never leave a node idle
+    spare = max(0, total - sum(shares.values()))
+    return {j.id: max(shares[j.id] + spare, j.min_nodes) for j in admitted}, wake
