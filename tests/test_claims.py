@@ -126,3 +126,120 @@ def test_a_ready_key_claiming_a_million_local_ranks_is_not_believed_and_no_world
             rt.set_members("j3", long)
     finally:
         rt.close()
+
+
+# ------------------------------------------------------------------ what a restart reads does not rotate
+
+
+def test_no_jobs_events_rotate_out_what_a_restarted_daemon_reads(tmp_path) -> None:
+    """Before: a job restarted in a loop (~14 events a second) rotated the kept events, the daemon's
+    start row with them, and a restarted daemon no longer knew its predecessor was killed; a torchrun
+    job's restart count was counted from those rows too."""
+    from malletrain.store import Store
+
+    s = Store.open(tmp_path / "state" / "store.db", max_events=50)
+    try:
+        s.log_event("daemon_start", pid=1)  # ... and no daemon_stop: killed
+        s.count_world("j1")
+        s.count_world("j1")
+        for i in range(400):
+            s.log_event("worker_stopped", "j2", worker=f"w{i}", code=143)
+        s.prune_events()
+        assert len(list(s.events("worker_stopped"))) == 50
+        assert s.last_daemon_was_killed()
+        assert s.worlds("j1") == 2 and s.worlds("j2") is None
+        s.set_worlds("j2", 5)
+        s.count_world("j2")
+        assert s.worlds("j2") == 6
+    finally:
+        s.close()
+
+
+# ------------------------------------------------------------------ the submitter's umask
+
+
+def test_workers_run_with_the_umask_their_submitter_had(tmp_path) -> None:
+    """Before: workers ran with the daemon's umask (0022 under root): a job submitted under umask 077
+    wrote checkpoints every other user could read."""
+    from malletrain.control import Caller, parse_request
+    from policy import PolicyConfig
+    from tests.test_conformance import LINEAR, Harness
+
+    req = parse_request({"cmd": "submit", "spec": {"command": ["true"]}, "umask": 0o077}, Caller(1000, 1000, False))
+    assert req.umask == 0o077  # type: ignore[union-attr]
+    with pytest.raises(Exception, match="umask"):
+        parse_request({"cmd": "submit", "spec": {"command": ["true"]}, "umask": 0o1000}, Caller(1000, 1000, False))
+    from malletrain.jobspec import JobSpec
+    from malletrain.statedir import current_umask
+
+    h = Harness(tmp_path / "d", PolicyConfig())
+    try:
+        h.cluster.became_idle("n01")
+        plain = h.daemon.store.submit(JobSpec(name="plain", command=("true",), max_nodes=1))
+        assert h.daemon.store.get(plain).owner_umask == current_umask()  # the submitting process's
+        h.daemon.store.request_cancel(plain)
+        private = h.daemon.store.submit(JobSpec(name="private", command=("true",), max_nodes=1), owner_umask=0o077)
+        h.monitor.curves[private] = dict(LINEAR)
+        h.run_until(3.0)
+        worker = h.daemon.runs[private].workers["n01"]
+        assert h.cluster.umasks[worker] == 0o077
+    finally:
+        h.close()
+
+
+# ------------------------------------------------------------------ the metrics endpoint's errors
+
+
+def test_a_silent_connection_to_the_metrics_endpoint_is_one_log_line_not_a_traceback(monkeypatch, capfd, caplog) -> None:
+    """Before: each timed-out silent connection printed a 17-line traceback on the daemon's stderr,
+    outside the log's repeat filter (40 KB a minute from 4 connections)."""
+    import logging
+    import socket
+    import time
+
+    from malletrain import metrics_server
+
+    monkeypatch.setattr(metrics_server._QuietHandler, "timeout", 0.2)
+    app = lambda environ, start: (start("200 OK", []), [b"ok"])[1]  # noqa: E731
+    httpd, thread = metrics_server.serve_metrics("127.0.0.1", 0, app)
+    try:
+        with caplog.at_level(logging.WARNING, logger="malletrain.metrics"):
+            conns = [socket.create_connection(httpd.server_address[:2]) for _ in range(2)]
+            deadline = time.monotonic() + 20
+            while len([r for r in caplog.records if "request failed" in r.getMessage()]) < 2:
+                assert time.monotonic() < deadline, "no failure logged"
+                time.sleep(0.05)
+            for c in conns:
+                c.close()
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    err = capfd.readouterr().err
+    assert "Traceback" not in err
+    assert all("TimeoutError" in r.getMessage() or "timed out" in r.getMessage() for r in caplog.records
+               if "request failed" in r.getMessage())
+
+
+# ------------------------------------------------------------------ one unreadable node, not the whole listing
+
+
+def test_one_node_whose_gres_cannot_be_read_is_skipped_and_the_others_are_listed(caplog) -> None:
+    """Before: one bad Gres (or ngpus) failed the whole listing, so no node was held anywhere."""
+    import json
+    import logging
+
+    from scavenger.base import CommandResult
+    from scavenger.pbs import PbsConfig, PbsDialect
+    from scavenger.slurm import SlurmConfig, SlurmDialect
+
+    reply = "n1|idle|gpu:4\nn2|idle|gpu:a100:x\nn3|idle|(null)\n"
+    with caplog.at_level(logging.WARNING):
+        nodes = SlurmDialect(SlurmConfig(partition="p")).parse_nodes(CommandResult(["sinfo"], 0, reply, "", 0.0))
+    assert [n.name for n in nodes] == ["n1", "n3"]
+    assert any("n2" in r.getMessage() and "gpu:a100:x" in r.getMessage() for r in caplog.records)
+    doc = {"nodes": {"v1": {"state": "free", "resources_available": {"ncpus": 1, "ngpus": 2}},
+                     "v2": {"state": "free", "resources_available": {"ncpus": 1, "ngpus": "four"}}}}
+    with caplog.at_level(logging.WARNING):
+        nodes = PbsDialect(PbsConfig()).parse_nodes(CommandResult(["pbsnodes"], 0, json.dumps(doc), "", 0.0))
+    assert [n.name for n in nodes] == ["v1"]
+    assert any("v2" in r.getMessage() and "ngpus" in r.getMessage() for r in caplog.records)
