@@ -258,8 +258,8 @@ class TorchrunRuntime(TorchRuntime):
         except ValueError:
             said = 0
         if said > WORKERS_PER_NODE_MAX:
-            log.warning("job %s: worker %s says it runs %.20s local ranks; at most %d: taken as 1",
-                        job_id, worker, raw, WORKERS_PER_NODE_MAX)
+            log.warning("job %s: worker %s says it runs %d local ranks; at most %d: taken as 1",
+                        job_id, worker, said, WORKERS_PER_NODE_MAX)
             said = 1
         if said < 1:
             return 1
