@@ -243,3 +243,24 @@ def test_one_node_whose_gres_cannot_be_read_is_skipped_and_the_others_are_listed
         nodes = PbsDialect(PbsConfig()).parse_nodes(CommandResult(["pbsnodes"], 0, json.dumps(doc), "", 0.0))
     assert [n.name for n in nodes] == ["v1"]
     assert any("v2" in r.getMessage() and "ngpus" in r.getMessage() for r in caplog.records)
+
+
+def test_at_the_daemon_a_declared_superlinear_curve_takes_no_running_jobs_nodes(tmp_path) -> None:
+    """The attack through the daemon (fakes, the test's clock): a victim on both nodes, then a job
+    declaring ``{1: 1, 2: 10^6}`` that trains 20/s a node. Before: it took both nodes at once."""
+    from policy import PolicyConfig
+    from tests.test_conformance import Harness
+
+    h = Harness(tmp_path / "d", PolicyConfig())
+    try:
+        h.cluster.became_idle("n01", "n02")
+        victim = h.submit("victim", {1: 100.0, 2: 200.0}, max_nodes=2)
+        h.run_until(20.0)
+        assert len(h.daemon.nodes_of(victim)) == 2
+        liar = h.submit("liar", {1: 20.0, 2: 40.0}, user_curve={1: 1.0, 2: 1_000_000.0}, max_nodes=2)
+        for t in range(21, 120):
+            h.step(float(t))
+            assert len(h.daemon.nodes_of(victim)) == 2, f"the liar took the victim's nodes at {t} s"
+        assert not h.daemon.nodes_of(liar)
+    finally:
+        h.close()
