@@ -40,20 +40,25 @@ Orphans: processes that mention a state dir after its daemon stopped.
   restart), a local user's silent connections to the rendezvous store (another user's job must still
   reach it), a job claiming a world it was not given at rates it never trained (its neighbour must
   keep its node), and a log flood on a 300 MiB state file system (the disk must not fill).
+* **curves**, **keys**, **stopcodes** (``benchmarks/faults_claims.py``): a declared curve of
+  ``{1: 1, 2: 10^6}`` against a victim on both nodes (``--curve-seconds`` long), a torchrun job's
+  ready key inflated to 10^6 and 200,000 local ranks before a ``kill -9``, and jobs that exit 143,
+  137, 130, 129 or 75 by themselves (they must fail, ``max_failures = 3``).
 * **neighbours** (``--neighbours 2``): two more daemons, each with its own state dir, ports and
   agents, run a job of their own for the whole run; a job of theirs that stops training or loses a
   worker counts as lost (one installation's agents must not sweep another's cgroups).
 
-The fuzz, spoofing, round2 and shares parts live in ``faults_fuzz.py``, ``faults_spoof.py``,
-``faults_round2.py`` and ``faults_shares.py`` beside this file.
+The fuzz, spoofing, round2, shares and claims parts live in ``faults_fuzz.py``, ``faults_spoof.py``,
+``faults_round2.py``, ``faults_shares.py`` and ``faults_claims.py`` beside this file.
 
 Orphans: processes that mention a state dir after its daemon stopped.
 Goals: lost = duplicated = orphans = tracebacks = accepted = escaped = down = 0. The last line is
 ``faults: K kills, L lost, D duplicated, R recalls, O orphans, F fuzz cases, T tracebacks,
 S spoofed reports, A accepted, R store attacks, RA accepted, P privilege probes, PA escaped,
 D fd floods, DD daemon down, J job-crash attempts, JD daemon down, L lockouts, LV victims delayed,
-E evictions, EV victims evicted, G log floods, GF disk full``; every "down", "delayed", "evicted"
-and "full" count is a goal of 0.
+E evictions, EV victims evicted, G log floods, GF disk full, C curve lies, D nodes taken, E key
+inflations, F daemon stalls, G stop-code loops, H never failed``; every "down", "delayed",
+"evicted", "full", "taken", "stalls" and "never failed" count is a goal of 0.
 """
 
 from __future__ import annotations
@@ -249,11 +254,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--recalls", type=int, default=100)
     ap.add_argument("--fuzz", type=int, default=3000, help="mutated inputs per kind")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--parts", default="spoof,round2,shares,fuzz,kills,restarts,recalls",
-                    help="comma-separated subset of spoof,round2,shares,fuzz,kills,restarts,recalls")
+    ap.add_argument("--parts", default="spoof,round2,shares,curves,keys,stopcodes,fuzz,kills,restarts,recalls",
+                    help="comma-separated subset of spoof,round2,shares,curves,keys,stopcodes,fuzz,kills,restarts,"
+                         "recalls")
+    ap.add_argument("--curve-seconds", type=float, default=60.0,
+                    help="how long the curves part watches the victim after the liar arrives")
     ap.add_argument("--neighbours", type=int, default=2,
                     help="other daemons running their own jobs on this machine meanwhile (0: none)")
     args = ap.parse_args(argv)
+    import faults_claims
     import faults_fuzz
     import faults_round2
     import faults_shares
@@ -263,10 +272,14 @@ def main(argv: list[str] | None = None) -> int:
     t = Tally()
     r = faults_round2.Round2()
     r3 = faults_shares.Shares()
+    c = faults_claims.Claims()
     parts = {
         "spoof": lambda: faults_spoof.part_spoof(t),
         "round2": lambda: faults_round2.part_round2(t, r),
         "shares": lambda: faults_shares.part_shares(t, r3),
+        "curves": lambda: faults_claims.curve_lies(t, c, args.curve_seconds),
+        "keys": lambda: faults_claims.key_inflations(t, c),
+        "stopcodes": lambda: faults_claims.stop_code_loops(t, c),
         "fuzz": lambda: faults_fuzz.part_fuzz(t, args.fuzz, rng),
         "kills": lambda: part_kills(t, args.kills, rng),
         "restarts": lambda: part_restarts(t),
@@ -291,16 +304,20 @@ def main(argv: list[str] | None = None) -> int:
                                ("job crashes", r3.crashes, ""), ("down", r3.crash_down, "0"),
                                ("lockouts", r3.lockouts, ""), ("delayed", r3.delayed, "0"),
                                ("evictions", r3.evictions, ""), ("evicted", r3.evicted, "0"),
-                               ("log floods", r3.floods, ""), ("full", r3.full, "0")):
+                               ("log floods", r3.floods, ""), ("full", r3.full, "0"),
+                               ("curve lies", c.curve_lies, ""), ("taken", c.taken, "0"),
+                               ("key inflat.", c.inflations, ""), ("stalls", c.stalls, "0"),
+                               ("stop loops", c.loops, ""), ("never fail", c.never_failed, "0")):
         print(f"{label:<12}{value:>8}  {goal}")
     met = t.lost == t.duplicated == t.orphans == t.tracebacks == t.accepted == 0
     met = met and r.store_accepted == r.escaped == r.down == 0
     met = met and r3.crash_down == r3.delayed == r3.evicted == r3.full == 0
+    met = met and c.taken == c.stalls == c.never_failed == 0
     print(f"goals {'met' if met else 'NOT met'} in {time.monotonic() - started:.0f} s")
     print(f"faults: {t.kills} kills, {t.lost} lost, {t.duplicated} duplicated, {t.recalls} recalls, "
           f"{t.orphans} orphans, {t.fuzz} fuzz cases, {t.tracebacks} tracebacks, "
           f"{t.spoofed} spoofed reports, {t.accepted} accepted, {faults_round2.summary(r)}, "
-          f"{faults_shares.summary(r3)}")
+          f"{faults_shares.summary(r3)}, {faults_claims.summary(c)}")
     return 0 if met else 1
 
 

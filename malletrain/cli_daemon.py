@@ -167,7 +167,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
     spec = load_spec(args.jobfile)  # the interpreter rule: `python` -> this Python (jobspec.py)
     check_command(spec.command, spec.cwd or os.getcwd(), spec.env, args.jobfile)  # its script is there
-    reply = _ask(args, {"cmd": "submit", "spec": json.loads(spec.to_json())})
+    from malletrain.statedir import current_umask
+
+    reply = _ask(args, {"cmd": "submit", "spec": json.loads(spec.to_json()), "umask": current_umask()})
     if reply is not None:
         if not reply.get("ok"):
             print(f"malletrain submit: error: {reply.get('error', reply)}", file=sys.stderr)

@@ -1,30 +1,28 @@
 """The control channel: the CLI asks the daemon over a Unix socket; the kernel says who asks.
 
-Transport: a plain ``AF_UNIX`` stream socket at ``<state dir>/control/control.sock``;
-one request per connection, each way a 4-byte big-endian length and that many bytes
-of UTF-8 JSON (an object). Why not ZeroMQ REQ/REP (what this replaces) or a ROUTER:
+Transport: a plain ``AF_UNIX`` stream socket at ``<state dir>/control/control.sock``; one request
+per connection, each way a 4-byte big-endian length and that many bytes of UTF-8 JSON (an object).
+Why not ZeroMQ REQ/REP (what this replaces) or a ROUTER:
 
-* the caller's identity: ``SO_PEERCRED`` gives the uid and gid of the process at
-  the other end, from the kernel; ZeroMQ hides the file descriptor;
-* no state machine that can stick: a REP socket that fails to reply is wedged for
-  good; here a bad request gets an error reply and its connection is closed, and
-  every connection has a deadline (``timeout_s``), so a slow or silent client costs
-  one slot for a few seconds, never the channel;
-* bounded work: the length comes first, so an oversize request is refused before
-  its body is read; at most ``MAX_CONNECTIONS`` are open (``MAX_PER_UID`` per user).
+* the caller's identity: ``SO_PEERCRED`` gives the uid and gid of the process at the other end, from
+  the kernel; ZeroMQ hides the file descriptor;
+* no state machine that can stick: a REP socket that fails to reply is wedged for good; here a bad
+  request gets an error reply and its connection is closed, and every connection has a deadline
+  (``timeout_s``), so a slow or silent client costs one slot for a few seconds, never the channel;
+* bounded work: the length comes first, so an oversize request is refused before its body is read;
+  at most ``MAX_CONNECTIONS`` are open (``MAX_PER_UID`` per user).
 
-Authority (:func:`authorize`): anyone may ``ping``, ``status``, ``nodes`` and
-``submit`` (the job is recorded as theirs: :class:`Submit` carries the caller's uid,
-taken from the kernel, never from the request); ``cancel`` needs the job's owner or an
-admin; ``shutdown`` needs an admin. Admins are root, the daemon's own user, and the
-members of the configured admin groups (by the group database, not the peer's
-process, so a pid reused after connecting cannot lend its groups).
+Authority (:func:`authorize`): anyone may ``ping``, ``status``, ``nodes`` and ``submit`` (the job
+is recorded as theirs: :class:`Submit` carries the caller's uid, taken from the kernel, never from
+the request, and the umask the submitter sends); ``cancel`` needs the job's owner or an admin;
+``shutdown`` needs an admin. Admins are root, the daemon's own user, and the members of the
+configured admin groups (by the group database, not the peer's process, so a pid reused after
+connecting cannot lend its groups).
 
-Directory modes: ``shared=False`` (a daemon for its own user) makes the socket's
-directory 0700, so nobody else can even connect. ``shared=True`` (a root daemon
-serving many users) makes it 0711 and the socket 0666: every user can connect,
-nobody can list, and :func:`authorize` decides. Every directory above it must be
-traversable (x) by the users for that.
+Directory modes: ``shared=False`` (a daemon for its own user) makes the socket's directory 0700,
+so nobody else can even connect. ``shared=True`` (a root daemon serving many users) makes it 0711
+and the socket 0666: every user can connect, nobody can list, and :func:`authorize` decides. Every
+directory above it must be traversable (x) by the users for that.
 """
 
 from __future__ import annotations
@@ -170,6 +168,7 @@ class Submit:
     spec: dict[str, Any]
     owner_uid: int
     owner_gid: int
+    umask: int | None = None  # the submitter's, which its workers run with (None: not sent, the daemon's)
     cmd = Cmd.SUBMIT
 
 
@@ -206,7 +205,7 @@ def parse_request(obj: Any, caller: Caller) -> Request:
     if cmd is None:
         known = ", ".join(c.value for c in Cmd)
         raise RequestError("unknown_cmd", f"unknown command {str(raw)[:40]!r}; known: {known}")
-    extra = set(obj) - _FIELDS[cmd] - {"cmd"}
+    extra = set(obj) - _FIELDS[cmd] - {"cmd"} - ({"umask"} if cmd is Cmd.SUBMIT else set())  # (submit's is optional)
     if extra:
         raise RequestError("bad_field", f"{cmd.value}: unexpected fields {sorted(str(k)[:40] for k in extra)}")
     missing = _FIELDS[cmd] - set(obj)
@@ -216,7 +215,10 @@ def parse_request(obj: Any, caller: Caller) -> Request:
         spec = obj["spec"]
         if type(spec) is not dict:
             raise RequestError("bad_field", f"submit: spec must be an object (the job file), got {type(spec).__name__}")
-        return Submit(spec, caller.uid, caller.gid)
+        umask = obj.get("umask")
+        if umask is not None and (type(umask) is not int or not 0 <= umask <= 0o777):
+            raise RequestError("bad_field", f"submit: umask {str(umask)[:40]!r} is not a umask (0 to 0o777)")
+        return Submit(spec, caller.uid, caller.gid, umask)
     if cmd is Cmd.CANCEL:
         jid = obj["id"]
         if type(jid) is not str or not _JOB_ID.fullmatch(jid):
@@ -519,8 +521,8 @@ def _listen(path: Path, shared: bool) -> socket.socket:
 
 
 def _traversable(d: Path) -> None:
-    """Let every user pass through ``d`` (the state dir) to the socket, without listing it:
-    add o+x and g+x to a private directory of ours; the files in it stay 0600."""
+    """Let every user pass through ``d`` (the state dir) to the socket, without listing it: add o+x
+    and g+x to a private directory of ours; the files in it stay 0600."""
     st = os.lstat(d)
     if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid():
         mode = stat.S_IMODE(st.st_mode)
@@ -543,11 +545,9 @@ def _private_dir(d: Path, mode: int) -> None:
 
 # ---------------------------------------------------------------- client
 def request(path: Path | str, req: dict[str, Any], timeout_s: float = 5.0) -> dict[str, Any] | None:
-    """One request/reply on the socket at ``path``; None if no daemon answered.
-
-    Raises :class:`ControlError` if the socket exists but this user may not
-    connect to it, or the daemon's reply breaks the protocol.
-    """
+    """One request/reply on the socket at ``path``; None if no daemon answered. Raises
+    :class:`ControlError` if the socket exists but this user may not connect to it, or the daemon's
+    reply breaks the protocol."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout_s)
     try:

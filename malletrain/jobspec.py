@@ -70,7 +70,14 @@ PYTHON_PLACEHOLDER = "{python}"
 SAMPLES_PLACEHOLDER = "{samples}"
 WORKERS_PER_NODE_MAX = 1024
 """No node has more accelerators (worker slots) than this."""
-WORKER_BATCH_MAX = 2**31
+WORKER_BATCH_MAX = 2**31 - 1
+"""As a progress report's samples (:data:`malletrain.messages.MAX_SAMPLES`): a worker's batch a report can carry."""
+TORCHRUN_MAX_RANKS = 8192
+"""Ranks a ``torchrun`` job's world may have at most (``max_nodes`` x ``workers_per_node``): its rank
+places go to every rank agent as one value of the daemon's store, which carries at most one 1 MiB frame."""
+DEVICES_ENV = "MALLETRAIN_DEVICES"
+"""The one ``MALLETRAIN_*`` variable a job's ``env`` may set (to ``"all"``: every local rank sees every
+device of its node, :mod:`scavenger.nodeshape`)."""
 TRAINER_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 """A trainer's name (the daemon config's ``[[trainers]]`` and a job's ``trainer``)."""
 
@@ -285,9 +292,11 @@ def _env(raw: Any, where: str) -> dict[str, str]:
         if not ENV_KEY.fullmatch(key):
             raise JobSpecError(f"{where}: env key {_short(key)} is not a variable name "
                                "(letters, digits and _, not starting with a digit)")
+        if key == DEVICES_ENV and value == "all":
+            continue
         if key.upper().startswith(RESERVED_ENV_PREFIX):
             raise JobSpecError(f"{where}: env key {key} is refused: {RESERVED_ENV_PREFIX}* variables are "
-                               "set by the daemon")
+                               f"set by the daemon (but {DEVICES_ENV} = \"all\")")
         _text(value, f"env[{key}]", where)
     if sum(_utf8_len(k) + _utf8_len(v) + 2 for k, v in raw.items()) > ENV_MAX_BYTES:
         raise JobSpecError(f"{where}: env is larger than {ENV_MAX_BYTES} bytes")
@@ -464,6 +473,11 @@ def check_submit(spec: JobSpec, where: str = "job", machine_nodes: int | None = 
             raise JobSpecError(f"{where}: cwd {spec.cwd} is not an existing directory")
         if not os.access(cwd, os.X_OK):  # the agent enters it as the job's owner, who submits it
             raise JobSpecError(f"{where}: cwd {spec.cwd}: you cannot enter it (the job runs as you)")
+    ranks = spec.max_nodes * (spec.workers_per_node or 1)
+    if spec.launcher is Launcher.TORCHRUN and ranks > TORCHRUN_MAX_RANKS:
+        raise JobSpecError(f"{where}: a torchrun world of {spec.max_nodes} nodes x {spec.workers_per_node or 1} "
+                           f"workers is {ranks} ranks; at most {TORCHRUN_MAX_RANKS} (its places go to every "
+                           "rank in one message of the daemon's store)")
     if machine_nodes is not None and spec.min_nodes > machine_nodes:
         raise JobSpecError(f"{where}: min_nodes {spec.min_nodes} is more than the machine's {machine_nodes} nodes")
     if machine_nodes is not None and spec.max_nodes > machine_nodes:

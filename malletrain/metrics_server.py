@@ -6,17 +6,24 @@ server serves at most :data:`MAX_THREADS` requests at once, at most :data:`PER_P
 user of this host (the uid owning the connecting socket) or one remote address, and gives each
 connection :data:`REQUEST_TIMEOUT_S` to send its request; a connection beyond a share is closed at
 once (counted in :attr:`BoundedWSGIServer.refused`), so one user cannot keep another's scraper out.
+A request that fails (a silent peer timed out, a peer that hung up) is one warning line through the
+daemon's log, whose repeat filter holds back the rest (:class:`malletrain.logs.RepeatFilter`), never a
+traceback on the daemon's stderr.
 """
 
 from __future__ import annotations
 
+import logging
 import socket
+import sys
 import threading
 from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from scavenger.connguard import local_peer_uid
+
+log = logging.getLogger("malletrain.metrics")
 
 MAX_THREADS = 16
 PER_PEER = 4
@@ -72,6 +79,11 @@ class BoundedWSGIServer(ThreadingMixIn, WSGIServer):
         except Exception:
             self._done(request)
             raise
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A request that failed: one warning through the log (rate-limited there), no traceback."""
+        exc = sys.exc_info()[1]
+        log.warning("metrics endpoint: a request failed: %s", f"{type(exc).__name__}: {exc}"[:200])
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:

@@ -84,3 +84,17 @@ def private_file(path: Path) -> None:
             os.chmod(path, FILE_MODE)
     except OSError as exc:
         log.warning("%s: cannot make the store private: %s", path, exc)
+
+
+def current_umask() -> int:
+    """This process's umask (read from ``/proc``; where there is none, set and set back)."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8) & 0o777
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask

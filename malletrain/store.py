@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from malletrain.jobspec import NAME_MAX_CHARS, JobSpec, JobSpecError, JobState, check_submit, parse_spec
-from malletrain.statedir import private_file, private_state_dir
+from malletrain.statedir import current_umask, private_file, private_state_dir
 from malletrain.store_schema import SQLITE_MAGIC, LEGACY_SCALING_TABLE, WAL_LIMIT_BYTES, StoreError  # noqa: F401  (re-exported)
 from malletrain.store_schema import check_file, create_file, migrate, sqlite_error_text
 
@@ -52,6 +52,13 @@ MAX_SAMPLES = 86_400
 SAMPLE_KINDS = ("nodes",)
 SCALING_EVENTS = ("refined", "profile_done", "profile_aborted")
 """The policy's events that name measured points (``points`` or ``measured``: {count: samples/s})."""
+LIFECYCLE_KINDS = ("daemon_start", "daemon_stop")
+"""Events a restarted daemon reads (was the last one killed?): pruned apart from the others, so no job's
+events, however many, rotate them out."""
+MAX_LIFECYCLE = 1000  # newest LIFECYCLE_KINDS rows kept
+WORLDS_META = "worlds/"
+"""Meta key prefix: ``worlds/JOB`` counts the non-empty member lists published for a torchrun job (its
+restart count goes on from there after a daemon restart; not read from rotating event rows)."""
 PRUNE_EVERY = 500
 """Events written between two prunes."""
 
@@ -69,6 +76,7 @@ class JobRecord:
     updated: float
     owner_uid: int | None = None
     owner_gid: int | None = None
+    owner_umask: int | None = None  # the submitter's, recorded at submit, for its workers (None: the agent's)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -262,6 +270,24 @@ class Store:
     def set_meta(self, key: str, value: str) -> None:
         self._write1("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
 
+    def count_world(self, jid: str) -> None:
+        """One more non-empty member list published for ``jid`` (a torchrun job's worlds)."""
+        self._write1("INSERT INTO meta VALUES (?, '1') ON CONFLICT(key) DO UPDATE SET "
+                     "value = CAST(value AS INTEGER) + 1", (WORLDS_META + jid,))
+
+    def set_worlds(self, jid: str, n: int) -> None:
+        """Start :meth:`count_world`'s count of ``jid`` at ``n``."""
+        self.set_meta(WORLDS_META + jid, str(int(n)))
+
+    def worlds(self, jid: str) -> int | None:
+        """The non-empty member lists published for ``jid`` (:meth:`count_world`); None where no daemon
+        counted them (a store an older daemon wrote: its event log says)."""
+        raw = self.get_meta(WORLDS_META + jid)
+        try:
+            return max(0, int(raw)) if raw is not None else None
+        except ValueError:
+            return None
+
     def ports(self, names: Iterable[str]) -> dict[str, int]:
         """The ports the last daemon ran on (meta ``ports``, a JSON object), 0 for any not recorded;
         a value that is not one names the file, the entry and the fix."""
@@ -296,9 +322,11 @@ class Store:
         return n if n is not None and n > 0 else None
 
     # -- jobs
-    def submit(self, spec: JobSpec, owner_uid: int | None = None, owner_gid: int | None = None) -> str:
+    def submit(self, spec: JobSpec, owner_uid: int | None = None, owner_gid: int | None = None,
+               owner_umask: int | None = None) -> str:
         """Queue a job (PENDING) owned by ``owner_uid``/``owner_gid`` (default: this process's
-        effective ids); returns its id ``jNNNNNN``.
+        effective ids), its workers to run with ``owner_umask`` (default: this process's umask);
+        returns its id ``jNNNNNN``.
 
         Raises :class:`~malletrain.jobspec.JobSpecError` if the spec breaks a
         rule or cannot fit the machine (when its size is known).
@@ -309,11 +337,12 @@ class Store:
         now = self.clock()
         with self._tx() as c:
             cur = c.execute(
-                "INSERT INTO jobs (id, name, spec, state, submitted, updated, owner_uid, owner_gid) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO jobs (id, name, spec, state, submitted, updated, owner_uid, owner_gid, owner_umask) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 ("pending-id", spec.name, spec.to_json(), JobState.PENDING.value, now, now,
                  os.geteuid() if owner_uid is None else int(owner_uid),
-                 os.getegid() if owner_gid is None else int(owner_gid)),
+                 os.getegid() if owner_gid is None else int(owner_gid),
+                 current_umask() if owner_umask is None else int(owner_umask) & 0o777),
             )
             seq = int(cur.lastrowid or 0)
             jid = job_id(seq)
@@ -325,12 +354,13 @@ class Store:
         return jid
 
     def _row(self, row: tuple[Any, ...]) -> JobRecord:
-        jid, spec, state, samples, nodes, cancel, message, submitted, updated, uid, gid = row
+        jid, spec, state, samples, nodes, cancel, message, submitted, updated, uid, gid, umask = row
         try:
             return JobRecord(
                 jid, _stored_spec(spec, jid), JobState(state), int(samples),
                 tuple(str(n) for n in json.loads(nodes)), bool(cancel), str(message), float(submitted),
                 float(updated), None if uid is None else int(uid), None if gid is None else int(gid),
+                None if umask is None else int(umask) & 0o777,
             )
         except (ValueError, TypeError, RecursionError) as exc:
             raise StoreError(f"{self.path}: job {jid!r}: damaged row ({exc}); restore the store from a backup") from None
@@ -341,7 +371,8 @@ class Store:
         except (sqlite3.Error, UnicodeDecodeError) as exc:  # UnicodeDecodeError: a damaged TEXT value
             raise StoreError(sqlite_error_text(exc, self.path)) from None
 
-    _COLS = "id, spec, state, samples, nodes, cancel_requested, message, submitted, updated, owner_uid, owner_gid"
+    _COLS = ("id, spec, state, samples, nodes, cancel_requested, message, submitted, updated, owner_uid, owner_gid, "
+             "owner_umask")
 
     def get(self, jid: str) -> JobRecord | None:
         rows = self._select(f"SELECT {self._COLS} FROM jobs WHERE id=?", (jid,))
@@ -498,17 +529,19 @@ class Store:
     def prune_events(self) -> int:
         """Delete the oldest event rows beyond the bounds; returns how many went."""
         self._since_prune = 0
-        samples = ",".join("?" * len(SAMPLE_KINDS))
+        apart = (*SAMPLE_KINDS, *LIFECYCLE_KINDS)
         deleted = 0
         try:
             with self._tx() as c:
-                for cond, keep in ((f"kind IN ({samples})", self.max_samples),
-                                   (f"kind NOT IN ({samples})", self.max_events)):
-                    row = c.execute(f"SELECT id FROM events WHERE {cond} ORDER BY id DESC LIMIT 1 OFFSET ?",
-                                    (*SAMPLE_KINDS, keep)).fetchone()
+                for kinds, cond, keep in ((SAMPLE_KINDS, "IN", self.max_samples),
+                                          (LIFECYCLE_KINDS, "IN", MAX_LIFECYCLE),
+                                          (apart, "NOT IN", self.max_events)):
+                    where = f"kind {cond} ({','.join('?' * len(kinds))})"
+                    row = c.execute(f"SELECT id FROM events WHERE {where} ORDER BY id DESC LIMIT 1 OFFSET ?",
+                                    (*kinds, keep)).fetchone()
                     if row is not None:
-                        deleted += c.execute(f"DELETE FROM events WHERE {cond} AND id <= ?",
-                                             (*SAMPLE_KINDS, row[0])).rowcount
+                        deleted += c.execute(f"DELETE FROM events WHERE {where} AND id <= ?",
+                                             (*kinds, row[0])).rowcount
         except StoreError as exc:
             log.warning("events not pruned: %s", exc)
         return deleted

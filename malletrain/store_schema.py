@@ -2,7 +2,8 @@
 
 Schema versions (``meta.schema_version``):
 
-1. jobs, job_states, scalability, rescales, generations, events, meta (owner columns added in place).
+1. jobs, job_states, scalability, rescales, generations, events, meta (owner columns, and the
+   submitter's umask, added in place).
 2. No ``scalability`` table: what the policy learned of a job's scalability is kept once, in the
    saved policy state (meta ``policy_state``, what a restarted daemon resumes from); what was
    measured when is in the event log (``refined``, ``profile_done``, ``profile_aborted``). A
@@ -43,7 +44,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     submitted REAL NOT NULL,
     updated REAL NOT NULL,
     owner_uid INTEGER,
-    owner_gid INTEGER
+    owner_gid INTEGER,
+    owner_umask INTEGER
 );
 CREATE TABLE IF NOT EXISTS job_states (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -145,7 +147,7 @@ def migrate(c: sqlite3.Connection, path: str, new: bool) -> None:
     version this malletrain does not know is a :class:`StoreError` naming the file."""
     init_schema(c)  # IF NOT EXISTS: adds what a store of this version lacks (e.g. an index)
     columns = {r[1] for r in c.execute("PRAGMA table_info(jobs)")}
-    for col in ("owner_uid", "owner_gid"):  # added in place: NULL (unknown) for older jobs
+    for col in ("owner_uid", "owner_gid", "owner_umask"):  # added in place: NULL (unknown) for older jobs
         if col not in columns:
             c.execute(f"ALTER TABLE jobs ADD COLUMN {col} INTEGER")
     row = c.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()

@@ -20,6 +20,13 @@ Rules, settled once:
   than measured there, below it no less (efficiency does not rise with nodes). So a job measured below a linear
   belief at 13 nodes is not believed to reach the line at 16, and one measured at 1 and 8 nodes
   has the shape those two give, whatever the prior said.
+* **Claims.** Efficiency above linear is never believed, declared or measured: a job's own curve
+  (``scaling`` in its job file) and its measured points are each cut to at most linear from their
+  smaller counts (:func:`at_most_linear`) before anything else. A declared curve is a prior only: a
+  measured point replaces it at its count and sets its level and shape around it (**Correction**).
+  So a job that declares ``{1: 1, 2: 10^6}``, or under-reports at one count to look superlinear at
+  the next, is believed linear at best, and takes no running job's nodes by it (the monitor's
+  :mod:`malletrain.ratebound` bounds what it may claim at any count by what it showed before).
 * **Learning (passive).** Every interval at every count a job runs counts, whatever gave it that
   count (the allocator, a recall, a lender's loan). With ``learn`` on, a count's rate is accepted
   once its estimate is stable
@@ -49,8 +56,8 @@ from profiler.scalability import Scalability, Source
 def scalability(job: JobView, measured: Mapping[int, float], prior: Curve | None,
                 guess_per_node: float, pooled: Curve | None = None) -> Scalability:
     """The job's curve under the rules of the module doc (``pooled``: :func:`pooled_prior`)."""
-    pts = {n: r for n, r in measured.items() if r > 0}
-    base = job.scaling or prior or pooled
+    pts = at_most_linear({n: r for n, r in measured.items() if r > 0})
+    base = at_most_linear(job.scaling) if job.scaling else prior or pooled
     if base and pts:
         base = corrected_prior(base, pts)
     if base:
@@ -58,6 +65,20 @@ def scalability(job: JobView, measured: Mapping[int, float], prior: Curve | None
     if pts:
         return Scalability.profiled(pts)
     return Scalability.from_user({1: guess_per_node})
+
+
+def at_most_linear(curve: Mapping[int, float]) -> dict[int, float]:
+    """``curve`` with no count above linear from a smaller one: the rate at ``n`` is at most ``n`` times
+    the best per-node rate at a smaller count (the module doc's **Claims**). A curve that is linear or
+    worse comes back unchanged."""
+    out: dict[int, float] = {}
+    best = 0.0
+    for n in sorted(curve):
+        r = curve[n]
+        out[n] = min(r, best * n) if best > 0 else r
+        if n > 0 and out[n] > 0:
+            best = max(best, out[n] / n)
+    return out
 
 
 MIN_SHAPES = 3  # finished jobs with a shape before the pooled shape is used

@@ -179,6 +179,9 @@ class Agent(DaemonLink, WorkerHost):
         self.poller.register(self.monitor, zmq.POLLIN)
         self.watched: socket.socket | None = None  # the warm process's socket, watched while it imports
 
+    def leaving(self) -> bool:
+        return self.leave_reason is not None
+
     def wait_events(self, timeout_ms: int) -> dict[object, int]:
         """Wait up to ``timeout_ms`` for a frame from the daemon, a connection event, or the word of
         the warm process still importing (its ``ready`` ends the wait at once: a worker deferred

@@ -69,6 +69,7 @@ class Worker:
     kill_at: float | None = None  # SIGKILL deadline after a stop
     others: list[subprocess.Popen[bytes]] = field(default_factory=list)  # local ranks 1 .. K-1
     failed: int | None = None  # the first non-zero exit code of one of its processes
+    stopped: bool = False  # the agent sent it a stop (the daemon's, or its node's recall): its exit is ours
 
     @property
     def procs(self) -> list[subprocess.Popen[bytes]]:
@@ -168,6 +169,11 @@ class WorkerHost:
     def send(self, msg: P.AgentMessage) -> None:
         raise NotImplementedError
 
+    def leaving(self) -> bool:
+        """Whether the agent is leaving (its node recalled: the scheduler signals the whole step, workers
+        included, so a worker's stop code is then the recall's); the agent says."""
+        return False
+
     def start_worker(self, msg: P.StartWorker, defer: bool = True) -> None:
         if msg.worker in self.workers or (defer and self._defer(msg)):
             return  # idempotent; or it waits for the warm process, which is ahead of a cold start
@@ -242,6 +248,7 @@ class WorkerHost:
             stdout=out if out else subprocess.DEVNULL,
             stderr=subprocess.STDOUT if out else subprocess.DEVNULL,
             start_new_session=True,
+            umask=msg.umask if msg.umask is not None else -1,  # the submitter's; -1: the agent's
             **(run_as.popen_args() if run_as is not None else {}),
         )
 
@@ -309,7 +316,7 @@ class WorkerHost:
         pid = warm.proc.pid if warm.ready and warm.proc is not None else None
         if pid is not None:
             self.containment.add(msg.worker, pid)  # in the worker's cgroup before it learns the job
-        got = warm.take(Assignment(tuple(msg.argv), env, msg.cwd or None, uid, gid), out)
+        got = warm.take(Assignment(tuple(msg.argv), env, msg.cwd or None, uid, gid, msg.umask), out)
         if isinstance(got, str):
             if pid is not None:
                 self.containment.release(pid)
@@ -328,6 +335,7 @@ class WorkerHost:
         log.info("node %s: stopping worker %s (pid %d): SIGTERM, SIGKILL after %.1f s", self.node, name,
                  w.proc.pid, float(grace))
         _signal_group(w, signal.SIGTERM)
+        w.stopped = True
         w.kill_at = time.monotonic() + max(0.0, float(grace))
 
     def worker_pids(self) -> set[int]:
@@ -370,7 +378,7 @@ class WorkerHost:
             del self.workers[name]
             ended = True
             log.info("node %s: worker %s (pid %d) exited with %s", self.node, name, w.proc.pid, _describe_exit(code))
-            self.send(P.WorkerExited(self.node, name, int(code)))
+            self.send(P.WorkerExited(self.node, name, int(code), w.stopped or self.leaving()))
         if ended or now >= self.next_sweep:
             self.sweep_orphans()
             self.next_sweep = now + 1.0
@@ -380,6 +388,7 @@ class WorkerHost:
             log.info("node %s: stopping all workers (%s): SIGTERM, SIGKILL after %.1f s", self.node,
                      ", ".join(sorted(self.workers)), grace)
         for w in self.workers.values():
+            w.stopped = True
             _signal_group(w, signal.SIGTERM)
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline and any(w.poll() is None for w in self.workers.values()):

@@ -66,6 +66,8 @@ class WorkerExitedEvent:
     node: str
     worker: str
     code: int
+    stopped: bool = False
+    """Its agent stopped it (:class:`scavenger.protocol.WorkerExited`): a stop code is ours, not the job's."""
 
 
 @dataclass(frozen=True)
@@ -198,10 +200,11 @@ class AgentHub:
             return False
 
     def start_worker(self, node: str, worker: str, argv: tuple[str, ...], env: dict[str, str], cwd: str | None,
-                     uid: int | None = None, gid: int | None = None, slots: int = 1) -> bool:
+                     uid: int | None = None, gid: int | None = None, slots: int = 1,
+                     umask: int | None = None) -> bool:
         """Ask ``node``'s agent to run ``argv``; as ``uid``/``gid`` (the job's owner) when given; ``slots``
-        processes (local ranks) of it, each on its own part of the node."""
-        return self.send(P.StartWorker(node, worker, tuple(argv), dict(env), cwd, uid, gid, slots))
+        processes (local ranks) of it, each on its own part of the node; with ``umask`` (the submitter's)."""
+        return self.send(P.StartWorker(node, worker, tuple(argv), dict(env), cwd, uid, gid, slots, umask))
 
     def stop_worker(self, node: str, worker: str, grace: float = 2.0) -> bool:
         return self.send(P.StopWorker(node, worker, grace))
@@ -365,7 +368,7 @@ class AgentHub:
             out.append(WorkerStartedEvent(node, msg.worker, int(msg.pid)))
         elif isinstance(msg, P.WorkerExited):
             info.workers.discard(msg.worker)
-            out.append(WorkerExitedEvent(node, msg.worker, int(msg.code)))
+            out.append(WorkerExitedEvent(node, msg.worker, int(msg.code), bool(msg.stopped)))
         return out
 
     def close(self) -> None:

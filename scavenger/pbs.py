@@ -26,6 +26,7 @@ then SIGKILL after the queue's ``kill_delay``, and
 from __future__ import annotations
 
 import json
+import logging
 import re
 import shlex
 import sys
@@ -49,6 +50,8 @@ from scavenger.base import (
 )
 from scavenger.nodeshape import NodeShapeError, pbs_ngpus
 from scavenger.pilots import BatchBackend, BatchConfig, Observation, require_ok
+
+log = logging.getLogger("malletrain.pbs")
 
 PBS_STATES: dict[str, PilotState] = {
     "Q": PilotState.QUEUED,  # queued, eligible to run
@@ -234,8 +237,8 @@ class PbsDialect:
                 continue  # a host whose CPUs its vnodes expose (ncpus 0): no pilot can run there
             try:
                 out.append(node_info(name, attrs))
-            except NodeShapeError as exc:
-                raise BadReply(f"pbsnodes: node {name!r}: {exc}", res) from None
+            except NodeShapeError as exc:  # one node's ngpus unread: that node is not held, the others are
+                log.warning("pbsnodes: node %.80r skipped: %s", name, exc)
         return tuple(sorted(out, key=lambda n: n.name))
 
     def render_claims(self) -> list[str]:

@@ -77,6 +77,9 @@ class WorkerExited:
     node: str
     worker: str
     code: int
+    stopped: bool = False
+    """The agent stopped it (a ``StopWorker``, its node recalled, its daemon lost): a stop code is then
+    ours, not the job's. A job that exits 143 (or 137, 75, ...) by itself is not ``stopped``."""
     TYPE = "worker_exited"
 
 
@@ -116,6 +119,9 @@ class StartWorker:
     slots: int = 1
     """Worker processes to run on the node, one per slot (local ranks 0 .. slots-1), each with its
     own device, cores and ``LOCAL_RANK`` (:mod:`scavenger.nodeshape`); they end together."""
+    umask: int | None = None
+    """The file mode creation mask the worker runs with: its submitter's, recorded at submit (as Slurm
+    carries it into a job); None: the agent's."""
     TYPE = "start_worker"
 
 
@@ -238,6 +244,18 @@ def check_batch_job(value: Any) -> str | None:
     return value
 
 
+def _check_bool(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"must be true or false, got {value!r:.80}")
+    return value
+
+
+def _check_umask(value: Any) -> int | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 0o777):
+        raise ValueError(f"must be null or a umask in [0, 0o777], got {value!r:.80}")
+    return value
+
+
 def _check_optional_id(value: Any) -> int | None:
     """None, or a user or group id (0 .. 2**32 - 2)."""
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**32 - 1):
@@ -259,6 +277,8 @@ LIMITS: dict[str, Callable[[Any], Any]] = {
     "uid": _check_optional_id,
     "gid": _check_optional_id,
     "slots": _check_int(1, SLOTS_MAX),
+    "stopped": _check_bool,
+    "umask": _check_umask,
 }
 """One check per payload field name (a name means the same in every message)."""
 

@@ -27,6 +27,7 @@ import re
 import shlex
 import sys
 import time
+import logging
 from dataclasses import dataclass, field
 from datetime import date, datetime
 from typing import Callable, Sequence
@@ -47,6 +48,8 @@ from scavenger.base import (
 )
 from scavenger.nodeshape import NodeShapeError, parse_gres_gpus
 from scavenger.pilots import BatchBackend, BatchConfig, Observation, minutes_ceil, require_ok
+
+log = logging.getLogger("malletrain.slurm")
 
 # ---- states ----------------------------------------------------------------------------
 
@@ -345,8 +348,9 @@ class SlurmDialect:
             name, raw = fields[0].strip(), fields[1].strip()
             try:
                 gpus = parse_gres_gpus(fields[2]) if len(fields) == 3 else None
-            except NodeShapeError as exc:
-                raise BadReply(f"sinfo line {no}: {exc}", res) from None
+            except NodeShapeError as exc:  # one node's Gres unread: that node is not held, the others are
+                log.warning("sinfo: node %s skipped (line %d): %s", name[:80], no, exc)
+                continue
             if name in seen:
                 continue  # once per partition: first wins
             if raw not in states:

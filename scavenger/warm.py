@@ -84,10 +84,11 @@ class Assignment:
     cwd: str | None = None
     uid: int | None = None
     gid: int | None = None
+    umask: int | None = None  # the submitter's (None: the agent's)
 
     def encode(self) -> bytes:
         return json.dumps({"argv": list(self.argv), "env": self.env, "cwd": self.cwd,
-                           "uid": self.uid, "gid": self.gid}).encode()
+                           "uid": self.uid, "gid": self.gid, "umask": self.umask}).encode()
 
     @classmethod
     def decode(cls, raw: bytes) -> Assignment:
@@ -109,7 +110,10 @@ class Assignment:
         cwd = obj.get("cwd")
         if cwd is not None and not isinstance(cwd, str):
             raise ValueError("warm assignment: cwd must be a string or null")
-        return cls(tuple(argv), dict(env), cwd, obj.get("uid"), obj.get("gid"))
+        umask = obj.get("umask")
+        if umask is not None and (isinstance(umask, bool) or not isinstance(umask, int) or not 0 <= umask <= 0o777):
+            raise ValueError("warm assignment: umask must be an integer in [0, 0o777] or null")
+        return cls(tuple(argv), dict(env), cwd, obj.get("uid"), obj.get("gid"), umask)
 
 
 @dataclass(frozen=True)
@@ -332,6 +336,8 @@ def become(assignment: Assignment, log_fd: int) -> Entry:
         os.setgroups([])
         os.setgid(gid)
         os.setuid(assignment.uid)
+    if assignment.umask is not None:
+        os.umask(assignment.umask)
     jobproc.child_setup(assignment.cwd)()  # a subreaper like a cold worker; cwd entered as the owner
     _dumpable()  # (the drop made it undumpable: the owner could not debug it nor get a core)
     os.environ.clear()

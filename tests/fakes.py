@@ -107,6 +107,7 @@ class FakeCluster:
         self.stopped: list[tuple[str, str]] = []
         self.gpus: dict[str, int] = {}  # node -> GPUs the scheduler reports (none: it says nothing)
         self.slots: dict[str, int] = {}  # worker -> processes its start asked for
+        self.umasks: dict[str, int | None] = {}  # worker -> the umask its start asked for
 
     def became_idle(self, *nodes: str) -> None:
         for node in nodes:
@@ -131,10 +132,11 @@ class FakeCluster:
                 self.workers.pop(node, None)  # killed with the pilot: no exit event
                 self.hub_events.append(AgentGone(node, "recalled"))
 
-    def exit_worker(self, node: str, worker: str, code: int) -> None:
-        """A worker ends by itself (``code`` 0: the job's command finished)."""
+    def exit_worker(self, node: str, worker: str, code: int, stopped: bool = False) -> None:
+        """A worker ends by itself (``code`` 0: the job's command finished); ``stopped``: its agent
+        stopped it (its node recalled)."""
         self.workers.get(node, set()).discard(worker)
-        self.hub_events.append(WorkerExitedEvent(node, worker, code))
+        self.hub_events.append(WorkerExitedEvent(node, worker, code, stopped))
 
     def reconnect_agents(self) -> None:
         """Every agent says hello to a new daemon with the workers it still runs (re-adoption)."""
@@ -223,19 +225,21 @@ class FakeHub(AgentRoster):
         return self.c.pid(node)
 
     def start_worker(self, node: str, worker: str, argv: Any, env: Any, cwd: Any,
-                     uid: int | None = None, gid: int | None = None, slots: int = 1) -> None:
+                     uid: int | None = None, gid: int | None = None, slots: int = 1,
+                     umask: int | None = None) -> None:
         if node not in self.c.agents or worker in self.c.workers.get(node, set()):
             return  # idempotent, as the agent is
         self.c.workers.setdefault(node, set()).add(worker)
         self.c.started.append((node, worker))
         self.c.slots[worker] = slots
+        self.c.umasks[worker] = umask
         self.c.hub_events.append(WorkerStartedEvent(node, worker, 5000 + len(self.c.started)))
 
     def stop_worker(self, node: str, worker: str, grace: float = 0.0) -> None:
         if worker in self.c.workers.get(node, set()):
             self.c.workers[node].discard(worker)
             self.c.stopped.append((node, worker))
-            self.c.hub_events.append(WorkerExitedEvent(node, worker, -15))
+            self.c.hub_events.append(WorkerExitedEvent(node, worker, -15, True))
 
     def close(self) -> None:
         pass

@@ -432,7 +432,28 @@ def test_sigterm_stops_workers_so_they_checkpoint_and_the_agent_exits_143(tmp_pa
         agent.send_signal(signal.SIGTERM)
         assert agent.wait(timeout=30) == EXIT_RECALLED == 143
         assert ckpt.read_text() == "checkpoint"  # the worker was asked to stop, and did
-        wait_until("the worker's exit reported", lambda: WorkerExitedEvent(NODE, "w", 143) in events, tick)
+        wait_until("the worker's exit reported", lambda: WorkerExitedEvent(NODE, "w", 143, True) in events, tick)
+    finally:
+        stop(agent)
+        hub.close()
+
+
+@pytest.mark.slow
+def test_the_agent_says_which_exits_it_caused_and_a_job_exiting_143_by_itself_is_not_one(tmp_path: Path) -> None:
+    """Before: the daemon read a stop from the code alone, so a job exiting 143 by itself was never failed."""
+    hub = AgentHub(dead_after_s=30.0)
+    agent = start_agent(hub.address, hub.key_file, tmp_path / "agent.log", "--dead-after", "30")
+    ckpt = tmp_path / "ckpt"
+    try:
+        events: list = []
+        tick = lambda: events.extend(hub.poll(50))  # noqa: E731
+        wait_until("agent up", lambda: AgentUp(NODE) in events, tick)
+        hub.start_worker(NODE, "self", (sys.executable, "-c", "raise SystemExit(143)"), {}, None)
+        wait_until("its own exit reported", lambda: WorkerExitedEvent(NODE, "self", 143, False) in events, tick)
+        hub.start_worker(NODE, "w", (sys.executable, "-c", CHECKPOINTER, str(ckpt)), {}, None)
+        wait_until("worker up", lambda: Path(str(ckpt) + ".up").exists(), tick)
+        hub.stop_worker(NODE, "w", grace=10.0)
+        wait_until("the stop reported", lambda: WorkerExitedEvent(NODE, "w", 143, True) in events, tick)
     finally:
         stop(agent)
         hub.close()
@@ -575,3 +596,29 @@ def test_an_unanswered_handshake_waits_longer_each_time_and_a_session_resets_it(
         agent.monitor.close(0)
         agent.ctx.term()
         silent.close(0)
+
+
+@pytest.mark.slow
+def test_a_worker_runs_with_the_umask_its_start_carries(tmp_path: Path) -> None:
+    """Before: every worker ran with the agent's umask (0022 under a root daemon), whatever its submitter's."""
+    import os
+    import stat
+
+    hub = AgentHub(dead_after_s=30.0)
+    agent = start_agent(hub.address, hub.key_file, tmp_path / "agent.log", "--dead-after", "30")
+    out = tmp_path / "ckpt"
+    try:
+        events: list = []
+        tick = lambda: events.extend(hub.poll(50))  # noqa: E731
+        wait_until("agent up", lambda: AgentUp(NODE) in events, tick)
+        old = os.umask(0o022)
+        try:
+            hub.start_worker(NODE, "w", (sys.executable, "-c", f"open({str(out)!r}, 'w').close()"), {}, None,
+                             umask=0o077)
+            wait_until("worker done", lambda: WorkerExitedEvent(NODE, "w", 0) in events, tick)
+        finally:
+            os.umask(old)
+        assert stat.S_IMODE(out.stat().st_mode) == 0o600
+    finally:
+        stop(agent)
+        hub.close()

@@ -297,9 +297,9 @@ def test_the_job_file_launcher_chooses_the_runtime_whatever_the_trainers(tmp_pat
     started: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {}
     real = h.daemon.hub.start_worker
 
-    def record(node, worker, argv, env, cwd, uid=None, gid=None, slots=1):  # type: ignore[no-untyped-def]
+    def record(node, worker, argv, env, cwd, uid=None, gid=None, slots=1, umask=None):  # type: ignore[no-untyped-def]
         started[worker] = (tuple(argv), dict(env))
-        real(node, worker, argv, env, cwd, uid, gid, slots=slots)
+        real(node, worker, argv, env, cwd, uid, gid, slots=slots, umask=umask)
 
     h.daemon.hub.start_worker = record  # type: ignore[method-assign]
     try:

@@ -32,7 +32,7 @@ def test_the_lone_worker_of_a_one_node_job_is_replaced_and_published(tmp_path: P
     h, jid, first = _one_node_job(tmp_path)
     try:
         gen = h.runtime.generation[jid]
-        h.cluster.exit_worker("n01", first, -9)  # killed; the node is still ours
+        h.cluster.exit_worker("n01", first, -9, stopped=True)  # killed by its agent; the node is still ours
         h.run_until(6.0)
         second = h.daemon.runs[jid].workers["n01"]
         assert second != first and ("n01", second) in h.cluster.started
@@ -90,7 +90,7 @@ def test_recalls_and_stops_are_never_failures(tmp_path: Path) -> None:
     try:
         t = 3.0
         for code in (143, -15, -9, 137, 75):  # SIGTERM'd (handled or not), SIGKILLed, store lost
-            h.cluster.exit_worker("n01", worker, code)
+            h.cluster.exit_worker("n01", worker, code, stopped=True)  # by its agent (a stop, a recall)
             t += 3.0
             h.run_until(t)
             worker = h.daemon.runs[jid].workers["n01"]
@@ -102,6 +102,35 @@ def test_recalls_and_stops_are_never_failures(tmp_path: Path) -> None:
         assert [e["code"] for e in h.events("worker_failed")] == [1]
     finally:
         h.close()
+
+
+@pytest.mark.parametrize("code", [143, 137, 130, 129, 75, -15])
+def test_a_stop_code_the_job_returns_by_itself_is_a_failure(tmp_path: Path, code: int) -> None:
+    """A stop we caused is known by us (its agent stopped the worker), not read from the exit code.
+    Before: a job exiting 143 by itself was taken for a stop: restarted forever (272 starts in 40 s),
+    never FAILED, and its event rows could rotate out what a restarted daemon reads."""
+    h, jid, worker = _one_node_job(tmp_path, max_failures=3)
+    try:
+        t = 3.0
+        for _ in range(3):
+            h.cluster.exit_worker("n01", worker, code)  # the job's own code exits so; nobody stopped it
+            t += 3.0
+            h.run_until(t)
+            worker = h.daemon.runs[jid].workers.get("n01", worker) if jid in h.daemon.runs else worker
+        assert len(h.events("worker_failed")) == 3 and not h.events("worker_stopped")
+        assert h.daemon.store.get(jid).state is JobState.FAILED
+    finally:
+        h.close()
+
+
+def test_exit_75_of_a_worker_an_earlier_daemon_started_is_the_store_lost_not_a_failure() -> None:
+    from malletrain.daemon import stopped_by_us
+
+    assert stopped_by_us(75, agent_stopped=False, inherited=True)
+    assert not stopped_by_us(75, agent_stopped=False, inherited=False)
+    assert not stopped_by_us(143, agent_stopped=False, inherited=True)
+    assert stopped_by_us(143, agent_stopped=True, inherited=False)
+    assert not stopped_by_us(1, agent_stopped=True, inherited=False)
 
 
 @pytest.mark.parametrize("code,stopped", [(143, True), (-15, True), (-9, True), (137, True), (130, True),

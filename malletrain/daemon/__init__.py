@@ -88,7 +88,7 @@ from malletrain.daemon.loop import Daemon
 from malletrain.daemon.records import (
     CHECKPOINT_DIR, EXIT_STORE_LOST, LEAVE_GRACE_S, NODE_SECONDS_KEY, POLICY_STATE_KEY, REPLAN_S,
     START_RETRY_S, STATE_FILE, STOP_WAIT_S, STOPPED, STORE_FILE, DaemonError, JobRun, NodeLost, Trainer,
-    rescale_kind, stopped_from_outside,
+    rescale_kind, stopped_by_us, stopped_from_outside,
 )
 from malletrain.daemon.trainers import policy_states_json, read_policy_states
 from malletrain.daemon.wiring import DaemonParts, load_timeline, make_runtime
@@ -97,5 +97,5 @@ __all__ = [
     "CHECKPOINT_DIR", "EXIT_STORE_LOST", "LEAVE_GRACE_S", "NODE_SECONDS_KEY", "POLICY_STATE_KEY", "REPLAN_S",
     "START_RETRY_S", "STATE_FILE", "STOP_WAIT_S", "STOPPED", "STORE_FILE", "Daemon", "DaemonError", "DaemonParts",
     "JobRun", "NodeLost", "Trainer", "load_timeline", "make_runtime", "policy_states_json", "read_policy_states",
-    "rescale_kind", "stopped_from_outside",
+    "rescale_kind", "stopped_by_us", "stopped_from_outside",
 ]

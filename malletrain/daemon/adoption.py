@@ -43,7 +43,7 @@ class Adoption:
                 continue
             gen = self.store.generation(rec.id)
             run = JobRun(rec.id, rec.spec, rec.state, base_samples=rec.samples,
-                         owner=(rec.owner_uid, rec.owner_gid))
+                         owner=(rec.owner_uid, rec.owner_gid), umask=rec.owner_umask)
             self.table.runs[rec.id] = run
             if gen:  # numbering never goes backwards: old workers may still run
                 self.runtimes.of(rec.spec).resume_generation(rec.id, gen)
@@ -56,8 +56,14 @@ class Adoption:
                 self.table.adopt_until = now + self.cfg.agent_dead_after + 1.0
 
     def _worlds_published(self, job_id: str) -> int:
-        """How many non-empty member lists the daemons published for ``job_id`` (the event log)."""
-        return sum(1 for ev in self.store.events("members") if ev.get("job") == job_id and ev.get("nodes"))
+        """How many non-empty member lists the daemons published for ``job_id`` (counted in the store's
+        meta as they were published; the event log for a store an older daemon wrote)."""
+        counted = self.store.worlds(job_id)
+        if counted is not None:
+            return counted
+        logged = sum(1 for ev in self.store.events("members") if ev.get("job") == job_id and ev.get("nodes"))
+        self.store.set_worlds(job_id, logged)  # counted from here on
+        return logged
 
     def complete(self) -> bool:
         """Every pilot the last daemon held has its agent back, and every job it ran has its workers

@@ -53,7 +53,7 @@ class ControlApi:
             why = self.table.unknown_trainer(spec)
             if why is not None:
                 raise JobSpecError(f"submitted job: {why}")
-            jid = self._submit(spec, req.owner_uid, req.owner_gid)
+            jid = self._submit(spec, req.owner_uid, req.owner_gid, req.umask)
             self._observed_change |= self.observe.submissions(self.clock())
             return {"ok": True, "id": jid}
         if isinstance(req, Cancel):
@@ -70,8 +70,8 @@ class ControlApi:
         assert isinstance(req, Ping)
         return {"ok": True, "pid": os.getpid()}
 
-    def _submit(self, spec: JobSpec, owner_uid: int, owner_gid: int) -> str:
-        return self.store.submit(spec, owner_uid=owner_uid, owner_gid=owner_gid)
+    def _submit(self, spec: JobSpec, owner_uid: int, owner_gid: int, umask: int | None = None) -> str:
+        return self.store.submit(spec, owner_uid=owner_uid, owner_gid=owner_gid, owner_umask=umask)
 
     def status_jobs(self) -> list[dict[str, Any]]:
         out = []

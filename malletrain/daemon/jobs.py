@@ -12,7 +12,7 @@ from typing import Callable
 from malletrain.daemon.accounting import NodeAccounting
 from malletrain.daemon.records import JOIN_BATCH_S, LEAVE_GRACE_S, START_RETRY_S, JobRun
 from malletrain.daemon.state import JobTable, Plan, Runtimes, log
-from malletrain.jobspec import JobState
+from malletrain.jobspec import JobState, Launcher
 from malletrain.logs import about
 from malletrain.messages import ENV_SECRET
 from malletrain.metrics import Metrics
@@ -95,7 +95,7 @@ class Act:
                     env[ENV_WORKER_BATCH] = str(run.spec.worker_batch)
                 env[ENV_SECRET] = self.job_secret(run.id)  # after the user's env: not overridable
                 self.hub.start_worker(node, wid, spec.argv, env, spec.cwd or run.spec.cwd, uid, gid,
-                                      slots=spec.slots)
+                                      slots=spec.slots, umask=run.umask)
                 run.start_sent[wid] = now
         target = set(nodes)  # (list lookups: 64 x 64 a job, every step)
         for node in [n for n in run.workers if n not in target]:
@@ -155,6 +155,8 @@ class Act:
         if members and self.runtimes.default.restarted_from_scratch(run.id):
             self._progress_lost(run)
         self.store.log_event("members", run.id, generation=gen, nodes=members, before=run.members)
+        if members and run.spec.launcher is Launcher.TORCHRUN:
+            self.store.count_world(run.id)
         run.members = list(members)
         run.published = tuple(run.workers[n] for n in members)
         self.store.set_nodes(run.id, members)

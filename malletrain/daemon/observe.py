@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from malletrain.config import DaemonConfig
 from malletrain.daemon.intake import JobIntake
-from malletrain.daemon.records import JobRun, NodeLost, job_of, rescale_kind, stopped_from_outside
+from malletrain.daemon.records import JobRun, NodeLost, job_of, rescale_kind, stopped_by_us
 from malletrain.daemon.state import JobTable, log
 from malletrain.daemon.trainers import Decide
 from malletrain.jobspec import JobState
@@ -126,7 +126,7 @@ class Observe:
         del run.workers[ev.node]
         if ev.code == 0 and ev.node in run.members:
             return run.end(JobState.COMPLETED, f"worker {ev.worker} exited 0")
-        if stopped_from_outside(ev.code):  # not the job's failure: a new worker takes its place at once
+        if stopped_by_us(ev.code, ev.stopped, ev.worker in run.inherited):  # a new worker takes its place
             self.store.log_event("worker_stopped", run.id, worker=ev.worker, code=ev.code)
             log.info("job %s: worker %s was stopped (exit %d) on node %s; starting another", run.id, ev.worker,
                      ev.code, ev.node, extra=about(job=run.id, worker=ev.worker))
@@ -146,6 +146,7 @@ class Observe:
             if run is not None and node in run.left_on and node not in run.workers:
                 run.workers[node] = wid
                 run.started.add(wid)
+                run.inherited.add(wid)
                 self.store.log_event("adopt", run.id, node=node, worker=wid)
             elif run is None or run.workers.get(node) != wid:
                 if run is None or wid not in run.leaving:
@@ -199,7 +200,7 @@ class Observe:
             rec = self.store.get(jid) if status.state is JobState.PENDING else None  # a new job's spec, read once
             if rec is not None and not self.intake.refused(rec.id, rec.spec):
                 runs[rec.id] = JobRun(rec.id, rec.spec, rec.state, base_samples=rec.samples,
-                                      owner=(rec.owner_uid, rec.owner_gid))
+                                      owner=(rec.owner_uid, rec.owner_gid), umask=rec.owner_umask)
                 self.intake.register(rec.id)
                 changed = True
         for run in list(runs.values()):

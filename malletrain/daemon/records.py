@@ -31,6 +31,17 @@ def stopped_from_outside(code: int) -> bool:
     return code == EXIT_STORE_LOST or any(code in (-sig, 128 + sig) for sig in _STOP_SIGNALS)
 
 
+def stopped_by_us(code: int, agent_stopped: bool, inherited: bool) -> bool:
+    """Whether a worker's exit is a stop we caused, known by us rather than read from its code: its
+    agent stopped it (a stop the daemon sent, its node's recall: ``agent_stopped``) and the code says
+    so, or it exited :data:`EXIT_STORE_LOST` having been started by an earlier daemon (``inherited``:
+    that daemon's store went away with it). A job whose own code exits 143, 137, 130, 129 or 75
+    fails like any other, toward ``max_failures``."""
+    if agent_stopped:
+        return stopped_from_outside(code)
+    return inherited and code == EXIT_STORE_LOST
+
+
 REPLAN_S = 10.0  # decide at least this often (estimates drift), besides every event
 POLICY_STATE_KEY = "policy_state"
 NODE_SECONDS_KEY = "node_seconds"  # store meta: {job: node-seconds its workers held} for live jobs
@@ -83,6 +94,7 @@ class JobRun:
     published: tuple[str, ...] = ()  # worker ids of the published member list, in rank order
     workers: dict[str, str] = field(default_factory=dict)  # node -> worker id (members + joining)
     started: set[str] = field(default_factory=set)  # worker ids the agent confirmed
+    inherited: set[str] = field(default_factory=set)  # worker ids an earlier daemon started (adopted)
     start_sent: dict[str, float] = field(default_factory=dict)  # worker id -> last start request
     ready_at: dict[str, float] = field(default_factory=dict)  # joining worker id -> when first seen ready
     leaving: dict[str, tuple[str, float]] = field(default_factory=dict)  # worker -> (node, kill time)
@@ -97,6 +109,7 @@ class JobRun:
     ending: tuple[JobState, str] | None = None  # observed: it ends (act makes it so), and why
     suspended_by: Loss | None = None  # its ledger's Loss that left it below its min: act suspends it, saying why
     owner: tuple[int | None, int | None] = (None, None)  # (uid, gid) of the submitter
+    umask: int | None = None  # the submitter's, recorded at submit: its workers run with it
 
     def end(self, state: JobState, reason: str) -> bool:
         """Observe's (and decide's) way to end a job: recorded now, carried out by act (the first

@@ -35,7 +35,9 @@ import sys
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from authframe import MAX_FRAME
 from malletrain.elastic.keys import done_key, pg_key, ready_key, world_key
+from malletrain.jobspec import TORCHRUN_MAX_RANKS, WORKERS_PER_NODE_MAX
 from malletrain.runtimes import LaunchSpec
 from malletrain.runtimes.torch_elastic import TorchRuntime
 from malletrain.workerenv import DEFAULT_STORE_GRACE_S, RankPlace, WorkerEnvError
@@ -52,6 +54,9 @@ DEFAULT_STOP_GRACE_S = 10.0
 DEFAULT_FAILURE_WAIT_S = 20.0
 """After its command failed, how long a rank agent waits for a newer world (a peer recalled: the daemon
 publishes the world without it) before the failure counts."""
+
+WORLD_MAX_BYTES = MAX_FRAME - 64 * 1024
+"""A world's places as one store value, at most (one frame of the store, less room for its key and framing)."""
 
 _PYTHON = re.compile(r"python(\d+(\.\d+)?)?")
 
@@ -225,16 +230,25 @@ class TorchrunRuntime(TorchRuntime):
         if not members:
             return
         nodes = self._nodes.get(job_id, {})
-        places = rank_places([(name, nodes.get(w, w)) for w in members  # unknown node: a node of its own
-                              for name in rank_names(w, self._local_ranks(job_id, w))])
+        local = [(w, self._local_ranks(job_id, w)) for w in members]
+        ranks = sum(k for _, k in local)
+        if ranks > TORCHRUN_MAX_RANKS:  # refused before it is built
+            raise ValueError(f"a torchrun world of {ranks} ranks; at most {TORCHRUN_MAX_RANKS}")
+        places = rank_places([(name, nodes.get(w, w)) for w, k in local  # unknown node: a node of its own
+                              for name in rank_names(w, k)])
         count = self._restarts.get(job_id, -1) + 1
+        value = World(count, places).to_json()
+        if len(value) > WORLD_MAX_BYTES:
+            raise ValueError(f"a torchrun world of {ranks} ranks is {len(value)} bytes; the store carries "
+                             f"{WORLD_MAX_BYTES} at most")
         self._restarts[job_id] = count
-        store.set(world_key(job_id, gen), World(count, places).to_json())
+        store.set(world_key(job_id, gen), value)
 
     def _local_ranks(self, job_id: str, worker: str) -> int:
         """The ranks ``worker`` runs on its node: what its launch said, else (a worker an earlier daemon
         started) what its rank agent's ready key says (it writes its K there, again at each reconnection),
-        else 1."""
+        else 1. The key is the job's to write: a K above what any node has
+        (:data:`~malletrain.jobspec.WORKERS_PER_NODE_MAX`) is not believed (1, with a warning)."""
         known = self._local.get(job_id, {}).get(worker)
         if known is not None:
             return known
@@ -243,6 +257,10 @@ class TorchrunRuntime(TorchRuntime):
             said = int(raw) if raw is not None else 0
         except ValueError:
             said = 0
+        if said > WORKERS_PER_NODE_MAX:
+            log.warning("job %s: worker %s says it runs %d local ranks; at most %d: taken as 1",
+                        job_id, worker, said, WORKERS_PER_NODE_MAX)
+            said = 1
         if said < 1:
             return 1
         self._local.setdefault(job_id, {})[worker] = said

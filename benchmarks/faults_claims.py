@@ -1,0 +1,214 @@
+"""What a job claims about itself, for ``benchmarks/bench_faults.py`` (parts ``curves``, ``keys`` and
+``stopcodes``).
+
+Against real daemons (local backend, toy runtime), each attack as it was reported:
+
+* **curve lies** (C; nodes taken: D): a victim trains on both of two nodes; then a job whose file
+  declares ``scaling = { 1 = 1.0, 2 = 1000000.0 }`` (20 samples/s a node in truth) is submitted.
+  Taken (one count) if, within ``seconds``, the liar ever held both nodes or the victim none.
+* **key inflations** (E; daemon stalls: F): a ``torchrun`` job whose command stops its rank agent
+  (SIGSTOP: it writes its true count no more) and writes the agent's ready key
+  (``mt/JOB/ready/WORKER``, the local-rank count a restarted daemon reads) as 10^6, then 200,000,
+  again and again; the daemon is killed (-9) and started again. A stall (one
+  count each) if the restarted daemon did not answer ``status`` within 5 s at each of 5 looks
+  over 10 s, or grew past 300 MB. The line says whether the restarted daemon read the key (its
+  warning); where it did not (its store came back where the job's client did not reconnect), the
+  job's last log lines follow, and the bound is shown by ``tests/test_claims.py`` alone.
+* **stop-code loops** (G; never failed: H): a job that exits 143, 137, 130, 129 or 75 by itself,
+  at once, with ``max_failures = 3``. Never failed (one count each) if the job was not FAILED
+  within 60 s.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from dataclasses import dataclass
+
+import faults_common as B
+import psutil
+
+CONFIG = """
+state_dir = "{{state}}"
+runtime = "toy"
+loop_interval = 0.05
+agent_heartbeat = 0.2
+agent_dead_after = 6.0
+max_failures = 3
+backend = "local"
+[local]
+nodes = {nodes}
+trace = "none"
+"""
+
+LIAR_CURVE = """
+name = "liar"
+command = ["python", "-m", "malletrain.toy_runtime", "--rate", "20", "--alpha", "1.0"]
+min_nodes = 1
+max_nodes = 2
+scaling = { 1 = 1.0, 2 = 1000000.0 }
+"""
+
+INFLATE = """
+import os, signal, time
+from malletrain.elastic.wire import StoreClient, StoreError
+host, port = os.environ["MALLETRAIN_STORE"].rsplit(":", 1)
+job, me = os.environ["MALLETRAIN_JOB"], os.environ["MALLETRAIN_WORKER"]
+c = StoreClient((host, int(port)), job, me, os.environ["MALLETRAIN_JOB_SECRET"])
+os.kill(os.getppid(), signal.SIGSTOP)  # its rank agent (same user) writes its true K no more
+print("inflating", flush=True)
+while True:
+    try:
+        c.set(f"mt/{job}/ready/{me}", "{count}")
+    except Exception as exc:  # the daemon killed: its store away, then back on its port
+        print("refused:", type(exc).__name__, exc, flush=True)
+        try:
+            c = StoreClient((host, int(port)), job, me, os.environ["MALLETRAIN_JOB_SECRET"])
+        except Exception as again:
+            print("reconnect:", type(again).__name__, again, flush=True)
+    time.sleep(0.2)
+"""
+
+TORCHRUN_JOB = """
+name = "{name}"
+launcher = "torchrun"
+command = [{py}, "-c", {code}]
+min_nodes = 1
+max_nodes = 1
+env = {{ PYTHONPATH = {root} }}
+"""
+
+EXIT_JOB = """
+name = "exit{code}"
+command = [{py}, "-c", "raise SystemExit({code})"]
+min_nodes = 1
+max_nodes = 1
+"""
+
+STALL_MB = 300
+
+
+@dataclass
+class Claims:
+    curve_lies: int = 0
+    taken: int = 0
+    inflations: int = 0
+    stalls: int = 0
+    loops: int = 0
+    never_failed: int = 0
+
+
+def curve_lies(t: B.Tally, c: Claims, seconds: float) -> None:
+    with B.workdir("mt-faults-curve-") as top:
+        d = B.Daemon(top, CONFIG.format(nodes=2))
+        d.start()
+        try:
+            victim = d.submit(B.TOY_JOB.format(name="victim", rate=1000, lo=1, hi=2, profile="false", samples=""),
+                              "victim")
+            if not B.wait(lambda: len(d.jobs()[victim]["nodes"]) == 2, 60):
+                t.note("claims: the victim never held both nodes: no curve lie was tried")
+                return
+            liar = d.submit(LIAR_CURVE, "liar")
+            c.curve_lies += 1
+            worst, most, end = "", 0, time.monotonic() + seconds
+            while time.monotonic() < end:
+                jobs = d.jobs()
+                most = max(most, len(jobs[liar]["nodes"]))
+                if len(jobs[liar]["nodes"]) == 2 or not jobs[victim]["nodes"]:
+                    worst = f"the liar on {len(jobs[liar]['nodes'])}, the victim on {len(jobs[victim]['nodes'])}"
+                    break
+                time.sleep(1.0)
+            print(f"  a declared curve of {{1: 1, 2: 10^6}}: "
+                  f"{'nodes TAKEN (' + worst + ')' if worst else 'the victim kept its nodes'}; "
+                  f"the liar held {most} node(s) at most", flush=True)
+            if worst:
+                c.taken += 1
+                t.note(f"claims: a declared curve took a running job's nodes: {worst}")
+            d.cancel(liar)
+            d.cancel(victim)
+        finally:
+            rc = d.stop()
+            t.tracebacks += d.log_tracebacks() + (rc != 0)
+            t.orphans += d.orphans()
+
+
+def _daemon_mb(d: B.Daemon) -> float:
+    try:
+        return psutil.Process(d.proc.pid).memory_info().rss / 2**20 if d.proc is not None else 0.0
+    except psutil.Error:
+        return 0.0
+
+
+def _answers_in(d: B.Daemon, limit_s: float = 5.0) -> bool:
+    try:
+        return d.alive() and B.cli("status", "--json", "--state-dir", str(d.state), timeout=limit_s).returncode == 0
+    except subprocess.TimeoutExpired:
+        return False
+
+
+def key_inflations(t: B.Tally, c: Claims) -> None:
+    with B.workdir("mt-faults-keys-") as top:
+        d = B.Daemon(top, CONFIG.format(nodes=1))
+        d.start()
+        try:
+            for count in (10**6, 200_000):
+                code = INFLATE.replace("{count}", str(count))
+                jid = d.submit(TORCHRUN_JOB.format(name=f"inflate{count}", py=json.dumps(B.PY), code=json.dumps(code),
+                                                   root=json.dumps(str(B.ROOT))), f"inflate{count}")
+                logs = lambda j=jid: "".join(p.read_text(errors="replace")  # noqa: E731
+                                             for p in (d.state / "logs").glob(f"{j}.*.log*"))
+                wrote = B.wait(lambda: "inflating" in logs(), 90)
+                time.sleep(2.0)
+                c.inflations += 1
+                d.kill9()
+                t.kills += 1
+                d.start()
+                looks = []
+                for _ in range(5):
+                    looks.append(_answers_in(d))
+                    time.sleep(2.0)
+                mb = _daemon_mb(d)
+                state = d.jobs()[jid]["state"] if all(looks) else "?"
+                read = d.log.read_text(errors="replace").count(f"says it runs {count} local ranks")
+                print(f"  ready key of {count:,} local ranks ({'written' if wrote else 'NOT written'}; "
+                      f"{'read and not believed' if read else 'not read'}): {sum(looks)}/5 status answers within "
+                      f"5 s after the restart, {mb:.0f} MB (the job: {state})", flush=True)
+                if not read:
+                    print("    the job's log ends:", logs()[-600:].replace("\n", " | "), flush=True)
+                if not all(looks) or mb > STALL_MB:
+                    c.stalls += 1
+                    t.note(f"claims: a ready key of {count} stalled the restarted daemon ({sum(looks)}/5, {mb:.0f} MB)")
+                d.cancel(jid)
+                B.wait(lambda j=jid: d.jobs()[j]["state"] == "cancelled", 30)
+        finally:
+            rc = d.stop()
+            t.tracebacks += d.log_tracebacks() + (rc != 0)
+            t.orphans += d.orphans()
+
+
+def stop_code_loops(t: B.Tally, c: Claims) -> None:
+    with B.workdir("mt-faults-stopcodes-") as top:
+        d = B.Daemon(top, CONFIG.format(nodes=1))
+        d.start()
+        try:
+            for code in (143, 137, 130, 129, 75):
+                jid = d.submit(EXIT_JOB.format(code=code, py=json.dumps(B.PY)), f"exit{code}")
+                c.loops += 1
+                failed = B.wait(lambda j=jid: d.jobs()[j]["state"] == "failed", 60, 0.5)
+                j = d.jobs()[jid]
+                print(f"  a job exiting {code} by itself: {j['state']} ({j['message'][:80]})", flush=True)
+                if not failed:
+                    c.never_failed += 1
+                    t.note(f"claims: a job exiting {code} by itself never failed ({j['state']})")
+                    d.cancel(jid)
+        finally:
+            rc = d.stop()
+            t.tracebacks += d.log_tracebacks() + (rc != 0)
+            t.orphans += d.orphans()
+
+
+def summary(c: Claims) -> str:
+    """The counts bench_faults' last line adds."""
+    return (f"{c.curve_lies} curve lies, {c.taken} nodes taken, {c.inflations} key inflations, "
+            f"{c.stalls} daemon stalls, {c.loops} stop-code loops, {c.never_failed} never failed")
