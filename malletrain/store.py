@@ -37,7 +37,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-from malletrain.jobspec import NAME_MAX_CHARS, JobSpec, JobSpecError, JobState, check_submit, parse_spec
+from malletrain.jobspec import (
+    MEMBER_KEYS, NAME_MAX_CHARS, JobSpec, JobSpecError, JobState, check_submit, parse_spec,
+)
 from malletrain.statedir import private_file, private_state_dir
 from malletrain.store_schema import SQLITE_MAGIC, LEGACY_SCALING_TABLE, WAL_LIMIT_BYTES, StoreError  # noqa: F401  (re-exported)
 from malletrain.store_schema import check_file, create_file, migrate, sqlite_error_text
@@ -71,6 +73,9 @@ class JobRecord:
     owner_gid: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
+        return self._base_dict() | {k: getattr(self.spec, k) for k in MEMBER_KEYS if getattr(self.spec, k) is not None}
+
+    def _base_dict(self) -> dict[str, Any]:
         return {
             "id": self.id, "name": self.spec.name, "state": self.state.value,
             "samples": self.samples, "target": self.spec.samples, "nodes": list(self.nodes),
