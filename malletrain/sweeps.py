@@ -445,6 +445,8 @@ def summary(sweep: SweepSpec, rows: list[TrialRow], job_states: Mapping[str, str
     trials = []
     for r in rows:
         state = job_states.get(r.job or "", r.state) if r.state == "running" else r.state
+        if r.state == "running" and state in ("completed", "failed", "cancelled"):
+            state = "ending"  # its job ended; its value is told at the daemon's next step
         trials.append({"number": r.number, "values": r.values, "state": state, "value": r.value, "job": r.job,
                        "reason": r.reason})
     done = [t for t in trials if t["state"] == "completed" and t["value"] is not None]
