@@ -282,3 +282,29 @@ def test_cli_submits_a_sweep_file_and_shows_it_without_a_daemon(tmp_path: Path, 
     f.write_text(f.read_text().replace("low = 0.1", "low = 2.0"))
     assert main(["submit", "--state-dir", state, str(f)]) == 2
     assert "[sweep.space] lr: low 2.0 > high 1.0" in capsys.readouterr().err
+
+
+def test_a_trial_asked_but_never_submitted_is_submitted_after_a_restart(tmp_path: Path) -> None:
+    """The daemon died between Optuna's ask and the trial's job: the journal has the trial, the store
+    no job. The next daemon submits it with the values asked, and asks no trial in its place."""
+    from malletrain.store import Store
+    from malletrain.sweeps import SweepStudy, journal_path
+
+    state = tmp_path / "d"
+    state.mkdir()
+    sweep = parse_sweep(_table(trials=2), "search", "t")
+    store = Store.open(state / "store.db")
+    try:
+        register(store, _spec(), sweep, None, None)
+    finally:
+        store.close()
+    number, values = SweepStudy(sweep, journal_path(state, "search")).ask()
+    h = _harness(tmp_path)
+    try:
+        h.run_until(2.0)
+        (rec,) = [r for r in h.daemon.store.jobs() if r.spec.trial == number]
+        assert rec.spec.command[1] == f"--lr={values['lr']!r}" and rec.spec.command[3] == str(values["width"])
+        assert [t["job"] for t in _show(h)["trials"]][:1] == [rec.id]
+        assert _show(h)["trials_asked"] == 1  # trial 0 waits for nodes: none asked in its place
+    finally:
+        h.close()

@@ -7,7 +7,8 @@ A plain DDP script (``init_process_group("env://")``, gloo on CPU) on the synthe
 :mod:`malletrain.examples.torchrun_ddp`, with its own checkpoint in the folder ``--ckpt`` (model,
 optimizer, step, data position) every ``--checkpoint-every`` steps: restarted at any world size (a
 recall, a node back) it resumes there. Rank 0 appends one line a start to ``CKPT/starts.log``
-(``start STEP world W``: a start at step 0 is a start from scratch), reports the training loss every
+(``start STEP world W trained T``: T is the last step an earlier run trained, so a start at step 0
+with T > 0 is a start from scratch that lost training), reports the training loss every
 10 steps (:func:`malletrain.client.trial_report`, for a sweep's pruner) and, at the end, its value,
 the validation loss (:func:`malletrain.client.trial_result`: ``{"value": X}`` into the file
 ``MALLETRAIN_TRIAL_RESULT`` names). Outside a sweep those calls do nothing. See docs/training.md,
@@ -67,10 +68,12 @@ def main() -> None:
         net.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         step, epoch, position = int(state["step"]), int(state["epoch"]), int(state["position"])
+    trained = args.ckpt / "trained"  # the last step any run of this trial trained (rank 0)
     if rank == 0:
         args.ckpt.mkdir(parents=True, exist_ok=True)
+        before = int(trained.read_text() or 0) if trained.exists() else 0
         with open(args.ckpt / "starts.log", "a") as fh:
-            fh.write(f"start {step} world {world} t {time.time():.3f}\n")
+            fh.write(f"start {step} world {world} trained {before} t {time.time():.3f}\n")
     dataset = make_dataset()
 
     def save() -> None:
@@ -86,6 +89,8 @@ def main() -> None:
             step += 1
             position += args.batch * world
             print(f"step {step} world {world} rank {rank} loss {float(loss):.5f}", flush=True)
+            if rank == 0:
+                trained.write_text(str(max(step, int(trained.read_text() or 0) if trained.exists() else 0)))
             if args.step_sleep:
                 time.sleep(args.step_sleep)
             if rank == 0 and step % args.checkpoint_every == 0:
