@@ -38,8 +38,8 @@ from typing import Any
 
 TRIALS = 12
 NODES = ("node00", "node01", "node02")
-RECALL_EVERY_S = 10.0
-RECALL_DOWN_S = 6.0
+RECALL_EVERY_S = 20.0
+RECALL_DOWN_S = 10.0
 SPACE = {"lr": {"low": 0.01, "high": 0.2, "log": True}, "width": {"low": 4, "high": 32}}
 SEED = 1
 PY = sys.executable
