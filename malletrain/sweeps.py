@@ -37,7 +37,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import stat
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping
@@ -287,28 +289,45 @@ def steps_path(state: Path, name: str, number: int) -> Path:
     return sweep_dir(state, name) / f"trial-{number}.steps.jsonl"
 
 
+RESULT_MAX_BYTES = 4096
+STEPS_MAX_BYTES = 1024 * 1024
+
+
+def _trial_file(path: Path, max_bytes: int) -> str:
+    """A file a trial wrote (it runs as its owner): a regular file, never through a link, at most
+    ``max_bytes`` read (the tail of a longer one); OSError otherwise."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(f"{path.name} is not a regular file")
+        fh.seek(max(0, st.st_size - max_bytes))
+        return fh.read(max_bytes).decode("utf-8", errors="replace")
+
+
 def read_value(path: Path) -> tuple[float | None, str]:
-    """A trial's value from its result file, or (None, why there is none)."""
+    """A trial's value from its result file, or (None, why there is none). The file's text is never
+    quoted back (it may not be the trial's)."""
     try:
-        text = path.read_text(encoding="utf-8", errors="replace")[:4096]
+        text = _trial_file(path, RESULT_MAX_BYTES)
     except FileNotFoundError:
         return None, "the trial ended without a value (nothing written to MALLETRAIN_TRIAL_RESULT)"
     except OSError as exc:
         return None, f"the trial's value cannot be read: {exc.strerror or exc}"
     try:
         obj = json.loads(text)
-    except ValueError:
-        return None, f"the trial's result file is not JSON: {_short(text, 60)}"
+    except (ValueError, RecursionError):
+        return None, "the trial's result file (MALLETRAIN_TRIAL_RESULT) is not JSON"
     value = obj.get("value") if isinstance(obj, dict) else None
     if not _number(value):
-        return None, f"the trial's result has no finite \"value\": {_short(text, 60)}"
+        return None, "the trial's result (MALLETRAIN_TRIAL_RESULT) has no finite number \"value\""
     return float(value), ""
 
 
 def read_steps(path: Path, after: int) -> list[tuple[int, float]]:
     """Intermediate values (step, value) past step ``after``, in order; bad lines are skipped."""
     try:
-        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()[-10_000:]
+        lines = _trial_file(path, STEPS_MAX_BYTES).splitlines()[-10_000:]
     except OSError:
         return []
     out: dict[int, float] = {}

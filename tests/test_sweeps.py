@@ -150,6 +150,10 @@ def test_trials_run_as_jobs_each_told_its_value_and_the_best_is_named(tmp_path: 
         assert [(t["number"], t["state"], t["value"]) for t in s["trials"]] == [
             (0, "completed", 0.5), (1, "completed", 0.2), (2, "completed", 0.9)]
         assert s["best"]["number"] == 1 and s["done"]
+        from malletrain.control import Caller, Status
+
+        reply = h.daemon.handle(Status(), Caller(0, 0, True))  # status --json carries the same
+        assert reply["sweeps"][0]["best"] == s["best"] and reply["sweeps"][0]["trials"] == s["trials"]
         assert len(_trials(h)) == 3  # no trial more than asked
     finally:
         h.close()
@@ -308,3 +312,22 @@ def test_a_trial_asked_but_never_submitted_is_submitted_after_a_restart(tmp_path
         assert _show(h)["trials_asked"] == 1  # trial 0 waits for nodes: none asked in its place
     finally:
         h.close()
+
+
+def test_a_trial_value_is_read_from_a_regular_file_only_and_never_quoted(tmp_path: Path) -> None:
+    from malletrain.sweeps import read_value
+
+    secret = tmp_path / "secret"
+    secret.write_text("root:hash:1:2")
+    link = tmp_path / "trial-0.json"
+    link.symlink_to(secret)
+    value, why = read_value(link)
+    assert value is None and "cannot be read" in why and "hash" not in why
+    bad = tmp_path / "trial-1.json"
+    bad.write_text("not json: token=abc")
+    value, why = read_value(bad)
+    assert value is None and "not JSON" in why and "abc" not in why
+    good = tmp_path / "trial-2.json"
+    good.write_text('{"value": 0.5}')
+    assert read_value(good) == (0.5, "")
+    assert read_value(tmp_path / "none.json")[0] is None

@@ -59,13 +59,14 @@ class SweepDriver:
         self.owners: dict[str, tuple[int, int]] = {}
         self.specs: dict[str, JobSpec] = {}
         self.broken: dict[str, str] = {}  # sweep -> why it cannot run (e.g. Optuna not installed)
+        self.finished: set[str] = set()  # every trial asked and told: nothing left to drive
 
     def step(self, now: float) -> bool:
         """One pass over every sweep; returns whether a trial ended or was submitted."""
         sweeps = registered(self.store)
         changed = False
         for name, reg in sweeps.items():
-            if name in self.broken:
+            if name in self.broken or name in self.finished:
                 continue
             try:
                 study = self._study(name, reg)
@@ -122,7 +123,10 @@ class SweepDriver:
                 changed = True
             else:
                 waiting += 1  # in the store, not yet taken by observe
+        open_now = len(study.open_trials())
         progress = SweepProgress(study.sweep.trials, study.asked(), waiting)
+        if open_now == 0 and progress.asked >= progress.trials:
+            self.finished.add(name)
         for _ in range(trials_to_open(progress)):
             number, values = study.ask()
             study.set_job(number, self._submit(name, study, number, values))
