@@ -19,8 +19,8 @@ holding a trial's process, summed). Prints both and their ratio, with the load; 
 ``sweep: 12 trials, recalls R, trials restarted from scratch 0 (Optuna retry: N), node-seconds to
 finish S (Optuna retry: T)``.
 
-    python benchmarks/bench_sweep.py            # 60 steps a trial
-    python benchmarks/bench_sweep.py --short    # 15 steps a trial (about two minutes each way)
+    python benchmarks/bench_sweep.py            # 60 steps a trial, 8 recalls
+    python benchmarks/bench_sweep.py --short    # 15 steps a trial, 4 recalls (minutes each way)
 """
 
 from __future__ import annotations
@@ -49,11 +49,12 @@ def trial_args(steps: int, sleep: float) -> list[str]:
     return ["--steps", str(steps), "--step-sleep", str(sleep), "--checkpoint-every", "2"]
 
 
-def recalls_due(start: float, now: float) -> list[tuple[float, str, float]]:
-    """The schedule: (time, node, back at), the k-th recall at k x RECALL_EVERY_S, nodes in turn."""
+def recalls_due(start: float, now: float, most: int) -> list[tuple[float, str, float]]:
+    """The schedule: (time, node, back at), the k-th recall at k x RECALL_EVERY_S, nodes in turn, at
+    most ``most`` (so both ways meet the same recalls when both run that long)."""
     out = []
     k = 1
-    while start + k * RECALL_EVERY_S <= now:
+    while start + k * RECALL_EVERY_S <= now and k <= most:
         t = start + k * RECALL_EVERY_S
         out.append((t, NODES[(k - 1) % len(NODES)], t + RECALL_DOWN_S))
         k += 1
@@ -76,7 +77,7 @@ def from_scratch_restarts(ckpt: Path) -> tuple[int, int]:
 
 
 # ---------------------------------------------------------------- malletrain
-def run_malletrain(work: Path, steps: int, sleep: float) -> dict[str, Any]:
+def run_malletrain(work: Path, steps: int, sleep: float, most: int) -> dict[str, Any]:
     from malletrain.config import DaemonConfig, LocalConfig
     from malletrain.daemon import Daemon
     from malletrain.jobspec import JobSpec, Launcher
@@ -102,7 +103,7 @@ def run_malletrain(work: Path, steps: int, sleep: float) -> dict[str, Any]:
             now = time.monotonic()
             node_s += (now - last) * sum(len(r.workers) for r in d.runs.values() if r.spec.sweep_name == "bench")
             last = now
-            for t, node, back in recalls_due(start, now):
+            for t, node, back in recalls_due(start, now, most):
                 if t not in done_recalls:
                     done_recalls.add(t)
                     d.backend.recall(node)
@@ -154,7 +155,7 @@ def optuna_worker(url: str, ckpt: str, steps: int, sleep: float, port: int) -> N
     study.optimize(objective, callbacks=[MaxTrialsCallback(TRIALS, states=(TrialState.COMPLETE,))])
 
 
-def run_optuna(work: Path, steps: int, sleep: float) -> dict[str, Any]:
+def run_optuna(work: Path, steps: int, sleep: float, most: int) -> dict[str, Any]:
     import optuna
     from optuna.trial import TrialState
 
@@ -187,7 +188,7 @@ def run_optuna(work: Path, steps: int, sleep: float) -> dict[str, Any]:
         while len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))) < TRIALS:
             time.sleep(0.2)
             now = time.monotonic()
-            for t, node, back in recalls_due(start, now):
+            for t, node, back in recalls_due(start, now, most):
                 if t not in done_recalls:
                     done_recalls.add(t)
                     if node in workers:
@@ -222,12 +223,12 @@ def main() -> int:
         url, ckpt, steps, sleep, port = args.optuna_worker
         optuna_worker(url, ckpt, int(steps), float(sleep), int(port))
         return 0
-    steps, sleep = (15, 0.1) if args.short else (60, 0.1)
+    steps, sleep, most = (15, 0.1, 4) if args.short else (60, 0.1, 8)
     work = Path(tempfile.mkdtemp(prefix="bench_sweep."))
     try:
         load0 = os.getloadavg()[0]
-        ours = run_malletrain(work / "malletrain", steps, sleep)
-        theirs = run_optuna(work / "optuna", steps, sleep)
+        ours = run_malletrain(work / "malletrain", steps, sleep, most)
+        theirs = run_optuna(work / "optuna", steps, sleep, most)
         load1 = os.getloadavg()[0]
     finally:
         shutil.rmtree(work, ignore_errors=True)

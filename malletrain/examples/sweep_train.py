@@ -88,7 +88,7 @@ def main() -> None:
             opt.step()
             step += 1
             position += args.batch * world
-            print(f"step {step} world {world} rank {rank} loss {float(loss):.5f}", flush=True)
+            print(f"step {step} world {world} rank {rank} loss {loss.item():.5f}", flush=True)
             if rank == 0:
                 trained.write_text(str(max(step, int(trained.read_text() or 0) if trained.exists() else 0)))
             if args.step_sleep:
@@ -96,7 +96,7 @@ def main() -> None:
             if rank == 0 and step % args.checkpoint_every == 0:
                 save()
             if rank == 0 and step % 10 == 0:
-                trial_report(step, float(loss))
+                trial_report(step, loss.item())
             if step >= args.steps:
                 break
         else:
