@@ -331,3 +331,24 @@ def test_a_trial_value_is_read_from_a_regular_file_only_and_never_quoted(tmp_pat
     good.write_text('{"value": 0.5}')
     assert read_value(good) == (0.5, "")
     assert read_value(tmp_path / "none.json")[0] is None
+
+
+def test_without_optuna_a_sweep_stops_saying_why_and_the_daemon_goes_on(tmp_path: Path, monkeypatch: Any) -> None:
+    import malletrain.sweeps as sweeps_module
+
+    def missing() -> Any:
+        raise SweepError(f"sweeps need Optuna, which is not installed ({sweeps_module.EXTRA})")
+
+    monkeypatch.setattr(sweeps_module, "_optuna", missing)
+    h = _harness(tmp_path)
+    try:
+        register(h.daemon.store, _spec(), parse_sweep(_table(), "search", "t"), None, None)
+        plain = h.daemon.store.submit(JobSpec(name="plain", command=("true",)))
+        h.cluster.became_idle("n01")
+        h.run_until(4.0)
+        assert h.daemon.runs[plain].members  # every other job runs
+        (s,) = h.daemon.api.sweep_driver.status()
+        assert "malletrain[sweep]" in s["error"] and s["trials"] == []
+        assert [e["sweep"] for e in h.events("sweep_error")] == ["search"]  # said once
+    finally:
+        h.close()
