@@ -13,9 +13,9 @@ import sys
 from typing import Sequence
 
 from malletrain import __version__
-from malletrain import cli_daemon, cli_simulate, cli_trace
+from malletrain import cli_daemon, cli_simulate, cli_sweep, cli_trace
 
-MODULES = (cli_trace, cli_simulate, cli_daemon)
+MODULES = (cli_trace, cli_simulate, cli_daemon, cli_sweep)
 
 
 class UserError(Exception):

@@ -39,8 +39,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("submit", help="submit a job file (TOML or JSON)",
                        description="Submit a job file (TOML or JSON; fields: docs/operators.md) and print its id. "
                        "Works while no daemon runs: the job waits in the store.")
-    p.add_argument("jobfile", help="the job file (name, command, min_nodes, max_nodes, samples, ...)")
+    p.add_argument("jobfile", help="the job file (name, command, min_nodes, max_nodes, samples, ...); "
+                   "with a [sweep] table, a search: one job a trial (docs/training.md, Sweeps)")
     p.add_argument("--state-dir", help=STATE_HELP)
+    p.add_argument("--array", metavar="INDICES",
+                   help="a job array: one job per index (0-19, 0-19:2, 1,3,5); each gets MALLETRAIN_ARRAY_INDEX "
+                   "and {index} in its command; prints the array's id (cancel takes it)")
     p.set_defaults(func=cmd_submit)
 
     p = sub.add_parser("status", help="jobs and nodes, like squeue; why jobs failed and where their logs are",
@@ -48,6 +52,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "its log files) and, when a daemon runs, every node. Reads the store when none runs.")
     p.add_argument("--state-dir", help=STATE_HELP)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--elements", action="store_true", help="each element of a job array on its own line "
+                   "(default: one line an array)")
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("wait", help="wait until a job has trained N samples; say why if it ends first",
@@ -72,7 +78,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("cancel", help="cancel a job",
                        description="Cancel a job: the daemon stops its workers and releases its nodes. "
                        "Works while no daemon runs (the store records the request).")
-    p.add_argument("id", help="the job id (e.g. j000001)")
+    p.add_argument("id", help="the job id (e.g. j000001), an array's id (a000001: every element) or an "
+                   "element's (a000001_3)")
     p.add_argument("--state-dir", help=STATE_HELP)
     p.set_defaults(func=cmd_cancel)
 
@@ -162,9 +169,13 @@ def cmd_submit(args: argparse.Namespace) -> int:
     straight into the store only when no daemon answers (then only the store's owner can)."""
     import json
 
+    from malletrain.cli_sweep import submit_group
     from malletrain.jobspec import load_spec
     from malletrain.submitcheck import check_command
 
+    grouped = submit_group(args)  # an array (--array) or a [sweep] search: many jobs of one file
+    if grouped is not None:
+        return grouped
     spec = load_spec(args.jobfile)  # the interpreter rule: `python` -> this Python (jobspec.py)
     check_command(spec.command, spec.cwd or os.getcwd(), spec.env, args.jobfile)  # its script is there
     from malletrain.statedir import current_umask
@@ -195,8 +206,11 @@ def _ask(args: argparse.Namespace, req: dict[str, Any]) -> dict[str, Any] | None
 def cmd_cancel(args: argparse.Namespace) -> int:
     """Through the running daemon (only the job's owner or an admin may); straight into the
     store only when no daemon answers."""
+    from malletrain.arrays import is_array_ref
     from malletrain.store import StoreError
 
+    if is_array_ref(args.id):
+        return _cancel_array(args)
     reply = _ask(args, {"cmd": "cancel", "id": args.id})
     if reply is not None:
         if not reply.get("ok"):
@@ -223,6 +237,31 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cancel_array(args: argparse.Namespace) -> int:
+    """``cancel`` of an array (every element) or one element (``a000001_3``)."""
+    from malletrain.arrays import resolve
+
+    reply = _ask(args, {"cmd": "cancel", "id": args.id})
+    if reply is not None:
+        if not reply.get("ok"):
+            print(f"malletrain cancel: error: {reply.get('error', reply)}", file=sys.stderr)
+            return 1
+        jobs = list(reply.get("jobs") or [])
+    else:
+        store = _store(args)
+        try:
+            jobs = resolve(store.jobs(), args.id)
+            for jid in jobs:
+                store.request_cancel(jid)
+        finally:
+            store.close()
+    if not jobs:
+        print(f"malletrain cancel: error: no array element {args.id} at {_state(args)}", file=sys.stderr)
+        return 1
+    print(f"{args.id}: cancel requested for {len(jobs)} job(s) ({jobs[0]}{' to ' + jobs[-1] if len(jobs) > 1 else ''})")
+    return 0
+
+
 def status_data(args: argparse.Namespace) -> dict[str, Any]:
     """The daemon's status (live) or the store's; each job gets ``logs`` (its log files, newest last)
     and ``note`` (why it failed or stopped short of its target, or None)."""
@@ -244,6 +283,9 @@ def status_data(args: argparse.Namespace) -> dict[str, Any]:
     for j in reply["jobs"]:
         j["logs"] = [str(p) for p in job_logs(state, str(j["id"]))]
         j["note"] = job_note(j)
+    from malletrain.cli_sweep import group_status
+
+    group_status(args, reply)  # `arrays`: one summary an array; `sweeps`: each search's trials and best
     return reply
 
 
@@ -254,7 +296,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(data, indent=1, default=str))
         return 0
-    print(format_jobs(data["jobs"]))
+    from malletrain.cli_sweep import print_groups
+
+    shown = [j for j in data["jobs"] if getattr(args, "elements", False) or not j.get("array_id")]
+    print(format_jobs(shown))
+    print_groups(data)  # one line an array (--elements: each element above), one a sweep
     print()
     print(format_details(data["jobs"], data["log_dir"]))
     if data["daemon"]:

@@ -300,3 +300,53 @@ def reset() -> None:
     _script_reports = False
     with _held_lock:
         _held = None
+
+
+# ---------------------------------------------------------------- sweep trials
+def trial_result(value: float) -> bool:
+    """A sweep trial's value, the one line a trial needs: writes ``{"value": value}`` to the file
+    ``MALLETRAIN_TRIAL_RESULT`` names (whole or not at all: a temporary file renamed). Only rank 0
+    writes; returns False on other ranks and outside a sweep (the variable unset)."""
+    import json
+    import math
+
+    from malletrain.workerenv import ENV_TRIAL_RESULT
+
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"trial_result({value!r}): the value must be a finite number")
+    path = os.environ.get(ENV_TRIAL_RESULT, "")
+    if not path or _rank() != 0:
+        return False
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump({"value": float(value)}, fh)
+    os.replace(tmp, path)
+    return True
+
+
+def trial_report(step: int, value: float) -> bool:
+    """An intermediate value of a sweep trial at ``step`` (for the sweep's pruner): one JSON line
+    appended to ``MALLETRAIN_TRIAL_STEPS``. The daemon stops a trial its pruner prunes. Only rank 0
+    writes; returns False on other ranks and outside a sweep."""
+    import json
+    import math
+
+    from malletrain.workerenv import ENV_TRIAL_STEPS
+
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"trial_report(step={step!r}): step must be an int >= 0")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"trial_report(value={value!r}): the value must be a finite number")
+    path = os.environ.get(ENV_TRIAL_STEPS, "")
+    if not path or _rank() != 0:
+        return False
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps({"step": step, "value": float(value)}) + "\n")
+    return True
+
+
+def _rank() -> int:
+    """This process's rank: the elastic layer's context if set, else the launcher's variables, else 0."""
+    if _context is not None:
+        return _context.rank
+    return _env_int(_RANK_VARS, 0)

@@ -167,10 +167,15 @@ class JobSpec:
     launcher: Launcher = Launcher.ELASTIC
     workers_per_node: int | None = None  # None: every worker slot of the node
     worker_batch: int | None = None  # samples one worker trains per optimizer step; None: not given
+    # set by malletrain, never by a job file (:data:`MEMBER_KEYS`): the array or sweep a job belongs to
+    array_id: str | None = None  # ``submit --array``: the array's id (``a000001``)
+    array_index: int | None = None  # its index in the array
+    sweep_name: str | None = None  # a ``[sweep]`` trial: the sweep's name
+    trial: int | None = None  # the trial's number in the sweep
 
     def to_json(self) -> str:
         d = asdict(self)
-        for key in ("trainer", "budget_node_hours", "deadline", "workers_per_node", "worker_batch"):
+        for key in ("trainer", "budget_node_hours", "deadline", "workers_per_node", "worker_batch") + MEMBER_KEYS:
             if d[key] is None:
                 del d[key]  # stored as before these fields existed
         if self.launcher is Launcher.ELASTIC:
@@ -211,8 +216,15 @@ class JobSpec:
         return replace(self, command=tuple(command))
 
 
+MEMBER_KEYS = ("array_id", "array_index", "sweep_name", "trial")
+"""Fields of a stored job that malletrain sets (an array's element, a sweep's trial); a job file
+that gives one is refused (:func:`load_spec`)."""
+GROUP_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+"""An array's id or a sweep's name."""
+MEMBER_INDEX_MAX = 10**9
+
 _KEYS = {"name", "command", "min_nodes", "max_nodes", "profile", "scaling", "samples", "cwd", "env", "trainer",
-         "budget_node_hours", "deadline", "launcher", "workers_per_node", "worker_batch"}
+         "budget_node_hours", "deadline", "launcher", "workers_per_node", "worker_batch", *MEMBER_KEYS}
 
 
 def _int(obj: Mapping[str, Any], key: str, where: str, default: int | None, low: int, high: int) -> int | None:
@@ -342,8 +354,24 @@ def parse_spec(obj: Any, where: str = "job") -> JobSpec:
     launcher = _launcher(obj.get("launcher"), where)
     workers_per_node = _int(obj, "workers_per_node", where, None, 1, WORKERS_PER_NODE_MAX)
     worker_batch = _int(obj, "worker_batch", where, None, 1, WORKER_BATCH_MAX)
-    return JobSpec(name, command, min_nodes, max_nodes, profile, scaling, samples, cwd, env, trainer, budget,
+    spec = JobSpec(name, command, min_nodes, max_nodes, profile, scaling, samples, cwd, env, trainer, budget,
                    deadline, launcher, workers_per_node, worker_batch)
+    return _membership(spec, obj, where)
+
+
+def _membership(spec: JobSpec, obj: Mapping[str, Any], where: str) -> JobSpec:
+    """The :data:`MEMBER_KEYS` of a stored job: an array's id and index, or a sweep's name and trial, in pairs."""
+    out: dict[str, Any] = {}
+    for group, index in (("array_id", "array_index"), ("sweep_name", "trial")):
+        if (group in obj) != (index in obj):
+            raise JobSpecError(f"{where}: {group} and {index} go together")
+        if group not in obj:
+            continue
+        if not isinstance(obj[group], str) or not GROUP_ID.fullmatch(obj[group]):
+            raise JobSpecError(f"{where}: {group} must be 1-64 of A-Z a-z 0-9 _ . -, got {_short(obj[group])}")
+        out[group] = obj[group]
+        out[index] = _int(obj, index, where, None, 0, MEMBER_INDEX_MAX)
+    return replace(spec, **out) if out else spec
 
 
 def _launcher(raw: Any, where: str) -> Launcher:
@@ -510,7 +538,17 @@ def load_spec(path: str | Path, python: str | None = None) -> JobSpec:
     """
     p = Path(path)
     data = read_user_file(p, JOB_FILE_MAX_BYTES, "job file", JobSpecError)  # never /dev/zero nor a FIFO
-    spec = parse_spec(decode_job_file(p, data), str(p))
+    return spec_of_file(p, decode_job_file(p, data), python)
+
+
+def spec_of_file(p: Path, obj: Any, python: str | None = None) -> JobSpec:
+    """:func:`load_spec` of a job file already decoded (``obj``): checked, ``cwd`` resolved, the
+    interpreter rule applied. A file giving a field malletrain sets (:data:`MEMBER_KEYS`) is refused."""
+    given = sorted(k for k in MEMBER_KEYS if isinstance(obj, dict) and k in obj)
+    if given:
+        raise JobSpecError(f"{p}: {', '.join(given)} is set by malletrain (submit --array, a [sweep] table), "
+                           "not by a job file")
+    spec = parse_spec(obj, str(p))
     cwd = Path(spec.cwd) if spec.cwd else Path(".")
     cwd = (p.resolve().parent / cwd).resolve()  # links resolved now, by the submitting user (absolute ones too)
     spec = replace(spec, cwd=str(cwd)).resolved(python, str(p))

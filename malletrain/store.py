@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-from malletrain.jobspec import NAME_MAX_CHARS, JobSpec, JobSpecError, JobState, check_submit, parse_spec
+from malletrain.jobspec import MEMBER_KEYS, NAME_MAX_CHARS, JobSpec, JobSpecError, JobState, check_submit, parse_spec
 from malletrain.statedir import current_umask, private_file, private_state_dir
 from malletrain.store_schema import SQLITE_MAGIC, LEGACY_SCALING_TABLE, WAL_LIMIT_BYTES, StoreError  # noqa: F401  (re-exported)
 from malletrain.store_schema import check_file, create_file, migrate, sqlite_error_text
@@ -79,15 +79,14 @@ class JobRecord:
     owner_umask: int | None = None  # the submitter's, recorded at submit, for its workers (None: the agent's)
 
     def as_dict(self) -> dict[str, Any]:
+        """The job as ``status --json`` shows it, with its array or sweep keys when it has them."""
         return {
-            "id": self.id, "name": self.spec.name, "state": self.state.value,
-            "samples": self.samples, "target": self.spec.samples, "nodes": list(self.nodes),
-            "min_nodes": self.spec.min_nodes, "max_nodes": self.spec.max_nodes,
-            "profile": self.spec.profile, "message": self.message,
-            "submitted": self.submitted, "updated": self.updated,
-            "cancel_requested": self.cancel_requested, "command": list(self.spec.command),
-            "owner_uid": self.owner_uid,
-        }
+            "id": self.id, "name": self.spec.name, "state": self.state.value, "samples": self.samples,
+            "target": self.spec.samples, "nodes": list(self.nodes), "min_nodes": self.spec.min_nodes,
+            "max_nodes": self.spec.max_nodes, "profile": self.spec.profile, "message": self.message,
+            "submitted": self.submitted, "updated": self.updated, "cancel_requested": self.cancel_requested,
+            "command": list(self.spec.command), "owner_uid": self.owner_uid,
+        } | {k: getattr(self.spec, k) for k in MEMBER_KEYS if getattr(self.spec, k) is not None}
 
 
 @dataclass(frozen=True)

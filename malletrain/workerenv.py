@@ -56,10 +56,23 @@ ENV_GENERATION = "MALLETRAIN_GENERATION"
 """The daemon's number of the world a restarted command runs in (``torchrun`` launcher): its reports
 carry it, so the monitor counts them at the size the daemon published for that world."""
 
+ENV_ARRAY_INDEX = "MALLETRAIN_ARRAY_INDEX"
+"""An element's index in its job array (``malletrain submit --array``); unset: not an array element."""
+
+ENV_TRIAL = "MALLETRAIN_TRIAL"
+"""A sweep trial's number (0, 1, ...); unset: not a trial."""
+
+ENV_TRIAL_RESULT = "MALLETRAIN_TRIAL_RESULT"
+"""The file a sweep trial writes its value to, as ``{"value": X}`` (:func:`malletrain.client.trial_result`)."""
+
+ENV_TRIAL_STEPS = "MALLETRAIN_TRIAL_STEPS"
+"""The file a sweep trial appends its intermediate values to, one ``{"step": S, "value": X}`` a line
+(:func:`malletrain.client.trial_report`; the sweep's pruner reads them)."""
+
 ALL_VARIABLES: tuple[str, ...] = (
     ENV_JOB, ENV_WORKER, ENV_MONITOR, ENV_RUNTIME, ENV_STORE, ENV_COLLECTIVE_TIMEOUT,
     ENV_STORE_GRACE, ENV_HOROVOD_JOB_DIR, ENV_TOY_DIR, ENV_LOG_LEVEL, ENV_JOB_SECRET, ENV_WORKER_BATCH,
-    ENV_GENERATION,
+    ENV_GENERATION, ENV_ARRAY_INDEX, ENV_TRIAL, ENV_TRIAL_RESULT, ENV_TRIAL_STEPS,
 )
 
 TORCHRUN_VARIABLES: tuple[str, ...] = (

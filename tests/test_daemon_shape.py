@@ -15,11 +15,13 @@ from malletrain.daemon.intake import JobIntake
 from malletrain.daemon.jobs import Act
 from malletrain.daemon.observe import Observe
 from malletrain.daemon.shutdown import Shutdown
+from malletrain.daemon.sweeps import SweepDriver
 from malletrain.daemon.trainers import Decide
 from malletrain.daemon.wiring import Wiring
 
 PACKAGE = Path(__file__).resolve().parents[1] / "malletrain" / "daemon"
-PARTS: tuple[type, ...] = (Daemon, Wiring, Observe, JobIntake, Adoption, Decide, Act, ControlApi, Shutdown)
+PARTS: tuple[type, ...] = (Daemon, Wiring, Observe, JobIntake, Adoption, Decide, Act, ControlApi, Shutdown,
+                           SweepDriver)
 
 
 def test_the_daemon_has_no_base_class_but_object() -> None:

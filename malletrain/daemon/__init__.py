@@ -62,18 +62,19 @@ The package's files are the daemon's parts, plain classes given what they need w
 ``api.py``         :class:`.ControlApi`: the control API (submit, cancel, status, nodes, shutdown)
 ``accounting.py``  :class:`.NodeAccounting`: node-seconds per job (budgets), kept in the store
 ``shutdown.py``    :class:`.Shutdown`: checkpoints and a clean stop
+``sweeps.py``      :class:`.SweepDriver`: each ``[sweep]``'s trials asked of Optuna, submitted as jobs, told
 ``records.py``     :class:`JobRun`, :class:`Trainer`, :class:`.NodeLost`, constants, exit codes
 =================  ==============================================================================
 
 Who calls whom (an arrow: "calls"; no part calls back into one that calls it, and
 ``tests/test_daemon_shape.py`` holds it)::
 
-    Daemon (loop) ──> Observe, Decide, Act, Adoption, ControlApi, Shutdown, Wiring
-    ControlApi ─────> Observe, Decide
+    Daemon (loop) ──> Observe, Decide, Act, Adoption, ControlApi, Shutdown, Wiring, SweepDriver
+    ControlApi ─────> Observe, Decide, SweepDriver (status)
     Shutdown ───────> Act, Observe
     Adoption ───────> Decide, Act, JobIntake
     Observe ────────> Decide, JobIntake
-    Decide, Act, JobIntake, NodeAccounting, Wiring: call no part
+    Decide, Act, JobIntake, NodeAccounting, Wiring, SweepDriver: call no part
 
 One step, as values: ``changed = observe(...)`` (pilots, agents, progress, the store, control
 requests); ``wake = decide.decide(now)`` when something changed, a replan is due or a profile

@@ -7,10 +7,15 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
+from malletrain import arrays, sweeps
 from malletrain.control import Caller, Cancel, ControlServer, Nodes, Ping, Request, Shutdown, Status, Submit
 from malletrain.daemon.accounting import NodeAccounting
 from malletrain.daemon.observe import Observe
 from malletrain.daemon.state import JobTable
+from malletrain.daemon.sweeps import SweepDriver
+
+GROUP_KEYS = frozenset({"array", "sweep"})
+"""Keys of a submitted job file that make it many jobs: ``array`` (``submit --array``) and ``sweep``."""
 from malletrain.daemon.trainers import Decide
 from malletrain.jobspec import JobSpec, JobSpecError, parse_spec
 from malletrain.monitor import Monitor
@@ -22,7 +27,8 @@ class ControlApi:
     """What the control socket asks of the daemon."""
 
     def __init__(self, table: JobTable, store: Store, monitor: Monitor, scav: Scavenging,
-                 accounting: NodeAccounting, observe: Observe, decide: Decide, clock: Callable[[], float]) -> None:
+                 accounting: NodeAccounting, observe: Observe, decide: Decide, clock: Callable[[], float],
+                 sweep_driver: SweepDriver | None = None) -> None:
         self.table = table
         self.store = store
         self.monitor = monitor
@@ -31,6 +37,7 @@ class ControlApi:
         self.observe = observe
         self.decide = decide
         self.clock = clock
+        self.sweep_driver = sweep_driver
         self._observed_change = False  # a request since the last serve() observed something new
 
     def serve(self, control: ControlServer) -> bool:
@@ -41,6 +48,12 @@ class ControlApi:
         return changed
 
     def owner_of(self, job_id: str) -> int | None:
+        """The owner of a job, or of an array's elements (``a000001``, ``a000001_3``: its first element's)."""
+        if arrays.is_array_ref(job_id):
+            ids = arrays.resolve(self.store.jobs(), job_id)
+            if not ids:
+                return None
+            job_id = ids[0]
         rec = self.store.get(job_id)
         if rec is None:
             return None
@@ -48,20 +61,34 @@ class ControlApi:
 
     def handle(self, req: Request, caller: Caller) -> dict[str, Any]:
         """One authorised control request (``control.authorize`` has checked who may do it)."""
+        if isinstance(req, Submit) and GROUP_KEYS & set(req.spec):
+            reply = self._submit_group(req)
+            self._observed_change |= self.observe.submissions(self.clock())
+            return reply
         if isinstance(req, Submit):
             spec = parse_spec(req.spec, "submitted job").resolved(where="submitted job")  # `python` -> this Python
+            if spec.array_id is not None or spec.sweep_name is not None:
+                raise JobSpecError("submitted job: array_id, array_index, sweep_name and trial are set by "
+                                   "malletrain (submit --array, a [sweep] table), not by a job")
             why = self.table.unknown_trainer(spec)
             if why is not None:
                 raise JobSpecError(f"submitted job: {why}")
             jid = self._submit(spec, req.owner_uid, req.owner_gid, req.umask)
             self._observed_change |= self.observe.submissions(self.clock())
             return {"ok": True, "id": jid}
+        if isinstance(req, Cancel) and arrays.is_array_ref(req.job):
+            ids = arrays.resolve(self.store.jobs(), req.job)
+            states = [self.store.request_cancel(j) for j in ids]
+            self._observed_change |= self.observe.submissions(self.clock())
+            return {"ok": True, "id": req.job, "jobs": ids, "state": "cancelled" if ids else "none",
+                    "was": ",".join(sorted({s.value for s in states}))}
         if isinstance(req, Cancel):
             state = self.store.request_cancel(req.job)
             self._observed_change |= self.observe.submissions(self.clock())
             return {"ok": True, "id": req.job, "state": self.store.require(req.job).state.value, "was": state.value}
         if isinstance(req, Status):
-            return {"ok": True, "jobs": self.status_jobs(), "nodes": self.status_nodes()}
+            return {"ok": True, "jobs": self.status_jobs(), "nodes": self.status_nodes(),
+                    "sweeps": self.sweep_driver.status() if self.sweep_driver is not None else []}
         if isinstance(req, Nodes):
             return {"ok": True, "nodes": self.status_nodes()}
         if isinstance(req, Shutdown):
@@ -69,6 +96,26 @@ class ControlApi:
             return {"ok": True}
         assert isinstance(req, Ping)
         return {"ok": True, "pid": os.getpid()}
+
+    def _submit_group(self, req: Submit) -> dict[str, Any]:
+        """A job file with ``array`` (an index spec: one job per index) or ``sweep`` (its ``[sweep]``
+        table: registered, the sweep part asks its trials), never both."""
+        raw = dict(req.spec)
+        array, sweep_table = raw.pop("array", None), raw.pop("sweep", None)
+        if array is not None and sweep_table is not None:
+            raise JobSpecError("submitted job: an array and a [sweep] table do not go together")
+        where = "submitted array" if array is not None else "submitted sweep"
+        spec = parse_spec(raw, where).resolved(where=where)
+        why = self.table.unknown_trainer(spec)
+        if why is not None:
+            raise JobSpecError(f"{where}: {why}")
+        if array is not None:
+            indices = arrays.parse_indices(array)
+            array_id, ids = arrays.submit_array(self.store, spec, indices, req.owner_uid, req.owner_gid, req.umask)
+            return {"ok": True, "id": array_id, "jobs": ids}
+        sweep = sweeps.parse_sweep(sweep_table, spec.name, where)
+        name = sweeps.register(self.store, spec, sweep, req.owner_uid, req.owner_gid, req.umask)
+        return {"ok": True, "id": name, "sweep": name}
 
     def _submit(self, spec: JobSpec, owner_uid: int, owner_gid: int, umask: int | None = None) -> str:
         return self.store.submit(spec, owner_uid=owner_uid, owner_gid=owner_gid, owner_umask=umask)

@@ -12,7 +12,7 @@ from typing import Callable
 from malletrain.daemon.accounting import NodeAccounting
 from malletrain.daemon.records import JOIN_BATCH_S, LEAVE_GRACE_S, START_RETRY_S, JobRun
 from malletrain.daemon.state import JobTable, Plan, Runtimes, log
-from malletrain.jobspec import JobState, Launcher
+from malletrain.jobspec import JobSpec, JobState, Launcher
 from malletrain.logs import about
 from malletrain.messages import ENV_SECRET
 from malletrain.metrics import Metrics
@@ -30,7 +30,8 @@ class Act:
 
     def __init__(self, table: JobTable, hub: AgentHub, scav: Scavenging, store: Store, monitor: Monitor,
                  metrics: Metrics, runtimes: Runtimes, accounting: NodeAccounting,
-                 job_secret: Callable[[str], str], clock: Callable[[], float]) -> None:
+                 job_secret: Callable[[str], str], clock: Callable[[], float],
+                 member_env: Callable[[JobSpec], dict[str, str]] | None = None) -> None:
         self.table = table
         self.hub = hub
         self.scav = scav
@@ -41,6 +42,7 @@ class Act:
         self.accounting = accounting
         self.job_secret = job_secret
         self.clock = clock
+        self.member_env = member_env  # an array element's index, a trial's number and files
         self._worker_seq = 0
 
     def act(self, now: float, plan: Plan) -> bool:
@@ -93,6 +95,8 @@ class Act:
                 env.update(run.spec.env)
                 if run.spec.worker_batch is not None:
                     env[ENV_WORKER_BATCH] = str(run.spec.worker_batch)
+                if self.member_env is not None:
+                    env.update(self.member_env(run.spec))
                 env[ENV_SECRET] = self.job_secret(run.id)  # after the user's env: not overridable
                 self.hub.start_worker(node, wid, spec.argv, env, spec.cwd or run.spec.cwd, uid, gid,
                                       slots=spec.slots, umask=run.umask)

@@ -27,6 +27,7 @@ from malletrain.daemon.observe import Observe
 from malletrain.daemon.records import REPLAN_S, STOPPED, JobRun, Trainer
 from malletrain.daemon.shutdown import Shutdown
 from malletrain.daemon.state import JobTable, log
+from malletrain.daemon.sweeps import SweepDriver, member_environ
 from malletrain.daemon.trainers import Decide, load_trainers
 from malletrain.daemon.wiring import DaemonParts, Wiring
 from malletrain.jobspec import JobSpec, JobState
@@ -59,13 +60,14 @@ class Daemon:
         self.decide = Decide(table, self.store, self.monitor, self.metrics, self.scav, self.accounting,
                              saved_policy_state)
         self.act = Act(table, self.hub, self.scav, self.store, self.monitor, self.metrics, runtimes, self.accounting,
-                       w.job_secret, clock)
+                       w.job_secret, clock, lambda spec: member_environ(spec, self.state_dir))
+        self.sweeps = SweepDriver(table, self.store, self.state_dir, clock)
         self.observe = Observe(table, cfg, self.scav, self.hub, self.store, self.monitor, self.metrics, self.decide,
                                intake)
         self.adoption = Adoption(table, cfg, self.store, self.hub, self.scav, runtimes, intake, self.decide,
                                  self.act, clock)
         self.api = ControlApi(table, self.store, self.monitor, self.scav, self.accounting, self.observe,
-                              self.decide, clock)
+                              self.decide, clock, self.sweeps)
         self.shutdown = Shutdown(table, self.act, self.observe, self.hub, self.monitor, self.runtime, self.store,
                                  self.accounting, clock)
         w.open_control(self.api.handle, self.api.owner_of)
@@ -138,6 +140,7 @@ class Daemon:
             changed = True
         if not quick:
             self.adoption.hold_idle_nodes()
+        changed |= self.sweeps.step(now)  # trials told, pruned, opened (before the decision that places them)
         self.decide.feed_ledgers(now)
         changed |= self._changed
         # a profile's step ends on evidence: while one runs, ask at every iteration (the policy
