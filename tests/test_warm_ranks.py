@@ -180,3 +180,68 @@ def test_a_restarted_rank_is_a_fork_of_a_warm_server_and_trains_with_gloo(tmp_pa
         assert float(total) == 3.0 and float(last) < float(first) and restart == "0"
     assert results[0][3] == results[1][3]  # DDP kept the ranks' models equal
 
+
+
+def framework_job(tmp_path: Path, module: str, max_steps: int, changes: int) -> tuple[list[str], list[str], dict[str, int]]:
+    """An unchanged framework script on two workers (one rank each, through ``malletrain.launch`` as the
+    runtime wraps it), its world changed ``changes`` times (2 -> 1 -> 2 ...) while it trains; then it runs
+    to its end. The agents' warnings, the script's events, the agents' exit codes."""
+    import logging
+
+    from malletrain.runtimes.torchrun import wrap_python_command
+
+    events = tmp_path / "events"
+    events.write_text("")
+    command = wrap_python_command((PY, "-m", module, "--ckpt-dir", str(tmp_path / "ckpt"), "--events", str(events),
+                                   "--max-steps", str(max_steps)), launcher_present=True)
+    a = Shared("a")
+    b = Shared("b", a)
+    agents = [RankAgent(r, command, stop_grace_s=10.0, failure_wait_s=120.0) for r in (a, b)]  # type: ignore[arg-type]
+    for agent in agents:
+        agent._env["OMP_NUM_THREADS"] = "1"
+    warnings: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.levelno >= logging.WARNING:
+                warnings.append(record.getMessage())
+
+    handler = Keep()
+    logging.getLogger("malletrain.torchrun").addHandler(handler)
+    nodes = {"a": "n1", "b": "n2"}
+    both = ["a", "b"]
+    a.publish(both, 0, nodes)
+    threads, codes = run_agents(agents)
+
+    def steps_at(world: int) -> int:
+        return sum(1 for line in events.read_text().splitlines() if line.startswith("step") and line.split()[3] == str(world))
+
+    try:
+        for change in range(changes):
+            world = 2 if change % 2 == 0 else 1  # the world that trains now
+            seen = steps_at(world)
+            for _ in range(3000):
+                if steps_at(world) >= seen + 7 or codes:  # past a checkpoint (every 5 steps)
+                    break
+                threading.Event().wait(0.05)
+            a.publish(["a"] if world == 2 else both, change + 1, nodes)
+        for t in threads:
+            t.join(600)
+    finally:
+        logging.getLogger("malletrain.torchrun").removeHandler(handler)
+        for agent in agents:
+            agent.stop_requested = True
+    return warnings, events.read_text().splitlines(), codes
+
+
+@pytest.mark.slow
+def test_an_unchanged_lightning_script_stops_within_the_grace_and_resumes_from_its_checkpoint(tmp_path: Path) -> None:
+    """Lightning (strategy="ddp") installs its own SIGTERM handler and keeps the one it found after it:
+    the launcher's, which exits 143. The ranks stop within the grace at every change (no SIGKILL) and
+    resume from the script's own ``last.ckpt``."""
+    pytest.importorskip("lightning", reason="the [lightning] extra is not installed")
+    warnings, events, codes = framework_job(tmp_path, "malletrain.examples.lightning_plain", 40, 2)
+    assert not [w for w in warnings if "SIGKILL" in w], warnings
+    starts = [line.split() for line in events if line.startswith("start")]
+    assert len(starts) >= 4 and all(int(s[3]) > 0 for s in starts[2:])  # restarted, resumed past step 0
+    assert codes == {"a": 0, "b": 0} and events[-1].startswith("step 40 ")
