@@ -168,7 +168,7 @@ def test_a_restarted_rank_is_a_fork_of_a_warm_server_and_trains_with_gloo(tmp_pa
         agent._env["OMP_NUM_THREADS"] = "1"
         agent.prepare()
     servers = {agent.worker: agent.servers[0].proc.pid for agent in agents if agent.servers[0].proc}
-    assert all(agent.servers[0].ready for agent in agents)
+    assert all(agent.servers[0].ready and agent.servers[0].threads == 1 for agent in agents)  # nothing to break a fork
     a.publish(["a", "b"], 0, {"a": "n1", "b": "n2"})
     threads, codes = run_agents(agents)
     for t in threads:

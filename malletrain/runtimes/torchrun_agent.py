@@ -153,7 +153,7 @@ class RankAgent:
     gen: int = 0  # the newest generation seen
     world: World | None = None  # the world this worker is in (FORMING onwards)
     children: list[RankProcess | None] = field(default_factory=list)  # by local rank; None: exited 0
-    warm: bool = False  # its ranks start as forks of rank servers (main: unless the job says MALLETRAIN_WARM=0)
+    warm: bool = False  # its ranks start as forks of rank servers (main: unless the job says WARM_RANKS=0)
     servers: list[RankServer] = field(default_factory=list)  # by local rank (none: every start is cold)
     failed: tuple[int, float] | None = None  # (exit status, when) of a failed command
     forming_since: float = 0.0  # when it entered its current world's barrier

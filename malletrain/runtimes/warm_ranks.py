@@ -8,7 +8,7 @@ seconds of CPU, more on a loaded node or from a parallel file system, paid by ev
 at every change. The rank agent therefore keeps, for each of its local ranks, a *rank server*
 (:class:`RankServer`): a process started with the rank's own environment and cores that imports the
 modules the job's script imports (:func:`learned_imports`: read from the script's own ``import``
-statements at the job's first start, plus those the job file declares in ``MALLETRAIN_WARM_IMPORTS``)
+statements at the job's first start, plus those the job file declares in ``WARM_IMPORTS``)
 and then waits. It touches no device (importing torch creates no CUDA context), runs no parallel
 operation (torch's OpenMP/MKL pools start at the first one), so it has one thread, and it is safe
 to ``fork``.
@@ -52,9 +52,9 @@ from scavenger.warm import Entry, entry_of
 
 log = logging.getLogger("malletrain.torchrun")
 
-ENV_WARM = "MALLETRAIN_WARM"
+ENV_WARM = "WARM_RANKS"
 """``0`` in a job's environment: its ranks start cold (a new interpreter each start)."""
-ENV_WARM_IMPORTS = "MALLETRAIN_WARM_IMPORTS"
+ENV_WARM_IMPORTS = "WARM_IMPORTS"
 """Modules (comma-separated) a job declares for its rank servers to import, besides the learned ones."""
 ALWAYS = ("torch", "torch.distributed", "torch.nn.parallel", "malletrain.client")
 """Imported by every rank server: what a torchrun script and :mod:`malletrain.launch` import."""
@@ -103,7 +103,7 @@ def imports_of(source: str) -> list[str]:
 def learned_imports(command: Sequence[str], declared: str = "") -> tuple[str, ...]:
     """What the rank servers of ``command`` import: :data:`ALWAYS`, the installed modules its script
     imports (not the script's own: a module beside the script, or the module it runs, may do work at
-    import), and ``declared`` (comma-separated, the job's ``MALLETRAIN_WARM_IMPORTS``)."""
+    import), and ``declared`` (comma-separated, the job's ``WARM_IMPORTS``)."""
     script, module = script_of(command)
     found: list[str] = []
     if script is not None:
@@ -305,6 +305,7 @@ class RankServer:
     ready: bool = False
     started_at: float = 0.0
     forks: int = 0
+    threads: int = 0  # the server's threads once ready (1: nothing started one; fork is safe)
     _buf: bytes = b""
     _exits: dict[int, int] = field(default_factory=dict)
     _pids: list[int] = field(default_factory=list)
@@ -349,7 +350,11 @@ class RankServer:
             raw, self._buf = self._buf.split(b"\n", 1)
             words = raw.decode(errors="replace").split(" ", 3)
             if words[0] == "ready":
-                self.ready = True
+                self.ready, self.threads = True, int(words[2])
+                if self.threads > 1:
+                    log.warning("warm ranks: rank server pid %d has %d threads after its imports (an imported "
+                                "module started one): its forks may hang", self.proc.pid if self.proc else -1,
+                                self.threads)
                 log.info("warm ranks: rank server pid %d ready after %.2f s (imports %s s, %s thread(s)%s)",
                          self.proc.pid if self.proc else -1, time.monotonic() - self.started_at, words[1],
                          words[2], "; not imported: " + json.loads(words[3]) if len(words) > 3
@@ -425,7 +430,7 @@ class RankServer:
 
 
 def warm_wanted(env: Mapping[str, str]) -> bool:
-    """Whether a job's ranks start from rank servers (unless its environment says ``MALLETRAIN_WARM=0``)."""
+    """Whether a job's ranks start from rank servers (unless its environment says ``WARM_RANKS=0``)."""
     return env.get(ENV_WARM, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
