@@ -9,9 +9,10 @@ at every change. The rank agent therefore keeps, for each of its local ranks, a 
 (:class:`RankServer`): a process started with the rank's own environment and cores that imports the
 modules the job's script imports (:func:`learned_imports`: read from the script's own ``import``
 statements at the job's first start, plus those the job file declares in ``WARM_IMPORTS``)
-and then waits. It touches no device (importing torch creates no CUDA context), runs no parallel
-operation (torch's OpenMP/MKL pools start at the first one), so it has one thread, and it is safe
-to ``fork``.
+and then waits. It touches no device (importing torch creates no CUDA context) and runs no parallel
+operation (torch's OpenMP and MKL pools start at the first one, in each fork). Its only other thread is
+one torch's import starts where ``OMP_NUM_THREADS`` > 1, which a fork does without: the forked ranks run
+parallel operations and gloo collectives (``tests/test_warm_ranks.py``).
 
 Each start of the rank is a ``fork`` of its server (:func:`serve`): the child takes the start's
 environment (torchrun's ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ... and malletrain's own),
@@ -305,7 +306,7 @@ class RankServer:
     ready: bool = False
     started_at: float = 0.0
     forks: int = 0
-    threads: int = 0  # the server's threads once ready (1: nothing started one; fork is safe)
+    threads: int = 0  # the server's threads once ready (logged: torch's import starts one where OMP_NUM_THREADS > 1)
     _buf: bytes = b""
     _exits: dict[int, int] = field(default_factory=dict)
     _pids: list[int] = field(default_factory=list)
@@ -351,10 +352,6 @@ class RankServer:
             words = raw.decode(errors="replace").split(" ", 3)
             if words[0] == "ready":
                 self.ready, self.threads = True, int(words[2])
-                if self.threads > 1:
-                    log.warning("warm ranks: rank server pid %d has %d threads after its imports (an imported "
-                                "module started one): its forks may hang", self.proc.pid if self.proc else -1,
-                                self.threads)
                 log.info("warm ranks: rank server pid %d ready after %.2f s (imports %s s, %s thread(s)%s)",
                          self.proc.pid if self.proc else -1, time.monotonic() - self.started_at, words[1],
                          words[2], "; not imported: " + json.loads(words[3]) if len(words) > 3
