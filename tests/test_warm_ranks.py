@@ -126,6 +126,7 @@ DDP_RANK = """import os, sys
 warm = "torch" in sys.modules  # a fresh interpreter has not imported torch before the script does
 import torch
 import torch.distributed as dist
+seed = torch.initial_seed()
 out = sys.argv[1]
 big = torch.randn(512, 512)
 assert float((big @ big).abs().sum()) > 0  # a parallel op (OpenMP, MKL) in the fork
@@ -148,7 +149,7 @@ dist.all_reduce(total)
 params = sum(float(p.sum()) for p in model.parameters())
 with open(f"{out}.{dist.get_rank()}", "w") as fh:
     fh.write(f"{warm} {os.getppid()} {total.item()} {params:.6f} {losses[0]:.4f} {losses[-1]:.4f} "
-             f"{os.environ['TORCHELASTIC_RESTART_COUNT']}\\n")
+             f"{os.environ['TORCHELASTIC_RESTART_COUNT']} {seed}\\n")
 dist.destroy_process_group()
 """
 
@@ -177,7 +178,7 @@ def test_a_restarted_rank_is_a_fork_of_a_warm_server_and_trains_with_gloo(tmp_pa
         t.join(300)
     assert codes == {"a": 0, "b": 0}
     results = [(tmp_path / f"out.{r}").read_text().split() for r in (0, 1)]
-    for rank, (warm, ppid, total, _params, first, last, restart) in enumerate(results):
+    for rank, (warm, ppid, total, _params, first, last, restart, _seed) in enumerate(results):
         assert warm == "True" and int(ppid) in servers.values() and int(ppid) != os.getpid()
         assert float(total) == 3.0 and float(last) < float(first) and restart == "0"
     assert results[0][3] == results[1][3]  # DDP kept the ranks' models equal
@@ -247,3 +248,37 @@ def test_an_unchanged_lightning_script_stops_within_the_grace_and_resumes_from_i
     starts = [line.split() for line in events if line.startswith("start")]
     assert len(starts) >= 4 and all(int(s[3]) > 0 for s in starts[2:])  # restarted, resumed past step 0
     assert codes == {"a": 0, "b": 0} and events[-1].startswith("step 40 ")
+
+
+SEED_TO_FILE = """import os, random, sys, torch
+with open(sys.argv[1], "a") as fh:
+    fh.write(f"{os.getppid()} {torch.initial_seed()} {random.random()} {os.environ['RANK']}\\n")
+"""
+
+
+@pytest.mark.slow
+def test_each_fork_of_a_server_has_its_own_seeds_environment_and_exit_code(tmp_path: Path) -> None:
+    """Two starts of the same rank from one server: each a child of the server, with the start's own
+    environment and exit status, and fresh seeds (torch seeds each new process at random: forks of one
+    server would otherwise repeat one sequence at every restart)."""
+    from malletrain.runtimes.warm_ranks import RankServer
+
+    script, out = tmp_path / "seed.py", tmp_path / "seeds"
+    script.write_text(SEED_TO_FILE)
+    server = RankServer(("torch",), {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
+    server.start()
+    try:
+        assert server.wait_ready(120.0)
+        codes = []
+        for rank in ("3", "4"):
+            child = server.spawn((PY, str(script), str(out)), {"RANK": rank, "OMP_NUM_THREADS": "1"})
+            assert not isinstance(child, str), child
+            codes.append(child.wait(60))
+        bad = server.spawn((PY, "-c", "pass"), {})  # interpreter flags: started cold, not by the server
+        assert isinstance(bad, str) and "-c" in bad
+    finally:
+        server.close()
+    lines = [line.split() for line in out.read_text().splitlines()]
+    assert codes == [0, 0] and [line[3] for line in lines] == ["3", "4"]
+    assert server.proc is not None and {int(line[0]) for line in lines} == {server.proc.pid}
+    assert lines[0][1] != lines[1][1] and lines[0][2] != lines[1][2]

@@ -204,8 +204,8 @@ class RankAgent:
             self.stop_child()
             return EXIT_STORE_LOST
         finally:
+            self.stop_child()  # (none left running when it ends otherwise) then the servers that forked them
             self.close_servers()
-        self.stop_child()
         return EXIT_STOPPED
 
     def start_servers(self) -> None:

@@ -207,6 +207,9 @@ def become(entry: Entry, env: Mapping[str, str]) -> None:
     np = sys.modules.get("numpy")
     if np is not None:
         np.random.seed()
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.seed()  # as each new process's default generator (CUDA's is seeded lazily: no context made)
 
 
 def run_entry(entry: Entry) -> int:
