@@ -246,7 +246,7 @@ def test_an_unchanged_lightning_script_stops_within_the_grace_and_resumes_from_i
     warnings, events, codes = framework_job(tmp_path, "malletrain.examples.lightning_plain", 40, 2)
     assert not [w for w in warnings if "SIGKILL" in w], warnings
     starts = [line.split() for line in events if line.startswith("start")]
-    assert len(starts) >= 4 and all(int(s[3]) > 0 for s in starts[2:])  # restarted, resumed past step 0
+    assert len(starts) >= 4 and all(int(s[4]) > 0 for s in starts[2:])  # restarted, resumed past step 0
     assert codes == {"a": 0, "b": 0} and events[-1].startswith("step 40 ")
 
 
