@@ -1,34 +1,47 @@
-"""What a change of size costs a job under each launcher: ``torchrun`` (restarted) against in-process.
+"""What a change of world costs a job under each launcher: ``torchrun`` warm and cold, torch elastic, in-process.
 
-    python benchmarks/bench_launchers.py [--reps 3]
+    python benchmarks/bench_launchers.py [--reps 3] [--short]
 
-One run, the same job shape on the same 2 local nodes (min 1, max 2 nodes, one worker a node,
-8 samples a rank per step, a linear model on CPU, 50 ms of pretend work a step), once per
-launcher, one after the other in the same daemon configuration (``runtime = "torch"``):
+One run, the same job shape on the same 2 local "nodes" (min 1, max 2, one rank a node, 8 samples
+a rank per step, a linear model on CPU, 50 ms of pretend work a step), one launcher after the other:
 
-* ``torchrun``: ``malletrain.examples.torchrun_ddp``, a plain DDP script with its own checkpoint
-  every 20 steps, run with ``launcher = "torchrun"``: each change of size stops every rank
-  and starts the script again at the new size (a new interpreter, ``import torch``, a new
-  process group, its checkpoint loaded);
-* in-process: ``malletrain.examples.train`` (``malletrain.elastic``): the running ranks change
-  their world at their next commit; only a joining rank starts a process, ahead of time.
+* ``torchrun script warm``: ``malletrain.examples.torchrun_ddp`` (a plain DDP script with its own
+  checkpoint every 20 steps) under the daemon with ``launcher = "torchrun"``: each change stops every
+  rank and starts the script again at the new size, each start a fork of its rank server, which
+  imported torch once (:mod:`malletrain.runtimes.warm_ranks`);
+* ``cold``: the same with ``WARM_RANKS=0`` in the job's environment: each start a new interpreter
+  importing torch (what every change cost before warm ranks);
+* ``torch elastic``: PyTorch's own launcher, the anchor: two ``torchrun --nnodes=1:2
+  --rdzv-backend=c10d`` agents on this machine, the same script; the second agent is stopped
+  (SIGTERM to its process group: a recall) and started again (the node's return). Its rendezvous
+  waits ``last_call_timeout`` for more nodes once it has its minimum: 2 s here (30 s by default). A change
+  that does not complete within ``WAIT_S`` (its rendezvous timed out: seen here under load) is printed
+  and left out of its median;
+* ``in-process``: ``malletrain.examples.train`` (``malletrain.elastic``): the running ranks change their
+  world at their next commit; only a joining rank starts a process, ahead of time.
 
-Per repetition one node is recalled (the job shrinks 2 -> 1) and comes back (it grows
-1 -> 2). A change's time runs from the moment the daemon publishes the new member list
-(the ``members`` event; the ranks are stopped right after it under ``torchrun``) to the
-first step any rank takes at the new size. Printed per launcher: each change, then the
-medians; the last line compares them (baseline: the in-process launcher, x1.0).
+Per repetition one node is recalled (2 -> 1) and comes back (1 -> 2). A change's time runs from
+the recall (the node's return) to the first step any rank takes at the new size: the whole cost of
+the change as the job sees it. Then an unchanged Lightning script (``malletrain.examples.lightning_plain``,
+strategy="ddp", its own ``ModelCheckpoint``) runs under the daemon through the same changes, and the
+rank agents' SIGKILLs are counted. The last line gives the medians and that count.
+``--short``: one repetition each (a few minutes on a loaded 2-core machine).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import signal
+import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import IO, Callable
 
 from malletrain.config import DaemonConfig, LocalConfig
 from malletrain.daemon import Daemon
@@ -40,18 +53,36 @@ NODES = 2
 BATCH = 8
 STEP_SLEEP = "0.05"
 WAIT_S = 300.0
+RETURN_AFTER_S = 20.0
+"""Torch elastic: how long after the shrink the recalled agent comes back. Sooner, the new agent met the
+stopped one's place in the c10d rendezvous (its keep-alive, 3 x 5 s, not yet expired) and both timed out."""
 
 
-def job_spec(launcher: Launcher, scratch: Path) -> JobSpec:
-    """The same job shape under either launcher (only the script differs: each launcher's own example)."""
-    if launcher is Launcher.TORCHRUN:
-        cmd = (sys.executable, "-m", "malletrain.examples.torchrun_ddp", "--steps", "100000000", "--batch", str(BATCH),
-               "--checkpoint", str(scratch / "ddp.pt"), "--checkpoint-every", "20", "--step-sleep", STEP_SLEEP)
-    else:
-        cmd = (sys.executable, "-m", "malletrain.examples.train", "--model", "linear", "--batch", str(BATCH),
-               "--samples", "100000000000", "--trace", "--step-sleep", STEP_SLEEP)
-    return JobSpec(f"bench-{launcher.value}", cmd, 1, NODES, False, {1: 100.0, 2: 200.0},
-                   env={"OMP_NUM_THREADS": "1"}, launcher=launcher, worker_batch=BATCH)
+@dataclass(frozen=True)
+class Variant:
+    """One launcher as measured: its name in the output and the job (or the torchrun anchor) it runs."""
+
+    name: str
+    launcher: Launcher
+    module: str = "malletrain.examples.torchrun_ddp"
+    warm: bool = True
+
+
+def job_command(v: Variant, scratch: Path) -> tuple[str, ...]:
+    if v.module == "malletrain.examples.lightning_plain":
+        return (sys.executable, "-m", v.module, "--ckpt-dir", str(scratch / "lightning"), "--step-sleep", STEP_SLEEP)
+    if v.launcher is Launcher.TORCHRUN:
+        return (sys.executable, "-m", v.module, "--steps", "100000000", "--batch", str(BATCH),
+                "--checkpoint", str(scratch / "ddp.pt"), "--checkpoint-every", "20", "--step-sleep", STEP_SLEEP)
+    return (sys.executable, "-m", "malletrain.examples.train", "--model", "linear", "--batch", str(BATCH),
+            "--samples", "100000000000", "--trace", "--step-sleep", STEP_SLEEP)
+
+
+def job_spec(v: Variant, scratch: Path) -> JobSpec:
+    """The same job shape under every launcher (the script differs: each launcher's own example)."""
+    env = {"OMP_NUM_THREADS": "1"} if v.warm else {"OMP_NUM_THREADS": "1", "WARM_RANKS": "0"}
+    return JobSpec(f"bench-{v.name.replace(' ', '-')}", job_command(v, scratch), 1, NODES, False, {1: 100.0, 2: 200.0},
+                   env=env, launcher=v.launcher, worker_batch=BATCH)
 
 
 def step_times(logs: Path, job: str, launcher: Launcher) -> list[tuple[float, int]]:
@@ -72,6 +103,10 @@ def run_until(d: Daemon, pred: Callable[[], bool], what: str) -> None:
         d.monitor.drain(timeout_ms=int(d.cfg.loop_interval * 1000))
 
 
+def first_step(times: list[tuple[float, int]], size: int, after: float) -> float | None:
+    return min((t for t, w in times if w == size and t > after), default=None)
+
+
 def published_at(d: Daemon, job: str, size: int, after: float) -> float | None:
     """When the daemon published a member list of ``size`` nodes for ``job`` after ``after``."""
     for ev in d.store.events("members"):
@@ -80,23 +115,10 @@ def published_at(d: Daemon, job: str, size: int, after: float) -> float | None:
     return None
 
 
-def change(d: Daemon, job: str, launcher: Launcher, logs: Path, size: int, since: float, what: str) -> float:
-    """Seconds from the publication of ``size`` nodes (after ``since``) to the first step at that size."""
-    run_until(d, lambda: published_at(d, job, size, since) is not None, f"{what}: published")
-    t0 = published_at(d, job, size, since)
-    assert t0 is not None
-
-    def first() -> float | None:
-        return min((t for t, w in step_times(logs, job, launcher) if w == size and t > t0), default=None)
-
-    run_until(d, lambda: first() is not None, f"{what}: the first step at {size}")
-    t1 = first()
-    assert t1 is not None
-    return t1 - t0
-
-
-def measure(launcher: Launcher, reps: int, root: Path) -> list[float]:
-    state = root / launcher.value
+def measure(v: Variant, reps: int, root: Path) -> tuple[list[float], int]:
+    """The changes' times under the daemon (recall or return to the first step at the new size), and the
+    SIGKILLs the job's rank agents logged."""
+    state = root / v.name.replace(" ", "-")
     state.mkdir(mode=0o700)
     cfg = DaemonConfig(state_dir=str(state), runtime="torch", local=LocalConfig(nodes=NODES, trace="none"),
                        agent_heartbeat=0.2, agent_dead_after=5.0, loop_interval=0.05)
@@ -104,38 +126,141 @@ def measure(launcher: Launcher, reps: int, root: Path) -> list[float]:
     logs = state / "logs"
     out: list[float] = []
     try:
-        job = d.store.submit(job_spec(launcher, root))
-        run_until(d, lambda: any(w == NODES for _, w in step_times(logs, job, launcher)), "the first steps at 2")
+        job = d.store.submit(job_spec(v, state))
+        times = lambda: step_times(logs, job, v.launcher)  # noqa: E731
+        run_until(d, lambda: any(w == NODES for _, w in times()), f"{v.name}: the first steps at 2")
         for rep in range(reps):
             victim = d.runs[job].members[-1]
             t = time.time()
             d.backend.recall(victim)
-            down = change(d, job, launcher, logs, NODES - 1, t, f"rep {rep}: shrink")
-            t = time.time()
+            run_until(d, lambda: first_step(times(), NODES - 1, t) is not None, f"{v.name} rep {rep}: shrink")
+            down = (first_step(times(), NODES - 1, t) or t) - t
+            t_down, t = t, time.time()
             d.backend.make_idle(victim)
-            up = change(d, job, launcher, logs, NODES, t, f"rep {rep}: grow")
-            print(f"{launcher.value}: rep {rep}: shrink {NODES} -> {NODES - 1} {down:.2f} s; "
-                  f"grow {NODES - 1} -> {NODES} {up:.2f} s", flush=True)
+            run_until(d, lambda: first_step(times(), NODES, t) is not None, f"{v.name} rep {rep}: grow")
+            up = (first_step(times(), NODES, t) or t) - t
+            pub = [(first_step(times(), size, t0) or 0.0) - (published_at(d, job, size, t0) or 0.0)
+                   for size, t0 in ((NODES - 1, t_down), (NODES, t))]
+            print(f"{v.name}: rep {rep}: shrink {NODES} -> {NODES - 1} {down:.2f} s; "
+                  f"grow {NODES - 1} -> {NODES} {up:.2f} s (from the publication of the new world: "
+                  f"{pub[0]:.2f} s, {pub[1]:.2f} s)", flush=True)
             out += [down, up]
     finally:
         d.close()
+    kills = sum(p.read_text(errors="replace").count("SIGTERM: SIGKILL") for p in logs.glob("*.log"))
+    return out, kills
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def torch_elastic_agent(port: int, scratch: Path, log: IO[bytes]) -> subprocess.Popen[bytes]:
+    """One ``torchrun`` agent of the anchor (a "node"), in its own process group."""
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1:2", "--nproc-per-node=1",
+            "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=bench-launchers",
+            "--rdzv-conf=last_call_timeout=2", "--max-restarts=100", "--monitor-interval=0.1",
+            *job_command(Variant("torch elastic", Launcher.TORCHRUN), scratch)[1:]]
+    return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    except ProcessLookupError:
+        pass
+
+
+def measure_torch_elastic(reps: int, root: Path) -> list[float]:
+    """The anchor: the same changes under PyTorch's elastic launcher (the first agent hosts the
+    rendezvous store and stays; the second is recalled and returns)."""
+    scratch = root / "torch-elastic"
+    scratch.mkdir()
+    port = free_port()
+    logs = [scratch / "agent0.log", scratch / "agent1.log"]
+    files = [open(p, "ab") for p in logs]
+    procs = [torch_elastic_agent(port, scratch, files[0])]
+
+    def times() -> list[tuple[float, int]]:
+        return [(float(s["t"]), int(s["world"])) for p in logs for s in torchrun_steps(p)]
+
+    def until(pred: Callable[[], bool], what: str) -> None:
+        deadline = time.monotonic() + WAIT_S
+        while not pred():
+            if time.monotonic() > deadline or procs[0].poll() is not None:
+                raise TimeoutError(f"torch elastic: {what}: not within {WAIT_S:.0f} s (see {logs[0]})")
+            time.sleep(0.05)
+
+    out: list[float] = []
+    try:
+        time.sleep(1.0)  # the first agent binds the rendezvous store before the second looks for it
+        procs.append(torch_elastic_agent(port, scratch, files[1]))
+        until(lambda: any(w == NODES for _, w in times()), "the first steps at 2")
+        for rep in range(reps):
+            t = time.time()
+            stop(procs[1])
+            until(lambda: first_step(times(), NODES - 1, t) is not None, f"rep {rep}: shrink")
+            down = (first_step(times(), NODES - 1, t) or t) - t
+            out.append(down)
+            time.sleep(RETURN_AFTER_S)  # the recalled agent's place in the rendezvous expires first
+            t = time.time()
+            procs[1] = torch_elastic_agent(port, scratch, files[1])
+            until(lambda: first_step(times(), NODES, t) is not None, f"rep {rep}: grow")
+            up = (first_step(times(), NODES, t) or t) - t
+            print(f"torch elastic: rep {rep}: shrink {NODES} -> {NODES - 1} {down:.2f} s; "
+                  f"grow {NODES - 1} -> {NODES} {up:.2f} s", flush=True)
+            out.append(up)
+    except TimeoutError as exc:
+        print(f"torch elastic: {exc}; {len(out)} change(s) measured", flush=True)
+    finally:
+        for proc in reversed(procs):
+            stop(proc)
+        for f in files:
+            f.close()
     return out
+
+
+def load() -> str:
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--reps", type=int, default=3, help="recall-and-return cycles per launcher")
+    p.add_argument("--short", action="store_true", help="one cycle per launcher")
     args = p.parse_args()
+    reps = 1 if args.short else args.reps
+    print(f"load before: {load()}", flush=True)
+    changes: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-launchers-") as tmp:
-        restarted = measure(Launcher.TORCHRUN, args.reps, Path(tmp))
-        in_process = measure(Launcher.ELASTIC, args.reps, Path(tmp))
-    x, y = statistics.median(restarted), statistics.median(in_process)
-    for name, changes in (("torchrun", restarted), ("in-process", in_process)):
-        down, up = changes[0::2], changes[1::2]
-        print(f"{name}: {len(changes)} changes, median {statistics.median(changes):.2f} s, max {max(changes):.2f} s; "
+        root = Path(tmp)
+        changes["warm"], _ = measure(Variant("torchrun warm", Launcher.TORCHRUN), reps, root)
+        changes["cold"], _ = measure(Variant("torchrun cold", Launcher.TORCHRUN, warm=False), reps, root)
+        changes["torch elastic"] = measure_torch_elastic(reps, root)
+        changes["in-process"], _ = measure(Variant("in-process", Launcher.ELASTIC), reps, root)
+        lightning, kills = measure(Variant("lightning unchanged", Launcher.TORCHRUN,
+                                           module="malletrain.examples.lightning_plain"), reps, root)
+    for name, got in changes.items():
+        if not got:
+            print(f"{name}: no change measured")
+            continue
+        down, up = got[0::2], got[1::2] or [float("nan")]
+        print(f"{name}: {len(got)} changes, median {statistics.median(got):.2f} s, max {max(got):.2f} s; "
               f"shrink median {statistics.median(down):.2f} s, grow median {statistics.median(up):.2f} s")
-    print(f"launchers: torchrun stop -> first step at the new size median {x:.2f} s; "
-          f"in-process median {y:.2f} s; ratio {x / y:.1f}")
+    med = {name: statistics.median(got) if got else float("nan") for name, got in changes.items()}
+    print(f"ratios: warm / cold {med['warm'] / med['cold']:.2f}, warm / torch elastic "
+          f"{med['warm'] / med['torch elastic']:.2f}, warm / in-process {med['warm'] / med['in-process']:.1f}; "
+          f"load after: {load()}")
+    print(f"launchers: torchrun script warm {med['warm']:.2f} s, cold {med['cold']:.2f} s, torch elastic "
+          f"{med['torch elastic']:.2f} s, in-process {med['in-process']:.2f} s (medians); "
+          f"Lightning unchanged: {kills} SIGKILLs in {len(lightning)} changes")
 
 
 if __name__ == "__main__":

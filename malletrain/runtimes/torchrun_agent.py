@@ -37,18 +37,20 @@ import argparse
 import enum
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Protocol, Sequence
 
 from malletrain.elastic.errors import StoreLost
 from malletrain.elastic.keys import arrive_key, done_key, world_key
 from malletrain.elastic.rendezvous import Rendezvous
 from malletrain.runtimes.torchrun import DEFAULT_FAILURE_WAIT_S, DEFAULT_STOP_GRACE_S, World, rank_names
+from malletrain.runtimes.warm_ranks import ENV_WARM_IMPORTS, READY_WAIT_S, RankServer, learned_imports, warm_wanted
 from malletrain.workerenv import ENV_GENERATION, ENV_WORKER, RankPlace, WorkerEnv, configure_worker_logging, torchrun_environ
 from scavenger.agent_workers import pin_cores
 from scavenger.nodeshape import DEVICE_VARIABLES, Accelerator, SlotPlace, detect_accelerator, slot_place
@@ -121,6 +123,18 @@ def local_slots(local_ranks: int, env: dict[str, str], acc: Accelerator, cores: 
     return [slot_place(i, local_ranks, acc, env, cores, job_env) for i in range(local_ranks)]
 
 
+class RankProcess(Protocol):
+    """A started rank: a ``subprocess.Popen`` (cold) or a :class:`~malletrain.runtimes.warm_ranks.WarmChild`."""
+
+    pid: int
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+    def wait(self, timeout: float | None = None) -> int: ...
+    def send_signal(self, sig: int) -> None: ...
+    def kill(self) -> None: ...
+
+
 def exit_code(returncode: int) -> int:
     """A child's return code as a process exit status (killed by signal N: 128 + N)."""
     return 128 - returncode if returncode < 0 else returncode
@@ -138,9 +152,13 @@ class RankAgent:
     state: RankState = RankState.WAITING
     gen: int = 0  # the newest generation seen
     world: World | None = None  # the world this worker is in (FORMING onwards)
-    children: list[subprocess.Popen[bytes] | None] = field(default_factory=list)  # by local rank; None: exited 0
+    children: list[RankProcess | None] = field(default_factory=list)  # by local rank; None: exited 0
+    warm: bool = False  # its ranks start as forks of rank servers (main: unless the job says WARM_RANKS=0)
+    servers: list[RankServer] = field(default_factory=list)  # by local rank (none: every start is cold)
     failed: tuple[int, float] | None = None  # (exit status, when) of a failed command
     forming_since: float = 0.0  # when it entered its current world's barrier
+    stopping: list[RankProcess] = field(default_factory=list)  # old ranks told to stop, not yet exited
+    stop_deadline: float = 0.0  # when those still running get SIGKILL
     stop_requested: bool = False
     _env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
 
@@ -149,7 +167,7 @@ class RankAgent:
         return self.rdzv.worker
 
     @property
-    def child(self) -> subprocess.Popen[bytes] | None:
+    def child(self) -> RankProcess | None:
         """Local rank 0's command (None: not running)."""
         return self.children[0] if self.children else None
 
@@ -173,6 +191,7 @@ class RankAgent:
         """Until the job is complete (0), the command failed for good (its status), a stop (143) or
         the daemon's store gone for longer than its grace (75: the daemon starts the job again)."""
         try:
+            self.prepare()
             self.rdzv.mark_ready()
             log.info("worker %s: ready, waiting for a world that lists it", self.worker)
             while not self.stop_requested:
@@ -184,8 +203,49 @@ class RankAgent:
             log.error("worker %s: %s; stopping its command", self.worker, exc)
             self.stop_child()
             return EXIT_STORE_LOST
-        self.stop_child()
+        finally:
+            self.stop_child()  # (none left running when it ends otherwise) then the servers that forked them
+            self.close_servers()
         return EXIT_STOPPED
+
+    def start_servers(self) -> None:
+        """Start a rank server per local rank (:mod:`malletrain.runtimes.warm_ranks`): with the rank's own
+        environment and cores, importing what the command's script imports (and what the job declares)."""
+        if not self.command or not self.warm:
+            return
+        python = self.command[0] if os.sep in self.command[0] else shutil.which(self.command[0])
+        if python is None:
+            return
+        modules = learned_imports(self.command, self._env.get(ENV_WARM_IMPORTS, ""))
+        for slot in self.slots():
+            server = RankServer(modules, {**self._env, **slot.env}, tuple(slot.cores) if self.local_ranks > 1 else (),
+                                python=python)
+            server.start()
+            self.servers.append(server)
+        log.info("worker %s: %d rank server(s) importing %s", self.worker, len(self.servers), ", ".join(modules))
+
+    def prepare(self) -> None:
+        """Before it says it is ready: its rank servers have imported (a joining worker is brought this far
+        while the old world trains on; its ranks then start by a fork)."""
+        if not self.servers:
+            self.start_servers()
+        deadline = time.monotonic() + READY_WAIT_S
+        while not self.stop_requested and time.monotonic() < deadline \
+                and any(s.usable and not s.ready for s in self.servers):
+            for server in self.servers:
+                server.wait_ready(0.1)
+        if self.servers:
+            log.info("worker %s: warm: %d rank server(s) ready", self.worker, sum(s.ready for s in self.servers))
+
+    def close_servers(self) -> None:
+        for server in self.servers:
+            server.close()
+        self.servers = []
+
+    def slots(self) -> list[SlotPlace]:
+        """Each local rank's device, thread count and cores on this node."""
+        env = dict(self._env)
+        return local_slots(self.local_ranks, env, detect_accelerator(env, dev_names()), sorted(os.sched_getaffinity(0)))
 
     def tick(self) -> int | None:
         """One look: a newer world first, then the current state's own step; an exit status when done."""
@@ -242,7 +302,7 @@ class RankAgent:
             if finished:  # its ranks that exited 0, counted in the world under its new number
                 self.rdzv.add(done_key(self.rdzv.job, gen), finished)
             return
-        self.stop_child()
+        self.begin_stop()  # the old ranks stop while this agent arrives: it starts its new ones once they have
         self.world = world
         self.rdzv.current = gen  # reported to a restarted daemon's store: its numbering goes on above it
         self.move(RankState.FORMING)
@@ -250,13 +310,17 @@ class RankAgent:
         self.rdzv.add(arrive_key(self.rdzv.job, gen), self.local_ranks)
 
     def form(self) -> None:
-        """FORMING: rank 0's agent names the master once all have arrived; everyone starts with it."""
+        """FORMING: rank 0's agent names the master once all have arrived (its old ranks may still be
+        stopping); each agent starts its ranks with it once its own old ranks have exited. A joining
+        worker (nothing to stop) so starts while the old world's ranks still stop: prepare, then switch."""
         assert self.world is not None
         job, size = self.rdzv.job, len(self.world.places)
         if any(p.rank == 0 for p in self.places) and self.rdzv.wait_group(self.gen, 0.0) is None \
                 and self.rdzv.add(arrive_key(job, self.gen), 0) >= size:
             host = self.rdzv.local_host()
             self.rdzv.publish_group(self.gen, host, free_port(host), str(self.world.restart_count))
+        if not self.reap_stopping():
+            return
         group = self.rdzv.wait_group(self.gen, 0.0)
         if group is not None:
             self.start_child((group[0], group[1]))
@@ -266,16 +330,21 @@ class RankAgent:
         assert self.world is not None
         count = self.world.restart_count
         env = dict(self._env)
-        slots = local_slots(self.local_ranks, env, detect_accelerator(env, dev_names()),
-                            sorted(os.sched_getaffinity(0)))
-        for i, (place, slot) in enumerate(zip(self.places, slots)):
+        for i, (place, slot) in enumerate(zip(self.places, self.slots())):
             child_env = {**env, **slot.env, **torchrun_environ(place, master, self.rdzv.job, count)}
             child_env[ENV_WORKER] = report_sender(self.worker, count, i, self.local_ranks)
             child_env[ENV_GENERATION] = str(self.gen)  # reports count at the size the daemon gave this world
             log.info("worker %s: starting rank %d of %d (local rank %d of %d, restart %d, master %s:%d)",
                      self.worker, place.rank, place.world_size, i, self.local_ranks, count, master[0], master[1])
-            setup = pin_cores(slot.cores, lambda: None) if self.local_ranks > 1 else None
-            self.children.append(subprocess.Popen(list(self.command), env=child_env, preexec_fn=setup))
+            warm = self.servers[i].spawn(self.command, child_env) if i < len(self.servers) else "warm ranks off"
+            if isinstance(warm, str):
+                if self.servers:
+                    log.info("worker %s: local rank %d starts cold: %s", self.worker, i, warm)
+                setup = pin_cores(slot.cores, lambda: None) if self.local_ranks > 1 else None
+                self.children.append(subprocess.Popen(list(self.command), env=child_env, preexec_fn=setup))
+            else:
+                log.info("worker %s: local rank %d forked warm (pid %d)", self.worker, i, warm.pid)
+                self.children.append(warm)
         self.move(RankState.RUNNING)
 
     def watch_child(self) -> None:
@@ -300,20 +369,33 @@ class RankAgent:
             self.children = []
             self.move(RankState.FINISHED)
 
-    def stop_child(self) -> None:
-        """Every local rank: SIGTERM, ``stop_grace_s`` seconds, SIGKILL; returns once all have exited."""
+    def begin_stop(self) -> None:
+        """SIGTERM to every local rank still running; :meth:`reap_stopping` sees them exit (or kills them)."""
         children, self.children = [c for c in self.children if c is not None and c.poll() is None], []
         for child in children:
             child.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + self.stop_grace_s
-        for child in children:
-            try:
-                child.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
+        if children:
+            self.stop_deadline = time.monotonic() + self.stop_grace_s
+        self.stopping += children
+
+    def reap_stopping(self) -> bool:
+        """Whether every rank told to stop has exited; one still running ``stop_grace_s`` after its SIGTERM
+        is SIGKILLed."""
+        late = time.monotonic() >= self.stop_deadline
+        for child in self.stopping:
+            if child.poll() is None and late:
                 log.warning("worker %s: a rank's command did not exit %.1f s after SIGTERM: SIGKILL", self.worker,
                             self.stop_grace_s)
                 child.kill()
                 child.wait(timeout=30)
+        self.stopping = [c for c in self.stopping if c.poll() is None]
+        return not self.stopping
+
+    def stop_child(self) -> None:
+        """Every local rank: SIGTERM, ``stop_grace_s`` seconds, SIGKILL; returns once all have exited."""
+        self.begin_stop()
+        while not self.reap_stopping():
+            time.sleep(POLL_S / 5)
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -346,7 +428,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     rdzv.ready_value = str(args.local_ranks)  # a restarted daemon learns the worker's K from its ready key
-    agent = RankAgent(rdzv, tuple(args.command), args.stop_grace, args.failure_wait, args.local_ranks)
+    agent = RankAgent(rdzv, tuple(args.command), args.stop_grace, args.failure_wait, args.local_ranks,
+                      warm=warm_wanted(os.environ))
 
     def on_sigterm(signum: int, frame: object) -> None:
         agent.stop_requested = True

@@ -1,0 +1,284 @@
+"""Warm ranks of a ``torchrun`` job (:mod:`malletrain.runtimes.warm_ranks`), and prepare-then-switch.
+
+The rank agents run in threads of the test with the store's keys in a dict shared between them
+(:class:`Shared`); their commands are real processes.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from malletrain.runtimes.torchrun_agent import RankAgent, RankState
+from malletrain.runtimes.warm_ranks import ALWAYS, imports_of, learned_imports, script_of
+from tests.test_torchrun_launcher import FakeRendezvous
+
+PY = sys.executable
+
+
+class Shared(FakeRendezvous):
+    """One worker's view of a store shared with other workers' views (``keys``, counters, generation)."""
+
+    def __init__(self, worker: str, first: Shared | None = None) -> None:
+        super().__init__(worker)
+        self.first = first or self
+        self.lock = threading.Lock() if first is None else first.lock
+        if first is not None:
+            self.keys, self.counters = first.keys, first.counters
+
+    def generation(self) -> int:
+        return self.first.gen
+
+    def publish(self, members: list[str], restart: int, nodes: dict[str, str] | None = None) -> None:
+        with self.lock:
+            super().publish(members, restart, nodes)
+
+    def add(self, key: str, delta: int) -> int:
+        with self.lock:
+            return super().add(key, delta)
+
+
+def run_agents(agents: list[RankAgent]) -> tuple[list[threading.Thread], dict[str, int]]:
+    codes: dict[str, int] = {}
+    threads = [threading.Thread(target=lambda a=a: codes.__setitem__(a.worker, a.run()), daemon=True)
+               for a in agents]
+    for t in threads:
+        t.start()
+    return threads, codes
+
+
+def test_the_servers_import_what_the_script_imports_but_not_its_own_modules(tmp_path: Path) -> None:
+    (tmp_path / "helpers.py").write_text("print('side effect')\n")
+    script = tmp_path / "train.py"
+    script.write_text("import os, json\nimport helpers\nfrom torch import nn\n"
+                      "def main():\n    import lightning.pytorch as pl\n")
+    assert imports_of(script.read_text()) == ["os", "json", "helpers", "torch", "lightning.pytorch"]
+    command = (PY, "-m", "malletrain.launch", str(script), "--x")
+    assert script_of(command) == (str(script), None)
+    got = learned_imports(command, declared="transformers, ")
+    assert got[:len(ALWAYS)] == ALWAYS and "helpers" not in got
+    assert [m for m in got[len(ALWAYS):]] == ["os", "json", "lightning.pytorch", "transformers"]
+    mod = learned_imports((PY, "-m", "malletrain.launch", "-m", "malletrain.examples.torchrun_ddp"))
+    assert "malletrain.examples.torchrun_ddp" not in mod and "torch" in mod  # the module run is not run ahead
+
+
+RANK_ON_SIGTERM = """import os, signal, sys, time
+events = sys.argv[1]
+def log(what):
+    with open(events, "a") as fh:
+        fh.write(what + "\\n")
+def stop(signum, frame):  # the old world's rank takes its time to stop: it checkpoints, say
+    for _ in range(200):
+        if os.environ["RANK"] == "0" and "b-started" in open(events).read():
+            break
+        time.sleep(0.05)
+    log(os.environ["MALLETRAIN_WORKER"] + "-stopped")
+    sys.exit(143)
+signal.signal(signal.SIGTERM, stop)
+log(os.environ["MALLETRAIN_WORKER"] + "-started")
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_a_joining_rank_starts_before_the_old_world_has_stopped(tmp_path: Path) -> None:
+    """Prepare, then switch: at a grow every agent arrives in the new world before it stops its old
+    ranks, and rank 0's agent names the master at once, so the joining worker (nothing to stop) starts
+    its rank while the old world's rank still stops. Before, the old rank stopped first (its agent
+    arrived only then), and the joining one waited for it."""
+    script, events = tmp_path / "rank.py", tmp_path / "events"
+    script.write_text(RANK_ON_SIGTERM)
+    events.write_text("")
+    a = Shared("a")
+    b = Shared("b", a)
+    agents = [RankAgent(r, (PY, str(script), str(events)), stop_grace_s=30.0, failure_wait_s=60.0)  # type: ignore[arg-type]
+              for r in (a, b)]
+    for agent in agents:
+        agent._env["MALLETRAIN_WORKER"] = agent.worker
+    nodes = {"a": "n1", "b": "n2"}
+    a.publish(["a"], 0, nodes)
+    threads, codes = run_agents(agents)
+    try:
+        for _ in range(400):
+            if "a.restart0-started" in events.read_text():
+                break
+            threading.Event().wait(0.05)
+        a.publish(["a", "b"], 1, nodes)  # b's node came: the world grows
+        for _ in range(600):
+            if {"a.restart1-started", "b.restart1-started"} <= set(events.read_text().split()):
+                break
+            threading.Event().wait(0.05)
+    finally:
+        for agent in agents:
+            agent.stop_requested = True
+        for t in threads:
+            t.join(60)
+    lines = events.read_text().split()
+    assert lines.index("b.restart1-started") < lines.index("a.restart0-stopped"), lines
+    assert lines.index("a.restart0-stopped") < lines.index("a.restart1-started"), lines  # its own ranks: stop, then start
+    assert codes == {"a": 143, "b": 143}
+
+
+DDP_RANK = """import os, sys
+warm = "torch" in sys.modules  # a fresh interpreter has not imported torch before the script does
+import torch
+import torch.distributed as dist
+seed = torch.initial_seed()
+out = sys.argv[1]
+big = torch.randn(512, 512)
+assert float((big @ big).abs().sum()) > 0  # a parallel op (OpenMP, MKL) in the fork
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+g = torch.Generator().manual_seed(dist.get_rank())
+x = torch.randn(64, 4, generator=g)
+y = x.sum(1, keepdim=True)
+losses = []
+for _ in range(20):
+    opt.zero_grad()
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    opt.step()
+    losses.append(loss.item())
+total = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(total)
+params = sum(float(p.sum()) for p in model.parameters())
+with open(f"{out}.{dist.get_rank()}", "w") as fh:
+    fh.write(f"{warm} {os.getppid()} {total.item()} {params:.6f} {losses[0]:.4f} {losses[-1]:.4f} "
+             f"{os.environ['TORCHELASTIC_RESTART_COUNT']} {seed}\\n")
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_a_restarted_rank_is_a_fork_of_a_warm_server_and_trains_with_gloo(tmp_path: Path) -> None:
+    """Two workers on two nodes, each with a warm rank server: every start of a rank is a fork of the
+    server (torch imported before the script ran; its parent is the server, not the agent), trains
+    with gloo (allreduce, DDP's gradients averaged: both ranks end with the same parameters)."""
+    import os
+
+    script, out = tmp_path / "rank.py", tmp_path / "out"
+    script.write_text(DDP_RANK)
+    a = Shared("a")
+    b = Shared("b", a)
+    agents = [RankAgent(r, (PY, str(script), str(out)), stop_grace_s=10.0, failure_wait_s=60.0, warm=True)  # type: ignore[arg-type]
+              for r in (a, b)]
+    for agent in agents:
+        agent._env.pop("OMP_NUM_THREADS", None)  # the slot's thread count: torch's pools in each fork
+        agent.prepare()
+    servers = {agent.worker: agent.servers[0].proc.pid for agent in agents if agent.servers[0].proc}
+    assert all(agent.servers[0].ready for agent in agents)
+    a.publish(["a", "b"], 0, {"a": "n1", "b": "n2"})
+    threads, codes = run_agents(agents)
+    for t in threads:
+        t.join(300)
+    assert codes == {"a": 0, "b": 0}
+    results = [(tmp_path / f"out.{r}").read_text().split() for r in (0, 1)]
+    for rank, (warm, ppid, total, _params, first, last, restart, _seed) in enumerate(results):
+        assert warm == "True" and int(ppid) in servers.values() and int(ppid) != os.getpid()
+        assert float(total) == 3.0 and float(last) < float(first) and restart == "0"
+    assert results[0][3] == results[1][3]  # DDP kept the ranks' models equal
+
+
+
+def framework_job(tmp_path: Path, module: str, max_steps: int, changes: int) -> tuple[list[str], list[str], dict[str, int]]:
+    """An unchanged framework script on two workers (one rank each, through ``malletrain.launch`` as the
+    runtime wraps it), its world changed ``changes`` times (2 -> 1 -> 2 ...) while it trains; then it runs
+    to its end. The agents' warnings, the script's events, the agents' exit codes."""
+    import logging
+
+    from malletrain.runtimes.torchrun import wrap_python_command
+
+    events = tmp_path / "events"
+    events.write_text("")
+    command = wrap_python_command((PY, "-m", module, "--ckpt-dir", str(tmp_path / "ckpt"), "--events", str(events),
+                                   "--max-steps", str(max_steps)), launcher_present=True)
+    a = Shared("a")
+    b = Shared("b", a)
+    agents = [RankAgent(r, command, stop_grace_s=10.0, failure_wait_s=120.0) for r in (a, b)]  # type: ignore[arg-type]
+    for agent in agents:
+        agent._env["OMP_NUM_THREADS"] = "1"
+    warnings: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.levelno >= logging.WARNING:
+                warnings.append(record.getMessage())
+
+    handler = Keep()
+    logging.getLogger("malletrain.torchrun").addHandler(handler)
+    nodes = {"a": "n1", "b": "n2"}
+    both = ["a", "b"]
+    a.publish(both, 0, nodes)
+    threads, codes = run_agents(agents)
+
+    def steps_at(world: int) -> int:
+        return sum(1 for line in events.read_text().splitlines() if line.startswith("step") and line.split()[3] == str(world))
+
+    try:
+        for change in range(changes):
+            world = 2 if change % 2 == 0 else 1  # the world that trains now
+            seen = steps_at(world)
+            for _ in range(3000):
+                if steps_at(world) >= seen + 7 or codes:  # past a checkpoint (every 5 steps)
+                    break
+                threading.Event().wait(0.05)
+            a.publish(["a"] if world == 2 else both, change + 1, nodes)
+        for t in threads:
+            t.join(600)
+    finally:
+        logging.getLogger("malletrain.torchrun").removeHandler(handler)
+        for agent in agents:
+            agent.stop_requested = True
+    return warnings, events.read_text().splitlines(), codes
+
+
+@pytest.mark.slow
+def test_an_unchanged_lightning_script_stops_within_the_grace_and_resumes_from_its_checkpoint(tmp_path: Path) -> None:
+    """Lightning (strategy="ddp") installs its own SIGTERM handler and keeps the one it found after it:
+    the launcher's, which exits 143. The ranks stop within the grace at every change (no SIGKILL) and
+    resume from the script's own ``last.ckpt``."""
+    pytest.importorskip("lightning", reason="the [lightning] extra is not installed")
+    warnings, events, codes = framework_job(tmp_path, "malletrain.examples.lightning_plain", 40, 2)
+    assert not [w for w in warnings if "SIGKILL" in w], warnings
+    starts = [line.split() for line in events if line.startswith("start")]
+    assert len(starts) >= 4 and all(int(s[4]) > 0 for s in starts[2:])  # restarted, resumed past step 0
+    assert codes == {"a": 0, "b": 0} and events[-1].startswith("step 40 ")
+
+
+SEED_TO_FILE = """import os, random, sys, torch
+with open(sys.argv[1], "a") as fh:
+    fh.write(f"{os.getppid()} {torch.initial_seed()} {random.random()} {os.environ['RANK']}\\n")
+"""
+
+
+@pytest.mark.slow
+def test_each_fork_of_a_server_has_its_own_seeds_environment_and_exit_code(tmp_path: Path) -> None:
+    """Two starts of the same rank from one server: each a child of the server, with the start's own
+    environment and exit status, and fresh seeds (torch seeds each new process at random: forks of one
+    server would otherwise repeat one sequence at every restart)."""
+    from malletrain.runtimes.warm_ranks import RankServer
+
+    script, out = tmp_path / "seed.py", tmp_path / "seeds"
+    script.write_text(SEED_TO_FILE)
+    server = RankServer(("torch",), {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
+    server.start()
+    try:
+        assert server.wait_ready(120.0)
+        codes = []
+        for rank in ("3", "4"):
+            child = server.spawn((PY, str(script), str(out)), {"RANK": rank, "OMP_NUM_THREADS": "1"})
+            assert not isinstance(child, str), child
+            codes.append(child.wait(60))
+        bad = server.spawn((PY, "-c", "pass"), {})  # interpreter flags: started cold, not by the server
+        assert isinstance(bad, str) and "-c" in bad
+    finally:
+        server.close()
+    lines = [line.split() for line in out.read_text().splitlines()]
+    assert codes == [0, 0] and [line[3] for line in lines] == ["3", "4"]
+    assert server.proc is not None and {int(line[0]) for line in lines} == {server.proc.pid}
+    assert lines[0][1] != lines[1][1] and lines[0][2] != lines[1][2]
