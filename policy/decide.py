@@ -318,7 +318,8 @@ class Policy:
             if job.count == 0 or job_id in st.profiles or job_id in st.profiled or job_id in owed:
                 continue
             up, down = beliefs.rescale_costs(evidence.get(job_id), others, cfg)
-            counts = probe_counts(cfg, st, job, r.believed[job_id].raw, up, down, free)
+            counts = probe_counts(cfg, st, job, r.believed[job_id].raw, up, down, free,
+                                  r.population.spread if r.population else None)
             if counts is not None:
                 free -= start_probe(cfg, st, r, job, counts)
 

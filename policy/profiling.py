@@ -8,7 +8,7 @@ import math
 from typing import Callable, Mapping
 
 from curves import throughput_at
-from policy.beliefs import MIN_SHAPES, efficiency_at
+from policy.beliefs import PriorSpread
 from policy.config import PolicyConfig, Profiling
 from policy.model import NO_EVIDENCE, EventKind, Evidence, JobView
 from policy.round import Round
@@ -62,7 +62,7 @@ def profile_pays(cfg: PolicyConfig, st: PolicyState, r: Round, job: JobView, fre
     work_left = job.work_left
     if work_left is not None and work_left / throughput_at(curve, job.max_nodes) < cfg.profile_min_work_s:
         return None  # a short job: not worth a profile
-    spread = prior_spread(st, end, curve)
+    spread = prior_spread(r.population.spread if r.population else None, end, curve)
     top = min(job.max_nodes, free_avail)
     steps = len([c for c in default_counts(job.min_nodes, job.max_nodes) if end < c <= top]) + 1
     step_s = min(cfg.profile_time_cap_s, 60.0)
@@ -84,7 +84,7 @@ PROBE_TOP = 4  # an upward probe of a job at its min goes to at most max(this, 2
 
 
 def probe_counts(cfg: PolicyConfig, st: PolicyState, job: JobView, curve: Mapping[int, float],
-                 up_s: float, down_s: float, free: int) -> tuple[int, ...] | None:
+                 up_s: float, down_s: float, free: int, spread: PriorSpread | None) -> tuple[int, ...] | None:
     """A probe of a running job whose shape nothing verified (measured at one count only), in the
     advisor's inverse order, or None when it does not pay:
 
@@ -124,8 +124,8 @@ def probe_counts(cfg: PolicyConfig, st: PolicyState, job: JobView, curve: Mappin
     step_s = min(cfg.profile_time_cap_s, 60.0)
     cost = (up_s + down_s) * rate + (throughput_at(curve, hi) / hi) * (hi - lo) * step_s
     horizon = job.work_left / rate if job.work_left is not None else cfg.horizon_max_s
-    spread = max(UNVERIFIED_SPREAD, prior_spread(st, max(counts), curve))
-    gain = cfg.profile_gain_fraction * spread * rate * horizon
+    spread_at = max(UNVERIFIED_SPREAD, prior_spread(spread, max(counts), curve))
+    gain = cfg.profile_gain_fraction * spread_at * rate * horizon
     return counts if gain > cost else None
 
 
@@ -139,13 +139,13 @@ def start_probe(cfg: PolicyConfig, st: PolicyState, r: Round, job: JobView, coun
     return from_free
 
 
-def prior_spread(st: PolicyState, n: int, curve: Mapping[int, float]) -> float:
+def prior_spread(spread: PriorSpread | None, n: int, curve: Mapping[int, float]) -> float:
     """How unsure the prior is at ``n``: the relative spread (p90 - p10 over the median) of the
-    population's efficiencies there, else how far the believed curve is from linear."""
-    effs = sorted(e for sh in st.shapes if (e := efficiency_at(sh, n)) is not None)
-    if len(effs) >= MIN_SHAPES:
-        mid = effs[len(effs) // 2]
-        return (effs[int(0.9 * (len(effs) - 1))] - effs[int(0.1 * (len(effs) - 1))]) / mid if mid > 0 else 0.0
+    population's efficiencies there (``spread``: the decision's, :meth:`policy.beliefs.Beliefs.spread`),
+    else how far the believed curve is from linear."""
+    pooled = spread.at(n) if spread is not None else None
+    if pooled is not None:
+        return pooled
     lo = min(curve)
     linear = throughput_at(curve, lo) / lo * n
     return max(0.0, 1.0 - throughput_at(curve, n) / linear) if linear > 0 else 0.0

@@ -111,3 +111,18 @@ def test_a_job_at_its_min_is_probed_up_on_free_nodes_only():
         c.step(t, ev)
     assert set(c.policy.state.measured[start.job]) == {1, 4}
     assert c.count(start.job) <= 4 and not c.policy.state.profiles
+
+
+def test_the_prior_spread_is_worked_out_once_per_set_of_shapes_and_again_when_they_change():
+    from policy.beliefs import efficiency_spread
+
+    pol = Policy(PolicyConfig())
+    shapes = [{1: 1.0, 4: e, 16: e / 2} for e in (0.9, 0.6, 0.3)]
+    pol.state.shapes.extend(dict(s) for s in shapes)
+    first = pol.beliefs.spread()
+    assert first.at(4) == pytest.approx((0.6 - 0.3) / 0.6) == efficiency_spread(shapes, 4)  # p90 - p10 of 3
+    assert first.at(32) is None  # no shape reaches 32 nodes: the prior's own distance from linear is used
+    assert pol.beliefs.spread() is first  # the same shapes: the same figures, not worked out again
+    pol.state.shapes.append({1: 1.0, 4: 0.95, 16: 0.9})  # a job finished: the figures follow its shape
+    assert pol.beliefs.spread().at(4) == pytest.approx(efficiency_spread(pol.state.shapes, 4))
+    assert pol.beliefs.spread().at(4) != first.at(4)
