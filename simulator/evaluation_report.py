@@ -28,7 +28,7 @@ from simulator.evaluation import (
     tfwd_rows,
     work,
 )
-from simulator.regimes import jct_line, regime
+from simulator.regimes import gap_line, jct_line, regime
 from simulator.sweep import split_workload
 from traces.data import without_data_dir
 
@@ -81,7 +81,8 @@ def headline_lines(ev: Evaluation, cell: Cell) -> list[str]:
         out.append(f"{DEFAULT} vs {what}: {ms(mt['vs_pct'][name], '+.1f', '%')}")
     best = mt["compared_with"].get("best fixed-prior")
     jct = jct_line(ev, cell, best) if best is not None else None
-    return out + ([jct] if jct is not None else [])
+    gap = gap_line(ev, cell)
+    return out + [line for line in (jct, gap) if line is not None]
 
 
 def waits_table(ev: Evaluation, cell: Cell) -> list[str]:
