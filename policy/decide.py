@@ -315,11 +315,14 @@ class Policy:
         others = [evidence[j] for j in st.admitted if j in evidence]
         owed = {d.lender for d in st.debts.values()}  # a lender's count is short of its own until repaid:
         spread = r.population.spread if r.population else None
+        pooled: tuple[float, float] | None = None  # the other jobs' pauses: once per decision, when a job needs them
         for job_id in list(st.admitted):             # a probe from it would pin it, and grow it, while owed
             job = r.jobs[job_id]
             if job.count == 0 or job_id in st.profiles or job_id in st.profiled or job_id in owed:
                 continue
-            up, down = beliefs.rescale_costs(evidence.get(job_id), others, cfg)
+            if pooled is None:
+                pooled = beliefs.pooled_rescale_costs(others, cfg)
+            up, down = beliefs.rescale_costs(evidence.get(job_id), others, cfg, pooled)
             curve = r.believed[job_id].raw
             if scarce:
                 counts = probe_counts(cfg, st, job, curve, up, down, free, spread)
