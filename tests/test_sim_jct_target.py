@@ -75,3 +75,16 @@ def test_completion_time_is_reported_as_the_share_of_the_gap_closed_and_wait_dom
     assert g is not None and g.wait_dominated
     (line,) = [h for h in headline_lines(waits, waits.cells()[0]) if "share of the gap" in h]
     assert "wait-dominated, not scored" in line
+
+
+def test_the_share_of_the_gap_closed_is_written_in_the_evaluation_json(tmp_path):
+    import json
+
+    from simulator.evaluation_report import write_evaluation
+
+    ev = evaluation({"malletrain": (0.85, 2.2), "milp-true": (0.8, 2.0), **BASE})
+    write_evaluation(ev, tmp_path, "test")
+    (cell,) = json.loads((tmp_path / "evaluation.json").read_text())["cells"]
+    gap = cell["completion_gap"]
+    assert gap["baseline"] == "freetrain:mean" and abs(gap["share"] - 0.75) < 1e-9 and gap["wait_dominated"] is False
+    assert "share of the gap closed" in (tmp_path / "evaluation.md").read_text()
