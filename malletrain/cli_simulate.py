@@ -64,6 +64,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--freetrain-model", default="mean", metavar="mean|linear|other|noise:X",
                    help="the user curve freetrain is given: mean of the workload's model curves, linear "
                    "from the 1-node rate, or the true curve with +-X%% noise per point (default: mean)")
+    p.add_argument("--prior", default="mean", choices=("mean", "linear"),
+                   help="the learning policies' starting belief (malletrain, jpa): the mean of the workload's "
+                   "model curves, or linear from the 1-node rate (what a user without data gives); the same "
+                   "as evaluate's malletrain:linear (default: mean)")
     p.add_argument("--jobs", type=int, metavar="N", help="finite workload of N jobs (then makespan "
                    "is the metric); default: an endless stream")
     add_policy_options(p)
@@ -497,7 +501,8 @@ def run(args: argparse.Namespace) -> int:
         try:
             result = simulate(timeline, name, args.workload, scaling=scaling, seed=args.seed,
                               n_jobs=args.jobs, config=config, progress=bar, freetrain_model=args.freetrain_model,
-                              policy_config=base, overrides=over, offered_load=args.offered_load)
+                              policy_config=base, overrides=over, offered_load=args.offered_load,
+                              learning_prior=args.prior)
         finally:
             bar.close()
         target = out if len(policies) == 1 else out / name

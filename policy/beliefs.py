@@ -254,14 +254,42 @@ def absorbs(job: JobView, curve: Mapping[int, float], knee: float) -> int:
     return job.max_nodes
 
 
+def efficiency_spread(shapes: Iterable[Mapping[int, float]], n: int) -> float | None:
+    """The relative spread (p90 - p10 over the median) of the efficiencies of ``shapes`` at ``n``
+    (None where fewer than :data:`MIN_SHAPES` of them cover ``n``)."""
+    effs = sorted(e for sh in shapes if (e := efficiency_at(sh, n)) is not None)
+    if len(effs) < MIN_SHAPES:
+        return None
+    mid = effs[len(effs) // 2]
+    return (effs[int(0.9 * (len(effs) - 1))] - effs[int(0.1 * (len(effs) - 1))]) / mid if mid > 0 else 0.0
+
+
+class PriorSpread:
+    """How unsure the population prior is at each count (:func:`efficiency_spread` of the shapes of the
+    jobs that finished), made from a copy of those shapes (compared by value: :meth:`Beliefs.spread`
+    makes a new one when they change); a count's figure is worked out the first time it is asked for
+    and held here, so it is computed once per set of shapes, not once per job and decision."""
+
+    def __init__(self, shapes: Iterable[Mapping[int, float]]) -> None:
+        self.shapes = [dict(sh) for sh in shapes]
+        self._at: dict[int, float | None] = {}
+
+    def at(self, n: int) -> float | None:
+        """:func:`efficiency_spread` of the shapes at ``n``."""
+        if n not in self._at:
+            self._at[n] = efficiency_spread(self.shapes, n)
+        return self._at[n]
+
+
 @dataclass(frozen=True)
 class Population:
     """What the jobs measured so far say about a job with no curve of its own: the median per-node
-    rate (:func:`guess_per_node`) and the pooled prior at it (:func:`pooled_prior`; None with too
-    few shapes)."""
+    rate (:func:`guess_per_node`), the pooled prior at it (:func:`pooled_prior`; None with too
+    few shapes) and the spread of the shapes per count (:class:`PriorSpread`; None: not asked for)."""
 
     guess: float
     pooled: dict[int, float] | None
+    spread: PriorSpread | None = None
 
 
 @dataclass(frozen=True)
@@ -312,6 +340,7 @@ class Beliefs:
         self._curves: dict[str, Believed] = {}
         self._guess: Guess | None = None
         self._pooled: tuple[list[dict[int, float]], float, dict[int, float] | None] | None = None  # shapes, guess, prior
+        self._spread: PriorSpread | None = None
 
     def guess(self) -> float:
         """The population's per-node rate (:func:`guess_per_node`) as the state stands."""
@@ -328,10 +357,18 @@ class Beliefs:
             memo = self._pooled = ([dict(sh) for sh in shapes], guess, pooled_prior(shapes, guess))
         return memo[2]
 
+    def spread(self) -> PriorSpread:
+        """The spread of the finished jobs' shapes per count (:class:`PriorSpread`), made again only
+        when the shapes changed."""
+        memo = self._spread
+        if memo is None or memo.shapes != self.state.shapes:
+            memo = self._spread = PriorSpread(self.state.shapes)
+        return memo
+
     def population(self) -> Population:
         """The :class:`Population` as the state stands (a decision takes it once its points are settled)."""
         guess = self.guess()
-        return Population(guess, self.pooled_prior(guess) if self.config.prior is None else None)
+        return Population(guess, self.pooled_prior(guess) if self.config.prior is None else None, self.spread())
 
     def _uses_pool(self, job: JobView) -> bool:
         return not job.scaling and self.config.prior is None

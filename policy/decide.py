@@ -87,7 +87,7 @@ from policy.fairness import fair_caps
 from policy.ledger import below_min
 from policy.limits import stop_over_budget, stop_past_deadline
 from policy.model import Decision, EventKind, Evidence, JobEvidence, JobView, View
-from policy.profiling import (advance_profiles, end_profile, expected_count, needs_profile, probe_counts,
+from policy.profiling import (advance_profiles, end_profile, expected_count, needs_profile, probe_below, probe_counts,
                               profile_counts, profile_pays, reserved, source_profile, start_probe)
 from policy.round import Round
 from policy.state import FRAGMENTS_KEEP, POPULATION_KEEP, SHAPES_KEEP, PolicyState
@@ -322,23 +322,32 @@ class Policy:
         return waiting
 
     def _probes(self, r: Round, evidence: Evidence) -> None:
-        """Gated profiling of running jobs whose shape is unverified, where it pays
-        (:func:`policy.profiling.probe_counts`)."""
+        """Gated profiling of running jobs whose shape is unverified, where it pays: while nodes are
+        scarce, up or down to the min (:func:`policy.profiling.probe_counts`); while they are not, below
+        the count a job holds (:func:`policy.profiling.probe_below`: a curve may peak below it)."""
         st, cfg = self.state, self.config
-        if cfg.profiling is not Profiling.GATED or not cfg.learn or len(r.jobs) < 2:
-            return  # a job alone gets every node whatever its curve: knowing it changes nothing
-        if sum(r.jobs[j].max_nodes for j in st.admitted) <= r.total_nodes:
-            return  # nodes are not scarce: every admitted job gets its max whatever its curve
+        if cfg.profiling is not Profiling.GATED or not cfg.learn:
+            return
+        # scarce: the admitted jobs could absorb more than there is (a job alone gets every node it wants)
+        scarce = len(r.jobs) >= 2 and sum(r.jobs[j].max_nodes for j in st.admitted) > r.total_nodes
         free = max(0, len(r.free) + len(r.released) - reserved(st)
                    - sum(s.plan.from_free for j, s in st.profiles.items() if r.jobs[j].count < s.count))
         others = [evidence[j] for j in st.admitted if j in evidence]
         owed = {d.lender for d in st.debts.values()}  # a lender's count is short of its own until repaid:
+        spread = r.population.spread if r.population else None
+        pooled: tuple[float, float] | None = None  # the other jobs' pauses: once per decision, when a job needs them
         for job_id in list(st.admitted):             # a probe from it would pin it, and grow it, while owed
             job = r.jobs[job_id]
             if job.count == 0 or job_id in st.profiles or job_id in st.profiled or job_id in owed:
                 continue
-            up, down = beliefs.rescale_costs(evidence.get(job_id), others, cfg)
-            counts = probe_counts(cfg, st, job, r.believed[job_id].raw, up, down, free)
+            if pooled is None:
+                pooled = beliefs.pooled_rescale_costs(others, cfg)
+            up, down = beliefs.rescale_costs(evidence.get(job_id), others, cfg, pooled)
+            curve = r.believed[job_id].raw
+            if scarce:
+                counts = probe_counts(cfg, st, job, curve, up, down, free, spread)
+            else:
+                counts = probe_below(cfg, st, job, curve, up, down, spread)
             if counts is not None:
                 free -= start_probe(cfg, st, r, job, counts)
 

@@ -8,7 +8,7 @@ import math
 from typing import Callable, Mapping
 
 from curves import throughput_at
-from policy.beliefs import MIN_SHAPES, efficiency_at
+from policy.beliefs import PriorSpread
 from policy.config import PolicyConfig, Profiling
 from policy.model import NO_EVIDENCE, EventKind, Evidence, JobView
 from policy.round import Round
@@ -62,7 +62,7 @@ def profile_pays(cfg: PolicyConfig, st: PolicyState, r: Round, job: JobView, fre
     work_left = job.work_left
     if work_left is not None and work_left / throughput_at(curve, job.max_nodes) < cfg.profile_min_work_s:
         return None  # a short job: not worth a profile
-    spread = prior_spread(st, end, curve)
+    spread = prior_spread(r.population.spread if r.population else None, end, curve)
     top = min(job.max_nodes, free_avail)
     steps = len([c for c in default_counts(job.min_nodes, job.max_nodes) if end < c <= top]) + 1
     step_s = min(cfg.profile_time_cap_s, 60.0)
@@ -84,7 +84,7 @@ PROBE_TOP = 4  # an upward probe of a job at its min goes to at most max(this, 2
 
 
 def probe_counts(cfg: PolicyConfig, st: PolicyState, job: JobView, curve: Mapping[int, float],
-                 up_s: float, down_s: float, free: int) -> tuple[int, ...] | None:
+                 up_s: float, down_s: float, free: int, spread: PriorSpread | None) -> tuple[int, ...] | None:
     """A probe of a running job whose shape nothing verified (measured at one count only), in the
     advisor's inverse order, or None when it does not pay:
 
@@ -124,9 +124,54 @@ def probe_counts(cfg: PolicyConfig, st: PolicyState, job: JobView, curve: Mappin
     step_s = min(cfg.profile_time_cap_s, 60.0)
     cost = (up_s + down_s) * rate + (throughput_at(curve, hi) / hi) * (hi - lo) * step_s
     horizon = job.work_left / rate if job.work_left is not None else cfg.horizon_max_s
-    spread = max(UNVERIFIED_SPREAD, prior_spread(st, max(counts), curve))
-    gain = cfg.profile_gain_fraction * spread * rate * horizon
+    spread_at = max(UNVERIFIED_SPREAD, prior_spread(spread, max(counts), curve))
+    gain = cfg.profile_gain_fraction * spread_at * rate * horizon
     return counts if gain > cost else None
+
+
+def below_counts(count: int, lo: int) -> tuple[int, ...]:
+    """The counts a probe below ``count`` visits, descending: three quarters of it and half of it (at
+    least ``lo``, below ``count``): far enough down to see a curve that peaks below a job's max (on the
+    Pollux measurements ncf trains more at 8 nodes than at 12), near enough to cost one step each."""
+    return tuple(sorted({c for c in ((3 * count) // 4, count // 2) if lo <= c < count}, reverse=True))
+
+
+def probe_below(cfg: PolicyConfig, st: PolicyState, job: JobView, curve: Mapping[int, float],
+                up_s: float, down_s: float, spread: PriorSpread | None) -> tuple[int, ...] | None:
+    """A probe below the count a running job holds while nodes are not scarce (every admitted job gets
+    its max, or the count its believed curve peaks at), or None when it does not pay: from its count
+    down to :func:`below_counts`, on its own nodes, then it is planned again on what was measured.
+
+    Nothing else measures a job below the count it holds when nodes are plentiful (the allocator
+    grows every job to its believed best, and a prior is never believed to peak below it): a job
+    whose curve falls past some count would be held there for good. So a job measured at its count,
+    and at no count from three quarters of it up to it, is probed once; a curve measured faster with
+    fewer (:func:`policy.beliefs.corrected_prior` keeps each measured rate as it is) is then given the
+    faster count by the allocator, and one that peaks is stopped at its peak.
+
+    It pays as :func:`probe_counts` does: the expected gain (``profile_gain_fraction`` x the prior's
+    spread at the count, at least :data:`UNVERIFIED_SPREAD`, x the job's rate x the time it has left)
+    must exceed the cost (the pauses down at each step and back up, and each step's time at the
+    believed rate lost there)."""
+    if cfg.profiling is not Profiling.GATED or not cfg.learn or job.profile:
+        return None
+    if job.id in st.profiles or job.id in st.profiled or job.count <= job.min_nodes:
+        return None
+    pts = {n for n, v in st.measured.get(job.id, {}).items() if v > 0}
+    if job.count not in pts:
+        return None  # its own count is not measured yet: passive learning first
+    below = below_counts(job.count, job.min_nodes)
+    if not below or any(below[0] <= n < job.count for n in pts):
+        return None  # measured just below its count already: the belief knows which side is faster
+    rate = throughput_at(curve, job.count)
+    if rate <= 0:
+        return None
+    step_s = min(cfg.profile_time_cap_s, 60.0)
+    cost = (up_s + len(below) * down_s) * rate + sum(max(0.0, rate - throughput_at(curve, c)) for c in below) * step_s
+    horizon = job.work_left / rate if job.work_left is not None else cfg.horizon_max_s
+    spread_at = max(UNVERIFIED_SPREAD, prior_spread(spread, job.count, curve))
+    gain = cfg.profile_gain_fraction * spread_at * rate * horizon
+    return (job.count, *below) if gain > cost else None
 
 
 def start_probe(cfg: PolicyConfig, st: PolicyState, r: Round, job: JobView, counts: tuple[int, ...]) -> int:
@@ -139,13 +184,13 @@ def start_probe(cfg: PolicyConfig, st: PolicyState, r: Round, job: JobView, coun
     return from_free
 
 
-def prior_spread(st: PolicyState, n: int, curve: Mapping[int, float]) -> float:
+def prior_spread(spread: PriorSpread | None, n: int, curve: Mapping[int, float]) -> float:
     """How unsure the prior is at ``n``: the relative spread (p90 - p10 over the median) of the
-    population's efficiencies there, else how far the believed curve is from linear."""
-    effs = sorted(e for sh in st.shapes if (e := efficiency_at(sh, n)) is not None)
-    if len(effs) >= MIN_SHAPES:
-        mid = effs[len(effs) // 2]
-        return (effs[int(0.9 * (len(effs) - 1))] - effs[int(0.1 * (len(effs) - 1))]) / mid if mid > 0 else 0.0
+    population's efficiencies there (``spread``: the decision's, :meth:`policy.beliefs.Beliefs.spread`),
+    else how far the believed curve is from linear."""
+    pooled = spread.at(n) if spread is not None else None
+    if pooled is not None:
+        return pooled
     lo = min(curve)
     linear = throughput_at(curve, lo) / lo * n
     return max(0.0, 1.0 - throughput_at(curve, n) / linear) if linear > 0 else 0.0

@@ -28,7 +28,7 @@ from simulator.evaluation import (
     tfwd_rows,
     work,
 )
-from simulator.regimes import jct_line, regime
+from simulator.regimes import gap_line, gap_share, jct_line, regime
 from simulator.sweep import split_workload
 from traces.data import without_data_dir
 
@@ -81,7 +81,8 @@ def headline_lines(ev: Evaluation, cell: Cell) -> list[str]:
         out.append(f"{DEFAULT} vs {what}: {ms(mt['vs_pct'][name], '+.1f', '%')}")
     best = mt["compared_with"].get("best fixed-prior")
     jct = jct_line(ev, cell, best) if best is not None else None
-    return out + ([jct] if jct is not None else [])
+    gap = gap_line(ev, cell)
+    return out + [line for line in (jct, gap) if line is not None]
 
 
 def waits_table(ev: Evaluation, cell: Cell) -> list[str]:
@@ -251,7 +252,8 @@ def write_evaluation(ev: Evaluation, out: Path, command: str) -> list[Path]:
     js = out / "evaluation.json"
     cells = [{"workload": c[0], "max_running": c[1], "max_nodes": c[2], "tfwd_s": c[3],
               "rows": [{k: _jsonable(v) for k, v in r.items()}
-                       for r in (real_rows(ev, c) if is_real(c[0]) else policy_rows(ev, c))]}
+                       for r in (real_rows(ev, c) if is_real(c[0]) else policy_rows(ev, c))],
+              "completion_gap": _gap_dict(ev, c)}
              for c in ev.cells()] if not ev.settings.tfwd_sweep else []
     payload = {
         "command": command,
@@ -277,6 +279,12 @@ def write_evaluation(ev: Evaluation, out: Path, command: str) -> list[Path]:
             if fig is not None:
                 written.append(fig)
     return written
+
+
+def _gap_dict(ev: Evaluation, cell: Cell) -> dict[str, object] | None:
+    """A real cell's completion time as the share of the gap closed (:func:`simulator.regimes.gap_share`)."""
+    g = gap_share(ev.by_label(cell)) if is_real(cell[0]) else None
+    return {k: _jsonable(v) for k, v in g.as_dict().items()} if g is not None else None
 
 
 def write_chart(ev: Evaluation, path: Path) -> Path | None:

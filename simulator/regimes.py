@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import math
 import statistics
+from dataclasses import asdict, dataclass
 
 from simulator.evaluation import (
     DEFAULT,
+    FIXED_PJMAX_PREFIX,
+    knows_the_curve,
     TARGET_ABOVE_SHARE_PCT,
     TARGET_GAIN_PCT,
     TARGET_REGRET_PCT,
@@ -87,6 +90,112 @@ def jct_line(ev: Evaluation, cell: Cell, base: str) -> str | None:
         if got is not None:
             parts.append(f"{label} {got[0]:.3f}x, p95 {got[1]:.3f}x ({got[2]} seeds)")
     return f"mean JCT vs {base}, seeds on which both finished every job: " + "; ".join(parts) if parts else None
+
+
+WAIT_DOMINATED = 0.95
+"""A cell where ``milp-true``'s mean JCT is above this share of the best baseline's is wait-dominated:
+jobs wait for the main queue's nodes whatever a policy believes, so the cell says nothing about learning
+and its gap share is not scored."""
+TARGET_GAP_SHARE = 0.75  # the default closes at least this share of the gap from the best baseline to milp-true
+TARGET_TAIL_RATIO = 1.05  # the default's p95 JCT over milp-true's
+
+
+def _user_configured(label: str) -> bool:
+    """A baseline a user could configure before the run: freetrain with a fixed prior (at the default's
+    admission or at a fixed Pjmax), greedy, equal, rigid-preemptible; never one handed each job's curve."""
+    return is_fixed_prior_baseline(label) or label.startswith(FIXED_PJMAX_PREFIX)
+
+
+@dataclass(frozen=True)
+class GapShare:
+    """A cell's completion time as the share of the gap closed (:func:`gap_share`); JCTs in seconds, each
+    the mean over ``seeds``."""
+
+    baseline: str
+    seeds: tuple[int, ...]
+    baseline_jct_s: float
+    default_jct_s: float
+    milp_true_jct_s: float
+    baseline_p95_s: float
+    default_p95_s: float
+    milp_true_p95_s: float
+    reference: str | None = None
+    reference_jct_s: float | None = None
+
+    @property
+    def wait_dominated(self) -> bool:
+        """``milp-true`` within WAIT_DOMINATED of the baseline: the cell measures waiting, not learning."""
+        return self.milp_true_jct_s > WAIT_DOMINATED * self.baseline_jct_s
+
+    @property
+    def share(self) -> float | None:
+        """``(B - D) / (B - M)`` (None when ``M`` is not below ``B``)."""
+        gap = self.baseline_jct_s - self.milp_true_jct_s
+        return (self.baseline_jct_s - self.default_jct_s) / gap if gap > 0 else None
+
+    @property
+    def tail(self) -> float:
+        """The default's p95 JCT over ``milp-true``'s."""
+        return self.default_p95_s / self.milp_true_p95_s if self.milp_true_p95_s > 0 else math.inf
+
+    def as_dict(self) -> dict[str, object]:
+        return {**asdict(self), "wait_dominated": self.wait_dominated, "share": self.share,
+                "p95_vs_milp_true": self.tail}
+
+
+def gap_share(runs: dict[str, dict[int, dict]]) -> GapShare | None:
+    """Completion time as the share of the gap closed: ``(B - D) / (B - M)`` with ``B`` the mean JCT of the
+    best baseline a user could configure before the run, ``D`` the default's and ``M`` ``milp-true``'s, each
+    the mean over the seeds on which the default and ``milp-true`` finished every job (``B``: the lowest
+    mean JCT there among the baselines that finished every job on those seeds too); the p95 JCTs beside
+    them. The reference handed each job's curve (``freetrain:noise:*``) is reported beside ``B``, never as
+    ``B``. None when a policy is missing or no seed is common."""
+    if DEFAULT not in runs or "milp-true" not in runs:
+        return None
+    d, m = runs[DEFAULT], runs["milp-true"]
+    ks = tuple(k for k in sorted(d) if k in m and _finished_all(d[k]) and _finished_all(m[k]))
+    if not ks:
+        return None
+
+    def finished_on_all(x: dict[int, dict]) -> bool:
+        return all(k in x and _finished_all(x[k]) for k in ks)
+
+    cands = [(statistics.fmean(seeds[k]["jct_mean_seconds"] for k in ks), label)
+             for label, seeds in runs.items() if _user_configured(label) and finished_on_all(seeds)]
+    if not cands:
+        return None
+    base = min(cands)[1]
+    b = runs[base]
+
+    def mean_of(x: dict[int, dict], key: str) -> float:
+        return statistics.fmean(x[k][key] for k in ks)
+
+    ref = next((label for label in sorted(runs) if knows_the_curve(label) and finished_on_all(runs[label])), None)
+    return GapShare(base, ks, *(mean_of(x, "jct_mean_seconds") for x in (b, d, m)),
+                    *(mean_of(x, "jct_p95_seconds") for x in (b, d, m)),
+                    ref, mean_of(runs[ref], "jct_mean_seconds") if ref is not None else None)
+
+
+def gap_line(ev: Evaluation, cell: Cell) -> str | None:
+    """:func:`gap_share` of a cell in one line (None where it cannot be worked out)."""
+    g = gap_share(ev.by_label(cell))
+    if g is None:
+        return None
+    h = 3600.0
+    head = (f"completion time, share of the gap closed (B = {g.baseline}, the best baseline a user could "
+            f"configure; M = milp-true; {len(g.seeds)} seeds on which all finished every job): ")
+    figs = (f"mean JCT B {g.baseline_jct_s / h:.3f} h, default {g.default_jct_s / h:.3f} h, "
+            f"M {g.milp_true_jct_s / h:.3f} h; p95 B {g.baseline_p95_s / h:.3f} h, "
+            f"default {g.default_p95_s / h:.3f} h, M {g.milp_true_p95_s / h:.3f} h "
+            f"(default's p95 {g.tail:.3f}x M's)")
+    if g.reference is not None and g.reference_jct_s is not None:
+        figs += f"; reference {g.reference} {g.reference_jct_s / h:.3f} h"
+    if g.wait_dominated:
+        verdict = (f"**wait-dominated, not scored** (M is {g.milp_true_jct_s / g.baseline_jct_s:.3f}x B, "
+                   f"> {WAIT_DOMINATED:g}: jobs wait whatever a policy believes)")
+    else:
+        verdict = f"**{100 * (g.share or 0.0):.0f}% of the gap**"
+    return head + verdict + "; " + figs
 
 
 def jct_target(ev: Evaluation, cell: Cell) -> Target:

@@ -276,3 +276,22 @@ def test_regimes_preset_reports_the_three_regimes_apart_from_one_command(tmp_pat
     labels = {r["spec"]["workload"] + "/" + r["summary"]["label"] for r in ev["runs"]}
     assert {"scarce/malletrain:linear", "scarce/milp-true", "philly@2/freetrain:linear"} <= labels
     assert not any("fixed" in label for label in labels)  # the preset drops the fixed-Pjmax rows
+
+
+def test_simulate_starts_the_learning_policies_from_the_prior_it_is_given(tmp_path: Path, monkeypatch):
+    import simulator
+
+    seen: list[object] = []
+    real = simulator.simulate
+
+    def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append(kwargs.get("learning_prior"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(simulator, "simulate", spy)
+    trace = str(tiny_trace(tmp_path))
+    assert main(["simulate", "--trace", trace, "--end", "+10m", "--policy", "malletrain", "--prior", "linear",
+                 "--out", str(tmp_path / "lin"), "--no-plots", "--quiet"]) == 0
+    assert main(["simulate", "--trace", trace, "--end", "+10m", "--policy", "malletrain",
+                 "--out", str(tmp_path / "mean"), "--no-plots", "--quiet"]) == 0
+    assert seen == ["linear", "mean"]  # one cell of evaluate's malletrain:linear, replayed alone

@@ -319,7 +319,8 @@ def test_evidence_comes_from_the_simulated_monitor():
     # the monitor turns step records drawn from the TRUE curve into the estimates and pauses the
     # daemon's monitor would report: rates at every count the job ran at, one pause per rescale
     tl = timeline("abc", "ab", [(100.0, "c", True), (200.0, "a", False)], end=300.0)
-    pol = SimPolicy("defaults", Policy(PolicyConfig()), lambda spec: None)  # the daemon's: learns, no profile
+    # the daemon's: learns; no probe (the one below the count it holds would add a count to its history)
+    pol = SimPolicy("defaults", Policy(PolicyConfig(profiling="never")), lambda spec: None)
     res = run(tl, [job(scaling=FAST)], pol)
     (j,) = res.jobs
     assert [h[2] for h in j.history] == [2, 3, 2]
