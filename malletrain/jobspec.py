@@ -18,6 +18,8 @@
                                     # change of its world)
     workers_per_node = 1            # optional: fewer workers per node than the node's slots
     worker_batch = 32               # optional: samples one worker trains per optimizer step
+    stall_after = 600               # optional: seconds without progress before it is stalled (default:
+                                    # the daemon's stall_after); restarted at twice that, then failed
 
 The interpreter rule (applied when the job is submitted, :meth:`JobSpec.resolved`):
 ``python`` or ``python3`` as the first word of ``command``, and the word
@@ -71,6 +73,7 @@ SAMPLES_PLACEHOLDER = "{samples}"
 WORKERS_PER_NODE_MAX = 1024
 """No node has more accelerators (worker slots) than this."""
 WORKER_BATCH_MAX = 2**31
+STALL_AFTER_MAX = 7 * 86400  # a week: the longest silence a job file may allow (seconds)
 TRAINER_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 """A trainer's name (the daemon config's ``[[trainers]]`` and a job's ``trainer``)."""
 
@@ -160,10 +163,11 @@ class JobSpec:
     launcher: Launcher = Launcher.ELASTIC
     workers_per_node: int | None = None  # None: every worker slot of the node
     worker_batch: int | None = None  # samples one worker trains per optimizer step; None: not given
+    stall_after: int | None = None  # seconds without progress before it is stalled; None: the daemon's
 
     def to_json(self) -> str:
         d = asdict(self)
-        for key in ("trainer", "budget_node_hours", "deadline", "workers_per_node", "worker_batch"):
+        for key in ("trainer", "budget_node_hours", "deadline", "workers_per_node", "worker_batch", "stall_after"):
             if d[key] is None:
                 del d[key]  # stored as before these fields existed
         if self.launcher is Launcher.ELASTIC:
@@ -205,7 +209,7 @@ class JobSpec:
 
 
 _KEYS = {"name", "command", "min_nodes", "max_nodes", "profile", "scaling", "samples", "cwd", "env", "trainer",
-         "budget_node_hours", "deadline", "launcher", "workers_per_node", "worker_batch"}
+         "budget_node_hours", "deadline", "launcher", "workers_per_node", "worker_batch", "stall_after"}
 
 
 def _int(obj: Mapping[str, Any], key: str, where: str, default: int | None, low: int, high: int) -> int | None:
@@ -333,8 +337,9 @@ def parse_spec(obj: Any, where: str = "job") -> JobSpec:
     launcher = _launcher(obj.get("launcher"), where)
     workers_per_node = _int(obj, "workers_per_node", where, None, 1, WORKERS_PER_NODE_MAX)
     worker_batch = _int(obj, "worker_batch", where, None, 1, WORKER_BATCH_MAX)
+    stall_after = _int(obj, "stall_after", where, None, 1, STALL_AFTER_MAX)
     return JobSpec(name, command, min_nodes, max_nodes, profile, scaling, samples, cwd, env, trainer, budget,
-                   deadline, launcher, workers_per_node, worker_batch)
+                   deadline, launcher, workers_per_node, worker_batch, stall_after)
 
 
 def _launcher(raw: Any, where: str) -> Launcher:

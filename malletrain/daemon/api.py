@@ -12,10 +12,11 @@ from malletrain.daemon.accounting import NodeAccounting
 from malletrain.daemon.observe import Observe
 from malletrain.daemon.state import JobTable
 from malletrain.daemon.trainers import Decide
-from malletrain.jobspec import JobSpec, JobSpecError, parse_spec
+from malletrain.jobspec import JobSpec, JobSpecError, JobState, parse_spec
 from malletrain.monitor import Monitor
 from malletrain.scavenging import Scavenging
 from malletrain.store import Store
+from policy.health import pending_reason, rate_is_current
 
 
 class ControlApi:
@@ -53,6 +54,10 @@ class ControlApi:
             why = self.table.unknown_trainer(spec)
             if why is not None:
                 raise JobSpecError(f"submitted job: {why}")
+            most = self.scav.most_slots()
+            if spec.workers_per_node is not None and most is not None and spec.workers_per_node > most:
+                raise JobSpecError(f"submitted job: workers_per_node {spec.workers_per_node} is more than this "
+                                   f"machine's nodes have: {self.scav.node_shape()}")
             jid = self._submit(spec, req.owner_uid, req.owner_gid)
             self._observed_change |= self.observe.submissions(self.clock())
             return {"ok": True, "id": jid}
@@ -91,7 +96,16 @@ class ControlApi:
                 d["nodes"] = list(run.members)
                 if run.waiting:
                     d["waiting"] = run.waiting
-            if stats is not None and stats.world_size and d["nodes"]:
+                if run.stalled:
+                    d["stalled"] = run.stalled
+            if rec.state is JobState.PENDING:  # every queued job says why (policy.health.pending_reason)
+                d["waiting"] = pending_reason(
+                    run.waiting if run is not None else "", len(run.workers) if run is not None else 0,
+                    len(run.ready_at) if run is not None else 0, run is not None, self.table.adopt_until > 0)
+            current = stats is not None and run is not None and rate_is_current(
+                bool(d["nodes"]) and rec.state in (JobState.RUNNING, JobState.PROFILING), bool(run.stalled), stats.generation,
+                max(stats.worlds, default=0))
+            if stats is not None and stats.world_size and current:
                 est = stats.throughput.estimate(stats.world_size)
                 d["rate"] = est.rate if est else None
             out.append(d)

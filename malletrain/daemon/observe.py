@@ -11,12 +11,13 @@ from malletrain.daemon.intake import JobIntake
 from malletrain.daemon.records import JobRun, NodeLost, job_of, rescale_kind, stopped_from_outside
 from malletrain.daemon.state import JobTable, log
 from malletrain.daemon.trainers import Decide
-from malletrain.jobspec import JobState
+from malletrain.jobspec import JobState, Launcher
 from malletrain.logs import about
 from malletrain.metrics import Metrics
 from malletrain.monitor import Monitor
 from malletrain.scavenging import Scavenging
 from malletrain.store import Store
+from policy.health import Stall, StallRule, failed_for_good, silent_for, stall_text, stall_verdict
 from scavenger.base import AgentGone, AgentUp, BackendError, PilotEnded, PilotEnding, PilotStarted, SchedulerBackend
 from scavenger.hub import AgentHub, AgentWorkers, WorkerExitedEvent, WorkerStartedEvent
 
@@ -132,10 +133,15 @@ class Observe:
                      ev.code, ev.node, extra=about(job=run.id, worker=ev.worker))
             return True
         run.failures += 1
+        started = run.start_sent.get(ev.worker)
+        early = started is not None and (run.progress_at is None or run.progress_at < started)
+        run.early_failures = run.early_failures + 1 if early else 0
         self.decide.give_up_node(run, ev.node, now)
-        self.store.log_event("worker_failed", run.id, worker=ev.worker, code=ev.code, failures=run.failures)
-        if run.failures >= self.cfg.max_failures:
-            run.end(JobState.FAILED, f"{run.failures} workers failed without progress; last {ev.worker} exit {ev.code}")
+        self.store.log_event("worker_failed", run.id, worker=ev.worker, code=ev.code, failures=run.failures,
+                             before_first_step=early)
+        why = failed_for_good(run.failures, run.early_failures, self.cfg.max_failures)
+        if why is not None:
+            run.end(JobState.FAILED, f"{why}; last {ev.worker} exit {ev.code}")
         return True
 
     def _adopt_workers(self, node: str, workers: tuple[str, ...]) -> None:
@@ -164,11 +170,14 @@ class Observe:
         for run in list(self.table.runs.values()):
             stats = self.monitor.jobs.get(run.id)
             if stats is None:
+                changed |= self._silence(run, now)
                 continue
             progress = run.base_samples + stats.samples
             if progress > run.last_progress:
                 run.last_progress = progress
-                run.failures = 0
+                run.progress_at = now
+                run.failures = run.early_failures = run.stall_restarts = 0
+            changed |= self._silence(run, now)
             for ev in stats.new_rescales():
                 kind = rescale_kind(ev, run.emptied_at)
                 self.store.record_rescale(run.id, ev.from_size, ev.to_size, ev.pause_s, kind)
@@ -184,6 +193,31 @@ class Observe:
                 self.store.set_samples(run.id, progress)
                 changed |= run.end(JobState.COMPLETED, f"trained {progress} of {target} samples")
         return changed
+
+    def _silence(self, run: JobRun, now: float) -> bool:
+        """A running job's silence, as :mod:`policy.health` reads it: stalled (recorded for ``status``),
+        to restart (act does it) or failed. Returns whether it is to restart or end."""
+        if run.state.terminal or run.ending is not None or run.restart:
+            return False
+        rule = StallRule(float(run.spec.stall_after or self.cfg.stall_after), self.cfg.stall_restarts)
+        silent = silent_for(now, run.workers_since, run.progress_at)
+        reports = run.spec.launcher is not Launcher.TORCHRUN or run.spec.worker_batch is not None \
+            or run.progress_at is not None  # a torchrun script without worker_batch may never report
+        verdict = stall_verdict(silent, rule, run.stall_restarts, reports)
+        if verdict is Stall.NONE:
+            run.stalled = ""
+            return False
+        if not run.stalled:
+            self.store.log_event("stalled", run.id, silent_s=round(silent, 1), bound_s=rule.after_s)
+            log.warning("job %s: no progress for %.0f s: stalled", run.id, silent, extra=about(job=run.id))
+        run.stalled = stall_text(silent, rule, run.stall_restarts)
+        if verdict is Stall.RESTART:
+            run.restart = f"stalled: no progress for {silent:.0f} s"
+            return True
+        if verdict is Stall.FAIL:
+            return run.end(JobState.FAILED, f"stalled: no progress for {silent:.0f} s after {run.stall_restarts} "
+                                            f"restart(s) from its checkpoint")
+        return False
 
     def submissions(self, now: float) -> bool:
         """New jobs and cancels written by the CLI (directly into the store); returns whether there were any."""

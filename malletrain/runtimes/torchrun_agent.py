@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from malletrain.elastic.errors import StoreLost
-from malletrain.elastic.keys import arrive_key, done_key, world_key
+from malletrain.elastic.keys import arrive_key, done_key, failed_key, world_key
 from malletrain.elastic.rendezvous import Rendezvous
 from malletrain.runtimes.torchrun import DEFAULT_FAILURE_WAIT_S, DEFAULT_STOP_GRACE_S, World, rank_names
 from malletrain.workerenv import ENV_GENERATION, ENV_WORKER, RankPlace, WorkerEnv, configure_worker_logging, torchrun_environ
@@ -207,7 +207,11 @@ class RankAgent:
                 log.info("worker %s: every rank of world %d exited 0", self.worker, self.gen)
                 return 0
         elif self.state is RankState.FAILED:
-            assert self.failed is not None
+            assert self.failed is not None and self.world is not None
+            if self.rdzv.add(failed_key(self.rdzv.job, self.gen), 0) >= len(self.world.places):
+                log.error("worker %s: the command failed (exit %d) on every rank of world %d: no newer world "
+                          "would help", self.worker, self.failed[0], self.gen)
+                return self.failed[0]
             if time.monotonic() - self.failed[1] > self.failure_wait_s:
                 log.error("worker %s: the command failed (exit %d) and no newer world came in %.0f s",
                           self.worker, self.failed[0], self.failure_wait_s)
@@ -294,6 +298,7 @@ class RankAgent:
                         self.failure_wait_s)
             self.stop_child()
             self.failed = (exit_code(code), time.monotonic())
+            self.rdzv.add(failed_key(self.rdzv.job, self.gen), self.local_ranks)  # its node's ranks end together
             self.move(RankState.FAILED)
             return
         if all(child is None for child in self.children):
