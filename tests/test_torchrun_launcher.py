@@ -276,6 +276,11 @@ def test_a_failure_on_every_rank_counts_at_once_without_waiting_for_a_newer_worl
     assert first.tick() is None  # b still runs: a lost peer's world may come
     two.add(f"mt/j1/failed/{two.gen}", 1)  # b failed too
     assert first.tick() == 3
+    stopped = _agent(FakeRendezvous(), "import os, signal; os.kill(os.getpid(), signal.SIGTERM)", tmp_path,
+                     failure_wait_s=600.0)
+    stopped.rdzv.publish(["w0"], 0)
+    _tick_until(stopped, RankState.FAILED)
+    assert stopped.tick() is None  # a stop (a recall's SIGTERM) is no crash: it waits for a newer world
 
 
 def test_a_world_without_it_stops_its_command_and_it_waits(tmp_path: Path) -> None:

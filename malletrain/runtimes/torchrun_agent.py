@@ -58,6 +58,9 @@ log = logging.getLogger("malletrain.torchrun")
 POLL_S = 0.05
 """How often the agent looks at its command and the job's generation."""
 EXIT_STOPPED = 128 + signal.SIGTERM
+STOP_STATUSES = frozenset(128 + sig for sig in (signal.SIGTERM, signal.SIGKILL, signal.SIGINT, signal.SIGHUP))
+"""A rank's exit status after a signal to stop: not a crash of the script, so it never counts toward
+"every rank of the world failed" (its failure waits for a newer world, as a lost peer's does)."""
 EXIT_NOT_FORMED = 1  # a world whose ranks never all came: a failure (the daemon replaces this worker)
 EXIT_STORE_LOST = 75  # as a torch worker whose daemon's store stayed away (the daemon's EXIT_STORE_LOST)
 
@@ -298,7 +301,8 @@ class RankAgent:
                         self.failure_wait_s)
             self.stop_child()
             self.failed = (exit_code(code), time.monotonic())
-            self.rdzv.add(failed_key(self.rdzv.job, self.gen), self.local_ranks)  # its node's ranks end together
+            if exit_code(code) not in STOP_STATUSES:  # a crash (a rank stopped by a signal may be a recall's)
+                self.rdzv.add(failed_key(self.rdzv.job, self.gen), self.local_ranks)  # its node's ranks end together
             self.move(RankState.FAILED)
             return
         if all(child is None for child in self.children):
