@@ -71,6 +71,13 @@ def stall_verdict(silent_s: float, rule: StallRule, restarted: int, reports: boo
     return Stall.FAIL if restarted >= rule.restarts else Stall.RESTART
 
 
+def reports_progress(restarted_script: bool, worker_batch: int | None, has_reported: bool) -> bool:
+    """Whether a job's silence means anything: a ``torchrun`` script (``restarted_script``) reports only
+    through the launcher's step count (``worker_batch``) or its own ``report()`` calls, so without
+    ``worker_batch`` it is judged only once it has reported."""
+    return not restarted_script or worker_batch is not None or has_reported
+
+
 def stall_text(silent_s: float, rule: StallRule, restarted: int) -> str:
     """How ``status`` words a stalled job."""
     then = "fails" if restarted >= rule.restarts else "is restarted from its checkpoint"

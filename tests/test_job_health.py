@@ -19,7 +19,8 @@ from malletrain.jobspec import JobSpecError, JobState
 from malletrain.status_view import format_jobs, job_note
 from policy import PolicyConfig
 from policy.health import (
-    Stall, StallRule, failed_for_good, pending_reason, rate_is_current, silent_for, stall_verdict,
+    Stall, StallRule, failed_for_good, pending_reason, rate_is_current, reports_progress, silent_for,
+    stall_verdict,
 )
 from scavenger.hub import WorkerExitedEvent
 from tests.test_conformance import LINEAR, NODES, Harness
@@ -42,6 +43,8 @@ def test_a_silent_job_is_stalled_then_restarted_then_failed() -> None:
     assert stall_verdict(200.0, RULE, 0) is Stall.RESTART
     assert stall_verdict(200.0, RULE, 1) is Stall.FAIL  # its one restart is used
     assert stall_verdict(5000.0, RULE, 0, reports=False) is Stall.NONE  # cannot report: its silence says nothing
+    assert not reports_progress(True, None, False) and reports_progress(True, None, True)
+    assert reports_progress(True, 32, False) and reports_progress(False, None, False)
     with pytest.raises(ValueError, match="after_s > 0"):
         StallRule(0.0, 1)
 

@@ -17,7 +17,9 @@ from malletrain.metrics import Metrics
 from malletrain.monitor import Monitor
 from malletrain.scavenging import Scavenging
 from malletrain.store import Store
-from policy.health import Stall, StallRule, failed_for_good, silent_for, stall_text, stall_verdict
+from policy.health import (
+    Stall, StallRule, failed_for_good, reports_progress, silent_for, stall_text, stall_verdict,
+)
 from scavenger.base import AgentGone, AgentUp, BackendError, PilotEnded, PilotEnding, PilotStarted, SchedulerBackend
 from scavenger.hub import AgentHub, AgentWorkers, WorkerExitedEvent, WorkerStartedEvent
 
@@ -201,8 +203,8 @@ class Observe:
             return False
         rule = StallRule(float(run.spec.stall_after or self.cfg.stall_after), self.cfg.stall_restarts)
         silent = silent_for(now, run.workers_since, run.progress_at)
-        reports = run.spec.launcher is not Launcher.TORCHRUN or run.spec.worker_batch is not None \
-            or run.progress_at is not None  # a torchrun script without worker_batch may never report
+        reports = reports_progress(run.spec.launcher is Launcher.TORCHRUN, run.spec.worker_batch,
+                                   run.progress_at is not None)
         verdict = stall_verdict(silent, rule, run.stall_restarts, reports)
         if verdict is Stall.NONE:
             run.stalled = ""
