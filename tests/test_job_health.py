@@ -207,3 +207,29 @@ def test_a_new_state_dir_is_made_private_without_a_warning(tmp_path: Path, caplo
     h = Harness(open_dir, PolicyConfig(profiling="never"))  # one really open: tightened, and said
     h.close()
     assert [r for r in caplog.records if "open to other users (mode 755)" in r.getMessage()]
+
+
+def test_an_ended_jobs_runtime_state_goes_once_its_workers_have_left(tmp_path: Path) -> None:
+    """A cancelled worker writes its checkpoint on the SIGTERM: the runtime must still know the job then,
+    or it refuses the write with a warning in the daemon's log and the worker's."""
+    h = Harness(tmp_path / "d", PolicyConfig(profiling="never"))
+    forgotten: list[tuple[str, bool, bool]] = []
+    real = h.runtime.forget
+
+    def forget(job_id: str, keep_state: bool = True) -> None:
+        run = h.daemon.runs.get(job_id)
+        forgotten.append((job_id, keep_state, bool(run is not None and run.leaving)))
+        real(job_id, keep_state)
+
+    h.runtime.forget = forget  # type: ignore[method-assign]
+    try:
+        h.cluster.became_idle(*NODES[:1])
+        jid = h.submit("runs", LINEAR, max_nodes=1)
+        h.run_until(5.0)
+        h.daemon.store.request_cancel(jid)
+        h.run_until(8.0)
+        assert h.daemon.store.require(jid).state is JobState.CANCELLED
+        ended = [f for f in forgotten if not f[1]]
+        assert ended and not any(leaving for _, _, leaving in ended)  # never while its worker was leaving
+    finally:
+        h.close()

@@ -227,11 +227,18 @@ class Act:
         self.stop_workers(run, self.clock())
         self.set_state(run, state, reason)
         self.monitor.forget(run.id, ended=True)  # its workers' last reports in flight are dropped quietly
+        if not run.leaving:
+            self.release(run)  # else once its workers have left (the loop drops the run then)
+        return True
+
+    def release(self, run: JobRun) -> None:
+        """An ended job's state in its runtime goes (its checkpoint too), once its stopped workers have left:
+        a worker stopped by a cancel still writes its checkpoint on the SIGTERM, and a runtime that had
+        already forgotten the job would refuse it, with a warning in the daemon's log and the worker's."""
         try:
             self.runtimes.of(run.spec).forget(run.id, keep_state=False)
         except Exception as exc:
             log.warning("runtime.forget(%s): %s", run.id, exc, extra=about(job=run.id))
-        return True
 
     def set_state(self, run: JobRun, state: JobState, reason: str) -> None:
         if run.state == state:
