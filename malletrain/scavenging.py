@@ -324,9 +324,9 @@ class Scavenging:
         """The most worker slots a node of the last look has, and where that count comes from, as a
         sentence for an error (None: no look yet)."""
         d = self.discovery
-        if d is None or not d.nodes:
+        most = self.most_slots()
+        if d is None or most is None:
             return None
-        most = max(self.slots_of(n.name) for n in d.nodes)
         if any(n.gpus for n in d.nodes):
             return f"{most} worker slots (GPUs) on its largest node"
         where = f"[scavenger] workers_per_node = {self.workers_per_node}" if self.workers_per_node \

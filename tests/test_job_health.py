@@ -233,3 +233,21 @@ def test_an_ended_jobs_runtime_state_goes_once_its_workers_have_left(tmp_path: P
         assert ended and not any(leaving for _, _, leaving in ended)  # never while its worker was leaving
     finally:
         h.close()
+
+
+def test_the_node_shape_is_checked_at_submit_when_no_daemon_runs(tmp_path: Path) -> None:
+    """The daemon records its nodes' shape in the store: a submit straight into the store (no daemon
+    running) is checked against it too."""
+    from malletrain.jobspec import parse_spec
+    from malletrain.store import Store
+
+    h = Harness(tmp_path / "d", PolicyConfig(profiling="never"))
+    h.step(0.0)
+    h.close()
+    store = Store.open(tmp_path / "d" / "store.db")
+    try:
+        assert store.node_slots() is not None and store.node_slots()[0] == 1  # type: ignore[index]
+        with pytest.raises(JobSpecError, match="workers_per_node 2 is more than this machine's nodes have: 1 "):
+            store.submit(parse_spec({"command": ["true"], "workers_per_node": 2}))
+    finally:
+        store.close()

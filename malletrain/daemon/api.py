@@ -54,10 +54,6 @@ class ControlApi:
             why = self.table.unknown_trainer(spec)
             if why is not None:
                 raise JobSpecError(f"submitted job: {why}")
-            most = self.scav.most_slots()
-            if spec.workers_per_node is not None and most is not None and spec.workers_per_node > most:
-                raise JobSpecError(f"submitted job: workers_per_node {spec.workers_per_node} is more than this "
-                                   f"machine's nodes have: {self.scav.node_shape()}")
             jid = self._submit(spec, req.owner_uid, req.owner_gid)
             self._observed_change |= self.observe.submissions(self.clock())
             return {"ok": True, "id": jid}

@@ -40,6 +40,8 @@ class Observe:
         self.decide = decide
         self.intake = intake
         self._machine_size = 0
+        self._node_slots: tuple[int, str] | None = None
+        self._shape_seen_at: float | None = None  # the time of the look whose node shape was noted
 
     def discover_machine(self, backend: SchedulerBackend) -> None:
         """One look at the machine at start: its size bounds the jobs `submit` accepts."""
@@ -55,6 +57,14 @@ class Observe:
         if n and n != self._machine_size:
             self._machine_size = n
             self.store.set_machine_nodes(n)  # `submit` refuses jobs bigger than the machine
+        d = self.scav.discovery
+        if d is None or d.at == self._shape_seen_at:
+            return  # the node shape of a look already seen
+        self._shape_seen_at = d.at
+        most, shape = self.scav.most_slots(), self.scav.node_shape()
+        if most is not None and shape is not None and (most, shape) != self._node_slots:
+            self._node_slots = (most, shape)
+            self.store.set_node_slots(most, shape)  # ... and more workers a node than a node has
 
     def pilots(self, now: float) -> bool:
         """Pilot events and the idle nodes (at most every poll_interval); a failed look marks them stale."""
