@@ -88,6 +88,7 @@ def test_a_silent_job_is_shown_stalled_then_restarted_then_failed(tmp_path: Path
         h.run_until(14.0)
         st = _status(h, jid)
         assert st["state"] == "running" and st["stalled"].startswith("stalled: no progress for 1")
+        assert 10.0 <= st["stalled_s"] <= 14.0  # --json: the seconds too
         assert "is restarted from its checkpoint at 20 s" in st["stalled"]
         assert job_note(st) == st["stalled"] and "stalled" in format_jobs([st])
         h.run_until(24.0)

@@ -93,7 +93,7 @@ class ControlApi:
                 if run.waiting:
                     d["waiting"] = run.waiting
                 if run.stalled:
-                    d["stalled"] = run.stalled
+                    d["stalled"], d["stalled_s"] = run.stalled, run.stalled_s
             if rec.state is JobState.PENDING:  # every queued job says why (policy.health.pending_reason)
                 d["waiting"] = pending_reason(
                     run.waiting if run is not None else "", len(run.workers) if run is not None else 0,

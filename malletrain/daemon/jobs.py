@@ -197,6 +197,7 @@ class Act:
                     extra=about(job=run.id))
         self.stop_workers(run, now)
         run.restart = run.stalled = ""
+        run.stalled_s = 0.0
 
     def stop_workers(self, run: JobRun, now: float) -> None:
         run.emptied_at = now

@@ -217,12 +217,12 @@ class Observe:
                                    run.progress_at is not None)
         verdict = stall_verdict(silent, rule, run.stall_restarts, reports)
         if verdict is Stall.NONE:
-            run.stalled = ""
+            run.stalled, run.stalled_s = "", 0.0
             return False
         if not run.stalled:
             self.store.log_event("stalled", run.id, silent_s=round(silent, 1), bound_s=rule.after_s)
             log.warning("job %s: no progress for %.0f s: stalled", run.id, silent, extra=about(job=run.id))
-        run.stalled = stall_text(silent, rule, run.stall_restarts)
+        run.stalled, run.stalled_s = stall_text(silent, rule, run.stall_restarts), round(silent, 1)
         if verdict is Stall.RESTART:
             run.restart = f"stalled: no progress for {silent:.0f} s"
             return True

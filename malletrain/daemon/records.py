@@ -93,6 +93,7 @@ class JobRun:
     progress_at: float | None = None  # when its progress last grew (this daemon's clock)
     workers_since: float | None = None  # when act started its workers from none (None: it runs none)
     stalled: str = ""  # observed: how long it has been silent, once past its stall bound ("": not stalled)
+    stalled_s: float = 0.0  # the same in seconds (0: not stalled)
     stall_restarts: int = 0  # restarts for a stall since its last progress
     restart: str = ""  # observed: its workers are to be stopped and started again (act does it), and why
     rescales: list[RescaleEvent] = field(default_factory=list)  # measured pauses (resumes left out)
