@@ -447,6 +447,26 @@ def _finite_rate(v: int | float) -> bool:
     return math.isfinite(f) and f >= 0
 
 
+NODE_SLOTS_KEY = "node_slots"
+"""The store's meta key where the daemon records its nodes' shape (:func:`node_slots_text`), for submit."""
+
+
+def node_slots_text(most: int, shape: str) -> str:
+    """The most worker slots a node of the machine has, and the sentence saying where that count comes
+    from, as the daemon records them (the store's :data:`NODE_SLOTS_KEY`)."""
+    return json.dumps({"most": int(most), "shape": str(shape)})
+
+
+def node_slots(raw: str | None) -> tuple[int, str] | None:
+    """What :func:`node_slots_text` recorded (None: nothing yet, or unreadable)."""
+    try:
+        obj = json.loads(raw) if raw is not None else None
+        most, shape = int(obj["most"]), str(obj["shape"])
+    except (ValueError, TypeError, KeyError):
+        return None
+    return (most, shape) if most > 0 else None
+
+
 def check_submit(spec: JobSpec, where: str = "job", machine_nodes: int | None = None,
                  node_slots: tuple[int, str] | None = None) -> None:
     """Checks that depend on the world at submit time: ``cwd``, the machine's size, its nodes' worker

@@ -37,7 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-from malletrain.jobspec import NAME_MAX_CHARS, JobSpec, JobSpecError, JobState, check_submit, parse_spec
+from malletrain.jobspec import (NAME_MAX_CHARS, NODE_SLOTS_KEY, JobSpec, JobSpecError, JobState, check_submit,
+                                node_slots, parse_spec)
 from malletrain.statedir import private_file, private_state_dir
 from malletrain.store_schema import SQLITE_MAGIC, LEGACY_SCALING_TABLE, WAL_LIMIT_BYTES, StoreError  # noqa: F401  (re-exported)
 from malletrain.store_schema import check_file, create_file, migrate, sqlite_error_text
@@ -295,21 +296,6 @@ class Store:
             return None
         return n if n is not None and n > 0 else None
 
-    def set_node_slots(self, most: int, shape: str) -> None:
-        """Record the most worker slots a node of the machine has, and the sentence that says where that
-        count comes from (the daemon's backend knows both); submit checks ``workers_per_node`` against it."""
-        self.set_meta("node_slots", json.dumps({"most": int(most), "shape": str(shape)}))
-
-    def node_slots(self) -> tuple[int, str] | None:
-        """What :meth:`set_node_slots` recorded, or None when no daemon has said yet (or it is unreadable)."""
-        raw = self.get_meta("node_slots")
-        try:
-            obj = json.loads(raw) if raw is not None else None
-            most, shape = int(obj["most"]), str(obj["shape"])
-        except (ValueError, TypeError, KeyError):
-            return None
-        return (most, shape) if most > 0 else None
-
     # -- jobs
     def submit(self, spec: JobSpec, owner_uid: int | None = None, owner_gid: int | None = None) -> str:
         """Queue a job (PENDING) owned by ``owner_uid``/``owner_gid`` (default: this process's
@@ -320,7 +306,7 @@ class Store:
         """
         where = f"job {spec.name!r}"
         spec = parse_spec(json.loads(spec.to_json()), where)  # nothing invalid is ever stored
-        check_submit(spec, where, self.machine_nodes(), self.node_slots())
+        check_submit(spec, where, self.machine_nodes(), node_slots(self.get_meta(NODE_SLOTS_KEY)))
         now = self.clock()
         with self._tx() as c:
             cur = c.execute(

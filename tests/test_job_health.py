@@ -239,7 +239,7 @@ def test_an_ended_jobs_runtime_state_goes_once_its_workers_have_left(tmp_path: P
 def test_the_node_shape_is_checked_at_submit_when_no_daemon_runs(tmp_path: Path) -> None:
     """The daemon records its nodes' shape in the store: a submit straight into the store (no daemon
     running) is checked against it too."""
-    from malletrain.jobspec import parse_spec
+    from malletrain.jobspec import NODE_SLOTS_KEY, node_slots, parse_spec
     from malletrain.store import Store
 
     h = Harness(tmp_path / "d", PolicyConfig(profiling="never"))
@@ -247,7 +247,8 @@ def test_the_node_shape_is_checked_at_submit_when_no_daemon_runs(tmp_path: Path)
     h.close()
     store = Store.open(tmp_path / "d" / "store.db")
     try:
-        assert store.node_slots() is not None and store.node_slots()[0] == 1  # type: ignore[index]
+        assert node_slots(store.get_meta(NODE_SLOTS_KEY)) == (1, "1 worker slot a node (no GPUs reported and no "
+                                                                "[scavenger] workers_per_node: 1)")
         with pytest.raises(JobSpecError, match="workers_per_node 2 is more than this machine's nodes have: 1 "):
             store.submit(parse_spec({"command": ["true"], "workers_per_node": 2}))
     finally:

@@ -11,7 +11,7 @@ from malletrain.daemon.intake import JobIntake
 from malletrain.daemon.records import JobRun, NodeLost, job_of, rescale_kind, stopped_from_outside
 from malletrain.daemon.state import JobTable, log
 from malletrain.daemon.trainers import Decide
-from malletrain.jobspec import JobState, Launcher
+from malletrain.jobspec import NODE_SLOTS_KEY, JobState, Launcher, node_slots_text
 from malletrain.logs import about
 from malletrain.metrics import Metrics
 from malletrain.monitor import Monitor
@@ -64,7 +64,7 @@ class Observe:
         most, shape = self.scav.most_slots(), self.scav.node_shape()
         if most is not None and shape is not None and (most, shape) != self._node_slots:
             self._node_slots = (most, shape)
-            self.store.set_node_slots(most, shape)  # ... and more workers a node than a node has
+            self.store.set_meta(NODE_SLOTS_KEY, node_slots_text(most, shape))  # ... and more workers a node than it has
 
     def pilots(self, now: float) -> bool:
         """Pilot events and the idle nodes (at most every poll_interval); a failed look marks them stale."""
