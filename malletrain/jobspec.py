@@ -468,9 +468,9 @@ def node_slots(raw: str | None) -> tuple[int, str] | None:
 
 
 def check_submit(spec: JobSpec, where: str = "job", machine_nodes: int | None = None,
-                 node_slots: tuple[int, str] | None = None) -> None:
+                 node_shape: str | None = None) -> None:
     """Checks that depend on the world at submit time: ``cwd``, the machine's size, its nodes' worker
-    slots (``node_slots``: the most a node has, and a sentence saying where that count comes from).
+    slots (``node_shape``: what the daemon recorded, :func:`node_slots_text`; None: nothing yet).
 
     Not part of :func:`parse_spec`, so a stored job stays readable after its
     directory is removed or the machine shrinks.
@@ -495,9 +495,10 @@ def check_submit(spec: JobSpec, where: str = "job", machine_nodes: int | None = 
         raise JobSpecError(f"{where}: min_nodes {spec.min_nodes} is more than the machine's {machine_nodes} nodes")
     if machine_nodes is not None and spec.max_nodes > machine_nodes:
         raise JobSpecError(f"{where}: max_nodes {spec.max_nodes} is more than the machine's {machine_nodes} nodes")
-    if node_slots is not None and spec.workers_per_node is not None and spec.workers_per_node > node_slots[0]:
+    slots = node_slots(node_shape)
+    if slots is not None and spec.workers_per_node is not None and spec.workers_per_node > slots[0]:
         raise JobSpecError(f"{where}: workers_per_node {spec.workers_per_node} is more than this machine's nodes "
-                           f"have: {node_slots[1]}")
+                           f"have: {slots[1]}")
 
 
 def decode_job_file(path: Path, data: bytes) -> Any:

@@ -37,8 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-from malletrain.jobspec import (NAME_MAX_CHARS, NODE_SLOTS_KEY, JobSpec, JobSpecError, JobState, check_submit,
-                                node_slots, parse_spec)
+from malletrain.jobspec import NAME_MAX_CHARS, JobSpec, JobSpecError, JobState, check_submit, parse_spec
 from malletrain.statedir import private_file, private_state_dir
 from malletrain.store_schema import SQLITE_MAGIC, LEGACY_SCALING_TABLE, WAL_LIMIT_BYTES, StoreError  # noqa: F401  (re-exported)
 from malletrain.store_schema import check_file, create_file, migrate, sqlite_error_text
@@ -306,7 +305,7 @@ class Store:
         """
         where = f"job {spec.name!r}"
         spec = parse_spec(json.loads(spec.to_json()), where)  # nothing invalid is ever stored
-        check_submit(spec, where, self.machine_nodes(), node_slots(self.get_meta(NODE_SLOTS_KEY)))
+        check_submit(spec, where, self.machine_nodes(), self.get_meta("node_slots"))  # (jobspec.NODE_SLOTS_KEY)
         now = self.clock()
         with self._tx() as c:
             cur = c.execute(
