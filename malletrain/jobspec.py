@@ -339,7 +339,7 @@ def parse_spec(obj: Any, where: str = "job") -> JobSpec:
     worker_batch = _int(obj, "worker_batch", where, None, 1, WORKER_BATCH_MAX)
     stall_after = _int(obj, "stall_after", where, None, 1, STALL_AFTER_MAX)
     return JobSpec(name, command, min_nodes, max_nodes, profile, scaling, samples, cwd, env, trainer, budget,
-                   deadline, launcher, workers_per_node, worker_batch, stall_after)
+                   deadline, launcher, workers_per_node, worker_batch, stall_after=stall_after)
 
 
 def _launcher(raw: Any, where: str) -> Launcher:
