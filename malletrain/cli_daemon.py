@@ -239,9 +239,6 @@ def status_data(args: argparse.Namespace) -> dict[str, Any]:
             jobs = [{**r.as_dict(), "trainer": r.spec.trainer} for r in store.jobs()]  # None: the first
         finally:
             store.close()
-        for j in jobs:
-            if j["state"] == "pending":  # every queued job says why it waits
-                j["waiting"] = "no daemon is running: nothing decides for it"
         reply = {"ok": True, "daemon": False, "jobs": jobs, "nodes": []}
     reply["log_dir"] = str(state / LOG_DIR)
     reply["state_dir"] = str(state)

@@ -313,14 +313,3 @@ def test_status_on_a_state_dir_that_does_not_exist_is_an_error_naming_it(tmp_pat
     res = cli("status", "--state-dir", str(missing))
     assert res.returncode == 2 and f"no state dir at {missing}" in res.stderr, res.stderr
     assert not missing.exists()  # not created
-
-
-def test_status_without_a_daemon_says_why_a_queued_job_waits(tmp_path: Path) -> None:
-    state = tmp_path / "state"
-    job = tmp_path / "job.toml"
-    job.write_text('name = "q"\ncommand = ["true"]\n')
-    assert cli("submit", str(job), "--state-dir", str(state)).returncode == 0
-    res = cli("status", "--json", "--state-dir", str(state))
-    (j,) = json.loads(res.stdout)["jobs"]
-    assert j["state"] == "pending" and j["waiting"] == "no daemon is running: nothing decides for it"
-    assert "waiting: no daemon is running" in cli("status", "--state-dir", str(state)).stdout
