@@ -268,6 +268,9 @@ def status_data(args: argparse.Namespace) -> dict[str, Any]:
     from malletrain.control import ask, state_dir
 
     state = state_dir(args.state_dir).absolute()  # log paths printed in full
+    if not state.is_dir():  # a typo must not look like "no jobs" (nor leave a new empty state dir behind)
+        raise FileNotFoundError(f"no state dir at {state} (no daemon has run there; give the one the daemon "
+                                "uses with --state-dir or MALLETRAIN_STATE_DIR)")
     reply = ask(state, {"cmd": "status"})
     if reply and reply.get("ok"):
         reply["daemon"] = True

@@ -4,6 +4,10 @@
     runtime = "torch"                # "torch" | "horovod" | "toy" (no torch: tests)
     loop_interval = 0.1              # seconds between reconcile iterations
     max_failures = 5                 # unexpected worker exits without progress before FAILED
+                                     # (two in a row before a first step: FAILED at once)
+    stall_after = 600.0              # seconds without progress before a running job is stalled (a job
+                                     # file's stall_after wins); restarted at twice that, from its checkpoint
+    stall_restarts = 1               # restarts for a stall (no progress between) before the next fails it
     store_grace = 60.0               # torch workers train on this long without the daemon (restart)
     agent_heartbeat = 0.5            # seconds between agent heartbeats
     agent_dead_after = 30.0          # an agent (or the daemon) silent this long is gone; >= 2 heartbeats.
@@ -128,6 +132,7 @@ LIMITS: dict[str, dict[str, Limit]] = {
         "state_dir": Limit(str), "runtime": Limit(str), "backend": Limit(str),
         "loop_interval": Limit(float, 0.001, 60.0),
         "max_failures": Limit(int, 1, 1_000_000), "store_grace": Limit(float, 0.1, DAY),
+        "stall_after": Limit(float, 1.0, 7 * DAY), "stall_restarts": Limit(int, 0, 1000),
         "agent_heartbeat": Limit(float, 0.01, 60.0), "agent_dead_after": Limit(float, 0.1, DAY),
         "admin_groups": Limit(list),  # each entry checked by _admin_groups
     },

@@ -108,6 +108,8 @@ class DaemonConfig:
     runtime: str = "torch"
     loop_interval: float = 0.1
     max_failures: int = 5
+    stall_after: float = 600.0  # seconds without progress before a running job is stalled (policy.health)
+    stall_restarts: int = 1  # restarts for a stall before the next one fails the job
     store_grace: float = 60.0
     agent_heartbeat: float = 0.5
     agent_dead_after: float = 30.0  # fits a restart with room: see the module docstring

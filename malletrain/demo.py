@@ -130,10 +130,14 @@ def run_demo(out: str, duration: float, nodes: int = 6, runtime: str = "torch", 
 
 
 def show(d: Daemon, elapsed: float) -> None:
-    from malletrain.status_view import format_jobs
+    from malletrain.status_view import format_jobs, format_notes
 
     print(f"\n--- t = {elapsed:5.1f} s ---")
-    print(format_jobs(d.status_jobs()))
+    jobs = d.status_jobs()
+    print(format_jobs(jobs))
+    notes = format_notes(jobs)
+    if notes:
+        print(notes)
     held = sum(1 for n in d.status_nodes() if n["state"] == "held")
     used = sum(1 for n in d.status_nodes() if n["job"])
     print(f"nodes: {held} held, {used} used   " + " ".join(f"{n['node']}:{n['state']}" for n in d.status_nodes()),

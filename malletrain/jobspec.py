@@ -18,6 +18,8 @@
                                     # change of its world)
     workers_per_node = 1            # optional: fewer workers per node than the node's slots
     worker_batch = 32               # optional: samples one worker trains per optimizer step
+    stall_after = 600               # optional: seconds without progress before it is stalled (default:
+                                    # the daemon's stall_after); restarted at twice that, then failed
 
 The interpreter rule (applied when the job is submitted, :meth:`JobSpec.resolved`):
 ``python`` or ``python3`` as the first word of ``command``, and the word
@@ -78,6 +80,7 @@ places go to every rank agent as one value of the daemon's store, which carries 
 DEVICES_ENV = "MALLETRAIN_DEVICES"
 """The one ``MALLETRAIN_*`` variable a job's ``env`` may set (to ``"all"``: every local rank sees every
 device of its node, :mod:`scavenger.nodeshape`)."""
+STALL_AFTER_MAX = 7 * 86400  # a week: the longest silence a job file may allow (seconds)
 TRAINER_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 """A trainer's name (the daemon config's ``[[trainers]]`` and a job's ``trainer``)."""
 
@@ -167,6 +170,7 @@ class JobSpec:
     launcher: Launcher = Launcher.ELASTIC
     workers_per_node: int | None = None  # None: every worker slot of the node
     worker_batch: int | None = None  # samples one worker trains per optimizer step; None: not given
+    stall_after: int | None = None  # seconds without progress before it is stalled; None: the daemon's
     # set by malletrain, never by a job file (:data:`MEMBER_KEYS`): the array or sweep a job belongs to
     array_id: str | None = None  # ``submit --array``: the array's id (``a000001``)
     array_index: int | None = None  # its index in the array
@@ -175,7 +179,7 @@ class JobSpec:
 
     def to_json(self) -> str:
         d = asdict(self)
-        for key in ("trainer", "budget_node_hours", "deadline", "workers_per_node", "worker_batch") + MEMBER_KEYS:
+        for key in ("trainer", "budget_node_hours", "deadline", "workers_per_node", "worker_batch", "stall_after") + MEMBER_KEYS:
             if d[key] is None:
                 del d[key]  # stored as before these fields existed
         if self.launcher is Launcher.ELASTIC:
@@ -224,7 +228,7 @@ GROUP_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 MEMBER_INDEX_MAX = 10**9
 
 _KEYS = {"name", "command", "min_nodes", "max_nodes", "profile", "scaling", "samples", "cwd", "env", "trainer",
-         "budget_node_hours", "deadline", "launcher", "workers_per_node", "worker_batch", *MEMBER_KEYS}
+         "budget_node_hours", "deadline", "launcher", "workers_per_node", "worker_batch", "stall_after", *MEMBER_KEYS}
 
 
 def _int(obj: Mapping[str, Any], key: str, where: str, default: int | None, low: int, high: int) -> int | None:
@@ -354,8 +358,9 @@ def parse_spec(obj: Any, where: str = "job") -> JobSpec:
     launcher = _launcher(obj.get("launcher"), where)
     workers_per_node = _int(obj, "workers_per_node", where, None, 1, WORKERS_PER_NODE_MAX)
     worker_batch = _int(obj, "worker_batch", where, None, 1, WORKER_BATCH_MAX)
+    stall_after = _int(obj, "stall_after", where, None, 1, STALL_AFTER_MAX)
     spec = JobSpec(name, command, min_nodes, max_nodes, profile, scaling, samples, cwd, env, trainer, budget,
-                   deadline, launcher, workers_per_node, worker_batch)
+                   deadline, launcher, workers_per_node, worker_batch, stall_after=stall_after)
     return _membership(spec, obj, where)
 
 
@@ -479,8 +484,30 @@ def _finite_rate(v: int | float) -> bool:
     return math.isfinite(f) and f >= 0
 
 
-def check_submit(spec: JobSpec, where: str = "job", machine_nodes: int | None = None) -> None:
-    """Checks that depend on the world at submit time: ``cwd``, the machine's size.
+NODE_SLOTS_KEY = "node_slots"
+"""The store's meta key where the daemon records its nodes' shape (:func:`node_slots_text`), for submit."""
+
+
+def node_slots_text(most: int, shape: str) -> str:
+    """The most worker slots a node of the machine has, and the sentence saying where that count comes
+    from, as the daemon records them (the store's :data:`NODE_SLOTS_KEY`)."""
+    return json.dumps({"most": int(most), "shape": str(shape)})
+
+
+def node_slots(raw: str | None) -> tuple[int, str] | None:
+    """What :func:`node_slots_text` recorded (None: nothing yet, or unreadable)."""
+    try:
+        obj = json.loads(raw) if raw is not None else None
+        most, shape = int(obj["most"]), str(obj["shape"])
+    except (ValueError, TypeError, KeyError):
+        return None
+    return (most, shape) if most > 0 else None
+
+
+def check_submit(spec: JobSpec, where: str = "job", machine_nodes: int | None = None,
+                 node_shape: str | None = None) -> None:
+    """Checks that depend on the world at submit time: ``cwd``, the machine's size, its nodes' worker
+    slots (``node_shape``: what the daemon recorded, :func:`node_slots_text`; None: nothing yet).
 
     Not part of :func:`parse_spec`, so a stored job stays readable after its
     directory is removed or the machine shrinks.
@@ -510,6 +537,10 @@ def check_submit(spec: JobSpec, where: str = "job", machine_nodes: int | None = 
         raise JobSpecError(f"{where}: min_nodes {spec.min_nodes} is more than the machine's {machine_nodes} nodes")
     if machine_nodes is not None and spec.max_nodes > machine_nodes:
         raise JobSpecError(f"{where}: max_nodes {spec.max_nodes} is more than the machine's {machine_nodes} nodes")
+    slots = node_slots(node_shape)
+    if slots is not None and spec.workers_per_node is not None and spec.workers_per_node > slots[0]:
+        raise JobSpecError(f"{where}: workers_per_node {spec.workers_per_node} is more than this machine's nodes "
+                           f"have: {slots[1]}")
 
 
 def decode_job_file(path: Path, data: bytes) -> Any:

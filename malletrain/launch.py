@@ -156,11 +156,15 @@ def install_step_hook(counter: StepCounter) -> Any:
 
 
 def _raise_exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    # the first stops the script; a second (the node agent signals the rank's process group, its rank
+    # agent the rank) must not raise again while it exits: no "SystemExit: 143" traceback in its log
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise SystemExit(SIGTERM_EXIT)
 
 
 def install_sigterm_exit() -> None:
-    """SIGTERM raises ``SystemExit(143)`` in the main thread (the script may catch it and checkpoint)."""
+    """SIGTERM raises ``SystemExit(143)`` in the main thread (the script may catch it and checkpoint); a
+    second SIGTERM is ignored."""
     signal.signal(signal.SIGTERM, _raise_exit_on_sigterm)
 
 

@@ -255,6 +255,10 @@ class JobStats:
         return out
 
 
+ENDED_KEPT = 1024
+"""Ended jobs whose late reports the monitor drops quietly (older ones: unknown_job, as any job it never knew)."""
+
+
 # ---------------------------------------------------------------- the monitor
 class Monitor:
     """The PULL socket, the registered jobs' keys and statistics, and the counters."""
@@ -284,6 +288,8 @@ class Monitor:
         self._keys: dict[str, bytes] = {}
         self._fast: dict[bytes, tuple[Any, JobStats]] = {}  # job id -> (its keyed hmac, copied per frame; stats)
         self._saved_windows: dict[str, dict[str, Any]] = {}  # restored, for jobs not registered yet
+        self._ended: dict[str, None] = {}  # jobs that ended lately (oldest first): their late reports are dropped quietly
+        self.late = 0  # reports of such jobs dropped
         self.fast_path = True
         self.received = 0
         self.accepted = 0
@@ -326,8 +332,15 @@ class Monitor:
         if stats is not None:
             stats.record_world(generation, size)
 
-    def forget(self, job_id: str) -> None:
-        """Drop a job's key and statistics; its reports are unknown_job from now on."""
+    def forget(self, job_id: str, ended: bool = False) -> None:
+        """Drop a job's key and statistics; its reports are unknown_job from now on, except, for a job
+        that ``ended`` (completed, failed, cancelled), the ones its workers had in flight: those are
+        counted in :attr:`late` and dropped without a warning (the last :data:`ENDED_KEPT` such jobs)."""
+        if ended:
+            self._ended.pop(job_id, None)
+            self._ended[job_id] = None
+            while len(self._ended) > ENDED_KEPT:
+                del self._ended[next(iter(self._ended))]
         self._keys.pop(job_id, None)
         self._fast.pop(job_id.encode("utf-8", "surrogatepass"), None)
         self._saved_windows.pop(job_id, None)
@@ -453,6 +466,9 @@ class Monitor:
         if not env.signed:
             raise MessageError(Reason.UNSIGNED, f"report for job {env.job[:64]!r} has no sig")
         key = self._keys.get(env.job)
+        if key is None and env.job in self._ended:
+            self.late += 1  # a report sent just before its job ended: nothing wrong, nothing to count
+            return
         if key is None:
             raise MessageError(Reason.UNKNOWN_JOB, f"report for unknown job {env.job[:64]!r}")
         verify(frame, key)

@@ -320,6 +320,25 @@ class Scavenging:
             gpus = self._gpus[1].get(node)
         return node_slots(gpus, self.workers_per_node)
 
+    def node_shape(self) -> str | None:
+        """The most worker slots a node of the last look has, and where that count comes from, as a
+        sentence for an error (None: no look yet)."""
+        d = self.discovery
+        most = self.most_slots()
+        if d is None or most is None:
+            return None
+        if any(n.gpus for n in d.nodes):
+            return f"{most} worker slots (GPUs) on its largest node"
+        where = f"[scavenger] workers_per_node = {self.workers_per_node}" if self.workers_per_node \
+            else "no GPUs reported and no [scavenger] workers_per_node: 1"
+        backend = " on the local backend" if self.backend.name == "local" else ""
+        return f"{most} worker slot{'s' * (most != 1)} a node ({where}{backend})"
+
+    def most_slots(self) -> int | None:
+        """The most worker slots a node of the last look has (None: no look yet)."""
+        d = self.discovery
+        return max(self.slots_of(n.name) for n in d.nodes) if d is not None and d.nodes else None
+
     def machine_nodes(self) -> tuple[str, ...]:
         d = self.discovery
         return tuple(n.name for n in d.nodes) if d is not None else ()

@@ -36,6 +36,8 @@ def job_note(j: dict[str, Any]) -> str | None:
     if state == "completed" and target and samples < int(target):
         return f"the command exited 0 at {samples:,} of {int(target):,} samples ({message or 'no reason stored'})"
     waiting = j.get("waiting") or ""
+    if j.get("stalled") and state in ("running", "rescaling", "profiling"):
+        return str(j["stalled"])
     if state in ("pending", "suspended") and waiting:
         return f"{message}; waiting: {waiting}" if state == "suspended" and message else f"waiting: {waiting}"
     if state in ("failed", "suspended") and message:
@@ -64,7 +66,8 @@ def printable(text: Any, limit: int | None = None) -> str:
 
 
 def format_jobs(jobs: list[dict[str, Any]]) -> str:
-    """The job table; TRAINER is the trainer the job runs under ("-": not known without the daemon).
+    """The job table; TRAINER is the trainer the job runs under ("-": not known without the daemon);
+    STATE says ``stalled`` for a running job that reports no progress (its note says for how long).
 
     BUDGET (node-hours used / budget; "?" used: not known without the daemon) and DEADLINE (UTC)
     appear when some job has one."""
@@ -76,7 +79,7 @@ def format_jobs(jobs: list[dict[str, Any]]) -> str:
         rate = j.get("rate")
         row = (
             printable(j["id"]), printable(j["name"], 16), printable(j.get("trainer") or "-", 16),
-            printable(j["state"]), str(len(j["nodes"])),
+            printable("stalled" if j.get("stalled") else j["state"]), str(len(j["nodes"])),
             f"{j['min_nodes']}-{j['max_nodes']}", str(j["samples"]),
             str(j["target"] or "-"), f"{rate:.1f}" if rate else "-",
         )
@@ -124,6 +127,13 @@ def format_details(jobs: list[dict[str, Any]], log_dir: str) -> str:
             lines.append(f"  log: none in {printable(log_dir)}")
     lines.append(f"worker logs: {printable(log_dir)}/JOBID.*.log")
     return "\n".join(lines)
+
+
+def format_notes(jobs: list[dict[str, Any]]) -> str:
+    """One line a job that has a note (why it waits, why it is stalled, why it failed): what ``status``
+    prints under its table, without the log paths (the demo's live table)."""
+    return "\n".join(f"{printable(j['id'])} {printable(j['state'])}: {printable(note)}"
+                     for j in jobs if (note := job_note(j)))
 
 
 def format_nodes(nodes: list[dict[str, Any]]) -> str:

@@ -332,7 +332,7 @@ class Store:
         """
         where = f"job {spec.name!r}"
         spec = parse_spec(json.loads(spec.to_json()), where)  # nothing invalid is ever stored
-        check_submit(spec, where, self.machine_nodes())
+        check_submit(spec, where, self.machine_nodes(), self.get_meta("node_slots"))  # (jobspec.NODE_SLOTS_KEY)
         now = self.clock()
         with self._tx() as c:
             cur = c.execute(

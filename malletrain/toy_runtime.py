@@ -103,6 +103,7 @@ def worker_main(argv: Sequence[str] | None = None) -> int:
     log.info("worker %s: start (job %s, toy runtime, directory %s)", me, job, directory)
 
     def on_term(*_: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not raise again while it exits
         log.info("worker %s: SIGTERM (a stop or a recall): exit 143", me)
         sys.exit(143)
 

@@ -295,6 +295,8 @@ class FakeStats:
     done_at: float | None = None  # the job reports its spec's samples from then on
     target: int = 0
     world_size: int = 0
+    generation: int = 0  # reports carry no generation here: the rate is always the current world's
+    worlds: dict[int, int] = field(default_factory=dict)
     throughput: _Throughput = field(init=False)
 
     def __post_init__(self) -> None:
@@ -365,7 +367,7 @@ class FakeMonitor:
         self.forgotten.discard(job_id)
         return self._stats(job_id)
 
-    def forget(self, job_id: str) -> None:
+    def forget(self, job_id: str, ended: bool = False) -> None:
         self.forgotten.add(job_id)
         self.jobs.pop(job_id, None)
 
@@ -401,6 +403,7 @@ def daemon_config(state_dir: Any, pcfg: PolicyConfig, **kw: Any) -> DaemonConfig
     kw.setdefault("runtime", "toy")
     kw.setdefault("agent_dead_after", 0.5)
     kw.setdefault("agent_heartbeat", 0.1)
+    kw.setdefault("stall_after", 7 * 86400.0)  # a scripted job reports its samples only when done: never stalled
     base = DaemonConfig(state_dir=str(state_dir), **kw)
     if "policy" in {f.name for f in fields(DaemonConfig)}:
         return replace(base, policy=pcfg)  # type: ignore[call-arg]

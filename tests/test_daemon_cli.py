@@ -306,3 +306,10 @@ def test_a_root_daemon_runs_each_job_as_its_owner(tmp_path: Path) -> None:
     finally:
         wait(lambda: not procs_mentioning(str(top)), "no orphans", timeout=15)
         shutil.rmtree(top, ignore_errors=True)
+
+
+def test_status_on_a_state_dir_that_does_not_exist_is_an_error_naming_it(tmp_path: Path) -> None:
+    missing = tmp_path / "typo"
+    res = cli("status", "--state-dir", str(missing))
+    assert res.returncode == 2 and f"no state dir at {missing}" in res.stderr, res.stderr
+    assert not missing.exists()  # not created

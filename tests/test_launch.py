@@ -103,6 +103,27 @@ def test_sigterm_reaches_the_script_as_an_exit(tmp_path: Path, mon: tuple[Monito
     assert m.job(JOB).samples == 2 * 5
 
 
+SIGTERM_TWICE = """import atexit, os, signal, time
+def late():
+    os.kill(os.getpid(), signal.SIGTERM)  # the second SIGTERM (the rank agent's, after the node agent's)
+    time.sleep(0.2)
+atexit.register(late)
+os.kill(os.getpid(), signal.SIGTERM)  # the first: a cancel
+time.sleep(60)
+"""
+
+
+def test_a_second_sigterm_while_the_script_exits_leaves_no_traceback(tmp_path: Path) -> None:
+    """A cancelled torchrun job's rank gets SIGTERM twice (its process group, then its rank agent): the
+    log ends with the exit, not with a ``SystemExit: 143`` traceback."""
+    script = tmp_path / "twice.py"
+    script.write_text(SIGTERM_TWICE)
+    res = subprocess.run([sys.executable, "-m", "malletrain.launch", str(script)], capture_output=True, text=True,
+                         timeout=RUN_TIMEOUT_S)
+    assert res.returncode == 128 + signal.SIGTERM, res.stderr[-2000:]
+    assert "Traceback" not in res.stderr and "SystemExit" not in res.stderr, res.stderr[-2000:]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("fail", [False, True])
 def test_a_process_group_left_behind_ends_the_process_cleanly(fail: bool, mon: tuple[Monitor, str]) -> None:

@@ -204,6 +204,19 @@ def test_unregistered_jobs_get_no_state_and_forget_drops_it(mon: Monitor) -> Non
     assert mon.jobs == {} and mon.counts()["unknown_job"] == 2
 
 
+def test_reports_in_flight_when_a_job_ended_are_dropped_quietly(mon: Monitor,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    """A completion or a cancel: its workers' last reports arrive after the daemon forgot the job; they
+    are counted as late, not as unknown_job, and no warning is logged."""
+    key = secret_key(secret := new_secret())
+    mon.register("j", secret)
+    mon.forget("j", ended=True)
+    with caplog.at_level(logging.WARNING, logger="malletrain.monitor"):
+        mon.ingest(Report("j", 1, 64, 1.0, 1).encode(key))
+    assert mon.counts()["unknown_job"] == 0 and mon.late == 1
+    assert not [r for r in caplog.records if "rejected a frame" in r.getMessage()]
+
+
 # ---------------------------------------------------------------- bad frames
 def bad_payload_frames(job: str, key: bytes) -> list[tuple[bytes, Reason]]:
     """Issue E #3: each frame that used to kill the daemon, signed with the job's real key."""

@@ -259,6 +259,30 @@ def test_a_failure_counts_once_no_newer_world_comes(tmp_path: Path) -> None:
     assert agent.tick() == 3
 
 
+def test_a_failure_on_every_rank_counts_at_once_without_waiting_for_a_newer_world(tmp_path: Path) -> None:
+    """A script that crashes at start crashes on every rank: no newer world can help, so the failure
+    counts at once, not after ``failure_wait_s``; with a rank still running it waits as before."""
+    rdzv = FakeRendezvous()
+    agent = _agent(rdzv, "import sys; sys.exit(3)", tmp_path, failure_wait_s=600.0)
+    rdzv.publish(["w0"], 0)
+    _tick_until(agent, RankState.FAILED)
+    assert agent.tick() == 3
+    two = FakeRendezvous("a")
+    first = _agent(two, "import sys; sys.exit(3)", tmp_path, failure_wait_s=600.0)
+    two.publish(["a", "b"], 0, {"a": "n1", "b": "n2"})
+    first.tick()
+    two.add(f"mt/j1/arrive/{two.gen}", 1)  # b arrives
+    _tick_until(first, RankState.FAILED)
+    assert first.tick() is None  # b still runs: a lost peer's world may come
+    two.add(f"mt/j1/failed/{two.gen}", 1)  # b failed too
+    assert first.tick() == 3
+    stopped = _agent(FakeRendezvous(), "import os, signal; os.kill(os.getpid(), signal.SIGTERM)", tmp_path,
+                     failure_wait_s=600.0)
+    stopped.rdzv.publish(["w0"], 0)
+    _tick_until(stopped, RankState.FAILED)
+    assert stopped.tick() is None  # a stop (a recall's SIGTERM) is no crash: it waits for a newer world
+
+
 def test_a_world_without_it_stops_its_command_and_it_waits(tmp_path: Path) -> None:
     rdzv = FakeRendezvous()
     agent = _agent(rdzv, "import time; time.sleep(600)", tmp_path)

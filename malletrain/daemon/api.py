@@ -17,10 +17,11 @@ from malletrain.daemon.sweeps import SweepDriver
 GROUP_KEYS = frozenset({"array", "sweep"})
 """Keys of a submitted job file that make it many jobs: ``array`` (``submit --array``) and ``sweep``."""
 from malletrain.daemon.trainers import Decide
-from malletrain.jobspec import JobSpec, JobSpecError, parse_spec
+from malletrain.jobspec import JobSpec, JobSpecError, JobState, parse_spec
 from malletrain.monitor import Monitor
 from malletrain.scavenging import Scavenging
 from malletrain.store import Store
+from policy.health import pending_reason, rate_is_current
 
 
 class ControlApi:
@@ -138,7 +139,16 @@ class ControlApi:
                 d["nodes"] = list(run.members)
                 if run.waiting:
                     d["waiting"] = run.waiting
-            if stats is not None and stats.world_size and d["nodes"]:
+                if run.stalled:
+                    d["stalled"], d["stalled_s"] = run.stalled, run.stalled_s
+            if rec.state is JobState.PENDING:  # every queued job says why (policy.health.pending_reason)
+                d["waiting"] = pending_reason(
+                    run.waiting if run is not None else "", len(run.workers) if run is not None else 0,
+                    len(run.ready_at) if run is not None else 0, run is not None, self.table.adopt_until > 0)
+            current = stats is not None and run is not None and rate_is_current(
+                bool(d["nodes"]) and rec.state in (JobState.RUNNING, JobState.PROFILING), bool(run.stalled), stats.generation,
+                max(stats.worlds, default=0))
+            if stats is not None and stats.world_size and current:
                 est = stats.throughput.estimate(stats.world_size)
                 d["rate"] = est.rate if est else None
             out.append(d)

@@ -66,6 +66,10 @@ class Act:
                 run.suspended_by = None
                 continue
             run.suspended_by = None  # it runs again
+            if run.restart:  # observe found it stalled: its workers start again (from its checkpoint)
+                self.restart(run, now)
+                changed = True
+                continue
             try:
                 self._act_job(run, nodes, now, run.id in plan.profiling)
             except ValueError as exc:  # e.g. the runtime refuses the job's command or ids
@@ -81,6 +85,8 @@ class Act:
         return changed
 
     def _act_job(self, run: JobRun, nodes: tuple[str, ...], now: float, profiling: bool) -> None:
+        if run.workers_since is None:
+            run.workers_since = now  # its silence counts from here (policy.health)
         for node in nodes:
             if node not in run.workers:
                 self._worker_seq += 1
@@ -188,8 +194,20 @@ class Act:
         if run.state.active:
             self.set_state(run, JobState.SUSPENDED, reason)
 
+    def restart(self, run: JobRun, now: float) -> None:
+        """Stop a stalled job's workers; the next step starts new ones on its nodes, and they resume from
+        its last checkpoint (:mod:`policy.health`)."""
+        run.stall_restarts += 1
+        self.store.log_event("stall_restart", run.id, reason=run.restart, restarts=run.stall_restarts)
+        log.warning("job %s: %s; restarting its workers (restart %d)", run.id, run.restart, run.stall_restarts,
+                    extra=about(job=run.id))
+        self.stop_workers(run, now)
+        run.restart = run.stalled = ""
+        run.stalled_s = 0.0
+
     def stop_workers(self, run: JobRun, now: float) -> None:
         run.emptied_at = now
+        run.workers_since = None
         if run.members:
             try:
                 runtime = self.runtimes.of(run.spec)
@@ -215,12 +233,19 @@ class Act:
             self.store.log_event("node_hours", run.id, used=round(self.accounting.used_node_hours(run.id), 6))
         self.stop_workers(run, self.clock())
         self.set_state(run, state, reason)
-        self.monitor.forget(run.id)
+        self.monitor.forget(run.id, ended=True)  # its workers' last reports in flight are dropped quietly
+        if not run.leaving:
+            self.release(run)  # else once its workers have left (the loop drops the run then)
+        return True
+
+    def release(self, run: JobRun) -> None:
+        """An ended job's state in its runtime goes (its checkpoint too), once its stopped workers have left:
+        a worker stopped by a cancel still writes its checkpoint on the SIGTERM, and a runtime that had
+        already forgotten the job would refuse it, with a warning in the daemon's log and the worker's."""
         try:
             self.runtimes.of(run.spec).forget(run.id, keep_state=False)
         except Exception as exc:
             log.warning("runtime.forget(%s): %s", run.id, exc, extra=about(job=run.id))
-        return True
 
     def set_state(self, run: JobRun, state: JobState, reason: str) -> None:
         if run.state == state:

@@ -190,7 +190,7 @@ class Daemon:
         self.metrics.observe_runs(self.runs.values(), self.monitor)
         self.metrics.observe_monitor(self.monitor)
         for rid in [rid for rid, r in self.runs.items() if r.state.terminal and not r.leaving]:
-            del self.runs[rid]
+            self.act.release(self.runs.pop(rid))  # its runtime state goes once its workers have left
 
     def close(self) -> None:
         """Stop every job's workers (:meth:`.shutdown.Shutdown.stop`), release every node, close

@@ -11,12 +11,15 @@ from malletrain.daemon.intake import JobIntake
 from malletrain.daemon.records import JobRun, NodeLost, job_of, rescale_kind, stopped_by_us
 from malletrain.daemon.state import JobTable, log
 from malletrain.daemon.trainers import Decide
-from malletrain.jobspec import JobState
+from malletrain.jobspec import NODE_SLOTS_KEY, JobState, Launcher, node_slots_text
 from malletrain.logs import about
 from malletrain.metrics import Metrics
 from malletrain.monitor import Monitor
 from malletrain.scavenging import Scavenging
 from malletrain.store import Store
+from policy.health import (
+    Stall, StallRule, failed_for_good, reports_progress, silent_for, stall_text, stall_verdict,
+)
 from scavenger.base import AgentGone, AgentUp, BackendError, PilotEnded, PilotEnding, PilotStarted, SchedulerBackend
 from scavenger.hub import AgentHub, AgentWorkers, WorkerExitedEvent, WorkerStartedEvent
 
@@ -37,6 +40,8 @@ class Observe:
         self.decide = decide
         self.intake = intake
         self._machine_size = 0
+        self._node_slots: tuple[int, str] | None = None
+        self._shape_seen_at: float | None = None  # the time of the look whose node shape was noted
 
     def discover_machine(self, backend: SchedulerBackend) -> None:
         """One look at the machine at start: its size bounds the jobs `submit` accepts."""
@@ -52,6 +57,14 @@ class Observe:
         if n and n != self._machine_size:
             self._machine_size = n
             self.store.set_machine_nodes(n)  # `submit` refuses jobs bigger than the machine
+        d = self.scav.discovery
+        if d is None or d.at == self._shape_seen_at:
+            return  # the node shape of a look already seen
+        self._shape_seen_at = d.at
+        most, shape = self.scav.most_slots(), self.scav.node_shape()
+        if most is not None and shape is not None and (most, shape) != self._node_slots:
+            self._node_slots = (most, shape)
+            self.store.set_meta(NODE_SLOTS_KEY, node_slots_text(most, shape))  # ... and more workers a node than it has
 
     def pilots(self, now: float) -> bool:
         """Pilot events and the idle nodes (at most every poll_interval); a failed look marks them stale."""
@@ -132,10 +145,15 @@ class Observe:
                      ev.code, ev.node, extra=about(job=run.id, worker=ev.worker))
             return True
         run.failures += 1
+        started = run.start_sent.get(ev.worker)
+        early = started is not None and (run.progress_at is None or run.progress_at < started)
+        run.early_failures = run.early_failures + 1 if early else 0
         self.decide.give_up_node(run, ev.node, now)
-        self.store.log_event("worker_failed", run.id, worker=ev.worker, code=ev.code, failures=run.failures)
-        if run.failures >= self.cfg.max_failures:
-            run.end(JobState.FAILED, f"{run.failures} workers failed without progress; last {ev.worker} exit {ev.code}")
+        self.store.log_event("worker_failed", run.id, worker=ev.worker, code=ev.code, failures=run.failures,
+                             before_first_step=early)
+        why = failed_for_good(run.failures, run.early_failures, self.cfg.max_failures)
+        if why is not None:
+            run.end(JobState.FAILED, f"{why}; last {ev.worker} exit {ev.code}")
         return True
 
     def _adopt_workers(self, node: str, workers: tuple[str, ...]) -> None:
@@ -165,11 +183,14 @@ class Observe:
         for run in list(self.table.runs.values()):
             stats = self.monitor.jobs.get(run.id)
             if stats is None:
+                changed |= self._silence(run, now)
                 continue
             progress = run.base_samples + stats.samples
             if progress > run.last_progress:
                 run.last_progress = progress
-                run.failures = 0
+                run.progress_at = now
+                run.failures = run.early_failures = run.stall_restarts = 0
+            changed |= self._silence(run, now)
             for ev in stats.new_rescales():
                 kind = rescale_kind(ev, run.emptied_at)
                 self.store.record_rescale(run.id, ev.from_size, ev.to_size, ev.pause_s, kind)
@@ -185,6 +206,31 @@ class Observe:
                 self.store.set_samples(run.id, progress)
                 changed |= run.end(JobState.COMPLETED, f"trained {progress} of {target} samples")
         return changed
+
+    def _silence(self, run: JobRun, now: float) -> bool:
+        """A running job's silence, as :mod:`policy.health` reads it: stalled (recorded for ``status``),
+        to restart (act does it) or failed. Returns whether it is to restart or end."""
+        if run.state.terminal or run.ending is not None or run.restart:
+            return False
+        rule = StallRule(float(run.spec.stall_after or self.cfg.stall_after), self.cfg.stall_restarts)
+        silent = silent_for(now, run.workers_since, run.progress_at)
+        reports = reports_progress(run.spec.launcher is Launcher.TORCHRUN, run.spec.worker_batch,
+                                   run.progress_at is not None)
+        verdict = stall_verdict(silent, rule, run.stall_restarts, reports)
+        if verdict is Stall.NONE:
+            run.stalled, run.stalled_s = "", 0.0
+            return False
+        if not run.stalled:
+            self.store.log_event("stalled", run.id, silent_s=round(silent, 1), bound_s=rule.after_s)
+            log.warning("job %s: no progress for %.0f s: stalled", run.id, silent, extra=about(job=run.id))
+        run.stalled, run.stalled_s = stall_text(silent, rule, run.stall_restarts), round(silent, 1)
+        if verdict is Stall.RESTART:
+            run.restart = f"stalled: no progress for {silent:.0f} s"
+            return True
+        if verdict is Stall.FAIL:
+            return run.end(JobState.FAILED, f"stalled: no progress for {silent:.0f} s after {run.stall_restarts} "
+                                            f"restart(s) from its checkpoint")
+        return False
 
     def submissions(self, now: float) -> bool:
         """New jobs and cancels written by the CLI (directly into the store); returns whether there were any."""

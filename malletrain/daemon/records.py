@@ -99,8 +99,15 @@ class JobRun:
     ready_at: dict[str, float] = field(default_factory=dict)  # joining worker id -> when first seen ready
     leaving: dict[str, tuple[str, float]] = field(default_factory=dict)  # worker -> (node, kill time)
     emptied_at: float | None = None  # when the job last lost all its workers (suspended or stopped)
-    failures: int = 0
+    failures: int = 0  # failures since its last progress (policy.health.failed_for_good)
+    early_failures: int = 0  # of those, the last ones in a row that came before a first step
     last_progress: int = 0
+    progress_at: float | None = None  # when its progress last grew (this daemon's clock)
+    workers_since: float | None = None  # when act started its workers from none (None: it runs none)
+    stalled: str = ""  # observed: how long it has been silent, once past its stall bound ("": not stalled)
+    stalled_s: float = 0.0  # the same in seconds (0: not stalled)
+    stall_restarts: int = 0  # restarts for a stall since its last progress
+    restart: str = ""  # observed: its workers are to be stopped and started again (act does it), and why
     rescales: list[RescaleEvent] = field(default_factory=list)  # measured pauses (resumes left out)
     waiting: str = ""  # why the policy keeps it queued
     adopted: bool = False  # the last daemon ran it: its workers may come back (the adoption window)

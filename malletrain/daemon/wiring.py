@@ -22,6 +22,7 @@ from malletrain.monitor import Monitor, ReplaySaver, job_secret, load_master_key
 from malletrain.runtimes import Runtime
 from malletrain.runtimes.torchrun import TorchrunRuntime
 from malletrain.scavenging import Scavenging
+from malletrain.statedir import DIR_MODE
 from malletrain.store import Store
 from scavenger import jobproc
 from scavenger.base import SchedulerBackend, observed, run_command
@@ -122,7 +123,7 @@ class Wiring:
         self.state_dir = cfg.state_path
         raise_nofile_limit()  # connection caps bind before the descriptor limit does
         try:
-            self.state_dir.mkdir(parents=True, exist_ok=True)
+            self.state_dir.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)  # private from the start: not "open"
             self._lock_fd = os.open(self.state_dir / "daemon.lock", os.O_CREAT | os.O_RDWR, 0o600)
         except OSError as exc:  # read-only, not ours, a file in the way
             raise DaemonError(f"state dir {self.state_dir}: cannot write to it ({exc.strerror or exc}); make it "

@@ -55,6 +55,7 @@ class KeyKind(str, enum.Enum):
     RESUME = "resume"
     WORLD = "world"
     DONE = "done"
+    FAILED = "failed"
 
 
 DAEMON_KINDS = frozenset({KeyKind.GEN, KeyKind.MEMBERS, KeyKind.HANDOVER, KeyKind.WORLD})
@@ -65,7 +66,7 @@ CHECKPOINT_KINDS = frozenset({KeyKind.CKPT, KeyKind.CKPT_TAG, KeyKind.CKPT_SEQ})
 
 _NO_ARG = frozenset({KeyKind.GEN, KeyKind.ACTIVE, KeyKind.CKPT_TAG, KeyKind.CKPT_SEQ})
 _GEN_ARG = frozenset({KeyKind.MEMBERS, KeyKind.HANDOVER, KeyKind.ARRIVE, KeyKind.JOINED, KeyKind.PG,
-                      KeyKind.WORLD, KeyKind.DONE})
+                      KeyKind.WORLD, KeyKind.DONE, KeyKind.FAILED})
 _WORKER_ARG = frozenset({KeyKind.READY, KeyKind.RESUME})
 
 MAX_KEY = 600
@@ -146,6 +147,12 @@ def world_key(job: str, gen: int) -> str:
 def done_key(job: str, gen: int) -> str:
     """Counter of world ``gen``'s ranks whose command exited 0 (a restarted job's workers add to it)."""
     return f"{PREFIX}/{job}/done/{gen}"
+
+
+def failed_key(job: str, gen: int) -> str:
+    """Counter of world ``gen``'s ranks whose command failed (a ``torchrun`` job's rank agents add to it):
+    once every rank has, no newer world can help and the failure counts at once."""
+    return f"{PREFIX}/{job}/failed/{gen}"
 
 
 def handover_key(job: str, gen: int) -> str:

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from authframe import MAX_FRAME
-from malletrain.elastic.keys import done_key, pg_key, ready_key, world_key
+from malletrain.elastic.keys import done_key, failed_key, pg_key, ready_key, world_key
 from malletrain.jobspec import TORCHRUN_MAX_RANKS, WORKERS_PER_NODE_MAX
 from malletrain.runtimes import LaunchSpec
 from malletrain.runtimes.torch_elastic import TorchRuntime
@@ -53,7 +53,8 @@ DEFAULT_STOP_GRACE_S = 10.0
 """Seconds a rank has after SIGTERM (at a change of its world) before SIGKILL."""
 DEFAULT_FAILURE_WAIT_S = 20.0
 """After its command failed, how long a rank agent waits for a newer world (a peer recalled: the daemon
-publishes the world without it) before the failure counts."""
+publishes the world without it) before the failure counts; not at all once every rank of the world has
+failed (a script that crashes at start: no newer world helps)."""
 
 WORLD_MAX_BYTES = MAX_FRAME - 64 * 1024
 """A world's places as one store value, at most (one frame of the store, less room for its key and framing)."""
@@ -268,7 +269,7 @@ class TorchrunRuntime(TorchRuntime):
 
     def _generation_keys(self, job_id: str, gen: int) -> list[str]:
         return super()._generation_keys(job_id, gen) + [world_key(job_id, gen), done_key(job_id, gen),
-                                                        pg_key(job_id, gen)]
+                                                        failed_key(job_id, gen), pg_key(job_id, gen)]
 
     def forget(self, job_id: str, keep_state: bool = True) -> None:
         """As the ``torch`` runtime's; a job that ended (``keep_state=False``) also loses its restart count."""

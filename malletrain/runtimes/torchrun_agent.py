@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
 from malletrain.elastic.errors import StoreLost
-from malletrain.elastic.keys import arrive_key, done_key, world_key
+from malletrain.elastic.keys import arrive_key, done_key, failed_key, world_key
 from malletrain.elastic.rendezvous import Rendezvous
 from malletrain.runtimes.torchrun import DEFAULT_FAILURE_WAIT_S, DEFAULT_STOP_GRACE_S, World, rank_names
 from malletrain.runtimes.warm_ranks import ENV_WARM_IMPORTS, READY_WAIT_S, RankServer, learned_imports, warm_wanted
@@ -60,6 +60,9 @@ log = logging.getLogger("malletrain.torchrun")
 POLL_S = 0.05
 """How often the agent looks at its command and the job's generation."""
 EXIT_STOPPED = 128 + signal.SIGTERM
+STOP_STATUSES = frozenset(128 + sig for sig in (signal.SIGTERM, signal.SIGKILL, signal.SIGINT, signal.SIGHUP))
+"""A rank's exit status after a signal to stop: not a crash of the script, so it never counts toward
+"every rank of the world failed" (its failure waits for a newer world, as a lost peer's does)."""
 EXIT_NOT_FORMED = 1  # a world whose ranks never all came: a failure (the daemon replaces this worker)
 EXIT_STORE_LOST = 75  # as a torch worker whose daemon's store stayed away (the daemon's EXIT_STORE_LOST)
 
@@ -267,7 +270,11 @@ class RankAgent:
                 log.info("worker %s: every rank of world %d exited 0", self.worker, self.gen)
                 return 0
         elif self.state is RankState.FAILED:
-            assert self.failed is not None
+            assert self.failed is not None and self.world is not None
+            if self.rdzv.add(failed_key(self.rdzv.job, self.gen), 0) >= len(self.world.places):
+                log.error("worker %s: the command failed (exit %d) on every rank of world %d: no newer world "
+                          "would help", self.worker, self.failed[0], self.gen)
+                return self.failed[0]
             if time.monotonic() - self.failed[1] > self.failure_wait_s:
                 log.error("worker %s: the command failed (exit %d) and no newer world came in %.0f s",
                           self.worker, self.failed[0], self.failure_wait_s)
@@ -363,6 +370,8 @@ class RankAgent:
                         self.failure_wait_s)
             self.stop_child()
             self.failed = (exit_code(code), time.monotonic())
+            if exit_code(code) not in STOP_STATUSES:  # a crash (a rank stopped by a signal may be a recall's)
+                self.rdzv.add(failed_key(self.rdzv.job, self.gen), self.local_ranks)  # its node's ranks end together
             self.move(RankState.FAILED)
             return
         if all(child is None for child in self.children):
