@@ -133,8 +133,9 @@ def daemon_runs(cluster: PbsCluster, tmp: Path, runs: int,
     d = Daemon(cfg)
     out = []
     try:
+        # one worker a vnode (the test cluster's vnodes declare 4 GPUs): the figures are per vnode, as before
         jid = d.store.submit(JobSpec("lin", train, 1, n_all, False, {n: 100.0 * n for n in range(1, n_all + 1)},
-                                     env={"OMP_NUM_THREADS": "1"}))
+                                     env={"OMP_NUM_THREADS": "1"}, workers_per_node=1))
 
         def tick() -> None:
             d.step()

@@ -257,11 +257,9 @@ def test_progress_logs_plain_lines_when_not_a_terminal():
 
 
 def test_regimes_preset_reports_the_three_regimes_apart_from_one_command(tmp_path: Path, capsys, monkeypatch,
-                                                                         summit_nodes: Path):
+                                                                         summit_nodes: Path, philly_data: Path):
     # a small version of the headline command: half an hour, 16 nodes, one seed, four policies
-    from tests.conftest import SHARED_DATA
-
-    monkeypatch.setenv("MALLETRAIN_DATA", str(SHARED_DATA))
+    monkeypatch.setenv("MALLETRAIN_DATA", str(philly_data))
     code = main(["evaluate", "--regimes", "--trace", str(summit_nodes), "--end", "+78.5h", "--nodes", "16",
                  "--seeds", "1", "--policies", "malletrain,freetrain,milp-true", "--priors", "mean,linear",
                  "--workers", "0", "--quiet", "--no-paper-figures", "--out", str(tmp_path / "r")])

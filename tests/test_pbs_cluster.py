@@ -50,17 +50,23 @@ def cluster() -> Iterator[PbsCluster]:
         c.stop()
 
 
+AGENT_DEAD_AFTER_S = 30.0
+"""The hub's and its agents' silence bound alike (the daemon's default). An agent left at its own default
+(10 s, counted from its start) gave up before a loaded machine (both cores busy) had answered its
+handshake: its pilot failed and the wait for it timed out."""
+
+
 class Rig:
     """A backend on the cluster plus an agent hub, with helpers to wait for events."""
 
     def __init__(self, cluster: PbsCluster, name: str, tmp: Path, **cfg: object) -> None:
         self.cluster = cluster
-        self.hub = AgentHub(dead_after_s=30.0)
+        self.hub = AgentHub(dead_after_s=AGENT_DEAD_AFTER_S)
         env = dict(cluster.env, **cfg.pop("env", {}))  # type: ignore[arg-type]
         self.config = PbsConfig(
             daemon_address=self.hub.address, queue="preemptable", job_name=name, env=env,
             output=str(tmp / "pilot.out"), submit_rate=50.0, submit_burst=50,
-            agent_args=("--key-file", self.hub.key_file), **cfg,  # type: ignore[arg-type]
+            agent_args=("--key-file", self.hub.key_file, "--dead-after", str(AGENT_DEAD_AFTER_S)), **cfg,  # type: ignore[arg-type]
         )
         self.backend = PbsBackend(self.config)
         self.events: list[PilotEvent] = []

@@ -22,7 +22,10 @@ scripts, test files and ``-m`` modules it names exist, and bash reads it
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import importlib.util
+import io
 import os
 import re
 import shlex
@@ -165,10 +168,56 @@ def check_command(argv: list[str]) -> str | None:
         else:
             files = [argv[1]]
         missing = [f for f in files if not (REPO / f).exists()]
-        return f"missing {', '.join(missing)}" if missing else None
+        if missing:
+            return f"missing {', '.join(missing)}"
+        if argv[1].startswith("benchmarks/") and argv[1].endswith(".py") and len(argv) > 2:
+            return benchmark_args_error(REPO / argv[1], argv[2:])
+        return None
     if prog == "bash" and len(argv) > 1 and not (REPO / argv[1]).exists():
         return f"missing script {argv[1]}"
     return None
+
+
+class _Parsed(Exception):
+    """Raised in place of a benchmark's work, once its arguments parsed."""
+
+
+def benchmark_args_error(script: Path, args: list[str]) -> str | None:
+    """Why ``python SCRIPT ARGS`` would stop at its arguments (argparse's own message), or None. The script's
+    ``main`` runs only up to its ``parse_args``, which raises in place of the benchmark's work; a word with
+    ``$`` (a shell variable) stands for a value, here ``0``."""
+    if "parse_args(" not in script.read_text(encoding="utf-8"):
+        return f"{script.name} takes no arguments"
+    words = ["0" if "$" in a else a for a in args]
+    spec = importlib.util.spec_from_file_location(f"cited_{script.stem}", script)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    original = argparse.ArgumentParser.parse_args
+    refused = io.StringIO()
+
+    def parse_only(self: argparse.ArgumentParser, *_: object, **__: object) -> argparse.Namespace:
+        with contextlib.redirect_stderr(refused), contextlib.redirect_stdout(refused):
+            original(self, words)
+        raise _Parsed
+
+    sys.path.insert(0, str(script.parent))  # a benchmark imports its sibling scripts
+    sys.modules[spec.name] = module  # where its dataclasses look for their module
+    argparse.ArgumentParser.parse_args = parse_only  # type: ignore[assignment,method-assign]
+    try:
+        spec.loader.exec_module(module)
+        module.main()
+    except _Parsed:
+        return None
+    except SystemExit as exc:
+        if exc.code == 0:  # --help
+            return None
+        lines = refused.getvalue().strip().splitlines()
+        return f"{script.name} does not accept {shlex.join(args)}: {lines[-1] if lines else exc.code}"
+    finally:
+        argparse.ArgumentParser.parse_args = original  # type: ignore[method-assign]
+        sys.path.remove(str(script.parent))
+        sys.modules.pop(spec.name, None)
+    return f"{script.name}'s main() returned before parsing its arguments"
 
 
 def sandbox(tmp: Path) -> tuple[Path, dict[str, str]]:
@@ -258,6 +307,10 @@ def test_command_splitting() -> None:
                               ["malletrain", "daemon"], ["kill", "%1"], ["wait"]]
     assert check_command(["malletrain", "simulate", "--no-such-option"]) is not None
     assert check_command(["python", "benchmarks/no_such_bench.py"]) == "missing benchmarks/no_such_bench.py"
+    why = check_command(["python", "benchmarks/bench_pbs.py", "--runs", "2", "--no-such-flag"])
+    assert why is not None and "unrecognized arguments: --no-such-flag" in why
+    assert check_command(["python", "benchmarks/bench_pbs.py", "--runs", "2", "--daemon-runs", "1"]) is None
+    assert check_command(["python", "benchmarks/bench_pbs.py", "--runs", "two"]) is not None  # a value of the wrong type
 
 
 def _daemon_block() -> Block:

@@ -102,11 +102,10 @@ def test_a_bad_per_mb_rate_in_a_calibration_is_refused_naming_it():
 
 
 
-def test_a_jobs_file_declares_a_commit_interval_and_a_bad_one_is_named(tmp_path):
+def test_a_jobs_file_declares_a_commit_interval_and_a_bad_one_is_named(tmp_path, philly_data):
     from simulator.philly import jobs_file_workload
-    from tests.conftest import shared_file
 
-    data = shared_file("philly-jobs.csv.gz").parent
+    data = philly_data
     jobs = tmp_path / "jobs.csv"
     jobs.write_text("name,time,application,commit_interval_s\na,0,bert,600\nb,10,ncf,\n")
     a, b = jobs_file_workload(jobs, data).timed

@@ -8,14 +8,11 @@ import pytest
 
 from simulator.jobs import WorkloadError
 from simulator.philly import MAX_NODES, MODELS, curves, jobs_file_workload, one_node_rate, philly_workload
-from tests.conftest import SHARED_DATA
 
 
-@pytest.fixture(scope="module")
-def data() -> Path:
-    if not (SHARED_DATA / "philly-jobs.csv.gz").is_file():
-        pytest.fail(f"real data file missing: {SHARED_DATA / 'philly-jobs.csv.gz'}")
-    return SHARED_DATA
+@pytest.fixture
+def data(philly_data: Path) -> Path:
+    return philly_data
 
 
 def test_the_six_models_have_whole_node_curves_from_1_to_16_nodes(data):

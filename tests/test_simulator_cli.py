@@ -157,7 +157,7 @@ def test_simulate_without_trace_uses_the_embedded_week(tmp_path: Path):
 # ------------------------------------------------------------------ issue 18: real replay interface, overrides
 
 
-def test_simulate_replays_a_jobs_file_on_n_nodes_of_a_window_with_a_calibration(tmp_path: Path):
+def test_simulate_replays_a_jobs_file_on_n_nodes_of_a_window_with_a_calibration(tmp_path: Path, philly_data: Path):
     jobs = tmp_path / "jobs.csv"
     jobs.write_text("name,time,application,num_replicas,batch_size,samples\n"
                     "a,0,cifar10,4,,\nb,100,imagenet,8,40,1e6\n")

@@ -47,16 +47,22 @@ def cluster() -> Iterator[SlurmCluster]:
         c.stop()
 
 
+AGENT_DEAD_AFTER_S = 30.0
+"""The hub's and its agents' silence bound alike (the daemon's default). An agent left at its own default
+(10 s, counted from its start) gave up before a loaded machine (both cores busy) had answered its
+handshake: its pilot failed and the wait for it timed out."""
+
+
 class Rig:
     """A backend on the cluster plus an agent hub, with helpers to wait for events."""
 
     def __init__(self, cluster: SlurmCluster, name: str, tmp: Path, **cfg: object) -> None:
         self.cluster = cluster
-        self.hub = AgentHub(dead_after_s=30.0)
+        self.hub = AgentHub(dead_after_s=AGENT_DEAD_AFTER_S)
         env = dict(cluster.env, **cfg.pop("env", {}))  # type: ignore[arg-type]
         self.config = SlurmConfig(
             daemon_address=self.hub.address, job_name=name, env=env, output=str(tmp / "pilot-%j.out"),
-            submit_rate=50.0, submit_burst=50, agent_args=("--key-file", self.hub.key_file),
+            submit_rate=50.0, submit_burst=50, agent_args=("--key-file", self.hub.key_file, "--dead-after", str(AGENT_DEAD_AFTER_S)),
             **cfg,  # type: ignore[arg-type]
         )
         self.backend = SlurmBackend(self.config)

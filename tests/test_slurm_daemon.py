@@ -49,13 +49,20 @@ def cluster() -> Iterator[SlurmCluster]:
         finally:
             c.stop()
 
+AGENT_DEAD_AFTER = DaemonConfig().agent_dead_after
+"""The default (30 s), not less: an agent gives up after this long without a proven word from the daemon,
+counted from its start. With both cores busy the daemon answered a new agent's handshake only after up to
+10 s (and crossed challenges took another round), so with 10 s every pilot's agent gave up (daemon_lost),
+its pilot failed and was replaced, again and again: the restart test saw new pilots, the walltime test a
+suspended job."""
+
 
 def config(tmp: Path, name: str, **scav: Any) -> DaemonConfig:
     sc = dict(kind="slurm", partition="preemptable", job_name=name, poll_interval=0.3, submit_rate=50.0,
               walltime=3600.0, renew_before=120.0, command_timeout=5.0)
     sc.update(scav)
     return DaemonConfig(state_dir=str(tmp / "state"), runtime="torch", backend="slurm", agent_heartbeat=0.2,
-                        agent_dead_after=10.0, loop_interval=0.05, store_grace=60.0,
+                        agent_dead_after=AGENT_DEAD_AFTER, loop_interval=0.05, store_grace=60.0,
                         scavenger=ScavengerConfig(**sc))  # type: ignore[arg-type]
 
 
