@@ -140,7 +140,9 @@ def probe_below(cfg: PolicyConfig, st: PolicyState, job: JobView, curve: Mapping
                 up_s: float, down_s: float, spread: PriorSpread | None) -> tuple[int, ...] | None:
     """A probe below the count a running job holds while nodes are not scarce (every admitted job gets
     its max, or the count its believed curve peaks at), or None when it does not pay: from its count
-    down to :func:`below_counts`, on its own nodes, then it is planned again on what was measured.
+    down to :func:`below_counts`, on its own nodes, then it is planned again on what was measured. A
+    job held below its believed best (a job alone, short of nodes) is not probed: fewer is not what
+    it lacks.
 
     Nothing else measures a job below the count it holds when nodes are plentiful (the allocator
     grows every job to its believed best, and a prior is never believed to peak below it): a job
@@ -157,6 +159,8 @@ def probe_below(cfg: PolicyConfig, st: PolicyState, job: JobView, curve: Mapping
         return None
     if job.id in st.profiles or job.id in st.profiled or job.count <= job.min_nodes:
         return None
+    if job.count < believed_best(curve, job.max_nodes):
+        return None  # held below what it would take (a job alone, short of nodes): fewer cannot help
     pts = {n for n, v in st.measured.get(job.id, {}).items() if v > 0}
     if job.count not in pts:
         return None  # its own count is not measured yet: passive learning first
@@ -172,6 +176,13 @@ def probe_below(cfg: PolicyConfig, st: PolicyState, job: JobView, curve: Mapping
     spread_at = max(UNVERIFIED_SPREAD, prior_spread(spread, job.count, curve))
     gain = cfg.profile_gain_fraction * spread_at * rate * horizon
     return (job.count, *below) if gain > cost else None
+
+
+def believed_best(curve: Mapping[int, float], max_nodes: int) -> int:
+    """The count up to ``max_nodes`` at which ``curve`` is fastest (the smallest of equals): a curve
+    is linear between its points, so its best is at a point or at ``max_nodes``."""
+    counts = sorted({n for n in curve if 1 <= n <= max_nodes} | {max_nodes})
+    return max(counts, key=lambda n: (throughput_at(curve, n), -n))
 
 
 def start_probe(cfg: PolicyConfig, st: PolicyState, r: Round, job: JobView, counts: tuple[int, ...]) -> int:

@@ -149,6 +149,18 @@ def test_a_job_given_its_max_while_nodes_are_plentiful_is_probed_below_it_and_he
     assert c.policy.believed_curve(JobView("a", 1, 16))[12] > c.policy.believed_curve(JobView("a", 1, 16))[16]
 
 
+def test_a_job_alone_held_below_its_max_for_lack_of_nodes_is_not_probed_below():
+    # a job alone is never "scarce", but held at 12 of its 16 because only 12 nodes are there, fewer
+    # cannot be what it wants: a probe below would only take the nodes it has (the daemon saw a
+    # recall followed at once by a probe down to half the job)
+    c = Cluster(Policy(PolicyConfig(prior=tuple(LINEAR.items()), max_running=10)), names("n", 12))
+    c.submit(JobView("a", 1, 16, order=0, work_left=1e9))
+    c.step(0.0)
+    assert c.count("a") == 12
+    d = c.step(60.0, {"a": evidence(est(12, 120.0))})
+    assert not [e for e in d.events if e.kind is EventKind.PROFILE_START] and c.count("a") == 12
+
+
 def test_a_probe_below_only_where_nothing_measured_just_below_and_it_pays():
     c = Cluster(Policy(PolicyConfig(prior=tuple(LINEAR.items()), max_running=10)), names("n", 40))
     c.submit(JobView("a", 1, 16, order=0, work_left=1e9))
