@@ -25,22 +25,15 @@ import time
 from dataclasses import dataclass
 
 import faults_common as B
+from faults_shares import CONFIG as SHARES_CONFIG
 from faults_shares import VICTIM as JOINS
 from faults_shares import _py_job, _submit
 
-CONFIG = """
-state_dir = "{{state}}"
-runtime = "torch"
-loop_interval = 0.05
-agent_heartbeat = 0.2
-agent_dead_after = 6.0
-backend = "local"
-[local]
-nodes = {nodes}
-trace = "none"
-[policy]
-fairness = "{fairness}"
-"""
+
+def config(nodes: int, fairness: str) -> str:
+    """The shares part's daemon config (the torch runtime, no trace) with the rule named."""
+    return SHARES_CONFIG.format(runtime="torch", nodes=nodes) + f'[policy]\nfairness = "{fairness}"\n'
+
 
 CLAIM = "scaling = {{ 1 = 1.0, {nodes} = 1000000.0 }}\n"
 """What the lying job declares: a million times more samples/s on every node than on one."""
@@ -60,7 +53,7 @@ def _nodes(d: B.Daemon, jid: str) -> int:
 
 def run(nodes: int, window_s: float, fairness: str) -> Result:
     with B.workdir("mt-fairness-") as top:
-        d = B.Daemon(top, CONFIG.format(nodes=nodes, fairness=fairness))
+        d = B.Daemon(top, config(nodes, fairness))
         d.start()
         try:
             # both jobs join the rendezvous store and hold their nodes (the faults benchmark's joining job)

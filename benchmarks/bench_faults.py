@@ -78,6 +78,7 @@ from faults_common import (
     Daemon,
     Tally,
     flip_trace,
+    stop_and_count,
     trains,
     wait,
     workdir,
@@ -143,9 +144,7 @@ def part_kills(t: Tally, kills: int, rng: random.Random) -> None:
         done = wait(lambda: all(j["state"] in ("completed", "cancelled") for j in d.jobs().values()), 300, 1.0)
         jobs = d.jobs()
         look()
-        rc = d.stop()
-        t.tracebacks += d.log_tracebacks() + (rc != 0)
-        t.orphans += d.orphans()
+        stop_and_count(d, t)
         names = [j["name"] for j in jobs.values()]
         t.duplicated += len(names) - len(set(names)) + len(set(jobs) - set(submitted))
         missing = set(submitted) - set(jobs)
@@ -216,9 +215,7 @@ def part_restarts(t: Tally) -> None:
             if not ok:
                 t.lost += 1
                 t.note(f"restarts: the {kind} job never trained after the restarts")
-        rc = d.stop()
-        t.tracebacks += d.log_tracebacks() + (rc != 0)
-        t.orphans += d.orphans()
+        stop_and_count(d, t)
 
 
 def part_recalls(t: Tally, recalls: int, rng: random.Random) -> None:
@@ -242,9 +239,7 @@ def part_recalls(t: Tally, recalls: int, rng: random.Random) -> None:
                 t.lost += 1
                 t.note(f"recalls: {jid} does not train after the recalls ({j['state']})")
         print(f"  samples: {[d.jobs()[j]['samples'] for j in jobs]}", flush=True)
-        rc = d.stop()
-        t.tracebacks += d.log_tracebacks() + (rc != 0)
-        t.orphans += d.orphans()
+        stop_and_count(d, t)
 
 
 # ---------------------------------------------------------------- main

@@ -128,9 +128,7 @@ def curve_lies(t: B.Tally, c: Claims, seconds: float) -> None:
             d.cancel(liar)
             d.cancel(victim)
         finally:
-            rc = d.stop()
-            t.tracebacks += d.log_tracebacks() + (rc != 0)
-            t.orphans += d.orphans()
+            B.stop_and_count(d, t)
 
 
 def _daemon_mb(d: B.Daemon) -> float:
@@ -182,9 +180,7 @@ def key_inflations(t: B.Tally, c: Claims) -> None:
                 d.cancel(jid)
                 B.wait(lambda j=jid: d.jobs()[j]["state"] == "cancelled", 30)
         finally:
-            rc = d.stop()
-            t.tracebacks += d.log_tracebacks() + (rc != 0)
-            t.orphans += d.orphans()
+            B.stop_and_count(d, t)
 
 
 def stop_code_loops(t: B.Tally, c: Claims) -> None:
@@ -203,9 +199,7 @@ def stop_code_loops(t: B.Tally, c: Claims) -> None:
                     t.note(f"claims: a job exiting {code} by itself never failed ({j['state']})")
                     d.cancel(jid)
         finally:
-            rc = d.stop()
-            t.tracebacks += d.log_tracebacks() + (rc != 0)
-            t.orphans += d.orphans()
+            B.stop_and_count(d, t)
 
 
 def summary(c: Claims) -> str:

@@ -140,6 +140,14 @@ class Daemon:
         return len(procs)
 
 
+def stop_and_count(d: Daemon, t: Tally) -> None:
+    """Stop ``d`` and add to ``t`` what it left: a traceback in its log or a non-zero exit, and any
+    process of its still running."""
+    rc = d.stop()
+    t.tracebacks += d.log_tracebacks() + (rc != 0)
+    t.orphans += d.orphans()
+
+
 @contextmanager
 def workdir(prefix: str) -> Iterator[Path]:
     top = Path(tempfile.mkdtemp(prefix=prefix))

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from faults_common import ROOT, TOY_CONFIG, TOY_JOB, Daemon, Tally, cli, workdir
+from faults_common import ROOT, TOY_CONFIG, TOY_JOB, Daemon, Tally, cli, stop_and_count, workdir
 
 # ---------------------------------------------------------------- fuzz
 HOSTILE = [b"nan", b"inf", b"-1", b"1e999", b"1_000", "１２".encode(), b"\x00", b"\xff\xfe", b"[" * 50,
@@ -152,9 +152,7 @@ def part_fuzz(t: Tally, n: int, rng: random.Random) -> None:
             t.note("fuzz: the daemon stopped answering after the control fuzz")
         for jid, j in d.jobs().items():  # fuzzed submits that got through were valid jobs: cancel them
             d.cancel(jid)
-        rc = d.stop()
-        t.tracebacks += d.log_tracebacks() + (rc != 0)
-        t.orphans += d.orphans()
+        stop_and_count(d, t)
 
 
 def raw_request(path: Path, body: bytes, length: int | None = None) -> bytes:

@@ -390,9 +390,7 @@ def part_round2(t: B.Tally, r: Round2) -> None:
             if not d.alive():
                 r.down += 1
                 t.note("round2: the daemon died")
-            rc = d.stop()
-            t.tracebacks += d.log_tracebacks() + (rc != 0)
-            t.orphans += d.orphans()
+            B.stop_and_count(d, t)
 
 
 def summary(r: Round2) -> str:

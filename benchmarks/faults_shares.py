@@ -220,9 +220,7 @@ def lockouts(t: B.Tally, r: Shares) -> None:
         finally:
             flood.kill()
             flood.wait(30)
-            rc = d.stop()
-            t.tracebacks += d.log_tracebacks() + (rc != 0)
-            t.orphans += d.orphans()
+            B.stop_and_count(d, t)
 
 
 def evictions(t: B.Tally, r: Shares) -> None:
@@ -253,9 +251,7 @@ def evictions(t: B.Tally, r: Shares) -> None:
             d.cancel(liar)
             d.cancel(victim)
         finally:
-            rc = d.stop()
-            t.tracebacks += d.log_tracebacks() + (rc != 0)
-            t.orphans += d.orphans()
+            B.stop_and_count(d, t)
 
 
 @contextmanager
@@ -309,9 +305,7 @@ def log_floods(t: B.Tally, r: Shares) -> None:
             r.full += 1
             t.note(f"shares: during a log flood {exc}")
         finally:
-            rc = d.stop()
-            t.tracebacks += d.log_tracebacks() + (rc != 0)
-            t.orphans += d.orphans()
+            B.stop_and_count(d, t)
 
 
 def part_shares(t: B.Tally, r: Shares) -> None:

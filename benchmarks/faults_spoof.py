@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from faults_common import NOBODY, PY, TOY_CONFIG, TOY_JOB, Daemon, Tally, cli, trains, wait, workdir
+from faults_common import NOBODY, PY, TOY_CONFIG, TOY_JOB, Daemon, Tally, cli, stop_and_count, trains, wait, workdir
 
 # ---------------------------------------------------------------- spoofing
 def signed_raw(obj: dict[str, Any], key: bytes) -> bytes:
@@ -118,9 +118,7 @@ def part_spoof(t: Tally) -> None:
         if not trains(d, victim, 90):
             t.lost += 1
             t.note(f"spoof: {victim} did not train again after the hijack and the daemon's return")
-        rc = d.stop()
-        t.tracebacks += d.log_tracebacks() + (rc != 0)
-        t.orphans += d.orphans()
+        stop_and_count(d, t)
 
 
 def hijack_agents(t: Tally, d: Daemon, top: Path) -> None:
