@@ -523,7 +523,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reporters", choices=("all", "rank0"), default="rank0",
                     help="who reports each step: each job's rank 0 (the toy and torch runtimes) or every worker")
     ap.add_argument("--heartbeat", type=float, default=5.0,
-                    help="agent_heartbeat (the daemon's default is 0.5 s: at thousands of nodes see docs/scale.md)")
+                    help="agent_heartbeat (the daemon's default is 0.5 s: at thousands of nodes see docs/research/scale.md)")
     ap.add_argument("--dead-after", type=float, default=30.0, help="agent_dead_after (the daemon's default)")
     ap.add_argument("--loop-interval", type=float, default=0.1)
     ap.add_argument("--poll-interval", type=float, default=1.0)

@@ -47,7 +47,7 @@
     partition = ""                   # slurm: the preemptable partition (or qos; at least one)
     qos = ""                         # slurm: a preemptable QOS
     account = ""                     # slurm/pbs: the account pilots are charged to
-    queue = ""                       # pbs: the preemptable queue (preempt_order R or D; docs/pbs.md)
+    queue = ""                       # pbs: the preemptable queue (preempt_order R or D; docs/operators/pbs.md)
     job_name = ""                    # tags our pilots (default malletrain-pilot / mt-pilot): unique per daemon
     nodes_per_pilot = 1              # nodes one pilot batch job holds
     walltime = 3600.0                # seconds a pilot asks for (a replacement takes over at the end)

@@ -16,7 +16,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 # Layers, bottom first: a package may import its own modules and packages of a LOWER rank only.
-# (docs/design-core.md draws it.)
+# (docs/design.md draws it.)
 RANK = {
     "curves": 0,  # throughput_at: how every layer reads a curve
     "hostlist": 0,  # Slurm host lists: read by the Slurm backend and the trace readers

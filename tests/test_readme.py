@@ -265,9 +265,9 @@ def test_readme_has_blocks_and_every_skip_has_a_reason() -> None:
 
 def test_every_docs_page_is_checked() -> None:
     pages = {p.relative_to(REPO).as_posix() for p in PAGES}
-    for name in ("operators.md", "training.md", "simulation.md", "design.md", "index.md"):
+    for name in ("operators.md", "training.md", "research.md", "design.md", "figures.md", "index.md"):
         assert f"docs/{name}" in pages
-    assert {b.page for b in BLOCKS} >= {"README.md", "docs/operators.md", "docs/training.md", "docs/simulation.md"}
+    assert {b.page for b in BLOCKS} >= {"README.md", "docs/operators.md", "docs/training.md", "docs/research.md"}
 
 
 def test_a_docs_page_block_is_found_with_its_page_and_marker() -> None:

@@ -170,7 +170,7 @@ class Load:
             return
         agent.nonce_a, agent.nonce_h = C.new_nonce(), None
         # the agent retries every 1 s; a loaded hub answers later than that, and each retry makes
-        # the last answer useless (see docs/scale.md): back off, 16 s doubling to 64 s, with jitter
+        # the last answer useless (see docs/research/scale.md): back off, 16 s doubling to 64 s, with jitter
         agent.tries += 1
         agent.next_auth = now + min(64.0, 8.0 * 2.0 ** agent.tries) * random.uniform(0.75, 1.25)
         try:

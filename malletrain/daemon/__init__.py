@@ -38,7 +38,7 @@ their last commit reaches the state dir and their last reports the store,
 and the jobs are SUSPENDED ("daemon stopped"); a profile it interrupted
 starts over at the next start. A daemon that finds the ``daemon.json`` of a
 killed one, or an event log whose last start has no stop after it, waits
-``agent_dead_after`` for surviving agents even with no job active. See "Restarts" in docs/operations.md.
+``agent_dead_after`` for surviving agents even with no job active. See "Restarts" in docs/operators/operations.md.
 
 Runtime hooks are methods of :class:`malletrain.runtimes.Runtime` with no-op defaults:
 ``ready(job, worker)`` (a worker started ahead is ready to join), ``resume_generation(job, gen)``
