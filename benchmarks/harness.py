@@ -4,8 +4,8 @@ the machine's load for the line a benchmark prints.
 
     from harness import Daemon, cli, load, step_until, wait, wait_for, workdir
 
-Scripts in ``benchmarks/`` import it as a sibling; those in ``benchmarks/attacks/`` and
-``benchmarks/oneoff/`` put ``benchmarks/`` on ``sys.path`` first (:func:`on_path` says how).
+Scripts in ``benchmarks/`` import it as a sibling (their folder is on ``sys.path``); the attack suite
+(``benchmarks/attacks/``) puts ``benchmarks/`` on ``sys.path`` first (``faults_common.py``).
 """
 
 from __future__ import annotations
@@ -31,15 +31,8 @@ if TYPE_CHECKING:
     from malletrain.daemon import Daemon as InProcessDaemon
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository
-BENCH = ROOT / "benchmarks"
 PY = sys.executable
 NOBODY = 65534
-
-
-def on_path() -> None:
-    """Put ``benchmarks/`` on ``sys.path`` (for a script in a folder below it, before its imports)."""
-    if str(BENCH) not in sys.path:
-        sys.path.insert(0, str(BENCH))
 
 
 # ---------------------------------------------------------------- waiting
