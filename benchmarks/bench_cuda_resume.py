@@ -30,11 +30,11 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+from harness import step_until
 
 from malletrain.config import DaemonConfig, LocalConfig
 from malletrain.daemon import Daemon
@@ -42,17 +42,6 @@ from malletrain.elastic.snapshot import decode_checkpoint
 from malletrain.examples.tracelog import steps as steps_of
 from malletrain.jobspec import JobSpec, JobState
 from malletrain.runtimes.torch_elastic import checkpoint_path, decode_checkpoint_file
-
-
-def step_until(d: Daemon, what: str, pred: Callable[[], bool], timeout_s: float) -> None:
-    """Run the daemon's loop until ``pred()``; fail naming ``what`` after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        d.step()
-        if pred():
-            return
-        d.monitor.drain(timeout_ms=int(d.cfg.loop_interval * 1000))
-    raise TimeoutError(f"timed out after {timeout_s:g} s waiting for {what}; events: {list(d.store.events())[-8:]}")
 
 
 def job_steps(state: Path, jid: str) -> list[dict[str, Any]]:

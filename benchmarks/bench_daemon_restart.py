@@ -32,7 +32,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable
+
+from harness import wait_for as wait
 
 from malletrain.examples.tracelog import steps, traced
 from malletrain.procs import procs_mentioning
@@ -58,16 +59,6 @@ max_nodes = 2
 scaling = {{ 1 = 100.0, 2 = 200.0 }}
 env = {{ OMP_NUM_THREADS = "1" }}
 """
-
-
-def wait(pred: Callable[[], Any], what: str, timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
 
 
 def start_daemon(cfg: Path, log: Path) -> subprocess.Popen[bytes]:

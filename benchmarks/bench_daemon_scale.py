@@ -7,7 +7,7 @@
 Runs the real daemon (``benchmarks/scale/daemon_proc.py``: :class:`malletrain.daemon.Daemon`
 with its Slurm backend, hub, monitor, store and policy) in its own process against
 
-* a scheduler stand-in (:class:`scavenger.testing.fake_slurm.FakeSlurm`, served from this
+* a scheduler stand-in (:class:`testclusters.fake_slurm.FakeSlurm`, served from this
   process) answering ``sinfo``/``squeue``/``sbatch``/``scancel``/``scontrol`` for N nodes
   in Slurm's formats, read by the backend's own parsers (the daemon's command runner asks
   the stand-in instead of forking the commands);
@@ -53,7 +53,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -71,8 +70,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from harness import free_port  # noqa: E402
 from scale_parse import parse_figures  # noqa: E402  (benchmarks/scale_parse.py: --parse-only)
-from scavenger.testing.fake_slurm import FakeSlurm, serve_once  # noqa: E402
+from testclusters.fake_slurm import FakeSlurm, serve_once  # noqa: E402
 
 TRACE = "summit-2021-02-10_17.nodes.csv.gz"
 TILE_SHIFT_S = 86400.0
@@ -130,12 +130,6 @@ def log_changes(n: int, duration_s: float, time_scale: float, busy_pct: float = 
 
 
 # ---------------------------------------------------------------- processes
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def job_specs(jobs: int, max_nodes: int, seed: int) -> list[dict[str, Any]]:
     """``jobs`` jobs of 1..``max_nodes`` nodes (sizes drawn uniformly from [max/8, max]), each with
     its scalability given (no profiling), commands the load processes simulate."""

@@ -5,7 +5,7 @@
 A root daemon (local backend, torch runtime, ``--nodes`` nodes, the default ``[policy]``: fair share on).
 Root submits a job that declares a curve a million times superlinear (``scaling = {1 = 1.0, N = 1e6}``)
 and trains nothing (it joins and holds its nodes): it takes every node. Once it holds them all, another local user (``nobody``,
-through ``setpriv``, as the faults benchmark's parts submit: :func:`faults_common.cli`) submits a
+through ``setpriv``, as the attack suite's parts submit: :func:`harness.cli`) submits a
 job that joins and holds what it is given (the faults benchmark's joining job, the same file). Measured from that submit: X, the seconds until the late job holds a node; S, its nodes
 ``--window`` s later; F, the fair share (the nodes over two users); L, the lying job's nodes then.
 Targets: X <= 30 s, S >= 0.8 x F, L <= F (exit 1 when one is missed). ``--baseline`` first runs the
@@ -23,11 +23,15 @@ import os
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
-import faults_common as B
-from faults_shares import CONFIG as SHARES_CONFIG
-from faults_shares import VICTIM as JOINS
-from faults_shares import _py_job, _submit
+import harness as B
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "attacks"))  # the shares part of the attack suite
+
+from faults_shares import CONFIG as SHARES_CONFIG  # noqa: E402
+from faults_shares import VICTIM as JOINS  # noqa: E402
+from faults_shares import _py_job, _submit  # noqa: E402
 
 
 def config(nodes: int, fairness: str) -> str:
@@ -86,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         print("bench_fairness: needs root (the late user's job is submitted as nobody)", file=sys.stderr)
         return 2
     window = 45.0 if args.short else args.window
-    print(f"load: {os.getloadavg()[0]:.2f} (1-min), {os.cpu_count()} cores", flush=True)
+    print(f"load: {B.load()} (1-, 5-, 15-min), {os.cpu_count()} cores", flush=True)
     if args.baseline:
         base = run(args.nodes, window, "none")
         when = "never" if base.first_node_s is None else f"{base.first_node_s:.1f} s"

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -42,6 +41,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Callable
+
+from harness import free_port, load, step_until
 
 from malletrain.config import DaemonConfig, LocalConfig
 from malletrain.daemon import Daemon
@@ -95,12 +96,7 @@ def step_times(logs: Path, job: str, launcher: Launcher) -> list[tuple[float, in
 
 
 def run_until(d: Daemon, pred: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not pred():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what}: not within {WAIT_S:.0f} s; events: {list(d.store.events())[-8:]}")
-        d.step()
-        d.monitor.drain(timeout_ms=int(d.cfg.loop_interval * 1000))
+    step_until(d, what, pred, WAIT_S)
 
 
 def first_step(times: list[tuple[float, int]], size: int, after: float) -> float | None:
@@ -149,12 +145,6 @@ def measure(v: Variant, reps: int, root: Path) -> tuple[list[float], int]:
         d.close()
     kills = sum(p.read_text(errors="replace").count("SIGTERM: SIGKILL") for p in logs.glob("*.log"))
     return out, kills
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def torch_elastic_agent(port: int, scratch: Path, log: IO[bytes]) -> subprocess.Popen[bytes]:
@@ -225,10 +215,6 @@ def measure_torch_elastic(reps: int, root: Path) -> list[float]:
         for f in files:
             f.close()
     return out
-
-
-def load() -> str:
-    return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 def main() -> None:

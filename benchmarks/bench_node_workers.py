@@ -30,27 +30,17 @@ import argparse
 import statistics
 import sys
 import tempfile
-import time
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from harness import step_until
+
 from malletrain.config import DaemonConfig, LocalConfig, ScavengerConfig
 from malletrain.daemon import Daemon
 from malletrain.examples.tracelog import traced
 from malletrain.jobspec import JobSpec, JobState
-
-
-def step_until(d: Daemon, what: str, pred: Callable[[], bool], timeout_s: float) -> None:
-    """Run the daemon's loop until ``pred()``; fail naming ``what`` after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        d.step()
-        if pred():
-            return
-        d.monitor.drain(timeout_ms=int(d.cfg.loop_interval * 1000))
-    raise TimeoutError(f"timed out after {timeout_s:g} s waiting for {what}; events: {list(d.store.events())[-8:]}")
 
 
 def job_events(state: Path, jid: str, ev: str) -> list[dict[str, Any]]:

@@ -2,7 +2,7 @@
 
     python benchmarks/bench_pbs.py [--runs 10] [--kill-delay 2] [--prod-nodes 2] [--daemon-runs 3]
 
-Needs root and OpenPBS (built and installed by ``python -m scavenger.testing.pbs_cluster install``;
+Needs root and OpenPBS (built and installed by ``python -m testclusters.pbs_cluster install``;
 no PBS may run already). Four vnodes, ``preempt_order`` R (``--preempt-order D`` to compare).
 
 Per run, the same production job (queue ``prod``, ``--prod-nodes`` vnodes) is submitted twice:
@@ -42,7 +42,7 @@ from malletrain.examples.tracelog import steps
 from scavenger.base import AgentUp, PilotEvent, PilotRequest, PilotStarted
 from scavenger.hub import AgentHub
 from scavenger.pbs import PbsBackend, PbsConfig
-from scavenger.testing.pbs_cluster import ClusterUnavailable, PbsCluster, PreemptOrder
+from testclusters.pbs_cluster import ClusterUnavailable, PbsCluster, PreemptOrder
 
 
 def wait_for(what: str, pred: Callable[[], bool], timeout: float = 60.0, tick: Callable[[], None] | None = None,

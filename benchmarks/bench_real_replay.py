@@ -28,7 +28,7 @@ prediction. Last line:
 
 ``real replay: prod delay median A s, p95 B s, max C s; idle I node-s, held H, trained T (T/I = R); simulator predicts P (error E%)``
 
-Needs Slurm (``python -m scavenger.testing.slurm_cluster install``).
+Needs Slurm (``python -m testclusters.slurm_cluster install``).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from typing import Callable
 import numpy as np
 
 from malletrain.examples.tracelog import steps
-from scavenger.testing.slurm_cluster import ClusterUnavailable, SlurmCluster
+from testclusters.slurm_cluster import ClusterUnavailable, SlurmCluster
 from traces import IdleTimeline, read
 
 TRAIN_GAP_S = 1.0

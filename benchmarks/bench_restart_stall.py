@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.backend == "local":
         report(run(args, env, args.nodes), args.kills, "local")
         return 0
-    from scavenger.testing.slurm_cluster import ClusterUnavailable, SlurmCluster
+    from testclusters.slurm_cluster import ClusterUnavailable, SlurmCluster
 
     try:
         cluster = SlurmCluster(args.nodes).start()

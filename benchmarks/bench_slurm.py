@@ -51,7 +51,7 @@ from malletrain.examples.tracelog import steps
 from scavenger.base import AgentUp, EndReason, PilotEnded, PilotEvent, PilotRequest, PilotStarted
 from scavenger.hub import AgentHub
 from scavenger.slurm import SlurmBackend, SlurmConfig
-from scavenger.testing.slurm_cluster import ClusterUnavailable, SlurmCluster
+from testclusters.slurm_cluster import ClusterUnavailable, SlurmCluster
 
 
 def wait_for(what: str, pred, timeout: float = 60.0, tick=None, pause: float = 0.05) -> None:

@@ -276,13 +276,13 @@ def evaluation_timeline(path: str | None, fmt: str | None) -> tuple[IdleTimeline
 
 def run_evaluate(args: argparse.Namespace) -> int:
     from simulator import find_scaling
-    from simulator.evaluate import POLICIES, PRIORS, EvalSettings, evaluate, print_report, write_evaluation
+    from evaluation.evaluate import POLICIES, PRIORS, EvalSettings, evaluate, print_report, write_evaluation
     from simulator.policies import POLICIES as KNOWN, parse_error_model
-    from simulator.sweep import Progress
+    from evaluation.sweep import Progress
     from simulator.workload import GENERATED_STREAMS, REAL_STREAMS
 
     from simulator.policies import Overrides
-    from simulator.sweep import split_workload
+    from evaluation.sweep import split_workload
 
     if args.regimes:
         apply_regimes(args)
@@ -337,7 +337,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
     if scaling.synthetic:
         print("malletrain evaluate: note: no summit-scaling.csv found; using SYNTHETIC scaling curves",
               file=sys.stderr)
-    from simulator.evaluate import run_specs
+    from evaluation.evaluate import run_specs
 
     progress = Progress(len(run_specs(settings)), quiet=args.quiet)
     try:
@@ -349,7 +349,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
     write_evaluation(ev, out, command)
     figures = args.paper_figures if args.paper_figures is not None else (args.trace is None and not args.sweep_tfwd)
     if figures:
-        from simulator.figures import paper_figures
+        from evaluation.figures import paper_figures
 
         notes = paper_figures(out, capacity_nodes=base.max_running * 64)
         (out / "figures.md").write_text(
@@ -457,7 +457,7 @@ def min_interval(args: argparse.Namespace) -> float:
 
 def run(args: argparse.Namespace) -> int:
     from simulator import SimConfig, find_scaling, simulate
-    from simulator.report import ProgressBar, comparison_rows, comparison_table, summary_table, write_outputs
+    from evaluation.replay_report import ProgressBar, comparison_rows, comparison_table, summary_table, write_outputs
 
     policies = parse_policies(args.policy)
     from simulator.policies import parse_error_model, resolve_config

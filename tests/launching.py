@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from typing import Iterator
 
 import pytest
@@ -13,6 +12,7 @@ import zmq
 from malletrain.messages import ENV_SECRET, new_secret
 from malletrain.monitor import Monitor
 from malletrain.workerenv import ENV_JOB, ENV_MONITOR, ENV_WORKER, ENV_WORKER_BATCH
+from stepping import poll
 
 JOB = "j000029"
 RUN_TIMEOUT_S = 600
@@ -51,7 +51,5 @@ def torchrun_cmd(nproc: int, target: list[str]) -> list[str]:
 
 def wait_received(mon: Monitor, n: int, ceiling_s: float = 60) -> None:
     """Drain until ``n`` frames arrived (a generous ceiling), then assert exactly ``n``."""
-    deadline = time.monotonic() + ceiling_s
-    while mon.received < n and time.monotonic() < deadline:
-        mon.drain(timeout_ms=100)
+    poll(lambda: mon.received >= n, ceiling_s, tick=lambda: mon.drain(timeout_ms=100), pause=0)
     assert mon.received == n, mon.counts()

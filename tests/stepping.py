@@ -1,11 +1,41 @@
-"""Step an in-process daemon until something holds (the tests' one loop for it)."""
+"""The tests' one way to wait: :func:`poll` until something holds (a safety net against a hang, never a
+timing assertion), :func:`wait_until` that fails naming what it waited for, and :func:`step_until` for an
+in-process daemon (step its loop between looks)."""
 
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, TypeVar
 
-from malletrain.daemon import Daemon
+if TYPE_CHECKING:
+    from malletrain.daemon import Daemon
+
+
+T = TypeVar("T")
+
+
+def poll(pred: Callable[[], T], timeout: float, tick: Callable[[], object] | None = None,
+         pause: float = 0.05) -> T:
+    """``pred()``'s first true value, looking after each ``tick()`` (drain a socket, poll a process), then
+    sleeping ``pause`` s between looks. After ``timeout`` s, ``pred()``'s last (false) value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if tick is not None:
+            tick()
+        value = pred()
+        if value or time.monotonic() >= deadline:
+            return value
+        if pause:
+            time.sleep(pause)
+
+
+def wait_until(pred: Callable[[], T], what: str, timeout: float = 30.0, tick: Callable[[], object] | None = None,
+               pause: float = 0.05) -> T:
+    """:func:`poll`, failing with an AssertionError naming ``what`` when ``pred()`` is still false."""
+    value = poll(pred, timeout, tick, pause)
+    if not value:
+        raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+    return value
 
 
 def step_until(d: Daemon, pred: Callable[[], bool], timeout: float, what: str = "timed out",

@@ -17,7 +17,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable
 
 import pytest
 import zmq
@@ -32,6 +31,7 @@ from scavenger import protocol as P
 from scavenger.agent import EXIT_RECALLED, batch_job_from
 from scavenger.base import AgentUp
 from scavenger.hub import AgentHub, AgentWorkers, WorkerExitedEvent, WorkerStartedEvent
+from stepping import wait_until
 
 NODE = "node00"
 
@@ -65,15 +65,6 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
     if proc.poll() is None:
         proc.kill()
     proc.wait(timeout=10)
-
-
-def wait_until(what: str, pred: Callable[[], bool], tick: Callable[[], None], timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        tick()
-        if pred():
-            return
-    raise AssertionError(f"{what}: not within {timeout:g} s")
 
 
 class FakeHub:
@@ -232,8 +223,7 @@ def test_hub_refuses_an_agent_without_the_key_and_creates_no_state() -> None:
         plain.send(P.encode(P.Hello("node01", 99)))  # the old, unauthenticated protocol
         plain.send(P.encode(P.WorkerExited("node01", "j1.w0", 0)))
         events: list = []
-        wait_until("all four frames refused", lambda: hub.rejected["no_session"] + hub.rejected["malformed"] >= 3,
-                   lambda: events.extend(hub.poll(20)))
+        wait_until(lambda: hub.rejected["no_session"] + hub.rejected["malformed"] >= 3, "all four frames refused", 15.0, tick=lambda: events.extend(hub.poll(20)), pause=0)
         assert events == [] and hub.alive() == set() and hub.agents == {}
         assert hub.rejected["bad_proof"] == 1
         assert hub.rejected["no_session"] >= 1  # the impostor's hello: no session was made for it
@@ -255,7 +245,7 @@ def test_hub_drops_forged_replayed_and_wrong_node_frames_from_a_real_session() -
         hello = s.seal(P.encode(P.Hello(NODE, 1234, (), "77")))
         agent.send(hello)
         events: list = []
-        wait_until("hello", lambda: AgentUp(NODE) in events, lambda: events.extend(hub.poll(20)))
+        wait_until(lambda: AgentUp(NODE) in events, "hello", 15.0, tick=lambda: events.extend(hub.poll(20)), pause=0)
         assert AgentUp(NODE) in events and AgentWorkers(NODE, 1234, (), "77") in events
         assert hub.batch_job(NODE) == "77"
         exited = s.seal(P.encode(P.WorkerExited(NODE, "j1.w0", 0)))
@@ -269,17 +259,15 @@ def test_hub_drops_forged_replayed_and_wrong_node_frames_from_a_real_session() -
         for junk in (b"", b"D", b"C" + b"x" * 5, b"F", b"Z" * 64, b"R" + b"x" * 10):
             agent.send(junk)
         events = []
-        wait_until("every bad frame refused", lambda: hub.bad_frames >= 12, lambda: events.extend(hub.poll(20)))
+        wait_until(lambda: hub.bad_frames >= 12, "every bad frame refused", 15.0, tick=lambda: events.extend(hub.poll(20)), pause=0)
         assert not [e for e in events if isinstance(e, (WorkerExitedEvent, WorkerStartedEvent))]
         assert hub.rejected["bad_mac"] == 1 and hub.rejected["replayed"] == 1
         assert hub.rejected["wrong_node"] == 1 and hub.rejected["wrong_direction"] == 2
         assert hub.rejected["bad_message"] == 2 and hub.rejected["malformed"] == 5
         agent.send(exited)  # genuine, but sealed before frames the hub has accepted since: reordered
-        wait_until("reordered frame refused", lambda: hub.rejected["replayed"] == 2,
-                   lambda: events.extend(hub.poll(20)))
+        wait_until(lambda: hub.rejected["replayed"] == 2, "reordered frame refused", 15.0, tick=lambda: events.extend(hub.poll(20)), pause=0)
         agent.send(s.seal(P.encode(P.WorkerExited(NODE, "j1.w0", 0))))  # a fresh one goes through
-        wait_until("fresh frame accepted", lambda: WorkerExitedEvent(NODE, "j1.w0", 0) in events,
-                   lambda: events.extend(hub.poll(20)))
+        wait_until(lambda: WorkerExitedEvent(NODE, "j1.w0", 0) in events, "fresh frame accepted", 15.0, tick=lambda: events.extend(hub.poll(20)), pause=0)
         assert [e for e in events if isinstance(e, WorkerExitedEvent)] == [WorkerExitedEvent(NODE, "j1.w0", 0)]
         assert hub.alive() == {NODE}
     finally:
@@ -302,7 +290,7 @@ def test_a_hijacker_on_the_port_gets_nothing_run_and_the_agent_finds_the_daemon_
     agent = start_agent(address, key, log, "--dead-after", "30", env={"SLURM_JOB_ID": "4242"})
     hub: AgentHub | None = None
     try:
-        wait_until("the agent refused the hijacker", lambda: "bad_proof" in log.read_text(), hijacker.pump)
+        wait_until(lambda: "bad_proof" in log.read_text(), "the agent refused the hijacker", 15.0, tick=hijacker.pump, pause=0)
         # the hijacker tries every command it can think of: sealed under its guess, raw JSON, replayed hub frames
         for i in range(5):
             hijacker.send_raw(hijacker.sealed(P.StartWorker(NODE, f"evil{i}", marker_argv(tmp_path / f"evil{i}"))))
@@ -318,12 +306,10 @@ def test_a_hijacker_on_the_port_gets_nothing_run_and_the_agent_finds_the_daemon_
 
         hub = AgentHub(address, dead_after_s=30.0, key_file=key)  # the daemon is back on its port
         events: list = []
-        wait_until("agent up at the real daemon", lambda: AgentUp(NODE) in events,
-                   lambda: events.extend(hub.poll(50)))  # type: ignore[union-attr]
+        wait_until(lambda: AgentUp(NODE) in events, "agent up at the real daemon", 15.0, tick=lambda: events.extend(hub.poll(50)), pause=0)  # type: ignore[union-attr]
         assert hub.batch_job(NODE) == "4242"
         assert hub.start_worker(NODE, "good", marker_argv(tmp_path / "good"), {}, None)
-        wait_until("the daemon's worker ran", lambda: any(isinstance(e, WorkerExitedEvent) for e in events),
-                   lambda: events.extend(hub.poll(50)))  # type: ignore[union-attr]
+        wait_until(lambda: any(isinstance(e, WorkerExitedEvent) for e in events), "the daemon's worker ran", 15.0, tick=lambda: events.extend(hub.poll(50)), pause=0)  # type: ignore[union-attr]
         assert WorkerExitedEvent(NODE, "good", 0) in events
         assert (tmp_path / "good").read_text() == "ran"
         assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(("evil", "raw"))) == []
@@ -350,7 +336,7 @@ def test_a_real_agent_drops_forged_replayed_and_reflected_commands(tmp_path: Pat
         return any(isinstance(m, P.WorkerExited) and m.worker == name for m in fake.messages)
 
     try:
-        wait_until("handshake and hello", lambda: fake.messages != [], fake.pump)
+        wait_until(lambda: fake.messages != [], "handshake and hello", 15.0, tick=fake.pump, pause=0)
         hello = fake.messages[0]
         assert isinstance(hello, P.Hello) and hello.batch_job is None and hello.pid == agent.pid
         good = fake.sealed(P.StartWorker(NODE, "w1", marker_argv(tmp_path / "w1")))
@@ -364,12 +350,12 @@ def test_a_real_agent_drops_forged_replayed_and_reflected_commands(tmp_path: Pat
         fake.send_raw(fake.received[0])  # the agent's own hello reflected back to it
         fake.send_raw(b"D" + b"\0" * 50)
         fake.send_raw(b"\xff" * 100)
-        wait_until("w1 and w3 ran and exited", lambda: exited("w1") and exited("w3"), fake.pump)
+        wait_until(lambda: exited("w1") and exited("w3"), "w1 and w3 ran and exited", 15.0, tick=fake.pump, pause=0)
         (tmp_path / "w3").unlink()
         fake.send_raw(w3)  # replayed after w3 ended (a new start of w3 would run it again): dropped
         fake.send_raw(good)
         fake.send_raw(fake.sealed(P.StartWorker(NODE, "w5", marker_argv(tmp_path / "w5"))))
-        wait_until("w5 (sent last) ran: every frame before it was handled", lambda: exited("w5"), fake.pump)
+        wait_until(lambda: exited("w5"), "w5 (sent last) ran: every frame before it was handled", 15.0, tick=fake.pump, pause=0)
         assert not (tmp_path / "w2").exists() and not (tmp_path / "w3").exists()
         assert agent.poll() is None
         assert sorted(m.worker for m in fake.messages if isinstance(m, P.WorkerStarted)) == ["w1", "w3", "w5"]
@@ -386,13 +372,12 @@ def test_an_agent_with_the_wrong_key_is_refused_by_the_hub(tmp_path: Path) -> No
     agent = start_agent(hub.address, key_file(tmp_path, "other.key"), tmp_path / "agent.log", "--dead-after", "30")
     try:
         events: list = []
-        wait_until("two refused handshakes", lambda: hub.rejected["bad_proof"] >= 2,
-                   lambda: events.extend(hub.poll(50)))
+        wait_until(lambda: hub.rejected["bad_proof"] >= 2, "two refused handshakes", 15.0, tick=lambda: events.extend(hub.poll(50)), pause=0)
         assert events == [] and hub.alive() == set()
         assert not hub.start_worker(NODE, "w", marker_argv(tmp_path / "w"), {}, None)
         # the agent warns once a retry is refused too (a first refusal may be a crossed reconnect)
-        wait_until("the agent's warning", lambda: "is --key-file this daemon's agent key?"
-                   in (tmp_path / "agent.log").read_text(), lambda: events.extend(hub.poll(50)))
+        wait_until(lambda: "is --key-file this daemon's agent key?"
+                   in (tmp_path / "agent.log").read_text(), "the agent's warning", 15.0, tick=lambda: events.extend(hub.poll(50)), pause=0)
     finally:
         stop(agent)
         hub.close()
@@ -426,13 +411,13 @@ def test_sigterm_stops_workers_so_they_checkpoint_and_the_agent_exits_143(tmp_pa
     try:
         events: list = []
         tick = lambda: events.extend(hub.poll(50))  # noqa: E731
-        wait_until("agent up", lambda: AgentUp(NODE) in events, tick)
+        wait_until(lambda: AgentUp(NODE) in events, "agent up", 15.0, tick=tick, pause=0)
         hub.start_worker(NODE, "w", (sys.executable, "-c", CHECKPOINTER, str(ckpt)), {}, None)
-        wait_until("worker up", lambda: Path(str(ckpt) + ".up").exists(), tick)
+        wait_until(lambda: Path(str(ckpt) + ".up").exists(), "worker up", 15.0, tick=tick, pause=0)
         agent.send_signal(signal.SIGTERM)
         assert agent.wait(timeout=30) == EXIT_RECALLED == 143
         assert ckpt.read_text() == "checkpoint"  # the worker was asked to stop, and did
-        wait_until("the worker's exit reported", lambda: WorkerExitedEvent(NODE, "w", 143, True) in events, tick)
+        wait_until(lambda: WorkerExitedEvent(NODE, "w", 143, True) in events, "the worker's exit reported", 15.0, tick=tick, pause=0)
     finally:
         stop(agent)
         hub.close()
@@ -447,13 +432,13 @@ def test_the_agent_says_which_exits_it_caused_and_a_job_exiting_143_by_itself_is
     try:
         events: list = []
         tick = lambda: events.extend(hub.poll(50))  # noqa: E731
-        wait_until("agent up", lambda: AgentUp(NODE) in events, tick)
+        wait_until(lambda: AgentUp(NODE) in events, "agent up", 15.0, tick=tick, pause=0)
         hub.start_worker(NODE, "self", (sys.executable, "-c", "raise SystemExit(143)"), {}, None)
-        wait_until("its own exit reported", lambda: WorkerExitedEvent(NODE, "self", 143, False) in events, tick)
+        wait_until(lambda: WorkerExitedEvent(NODE, "self", 143, False) in events, "its own exit reported", 15.0, tick=tick, pause=0)
         hub.start_worker(NODE, "w", (sys.executable, "-c", CHECKPOINTER, str(ckpt)), {}, None)
-        wait_until("worker up", lambda: Path(str(ckpt) + ".up").exists(), tick)
+        wait_until(lambda: Path(str(ckpt) + ".up").exists(), "worker up", 15.0, tick=tick, pause=0)
         hub.stop_worker(NODE, "w", grace=10.0)
-        wait_until("the stop reported", lambda: WorkerExitedEvent(NODE, "w", 143, True) in events, tick)
+        wait_until(lambda: WorkerExitedEvent(NODE, "w", 143, True) in events, "the stop reported", 15.0, tick=tick, pause=0)
     finally:
         stop(agent)
         hub.close()
@@ -610,12 +595,12 @@ def test_a_worker_runs_with_the_umask_its_start_carries(tmp_path: Path) -> None:
     try:
         events: list = []
         tick = lambda: events.extend(hub.poll(50))  # noqa: E731
-        wait_until("agent up", lambda: AgentUp(NODE) in events, tick)
+        wait_until(lambda: AgentUp(NODE) in events, "agent up", 15.0, tick=tick, pause=0)
         old = os.umask(0o022)
         try:
             hub.start_worker(NODE, "w", (sys.executable, "-c", f"open({str(out)!r}, 'w').close()"), {}, None,
                              umask=0o077)
-            wait_until("worker done", lambda: WorkerExitedEvent(NODE, "w", 0) in events, tick)
+            wait_until(lambda: WorkerExitedEvent(NODE, "w", 0) in events, "worker done", 15.0, tick=tick, pause=0)
         finally:
             os.umask(old)
         assert stat.S_IMODE(out.stat().st_mode) == 0o600

@@ -11,18 +11,27 @@ from pathlib import Path
 import pytest
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
-SCRIPTS = sorted(p.stem for p in BENCH.glob("*.py"))
+# the benchmarks, the attack suite (benchmarks/attacks/) and the one-off measurements (benchmarks/oneoff/)
+FOLDERS = (BENCH, BENCH / "attacks", BENCH / "oneoff")
+SCRIPTS = sorted(p.relative_to(BENCH).with_suffix("").as_posix() for folder in FOLDERS for p in folder.glob("*.py"))
 
 
 @pytest.fixture(autouse=True)
 def _bench_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.syspath_prepend(str(BENCH))
+    for folder in FOLDERS:  # as `python benchmarks/attacks/bench_faults.py` has its own folder on sys.path
+        monkeypatch.syspath_prepend(str(folder))
 
 
-@pytest.mark.parametrize("name", SCRIPTS)
-def test_the_script_imports(name: str) -> None:
+def test_every_folder_of_scripts_is_imported() -> None:
+    assert {"harness", "attacks/bench_faults", "attacks/faults_common", "oneoff/bench_workloads"} <= set(SCRIPTS)
+    assert {p.parent for p in BENCH.rglob("*.py")} <= {*FOLDERS, BENCH / "scale"}  # scale/: run as processes
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_the_script_imports(script: str) -> None:
+    name = script.split("/")[-1]
     if name.startswith("bench_horovod"):
         pytest.importorskip("horovod")
     module = importlib.import_module(name)
-    assert module.__file__ is not None and Path(module.__file__).parent == BENCH
+    assert module.__file__ is not None and Path(module.__file__) == BENCH / f"{script}.py"
     sys.modules.pop(name, None)

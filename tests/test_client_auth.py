@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Iterator
 
 import pytest
@@ -11,6 +10,7 @@ import zmq
 from malletrain import client
 from malletrain.messages import ENV_SECRET, new_secret
 from malletrain.monitor import Monitor
+from launching import wait_received
 
 ENV = ("MALLETRAIN_MONITOR", "MALLETRAIN_JOB", "MALLETRAIN_WORKER", ENV_SECRET, "RANK", "WORLD_SIZE",
        "TORCHELASTIC_RESTART_COUNT")
@@ -30,13 +30,6 @@ def mon(monkeypatch: pytest.MonkeyPatch) -> Iterator[Monitor]:
     client.reset()
     m.close()
     ctx.destroy(linger=0)
-
-
-def wait_received(mon: Monitor, n: int) -> None:
-    deadline = time.monotonic() + 20
-    while mon.received < n and time.monotonic() < deadline:
-        mon.drain(timeout_ms=50)
-    assert mon.received == n
 
 
 def test_signed_reports_are_accepted(mon: Monitor, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -68,9 +68,10 @@ def test_job_grows_on_arrival_shrinks_on_recall_and_keeps_training(daemon) -> No
     # the node comes back idle: held again, the job grows to 3
     d.backend.make_idle(victim)
     until(d, lambda: len(run().members) == 3 and d.monitor.jobs[jid].world_size == 3)
-    kinds = {(r["from_nodes"], r["to_nodes"]) for r in d.store.rescales(jid)}
     until(d, lambda: {(3, 2), (2, 3)} <= {(r["from_nodes"], r["to_nodes"]) for r in d.store.rescales(jid)})
-    assert all(r["pause_s"] >= 0 for r in d.store.rescales(jid)) and kinds is not None
+    rescales = [(r["from_nodes"], r["to_nodes"]) for r in d.store.rescales(jid)]
+    assert rescales.index((3, 2)) < len(rescales) - 1 - rescales[::-1].index((2, 3))  # the shrink, then the grow
+    assert all(r["pause_s"] >= 0 for r in d.store.rescales(jid))
     states = [s for s, _, _ in d.store.history(jid)]
     assert states[:2] == ["pending", "running"] and "rescaling" in states
 

@@ -7,15 +7,15 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
 
 from procs import procs_mentioning
 from malletrain.store import Store
+from stepping import wait_until
 
 
 CONFIG = """
@@ -43,16 +43,6 @@ def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "malletrain", *args], capture_output=True, text=True, timeout=timeout)
 
 
-def wait(pred: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def start_daemon(cfg: Path, log: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-m", "malletrain", "daemon", "--config", str(cfg)],
                             stdout=open(log, "ab"), stderr=subprocess.STDOUT)
@@ -78,12 +68,12 @@ def test_cli_and_kill_9_restart_loses_nothing(tmp_path: Path) -> None:
     log = tmp_path / "daemon.log"
     d = start_daemon(cfg, log)
     try:
-        wait(lambda: (state / "daemon.json").exists(), "daemon.json")
+        wait_until(lambda: (state / "daemon.json").exists(), "daemon.json")
         res = cli("submit", str(tmp_path / "a.toml"), "--state-dir", str(state))
         assert res.returncode == 0, res.stderr
         a = res.stdout.strip()
         assert a == "j000001"
-        wait(lambda: job(status(state), a)["state"] == "running" and job(status(state), a)["samples"] > 0, "a runs")
+        wait_until(lambda: job(status(state), a)["state"] == "running" and job(status(state), a)["samples"] > 0, "a runs")
         table = cli("status", "--state-dir", str(state)).stdout
         assert "JOBID" in table and a in table and "running" in table and "NODE" in table
         nodes = cli("nodes", "--state-dir", str(state))
@@ -101,23 +91,23 @@ def test_cli_and_kill_9_restart_loses_nothing(tmp_path: Path) -> None:
         samples_before = Store.open(state / "store.db").require(a).samples
 
         d = start_daemon(cfg, log)
-        wait(lambda: job(status(state), b)["state"] == "running", "b runs after the restart", timeout=40)
+        wait_until(lambda: job(status(state), b)["state"] == "running", "b runs after the restart", timeout=40)
         data = status(state)
         assert job(data, a)["state"] == "running" and job(data, a)["nodes"] == [node_a]
         adopted = [e for e in Store.open(state / "store.db").events("adopt")]
         assert [e["job"] for e in adopted] == [a]  # the same worker, not a new one
-        wait(lambda: job(status(state), a)["samples"] > samples_before + 500, "a keeps training")
+        wait_until(lambda: job(status(state), a)["samples"] > samples_before + 500, "a keeps training")
 
         res = cli("cancel", a, "--state-dir", str(state))
         assert res.returncode == 0 and "cancel requested" in res.stdout
-        wait(lambda: job(status(state), a)["state"] == "cancelled", "a cancelled")
+        wait_until(lambda: job(status(state), a)["state"] == "cancelled", "a cancelled")
         assert cli("cancel", "j000042", "--state-dir", str(state)).returncode != 0
     finally:
         if d.poll() is None:
             d.send_signal(signal.SIGTERM)
             d.wait(timeout=30)
     assert d.returncode == 0, log.read_text()[-2000:]
-    wait(lambda: not procs_mentioning(str(state)), "no orphans", timeout=15)
+    wait_until(lambda: not procs_mentioning(str(state)), "no orphans", timeout=15)
     final = Store.open(state / "store.db")
     assert final.require(b).state.value == "suspended"  # stopped with the daemon; resumes next time
     assert os.path.exists(state / "store.db") and not (state / "daemon.json").exists()
@@ -179,7 +169,7 @@ def test_status_says_why_a_job_failed_and_where_its_log_is(tmp_path: Path) -> No
         if d.poll() is None:
             d.send_signal(signal.SIGTERM)
             d.wait(timeout=30)
-    wait(lambda: not procs_mentioning(str(state)), "no orphans", timeout=15)
+    wait_until(lambda: not procs_mentioning(str(state)), "no orphans", timeout=15)
 
 
 def test_status_escapes_what_jobs_wrote(tmp_path: Path) -> None:
@@ -236,7 +226,7 @@ def test_another_user_submits_and_cancels_through_the_daemon_only_their_own(tmp_
         os.chmod(job_file, 0o644)
         d = start_daemon(cfg, tmp_path / "daemon.log")
         try:
-            wait(lambda: (state / "daemon.json").exists(), "daemon.json")
+            wait_until(lambda: (state / "daemon.json").exists(), "daemon.json")
             mine = cli("submit", str(job_file), "--state-dir", str(state)).stdout.strip()
             res = as_nobody("submit", str(job_file), "--state-dir", str(state))
             assert res.returncode == 0, res.stderr
@@ -248,7 +238,7 @@ def test_another_user_submits_and_cancels_through_the_daemon_only_their_own(tmp_
             assert res.returncode == 1 and f"job {mine} belongs to uid 0" in res.stderr
             res = as_nobody("cancel", theirs, "--state-dir", str(state))
             assert res.returncode == 0, res.stderr
-            wait(lambda: job(status(state), theirs)["state"] == "cancelled", "their job cancelled")
+            wait_until(lambda: job(status(state), theirs)["state"] == "cancelled", "their job cancelled")
             assert job(status(state), mine)["state"] not in ("cancelled", "failed")
 
             st = state.stat()
@@ -263,7 +253,7 @@ def test_another_user_submits_and_cancels_through_the_daemon_only_their_own(tmp_
         res = as_nobody("status", "--state-dir", str(state))  # no daemon: the store is not theirs
         assert res.returncode == 2 and "store.db" in res.stderr and "Traceback" not in res.stderr
     finally:
-        wait(lambda: not procs_mentioning(str(top)), "no orphans", timeout=15)
+        wait_until(lambda: not procs_mentioning(str(top)), "no orphans", timeout=15)
         import shutil
 
         shutil.rmtree(top, ignore_errors=True)
@@ -287,12 +277,12 @@ def test_a_root_daemon_runs_each_job_as_its_owner(tmp_path: Path) -> None:
         os.chmod(job_file, 0o644)
         d = start_daemon(top / "daemon.toml", tmp_path / "daemon.log")
         try:
-            wait(lambda: (state / "daemon.json").exists(), "daemon.json")
+            wait_until(lambda: (state / "daemon.json").exists(), "daemon.json")
             res = as_nobody("submit", str(job_file), "--state-dir", str(state))
             assert res.returncode == 0, res.stderr
             jid = res.stdout.strip()
             logs = lambda: sorted((state / "logs").glob(f"{jid}.*.log"))  # noqa: E731
-            wait(lambda: logs() and "shadow" in logs()[0].read_text(), "the worker's output", timeout=60)
+            wait_until(lambda: logs() and "shadow" in logs()[0].read_text(), "the worker's output", timeout=60)
             log = logs()[0]
             out = log.read_text().split()
             assert out[:2] == [str(NOBODY), str(NOBODY)]  # uid and gid of the owner, not root
@@ -304,7 +294,7 @@ def test_a_root_daemon_runs_each_job_as_its_owner(tmp_path: Path) -> None:
             d.send_signal(signal.SIGTERM)
             d.wait(timeout=30)
     finally:
-        wait(lambda: not procs_mentioning(str(top)), "no orphans", timeout=15)
+        wait_until(lambda: not procs_mentioning(str(top)), "no orphans", timeout=15)
         shutil.rmtree(top, ignore_errors=True)
 
 

@@ -6,7 +6,7 @@ import json
 import threading
 import time
 import weakref
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import pytest
 import torch
@@ -35,6 +35,7 @@ from malletrain.runtimes.torch_elastic import (
     parse_address,
 )
 from malletrain.elastic.keys import arrive_key, gen_key, handover_key, joined_key, members_key, resume_key
+from stepping import wait_until
 
 
 @pytest.fixture
@@ -69,15 +70,6 @@ def no_process_group() -> Iterator[None]:
     yield
     if dist.is_initialized():
         dist.destroy_process_group()
-
-
-def _wait_until(pred: Callable[[], bool], what: str = "a condition", timeout_s: float = 30.0) -> None:
-    """Poll ``pred`` (a safety net against a hang, not a timing assertion)."""
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen within {timeout_s} s")
-        time.sleep(0.005)
 
 
 # -- TorchRuntime ---------------------------------------------------------------------------
@@ -171,7 +163,7 @@ def test_barrier_waits_for_all_members(runtime: TorchRuntime) -> None:
     result: list[bool] = []
     t = threading.Thread(target=lambda: result.append(a.barrier(1, 2)))
     t.start()
-    _wait_until(lambda: watch.add(arrive_key("j", 1), 0) == 1)  # a has arrived ...
+    wait_until(lambda: watch.add(arrive_key("j", 1), 0) == 1, "a has arrived")  # a has arrived ...
     assert result == [] and not watch.check([joined_key("j", 1)])  # ... and is held until b comes
     assert b.barrier(1, 2) is True
     t.join(30)
@@ -483,7 +475,7 @@ def test_worker_started_ahead_waits_through_a_suspension(runtime: TorchRuntime) 
     published: list[int] = []
 
     def publish_once_ready() -> None:  # the job manager: publish once the worker started ahead is ready
-        _wait_until(lambda: runtime.ready("j", "late"))
+        wait_until(lambda: runtime.ready("j", "late"), "the late worker is ready")
         published.append(runtime.set_members("j", ["late"]))
 
     publisher = threading.Thread(target=publish_once_ready, daemon=True)
@@ -819,7 +811,7 @@ def test_a_fresh_worker_joins_whatever_generation_a_restarted_daemon_publishes(r
 
     thread = threading.Thread(target=worker, daemon=True)
     thread.start()
-    _wait_until(lambda: runtime.ready("j", "fresh"), "the fresh worker is ready")
+    wait_until(lambda: runtime.ready("j", "fresh"), "the fresh worker is ready")
     assert runtime.set_members("j", ["fresh"]) == 7
     assert finished.wait(60), "the fresh worker never joined the republished generation"
     assert seen == [7] and state.step == 1
@@ -876,7 +868,7 @@ def test_a_suspended_jobs_checkpoint_is_on_disk_and_outlives_the_daemon(tmp_path
             seen.append((s.step, s.samples))
             assert all(torch.equal(s.model.state_dict()[k], committed[k]) for k in committed)
 
-        publisher = threading.Thread(target=lambda: (_wait_until(lambda: second.ready("j", "b")),
+        publisher = threading.Thread(target=lambda: (wait_until(lambda: second.ready("j", "b"), "b is ready"),
                                                      second.set_members("j", ["b"])), daemon=True)
         publisher.start()
         run(train_b, b)

@@ -13,7 +13,7 @@ import pytest
 from malletrain.cli import main
 from malletrain.cli_simulate import parse_seeds
 from policy import PolicyConfig
-from simulator.evaluate import (
+from evaluation.evaluate import (
     POLICIES,
     CEILING_PRIOR,
     PRIORS,
@@ -28,7 +28,7 @@ from simulator.evaluate import (
     run_specs,
     tfwd_choice,
 )
-from simulator.sweep import Progress, Replays, RunSpec, duplicates, run_replays
+from evaluation.sweep import Progress, Replays, RunSpec, duplicates, run_replays
 
 
 def tiny_trace(tmp_path: Path) -> Path:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from simulator.evaluate import EvalSettings, Evaluation
-from simulator.evaluation_report import write_real_chart
+from evaluation.evaluate import EvalSettings, Evaluation
+from evaluation.report import write_real_chart
 from tests.test_sim_targets import spec_of, summary
 
 pytest.importorskip("matplotlib")

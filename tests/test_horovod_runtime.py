@@ -12,15 +12,15 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
 pytest.importorskip("horovod.torch")
 
 from malletrain.runtimes.horovod_elastic import HorovodRuntime, job_processes  # noqa: E402
+from stepping import wait_until  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -32,15 +32,6 @@ def read_progress(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
-
-
-def wait_for(predicate: Callable[[], bool], what: str, timeout: float = TIMEOUT_S) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def test_scale_2_to_3_to_1_keeps_training_and_cleans_up(tmp_path: Path) -> None:
@@ -64,14 +55,14 @@ def test_scale_2_to_3_to_1_keeps_training_and_cleans_up(tmp_path: Path) -> None:
         launch("w1")
         assert rt.set_members(JOB, ["w0", "w1"]) == 1
         job_dir = rt.job_dir(JOB)
-        wait_for(lambda: steps_at(2) >= 3, "3 steps at size 2")
+        wait_until(lambda: steps_at(2) >= 3, "3 steps at size 2", TIMEOUT_S)
 
         launch("w2")
         assert rt.set_members(JOB, ["w0", "w1", "w2"]) == 2
-        wait_for(lambda: steps_at(3) >= 3, "3 steps at size 3")
+        wait_until(lambda: steps_at(3) >= 3, "3 steps at size 3", TIMEOUT_S)
 
         assert rt.set_members(JOB, ["w0"]) == 3
-        wait_for(lambda: steps_at(1) >= 5, "5 steps at size 1")
+        wait_until(lambda: steps_at(1) >= 5, "5 steps at size 1", TIMEOUT_S)
         assert holders["w1"].wait(timeout=30) == 0
         assert holders["w2"].wait(timeout=30) == 0
 

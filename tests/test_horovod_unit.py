@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 import psutil
 import pytest
@@ -26,6 +26,7 @@ from malletrain.runtimes.horovod_elastic import (
     hosts_lines,
     job_processes,
 )
+from stepping import wait_until
 
 # A stand-in for horovodrun: records its argv and the discovery script's output,
 # leaves a grandchild running (to check the tree is cleaned up), then waits for
@@ -49,15 +50,6 @@ sys.exit(int(open(finish).read()))
 COMMAND = ("python3", "train.py", "--epochs", "1")
 
 
-def wait_for(predicate: Callable[[], bool], timeout: float = 15.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-
-
 @pytest.fixture
 def runtime(tmp_path: Path) -> Iterator[HorovodRuntime]:
     rt = HorovodRuntime(tmp_path / "rt", horovodrun=(sys.executable, "-c", FAKE_HOROVODRUN))
@@ -72,7 +64,7 @@ def start_holder(spec: LaunchSpec) -> subprocess.Popen[bytes]:
 
 def fake_record(rt: HorovodRuntime, job: str) -> dict[str, object]:
     path = rt.job_dir(job) / "fake.json"
-    wait_for(path.exists, what=f"{path}")
+    wait_until(path.exists, f"{path}", 15.0)
     return json.loads(path.read_text())
 
 
@@ -194,8 +186,8 @@ def test_forget_stops_driver_tree_and_holders(runtime: HorovodRuntime) -> None:
         runtime.forget("j1")
         runtime.forget("j1")  # idempotent
         assert holder.wait(timeout=15) == 0
-        wait_for(lambda: not grandchild.is_running() or grandchild.status() == psutil.STATUS_ZOMBIE,
-                 what="the driver's child to end")
+        wait_until(lambda: not grandchild.is_running() or grandchild.status() == psutil.STATUS_ZOMBIE,
+                   "the driver's child to end", 15.0)
         assert job_processes(job_dir) == []
         assert not job_dir.exists()
         with pytest.raises(KeyError):
@@ -238,8 +230,8 @@ def test_a_new_runtime_readopts_a_running_driver(tmp_path: Path) -> None:
         assert new.readopt("j2", COMMAND, {"x": "n"}) == 0  # nothing to take over: a fresh job
         assert new.phase("j2") is JobPhase.PENDING
         new.forget("j1")  # stops the adopted driver and everything it started
-        wait_for(lambda: not grandchild.is_running() or grandchild.status() == psutil.STATUS_ZOMBIE,
-                 what="the adopted driver's child to end")
+        wait_until(lambda: not grandchild.is_running() or grandchild.status() == psutil.STATUS_ZOMBIE,
+                   "the adopted driver's child to end", 15.0)
         assert job_processes(job_dir) == []
     finally:
         new.close()

@@ -16,7 +16,7 @@ import pytest
 
 from malletrain.jobspec import JobSpec, JobState
 from procs import procs_mentioning
-from scavenger.testing.floods import SILENT_CONNECTIONS
+from testclusters.floods import SILENT_CONNECTIONS
 from tests.stepping import step_until
 
 ROOT = os.geteuid() == 0

@@ -27,8 +27,11 @@ RANK = {
     "traces": 2,  # readers of logs: plain data
     "scavenger": 3,  # backends (the local one replays a trace's idle timeline)
     "simulator": 4,
-    "malletrain": 5,  # daemon, CLI, client (the CLI fronts the simulator; the simulator never imports it)
+    "evaluation": 5,  # many replays, the evaluation and its reports, above the replay engine
+    "malletrain": 6,  # daemon, CLI, client (the CLI fronts the evaluation; neither imports it)
 }
+# Test support, not product: it may import any product package, and no product package imports it.
+TEST_SUPPORT = ("testclusters",)  # the Slurm and PBS test clusters, a fake Slurm, floods
 PURE = ("curves", "hostlist", "allocator", "profiler", "policy")
 MAX_LINES = 600
 
@@ -38,7 +41,7 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-MODULES = {module_name(p): p for pkg in RANK for p in sorted((REPO / pkg).rglob("*.py"))}
+MODULES = {module_name(p): p for pkg in (*RANK, *TEST_SUPPORT) for p in sorted((REPO / pkg).rglob("*.py"))}
 
 
 def imports(module: str) -> list[tuple[str, str | None, int]]:
@@ -116,12 +119,24 @@ def test_imports_point_down_the_layers() -> None:
         own = module.split(".")[0]
         for target, _, line in imports(module):
             top = target.split(".")[0]
-            if top in RANK and top != own and RANK[top] >= RANK[own]:
+            if own in TEST_SUPPORT:
+                continue
+            if top in TEST_SUPPORT:
+                wrong.append(f"{MODULES[module].relative_to(REPO)}:{line} imports {target} (test support, not product)")
+            elif top in RANK and top != own and RANK[top] >= RANK[own]:
                 wrong.append(f"{MODULES[module].relative_to(REPO)}:{line} imports {target} ({own} may not)")
     assert wrong == []
 
 
-PER_PACKAGE = list(RANK)
+def test_the_test_clusters_are_test_support_and_no_product_package_imports_them() -> None:
+    assert "testclusters.slurm_cluster" in MODULES and "testclusters" not in RANK
+    assert not any(m.startswith("scavenger.testing") for m in MODULES)  # out of the product package
+    users = sorted({m for m in MODULES if m.split(".")[0] in RANK
+                    for target, _, _ in imports(m) if target.split(".")[0] in TEST_SUPPORT})
+    assert users == []
+
+
+PER_PACKAGE = [*RANK, *TEST_SUPPORT]
 
 
 def test_the_workers_wire_does_not_import_the_scavenger() -> None:
@@ -210,7 +225,7 @@ def test_the_pure_core_writes_no_field_of_a_frozen_object(package: str) -> None:
 
 
 def test_the_simulator_bypasses_no_constructor() -> None:
-    found = [f for p in sorted((REPO / "simulator").rglob("*.py")) for f in pure_core_findings(p)
+    found = [f for pkg in ("simulator", "evaluation") for p in sorted((REPO / pkg).rglob("*.py")) for f in pure_core_findings(p)
              if "__new__" in f or "id()" in f]
     assert found == []
 

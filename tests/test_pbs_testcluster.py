@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from scavenger.testing.pbs_cluster import (
+from testclusters.pbs_cluster import (
     ClusterUnavailable,
     PbsCluster,
     cache_dir,

@@ -12,7 +12,7 @@ matplotlib = pytest.importorskip("matplotlib")
 matplotlib.use("Agg")
 from matplotlib.figure import Figure  # noqa: E402
 
-from simulator.report import highlighted_jobs, progress_by_age, run_title, write_plots  # noqa: E402
+from evaluation.replay_report import highlighted_jobs, progress_by_age, run_title, write_plots  # noqa: E402
 from test_simulator import job, run, timeline  # noqa: E402
 
 

@@ -369,9 +369,7 @@ def test_daemon_example_runs_as_pasted(tmp_path: Path) -> None:
 
 def _wait_for_no_procs(text: str, timeout_s: float = 30.0) -> list:  # type: ignore[type-arg]
     """Processes still mentioning ``text`` once they had ``timeout_s`` to exit (agents exit after the daemon)."""
-    import time
+    from stepping import poll
 
-    deadline = time.monotonic() + timeout_s
-    while (left := procs_mentioning(text)) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    return left
+    poll(lambda: not procs_mentioning(text), timeout_s, pause=0.5)
+    return procs_mentioning(text)

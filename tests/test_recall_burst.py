@@ -15,7 +15,7 @@ from malletrain.scavenging import PilotTexts, parse_pilots, pilots_json
 from malletrain.store import Store
 from scavenger.base import PilotId, PilotRequest, PilotState, PilotView, Throttled
 from scavenger.slurm import SlurmBackend, SlurmConfig
-from scavenger.testing.fake_slurm import FakeSlurm
+from testclusters.fake_slurm import FakeSlurm
 
 SPEC = JobSpec("j", ("true",))
 

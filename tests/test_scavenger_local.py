@@ -25,21 +25,24 @@ from scavenger.base import (
 )
 from scavenger.hub import AgentHub, AgentWorkers, WorkerExitedEvent, WorkerStartedEvent
 from scavenger.local import LocalBackend
+from stepping import poll
 from traces.model import IdleTimeline
 
 SLEEPER = (sys.executable, "-c", "import time; time.sleep(60)")
 
 
 def wait_for(hub: AgentHub, backend: LocalBackend | None, pred, timeout: float = 10.0) -> list:
+    """Events from the hub (and the backend) until ``pred(events)``."""
     seen: list = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def tick() -> None:
         seen.extend(hub.poll(50))
         if backend is not None:
             seen.extend(backend.poll())
-        if pred(seen):
-            return seen
-    raise AssertionError(f"condition not met; events: {seen}")
+
+    poll(lambda: pred(seen), timeout, tick=tick, pause=0)
+    assert pred(seen), f"condition not met; events: {seen}"
+    return seen
 
 
 def gone(pid: int) -> bool:

@@ -175,9 +175,9 @@ class AgentRig:
         self.events.extend(self.hub.poll(50))
 
     def wait(self, what: str, pred, timeout: float = 30.0) -> None:  # type: ignore[no-untyped-def]
-        from test_agent_auth import wait_until
+        from stepping import wait_until
 
-        wait_until(what, pred, self.tick, timeout)
+        wait_until(pred, what, timeout, tick=self.tick, pause=0)
 
     def exit_code(self, worker: str) -> int | None:
         for e in self.events:

@@ -60,8 +60,8 @@ def test_rigid_waits_for_its_count_never_rescales_and_is_killed_by_one_recall():
 
 def test_evaluate_honours_the_users_admission_flags_for_jpa_or_refuses_them_before_any_replay():
     from policy import PolicyConfig
-    from simulator.evaluate import refuse_impossible
-    from simulator.sweep import Replays, RunSpec
+    from evaluation.evaluate import refuse_impossible
+    from evaluation.sweep import Replays, RunSpec
 
     tl = timeline(["n0", "n1"], ["n0", "n1"], end=100.0)
     base = Overrides(admission="adaptive", objective="work")

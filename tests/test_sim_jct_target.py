@@ -4,9 +4,9 @@ completion time against that baseline on the seeds where both finished every job
 
 from __future__ import annotations
 
-from simulator.evaluate import MIN_SEEDS, EvalSettings, Evaluation
-from simulator.evaluation_report import headline_lines
-from simulator.regimes import SATURATED, UNSATURATED, jct_target, regime
+from evaluation.evaluate import MIN_SEEDS, EvalSettings, Evaluation
+from evaluation.report import headline_lines
+from evaluation.regimes import SATURATED, UNSATURATED, jct_target, regime
 from tests.test_sim_targets import spec_of, summary
 
 LOAD = "philly-done@0.2"
@@ -53,7 +53,7 @@ def test_a_cell_where_the_default_leaves_a_job_is_saturated_and_still_reports_it
 
 
 def test_completion_time_is_reported_as_the_share_of_the_gap_closed_and_wait_dominated_cells_are_named():
-    from simulator.regimes import gap_share
+    from evaluation.regimes import gap_share
 
     # B = freetrain:mean (1.0 h, the lowest of the baselines a user could configure), M = 0.8 h, D = 0.85 h:
     # the default closes (1.0 - 0.85) / (1.0 - 0.8) = 75% of the gap; its p95 2.2 h over M's 2.0 h
@@ -80,7 +80,7 @@ def test_completion_time_is_reported_as_the_share_of_the_gap_closed_and_wait_dom
 def test_the_share_of_the_gap_closed_is_written_in_the_evaluation_json(tmp_path):
     import json
 
-    from simulator.evaluation_report import write_evaluation
+    from evaluation.report import write_evaluation
 
     ev = evaluation({"malletrain": (0.85, 2.2), "milp-true": (0.8, 2.0), **BASE})
     write_evaluation(ev, tmp_path, "test")

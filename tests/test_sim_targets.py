@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from simulator import PolicyContext, SimConfig, Simulator
 from simulator.calibration import Calibration, free
-from simulator.evaluate import (
+from evaluation.evaluate import (
     MIN_SEEDS,
     EvalSettings,
     Evaluation,
@@ -17,7 +17,7 @@ from simulator.evaluate import (
     real_targets,
 )
 from simulator.policies import POLICIES, Overrides, make_policy
-from simulator.sweep import RunSpec
+from evaluation.sweep import RunSpec
 from tests.test_simulator import job, timeline, workload
 
 

@@ -1,7 +1,7 @@
 """The type checker passes: mypy with the configuration in ``pyproject.toml`` (strict on the pure core,
 ``curves``, ``allocator``, ``profiler``, ``policy``; every body checked in ``malletrain/daemon`` and
-``scavenger``). CI runs it before the tests too (``.ci/run``); this test puts it under the README's
-test command."""
+``scavenger``). This test is where CI runs it (once: ``.ci/run`` runs the suite) and puts it under the
+README's test command."""
 
 from __future__ import annotations
 

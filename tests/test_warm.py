@@ -15,6 +15,7 @@ import pytest
 from scavenger import protocol as P
 from scavenger.agent import Agent
 from scavenger.warm import Assignment, Entry, WarmSlot, entry_of, start_time_env, warm_refusal
+from stepping import wait_until
 
 KEY = b"k" * 32
 
@@ -28,13 +29,7 @@ sys.exit(int(os.environ.get("CODE", "0")))
 
 
 def wait_ready(slot: WarmSlot, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        slot.poll()
-        if slot.ready:
-            return
-        time.sleep(0.02)
-    raise AssertionError("warm process not ready")
+    wait_until(lambda: slot.ready, "the warm process ready", timeout, tick=slot.poll, pause=0.02)
 
 
 def read_json_line(path: Path) -> dict:

@@ -1,9 +1,9 @@
 """The real streams' targets, by regime: **scarce** (fewer jobs than nodes: learning, in work against
 ``milp-true``), **unsaturated** (every policy finishes every job on every seed: completion time) and
 **saturated** (jobs remain: work), each against the baselines a user could have configured before the
-run (:func:`simulator.evaluation.best_baseline`), over >= MIN_SEEDS seeds; and the bound that holds
-(no policy above min(offered, idle x best efficiency) on any seed). :mod:`simulator.evaluation` holds
-the rows; :mod:`simulator.evaluate` runs the replays.
+run (:func:`evaluation.results.best_baseline`), over >= MIN_SEEDS seeds; and the bound that holds
+(no policy above min(offered, idle x best efficiency) on any seed). :mod:`evaluation.results` holds
+the rows; :mod:`evaluation.evaluate` runs the replays.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import math
 import statistics
 from dataclasses import asdict, dataclass
 
-from simulator.evaluation import (
+from evaluation.results import (
     DEFAULT,
     FIXED_PJMAX_PREFIX,
     knows_the_curve,
@@ -37,7 +37,7 @@ from simulator.evaluation import (
     real_rows,
     work,
 )
-from simulator.sweep import split_workload
+from evaluation.sweep import split_workload
 
 TARGET_JCT_RATIO = 0.85  # unsaturated: the default's mean JCT over the best fixed-prior baseline's
 SCARCE, UNSATURATED, SATURATED = "scarce", "unsaturated", "saturated"

@@ -1,6 +1,6 @@
 """Many replays as Dask tasks: the evaluation's runner.
 
-    from simulator.sweep import Replays, RunSpec, run_replays
+    from evaluation.sweep import Replays, RunSpec, run_replays
     done = run_replays(Replays(timeline, scaling), [RunSpec("nas", "malletrain", seed=s) for s in range(5)],
                        workers=2)               # a dask.distributed LocalCluster of 2 worker processes
     done = run_replays(..., scheduler="tcp://head:8786")   # an existing cluster (e.g. dask-jobqueue on Slurm)

@@ -1,6 +1,6 @@
 """The generated workloads: calibration error of the rate model and the spread of each stream.
 
-    python benchmarks/bench_workloads.py [--draws 1000] [--seed 0] [--scaling FILE]
+    python benchmarks/oneoff/bench_workloads.py [--draws 1000] [--seed 0] [--scaling FILE]
 
 Prints, for the rate model of :mod:`simulator.perfmodel` fitted on the measured Summit
 curves (the data directory's ``summit-scaling.csv`` unless ``--scaling``): the fitted constants
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository
 
 from simulator.netcost import MEASURED_MODELS  # noqa: E402
 from simulator.perfmodel import calibrate, efficiency  # noqa: E402

@@ -1,8 +1,8 @@
 """A real OpenPBS cluster on this machine: server, scheduler, comm and one MoM with N vnodes.
 
-    python -m scavenger.testing.pbs_cluster install            # build (cached) and install OpenPBS as root
-    python -m scavenger.testing.pbs_cluster up --vnodes 4      # run until Ctrl-C
-    python -m scavenger.testing.pbs_cluster check              # start, show pbsnodes and queues, stop
+    python -m testclusters.pbs_cluster install            # build (cached) and install OpenPBS as root
+    python -m testclusters.pbs_cluster up --vnodes 4      # run until Ctrl-C
+    python -m testclusters.pbs_cluster check              # start, show pbsnodes and queues, stop
 
 OpenPBS is built from the upstream source tarball (``openpbs-*.tar.gz`` in
 ``$MALLETRAIN_PBS_SOURCE`` or a ``shared/vendor`` directory beside the checkout) with
@@ -119,7 +119,7 @@ def install(jobs: int = 2, log: Any = None, build_missing: bool = True) -> None:
         raise ClusterUnavailable("OpenPBS is not installed in /opt/pbs and we are not root")
     if not installed() and not build_missing and not (cache_dir(source_tarball()) / PACKED).is_file():
         raise ClusterUnavailable("OpenPBS is neither installed nor built: run "
-                                 "`python -m scavenger.testing.pbs_cluster install` as root first (minutes)")
+                                 "`python -m testclusters.pbs_cluster install` as root first (minutes)")
     say = log or (lambda msg: print(f"pbs: {msg}", file=sys.stderr, flush=True))
     _apt_install([*BUILD_DEPS, *RUN_DEPS], say)
     if not installed():
@@ -553,7 +553,7 @@ def _tail(path: Path, n: int = 400) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m scavenger.testing.pbs_cluster", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m testclusters.pbs_cluster", description=__doc__.splitlines()[0])
     ap.add_argument("command", choices=("install", "build", "up", "check", "down"))
     ap.add_argument("--vnodes", type=int, default=4)
     ap.add_argument("--kill-delay", type=int, default=KILL_DELAY_S)

@@ -1,4 +1,4 @@
-"""Attacks on what a job writes and on shared resources, for ``benchmarks/bench_faults.py`` (part
+"""Attacks on what a job writes and on shared resources, for ``benchmarks/attacks/bench_faults.py`` (part
 ``shares``), and its neighbours.
 
 Against real root daemons (local backend), each attack as it was reported:
@@ -36,7 +36,7 @@ from typing import Iterator
 
 import faults_common as B
 
-from scavenger.testing.floods import SILENT_CONNECTIONS
+from testclusters.floods import SILENT_CONNECTIONS
 
 CONFIG = """
 state_dir = "{{state}}"

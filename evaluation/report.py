@@ -1,5 +1,5 @@
 """An evaluation written out: its Markdown tables, the JSON of every run, the charts and the printed
-report (:mod:`simulator.evaluation` holds the rows and targets they show).
+report (:mod:`evaluation.results` holds the rows and targets they show).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import textwrap
 from dataclasses import asdict
 from pathlib import Path
 
-from simulator.evaluation import (
+from evaluation.results import (
     DEFAULT,
     FIXED_PJMAX_PREFIX,
     PARTS,
@@ -28,8 +28,8 @@ from simulator.evaluation import (
     tfwd_rows,
     work,
 )
-from simulator.regimes import gap_line, gap_share, jct_line, regime
-from simulator.sweep import split_workload
+from evaluation.regimes import gap_line, gap_share, jct_line, regime
+from evaluation.sweep import split_workload
 from traces.data import without_data_dir
 
 
@@ -213,11 +213,17 @@ def markdown(ev: Evaluation, command: str) -> str:
         lines += ["Targets:", ""]
         lines += [f"- {'PASS' if t.passed else 'FAIL'}: {t.name} ({t.value})" for t in ev.targets]
         lines += [""]
+    # The charts are named, not embedded: the command above writes them beside this page, and the
+    # repository keeps the page without them (.gitignore), so the page must not link to a missing file.
     if real:
-        lines += ["![work per policy over the best fixed-prior equal-admission baseline, per offered load](fig_real.png)", ""]
+        lines += [f"Chart: `fig_real.png` beside this page, {CHART_REAL} (written by the command above).", ""]
     if len(real) < len(ev.cells()):
-        lines += ["![work per policy over freetrain's best prior, mean and sd over seeds](fig3_10.png)", ""]
+        lines += [f"Chart: `fig3_10.png` beside this page, {CHART_NAS} (written by the command above).", ""]
     return "\n".join(lines)
+
+
+CHART_REAL = "work per policy over the best fixed-prior equal-admission baseline, per offered load"
+CHART_NAS = "work per policy over freetrain's best prior, mean and sd over seeds"
 
 
 REAL_METHOD = (
@@ -282,7 +288,7 @@ def write_evaluation(ev: Evaluation, out: Path, command: str) -> list[Path]:
 
 
 def _gap_dict(ev: Evaluation, cell: Cell) -> dict[str, object] | None:
-    """A real cell's completion time as the share of the gap closed (:func:`simulator.regimes.gap_share`)."""
+    """A real cell's completion time as the share of the gap closed (:func:`evaluation.regimes.gap_share`)."""
     g = gap_share(ev.by_label(cell)) if is_real(cell[0]) else None
     return {k: _jsonable(v) for k, v in g.as_dict().items()} if g is not None else None
 

@@ -1,4 +1,4 @@
-"""What a job claims about itself, for ``benchmarks/bench_faults.py`` (parts ``curves``, ``keys`` and
+"""What a job claims about itself, for ``benchmarks/attacks/bench_faults.py`` (parts ``curves``, ``keys`` and
 ``stopcodes``).
 
 Against real daemons (local backend, toy runtime), each attack as it was reported:

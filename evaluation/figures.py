@@ -1,6 +1,6 @@
 """MalleTrain's trace figures 3.7-3.9 from the real logs in the data dir (3.10 is the evaluation's).
 
-    from simulator.figures import paper_figures
+    from evaluation.figures import paper_figures
     notes = paper_figures(Path("docs/evaluation"))   # fig3_7.png, fig3_8.png, fig3_9.png; lines for the report
 
 * 3.7: idle-fragment-length CDFs of Summit against the other real machines we have (Cirrus's sacct

@@ -1,6 +1,6 @@
 """The evaluation: policies x workloads x seeds on one trace, in model-neutral work.
 
-    from simulator.evaluate import EvalSettings, evaluate, write_evaluation
+    from evaluation.evaluate import EvalSettings, evaluate, write_evaluation
     ev = evaluate(timeline, scaling, EvalSettings(seeds=(0, 1, 2, 3, 4)))
     write_evaluation(ev, Path("docs/evaluation"), command="malletrain evaluate ...")
 
@@ -11,7 +11,7 @@ panel of user priors (:data:`PRIORS`); the headline compares with its best prior
 worst. Regret is ``(milp-true - policy) / milp-true`` in work, per seed: every cost of learning.
 Constrained periods (the idle pool is at most what the admitted jobs can absorb at their max
 nodes) and unconstrained ones are reported apart, as well as the whole. Replays are Dask tasks
-(:mod:`simulator.sweep`).
+(:mod:`evaluation.sweep`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from __future__ import annotations
 from itertools import product
 from typing import Callable
 
-from simulator.evaluation import (
+from evaluation.results import (
     CEILING_PRIOR,
     DEFAULT,
     FIXED_PJMAX,
@@ -63,7 +63,7 @@ from simulator.evaluation import (
     trace_claims,
     work,
 )
-from simulator.evaluation_report import (
+from evaluation.report import (
     REAL_METHOD,
     cell_table,
     cell_title,
@@ -77,7 +77,7 @@ from simulator.evaluation_report import (
     write_evaluation,
     write_real_chart,
 )
-from simulator.regimes import (
+from evaluation.regimes import (
     TARGET_JCT_RATIO,
     check_targets,
     jct_target,
@@ -86,7 +86,7 @@ from simulator.regimes import (
     regime,
     scarce_target,
 )
-from simulator.sweep import Replays, RunSpec, run_replays
+from evaluation.sweep import Replays, RunSpec, run_replays
 from simulator.workload import ScalingSet
 from traces.model import IdleTimeline
 
@@ -148,7 +148,7 @@ def evaluate(
     settings: EvalSettings = EvalSettings(),
     on_done: Callable[[RunSpec, dict], None] | None = None,
 ) -> Evaluation:
-    """Run every replay (Dask tasks; see :func:`simulator.sweep.run_replays`) and check the targets."""
+    """Run every replay (Dask tasks; see :func:`evaluation.sweep.run_replays`) and check the targets."""
     replays = Replays(timeline, scaling, settings.policy_config, settings.sim_config(), settings.n_jobs,
                       settings.overrides, settings.flags)
     specs = run_specs(settings)

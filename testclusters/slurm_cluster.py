@@ -1,8 +1,8 @@
 """A real Slurm cluster on this machine: munged, slurmctld and one ``slurmd -N nodeX`` per node.
 
-    python -m scavenger.testing.slurm_cluster install          # apt-get slurm-wlm munge when missing
-    python -m scavenger.testing.slurm_cluster up --nodes 4     # run until Ctrl-C, print SLURM_CONF
-    python -m scavenger.testing.slurm_cluster check            # start, show sinfo, stop
+    python -m testclusters.slurm_cluster install          # apt-get slurm-wlm munge when missing
+    python -m testclusters.slurm_cluster up --nodes 4     # run until Ctrl-C, print SLURM_CONF
+    python -m testclusters.slurm_cluster check            # start, show sinfo, stop
 
 Everything lives in one state directory: the config, a private munge key and
 socket, spool, logs and pid files (``%n`` in the per-node paths). Partitions:
@@ -385,7 +385,7 @@ def _tail(path: Path, n: int = 400) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m scavenger.testing.slurm_cluster", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m testclusters.slurm_cluster", description=__doc__.splitlines()[0])
     ap.add_argument("command", choices=("install", "up", "check"))
     ap.add_argument("--nodes", type=int, default=4)
     ap.add_argument("--dir", default=None, help="state directory (default: a new temporary one, removed at stop)")

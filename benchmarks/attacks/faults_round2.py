@@ -1,4 +1,4 @@
-"""A local user's attacks on the daemon's privileges and descriptors, for ``benchmarks/bench_faults.py``
+"""A local user's attacks on the daemon's privileges and descriptors, for ``benchmarks/attacks/bench_faults.py``
 (part ``round2``, the second set of attacks written).
 
 Against a real root daemon (toy runtime, local backend), as another local user
@@ -23,9 +23,9 @@ Against a real root daemon (toy runtime, local backend), as another local user
   daemon started with the usual 1,024-descriptor limit; down (one count each) if
   the daemon died, did not answer a ``ping`` on its control socket, or did not
   start a job submitted during the flood (a new worker, a new monitor connection).
-* **store attacks** (R; accepted: RA): the rendezvous store's attacks are engineer
-  j-store's; :func:`store_attacks` calls theirs (``benchmarks/store_faults.py``,
-  ``attacks(state_dir) -> (tried, accepted)``) when it exists, else counts 0 tried.
+* **store attacks** (R; accepted: RA): the rendezvous store's attacks; :func:`store_attacks` calls
+  them (``benchmarks/attacks/store_faults.py``, ``attacks(state_dir) -> (tried, accepted)``) when it
+  exists, else counts 0 tried.
 """
 
 from __future__ import annotations
@@ -100,12 +100,12 @@ class Round2:
 
 
 def store_attacks(state: Path) -> tuple[int, int]:
-    """(tried, accepted) of the rendezvous store's attacks: j-store's ``benchmarks/store_faults.py``
+    """(tried, accepted) of the rendezvous store's attacks: ``benchmarks/attacks/store_faults.py``
     ``attacks(state_dir)`` when it exists; until then (0, 0)."""
     try:
         mod = importlib.import_module("store_faults")
     except ImportError:
-        print("  store attacks: not tried here (benchmarks/store_faults.py, j-store's, is not in this tree)")
+        print("  store attacks: not tried here (benchmarks/attacks/store_faults.py is not in this tree)")
         return 0, 0
     tried, accepted = mod.attacks(state)
     return int(tried), int(accepted)

@@ -1,4 +1,4 @@
-"""The fuzz part of ``benchmarks/bench_faults.py``: mutated trace files, job files, daemon configs,
+"""The fuzz part of ``benchmarks/attacks/bench_faults.py``: mutated trace files, job files, daemon configs,
 monitor frames and control requests (see that file's docstring)."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The evaluation's data and arithmetic: settings, the runs of one evaluation, statistics over seeds,
-the rows of its tables and the targets it checks (:mod:`simulator.evaluate` runs it,
-:mod:`simulator.evaluation_report` writes it). See :mod:`simulator.evaluate` for what is measured.
+the rows of its tables and the targets it checks (:mod:`evaluation.evaluate` runs it,
+:mod:`evaluation.report` writes it). See :mod:`evaluation.evaluate` for what is measured.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from simulator.calibration import Calibration
 from simulator.calibration import default as default_calibration
 from simulator.engine import SimConfig
 from simulator.policies import Overrides
-from simulator.sweep import RunSpec, split_workload
+from evaluation.sweep import RunSpec, split_workload
 from traces.model import IdleTimeline
 
 POLICIES = ("freetrain", "malletrain", "jpa", "milp-true", "oracle", "greedy")

@@ -1,6 +1,6 @@
 """Crashes, recalls, fuzz and forgeries against real daemons; prints a table and one summary line.
 
-    python benchmarks/bench_faults.py [--kills 20] [--recalls 100] [--fuzz 3000] [--seed 1]
+    python benchmarks/attacks/bench_faults.py [--kills 20] [--recalls 100] [--fuzz 3000] [--seed 1]
 
 Every part runs the real thing (``malletrain daemon`` subprocesses, local backend,
 real agents and workers) on a private state dir, and counts what is lost, duplicated or accepted that should not be:
@@ -30,17 +30,17 @@ real agents and workers) on a private state dir, and counts what is lost, duplic
   Accepted: any of them that changed anything.
 
 Orphans: processes that mention a state dir after its daemon stopped.
-* **round2** (``benchmarks/faults_round2.py``): another user's jobs probing
+* **round2** (``benchmarks/attacks/faults_round2.py``): another user's jobs probing
   the privilege drop (environment, cwd, a ``setsid()`` grandchild, an ownerless job,
   a log flood), self-signed reports claiming more than a node can train, ~1,000
   idle connections from one user to each port, and the rendezvous store's attacks.
 
-* **shares** (``benchmarks/faults_shares.py``): a job's values the daemon reads (a generation of
+* **shares** (``benchmarks/attacks/faults_shares.py``): a job's values the daemon reads (a generation of
   2^63, a 5M-chunk checkpoint header, a 4,300-digit counter: the daemon must stay up, also after a
   restart), a local user's silent connections to the rendezvous store (another user's job must still
   reach it), a job claiming a world it was not given at rates it never trained (its neighbour must
   keep its node), and a log flood on a 300 MiB state file system (the disk must not fill).
-* **curves**, **keys**, **stopcodes** (``benchmarks/faults_claims.py``): a declared curve of
+* **curves**, **keys**, **stopcodes** (``benchmarks/attacks/faults_claims.py``): a declared curve of
   ``{1: 1, 2: 10^6}`` against a victim on both nodes (``--curve-seconds`` long), a torchrun job's
   ready key inflated to 10^6 and 200,000 local ranks before a ``kill -9``, and jobs that exit 143,
   137, 130, 129 or 75 by themselves (they must fail, ``max_failures = 3``).

@@ -1,6 +1,6 @@
 """What the training-framework extras would add to the README's first install, pip's cache warm.
 
-    python3 benchmarks/bench_extras_install.py
+    python3 benchmarks/oneoff/bench_extras_install.py
 
 In a fresh virtual environment (a temporary folder) it times ``pip install --no-compile -e '.[all]'``
 (what ``.ci/install.sh`` runs for the first command), then ``pip install --no-compile -e
@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 1800
 
 

@@ -1,4 +1,4 @@
-"""The spoofing part of ``benchmarks/bench_faults.py``: forged and replayed reports, another user's
+"""The spoofing part of ``benchmarks/attacks/bench_faults.py``: forged and replayed reports, another user's
 control requests, a hijacked agent port (see that file's docstring)."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The evaluation's speed and its malletrain-vs-freetrain gap, on the Summit week.
 
-    python benchmarks/bench_evaluate.py                 # the evaluation (as `malletrain evaluate`), timed
-    python benchmarks/bench_evaluate.py --investigate   # where malletrain's gap to freetrain comes from
+    python benchmarks/oneoff/bench_evaluate.py                 # the evaluation (as `malletrain evaluate`), timed
+    python benchmarks/oneoff/bench_evaluate.py --investigate   # where malletrain's gap to freetrain comes from
 
 Default mode runs every replay of ``malletrain evaluate`` for ``--seeds`` seeds
 (default 1: NAS and HPO under freetrain with its four priors, malletrain, jpa,
@@ -32,9 +32,9 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 import traces
+from evaluation.evaluate import EvalSettings, evaluate, print_report
 from policy import PolicyConfig
 from simulator import SimConfig, find_scaling, simulate
-from simulator.evaluate import EvalSettings, evaluate, print_report
 from simulator.monitor import RECORD_NOISE
 from traces.data import find_data
 
