@@ -52,6 +52,9 @@ of its own about admission, profiling, lending, curves or costs. Each rule is se
   with admitted work has held no node for ``fair_wait_s``, every job is held to its share of the nodes
   (weighted max-min between users, then between a user's jobs) until that user's work is done: the
   shares are per-job maxima handed to the exact allocator (:mod:`policy.fairness`).
+* **Sweeps and arrays** (short jobs, many): a stream holds at most ``stream_share`` of the Pjmax slots,
+  its further jobs wait behind the others; a stream's running job is not grown at a scale-up pause its
+  work left cannot repay (:mod:`policy.sweeps`).
 * **Curves and costs**: :mod:`policy.beliefs`.
 * **Objective** (``objective = "work"``, the default): the allocator maximises work, each job's
   rate in 1-node equivalents (``rate(n) / rate(1)`` on its believed curve), so a job that trains
@@ -90,6 +93,7 @@ from policy.model import Decision, EventKind, Evidence, JobEvidence, JobView, Vi
 from policy.profiling import (advance_profiles, end_profile, expected_count, needs_profile, probe_below, probe_counts,
                               profile_counts, profile_pays, reserved, source_profile, start_probe)
 from policy.round import Round
+from policy.sweeps import most_repaid, stream_bound, stream_order
 from policy.state import FRAGMENTS_KEEP, POPULATION_KEEP, SHAPES_KEEP, PolicyState
 from policy.valuation import FragmentModel, learned_horizon
 from profiler.estimators import RescaleSummary, summarize_rescales
@@ -266,7 +270,12 @@ class Policy:
         front = [j for j in st.queue_front if j not in admitted]
         placed = admitted.union(front)
         rest = sorted((j for j in r.jobs.values() if j.id not in placed), key=lambda j: (j.order, j.id))
-        queue = front + [j.id for j in rest]
+        bound = stream_bound(cfg.stream_share, cfg.max_running)
+        streams: dict[str, int] = {}  # slots each sweep or array holds (policy.sweeps)
+        for j in st.admitted:
+            if r.jobs[j].group:
+                streams[r.jobs[j].group] = streams.get(r.jobs[j].group, 0) + 1
+        queue = stream_order(front + [j.id for j in rest], {j: r.jobs[j].group for j in r.jobs}, streams, bound)
         slots = cfg.max_running or math.inf
         adaptive = cfg.admission is Admission.ADAPTIVE and cfg.max_running > 0
         cap = cfg.admission_cap or math.inf
@@ -288,7 +297,8 @@ class Policy:
                 waiting[job_id] = f"behind {blocked_by} in the FCFS queue"
                 continue
             job = r.jobs[job_id]
-            extra = len(st.admitted) >= slots
+            streamed = bool(bound and job.group and streams.get(job.group, 0) >= bound)  # its stream's slots are full
+            extra = len(st.admitted) >= slots or streamed
             if extra:
                 if absorb is None:  # summed by the suspensions already, if they weighed any job
                     absorb = r.absorb
@@ -297,7 +307,9 @@ class Policy:
                 if (not (fair and job.user not in with_slot)
                         and (extra_closed or not adaptive or len(st.admitted) >= cap
                              or r.total_nodes - reserved(st) - absorb < job.min_nodes)):  # the surplus is too small
-                    waiting[job_id] = slots_taken
+                    waiting[job_id] = (f"its sweep or array {job.group} holds {streams[job.group]} slots, its most "
+                                       f"(policy.stream_share)" if streamed and len(st.admitted) < slots
+                                       else slots_taken)
                     extra_closed = True  # FCFS beyond Pjmax too: no smaller job slips past
                     continue
             if not extra and needs_profile(cfg, st, job):
@@ -316,6 +328,8 @@ class Policy:
                 absorb += r.believed[job_id].absorbs
             st.admitted.append(job_id)
             with_slot.add(job.user)
+            if job.group:
+                streams[job.group] = streams.get(job.group, 0) + 1
             if job_id in st.queue_front:
                 st.queue_front.remove(job_id)
             r.note(EventKind.ADMITTED, job_id)
@@ -395,7 +409,8 @@ class Policy:
             return self._finish(r, assignment, waiting, 0.0, "unchanged", solved=False, horizon=horizon)
         if cfg.allocation is Allocation.MILP:
             assignment, objective, method = self._solve(admitted, free, fixed, lender_nodes, repaid,
-                                                         evidence, horizon, curves, r.caps)
+                                                         evidence, horizon, curves, r.caps,
+                                                         {j.id: r.believed[j.id].raw for j in admitted})
         else:
             counts_fn = greedy_counts if cfg.allocation is Allocation.GREEDY else equal_counts
             counts = counts_fn(admitted, min(view.free_count, len(free)))
@@ -432,10 +447,11 @@ class Policy:
 
     def _solve(self, admitted: list[JobView], free: list[str], fixed: dict[str, tuple[str, ...]],
                lender_nodes: dict[str, tuple[str, ...]], repaid: dict[str, tuple[str, ...]], evidence: Evidence,
-               horizon: float, curves: Mapping[str, dict[int, float]],
-               caps: Mapping[str, int]) -> tuple[dict[str, tuple[str, ...]], float, str]:
+               horizon: float, curves: Mapping[str, dict[int, float]], caps: Mapping[str, int],
+               raw_curves: Mapping[str, dict[int, float]]) -> tuple[dict[str, tuple[str, ...]], float, str]:
         """``lender_nodes``: what lenders keep in this decision; ``repaid``: lenders' nodes after repayment;
-        ``curves``: each job's allocator curve in this decision; ``caps``: each job's fair share
+        ``curves``: each job's allocator curve in this decision (``raw_curves``: its believed samples/s,
+        for a sweep's trial near its end); ``caps``: each job's fair share
         (:mod:`policy.fairness`; empty: none binds), its max in this decision."""
         st, cfg = self.state, self.config
         owed = {d.lender for d in st.debts.values()}
@@ -450,6 +466,9 @@ class Policy:
             if capped and not nodes:
                 fixed[j.id] = ()
                 continue
+            if caps.get(j.id) == 0:  # fair share: no share of its own while another user waits
+                fixed[j.id] = ()
+                continue
             curve = curves[j.id]
             up, down = beliefs.rescale_costs(evidence.get(j.id), others, cfg, pooled_costs)
             lo, hi = (min(j.min_nodes, len(nodes)), len(nodes)) if capped else (j.min_nodes, j.max_nodes)
@@ -458,6 +477,9 @@ class Policy:
                 hi = max(lo, min(hi, int(left_s // horizon)))
             if j.id in caps:  # fair share: no more than its share while another user waits
                 hi = max(lo, min(hi, caps[j.id]))
+            if j.group and j.work_left is not None and nodes and hi > len(nodes):  # a short trial near its end:
+                rates = {n: throughput_at(raw_curves[j.id], n) for n in range(len(nodes), hi + 1)}
+                hi = max(lo, most_repaid(j.work_left, len(nodes), hi, rates, up))  # no growth it cannot repay
             jobs.append(self._problem_job(j.id, lo, hi, curve, tuple(nodes), up, down))
         # the jobs can grow by at most their room, and a growing job takes the first free nodes: the
         # rest of a large idle pool changes no plan, only what the problem costs to build and check
