@@ -26,6 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
+from curves import throughput_at
+
 
 @dataclass(frozen=True)
 class SweepProgress:
@@ -86,11 +88,18 @@ def grow_repays(work_left: float, rate_now: float, rate_up: float, up_cost_s: fl
 
 def most_repaid(work_left: float, count: int, hi: int, curve: Mapping[int, float], up_cost_s: float) -> int:
     """The largest count in ``(count, hi]`` to which growing a running job with ``work_left`` samples to
-    go repays its scale-up pause on ``curve`` (samples/s at each count; a count it lacks is not
-    considered), else ``count``: the job's max in this decision."""
-    rate_now = curve.get(count, 0.0)
+    go repays its scale-up pause on ``curve`` (samples/s, :func:`curves.throughput_at` between its
+    points), else ``count``; ``hi`` if it is at most ``count``: the job's max in this decision."""
+    if hi <= count:
+        return hi
+    rate_now = throughput_at(curve, count)
     best = count
     for n in range(count + 1, hi + 1):
-        if n in curve and grow_repays(work_left, rate_now, curve[n], up_cost_s):
+        if grow_repays(work_left, rate_now, throughput_at(curve, n), up_cost_s):
             best = n
     return best
+
+
+def stream_full(group: str) -> str:
+    """Why a stream's queued job waits while its stream holds its most slots."""
+    return f"its sweep or array ({group}) holds its most slots (policy.stream_share)"

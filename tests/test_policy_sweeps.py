@@ -74,7 +74,8 @@ def test_grow_repays_and_most_repaid():
     assert most_repaid(300.0, 1, 4, LINEAR, 10.0) == 4  # 30 s at 1 node; 7.5 s + 10 s at 4
     assert most_repaid(300.0, 1, 3, LINEAR, 10.0) == 3  # no more than its max in this decision
     assert most_repaid(120.0, 1, 4, LINEAR, 10.0) == 1  # 12 s at 1 node; 3 s + 10 s at 4: never sooner
-    assert most_repaid(120.0, 2, 4, {1: 10.0, 2: 20.0}, 1.0) == 2  # counts the curve lacks: not considered
+    assert most_repaid(120.0, 2, 4, {1: 10.0, 2: 20.0}, 1.0) == 2  # no faster past its last point
+    assert most_repaid(120.0, 3, 2, LINEAR, 1.0) == 2  # a max below its count: the max
 
 
 def test_stream_bound_and_order():
