@@ -134,16 +134,21 @@ dist.destroy_process_group()
 
 
 class Churn:
-    """Nodes that come and go: every ``every`` s one node of a trial that checkpointed is recalled, and
-    each recalled node comes back ``back_after`` s later (each step of the test's loop)."""
+    """Nodes that come and go: every ``every`` s a node of a job that has run ``min_age`` s and that
+    ``eligible`` takes (a trial that checkpointed, an element mid-work) is recalled, and each recalled
+    node comes back ``back_after`` s later (at each step of the test's loop). A job that has just
+    started (its workers import torch for seconds under load) is not recalled the instant it runs."""
 
-    def __init__(self, d, ckpt: Path | None, every: float = 8.0, back_after: float = 5.0) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, d, eligible, every: float = 8.0, back_after: float = 5.0,  # type: ignore[no-untyped-def]
+                 min_age: float = 1.0) -> None:
         import time
 
-        self.d, self.ckpt, self.every, self.back_after = d, ckpt, every, back_after  # ckpt None: any running job
+        self.d, self.eligible, self.every, self.back_after = d, eligible, every, back_after
+        self.min_age = min_age
         self.clock = time.monotonic
         self.next_at = self.clock() + every
         self.away: dict[str, float] = {}
+        self.running_since: dict[str, float] = {}
         self.recalls = 0
 
     def __call__(self) -> None:
@@ -152,12 +157,17 @@ class Churn:
             if now >= at:
                 self.d.backend.make_idle(node)
                 del self.away[node]
+        for run in self.d.runs.values():
+            if run.members and not run.state.terminal:
+                self.running_since.setdefault(run.id, now)
+            else:
+                self.running_since.pop(run.id, None)
         if now < self.next_at:
             return
         for run in self.d.runs.values():
-            if not run.members or run.state.terminal:
+            if now - self.running_since.get(run.id, now) < self.min_age:
                 continue
-            if self.ckpt is None or run.spec.trial is not None and (self.ckpt / str(run.spec.trial) / "ckpt.pt").exists():
+            if self.eligible(run):
                 node = sorted(run.members)[0]
                 self.d.backend.recall(node)
                 self.away[node] = now + self.back_after
@@ -191,7 +201,7 @@ def test_a_users_search_of_twelve_torchrun_trials_on_nodes_that_come_and_go(tmp_
                          "space": {"lr": {"low": 0.01, "high": 0.3, "log": True}, "width": {"low": 4, "high": 32}}},
                         "user-search", "test")
     d = _daemon(state)
-    churn = Churn(d, ckpt)
+    churn = Churn(d, lambda run: run.spec.trial is not None and (ckpt / str(run.spec.trial) / "ckpt.pt").exists())
     try:
         register(d.store, spec, sweep, None, None)
         step_until(d, lambda: churn.recalls >= 6, 900, "six recalls of trials that checkpointed", check=churn)
@@ -221,22 +231,31 @@ def test_an_array_of_twenty_short_elements_runs_each_index_once(tmp_path: Path) 
     from procs import procs_mentioning
     from tests.stepping import step_until
 
-    out = tmp_path / "out"
+    out, work = tmp_path / "out", tmp_path / "work"
     out.mkdir()
-    # a plain script (launcher torchrun: run as given, ready at once) that works a moment
-    code = ("import os, pathlib, time; time.sleep(1.5); i = os.environ['MALLETRAIN_ARRAY_INDEX']; "
-            f"p = pathlib.Path({str(out)!r}) / i; p.write_text(p.read_text() + 'x' if p.exists() else 'x')")
+    work.mkdir()
+    # a plain script (launcher torchrun: run as given, ready at once) that works a moment: work/INDEX
+    # while it works, then out/INDEX gets one x a run to the end
+    code = ("import os, pathlib, time; i = os.environ['MALLETRAIN_ARRAY_INDEX']; "
+            f"w = pathlib.Path({str(work)!r}) / i; w.touch(); time.sleep(3.0); "
+            f"p = pathlib.Path({str(out)!r}) / i; p.write_text(p.read_text() + 'x' if p.exists() else 'x'); w.unlink()")
     spec = JobSpec("seeds", (PY, "-c", code, "{index}"), 1, 1, launcher=Launcher.TORCHRUN)  # a plain script
     d = _daemon(tmp_path / "state")
-    churn = Churn(d, None, every=4.0, back_after=3.0)  # the same nodes, coming and going
+    # the same nodes, coming and going: recalls land while an element works (one that has ended its work
+    # but whose worker has not exited yet would run again: see docs/sweeps.md)
+    churn = Churn(d, lambda run: (work / str(run.spec.array_index)).exists(), every=6.0, back_after=4.0,
+                  min_age=0.5)
     try:
         _, jobs = submit_array(d.store, spec, range(20))
-        step_until(d, lambda: all(d.store.require(j).state.terminal for j in jobs), 600, "every element ends",
-                   check=churn)
+        done = lambda: all(d.store.require(j).state.terminal for j in jobs)  # noqa: E731
+        step_until(d, lambda: churn.recalls >= 4 or done(), 600, "four recalls", check=churn)
+        churn.give_back()
+        step_until(d, done, 600, "every element ends")
         states = {d.store.require(j).state for j in jobs}
     finally:
         d.close()
     assert states == {JobState.COMPLETED}
     assert sorted(int(p.name) for p in out.iterdir()) == list(range(20))
     assert all(p.read_text() == "x" for p in out.iterdir())  # each index once
+    assert churn.recalls >= 4
     assert procs_mentioning(str(tmp_path / "state")) == []
