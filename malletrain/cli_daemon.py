@@ -78,8 +78,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("cancel", help="cancel a job",
                        description="Cancel a job: the daemon stops its workers and releases its nodes. "
                        "Works while no daemon runs (the store records the request).")
-    p.add_argument("id", help="the job id (e.g. j000001), an array's id (a000001: every element) or an "
-                   "element's (a000001_3)")
+    p.add_argument("id", help="the job id (e.g. j000001), an array's id (a000001: every element), an "
+                   "element's (a000001_3) or a sweep's name (every trial; it opens no more)")
     p.add_argument("--state-dir", help=STATE_HELP)
     p.set_defaults(func=cmd_cancel)
 
@@ -212,6 +212,8 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     if is_array_ref(args.id):
         return _cancel_array(args)
     reply = _ask(args, {"cmd": "cancel", "id": args.id})
+    if reply is not None and reply.get("sweep") or reply is None and _stored_sweep(args):
+        return _cancel_sweep(args, reply)
     if reply is not None:
         if not reply.get("ok"):
             print(f"malletrain cancel: error: {reply.get('error', reply)}", file=sys.stderr)
@@ -234,6 +236,34 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         print(f"{args.id}: already {now}")
     else:
         print(f"{args.id}: cancel requested (was {was}); the daemon stops its workers")
+    return 0
+
+
+def _stored_sweep(args: argparse.Namespace) -> bool:
+    """With no daemon running: whether ``args.id`` names a sweep and no job."""
+    from malletrain.sweeps import registered
+
+    store = _store(args)
+    try:
+        return store.get(args.id) is None and args.id in registered(store)
+    finally:
+        store.close()
+
+
+def _cancel_sweep(args: argparse.Namespace, reply: dict[str, Any] | None) -> int:
+    """``cancel`` of a sweep: every trial job not ended is stopped and no trial is opened again."""
+    from malletrain.sweeps import cancel
+
+    if reply is not None:
+        jobs = list(reply.get("jobs") or [])
+    else:
+        store = _store(args)
+        try:
+            jobs = cancel(store, args.id)
+        finally:
+            store.close()
+    print(f"sweep {args.id}: cancelled; {len(jobs)} trial job(s) stopped or ended, no trial is opened again "
+          f"(malletrain sweep show {args.id})")
     return 0
 
 

@@ -66,7 +66,7 @@ def format_sweep(s: dict[str, Any]) -> str:
                       "-" if t["value"] is None else f"{t['value']:.6g}", printable(t.get("job") or "-"),
                       printable(t.get("reason") or "", 60)))
     head = (f"sweep {printable(s['name'])}: {s['direction']}, {s['trials_ended']} of {s['trials_wanted']} trials "
-            f"ended, sampler {s['sampler']}, pruner {s['pruner']}")
+            f"ended, sampler {s['sampler']}, pruner {s['pruner']}" + (", cancelled" if s.get("cancelled") else ""))
     best = s.get("best")
     tail = (f"best: trial {best['number']}, value {best['value']:.6g}, "
             + ", ".join(f"{k}={_value(v)}" for k, v in sorted(best["values"].items()))) if best else "best: none yet"

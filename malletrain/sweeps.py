@@ -273,6 +273,16 @@ def _text(value: Any) -> str:
 
 
 # ---------------------------------------------------------------- files of a sweep
+def stream_of(spec: JobSpec) -> str:
+    """The stream a job is one of, as the policy is told (:attr:`policy.model.JobView.group`): its
+    sweep's or its array's, ``""`` for any other job."""
+    if spec.sweep_name is not None:
+        return f"sweep:{spec.sweep_name}"
+    if spec.array_id is not None:
+        return f"array:{spec.array_id}"
+    return ""
+
+
 def sweep_dir(state: Path, name: str) -> Path:
     return Path(state) / SWEEPS_DIR / name
 
@@ -350,6 +360,10 @@ def _optuna() -> Any:
         raise SweepError(f"sweeps need Optuna, which is not installed ({EXTRA})") from None
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     return optuna
+
+
+CANCELLED_PREFIX = "cancelled"
+"""How the reason of a trial told FAILED because its job was cancelled begins (``sweep show``: cancelled)."""
 
 
 @dataclass(frozen=True)
@@ -458,14 +472,18 @@ class SweepStudy:
                 for t in self.study.get_trials(deepcopy=False)]
 
 
-def summary(sweep: SweepSpec, rows: list[TrialRow], job_states: Mapping[str, str]) -> dict[str, Any]:
+def summary(sweep: SweepSpec, rows: list[TrialRow], job_states: Mapping[str, str],
+            cancelled: bool = False) -> dict[str, Any]:
     """A sweep as ``status --json`` and ``sweep show`` carry it: its trials (a running trial's state is
-    its job's: pending, running, suspended...) and the best completed one."""
+    its job's: pending, running, suspended...) and the best completed one. A cancelled sweep
+    (:func:`cancel`) is done once none of its trials runs: the trials it stopped show ``cancelled``."""
     trials = []
     for r in rows:
         state = job_states.get(r.job or "", r.state) if r.state == "running" else r.state
         if r.state == "running" and state in ("completed", "failed", "cancelled"):
             state = "ending"  # its job ended; its value is told at the daemon's next step
+        if r.state == "failed" and r.reason.startswith(CANCELLED_PREFIX):
+            state = "cancelled"
         trials.append({"number": r.number, "values": r.values, "state": state, "value": r.value, "job": r.job,
                        "reason": r.reason})
     done = [t for t in trials if t["state"] == "completed" and t["value"] is not None]
@@ -473,9 +491,10 @@ def summary(sweep: SweepSpec, rows: list[TrialRow], job_states: Mapping[str, str
     if done:
         pick = min if sweep.direction == "minimize" else max
         best = pick(done, key=lambda t: t["value"])
-    ended = sum(t["state"] in ("completed", "failed", "pruned") for t in trials)
+    ended = sum(t["state"] in ("completed", "failed", "pruned", "cancelled") for t in trials)
+    done = ended >= sweep.trials or (cancelled and ended == len(trials))
     return {"name": sweep.name, "direction": sweep.direction, "trials_wanted": sweep.trials,
-            "trials_asked": len(trials), "trials_ended": ended, "done": ended >= sweep.trials,
+            "trials_asked": len(trials), "trials_ended": ended, "done": done, "cancelled": cancelled,
             "sampler": sweep.sampler, "pruner": sweep.pruner, "trials": trials, "best": best}
 
 
@@ -512,6 +531,24 @@ def register(store: Any, spec: JobSpec, sweep: SweepSpec, owner_uid: int | None,
     return sweep.name
 
 
+def cancel(store: Any, name: str) -> list[str]:
+    """Cancel sweep ``name`` (:class:`SweepError` if there is none): it opens no trial again, and every
+    trial job not ended yet is asked to stop (the daemon tells each one to the study as cancelled).
+    Returns every trial job of the sweep, in trial order."""
+    with store.batch():
+        sweeps = registered(store)
+        if name not in sweeps:
+            raise SweepError(f"no sweep {name!r}")
+        sweeps[name]["cancelled"] = True
+        store.set_meta(SWEEPS_KEY, json.dumps(sweeps, sort_keys=True))
+    jobs = sorted((r for r in store.jobs() if r.spec.sweep_name == name), key=lambda r: r.spec.trial or 0)
+    for r in jobs:
+        if not r.state.terminal:
+            store.request_cancel(r.id)
+    store.log_event("sweep_cancel", sweep=name, jobs=len(jobs))
+    return [r.id for r in jobs]
+
+
 def show(state: Path, store: Any, name: str) -> dict[str, Any]:
     """A sweep's :func:`summary`, read from its journal and the store (no daemon needed)."""
     reg = registered(store).get(name)
@@ -522,4 +559,4 @@ def show(state: Path, store: Any, name: str) -> dict[str, Any]:
     path = journal_path(state, name)
     rows = SweepStudy(sweep, path).rows() if path.exists() else []
     states = {r.id: r.state.value for r in store.jobs() if r.spec.sweep_name == name}
-    return summary(sweep, rows, states)
+    return summary(sweep, rows, states, bool(reg.get("cancelled")))

@@ -20,7 +20,8 @@ from policy.config import (
     Profiling,
     preset,
 )
-from policy.decide import Policy, evidence_from, profile_counts, unplaced_reasons
+from policy.decide import Policy, evidence_from, profile_counts
+from policy.queueview import unplaced_reasons
 from policy.ledger import Ledger, LedgerError, Loss, LossOutcome, below_min, interrupts, loss_outcome
 from policy.model import (
     NO_EVIDENCE,

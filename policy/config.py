@@ -192,13 +192,17 @@ class PolicyConfig:
     fair_wait_s: float = 10.0
     """The longest a user with admitted work is left at 0 nodes while another user's jobs hold them (s):
     once one has waited this long, every job is held to its share until that user's work is done."""
+    stream_share: float = 0.5
+    """The most of the Pjmax slots one sweep's or one array's jobs hold at once (a fraction of
+    ``max_running``, at least 1 slot; 0: no bound). Its jobs beyond that wait behind every other queued
+    job and take only nodes no other job can use (:mod:`policy.sweeps`)."""
 
     def __post_init__(self) -> None:
         for name, lo in (("tfwd_s", 0.0), ("profile_rel_ci", 0.0), ("profile_time_cap_s", 0.0),
                          ("horizon_min_s", 0.0), ("horizon_max_s", 0.0), ("deadline_weight", 0.0)):
             _positive_finite(name, getattr(self, name), lo)
         for name in ("refine_rel_change", "default_up_cost_s", "default_down_cost_s", "profile_min_work_s",
-                     "profile_gain_fraction", "admission_knee", "fair_wait_s"):
+                     "profile_gain_fraction", "admission_knee", "fair_wait_s", "stream_share"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
                 raise PolicyConfigError(f"policy.{name} must be a finite number >= 0, got {v!r}")
@@ -211,6 +215,8 @@ class PolicyConfig:
                 f"policy.admission_cap must be an integer in 0..1000000, got {self.admission_cap!r}")
         if self.admission_knee > 1:
             raise PolicyConfigError(f"policy.admission_knee must be in 0..1, got {self.admission_knee!r}")
+        if self.stream_share > 1:
+            raise PolicyConfigError(f"policy.stream_share must be in 0..1, got {self.stream_share!r}")
         if self.horizon_min_s > self.horizon_max_s:
             raise PolicyConfigError(f"policy.horizon_min_s ({self.horizon_min_s}) exceeds policy.horizon_max_s "
                                     f"({self.horizon_max_s})")

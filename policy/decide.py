@@ -52,6 +52,7 @@ of its own about admission, profiling, lending, curves or costs. Each rule is se
   with admitted work has held no node for ``fair_wait_s``, every job is held to its share of the nodes
   (weighted max-min between users, then between a user's jobs) until that user's work is done: the
   shares are per-job maxima handed to the exact allocator (:mod:`policy.fairness`).
+* **Sweeps and arrays** (short jobs, many; ``stream_share``): :mod:`policy.sweeps`.
 * **Curves and costs**: :mod:`policy.beliefs`.
 * **Objective** (``objective = "work"``, the default): the allocator maximises work, each job's
   rate in 1-node equivalents (``rate(n) / rate(1)`` on its believed curve), so a job that trains
@@ -73,6 +74,7 @@ in :mod:`policy.profiling`, the curves' in :mod:`policy.beliefs`, the budget and
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import replace
 from typing import Callable, Mapping
 
@@ -80,7 +82,7 @@ from allocator import Job, Problem, RowMemo, solve
 from curves import throughput_at
 from policy import beliefs
 from policy.allocation import apply_pins, equal_counts, greedy_counts, node_map
-from policy.beliefs import Beliefs, Population
+from policy.beliefs import Beliefs, Believed, Population
 from policy.config import (Admission, Allocation, Fairness, Horizon, Objective, PolicyConfig, PolicyConfigError,
                            Profiling)
 from policy.fairness import fair_caps
@@ -90,6 +92,7 @@ from policy.model import Decision, EventKind, Evidence, JobEvidence, JobView, Vi
 from policy.profiling import (advance_profiles, end_profile, expected_count, needs_profile, probe_below, probe_counts,
                               profile_counts, profile_pays, reserved, source_profile, start_probe)
 from policy.round import Round
+from policy.sweeps import most_repaid, stream_bound, stream_full, stream_order
 from policy.state import FRAGMENTS_KEEP, POPULATION_KEEP, SHAPES_KEEP, PolicyState
 from policy.valuation import FragmentModel, learned_horizon
 from profiler.estimators import RescaleSummary, summarize_rescales
@@ -266,7 +269,9 @@ class Policy:
         front = [j for j in st.queue_front if j not in admitted]
         placed = admitted.union(front)
         rest = sorted((j for j in r.jobs.values() if j.id not in placed), key=lambda j: (j.order, j.id))
-        queue = front + [j.id for j in rest]
+        bound = stream_bound(cfg.stream_share, cfg.max_running)
+        streams = Counter(r.jobs[j].group for j in st.admitted if r.jobs[j].group)  # slots each stream holds
+        queue = stream_order(front + [j.id for j in rest], {j: r.jobs[j].group for j in r.jobs}, streams, bound)
         slots = cfg.max_running or math.inf
         adaptive = cfg.admission is Admission.ADAPTIVE and cfg.max_running > 0
         cap = cfg.admission_cap or math.inf
@@ -288,7 +293,8 @@ class Policy:
                 waiting[job_id] = f"behind {blocked_by} in the FCFS queue"
                 continue
             job = r.jobs[job_id]
-            extra = len(st.admitted) >= slots
+            streamed = bool(bound and job.group and streams.get(job.group, 0) >= bound)  # its stream's slots are full
+            extra = len(st.admitted) >= slots or streamed
             if extra:
                 if absorb is None:  # summed by the suspensions already, if they weighed any job
                     absorb = r.absorb
@@ -297,7 +303,7 @@ class Policy:
                 if (not (fair and job.user not in with_slot)
                         and (extra_closed or not adaptive or len(st.admitted) >= cap
                              or r.total_nodes - reserved(st) - absorb < job.min_nodes)):  # the surplus is too small
-                    waiting[job_id] = slots_taken
+                    waiting[job_id] = stream_full(job.group) if streamed and len(st.admitted) < slots else slots_taken
                     extra_closed = True  # FCFS beyond Pjmax too: no smaller job slips past
                     continue
             if not extra and needs_profile(cfg, st, job):
@@ -316,6 +322,7 @@ class Policy:
                 absorb += r.believed[job_id].absorbs
             st.admitted.append(job_id)
             with_slot.add(job.user)
+            streams[job.group] += bool(job.group)
             if job_id in st.queue_front:
                 st.queue_front.remove(job_id)
             r.note(EventKind.ADMITTED, job_id)
@@ -395,7 +402,7 @@ class Policy:
             return self._finish(r, assignment, waiting, 0.0, "unchanged", solved=False, horizon=horizon)
         if cfg.allocation is Allocation.MILP:
             assignment, objective, method = self._solve(admitted, free, fixed, lender_nodes, repaid,
-                                                         evidence, horizon, curves, r.caps)
+                                                         evidence, horizon, curves, r.caps, r.believed)
         else:
             counts_fn = greedy_counts if cfg.allocation is Allocation.GREEDY else equal_counts
             counts = counts_fn(admitted, min(view.free_count, len(free)))
@@ -432,10 +439,10 @@ class Policy:
 
     def _solve(self, admitted: list[JobView], free: list[str], fixed: dict[str, tuple[str, ...]],
                lender_nodes: dict[str, tuple[str, ...]], repaid: dict[str, tuple[str, ...]], evidence: Evidence,
-               horizon: float, curves: Mapping[str, dict[int, float]],
-               caps: Mapping[str, int]) -> tuple[dict[str, tuple[str, ...]], float, str]:
+               horizon: float, curves: Mapping[str, dict[int, float]], caps: Mapping[str, int],
+               believed: Mapping[str, Believed]) -> tuple[dict[str, tuple[str, ...]], float, str]:
         """``lender_nodes``: what lenders keep in this decision; ``repaid``: lenders' nodes after repayment;
-        ``curves``: each job's allocator curve in this decision; ``caps``: each job's fair share
+        ``curves``: each job's allocator curve in this decision (``believed``: its curves); ``caps``: its fair share
         (:mod:`policy.fairness`; empty: none binds), its max in this decision."""
         st, cfg = self.state, self.config
         owed = {d.lender for d in st.debts.values()}
@@ -447,7 +454,7 @@ class Policy:
                 continue
             nodes = lender_nodes.get(j.id, repaid.get(j.id, j.nodes))
             capped = j.id in lender_nodes or j.id in owed  # a lender may shrink, not grow, while owed
-            if capped and not nodes:
+            if capped and not nodes or caps.get(j.id) == 0:  # caps 0: no fair share of its own while a user waits
                 fixed[j.id] = ()
                 continue
             curve = curves[j.id]
@@ -458,6 +465,8 @@ class Policy:
                 hi = max(lo, min(hi, int(left_s // horizon)))
             if j.id in caps:  # fair share: no more than its share while another user waits
                 hi = max(lo, min(hi, caps[j.id]))
+            if j.group and j.work_left is not None and nodes:  # a stream's job near its end: no unpaid growth
+                hi = max(lo, most_repaid(j.work_left, len(nodes), hi, believed[j.id].raw, up))
             jobs.append(self._problem_job(j.id, lo, hi, curve, tuple(nodes), up, down))
         # the jobs can grow by at most their room, and a growing job takes the first free nodes: the
         # rest of a large idle pool changes no plan, only what the problem costs to build and check
@@ -521,29 +530,6 @@ class Policy:
             objective=objective, method=method, solved=solved,
             stop=dict(r.stop), horizon_s=horizon,
         )
-
-
-def unplaced_reasons(view: View, decision: Decision) -> dict[str, str]:
-    """Why each job ``decision`` admits but gives no node waits (its ``waiting`` holds the reasons of
-    the jobs it does not admit): no node held, fewer than its min_nodes held, or its min_nodes not
-    free beside the other jobs."""
-    total = view.free_count + sum(j.count for j in view.jobs)
-    free = max(0, total - sum(len(nodes) for nodes in decision.assignment.values()))
-    min_nodes = {j.id: j.min_nodes for j in view.jobs}
-    out: dict[str, str] = {}
-    for job_id, nodes in decision.assignment.items():
-        if nodes or job_id not in min_nodes:
-            continue
-        need = min_nodes[job_id]
-        if total == 0:
-            out[job_id] = "no nodes: none is idle and held for this trainer yet"
-        elif total < need:
-            out[job_id] = f"min_nodes {need}: only {total} nodes held"
-        elif free < need:
-            out[job_id] = f"min_nodes {need}: {free} of {total} held nodes free, the rest run other jobs"
-        else:
-            out[job_id] = f"admitted; this decision gives it none of the {free} free nodes (reserved or kept back)"
-    return out
 
 
 COMPLETION_WEIGHT_SPAN = 4.0  # a job's completion weight lies within 1/this .. this

@@ -5,7 +5,9 @@ users with admitted work by weighted max-min (water-filling): a user's share is 
 the nodes, but never more than its jobs can use (their believed knee, :func:`policy.beliefs.absorbs`,
 at most their max), and what one user cannot use goes to the others (what no user can use, any job
 may take: the shares never leave a node idle). A user's share is split the same
-way between its own jobs (weights 1). A job whose min is above its share may still run at its min.
+way between its own jobs (weights 1). A job whose min is above its share may still run at its min;
+a job whose share is none (its user's share went to the user's earlier jobs, as with a job array's
+many one-node elements) gets no node while the shares bind.
 
 The shares bind as per-job upper bounds handed to the exact allocator (each job's max this decision):
 the allocator's objective decides within them, and stays exact. They bind only once a user was left
@@ -113,4 +115,6 @@ def fair_caps(cfg: PolicyConfig, st: PolicyState, admitted: Sequence[JobView], d
     shares = job_shares(admitted, demand, total, cfg.weight_of)
     # what no user's jobs can use (every demand met) may go to any job: shares never leave a node idle
     spare = max(0, total - sum(shares.values()))
-    return {j.id: max(shares[j.id] + spare, j.min_nodes) for j in admitted}, wake
+    # a job whose min is above its share still runs at its min, but one whose share is none (its user's
+    # share went to the user's earlier jobs: an array's elements, a sweep's trials) gets no node
+    return {j.id: 0 if shares[j.id] + spare == 0 else max(shares[j.id] + spare, j.min_nodes) for j in admitted}, wake

@@ -135,7 +135,8 @@ class _Held:
         return JobView(id=s.id, min_nodes=s.min_nodes, max_nodes=s.max_nodes, nodes=nodes, order=s.order,
                        last_interrupted=last_interrupted, scaling=s.scaling, profile=s.profile,
                        work_left=self.work_left, budget_node_hours=s.budget_node_hours,
-                       used_node_hours=self.used_node_hours, deadline=s.deadline, user=s.user)
+                       used_node_hours=self.used_node_hours, deadline=s.deadline, user=s.user,
+                       group=s.group)
 
 
 class Ledger:

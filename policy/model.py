@@ -39,6 +39,8 @@ class JobView:
     time (the view's clock) it should be done by (still training then, it is stopped). ``user`` who
     submitted it (the daemon: the submitter's login name; the simulator: the workload's); fair share
     (:mod:`policy.fairness`) shares the nodes between users. Jobs with the same user are one user's.
+    ``group`` the sweep or job array it is one of (``""``: none): a stream of short jobs, admitted and
+    grown as :mod:`policy.sweeps` says.
     """
 
     id: str
@@ -54,12 +56,15 @@ class JobView:
     used_node_hours: float = 0.0
     deadline: float | None = None
     user: str = ""
+    group: str = ""
 
     def __post_init__(self) -> None:
         if not self.id:
             raise PolicyInputError("a job with an empty id")
         if not isinstance(self.user, str):
             raise PolicyInputError(f"job {self.id}: user must be a string, got {self.user!r}")
+        if not isinstance(self.group, str):
+            raise PolicyInputError(f"job {self.id}: group must be a string, got {self.group!r}")
         check_amount(self.id, "work_left", self.work_left)
         check_amount(self.id, "budget_node_hours", self.budget_node_hours)
         check_amount(self.id, "used_node_hours", self.used_node_hours)

@@ -5,12 +5,15 @@ it) goes back to the **front** of the queue with its progress: :class:`policy.st
 ``queue_front``, re-admitted first. A driver keeps its queued jobs in submission order and shows the
 policy every one of them, up to :data:`QUEUE_VIEW_CAP` (a job file with thousands of arrivals at once
 would cost that much per decision; FCFS needs only the head). Beyond the cap it shows the front
-jobs and then the head of the rest: ``want`` jobs beyond the front ones, if that is more.
+jobs and then the head of the rest: ``want`` jobs beyond the front ones, if that is more. An
+admitted job the decision gives no node is told why (:func:`unplaced_reasons`).
 """
 
 from __future__ import annotations
 
 from typing import Callable, Sequence, TypeVar
+
+from policy.model import Decision, View
 
 QUEUE_VIEW_CAP = 1000  # queued jobs shown to the policy at most (FCFS needs only the head)
 
@@ -34,3 +37,26 @@ def shown_queue(queued: Sequence[T], front: Sequence[str], want: int,
     taken = {id_of(j) for j in first}
     rest = [j for j in queued if id_of(j) not in taken]
     return first + rest[: max(QUEUE_VIEW_CAP, want + len(first)) - len(first)]
+
+
+def unplaced_reasons(view: View, decision: Decision) -> dict[str, str]:
+    """Why each job ``decision`` admits but gives no node waits (its ``waiting`` holds the reasons of
+    the jobs it does not admit): no node held, fewer than its min_nodes held, or its min_nodes not
+    free beside the other jobs."""
+    total = view.free_count + sum(j.count for j in view.jobs)
+    free = max(0, total - sum(len(nodes) for nodes in decision.assignment.values()))
+    min_nodes = {j.id: j.min_nodes for j in view.jobs}
+    out: dict[str, str] = {}
+    for job_id, nodes in decision.assignment.items():
+        if nodes or job_id not in min_nodes:
+            continue
+        need = min_nodes[job_id]
+        if total == 0:
+            out[job_id] = "no nodes: none is idle and held for this trainer yet"
+        elif total < need:
+            out[job_id] = f"min_nodes {need}: only {total} nodes held"
+        elif free < need:
+            out[job_id] = f"min_nodes {need}: {free} of {total} held nodes free, the rest run other jobs"
+        else:
+            out[job_id] = f"admitted; this decision gives it none of the {free} free nodes (reserved or kept back)"
+    return out

@@ -64,6 +64,7 @@ class JobSpec:
     launcher: str = ELASTIC  # the job file's launcher: "torchrun" restarts every worker at a change of size
     commit_interval_s: float | None = None  # seconds between its checkpoint commits (None: the calibration's)
     user: str = ""  # who submitted it, for fair share ("": the workload's one user; SimConfig.users)
+    group: str = ""  # the sweep it is a trial of ("": none): a stream of short jobs (policy.sweeps)
 
     def __post_init__(self) -> None:
         if self.launcher not in LAUNCHERS:

@@ -13,7 +13,10 @@ hand, else its stored Summit constants) applied to analytic network costs
   rate (about 10x) and their length.
 * ``hpo``: each job draws a model of :data:`HPO_MODELS` and a per-GPU batch from
   :data:`HPO_PER_GPU_BATCHES` (capped by memory): small batches amortise the
-  allreduce and per-layer costs over fewer samples, so they scale worse.
+  allreduce and per-layer costs over fewer samples, so they scale worse. Its trials are searches
+  of :data:`HPO_SEARCH_TRIALS` consecutive trials each (``JobSpec.group``), and the policy treats
+  them as a sweep's trials: a stream admitted within its bound, a trial near its end not grown
+  (:mod:`policy.sweeps`), the very rules the daemon applies to a ``[sweep]`` or a job array.
 * ``stress``: labelled Amdahl / USL curves that scale badly, some past a peak
   (``rate(n) = r1 n / (1 + s (n - 1) + k n (n - 1))``), where knowing the curve matters.
 * ``imagenet7``: the 7 measured curves drawn uniformly (the former ``nas``), unchanged.
@@ -64,6 +67,7 @@ STRESS_EPOCHS = (5.0, 100.0)
 NAS_PER_GPU_BATCH = 32
 HPO_PER_GPU_BATCHES = (8, 16, 32, 64, 128, 256)
 HPO_MODELS = tuple(REFERENCE_MODELS)  # the 7 measured models and resnet50
+HPO_SEARCH_TRIALS = 12  # the hpo stream's trials are searches of this many consecutive trials each
 POPULATION = 16
 STREAMS = ("nas", "hpo", "stress", "imagenet7")
 
@@ -200,7 +204,8 @@ def _specs(stream: str, seed: int, machine: Machine, limit: int | None) -> Itera
     for i, d in enumerate(draws(stream, seed, machine)):
         if limit is not None and i >= limit:
             return
-        yield JobSpec(name=f"{d.model}#{i}", model=d.model, samples=d.samples, scaling=d.curve)
+        group = f"hpo-search-{i // HPO_SEARCH_TRIALS}" if stream == "hpo" else ""  # consecutive trials: a search
+        yield JobSpec(name=f"{d.model}#{i}", model=d.model, samples=d.samples, scaling=d.curve, group=group)
 
 
 def _population(stream: str, seed: int, machine: Machine) -> dict[str, dict[int, float]]:

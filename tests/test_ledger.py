@@ -189,7 +189,7 @@ def test_every_field_of_a_job_is_carried():
     """The ledger makes each job's JobView again as its nodes and progress change: every field the
     job was submitted with survives (a field JobView gains must be carried too)."""
     spec = JobView("j", 2, 3, order=7, last_interrupted=1.0, scaling={2: 5.0}, profile=True, work_left=9.0,
-                   budget_node_hours=4.0, used_node_hours=0.5, deadline=99.0, user="alice")
+                   budget_node_hours=4.0, used_node_hours=0.5, deadline=99.0, user="alice", group="sweep:s")
     for f in fields(JobView):
         assert getattr(spec, f.name) != f.default or f.name == "nodes", f"set {f.name} in this test"
     led = ledger_with("abc", spec)

@@ -352,3 +352,51 @@ def test_without_optuna_a_sweep_stops_saying_why_and_the_daemon_goes_on(tmp_path
         assert [e["sweep"] for e in h.events("sweep_error")] == ["search"]  # said once
     finally:
         h.close()
+
+
+# ---------------------------------------------------------------- cancel a whole sweep
+def test_cancel_of_a_sweep_stops_its_trials_opens_no_more_and_show_says_so(tmp_path: Path) -> None:
+    from malletrain.control import Caller, Cancel, authorize
+
+    h = _harness(tmp_path)
+    try:
+        register(h.daemon.store, _spec(), parse_sweep(_table(trials=6), "search", "t"), 1234, 1234)
+        h.cluster.became_idle("n01", "n02", "n03")
+        h.run_until(8.0)
+        _finish(h, _trials(h)[0], 0.5)
+        h.run_until(h.now + 3.0)
+        before = _trials(h)
+        assert 2 <= len(before) < 6, before
+        req = Cancel("search")
+        assert authorize(req, Caller(999, 999, False), h.daemon.api.owner_of) is not None  # not its owner
+        assert authorize(req, Caller(1234, 1234, False), h.daemon.api.owner_of) is None
+        reply = h.daemon.handle(req, Caller(1234, 1234, False))
+        assert reply["ok"] and reply["sweep"] == "search" and reply["jobs"] == [before[t] for t in sorted(before)]
+        h.run_until(h.now + 10.0)
+        assert _trials(h) == before  # no trial opened after the cancel
+        assert all(h.daemon.store.require(j).state.terminal for j in before.values())
+        assert not any(r.members for r in h.daemon.runs.values() if not r.state.terminal)
+        s = _show(h)
+        assert s["done"] and s["cancelled"] and s["best"]["number"] == 0
+        assert [t["state"] for t in s["trials"]] == ["completed"] + ["cancelled"] * (len(before) - 1)
+    finally:
+        h.close()
+
+
+def test_cli_cancels_a_sweep_without_a_daemon_and_show_reads_it(tmp_path: Path, capsys: Any) -> None:
+    from malletrain.cli import main
+
+    f = tmp_path / "job.toml"
+    f.write_text('name = "s1"\ncommand = ["true", "--lr", "{lr}"]\n'
+                 '[sweep]\ntrials = 2\ndirection = "maximize"\n[sweep.space]\nlr = { low = 0.1, high = 1.0 }\n')
+    state = str(tmp_path / "state")
+    assert main(["submit", "--state-dir", state, str(f)]) == 0
+    capsys.readouterr()
+    assert main(["cancel", "s1", "--state-dir", state]) == 0
+    assert "sweep s1: cancelled" in capsys.readouterr().out
+    assert main(["sweep", "show", "s1", "--state-dir", state]) == 0
+    assert "0 of 2 trials ended, sampler tpe, pruner none, cancelled" in capsys.readouterr().out
+    assert main(["sweep", "show", "s1", "--json", "--state-dir", state]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["cancelled"] and shown["done"] and shown["trials"] == []
+    assert main(["cancel", "nope", "--state-dir", state]) == 1  # neither a job nor a sweep

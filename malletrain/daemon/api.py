@@ -49,7 +49,10 @@ class ControlApi:
         return changed
 
     def owner_of(self, job_id: str) -> int | None:
-        """The owner of a job, or of an array's elements (``a000001``, ``a000001_3``: its first element's)."""
+        """The owner of a job, of an array's elements (``a000001``, ``a000001_3``: its first element's)
+        or of a sweep (its name, where no job has that id: the submitter's)."""
+        if self._is_sweep(job_id):
+            return int(sweeps.registered(self.store)[job_id]["owner"][0])
         if arrays.is_array_ref(job_id):
             ids = arrays.resolve(self.store.jobs(), job_id)
             if not ids:
@@ -77,6 +80,10 @@ class ControlApi:
             jid = self._submit(spec, req.owner_uid, req.owner_gid, req.umask)
             self._observed_change |= self.observe.submissions(self.clock())
             return {"ok": True, "id": jid}
+        if isinstance(req, Cancel) and self._is_sweep(req.job):
+            ids = sweeps.cancel(self.store, req.job)
+            self._observed_change |= self.observe.submissions(self.clock())
+            return {"ok": True, "id": req.job, "jobs": ids, "sweep": req.job, "state": "cancelled"}
         if isinstance(req, Cancel) and arrays.is_array_ref(req.job):
             ids = arrays.resolve(self.store.jobs(), req.job)
             states = [self.store.request_cancel(j) for j in ids]
@@ -97,6 +104,11 @@ class ControlApi:
             return {"ok": True}
         assert isinstance(req, Ping)
         return {"ok": True, "pid": os.getpid()}
+
+    def _is_sweep(self, ref: str) -> bool:
+        """Whether ``ref`` names a sweep (a job or an array of that id goes first)."""
+        return (not arrays.is_array_ref(ref) and self.store.get(ref) is None
+                and ref in sweeps.registered(self.store))
 
     def _submit_group(self, req: Submit) -> dict[str, Any]:
         """A job file with ``array`` (an index spec: one job per index) or ``sweep`` (its ``[sweep]``

@@ -8,7 +8,9 @@ At each step, after observe and before decide, for each sweep in the store
 - a trial whose job ended is told to its study: its value, or FAIL / PRUNED with the job's reason;
 - a running trial's intermediate values are reported; one the sweep's pruner stops is ended;
 - new trials are opened as :func:`policy.sweeps.trials_to_open` says (one while none waits for
-  nodes), each one asked of Optuna and submitted as a job of the sweep's file.
+  nodes), each one asked of Optuna and submitted as a job of the sweep's file;
+- a cancelled sweep (:func:`malletrain.sweeps.cancel`: its trial jobs were asked to stop) opens no
+  trial again; each trial is told as its job ends (cancelled), one never submitted at once.
 
 A trial is a job like any other: a recall suspends it and it resumes from its checkpoint as the
 same job, so the same trial. After a restart the journal gives every trial and value back; a trial
@@ -28,7 +30,7 @@ from malletrain.daemon.state import JobTable, log
 from malletrain.jobspec import JobSpec, JobState
 from malletrain.store import Store, StoreError
 from malletrain.sweeps import (
-    SweepError, SweepSpec, SweepStudy, journal_path, read_steps, read_value, registered, result_path,
+    CANCELLED_PREFIX, SweepError, SweepSpec, SweepStudy, journal_path, read_steps, read_value, registered, result_path,
     steps_path, summary, sweep_dir, trial_spec,
 )
 from malletrain.workerenv import ENV_ARRAY_INDEX, ENV_TRIAL, ENV_TRIAL_RESULT, ENV_TRIAL_STEPS
@@ -71,7 +73,7 @@ class SweepDriver:
                 continue
             try:
                 study = self._study(name, reg)
-                changed |= self._pass(name, study)
+                changed |= self._pass(name, study, bool(reg.get("cancelled")))
             except (SweepError, ValueError, KeyError, TypeError, OSError, RuntimeError) as exc:
                 self.broken[name] = str(exc)  # one bad sweep stops alone, saying why; the daemon goes on
                 self.store.log_event("sweep_error", sweep=name, error=str(exc)[:500])
@@ -98,11 +100,15 @@ class SweepDriver:
             os.chown(d, uid, gid)
             os.chmod(d, 0o700)
 
-    def _pass(self, name: str, study: SweepStudy) -> bool:
+    def _pass(self, name: str, study: SweepStudy, cancelled: bool) -> bool:
         changed = False
         waiting = 0
         jobs_of: dict[int, str] | None = None  # trial -> job, read from the store only when the journal lacks one
         for number, values, job, last_step in study.open_trials():
+            if job is None and cancelled:  # asked, never submitted (the daemon died in between)
+                study.tell_failed(number, f"{CANCELLED_PREFIX}: the sweep was cancelled before its job was submitted")
+                changed = True
+                continue
             if job is None:
                 if jobs_of is None:
                     jobs_of = {r.spec.trial: r.id for r in self.store.jobs()
@@ -127,8 +133,10 @@ class SweepDriver:
                 waiting += 1  # in the store, not yet taken by observe
         open_now = len(study.open_trials())
         progress = SweepProgress(study.sweep.trials, study.asked(), waiting)
-        if open_now == 0 and progress.asked >= progress.trials:
+        if open_now == 0 and (cancelled or progress.asked >= progress.trials):
             self.finished.add(name)
+        if cancelled:
+            return changed  # a cancelled sweep opens no trial
         for _ in range(trials_to_open(progress)):
             number, values = study.ask()
             study.set_job(number, self._submit(name, study, number, values))
@@ -185,7 +193,8 @@ class SweepDriver:
                         run = self.table.runs.get(row.job)
                         rec = self.store.get(row.job) if run is None else None
                         states[row.job] = run.state.value if run is not None else rec.state.value if rec else "?"
-                out.append(summary(study.sweep, study.rows(), states) | {"error": self.broken.get(name)})
+                out.append(summary(study.sweep, study.rows(), states, bool(reg.get("cancelled")))
+                           | {"error": self.broken.get(name)})
             except (SweepError, StoreError, ValueError, KeyError, OSError) as exc:
                 out.append({"name": name, "error": str(exc), "trials": [], "best": None})
         return out

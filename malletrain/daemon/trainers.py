@@ -21,6 +21,7 @@ from malletrain.metrics import Metrics
 from malletrain.monitor import Monitor
 from malletrain.scavenging import Scavenging
 from malletrain.store import Store
+from malletrain.sweeps import stream_of
 from policy import Decision, JobEvidence, JobView, Loss, Policy, PolicyState, PolicyStateError, Stop, View
 from policy import PolicyInputError, evidence_from, interrupts, unplaced_reasons
 
@@ -215,7 +216,7 @@ class Decide:
                        scaling=dict(spec.scaling) if spec.scaling else None, profile=bool(spec.profile),
                        work_left=None if spec.samples is None else float(max(0, spec.samples - run.last_progress)),
                        budget_node_hours=spec.budget_node_hours, used_node_hours=self.accounting.used_node_hours(run.id),
-                       deadline=spec.deadline, user=user_name(run.owner[0]))
+                       deadline=spec.deadline, user=user_name(run.owner[0]), group=stream_of(spec))
 
     def evidence(self, trainer: str | None = None) -> dict[str, JobEvidence]:
         """What the monitor measured, per live job of ``trainer`` (default: the first): rates per count
