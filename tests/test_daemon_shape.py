@@ -12,11 +12,11 @@ from malletrain.daemon import Daemon
 from malletrain.daemon.adoption import Adoption
 from malletrain.daemon.api import ControlApi
 from malletrain.daemon.intake import JobIntake
-from malletrain.daemon.jobs import Act
+from malletrain.daemon.act import Act
 from malletrain.daemon.observe import Observe
 from malletrain.daemon.shutdown import Shutdown
 from malletrain.daemon.sweeps import SweepDriver
-from malletrain.daemon.trainers import Decide
+from malletrain.daemon.decide import Decide
 from malletrain.daemon.wiring import Wiring
 
 PACKAGE = Path(__file__).resolve().parents[1] / "malletrain" / "daemon"
@@ -63,8 +63,9 @@ def test_only_the_loop_writes_the_decide_again_flag() -> None:
 
 
 def test_a_job_submitted_through_the_control_api_is_decided_at_the_next_step(tmp_path: Path) -> None:
-    """The API observes what a request submitted at once; that change reaches the loop's next
-    decision (not the next periodic replan), whether the request came through the socket or not."""
+    """What a request submitted goes into the store; the loop observes it at its next step and
+    decides for it then (not at the next periodic replan), whether the request came through the
+    socket or not."""
     from malletrain.control import Caller, Submit
     from policy import PolicyConfig
 
@@ -79,7 +80,7 @@ def test_a_job_submitted_through_the_control_api_is_decided_at_the_next_step(tmp
         h.run_until(3.0)  # nothing to run: decided, and the next replan is seconds away
         decided = len(h.decisions)
         ok = h.daemon.handle(Submit({"command": ["true"], "max_nodes": 2}, 0, 0), Caller(0, 0, True))
-        assert ok["id"] in h.daemon.runs  # observed at once
+        assert h.daemon.store.get(ok["id"]) is not None  # in the store: observed by the next step
         h.step(3.5)
         assert len(h.decisions) == decided + 1 and h.daemon.nodes_of(ok["id"]) != ()
     finally:

@@ -57,8 +57,8 @@ The package's files are the daemon's parts, plain classes given what they need w
 ``observe.py``     :class:`.Observe`: pilots, agents and their workers, progress, the store's new jobs
 ``intake.py``      :class:`.JobIntake`: a job from the store registered with the monitor, or refused
 ``adoption.py``    :class:`.Adoption`: the last daemon's jobs, the adoption window; holding idle nodes
-``trainers.py``    :class:`.Decide`: a policy and a ledger per trainer (the ledger builds the view)
-``jobs.py``        :class:`.Act`: jobs and workers (start, publish, suspend, stop, end)
+``decide.py``      :class:`.Decide`: a policy and a ledger per trainer (the ledger builds the view)
+``act.py``         :class:`.Act`: jobs and workers (start, publish, suspend, stop, end)
 ``api.py``         :class:`.ControlApi`: the control API (submit, cancel, status, nodes, shutdown)
 ``accounting.py``  :class:`.NodeAccounting`: node-seconds per job (budgets), kept in the store
 ``shutdown.py``    :class:`.Shutdown`: checkpoints and a clean stop
@@ -91,7 +91,7 @@ from malletrain.daemon.records import (
     START_RETRY_S, STATE_FILE, STOP_WAIT_S, STOPPED, STORE_FILE, DaemonError, JobRun, NodeLost, Trainer,
     rescale_kind, stopped_by_us, stopped_from_outside,
 )
-from malletrain.daemon.trainers import policy_states_json, read_policy_states
+from malletrain.daemon.decide import policy_states_json, read_policy_states
 from malletrain.daemon.wiring import DaemonParts, load_timeline, make_runtime
 
 __all__ = [

@@ -7,10 +7,10 @@ from typing import Callable
 
 from malletrain.config import DaemonConfig
 from malletrain.daemon.intake import JobIntake
-from malletrain.daemon.jobs import Act
+from malletrain.daemon.act import Act
 from malletrain.daemon.records import JobRun
 from malletrain.daemon.state import JobTable, Runtimes, log
-from malletrain.daemon.trainers import Decide
+from malletrain.daemon.decide import Decide
 from malletrain.jobspec import Launcher
 from malletrain.logs import about
 from malletrain.scavenging import Scavenging

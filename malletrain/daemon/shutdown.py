@@ -9,7 +9,7 @@ import time
 from typing import Callable
 
 from malletrain.daemon.accounting import NodeAccounting
-from malletrain.daemon.jobs import Act
+from malletrain.daemon.act import Act
 from malletrain.daemon.observe import Observe
 from malletrain.daemon.records import STOP_WAIT_S, STOPPED, job_of
 from malletrain.daemon.state import JobTable
