@@ -70,7 +70,7 @@ Who calls whom (an arrow: "calls"; no part calls back into one that calls it, an
 ``tests/test_daemon_shape.py`` holds it)::
 
     Daemon (loop) ──> Observe, Decide, Act, Adoption, ControlApi, Shutdown, Wiring, SweepDriver
-    ControlApi ─────> Observe, Decide, SweepDriver (status)
+    ControlApi ─────> Decide, SweepDriver (status)
     Shutdown ───────> Act, Observe
     Adoption ───────> Decide, Act, JobIntake
     Observe ────────> Decide, JobIntake
@@ -79,10 +79,19 @@ Who calls whom (an arrow: "calls"; no part calls back into one that calls it, an
 One step, as values: ``changed = observe(...)`` (pilots, agents, progress, the store, control
 requests); ``wake = decide.decide(now)`` when something changed, a replan is due or a profile
 runs; ``act.act(now, decide.plan())`` returns whether it ended or suspended a job. The "decide
-again" flag is the loop's alone. A recall, followed one way: the scheduler's reply or the agent's
-``leaving`` -> :meth:`.Observe.pilots` / :meth:`.Observe.agents` -> one :class:`.NodeLost` ->
-:meth:`.Decide.lose_node` (the ledger interrupts the job) -> :meth:`.Decide.decide` (the new plan)
--> :meth:`.Act.act` (workers stopped there, the new member list published; the worker switches).
+again" flag is the loop's alone (a submit or cancel through the control API goes into the store and
+is observed with the CLI's). A recall, followed one way: the scheduler's reply or the agent's
+``leaving`` -> :meth:`.Observe.pilots` / :meth:`.Observe.agents` -> one :class:`.NodeLost` (the job
+forgets its worker there; the loop is woken) -> :meth:`.Decide.feed_ledgers` (the node is no longer
+usable: the ledger interrupts the job, once, however many events told of it) -> :meth:`.Decide.decide`
+(the new plan) -> :meth:`.Act.act` (workers stopped there, the new member list published; the worker
+switches). :meth:`.Decide.view` is a getter: it feeds nothing.
+
+Each fact has one writer, seen while the daemon runs (``tests/test_daemon_writers.py``): act writes a
+job's phase (``state``) and what it publishes, observe what its workers reported, decide what the
+policy and the ledger say (``waiting``, ``suspended_by``), adoption the last daemon's nodes; the
+transitions of a job's worker table, progress, health and an end asked for are :class:`JobRun`'s own
+methods, which the parts call.
 """
 
 from malletrain.daemon.loop import Daemon

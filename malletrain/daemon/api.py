@@ -11,12 +11,12 @@ from typing import Any
 from malletrain import arrays, sweeps
 from malletrain.control import Caller, Cancel, ControlServer, Nodes, Ping, Request, Shutdown, Status, Submit
 from malletrain.daemon.accounting import NodeAccounting
+from malletrain.daemon.decide import Decide
 from malletrain.daemon.state import JobTable
 from malletrain.daemon.sweeps import SweepDriver
 
 GROUP_KEYS = frozenset({"array", "sweep"})
 """Keys of a submitted job file that make it many jobs: ``array`` (``submit --array``) and ``sweep``."""
-from malletrain.daemon.decide import Decide
 from malletrain.jobspec import JobSpec, JobSpecError, JobState, parse_spec
 from malletrain.monitor import Monitor
 from malletrain.scavenging import Scavenging

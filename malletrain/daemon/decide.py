@@ -176,6 +176,12 @@ class Decide:
         :meth:`feed_ledgers`)."""
         return {h for t in self.trainers.values() if (h := t.ledger.holder(node)) is not None}
 
+    def _placed(self, job_id: str, nodes: list[str]) -> None:
+        """A job placed on nodes runs again: the Loss that stopped it no longer says why it has none."""
+        run = self.table.runs.get(job_id)
+        if run is not None and nodes:
+            run.suspended_by = None
+
     def _note_losses(self, losses: list[Loss]) -> None:
         """What the ledger decided a loss does to each job: one it suspended (below its min) is marked
         for act, which stops its workers and says why (:meth:`policy.Loss.describe`)."""
@@ -193,6 +199,7 @@ class Decide:
             return False  # ending (e.g. cancelled while adoption was open): act ends it
         nodes = [n for n in dict.fromkeys(run.left_on) if ledger.is_usable(n) and ledger.holder(n) is None]
         ledger.placed(run.id, nodes, now)
+        self._placed(run.id, nodes)
         return ledger.released(run.id, [n for n in nodes if n not in run.workers], now).stopped
 
     def give_up_node(self, run: JobRun, node: str, now: float) -> None:
@@ -274,6 +281,7 @@ class Decide:
             ledger.placed(job_id, [n for n in ledger.nodes_of(job_id) if n in kept], now)
         for job_id, nodes in moved.items():
             ledger.placed(job_id, nodes, now)
+            self._placed(job_id, nodes)
         for job in self.table.runs.values():
             if not job.state.terminal and self.table.trainer_name(job.spec) == trainer:
                 job.waiting = (decision.waiting if waiting is None else waiting).get(job.id, "")

@@ -19,21 +19,20 @@ import zmq
 from malletrain.config import DaemonConfig
 from malletrain.control import Caller, Request
 from malletrain.daemon.accounting import NodeAccounting
+from malletrain.daemon.act import Act
 from malletrain.daemon.adoption import Adoption
 from malletrain.daemon.api import ControlApi
+from malletrain.daemon.decide import Decide, load_trainers
 from malletrain.daemon.intake import JobIntake
-from malletrain.daemon.act import Act
 from malletrain.daemon.observe import Observe
 from malletrain.daemon.records import REPLAN_S, STOPPED, JobRun, Trainer
 from malletrain.daemon.shutdown import Shutdown
 from malletrain.daemon.state import JobTable, log
 from malletrain.daemon.sweeps import SweepDriver, member_environ
-from malletrain.daemon.decide import Decide, load_trainers
 from malletrain.daemon.wiring import DaemonParts, Wiring
-from malletrain.jobspec import JobSpec, JobState
+from malletrain.jobspec import JobState
 from malletrain.loopwait import LoopWait
-from malletrain.runtimes import Runtime
-from policy import Decision, JobEvidence, Policy, View
+from policy import Decision, Policy
 
 
 class Daemon:

@@ -7,10 +7,10 @@ changed (the loop decides again for it); a lost node, whichever way it was learn
 from __future__ import annotations
 
 from malletrain.config import DaemonConfig
+from malletrain.daemon.decide import Decide
 from malletrain.daemon.intake import JobIntake
 from malletrain.daemon.records import JobRun, NodeLost, job_of, rescale_kind, stopped_by_us
 from malletrain.daemon.state import JobTable, log
-from malletrain.daemon.decide import Decide
 from malletrain.jobspec import NODE_SLOTS_KEY, JobState, Launcher, node_slots_text
 from malletrain.logs import about
 from malletrain.metrics import Metrics
@@ -122,9 +122,7 @@ class Observe:
         self._lost.add(node)
         for run in self.table.runs.values():
             if run.id in holders or node in run.workers:
-                wid = run.workers.pop(node, None)
-                if wid:
-                    run.leaving.pop(wid, None)
+                run.worker_gone(node)
                 self.store.log_event("node_lost", run.id, node=node, reason=reason)
                 log.info("job %s lost node %s (%s)", run.id, node, reason, extra=about(job=run.id, node=node))
 
@@ -132,15 +130,14 @@ class Observe:
         run = self.table.runs.get(job_of(ev.worker))
         if run is None:
             return False
-        if ev.worker in run.leaving:
-            del run.leaving[ev.worker]
+        if run.worker_left(ev.worker):
             return False
         if run.workers.get(ev.node) != ev.worker:
             return False  # an old worker of a node the job no longer has
         if ev.node not in self.scav.held():  # its pilot is ending or gone: a recall (Slurm signals the whole
             self.node_lost(NodeLost(ev.node, "pilot ending"), now)  # step), not a failure of the job
             return True
-        del run.workers[ev.node]
+        run.worker_gone(ev.node)
         if ev.code == 0 and ev.node in run.members:
             return run.end(JobState.COMPLETED, f"worker {ev.worker} exited 0")
         if stopped_by_us(ev.code, ev.stopped, ev.worker in run.inherited):  # a new worker takes its place
@@ -148,10 +145,9 @@ class Observe:
             log.info("job %s: worker %s was stopped (exit %d) on node %s; starting another", run.id, ev.worker,
                      ev.code, ev.node, extra=about(job=run.id, worker=ev.worker))
             return True
-        run.failures += 1
         started = run.start_sent.get(ev.worker)
         early = started is not None and (run.progress_at is None or run.progress_at < started)
-        run.early_failures = run.early_failures + 1 if early else 0
+        run.worker_failed(early)
         self.decide.give_up_node(run, ev.node, now)
         self.store.log_event("worker_failed", run.id, worker=ev.worker, code=ev.code, failures=run.failures,
                              before_first_step=early)
@@ -166,7 +162,7 @@ class Observe:
         for wid in workers:
             run = self.table.runs.get(job_of(wid))
             if run is not None and node in run.left_on and node not in run.workers:
-                run.workers[node] = wid
+                run.new_worker(node, wid)
                 run.started.add(wid)
                 run.inherited.add(wid)
                 self.store.log_event("adopt", run.id, node=node, worker=wid)
@@ -190,10 +186,7 @@ class Observe:
                 changed |= self._silence(run, now)
                 continue
             progress = run.base_samples + stats.samples
-            if progress > run.last_progress:
-                run.last_progress = progress
-                run.progress_at = now
-                run.failures = run.early_failures = run.stall_restarts = 0
+            run.progressed(progress, now)
             changed |= self._silence(run, now)
             for ev in stats.new_rescales():
                 kind = rescale_kind(ev, run.emptied_at)
@@ -204,7 +197,7 @@ class Observe:
                     changed = True
             if progress > run.saved_samples:
                 self.store.set_samples(run.id, progress)
-                run.saved_samples = progress
+                run.samples_saved(progress)
             target = run.spec.samples
             if target is not None and progress >= target:
                 self.store.set_samples(run.id, progress)
@@ -222,14 +215,14 @@ class Observe:
                                    run.progress_at is not None)
         verdict = stall_verdict(silent, rule, run.stall_restarts, reports)
         if verdict is Stall.NONE:
-            run.stalled, run.stalled_s = "", 0.0
+            run.note_stall("", 0.0)
             return False
         if not run.stalled:
             self.store.log_event("stalled", run.id, silent_s=round(silent, 1), bound_s=rule.after_s)
             log.warning("job %s: no progress for %.0f s: stalled", run.id, silent, extra=about(job=run.id))
-        run.stalled, run.stalled_s = stall_text(silent, rule, run.stall_restarts), round(silent, 1)
+        run.note_stall(stall_text(silent, rule, run.stall_restarts), round(silent, 1))
         if verdict is Stall.RESTART:
-            run.restart = f"stalled: no progress for {silent:.0f} s"
+            run.ask_restart(f"stalled: no progress for {silent:.0f} s")
             return True
         if verdict is Stall.FAIL:
             return run.end(JobState.FAILED, f"stalled: no progress for {silent:.0f} s after {run.stall_restarts} "
