@@ -287,3 +287,21 @@ def test_a_recall_reaches_the_ledger_once_by_the_usable_sets_difference_and_view
         assert [n for n, _ in told if victim in n] == [(victim,)]  # once, whatever the decisions after it
     finally:
         h.close()
+
+
+def test_a_nodes_status_is_one_enum_derived_in_one_place(tmp_path: Path) -> None:
+    """What ``malletrain nodes`` shows and what the sampler counts come from one place,
+    :meth:`Scavenging.node_states`, as :class:`NodeStatus` members (not strings compared by spelling)."""
+    from malletrain.scavenging import NodeStatus
+    from tests.test_conformance import NODES, Harness
+
+    h = Harness(tmp_path / "d", PolicyConfig(profiling="never"))
+    try:
+        h.cluster.became_idle(*NODES[:2])
+        h.run_until(3.0)
+        states = h.daemon.scav.node_states()
+        assert all(type(s) is NodeStatus for s in states.values())
+        assert {states[n] for n in NODES[:2]} == {NodeStatus.HELD} and states[NODES[2]] is NodeStatus.BUSY
+        assert {n["node"]: n["state"] for n in h.daemon.status_nodes()} == {n: s.value for n, s in states.items()}
+    finally:
+        h.close()

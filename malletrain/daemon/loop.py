@@ -32,6 +32,7 @@ from malletrain.daemon.sweeps import SweepDriver, member_environ
 from malletrain.daemon.wiring import DaemonParts, Wiring
 from malletrain.jobspec import JobState
 from malletrain.loopwait import LoopWait
+from malletrain.scavenging import NodeStatus
 from policy import Decision, Policy
 
 
@@ -178,13 +179,14 @@ class Daemon:
         self._next_sample = now + 1.0
         self.accounting.save(self.runs)
         states = self.scav.node_states()
-        held = [n for n, s in states.items() if s in ("held", "holding")]
+        held = [n for n, s in states.items() if s in (NodeStatus.HELD, NodeStatus.HOLDING)]
+        idle = sum(s is NodeStatus.IDLE for s in states.values())
         used = {n for r in self.runs.values() for n in r.members}
         self.store.log_event(
-            "nodes", idle=len(held) + sum(s == "idle" for s in states.values()), held=len(held), used=len(used),
+            "nodes", idle=len(held) + idle, held=len(held), used=len(used),
             jobs={r.id: len(r.members) for r in self.runs.values() if r.members},
         )
-        self.metrics.observe_nodes(sum(s == "idle" for s in states.values()), len(held), len(used))
+        self.metrics.observe_nodes(idle, len(held), len(used))
         self.metrics.observe_runs(self.runs.values(), self.monitor)
         self.metrics.observe_monitor(self.monitor)
         for rid in [rid for rid, r in self.runs.items() if r.state.terminal and not r.leaving]:
