@@ -4,9 +4,10 @@ While real daemon runs of other tests go on (fakes with the test's clock, and th
 real agents and workers), every write to a :class:`JobRun` field is recorded with the daemon module
 whose code made it: an assignment, or a change to the field's dict, set or list in place. Each field
 has one writer module (a part of the daemon, or :mod:`malletrain.daemon.records` where the record's
-own methods hold its transitions), and the fields of a job's phase are written by act alone. The
-parts keep no flag of their own that they set while running, so "decide again" is the loop's alone.
-A second writer of a field, or a second flag, fails here whatever it is called.
+own methods hold its transitions); a job's state (:class:`JobState`, with its one transition table)
+is written by act alone. The parts keep no flag of their own that they set while running, so "decide
+again" is the loop's alone. A second writer of a field, or a second flag, fails here whatever it is
+called. Below: a lost node reaches the ledger by one path, and a node's status is one enum.
 """
 
 from __future__ import annotations
