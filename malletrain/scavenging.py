@@ -39,6 +39,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Callable, Mapping
 
 from malletrain.pilotsmeta import PILOTS_KEY, MetaStore, PilotTexts, parse_pilots, pilots_json
@@ -92,6 +93,17 @@ AGENTLESS_LOOK_S = 1.0
 """The pilots whose agent is missing are looked for at most this often (a look is a pass over every
 pilot; a recall changes the pilots, and at Summit size recalls come several a second): one found a
 second late is cancelled a second late, after ``agent_grace`` (60 s by default)."""
+
+
+class NodeStatus(StrEnum):
+    """A node of the machine as this daemon sees it (``malletrain nodes`` shows the value); one owner,
+    :meth:`Scavenging.node_states`, derives it from the pilots, the agents and the last look."""
+
+    HELD = "held"  # our pilot runs there and its agent is connected
+    HOLDING = "holding"  # our pilot is submitted or runs there; its agent has not said hello yet
+    IDLE = "idle"  # idle in the last look, not ours
+    BUSY = "busy"  # anything else (the main scheduler's)
+
 
 @dataclass
 class Scavenging:
@@ -546,7 +558,7 @@ class Scavenging:
                             ", ".join(pilots), exc)
         self._remember()
 
-    def node_states(self) -> dict[str, str]:
+    def node_states(self) -> dict[str, NodeStatus]:
         """Each node of the machine: held (agent up) / holding (pilot, no agent yet) / idle / busy."""
         d = self.discovery
         alive = self.hub.alive()
@@ -555,13 +567,13 @@ class Scavenging:
         out = {}
         for node in self.machine_nodes():
             if node in held:
-                out[node] = "held" if node in alive else "holding"
+                out[node] = NodeStatus.HELD if node in alive else NodeStatus.HOLDING
             elif node in pilot_nodes:
-                out[node] = "holding"
+                out[node] = NodeStatus.HOLDING
             elif d is not None and node in d.idle:
-                out[node] = "idle"
+                out[node] = NodeStatus.IDLE
             else:
-                out[node] = "busy"
+                out[node] = NodeStatus.BUSY
         return out
 
     def close(self) -> None:

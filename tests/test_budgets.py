@@ -113,7 +113,7 @@ def test_a_job_over_its_budget_is_stopped_and_one_without_is_untouched(daemon) -
                                     budget_node_hours=budget, deadline=time.time() + 3600))
     free = d.store.submit(JobSpec("free", TOY + ("--rate", "2000"), 1, 1, False, {1: 100.0}))
     until(d, lambda: capped in d.runs and free in d.runs)
-    view = {j.id: j for j in d.view(d.clock()).jobs}
+    view = {j.id: j for j in d.decide.view(d.clock()).jobs}
     assert view[capped].budget_node_hours == budget and view[capped].deadline is not None
     assert view[free].budget_node_hours is None and view[free].deadline is None
     until(d, lambda: d.store.require(capped).state.terminal)
@@ -127,7 +127,7 @@ def test_a_job_over_its_budget_is_stopped_and_one_without_is_untouched(daemon) -
     until(d, lambda: d.store.require(free).state is JobState.RUNNING)
     rec_free = d.store.require(free)
     assert rec_free.state is JobState.RUNNING and rec_free.nodes  # the job without a budget runs on
-    assert d.used_node_hours(free) > 0  # counted, but no limit to reach
+    assert d.accounting.used_node_hours(free) > 0  # counted, but no limit to reach
     assert d.runs[free].ending is None
 
 
@@ -135,9 +135,9 @@ def test_a_job_over_its_budget_is_stopped_and_one_without_is_untouched(daemon) -
 def test_node_seconds_survive_a_restart(daemon, tmp_path: Path) -> None:
     d = daemon(nodes=1)
     jid = d.store.submit(JobSpec("long", TOY + ("--rate", "2000"), 1, 1, False, {1: 100.0}, budget_node_hours=100.0))
-    until(d, lambda: d.used_node_hours(jid) > 0 and bool(d.store.get_meta(NODE_SECONDS_KEY)))
+    until(d, lambda: d.accounting.used_node_hours(jid) > 0 and bool(d.store.get_meta(NODE_SECONDS_KEY)))
     status = {j["id"]: j for j in d.status_jobs()}[jid]
     assert status["budget_node_hours"] == 100.0 and status["used_node_hours"] > 0
     d.close()
     again = daemon(nodes=1)
-    assert again.used_node_hours(jid) >= d.used_node_hours(jid) > 0  # the count goes on, not from zero
+    assert again.accounting.used_node_hours(jid) >= d.accounting.used_node_hours(jid) > 0  # the count goes on, not from zero

@@ -36,7 +36,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from malletrain.daemon import Daemon, DaemonParts
-from malletrain.daemon.trainers import user_name
+from malletrain.daemon.decide import user_name
 from malletrain.jobspec import JobSpec as DaemonJobSpec
 from malletrain.jobspec import JobState
 from policy import Decision, Loss, LossOutcome, Policy, PolicyConfig, Stop, StopReason, View
@@ -680,7 +680,8 @@ def test_daemon_view_shows_known_recall_times_of_its_usable_nodes_only(tmp_path:
         assert held == sorted(NODES[:2])
         planned = {held[0]: 300.0, NODES[3]: 400.0}  # a planned start on one of ours, one on a node not ours
         h.daemon.scav.recall_times = lambda: dict(planned)  # type: ignore[method-assign]
-        assert h.daemon.view(h.now).recall_at == {held[0]: 300.0}
+        h.step(4.0)  # the ledger learns them at the next step (a view feeds nothing)
+        assert h.daemon.decide.view(h.now).recall_at == {held[0]: 300.0}
     finally:
         h.close()
 

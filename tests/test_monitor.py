@@ -511,7 +511,7 @@ def test_a_report_captured_before_a_daemon_restart_is_a_replay_after_it(tmp_path
     try:
         jid = d.store.submit(JobSpec("toy", toy, 1, 1, False, {1: 10.0}))
         d.step()
-        key = secret_key(d.job_secret(jid))
+        key = secret_key(d.wiring.job_secret(jid))
         t = time.time()
         captured = [Report(jid, i, 1, t + i * 1e-3, 1, 0, "captured").encode(key) for i in range(1, 4)]
         send_until(d, captured, lambda: last_seq(d) == 3)

@@ -338,7 +338,7 @@ def test_prune_keeps_the_log_folder_under_its_quota_oldest_first(tmp_path: Path)
 def test_a_root_daemon_refuses_a_job_without_a_recorded_owner_instead_of_running_it_as_root() -> None:
     from types import SimpleNamespace
 
-    from malletrain.daemon.jobs import Act
+    from malletrain.daemon.act import Act
 
     with pytest.raises(ValueError, match="no recorded owner"):
         Act._run_as(SimpleNamespace(owner=(None, None)))  # type: ignore[arg-type]
@@ -590,7 +590,7 @@ def test_a_root_daemon_runs_no_other_users_job_with_a_runtime_that_runs_commands
     job would run as root."""
     from types import SimpleNamespace
 
-    from malletrain.daemon.jobs import Act
+    from malletrain.daemon.act import Act
     from malletrain.runtimes.horovod_elastic import HorovodRuntime
 
     assert HorovodRuntime.COMMAND_BESIDE_DAEMON

@@ -57,8 +57,8 @@ The package's files are the daemon's parts, plain classes given what they need w
 ``observe.py``     :class:`.Observe`: pilots, agents and their workers, progress, the store's new jobs
 ``intake.py``      :class:`.JobIntake`: a job from the store registered with the monitor, or refused
 ``adoption.py``    :class:`.Adoption`: the last daemon's jobs, the adoption window; holding idle nodes
-``trainers.py``    :class:`.Decide`: a policy and a ledger per trainer (the ledger builds the view)
-``jobs.py``        :class:`.Act`: jobs and workers (start, publish, suspend, stop, end)
+``decide.py``      :class:`.Decide`: a policy and a ledger per trainer (the ledger builds the view)
+``act.py``         :class:`.Act`: jobs and workers (start, publish, suspend, stop, end)
 ``api.py``         :class:`.ControlApi`: the control API (submit, cancel, status, nodes, shutdown)
 ``accounting.py``  :class:`.NodeAccounting`: node-seconds per job (budgets), kept in the store
 ``shutdown.py``    :class:`.Shutdown`: checkpoints and a clean stop
@@ -70,7 +70,7 @@ Who calls whom (an arrow: "calls"; no part calls back into one that calls it, an
 ``tests/test_daemon_shape.py`` holds it)::
 
     Daemon (loop) ──> Observe, Decide, Act, Adoption, ControlApi, Shutdown, Wiring, SweepDriver
-    ControlApi ─────> Observe, Decide, SweepDriver (status)
+    ControlApi ─────> Decide, SweepDriver (status)
     Shutdown ───────> Act, Observe
     Adoption ───────> Decide, Act, JobIntake
     Observe ────────> Decide, JobIntake
@@ -79,10 +79,19 @@ Who calls whom (an arrow: "calls"; no part calls back into one that calls it, an
 One step, as values: ``changed = observe(...)`` (pilots, agents, progress, the store, control
 requests); ``wake = decide.decide(now)`` when something changed, a replan is due or a profile
 runs; ``act.act(now, decide.plan())`` returns whether it ended or suspended a job. The "decide
-again" flag is the loop's alone. A recall, followed one way: the scheduler's reply or the agent's
-``leaving`` -> :meth:`.Observe.pilots` / :meth:`.Observe.agents` -> one :class:`.NodeLost` ->
-:meth:`.Decide.lose_node` (the ledger interrupts the job) -> :meth:`.Decide.decide` (the new plan)
--> :meth:`.Act.act` (workers stopped there, the new member list published; the worker switches).
+again" flag is the loop's alone (a submit or cancel through the control API goes into the store and
+is observed with the CLI's). A recall, followed one way: the scheduler's reply or the agent's
+``leaving`` -> :meth:`.Observe.pilots` / :meth:`.Observe.agents` -> one :class:`.NodeLost` (the job
+forgets its worker there; the loop is woken) -> :meth:`.Decide.feed_ledgers` (the node is no longer
+usable: the ledger interrupts the job, once, however many events told of it) -> :meth:`.Decide.decide`
+(the new plan) -> :meth:`.Act.act` (workers stopped there, the new member list published; the worker
+switches). :meth:`.Decide.view` is a getter: it feeds nothing.
+
+Each fact has one writer, seen while the daemon runs (``tests/test_daemon_writers.py``): act writes a
+job's phase (``state``) and what it publishes, observe what its workers reported, decide what the
+policy and the ledger say (``waiting``, ``suspended_by``), adoption the last daemon's nodes; the
+transitions of a job's worker table, progress, health and an end asked for are :class:`JobRun`'s own
+methods, which the parts call.
 """
 
 from malletrain.daemon.loop import Daemon
@@ -91,7 +100,7 @@ from malletrain.daemon.records import (
     START_RETRY_S, STATE_FILE, STOP_WAIT_S, STOPPED, STORE_FILE, DaemonError, JobRun, NodeLost, Trainer,
     rescale_kind, stopped_by_us, stopped_from_outside,
 )
-from malletrain.daemon.trainers import policy_states_json, read_policy_states
+from malletrain.daemon.decide import policy_states_json, read_policy_states
 from malletrain.daemon.wiring import DaemonParts, load_timeline, make_runtime
 
 __all__ = [

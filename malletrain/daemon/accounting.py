@@ -1,7 +1,7 @@
 """Accounting: the node-seconds each live job's workers held (``budget_node_hours``), kept in the
 store so a restart goes on counting. A collaborator the daemon owns, with its own state. (Which
 nodes are usable since when and the idle fragments they end are each trainer's
-:class:`policy.Ledger`'s: see :mod:`malletrain.daemon.trainers`.)"""
+:class:`policy.Ledger`'s: see :mod:`malletrain.daemon.decide`.)"""
 
 from __future__ import annotations
 

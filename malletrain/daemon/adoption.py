@@ -6,11 +6,11 @@ from __future__ import annotations
 from typing import Callable
 
 from malletrain.config import DaemonConfig
+from malletrain.daemon.act import Act
+from malletrain.daemon.decide import Decide
 from malletrain.daemon.intake import JobIntake
-from malletrain.daemon.jobs import Act
 from malletrain.daemon.records import JobRun
 from malletrain.daemon.state import JobTable, Runtimes, log
-from malletrain.daemon.trainers import Decide
 from malletrain.jobspec import Launcher
 from malletrain.logs import about
 from malletrain.scavenging import Scavenging
@@ -42,7 +42,7 @@ class Adoption:
             if rec.state.terminal or self.intake.refused(rec.id, rec.spec):
                 continue
             gen = self.store.generation(rec.id)
-            run = JobRun(rec.id, rec.spec, rec.state, base_samples=rec.samples,
+            run = JobRun(rec.id, rec.spec, rec.state, base_samples=rec.samples, last_progress=rec.samples,
                          owner=(rec.owner_uid, rec.owner_gid), umask=rec.owner_umask)
             self.table.runs[rec.id] = run
             if gen:  # numbering never goes backwards: old workers may still run
@@ -50,7 +50,6 @@ class Adoption:
             if rec.spec.launcher is Launcher.TORCHRUN:  # its restart count goes on
                 self.runtimes.torchrun.resume_worlds(rec.id, self._worlds_published(rec.id))
             self.intake.register(rec.id)
-            run.last_progress = rec.samples
             if rec.state.active:
                 run.adopted, run.left_on = True, tuple(rec.nodes)
                 self.table.adopt_until = now + self.cfg.agent_dead_after + 1.0
@@ -86,7 +85,7 @@ class Adoption:
                 continue
             stopped = self.decide.adopt_nodes(run, now)
             run.adopted, run.left_on = False, ()
-            run.members, run.published = [], ()  # republish: the runtime may be new
+            self.act.unpublish(run)  # republish: the runtime may be new
             runtime = self.runtimes.of(run.spec)
             try:  # runtimes with daemon-side state (a Horovod driver) take the job over
                 runtime.readopt(run.id, run.spec.command, {wid: node for node, wid in run.workers.items()})

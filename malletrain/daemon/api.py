@@ -1,22 +1,22 @@
 """The control API: requests on the daemon's Unix socket (submit, cancel, status, nodes, shutdown,
-ping), already authorised by :mod:`malletrain.control`. A submit or cancel is observed at once
-(:meth:`.observe.Observe.submissions`); observe and decide never call the API."""
+ping), already authorised by :mod:`malletrain.control`. A submit or cancel is written into the store;
+the loop observes it right after serving (:meth:`.observe.Observe.submissions`), so the API keeps no
+"decide again" flag of its own; observe and decide never call the API."""
 
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from typing import Any
 
 from malletrain import arrays, sweeps
 from malletrain.control import Caller, Cancel, ControlServer, Nodes, Ping, Request, Shutdown, Status, Submit
 from malletrain.daemon.accounting import NodeAccounting
-from malletrain.daemon.observe import Observe
+from malletrain.daemon.decide import Decide
 from malletrain.daemon.state import JobTable
 from malletrain.daemon.sweeps import SweepDriver
 
 GROUP_KEYS = frozenset({"array", "sweep"})
 """Keys of a submitted job file that make it many jobs: ``array`` (``submit --array``) and ``sweep``."""
-from malletrain.daemon.trainers import Decide
 from malletrain.jobspec import JobSpec, JobSpecError, JobState, parse_spec
 from malletrain.monitor import Monitor
 from malletrain.scavenging import Scavenging
@@ -28,25 +28,20 @@ class ControlApi:
     """What the control socket asks of the daemon."""
 
     def __init__(self, table: JobTable, store: Store, monitor: Monitor, scav: Scavenging,
-                 accounting: NodeAccounting, observe: Observe, decide: Decide, clock: Callable[[], float],
-                 sweep_driver: SweepDriver | None = None) -> None:
+                 accounting: NodeAccounting, decide: Decide, sweep_driver: SweepDriver | None = None) -> None:
         self.table = table
         self.store = store
         self.monitor = monitor
         self.scav = scav
         self.accounting = accounting
-        self.observe = observe
         self.decide = decide
-        self.clock = clock
         self.sweep_driver = sweep_driver
-        self._observed_change = False  # a request since the last serve() observed something new
 
-    def serve(self, control: ControlServer) -> bool:
-        """Answer the requests waiting on ``control``; returns whether one (or one handled since the
-        last serve) changed the jobs."""
+    @staticmethod
+    def serve(control: ControlServer) -> None:
+        """Answer the requests waiting on ``control``; what a submit or cancel wrote into the store is
+        observed next (:meth:`.observe.Observe.submissions`, the loop's)."""
         control.serve(0)
-        changed, self._observed_change = self._observed_change, False
-        return changed
 
     def owner_of(self, job_id: str) -> int | None:
         """The owner of a job, of an array's elements (``a000001``, ``a000001_3``: its first element's)
@@ -66,9 +61,7 @@ class ControlApi:
     def handle(self, req: Request, caller: Caller) -> dict[str, Any]:
         """One authorised control request (``control.authorize`` has checked who may do it)."""
         if isinstance(req, Submit) and GROUP_KEYS & set(req.spec):
-            reply = self._submit_group(req)
-            self._observed_change |= self.observe.submissions(self.clock())
-            return reply
+            return self._submit_group(req)
         if isinstance(req, Submit):
             spec = parse_spec(req.spec, "submitted job").resolved(where="submitted job")  # `python` -> this Python
             if spec.array_id is not None or spec.sweep_name is not None:
@@ -78,21 +71,17 @@ class ControlApi:
             if why is not None:
                 raise JobSpecError(f"submitted job: {why}")
             jid = self._submit(spec, req.owner_uid, req.owner_gid, req.umask)
-            self._observed_change |= self.observe.submissions(self.clock())
             return {"ok": True, "id": jid}
         if isinstance(req, Cancel) and self._is_sweep(req.job):
             ids = sweeps.cancel(self.store, req.job)
-            self._observed_change |= self.observe.submissions(self.clock())
             return {"ok": True, "id": req.job, "jobs": ids, "sweep": req.job, "state": "cancelled"}
         if isinstance(req, Cancel) and arrays.is_array_ref(req.job):
             ids = arrays.resolve(self.store.jobs(), req.job)
             states = [self.store.request_cancel(j) for j in ids]
-            self._observed_change |= self.observe.submissions(self.clock())
             return {"ok": True, "id": req.job, "jobs": ids, "state": "cancelled" if ids else "none",
                     "was": ",".join(sorted({s.value for s in states}))}
         if isinstance(req, Cancel):
             state = self.store.request_cancel(req.job)
-            self._observed_change |= self.observe.submissions(self.clock())
             return {"ok": True, "id": req.job, "state": self.store.require(req.job).state.value, "was": state.value}
         if isinstance(req, Status):
             return {"ok": True, "jobs": self.status_jobs(), "nodes": self.status_nodes(),

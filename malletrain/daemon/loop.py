@@ -19,21 +19,21 @@ import zmq
 from malletrain.config import DaemonConfig
 from malletrain.control import Caller, Request
 from malletrain.daemon.accounting import NodeAccounting
+from malletrain.daemon.act import Act
 from malletrain.daemon.adoption import Adoption
 from malletrain.daemon.api import ControlApi
+from malletrain.daemon.decide import Decide, load_trainers
 from malletrain.daemon.intake import JobIntake
-from malletrain.daemon.jobs import Act
 from malletrain.daemon.observe import Observe
 from malletrain.daemon.records import REPLAN_S, STOPPED, JobRun, Trainer
 from malletrain.daemon.shutdown import Shutdown
 from malletrain.daemon.state import JobTable, log
 from malletrain.daemon.sweeps import SweepDriver, member_environ
-from malletrain.daemon.trainers import Decide, load_trainers
 from malletrain.daemon.wiring import DaemonParts, Wiring
-from malletrain.jobspec import JobSpec, JobState
+from malletrain.jobspec import JobState
 from malletrain.loopwait import LoopWait
-from malletrain.runtimes import Runtime
-from policy import Decision, JobEvidence, Policy, View
+from malletrain.scavenging import NodeStatus
+from policy import Decision, Policy
 
 
 class Daemon:
@@ -66,8 +66,7 @@ class Daemon:
                                intake)
         self.adoption = Adoption(table, cfg, self.store, self.hub, self.scav, runtimes, intake, self.decide,
                                  self.act, clock)
-        self.api = ControlApi(table, self.store, self.monitor, self.scav, self.accounting, self.observe,
-                              self.decide, clock, self.sweeps)
+        self.api = ControlApi(table, self.store, self.monitor, self.scav, self.accounting, self.decide, self.sweeps)
         self.shutdown = Shutdown(table, self.act, self.observe, self.hub, self.monitor, self.runtime, self.store,
                                  self.accounting, clock)
         w.open_control(self.api.handle, self.api.owner_of)
@@ -170,8 +169,8 @@ class Daemon:
         with self.store.batch():
             changed |= self.observe.progress(now)
         self.replay.tick(now)
-        changed |= self.observe.submissions(now)
-        changed |= self.api.serve(self.control)
+        self.api.serve(self.control)  # submits and cancels go into the store ...
+        changed |= self.observe.submissions(now)  # ... and are observed here, with the CLI's
         return changed
 
     def _sample(self, now: float) -> None:
@@ -180,13 +179,14 @@ class Daemon:
         self._next_sample = now + 1.0
         self.accounting.save(self.runs)
         states = self.scav.node_states()
-        held = [n for n, s in states.items() if s in ("held", "holding")]
+        held = [n for n, s in states.items() if s in (NodeStatus.HELD, NodeStatus.HOLDING)]
+        idle = sum(s is NodeStatus.IDLE for s in states.values())
         used = {n for r in self.runs.values() for n in r.members}
         self.store.log_event(
-            "nodes", idle=len(held) + sum(s == "idle" for s in states.values()), held=len(held), used=len(used),
+            "nodes", idle=len(held) + idle, held=len(held), used=len(used),
             jobs={r.id: len(r.members) for r in self.runs.values() if r.members},
         )
-        self.metrics.observe_nodes(sum(s == "idle" for s in states.values()), len(held), len(used))
+        self.metrics.observe_nodes(idle, len(held), len(used))
         self.metrics.observe_runs(self.runs.values(), self.monitor)
         self.metrics.observe_monitor(self.monitor)
         for rid in [rid for rid, r in self.runs.items() if r.state.terminal and not r.leaving]:
@@ -229,39 +229,13 @@ class Daemon:
         """The first trainer's last decision (each trainer's: ``trainers[name].last_decision``)."""
         return next(iter(self.trainers.values())).last_decision
 
-    def view(self, now: float, trainer: str | None = None) -> View:
-        return self.decide.view(now, trainer)
-
-    def evidence(self, trainer: str | None = None) -> dict[str, JobEvidence]:
-        return self.decide.evidence(trainer)
-
     def nodes_of(self, job_id: str) -> tuple[str, ...]:
+        """The nodes ``job_id`` runs on, as its trainer's ledger has them."""
         return self.decide.nodes_of(job_id)
-
-    def node_trainer(self, node: str) -> str | None:
-        return self.decide.node_trainer(node)
-
-    def trainer_name(self, spec: JobSpec) -> str:
-        return self.table.trainer_name(spec)
-
-    def unknown_trainer(self, spec: JobSpec) -> str | None:
-        return self.table.unknown_trainer(spec)
 
     def usable_nodes(self) -> set[str]:
         """Nodes of RUNNING pilots whose own agent is connected (not ENDING ones: jobs leave those)."""
         return self.scav.usable()
-
-    def used_node_hours(self, job_id: str) -> float:
-        """Node-hours the job's workers have held, as this daemon (and the ones before it) counted them."""
-        return self.accounting.used_node_hours(job_id)
-
-    def runtime_of(self, job_id: str) -> Runtime:
-        """The runtime that runs ``job_id``: chosen by the job's launcher, whatever the trainer's runtime."""
-        run = self.runs.get(job_id)
-        return self.wiring.runtimes.of(run.spec if run is not None else None)
-
-    def job_secret(self, job_id: str) -> str:
-        return self.wiring.job_secret(job_id)
 
     def handle(self, req: Request, caller: Caller) -> dict[str, Any]:
         return self.api.handle(req, caller)

@@ -7,10 +7,10 @@ changed (the loop decides again for it); a lost node, whichever way it was learn
 from __future__ import annotations
 
 from malletrain.config import DaemonConfig
+from malletrain.daemon.decide import Decide
 from malletrain.daemon.intake import JobIntake
 from malletrain.daemon.records import JobRun, NodeLost, job_of, rescale_kind, stopped_by_us
 from malletrain.daemon.state import JobTable, log
-from malletrain.daemon.trainers import Decide
 from malletrain.jobspec import NODE_SLOTS_KEY, JobState, Launcher, node_slots_text
 from malletrain.logs import about
 from malletrain.metrics import Metrics
@@ -25,8 +25,8 @@ from scavenger.hub import AgentHub, AgentWorkers, WorkerExitedEvent, WorkerStart
 
 
 class Observe:
-    """What the backend, the agents, the monitor and the store say happened. A lost node is told to
-    decide's ledgers at once (:meth:`Decide.lose_node`); observe calls no other part."""
+    """What the backend, the agents, the monitor and the store say happened. It reads decide's ledgers
+    (which jobs hold a lost node) and writes them nothing; it calls no other part."""
 
     def __init__(self, table: JobTable, cfg: DaemonConfig, scav: Scavenging, hub: AgentHub, store: Store,
                  monitor: Monitor, metrics: Metrics, decide: Decide, intake: JobIntake) -> None:
@@ -42,6 +42,7 @@ class Observe:
         self._machine_size = 0
         self._node_slots: tuple[int, str] | None = None
         self._shape_seen_at: float | None = None  # the time of the look whose node shape was noted
+        self._lost: set[str] = set()  # nodes reported lost and not back since (a loss reported twice: once)
 
     def discover_machine(self, backend: SchedulerBackend) -> None:
         """One look at the machine at start: its size bounds the jobs `submit` accepts."""
@@ -87,6 +88,7 @@ class Observe:
         changed = False
         for ev in self.hub.poll():
             if isinstance(ev, AgentUp):
+                self._lost.discard(ev.node)
                 self.scav.adopt(ev.node, self.scav.agent_batch_job(ev.node), self.hub.pid(ev.node))
                 self.store.log_event("agent_up", node=ev.node)
                 log.info("agent up on node %s", ev.node, extra=about(node=ev.node))
@@ -112,15 +114,15 @@ class Observe:
         return changed
 
     def node_lost(self, ev: NodeLost, now: float) -> None:
-        """A node this daemon no longer has: its trainer's ledger ends its idle fragment and
-        interrupts the job on it; the jobs that held it forget their worker there."""
+        """A node this daemon no longer has: the jobs that held it forget their worker there, and the
+        loop is woken (the caller returns "changed"). The ledgers learn the loss at the next feed, from
+        the usable set's difference (:meth:`Decide.feed_ledgers`), whichever way it was learnt here."""
         node, reason = ev.node, ev.reason
-        holders = self.decide.lose_node(node, now)
+        holders = set() if node in self._lost else self.decide.holders(node)  # (the ledgers learn it later)
+        self._lost.add(node)
         for run in self.table.runs.values():
             if run.id in holders or node in run.workers:
-                wid = run.workers.pop(node, None)
-                if wid:
-                    run.leaving.pop(wid, None)
+                run.worker_gone(node)
                 self.store.log_event("node_lost", run.id, node=node, reason=reason)
                 log.info("job %s lost node %s (%s)", run.id, node, reason, extra=about(job=run.id, node=node))
 
@@ -128,15 +130,14 @@ class Observe:
         run = self.table.runs.get(job_of(ev.worker))
         if run is None:
             return False
-        if ev.worker in run.leaving:
-            del run.leaving[ev.worker]
+        if run.worker_left(ev.worker):
             return False
         if run.workers.get(ev.node) != ev.worker:
             return False  # an old worker of a node the job no longer has
         if ev.node not in self.scav.held():  # its pilot is ending or gone: a recall (Slurm signals the whole
             self.node_lost(NodeLost(ev.node, "pilot ending"), now)  # step), not a failure of the job
             return True
-        del run.workers[ev.node]
+        run.worker_gone(ev.node)
         if ev.code == 0 and ev.node in run.members:
             return run.end(JobState.COMPLETED, f"worker {ev.worker} exited 0")
         if stopped_by_us(ev.code, ev.stopped, ev.worker in run.inherited):  # a new worker takes its place
@@ -144,10 +145,9 @@ class Observe:
             log.info("job %s: worker %s was stopped (exit %d) on node %s; starting another", run.id, ev.worker,
                      ev.code, ev.node, extra=about(job=run.id, worker=ev.worker))
             return True
-        run.failures += 1
         started = run.start_sent.get(ev.worker)
         early = started is not None and (run.progress_at is None or run.progress_at < started)
-        run.early_failures = run.early_failures + 1 if early else 0
+        run.worker_failed(early)
         self.decide.give_up_node(run, ev.node, now)
         self.store.log_event("worker_failed", run.id, worker=ev.worker, code=ev.code, failures=run.failures,
                              before_first_step=early)
@@ -162,7 +162,7 @@ class Observe:
         for wid in workers:
             run = self.table.runs.get(job_of(wid))
             if run is not None and node in run.left_on and node not in run.workers:
-                run.workers[node] = wid
+                run.new_worker(node, wid)
                 run.started.add(wid)
                 run.inherited.add(wid)
                 self.store.log_event("adopt", run.id, node=node, worker=wid)
@@ -186,10 +186,7 @@ class Observe:
                 changed |= self._silence(run, now)
                 continue
             progress = run.base_samples + stats.samples
-            if progress > run.last_progress:
-                run.last_progress = progress
-                run.progress_at = now
-                run.failures = run.early_failures = run.stall_restarts = 0
+            run.progressed(progress, now)
             changed |= self._silence(run, now)
             for ev in stats.new_rescales():
                 kind = rescale_kind(ev, run.emptied_at)
@@ -200,7 +197,7 @@ class Observe:
                     changed = True
             if progress > run.saved_samples:
                 self.store.set_samples(run.id, progress)
-                run.saved_samples = progress
+                run.samples_saved(progress)
             target = run.spec.samples
             if target is not None and progress >= target:
                 self.store.set_samples(run.id, progress)
@@ -218,14 +215,14 @@ class Observe:
                                    run.progress_at is not None)
         verdict = stall_verdict(silent, rule, run.stall_restarts, reports)
         if verdict is Stall.NONE:
-            run.stalled, run.stalled_s = "", 0.0
+            run.note_stall("", 0.0)
             return False
         if not run.stalled:
             self.store.log_event("stalled", run.id, silent_s=round(silent, 1), bound_s=rule.after_s)
             log.warning("job %s: no progress for %.0f s: stalled", run.id, silent, extra=about(job=run.id))
-        run.stalled, run.stalled_s = stall_text(silent, rule, run.stall_restarts), round(silent, 1)
+        run.note_stall(stall_text(silent, rule, run.stall_restarts), round(silent, 1))
         if verdict is Stall.RESTART:
-            run.restart = f"stalled: no progress for {silent:.0f} s"
+            run.ask_restart(f"stalled: no progress for {silent:.0f} s")
             return True
         if verdict is Stall.FAIL:
             return run.end(JobState.FAILED, f"stalled: no progress for {silent:.0f} s after {run.stall_restarts} "

@@ -118,13 +118,94 @@ class JobRun:
     owner: tuple[int | None, int | None] = (None, None)  # (uid, gid) of the submitter
     umask: int | None = None  # the submitter's, recorded at submit: its workers run with it
 
+    # Each field has one writer (``tests/test_daemon_writers.py`` holds it): act writes a job's phase
+    # and what it publishes, observe what its workers reported, decide what the policy and the ledger
+    # say, adoption the last daemon's nodes; the transitions below, of its worker table, its progress,
+    # its health and an end asked for, are the record's own, called by the parts.
+
     def end(self, state: JobState, reason: str) -> bool:
-        """Observe's (and decide's) way to end a job: recorded now, carried out by act (the first
-        reason wins). Returns whether that changed anything (a job to decide again for)."""
+        """Observe's (and decide's, and a sweep's) way to end a job: recorded now, carried out by act
+        (the first reason wins). Returns whether that changed anything (a job to decide again for)."""
         if self.ending is None and not self.state.terminal:
             self.ending = (state, reason)
             return True
         return False
+
+    def end_failed_instead(self, reason: str) -> None:
+        """The end asked for is FAILED, for ``reason`` (a trial that completed without its value)."""
+        self.ending = (JobState.FAILED, reason)
+
+    def new_worker(self, node: str, worker: str) -> None:
+        """``worker`` runs the job on ``node`` (act started it, or an agent reported it after a restart)."""
+        self.workers[node] = worker
+
+    def worker_leaves(self, node: str, kill_at: float) -> str:
+        """The job's worker on ``node`` is told to leave; killed at ``kill_at`` if still there. Returns its id."""
+        worker = self.workers.pop(node)
+        self.leaving[worker] = (node, kill_at)
+        return worker
+
+    def all_workers_leave(self, kill_at: float) -> list[tuple[str, str]]:
+        """Every worker of the job is told to leave (killed at ``kill_at``); returns them as (node, worker)."""
+        gone = list(self.workers.items())
+        for node, worker in gone:
+            self.leaving[worker] = (node, kill_at)
+        self.workers.clear()
+        return gone
+
+    def kill_again_at(self, worker: str, node: str, at: float) -> None:
+        self.leaving[worker] = (node, at)
+
+    def worker_gone(self, node: str) -> str | None:
+        """The job's worker on ``node`` is gone (exited, or lost with its node). Returns its id, if any."""
+        worker = self.workers.pop(node, None)
+        if worker:
+            self.leaving.pop(worker, None)
+        return worker
+
+    def worker_left(self, worker: str) -> bool:
+        """A worker told to leave has exited. Returns whether it was one."""
+        return self.leaving.pop(worker, None) is not None
+
+    def progressed(self, progress: int, now: float) -> bool:
+        """Progress read from the job's reports: if it grew, its failures and stall restarts count
+        from zero again. Returns whether it grew."""
+        if progress <= self.last_progress:
+            return False
+        self.last_progress = progress
+        self.progress_at = now
+        self.failures = self.early_failures = self.stall_restarts = 0
+        return True
+
+    def samples_saved(self, progress: int) -> None:
+        self.saved_samples = progress
+
+    def counted_from_zero(self, reported: int) -> int:
+        """Its new world trains from step 0: the samples counted so far are gone; ``reported``: what
+        its reports added so far (counted from here on). Returns the samples lost."""
+        lost = self.last_progress
+        self.base_samples = -reported
+        self.last_progress = self.saved_samples = 0
+        return lost
+
+    def worker_failed(self, before_first_step: bool) -> None:
+        """A worker of the job's own code failed (toward ``max_failures``)."""
+        self.failures += 1
+        self.early_failures = self.early_failures + 1 if before_first_step else 0
+
+    def note_stall(self, text: str, silent_s: float) -> None:
+        """How long it has been silent past its stall bound (``""``, 0: not stalled)."""
+        self.stalled, self.stalled_s = text, silent_s
+
+    def ask_restart(self, reason: str) -> None:
+        """Its workers are to be stopped and started again (act does it), and why."""
+        self.restart = reason
+
+    def restarted(self) -> None:
+        """Act stopped its workers for the restart asked: counted, no longer stalled."""
+        self.stall_restarts += 1
+        self.restart = self.stalled = ""
+        self.stalled_s = 0.0
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ import time
 from typing import Callable
 
 from malletrain.daemon.accounting import NodeAccounting
-from malletrain.daemon.jobs import Act
+from malletrain.daemon.act import Act
 from malletrain.daemon.observe import Observe
 from malletrain.daemon.records import STOP_WAIT_S, STOPPED, job_of
 from malletrain.daemon.state import JobTable
@@ -86,11 +86,11 @@ class Shutdown:
                 if isinstance(ev, WorkerExitedEvent):
                     exited = self.table.runs.get(job_of(ev.worker))
                     if exited is not None:
-                        exited.leaving.pop(ev.worker, None)
+                        exited.worker_left(ev.worker)
                 elif isinstance(ev, AgentGone):
                     for run, wid in stopping:
                         if run.leaving.get(wid, ("",))[0] == ev.node:
-                            run.leaving.pop(wid, None)
+                            run.worker_left(wid)
             self.monitor.drain(timeout_ms=50)
             self.persist_checkpoints()
         while self.monitor.drain(timeout_ms=100):  # reports still on their way from the exited workers

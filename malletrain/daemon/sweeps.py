@@ -157,7 +157,7 @@ class SweepDriver:
             return
         value, why = read_value(result_path(self.state_dir, name, run.spec.trial))
         if value is None:
-            run.ending = (JobState.FAILED, why)
+            run.end_failed_instead(why)
 
     def _prune(self, study: SweepStudy, name: str, run: JobRun, last_step: int) -> None:
         if study.sweep.pruner == "none" or run.spec.trial is None or run.ending is not None:

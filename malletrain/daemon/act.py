@@ -63,9 +63,7 @@ class Act:
                 if run.members or run.workers or run.state.active:
                     self.suspend(run, now, self._why_no_nodes(run))
                     changed = True
-                run.suspended_by = None
                 continue
-            run.suspended_by = None  # it runs again
             if run.restart:  # observe found it stalled: its workers start again (from its checkpoint)
                 self.restart(run, now)
                 changed = True
@@ -81,7 +79,7 @@ class Act:
             for wid, (node, kill_at) in list(run.leaving.items()):
                 if now >= kill_at:
                     self.hub.stop_worker(node, wid, grace=1.0)
-                    run.leaving[wid] = (node, now + 5.0)
+                    run.kill_again_at(wid, node, now + 5.0)
         return changed
 
     def _act_job(self, run: JobRun, nodes: tuple[str, ...], now: float, profiling: bool) -> None:
@@ -90,7 +88,7 @@ class Act:
         for node in nodes:
             if node not in run.workers:
                 self._worker_seq += 1
-                run.workers[node] = f"{run.id}.{node}.{int(now * 1000) % 10**9}{self._worker_seq}"
+                run.new_worker(node, f"{run.id}.{node}.{int(now * 1000) % 10**9}{self._worker_seq}")
             wid = run.workers[node]
             if wid not in run.started and now - run.start_sent.get(wid, -1e9) >= START_RETRY_S:
                 runtime = self.runtimes.of(run.spec)
@@ -109,8 +107,7 @@ class Act:
                 run.start_sent[wid] = now
         target = set(nodes)  # (list lookups: 64 x 64 a job, every step)
         for node in [n for n in run.workers if n not in target]:
-            wid = run.workers.pop(node)
-            run.leaving[wid] = (node, now + LEAVE_GRACE_S)
+            run.worker_leaves(node, now + LEAVE_GRACE_S)
         # a member whose worker changed (it died and another took its place) is joining again
         published_ids = set(run.published)
         kept = [n for n in run.members if n in target and run.workers.get(n) in published_ids]
@@ -175,9 +172,7 @@ class Act:
         """The job's new world trains from step 0 (its last worker died, no checkpoint): the samples
         counted so far no longer exist, so its count starts again (status and the target with it)."""
         stats = self.monitor.jobs.get(run.id)
-        lost = run.last_progress
-        run.base_samples = -(stats.samples if stats is not None else 0)
-        run.last_progress = run.saved_samples = 0
+        lost = run.counted_from_zero(stats.samples if stats is not None else 0)
         self.store.reset_samples(run.id, 0)
         self.store.log_event("progress_lost", run.id, samples=lost)
         log.warning("job %s: its new world starts from step 0 (no survivor, no checkpoint): %d samples "
@@ -197,13 +192,12 @@ class Act:
     def restart(self, run: JobRun, now: float) -> None:
         """Stop a stalled job's workers; the next step starts new ones on its nodes, and they resume from
         its last checkpoint (:mod:`policy.health`)."""
-        run.stall_restarts += 1
-        self.store.log_event("stall_restart", run.id, reason=run.restart, restarts=run.stall_restarts)
-        log.warning("job %s: %s; restarting its workers (restart %d)", run.id, run.restart, run.stall_restarts,
+        restarts = run.stall_restarts + 1
+        self.store.log_event("stall_restart", run.id, reason=run.restart, restarts=restarts)
+        log.warning("job %s: %s; restarting its workers (restart %d)", run.id, run.restart, restarts,
                     extra=about(job=run.id))
         self.stop_workers(run, now)
-        run.restart = run.stalled = ""
-        run.stalled_s = 0.0
+        run.restarted()
 
     def stop_workers(self, run: JobRun, now: float) -> None:
         run.emptied_at = now
@@ -218,10 +212,8 @@ class Act:
                 log.warning("runtime.set_members(%s, []): %s", run.id, exc, extra=about(job=run.id))
             run.members = []
         run.published = ()
-        for node, wid in run.workers.items():
+        for node, wid in run.all_workers_leave(now + 5.0):
             self.hub.stop_worker(node, wid, grace=2.0)
-            run.leaving[wid] = (node, now + 5.0)
-        run.workers.clear()
         self.store.set_nodes(run.id, [])
 
     def finish(self, run: JobRun, state: JobState, reason: str) -> bool:
@@ -246,6 +238,12 @@ class Act:
             self.runtimes.of(run.spec).forget(run.id, keep_state=False)
         except Exception as exc:
             log.warning("runtime.forget(%s): %s", run.id, exc, extra=about(job=run.id))
+
+    @staticmethod
+    def unpublish(run: JobRun) -> None:
+        """Forget the member list published for ``run`` (an adopted job's: the runtime may be new), so
+        that the next step publishes it again."""
+        run.members, run.published = [], ()
 
     def set_state(self, run: JobRun, state: JobState, reason: str) -> None:
         if run.state == state:

@@ -112,17 +112,19 @@ class Decide:
         return self._node_owner[node]
 
     def view(self, now: float, trainer: str | None = None) -> View:
-        """What one trainer's policy decides on (default: the first trainer's), built by its ledger
-        once it is told what this daemon holds now: its usable nodes, its live jobs."""
+        """What one trainer's policy decides on (default: the first trainer's): its ledger's view of its
+        usable nodes and its live jobs, as the last :meth:`feed_ledgers` left them. A getter: it feeds
+        nothing, so asking twice changes nothing."""
         t = self.trainers[trainer or next(iter(self.trainers))]
-        self.feed_ledger(t, now)
         return t.ledger.view(now, sorted(t.ledger.live_jobs()))
 
     def feed_ledgers(self, now: float) -> None:
-        """Every trainer's ledger learns what this step observed (nodes usable, nodes gone, jobs)."""
+        """Every trainer's ledger learns what this step observed (nodes usable, nodes gone, jobs). The one
+        path by which a lost node reaches a ledger: the usable set's difference (observe's events only
+        wake the loop), so a node lost however it was learnt is fed once."""
         usable = self._usable_by_trainer()
         for t in self.trainers.values():
-            self.feed_ledger(t, now, usable[t.name])
+            self._feed_ledger(t, now, usable[t.name])
 
     def _usable_by_trainer(self) -> dict[str, set[str]]:
         usable = self.scav.usable()
@@ -136,14 +138,12 @@ class Decide:
                 out[name].add(node)
         return out
 
-    def feed_ledger(self, t: Trainer, now: float, usable: set[str] | None = None) -> None:
+    def _feed_ledger(self, t: Trainer, now: float, usable: set[str]) -> None:
         """``t``'s ledger as events: nodes no longer usable are lost (each ends an idle fragment, and
         interrupts the job on it, stopped below its min), new ones usable from ``now``; jobs that ended
         leave it, new ones are submitted; each live job's progress and node-hours. The jobs' nodes are
         the ledger's own: decisions place them (:meth:`_apply_decision`), losses take them away."""
         ledger = t.ledger
-        if usable is None:
-            usable = self._usable_by_trainer()[t.name]
         ours = set(ledger.ours())  # (set operations: 4,608 nodes every step)
         if gone := ours - usable:
             self._note_losses(ledger.lost(sorted(gone), now))
@@ -172,16 +172,16 @@ class Decide:
         ledger = self.table.trainer_of(run).ledger
         return ledger.nodes_of(job_id) if ledger.is_live(job_id) else ()
 
-    def lose_node(self, node: str, now: float) -> set[str]:
-        """``node`` was taken back (observed before the next feed): its trainer's ledger ends its idle
-        fragment and interrupts the job on it (stopped below its min). Returns the jobs that held it."""
-        holders = set()
-        for t in self.trainers.values():
-            holder = t.ledger.holder(node)
-            if holder is not None:
-                holders.add(holder)
-            self._note_losses(t.ledger.lost([node], now))
-        return holders
+    def holders(self, node: str) -> set[str]:
+        """The jobs the ledgers show on ``node`` (a read: a lost node reaches the ledgers at the next
+        :meth:`feed_ledgers`)."""
+        return {h for t in self.trainers.values() if (h := t.ledger.holder(node)) is not None}
+
+    def _placed(self, job_id: str, nodes: list[str]) -> None:
+        """A job placed on nodes runs again: the Loss that stopped it no longer says why it has none."""
+        run = self.table.runs.get(job_id)
+        if run is not None and nodes:
+            run.suspended_by = None
 
     def _note_losses(self, losses: list[Loss]) -> None:
         """What the ledger decided a loss does to each job: one it suspended (below its min) is marked
@@ -200,6 +200,7 @@ class Decide:
             return False  # ending (e.g. cancelled while adoption was open): act ends it
         nodes = [n for n in dict.fromkeys(run.left_on) if ledger.is_usable(n) and ledger.holder(n) is None]
         ledger.placed(run.id, nodes, now)
+        self._placed(run.id, nodes)
         return ledger.released(run.id, [n for n in nodes if n not in run.workers], now).stopped
 
     def give_up_node(self, run: JobRun, node: str, now: float) -> None:
@@ -281,6 +282,7 @@ class Decide:
             ledger.placed(job_id, [n for n in ledger.nodes_of(job_id) if n in kept], now)
         for job_id, nodes in moved.items():
             ledger.placed(job_id, nodes, now)
+            self._placed(job_id, nodes)
         for job in self.table.runs.values():
             if not job.state.terminal and self.table.trainer_name(job.spec) == trainer:
                 job.waiting = (decision.waiting if waiting is None else waiting).get(job.id, "")
