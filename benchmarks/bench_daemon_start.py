@@ -51,7 +51,7 @@ def wait(pred, what: str, timeout: float = 120.0):  # type: ignore[no-untyped-de
 
 
 def agents_up_since_last_start(db: Path) -> int:
-    from malletrain.store import Store
+    from malletrain.daemon.store import Store
 
     try:
         store = Store.open(db)
@@ -90,7 +90,7 @@ def one(tmp: Path, runtime: str) -> tuple[float, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from malletrain.config import DaemonConfig
+    from malletrain.daemon.config import DaemonConfig
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--reps", type=int, default=3)

@@ -36,10 +36,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from malletrain.config import DaemonConfig, LocalConfig, ScavengerConfig
+from malletrain.daemon.config import DaemonConfig, LocalConfig, ScavengerConfig
 from malletrain.daemon import Daemon
-from malletrain.examples.tracelog import traced
-from malletrain.jobspec import JobSpec, JobState
+from malletrain.worker.examples.tracelog import traced
+from malletrain.daemon.jobspec import JobSpec, JobState
 
 
 def step_until(d: Daemon, what: str, pred: Callable[[], bool], timeout_s: float) -> None:
@@ -103,7 +103,7 @@ def rate(steps: list[dict[str, Any]], world: int) -> float:
 
 
 def submit(d: Daemon, name: str, nodes: int, workers_per_node: int | None) -> str:
-    cmd = (sys.executable, "-m", "malletrain.examples.train", "--model", "cnn", "--samples", str(10**9),
+    cmd = (sys.executable, "-m", "malletrain.worker.examples.train", "--model", "cnn", "--samples", str(10**9),
            "--trace", "--step-sleep", "0")
     scaling = {n: 100.0 * n for n in range(1, nodes + 1)}
     return d.store.submit(JobSpec(name, cmd, 1, nodes, False, scaling, workers_per_node=workers_per_node))

@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator
 
 import psutil
 
-from malletrain.procs import procs_mentioning
+from malletrain.cli.procs import procs_mentioning
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -203,7 +203,7 @@ profiling = "requested"
 
 TOY_JOB = """
 name = "{name}"
-command = ["python", "-m", "malletrain.toy_runtime", "--rate", "{rate}"]
+command = ["python", "-m", "malletrain.runtimes.toy", "--rate", "{rate}"]
 min_nodes = {lo}
 max_nodes = {hi}
 profile = {profile}
@@ -228,7 +228,7 @@ max_running = {max_running}
 
 TORCH_JOB = """
 name = "{name}"
-command = ["python", "-m", "malletrain.examples.train", "--model", "linear", "--samples", "1000000000",
+command = ["python", "-m", "malletrain.worker.examples.train", "--model", "linear", "--samples", "1000000000",
            "--step-sleep", "0.02"]
 min_nodes = {lo}
 max_nodes = {hi}

@@ -48,7 +48,7 @@ from scavenger.base import (
     Runner,
     run_command,
 )
-from scavenger.nodeshape import NodeShapeError, pbs_ngpus
+from contract.nodeshape import NodeShapeError, pbs_ngpus
 from scavenger.pilots import BatchBackend, BatchConfig, Observation, require_ok
 
 log = logging.getLogger("malletrain.pbs")

@@ -1,10 +1,10 @@
 """Warm workers: a process that imported the framework before its job was known.
 
-    python -m scavenger.warm --fd N --import torch,malletrain.elastic
+    python -m scavenger.warm --fd N --import torch,malletrain.worker.elastic
 
 A node agent started with ``--warm MODULES`` keeps one such process per worker
 slot of its node while it has no worker (:class:`WarmSlot`; a node of K slots,
-:mod:`scavenger.nodeshape`, keeps K, each pinned to its slot's cores with its
+:mod:`contract.nodeshape`, keeps K, each pinned to its slot's cores with its
 slot's thread count). Nothing in it touches a GPU: importing torch does not
 initialise CUDA, so no device memory is held before the job runs. The process imports ``MODULES`` (the
 runtime's framework; seconds of CPU that a fresh worker would spend after its

@@ -24,12 +24,12 @@ import zmq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from malletrain.config import DaemonConfig, LocalConfig, Ports
+from malletrain.daemon.config import DaemonConfig, LocalConfig, Ports
 from malletrain.daemon import Daemon, DaemonError
 from procs import procs_mentioning
 from scavenger import channel as C
 from scavenger import protocol as P
-from scavenger.agent import EXIT_RECALLED, batch_job_from
+from scavenger.agent import EXIT_SIGTERM, batch_job_from
 from scavenger.base import AgentUp
 from scavenger.hub import AgentHub, AgentWorkers, WorkerExitedEvent, WorkerStartedEvent
 
@@ -430,7 +430,7 @@ def test_sigterm_stops_workers_so_they_checkpoint_and_the_agent_exits_143(tmp_pa
         hub.start_worker(NODE, "w", (sys.executable, "-c", CHECKPOINTER, str(ckpt)), {}, None)
         wait_until("worker up", lambda: Path(str(ckpt) + ".up").exists(), tick)
         agent.send_signal(signal.SIGTERM)
-        assert agent.wait(timeout=30) == EXIT_RECALLED == 143
+        assert agent.wait(timeout=30) == EXIT_SIGTERM == 143
         assert ckpt.read_text() == "checkpoint"  # the worker was asked to stop, and did
         wait_until("the worker's exit reported", lambda: WorkerExitedEvent(NODE, "w", 143, True) in events, tick)
     finally:

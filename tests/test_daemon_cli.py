@@ -15,7 +15,7 @@ import pytest
 
 
 from procs import procs_mentioning
-from malletrain.store import Store
+from malletrain.daemon.store import Store
 
 
 CONFIG = """
@@ -32,7 +32,7 @@ trace = "none"
 
 JOB = """
 name = "{name}"
-command = ["{python}", "-m", "malletrain.toy_runtime", "--rate", "1000"]
+command = ["{python}", "-m", "malletrain.runtimes.toy", "--rate", "1000"]
 min_nodes = 1
 max_nodes = 1
 scaling = {{ 1 = 10.0 }}
@@ -144,7 +144,7 @@ scaling = { 1 = 10.0 }
 
 SHORT = """
 name = "short"
-command = ["python", "-m", "malletrain.toy_runtime", "--rate", "4000", "--exit-after-samples", "500"]
+command = ["python", "-m", "malletrain.runtimes.toy", "--rate", "4000", "--exit-after-samples", "500"]
 samples = 100000
 scaling = { 1 = 10.0 }
 """
@@ -183,7 +183,7 @@ def test_status_says_why_a_job_failed_and_where_its_log_is(tmp_path: Path) -> No
 
 
 def test_status_escapes_what_jobs_wrote(tmp_path: Path) -> None:
-    from malletrain.cli_daemon import format_details, format_jobs, job_note
+    from malletrain.cli.daemon import format_details, format_jobs, job_note
 
     evil = {"id": "j000001", "name": "x\n\x1b[2Jfake", "state": "failed", "nodes": [], "min_nodes": 1,
             "max_nodes": 1, "samples": 0, "target": None, "message": "exit 1\x1b[31m", "logs": []}

@@ -65,7 +65,7 @@ def test_only_the_loop_writes_the_decide_again_flag() -> None:
 def test_a_job_submitted_through_the_control_api_is_decided_at_the_next_step(tmp_path: Path) -> None:
     """The API observes what a request submitted at once; that change reaches the loop's next
     decision (not the next periodic replan), whether the request came through the socket or not."""
-    from malletrain.control import Caller, Submit
+    from malletrain.daemon.control import Caller, Submit
     from policy import PolicyConfig
 
     try:

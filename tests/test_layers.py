@@ -125,10 +125,10 @@ PER_PACKAGE = list(RANK)
 
 
 def test_the_workers_wire_does_not_import_the_scavenger() -> None:
-    """The worker side (``malletrain/elastic``) speaks the frames the agent channel speaks; both import
+    """The worker side (``malletrain/worker/elastic``) speaks the frames the agent channel speaks; both import
     them from :mod:`authframe`, below both, and the worker imports nothing of the scavenger."""
-    worker = [m for m in MODULES if m.startswith("malletrain.elastic")]
-    assert "malletrain.elastic.wire" in worker
+    worker = [m for m in MODULES if m.startswith("malletrain.worker.elastic")]
+    assert "contract.wire" in worker
     bad = [(m, target, line) for m in worker for target, _, line in imports(m) if target.split(".")[0] == "scavenger"]
     assert not bad, bad
 

@@ -16,8 +16,8 @@ from typing import Any, Callable
 
 import zmq
 
-from malletrain.config import DaemonConfig
-from malletrain.control import Caller, Request
+from malletrain.daemon.config import DaemonConfig
+from malletrain.daemon.control import Caller, Request
 from malletrain.daemon.accounting import NodeAccounting
 from malletrain.daemon.adoption import Adoption
 from malletrain.daemon.api import ControlApi
@@ -30,8 +30,8 @@ from malletrain.daemon.state import JobTable, log
 from malletrain.daemon.sweeps import SweepDriver, member_environ
 from malletrain.daemon.trainers import Decide, load_trainers
 from malletrain.daemon.wiring import DaemonParts, Wiring
-from malletrain.jobspec import JobSpec, JobState
-from malletrain.loopwait import LoopWait
+from malletrain.daemon.jobspec import JobSpec, JobState
+from malletrain.daemon.loopwait import LoopWait
 from malletrain.runtimes import Runtime
 from policy import Decision, JobEvidence, Policy, View
 

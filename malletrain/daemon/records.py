@@ -6,8 +6,8 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass, field
 
-from malletrain.config import TrainerConfig
-from malletrain.jobspec import JobSpec, JobState
+from malletrain.daemon.config import TrainerConfig
+from malletrain.daemon.jobspec import JobSpec, JobState
 from policy import Decision, Ledger, Loss, Policy
 from profiler.estimators import RescaleEvent
 
@@ -21,7 +21,7 @@ so that nodes back together join in one rescale; past it, the ready ones join no
 later one. (A job's first world waits for all its workers, as before.)"""
 
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGKILL, signal.SIGINT, signal.SIGHUP)
-EXIT_STORE_LOST = 75  # a torch worker whose daemon's store stayed away too long (malletrain.elastic)
+EXIT_STORE_LOST = 75  # a torch worker whose daemon's store stayed away too long (malletrain.worker.elastic)
 
 
 def stopped_from_outside(code: int) -> bool:

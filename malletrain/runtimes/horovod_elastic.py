@@ -55,9 +55,9 @@ from typing import Callable, Mapping, Sequence
 
 import psutil
 
-from malletrain.messages import ENV_SECRET
+from contract.messages import ENV_JOB_SECRET
 from malletrain.runtimes import LaunchSpec, Runtime
-from malletrain.workerenv import ENV_HOROVOD_JOB_DIR, ENV_JOB, ENV_WORKER, WorkerEnv  # noqa: F401  (ENV_JOB, ENV_WORKER: re-exported)
+from contract.workerenv import ENV_HOROVOD_JOB_DIR, ENV_JOB, ENV_WORKER, WorkerEnv  # noqa: F401  (ENV_JOB, ENV_WORKER: re-exported)
 
 MODULE = "malletrain.runtimes.horovod_elastic"
 HOSTS_FILE = "hosts"
@@ -224,7 +224,7 @@ class HorovodRuntime(Runtime):
     # ----------------------------------------------------------------- protocol
     def use_secrets(self, secret_for: Callable[[str], str]) -> None:
         """Each job's report-signing secret goes into its driver's env, so every worker it spawns has it."""
-        self.job_env = lambda job_id: {ENV_SECRET: secret_for(job_id)}
+        self.job_env = lambda job_id: {ENV_JOB_SECRET: secret_for(job_id)}
 
     def start(self) -> None:
         """Create the work directory (a temporary one if none was given)."""

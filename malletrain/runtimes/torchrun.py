@@ -8,12 +8,12 @@ one higher. Nothing in the script changes.
 
 The daemon's job manager treats such a job like any other: it starts one worker per node
 ahead of time and publishes member lists. The worker it starts is a small rank agent
-(:mod:`malletrain.runtimes.torchrun_agent`, no torch in it) that runs the job's command as
+(:mod:`malletrain.worker.torchrun_agent`, no torch in it) that runs the job's command as
 its children, one per worker slot the job uses on the node (K ranks a node, as ``torchrun
 --nproc-per-node`` runs them; each with its slot's device and cores): it waits for a world that lists it, forms it with the world's other agents (a
 barrier in the daemon's store, then the first rank's agent names a free port on its own
 host: ``MASTER_ADDR``/``MASTER_PORT``, fresh for each world) and starts the command with
-torchrun's variables (:func:`malletrain.workerenv.torchrun_environ`). When a newer world
+torchrun's variables (:func:`contract.workerenv.torchrun_environ`). When a newer world
 comes it stops the child and starts it again in the new one.
 
 :class:`TorchrunRuntime` is the daemon-side half. It hosts its own store (the ``torch``
@@ -36,18 +36,18 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from authframe import MAX_FRAME
-from malletrain.elastic.keys import done_key, failed_key, pg_key, ready_key, world_key
-from malletrain.jobspec import TORCHRUN_MAX_RANKS, WORKERS_PER_NODE_MAX
+from contract.storekeys import done_key, failed_key, pg_key, ready_key, world_key
+from malletrain.daemon.jobspec import TORCHRUN_MAX_RANKS, WORKERS_PER_NODE_MAX
 from malletrain.runtimes import LaunchSpec
 from malletrain.runtimes.torch_elastic import TorchRuntime
-from malletrain.workerenv import DEFAULT_STORE_GRACE_S, RankPlace, WorkerEnvError
+from contract.workerenv import DEFAULT_STORE_GRACE_S, RankPlace, WorkerEnvError
 
 log = logging.getLogger("malletrain.torchrun")
 
-LAUNCH_MODULE = "malletrain.launch"
+LAUNCH_MODULE = "malletrain.worker.launch"
 """The worker-side launcher a Python command runs through (it installs the progress hook, then runs
 the script as ``python SCRIPT`` / ``python -m MODULE`` would)."""
-AGENT_MODULE = "malletrain.runtimes.torchrun_agent"
+AGENT_MODULE = "malletrain.worker.torchrun_agent"
 """The rank agent the daemon starts as each worker of a ``torchrun`` job."""
 DEFAULT_STOP_GRACE_S = 10.0
 """Seconds a rank has after SIGTERM (at a change of its world) before SIGKILL."""
@@ -76,8 +76,8 @@ def is_python(word: str) -> bool:
 
 
 def wrap_python_command(command: Sequence[str], launcher_present: bool | None = None) -> tuple[str, ...]:
-    """``command`` as a rank runs it: ``PY SCRIPT ARGS`` becomes ``PY -m malletrain.launch SCRIPT ARGS``
-    and ``PY -m MODULE ARGS`` becomes ``PY -m malletrain.launch -m MODULE ARGS`` (when that module is
+    """``command`` as a rank runs it: ``PY SCRIPT ARGS`` becomes ``PY -m malletrain.worker.launch SCRIPT ARGS``
+    and ``PY -m MODULE ARGS`` becomes ``PY -m malletrain.worker.launch -m MODULE ARGS`` (when that module is
     installed: ``launcher_present``, default: look). Anything else (not Python, interpreter flags
     first) runs as given."""
     argv = tuple(command)
@@ -249,7 +249,7 @@ class TorchrunRuntime(TorchRuntime):
         """The ranks ``worker`` runs on its node: what its launch said, else (a worker an earlier daemon
         started) what its rank agent's ready key says (it writes its K there, again at each reconnection),
         else 1. The key is the job's to write: a K above what any node has
-        (:data:`~malletrain.jobspec.WORKERS_PER_NODE_MAX`) is not believed (1, with a warning)."""
+        (:data:`~malletrain.daemon.jobspec.WORKERS_PER_NODE_MAX`) is not believed (1, with a warning)."""
         known = self._local.get(job_id, {}).get(worker)
         if known is not None:
             return known
