@@ -44,7 +44,7 @@ trace = "none"
 
 LIAR_CURVE = """
 name = "liar"
-command = ["python", "-m", "malletrain.runtimes.toy", "--rate", "20", "--alpha", "1.0"]
+command = ["python", "-m", "malletrain.worker.toy", "--rate", "20", "--alpha", "1.0"]
 min_nodes = 1
 max_nodes = 2
 scaling = { 1 = 1.0, 2 = 1000000.0 }

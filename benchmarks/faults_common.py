@@ -203,7 +203,7 @@ profiling = "requested"
 
 TOY_JOB = """
 name = "{name}"
-command = ["python", "-m", "malletrain.runtimes.toy", "--rate", "{rate}"]
+command = ["python", "-m", "malletrain.worker.toy", "--rate", "{rate}"]
 min_nodes = {lo}
 max_nodes = {hi}
 profile = {profile}

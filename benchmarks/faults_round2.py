@@ -267,8 +267,8 @@ def self_signed_reports(t: B.Tally, d: B.Daemon) -> None:
     """A job holds its own secret: it signs reports claiming 2^31-1 samples (S, A)."""
     import zmq
 
-    from contract.messages import MAX_SAMPLES, Report, secret_key
-    from malletrain.daemon.monitor import MAX_RATE_PER_NODE, job_secret
+    from contract.messages import MAX_SAMPLES, Report, job_secret, secret_key
+    from malletrain.daemon.monitor import MAX_RATE_PER_NODE
     from malletrain.daemon.ratebound import HistoryBound
 
     jid = d.submit(B.TOY_JOB.format(name="greedy", rate=200, lo=1, hi=1, profile="false", samples=""), "greedy")

@@ -92,7 +92,7 @@ LIAR = """
 import os, subprocess, sys, time, zmq
 from contract.messages import Report, secret_key
 job, me = os.environ["MALLETRAIN_JOB"], os.environ["MALLETRAIN_WORKER"]
-worker = subprocess.Popen([sys.executable, "-m", "malletrain.runtimes.toy", "--rate", "1000"])  # joins, reports
+worker = subprocess.Popen([sys.executable, "-m", "malletrain.worker.toy", "--rate", "1000"])  # joins, reports
 key = secret_key(os.environ["MALLETRAIN_JOB_SECRET"])
 push = zmq.Context.instance().socket(zmq.PUSH)
 push.connect(os.environ["MALLETRAIN_MONITOR"])

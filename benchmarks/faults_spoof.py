@@ -28,7 +28,7 @@ def part_spoof(t: Tally) -> None:
     import zmq
 
     from contract.messages import Report, new_secret, secret_key
-    from malletrain.daemon.monitor import job_secret
+    from contract.messages import job_secret
 
     with workdir("mt-faults-spoof-") as top:
         d = Daemon(top, TOY_CONFIG.format(trace="none"))

@@ -46,11 +46,10 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
+from contract.workerenv import ENV_JOB_SECRET  # the job's secret (64 hex digits), given to its workers
+
 VERSION = 2
 """The envelope version this code writes and accepts (v1 was unsigned)."""
-
-ENV_JOB_SECRET = "MALLETRAIN_JOB_SECRET"
-"""Environment variable carrying the job's secret (64 hex digits) to its workers."""
 
 MAX_FRAME = 2048
 """Largest frame (bytes) the monitor decodes; a report is about 250 bytes."""
@@ -131,6 +130,11 @@ def quote(frame: bytes, n: int = 60) -> str:
 def new_secret() -> str:
     """A fresh random job secret (64 hex digits)."""
     return secrets.token_hex(SECRET_BYTES)
+
+
+def job_secret(master_key: bytes, job_id: str) -> str:
+    """The secret of ``job_id`` (64 hex digits): ``HMAC-SHA256(master_key, "malletrain job secret\\0" + id)``."""
+    return hmac.new(master_key, b"malletrain job secret\0" + job_id.encode(), "sha256").hexdigest()
 
 
 def secret_key(secret: str | bytes, where: str = ENV_JOB_SECRET) -> bytes:

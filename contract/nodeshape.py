@@ -23,9 +23,12 @@ Everything here is pure (the agent passes in its environment, the names under
 from __future__ import annotations
 
 import enum
+import os
 import re
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from contract.workerenv import ENV_DEVICES
 
 MAX_SLOTS = 64
 """The most worker slots one node may have (a sanity bound on what a scheduler reports)."""
@@ -203,9 +206,6 @@ def core_share(cores: Sequence[int], local_rank: int, slots: int) -> tuple[int, 
     return tuple(ordered[start:start + base + (1 if local_rank < extra else 0)])
 
 
-ENV_DEVICES = "MALLETRAIN_DEVICES"
-"""A job variable: ``own`` (the default: each worker sees its slot's device only) or ``all``
-(every worker sees every device of the node and uses ``LOCAL_RANK`` as its index)."""
 DEVICES_OWN = "own"
 DEVICES_ALL = "all"
 
@@ -267,3 +267,12 @@ def slot_place(local_rank: int, slots: int, acc: Accelerator, node_env: Mapping[
         devices = visible_devices(acc, node_env, slots)
         env[var] = devices[local_rank % len(devices)]
     return SlotPlace(local_rank, slots, env, share)
+
+
+def pin_cores(cores: tuple[int, ...], then: Callable[[], None]) -> Callable[[], None]:
+    """A ``preexec_fn`` that pins the process to ``cores`` (its slot's share), then runs ``then``."""
+    def setup() -> None:
+        if cores:
+            os.sched_setaffinity(0, cores)
+        then()
+    return setup

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
+ENV_PREFIX = "MALLETRAIN_"
+"""Every variable of this contract starts so; a job's own ``env`` may set none but :data:`ENV_DEVICES`."""
 ENV_JOB = "MALLETRAIN_JOB"
 """The job id (all runtimes)."""
 ENV_WORKER = "MALLETRAIN_WORKER"
@@ -68,6 +70,18 @@ ENV_TRIAL_RESULT = "MALLETRAIN_TRIAL_RESULT"
 ENV_TRIAL_STEPS = "MALLETRAIN_TRIAL_STEPS"
 """The file a sweep trial appends its intermediate values to, one ``{"step": S, "value": X}`` a line
 (:func:`malletrain.worker.client.trial_report`; the sweep's pruner reads them)."""
+
+ENV_DEVICES = "MALLETRAIN_DEVICES"
+"""A job variable, the one ``MALLETRAIN_*`` a job's ``env`` may set: ``own`` (the default: each worker
+sees its slot's device only) or ``all`` (every worker sees every device of the node and uses
+``LOCAL_RANK`` as its index; :mod:`contract.nodeshape`)."""
+
+# Not a worker's, but read beside the daemon: the state folder the CLI talks to, and the batch job id
+# the local backend gives the node agents it starts (Slurm and PBS give their own).
+ENV_STATE_DIR = "MALLETRAIN_STATE_DIR"
+"""The daemon's state folder, where ``--state-dir`` is not given."""
+ENV_BATCH_JOB = "MALLETRAIN_BATCH_JOB"
+"""A node agent's batch job id under the local backend."""
 
 ALL_VARIABLES: tuple[str, ...] = (
     ENV_JOB, ENV_WORKER, ENV_MONITOR, ENV_RUNTIME, ENV_STORE, ENV_COLLECTIVE_TIMEOUT,

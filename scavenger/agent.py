@@ -60,8 +60,10 @@ from scavenger.agent_link import (  # noqa: E402
     OUTBOX_MAX,
     DaemonLink,
 )
-from scavenger.agent_workers import EXIT_SIGTERM, RunAs, Worker, WorkerHost, run_as_owner  # noqa: E402
+from scavenger.agent_workers import RunAs, Worker, WorkerHost, run_as_owner  # noqa: E402
+from contract.exits import EXIT_SIGTERM
 from contract.nodeshape import detect_accelerator, local_device_count  # noqa: E402
+from contract.workerenv import ENV_BATCH_JOB  # noqa: E402
 
 __all__ = ("AUTH_RETRY_MAX_S", "AUTH_RETRY_S", "CONNECT_RETRY_S", "EXIT_DAEMON_LOST", "EXIT_NO_KEY", "EXIT_SIGTERM",
            "OUTBOX_MAX", "RECALL_GRACE_S", "STOP_GRACE_S", "Agent", "RunAs", "Worker", "batch_job_from", "main",
@@ -78,7 +80,7 @@ itself must be gone within a second: Slurm honours GraceTime only then)."""
 STOP_GRACE_S = 1.0
 POLL_MS = 50
 """The loop's longest wait for something to happen (timers: heartbeats, reaping, retries)."""
-BATCH_JOB_VARS = ("SLURM_JOB_ID", "PBS_JOBID", "MALLETRAIN_BATCH_JOB")
+BATCH_JOB_VARS = ("SLURM_JOB_ID", "PBS_JOBID", ENV_BATCH_JOB)
 """Where the agent finds its pilot's id: Slurm, PBS, then the local backend's variable."""
 
 

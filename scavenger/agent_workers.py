@@ -20,27 +20,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable
 
+from contract.exits import EXIT_SIGTERM  # what schedulers expect of a SIGTERMed job
+from contract.nodeshape import Accelerator, SlotPlace, pin_cores, slot_place  # noqa: F401  (pin_cores: its home)
 from scavenger import containment
 from scavenger.logpump import LogPump
 from scavenger import jobproc
 from scavenger import protocol as P
-from contract.nodeshape import Accelerator, SlotPlace, slot_place
 from scavenger.warm import WARM_WAIT_S, Assignment, WarmSlot, warm_refusal
 
 log = logging.getLogger("scavenger.agent")
 
-EXIT_SIGTERM = 143  # 128 + SIGTERM, what schedulers expect of a SIGTERMed job
 LOCAL_FAILURE_GRACE_S = 5.0
 """Seconds the other local ranks of a worker get after one of them failed (SIGTERM, then SIGKILL)."""
-
-
-def pin_cores(cores: tuple[int, ...], then: Callable[[], None]) -> Callable[[], None]:
-    """A ``preexec_fn`` that pins the process to ``cores`` (its slot's share), then runs ``then``."""
-    def setup() -> None:
-        if cores:
-            os.sched_setaffinity(0, cores)
-        then()
-    return setup
 
 
 def warm_slot_envs(base: dict[str, str], slots: int, acc: Accelerator, cores: tuple[int, ...],

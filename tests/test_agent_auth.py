@@ -29,7 +29,8 @@ from malletrain.daemon import Daemon, DaemonError
 from procs import procs_mentioning
 from scavenger import channel as C
 from scavenger import protocol as P
-from scavenger.agent import EXIT_SIGTERM, batch_job_from
+from scavenger.agent import batch_job_from
+from contract.exits import EXIT_SIGTERM
 from scavenger.base import AgentUp
 from scavenger.hub import AgentHub, AgentWorkers, WorkerExitedEvent, WorkerStartedEvent
 

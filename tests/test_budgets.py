@@ -19,7 +19,7 @@ from malletrain.daemon.jobspec import JobSpec, JobSpecError, JobState, load_spec
 from malletrain.cli.status_view import budget_text, deadline_text, format_jobs
 from tests.stepping import step_until
 
-TOY = (sys.executable, "-m", "malletrain.runtimes.toy")
+TOY = (sys.executable, "-m", "malletrain.worker.toy")
 
 
 # ---------------------------------------------------------------- job files

@@ -99,7 +99,8 @@ def test_a_ready_key_claiming_a_million_local_ranks_is_not_believed_and_no_world
 
     from contract.storekeys import ready_key, world_key
     from malletrain.daemon.jobspec import TORCHRUN_MAX_RANKS, WORKERS_PER_NODE_MAX
-    from malletrain.runtimes.torchrun import TorchrunRuntime, World, WORLD_MAX_BYTES
+    from malletrain.runtimes.torchrun import TorchrunRuntime, WORLD_MAX_BYTES
+    from contract.world import World
 
     rt = TorchrunRuntime()
     try:

@@ -19,7 +19,7 @@ from malletrain.daemon.jobspec import JobSpec, JobState
 from policy import PolicyConfig
 from tests.stepping import step_until
 
-TOY = (sys.executable, "-m", "malletrain.runtimes.toy")
+TOY = (sys.executable, "-m", "malletrain.worker.toy")
 
 
 def config(tmp: Path, nodes: int = 3, **kw) -> DaemonConfig:

@@ -32,7 +32,7 @@ trace = "none"
 
 JOB = """
 name = "{name}"
-command = ["{python}", "-m", "malletrain.runtimes.toy", "--rate", "1000"]
+command = ["{python}", "-m", "malletrain.worker.toy", "--rate", "1000"]
 min_nodes = 1
 max_nodes = 1
 scaling = {{ 1 = 10.0 }}
@@ -144,7 +144,7 @@ scaling = { 1 = 10.0 }
 
 SHORT = """
 name = "short"
-command = ["python", "-m", "malletrain.runtimes.toy", "--rate", "4000", "--exit-after-samples", "500"]
+command = ["python", "-m", "malletrain.worker.toy", "--rate", "4000", "--exit-after-samples", "500"]
 samples = 100000
 scaling = { 1 = 10.0 }
 """

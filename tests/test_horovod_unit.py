@@ -18,14 +18,8 @@ import psutil
 import pytest
 
 from malletrain.runtimes import LaunchSpec, Runtime
-from malletrain.runtimes.horovod_elastic import (
-    ENV_JOB_DIR,
-    HorovodRuntime,
-    JobPhase,
-    current_generation,
-    hosts_lines,
-    job_processes,
-)
+from malletrain.runtimes.horovod_elastic import ENV_JOB_DIR, HorovodRuntime, JobPhase, hosts_lines, job_processes
+from contract.horovod import current_generation
 
 # A stand-in for horovodrun: records its argv and the discovery script's output,
 # leaves a grandchild running (to check the tree is cleaned up), then waits for

@@ -21,7 +21,7 @@ from tests.stepping import step_until
 
 ROOT = os.geteuid() == 0
 NOBODY = 65534
-TOY = (sys.executable, "-m", "malletrain.runtimes.toy")
+TOY = (sys.executable, "-m", "malletrain.worker.toy")
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from malletrain.daemon.jobspec import JobSpec, JobState
 from malletrain.daemon.logs import JsonFormatter, about, setup_logging
 from tests.stepping import step_until
 
-TOY = (sys.executable, "-m", "malletrain.runtimes.toy")
+TOY = (sys.executable, "-m", "malletrain.worker.toy")
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from malletrain.daemon.metrics import Metrics, MetricsAddressError, parse_addres
 from scavenger.base import CommandFailed, CommandResult, CommandTimeout, observed, run_command
 from tests.stepping import step_until
 
-TOY = (sys.executable, "-m", "malletrain.runtimes.toy")
+TOY = (sys.executable, "-m", "malletrain.worker.toy")
 
 
 def config(tmp: Path, address: str = "") -> DaemonConfig:

@@ -489,7 +489,7 @@ def test_a_report_captured_before_a_daemon_restart_is_a_replay_after_it(tmp_path
 
     cfg = DaemonConfig(state_dir=str(tmp_path / "state"), runtime="toy", local=LocalConfig(nodes=1, trace="none"),
                        agent_heartbeat=0.2, agent_dead_after=2.0, loop_interval=0.05)
-    toy = (sys.executable, "-m", "malletrain.runtimes.toy", "--rate", "100")
+    toy = (sys.executable, "-m", "malletrain.worker.toy", "--rate", "100")
 
     def send_until(d: Daemon, frames: list[bytes], done: Callable[[], bool]) -> None:
         s = d.ctx.socket(zmq.PUSH)

@@ -331,7 +331,7 @@ def test_every_job_kind_resumes_after_kill_9_and_stop(tmp_path: Path) -> None:
     from tests.test_daemon_cli import start_daemon, wait
 
     state, cfg, log = tmp_path / "state", tmp_path / "daemon.toml", tmp_path / "daemon.log"
-    toy = (sys.executable, "-m", "malletrain.runtimes.toy", "--rate", "2000")
+    toy = (sys.executable, "-m", "malletrain.worker.toy", "--rate", "2000")
     state.mkdir(mode=0o700)
     db = Store.open(state / "store.db")
     one = db.submit(DaemonJobSpec("one", toy, 1, 1, False, {1: 100.0}))

@@ -16,7 +16,8 @@ import pytest
 from contract.storekeys import BadKey, DAEMON_KINDS, KeyKind, done_key, parse_key, world_key
 from malletrain.worker.examples.tracelog import torchrun_steps
 from malletrain.daemon.jobspec import JobSpec, JobState, Launcher
-from malletrain.runtimes.torchrun import LAUNCH_MODULE, World, launch_module_present, rank_places, wrap_python_command
+from malletrain.runtimes.torchrun import LAUNCH_MODULE, launch_module_present, wrap_python_command
+from contract.world import World, rank_places
 from malletrain.worker.torchrun_agent import RANK_TRANSITIONS, RankState, exit_code
 from contract.workerenv import RankPlace
 
@@ -540,7 +541,8 @@ def test_the_same_world_published_again_keeps_every_rank_going(tmp_path: Path) -
 def test_a_node_of_k_slots_runs_k_ranks_numbered_node_by_node(tmp_path: Path) -> None:
     """The daemon side: a worker given K slots is one rank agent told ``--local-ranks K``, and the world
     places its K ranks on its node (LOCAL_RANK 0..K-1, GROUP_RANK the node's index)."""
-    from malletrain.runtimes.torchrun import TorchrunRuntime, rank_names
+    from malletrain.runtimes.torchrun import TorchrunRuntime
+    from contract.world import rank_names
 
     rt = TorchrunRuntime()
     try:
@@ -562,7 +564,7 @@ def test_a_node_of_k_slots_runs_k_ranks_numbered_node_by_node(tmp_path: Path) ->
 
 def _publish_k(rdzv: FakeRendezvous, nodes: dict[str, str], local_ranks: int, restart: int = 0) -> None:
     """A world of the workers ``nodes`` (worker -> node), each running ``local_ranks`` ranks."""
-    from malletrain.runtimes.torchrun import rank_names
+    from contract.world import rank_names
 
     rdzv.gen += 1
     places = rank_places([(name, node) for w, node in nodes.items() for name in rank_names(w, local_ranks)])
@@ -631,7 +633,8 @@ def test_a_restarted_daemon_learns_a_workers_k_from_its_ready_key(tmp_path: Path
     K into its ready key (again at each reconnection), and the world places that many ranks."""
     from contract.storekeys import ready_key
     from malletrain.worker.elastic.rendezvous import Rendezvous
-    from malletrain.runtimes.torchrun import TorchrunRuntime, rank_names
+    from malletrain.runtimes.torchrun import TorchrunRuntime
+    from contract.world import rank_names
     from malletrain.worker.torchrun_agent import parse_args
 
     assert parse_args(["--local-ranks", "2", "--", PY, "x.py"]).local_ranks == 2

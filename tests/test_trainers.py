@@ -31,7 +31,7 @@ from tests.fakes import FakeCluster
 from tests.test_conformance import LINEAR, NODES, Harness
 from tests.stepping import step_until
 
-TOY = (sys.executable, "-m", "malletrain.runtimes.toy")
+TOY = (sys.executable, "-m", "malletrain.worker.toy")
 
 TWO = """
 [policy]

@@ -14,7 +14,8 @@ import pytest
 
 from scavenger import protocol as P
 from scavenger.agent import Agent
-from scavenger.warm import Assignment, Entry, WarmSlot, entry_of, start_time_env, warm_refusal
+from scavenger.warm import Assignment, WarmSlot, start_time_env, warm_refusal
+from contract.entry import Entry, entry_of
 
 KEY = b"k" * 32
 

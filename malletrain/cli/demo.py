@@ -38,7 +38,7 @@ DEMO_MACHINE = 64
 def demo_jobs(runtime: str) -> list[JobSpec]:
     env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     if runtime == "toy":
-        toy = (sys.executable, "-m", "malletrain.runtimes.toy")
+        toy = (sys.executable, "-m", "malletrain.worker.toy")
         return [
             JobSpec("cnn", toy + ("--rate", "400", "--alpha", "0.95"), 1, 4, True, None, None, None, env),
             JobSpec("mlp", toy + ("--rate", "600", "--alpha", "0.4"), 1, 3, False, None, None, None, env),

@@ -84,7 +84,7 @@ import math
 import tomllib
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from malletrain.daemon.config_types import (  # noqa: F401  (the dataclasses and node_trainer: re-exported)
     DEFAULT_TRAINER, ConfigError, DaemonConfig, LocalConfig, LogConfig, MetricsConfig, Ports, ScavengerConfig,
@@ -166,7 +166,7 @@ def _check(where: str, key: str, value: Any, limit: Limit) -> Any:
         raise ConfigError(f"{where}: {key} must be {_name(kind)}, got {_short(value)}")
     if kind is float:
         try:
-            value = float(value)
+            value = float(cast(float, value))  # an int or a float (checked above)
         except OverflowError:
             raise ConfigError(f"{where}: {key} must be a finite number, got an integer too large") from None
         if not math.isfinite(value):

@@ -9,8 +9,7 @@ Why not ZeroMQ REQ/REP (what this replaces) or a ROUTER:
 * no state machine that can stick: a REP socket that fails to reply is wedged for good; here a bad
   request gets an error reply and its connection is closed, and every connection has a deadline
   (``timeout_s``), so a slow or silent client costs one slot for a few seconds, never the channel;
-* bounded work: the length comes first, so an oversize request is refused before its body is read;
-  at most ``MAX_CONNECTIONS`` are open (``MAX_PER_UID`` per user).
+* bounded work: the length first (an oversize request is refused unread), ``MAX_CONNECTIONS`` open.
 
 Authority (:func:`authorize`): anyone may ``ping``, ``status``, ``nodes`` and ``submit`` (the job
 is recorded as theirs: :class:`Submit` carries the caller's uid, taken from the kernel, never from
@@ -19,10 +18,9 @@ the request, and the umask the submitter sends); ``cancel`` needs the job's owne
 configured admin groups (by the group database, not the peer's process, so a pid reused after
 connecting cannot lend its groups).
 
-Directory modes: ``shared=False`` (a daemon for its own user) makes the socket's directory 0700,
-so nobody else can even connect. ``shared=True`` (a root daemon serving many users) makes it 0711
-and the socket 0666: every user can connect, nobody can list, and :func:`authorize` decides. Every
-directory above it must be traversable (x) by the users for that.
+Directory modes: ``shared=False`` (a daemon for its own user) makes the socket's directory 0700: nobody
+else can connect. ``shared=True`` (a root daemon for many users) makes it 0711 and the socket 0666: all
+can connect, none can list, :func:`authorize` decides (every directory above it traversable by them).
 """
 
 from __future__ import annotations
@@ -43,6 +41,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Union
+
+from contract.workerenv import ENV_STATE_DIR  # the state folder where --state-dir is not given
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ class RequestError(ValueError):
 # ---------------------------------------------------------------- paths
 def state_dir(arg: str | None) -> Path:
     """``--state-dir``, else ``$MALLETRAIN_STATE_DIR``, else ``~/.malletrain``."""
-    return Path(arg or os.environ.get("MALLETRAIN_STATE_DIR") or DEFAULT_STATE_DIR).expanduser()
+    return Path(arg or os.environ.get(ENV_STATE_DIR) or DEFAULT_STATE_DIR).expanduser()
 
 
 def socket_path(state: Path) -> Path:

@@ -51,6 +51,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
+from contract.workerenv import ENV_DEVICES, ENV_PREFIX
+from contract.world import TORCHRUN_MAX_RANKS, WORKERS_PER_NODE_MAX
 from malletrain.daemon.textfile import decode_text, read_user_file
 
 MAX_NODES_CAP = 100_000
@@ -65,21 +67,12 @@ SAMPLES_MAX = 2**53
 SCALING_MAX_POINTS = 1024
 JOB_FILE_MAX_BYTES = 1024 * 1024
 ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-RESERVED_ENV_PREFIX = "MALLETRAIN_"
 PYTHON_WORDS = ("python", "python3")
 """First words of ``command`` that mean "the submitting interpreter"."""
 PYTHON_PLACEHOLDER = "{python}"
 SAMPLES_PLACEHOLDER = "{samples}"
-WORKERS_PER_NODE_MAX = 1024
-"""No node has more accelerators (worker slots) than this."""
 WORKER_BATCH_MAX = 2**31 - 1
 """As a progress report's samples (:data:`contract.messages.MAX_SAMPLES`): a worker's batch a report can carry."""
-TORCHRUN_MAX_RANKS = 8192
-"""Ranks a ``torchrun`` job's world may have at most (``max_nodes`` x ``workers_per_node``): its rank
-places go to every rank agent as one value of the daemon's store, which carries at most one 1 MiB frame."""
-ENV_DEVICES = "MALLETRAIN_DEVICES"
-"""The one ``MALLETRAIN_*`` variable a job's ``env`` may set (to ``"all"``: every local rank sees every
-device of its node, :mod:`contract.nodeshape`)."""
 STALL_AFTER_MAX = 7 * 86400  # a week: the longest silence a job file may allow (seconds)
 TRAINER_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 """A trainer's name (the daemon config's ``[[trainers]]`` and a job's ``trainer``)."""
@@ -310,8 +303,8 @@ def _env(raw: Any, where: str) -> dict[str, str]:
                                "(letters, digits and _, not starting with a digit)")
         if key == ENV_DEVICES and value == "all":
             continue
-        if key.upper().startswith(RESERVED_ENV_PREFIX):
-            raise JobSpecError(f"{where}: env key {key} is refused: {RESERVED_ENV_PREFIX}* variables are "
+        if key.upper().startswith(ENV_PREFIX):
+            raise JobSpecError(f"{where}: env key {key} is refused: {ENV_PREFIX}* variables are "
                                f"set by the daemon (but {ENV_DEVICES} = \"all\")")
         _text(value, f"env[{key}]", where)
     if sum(_utf8_len(k) + _utf8_len(v) + 2 for k, v in raw.items()) > ENV_MAX_BYTES:
@@ -496,8 +489,10 @@ def node_slots_text(most: int, shape: str) -> str:
 
 def node_slots(raw: str | None) -> tuple[int, str] | None:
     """What :func:`node_slots_text` recorded (None: nothing yet, or unreadable)."""
+    if raw is None:
+        return None
     try:
-        obj = json.loads(raw) if raw is not None else None
+        obj = json.loads(raw)
         most, shape = int(obj["most"]), str(obj["shape"])
     except (ValueError, TypeError, KeyError):
         return None

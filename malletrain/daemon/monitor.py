@@ -68,6 +68,7 @@ from contract.messages import (
     Report,
     decode,
     decode_report,
+    job_secret,  # the daemon derives each job's secret with it (defined in the contract)
     quote,
     secret_key,
     verify,
@@ -565,7 +566,3 @@ def load_master_key(path: Path | str) -> bytes:
     """
     return create_key_file(path, MASTER_KEY_BYTES, "monitor key file")
 
-
-def job_secret(master_key: bytes, job_id: str) -> str:
-    """The secret of ``job_id`` (64 hex digits): ``HMAC-SHA256(master_key, "malletrain job secret\\0" + id)``."""
-    return hmac.new(master_key, b"malletrain job secret\0" + job_id.encode(), "sha256").hexdigest()

@@ -35,7 +35,7 @@ import sqlite3
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Literal
 
 from malletrain.daemon.jobspec import MEMBER_KEYS, NAME_MAX_CHARS, JobSpec, JobSpecError, JobState, check_submit, parse_spec
 from malletrain.daemon.statedir import current_umask, private_file, private_state_dir
@@ -191,7 +191,7 @@ class Store:
                 raise StoreError(sqlite_error_text(exc, self.store.path)) from None
             return self.conn
 
-        def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
+        def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> Literal[False]:
             if exc_type is None:
                 try:
                     self.conn.execute("RELEASE write" if self.nested else "COMMIT")

@@ -42,7 +42,7 @@ import re
 import stat
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, TypeGuard, cast
 
 from malletrain.daemon.jobspec import (
     GROUP_ID, PYTHON_PLACEHOLDER, SAMPLES_PLACEHOLDER, JobSpec, JobSpecError, parse_spec,
@@ -123,7 +123,7 @@ def _short(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _number(v: Any) -> bool:
+def _number(v: Any) -> TypeGuard[int | float]:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
@@ -472,7 +472,7 @@ def summary(sweep: SweepSpec, rows: list[TrialRow], job_states: Mapping[str, str
     best = None
     if done:
         pick = min if sweep.direction == "minimize" else max
-        best = pick(done, key=lambda t: t["value"])
+        best = pick(done, key=lambda t: cast(float, t["value"]))
     ended = sum(t["state"] in ("completed", "failed", "pruned") for t in trials)
     return {"name": sweep.name, "direction": sweep.direction, "trials_wanted": sweep.trials,
             "trials_asked": len(trials), "trials_ended": ended, "done": ended >= sweep.trials,

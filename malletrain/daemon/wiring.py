@@ -18,7 +18,9 @@ from malletrain.daemon.control import Caller, ControlServer, Request, admin_gids
 from malletrain.daemon.records import CHECKPOINT_DIR, STATE_FILE, STORE_FILE, DaemonError
 from malletrain.daemon.state import Runtimes, log
 from malletrain.daemon.metrics import Metrics
-from malletrain.daemon.monitor import Monitor, ReplaySaver, job_secret, load_master_key
+from contract.messages import job_secret
+from contract.workerenv import ENV_MONITOR
+from malletrain.daemon.monitor import Monitor, ReplaySaver, load_master_key
 from malletrain.runtimes import Runtime
 from malletrain.runtimes.torchrun import TorchrunRuntime
 from malletrain.daemon.scavenging import Scavenging
@@ -80,7 +82,7 @@ def make_runtime(cfg: DaemonConfig, monitor_address: str, rendezvous_port: int =
         from malletrain.runtimes.horovod_elastic import HorovodRuntime
 
         return HorovodRuntime(str(cfg.state_path / "horovod"), local=cfg.backend == "local",
-                              env={"MALLETRAIN_MONITOR": monitor_address})
+                              env={ENV_MONITOR: monitor_address})
     raise ConfigError(f"unknown runtime {cfg.runtime!r}")
 
 

@@ -60,7 +60,7 @@ from contract.storekeys import (
     resume_key,
 )
 from contract.wire import listen_socket  # noqa: F401  (re-exported)
-from malletrain.daemon.monitor import job_secret
+from contract.messages import job_secret
 from malletrain.runtimes import LaunchSpec, Runtime
 from malletrain.runtimes.store_server import RendezvousStore, StoreLimits
 from contract.workerenv import (  # noqa: F401  (ENV_* and parse_address: re-exported for older callers)

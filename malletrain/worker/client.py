@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from contract.messages import ENV_JOB_SECRET, Report, secret_key
-from contract.workerenv import ENV_JOB, ENV_MONITOR, ENV_WORKER
+from contract.workerenv import ENV_GENERATION, ENV_JOB, ENV_MONITOR, ENV_WORKER
 
 SEND_HWM = 1000
 """Frames the PUSH socket queues before reports are dropped."""
@@ -45,7 +45,7 @@ LINGER_MS = 1000
 _RANK_VARS = ("RANK", "HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 _WORLD_VARS = ("WORLD_SIZE", "HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 _RESTART_VARS = ("TORCHELASTIC_RESTART_COUNT",)
-_GENERATION_VARS = ("MALLETRAIN_GENERATION", "TORCHELASTIC_RESTART_COUNT")
+_GENERATION_VARS = (ENV_GENERATION, "TORCHELASTIC_RESTART_COUNT")
 """A report's generation without the elastic layer: the daemon's number of the world the process was
 started in (the torchrun launcher's rank agent sets it), else torchrun's restart count."""
 

@@ -48,13 +48,11 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, NoReturn, Sequence
 
-from malletrain.worker import client
+from contract.exits import EXIT_SIGTERM  # what a SIGTERM gives a launched script that does not handle it
 from contract.workerenv import ENV_WORKER_BATCH, WorkerEnvError, configure_worker_logging, worker_batch_from_environ
+from malletrain.worker import client
 
 log = logging.getLogger("malletrain.worker.launch")
-
-EXIT_SIGTERM = 128 + signal.SIGTERM
-"""The exit code a SIGTERM gives a launched script that does not handle it (as a shell reports a kill)."""
 
 USAGE = "usage: python -m malletrain.worker.launch SCRIPT [ARGS...] | -m MODULE [ARGS...]"
 

@@ -46,25 +46,20 @@ import time
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
-from malletrain.worker.elastic.errors import StoreLost
+from contract.exits import EXIT_SIGTERM, EXIT_STORE_LOST, STOP_STATUSES  # a stop: never a crash of the script
+from contract.nodeshape import DEVICE_VARIABLES, Accelerator, SlotPlace, detect_accelerator, pin_cores, slot_place
 from contract.storekeys import arrive_key, done_key, failed_key, world_key
-from malletrain.worker.elastic.rendezvous import Rendezvous
-from malletrain.runtimes.torchrun import DEFAULT_FAILURE_WAIT_S, DEFAULT_STOP_GRACE_S, World, rank_names
-from malletrain.worker.warm_ranks import ENV_WARM_IMPORTS, READY_WAIT_S, RankServer, learned_imports, warm_wanted
 from contract.workerenv import ENV_GENERATION, ENV_WORKER, RankPlace, WorkerEnv, configure_worker_logging, torchrun_environ
-from scavenger.agent_workers import pin_cores
-from contract.nodeshape import DEVICE_VARIABLES, Accelerator, SlotPlace, detect_accelerator, slot_place
+from contract.world import DEFAULT_FAILURE_WAIT_S, DEFAULT_STOP_GRACE_S, World, rank_names
+from malletrain.worker.elastic.errors import StoreLost
+from malletrain.worker.elastic.rendezvous import Rendezvous
+from malletrain.worker.warm_ranks import ENV_WARM_IMPORTS, READY_WAIT_S, RankServer, learned_imports, warm_wanted
 
 log = logging.getLogger("malletrain.torchrun")
 
 POLL_S = 0.05
 """How often the agent looks at its command and the job's generation."""
-EXIT_SIGTERM = 128 + signal.SIGTERM
-STOP_STATUSES = frozenset(128 + sig for sig in (signal.SIGTERM, signal.SIGKILL, signal.SIGINT, signal.SIGHUP))
-"""A rank's exit status after a signal to stop: not a crash of the script, so it never counts toward
-"every rank of the world failed" (its failure waits for a newer world, as a lost peer's does)."""
 EXIT_NOT_FORMED = 1  # a world whose ranks never all came: a failure (the daemon replaces this worker)
-EXIT_STORE_LOST = 75  # as a torch worker whose daemon's store stayed away (the daemon's EXIT_STORE_LOST)
 
 
 class RankState(enum.Enum):

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
+from contract.exits import EXIT_STORE_LOST  # noqa: F401  (the package exports it)
 from contract.wire import StoreConnectionLost
 
-EXIT_STORE_LOST = 75
-"""Exit code of a worker whose store stayed away longer than the grace period (EX_TEMPFAIL)."""
 
 _FAILURE_MARKERS = (
     "gloo",

@@ -30,7 +30,7 @@ try:  # the client API may be absent (an older malletrain); training works witho
 except ImportError:  # pragma: no cover - depends on the installed malletrain
     _client = None
 
-from malletrain.runtimes.horovod_elastic import current_generation
+from contract.horovod import current_generation
 
 FEATURES = 16
 

@@ -20,10 +20,9 @@ from collections.abc import Mapping
 from types import FrameType
 from typing import Any, Callable
 
-log = logging.getLogger("malletrain.worker.integrations")
+from contract.exits import EXIT_SIGTERM  # a rank that saved its checkpoint on notice of a recall
 
-EXIT_SIGTERM = 128 + signal.SIGTERM
-"""The exit code of a rank that saved its checkpoint on notice of a recall."""
+log = logging.getLogger("malletrain.worker.integrations")
 
 
 class RecallNotice:
