@@ -10,7 +10,8 @@ from typing import Iterator
 import pytest
 import zmq
 
-from contract.messages import ENV_JOB_SECRET, new_secret
+from contract.messages import new_secret
+from contract.workerenv import ENV_JOB_SECRET
 from malletrain.daemon.monitor import Monitor
 from contract.workerenv import ENV_JOB, ENV_MONITOR, ENV_WORKER, ENV_WORKER_BATCH
 

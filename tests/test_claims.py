@@ -80,7 +80,8 @@ def test_malletrain_devices_all_is_the_one_reserved_variable_a_job_may_set() -> 
 
 
 def test_a_torchrun_world_too_big_for_one_store_frame_is_refused_at_submit() -> None:
-    from malletrain.daemon.jobspec import TORCHRUN_MAX_RANKS, JobSpecError, check_submit, parse_spec
+    from malletrain.daemon.jobspec import JobSpecError, check_submit, parse_spec
+    from contract.world import TORCHRUN_MAX_RANKS
 
     ok = parse_spec({"command": ["python", "t.py"], "launcher": "torchrun", "max_nodes": TORCHRUN_MAX_RANKS // 8,
                      "workers_per_node": 8})
@@ -98,7 +99,7 @@ def test_a_ready_key_claiming_a_million_local_ranks_is_not_believed_and_no_world
     import sys
 
     from contract.storekeys import ready_key, world_key
-    from malletrain.daemon.jobspec import TORCHRUN_MAX_RANKS, WORKERS_PER_NODE_MAX
+    from contract.world import TORCHRUN_MAX_RANKS, WORKERS_PER_NODE_MAX
     from malletrain.runtimes.torchrun import TorchrunRuntime, WORLD_MAX_BYTES
     from contract.world import World
 

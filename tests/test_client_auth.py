@@ -9,7 +9,8 @@ import pytest
 import zmq
 
 from malletrain.worker import client
-from contract.messages import ENV_JOB_SECRET, new_secret
+from contract.messages import new_secret
+from contract.workerenv import ENV_JOB_SECRET
 from malletrain.daemon.monitor import Monitor
 
 ENV = ("MALLETRAIN_MONITOR", "MALLETRAIN_JOB", "MALLETRAIN_WORKER", ENV_JOB_SECRET, "RANK", "WORLD_SIZE",

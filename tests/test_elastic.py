@@ -13,7 +13,6 @@ import torch
 import torch.distributed as dist
 
 from malletrain.worker.elastic import (
-    EXIT_STORE_LOST,
     LeaveJob,
     Rendezvous,
     Rescaled,
@@ -21,6 +20,7 @@ from malletrain.worker.elastic import (
     is_comm_failure,
     run,
 )
+from contract.exits import EXIT_STORE_LOST
 from contract.wire import StoreClient
 from contract.workerenv import ENV_JOB_SECRET
 from malletrain.runtimes import LaunchSpec, Runtime

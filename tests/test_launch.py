@@ -18,7 +18,7 @@ import zmq
 
 from malletrain.worker import client
 from malletrain.worker.launch import LaunchError, StepCounter, Target, TargetKind, exit_code, parse_target
-from contract.messages import ENV_JOB_SECRET
+from contract.workerenv import ENV_JOB_SECRET
 from malletrain.daemon.monitor import Monitor
 from contract.workerenv import ENV_JOB, ENV_MONITOR, ENV_WORKER_BATCH
 

@@ -26,9 +26,9 @@ from malletrain.daemon.monitor import (
     REPLAY_META_KEY,
     ReplaySaver,
     Monitor,
-    job_secret,
     load_master_key,
 )
+from contract.messages import job_secret
 from scavenger.channel import KeyFileError
 
 CTX = zmq.Context.instance()

@@ -1,8 +1,8 @@
 """The ``malletrain`` command: one subcommand per module, registered below.
 
-Each ``malletrain.cli_*`` module exposes ``register(subparsers)``, which adds its
-subcommands and sets ``func(args) -> int`` on them. Heavy imports (torch,
-matplotlib, zmq) happen inside the handlers, so ``malletrain --help`` is fast.
+Each of ``malletrain.cli``'s command modules (daemon, simulate, sweep, trace) exposes
+``register(subparsers)``, which adds its subcommands and sets ``func(args) -> int`` on them.
+Heavy imports (torch, matplotlib, zmq) happen inside the handlers, so ``malletrain --help`` is fast.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from malletrain.daemon.records import JOIN_BATCH_S, LEAVE_GRACE_S, START_RETRY_S
 from malletrain.daemon.state import JobTable, Plan, Runtimes, log
 from malletrain.daemon.jobspec import JobSpec, JobState, Launcher
 from malletrain.daemon.logs import about
-from contract.messages import ENV_JOB_SECRET
+from contract.workerenv import ENV_JOB_SECRET
 from malletrain.daemon.metrics import Metrics
 from malletrain.daemon.monitor import Monitor
 from malletrain.daemon.scavenging import Scavenging

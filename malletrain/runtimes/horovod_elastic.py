@@ -57,8 +57,7 @@ import psutil
 
 from contract.exits import EXIT_SIGTERM
 from contract.horovod import MEMBERS_FILE, current_generation  # noqa: F401  (current_generation: re-exported)
-from contract.messages import ENV_JOB_SECRET
-from contract.workerenv import ENV_HOROVOD_JOB_DIR, ENV_JOB, ENV_WORKER, WorkerEnv  # noqa: F401  (ENV_JOB, ENV_WORKER: re-exported)
+from contract.workerenv import ENV_HOROVOD_JOB_DIR, ENV_JOB, ENV_JOB_SECRET, ENV_WORKER, WorkerEnv  # noqa: F401  (ENV_JOB, ENV_WORKER: re-exported)
 from malletrain.runtimes import LaunchSpec, Runtime
 
 MODULE = "malletrain.runtimes.horovod_elastic"

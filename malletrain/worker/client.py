@@ -33,8 +33,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from contract.messages import ENV_JOB_SECRET, Report, secret_key
-from contract.workerenv import ENV_GENERATION, ENV_JOB, ENV_MONITOR, ENV_WORKER
+from contract.messages import Report, secret_key
+from contract.workerenv import ENV_GENERATION, ENV_JOB, ENV_JOB_SECRET, ENV_MONITOR, ENV_WORKER
 
 SEND_HWM = 1000
 """Frames the PUSH socket queues before reports are dropped."""
