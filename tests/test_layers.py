@@ -152,6 +152,18 @@ def contract_findings(modules: list[str], imports_of) -> list[str]:
             if not any(in_package(target, a) for a in allowed) and not is_stdlib(target)]
 
 
+def daemon_side_findings(modules: list[str], imports_of) -> list[str]:
+    """Imports of the head node's code (the daemon, the runtimes) from the worker side or the CLI."""
+    return [f"{m}:{line} imports {target}" for m in modules if any(in_package(m, d) for d in DAEMON_SIDE)
+            for target, _, line in imports_of(m) if in_package(target, WORKER) or in_package(target, CLI)]
+
+
+def agent_findings(modules: list[str], imports_of) -> list[str]:
+    """Imports of malletrain by the node agent's package (the scavenger)."""
+    return [f"{m}:{line} imports {target}" for m in modules if in_package(m, "scavenger")
+            for target, _, line in imports_of(m) if in_package(target, "malletrain")]
+
+
 def is_stdlib(module: str) -> bool:
     import sys
     return module.split(".")[0] in sys.stdlib_module_names or module == "__future__"
@@ -160,11 +172,16 @@ def is_stdlib(module: str) -> bool:
 def test_the_side_rules_can_fail() -> None:
     graph = {"malletrain.worker.a": [("malletrain.daemon.store", None, 3), ("contract.exits", None, 4),
                                      ("scavenger.agent_workers", None, 5), ("torch", None, 6)],
-             "contract.b": [("os", None, 1), ("numpy", None, 2), ("malletrain.worker.a", None, 3)]}
+             "contract.b": [("os", None, 1), ("numpy", None, 2), ("malletrain.worker.a", None, 3)],
+             "malletrain.runtimes.c": [("malletrain.worker.client", None, 7), ("malletrain.daemon.store", None, 8)],
+             "scavenger.d": [("malletrain.worker.launch", None, 9), ("contract.exits", None, 10)]}
     assert worker_findings(list(graph), lambda m: graph[m]) == [
         "malletrain.worker.a:3 imports malletrain.daemon.store", "malletrain.worker.a:5 imports scavenger.agent_workers"]
     assert contract_findings(list(graph), lambda m: graph[m]) == [
         "contract.b:2 imports numpy", "contract.b:3 imports malletrain.worker.a"]
+    assert daemon_side_findings(list(graph), lambda m: graph[m]) == ["malletrain.runtimes.c:7 imports malletrain.worker.client"]
+    assert agent_findings(list(graph), lambda m: graph[m]) == ["scavenger.d:9 imports malletrain.worker.launch"]
+    assert oversized({"a": 30, "b": 5, "c": 5}) == {"a": 30} and oversized({"a": 10, "b": 10, "c": 10, "d": 10}) == {}
 
 
 def test_worker_code_imports_no_daemon_cli_or_agent_internals() -> None:
@@ -181,15 +198,11 @@ def test_the_contract_imports_only_the_standard_library_and_the_bottom_libraries
 
 def test_the_daemon_side_imports_neither_the_worker_side_nor_the_cli() -> None:
     """The head node's code starts workers by command (a module's name), never by importing them."""
-    wrong = [f"{m}:{line} imports {target}" for m in MODULES if any(in_package(m, d) for d in DAEMON_SIDE)
-             for target, _, line in imports(m) if in_package(target, WORKER) or in_package(target, CLI)]
-    assert wrong == []
+    assert daemon_side_findings(list(MODULES), imports) == []
 
 
 def test_the_node_agent_never_imports_malletrain() -> None:
-    wrong = [f"{m}:{line} imports {target}" for m in MODULES if in_package(m, "scavenger")
-             for target, _, line in imports(m) if in_package(target, "malletrain")]
-    assert wrong == []
+    assert agent_findings(list(MODULES), imports) == []
 
 
 def lines_of(path: Path) -> int:
@@ -217,11 +230,15 @@ def test_malletrains_flat_modules_are_few() -> None:
     assert flat <= FLAT_MAX_LINES, f"malletrain's flat modules hold {flat} lines"
 
 
+def oversized(sizes: dict[str, int]) -> dict[str, int]:
+    """The packages over a quarter of all the lines."""
+    total = sum(sizes.values())
+    return {unit: n for unit, n in sizes.items() if n > total / 4}
+
+
 def test_no_package_holds_more_than_a_quarter_of_the_product() -> None:
     sizes = package_sizes()
-    total = sum(sizes.values())
-    big = {unit: n for unit, n in sizes.items() if n > total / 4}
-    assert big == {}, f"over a quarter of {total} lines: {big}"
+    assert oversized(sizes) == {}, f"over a quarter of {sum(sizes.values())} lines"
 
 
 @pytest.mark.parametrize("package", PER_PACKAGE)
