@@ -10,7 +10,7 @@ be forged, replayed, reordered or reflected back to its sender. Frames are bound
 (:data:`MAX_FRAME`). The first byte of every frame is its :class:`Kind`.
 
 Below both :mod:`scavenger.channel` (the daemon and its node agents) and
-:mod:`malletrain.elastic.wire` (a job's workers and its rendezvous store), so the worker side does
+:mod:`contract.wire` (a job's workers and its rendezvous store), so the worker side does
 not import the scavenger. Standard library only.
 """
 

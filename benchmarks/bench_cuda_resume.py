@@ -36,11 +36,11 @@ from typing import Any
 import torch
 from harness import step_until
 
-from malletrain.config import DaemonConfig, LocalConfig
+from malletrain.daemon.config import DaemonConfig, LocalConfig
 from malletrain.daemon import Daemon
-from malletrain.elastic.snapshot import decode_checkpoint
-from malletrain.examples.tracelog import steps as steps_of
-from malletrain.jobspec import JobSpec, JobState
+from malletrain.worker.elastic.snapshot import decode_checkpoint
+from malletrain.worker.examples.tracelog import steps as steps_of
+from malletrain.daemon.jobspec import JobSpec, JobState
 from malletrain.runtimes.torch_elastic import checkpoint_path, decode_checkpoint_file
 
 
@@ -82,7 +82,7 @@ def device_name(device: str) -> str:
 def run(args: argparse.Namespace, state: Path) -> tuple[bool, str]:
     cfg = DaemonConfig(state_dir=str(state), runtime="torch", local=LocalConfig(nodes=args.nodes, trace="none"),
                        agent_heartbeat=0.2, agent_dead_after=5.0, loop_interval=0.05)
-    cmd = (sys.executable, "-m", "malletrain.examples.train", "--model", "cnn", "--device", args.device,
+    cmd = (sys.executable, "-m", "malletrain.worker.examples.train", "--model", "cnn", "--device", args.device,
            "--samples", str(10**9), "--trace", "--step-sleep", "0.02")
     scaling = {n: 100.0 * n for n in range(1, args.nodes + 1)}
     d = Daemon(cfg)

@@ -3,7 +3,7 @@
     python benchmarks/bench_daemon_restart.py [--reps 2] [--down 2] [--dead-after 10]
 
 Per repetition: a daemon subprocess (runtime ``torch``, local backend, 2 nodes)
-runs ``malletrain.examples.train --model linear --trace`` on both nodes. Once it
+runs ``malletrain.worker.examples.train --model linear --trace`` on both nodes. Once it
 trains, the daemon is SIGKILLed, left down for ``--down`` seconds and started
 again on the same state dir. Printed, from the workers' own step traces:
 
@@ -35,8 +35,8 @@ from pathlib import Path
 
 from harness import wait_for as wait
 
-from malletrain.examples.tracelog import steps, traced
-from malletrain.procs import procs_mentioning
+from malletrain.worker.examples.tracelog import steps, traced
+from malletrain.cli.procs import procs_mentioning
 
 CONFIG = """
 state_dir = "{state}"
@@ -52,7 +52,7 @@ trace = "none"
 
 JOB = """
 name = "lin"
-command = ["{python}", "-m", "malletrain.examples.train", "--model", "linear", "--samples", "1000000000",
+command = ["{python}", "-m", "malletrain.worker.examples.train", "--model", "linear", "--samples", "1000000000",
            "--trace", "--step-sleep", "0.02"]
 min_nodes = 2
 max_nodes = 2

@@ -250,8 +250,8 @@ class Run:
                 raise SystemExit(f"{name} exited {proc.returncode}: see {self.work / (name + '.log')}")
 
     def _submit(self, state: Path, config: dict[str, Any]) -> None:
-        from malletrain.jobspec import parse_spec
-        from malletrain.store import Store
+        from malletrain.daemon.jobspec import parse_spec
+        from malletrain.daemon.store import Store
 
         store = Store.open(state / "store.db")
         try:

@@ -46,7 +46,7 @@ WAIT_S = 120.0  # for each state the benchmark waits for
 
 
 def agents_up_since_last_start(db: Path) -> int:
-    from malletrain.store import Store
+    from malletrain.daemon.store import Store
 
     try:
         store = Store.open(db)
@@ -85,7 +85,7 @@ def one(tmp: Path, runtime: str) -> tuple[float, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from malletrain.config import DaemonConfig
+    from malletrain.daemon.config import DaemonConfig
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--reps", type=int, default=3)

@@ -2,7 +2,7 @@
 
     python benchmarks/bench_horovod.py [--rounds 2] [--step-sleep 0.05]
 
-Each round starts malletrain/examples/hvd_train.py on 2 slots and rescales it
+Each round starts malletrain/worker/examples/hvd_train.py on 2 slots and rescales it
 2 -> 3 (up), 3 -> 1 (down), 1 -> 2 (up) with ``set_members``. From the example's
 progress file (one line per step, written by rank 0) it prints, per rescale:
 
@@ -79,7 +79,7 @@ def measure(progress: Path, old: list[dict[str, Any]], new_size: int, t_set: flo
 
 def one_round(work: Path, step_sleep: float) -> tuple[float, list[Rescale]]:
     progress, stop = work / "progress.jsonl", work / "stop"
-    command = [sys.executable, "-m", "malletrain.examples.hvd_train", "--steps", "1000000",
+    command = [sys.executable, "-m", "malletrain.worker.examples.hvd_train", "--steps", "1000000",
                "--step-sleep", str(step_sleep), "--progress", str(progress), "--stop-file", str(stop)]
     rt = HorovodRuntime(work / "rt")
     rt.start()

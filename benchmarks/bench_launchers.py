@@ -5,10 +5,10 @@
 One run, the same job shape on the same 2 local "nodes" (min 1, max 2, one rank a node, 8 samples
 a rank per step, a linear model on CPU, 50 ms of pretend work a step), one launcher after the other:
 
-* ``torchrun script warm``: ``malletrain.examples.torchrun_ddp`` (a plain DDP script with its own
+* ``torchrun script warm``: ``malletrain.worker.examples.torchrun_ddp`` (a plain DDP script with its own
   checkpoint every 20 steps) under the daemon with ``launcher = "torchrun"``: each change stops every
   rank and starts the script again at the new size, each start a fork of its rank server, which
-  imported torch once (:mod:`malletrain.runtimes.warm_ranks`);
+  imported torch once (:mod:`malletrain.worker.warm_ranks`);
 * ``cold``: the same with ``WARM_RANKS=0`` in the job's environment: each start a new interpreter
   importing torch (what every change cost before warm ranks);
 * ``torch elastic``: PyTorch's own launcher, the anchor: two ``torchrun --nnodes=1:2
@@ -17,12 +17,12 @@ a rank per step, a linear model on CPU, 50 ms of pretend work a step), one launc
   waits ``last_call_timeout`` for more nodes once it has its minimum: 2 s here (30 s by default). A change
   that does not complete within ``WAIT_S`` (its rendezvous timed out: seen here under load) is printed
   and left out of its median;
-* ``in-process``: ``malletrain.examples.train`` (``malletrain.elastic``): the running ranks change their
+* ``in-process``: ``malletrain.worker.examples.train`` (``malletrain.worker.elastic``): the running ranks change their
   world at their next commit; only a joining rank starts a process, ahead of time.
 
 Per repetition one node is recalled (2 -> 1) and comes back (1 -> 2). A change's time runs from
 the recall (the node's return) to the first step any rank takes at the new size: the whole cost of
-the change as the job sees it. Then an unchanged Lightning script (``malletrain.examples.lightning_plain``,
+the change as the job sees it. Then an unchanged Lightning script (``malletrain.worker.examples.lightning_plain``,
 strategy="ddp", its own ``ModelCheckpoint``) runs under the daemon through the same changes, and the
 rank agents' SIGKILLs are counted. The last line gives the medians and that count.
 ``--short``: one repetition each (a few minutes on a loaded 2-core machine).
@@ -44,11 +44,11 @@ from typing import IO, Callable
 
 from harness import free_port, load, step_until
 
-from malletrain.config import DaemonConfig, LocalConfig
+from malletrain.daemon.config import DaemonConfig, LocalConfig
 from malletrain.daemon import Daemon
-from malletrain.examples.tracelog import steps as elastic_steps
-from malletrain.examples.tracelog import torchrun_steps
-from malletrain.jobspec import JobSpec, Launcher
+from malletrain.worker.examples.tracelog import steps as elastic_steps
+from malletrain.worker.examples.tracelog import torchrun_steps
+from malletrain.daemon.jobspec import JobSpec, Launcher
 
 NODES = 2
 BATCH = 8
@@ -65,17 +65,17 @@ class Variant:
 
     name: str
     launcher: Launcher
-    module: str = "malletrain.examples.torchrun_ddp"
+    module: str = "malletrain.worker.examples.torchrun_ddp"
     warm: bool = True
 
 
 def job_command(v: Variant, scratch: Path) -> tuple[str, ...]:
-    if v.module == "malletrain.examples.lightning_plain":
+    if v.module == "malletrain.worker.examples.lightning_plain":
         return (sys.executable, "-m", v.module, "--ckpt-dir", str(scratch / "lightning"), "--step-sleep", STEP_SLEEP)
     if v.launcher is Launcher.TORCHRUN:
         return (sys.executable, "-m", v.module, "--steps", "100000000", "--batch", str(BATCH),
                 "--checkpoint", str(scratch / "ddp.pt"), "--checkpoint-every", "20", "--step-sleep", STEP_SLEEP)
-    return (sys.executable, "-m", "malletrain.examples.train", "--model", "linear", "--batch", str(BATCH),
+    return (sys.executable, "-m", "malletrain.worker.examples.train", "--model", "linear", "--batch", str(BATCH),
             "--samples", "100000000000", "--trace", "--step-sleep", STEP_SLEEP)
 
 
@@ -232,7 +232,7 @@ def main() -> None:
         changes["torch elastic"] = measure_torch_elastic(reps, root)
         changes["in-process"], _ = measure(Variant("in-process", Launcher.ELASTIC), reps, root)
         lightning, kills = measure(Variant("lightning unchanged", Launcher.TORCHRUN,
-                                           module="malletrain.examples.lightning_plain"), reps, root)
+                                           module="malletrain.worker.examples.lightning_plain"), reps, root)
     for name, got in changes.items():
         if not got:
             print(f"{name}: no change measured")

@@ -33,7 +33,7 @@ def replay(timeline, policy: str, seed: int, nodes: int) -> dict:  # type: ignor
 
 
 def main(argv: list[str] | None = None) -> int:
-    from malletrain.cli_simulate import evaluation_timeline
+    from malletrain.cli.simulate import evaluation_timeline
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", default="0,1,2,3,4")

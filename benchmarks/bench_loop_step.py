@@ -39,9 +39,9 @@ ROOT = Path(__file__).resolve().parents[1]
 def measure(nodes: int, jobs: int, idle_steps: int, recalls: int, burst: int = 0,
             profile: str = "") -> dict[str, float]:
     """One tree's figures (run inside the tree's process)."""
-    from malletrain.config import parse_config
+    from malletrain.daemon.config import parse_config
     from malletrain.daemon import Daemon, DaemonParts
-    from malletrain.jobspec import parse_spec
+    from malletrain.daemon.jobspec import parse_spec
     from scavenger import protocol as P
     from scavenger.hub import AgentHub
     from scavenger.slurm import SlurmBackend, SlurmConfig

@@ -30,8 +30,8 @@ from typing import Any
 
 import zmq
 
-from malletrain.messages import Report, new_secret, secret_key
-from malletrain.monitor import Monitor
+from contract.messages import Report, new_secret, secret_key
+from malletrain.daemon.monitor import Monitor
 
 GOAL = 50_000
 

@@ -37,10 +37,10 @@ from typing import Any
 
 from harness import step_until
 
-from malletrain.config import DaemonConfig, LocalConfig, ScavengerConfig
+from malletrain.daemon.config import DaemonConfig, LocalConfig, ScavengerConfig
 from malletrain.daemon import Daemon
-from malletrain.examples.tracelog import traced
-from malletrain.jobspec import JobSpec, JobState
+from malletrain.worker.examples.tracelog import traced
+from malletrain.daemon.jobspec import JobSpec, JobState
 
 
 def job_events(state: Path, jid: str, ev: str) -> list[dict[str, Any]]:
@@ -93,7 +93,7 @@ def rate(steps: list[dict[str, Any]], world: int) -> float:
 
 
 def submit(d: Daemon, name: str, nodes: int, workers_per_node: int | None) -> str:
-    cmd = (sys.executable, "-m", "malletrain.examples.train", "--model", "cnn", "--samples", str(10**9),
+    cmd = (sys.executable, "-m", "malletrain.worker.examples.train", "--model", "cnn", "--samples", str(10**9),
            "--trace", "--step-sleep", "0")
     scaling = {n: 100.0 * n for n in range(1, nodes + 1)}
     return d.store.submit(JobSpec(name, cmd, 1, nodes, False, scaling, workers_per_node=workers_per_node))

@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from malletrain.examples.tracelog import steps
+from malletrain.worker.examples.tracelog import steps
 from scavenger.base import AgentUp, PilotEvent, PilotRequest, PilotStarted
 from scavenger.hub import AgentHub
 from scavenger.pbs import PbsBackend, PbsConfig
@@ -118,9 +118,9 @@ def daemon_runs(cluster: PbsCluster, tmp: Path, runs: int,
                 prod_nodes: list[str]) -> list[tuple[float, float, float]]:
     """(preemption -> training resumed, node back -> pilot running there, node back -> first step on it)
     per run."""
-    from malletrain.config import DaemonConfig, ScavengerConfig
+    from malletrain.daemon.config import DaemonConfig, ScavengerConfig
     from malletrain.daemon import Daemon
-    from malletrain.jobspec import JobSpec
+    from malletrain.daemon.jobspec import JobSpec
 
     n_all = len(cluster.vnodes)
     os.environ["PATH"] = cluster.env["PATH"]
@@ -128,7 +128,7 @@ def daemon_runs(cluster: PbsCluster, tmp: Path, runs: int,
                        loop_interval=0.05, scavenger=ScavengerConfig(
                            kind="pbs", queue="preemptable", job_name="mt-bench-daemon", poll_interval=0.3,
                            submit_rate=50.0))
-    train = (sys.executable, "-m", "malletrain.examples.train", "--model", "linear", "--samples", "1000000000",
+    train = (sys.executable, "-m", "malletrain.worker.examples.train", "--model", "linear", "--samples", "1000000000",
              "--trace", "--step-sleep", "0.05")
     d = Daemon(cfg)
     out = []

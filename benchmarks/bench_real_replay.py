@@ -47,7 +47,7 @@ from typing import Callable
 
 import numpy as np
 
-from malletrain.examples.tracelog import steps
+from malletrain.worker.examples.tracelog import steps
 from testclusters.slurm_cluster import ClusterUnavailable, SlurmCluster
 from traces import IdleTimeline, read
 
@@ -258,9 +258,9 @@ def _trained(summary: dict) -> float:
 def daemon_replay(cluster: SlurmCluster, tmp: Path, jobs: list[ProdJob], span: float, initial_busy: list[str],
                   k: int, warmup: float) -> tuple[float, dict[int, float], float, float]:
     """The replay with the daemon and ``k`` jobs: (window start, delays, held node-s, trained node-s)."""
-    from malletrain.config import DaemonConfig, ScavengerConfig
+    from malletrain.daemon.config import DaemonConfig, ScavengerConfig
     from malletrain.daemon import Daemon
-    from malletrain.jobspec import JobSpec
+    from malletrain.daemon.jobspec import JobSpec
 
     n = len(cluster.nodes)
     os.environ["SLURM_CONF"] = str(cluster.conf)
@@ -269,7 +269,7 @@ def daemon_replay(cluster: SlurmCluster, tmp: Path, jobs: list[ProdJob], span: f
                        loop_interval=0.05, scavenger=ScavengerConfig(
                            kind="slurm", partition="preemptable", job_name="mt-real-replay", poll_interval=0.3,
                            submit_rate=50.0))
-    train = (sys.executable, "-m", "malletrain.examples.train", "--model", "linear", "--samples", "1000000000000",
+    train = (sys.executable, "-m", "malletrain.worker.examples.train", "--model", "linear", "--samples", "1000000000000",
              "--trace", "--step-sleep", f"{STEP_SLEEP_S:g}")
     d = Daemon(cfg)
     try:

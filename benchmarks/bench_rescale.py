@@ -2,7 +2,7 @@
 
     python benchmarks/bench_rescale.py [--reps 3] [--model mlp] [--width 1024]
 
-Plays the job manager with :class:`malletrain.examples.harness.LocalJob` and,
+Plays the job manager with :class:`malletrain.runtimes.harness.LocalJob` and,
 per repetition, on a job whose survivor ``a`` keeps training:
 
 * planned scale-up 1 -> 2 (the new worker was started ahead and is ready),
@@ -40,7 +40,7 @@ import sys
 import time
 from typing import Any
 
-from malletrain.examples.harness import LocalJob, Worker, example_command
+from malletrain.runtimes.harness import LocalJob, Worker, example_command
 
 
 def _steps(w: Worker, gen: int) -> list[dict[str, Any]]:

@@ -37,8 +37,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from malletrain.examples.tracelog import steps
-from malletrain.procs import procs_mentioning
+from malletrain.worker.examples.tracelog import steps
+from malletrain.cli.procs import procs_mentioning
 
 CONFIG = """
 state_dir = "{state}"
@@ -65,7 +65,7 @@ submit_rate = 50.0
 
 JOB = """
 name = "{name}"
-command = ["{python}", "-m", "malletrain.examples.train", "--model", "linear", "--samples", "1000000000",
+command = ["{python}", "-m", "malletrain.worker.examples.train", "--model", "linear", "--samples", "1000000000",
            "--trace", "--step-sleep", "0.05"]
 min_nodes = 1
 max_nodes = {size}
@@ -178,7 +178,7 @@ def run(args: argparse.Namespace, env: dict[str, str], nodes: int) -> dict[str, 
             if b.proc.poll() is None:
                 b.proc.send_signal(signal.SIGTERM)
                 b.proc.wait(timeout=120)
-        from malletrain.store import Store
+        from malletrain.daemon.store import Store
 
         db = Store.open(b.state / "store.db")
         try:

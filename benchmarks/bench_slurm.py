@@ -47,7 +47,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from malletrain.examples.tracelog import steps
+from malletrain.worker.examples.tracelog import steps
 from scavenger.base import AgentUp, EndReason, PilotEnded, PilotEvent, PilotRequest, PilotStarted
 from scavenger.hub import AgentHub
 from scavenger.slurm import SlurmBackend, SlurmConfig
@@ -225,7 +225,7 @@ def _submitted(d, node: str, after: float, started: float | None) -> float | Non
 def node_stages(d, jid: str, node: str, after: float) -> dict[str, float | None]:  # type: ignore[no-untyped-def]
     """When each of :data:`STAGES` happened for ``node`` after ``after`` (seconds after it, negative for a
     pilot submitted before; None: not seen)."""
-    from malletrain.examples.tracelog import traced
+    from malletrain.worker.examples.tracelog import traced
 
     wid = d.runs[jid].workers.get(node)
     log = d.state_dir / "logs" / f"{wid}.log" if wid else None
@@ -287,9 +287,9 @@ def daemon_runs(cluster: SlurmCluster, tmp: Path, modes: list[bool], prod_nodes:
     """Per mode, one run: a prod job preempts ``prod_nodes`` under the daemon, then ends (see the module
     doc); the mode says whether the daemon queues a pilot for each recalled node at once (False: the
     baseline). Each prod job runs at least ``hold_s`` seconds."""
-    from malletrain.config import DaemonConfig, ScavengerConfig
+    from malletrain.daemon.config import DaemonConfig, ScavengerConfig
     from malletrain.daemon import Daemon
-    from malletrain.jobspec import JobSpec
+    from malletrain.daemon.jobspec import JobSpec
 
     n_all = len(cluster.nodes)
     os.environ["SLURM_CONF"] = str(cluster.conf)
@@ -298,7 +298,7 @@ def daemon_runs(cluster: SlurmCluster, tmp: Path, modes: list[bool], prod_nodes:
                        loop_interval=0.05, scavenger=ScavengerConfig(
                            kind="slurm", partition="preemptable", job_name="mt-bench-daemon", poll_interval=0.3,
                            submit_rate=50.0))
-    train = (sys.executable, "-m", "malletrain.examples.train", "--model", "linear", "--samples", "1000000000",
+    train = (sys.executable, "-m", "malletrain.worker.examples.train", "--model", "linear", "--samples", "1000000000",
              "--trace", "--step-sleep", "0.05")
     d = Daemon(cfg)
     out: list[DaemonRun] = []

@@ -1,6 +1,6 @@
 """A search on nodes that are recalled: malletrain's sweep against Optuna's own heartbeat-and-retry way.
 
-The same search (``malletrain/examples/sweep_train.py``, a torchrun MLP whose ``--lr`` and
+The same search (``malletrain/worker/examples/sweep_train.py``, a torchrun MLP whose ``--lr`` and
 ``--width`` are searched, 12 trials, TPE with the same seed) on the same 3 local nodes, with the same
 recall schedule (every ``RECALL_EVERY_S`` one node, in turn, is taken for ``RECALL_DOWN_S``):
 
@@ -78,15 +78,15 @@ def from_scratch_restarts(ckpt: Path) -> tuple[int, int]:
 
 # ---------------------------------------------------------------- malletrain
 def run_malletrain(work: Path, steps: int, sleep: float, most: int) -> dict[str, Any]:
-    from malletrain.config import DaemonConfig, LocalConfig
+    from malletrain.daemon.config import DaemonConfig, LocalConfig
     from malletrain.daemon import Daemon
-    from malletrain.jobspec import JobSpec, Launcher
-    from malletrain.sweeps import parse_sweep, register
+    from malletrain.daemon.jobspec import JobSpec, Launcher
+    from malletrain.daemon.sweepfile import parse_sweep, register
 
     ckpt = work / "ckpt"
     cfg = DaemonConfig(state_dir=str(work / "state"), runtime="toy", local=LocalConfig(nodes=len(NODES), trace="none"),
                        agent_heartbeat=0.2, agent_dead_after=5.0, loop_interval=0.05)
-    cmd = (PY, "-m", "malletrain.examples.sweep_train", "--lr", "{lr}", "--width", "{width}", "--ckpt",
+    cmd = (PY, "-m", "malletrain.worker.examples.sweep_train", "--lr", "{lr}", "--width", "{width}", "--ckpt",
            f"{ckpt}/{{trial}}", *trial_args(steps, sleep))
     spec = JobSpec("bench", cmd, 1, 2, env={"OMP_NUM_THREADS": "1"}, launcher=Launcher.TORCHRUN, worker_batch=8)
     sweep = parse_sweep({"trials": TRIALS, "direction": "minimize", "seed": SEED, "space": SPACE}, "bench", "bench")
@@ -147,7 +147,7 @@ def optuna_worker(url: str, ckpt: str, steps: int, sleep: float, port: int) -> N
         result = Path(ckpt) / f"{trial.number}.json"
         env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                "OMP_NUM_THREADS": "1", "MALLETRAIN_TRIAL_RESULT": str(result)}
-        subprocess.run([PY, "-m", "malletrain.examples.sweep_train", "--lr", repr(lr), "--width", str(width),
+        subprocess.run([PY, "-m", "malletrain.worker.examples.sweep_train", "--lr", repr(lr), "--width", str(width),
                         "--ckpt", f"{ckpt}/{trial.number}", *trial_args(steps, sleep)], env=env, check=True,
                        stdout=subprocess.DEVNULL, timeout=3600)
         return float(json.loads(result.read_text())["value"])

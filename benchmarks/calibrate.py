@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_slurm import StepTail, wait_for  # noqa: E402  (a sibling script)
 
-from malletrain.examples.tracelog import steps, traced  # noqa: E402
+from malletrain.worker.examples.tracelog import steps, traced  # noqa: E402
 from testclusters.slurm_cluster import ClusterUnavailable, SlurmCluster  # noqa: E402
 
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "simulator" / "calibration.json"
@@ -95,9 +95,9 @@ def hello_to_first_step(d, jid: str, node: str, after: float) -> float | None:  
 
 
 def measure(cluster: SlurmCluster, tmp: Path, rounds: int) -> dict[str, list[float]]:
-    from malletrain.config import DaemonConfig, ScavengerConfig
+    from malletrain.daemon.config import DaemonConfig, ScavengerConfig
     from malletrain.daemon import Daemon
-    from malletrain.jobspec import JobSpec
+    from malletrain.daemon.jobspec import JobSpec
 
     nodes = list(cluster.nodes)
     os.environ["SLURM_CONF"] = str(cluster.conf)
@@ -106,7 +106,7 @@ def measure(cluster: SlurmCluster, tmp: Path, rounds: int) -> dict[str, list[flo
                        loop_interval=0.05, scavenger=ScavengerConfig(
                            kind="slurm", partition="preemptable", job_name="mt-calibrate", poll_interval=0.3,
                            submit_rate=50.0))
-    train = (sys.executable, "-m", "malletrain.examples.train", "--model", "linear", "--samples", "1000000000000",
+    train = (sys.executable, "-m", "malletrain.worker.examples.train", "--model", "linear", "--samples", "1000000000000",
              "--trace", "--step-sleep", f"{STEP_SLEEP_S:g}")
     d = Daemon(cfg)
     steps_after = StepTail().first_after  # each worker log read on from where the last look stopped

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import psutil
 
-from malletrain.procs import procs_mentioning
+from malletrain.cli.procs import procs_mentioning
 
 if TYPE_CHECKING:
     from malletrain.daemon import Daemon as InProcessDaemon

@@ -26,7 +26,7 @@ Rules, settled once:
   measured point replaces it at its count and sets its level and shape around it (**Correction**).
   So a job that declares ``{1: 1, 2: 10^6}``, or under-reports at one count to look superlinear at
   the next, is believed linear at best, and takes no running job's nodes by it (the monitor's
-  :mod:`malletrain.ratebound` bounds what it may claim at any count by what it showed before).
+  :mod:`malletrain.daemon.ratebound` bounds what it may claim at any count by what it showed before).
 * **Learning (passive).** Every interval at every count a job runs counts, whatever gave it that
   count (the allocator, a recall, a lender's loan). With ``learn`` on, a count's rate is accepted
   once its estimate is stable

@@ -60,10 +60,12 @@ from scavenger.agent_link import (  # noqa: E402
     OUTBOX_MAX,
     DaemonLink,
 )
-from scavenger.agent_workers import EXIT_RECALLED, RunAs, Worker, WorkerHost, run_as_owner  # noqa: E402
-from scavenger.nodeshape import detect_accelerator, local_device_count  # noqa: E402
+from scavenger.agent_workers import RunAs, Worker, WorkerHost, run_as_owner  # noqa: E402
+from contract.exits import EXIT_SIGTERM
+from contract.nodeshape import detect_accelerator, local_device_count  # noqa: E402
+from contract.workerenv import ENV_BATCH_JOB  # noqa: E402
 
-__all__ = ("AUTH_RETRY_MAX_S", "AUTH_RETRY_S", "CONNECT_RETRY_S", "EXIT_DAEMON_LOST", "EXIT_NO_KEY", "EXIT_RECALLED",
+__all__ = ("AUTH_RETRY_MAX_S", "AUTH_RETRY_S", "CONNECT_RETRY_S", "EXIT_DAEMON_LOST", "EXIT_NO_KEY", "EXIT_SIGTERM",
            "OUTBOX_MAX", "RECALL_GRACE_S", "STOP_GRACE_S", "Agent", "RunAs", "Worker", "batch_job_from", "main",
            "run_as_owner")
 
@@ -78,7 +80,7 @@ itself must be gone within a second: Slurm honours GraceTime only then)."""
 STOP_GRACE_S = 1.0
 POLL_MS = 50
 """The loop's longest wait for something to happen (timers: heartbeats, reaping, retries)."""
-BATCH_JOB_VARS = ("SLURM_JOB_ID", "PBS_JOBID", "MALLETRAIN_BATCH_JOB")
+BATCH_JOB_VARS = ("SLURM_JOB_ID", "PBS_JOBID", ENV_BATCH_JOB)
 """Where the agent finds its pilot's id: Slurm, PBS, then the local backend's variable."""
 
 
@@ -250,7 +252,7 @@ class Agent(DaemonLink, WorkerHost):
                 if self.leave_reason is None and now - last_daemon > self.dead_after_s:
                     log.warning("node %s: no word from the daemon for %.1f s", self.node, now - last_daemon)
                     self.leave_reason = "daemon_lost"
-            code = {"recalled": EXIT_RECALLED, "daemon_lost": EXIT_DAEMON_LOST}.get(self.leave_reason, 0)
+            code = {"recalled": EXIT_SIGTERM, "daemon_lost": EXIT_DAEMON_LOST}.get(self.leave_reason, 0)
         except BaseException as exc:
             log.exception("node %s: agent loop failed: %s", self.node, exc)
             raise
@@ -297,7 +299,7 @@ def _main(argv: Sequence[str] | None, warm: WarmSlot | None) -> int:
     ap.add_argument("--warm", default="", help="modules a warm worker imports ahead, comma-separated "
                                                 "(scavenger.warm; empty: every worker starts cold)")
     ap.add_argument("--slots", type=int, default=None,
-                    help="the node's worker slots (scavenger.nodeshape), so a warm worker is prepared for each "
+                    help="the node's worker slots (contract.nodeshape), so a warm worker is prepared for each "
                          "from the start (default: the GPUs this agent sees); a start from the daemon with "
                          "another count changes it")
     args = ap.parse_args(argv)

@@ -20,27 +20,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable
 
+from contract.exits import EXIT_SIGTERM  # what schedulers expect of a SIGTERMed job
+from contract.nodeshape import Accelerator, SlotPlace, pin_cores, slot_place  # noqa: F401  (pin_cores: its home)
 from scavenger import containment
 from scavenger.logpump import LogPump
 from scavenger import jobproc
 from scavenger import protocol as P
-from scavenger.nodeshape import Accelerator, SlotPlace, slot_place
 from scavenger.warm import WARM_WAIT_S, Assignment, WarmSlot, warm_refusal
 
 log = logging.getLogger("scavenger.agent")
 
-EXIT_RECALLED = 143  # 128 + SIGTERM, what schedulers expect of a SIGTERMed job
 LOCAL_FAILURE_GRACE_S = 5.0
 """Seconds the other local ranks of a worker get after one of them failed (SIGTERM, then SIGKILL)."""
-
-
-def pin_cores(cores: tuple[int, ...], then: Callable[[], None]) -> Callable[[], None]:
-    """A ``preexec_fn`` that pins the process to ``cores`` (its slot's share), then runs ``then``."""
-    def setup() -> None:
-        if cores:
-            os.sched_setaffinity(0, cores)
-        then()
-    return setup
 
 
 def warm_slot_envs(base: dict[str, str], slots: int, acc: Accelerator, cores: tuple[int, ...],
@@ -162,7 +153,7 @@ class WorkerHost:
     warm: WarmSlot | None  # a worker prepared ahead (scavenger.warm): local rank 0's
     warm_more: list[WarmSlot]  # those of local ranks 1 .. K-1 (once a start said the node has K slots)
     slots: int  # the node's worker slots, as the daemon's last start said (1 until then)
-    accelerator: Accelerator  # the node's kind of device (scavenger.nodeshape)
+    accelerator: Accelerator  # the node's kind of device (contract.nodeshape)
     cores: tuple[int, ...]  # the agent's CPU set, shared among the slots
     deferred: dict[str, tuple[P.StartWorker, float]]  # workers waiting for the warm process
 
@@ -327,7 +318,7 @@ class WorkerHost:
 
     def stop_worker(self, name: str, grace: float) -> None:
         if self.deferred.pop(name, None) is not None:
-            self.send(P.WorkerExited(self.node, name, EXIT_RECALLED))  # stopped before it started
+            self.send(P.WorkerExited(self.node, name, EXIT_SIGTERM))  # stopped before it started
             return
         w = self.workers.get(name)
         if w is None or w.kill_at is not None:

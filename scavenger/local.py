@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import numpy as np
 import psutil
 
+from contract.workerenv import ENV_BATCH_JOB  # the pilot id a local agent reports in its hello
 from scavenger.base import (
     BackendError,
     Discovery,
@@ -52,9 +53,6 @@ from scavenger import jobproc
 from traces.model import EventBatch, IdleTimeline
 
 log = logging.getLogger(__name__)
-
-ENV_BATCH_JOB = "MALLETRAIN_BATCH_JOB"
-"""The pilot id a local agent reports in its hello (Slurm: ``SLURM_JOB_ID``, PBS: ``PBS_JOBID``)."""
 
 
 def node_names(n: int) -> tuple[str, ...]:

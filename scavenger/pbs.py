@@ -29,12 +29,14 @@ import json
 import logging
 import re
 import shlex
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Callable, Mapping, Sequence
 
+from contract.exits import EXIT_SIGTERM
 from scavenger.base import (
     BadReply,
     Claim,
@@ -48,7 +50,7 @@ from scavenger.base import (
     Runner,
     run_command,
 )
-from scavenger.nodeshape import NodeShapeError, pbs_ngpus
+from contract.nodeshape import NodeShapeError, pbs_ngpus
 from scavenger.pilots import BatchBackend, BatchConfig, Observation, require_ok
 
 log = logging.getLogger("malletrain.pbs")
@@ -98,7 +100,7 @@ JOB_EXEC_RERUN = -11
 """``Exit_status`` of a requeued job (preempt_order R)."""
 JOB_EXEC_KILL_WALLTIME = -29
 """``Exit_status`` of a job killed for exceeding its walltime (OpenPBS job.h)."""
-SIGTERM_EXITS = (143, 271)
+SIGTERM_EXITS = (EXIT_SIGTERM, 256 + signal.SIGTERM)
 """Exit statuses after SIGTERM (128+15 from the agent, 256+15 when PBS reports the signal)."""
 SCHEDULER_DELETE = "terminated by Scheduler@"
 """In the ``comment`` of a job the scheduler deleted to preempt it (preempt_order D); our own

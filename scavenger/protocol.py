@@ -27,7 +27,7 @@ ARG_MAX = 128 * 1024
 GRACE_MAX = 3600.0
 PID_MAX = 2**31 - 1
 SLOTS_MAX = 64
-"""Worker processes one start may ask of a node at most (``scavenger.nodeshape.MAX_SLOTS``)."""
+"""Worker processes one start may ask of a node at most (``contract.nodeshape.MAX_SLOTS``)."""
 
 
 class ProtocolError(ValueError):
@@ -118,7 +118,7 @@ class StartWorker:
     gid: int | None = None
     slots: int = 1
     """Worker processes to run on the node, one per slot (local ranks 0 .. slots-1), each with its
-    own device, cores and ``LOCAL_RANK`` (:mod:`scavenger.nodeshape`); they end together."""
+    own device, cores and ``LOCAL_RANK`` (:mod:`contract.nodeshape`); they end together."""
     umask: int | None = None
     """The file mode creation mask the worker runs with: its submitter's, recorded at submit (as Slurm
     carries it into a job); None: the agent's."""

@@ -46,7 +46,7 @@ from scavenger.base import (
     Runner,
     run_command,
 )
-from scavenger.nodeshape import NodeShapeError, parse_gres_gpus
+from contract.nodeshape import NodeShapeError, parse_gres_gpus
 from scavenger.pilots import BatchBackend, BatchConfig, Observation, minutes_ceil, require_ok
 
 log = logging.getLogger("malletrain.slurm")
@@ -270,7 +270,7 @@ def parse_scontrol_record(text: str) -> dict[str, str]:
 
 SQUEUE_FORMAT = "%i|%P|%T|%r|%N|%S|%e|%l"
 SINFO_FORMAT = "%N|%T|%G"
-"""Node, state and generic resources (``gpu:4``: the node's shape, see :mod:`scavenger.nodeshape`)."""
+"""Node, state and generic resources (``gpu:4``: the node's shape, see :mod:`contract.nodeshape`)."""
 START_FORMAT = "%i|%P|%j|%S|%Y"
 
 

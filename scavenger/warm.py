@@ -1,10 +1,10 @@
 """Warm workers: a process that imported the framework before its job was known.
 
-    python -m scavenger.warm --fd N --import torch,malletrain.elastic
+    python -m scavenger.warm --fd N --import torch,malletrain.worker.elastic
 
 A node agent started with ``--warm MODULES`` keeps one such process per worker
 slot of its node while it has no worker (:class:`WarmSlot`; a node of K slots,
-:mod:`scavenger.nodeshape`, keeps K, each pinned to its slot's cores with its
+:mod:`contract.nodeshape`, keeps K, each pinned to its slot's cores with its
 slot's thread count). Nothing in it touches a GPU: importing torch does not
 initialise CUDA, so no device memory is held before the job runs. The process imports ``MODULES`` (the
 runtime's framework; seconds of CPU that a fresh worker would spend after its
@@ -53,6 +53,7 @@ import time
 from dataclasses import dataclass, field
 from typing import IO, Mapping, Sequence
 
+from contract.entry import Entry, entry_of
 from scavenger import jobproc, proctitle
 
 log = logging.getLogger("scavenger.warm")
@@ -114,30 +115,6 @@ class Assignment:
         if umask is not None and (isinstance(umask, bool) or not isinstance(umask, int) or not 0 <= umask <= 0o777):
             raise ValueError("warm assignment: umask must be an integer in [0, 0o777] or null")
         return cls(tuple(argv), dict(env), cwd, obj.get("uid"), obj.get("gid"), umask)
-
-
-@dataclass(frozen=True)
-class Entry:
-    """What ``python ARGS`` runs: a module (``-m``) or a script path, and its arguments."""
-
-    module: str | None
-    script: str | None
-    args: tuple[str, ...]
-
-
-def entry_of(argv: Sequence[str], python: str = sys.executable) -> Entry | str:
-    """The entry point of ``argv`` if a warm process of ``python`` can run it, else why not."""
-    if len(argv) < 2:
-        return "no script or module after the interpreter"
-    if os.path.realpath(argv[0]) != os.path.realpath(python) and argv[0] != python:
-        return f"interpreter {argv[0]!r} is not the warm one ({python})"
-    if argv[1] == "-m":
-        if len(argv) < 3 or not argv[2] or argv[2].startswith("-"):
-            return "-m without a module name"
-        return Entry(argv[2], None, tuple(argv[3:]))
-    if argv[1].startswith("-"):
-        return f"interpreter flag {argv[1]!r}"
-    return Entry(None, argv[1], tuple(argv[2:]))
 
 
 def start_time_env(env: Mapping[str, str]) -> dict[str, str]:

@@ -35,7 +35,7 @@ class WorkloadError(ValueError):
     """A workload or scaling file that cannot be used; the message names file and entry."""
 
 
-ELASTIC, TORCHRUN = "elastic", "torchrun"  # the job file's launcher values (malletrain.jobspec.Launcher)
+ELASTIC, TORCHRUN = "elastic", "torchrun"  # the job file's launcher values (malletrain.daemon.jobspec.Launcher)
 LAUNCHERS = (ELASTIC, TORCHRUN)
 
 

@@ -21,7 +21,7 @@ class PolicyError(RuntimeError):
 
 
 class SimJobState(enum.Enum):
-    """A simulated job's state (the daemon's jobs have their own, :class:`malletrain.jobspec.JobState`)."""
+    """A simulated job's state (the daemon's jobs have their own, :class:`malletrain.daemon.jobspec.JobState`)."""
 
     QUEUED = "queued"  # waiting for a slot (FCFS)
     ADMITTED = "admitted"  # holds one of the Pjmax slots; may hold 0 nodes

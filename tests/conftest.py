@@ -95,7 +95,7 @@ def _torchrun_variables_stay_with_their_test():
     """The elastic layer writes each world's torchrun variables into ``os.environ`` (what a worker's
     libraries read); run in this process by a test, they would reach every later test's workers and
     ``client.context()``: each test gets them back as they were."""
-    from malletrain.workerenv import ENV_GENERATION, TORCHRUN_VARIABLES
+    from contract.workerenv import ENV_GENERATION, TORCHRUN_VARIABLES
     names = (*TORCHRUN_VARIABLES, ENV_GENERATION)
     saved = {name: os.environ.get(name) for name in names}
     yield

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Mapping
 
 from allocator import throughput_at
-from malletrain.config import DaemonConfig
+from malletrain.daemon.config import DaemonConfig
 from malletrain.runtimes import LaunchSpec, Runtime
 from policy import JobEvidence, PolicyConfig
 from profiler.estimators import Estimate

@@ -9,9 +9,10 @@ from typing import Iterator
 import pytest
 import zmq
 
-from malletrain.messages import ENV_SECRET, new_secret
-from malletrain.monitor import Monitor
-from malletrain.workerenv import ENV_JOB, ENV_MONITOR, ENV_WORKER, ENV_WORKER_BATCH
+from contract.messages import new_secret
+from contract.workerenv import ENV_JOB_SECRET
+from malletrain.daemon.monitor import Monitor
+from contract.workerenv import ENV_JOB, ENV_MONITOR, ENV_WORKER, ENV_WORKER_BATCH
 from stepping import poll
 
 JOB = "j000029"
@@ -36,7 +37,7 @@ def mon() -> Iterator[tuple[Monitor, str]]:
 def worker_env(mon: Monitor, secret: str, worker_batch: int | None, worker: str = f"{JOB}.n0.0") -> dict[str, str]:
     """This process's environment plus what the daemon gives a worker (a fresh ``worker`` id per start)."""
     env = {k: v for k, v in os.environ.items() if k not in _INHERITED_NOT}
-    env.update({ENV_MONITOR: mon.address, ENV_JOB: JOB, ENV_WORKER: worker, ENV_SECRET: secret,
+    env.update({ENV_MONITOR: mon.address, ENV_JOB: JOB, ENV_WORKER: worker, ENV_JOB_SECRET: secret,
                 "OMP_NUM_THREADS": "1"})
     if worker_batch is not None:
         env[ENV_WORKER_BATCH] = str(worker_batch)
@@ -44,9 +45,9 @@ def worker_env(mon: Monitor, secret: str, worker_batch: int | None, worker: str 
 
 
 def torchrun_cmd(nproc: int, target: list[str]) -> list[str]:
-    """``torchrun --standalone --nproc-per-node=N -m malletrain.launch TARGET...``."""
+    """``torchrun --standalone --nproc-per-node=N -m malletrain.worker.launch TARGET...``."""
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-            "-m", "malletrain.launch", *target]
+            "-m", "malletrain.worker.launch", *target]
 
 
 def wait_received(mon: Monitor, n: int, ceiling_s: float = 60) -> None:

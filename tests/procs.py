@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from malletrain.procs import procs_mentioning
+from malletrain.cli.procs import procs_mentioning
 
 __all__ = ["procs_mentioning"]

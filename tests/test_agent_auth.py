@@ -23,12 +23,13 @@ import zmq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from malletrain.config import DaemonConfig, LocalConfig, Ports
+from malletrain.daemon.config import DaemonConfig, LocalConfig, Ports
 from malletrain.daemon import Daemon, DaemonError
 from procs import procs_mentioning
 from scavenger import channel as C
 from scavenger import protocol as P
-from scavenger.agent import EXIT_RECALLED, batch_job_from
+from scavenger.agent import batch_job_from
+from contract.exits import EXIT_SIGTERM
 from scavenger.base import AgentUp
 from scavenger.hub import AgentHub, AgentWorkers, WorkerExitedEvent, WorkerStartedEvent
 from stepping import wait_until
@@ -415,7 +416,7 @@ def test_sigterm_stops_workers_so_they_checkpoint_and_the_agent_exits_143(tmp_pa
         hub.start_worker(NODE, "w", (sys.executable, "-c", CHECKPOINTER, str(ckpt)), {}, None)
         wait_until(lambda: Path(str(ckpt) + ".up").exists(), "worker up", 15.0, tick=tick, pause=0)
         agent.send_signal(signal.SIGTERM)
-        assert agent.wait(timeout=30) == EXIT_RECALLED == 143
+        assert agent.wait(timeout=30) == EXIT_SIGTERM == 143
         assert ckpt.read_text() == "checkpoint"  # the worker was asked to stop, and did
         wait_until(lambda: WorkerExitedEvent(NODE, "w", 143, True) in events, "the worker's exit reported", 15.0, tick=tick, pause=0)
     finally:

@@ -8,14 +8,14 @@ from typing import Any
 
 import pytest
 
-from malletrain.arrays import (
+from malletrain.daemon.arrays import (
     ARRAY_MAX_ELEMENTS, ArraySpecError, element_spec, parse_indices, resolve, submit_array, summary,
 )
 from malletrain.cli import main
-from malletrain.control import Caller, Cancel, Submit
-from malletrain.jobspec import JobSpec, JobState
-from malletrain.store import Store
-from malletrain.workerenv import ENV_ARRAY_INDEX
+from malletrain.daemon.control import Caller, Cancel, Submit
+from malletrain.daemon.jobspec import JobSpec, JobState
+from malletrain.daemon.store import Store
+from contract.workerenv import ENV_ARRAY_INDEX
 from policy import PolicyConfig
 
 try:

@@ -13,13 +13,13 @@ from typing import Callable
 import pytest
 
 from procs import procs_mentioning
-from malletrain.config import DaemonConfig, LocalConfig
+from malletrain.daemon.config import DaemonConfig, LocalConfig
 from malletrain.daemon import NODE_SECONDS_KEY, Daemon
-from malletrain.jobspec import JobSpec, JobSpecError, JobState, load_spec, parse_spec
-from malletrain.status_view import budget_text, deadline_text, format_jobs
+from malletrain.daemon.jobspec import JobSpec, JobSpecError, JobState, load_spec, parse_spec
+from malletrain.cli.status_view import budget_text, deadline_text, format_jobs
 from tests.stepping import step_until
 
-TOY = (sys.executable, "-m", "malletrain.toy_runtime")
+TOY = (sys.executable, "-m", "malletrain.worker.toy")
 
 
 # ---------------------------------------------------------------- job files

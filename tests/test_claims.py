@@ -60,8 +60,8 @@ def test_efficiency_above_linear_is_never_believed() -> None:
 
 def test_a_worker_batch_a_report_cannot_carry_is_refused_at_submit() -> None:
     """Before: 2^31 was accepted although a report carries at most 2^31-1 samples."""
-    from malletrain.jobspec import JobSpecError, parse_spec
-    from malletrain.messages import MAX_SAMPLES
+    from malletrain.daemon.jobspec import JobSpecError, parse_spec
+    from contract.messages import MAX_SAMPLES
 
     assert parse_spec({"command": ["python", "t.py"], "worker_batch": MAX_SAMPLES}).worker_batch == MAX_SAMPLES
     with pytest.raises(JobSpecError, match="worker_batch"):
@@ -70,7 +70,7 @@ def test_a_worker_batch_a_report_cannot_carry_is_refused_at_submit() -> None:
 
 def test_malletrain_devices_all_is_the_one_reserved_variable_a_job_may_set() -> None:
     """Before: the docs told users to set it in ``env`` and submit refused it."""
-    from malletrain.jobspec import JobSpecError, parse_spec
+    from malletrain.daemon.jobspec import JobSpecError, parse_spec
 
     assert parse_spec({"command": ["python", "t.py"], "env": {"MALLETRAIN_DEVICES": "all"}}).env == {
         "MALLETRAIN_DEVICES": "all"}
@@ -80,7 +80,8 @@ def test_malletrain_devices_all_is_the_one_reserved_variable_a_job_may_set() -> 
 
 
 def test_a_torchrun_world_too_big_for_one_store_frame_is_refused_at_submit() -> None:
-    from malletrain.jobspec import TORCHRUN_MAX_RANKS, JobSpecError, check_submit, parse_spec
+    from malletrain.daemon.jobspec import JobSpecError, check_submit, parse_spec
+    from contract.world import TORCHRUN_MAX_RANKS
 
     ok = parse_spec({"command": ["python", "t.py"], "launcher": "torchrun", "max_nodes": TORCHRUN_MAX_RANKS // 8,
                      "workers_per_node": 8})
@@ -97,9 +98,10 @@ def test_a_ready_key_claiming_a_million_local_ranks_is_not_believed_and_no_world
     built a world of that many ranks (10^6: 12 s of no answer, 600 MB)."""
     import sys
 
-    from malletrain.elastic.keys import ready_key, world_key
-    from malletrain.jobspec import TORCHRUN_MAX_RANKS, WORKERS_PER_NODE_MAX
-    from malletrain.runtimes.torchrun import TorchrunRuntime, World, WORLD_MAX_BYTES
+    from contract.storekeys import ready_key, world_key
+    from contract.world import TORCHRUN_MAX_RANKS, WORKERS_PER_NODE_MAX
+    from malletrain.runtimes.torchrun import TorchrunRuntime, WORLD_MAX_BYTES
+    from contract.world import World
 
     rt = TorchrunRuntime()
     try:
@@ -135,7 +137,7 @@ def test_no_jobs_events_rotate_out_what_a_restarted_daemon_reads(tmp_path) -> No
     """Before: a job restarted in a loop (~14 events a second) rotated the kept events, the daemon's
     start row with them, and a restarted daemon no longer knew its predecessor was killed; a torchrun
     job's restart count was counted from those rows too."""
-    from malletrain.store import Store
+    from malletrain.daemon.store import Store
 
     s = Store.open(tmp_path / "state" / "store.db", max_events=50)
     try:
@@ -161,7 +163,7 @@ def test_no_jobs_events_rotate_out_what_a_restarted_daemon_reads(tmp_path) -> No
 def test_workers_run_with_the_umask_their_submitter_had(tmp_path) -> None:
     """Before: workers ran with the daemon's umask (0022 under root): a job submitted under umask 077
     wrote checkpoints every other user could read."""
-    from malletrain.control import Caller, parse_request
+    from malletrain.daemon.control import Caller, parse_request
     from policy import PolicyConfig
     from tests.test_conformance import LINEAR, Harness
 
@@ -169,8 +171,8 @@ def test_workers_run_with_the_umask_their_submitter_had(tmp_path) -> None:
     assert req.umask == 0o077  # type: ignore[union-attr]
     with pytest.raises(Exception, match="umask"):
         parse_request({"cmd": "submit", "spec": {"command": ["true"]}, "umask": 0o1000}, Caller(1000, 1000, False))
-    from malletrain.jobspec import JobSpec
-    from malletrain.statedir import current_umask
+    from malletrain.daemon.jobspec import JobSpec
+    from malletrain.daemon.statedir import current_umask
 
     h = Harness(tmp_path / "d", PolicyConfig())
     try:
@@ -197,13 +199,13 @@ def test_a_silent_connection_to_the_metrics_endpoint_is_one_log_line_not_a_trace
     import socket
     import time
 
-    from malletrain import metrics_server
+    from malletrain.daemon import metrics_server
 
     monkeypatch.setattr(metrics_server._QuietHandler, "timeout", 0.2)
     app = lambda environ, start: (start("200 OK", []), [b"ok"])[1]  # noqa: E731
     httpd, thread = metrics_server.serve_metrics("127.0.0.1", 0, app)
     try:
-        with caplog.at_level(logging.WARNING, logger="malletrain.metrics"):
+        with caplog.at_level(logging.WARNING, logger="malletrain.daemon.metrics"):
             conns = [socket.create_connection(httpd.server_address[:2]) for _ in range(2)]
             deadline = time.monotonic() + 20
             while len([r for r in caplog.records if "request failed" in r.getMessage()]) < 2:

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from malletrain import cli_daemon
+from malletrain.cli import daemon as cli_daemon
 from malletrain.cli import main
-from malletrain.statedir import private_state_dir
-from malletrain.store import Store
+from malletrain.daemon.statedir import private_state_dir
+from malletrain.daemon.store import Store
 
 
 def test_wait_without_a_daemon_says_no_daemon_is_running_there(tmp_path: Path, capsys: pytest.CaptureFixture[str],

@@ -10,8 +10,8 @@ from typing import Iterator
 import pytest
 import zmq
 
-from malletrain import client
-from malletrain.messages import decode, decode_report
+from malletrain.worker import client
+from contract.messages import decode, decode_report
 
 
 @pytest.fixture(autouse=True)
@@ -124,13 +124,13 @@ def test_bad_monitor_address_is_named() -> None:
 
 def test_imports_point_one_way() -> None:
     """The client never imports the elastic layer (nor torch); the elastic layer uses the client."""
-    code = ("import sys; import malletrain.client as c; "
-            "assert 'malletrain.elastic' not in sys.modules and 'torch' not in sys.modules, sorted(sys.modules); "
+    code = ("import sys; import malletrain.worker.client as c; "
+            "assert 'malletrain.worker.elastic' not in sys.modules and 'torch' not in sys.modules, sorted(sys.modules); "
             "assert not hasattr(c, 'State') and not hasattr(c, 'run')")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    from malletrain.elastic import State, run  # the users' import path
-    from malletrain.elastic import state as elastic_state
+    from malletrain.worker.elastic import State, run  # the users' import path
+    from malletrain.worker.elastic import state as elastic_state
 
     assert callable(run) and isinstance(State, type)
     assert elastic_state.client is client

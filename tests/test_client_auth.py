@@ -7,12 +7,13 @@ from typing import Iterator
 import pytest
 import zmq
 
-from malletrain import client
-from malletrain.messages import ENV_SECRET, new_secret
-from malletrain.monitor import Monitor
+from malletrain.worker import client
+from contract.messages import new_secret
+from contract.workerenv import ENV_JOB_SECRET
+from malletrain.daemon.monitor import Monitor
 from launching import wait_received
 
-ENV = ("MALLETRAIN_MONITOR", "MALLETRAIN_JOB", "MALLETRAIN_WORKER", ENV_SECRET, "RANK", "WORLD_SIZE",
+ENV = ("MALLETRAIN_MONITOR", "MALLETRAIN_JOB", "MALLETRAIN_WORKER", ENV_JOB_SECRET, "RANK", "WORLD_SIZE",
        "TORCHELASTIC_RESTART_COUNT")
 
 
@@ -35,7 +36,7 @@ def mon(monkeypatch: pytest.MonkeyPatch) -> Iterator[Monitor]:
 def test_signed_reports_are_accepted(mon: Monitor, monkeypatch: pytest.MonkeyPatch) -> None:
     secret = new_secret()
     mon.register("j000001", secret)
-    monkeypatch.setenv(ENV_SECRET, secret)
+    monkeypatch.setenv(ENV_JOB_SECRET, secret)
     client.set_context(rank=0, world_size=2, generation=4)
     assert all(client.report(32) for _ in range(5))
     wait_received(mon, 5)
@@ -45,11 +46,11 @@ def test_signed_reports_are_accepted(mon: Monitor, monkeypatch: pytest.MonkeyPat
 
 def test_a_wrong_or_missing_secret_is_refused(mon: Monitor, monkeypatch: pytest.MonkeyPatch) -> None:
     mon.register("j000001", new_secret())
-    monkeypatch.setenv(ENV_SECRET, new_secret())  # e.g. another job's secret
+    monkeypatch.setenv(ENV_JOB_SECRET, new_secret())  # e.g. another job's secret
     assert client.report(32)
     wait_received(mon, 1)
     client.reset()
-    monkeypatch.delenv(ENV_SECRET)
+    monkeypatch.delenv(ENV_JOB_SECRET)
     assert client.report(32)  # sent unsigned: the training loop goes on, the monitor refuses it
     wait_received(mon, 2)
     counts = mon.counts()
@@ -58,8 +59,8 @@ def test_a_wrong_or_missing_secret_is_refused(mon: Monitor, monkeypatch: pytest.
 
 
 def test_a_malformed_secret_is_named(mon: Monitor, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(ENV_SECRET, "not-hex")
-    with pytest.raises(ValueError, match=ENV_SECRET):
+    monkeypatch.setenv(ENV_JOB_SECRET, "not-hex")
+    with pytest.raises(ValueError, match=ENV_JOB_SECRET):
         client.report(32)
 
 
@@ -81,7 +82,7 @@ def test_a_restarted_worker_is_a_new_sender(mon: Monitor, monkeypatch: pytest.Mo
     """A torchrun-style restart keeps MALLETRAIN_WORKER and counts seq from 1 again: not a replay."""
     secret = new_secret()
     mon.register("j000001", secret)
-    monkeypatch.setenv(ENV_SECRET, secret)
+    monkeypatch.setenv(ENV_JOB_SECRET, secret)
     monkeypatch.setenv("WORLD_SIZE", "2")
     for restart in ("0", "1", "2"):
         monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", restart)

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from malletrain.config import LIMITS, ConfigError, DaemonConfig, load_config, parse_config, to_toml
+from malletrain.daemon.config import LIMITS, ConfigError, DaemonConfig, load_config, parse_config, to_toml
 
 FLOAT_KEYS = [(prefix, key) for prefix, table in LIMITS.items() for key, lim in table.items() if lim.kind is float]
 
@@ -136,7 +136,7 @@ def test_fuzz_config_bytes(tmp_path_factory: pytest.TempPathFactory, data: bytes
 
 
 def test_every_key_has_a_limit() -> None:
-    from malletrain.config import TABLES, LocalConfig, LogConfig, MetricsConfig, Ports
+    from malletrain.daemon.config import TABLES, LocalConfig, LogConfig, MetricsConfig, Ports
 
     assert {f.name for f in fields(DaemonConfig)} - set(TABLES) == set(LIMITS[""])
     assert {f.name for f in fields(LocalConfig)} == set(LIMITS["local."])
@@ -150,7 +150,7 @@ def test_every_key_has_a_limit() -> None:
     ("[::1]:9464", "[::1]:9464"), ("localhost:1", "localhost:1"),
 ])
 def test_metrics_address_is_parsed_with_loopback_by_default(address: str, served: str) -> None:
-    from malletrain.metrics import parse_address
+    from malletrain.daemon.metrics import parse_address
 
     cfg = parse_config({"metrics": {"address": address}})
     assert cfg.metrics.enabled and str(parse_address(cfg.metrics.address)) == served
@@ -190,7 +190,7 @@ def test_metrics_are_off_and_the_log_is_text_by_default(tmp_path: Path) -> None:
 
 
 def test_ports_host_is_one_interface_address() -> None:
-    from malletrain.config import ConfigError, parse_config
+    from malletrain.daemon.config import ConfigError, parse_config
 
     assert parse_config({}).ports.host == "127.0.0.1"
     assert parse_config({"ports": {"host": "10.1.2.3"}}).ports.host == "10.1.2.3"
@@ -201,12 +201,12 @@ def test_ports_host_is_one_interface_address() -> None:
 
 def test_the_documented_config_shows_the_defaults_the_code_has() -> None:
     """Defaults are written once, in the dataclasses (``config_types``); the annotated config in
-    ``malletrain/config.py``'s docstring (what ``--config`` help and the docs point at) must show
+    ``malletrain/daemon/config.py``'s docstring (what ``--config`` help and the docs point at) must show
     those values, so a changed default cannot leave the documentation behind."""
     import textwrap
 
-    import malletrain.config as config_module
-    from malletrain.config import DaemonConfig
+    import malletrain.daemon.config as config_module
+    from malletrain.daemon.config import DaemonConfig
 
     doc = textwrap.dedent((config_module.__doc__ or "").split("\n", 2)[2])
     lines = []
@@ -240,7 +240,7 @@ def test_the_policy_table_has_one_loader_and_one_validation() -> None:
     knobs given over it (flags) are checked by ``PolicyConfig.overridden``, with the rules that tie knobs."""
     import pytest as _pytest
 
-    from malletrain.config import ConfigError, parse_config
+    from malletrain.daemon.config import ConfigError, parse_config
     from policy import PolicyConfig
     from policy.config import PolicyConfigError
 

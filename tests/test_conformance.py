@@ -37,8 +37,8 @@ import numpy as np
 
 from malletrain.daemon import Daemon, DaemonParts
 from malletrain.daemon.decide import user_name
-from malletrain.jobspec import JobSpec as DaemonJobSpec
-from malletrain.jobspec import JobState
+from malletrain.daemon.jobspec import JobSpec as DaemonJobSpec
+from malletrain.daemon.jobspec import JobState
 from policy import Decision, Loss, LossOutcome, Policy, PolicyConfig, Stop, StopReason, View
 from simulator import SimConfig, SimPolicy, Simulator, Workload
 from simulator.records import SimJobState

@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from malletrain.control import (
+from malletrain.daemon.control import (
     MAX_PER_UID,
     Caller,
     Cancel,

@@ -13,13 +13,13 @@ from typing import Callable
 import pytest
 
 from procs import procs_mentioning
-from malletrain.config import DaemonConfig, LocalConfig
+from malletrain.daemon.config import DaemonConfig, LocalConfig
 from malletrain.daemon import Daemon, DaemonError
-from malletrain.jobspec import JobSpec, JobState
+from malletrain.daemon.jobspec import JobSpec, JobState
 from policy import PolicyConfig
 from tests.stepping import step_until
 
-TOY = (sys.executable, "-m", "malletrain.toy_runtime")
+TOY = (sys.executable, "-m", "malletrain.worker.toy")
 
 
 def config(tmp: Path, nodes: int = 3, **kw) -> DaemonConfig:
@@ -121,7 +121,7 @@ def test_second_daemon_on_same_state_dir_is_refused(daemon) -> None:
 
 
 def test_config_errors_name_the_key(tmp_path: Path) -> None:
-    from malletrain.config import ConfigError, load_config
+    from malletrain.daemon.config import ConfigError, load_config
 
     f = tmp_path / "d.toml"
     cases = {
@@ -153,7 +153,7 @@ def test_config_errors_name_the_key(tmp_path: Path) -> None:
 
 
 def test_generations_are_kept_and_never_go_backwards(tmp_path: Path) -> None:
-    from malletrain.store import Store
+    from malletrain.daemon.store import Store
 
     store = Store.open(tmp_path / "store.db")
     assert store.generation("j000001") == 0

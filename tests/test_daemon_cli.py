@@ -14,7 +14,7 @@ import pytest
 
 
 from procs import procs_mentioning
-from malletrain.store import Store
+from malletrain.daemon.store import Store
 from stepping import wait_until
 
 
@@ -32,7 +32,7 @@ trace = "none"
 
 JOB = """
 name = "{name}"
-command = ["{python}", "-m", "malletrain.toy_runtime", "--rate", "1000"]
+command = ["{python}", "-m", "malletrain.worker.toy", "--rate", "1000"]
 min_nodes = 1
 max_nodes = 1
 scaling = {{ 1 = 10.0 }}
@@ -134,7 +134,7 @@ scaling = { 1 = 10.0 }
 
 SHORT = """
 name = "short"
-command = ["python", "-m", "malletrain.toy_runtime", "--rate", "4000", "--exit-after-samples", "500"]
+command = ["python", "-m", "malletrain.worker.toy", "--rate", "4000", "--exit-after-samples", "500"]
 samples = 100000
 scaling = { 1 = 10.0 }
 """
@@ -173,7 +173,7 @@ def test_status_says_why_a_job_failed_and_where_its_log_is(tmp_path: Path) -> No
 
 
 def test_status_escapes_what_jobs_wrote(tmp_path: Path) -> None:
-    from malletrain.cli_daemon import format_details, format_jobs, job_note
+    from malletrain.cli.daemon import format_details, format_jobs, job_note
 
     evil = {"id": "j000001", "name": "x\n\x1b[2Jfake", "state": "failed", "nodes": [], "min_nodes": 1,
             "max_nodes": 1, "samples": 0, "target": None, "message": "exit 1\x1b[31m", "logs": []}

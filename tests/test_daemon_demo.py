@@ -31,7 +31,7 @@ def test_demo_writes_report_and_leaves_nothing(tmp_path: Path) -> None:
 
 
 def test_the_demo_runs_the_default_policy_or_the_papers(tmp_path: Path) -> None:
-    from malletrain.demo import demo_config
+    from malletrain.cli.demo import demo_config
 
     default = demo_config(tmp_path, 6, "toy").policy
     jpa = demo_config(tmp_path, 6, "toy", "jpa").policy

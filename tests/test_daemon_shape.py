@@ -60,7 +60,7 @@ def test_a_job_submitted_through_the_control_api_is_decided_at_the_next_step(tmp
     """What a request submitted goes into the store; the loop observes it at its next step and
     decides for it then (not at the next periodic replan), whether the request came through the
     socket or not."""
-    from malletrain.control import Caller, Submit
+    from malletrain.daemon.control import Caller, Submit
     from policy import PolicyConfig
 
     try:

@@ -15,10 +15,10 @@ import pytest
 
 pytest.importorskip("torch")
 
-from malletrain.config import DaemonConfig, LocalConfig  # noqa: E402
+from malletrain.daemon.config import DaemonConfig, LocalConfig  # noqa: E402
 from malletrain.daemon import Daemon  # noqa: E402
-from malletrain.examples.tracelog import steps as steps_of  # noqa: E402
-from malletrain.jobspec import JobSpec, JobState  # noqa: E402
+from malletrain.worker.examples.tracelog import steps as steps_of  # noqa: E402
+from malletrain.daemon.jobspec import JobSpec, JobState  # noqa: E402
 
 
 @pytest.mark.slow
@@ -31,7 +31,7 @@ def test_torch_job_shrinks_on_recall_and_keeps_training(tmp_path: Path) -> None:
     state = tmp_path / "state"
     cfg = DaemonConfig(state_dir=str(state), runtime="torch", local=LocalConfig(nodes=2, trace="none"),
                        agent_heartbeat=0.2, agent_dead_after=5.0, loop_interval=0.05)
-    cmd = (sys.executable, "-m", "malletrain.examples.train", "--model", "linear", "--samples", "100000000",
+    cmd = (sys.executable, "-m", "malletrain.worker.examples.train", "--model", "linear", "--samples", "100000000",
            "--trace", "--step-sleep", "0.02")
     d = Daemon(cfg)
     try:
@@ -75,7 +75,7 @@ trace = "none"
 
 JOB = """
 name = "lin"
-command = ["{python}", "-m", "malletrain.examples.train", "--model", "linear", "--samples", "1000000000",
+command = ["{python}", "-m", "malletrain.worker.examples.train", "--model", "linear", "--samples", "1000000000",
            "--trace", "--step-sleep", "0.05"]
 min_nodes = 2
 max_nodes = 2
@@ -98,7 +98,7 @@ def test_torch_job_rides_through_daemon_kill_9(tmp_path: Path) -> None:
         from tests.test_daemon_cli import cli, job, procs_mentioning, start_daemon, status, wait  # type: ignore[no-redef]
     import signal
 
-    from malletrain.store import Store
+    from malletrain.daemon.store import Store
 
     state = tmp_path / "state"
     cfg = tmp_path / "daemon.toml"

@@ -32,7 +32,7 @@ from malletrain.daemon.observe import Observe
 from malletrain.daemon.shutdown import Shutdown
 from malletrain.daemon.state import JobTable
 from malletrain.daemon.sweeps import SweepDriver
-from malletrain.jobspec import JobSpec, JobState
+from malletrain.daemon.jobspec import JobSpec, JobState
 from policy import PolicyConfig
 
 PACKAGE = "malletrain.daemon."
@@ -293,7 +293,7 @@ def test_a_recall_reaches_the_ledger_once_by_the_usable_sets_difference_and_view
 def test_a_nodes_status_is_one_enum_derived_in_one_place(tmp_path: Path) -> None:
     """What ``malletrain nodes`` shows and what the sampler counts come from one place,
     :meth:`Scavenging.node_states`, as :class:`NodeStatus` members (not strings compared by spelling)."""
-    from malletrain.scavenging import NodeStatus
+    from malletrain.daemon.scavenging import NodeStatus
     from tests.test_conformance import NODES, Harness
 
     h = Harness(tmp_path / "d", PolicyConfig(profiling="never"))

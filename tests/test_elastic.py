@@ -12,8 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from malletrain.elastic import (
-    EXIT_STORE_LOST,
+from malletrain.worker.elastic import (
     LeaveJob,
     Rendezvous,
     Rescaled,
@@ -21,8 +20,9 @@ from malletrain.elastic import (
     is_comm_failure,
     run,
 )
-from malletrain.elastic.wire import StoreClient
-from malletrain.workerenv import ENV_JOB_SECRET
+from contract.exits import EXIT_STORE_LOST
+from contract.wire import StoreClient
+from contract.workerenv import ENV_JOB_SECRET
 from malletrain.runtimes import LaunchSpec, Runtime
 from malletrain.runtimes.torch_elastic import (
     ENV_JOB,
@@ -34,7 +34,7 @@ from malletrain.runtimes.torch_elastic import (
     TorchRuntime,
     parse_address,
 )
-from malletrain.elastic.keys import arrive_key, gen_key, handover_key, joined_key, members_key, resume_key
+from contract.storekeys import arrive_key, gen_key, handover_key, joined_key, members_key, resume_key
 from stepping import wait_until
 
 
@@ -221,14 +221,14 @@ def test_wrapped_comm_failure_is_recognised() -> None:
 
 def _receive_as_rank_1(monkeypatch: pytest.MonkeyPatch, sent: bytes):
     """What rank 1 of a world makes of ``sent`` when rank 0 broadcasts its state."""
-    from malletrain.elastic import broadcast_snapshot, snapshot
+    from malletrain.worker.elastic import broadcast_snapshot, snapshot
 
     monkeypatch.setattr(snapshot, "_broadcast_bytes", lambda data, src, rank: sent)
     return broadcast_snapshot(None, 0, 1, "j")
 
 
 def test_broadcast_state_keeps_every_tensor_and_plain_value(monkeypatch: pytest.MonkeyPatch) -> None:
-    from malletrain.elastic import Snapshot, encode_checkpoint
+    from malletrain.worker.elastic import Snapshot, encode_checkpoint
 
     model = {
         "w": torch.randn(3, 5),
@@ -252,7 +252,7 @@ def test_broadcast_state_keeps_every_tensor_and_plain_value(monkeypatch: pytest.
 def test_a_broadcast_state_that_would_run_code_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path,
                                                           form: str) -> None:
     """Finding 4: bytes another rank (or anything on its connection) sends are never unpickled."""
-    from malletrain.elastic import CheckpointError
+    from malletrain.worker.elastic import CheckpointError
 
     marker = tmp_path / "pwned"
     data = _planted_state(marker, form)
@@ -262,7 +262,7 @@ def test_a_broadcast_state_that_would_run_code_is_refused(monkeypatch: pytest.Mo
 
 
 def test_a_state_the_safe_format_cannot_carry_is_refused_by_the_sender() -> None:
-    from malletrain.elastic import CheckpointError, Snapshot, broadcast_snapshot
+    from malletrain.worker.elastic import CheckpointError, Snapshot, broadcast_snapshot
 
     odd = Snapshot(1, {}, None, {"step": 1, "epoch": 0, "samples": 1, "extra": {"obj": object()}})
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
@@ -328,7 +328,7 @@ def test_run_standalone_returns_and_propagates(monkeypatch: pytest.MonkeyPatch) 
 _NO_GROUP_LEFT = """
 import sys, weakref
 import torch, torch.distributed as dist
-from malletrain.elastic import State, run
+from malletrain.worker.elastic import State, run
 groups = []
 
 def train(s):
@@ -663,8 +663,8 @@ def test_a_busy_rendezvous_port_falls_back_to_a_free_one(caplog: pytest.LogCaptu
 
 def test_checkpoint_larger_than_one_store_value_round_trips_and_is_forgotten(runtime: TorchRuntime) -> None:
     """A 12 MB model: one frame of the store's channel holds at most 1 MiB, so the checkpoint goes in chunks."""
-    from malletrain.elastic import _Snapshot
-    from malletrain.elastic.keys import CKPT_CHUNK_BYTES, ckpt_chunk_key, ckpt_tag_key
+    from malletrain.worker.elastic import _Snapshot
+    from contract.storekeys import CKPT_CHUNK_BYTES, ckpt_chunk_key, ckpt_tag_key
 
     weights = torch.arange(3 * 1024 * 1024, dtype=torch.float32)  # 12 MiB
     snap = _Snapshot(7, {"w": weights}, None, {"step": 41})
@@ -728,7 +728,7 @@ class _Planted:
 
 
 def _plant(runtime: TorchRuntime, job: str, data: bytes) -> None:
-    from malletrain.elastic.keys import ckpt_chunk_key, ckpt_header, ckpt_key, ckpt_tag_key
+    from contract.storekeys import ckpt_chunk_key, ckpt_header, ckpt_key, ckpt_tag_key
 
     store = client_store(runtime, job)  # one of the job's own workers (anyone else is refused)
     store.set(ckpt_chunk_key(job, 0), data)
@@ -740,7 +740,7 @@ def _plant(runtime: TorchRuntime, job: str, data: bytes) -> None:
 def test_a_planted_checkpoint_does_not_run_code(runtime: TorchRuntime, tmp_path, form: str) -> None:
     import pickle
 
-    from malletrain.elastic import CheckpointError
+    from malletrain.worker.elastic import CheckpointError
 
     marker = tmp_path / "pwned"
     data = _planted_state(marker, form)
@@ -756,7 +756,7 @@ def test_a_joining_worker_refuses_a_planted_checkpoint(runtime: TorchRuntime, tm
     """The whole path: a new world that would start from the stored state does not load the plant."""
     import io
 
-    from malletrain.elastic import CheckpointError
+    from malletrain.worker.elastic import CheckpointError
 
     marker = tmp_path / "pwned"
     buf = io.BytesIO()
@@ -771,7 +771,7 @@ def test_a_joining_worker_refuses_a_planted_checkpoint(runtime: TorchRuntime, tm
 
 
 def test_checkpoint_bytes_round_trip_plain_data_and_refuse_objects() -> None:
-    from malletrain.elastic import CheckpointError, Snapshot, decode_checkpoint, encode_checkpoint
+    from malletrain.worker.elastic import CheckpointError, Snapshot, decode_checkpoint, encode_checkpoint
 
     model = torch.nn.Linear(3, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -895,7 +895,7 @@ def test_a_damaged_checkpoint_file_is_named_and_skipped(tmp_path, caplog: pytest
 
 
 def test_a_half_written_checkpoint_is_not_copied(runtime: TorchRuntime, tmp_path) -> None:
-    from malletrain.elastic.keys import ckpt_seq_key
+    from contract.storekeys import ckpt_seq_key
 
     rt = TorchRuntime("127.0.0.1", 0, checkpoint_dir=tmp_path / "ck")
     rt.start()

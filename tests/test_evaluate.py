@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from malletrain.cli import main
-from malletrain.cli_simulate import parse_seeds
+from malletrain.cli.simulate import parse_seeds
 from policy import PolicyConfig
 from evaluation.evaluate import (
     POLICIES,

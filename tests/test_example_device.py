@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from malletrain.examples.train import parse_args, pick_device
+from malletrain.worker.examples.train import parse_args, pick_device
 
 
 def test_device_defaults_to_cpu_and_auto_takes_a_gpu_only_when_torch_sees_one() -> None:
@@ -27,7 +27,7 @@ def test_cuda_without_a_gpu_names_the_cause() -> None:
 
 
 def test_traced_steps_say_where_they_trained() -> None:
-    out = subprocess.run([sys.executable, "-m", "malletrain.examples.train", "--model", "linear", "--batch", "4",
+    out = subprocess.run([sys.executable, "-m", "malletrain.worker.examples.train", "--model", "linear", "--batch", "4",
                           "--samples", "8", "--trace", "--device", "auto"],
                          capture_output=True, text=True, timeout=120, check=True).stdout
     steps = [json.loads(line) for line in out.splitlines() if '"ev": "step"' in line]

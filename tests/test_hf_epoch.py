@@ -15,14 +15,14 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
-from malletrain.integrations.huggingface import epoch_now  # noqa: E402
+from malletrain.worker.integrations.huggingface import epoch_now  # noqa: E402
 
 
 def _train(out: Path, batch: int, max_steps: int) -> None:
     from transformers import Trainer, TrainingArguments
 
-    from malletrain.examples.hf_train import Regression, TinyRegressor
-    from malletrain.integrations.huggingface import MalletrainCallback, last_checkpoint
+    from malletrain.worker.examples.hf_train import Regression, TinyRegressor
+    from malletrain.worker.integrations.huggingface import MalletrainCallback, last_checkpoint
 
     args = TrainingArguments(output_dir=str(out), per_device_train_batch_size=batch, max_steps=max_steps,
                              use_cpu=True, save_strategy="steps", save_steps=max_steps, logging_strategy="no",

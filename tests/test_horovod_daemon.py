@@ -1,6 +1,6 @@
 """The daemon with the ``horovod`` runtime and the local backend, all real processes.
 
-Elastic Horovod job (malletrain/examples/hvd_train.py) on local nodes: it
+Elastic Horovod job (malletrain/worker/examples/hvd_train.py) on local nodes: it
 starts on the 2 idle nodes, grows to 3 when a third node becomes idle, shrinks
 back to 2 when the main scheduler recalls one, and training goes on at each
 size; the job completes when its script exits 0, and no process is left.
@@ -19,9 +19,9 @@ import pytest
 
 pytest.importorskip("horovod.torch")
 
-from malletrain.config import DaemonConfig, LocalConfig  # noqa: E402
+from malletrain.daemon.config import DaemonConfig, LocalConfig  # noqa: E402
 from malletrain.daemon import Daemon  # noqa: E402
-from malletrain.jobspec import JobSpec, JobState  # noqa: E402
+from malletrain.daemon.jobspec import JobSpec, JobState  # noqa: E402
 from malletrain.runtimes.horovod_elastic import HorovodRuntime  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -49,7 +49,7 @@ def test_horovod_job_grows_shrinks_and_completes_under_the_daemon(tmp_path: Path
     progress, stop = tmp_path / "progress.jsonl", tmp_path / "stop"
     cfg = DaemonConfig(state_dir=str(state), runtime="horovod", local=LocalConfig(nodes=3, trace="none"),
                        agent_heartbeat=0.2, agent_dead_after=5.0, loop_interval=0.05)
-    cmd = (sys.executable, "-m", "malletrain.examples.hvd_train", "--steps", "1000000", "--step-sleep", "0.05",
+    cmd = (sys.executable, "-m", "malletrain.worker.examples.hvd_train", "--steps", "1000000", "--step-sleep", "0.05",
            "--progress", str(progress), "--stop-file", str(stop))
     d = Daemon(cfg)
     assert isinstance(d.runtime, HorovodRuntime)
@@ -108,7 +108,7 @@ trace = "none"
 
 JOB = """
 name = "hvd"
-command = ["{python}", "-m", "malletrain.examples.hvd_train", "--steps", "1000000", "--step-sleep", "0.05",
+command = ["{python}", "-m", "malletrain.worker.examples.hvd_train", "--steps", "1000000", "--step-sleep", "0.05",
            "--progress", "{progress}"]
 min_nodes = 1
 max_nodes = 2
@@ -125,7 +125,7 @@ def test_horovod_job_survives_daemon_kill_9(tmp_path: Path) -> None:
         from tests.test_daemon_cli import cli, job, procs_mentioning, start_daemon, status, wait  # type: ignore[no-redef]
     import signal
 
-    from malletrain.store import Store
+    from malletrain.daemon.store import Store
 
     state, progress = tmp_path / "state", tmp_path / "progress.jsonl"
     cfg = tmp_path / "daemon.toml"

@@ -1,7 +1,7 @@
 """Real Elastic Horovod under HorovodRuntime: start on 2 slots, scale to 3, then to 1.
 
 Needs ``horovod.torch`` (``bash .ci/build-horovod.sh .venv`` builds it); skipped
-without it. Runs the example malletrain/examples/hvd_train.py with real
+without it. Runs the example malletrain/worker/examples/hvd_train.py with real
 processes on this host and checks, from its progress file, that training goes
 on at each size, ends cleanly and leaves no process behind.
 """
@@ -37,7 +37,7 @@ def read_progress(path: Path) -> list[dict[str, Any]]:
 def test_scale_2_to_3_to_1_keeps_training_and_cleans_up(tmp_path: Path) -> None:
     progress = tmp_path / "progress.jsonl"
     stop = tmp_path / "stop"
-    command = [sys.executable, "-m", "malletrain.examples.hvd_train", "--steps", "100000",
+    command = [sys.executable, "-m", "malletrain.worker.examples.hvd_train", "--steps", "100000",
                "--step-sleep", "0.05", "--progress", str(progress), "--stop-file", str(stop)]
     rt = HorovodRuntime(tmp_path / "rt")
     rt.start()

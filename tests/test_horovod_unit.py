@@ -22,10 +22,10 @@ from malletrain.runtimes.horovod_elastic import (
     ENV_JOB_DIR,
     HorovodRuntime,
     JobPhase,
-    current_generation,
     hosts_lines,
     job_processes,
 )
+from contract.horovod import current_generation
 from stepping import wait_until
 
 # A stand-in for horovodrun: records its argv and the discovery script's output,

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-import malletrain.store as store_mod
-from malletrain.config import DaemonConfig, LocalConfig
+import malletrain.daemon.store as store_mod
+from malletrain.daemon.config import DaemonConfig, LocalConfig
 from malletrain.daemon import Daemon
-from malletrain.jobspec import JobSpec, JobState
-from malletrain.store import Store
+from malletrain.daemon.jobspec import JobSpec, JobState
+from malletrain.daemon.store import Store
 
 SPEC = JobSpec("j", ("true",))
 LIVE = [s for s in JobState if not s.terminal]
@@ -151,7 +151,7 @@ def test_usable_nodes_and_agentless_pilots_equal_a_full_recompute_after_random_e
     version are what a look at every pilot and agent gives."""
     import random
 
-    from malletrain.scavenging import Scavenging
+    from malletrain.daemon.scavenging import Scavenging
     from scavenger import protocol as P
     from scavenger.slurm import SlurmBackend, SlurmConfig
     from testclusters.fake_slurm import FakeSlurm
@@ -256,7 +256,7 @@ def test_a_recall_ends_the_wait_between_iterations_and_heartbeats_do_not(tmp_pat
 
     import zmq
 
-    from malletrain.loopwait import LoopWait
+    from malletrain.daemon.loopwait import LoopWait
     from scavenger import protocol as P
 
     a = _AgentOnHub(tmp_path)
@@ -309,7 +309,7 @@ def test_a_wait_with_no_time_left_still_reads_a_recall_already_there(tmp_path: P
 
     import zmq
 
-    from malletrain.loopwait import LoopWait
+    from malletrain.daemon.loopwait import LoopWait
     from scavenger import protocol as P
 
     a = _AgentOnHub(tmp_path)
@@ -402,7 +402,7 @@ def test_sinfo_parsed_after_earlier_replies_equals_a_fresh_parse() -> None:
 def test_a_pilot_whose_agent_came_back_since_the_last_look_is_not_cancelled(tmp_path: Path) -> None:
     """The agentless pilots are looked for at most every second (a pass over every pilot); a pilot in
     that list whose agent has said hello since is asked again before it is cancelled."""
-    from malletrain.scavenging import Scavenging
+    from malletrain.daemon.scavenging import Scavenging
     from scavenger import protocol as P
     from scavenger.base import PilotRequest
     from scavenger.slurm import SlurmBackend, SlurmConfig
@@ -431,7 +431,7 @@ def test_a_pilot_whose_agent_came_back_since_the_last_look_is_not_cancelled(tmp_
 
 
 def test_the_pilots_of_many_nodes_whose_agents_left_are_cancelled_with_one_command(tmp_path: Path) -> None:
-    from malletrain.scavenging import Scavenging
+    from malletrain.daemon.scavenging import Scavenging
     from scavenger.base import PilotRequest
     from scavenger.slurm import SlurmBackend, SlurmConfig
     from testclusters.fake_slurm import FakeSlurm

@@ -1,7 +1,7 @@
 """The Lightning and Hugging Face callbacks under real torchrun (2 processes, gloo, CPU), through the launcher.
 
 Each example runs under ``torchrun`` through the launcher, as the daemon runs a ``launcher = "torchrun"``
-job (``python -m malletrain.launch -m MODULE``, with ``MALLETRAIN_WORKER_BATCH`` set, which the
+job (``python -m malletrain.worker.launch -m MODULE``, with ``MALLETRAIN_WORKER_BATCH`` set, which the
 callback's own count must override), and reports to a real monitor; the recall test starts the ranks
 itself, with torchrun's variables, as the daemon does (no torchrun agent stops a rank whose peer
 exited first). Counting: the samples reported are the real batch sizes trained, a short
@@ -25,8 +25,8 @@ from typing import Callable
 import pytest
 import torch
 
-from malletrain.monitor import Monitor
-from malletrain.workerenv import RankPlace, torchrun_environ
+from malletrain.daemon.monitor import Monitor
+from contract.workerenv import RankPlace, torchrun_environ
 
 from launching import JOB, RUN_TIMEOUT_S, mon, torchrun_cmd, wait_received, worker_env
 
@@ -43,7 +43,7 @@ def lightning_step(ckpt_dir: Path) -> int:
 
 
 def hf_step(ckpt_dir: Path) -> int:
-    from malletrain.integrations.huggingface import last_checkpoint
+    from malletrain.worker.integrations.huggingface import last_checkpoint
 
     found = last_checkpoint(ckpt_dir)
     assert found is not None, f"no checkpoint in {ckpt_dir}"
@@ -63,8 +63,8 @@ class Example:
 # HF (accelerate): batches of 8 from the whole set (8, 8, 8, 4) dealt to the ranks in turn, and the short
 # last one completed from the start of the set (accelerate's even_batches): the model trains 16 and 16.
 EXAMPLES = {
-    "lightning": Example("malletrain.examples.lightning_train", "--ckpt-dir", lightning_step, 28, 2),
-    "hf": Example("malletrain.examples.hf_train", "--output-dir", hf_step, 32, 2),
+    "lightning": Example("malletrain.worker.examples.lightning_train", "--ckpt-dir", lightning_step, 28, 2),
+    "hf": Example("malletrain.worker.examples.hf_train", "--output-dir", hf_step, 32, 2),
 }
 
 
@@ -97,7 +97,7 @@ def test_one_process_counts_its_short_last_batch(name: str, tmp_path: Path, mon:
     """One rank (no sharding, no padding): 28 samples in batches of 8 are steps of 8, 8, 8 and 4."""
     needs(name)
     ex, (m, secret) = EXAMPLES[name], mon
-    res = subprocess.run([sys.executable, "-m", "malletrain.launch", "-m", ex.module, "--samples", "28",
+    res = subprocess.run([sys.executable, "-m", "malletrain.worker.launch", "-m", ex.module, "--samples", "28",
                           "--batch", str(BATCH), "--epochs", "2", ex.dir_flag, str(tmp_path / "ckpt")],
                          env=worker_env(m, secret, HOOK_BATCH), capture_output=True, text=True,
                          timeout=RUN_TIMEOUT_S)
@@ -114,13 +114,13 @@ def free_port() -> int:
 
 
 def start_ranks(ex: Example, args: list[str], env: dict[str, str], restart: int) -> list[subprocess.Popen[str]]:
-    """Start every rank as the daemon does for ``launcher = "torchrun"``: ``python -m malletrain.launch
+    """Start every rank as the daemon does for ``launcher = "torchrun"``: ``python -m malletrain.worker.launch
     -m MODULE`` with torchrun's variables (one node of WORLD ranks), no torchrun agent."""
     master = ("127.0.0.1", free_port())
     procs = []
     for local in range(WORLD):
         rank_env = env | torchrun_environ(RankPlace(0, 1, local, WORLD), master, JOB, restart_count=restart)
-        procs.append(subprocess.Popen([sys.executable, "-m", "malletrain.launch", "-m", ex.module, *args],
+        procs.append(subprocess.Popen([sys.executable, "-m", "malletrain.worker.launch", "-m", ex.module, *args],
                                       env=rank_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     return procs
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from malletrain.control import Caller, Submit
-from malletrain.jobspec import JobSpecError, JobState
-from malletrain.status_view import format_jobs, job_note
+from malletrain.daemon.control import Caller, Submit
+from malletrain.daemon.jobspec import JobSpecError, JobState
+from malletrain.cli.status_view import format_jobs, job_note
 from policy import PolicyConfig
 from policy.health import (
     Stall, StallRule, failed_for_good, pending_reason, rate_is_current, reports_progress, silent_for,
@@ -104,7 +104,7 @@ def test_a_silent_job_is_shown_stalled_then_restarted_then_failed(tmp_path: Path
 
 
 def test_a_job_file_sets_its_own_stall_bound(tmp_path: Path) -> None:
-    from malletrain.jobspec import parse_spec
+    from malletrain.daemon.jobspec import parse_spec
 
     spec = parse_spec({"command": ["true"], "stall_after": 30}, "job.toml")
     assert spec.stall_after == 30 and parse_spec({"command": ["true"]}).stall_after is None
@@ -239,8 +239,8 @@ def test_an_ended_jobs_runtime_state_goes_once_its_workers_have_left(tmp_path: P
 def test_the_node_shape_is_checked_at_submit_when_no_daemon_runs(tmp_path: Path) -> None:
     """The daemon records its nodes' shape in the store: a submit straight into the store (no daemon
     running) is checked against it too."""
-    from malletrain.jobspec import NODE_SLOTS_KEY, node_slots, parse_spec
-    from malletrain.store import Store
+    from malletrain.daemon.jobspec import NODE_SLOTS_KEY, node_slots, parse_spec
+    from malletrain.daemon.store import Store
 
     h = Harness(tmp_path / "d", PolicyConfig(profiling="never"))
     h.step(0.0)

@@ -12,16 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from malletrain.config import DaemonConfig, LocalConfig
+from malletrain.daemon.config import DaemonConfig, LocalConfig
 from malletrain.daemon import Daemon
-from malletrain.jobspec import JobSpec, JobState, Launcher
+from malletrain.daemon.jobspec import JobSpec, JobState, Launcher
 from procs import procs_mentioning
 from tests.stepping import step_until
 
 PY = sys.executable
 
 HANGS = """import time
-from malletrain.workerenv import WorkerEnv
+from contract.workerenv import WorkerEnv
 env = WorkerEnv.from_environ()
 (env.require_toy_dir() / f"{env.require_job()}.ready.{env.require_worker()}").touch()  # joins its world ...
 print("ready; now hanging", flush=True)
@@ -86,7 +86,7 @@ def test_a_script_that_crashes_at_start_fails_after_two_tries(launcher: Launcher
 
 @pytest.mark.slow
 def test_in_the_demos_first_seconds_every_queued_job_says_why_it_waits(tmp_path: Path) -> None:
-    from malletrain.demo import demo_config, demo_jobs
+    from malletrain.cli.demo import demo_config, demo_jobs
 
     state = tmp_path / "state"
     d = Daemon(demo_config(state, 6, "toy"))

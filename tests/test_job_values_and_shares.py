@@ -14,19 +14,19 @@ from typing import Any, Iterator
 
 import pytest
 
-from malletrain.jobspec import JobSpec, JobState
+from malletrain.daemon.jobspec import JobSpec, JobState
 from procs import procs_mentioning
 from testclusters.floods import SILENT_CONNECTIONS
 from tests.stepping import step_until
 
 ROOT = os.geteuid() == 0
 NOBODY = 65534
-TOY = (sys.executable, "-m", "malletrain.toy_runtime")
+TOY = (sys.executable, "-m", "malletrain.worker.toy")
 
 
 @pytest.fixture
 def toy_daemon(tmp_path: Path) -> Iterator[Any]:
-    from malletrain.config import DaemonConfig, LocalConfig
+    from malletrain.daemon.config import DaemonConfig, LocalConfig
     from malletrain.daemon import Daemon
 
     d = Daemon(DaemonConfig(state_dir=str(tmp_path / "state"), runtime="toy",
@@ -44,8 +44,8 @@ def toy_daemon(tmp_path: Path) -> Iterator[Any]:
 
 def test_a_resume_generation_of_2_63_from_a_worker_is_ignored_not_stored() -> None:
     """A worker set its ``resume`` key to 2^63-1: the next generation overflowed SQLite and killed the daemon."""
-    from malletrain.elastic.keys import resume_key
-    from malletrain.elastic.wire import StoreClient
+    from contract.storekeys import resume_key
+    from contract.wire import StoreClient
     from malletrain.runtimes.torch_elastic import MAX_RESUMED_GENERATION, TorchRuntime
     rt = TorchRuntime("127.0.0.1", 0, monitor="tcp://127.0.0.1:5999")
     rt.start()
@@ -83,7 +83,7 @@ def test_an_overflow_acting_on_one_job_fails_that_job_and_the_daemon_goes_on(toy
 
 VICTIM = (
     "import os, sys\n"
-    "from malletrain.elastic.wire import StoreClient\n"
+    "from contract.wire import StoreClient\n"
     "c = StoreClient(('127.0.0.1', int(sys.argv[1])), 'victim', 'w0', os.environ['SECRET'])\n"
     "c.set('mt/victim/ready/w0', '1'); print('joined', flush=True)\n"
 )
@@ -122,8 +122,8 @@ def test_one_user_re_opening_silent_connections_does_not_lock_another_user_out_o
 
 def test_an_add_on_a_counter_that_is_no_counter_is_refused_named_not_a_traceback() -> None:
     """An ADD on a key holding 4,300 digits raised ValueError in the store's thread (a traceback each)."""
-    from malletrain.elastic.keys import arrive_key
-    from malletrain.elastic.wire import StoreClient, StoreRefused
+    from contract.storekeys import arrive_key
+    from contract.wire import StoreClient, StoreRefused
     from malletrain.runtimes.torch_elastic import TorchRuntime
 
     rt = TorchRuntime("127.0.0.1", 0, monitor="tcp://127.0.0.1:5999")
@@ -149,8 +149,8 @@ def test_an_add_on_a_counter_that_is_no_counter_is_refused_named_not_a_traceback
 def test_a_job_on_one_node_cannot_claim_a_world_of_two_at_a_rate_it_never_trained(fast_path: bool) -> None:
     """A job trained at 1,000/s on one node, then claimed world size 2 at 7,600/s, doubling: the policy took
     the victim's node for it. The world size a report counts at is the daemon's record of the job's members."""
-    from malletrain.messages import Report, new_secret, secret_key
-    from malletrain.monitor import Monitor
+    from contract.messages import Report, new_secret, secret_key
+    from malletrain.daemon.monitor import Monitor
 
     now = [1000.0]
     mon = Monitor(clock=lambda: now[0])
@@ -185,8 +185,8 @@ def test_a_job_on_one_node_cannot_claim_a_world_of_two_at_a_rate_it_never_traine
 
 def test_a_checkpoint_header_of_5_million_chunks_is_refused_and_costs_the_daemon_no_key_list(tmp_path: Path) -> None:
     """``ckpt`` = ``chunks:5000000:0``: every loop built a 5M-key list (486 MB), and a cancel froze the daemon."""
-    from malletrain.elastic.keys import ckpt_key, ckpt_seq_key, ckpt_tag_key, parse_ckpt_header
-    from malletrain.elastic.wire import StoreClient
+    from contract.storekeys import ckpt_key, ckpt_seq_key, ckpt_tag_key, parse_ckpt_header
+    from contract.wire import StoreClient
     from malletrain.runtimes.torch_elastic import TorchRuntime
 
     for bad in (b"chunks:5000000:0", b"chunks:1:5000000000", b"chunks:2:10", b"chunks:" + b"9" * 4300 + b":0"):
@@ -275,7 +275,7 @@ def test_a_thousand_idle_connections_to_the_metrics_port_start_no_thousand_threa
     import threading
 
     pytest.importorskip("prometheus_client")
-    from malletrain.metrics import Metrics
+    from malletrain.daemon.metrics import Metrics
 
     m = Metrics("127.0.0.1:0")
     held: list[socket.socket] = []
@@ -400,7 +400,7 @@ def test_status_into_a_closed_pipe_ends_without_a_traceback(tmp_path: Path) -> N
     """``malletrain status | head`` ended in a BrokenPipeError traceback."""
     import subprocess
 
-    from malletrain.store import Store
+    from malletrain.daemon.store import Store
 
     store = Store.open(tmp_path / "s" / "store.db")
     for i in range(30):
@@ -473,8 +473,8 @@ def test_a_warm_worker_shows_its_command_and_environment_is_dumpable_and_follows
 
 
 def test_a_world_with_no_survivor_and_no_checkpoint_is_known_to_start_from_step_0() -> None:
-    from malletrain.elastic.keys import ckpt_key, ckpt_seq_key, ckpt_tag_key
-    from malletrain.elastic.wire import StoreClient
+    from contract.storekeys import ckpt_key, ckpt_seq_key, ckpt_tag_key
+    from contract.wire import StoreClient
     from malletrain.runtimes.torch_elastic import TorchRuntime
 
     rt = TorchRuntime("127.0.0.1", 0, monitor="tcp://127.0.0.1:5999")

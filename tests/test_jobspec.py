@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from malletrain.jobspec import (
+from malletrain.daemon.jobspec import (
     JobSpec,
     JobSpecError,
     check_submit,
@@ -18,7 +18,7 @@ from malletrain.jobspec import (
     load_spec,
     parse_spec,
 )
-from malletrain.store import Store
+from malletrain.daemon.store import Store
 
 PY = "/opt/venv/bin/python"
 
@@ -216,7 +216,7 @@ def test_fuzz_job_file_bytes(data: bytes, suffix: str) -> None:
 
 
 def test_launcher_workers_per_node_and_worker_batch_are_read_and_kept():
-    from malletrain.jobspec import JobSpec, Launcher, parse_spec
+    from malletrain.daemon.jobspec import JobSpec, Launcher, parse_spec
     spec = parse_spec({"command": ["python", "train.py"], "launcher": "torchrun", "workers_per_node": 2,
                        "worker_batch": 16})
     assert (spec.launcher, spec.workers_per_node, spec.worker_batch) == (Launcher.TORCHRUN, 2, 16)
@@ -235,6 +235,6 @@ def test_launcher_workers_per_node_and_worker_batch_are_read_and_kept():
     ({"worker_batch": "32"}, "worker_batch must be an integer"),
 ])
 def test_bad_launcher_fields_are_named(obj, words):
-    from malletrain.jobspec import JobSpecError, parse_spec
+    from malletrain.daemon.jobspec import JobSpecError, parse_spec
     with pytest.raises(JobSpecError, match=words):
         parse_spec({"command": ["python", "train.py"], **obj}, "job.toml")

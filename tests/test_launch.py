@@ -1,7 +1,7 @@
-"""python -m malletrain.launch: a torchrun script runs unchanged and its optimizer steps are counted.
+"""python -m malletrain.worker.launch: a torchrun script runs unchanged and its optimizer steps are counted.
 
 Real ``torch.distributed.run`` with 2 local processes (gloo, CPU) runs an unmodified DDP script under
-the launcher; a real :class:`~malletrain.monitor.Monitor` takes the signed reports.
+the launcher; a real :class:`~malletrain.daemon.monitor.Monitor` takes the signed reports.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 import zmq
 
-from malletrain import client
-from malletrain.launch import LaunchError, StepCounter, Target, TargetKind, exit_code, parse_target
-from malletrain.messages import ENV_SECRET
-from malletrain.monitor import Monitor
-from malletrain.workerenv import ENV_JOB, ENV_MONITOR, ENV_WORKER_BATCH
+from malletrain.worker import client
+from malletrain.worker.launch import LaunchError, StepCounter, Target, TargetKind, exit_code, parse_target
+from contract.workerenv import ENV_JOB_SECRET
+from malletrain.daemon.monitor import Monitor
+from contract.workerenv import ENV_JOB, ENV_MONITOR, ENV_WORKER_BATCH
 
 from launching import JOB, RUN_TIMEOUT_S, mon, torchrun_cmd, wait_received, worker_env
 
@@ -35,7 +35,7 @@ def torchrun(nproc: int, script_args: list[str], env: dict[str, str]) -> subproc
 
 
 def launch(script_args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "malletrain.launch", str(SCRIPT), *script_args]
+    cmd = [sys.executable, "-m", "malletrain.worker.launch", str(SCRIPT), *script_args]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
 
 
@@ -83,7 +83,7 @@ def test_without_worker_batch_nothing_is_counted_and_it_says_so(mon: tuple[Monit
 def test_sigterm_reaches_the_script_as_an_exit(tmp_path: Path, mon: tuple[Monitor, str]) -> None:
     m, secret = mon
     ready = tmp_path / "ready"
-    proc = subprocess.Popen([sys.executable, "-m", "malletrain.launch", str(SCRIPT), "--steps", "2",
+    proc = subprocess.Popen([sys.executable, "-m", "malletrain.worker.launch", str(SCRIPT), "--steps", "2",
                              "--wait-term", str(ready)], env=worker_env(m, secret, 5),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -118,7 +118,7 @@ def test_a_second_sigterm_while_the_script_exits_leaves_no_traceback(tmp_path: P
     log ends with the exit, not with a ``SystemExit: 143`` traceback."""
     script = tmp_path / "twice.py"
     script.write_text(SIGTERM_TWICE)
-    res = subprocess.run([sys.executable, "-m", "malletrain.launch", str(script)], capture_output=True, text=True,
+    res = subprocess.run([sys.executable, "-m", "malletrain.worker.launch", str(script)], capture_output=True, text=True,
                          timeout=RUN_TIMEOUT_S)
     assert res.returncode == 128 + signal.SIGTERM, res.stderr[-2000:]
     assert "Traceback" not in res.stderr and "SystemExit" not in res.stderr, res.stderr[-2000:]
@@ -170,7 +170,7 @@ def test_counter_counts_one_optimizer_and_yields_to_report(monkeypatch: pytest.M
     ctx = zmq.Context()
     pull = ctx.socket(zmq.PULL)
     port = pull.bind_to_random_port("tcp://127.0.0.1")
-    for name in ("RANK", "WORLD_SIZE", ENV_SECRET):
+    for name in ("RANK", "WORLD_SIZE", ENV_JOB_SECRET):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv(ENV_MONITOR, f"tcp://127.0.0.1:{port}")
     monkeypatch.setenv(ENV_JOB, JOB)

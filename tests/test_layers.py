@@ -21,6 +21,7 @@ RANK = {
     "curves": 0,  # throughput_at: how every layer reads a curve
     "hostlist": 0,  # Slurm host lists: read by the Slurm backend and the trace readers
     "authframe": 0,  # authenticated frames: the agent channel and the workers' store channel
+    "contract": 1,  # what the daemon side and the worker side agree on (env names, exit codes, formats)
     "allocator": 1,
     "profiler": 1,
     "policy": 2,
@@ -28,10 +29,16 @@ RANK = {
     "scavenger": 3,  # backends (the local one replays a trace's idle timeline)
     "simulator": 4,
     "evaluation": 5,  # many replays, the evaluation and its reports, above the replay engine
-    "malletrain": 6,  # daemon, CLI, client (the CLI fronts the evaluation; neither imports it)
+    "malletrain": 6,  # the daemon, the worker side, the CLI (it fronts the evaluation and the simulator)
 }
 # Test support, not product: it may import any product package, and no product package imports it.
 TEST_SUPPORT = ("testclusters",)  # the Slurm and PBS test clusters, a fake Slurm, floods
+BOTTOM = ("curves", "hostlist", "authframe")  # libraries every side may use
+# malletrain's packages by process: what each may import of the project besides the layers below it.
+WORKER = "malletrain.worker"  # what runs inside a user's job
+DAEMON_SIDE = ("malletrain.daemon", "malletrain.runtimes")  # what only the head node runs
+CLI = "malletrain.cli"  # the command, on top
+FLAT_MAX_LINES = 1000  # malletrain's flat modules (beside its packages), together
 PURE = ("curves", "hostlist", "allocator", "profiler", "policy")
 MAX_LINES = 600
 
@@ -139,13 +146,114 @@ def test_the_test_clusters_are_test_support_and_no_product_package_imports_them(
 PER_PACKAGE = [*RANK, *TEST_SUPPORT]
 
 
-def test_the_workers_wire_does_not_import_the_scavenger() -> None:
-    """The worker side (``malletrain/elastic``) speaks the frames the agent channel speaks; both import
-    them from :mod:`authframe`, below both, and the worker imports nothing of the scavenger."""
-    worker = [m for m in MODULES if m.startswith("malletrain.elastic")]
-    assert "malletrain.elastic.wire" in worker
-    bad = [(m, target, line) for m in worker for target, _, line in imports(m) if target.split(".")[0] == "scavenger"]
-    assert not bad, bad
+def in_package(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def worker_findings(modules: list[str], imports_of) -> list[str]:
+    """Imports of the worker side that leave it: anything of the project but the worker itself, the
+    contract and the bottom libraries (the daemon, the runtimes, the CLI, the node agent's internals)."""
+    allowed = (WORKER, "contract", *BOTTOM)
+    return [f"{m}:{line} imports {target}" for m in modules if in_package(m, WORKER)
+            for target, _, line in imports_of(m)
+            if target.split(".")[0] in RANK and not any(in_package(target, a) for a in allowed)]
+
+
+def contract_findings(modules: list[str], imports_of) -> list[str]:
+    """Imports of the contract beyond the standard library and the bottom libraries (or itself)."""
+    allowed = ("contract", *BOTTOM)
+    return [f"{m}:{line} imports {target}" for m in modules if in_package(m, "contract")
+            for target, _, line in imports_of(m)
+            if not any(in_package(target, a) for a in allowed) and not is_stdlib(target)]
+
+
+def daemon_side_findings(modules: list[str], imports_of) -> list[str]:
+    """Imports of the head node's code (the daemon, the runtimes) from the worker side or the CLI."""
+    return [f"{m}:{line} imports {target}" for m in modules if any(in_package(m, d) for d in DAEMON_SIDE)
+            for target, _, line in imports_of(m) if in_package(target, WORKER) or in_package(target, CLI)]
+
+
+def agent_findings(modules: list[str], imports_of) -> list[str]:
+    """Imports of malletrain by the node agent's package (the scavenger)."""
+    return [f"{m}:{line} imports {target}" for m in modules if in_package(m, "scavenger")
+            for target, _, line in imports_of(m) if in_package(target, "malletrain")]
+
+
+def is_stdlib(module: str) -> bool:
+    import sys
+    return module.split(".")[0] in sys.stdlib_module_names or module == "__future__"
+
+
+def test_the_side_rules_can_fail() -> None:
+    graph = {"malletrain.worker.a": [("malletrain.daemon.store", None, 3), ("contract.exits", None, 4),
+                                     ("scavenger.agent_workers", None, 5), ("torch", None, 6)],
+             "contract.b": [("os", None, 1), ("numpy", None, 2), ("malletrain.worker.a", None, 3)],
+             "malletrain.runtimes.c": [("malletrain.worker.client", None, 7), ("malletrain.daemon.store", None, 8)],
+             "scavenger.d": [("malletrain.worker.launch", None, 9), ("contract.exits", None, 10)]}
+    assert worker_findings(list(graph), lambda m: graph[m]) == [
+        "malletrain.worker.a:3 imports malletrain.daemon.store", "malletrain.worker.a:5 imports scavenger.agent_workers"]
+    assert contract_findings(list(graph), lambda m: graph[m]) == [
+        "contract.b:2 imports numpy", "contract.b:3 imports malletrain.worker.a"]
+    assert daemon_side_findings(list(graph), lambda m: graph[m]) == ["malletrain.runtimes.c:7 imports malletrain.worker.client"]
+    assert agent_findings(list(graph), lambda m: graph[m]) == ["scavenger.d:9 imports malletrain.worker.launch"]
+    assert oversized({"a": 30, "b": 5, "c": 5}) == {"a": 30} and oversized({"a": 10, "b": 10, "c": 10, "d": 10}) == {}
+
+
+def test_worker_code_imports_no_daemon_cli_or_agent_internals() -> None:
+    """What runs inside a user's job imports the contract (and the bottom libraries), never the daemon,
+    its runtimes, the CLI or the node agent's internals: shared code moves down, into the contract."""
+    assert "malletrain.worker.torchrun_agent" in MODULES and "malletrain.worker.elastic.state" in MODULES
+    assert worker_findings(list(MODULES), imports) == []
+
+
+def test_the_contract_imports_only_the_standard_library_and_the_bottom_libraries() -> None:
+    assert "contract.workerenv" in MODULES and "contract.exits" in MODULES
+    assert contract_findings(list(MODULES), imports) == []
+
+
+def test_the_daemon_side_imports_neither_the_worker_side_nor_the_cli() -> None:
+    """The head node's code starts workers by command (a module's name), never by importing them."""
+    assert daemon_side_findings(list(MODULES), imports) == []
+
+
+def test_the_node_agent_never_imports_malletrain() -> None:
+    assert agent_findings(list(MODULES), imports) == []
+
+
+def lines_of(path: Path) -> int:
+    return len(path.read_text().splitlines())
+
+
+def package_sizes() -> dict[str, int]:
+    """Lines of each package of the product: a top-level package whole, but malletrain's subpackages
+    counted apart and its flat modules (beside them) as one unit, ``malletrain/*.py``."""
+    sizes: dict[str, int] = defaultdict(int)
+    for module, path in MODULES.items():
+        rel = path.relative_to(REPO).parts
+        if rel[0] == "malletrain":
+            unit = "malletrain/*.py" if len(rel) == 2 else f"malletrain/{rel[1]}"
+        else:
+            unit = rel[0]
+        sizes[unit] += lines_of(path)
+    return dict(sizes)
+
+
+def test_malletrains_flat_modules_are_few() -> None:
+    """malletrain/ holds its packages by process; beside them only a few small modules (at most 1,000
+    lines together): the package's face and its ``__main__``."""
+    flat = package_sizes()["malletrain/*.py"]
+    assert flat <= FLAT_MAX_LINES, f"malletrain's flat modules hold {flat} lines"
+
+
+def oversized(sizes: dict[str, int]) -> dict[str, int]:
+    """The packages over a quarter of all the lines."""
+    total = sum(sizes.values())
+    return {unit: n for unit, n in sizes.items() if n > total / 4}
+
+
+def test_no_package_holds_more_than_a_quarter_of_the_product() -> None:
+    sizes = package_sizes()
+    assert oversized(sizes) == {}, f"over a quarter of {sum(sizes.values())} lines"
 
 
 @pytest.mark.parametrize("package", PER_PACKAGE)

@@ -13,13 +13,13 @@ from typing import Callable, Iterator
 import pytest
 
 from procs import procs_mentioning
-from malletrain.config import DaemonConfig, LocalConfig
+from malletrain.daemon.config import DaemonConfig, LocalConfig
 from malletrain.daemon import Daemon
-from malletrain.jobspec import JobSpec, JobState
-from malletrain.logs import JsonFormatter, about, setup_logging
+from malletrain.daemon.jobspec import JobSpec, JobState
+from malletrain.daemon.logs import JsonFormatter, about, setup_logging
 from tests.stepping import step_until
 
-TOY = (sys.executable, "-m", "malletrain.toy_runtime")
+TOY = (sys.executable, "-m", "malletrain.worker.toy")
 
 
 @pytest.fixture

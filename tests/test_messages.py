@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from malletrain.messages import (
+from contract.messages import (
     MAX_FRAME,
     VERSION,
     MessageError,

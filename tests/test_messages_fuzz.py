@@ -9,9 +9,9 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from malletrain.control import Caller, RequestError, parse_request, unpack_body
-from malletrain.messages import Report, new_secret, secret_key, sign
-from malletrain.monitor import Monitor
+from malletrain.daemon.control import Caller, RequestError, parse_request, unpack_body
+from contract.messages import Report, new_secret, secret_key, sign
+from malletrain.daemon.monitor import Monitor
 
 SECRET = new_secret()
 KEY = secret_key(SECRET)

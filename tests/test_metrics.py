@@ -16,15 +16,15 @@ import pytest
 import zmq
 
 from procs import procs_mentioning
-from malletrain.config import DaemonConfig, LocalConfig, MetricsConfig
+from malletrain.daemon.config import DaemonConfig, LocalConfig, MetricsConfig
 from malletrain.daemon import Daemon
-from malletrain.jobspec import JobSpec, JobState
-from malletrain.messages import Report
-from malletrain.metrics import Metrics, MetricsAddressError, parse_address
+from malletrain.daemon.jobspec import JobSpec, JobState
+from contract.messages import Report
+from malletrain.daemon.metrics import Metrics, MetricsAddressError, parse_address
 from scavenger.base import CommandFailed, CommandResult, CommandTimeout, observed, run_command
 from tests.stepping import step_until
 
-TOY = (sys.executable, "-m", "malletrain.toy_runtime")
+TOY = (sys.executable, "-m", "malletrain.worker.toy")
 
 
 def config(tmp: Path, address: str = "") -> DaemonConfig:

@@ -20,15 +20,15 @@ import zmq
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from malletrain.messages import MAX_FRAME, MAX_INT, Reason, Report, new_secret, secret_key
-from malletrain.monitor import (
+from contract.messages import MAX_FRAME, MAX_INT, Reason, Report, new_secret, secret_key
+from malletrain.daemon.monitor import (
     MAX_WORKERS,
     REPLAY_META_KEY,
     ReplaySaver,
     Monitor,
-    job_secret,
     load_master_key,
 )
+from contract.messages import job_secret
 from scavenger.channel import KeyFileError
 
 CTX = zmq.Context.instance()
@@ -37,7 +37,7 @@ INPROC = itertools.count()
 
 SENDER = """
 import sys, zmq
-from malletrain.messages import Report, secret_key
+from contract.messages import Report, secret_key
 addr, job, n, secret = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 key = secret_key(secret)
 ctx = zmq.Context(); s = ctx.socket(zmq.PUSH); s.connect(addr)
@@ -211,7 +211,7 @@ def test_reports_in_flight_when_a_job_ended_are_dropped_quietly(mon: Monitor,
     key = secret_key(secret := new_secret())
     mon.register("j", secret)
     mon.forget("j", ended=True)
-    with caplog.at_level(logging.WARNING, logger="malletrain.monitor"):
+    with caplog.at_level(logging.WARNING, logger="malletrain.daemon.monitor"):
         mon.ingest(Report("j", 1, 64, 1.0, 1).encode(key))
     assert mon.counts()["unknown_job"] == 0 and mon.late == 1
     assert not [r for r in caplog.records if "rejected a frame" in r.getMessage()]
@@ -222,7 +222,7 @@ def bad_payload_frames(job: str, key: bytes) -> list[tuple[bytes, Reason]]:
     """Issue E #3: each frame that used to kill the daemon, signed with the job's real key."""
 
     def signed(payload: str, seq: int) -> bytes:
-        from malletrain.messages import sign
+        from contract.messages import sign
 
         prefix = f'{{"v":2,"type":"report","job":"{job}","seq":{seq},"payload":{payload}}}'.encode()[:-1]
         return prefix + b',"sig":"' + sign(prefix, key) + b'"}'
@@ -252,7 +252,7 @@ def test_every_bad_frame_is_counted_and_the_monitor_goes_on(
         (Report("j", 99, 8, 1.0, 1).encode(key).replace(b'"report"', b'"hello"'), Reason.BAD_TYPE),
     ]
     s = push(ctx, mon)
-    with caplog.at_level(logging.WARNING, logger="malletrain.monitor"):
+    with caplog.at_level(logging.WARNING, logger="malletrain.daemon.monitor"):
         for f, _ in cases:
             s.send(f)
         s.send(Report("j", 1000, 64, 2000.0, 1, 0, "w").encode(key))  # a good one after them all
@@ -314,7 +314,7 @@ def test_rejections_are_logged_at_most_once_per_reason_per_interval(caplog: pyte
     now = [0.0]
     mon = Monitor(clock=lambda: now[0])
     try:
-        with caplog.at_level(logging.WARNING, logger="malletrain.monitor"):
+        with caplog.at_level(logging.WARNING, logger="malletrain.daemon.monitor"):
             mon.ingest_batch([b"garbage"] * 1000 + [b"[1]"] * 1000)
             now[0] = 10.0
             mon.ingest(b"garbage")
@@ -473,7 +473,7 @@ def test_damaged_saved_windows_are_logged_not_fatal(ctx: zmq.Context, caplog: py
     for text, why in (("{", "not valid"), ("[1]", "not valid"), ('{"j": {"floor": "x"}}', "job j")):
         mon = Monitor(ctx=ctx)
         try:
-            with caplog.at_level(logging.ERROR, logger="malletrain.monitor"):
+            with caplog.at_level(logging.ERROR, logger="malletrain.daemon.monitor"):
                 assert ReplaySaver(mon, Meta({REPLAY_META_KEY: text})).load() == 0
             assert why in caplog.records[-1].getMessage()
             mon.register("j", new_secret())
@@ -483,13 +483,13 @@ def test_damaged_saved_windows_are_logged_not_fatal(ctx: zmq.Context, caplog: py
 
 @pytest.mark.slow
 def test_a_report_captured_before_a_daemon_restart_is_a_replay_after_it(tmp_path: Path) -> None:
-    from malletrain.config import DaemonConfig, LocalConfig
+    from malletrain.daemon.config import DaemonConfig, LocalConfig
     from malletrain.daemon import Daemon
-    from malletrain.jobspec import JobSpec
+    from malletrain.daemon.jobspec import JobSpec
 
     cfg = DaemonConfig(state_dir=str(tmp_path / "state"), runtime="toy", local=LocalConfig(nodes=1, trace="none"),
                        agent_heartbeat=0.2, agent_dead_after=2.0, loop_interval=0.05)
-    toy = (sys.executable, "-m", "malletrain.toy_runtime", "--rate", "100")
+    toy = (sys.executable, "-m", "malletrain.worker.toy", "--rate", "100")
 
     def send_until(d: Daemon, frames: list[bytes], done: Callable[[], bool]) -> None:
         s = d.ctx.socket(zmq.PUSH)

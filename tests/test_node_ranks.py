@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from malletrain.examples.harness import LocalJob, example_command
+from malletrain.runtimes.harness import LocalJob, example_command
 
 pytestmark = pytest.mark.slow
 
@@ -87,7 +87,7 @@ def test_a_node_recall_drops_its_k_ranks_in_one_generation_and_ranks_stay_in_syn
 ENV_SCRIPT = """
 import json, os, sys, time
 import torch
-from malletrain.elastic import State, run
+from malletrain.worker.elastic import State, run
 
 def train(state):
     net = state.ddp()

@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
-from malletrain.config import ConfigError, parse_config
-from malletrain.elastic.devices import collective_backend, local_slot, place_in, world_environ
-from malletrain.workerenv import WorkerEnvError
+from malletrain.daemon.config import ConfigError, parse_config
+from malletrain.worker.elastic.devices import collective_backend, local_slot, place_in, world_environ
+from contract.workerenv import WorkerEnvError
 from scavenger import protocol as P
 from scavenger.agent import Agent
 from scavenger.base import CommandResult
-from scavenger.nodeshape import (
+from contract.nodeshape import (
     Accelerator,
     NodeShapeError,
     detect_accelerator,
@@ -122,7 +122,7 @@ def test_a_node_placed_in_a_world_gives_each_local_rank_its_global_rank() -> Non
 
 
 def test_an_agent_s_first_guess_at_k_is_the_devices_it_sees() -> None:
-    from scavenger.nodeshape import local_device_count
+    from contract.nodeshape import local_device_count
     assert local_device_count(Accelerator.CUDA, {"CUDA_VISIBLE_DEVICES": "2,3"}, ["nvidia0"]) == 2
     assert local_device_count(Accelerator.CUDA, {}, ["nvidia0", "nvidia1", "nvidia2", "nvidia3", "nvidiactl"]) == 4
     assert local_device_count(Accelerator.XPU, {"ZE_AFFINITY_MASK": "0,1,2"}, []) == 3
@@ -295,8 +295,8 @@ def test_one_warm_process_per_slot_each_becomes_its_local_rank(tmp_path: Path) -
 
 # ---------------------------------------------------------------- the daemon asks each node for K
 def test_the_daemon_starts_k_processes_per_node_as_the_scheduler_config_and_job_say(tmp_path: Path) -> None:
-    from malletrain.config import ScavengerConfig
-    from malletrain.jobspec import JobSpec
+    from malletrain.daemon.config import ScavengerConfig
+    from malletrain.daemon.jobspec import JobSpec
     from policy import PolicyConfig
     from tests.fakes import FakeCluster
     from tests.test_conformance import LINEAR, NODES, Harness

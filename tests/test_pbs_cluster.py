@@ -18,7 +18,7 @@ from typing import Callable, Iterator
 import psutil
 import pytest
 
-from malletrain.scavenging import Scavenging
+from malletrain.daemon.scavenging import Scavenging
 from scavenger.base import (
     AgentUp,
     CommandFailed,

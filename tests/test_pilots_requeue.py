@@ -1,7 +1,7 @@
 """Pilots queued for recalled nodes (issue 19: a node back trains within seconds).
 
 When the main scheduler preempts one of our pilots, the daemon's side of the backend
-(:class:`malletrain.scavenging.Scavenging`) queues a new pilot for that node at once: it waits
+(:class:`malletrain.daemon.scavenging.Scavenging`) queues a new pilot for that node at once: it waits
 while the main job runs, is not cancelled as stuck meanwhile, starts the moment the node is
 given back, and is cancelled when the daemon no longer wants the node. Run against the Slurm
 backend over :class:`testclusters.fake_slurm.FakeSlurm` (no scheduler needed).
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from malletrain.scavenging import REQUEUE_AFTER_S, Scavenging, parse_pilots, pilots_json
+from malletrain.daemon.scavenging import REQUEUE_AFTER_S, Scavenging, parse_pilots, pilots_json
 from scavenger.base import AgentRoster, CommandResult, PilotStarted, PilotState, PilotView, SavedPilot
 from scavenger.slurm import SlurmBackend, SlurmConfig
 from testclusters.fake_slurm import FakeSlurm

@@ -86,7 +86,7 @@ def test_trace_plots_keep_legends_off_the_data(tmp_path: Path, saved: list[dict]
 
 
 def test_demo_plot_keeps_its_legend_off_the_data_and_says_synthetic(tmp_path: Path, saved: list[dict]) -> None:
-    from malletrain.demo import write_report
+    from malletrain.cli.demo import write_report
 
     series = [{"t": float(t), "idle": 4, "held": 4, "used": 3, "jobs": {"j1": 2, "j2": 1}} for t in range(0, 60, 5)]
     report = {"runtime": "toy", "duration_s": 60.0, "nodes": series, "recalls_of_held_nodes": [20.0],

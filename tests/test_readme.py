@@ -338,7 +338,7 @@ def test_daemon_example_runs_as_pasted(tmp_path: Path) -> None:
     ``command = ["python", ...]`` must reach the venv's interpreter by the
     interpreter rule, not through PATH.
     """
-    from malletrain.store import Store
+    from malletrain.daemon.store import Store
 
     block = _daemon_block()
     res, clone, home = run_block(block, tmp_path)

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from malletrain.jobspec import JobSpec
-from malletrain.scavenging import PilotTexts, parse_pilots, pilots_json
-from malletrain.store import Store
+from malletrain.daemon.jobspec import JobSpec
+from malletrain.daemon.scavenging import PilotTexts, parse_pilots, pilots_json
+from malletrain.daemon.store import Store
 from scavenger.base import PilotId, PilotRequest, PilotState, PilotView, Throttled
 from scavenger.slurm import SlurmBackend, SlurmConfig
 from testclusters.fake_slurm import FakeSlurm
@@ -152,7 +152,7 @@ def test_the_pilots_json_written_from_the_last_entries_equals_one_written_whole(
 def _daemon_on_fake_slurm(tmp_path: Path, nodes: int = 6):
     """A daemon on the Slurm backend against the stand-in (commands counted), each agent a message
     handed to the real hub (hello when its pilot starts, ``leaving`` when its node is recalled)."""
-    from malletrain.config import parse_config
+    from malletrain.daemon.config import parse_config
     from malletrain.daemon import Daemon, DaemonParts
     from scavenger import protocol as P
     from scavenger.hub import AgentHub
@@ -233,9 +233,9 @@ def test_a_quick_iteration_plans_for_a_recall_before_any_scheduler_command(tmp_p
 
 def test_the_loop_runs_a_quick_iteration_after_a_loss_never_two_in_a_row(tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    from malletrain.config import DaemonConfig, LocalConfig
+    from malletrain.daemon.config import DaemonConfig, LocalConfig
     from malletrain.daemon import Daemon
-    from malletrain.loopwait import LoopWait
+    from malletrain.daemon.loopwait import LoopWait
 
     calls: list[bool] = []
     answers = iter([False, True, True, True, False, True] + [False] * 1000)

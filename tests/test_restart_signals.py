@@ -22,8 +22,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from malletrain import client
-from malletrain.elastic import Rendezvous, State, run
+from malletrain.worker import client
+from malletrain.worker.elastic import Rendezvous, State, run
 from malletrain.runtimes.torch_elastic import TorchRuntime
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -105,8 +105,8 @@ def test_a_store_that_accepts_but_never_answers_does_not_stall_training(runtime:
 WORKER = textwrap.dedent("""
     import os, signal, sys
     import torch
-    from malletrain.elastic import State, run
-    from malletrain.elastic.rendezvous import Rendezvous
+    from malletrain.worker.elastic import State, run
+    from malletrain.worker.elastic.rendezvous import Rendezvous
 
     original = Rendezvous.save_checkpoint
 
@@ -196,7 +196,7 @@ def test_an_agent_warns_of_a_wrong_key_only_when_a_retry_fails_too(caplog: pytes
 MID_CALL = textwrap.dedent("""
     import os, signal
     import torch
-    from malletrain.elastic import State, run
+    from malletrain.worker.elastic import State, run
     from scavenger.channel import Session
 
     armed = []

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from malletrain.examples.tracelog import steps as _steps
-from malletrain.jobspec import JobSpec as DaemonJobSpec
-from malletrain.jobspec import JobState
+from malletrain.worker.examples.tracelog import steps as _steps
+from malletrain.daemon.jobspec import JobSpec as DaemonJobSpec
+from malletrain.daemon.jobspec import JobState
 from policy import PolicyConfig
-from malletrain.store import Store
+from malletrain.daemon.store import Store
 from tests.test_conformance import NODES, Harness, _lending_setup, _state
 
 NODES_4 = NODES[:4]
@@ -191,7 +191,7 @@ trace = "none"
 
 TORCH_JOB = """
 name = "lin"
-command = ["{python}", "-m", "malletrain.examples.train", "--model", "linear", "--samples", "1000000000",
+command = ["{python}", "-m", "malletrain.worker.examples.train", "--model", "linear", "--samples", "1000000000",
            "--trace", "--step-sleep", "0.05"]
 min_nodes = 2
 max_nodes = 2
@@ -331,7 +331,7 @@ def test_every_job_kind_resumes_after_kill_9_and_stop(tmp_path: Path) -> None:
     from tests.test_daemon_cli import start_daemon, wait
 
     state, cfg, log = tmp_path / "state", tmp_path / "daemon.toml", tmp_path / "daemon.log"
-    toy = (sys.executable, "-m", "malletrain.toy_runtime", "--rate", "2000")
+    toy = (sys.executable, "-m", "malletrain.worker.toy", "--rate", "2000")
     state.mkdir(mode=0o700)
     db = Store.open(state / "store.db")
     one = db.submit(DaemonJobSpec("one", toy, 1, 1, False, {1: 100.0}))

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import zmq
 
-from malletrain.jobspec import JobSpec, JobState
-from malletrain.store import Store, StoreError
+from malletrain.daemon.jobspec import JobSpec, JobState
+from malletrain.daemon.store import Store, StoreError
 from scavenger import channel as C
 from scavenger import protocol as P
 from scavenger.base import AgentGone, AgentRoster, PilotRequest, PilotState
@@ -128,7 +128,7 @@ def test_the_pilot_on_a_node_is_found_through_every_change_of_the_book() -> None
 
 
 def test_live_pilots_are_remembered_only_when_the_backend_changed(tmp_path: Path) -> None:
-    from malletrain.scavenging import PILOTS_KEY, Scavenging
+    from malletrain.daemon.scavenging import PILOTS_KEY, Scavenging
 
     class Meta:
         def __init__(self) -> None:
@@ -153,7 +153,7 @@ def test_live_pilots_are_remembered_only_when_the_backend_changed(tmp_path: Path
     scav.look(0.0)  # none yet: "{}"
     scav.hold_idle(0.0)
     assert meta.writes == 2 and '"n0"' in (meta.value or "")
-    import malletrain.scavenging as scavenging
+    import malletrain.daemon.scavenging as scavenging
 
     calls = []
     real = scavenging.pilots_json
@@ -170,7 +170,7 @@ def test_live_pilots_are_remembered_only_when_the_backend_changed(tmp_path: Path
 
 
 def test_usable_nodes_and_agentless_pilots_read_the_hubs_batch_jobs_at_once() -> None:
-    from malletrain.scavenging import Scavenging
+    from malletrain.daemon.scavenging import Scavenging
 
     be, slurm = backend()
     p0, p1, p2 = (be.submit(PilotRequest((n,))) for n in ("n0", "n1", "n2"))
@@ -203,7 +203,7 @@ def test_usable_nodes_and_agentless_pilots_read_the_hubs_batch_jobs_at_once() ->
 
 
 def test_a_whole_idle_machine_is_held_over_several_holds() -> None:
-    from malletrain.scavenging import MAX_SUBMITS_PER_HOLD, Scavenging
+    from malletrain.daemon.scavenging import MAX_SUBMITS_PER_HOLD, Scavenging
 
     class Hub(AgentRoster):
         def alive(self) -> set[str]:

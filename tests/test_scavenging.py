@@ -1,4 +1,4 @@
-"""The daemon's side of its backend (malletrain/scavenging.py) and the [scavenger] config table.
+"""The daemon's side of its backend (malletrain/daemon/scavenging.py) and the [scavenger] config table.
 
 No scheduler needed: a scripted backend speaks :class:`scavenger.base.SchedulerBackend`, and a
 daemon configured for PBS on a machine without PBS shows that failing commands never kill it.
@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from malletrain.config import ConfigError, DaemonConfig, ScavengerConfig, parse_config, to_toml
-from malletrain.scavenging import Scavenging
+from malletrain.daemon.config import ConfigError, DaemonConfig, ScavengerConfig, parse_config, to_toml
+from malletrain.daemon.scavenging import Scavenging
 from policy import PolicyConfig
 from scavenger.base import (
     AgentRoster,
@@ -202,7 +202,7 @@ def test_hold_idle_holds_only_nodes_the_predicate_accepts() -> None:
 
 
 def test_daemon_never_holds_a_node_no_trainer_matches(tmp_path: Path) -> None:
-    from malletrain.config import TrainerConfig
+    from malletrain.daemon.config import TrainerConfig
     from tests.test_conformance import NODES, Harness
 
     h = Harness(tmp_path / "d", PolicyConfig(), trainers=(TrainerConfig("vision", ("n0[1-2]",)),
@@ -283,7 +283,7 @@ def test_a_restart_knows_the_nodes_of_the_last_daemons_pilots_before_their_agent
     such a node fought the agent still running there (the job never got the node)."""
     import json as _json
 
-    from malletrain.scavenging import PILOTS_KEY, Scavenging
+    from malletrain.daemon.scavenging import PILOTS_KEY, Scavenging
 
     class Meta:
         def get_meta(self, key: str) -> str | None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from malletrain.config import ConfigError, check_files, parse_config
+from malletrain.daemon.config import ConfigError, check_files, parse_config
 
 ROOT = os.geteuid() == 0
 NOBODY = 65534
@@ -46,7 +46,7 @@ def test_policy_method_is_checked_at_config_check(method: object) -> None:
 
 def test_a_pre_existing_open_state_dir_is_tightened_with_its_keys_checkpoints_and_logs(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    from malletrain.store import Store
+    from malletrain.daemon.store import Store
 
     state = tmp_path / "state"
     (state / "checkpoints").mkdir(parents=True)
@@ -64,7 +64,7 @@ def test_a_pre_existing_open_state_dir_is_tightened_with_its_keys_checkpoints_an
 
 def test_the_0711_a_root_daemon_sets_is_not_open_and_draws_no_warning(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    from malletrain.store import Store
+    from malletrain.daemon.store import Store
 
     state = tmp_path / "state"
     state.mkdir()
@@ -77,7 +77,7 @@ def test_the_0711_a_root_daemon_sets_is_not_open_and_draws_no_warning(
 
 
 def test_a_bad_ports_entry_in_the_store_names_the_file(tmp_path: Path) -> None:
-    from malletrain.store import Store, StoreError
+    from malletrain.daemon.store import Store, StoreError
 
     store = Store.open(tmp_path / "store.db")
     try:
@@ -120,7 +120,7 @@ def test_a_repeating_error_is_written_once_per_window_with_the_count_held_back()
     import io
     import logging
 
-    from malletrain.logs import RepeatFilter, setup_logging
+    from malletrain.daemon.logs import RepeatFilter, setup_logging
 
     now = [0.0]
     buf = io.StringIO()
@@ -351,8 +351,8 @@ def test_a_root_daemon_refuses_a_job_without_a_recorded_owner_instead_of_running
 @pytest.mark.parametrize("fast_path", [True, False])
 def test_a_job_cannot_report_more_progress_than_its_nodes_could_train(fast_path: bool) -> None:
     """Finding 10: 8.6e9 samples, signed with the job's own secret, were accepted as progress."""
-    from malletrain.messages import Report, new_secret, secret_key
-    from malletrain.monitor import MAX_RATE_PER_NODE, Monitor
+    from contract.messages import Report, new_secret, secret_key
+    from malletrain.daemon.monitor import MAX_RATE_PER_NODE, Monitor
 
     now = [1000.0]
     mon = Monitor(clock=lambda: now[0])
@@ -379,7 +379,7 @@ def test_a_job_cannot_report_more_progress_than_its_nodes_could_train(fast_path:
 
 def _steady(mon, key, seq: int, seconds: int, nodes: int, per_node: int, now: list[float]) -> int:  # type: ignore[no-untyped-def]
     """Report ``per_node`` samples/s per node on ``nodes`` nodes, one report a second; the next seq."""
-    from malletrain.messages import Report
+    from contract.messages import Report
 
     for _ in range(seconds):
         now[0] += 1.0
@@ -391,9 +391,9 @@ def _steady(mon, key, seq: int, seconds: int, nodes: int, per_node: int, now: li
 @pytest.mark.parametrize("fast_path", [True, False])
 def test_a_job_that_trained_at_1000_per_node_cannot_claim_100_times_that(fast_path: bool) -> None:
     """Finding 10, round two: the bound is relative to what the job has shown, not only absolute."""
-    from malletrain.messages import Report, new_secret, secret_key
-    from malletrain.monitor import Monitor
-    from malletrain.ratebound import HistoryBound
+    from contract.messages import Report, new_secret, secret_key
+    from malletrain.daemon.monitor import Monitor
+    from malletrain.daemon.ratebound import HistoryBound
 
     now = [1000.0]
     mon = Monitor(clock=lambda: now[0], history=HistoryBound(factor=4.0, min_reports=20, min_seconds=30.0))
@@ -422,8 +422,8 @@ def test_a_job_that_scales_up_or_down_is_not_refused(fast_path: bool, before: in
                                                      per_node_after: int) -> None:
     """The relative bound is per node of the current world size: twice (or 8x) the nodes at 1,000 samples/s per
     node is twice (8x) the rate; and a job that scales poorly (8 nodes at 1,000 each) does 6,000 on one node."""
-    from malletrain.messages import new_secret, secret_key
-    from malletrain.monitor import Monitor
+    from contract.messages import new_secret, secret_key
+    from malletrain.daemon.monitor import Monitor
 
     now = [1000.0]
     mon = Monitor(clock=lambda: now[0])
@@ -441,7 +441,7 @@ def test_a_job_that_scales_up_or_down_is_not_refused(fast_path: bool, before: in
 
 
 def test_the_history_bound_names_a_bad_setting() -> None:
-    from malletrain.ratebound import HistoryBound
+    from malletrain.daemon.ratebound import HistoryBound
 
     for bad in ({"factor": 0.5}, {"factor": float("nan")}, {"min_reports": 1}, {"bank_s": -1.0}, {"factor": True}):
         with pytest.raises(ValueError, match=next(iter(bad))):
@@ -476,8 +476,8 @@ def test_one_user_holding_many_connections_to_the_monitor_is_capped_and_reports_
     """Finding 5: ~1,000 idle connections from one user drove the root daemon to EMFILE."""
     import time
 
-    from malletrain.messages import Report, new_secret, secret_key
-    from malletrain.monitor import Monitor
+    from contract.messages import Report, new_secret, secret_key
+    from malletrain.daemon.monitor import Monitor
     from scavenger.connguard import PER_PEER
 
     mon = Monitor()
@@ -520,7 +520,7 @@ SHED = r"""
 import json, logging, os, resource, socket, sys
 from pathlib import Path
 
-from malletrain.control import ControlServer, socket_path
+from malletrain.daemon.control import ControlServer, socket_path
 
 class Count(logging.Handler):
     def __init__(self):
@@ -530,8 +530,8 @@ class Count(logging.Handler):
         self.failures += "accept failed" in record.getMessage()
 
 handler = Count()
-logging.getLogger("malletrain.control").addHandler(handler)
-logging.getLogger("malletrain.control").setLevel(logging.WARNING)
+logging.getLogger("malletrain.daemon.control").addHandler(handler)
+logging.getLogger("malletrain.daemon.control").setLevel(logging.WARNING)
 state = Path(sys.argv[1])
 server = ControlServer(socket_path(state), lambda req, caller: {"ok": True})
 clients = [socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(5)]
@@ -604,7 +604,7 @@ def test_a_liar_raises_its_own_measured_rate_at_most_2x_per_window() -> None:
     claims 100x (most refused) or just under the bound (none refused), so it cannot ratchet up by ``factor``."""
     from itertools import pairwise
 
-    from malletrain.ratebound import ClaimBound, HistoryBound
+    from malletrain.daemon.ratebound import ClaimBound, HistoryBound
 
     bound = ClaimBound(0.0, max_nodes=4, history=HistoryBound(factor=4.0, min_reports=20, min_seconds=30.0))
     t = 0.0
@@ -629,7 +629,7 @@ def test_a_liar_raises_its_own_measured_rate_at_most_2x_per_window() -> None:
 def test_an_honest_job_whose_first_window_was_slow_catches_up() -> None:
     """A rescale pause in the first window (rate 1/10 of the steady one): refused for a few windows at
     most, then every report is taken again (no window is discarded for good)."""
-    from malletrain.ratebound import ClaimBound, HistoryBound
+    from malletrain.daemon.ratebound import ClaimBound, HistoryBound
 
     bound = ClaimBound(0.0, max_nodes=4, history=HistoryBound(factor=4.0, min_reports=20, min_seconds=30.0))
     t = 0.0

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from malletrain.cli import main
-from malletrain.cli_simulate import parse_policies, parse_time
+from malletrain.cli.simulate import parse_policies, parse_time
 from policy import PolicyConfig
 from simulator import POLICIES
 

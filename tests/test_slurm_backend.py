@@ -28,7 +28,7 @@ from scavenger.base import (
     Throttled,
     can_move,
 )
-from malletrain.scavenging import REQUEUE_AFTER_S, Scavenging
+from malletrain.daemon.scavenging import REQUEUE_AFTER_S, Scavenging
 from scavenger.pilots import SubmitLimiter
 from scavenger.slurm import (
     SLURM_STATES,

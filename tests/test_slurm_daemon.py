@@ -24,10 +24,10 @@ import pytest
 
 pytest.importorskip("torch")
 
-from malletrain.config import DaemonConfig, ScavengerConfig  # noqa: E402
+from malletrain.daemon.config import DaemonConfig, ScavengerConfig  # noqa: E402
 from malletrain.daemon import Daemon  # noqa: E402
-from malletrain.examples.tracelog import steps as steps_of  # noqa: E402
-from malletrain.jobspec import JobSpec, JobState  # noqa: E402
+from malletrain.worker.examples.tracelog import steps as steps_of  # noqa: E402
+from malletrain.daemon.jobspec import JobSpec, JobState  # noqa: E402
 from scavenger.base import PilotState  # noqa: E402
 from testclusters.slurm_cluster import SlurmCluster, failing_command  # noqa: E402
 from tests.slurm_start import start_or_skip  # noqa: E402
@@ -35,7 +35,7 @@ from tests.stepping import step_until  # noqa: E402
 
 pytestmark = pytest.mark.slurm
 NODES = ("node1", "node2", "node3", "node4")
-TRAIN = (sys.executable, "-m", "malletrain.examples.train", "--model", "linear", "--samples", "1000000000",
+TRAIN = (sys.executable, "-m", "malletrain.worker.examples.train", "--model", "linear", "--samples", "1000000000",
          "--trace", "--step-sleep", "0.05")
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from malletrain.jobspec import JobState
-from malletrain.status_view import format_details, job_note
+from malletrain.daemon.jobspec import JobState
+from malletrain.cli.status_view import format_details, job_note
 from policy import PolicyConfig
 from tests.test_conformance import LINEAR, NODES, Harness
 

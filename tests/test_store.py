@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from malletrain.jobspec import JobSpec, JobSpecError, JobState, load_spec, parse_spec
-from malletrain.store import Store, StoreError
+from malletrain.daemon.jobspec import JobSpec, JobSpecError, JobState, load_spec, parse_spec
+from malletrain.daemon.store import Store, StoreError
 
 SPEC = JobSpec("toy", ("python", "-c", "pass"), 1, 3, True, {1: 10.0, 2: 19.0}, 1000)
 
@@ -60,7 +60,7 @@ def test_concurrent_submitters_get_distinct_ids(tmp_path: Path) -> None:
     db = tmp_path / "db"
     Store.open(db).close()
     code = (
-        "import sys; from malletrain.store import Store; from malletrain.jobspec import JobSpec;"
+        "import sys; from malletrain.daemon.store import Store; from malletrain.daemon.jobspec import JobSpec;"
         "s = Store.open(sys.argv[1]);"
         "[s.submit(JobSpec('x', ('true',))) for _ in range(25)]"
     )
@@ -156,7 +156,7 @@ def test_state_dir_and_files_are_private(tmp_path: Path) -> None:
 
 
 def test_event_log_is_bounded(tmp_path: Path) -> None:
-    from malletrain.store import PRUNE_EVERY
+    from malletrain.daemon.store import PRUNE_EVERY
 
     s = Store.open(tmp_path / "store.db", max_events=50, max_samples=20)
     a = s.submit(SPEC)
@@ -285,7 +285,7 @@ def test_fuzz_store_files_give_store_errors_only(tmp_path: Path) -> None:
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from malletrain.store import SQLITE_MAGIC
+    from malletrain.daemon.store import SQLITE_MAGIC
 
     good = tmp_path / "good.db"
     s = Store.open(good)
@@ -329,8 +329,8 @@ def test_a_damaged_row_is_an_error_naming_the_store(tmp_path: Path) -> None:
 
 
 def test_job_states_follow_the_one_transition_table(tmp_path) -> None:
-    from malletrain.jobspec import JOB_TRANSITIONS, JobSpec, JobState
-    from malletrain.store import Store, StoreError
+    from malletrain.daemon.jobspec import JOB_TRANSITIONS, JobSpec, JobState
+    from malletrain.daemon.store import Store, StoreError
 
     assert set(JOB_TRANSITIONS) == set(JobState)
     assert all(not JOB_TRANSITIONS[s] for s in JobState if s.terminal)

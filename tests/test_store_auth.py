@@ -9,7 +9,7 @@ from typing import Iterator
 
 import pytest
 
-from malletrain.elastic.keys import (
+from contract.storekeys import (
     BadKey,
     ckpt_chunk_key,
     ckpt_key,
@@ -19,7 +19,7 @@ from malletrain.elastic.keys import (
     parse_key,
     ready_key,
 )
-from malletrain.elastic.wire import (
+from contract.wire import (
     StoreClient,
     StoreConnectionLost,
     StoreImpostor,
@@ -27,7 +27,7 @@ from malletrain.elastic.wire import (
     recv_frame,
     send_frame,
 )
-from malletrain.messages import new_secret
+from contract.messages import new_secret
 from malletrain.runtimes.store_server import StoreLimits
 from malletrain.runtimes.torch_elastic import TorchRuntime
 

@@ -9,9 +9,9 @@ import sqlite3
 from pathlib import Path
 
 from malletrain.daemon import POLICY_STATE_KEY, read_policy_states
-from malletrain.jobspec import JobSpec, JobState
-from malletrain.store import Store
-from malletrain.store_schema import LEGACY_SCALING_TABLE, SCHEMA_VERSION
+from malletrain.daemon.jobspec import JobSpec, JobState
+from malletrain.daemon.store import Store
+from malletrain.daemon.store_schema import LEGACY_SCALING_TABLE, SCHEMA_VERSION
 from policy import PolicyConfig
 from tests.test_conformance import NODES, Harness
 
@@ -94,7 +94,7 @@ def test_a_version_1_store_is_migrated_and_its_scalability_rows_stay_readable(tm
 def test_an_unknown_schema_version_names_the_file(tmp_path: Path) -> None:
     import pytest
 
-    from malletrain.store import StoreError
+    from malletrain.daemon.store import StoreError
 
     db = tmp_path / "store.db"
     Store.open(db).close()

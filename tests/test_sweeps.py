@@ -11,11 +11,11 @@ import pytest
 
 pytest.importorskip("optuna")
 
-from malletrain.jobspec import JobSpec, JobSpecError, JobState  # noqa: E402
-from malletrain.sweeps import (  # noqa: E402
+from malletrain.daemon.jobspec import JobSpec, JobSpecError, JobState  # noqa: E402
+from malletrain.daemon.sweepfile import (  # noqa: E402
     TRIALS_MAX, SweepError, load_sweep_file, parse_sweep, register, result_path, steps_path, trial_spec,
 )
-from malletrain.workerenv import ENV_TRIAL, ENV_TRIAL_RESULT  # noqa: E402
+from contract.workerenv import ENV_TRIAL, ENV_TRIAL_RESULT  # noqa: E402
 from policy import PolicyConfig  # noqa: E402
 from policy.sweeps import SweepProgress, trials_to_open  # noqa: E402
 
@@ -81,7 +81,7 @@ def test_a_placeholder_with_no_entry_is_refused_at_submit(tmp_path: Path) -> Non
 
 
 def test_a_job_file_cannot_name_itself_a_trial_or_an_element(tmp_path: Path) -> None:
-    from malletrain.jobspec import load_spec
+    from malletrain.daemon.jobspec import load_spec
 
     f = tmp_path / "job.toml"
     f.write_text('command = ["true"]\nsweep_name = "x"\ntrial = 1\n')
@@ -150,7 +150,7 @@ def test_trials_run_as_jobs_each_told_its_value_and_the_best_is_named(tmp_path: 
         assert [(t["number"], t["state"], t["value"]) for t in s["trials"]] == [
             (0, "completed", 0.5), (1, "completed", 0.2), (2, "completed", 0.9)]
         assert s["best"]["number"] == 1 and s["done"]
-        from malletrain.control import Caller, Status
+        from malletrain.daemon.control import Caller, Status
 
         reply = h.daemon.handle(Status(), Caller(0, 0, True))  # status --json carries the same
         assert reply["sweeps"][0]["best"] == s["best"] and reply["sweeps"][0]["trials"] == s["trials"]
@@ -252,7 +252,7 @@ def test_the_median_pruner_stops_a_trial_worse_than_the_others(tmp_path: Path) -
 
 
 def test_a_sweep_is_submitted_through_the_control_api_and_checked_there(tmp_path: Path) -> None:
-    from malletrain.control import Caller, Submit
+    from malletrain.daemon.control import Caller, Submit
 
     h = _harness(tmp_path)
     try:
@@ -291,8 +291,8 @@ def test_cli_submits_a_sweep_file_and_shows_it_without_a_daemon(tmp_path: Path, 
 def test_a_trial_asked_but_never_submitted_is_submitted_after_a_restart(tmp_path: Path) -> None:
     """The daemon died between Optuna's ask and the trial's job: the journal has the trial, the store
     no job. The next daemon submits it with the values asked, and asks no trial in its place."""
-    from malletrain.store import Store
-    from malletrain.sweeps import SweepStudy, journal_path
+    from malletrain.daemon.store import Store
+    from malletrain.daemon.sweepfile import SweepStudy, journal_path
 
     state = tmp_path / "d"
     state.mkdir()
@@ -315,7 +315,7 @@ def test_a_trial_asked_but_never_submitted_is_submitted_after_a_restart(tmp_path
 
 
 def test_a_trial_value_is_read_from_a_regular_file_only_and_never_quoted(tmp_path: Path) -> None:
-    from malletrain.sweeps import read_value
+    from malletrain.daemon.sweepfile import read_value
 
     secret = tmp_path / "secret"
     secret.write_text("root:hash:1:2")
@@ -334,7 +334,7 @@ def test_a_trial_value_is_read_from_a_regular_file_only_and_never_quoted(tmp_pat
 
 
 def test_without_optuna_a_sweep_stops_saying_why_and_the_daemon_goes_on(tmp_path: Path, monkeypatch: Any) -> None:
-    import malletrain.sweeps as sweeps_module
+    import malletrain.daemon.sweepfile as sweeps_module
 
     def missing() -> Any:
         raise SweepError(f"sweeps need Optuna, which is not installed ({sweeps_module.EXTRA})")
@@ -356,7 +356,7 @@ def test_without_optuna_a_sweep_stops_saying_why_and_the_daemon_goes_on(tmp_path
 
 # ---------------------------------------------------------------- cancel a whole sweep
 def test_cancel_of_a_sweep_stops_its_trials_opens_no_more_and_show_says_so(tmp_path: Path) -> None:
-    from malletrain.control import Caller, Cancel, authorize
+    from malletrain.daemon.control import Caller, Cancel, authorize
 
     h = _harness(tmp_path)
     try:

@@ -1,6 +1,6 @@
 """Sweeps and arrays for real (slow): the local backend's 3 nodes, real processes.
 
-A search of torchrun trials (``malletrain.examples.sweep_train``, gloo on CPU) whose nodes are
+A search of torchrun trials (``malletrain.worker.examples.sweep_train``, gloo on CPU) whose nodes are
 recalled and come back: every trial ends COMPLETED with a value, none starts from scratch twice,
 the best is named, nothing is left running. A job array of short elements: each index runs once.
 """
@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from malletrain.jobspec import JobSpec, JobState, Launcher
+from malletrain.daemon.jobspec import JobSpec, JobState, Launcher
 
 PY = sys.executable
 
 
 def _daemon(state: Path):  # type: ignore[no-untyped-def]
-    from malletrain.config import DaemonConfig, LocalConfig
+    from malletrain.daemon.config import DaemonConfig, LocalConfig
     from malletrain.daemon import Daemon
 
     cfg = DaemonConfig(state_dir=str(state), runtime="toy", local=LocalConfig(nodes=3, trace="none"),
@@ -30,13 +30,13 @@ def _daemon(state: Path):  # type: ignore[no-untyped-def]
 def test_a_search_of_torchrun_trials_survives_recalls_and_names_the_best(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     pytest.importorskip("optuna")
-    from malletrain.sweeps import parse_sweep, register
+    from malletrain.daemon.sweepfile import parse_sweep, register
     from procs import procs_mentioning
     from tests.stepping import step_until
 
     state = tmp_path / "state"
     ckpt = tmp_path / "ckpt"
-    cmd = (PY, "-m", "malletrain.examples.sweep_train", "--lr", "{lr}", "--width", "{width}",
+    cmd = (PY, "-m", "malletrain.worker.examples.sweep_train", "--lr", "{lr}", "--width", "{width}",
            "--ckpt", f"{ckpt}/{{trial}}", "--steps", "40", "--step-sleep", "0.1")
     spec = JobSpec("search", cmd, 1, 2, env={"OMP_NUM_THREADS": "1"}, launcher=Launcher.TORCHRUN, worker_batch=8)
     sweep = parse_sweep({"trials": 3, "direction": "minimize", "seed": 1,
@@ -188,7 +188,7 @@ def test_a_users_search_of_twelve_torchrun_trials_on_nodes_that_come_and_go(tmp_
     local nodes recalled and given back all along. About 4-8 minutes on 2 loaded cores."""
     pytest.importorskip("torch")
     pytest.importorskip("optuna")
-    from malletrain.sweeps import parse_sweep, register
+    from malletrain.daemon.sweepfile import parse_sweep, register
     from procs import procs_mentioning
     from tests.stepping import step_until
 
@@ -227,7 +227,7 @@ def test_a_users_search_of_twelve_torchrun_trials_on_nodes_that_come_and_go(tmp_
 
 @pytest.mark.slow
 def test_an_array_of_twenty_short_elements_runs_each_index_once(tmp_path: Path) -> None:
-    from malletrain.arrays import submit_array
+    from malletrain.daemon.arrays import submit_array
     from procs import procs_mentioning
     from tests.stepping import step_until
 

@@ -1,8 +1,8 @@
 """The Lightning and Hugging Face examples under the daemon with ``launcher = "torchrun"``.
 
-Each example (``malletrain.examples.lightning_train``, ``malletrain.examples.hf_train``, with the
+Each example (``malletrain.worker.examples.lightning_train``, ``malletrain.worker.examples.hf_train``, with the
 framework's malletrain callback) runs as a job on 2 local nodes, through ``python -m
-malletrain.launch`` as the runtime wraps it: it trains at 2 nodes, is shrunk by a recall of one,
+malletrain.worker.launch`` as the runtime wraps it: it trains at 2 nodes, is shrunk by a recall of one,
 grown back when the node comes back, and COMPLETED with no failure counted. Each change of its
 world restarts every rank; the callback saves on the SIGTERM and the next start resumes at the
 next step, so every step is trained, and reported, exactly once: the monitor accepts exactly
@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from malletrain.jobspec import JobSpec, JobState, Launcher
-from malletrain.monitor import JobStats
+from malletrain.daemon.jobspec import JobSpec, JobState, Launcher
+from malletrain.daemon.monitor import JobStats
 
 PY = sys.executable
 PACED = str(Path(__file__).parent / "fixtures" / "scripts" / "paced.py")
@@ -45,8 +45,8 @@ class Example:
 
 
 EXAMPLES = {
-    "lightning": Example("malletrain.examples.lightning_train", "--ckpt-dir", "lightning", "lightning"),
-    "hf": Example("malletrain.examples.hf_train", "--output-dir", "huggingface", "transformers"),
+    "lightning": Example("malletrain.worker.examples.lightning_train", "--ckpt-dir", "lightning", "lightning"),
+    "hf": Example("malletrain.worker.examples.hf_train", "--output-dir", "huggingface", "transformers"),
 }
 
 
@@ -57,7 +57,7 @@ def test_a_framework_job_shrinks_grows_and_completes_losing_no_step(name: str, p
                                                                      tmp_path: Path) -> None:
     ex = EXAMPLES[name]
     pytest.importorskip(ex.framework, reason=f"the [{ex.extra}] extra is not installed")
-    from malletrain.config import DaemonConfig, LocalConfig
+    from malletrain.daemon.config import DaemonConfig, LocalConfig
     from malletrain.daemon import Daemon
     from procs import procs_mentioning
     from tests.stepping import step_until

@@ -1,7 +1,7 @@
 """``launcher = "torchrun"``: a plain DDP script written for torchrun runs under the daemon unchanged.
 
 Unit tests of the daemon side (the command wrapping, rank places, the world key) and the rank
-agent's moves, then the real thing: the example script (``malletrain.examples.torchrun_ddp``,
+agent's moves, then the real thing: the example script (``malletrain.worker.examples.torchrun_ddp``,
 gloo on CPU) on 3 local nodes, shrunk by a recall, grown back, restarted with its own
 checkpoint each time, and COMPLETED with no failure counted and no process left behind.
 """
@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from malletrain.elastic.keys import BadKey, DAEMON_KINDS, KeyKind, done_key, parse_key, world_key
-from malletrain.examples.tracelog import torchrun_steps
-from malletrain.jobspec import JobSpec, JobState, Launcher
-from malletrain.runtimes.torchrun import LAUNCH_MODULE, World, launch_module_present, rank_places, wrap_python_command
-from malletrain.runtimes.torchrun_agent import RANK_TRANSITIONS, RankState, exit_code
-from malletrain.workerenv import RankPlace
+from contract.storekeys import BadKey, DAEMON_KINDS, KeyKind, done_key, parse_key, world_key
+from malletrain.worker.examples.tracelog import torchrun_steps
+from malletrain.daemon.jobspec import JobSpec, JobState, Launcher
+from malletrain.runtimes.torchrun import LAUNCH_MODULE, launch_module_present, wrap_python_command
+from contract.world import World, rank_places
+from malletrain.worker.torchrun_agent import RANK_TRANSITIONS, RankState, exit_code
+from contract.workerenv import RankPlace
 
 PY = sys.executable
 WORKERS_PER_NODE = [1, 2]
@@ -83,7 +84,7 @@ def test_a_plain_ddp_script_shrinks_on_recall_grows_back_and_completes(per_node:
     from dataclasses import replace
 
     pytest.importorskip("torch")
-    from malletrain.config import DaemonConfig, LocalConfig
+    from malletrain.daemon.config import DaemonConfig, LocalConfig
     from malletrain.daemon import Daemon
     from procs import procs_mentioning
     from tests.stepping import step_until
@@ -94,7 +95,7 @@ def test_a_plain_ddp_script_shrinks_on_recall_grows_back_and_completes(per_node:
     if per_node > 1:
         cfg = replace(cfg, scavenger=replace(cfg.scavenger, workers_per_node=per_node))
     steps, every = 400, 10
-    cmd = (PY, "-m", "malletrain.examples.torchrun_ddp", "--steps", str(steps), "--batch", "4",
+    cmd = (PY, "-m", "malletrain.worker.examples.torchrun_ddp", "--steps", str(steps), "--batch", "4",
            "--checkpoint", str(tmp_path / "ddp.pt"), "--checkpoint-every", str(every), "--step-sleep", "0.1")
     spec = JobSpec("ddp", cmd, 1, 3, False, {1: 10.0, 2: 20.0, 3: 30.0}, env={"OMP_NUM_THREADS": "1"},
                    launcher=Launcher.TORCHRUN, worker_batch=4, workers_per_node=per_node)
@@ -188,7 +189,7 @@ class FakeRendezvous:
 
 
 def _agent(rdzv: FakeRendezvous, code: str, tmp_path: Path, failure_wait_s: float = 600.0):
-    from malletrain.runtimes.torchrun_agent import RankAgent
+    from malletrain.worker.torchrun_agent import RankAgent
 
     script = tmp_path / "rank.py"
     script.write_text(code)
@@ -235,7 +236,7 @@ sys.exit(int(os.environ["TORCHELASTIC_RESTART_COUNT"]) == 0 and 3 or 0)
 def test_each_start_of_a_rank_reports_as_a_sender_of_its_own(tmp_path: Path) -> None:
     """A restarted rank's reports are numbered from 1 again: under the same sender name the monitor
     would refuse them as replays, and the daemon's sample count would miss every world after the first."""
-    from malletrain.monitor import ReplayWindow
+    from malletrain.daemon.monitor import ReplayWindow
 
     rdzv = FakeRendezvous()
     agent = _agent(rdzv, WORKER_TO_FILE, tmp_path)
@@ -311,9 +312,9 @@ def test_the_job_file_launcher_chooses_the_runtime_whatever_the_trainers(tmp_pat
     """On fakes: a torchrun job's workers are rank agents of the torchrun runtime (the daemon's own
     runtime is a fake), told the job's worker_batch; its world's places reach the store once its
     agents are ready; an in-process job beside it runs its command as given."""
-    from malletrain.elastic.keys import ready_key
+    from contract.storekeys import ready_key
     from malletrain.runtimes.torchrun import AGENT_MODULE
-    from malletrain.workerenv import ENV_RUNTIME, ENV_WORKER_BATCH
+    from contract.workerenv import ENV_RUNTIME, ENV_WORKER_BATCH
     from policy import PolicyConfig
     from tests.test_conformance import LINEAR, NODES, Harness
 
@@ -424,7 +425,7 @@ trace = "none"
 
 TORCHRUN_JOB = """
 name = "ddp"
-command = ["{python}", "-m", "malletrain.examples.torchrun_ddp", "--steps", "100000000", "--batch", "4",
+command = ["{python}", "-m", "malletrain.worker.examples.torchrun_ddp", "--steps", "100000000", "--batch", "4",
            "--checkpoint", "{ckpt}", "--checkpoint-every", "10", "--step-sleep", "0.05"]
 launcher = "torchrun"
 worker_batch = 4
@@ -446,7 +447,7 @@ def test_a_torchrun_job_rides_through_a_daemon_kill_9(per_node: int, tmp_path: P
     import signal
     import time
 
-    from malletrain.store import Store
+    from malletrain.daemon.store import Store
     from procs import procs_mentioning
     from tests.test_daemon_cli import cli, start_daemon, wait
 
@@ -493,7 +494,7 @@ def test_a_torchrun_job_rides_through_a_daemon_kill_9(per_node: int, tmp_path: P
 def test_a_broken_script_ends_failed_with_its_exit_status(tmp_path: Path) -> None:
     """A command that fails at once, on every rank, with no recall: each failure counts (after the
     agents' wait for a newer world), and the job ends FAILED naming the exit status."""
-    from malletrain.config import DaemonConfig, LocalConfig
+    from malletrain.daemon.config import DaemonConfig, LocalConfig
     from malletrain.daemon import Daemon
     from procs import procs_mentioning
     from tests.stepping import step_until
@@ -540,7 +541,8 @@ def test_the_same_world_published_again_keeps_every_rank_going(tmp_path: Path) -
 def test_a_node_of_k_slots_runs_k_ranks_numbered_node_by_node(tmp_path: Path) -> None:
     """The daemon side: a worker given K slots is one rank agent told ``--local-ranks K``, and the world
     places its K ranks on its node (LOCAL_RANK 0..K-1, GROUP_RANK the node's index)."""
-    from malletrain.runtimes.torchrun import TorchrunRuntime, rank_names
+    from malletrain.runtimes.torchrun import TorchrunRuntime
+    from contract.world import rank_names
 
     rt = TorchrunRuntime()
     try:
@@ -562,7 +564,7 @@ def test_a_node_of_k_slots_runs_k_ranks_numbered_node_by_node(tmp_path: Path) ->
 
 def _publish_k(rdzv: FakeRendezvous, nodes: dict[str, str], local_ranks: int, restart: int = 0) -> None:
     """A world of the workers ``nodes`` (worker -> node), each running ``local_ranks`` ranks."""
-    from malletrain.runtimes.torchrun import rank_names
+    from contract.world import rank_names
 
     rdzv.gen += 1
     places = rank_places([(name, node) for w, node in nodes.items() for name in rank_names(w, local_ranks)])
@@ -629,10 +631,11 @@ def test_a_crash_of_one_local_rank_ends_its_nodes_ranks_together_counted_once(tm
 def test_a_restarted_daemon_learns_a_workers_k_from_its_ready_key(tmp_path: Path) -> None:
     """A worker an earlier daemon started (re-adopted: no launch says its K): the rank agent writes its
     K into its ready key (again at each reconnection), and the world places that many ranks."""
-    from malletrain.elastic.keys import ready_key
-    from malletrain.elastic.rendezvous import Rendezvous
-    from malletrain.runtimes.torchrun import TorchrunRuntime, rank_names
-    from malletrain.runtimes.torchrun_agent import parse_args
+    from contract.storekeys import ready_key
+    from malletrain.worker.elastic.rendezvous import Rendezvous
+    from malletrain.runtimes.torchrun import TorchrunRuntime
+    from contract.world import rank_names
+    from malletrain.worker.torchrun_agent import parse_args
 
     assert parse_args(["--local-ranks", "2", "--", PY, "x.py"]).local_ranks == 2
     rt = TorchrunRuntime()

@@ -11,7 +11,7 @@ from typing import Callable
 
 import pytest
 
-from malletrain.config import (
+from malletrain.daemon.config import (
     ConfigError,
     DaemonConfig,
     LocalConfig,
@@ -21,17 +21,17 @@ from malletrain.config import (
     to_json,
     to_toml,
 )
-from malletrain.control import Caller, Submit
+from malletrain.daemon.control import Caller, Submit
 from malletrain.daemon import POLICY_STATE_KEY, Daemon, read_policy_states
-from malletrain.jobspec import JobSpec, JobSpecError, JobState, parse_spec
-from malletrain.status_view import format_jobs, format_nodes
+from malletrain.daemon.jobspec import JobSpec, JobSpecError, JobState, parse_spec
+from malletrain.cli.status_view import format_jobs, format_nodes
 from policy import PolicyConfig, PolicyState
 from procs import procs_mentioning
 from tests.fakes import FakeCluster
 from tests.test_conformance import LINEAR, NODES, Harness
 from tests.stepping import step_until
 
-TOY = (sys.executable, "-m", "malletrain.toy_runtime")
+TOY = (sys.executable, "-m", "malletrain.worker.toy")
 
 TWO = """
 [policy]
@@ -164,7 +164,7 @@ def test_unknown_trainer_is_refused_at_submit_and_failed_from_the_store(tmp_path
 
 
 def _submit_to_store(state_dir: Path, spec: JobSpec) -> str:
-    from malletrain.store import Store
+    from malletrain.daemon.store import Store
 
     state_dir.mkdir(parents=True)
     store = Store.open(state_dir / "store.db")
@@ -214,7 +214,7 @@ def test_an_old_single_state_loads_as_the_default_trainers(tmp_path: Path) -> No
     h.run_until(3.0)
     old = h.daemon.policy.state.to_json()
     h.close()
-    from malletrain.store import Store
+    from malletrain.daemon.store import Store
 
     store = Store.open(tmp_path / "d" / "store.db")
     try:

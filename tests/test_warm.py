@@ -14,7 +14,8 @@ import pytest
 
 from scavenger import protocol as P
 from scavenger.agent import Agent
-from scavenger.warm import Assignment, Entry, WarmSlot, entry_of, start_time_env, warm_refusal
+from scavenger.warm import Assignment, WarmSlot, start_time_env, warm_refusal
+from contract.entry import Entry, entry_of
 from stepping import wait_until
 
 KEY = b"k" * 32
@@ -238,20 +239,20 @@ def test_daemon_passes_the_runtimes_modules_to_its_agents() -> None:
     from malletrain.runtimes.torch_elastic import TorchRuntime
 
     args = Wiring._warm_args(SimpleNamespace(runtime=SimpleNamespace(warm_modules=TorchRuntime.warm_modules)))
-    assert args[0] == "--warm" and "torch" in args[1].split(",") and "malletrain.elastic.state" in args[1].split(",")
+    assert args[0] == "--warm" and "torch" in args[1].split(",") and "malletrain.worker.elastic.state" in args[1].split(",")
     nothing = SimpleNamespace(warm_modules=())  # a runtime with nothing to import ahead
     assert Wiring._warm_args(SimpleNamespace(runtime=nothing)) == ()
 
 
 def test_the_torch_runtimes_warm_modules_are_all_a_worker_loads_of_malletrain_and_torch() -> None:
-    """A warm worker finds loaded what the elastic API loads (``malletrain.elastic`` loads its modules
+    """A warm worker finds loaded what the elastic API loads (``malletrain.worker.elastic`` loads its modules
     on first use, so naming the package alone left them for after the assignment)."""
     from malletrain.runtimes.torch_elastic import TorchRuntime
 
     code = ("import importlib, sys\n"
             f"for m in {list(TorchRuntime.warm_modules)!r}: importlib.import_module(m)\n"
             "before = set(sys.modules)\n"
-            "from malletrain.elastic import State, run\n"
+            "from malletrain.worker.elastic import State, run\n"
             "import torch.optim, torch.nn\n"
             "print(sorted(m for m in set(sys.modules) - before if m.startswith(('malletrain', 'torch'))))\n")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)

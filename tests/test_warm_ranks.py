@@ -1,4 +1,4 @@
-"""Warm ranks of a ``torchrun`` job (:mod:`malletrain.runtimes.warm_ranks`), and prepare-then-switch.
+"""Warm ranks of a ``torchrun`` job (:mod:`malletrain.worker.warm_ranks`), and prepare-then-switch.
 
 The rank agents run in threads of the test with the store's keys in a dict shared between them
 (:class:`Shared`); their commands are real processes.
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from malletrain.runtimes.torchrun_agent import RankAgent, RankState
-from malletrain.runtimes.warm_ranks import ALWAYS, imports_of, learned_imports, script_of
+from malletrain.worker.torchrun_agent import RankAgent, RankState
+from malletrain.worker.warm_ranks import ALWAYS, imports_of, learned_imports, script_of
 from tests.test_torchrun_launcher import FakeRendezvous
 
 PY = sys.executable
@@ -56,13 +56,13 @@ def test_the_servers_import_what_the_script_imports_but_not_its_own_modules(tmp_
     script.write_text("import os, json\nimport helpers\nfrom torch import nn\n"
                       "def main():\n    import lightning.pytorch as pl\n")
     assert imports_of(script.read_text()) == ["os", "json", "helpers", "torch", "lightning.pytorch"]
-    command = (PY, "-m", "malletrain.launch", str(script), "--x")
+    command = (PY, "-m", "malletrain.worker.launch", str(script), "--x")
     assert script_of(command) == (str(script), None)
     got = learned_imports(command, declared="transformers, ")
     assert got[:len(ALWAYS)] == ALWAYS and "helpers" not in got
     assert [m for m in got[len(ALWAYS):]] == ["os", "json", "lightning.pytorch", "transformers"]
-    mod = learned_imports((PY, "-m", "malletrain.launch", "-m", "malletrain.examples.torchrun_ddp"))
-    assert "malletrain.examples.torchrun_ddp" not in mod and "torch" in mod  # the module run is not run ahead
+    mod = learned_imports((PY, "-m", "malletrain.worker.launch", "-m", "malletrain.worker.examples.torchrun_ddp"))
+    assert "malletrain.worker.examples.torchrun_ddp" not in mod and "torch" in mod  # the module run is not run ahead
 
 
 RANK_ON_SIGTERM = """import os, signal, sys, time
@@ -186,7 +186,7 @@ def test_a_restarted_rank_is_a_fork_of_a_warm_server_and_trains_with_gloo(tmp_pa
 
 
 def framework_job(tmp_path: Path, module: str, max_steps: int, changes: int) -> tuple[list[str], list[str], dict[str, int]]:
-    """An unchanged framework script on two workers (one rank each, through ``malletrain.launch`` as the
+    """An unchanged framework script on two workers (one rank each, through ``malletrain.worker.launch`` as the
     runtime wraps it), its world changed ``changes`` times (2 -> 1 -> 2 ...) while it trains; then it runs
     to its end. The agents' warnings, the script's events, the agents' exit codes."""
     import logging
@@ -243,7 +243,7 @@ def test_an_unchanged_lightning_script_stops_within_the_grace_and_resumes_from_i
     the launcher's, which exits 143. The ranks stop within the grace at every change (no SIGKILL) and
     resume from the script's own ``last.ckpt``."""
     pytest.importorskip("lightning", reason="the [lightning] extra is not installed")
-    warnings, events, codes = framework_job(tmp_path, "malletrain.examples.lightning_plain", 40, 2)
+    warnings, events, codes = framework_job(tmp_path, "malletrain.worker.examples.lightning_plain", 40, 2)
     assert not [w for w in warnings if "SIGKILL" in w], warnings
     starts = [line.split() for line in events if line.startswith("start")]
     assert len(starts) >= 4 and all(int(s[4]) > 0 for s in starts[2:])  # restarted, resumed past step 0
@@ -261,7 +261,7 @@ def test_each_fork_of_a_server_has_its_own_seeds_environment_and_exit_code(tmp_p
     """Two starts of the same rank from one server: each a child of the server, with the start's own
     environment and exit status, and fresh seeds (torch seeds each new process at random: forks of one
     server would otherwise repeat one sequence at every restart)."""
-    from malletrain.runtimes.warm_ranks import RankServer
+    from malletrain.worker.warm_ranks import RankServer
 
     script, out = tmp_path / "seed.py", tmp_path / "seeds"
     script.write_text(SEED_TO_FILE)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from malletrain.daemon import stopped_from_outside
-from malletrain.jobspec import JobState
+from malletrain.daemon.jobspec import JobState
 from policy import PolicyConfig
 from tests.test_conformance import LINEAR, Harness
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from malletrain.workerenv import (
+from contract.workerenv import (
     ALL_VARIABLES,
     DEFAULT_COLLECTIVE_TIMEOUT_S,
     DEFAULT_STORE_GRACE_S,
@@ -72,7 +72,7 @@ def test_a_store_without_job_or_worker_is_refused() -> None:
 
 def test_every_runtime_writes_its_worker_env_through_the_contract(tmp_path: Path) -> None:
     from malletrain.runtimes.horovod_elastic import HorovodRuntime
-    from malletrain.toy_runtime import ToyRuntime
+    from malletrain.runtimes.toy import ToyRuntime
 
     toy = ToyRuntime(str(tmp_path / "toy"), monitor="tcp://127.0.0.1:9")
     parsed = WorkerEnv.from_environ(toy.launch_spec("j", ["x"], "w", "n").env)
@@ -88,7 +88,7 @@ def test_every_runtime_writes_its_worker_env_through_the_contract(tmp_path: Path
 
 
 def test_torchrun_environ_numbers_ranks_node_by_node():
-    from malletrain.workerenv import TORCHRUN_VARIABLES, RankPlace, torchrun_environ
+    from contract.workerenv import TORCHRUN_VARIABLES, RankPlace, torchrun_environ
     seen = set()
     for node in range(3):
         for local in range(2):
@@ -102,7 +102,7 @@ def test_torchrun_environ_numbers_ranks_node_by_node():
 
 
 def test_a_rank_place_outside_its_world_is_refused():
-    from malletrain.workerenv import RankPlace, WorkerEnvError
+    from contract.workerenv import RankPlace, WorkerEnvError
     with pytest.raises(WorkerEnvError, match="local_rank 2"):
         RankPlace(0, 1, 2, 2)
     with pytest.raises(WorkerEnvError, match="group_rank 3"):

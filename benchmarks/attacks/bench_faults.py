@@ -84,7 +84,7 @@ from faults_common import (
     workdir,
 )
 
-from malletrain.procs import procs_mentioning
+from malletrain.cli.procs import procs_mentioning
 
 
 def part_kills(t: Tally, kills: int, rng: random.Random) -> None:
@@ -169,7 +169,7 @@ def duplicate_workers(state: Path) -> int:
             continue
         job, worker = env.get("MALLETRAIN_JOB"), env.get("MALLETRAIN_WORKER", "")
         node = worker.split(".")[1] if worker.count(".") >= 1 else None
-        if job and node and "malletrain.toy_runtime" in " ".join(p.cmdline()):
+        if job and node and "malletrain.worker.toy" in " ".join(p.cmdline()):
             count[(job, node)] = count.get((job, node), 0) + 1
     return sum(1 for c in count.values() if c > 1)
 

@@ -44,7 +44,7 @@ trace = "none"
 
 LIAR_CURVE = """
 name = "liar"
-command = ["python", "-m", "malletrain.toy_runtime", "--rate", "20", "--alpha", "1.0"]
+command = ["python", "-m", "malletrain.worker.toy", "--rate", "20", "--alpha", "1.0"]
 min_nodes = 1
 max_nodes = 2
 scaling = { 1 = 1.0, 2 = 1000000.0 }
@@ -52,7 +52,7 @@ scaling = { 1 = 1.0, 2 = 1000000.0 }
 
 INFLATE = """
 import os, signal, time
-from malletrain.elastic.wire import StoreClient, StoreError
+from contract.wire import StoreClient, StoreError
 host, port = os.environ["MALLETRAIN_STORE"].rsplit(":", 1)
 job, me = os.environ["MALLETRAIN_JOB"], os.environ["MALLETRAIN_WORKER"]
 c = StoreClient((host, int(port)), job, me, os.environ["MALLETRAIN_JOB_SECRET"])

@@ -89,7 +89,7 @@ profiling = "requested"
 
 TOY_JOB = """
 name = "{name}"
-command = ["python", "-m", "malletrain.toy_runtime", "--rate", "{rate}"]
+command = ["python", "-m", "malletrain.worker.toy", "--rate", "{rate}"]
 min_nodes = {lo}
 max_nodes = {hi}
 profile = {profile}
@@ -114,7 +114,7 @@ max_running = {max_running}
 
 TORCH_JOB = """
 name = "{name}"
-command = ["python", "-m", "malletrain.examples.train", "--model", "linear", "--samples", "1000000000",
+command = ["python", "-m", "malletrain.worker.examples.train", "--model", "linear", "--samples", "1000000000",
            "--step-sleep", "0.02"]
 min_nodes = {lo}
 max_nodes = {hi}

@@ -82,10 +82,10 @@ def fuzz_cases(t: Tally, kind: str, seeds: list[bytes], n: int, rng: random.Rand
 def part_fuzz(t: Tally, n: int, rng: random.Random) -> None:
     print(f"fuzz: {n} mutated inputs per kind", flush=True)
     import traces
-    from malletrain.config import ConfigError, load_config
-    from malletrain.jobspec import JobSpecError, load_spec
-    from malletrain.messages import Report, new_secret, secret_key
-    from malletrain.monitor import Monitor
+    from malletrain.daemon.config import ConfigError, load_config
+    from malletrain.daemon.jobspec import JobSpecError, load_spec
+    from contract.messages import Report, new_secret, secret_key
+    from malletrain.daemon.monitor import Monitor
 
     with workdir("mt-faults-fuzz-") as top:
         def as_file(name: str, gz: bool = False) -> Callable[[bytes], Path]:

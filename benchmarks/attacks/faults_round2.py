@@ -122,7 +122,7 @@ def _submit_as_nobody(d: B.Daemon, name: str, script: str) -> str:
 
 
 def _ask_as_nobody(state: Path, req: dict[str, Any]) -> dict[str, Any] | None:
-    code = ("import json,sys; from pathlib import Path; from malletrain.control import ask; "
+    code = ("import json,sys; from pathlib import Path; from malletrain.daemon.control import ask; "
             "print(json.dumps(ask(Path(sys.argv[1]), json.loads(sys.argv[2]))))")
     res = subprocess.run(["setpriv", f"--reuid={B.NOBODY}", f"--regid={B.NOBODY}", "--clear-groups", B.PY, "-c",
                           code, str(state), json.dumps(req)], capture_output=True, text=True, timeout=60, cwd="/")
@@ -267,9 +267,9 @@ def self_signed_reports(t: B.Tally, d: B.Daemon) -> None:
     """A job holds its own secret: it signs reports claiming 2^31-1 samples (S, A)."""
     import zmq
 
-    from malletrain.messages import MAX_SAMPLES, Report, secret_key
-    from malletrain.monitor import MAX_RATE_PER_NODE, job_secret
-    from malletrain.ratebound import HistoryBound
+    from contract.messages import MAX_SAMPLES, Report, job_secret, secret_key
+    from malletrain.daemon.monitor import MAX_RATE_PER_NODE
+    from malletrain.daemon.ratebound import HistoryBound
 
     jid = d.submit(B.TOY_JOB.format(name="greedy", rate=200, lo=1, hi=1, profile="false", samples=""), "greedy")
     B.wait(lambda: d.jobs()[jid]["samples"] > 0, 60)
@@ -313,7 +313,7 @@ def self_signed_reports(t: B.Tally, d: B.Daemon) -> None:
 def floods(t: B.Tally, r: Round2, d: B.Daemon) -> None:
     """~1,000 idle connections from one user to each port at once (D, DD): the daemon must stay up,
     answer a ping on its control socket (not the store's fallback) and start a new job that reports."""
-    from malletrain.control import request, socket_path
+    from malletrain.daemon.control import request, socket_path
 
     info = json.loads((d.state / "daemon.json").read_text())
     targets = (("tcp", info["monitor"].split("//", 1)[1]), ("tcp", info["agents"].split("//", 1)[1]),

@@ -60,7 +60,7 @@ env = {{ PYTHONPATH = {root} }}
 
 STORE_WRITE = """
 import os, sys, time
-from malletrain.elastic.wire import StoreClient, StoreError
+from contract.wire import StoreClient, StoreError
 host, port = os.environ["MALLETRAIN_STORE"].rsplit(":", 1)
 job, me = os.environ["MALLETRAIN_JOB"], os.environ["MALLETRAIN_WORKER"]
 c = StoreClient((host, int(port)), job, me, os.environ["MALLETRAIN_JOB_SECRET"])
@@ -90,9 +90,9 @@ VICTIM = STORE_WRITE.replace("{writes}", '[("mt/{job}/ready/{me}", "1", "set")]'
 
 LIAR = """
 import os, subprocess, sys, time, zmq
-from malletrain.messages import Report, secret_key
+from contract.messages import Report, secret_key
 job, me = os.environ["MALLETRAIN_JOB"], os.environ["MALLETRAIN_WORKER"]
-worker = subprocess.Popen([sys.executable, "-m", "malletrain.toy_runtime", "--rate", "1000"])  # joins, reports
+worker = subprocess.Popen([sys.executable, "-m", "malletrain.worker.toy", "--rate", "1000"])  # joins, reports
 key = secret_key(os.environ["MALLETRAIN_JOB_SECRET"])
 push = zmq.Context.instance().socket(zmq.PUSH)
 push.connect(os.environ["MALLETRAIN_MONITOR"])

@@ -17,7 +17,7 @@ from faults_common import NOBODY, PY, TOY_CONFIG, TOY_JOB, Daemon, Tally, cli, s
 def signed_raw(obj: dict[str, Any], key: bytes) -> bytes:
     """A frame signed with ``key`` whatever its payload holds (NaN included): what a job's own
     worker could send, so the monitor's checks, not the encoder's, must stop it."""
-    from malletrain.messages import sign
+    from contract.messages import sign
 
     body = json.dumps(obj, separators=(",", ":")).encode()
     return body[:-1] + b',"sig":"' + sign(body[:-1], key) + b'"}'
@@ -27,8 +27,8 @@ def part_spoof(t: Tally) -> None:
     print("spoofing: forged and replayed reports; another user's control requests", flush=True)
     import zmq
 
-    from malletrain.messages import Report, new_secret, secret_key
-    from malletrain.monitor import job_secret
+    from contract.messages import Report, new_secret, secret_key
+    from contract.messages import job_secret
 
     with workdir("mt-faults-spoof-") as top:
         d = Daemon(top, TOY_CONFIG.format(trace="none"))
@@ -95,7 +95,7 @@ def part_spoof(t: Tally) -> None:
             if res.returncode == 0 or d.jobs()[victim]["state"] == "cancelled":
                 t.accepted += 1
                 t.note(f"spoof: another user cancelled {victim}")
-            code = ("import json,sys; from pathlib import Path; from malletrain.control import ask; "
+            code = ("import json,sys; from pathlib import Path; from malletrain.daemon.control import ask; "
                     "s=Path(sys.argv[1]); print(json.dumps([ask(s, {'cmd': 'shutdown'}), "
                     "ask(s, {'cmd': 'submit', 'spec': {'name': 'x', 'command': ['id']}, 'owner_uid': 0})]))")
             res = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",

@@ -15,12 +15,12 @@ import socket
 from pathlib import Path
 from typing import Callable
 
-from malletrain.elastic.keys import ckpt_chunk_key, ckpt_key, gen_key, members_key, ready_key
-from malletrain.elastic.wire import StoreClient, StoreError, send_frame
-from malletrain.messages import new_secret
+from contract.storekeys import ckpt_chunk_key, ckpt_key, gen_key, members_key, ready_key
+from contract.wire import StoreClient, StoreError, send_frame
+from contract.messages import new_secret
 from malletrain.runtimes.store_server import StoreLimits
 from malletrain.runtimes.torch_elastic import TorchRuntime
-from malletrain.store import Store
+from malletrain.daemon.store import Store
 
 Attack = Callable[[], bool]
 """One attack: True when the store did what the attacker asked."""

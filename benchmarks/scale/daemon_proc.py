@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from malletrain.config import parse_config
+from malletrain.daemon.config import parse_config
 from malletrain.daemon import Daemon, DaemonParts
 from scavenger.slurm import SlurmBackend, SlurmConfig
 from testclusters.fake_slurm import remote_runner

@@ -12,7 +12,7 @@ daemon's agent key, ``hello`` (with its pilot's batch job id), heartbeats every
 A started worker is simulated in the same process, as the toy runtime's worker
 behaves: it marks itself ready in the runtime's directory, reads the job's published
 member list (``DIR/<job>.json``) and, while it is a member, sends one signed
-:class:`malletrain.messages.Report` per step (``rate`` steps a second) to the job
+:class:`contract.messages.Report` per step (``rate`` steps a second) to the job
 monitor, signed with the job secret the daemon gave it (``MALLETRAIN_JOB_SECRET``).
 ``reporters = "rank0"``: only each job's first member reports (the toy and torch
 runtimes); ``"all"``: every member does.
@@ -35,8 +35,8 @@ from typing import Any
 
 import zmq
 
-from malletrain.messages import Report, secret_key
-from malletrain.workerenv import ENV_JOB, ENV_JOB_SECRET, ENV_TOY_DIR, ENV_WORKER
+from contract.messages import Report, secret_key
+from contract.workerenv import ENV_JOB, ENV_JOB_SECRET, ENV_TOY_DIR, ENV_WORKER
 from scavenger import channel as C
 from scavenger import protocol as P
 

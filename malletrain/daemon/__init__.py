@@ -2,7 +2,7 @@
 
 observe
     the scavenger backend (local, Slurm or PBS, through :class:`scavenger.base.SchedulerBackend`
-    and :mod:`malletrain.scavenging`: pilots started / ending / ended, idle nodes, planned starts;
+    and :mod:`malletrain.daemon.scavenging`: pilots started / ending / ended, idle nodes, planned starts;
     nothing is decided on a stale look), node agents (up, gone,
     worker started/exited), the job monitor (progress, throughput, rescale
     pauses), the store (jobs submitted or cancelled by the CLI, even while the

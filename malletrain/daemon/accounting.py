@@ -9,7 +9,7 @@ import json
 from typing import Container, Iterable
 
 from malletrain.daemon.records import NODE_SECONDS_KEY, JobRun
-from malletrain.store import Store
+from malletrain.daemon.store import Store
 
 
 class NodeAccounting:

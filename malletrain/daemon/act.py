@@ -12,17 +12,17 @@ from typing import Callable
 from malletrain.daemon.accounting import NodeAccounting
 from malletrain.daemon.records import JOIN_BATCH_S, LEAVE_GRACE_S, START_RETRY_S, JobRun
 from malletrain.daemon.state import JobTable, Plan, Runtimes, log
-from malletrain.jobspec import JobSpec, JobState, Launcher
-from malletrain.logs import about
-from malletrain.messages import ENV_SECRET
-from malletrain.metrics import Metrics
-from malletrain.monitor import Monitor
-from malletrain.scavenging import Scavenging
-from malletrain.workerenv import ENV_WORKER_BATCH
-from malletrain.store import Store, StoreError
+from malletrain.daemon.jobspec import JobSpec, JobState, Launcher
+from malletrain.daemon.logs import about
+from contract.workerenv import ENV_JOB_SECRET
+from malletrain.daemon.metrics import Metrics
+from malletrain.daemon.monitor import Monitor
+from malletrain.daemon.scavenging import Scavenging
+from contract.workerenv import ENV_WORKER_BATCH
+from malletrain.daemon.store import Store, StoreError
 from policy import below_min
 from scavenger.hub import AgentHub
-from scavenger.nodeshape import job_slots
+from contract.nodeshape import job_slots
 
 
 class Act:
@@ -101,7 +101,7 @@ class Act:
                     env[ENV_WORKER_BATCH] = str(run.spec.worker_batch)
                 if self.member_env is not None:
                     env.update(self.member_env(run.spec))
-                env[ENV_SECRET] = self.job_secret(run.id)  # after the user's env: not overridable
+                env[ENV_JOB_SECRET] = self.job_secret(run.id)  # after the user's env: not overridable
                 self.hub.start_worker(node, wid, spec.argv, env, spec.cwd or run.spec.cwd, uid, gid,
                                       slots=spec.slots, umask=run.umask)
                 run.start_sent[wid] = now

@@ -5,16 +5,16 @@ from __future__ import annotations
 
 from typing import Callable
 
-from malletrain.config import DaemonConfig
+from malletrain.daemon.config import DaemonConfig
 from malletrain.daemon.act import Act
 from malletrain.daemon.decide import Decide
 from malletrain.daemon.intake import JobIntake
 from malletrain.daemon.records import JobRun
 from malletrain.daemon.state import JobTable, Runtimes, log
-from malletrain.jobspec import Launcher
-from malletrain.logs import about
-from malletrain.scavenging import Scavenging
-from malletrain.store import Store
+from malletrain.daemon.jobspec import Launcher
+from malletrain.daemon.logs import about
+from malletrain.daemon.scavenging import Scavenging
+from malletrain.daemon.store import Store
 from scavenger.hub import AgentHub
 
 

@@ -1,5 +1,5 @@
 """The control API: requests on the daemon's Unix socket (submit, cancel, status, nodes, shutdown,
-ping), already authorised by :mod:`malletrain.control`. A submit or cancel is written into the store;
+ping), already authorised by :mod:`malletrain.daemon.control`. A submit or cancel is written into the store;
 the loop observes it right after serving (:meth:`.observe.Observe.submissions`), so the API keeps no
 "decide again" flag of its own; observe and decide never call the API."""
 
@@ -8,8 +8,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from malletrain import arrays, sweeps
-from malletrain.control import Caller, Cancel, ControlServer, Nodes, Ping, Request, Shutdown, Status, Submit
+from malletrain.daemon import arrays
+from malletrain.daemon import sweepfile as sweeps
+from malletrain.daemon.control import Caller, Cancel, ControlServer, Nodes, Ping, Request, Shutdown, Status, Submit
 from malletrain.daemon.accounting import NodeAccounting
 from malletrain.daemon.decide import Decide
 from malletrain.daemon.state import JobTable
@@ -17,10 +18,10 @@ from malletrain.daemon.sweeps import SweepDriver
 
 GROUP_KEYS = frozenset({"array", "sweep"})
 """Keys of a submitted job file that make it many jobs: ``array`` (``submit --array``) and ``sweep``."""
-from malletrain.jobspec import JobSpec, JobSpecError, JobState, parse_spec
-from malletrain.monitor import Monitor
-from malletrain.scavenging import Scavenging
-from malletrain.store import Store
+from malletrain.daemon.jobspec import JobSpec, JobSpecError, JobState, parse_spec
+from malletrain.daemon.monitor import Monitor
+from malletrain.daemon.scavenging import Scavenging
+from malletrain.daemon.store import Store
 from policy.health import pending_reason, rate_is_current
 
 

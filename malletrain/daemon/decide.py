@@ -11,17 +11,17 @@ import time
 from pathlib import Path
 from typing import Mapping
 
-from malletrain.config import DEFAULT_TRAINER, DaemonConfig, node_trainer
+from malletrain.daemon.config import DEFAULT_TRAINER, DaemonConfig, node_trainer
 from malletrain.daemon.accounting import NodeAccounting
 from malletrain.daemon.records import POLICY_STATE_KEY, STOPPED, STORE_FILE, DaemonError, JobRun, Trainer
 from malletrain.daemon.records import submission_order
 from malletrain.daemon.state import JobTable, Plan, log
-from malletrain.jobspec import JobState
-from malletrain.metrics import Metrics
-from malletrain.monitor import Monitor
-from malletrain.scavenging import Scavenging
-from malletrain.store import Store
-from malletrain.sweeps import stream_of
+from malletrain.daemon.jobspec import JobState
+from malletrain.daemon.metrics import Metrics
+from malletrain.daemon.monitor import Monitor
+from malletrain.daemon.scavenging import Scavenging
+from malletrain.daemon.store import Store
+from malletrain.daemon.sweepfile import stream_of
 from policy import Decision, JobEvidence, JobView, Loss, Policy, PolicyState, PolicyStateError, Stop, View
 from policy import PolicyInputError, evidence_from, interrupts, unplaced_reasons
 

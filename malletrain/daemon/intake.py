@@ -7,10 +7,10 @@ from __future__ import annotations
 from typing import Callable
 
 from malletrain.daemon.state import JobTable, log
-from malletrain.jobspec import JobSpec, JobState
-from malletrain.logs import about
-from malletrain.monitor import Monitor
-from malletrain.store import Store, StoreError
+from malletrain.daemon.jobspec import JobSpec, JobState
+from malletrain.daemon.logs import about
+from malletrain.daemon.monitor import Monitor
+from malletrain.daemon.store import Store, StoreError
 
 
 class JobIntake:

@@ -16,8 +16,8 @@ from typing import Any, Callable
 
 import zmq
 
-from malletrain.config import DaemonConfig
-from malletrain.control import Caller, Request
+from malletrain.daemon.config import DaemonConfig
+from malletrain.daemon.control import Caller, Request
 from malletrain.daemon.accounting import NodeAccounting
 from malletrain.daemon.act import Act
 from malletrain.daemon.adoption import Adoption
@@ -30,9 +30,9 @@ from malletrain.daemon.shutdown import Shutdown
 from malletrain.daemon.state import JobTable, log
 from malletrain.daemon.sweeps import SweepDriver, member_environ
 from malletrain.daemon.wiring import DaemonParts, Wiring
-from malletrain.jobspec import JobState
-from malletrain.loopwait import LoopWait
-from malletrain.scavenging import NodeStatus
+from malletrain.daemon.jobspec import JobState
+from malletrain.daemon.loopwait import LoopWait
+from malletrain.daemon.scavenging import NodeStatus
 from policy import Decision, Policy
 
 

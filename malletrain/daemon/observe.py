@@ -6,17 +6,17 @@ changed (the loop decides again for it); a lost node, whichever way it was learn
 
 from __future__ import annotations
 
-from malletrain.config import DaemonConfig
+from malletrain.daemon.config import DaemonConfig
 from malletrain.daemon.decide import Decide
 from malletrain.daemon.intake import JobIntake
 from malletrain.daemon.records import JobRun, NodeLost, job_of, rescale_kind, stopped_by_us
 from malletrain.daemon.state import JobTable, log
-from malletrain.jobspec import NODE_SLOTS_KEY, JobState, Launcher, node_slots_text
-from malletrain.logs import about
-from malletrain.metrics import Metrics
-from malletrain.monitor import Monitor
-from malletrain.scavenging import Scavenging
-from malletrain.store import Store
+from malletrain.daemon.jobspec import NODE_SLOTS_KEY, JobState, Launcher, node_slots_text
+from malletrain.daemon.logs import about
+from malletrain.daemon.metrics import Metrics
+from malletrain.daemon.monitor import Monitor
+from malletrain.daemon.scavenging import Scavenging
+from malletrain.daemon.store import Store
 from policy.health import (
     Stall, StallRule, failed_for_good, reports_progress, silent_for, stall_text, stall_verdict,
 )

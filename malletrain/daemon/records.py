@@ -3,11 +3,11 @@ how a worker's exit and a rescale are read, and the names of its files and store
 
 from __future__ import annotations
 
-import signal
 from dataclasses import dataclass, field
 
-from malletrain.config import TrainerConfig
-from malletrain.jobspec import JobSpec, JobState
+from contract.exits import EXIT_STORE_LOST, STOP_SIGNALS, signal_exit
+from malletrain.daemon.config import TrainerConfig
+from malletrain.daemon.jobspec import JobSpec, JobState
 from policy import Decision, Ledger, Loss, Policy
 from profiler.estimators import RescaleEvent
 
@@ -20,15 +20,13 @@ JOIN_BATCH_S = 0.5
 so that nodes back together join in one rescale; past it, the ready ones join now and the others in a
 later one. (A job's first world waits for all its workers, as before.)"""
 
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGKILL, signal.SIGINT, signal.SIGHUP)
-EXIT_STORE_LOST = 75  # a torch worker whose daemon's store stayed away too long (malletrain.elastic)
 
 
 def stopped_from_outside(code: int) -> bool:
     """Whether a worker's exit ``code`` says it was stopped (a signal to stop, as a recall, a cancel
     or a killed process sends, or the daemon's store gone), not that the job's own code failed:
     only failures count toward ``max_failures``."""
-    return code == EXIT_STORE_LOST or any(code in (-sig, 128 + sig) for sig in _STOP_SIGNALS)
+    return code == EXIT_STORE_LOST or any(code in (-sig, signal_exit(sig)) for sig in STOP_SIGNALS)
 
 
 def stopped_by_us(code: int, agent_stopped: bool, inherited: bool) -> bool:

@@ -13,10 +13,10 @@ from malletrain.daemon.act import Act
 from malletrain.daemon.observe import Observe
 from malletrain.daemon.records import STOP_WAIT_S, STOPPED, job_of
 from malletrain.daemon.state import JobTable
-from malletrain.jobspec import JobState
-from malletrain.monitor import Monitor
+from malletrain.daemon.jobspec import JobState
+from malletrain.daemon.monitor import Monitor
 from malletrain.runtimes import Runtime
-from malletrain.store import Store
+from malletrain.daemon.store import Store
 from scavenger.base import AgentGone
 from scavenger.hub import AgentHub, WorkerExitedEvent
 

@@ -12,7 +12,7 @@ import logging
 from dataclasses import dataclass, field
 
 from malletrain.daemon.records import JobRun, Trainer
-from malletrain.jobspec import JobSpec, Launcher
+from malletrain.daemon.jobspec import JobSpec, Launcher
 from malletrain.runtimes import Runtime
 from malletrain.runtimes.torchrun import TorchrunRuntime
 

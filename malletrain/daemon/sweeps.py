@@ -1,7 +1,7 @@
 """Sweeps (a daemon part): the trials of each registered sweep, asked, submitted and told.
 
 At each step, after observe and before decide, for each sweep in the store
-(:func:`malletrain.sweeps.registered`):
+(:func:`malletrain.daemon.sweepfile.registered`):
 
 - a trial whose job observe marked COMPLETED but that wrote no value is marked FAILED instead,
   with that reason (act carries it out at this step);
@@ -9,13 +9,13 @@ At each step, after observe and before decide, for each sweep in the store
 - a running trial's intermediate values are reported; one the sweep's pruner stops is ended;
 - new trials are opened as :func:`policy.sweeps.trials_to_open` says (one while none waits for
   nodes), each one asked of Optuna and submitted as a job of the sweep's file;
-- a cancelled sweep (:func:`malletrain.sweeps.cancel`: its trial jobs were asked to stop) opens no
+- a cancelled sweep (:func:`malletrain.daemon.sweepfile.cancel`: its trial jobs were asked to stop) opens no
   trial again; each trial is told as its job ends (cancelled), one never submitted at once.
 
 A trial is a job like any other: a recall suspends it and it resumes from its checkpoint as the
 same job, so the same trial. After a restart the journal gives every trial and value back; a trial
 asked but not yet submitted (the daemon died in between) is submitted then. The part holds no rule
-of its own (policy) and calls no other part; every Optuna call is in :mod:`malletrain.sweeps`.
+of its own (policy) and calls no other part; every Optuna call is in :mod:`malletrain.daemon.sweepfile`.
 """
 
 from __future__ import annotations
@@ -27,13 +27,13 @@ from typing import Any, Callable
 
 from malletrain.daemon.records import JobRun
 from malletrain.daemon.state import JobTable, log
-from malletrain.jobspec import JobSpec, JobState
-from malletrain.store import Store, StoreError
-from malletrain.sweeps import (
+from malletrain.daemon.jobspec import JobSpec, JobState
+from malletrain.daemon.store import Store, StoreError
+from malletrain.daemon.sweepfile import (
     CANCELLED_PREFIX, SweepError, SweepSpec, SweepStudy, journal_path, read_steps, read_value, registered, result_path,
     steps_path, summary, sweep_dir, trial_spec,
 )
-from malletrain.workerenv import ENV_ARRAY_INDEX, ENV_TRIAL, ENV_TRIAL_RESULT, ENV_TRIAL_STEPS
+from contract.workerenv import ENV_ARRAY_INDEX, ENV_TRIAL, ENV_TRIAL_RESULT, ENV_TRIAL_STEPS
 from policy.sweeps import SweepProgress, trials_to_open
 
 
@@ -50,7 +50,7 @@ def member_environ(spec: JobSpec, state: Path) -> dict[str, str]:
 
 
 class SweepDriver:
-    """Drives every registered sweep's study (one :class:`malletrain.sweeps.SweepStudy` each)."""
+    """Drives every registered sweep's study (one :class:`malletrain.daemon.sweepfile.SweepStudy` each)."""
 
     def __init__(self, table: JobTable, store: Store, state_dir: Path, clock: Callable[[], float]) -> None:
         self.table = table

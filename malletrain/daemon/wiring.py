@@ -13,24 +13,26 @@ from typing import Any, Callable
 
 import zmq
 
-from malletrain.config import ConfigError, DaemonConfig, ScavengerConfig
-from malletrain.control import Caller, ControlServer, Request, admin_gids_from, socket_path
+from malletrain.daemon.config import ConfigError, DaemonConfig, ScavengerConfig
+from malletrain.daemon.control import Caller, ControlServer, Request, admin_gids_from, socket_path
 from malletrain.daemon.records import CHECKPOINT_DIR, STATE_FILE, STORE_FILE, DaemonError
 from malletrain.daemon.state import Runtimes, log
-from malletrain.metrics import Metrics
-from malletrain.monitor import Monitor, ReplaySaver, job_secret, load_master_key
+from malletrain.daemon.metrics import Metrics
+from contract.messages import job_secret
+from contract.workerenv import ENV_MONITOR
+from malletrain.daemon.monitor import Monitor, ReplaySaver, load_master_key
 from malletrain.runtimes import Runtime
 from malletrain.runtimes.torchrun import TorchrunRuntime
-from malletrain.scavenging import Scavenging
-from malletrain.statedir import DIR_MODE
-from malletrain.store import Store
+from malletrain.daemon.scavenging import Scavenging
+from malletrain.daemon.statedir import DIR_MODE
+from malletrain.daemon.store import Store
 from scavenger import jobproc
 from scavenger.base import SchedulerBackend, observed, run_command
 from scavenger.channel import AGENT_KEY_FILE
 from scavenger.connguard import raise_nofile_limit
 from scavenger.hub import AgentHub
 from scavenger.local import LocalBackend, slot_timeline
-from scavenger.nodeshape import parse_workers_per_node
+from contract.nodeshape import parse_workers_per_node
 from traces.model import IdleTimeline
 
 
@@ -68,7 +70,7 @@ def make_torchrun_runtime(cfg: DaemonConfig, monitor_address: str, port: int = 0
 def make_runtime(cfg: DaemonConfig, monitor_address: str, rendezvous_port: int = 0) -> Runtime:
     """The configured runtime; ``rendezvous_port`` is where the torch runtime serves its store (0: any)."""
     if cfg.runtime == "toy":
-        from malletrain.toy_runtime import ToyRuntime
+        from malletrain.runtimes.toy import ToyRuntime
 
         return ToyRuntime(str(cfg.state_path / "toy"), monitor=monitor_address)
     if cfg.runtime == "torch":
@@ -80,7 +82,7 @@ def make_runtime(cfg: DaemonConfig, monitor_address: str, rendezvous_port: int =
         from malletrain.runtimes.horovod_elastic import HorovodRuntime
 
         return HorovodRuntime(str(cfg.state_path / "horovod"), local=cfg.backend == "local",
-                              env={"MALLETRAIN_MONITOR": monitor_address})
+                              env={ENV_MONITOR: monitor_address})
     raise ConfigError(f"unknown runtime {cfg.runtime!r}")
 
 

@@ -19,7 +19,7 @@ class LaunchSpec:
 
     ``slots``: the agent runs that many processes of ``argv`` on the node, local ranks 0 ..
     slots-1, each with its own device, cores, ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE``
-    (:mod:`scavenger.nodeshape`); where ``env`` has ``GROUP_RANK`` and ``GROUP_WORLD_SIZE`` each
+    (:mod:`contract.nodeshape`); where ``env`` has ``GROUP_RANK`` and ``GROUP_WORLD_SIZE`` each
     also gets its ``RANK`` and ``WORLD_SIZE``. They end together (one failure stops the others;
     the worker's exit is reported once). 1: one process, as before.
     """

@@ -55,13 +55,13 @@ from typing import Callable, Mapping, Sequence
 
 import psutil
 
-from malletrain.messages import ENV_SECRET
+from contract.exits import EXIT_SIGTERM
+from contract.horovod import MEMBERS_FILE, current_generation  # noqa: F401  (current_generation: re-exported)
+from contract.workerenv import ENV_HOROVOD_JOB_DIR, ENV_JOB, ENV_JOB_SECRET, ENV_WORKER, WorkerEnv  # noqa: F401  (ENV_JOB, ENV_WORKER: re-exported)
 from malletrain.runtimes import LaunchSpec, Runtime
-from malletrain.workerenv import ENV_HOROVOD_JOB_DIR, ENV_JOB, ENV_WORKER, WorkerEnv  # noqa: F401  (ENV_JOB, ENV_WORKER: re-exported)
 
 MODULE = "malletrain.runtimes.horovod_elastic"
 HOSTS_FILE = "hosts"
-MEMBERS_FILE = "members.json"
 EXIT_CODE_FILE = "exit_code"
 CANCELLED_FILE = "cancelled"
 DISCOVERY_SCRIPT = "discover.sh"
@@ -224,7 +224,7 @@ class HorovodRuntime(Runtime):
     # ----------------------------------------------------------------- protocol
     def use_secrets(self, secret_for: Callable[[str], str]) -> None:
         """Each job's report-signing secret goes into its driver's env, so every worker it spawns has it."""
-        self.job_env = lambda job_id: {ENV_SECRET: secret_for(job_id)}
+        self.job_env = lambda job_id: {ENV_JOB_SECRET: secret_for(job_id)}
 
     def start(self) -> None:
         """Create the work directory (a temporary one if none was given)."""
@@ -523,25 +523,6 @@ def _read_retired(job_dir: Path) -> set[str]:
     return {str(m) for m in retired}
 
 
-def current_generation(job_dir: str | os.PathLike[str] | None = None) -> int:
-    """The latest membership generation published for this job (0 if none or unknown).
-
-    Called from inside a Horovod worker (e.g. in a reset callback); the job
-    directory comes from ``$MALLETRAIN_HOROVOD_JOB_DIR`` when not given.
-    """
-    where = job_dir if job_dir is not None else os.environ.get(ENV_JOB_DIR)
-    if not where:
-        return 0
-    try:
-        record = json.loads((Path(where) / MEMBERS_FILE).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return 0
-    generation = record.get("generation")
-    if not isinstance(generation, int):
-        raise ValueError(f"{Path(where) / MEMBERS_FILE}: field 'generation' is not an integer: {generation!r}")
-    return generation
-
-
 def hold(job_dir: Path, worker: str, poll_s: float = HOLD_POLL_S) -> tuple[HoldOutcome, int]:
     """Hold ``worker``'s slot until it is removed, the job ends or is forgotten.
 
@@ -589,7 +570,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_drive.add_argument("argv", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     if args.cmd == "hold":
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(EXIT_SIGTERM))
         _, code = hold(args.job_dir, args.worker)
         return code
     rest = args.argv[1:] if args.argv[:1] == ["--"] else args.argv

@@ -1,11 +1,11 @@
 """The daemon's rendezvous store: each job's keys, served to that job's workers only, bounded.
 
 A TCP server (one thread per connection, behind an accept thread) speaking
-:mod:`malletrain.elastic.wire`. A connection serves one job: the one whose key
+:mod:`contract.wire`. A connection serves one job: the one whose key
 (derived from its secret) the peer proved in the handshake. On it:
 
 * a key must be the job's own (``mt/<job>/...``) and in the schema
-  (:func:`malletrain.elastic.keys.parse_key`); any other is refused, named;
+  (:func:`contract.storekeys.parse_key`); any other is refused, named;
 * the daemon's keys (``gen``, ``members``, ``handover``) are read-only to workers;
 * the checkpoint's keys are written only by a worker the daemon started for the job
   (:meth:`Authority.may_checkpoint`);
@@ -13,7 +13,7 @@ A TCP server (one thread per connection, behind an accept thread) speaking
   bytes (keys and values); a write past either is refused.
 
 Connections are capped in total, per job and while handshaking (a peer has
-:data:`~malletrain.elastic.wire.HANDSHAKE_TIMEOUT_S` to prove the key). The handshaking
+:data:`~contract.wire.HANDSHAKE_TIMEOUT_S` to prove the key). The handshaking
 slots are shared per peer: a user of this host (the uid owning the connecting socket) or a
 remote address holds at most :attr:`StoreLimits.max_handshaking_per_peer` of them, so one
 user re-opening silent connections in a loop cannot lock another user's workers out
@@ -39,8 +39,8 @@ from typing import Protocol
 from scavenger.channel import ChannelError, Kind, Session, new_nonce
 from scavenger.connguard import local_peer_uid
 
-from malletrain.elastic.keys import CHECKPOINT_KINDS, DAEMON_KINDS, BadKey, parse_key
-from malletrain.elastic.wire import (
+from contract.storekeys import CHECKPOINT_KINDS, DAEMON_KINDS, BadKey, parse_key
+from contract.wire import (
     HANDSHAKE_TIMEOUT_S,
     Op,
     Status,
@@ -55,7 +55,7 @@ from malletrain.elastic.wire import (
     unpack_fields,
     worker_proof,
 )
-from malletrain.workerenv import check_id
+from contract.workerenv import check_id
 
 log = logging.getLogger("malletrain.runtimes.store")
 

@@ -3,15 +3,15 @@
 The daemon hosts one authenticated rendezvous store
 (:class:`~malletrain.runtimes.store_server.RendezvousStore`) for all its jobs. A
 connection serves the one job whose secret it proved and only that job's keys
-(the schema is :mod:`malletrain.elastic.keys`); the daemon's own keys are
+(the schema is :mod:`contract.storekeys`); the daemon's own keys are
 read-only to workers, the checkpoint is written only by the job's own workers,
 and each job's keys are bounded in number and bytes. gloo's own rendezvous of
 each world does not go through it: the world's rank 0 serves it (see
-:mod:`malletrain.elastic.state`).
+:mod:`malletrain.worker.elastic.state`).
 
 :meth:`TorchRuntime.set_members` writes the member list first and then the
 generation key, so a worker that sees generation ``g`` always finds its
-members. Workers (see :mod:`malletrain.elastic`) switch to the new generation at
+members. Workers (see :mod:`malletrain.worker.elastic`) switch to the new generation at
 their next commit point.
 
 Daemon restarts: the store lives in the daemon, so a ``kill -9`` takes it
@@ -42,7 +42,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from malletrain.elastic.keys import (
+from contract.storekeys import (
     CKPT_CHUNK_BYTES,
     active_key,
     arrive_key,
@@ -59,11 +59,11 @@ from malletrain.elastic.keys import (
     ready_key,
     resume_key,
 )
-from malletrain.elastic.wire import listen_socket  # noqa: F401  (re-exported)
-from malletrain.monitor import job_secret
+from contract.wire import listen_socket  # noqa: F401  (re-exported)
+from contract.messages import job_secret
 from malletrain.runtimes import LaunchSpec, Runtime
 from malletrain.runtimes.store_server import RendezvousStore, StoreLimits
-from malletrain.workerenv import (  # noqa: F401  (ENV_* and parse_address: re-exported for older callers)
+from contract.workerenv import (  # noqa: F401  (ENV_* and parse_address: re-exported for older callers)
     DEFAULT_COLLECTIVE_TIMEOUT_S,
     DEFAULT_STORE_GRACE_S,
     ENV_COLLECTIVE_TIMEOUT,
@@ -81,7 +81,7 @@ from malletrain.workerenv import (  # noqa: F401  (ENV_* and parse_address: re-e
 
 log = logging.getLogger("malletrain.runtimes.torch")
 
-ENV_TIMEOUT = ENV_COLLECTIVE_TIMEOUT  # the name before malletrain.workerenv
+ENV_TIMEOUT = ENV_COLLECTIVE_TIMEOUT  # the name before contract.workerenv
 
 
 class RuntimeStateError(RuntimeError):
@@ -178,10 +178,10 @@ class TorchRuntime(Runtime):
     """
 
     name = "torch"
-    warm_modules = ("torch", "torch.distributed", "torch._dynamo", "torch.nn.parallel", "malletrain.elastic.state",
-                    "malletrain.elastic.loop")
+    warm_modules = ("torch", "torch.distributed", "torch._dynamo", "torch.nn.parallel", "malletrain.worker.elastic.state",
+                    "malletrain.worker.elastic.loop")
     """What a node agent's warm worker imports before its assignment (``scavenger.warm``): torch, what
-    a worker of this runtime imports (``malletrain.elastic`` loads its modules on first use: named
+    a worker of this runtime imports (``malletrain.worker.elastic`` loads its modules on first use: named
     here, so the worker finds them loaded), and ``torch._dynamo``, which torch imports when a script
     makes its first optimizer (about 800 modules, sympy among them: most of a worker's start after torch)."""
 
@@ -298,7 +298,7 @@ class TorchRuntime(Runtime):
                     slots: int = 1) -> LaunchSpec:
         """The argv/env of worker ``worker_id`` of ``job_id`` on ``node`` (argv is ``command``): ``slots``
         processes of it, the node's ranks (each finds its place from ``LOCAL_RANK`` and
-        ``LOCAL_WORLD_SIZE``, see :mod:`malletrain.elastic.state`)."""
+        ``LOCAL_WORLD_SIZE``, see :mod:`malletrain.worker.elastic.state`)."""
         check_id("job", job_id)
         check_id("worker", worker_id)
         argv = tuple(command)

@@ -8,12 +8,12 @@ one higher. Nothing in the script changes.
 
 The daemon's job manager treats such a job like any other: it starts one worker per node
 ahead of time and publishes member lists. The worker it starts is a small rank agent
-(:mod:`malletrain.runtimes.torchrun_agent`, no torch in it) that runs the job's command as
+(:mod:`malletrain.worker.torchrun_agent`, no torch in it) that runs the job's command as
 its children, one per worker slot the job uses on the node (K ranks a node, as ``torchrun
 --nproc-per-node`` runs them; each with its slot's device and cores): it waits for a world that lists it, forms it with the world's other agents (a
 barrier in the daemon's store, then the first rank's agent names a free port on its own
 host: ``MASTER_ADDR``/``MASTER_PORT``, fresh for each world) and starts the command with
-torchrun's variables (:func:`malletrain.workerenv.torchrun_environ`). When a newer world
+torchrun's variables (:func:`contract.workerenv.torchrun_environ`). When a newer world
 comes it stops the child and starts it again in the new one.
 
 :class:`TorchrunRuntime` is the daemon-side half. It hosts its own store (the ``torch``
@@ -27,34 +27,34 @@ own file: the daemon keeps none for it.
 from __future__ import annotations
 
 import importlib.util
-import json
 import logging
 import os
 import re
 import sys
-from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from authframe import MAX_FRAME
-from malletrain.elastic.keys import done_key, failed_key, pg_key, ready_key, world_key
-from malletrain.jobspec import TORCHRUN_MAX_RANKS, WORKERS_PER_NODE_MAX
+from contract.storekeys import done_key, failed_key, pg_key, ready_key, world_key
+from contract.workerenv import DEFAULT_STORE_GRACE_S
+from contract.world import (
+    DEFAULT_FAILURE_WAIT_S,
+    DEFAULT_STOP_GRACE_S,
+    TORCHRUN_MAX_RANKS,
+    WORKERS_PER_NODE_MAX,
+    World,
+    rank_names,
+    rank_places,
+)
 from malletrain.runtimes import LaunchSpec
 from malletrain.runtimes.torch_elastic import TorchRuntime
-from malletrain.workerenv import DEFAULT_STORE_GRACE_S, RankPlace, WorkerEnvError
 
 log = logging.getLogger("malletrain.torchrun")
 
-LAUNCH_MODULE = "malletrain.launch"
+LAUNCH_MODULE = "malletrain.worker.launch"
 """The worker-side launcher a Python command runs through (it installs the progress hook, then runs
 the script as ``python SCRIPT`` / ``python -m MODULE`` would)."""
-AGENT_MODULE = "malletrain.runtimes.torchrun_agent"
+AGENT_MODULE = "malletrain.worker.torchrun_agent"
 """The rank agent the daemon starts as each worker of a ``torchrun`` job."""
-DEFAULT_STOP_GRACE_S = 10.0
-"""Seconds a rank has after SIGTERM (at a change of its world) before SIGKILL."""
-DEFAULT_FAILURE_WAIT_S = 20.0
-"""After its command failed, how long a rank agent waits for a newer world (a peer recalled: the daemon
-publishes the world without it) before the failure counts; not at all once every rank of the world has
-failed (a script that crashes at start: no newer world helps)."""
 
 WORLD_MAX_BYTES = MAX_FRAME - 64 * 1024
 """A world's places as one store value, at most (one frame of the store, less room for its key and framing)."""
@@ -76,8 +76,8 @@ def is_python(word: str) -> bool:
 
 
 def wrap_python_command(command: Sequence[str], launcher_present: bool | None = None) -> tuple[str, ...]:
-    """``command`` as a rank runs it: ``PY SCRIPT ARGS`` becomes ``PY -m malletrain.launch SCRIPT ARGS``
-    and ``PY -m MODULE ARGS`` becomes ``PY -m malletrain.launch -m MODULE ARGS`` (when that module is
+    """``command`` as a rank runs it: ``PY SCRIPT ARGS`` becomes ``PY -m malletrain.worker.launch SCRIPT ARGS``
+    and ``PY -m MODULE ARGS`` becomes ``PY -m malletrain.worker.launch -m MODULE ARGS`` (when that module is
     installed: ``launcher_present``, default: look). Anything else (not Python, interpreter flags
     first) runs as given."""
     argv = tuple(command)
@@ -90,57 +90,6 @@ def wrap_python_command(command: Sequence[str], launcher_present: bool | None = 
     if rest[0].startswith("-"):
         return argv
     return (argv[0], "-m", LAUNCH_MODULE, *rest)
-
-
-def rank_names(worker: str, local_ranks: int) -> list[str]:
-    """The names of ``worker``'s ranks in a world's places: the worker itself where it runs one rank,
-    else ``WORKER/0`` .. ``WORKER/K-1`` (``/`` is never part of a worker id), its local ranks in order."""
-    if local_ranks < 1:
-        raise ValueError(f"worker {worker}: {local_ranks} local ranks, need at least 1")
-    return [worker] if local_ranks == 1 else [f"{worker}/{i}" for i in range(local_ranks)]
-
-
-def rank_places(members: Sequence[tuple[str, str]]) -> dict[str, RankPlace]:
-    """Each worker's place from ``(worker, node)`` pairs in the job's order: nodes are numbered in the
-    order they first appear (``GROUP_RANK``), a node's workers in their order (``LOCAL_RANK``), and
-    every node runs the same number of workers (torchrun's ``--nproc-per-node``); ``ValueError``
-    names the nodes otherwise."""
-    by_node: dict[str, list[str]] = {}
-    for worker, node in members:
-        by_node.setdefault(node, []).append(worker)
-    sizes = {node: len(workers) for node, workers in by_node.items()}
-    if len(set(sizes.values())) > 1:
-        raise ValueError(f"a torchrun world runs the same number of workers on every node, got {sizes}")
-    groups = list(by_node.values())
-    return {worker: RankPlace(g, len(groups), local, len(workers))
-            for g, workers in enumerate(groups) for local, worker in enumerate(workers)}
-
-
-@dataclass(frozen=True)
-class World:
-    """One world of a restarted job, as the daemon publishes it: its restart count and every rank's place."""
-
-    restart_count: int
-    places: dict[str, RankPlace]
-
-    def to_json(self) -> str:
-        return json.dumps({"restart_count": self.restart_count,
-                           "places": {w: [p.group_rank, p.group_world_size, p.local_rank, p.local_world_size]
-                                      for w, p in self.places.items()}})
-
-    @classmethod
-    def parse(cls, raw: bytes | str, where: str) -> World:
-        """The world stored at ``where`` (a store key); ``ValueError`` naming it if malformed."""
-        try:
-            obj = json.loads(raw)
-            count = obj["restart_count"]
-            if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-                raise ValueError(f"restart_count {count!r} is not an integer >= 0")
-            places = {str(w): RankPlace(*(int(x) for x in p)) for w, p in obj["places"].items()}
-        except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError,
-                WorkerEnvError, ValueError) as exc:
-            raise ValueError(f"{where}: not a torchrun world: {exc}") from None
-        return cls(count, places)
 
 
 class TorchrunRuntime(TorchRuntime):
@@ -249,7 +198,7 @@ class TorchrunRuntime(TorchRuntime):
         """The ranks ``worker`` runs on its node: what its launch said, else (a worker an earlier daemon
         started) what its rank agent's ready key says (it writes its K there, again at each reconnection),
         else 1. The key is the job's to write: a K above what any node has
-        (:data:`~malletrain.jobspec.WORKERS_PER_NODE_MAX`) is not believed (1, with a warning)."""
+        (:data:`~malletrain.daemon.jobspec.WORKERS_PER_NODE_MAX`) is not believed (1, with a warning)."""
         known = self._local.get(job_id, {}).get(worker)
         if known is not None:
             return known

@@ -1,0 +1,36 @@
+"""What ``python ARGS`` runs: a module or a script, as a warm process can become it.
+
+The node agent's warm processes (:mod:`scavenger.warm`) and the rank agent's rank servers
+(:mod:`malletrain.worker.warm_ranks`) both read a command's entry point so.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from typing import Sequence
+
+
+@dataclass(frozen=True)
+class Entry:
+    """What ``python ARGS`` runs: a module (``-m``) or a script path, and its arguments."""
+
+    module: str | None
+    script: str | None
+    args: tuple[str, ...]
+
+
+def entry_of(argv: Sequence[str], python: str = sys.executable) -> Entry | str:
+    """The entry point of ``argv`` if a warm process of ``python`` can run it, else why not."""
+    if len(argv) < 2:
+        return "no script or module after the interpreter"
+    if os.path.realpath(argv[0]) != os.path.realpath(python) and argv[0] != python:
+        return f"interpreter {argv[0]!r} is not the warm one ({python})"
+    if argv[1] == "-m":
+        if len(argv) < 3 or not argv[2] or argv[2].startswith("-"):
+            return "-m without a module name"
+        return Entry(argv[2], None, tuple(argv[3:]))
+    if argv[1].startswith("-"):
+        return f"interpreter flag {argv[1]!r}"
+    return Entry(None, argv[1], tuple(argv[2:]))

@@ -1,4 +1,0 @@
-"""Tiny CPU training scripts for the ``torch`` runtime (synthetic data, no downloads).
-
-Run one with ``python -m malletrain.examples.train --model mlp|cnn|linear``.
-"""

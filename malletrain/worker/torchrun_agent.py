@@ -1,0 +1,446 @@
+"""The rank agent of a ``torchrun`` job: what the daemon starts as each worker (no torch in it).
+
+    python -m malletrain.worker.torchrun_agent [--stop-grace S] [--failure-wait S] [--local-ranks K] -- COMMAND...
+
+It connects to the daemon's store (``MALLETRAIN_STORE``, the job's secret), says it is ready
+and waits for a world that lists it. It runs ``--local-ranks`` K ranks of the command on its node
+(the node's worker slots the job uses; the world names them ``WORKER/0`` .. ``WORKER/K-1``, one rank
+``WORKER``), each with its own device and share of the cores (:func:`contract.nodeshape.slot_place`,
+as the node agent gives the in-process runtimes' workers). Then, for each world:
+
+1. every agent of the world adds itself to the world's barrier (``arrive``); the agent of rank 0
+   waits until all have, picks a free port on its host and publishes ``host port restart_count``
+   (``pg``): the world's ``MASTER_ADDR``/``MASTER_PORT``, fresh for each world;
+2. each agent starts ``COMMAND`` once per local rank, with torchrun's variables for its place
+   (:func:`contract.workerenv.torchrun_environ`) and ``MALLETRAIN_WORKER`` naming the worker, the
+   local rank and the restart count (:func:`report_sender`: each start's progress reports are a
+   sender of their own);
+3. a newer world stops the command (SIGTERM, ``--stop-grace`` seconds, SIGKILL) and goes back to 1
+   in it, or, when the newer world does not list this worker, waits for one that does (the
+   daemon stops it); the same world published again (a restarted daemon re-adopting it) changes
+   nothing; a world that does not form within ``--stop-grace`` + ``--failure-wait`` seconds is a
+   failure (exit 1);
+4. a command that exits 0 adds to the world's ``done`` counter: once every rank has, the agent
+   exits 0 (the job is complete); one that fails stops the node's other local ranks with it (they
+   end together, the failure counted once) and waits ``--failure-wait`` seconds for a newer world
+   (a peer recalled: the daemon publishes the world without it), else exits with its code.
+
+SIGTERM (a recall, a cancel, the daemon stopping it) stops the command the same way and exits
+143: a stop, never a failure of the job. While the daemon is away (a restart) the command runs on;
+a store away longer than ``MALLETRAIN_STORE_GRACE`` stops it and exits 75 (a stop too: the daemon
+starts the job again, and the script resumes from its checkpoint).
+"""
+
+from __future__ import annotations
+
+import argparse
+import enum
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+from contract.exits import EXIT_SIGTERM, EXIT_STORE_LOST, STOP_STATUSES  # a stop: never a crash of the script
+from contract.nodeshape import DEVICE_VARIABLES, Accelerator, SlotPlace, detect_accelerator, pin_cores, slot_place
+from contract.storekeys import arrive_key, done_key, failed_key, world_key
+from contract.workerenv import ENV_GENERATION, ENV_WORKER, RankPlace, WorkerEnv, configure_worker_logging, torchrun_environ
+from contract.world import DEFAULT_FAILURE_WAIT_S, DEFAULT_STOP_GRACE_S, World, rank_names
+from malletrain.worker.elastic.errors import StoreLost
+from malletrain.worker.elastic.rendezvous import Rendezvous
+from malletrain.worker.warm_ranks import ENV_WARM_IMPORTS, READY_WAIT_S, RankServer, learned_imports, warm_wanted
+
+log = logging.getLogger("malletrain.torchrun")
+
+POLL_S = 0.05
+"""How often the agent looks at its command and the job's generation."""
+EXIT_NOT_FORMED = 1  # a world whose ranks never all came: a failure (the daemon replaces this worker)
+
+
+class RankState(enum.Enum):
+    """Where a rank agent is."""
+
+    WAITING = "waiting"
+    """No world lists this worker (yet, or any more): its command is not running."""
+    FORMING = "forming"
+    """In a world's barrier, or waiting for the world's master address."""
+    RUNNING = "running"
+    """Its command runs in the current world."""
+    FINISHED = "finished"
+    """Its command exited 0: waiting for the world's other ranks to finish."""
+    FAILED = "failed"
+    """Its command failed: waiting a bounded time for a newer world."""
+
+
+RANK_TRANSITIONS: dict[RankState, frozenset[RankState]] = {
+    RankState.WAITING: frozenset({RankState.FORMING}),
+    RankState.FORMING: frozenset({RankState.RUNNING, RankState.FORMING, RankState.WAITING}),
+    RankState.RUNNING: frozenset({RankState.FINISHED, RankState.FAILED, RankState.FORMING, RankState.WAITING}),
+    RankState.FINISHED: frozenset({RankState.FORMING, RankState.WAITING}),
+    RankState.FAILED: frozenset({RankState.FORMING, RankState.WAITING}),
+}
+"""The one table of a rank agent's moves (a newer world takes any state to FORMING or WAITING)."""
+
+
+def free_port(host: str) -> int:
+    """A TCP port free on ``host`` now (the OS picks it)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def report_sender(worker: str, restart_count: int, local_rank: int = 0, local_ranks: int = 1) -> str:
+    """The ``MALLETRAIN_WORKER`` a command started in a world sees: the worker, its local rank (where
+    the node runs more than one) and the world's restart count. Each start is a new process whose
+    progress reports are numbered from 1 again; the monitor refuses a sender's number at or below its
+    last (a replay), so each start and each local rank reports as a sender of its own, and a
+    restarted rank's reports count."""
+    local = f".local{local_rank}" if local_ranks > 1 else ""
+    return f"{worker}{local}.restart{restart_count}"
+
+
+def dev_names() -> list[str]:
+    """The names under ``/dev`` (what tells the node's accelerator; none where it cannot be read)."""
+    try:
+        return os.listdir("/dev")
+    except OSError:
+        return []
+
+
+def local_slots(local_ranks: int, env: dict[str, str], acc: Accelerator, cores: Sequence[int]) -> list[SlotPlace]:
+    """Each local rank's device, thread count and cores on this node, as the node agent gives a worker
+    slot (:func:`contract.nodeshape.slot_place`): the device variable in ``env`` is the node's (the
+    devices the agent was given, shared out among the local ranks); the rest of ``env`` is the job's
+    (an ``OMP_NUM_THREADS`` it sets wins; ``MALLETRAIN_DEVICES=all`` shows every rank every device)."""
+    job_env = {k: v for k, v in env.items() if k not in DEVICE_VARIABLES}
+    return [slot_place(i, local_ranks, acc, env, cores, job_env) for i in range(local_ranks)]
+
+
+class RankProcess(Protocol):
+    """A started rank: a ``subprocess.Popen`` (cold) or a :class:`~malletrain.worker.warm_ranks.WarmChild`."""
+
+    pid: int
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+    def wait(self, timeout: float | None = None) -> int: ...
+    def send_signal(self, sig: int) -> None: ...
+    def kill(self) -> None: ...
+
+
+def exit_code(returncode: int) -> int:
+    """A child's return code as a process exit status (killed by signal N: 128 + N)."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+@dataclass
+class RankAgent:
+    """One worker of a ``torchrun`` job: its command, restarted in each world that lists it."""
+
+    rdzv: Rendezvous
+    command: tuple[str, ...]
+    stop_grace_s: float = DEFAULT_STOP_GRACE_S
+    failure_wait_s: float = DEFAULT_FAILURE_WAIT_S
+    local_ranks: int = 1  # the ranks it runs on its node (the node's worker slots the job uses)
+    state: RankState = RankState.WAITING
+    gen: int = 0  # the newest generation seen
+    world: World | None = None  # the world this worker is in (FORMING onwards)
+    children: list[RankProcess | None] = field(default_factory=list)  # by local rank; None: exited 0
+    warm: bool = False  # its ranks start as forks of rank servers (main: unless the job says WARM_RANKS=0)
+    servers: list[RankServer] = field(default_factory=list)  # by local rank (none: every start is cold)
+    failed: tuple[int, float] | None = None  # (exit status, when) of a failed command
+    forming_since: float = 0.0  # when it entered its current world's barrier
+    stopping: list[RankProcess] = field(default_factory=list)  # old ranks told to stop, not yet exited
+    stop_deadline: float = 0.0  # when those still running get SIGKILL
+    stop_requested: bool = False
+    _env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
+
+    @property
+    def worker(self) -> str:
+        return self.rdzv.worker
+
+    @property
+    def child(self) -> RankProcess | None:
+        """Local rank 0's command (None: not running)."""
+        return self.children[0] if self.children else None
+
+    @property
+    def names(self) -> list[str]:
+        """Its ranks' names in a world's places, by local rank."""
+        return rank_names(self.worker, self.local_ranks)
+
+    @property
+    def places(self) -> list[RankPlace]:
+        """Its ranks' places in the current world, by local rank."""
+        assert self.world is not None
+        return [self.world.places[name] for name in self.names]
+
+    def move(self, new: RankState) -> None:
+        if new not in RANK_TRANSITIONS[self.state]:
+            raise RuntimeError(f"rank agent {self.worker}: no move from {self.state.value} to {new.value}")
+        self.state = new
+
+    def run(self) -> int:
+        """Until the job is complete (0), the command failed for good (its status), a stop (143) or
+        the daemon's store gone for longer than its grace (75: the daemon starts the job again)."""
+        try:
+            self.prepare()
+            self.rdzv.mark_ready()
+            log.info("worker %s: ready, waiting for a world that lists it", self.worker)
+            while not self.stop_requested:
+                code = self.tick()
+                if code is not None:
+                    return code
+                time.sleep(POLL_S)
+        except StoreLost as exc:  # the daemon stayed away past the grace: a stop, not a failure
+            log.error("worker %s: %s; stopping its command", self.worker, exc)
+            self.stop_child()
+            return EXIT_STORE_LOST
+        finally:
+            self.stop_child()  # (none left running when it ends otherwise) then the servers that forked them
+            self.close_servers()
+        return EXIT_SIGTERM
+
+    def start_servers(self) -> None:
+        """Start a rank server per local rank (:mod:`malletrain.worker.warm_ranks`): with the rank's own
+        environment and cores, importing what the command's script imports (and what the job declares)."""
+        if not self.command or not self.warm:
+            return
+        python = self.command[0] if os.sep in self.command[0] else shutil.which(self.command[0])
+        if python is None:
+            return
+        modules = learned_imports(self.command, self._env.get(ENV_WARM_IMPORTS, ""))
+        for slot in self.slots():
+            server = RankServer(modules, {**self._env, **slot.env}, tuple(slot.cores) if self.local_ranks > 1 else (),
+                                python=python)
+            server.start()
+            self.servers.append(server)
+        log.info("worker %s: %d rank server(s) importing %s", self.worker, len(self.servers), ", ".join(modules))
+
+    def prepare(self) -> None:
+        """Before it says it is ready: its rank servers have imported (a joining worker is brought this far
+        while the old world trains on; its ranks then start by a fork)."""
+        if not self.servers:
+            self.start_servers()
+        deadline = time.monotonic() + READY_WAIT_S
+        while not self.stop_requested and time.monotonic() < deadline \
+                and any(s.usable and not s.ready for s in self.servers):
+            for server in self.servers:
+                server.wait_ready(0.1)
+        if self.servers:
+            log.info("worker %s: warm: %d rank server(s) ready", self.worker, sum(s.ready for s in self.servers))
+
+    def close_servers(self) -> None:
+        for server in self.servers:
+            server.close()
+        self.servers = []
+
+    def slots(self) -> list[SlotPlace]:
+        """Each local rank's device, thread count and cores on this node."""
+        env = dict(self._env)
+        return local_slots(self.local_ranks, env, detect_accelerator(env, dev_names()), sorted(os.sched_getaffinity(0)))
+
+    def tick(self) -> int | None:
+        """One look: a newer world first, then the current state's own step; an exit status when done."""
+        newest = self.rdzv.generation()
+        if newest > self.gen and self.rdzv.published(newest):
+            self.switch_to(newest)
+            return None
+        if self.state is RankState.FORMING:
+            if time.monotonic() - self.forming_since > self.stop_grace_s + self.failure_wait_s:
+                log.error("worker %s: world %d did not form in %.0f s (a rank never came)", self.worker, self.gen,
+                          self.stop_grace_s + self.failure_wait_s)
+                return EXIT_NOT_FORMED
+            self.form()
+        elif self.state is RankState.RUNNING:
+            self.watch_child()
+        elif self.state is RankState.FINISHED:
+            assert self.world is not None
+            if self.rdzv.add(done_key(self.rdzv.job, self.gen), 0) >= len(self.world.places):
+                log.info("worker %s: every rank of world %d exited 0", self.worker, self.gen)
+                return 0
+        elif self.state is RankState.FAILED:
+            assert self.failed is not None and self.world is not None
+            if self.rdzv.add(failed_key(self.rdzv.job, self.gen), 0) >= len(self.world.places):
+                log.error("worker %s: the command failed (exit %d) on every rank of world %d: no newer world "
+                          "would help", self.worker, self.failed[0], self.gen)
+                return self.failed[0]
+            if time.monotonic() - self.failed[1] > self.failure_wait_s:
+                log.error("worker %s: the command failed (exit %d) and no newer world came in %.0f s",
+                          self.worker, self.failed[0], self.failure_wait_s)
+                return self.failed[0]
+        return None
+
+    def switch_to(self, gen: int) -> None:
+        """Generation ``gen`` is published: stop the command; join it if it lists this worker."""
+        self.gen = gen
+        members = self.rdzv.members(gen) or ()
+        if self.worker not in members:
+            if self.state is not RankState.WAITING:
+                log.info("worker %s: world %d does not list it; stopping its command", self.worker, gen)
+                self.stop_child()
+                self.move(RankState.WAITING)
+            return
+        raw = self.rdzv.read(world_key(self.rdzv.job, gen))
+        if raw is None:
+            raise ValueError(f"job {self.rdzv.job}: generation {gen} has no world key (not a torchrun job?)")
+        world = World.parse(raw, world_key(self.rdzv.job, gen))
+        missing = [name for name in self.names if name not in world.places]
+        if missing:
+            raise ValueError(f"job {self.rdzv.job}: world {gen} has no place for {', '.join(missing)} "
+                             f"(this worker runs {self.local_ranks} local ranks)")
+        if self.state in (RankState.RUNNING, RankState.FINISHED) and self.world is not None \
+                and world.places == self.world.places:
+            # the same world published again (a restarted daemon re-adopting it): the command goes on
+            log.info("worker %s: world %d is the one it runs in; the command goes on", self.worker, gen)
+            self.rdzv.current = gen
+            finished = sum(1 for c in self.children if c is None) if self.state is RankState.RUNNING \
+                else self.local_ranks
+            if finished:  # its ranks that exited 0, counted in the world under its new number
+                self.rdzv.add(done_key(self.rdzv.job, gen), finished)
+            return
+        self.begin_stop()  # the old ranks stop while this agent arrives: it starts its new ones once they have
+        self.world = world
+        self.rdzv.current = gen  # reported to a restarted daemon's store: its numbering goes on above it
+        self.move(RankState.FORMING)
+        self.forming_since = time.monotonic()
+        self.rdzv.add(arrive_key(self.rdzv.job, gen), self.local_ranks)
+
+    def form(self) -> None:
+        """FORMING: rank 0's agent names the master once all have arrived (its old ranks may still be
+        stopping); each agent starts its ranks with it once its own old ranks have exited. A joining
+        worker (nothing to stop) so starts while the old world's ranks still stop: prepare, then switch."""
+        assert self.world is not None
+        job, size = self.rdzv.job, len(self.world.places)
+        if any(p.rank == 0 for p in self.places) and self.rdzv.wait_group(self.gen, 0.0) is None \
+                and self.rdzv.add(arrive_key(job, self.gen), 0) >= size:
+            host = self.rdzv.local_host()
+            self.rdzv.publish_group(self.gen, host, free_port(host), str(self.world.restart_count))
+        if not self.reap_stopping():
+            return
+        group = self.rdzv.wait_group(self.gen, 0.0)
+        if group is not None:
+            self.start_child((group[0], group[1]))
+
+    def start_child(self, master: tuple[str, int]) -> None:
+        """Start the command once per local rank, each with its place's variables, device and cores."""
+        assert self.world is not None
+        count = self.world.restart_count
+        env = dict(self._env)
+        for i, (place, slot) in enumerate(zip(self.places, self.slots())):
+            child_env = {**env, **slot.env, **torchrun_environ(place, master, self.rdzv.job, count)}
+            child_env[ENV_WORKER] = report_sender(self.worker, count, i, self.local_ranks)
+            child_env[ENV_GENERATION] = str(self.gen)  # reports count at the size the daemon gave this world
+            log.info("worker %s: starting rank %d of %d (local rank %d of %d, restart %d, master %s:%d)",
+                     self.worker, place.rank, place.world_size, i, self.local_ranks, count, master[0], master[1])
+            warm = self.servers[i].spawn(self.command, child_env) if i < len(self.servers) else "warm ranks off"
+            if isinstance(warm, str):
+                if self.servers:
+                    log.info("worker %s: local rank %d starts cold: %s", self.worker, i, warm)
+                setup = pin_cores(slot.cores, lambda: None) if self.local_ranks > 1 else None
+                self.children.append(subprocess.Popen(list(self.command), env=child_env, preexec_fn=setup))
+            else:
+                log.info("worker %s: local rank %d forked warm (pid %d)", self.worker, i, warm.pid)
+                self.children.append(warm)
+        self.move(RankState.RUNNING)
+
+    def watch_child(self) -> None:
+        """RUNNING: a rank that exits 0 adds to the world's ``done``; once all have, FINISHED. One that
+        fails stops the node's other local ranks (they end together, the failure counted once)."""
+        for i, child in enumerate(self.children):
+            code = child.poll() if child is not None else None
+            if code is None:
+                continue
+            if code == 0:
+                self.children[i] = None
+                self.rdzv.add(done_key(self.rdzv.job, self.gen), 1)
+                continue
+            log.warning("worker %s: local rank %d's command exited %d in world %d; its node's other ranks stop "
+                        "with it; waiting up to %.0f s for a newer world", self.worker, i, code, self.gen,
+                        self.failure_wait_s)
+            self.stop_child()
+            self.failed = (exit_code(code), time.monotonic())
+            if exit_code(code) not in STOP_STATUSES:  # a crash (a rank stopped by a signal may be a recall's)
+                self.rdzv.add(failed_key(self.rdzv.job, self.gen), self.local_ranks)  # its node's ranks end together
+            self.move(RankState.FAILED)
+            return
+        if all(child is None for child in self.children):
+            self.children = []
+            self.move(RankState.FINISHED)
+
+    def begin_stop(self) -> None:
+        """SIGTERM to every local rank still running; :meth:`reap_stopping` sees them exit (or kills them)."""
+        children, self.children = [c for c in self.children if c is not None and c.poll() is None], []
+        for child in children:
+            child.send_signal(signal.SIGTERM)
+        if children:
+            self.stop_deadline = time.monotonic() + self.stop_grace_s
+        self.stopping += children
+
+    def reap_stopping(self) -> bool:
+        """Whether every rank told to stop has exited; one still running ``stop_grace_s`` after its SIGTERM
+        is SIGKILLed."""
+        late = time.monotonic() >= self.stop_deadline
+        for child in self.stopping:
+            if child.poll() is None and late:
+                log.warning("worker %s: a rank's command did not exit %.1f s after SIGTERM: SIGKILL", self.worker,
+                            self.stop_grace_s)
+                child.kill()
+                child.wait(timeout=30)
+        self.stopping = [c for c in self.stopping if c.poll() is None]
+        return not self.stopping
+
+    def stop_child(self) -> None:
+        """Every local rank: SIGTERM, ``stop_grace_s`` seconds, SIGKILL; returns once all have exited."""
+        self.begin_stop()
+        while not self.reap_stopping():
+            time.sleep(POLL_S / 5)
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m malletrain.worker.torchrun_agent",
+                                description="Run a torchrun script as one rank of a malletrain job, "
+                                            "restarted in each of the job's worlds.")
+    p.add_argument("--stop-grace", type=float, default=DEFAULT_STOP_GRACE_S,
+                   help="seconds between SIGTERM and SIGKILL when the world changes")
+    p.add_argument("--failure-wait", type=float, default=DEFAULT_FAILURE_WAIT_S,
+                   help="seconds a failed command waits for a newer world before the failure counts")
+    p.add_argument("--local-ranks", type=int, default=1,
+                   help="ranks of the command to run on this node (the node's worker slots the job uses)")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the job's command")
+    args = p.parse_args(argv)
+    if args.command[:1] == ["--"]:
+        args.command = args.command[1:]
+    if not args.command:
+        p.error("no command given after --")
+    if args.local_ranks < 1:
+        p.error(f"--local-ranks must be at least 1, got {args.local_ranks}")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    configure_worker_logging()
+    rdzv = Rendezvous.from_worker_env(WorkerEnv.from_environ())
+    if rdzv is None:
+        print("malletrain torchrun agent: MALLETRAIN_STORE is not set: start it through the daemon",
+              file=sys.stderr)
+        return 2
+    rdzv.ready_value = str(args.local_ranks)  # a restarted daemon learns the worker's K from its ready key
+    agent = RankAgent(rdzv, tuple(args.command), args.stop_grace, args.failure_wait, args.local_ranks,
+                      warm=warm_wanted(os.environ))
+
+    def on_sigterm(signum: int, frame: object) -> None:
+        agent.stop_requested = True
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    return agent.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,438 @@
+"""Warm ranks: a process per local rank that imported torch once and forks each start of the rank.
+
+    python -m malletrain.worker.warm_ranks --fd N --import torch,lightning
+
+A ``torchrun`` job restarts every rank at every change of its world (:mod:`malletrain.worker.torchrun_agent`).
+Started cold, each start is a new interpreter importing torch (and Lightning, transformers, ...):
+seconds of CPU, more on a loaded node or from a parallel file system, paid by every rank of the job
+at every change. The rank agent therefore keeps, for each of its local ranks, a *rank server*
+(:class:`RankServer`): a process started with the rank's own environment and cores that imports the
+modules the job's script imports (:func:`learned_imports`: read from the script's own ``import``
+statements at the job's first start, plus those the job file declares in ``WARM_IMPORTS``)
+and then waits. It touches no device (importing torch creates no CUDA context) and runs no parallel
+operation (torch's OpenMP and MKL pools start at the first one, in each fork). Its only other thread is
+one torch's import starts where ``OMP_NUM_THREADS`` > 1, which a fork does without: the forked ranks run
+parallel operations and gloo collectives (``tests/test_warm_ranks.py``).
+
+Each start of the rank is a ``fork`` of its server (:func:`serve`): the child takes the start's
+environment (torchrun's ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ... and malletrain's own),
+``sys.argv`` and ``sys.path[0]`` as ``python ARGS`` would set them, fresh random seeds, the default
+signal handlers, and runs the command's script or module with :mod:`runpy` as ``__main__`` (for a
+Python command that is :mod:`malletrain.worker.launch`, which runs the user's script). It ends as an
+interpreter does, with the script's exit code. A restart then costs the script's own work after its
+imports (process group, model, checkpoint), not an interpreter and an import.
+
+The server tells the agent each child's pid and, when it ends, its exit status; the agent holds a
+:class:`WarmChild` for it, which it stops and polls as a ``subprocess.Popen`` (SIGTERM, the grace,
+SIGKILL). Server and children stay in the agent's process group, so a stop of the agent's group
+reaches them. A command a server cannot run as a fresh interpreter would (another interpreter,
+interpreter flags: :func:`contract.entry.entry_of`) is started cold, as is every start once a
+server died or never became ready.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib
+import importlib.util
+import json
+import logging
+import os
+import random
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+from contract.entry import Entry, entry_of
+
+log = logging.getLogger("malletrain.torchrun")
+
+ENV_WARM = "WARM_RANKS"
+"""``0`` in a job's environment: its ranks start cold (a new interpreter each start)."""
+ENV_WARM_IMPORTS = "WARM_IMPORTS"
+"""Modules (comma-separated) a job declares for its rank servers to import, besides the learned ones."""
+ALWAYS = ("torch", "torch.distributed", "torch.nn.parallel", "malletrain.worker.client")
+"""Imported by every rank server: what a torchrun script and :mod:`malletrain.worker.launch` import."""
+READY_WAIT_S = 300.0
+"""How long a rank agent waits for its rank servers' imports before it says it is ready (a cold start
+would import the same modules, competing for the same CPU, so it never comes first)."""
+SPAWN_WAIT_S = 10.0
+"""How long the agent waits for a server to name the pid of a child it asked for."""
+POLL_S = 0.02
+LINE_MAX = 1 << 20
+
+
+# ----------------------------------------------------------------------------- what to import
+def script_of(command: Sequence[str]) -> tuple[str | None, str | None]:
+    """(the script file, the module name) a Python ``command`` runs, through :mod:`malletrain.worker.launch`
+    or not; (None, None) if it runs neither."""
+    argv = list(command[1:])
+    if argv[:2] == ["-m", "malletrain.worker.launch"]:
+        argv = argv[2:]
+    if argv[:1] == ["-m"] and len(argv) >= 2:
+        try:
+            spec = importlib.util.find_spec(argv[1])
+        except (ImportError, ValueError):
+            return None, argv[1]
+        origin = spec.origin if spec is not None else None
+        return (origin if origin and origin.endswith(".py") else None), argv[1]
+    if argv and not argv[0].startswith("-"):
+        return argv[0], None
+    return None, None
+
+
+def imports_of(source: str) -> list[str]:
+    """The absolute module names ``source`` imports anywhere (``import a.b`` -> ``a.b``; ``from a import b``
+    -> ``a``), in order, each once."""
+    out: list[str] = []
+    for node in ast.walk(ast.parse(source)):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        out += [n for n in names if n not in out]
+    return out
+
+
+def learned_imports(command: Sequence[str], declared: str = "") -> tuple[str, ...]:
+    """What the rank servers of ``command`` import: :data:`ALWAYS`, the installed modules its script
+    imports (not the script's own: a module beside the script, or the module it runs, may do work at
+    import), and ``declared`` (comma-separated, the job's ``WARM_IMPORTS``)."""
+    script, module = script_of(command)
+    found: list[str] = []
+    if script is not None:
+        try:
+            with open(script, encoding="utf-8") as fh:
+                found = imports_of(fh.read())
+        except (OSError, SyntaxError, ValueError, UnicodeDecodeError) as exc:
+            log.info("warm ranks: cannot read the imports of %s: %s", script, exc)
+    own_dir = os.path.dirname(os.path.abspath(script)) if script is not None and module is None else None
+    out = list(ALWAYS)
+    for name in [*found, *(m.strip() for m in declared.split(",") if m.strip())]:
+        top = name.split(".")[0]
+        if name in out or name == module or (module is not None and module.startswith(top + ".")
+                                               and top != "malletrain"):
+            continue
+        if own_dir is not None and (os.path.exists(os.path.join(own_dir, top + ".py"))
+                                    or os.path.isdir(os.path.join(own_dir, top))):
+            continue
+        if name == "malletrain.worker.launch" or name == "__main__":
+            continue
+        out.append(name)
+    return tuple(out)
+
+
+# ----------------------------------------------------------------------------- server side
+def os_threads() -> int:
+    """The process's threads as the kernel counts them (1 where it cannot tell)."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return 1
+
+
+def _send(sock: socket.socket, line: str) -> None:
+    sock.sendall(line.encode() + b"\n")
+
+
+def _reap(sock: socket.socket) -> None:
+    """Tell the agent of every child that ended: ``exit PID RETURNCODE`` (negative: killed by a signal)."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+        try:
+            _send(sock, f"exit {pid} {code}")
+        except OSError:
+            return
+
+
+def serve(sock: socket.socket) -> tuple[Entry, dict[str, str]] | None:
+    """The server's loop: fork a child for each ``start`` request; returns only in a child (what it runs)
+    or when the agent closed the socket (None: the server ends)."""
+    buf = b""
+    while True:
+        _reap(sock)
+        readable, _, _ = select.select([sock], [], [], POLL_S)
+        if not readable:
+            continue
+        data = sock.recv(65536)
+        if not data:
+            return None
+        buf += data
+        if len(buf) > LINE_MAX:
+            print("warm ranks: a request over the size limit", file=sys.stderr)
+            return None
+        while b"\n" in buf:
+            raw, buf = buf.split(b"\n", 1)
+            try:
+                req = json.loads(raw)
+                argv, env = [str(a) for a in req["argv"]], {str(k): str(v) for k, v in req["env"].items()}
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                _send(sock, f"refused {json.dumps(str(exc))}")
+                continue
+            entry = entry_of(argv)
+            if isinstance(entry, str):
+                _send(sock, f"refused {json.dumps(entry)}")
+                continue
+            pid = os.fork()
+            if pid == 0:
+                sock.close()
+                return entry, env
+            _send(sock, f"pid {pid}")
+
+
+def become(entry: Entry, env: Mapping[str, str]) -> None:
+    """In a forked child: the start's environment, argv, path, seeds and signals (as a fresh interpreter)."""
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL if sig != signal.SIGINT else signal.default_int_handler)
+    os.environ.clear()
+    os.environ.update(env)
+    extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    first = os.getcwd() if entry.module is not None else os.path.dirname(os.path.abspath(entry.script or "."))
+    sys.path[:] = [first, *extra, *[p for p in sys.path[1:] if p not in extra]]
+    sys.argv = [entry.module or entry.script or "", *entry.args]
+    random.seed()  # a fresh interpreter seeds from the OS: forks of one server must not share a sequence
+    np = sys.modules.get("numpy")
+    if np is not None:
+        np.random.seed()
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.seed()  # as each new process's default generator (CUDA's is seeded lazily: no context made)
+
+
+def run_entry(entry: Entry) -> int:
+    """Run ``entry`` as ``__main__``; its exit code as an interpreter gives it (an exception: 1, printed)."""
+    import runpy
+    import traceback
+
+    try:
+        if entry.module is not None:
+            runpy.run_module(entry.module, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(entry.script or "", run_name="__main__")
+    except SystemExit as exc:
+        if exc.code is None or isinstance(exc.code, int):
+            return exc.code or 0
+        print(exc.code, file=sys.stderr)
+        return 1
+    except BaseException:  # noqa: BLE001 - as the interpreter: printed, exit 1
+        traceback.print_exc()
+        return 1
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m malletrain.worker.warm_ranks", description=__doc__.splitlines()[0])
+    ap.add_argument("--fd", type=int, required=True, help="the agent's end of the request socket")
+    ap.add_argument("--import", dest="modules", default="", help="modules to import ahead, comma-separated")
+    args = ap.parse_args(argv)
+    sock = socket.socket(fileno=args.fd)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a stop of the agent's group is for the ranks: the agent
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # closes the socket, and the server ends then
+    began = time.monotonic()
+    missing = []
+    for name in filter(None, args.modules.split(",")):
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # noqa: BLE001 - the script imports it itself (and fails there if it must)
+            missing.append(f"{name} ({type(exc).__name__})")
+    threads = os_threads()
+    _send(sock, f"ready {time.monotonic() - began:.3f} {threads} {json.dumps(', '.join(missing))}")
+    child = serve(sock)
+    if child is None:
+        return 0
+    entry, env = child
+    become(entry, env)
+    return run_entry(entry)
+
+
+# ----------------------------------------------------------------------------- agent side
+@dataclass
+class WarmChild:
+    """A rank's process forked by a :class:`RankServer`, stopped and polled as a ``Popen``."""
+
+    pid: int
+    server: RankServer
+    returncode: int | None = None
+    args: tuple[str, ...] = ()
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self.server.exit_of(self.pid)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(list(self.args), timeout or 0.0)
+            time.sleep(POLL_S / 2)
+        assert self.returncode is not None
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+@dataclass
+class RankServer:
+    """The agent's end of one local rank's server (see the module doc)."""
+
+    modules: tuple[str, ...]
+    env: dict[str, str]
+    cores: tuple[int, ...] = ()
+    python: str = sys.executable
+    proc: subprocess.Popen[bytes] | None = None
+    sock: socket.socket | None = None
+    ready: bool = False
+    started_at: float = 0.0
+    forks: int = 0
+    threads: int = 0  # the server's threads once ready (logged: torch's import starts one where OMP_NUM_THREADS > 1)
+    _buf: bytes = b""
+    _exits: dict[int, int] = field(default_factory=dict)
+    _pids: list[int] = field(default_factory=list)
+    _alive: set[int] = field(default_factory=set)
+
+    def start(self) -> None:
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        cores = self.cores
+        try:
+            self.proc = subprocess.Popen(
+                [self.python, "-m", "malletrain.worker.warm_ranks", "--fd", str(theirs.fileno()),
+                 "--import", ",".join(self.modules)],
+                env=self.env, stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),),
+                preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None)
+        except OSError as exc:
+            log.warning("warm ranks: cannot start a rank server: %s; ranks start cold", exc)
+            mine.close()
+            return
+        finally:
+            theirs.close()
+        self.sock, self.started_at = mine, time.monotonic()
+
+    @property
+    def usable(self) -> bool:
+        return self.proc is not None and self.sock is not None
+
+    def _read(self, wait_s: float) -> None:
+        """Read what the server said (waiting up to ``wait_s`` for something): pids, exits, readiness."""
+        if self.sock is None:
+            return
+        readable, _, _ = select.select([self.sock], [], [], wait_s)
+        if readable:
+            try:
+                data = self.sock.recv(65536)
+            except OSError:
+                data = b""
+            if not data:
+                self._lost("closed its socket")
+                return
+            self._buf += data
+        while b"\n" in self._buf:
+            raw, self._buf = self._buf.split(b"\n", 1)
+            words = raw.decode(errors="replace").split(" ", 3)
+            if words[0] == "ready":
+                self.ready, self.threads = True, int(words[2])
+                log.info("warm ranks: rank server pid %d ready after %.2f s (imports %s s, %s thread(s)%s)",
+                         self.proc.pid if self.proc else -1, time.monotonic() - self.started_at, words[1],
+                         words[2], "; not imported: " + json.loads(words[3]) if len(words) > 3
+                         and json.loads(words[3]) else "")
+            elif words[0] == "pid":
+                self._pids.append(int(words[1]))
+            elif words[0] == "exit":
+                self._exits[int(words[1])] = int(words[2])
+            elif words[0] == "refused":
+                self._pids.append(-1)
+                log.warning("warm ranks: the server refused a start: %s", " ".join(words[1:]))
+
+    def _lost(self, why: str) -> None:
+        log.warning("warm ranks: rank server %s; its ranks start cold from now on", why)
+        if self.sock is not None:
+            self.sock.close()
+        self.sock, self.ready = None, False
+        for pid in self._alive - set(self._exits):  # its children are orphans now: gone means killed
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                self._exits[pid] = -signal.SIGKILL
+
+    def wait_ready(self, wait_s: float) -> bool:
+        deadline = time.monotonic() + wait_s
+        while self.sock is not None and not self.ready and time.monotonic() < deadline:
+            self._read(min(0.2, max(0.0, deadline - time.monotonic())))
+        return self.ready
+
+    def spawn(self, argv: Sequence[str], env: Mapping[str, str]) -> WarmChild | str:
+        """Fork a child running ``argv`` with ``env``; the child, or why not (then start it cold)."""
+        self._read(0.0)
+        if self.sock is None or not self.ready:
+            return "no rank server ready"
+        entry = entry_of(argv, self.python)
+        if isinstance(entry, str):
+            return entry
+        before = len(self._pids)
+        try:
+            self.sock.sendall(json.dumps({"argv": list(argv), "env": dict(env)}).encode() + b"\n")
+        except OSError as exc:
+            self._lost(f"took no request ({exc})")
+            return "the rank server is gone"
+        deadline = time.monotonic() + SPAWN_WAIT_S
+        while len(self._pids) == before and self.sock is not None and time.monotonic() < deadline:
+            self._read(0.05)
+        if len(self._pids) == before or self._pids[-1] < 0:
+            return "the rank server did not fork"
+        pid = self._pids[-1]
+        self._alive.add(pid)
+        self.forks += 1
+        return WarmChild(pid, self, args=tuple(argv))
+
+    def exit_of(self, pid: int) -> int | None:
+        self._read(0.0)
+        if pid not in self._exits and self.sock is None:
+            self._lost("is gone")
+        code = self._exits.get(pid)
+        if code is not None:
+            self._alive.discard(pid)
+        return code
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout=2.0)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5.0)
+
+
+def warm_wanted(env: Mapping[str, str]) -> bool:
+    """Whether a job's ranks start from rank servers (unless its environment says ``WARM_RANKS=0``)."""
+    return env.get(ENV_WARM, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
