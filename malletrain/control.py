@@ -552,7 +552,8 @@ def request(path: Path | str, req: dict[str, Any], timeout_s: float = 5.0) -> di
     sock.settimeout(timeout_s)
     try:
         try:
-            sock.connect(str(path))
+            if not _connect(sock, str(path), time.monotonic() + timeout_s):
+                return None
         except (FileNotFoundError, ConnectionRefusedError):
             return None
         except PermissionError:
@@ -583,6 +584,24 @@ def request(path: Path | str, req: dict[str, Any], timeout_s: float = 5.0) -> di
         return reply
     finally:
         sock.close()
+
+
+CONNECT_RETRY_S = 0.05
+
+
+def _connect(sock: socket.socket, path: str, deadline: float) -> bool:
+    """Connect ``sock`` to the socket at ``path`` by ``deadline``; False if its queue of connections stayed
+    full until then. (A Unix socket whose backlog is full, a daemon under a connection flood, answers a
+    connect with EAGAIN at once, where a timeout is set, instead of waiting: that is "not yet", not an
+    error.)"""
+    while True:
+        try:
+            sock.connect(path)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(CONNECT_RETRY_S)
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
