@@ -170,7 +170,7 @@ class Agent(DaemonLink, WorkerHost):
         self.refusals_in_a_row = 0  # proofs the server refused since the last session
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.IDENTITY, node.encode())
+        self.sock.setsockopt(zmq.IDENTITY, P.agent_identity(node))  # its own: never a replaced agent's
         self.sock.setsockopt(zmq.LINGER, 200)
         self.sock.setsockopt(zmq.IMMEDIATE, 1)  # never queue frames for a connection that is not up
         self.sock.setsockopt(zmq.MAXMSGSIZE, C.MAX_FRAME)

@@ -10,6 +10,15 @@ and a fresh counter. Anything else is dropped, counted in :attr:`AgentHub.reject
 by reason and logged (at most once a second per reason); no agent state is
 created for it (a handshake in progress is kept for :data:`PENDING_TTL_S`, at most
 :data:`MAX_PENDING` of them). The hub proves the key only to agents that proved it first.
+
+An agent's ZeroMQ identity is its node's name, a space and a tag of its own
+(:func:`scavenger.protocol.agent_identity`): a replacement agent on a node (its pilot's replacement) has an
+identity of its own, so the router never drops its connection as a duplicate of the old
+agent's, still held while that one ends. A node's frames go to the agent that last proved
+the key for it; the agent it replaces is told to leave (:class:`scavenger.protocol.Shutdown`)
+and its workers count as stopped. Only an agent's own reconnection can carry its identity
+(``ROUTER_HANDOVER``: the new connection takes over a stale one the router still holds), and
+nobody can take a node's frames without the key's proof.
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ import collections
 import hmac
 import itertools
 import logging
+import signal
 import shutil
 import tempfile
 import time
@@ -132,6 +142,10 @@ class AgentHub:
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        # an identity the router still holds (a connection whose end it has not processed yet) passes to the
+        # new connection: without it the router drops the newcomer's frames unanswered for as long as that
+        # connection lives (an agent reconnecting to a busy daemon)
+        self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
         self.sock.setsockopt(zmq.MAXMSGSIZE, C.MAX_FRAME)
         try:
             self.sock.bind(bind)
@@ -146,8 +160,9 @@ class AgentHub:
         self.agents: dict[str, _AgentInfo] = {}  # in the order they were last heard: the silent ones first
         self.rejected: collections.Counter[str] = collections.Counter()
         self.frames = 0  # frames read from agents, accepted or not (for metrics and benchmarks)
-        self._sessions: dict[str, C.Session] = {}
-        self._pending: dict[str, _Pending] = {}
+        self._routes: dict[str, bytes] = {}  # node -> the identity of the agent that last proved the key for it
+        self._sessions: dict[bytes, C.Session] = {}  # identity -> its session (only the identities in _routes)
+        self._pending: dict[bytes, _Pending] = {}  # identity -> its handshake in progress
         self._last_log: dict[str, float] = {}
         self._ping_due: dict[str, float] = {}  # node -> when its next ping is due, in that order
         self.lost = 0  # agents declared gone so far (left or fell silent): the daemon's loop wakes on it
@@ -185,19 +200,30 @@ class AgentHub:
 
     def send(self, msg: P.AgentMessage) -> bool:
         """Send to ``msg.node``'s agent; False if it is not connected and authenticated."""
-        session = self._sessions.get(msg.node)
+        ident = self._routes.get(msg.node)
+        return ident is not None and self._seal_to(ident, msg)
+
+    def _seal_to(self, ident: bytes, msg: P.AgentMessage) -> bool:
+        session = self._sessions.get(ident)
         if session is None:
             return False
         self._seq += 1
-        return self._send_raw(msg.node, session.seal(P.encode(msg, self._seq)))
+        return self._send_raw(ident, session.seal(P.encode(msg, self._seq)))
 
-    def _send_raw(self, node: str, frame: bytes) -> bool:
+    def _send_raw(self, ident: bytes, frame: bytes) -> bool:
         try:
-            self.sock.send_multipart([node.encode(), frame], zmq.NOBLOCK)
+            self.sock.send_multipart([ident, frame], zmq.NOBLOCK)
             return True
         except (zmq.Again, zmq.ZMQError) as exc:
-            log.debug("agent %s unreachable: %s", node, exc)
+            log.debug("agent %r unreachable: %s", ident[:300], exc)
             return False
+
+    def _forget(self, node: str) -> None:
+        """Drop ``node``'s route and session (its agent left or fell silent)."""
+        ident = self._routes.pop(node, None)
+        if ident is not None:
+            self._sessions.pop(ident, None)
+        self._ping_due.pop(node, None)
 
     def start_worker(self, node: str, worker: str, argv: tuple[str, ...], env: dict[str, str], cwd: str | None,
                      uid: int | None = None, gid: int | None = None, slots: int = 1,
@@ -232,20 +258,16 @@ class AgentHub:
                 self._reject("malformed", "?", f"{len(parts)} message parts, not 2", now)
                 continue
             ident, frame = parts
-            node = ident.decode("ascii", "replace")
+            node = P.node_of(ident)
             if not P.is_node_name(node):
-                self._reject("bad_identity", repr(ident[:40]), "identity is not a node name", now)
+                self._reject("bad_identity", repr(ident[:40]), "identity does not start with a node name", now)
                 continue
             try:
-                msg = self._receive(node, frame, now)
+                out.extend(self._receive(ident, node, frame, now))
             except C.ChannelError as exc:
                 self._reject(exc.reason, node, str(exc), now)
-                continue
             except P.ProtocolError as exc:
                 self._reject("bad_message", node, str(exc), now)
-                continue
-            if msg is not None:
-                out.extend(self._handle(msg, now))
         if drained:
             out.extend(self._silent(now))
         self._ping(now)
@@ -259,8 +281,7 @@ class AgentHub:
         self.lost += len(gone)
         for node in gone:
             del self.agents[node]
-            self._sessions.pop(node, None)
-            self._ping_due.pop(node, None)
+            self._forget(node)
         return [AgentGone(node, f"no heartbeat for {self.dead_after_s:g} s") for node in gone]
 
     def _ping(self, now: float) -> None:
@@ -274,54 +295,78 @@ class AgentHub:
                 self._ping_due[node] = now + self.ping_s
 
     # -- the channel
-    def _receive(self, node: str, frame: bytes, now: float) -> P.AgentMessage | None:
-        """An authenticated message from ``node``, or None (a handshake step); raises when rejected."""
+    def _receive(self, ident: bytes, node: str, frame: bytes, now: float) -> list[HubEvent]:
+        """The events of one frame from the agent ``ident`` of ``node`` (none for a handshake step);
+        raises when rejected."""
         kind = C.kind_of(frame)
         if kind is C.Kind.CHALLENGE:
-            self._challenge(node, C.parse_challenge(frame), now)
-            return None
+            self._challenge(ident, C.parse_challenge(frame), now)
+            return []
         if kind is C.Kind.FINISH:
-            self._finish(node, C.parse_finish(frame), now)
-            return None
+            return self._finish(ident, node, C.parse_finish(frame), now)
         if kind is not C.Kind.DATA:
             raise C.ChannelError("wrong_direction", f"{kind.name} frames go to agents, not to the hub")
-        session = self._sessions.get(node)
+        session = self._sessions.get(ident)
         if session is None:
-            self._send_raw(node, C.reauth_frame("no_session"))
+            if self._routes.get(node, ident) != ident:
+                raise C.ChannelError("replaced", "data frame from an agent a newer agent of its node replaced")
+            self._send_raw(ident, C.reauth_frame("no_session"))
             raise C.ChannelError("no_session", "data frame before a handshake (asked to authenticate)")
         msg = P.decode(session.open(frame))
         if msg.node != node:
             raise C.ChannelError("wrong_node", f"agent {node} sent a message as {msg.node!r}")
         if not isinstance(msg, P.TO_HUB_TYPES):
             raise C.ChannelError("wrong_direction", f"{msg.TYPE} messages go to agents, not to the hub")
-        return msg
+        return self._handle(msg, now)
 
-    def _challenge(self, node: str, nonce_a: bytes, now: float) -> None:
+    def _challenge(self, ident: bytes, nonce_a: bytes, now: float) -> None:
         # _pending is in the order of its expiry times (one TTL, re-inserted at each challenge; the
         # clock does not go back): the expired and the oldest are at its front, found without a scan
         # (a scan per challenge made a whole machine's agents reconnecting at once quadratic)
-        self._pending.pop(node, None)
-        for ident in list(itertools.takewhile(lambda i: self._pending[i].expires < now, self._pending)):
-            del self._pending[ident]
+        self._pending.pop(ident, None)
+        for old in list(itertools.takewhile(lambda i: self._pending[i].expires < now, self._pending)):
+            del self._pending[old]
         if len(self._pending) >= MAX_PENDING:
             oldest = next(iter(self._pending))
             del self._pending[oldest]
-            self._reject("pending_evicted", oldest, f"more than {MAX_PENDING} handshakes in progress", now)
+            self._reject("pending_evicted", P.node_of(oldest), f"more than {MAX_PENDING} handshakes in progress", now)
         nonce_h = C.new_nonce()
-        self._pending[node] = _Pending(nonce_a, nonce_h, now + PENDING_TTL_S)
-        self._send_raw(node, C.nonce_frame(nonce_h))
+        self._pending[ident] = _Pending(nonce_a, nonce_h, now + PENDING_TTL_S)
+        self._send_raw(ident, C.nonce_frame(nonce_h))
 
-    def _finish(self, node: str, proof: bytes, now: float) -> None:
-        pending = self._pending.pop(node, None)
+    def _finish(self, ident: bytes, node: str, proof: bytes, now: float) -> list[HubEvent]:
+        """Check an agent's proof; on success its session, and the node's frames go to it (the events of
+        the agent it replaces, if any)."""
+        pending = self._pending.pop(ident, None)
         if pending is None or pending.expires < now:
             raise C.ChannelError("no_handshake", "handshake proof without a live challenge")
         expected = C.agent_proof(self._key, node, pending.nonce_a, pending.nonce_h)
         if not hmac.compare_digest(proof, expected):
-            self._send_raw(node, C.reauth_frame("bad_proof"))  # a hint for the agent's log; nothing kept
+            self._send_raw(ident, C.reauth_frame("bad_proof"))  # a hint for the agent's log; nothing kept
             raise C.ChannelError("bad_proof", "the agent cannot prove the daemon's agent key")
-        self._sessions[node] = C.Session.for_hub(C.session_key(self._key, node, pending.nonce_a, pending.nonce_h))
-        self._send_raw(node, C.proof_frame(C.hub_proof(self._key, node, pending.nonce_a, pending.nonce_h)))
+        out = self._replace(node, ident)
+        self._routes[node] = ident
+        self._sessions[ident] = C.Session.for_hub(C.session_key(self._key, node, pending.nonce_a, pending.nonce_h))
+        self._send_raw(ident, C.proof_frame(C.hub_proof(self._key, node, pending.nonce_a, pending.nonce_h)))
         log.info("agent %s authenticated", node)
+        return out
+
+    def _replace(self, node: str, ident: bytes) -> list[HubEvent]:
+        """A new agent ``ident`` proved the key for ``node`` while another agent held it (a pilot's
+        replacement started before the old pilot's agent ended): the old one is told to leave, and its
+        workers count as stopped (its exits will not be heard); the node stays up."""
+        old = self._routes.get(node)
+        if old is None or old == ident:
+            return []
+        self._seal_to(old, P.Shutdown(node))
+        self._sessions.pop(old, None)
+        info = self.agents.get(node)
+        workers = sorted(info.workers) if info is not None else []
+        if info is not None:
+            info.workers = set()
+        log.info("agent %s: a new agent replaces the one that ran %d workers; told the old one to leave",
+                 node, len(workers))
+        return [WorkerExitedEvent(node, w, 128 + signal.SIGTERM, stopped=True) for w in workers]
 
     def _reject(self, reason: str, node: str, detail: str, now: float) -> None:
         self.rejected[reason] += 1
@@ -334,8 +379,7 @@ class AgentHub:
     def _handle(self, msg: P.AgentMessage, now: float) -> list[HubEvent]:
         node = msg.node
         if isinstance(msg, P.Leaving):
-            self._sessions.pop(node, None)
-            self._ping_due.pop(node, None)
+            self._forget(node)
             if self.agents.pop(node, None) is not None:
                 self.version += 1
                 self.lost += 1

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import secrets
 from dataclasses import dataclass, field
 from typing import Any, Callable, Union
 
@@ -170,6 +171,23 @@ TO_AGENT_TYPES: tuple[type, ...] = (Ping, StartWorker, StopWorker, Shutdown)
 def _printable_name(value: Any, limit: int) -> bool:
     return isinstance(value, str) and 0 < len(value) <= limit and value.isascii() and value.isprintable() \
         and " " not in value
+
+
+AGENT_TAG_BYTES = 8
+"""Random bytes in an agent's identity after its node's name (16 hex digits): told apart from any
+other agent that ever ran on the node."""
+
+
+def agent_identity(node: str) -> bytes:
+    """A fresh ZeroMQ identity for an agent of ``node``: the node's name, a space (never in a node's name)
+    and a random tag; the bare name where the two would not fit ZeroMQ's 255 bytes."""
+    ident = f"{node} {secrets.token_hex(AGENT_TAG_BYTES)}".encode()
+    return ident if len(ident) <= 255 else node.encode()
+
+
+def node_of(ident: bytes) -> str:
+    """The node an agent's identity names (what comes before its first space)."""
+    return ident.partition(b" ")[0].decode("ascii", "replace")
 
 
 def is_node_name(value: Any) -> bool:

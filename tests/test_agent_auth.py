@@ -84,6 +84,7 @@ class FakeHub:
         self.received: list[bytes] = []  # data frames from the agent, raw
         self.messages: list[P.AgentMessage] = []  # the ones that opened under our session, decoded
         self.finish_seen = 0
+        self.ident = NODE.encode()  # the agent's identity, once it spoke
 
     def pump(self, timeout_ms: int = 50) -> None:
         if not self.sock.poll(timeout_ms):
@@ -93,7 +94,8 @@ class FakeHub:
                 ident, frame = self.sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            node = ident.decode()
+            node = P.node_of(ident)
+            self.ident = ident
             kind = C.kind_of(frame)
             if kind is C.Kind.CHALLENGE:
                 self.nonce = (C.parse_challenge(frame), C.new_nonce())
@@ -107,8 +109,8 @@ class FakeHub:
                 if self.session is not None:
                     self.messages.append(P.decode(self.session.open(frame)))
 
-    def send_raw(self, frame: bytes, node: str = NODE) -> None:
-        self.sock.send_multipart([node.encode(), frame])
+    def send_raw(self, frame: bytes) -> None:
+        self.sock.send_multipart([self.ident, frame])
 
     def sealed(self, msg: P.AgentMessage) -> bytes:
         """``msg`` sealed as the hub would (or as a hijacker with the wrong key would)."""
@@ -124,30 +126,31 @@ class FakeHub:
 class RawAgent:
     """An in-process agent (DEALER) that authenticates with ``key`` and sends what a test wants."""
 
-    def __init__(self, address: str, key: bytes, node: str = NODE) -> None:
+    def __init__(self, address: str, key: bytes, node: str = NODE, ident: bytes | None = None) -> None:
         self.node, self.key = node, key
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.IDENTITY, node.encode())
+        self.sock.setsockopt(zmq.IDENTITY, node.encode() if ident is None else ident)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.connect(address)
         self.session: C.Session | None = None
 
-    def recv(self, hub: AgentHub) -> bytes:
+    def recv(self, hub: AgentHub, events: list | None = None) -> bytes:
+        """The next frame from the hub (polled here; its events into ``events`` when given)."""
         deadline = time.monotonic() + 10
         while not self.sock.poll(20):
-            hub.poll(20)
+            (events if events is not None else []).extend(hub.poll(20))
             assert time.monotonic() < deadline, "no answer from the hub"
         return self.sock.recv()
 
-    def handshake(self, hub: AgentHub) -> bool:
+    def handshake(self, hub: AgentHub, events: list | None = None) -> bool:
         """Run the handshake against ``hub`` (polled here); True if the hub accepted us and proved the key."""
         nonce_a = C.new_nonce()
         self.sock.send(C.challenge_frame(nonce_a))
-        nonce_h = C.parse_nonce(self.recv(hub))
+        nonce_h = C.parse_nonce(self.recv(hub, events))
         self.sock.send(C.finish_frame(C.agent_proof(self.key, self.node, nonce_a, nonce_h)))
         self.session = C.Session.for_agent(C.session_key(self.key, self.node, nonce_a, nonce_h))
-        answer = self.recv(hub)
+        answer = self.recv(hub, events)
         if C.kind_of(answer) is C.Kind.REAUTH:
             assert C.parse_reauth(answer) == "bad_proof"
             return False
@@ -274,6 +277,92 @@ def test_hub_drops_forged_replayed_and_wrong_node_frames_from_a_real_session() -
     finally:
         agent.close()
         hub.close()
+
+
+# ---- an agent replaced on its node, an agent reconnecting -----------------------------------
+
+
+def test_a_replacement_agent_is_answered_while_the_old_one_still_holds_the_node(tmp_path: Path) -> None:
+    """A pilot's replacement starts on the node before the old pilot's agent has gone (Slurm's ``afterany``
+    at a walltime, the hub busy). Before, both agents named themselves by the node alone, and the hub's
+    router dropped the newcomer's every frame unanswered while it held the old connection (and after:
+    nothing was ever read from it again), so the replacement gave up and its pilot was lost. Now the new
+    agent is answered and reported, and the old one is told to leave."""
+    hub = AgentHub(dead_after_s=30.0)
+    old = start_agent(hub.address, hub.key_file, tmp_path / "old.log", "--dead-after", "30")
+    new: subprocess.Popen[bytes] | None = None
+    try:
+        events: list = []
+        tick = lambda: events.extend(hub.poll(50))  # noqa: E731
+        wait_until("the old agent up", lambda: hub.pid(NODE) == old.pid, tick)
+        new = start_agent(hub.address, hub.key_file, tmp_path / "new.log", "--dead-after", "30")
+        wait_until("the new agent answered and reported", lambda: hub.pid(NODE) == new.pid, tick, timeout=30)
+        assert AgentWorkers(NODE, new.pid, (), None) in events
+        assert old.wait(timeout=30) == 0  # released: told to leave
+        for _ in range(20):
+            tick()
+        assert hub.alive() == {NODE} and hub.pid(NODE) == new.pid  # the old one's leaving is not the node's
+        assert new.poll() is None
+    finally:
+        stop(old)
+        if new is not None:
+            stop(new)
+        hub.close()
+
+
+def test_the_old_agents_workers_count_as_stopped_and_its_frames_are_dropped() -> None:
+    hub = AgentHub()
+    key = C.read_key_file(hub.key_file)
+    old = RawAgent(hub.address, key, ident=P.agent_identity(NODE))
+    new = RawAgent(hub.address, key, ident=P.agent_identity(NODE))
+    try:
+        events: list = []
+        tick = lambda: events.extend(hub.poll(20))  # noqa: E731
+        assert old.handshake(hub) and old.session is not None
+        old.send(old.session.seal(P.encode(P.Hello(NODE, 11, ("j1.w0",), "7"))))
+        wait_until("the old agent's hello", lambda: AgentWorkers(NODE, 11, ("j1.w0",), "7") in events, tick)
+        assert new.handshake(hub, events) and new.session is not None
+        wait_until("the old worker stopped", lambda: WorkerExitedEvent(NODE, "j1.w0", 143, True) in events, tick)
+        told = P.decode(old.session.open(old.recv(hub)))
+        assert told == P.Shutdown(NODE)
+        new.send(new.session.seal(P.encode(P.Hello(NODE, 22, (), "8"))))
+        wait_until("the new agent's hello", lambda: AgentWorkers(NODE, 22, (), "8") in events, tick)
+        old.send(old.session.seal(P.encode(P.Leaving(NODE, "released"))))
+        wait_until("the old agent's frame dropped", lambda: hub.rejected["replaced"] == 1, tick)
+        assert not [e for e in events if not isinstance(e, (AgentUp, AgentWorkers, WorkerExitedEvent))]
+        assert hub.alive() == {NODE} and hub.pid(NODE) == 22 and hub.batch_job(NODE) == "8"
+        assert hub.send(P.Ping(NODE))
+        assert P.decode(new.session.open(new.recv(hub))) == P.Ping(NODE)
+    finally:
+        old.close()
+        new.close()
+        hub.close()
+
+
+def test_an_agent_reconnecting_while_the_hub_still_holds_its_connection_is_answered() -> None:
+    """The same identity on a second connection (an agent's socket reconnected before the hub saw its old
+    connection end): before, the router dropped it unanswered; now the new connection takes it over."""
+    hub = AgentHub()
+    key = C.read_key_file(hub.key_file)
+    ident = P.agent_identity(NODE)
+    first = RawAgent(hub.address, key, ident=ident)
+    second: RawAgent | None = None
+    try:
+        assert first.handshake(hub)
+        second = RawAgent(hub.address, key, ident=ident)
+        assert second.handshake(hub)
+    finally:
+        first.close()
+        if second is not None:
+            second.close()
+        hub.close()
+
+
+def test_an_agents_identity_is_its_node_and_a_tag_of_its_own() -> None:
+    a, b = P.agent_identity("node7"), P.agent_identity("node7")
+    assert a != b and P.node_of(a) == P.node_of(b) == "node7"
+    assert P.node_of(b"node7") == "node7"  # an identity without a tag: the node alone
+    assert P.agent_identity("n" * 250) == b"n" * 250  # no room for a tag within ZeroMQ's 255 bytes
 
 
 # ---- a real agent and a hijacker -----------------------------------------------------------

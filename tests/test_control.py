@@ -359,3 +359,31 @@ def test_a_private_socket_is_closed_to_other_users(shared_state: Path) -> None:
         assert handler.calls == []
     finally:
         r.stop()
+
+
+def test_a_control_socket_whose_queue_is_full_is_no_answer_not_an_error(tmp_path: Path) -> None:
+    """A daemon under a connection flood: its socket's queue of connections is full, and a connect with a
+    timeout got EAGAIN at once, which ``request`` raised (BlockingIOError: a traceback from ``malletrain
+    status``, and bench_faults' flood part stopped there). Now it waits for room until its timeout, then
+    says no daemon answered."""
+    from malletrain.daemon.control import request
+
+    path = str(tmp_path / "c.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(0)  # never accepts
+    queued: list[socket.socket] = []
+    try:
+        while True:  # fill its queue
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.setblocking(False)
+            queued.append(s)
+            try:
+                s.connect(path)
+            except BlockingIOError:
+                break
+        assert request(path, {"cmd": "ping"}, timeout_s=0.3) is None
+    finally:
+        for s in queued:
+            s.close()
+        server.close()

@@ -24,6 +24,7 @@ import pytest
 pytest.importorskip("torch")
 
 from malletrain.daemon.config import DaemonConfig, ScavengerConfig  # noqa: E402
+from policy import PolicyConfig, Profiling  # noqa: E402
 from malletrain.daemon import Daemon  # noqa: E402
 from malletrain.worker.examples.tracelog import steps as steps_of  # noqa: E402
 from malletrain.daemon.jobspec import JobSpec, JobState  # noqa: E402
@@ -56,13 +57,18 @@ its pilot failed and was replaced, again and again: the restart test saw new pil
 suspended job."""
 
 
+NO_PROBES = PolicyConfig(profiling=Profiling.REQUESTED)
+"""The jobs here declare their curves and are never probed: a probe shrinks a job to fewer nodes when its
+measures pay, at a time a test cannot know (the walltime test's job was once down to the node whose
+notice came next, and left with no member)."""
+
 def config(tmp: Path, name: str, **scav: Any) -> DaemonConfig:
     sc = dict(kind="pbs", queue="preemptable", job_name=name, poll_interval=0.3, submit_rate=50.0,
               walltime=3600.0, renew_before=120.0, command_timeout=5.0)
     sc.update(scav)
     return DaemonConfig(state_dir=str(tmp / "state"), runtime="torch", backend="pbs", agent_heartbeat=0.2,
                         agent_dead_after=AGENT_DEAD_AFTER, loop_interval=0.05, store_grace=60.0,
-                        scavenger=ScavengerConfig(**sc))  # type: ignore[arg-type]
+                        policy=NO_PROBES, scavenger=ScavengerConfig(**sc))  # type: ignore[arg-type]
 
 
 @pytest.fixture

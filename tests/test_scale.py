@@ -317,15 +317,15 @@ def test_handshakes_in_progress_expire_and_the_oldest_is_evicted(tmp_path: Path,
     now = [0.0]
     hub = AgentHub(clock=lambda: now[0], key_file=tmp_path / "agent.key")
     try:
-        for node in ("a", "b", "c"):
+        for node in (b"a", b"b", b"c"):
             hub._challenge(node, b"x" * 32, now[0])
             now[0] += 1.0
-        hub._challenge("a", b"y" * 32, now[0])  # a again: now the newest
-        hub._challenge("d", b"x" * 32, now[0])  # full: b, the oldest, goes
-        assert list(hub._pending) == ["c", "a", "d"] and hub.rejected["pending_evicted"] == 1
+        hub._challenge(b"a", b"y" * 32, now[0])  # a again: now the newest
+        hub._challenge(b"d", b"x" * 32, now[0])  # full: b, the oldest, goes
+        assert list(hub._pending) == [b"c", b"a", b"d"] and hub.rejected["pending_evicted"] == 1
         now[0] += hub_module.PENDING_TTL_S - 0.5  # c (asked at 2) expired; a and d (at 3) not yet
-        hub._challenge("e", b"x" * 32, now[0])
-        assert list(hub._pending) == ["a", "d", "e"] and hub.rejected["pending_evicted"] == 1
+        hub._challenge(b"e", b"x" * 32, now[0])
+        assert list(hub._pending) == [b"a", b"d", b"e"] and hub.rejected["pending_evicted"] == 1
     finally:
         hub.close()
 

@@ -25,6 +25,7 @@ import pytest
 pytest.importorskip("torch")
 
 from malletrain.daemon.config import DaemonConfig, ScavengerConfig  # noqa: E402
+from policy import PolicyConfig, Profiling  # noqa: E402
 from malletrain.daemon import Daemon  # noqa: E402
 from malletrain.worker.examples.tracelog import steps as steps_of  # noqa: E402
 from malletrain.daemon.jobspec import JobSpec, JobState  # noqa: E402
@@ -57,13 +58,18 @@ its pilot failed and was replaced, again and again: the restart test saw new pil
 suspended job."""
 
 
+NO_PROBES = PolicyConfig(profiling=Profiling.REQUESTED)
+"""The jobs here declare their curves and are never probed: a probe shrinks a job to fewer nodes when its
+measures pay, at a time a test cannot know (the walltime test's job was once down to the node whose
+notice came next, and left with no member)."""
+
 def config(tmp: Path, name: str, **scav: Any) -> DaemonConfig:
     sc = dict(kind="slurm", partition="preemptable", job_name=name, poll_interval=0.3, submit_rate=50.0,
               walltime=3600.0, renew_before=120.0, command_timeout=5.0)
     sc.update(scav)
     return DaemonConfig(state_dir=str(tmp / "state"), runtime="torch", backend="slurm", agent_heartbeat=0.2,
                         agent_dead_after=AGENT_DEAD_AFTER, loop_interval=0.05, store_grace=60.0,
-                        scavenger=ScavengerConfig(**sc))  # type: ignore[arg-type]
+                        policy=NO_PROBES, scavenger=ScavengerConfig(**sc))  # type: ignore[arg-type]
 
 
 @pytest.fixture
@@ -114,6 +120,15 @@ def job_state(cluster: SlurmCluster, job: str) -> str:
 def planned(cluster: SlurmCluster) -> set[str]:
     res = cluster.run(["sinfo", "-N", "-h", "-p", "preemptable", "-o", "%N %t"], check=False)
     return {parts[0] for parts in map(str.split, res.stdout.splitlines()) if len(parts) == 2 and parts[1] == "plnd"}
+
+
+def run_seconds(cluster: SlurmCluster, job: str) -> int:
+    """How long ``job`` has run, from ``scontrol`` (its ``RunTime``, ``[D-]HH:MM:SS``)."""
+    res = cluster.run(["scontrol", "show", "job", "-o", job])
+    text = next(part.split("=", 1)[1] for part in res.stdout.split() if part.startswith("RunTime="))
+    days, _, hms = text.rpartition("-")
+    h, m, sec = (int(x) for x in hms.split(":"))
+    return int(days or 0) * 86400 + h * 3600 + m * 60 + sec
 
 
 def kinds(d: Daemon, kind: str) -> list[dict]:
@@ -265,20 +280,23 @@ def test_sinfo_squeue_failing_or_hanging_daemon_survives_and_catches_up(
 
 @pytest.mark.slow
 def test_a_pilot_reaching_its_walltime_hands_its_node_over_without_loss(daemon, cluster: SlurmCluster) -> None:
-    """Walltime 1 min, renewed 10 s before: at the notice a replacement pilot is queued
-    ``afterany`` on the same node and the job leaves the node, training on on the other one; at the
-    walltime the backend ends the old pilot (Slurm itself may take up to 30 s more), the
-    replacement starts and the job grows back. node2's pilot starts 30 s after node1's, so the job
-    always has a node that is not ending."""
+    """Once the job trains on node1 and node2, node1's pilot is given a walltime 40 s away (``scontrol
+    update TimeLimit``, as an operator may: the daemon reads the new end from ``squeue``); at the notice,
+    10 s before it, a replacement pilot is queued ``afterany`` on the same node and the job leaves the
+    node, training on on node2; at the walltime the daemon ends the old pilot, the replacement starts and
+    the job grows back. Each stage waits for the one before: no stage assumes how fast a worker starts
+    (with node1's walltime fixed at its submission, under load node2's cold worker had not joined yet
+    when node1's notice came, and the job was left with no member)."""
     blockers = [prod_job(cluster, "-w", n, "--time=10", "--wrap", "sleep 600") for n in ("node2", "node3", "node4")]
-    d = daemon(walltime=60.0, renew_before=10.0)
+    d = daemon(walltime=3600.0, renew_before=10.0)
     jid = submit_job(d, max_nodes=2)
     until(d, "the job trains on node1", lambda: trains_on(d, jid, 1, steps=2), timeout=90)
-    first, started = next((e["pilot"], e["time"]) for e in kinds(d, "pilot_started") if e["nodes"] == ["node1"])
-    until(d, "30 s into node1's pilot", lambda: time.time() > started + 30, timeout=60)
+    first = next(e["pilot"] for e in kinds(d, "pilot_started") if e["nodes"] == ["node1"])
     cluster.run(["scancel", blockers[0]])
-    until(d, "the job trains on node1 and node2", lambda: trains_on(d, jid, 2, steps=2), timeout=60)
+    until(d, "the job trains on node1 and node2", lambda: trains_on(d, jid, 2, steps=2), timeout=120)
     node2_log = d.state_dir / "logs" / f"{d.runs[jid].workers['node2']}.log"
+    ran = run_seconds(cluster, first)
+    cluster.run(["scontrol", "update", f"JobId={first}", f"TimeLimit={(ran + 40) // 60}:{(ran + 40) % 60:02d}"])
 
     def replacement_started() -> float | None:
         repl = [e["pilot"] for e in kinds(d, "pilot_queued") if e["replaces"] == first]
@@ -287,7 +305,7 @@ def test_a_pilot_reaching_its_walltime_hands_its_node_over_without_loss(daemon, 
 
     until(d, "the replacement runs on node1 and the job is back on it", lambda: replacement_started() is not None
           and any(e["time"] > replacement_started() and "node1" in e["nodes"] for e in kinds(d, "members")),
-          timeout=90)
+          timeout=150)
     notice = next(e["time"] for e in kinds(d, "pilot_ending") if e["pilot"] == first)
     assert next(e["reason"] for e in kinds(d, "pilot_ending") if e["pilot"] == first) == "timeout"
     assert next(e["reason"] for e in kinds(d, "pilot_ended") if e["pilot"] == first) == "timeout"

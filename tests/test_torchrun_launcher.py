@@ -8,6 +8,7 @@ checkpoint each time, and COMPLETED with no failure counted and no process left 
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -652,3 +653,38 @@ def test_a_restarted_daemon_learns_a_workers_k_from_its_ready_key(tmp_path: Path
         assert sorted(world.places) == rank_names("j1.a", 2)
     finally:
         rt.close()
+
+
+def test_a_restarted_daemon_serves_a_torchrun_jobs_store_on_the_last_daemons_port(tmp_path: Path) -> None:
+    """After a kill -9 the job's rank agents (they outlive the daemon) reconnect to the store's address
+    they were given: the restarted daemon serves a torchrun job's store at once, on the last daemon's
+    port, before any agent is back."""
+    import json
+    import socket
+
+    from malletrain.daemon.config import DaemonConfig, LocalConfig
+    from malletrain.daemon import Daemon
+    from malletrain.daemon.store import Store
+
+    with socket.socket() as probe:  # a port free now, as the last daemon's store had
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    store = Store.open(state / "store.db")
+    jid = store.submit(JobSpec("tr", (PY, "train.py"), 1, 1, False, {1: 1.0}, launcher=Launcher.TORCHRUN),
+                       owner_uid=os.geteuid(), owner_gid=os.getegid())
+    store.set_state(jid, JobState.RUNNING, "placed")
+    store.set_nodes(jid, ["node00"])
+    store.set_generation(jid, 3)
+    store.set_meta("ports", json.dumps({"monitor": 0, "agents": 0, "rendezvous": 0, "torchrun": port}))
+    store.close()
+    d = Daemon(DaemonConfig(state_dir=str(state), runtime="toy", local=LocalConfig(nodes=1, trace="none"),
+                            agent_heartbeat=0.2, agent_dead_after=4.0, loop_interval=0.05))
+    try:
+        d.step()
+        assert d.torchrun.port == port
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            pass
+    finally:
+        d.close()

@@ -8,12 +8,16 @@ Against real daemons (local backend, toy runtime), each attack as it was reporte
   Taken (one count) if, within ``seconds``, the liar ever held both nodes or the victim none.
 * **key inflations** (E; daemon stalls: F): a ``torchrun`` job whose command stops its rank agent
   (SIGSTOP: it writes its true count no more) and writes the agent's ready key
-  (``mt/JOB/ready/WORKER``, the local-rank count a restarted daemon reads) as 10^6, then 200,000,
+  (``mt/JOB/ready/WORKER``, WORKER the rank agent's name, not the rank's own: the local-rank count a
+  restarted daemon reads) as 10^6, then 200,000,
   again and again; the daemon is killed (-9) and started again. A stall (one
-  count each) if the restarted daemon did not answer ``status`` within 5 s at each of 5 looks
-  over 10 s, or grew past 300 MB. The line says whether the restarted daemon read the key (its
-  warning); where it did not (its store came back where the job's client did not reconnect), the
-  job's last log lines follow, and the bound is shown by ``tests/test_claims.py`` alone.
+  count each) if the restarted daemon did not answer a ``status`` request on its control socket
+  within 5 s at each of 5 looks over 10 s (asked from here: the CLI's own start is not the
+  daemon's), or grew past 300 MB. The daemon's agents wait the default ``agent_dead_after``
+  (30 s) here: a restart slower than theirs (19 s at load 24) made them stop the job's worker, so
+  there was nothing to re-adopt and no key to read. The line says whether the restarted daemon
+  read the key (its warning); where it did not, the job's last log lines follow, and the bound
+  is shown by ``tests/test_claims.py`` alone.
 * **stop-code loops** (G; never failed: H): a job that exits 143, 137, 130, 129 or 75 by itself,
   at once, with ``max_failures = 3``. Never failed (one count each) if the job was not FAILED
   within 60 s.
@@ -22,19 +26,20 @@ Against real daemons (local backend, toy runtime), each attack as it was reporte
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 from dataclasses import dataclass
 
 import faults_common as B
 import psutil
 
+from malletrain.daemon.control import ControlError, ask
+
 CONFIG = """
 state_dir = "{{state}}"
 runtime = "toy"
 loop_interval = 0.05
 agent_heartbeat = 0.2
-agent_dead_after = 6.0
+agent_dead_after = {dead_after}
 max_failures = 3
 backend = "local"
 [local]
@@ -51,16 +56,17 @@ scaling = { 1 = 1.0, 2 = 1000000.0 }
 """
 
 INFLATE = """
-import os, signal, time
+import os, re, signal, time
 from contract.wire import StoreClient, StoreError
 host, port = os.environ["MALLETRAIN_STORE"].rsplit(":", 1)
 job, me = os.environ["MALLETRAIN_JOB"], os.environ["MALLETRAIN_WORKER"]
+agent = re.sub(r"(\\.local\\d+)?\\.restart\\d+$", "", me)  # a rank's name: its agent's, its local rank, its start
 c = StoreClient((host, int(port)), job, me, os.environ["MALLETRAIN_JOB_SECRET"])
 os.kill(os.getppid(), signal.SIGSTOP)  # its rank agent (same user) writes its true K no more
 print("inflating", flush=True)
 while True:
     try:
-        c.set(f"mt/{job}/ready/{me}", "{count}")
+        c.set(f"mt/{job}/ready/{agent}", "{count}")  # the key the daemon reads the agent's K from
     except Exception as exc:  # the daemon killed: its store away, then back on its port
         print("refused:", type(exc).__name__, exc, flush=True)
         try:
@@ -87,6 +93,10 @@ max_nodes = 1
 """
 
 STALL_MB = 300
+DEAD_AFTER = 6.0
+"""The agents' ``agent_dead_after`` in the curve and stop-code parts (no restart there)."""
+KEYS_DEAD_AFTER = 30.0
+"""In the keys part: the daemon's default, so the job's agent outlives the daemon's restart."""
 
 
 @dataclass
@@ -101,7 +111,7 @@ class Claims:
 
 def curve_lies(t: B.Tally, c: Claims, seconds: float) -> None:
     with B.workdir("mt-faults-curve-") as top:
-        d = B.Daemon(top, CONFIG.format(nodes=2))
+        d = B.Daemon(top, CONFIG.format(nodes=2, dead_after=DEAD_AFTER))
         d.start()
         try:
             victim = d.submit(B.TOY_JOB.format(name="victim", rate=1000, lo=1, hi=2, profile="false", samples=""),
@@ -139,15 +149,16 @@ def _daemon_mb(d: B.Daemon) -> float:
 
 
 def _answers_in(d: B.Daemon, limit_s: float = 5.0) -> bool:
+    """The daemon answers a ``status`` request on its control socket within ``limit_s``."""
     try:
-        return d.alive() and B.cli("status", "--json", "--state-dir", str(d.state), timeout=limit_s).returncode == 0
-    except subprocess.TimeoutExpired:
+        return d.alive() and ask(d.state, {"cmd": "status"}, limit_s) is not None
+    except ControlError:
         return False
 
 
 def key_inflations(t: B.Tally, c: Claims) -> None:
     with B.workdir("mt-faults-keys-") as top:
-        d = B.Daemon(top, CONFIG.format(nodes=1))
+        d = B.Daemon(top, CONFIG.format(nodes=1, dead_after=KEYS_DEAD_AFTER))
         d.start()
         try:
             for count in (10**6, 200_000):
@@ -185,7 +196,7 @@ def key_inflations(t: B.Tally, c: Claims) -> None:
 
 def stop_code_loops(t: B.Tally, c: Claims) -> None:
     with B.workdir("mt-faults-stopcodes-") as top:
-        d = B.Daemon(top, CONFIG.format(nodes=1))
+        d = B.Daemon(top, CONFIG.format(nodes=1, dead_after=DEAD_AFTER))
         d.start()
         try:
             for code in (143, 137, 130, 129, 75):

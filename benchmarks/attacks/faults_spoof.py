@@ -147,7 +147,7 @@ def hijack_agents(t: Tally, d: Daemon, top: Path) -> None:
     while time.monotonic() < deadline:
         if sock.poll(100):
             ident, frame = sock.recv_multipart()
-            node = ident.decode(errors="replace")
+            node = P.node_of(ident)
             kind = C.kind_of(frame)
             if kind is C.Kind.CHALLENGE:
                 nonces[ident] = (C.parse_challenge(frame), C.new_nonce())

@@ -11,22 +11,19 @@ Why not ZeroMQ REQ/REP (what this replaces) or a ROUTER:
   (``timeout_s``), so a slow or silent client costs one slot for a few seconds, never the channel;
 * bounded work: the length first (an oversize request is refused unread), ``MAX_CONNECTIONS`` open.
 
-Authority (:func:`authorize`): anyone may ``ping``, ``status``, ``nodes`` and ``submit`` (the job
-is recorded as theirs: :class:`Submit` carries the caller's uid, taken from the kernel, never from
-the request, and the umask the submitter sends); ``cancel`` needs the job's owner or an admin;
-``shutdown`` needs an admin. Admins are root, the daemon's own user, and the members of the
-configured admin groups (by the group database, not the peer's process, so a pid reused after
-connecting cannot lend its groups).
+Authority (:func:`authorize`): anyone may ``ping``, ``status``, ``nodes`` and ``submit`` (the job is recorded
+as theirs: :class:`Submit` carries the caller's uid, taken from the kernel, never from the request, and the
+umask the submitter sends); ``cancel`` needs the job's owner or an admin; ``shutdown`` needs an admin. Admins
+are root, the daemon's own user, and the members of the configured admin groups (by the group database, not
+the peer's process, so a pid reused after connecting cannot lend its groups).
 
-Directory modes: ``shared=False`` (a daemon for its own user) makes the socket's directory 0700: nobody
-else can connect. ``shared=True`` (a root daemon for many users) makes it 0711 and the socket 0666: all
-can connect, none can list, :func:`authorize` decides (every directory above it traversable by them).
-"""
+Directory modes: ``shared=False`` (a daemon for its own user): the socket's directory is 0700, nobody else
+connects. ``shared=True`` (a root daemon serving many users): 0711 and the socket 0666, so every user can
+connect, none can list, :func:`authorize` decides (every directory above traversable by them)."""
 
 from __future__ import annotations
 
 import enum
-import errno
 import grp
 import json
 import logging
@@ -545,18 +542,25 @@ def _private_dir(d: Path, mode: int) -> None:
 
 # ---------------------------------------------------------------- client
 def request(path: Path | str, req: dict[str, Any], timeout_s: float = 5.0) -> dict[str, Any] | None:
-    """One request/reply on the socket at ``path``; None if no daemon answered. Raises
-    :class:`ControlError` if the socket exists but this user may not connect to it, or the daemon's
-    reply breaks the protocol."""
+    """One request/reply on the socket at ``path``; None if no daemon answered within ``timeout_s`` (a
+    socket whose queue stayed full, a connection flood, too). Raises :class:`ControlError` if the socket
+    exists but this user may not connect to it, or the daemon's reply breaks the protocol."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout_s)
+    deadline = time.monotonic() + timeout_s
     try:
-        try:
-            sock.connect(str(path))
-        except (FileNotFoundError, ConnectionRefusedError):
-            return None
-        except PermissionError:
-            raise ControlError(f"{path}: permission denied (the daemon's control socket)") from None
+        while True:
+            try:
+                sock.connect(str(path))
+                break
+            except BlockingIOError:  # its queue is full: with a timeout set, EAGAIN at once, not a wait
+                if time.monotonic() >= deadline:
+                    return None
+                time.sleep(0.05)
+            except (FileNotFoundError, ConnectionRefusedError):
+                return None
+            except PermissionError:
+                raise ControlError(f"{path}: permission denied (the daemon's control socket)") from None
         try:
             sock.sendall(pack(req))
             head = _recv_exact(sock, _LEN.size)
@@ -566,12 +570,8 @@ def request(path: Path | str, req: dict[str, Any], timeout_s: float = 5.0) -> di
             if n > MAX_REPLY:
                 raise ControlError(f"{path}: reply of {n} bytes (limit {MAX_REPLY})")
             body = _recv_exact(sock, n)
-        except (TimeoutError, ConnectionError):
+        except (TimeoutError, ConnectionError):  # (EPIPE and ECONNRESET are ConnectionErrors)
             return None
-        except OSError as exc:
-            if exc.errno in (errno.EPIPE, errno.ECONNRESET):
-                return None
-            raise
         if body is None:
             return None
         try:
