@@ -294,9 +294,9 @@ def test_a_replacement_agent_is_answered_while_the_old_one_still_holds_the_node(
     try:
         events: list = []
         tick = lambda: events.extend(hub.poll(50))  # noqa: E731
-        wait_until("the old agent up", lambda: hub.pid(NODE) == old.pid, tick)
+        wait_until(lambda: hub.pid(NODE) == old.pid, "the old agent up", 15.0, tick=tick, pause=0)
         new = start_agent(hub.address, hub.key_file, tmp_path / "new.log", "--dead-after", "30")
-        wait_until("the new agent answered and reported", lambda: hub.pid(NODE) == new.pid, tick, timeout=30)
+        wait_until(lambda: hub.pid(NODE) == new.pid, "the new agent answered and reported", 30.0, tick=tick, pause=0)
         assert AgentWorkers(NODE, new.pid, (), None) in events
         assert old.wait(timeout=30) == 0  # released: told to leave
         for _ in range(20):
@@ -320,15 +320,15 @@ def test_the_old_agents_workers_count_as_stopped_and_its_frames_are_dropped() ->
         tick = lambda: events.extend(hub.poll(20))  # noqa: E731
         assert old.handshake(hub) and old.session is not None
         old.send(old.session.seal(P.encode(P.Hello(NODE, 11, ("j1.w0",), "7"))))
-        wait_until("the old agent's hello", lambda: AgentWorkers(NODE, 11, ("j1.w0",), "7") in events, tick)
+        wait_until(lambda: AgentWorkers(NODE, 11, ("j1.w0",), "7") in events, "the old agent's hello", 15.0, tick=tick, pause=0)
         assert new.handshake(hub, events) and new.session is not None
-        wait_until("the old worker stopped", lambda: WorkerExitedEvent(NODE, "j1.w0", 143, True) in events, tick)
+        wait_until(lambda: WorkerExitedEvent(NODE, "j1.w0", 143, True) in events, "the old worker stopped", 15.0, tick=tick, pause=0)
         told = P.decode(old.session.open(old.recv(hub)))
         assert told == P.Shutdown(NODE)
         new.send(new.session.seal(P.encode(P.Hello(NODE, 22, (), "8"))))
-        wait_until("the new agent's hello", lambda: AgentWorkers(NODE, 22, (), "8") in events, tick)
+        wait_until(lambda: AgentWorkers(NODE, 22, (), "8") in events, "the new agent's hello", 15.0, tick=tick, pause=0)
         old.send(old.session.seal(P.encode(P.Leaving(NODE, "released"))))
-        wait_until("the old agent's frame dropped", lambda: hub.rejected["replaced"] == 1, tick)
+        wait_until(lambda: hub.rejected["replaced"] == 1, "the old agent's frame dropped", 15.0, tick=tick, pause=0)
         assert not [e for e in events if not isinstance(e, (AgentUp, AgentWorkers, WorkerExitedEvent))]
         assert hub.alive() == {NODE} and hub.pid(NODE) == 22 and hub.batch_job(NODE) == "8"
         assert hub.send(P.Ping(NODE))

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 CITED = re.compile(r"benchmarks/[A-Za-z0-9_/]+\.py")
 RUN_TIMEOUT_S = 900
 
@@ -63,7 +63,7 @@ NOT_RUN = {
     "bench_costs.py": "five seeds of an hour of the Philly stream on 64 nodes: tens of minutes",
     "bench_cuda_resume.py": "needs a GPU",
     "bench_demo_policies.py": "three 150 s runs of real training per policy: 16 minutes at least",
-    "bench_faults.py": "its parts run against real root daemons for about half an hour; "
+    "attacks/bench_faults.py": "its parts run against real root daemons for about half an hour; "
                        "tests/test_claims.py and the security tests check what it attacks",
     "bench_first_command.py": "clones the checkout and installs it into a fresh venv (minutes)",
     "bench_horovod.py": "needs Elastic Horovod (built by .ci/build-horovod.sh); tests/test_horovod_*.py run it",
@@ -79,10 +79,10 @@ NOT_RUN = {
     "bench_sweep.py": "twelve trials each way, even with --short (minutes each way)",
     "bench_traces.py": "reads every real log of the data directory, best of several",
     "calibrate.py": "measures on the Slurm test cluster and writes simulator/calibration.json",
-    "faults_shares.py": "a part of bench_faults.py (--parts shares), not a script of its own",
+    "attacks/faults_shares.py": "a part of bench_faults.py (--parts shares), not a script of its own",
     "scale/daemon_proc.py": "the daemon process bench_daemon_scale.py starts, not a script of its own",
     "scale/load.py": "the simulated agents bench_daemon_scale.py starts, not a script of its own",
-    "store_faults.py": "a part of bench_faults.py (--parts round2), not a script of its own",
+    "attacks/store_faults.py": "a part of bench_faults.py (--parts round2), not a script of its own",
 }
 
 
