@@ -131,7 +131,7 @@ class Policy:
         self._preemptions(r)
         stop_over_budget(self.state, r)
         stop_past_deadline(self.state, r)
-        advance_profiles(self.state, r, evidence)
+        advance_profiles(self.state, r, evidence, again=self.config.profiling is Profiling.GATED)
         r.population = self.beliefs.population()  # the measured points are settled for this decision
         r.believed = {j: self.beliefs.believed(r.jobs[j], r.population) for j in self.state.admitted}
         self._suspensions(r)
@@ -255,7 +255,7 @@ class Policy:
             st.assigned.pop(job_id, None)
             r.release(job.nodes)
             if job_id in st.profiles:
-                end_profile(st, r, job_id, None, "preempted")
+                end_profile(st, r, job_id, None, "preempted", again=self.config.profiling is Profiling.GATED)
             r.note(EventKind.PREEMPTED, job_id, nodes=job.count)
 
     # ------------------------------------------------------------------ admission
