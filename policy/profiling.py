@@ -93,13 +93,7 @@ def probe_counts(cfg: PolicyConfig, st: PolicyState, job: JobView, curve: Mappin
       node it holds, and passive learning at the counts it is given may never measure it);
     * **up**, a job measured at its min only and running there, while ``free`` nodes are on offer:
       once up to ``top`` (:data:`PROBE_TOP`, or twice its count; free nodes only, never a lender), then
-      back down to its count;
-    * **up from above its min**, a job measured at its count and its min but at no count above its
-      count, while ``free`` nodes are on offer: once up to ``top`` (its max, at most twice its count, free
-      nodes only), then back down to its count. While nodes are scarce nothing else would measure it
-      above the count it holds: a belief that under-rates the curve there (the population's shape, scaled
-      at the counts measured) keeps it at that count for good, the slow count that makes the longest
-      jobs the slowest to finish.
+      back down to its count.
 
     It pays when the expected gain (``profile_gain_fraction`` x the spread of the prior at the probed
     count, at least :data:`UNVERIFIED_SPREAD`, x the job's rate x the time it has left) exceeds the
@@ -113,15 +107,9 @@ def probe_counts(cfg: PolicyConfig, st: PolicyState, job: JobView, curve: Mappin
     if job.count not in pts:
         return None  # its own count is not measured yet: passive learning first
     if job.count > job.min_nodes:
-        if job.min_nodes not in pts:
-            counts = (job.count, job.min_nodes)
-        elif any(n > job.count for n in pts):
-            return None  # its base and a count above it are measured: the belief has its shape
-        else:
-            top = min(job.max_nodes, job.count + free, 2 * job.count)
-            if top <= job.count:
-                return None
-            counts = (top, job.count)
+        if job.min_nodes in pts:
+            return None  # its base is measured
+        counts = (job.count, job.min_nodes)
     elif pts != {job.count}:
         return None  # measured above its min already
     else:

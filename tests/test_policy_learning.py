@@ -135,28 +135,6 @@ def test_a_job_at_its_min_is_probed_up_on_free_nodes_only():
     assert c.count(start.job) <= 4 and not c.policy.state.profiles
 
 
-def test_a_job_held_above_its_min_with_nothing_measured_above_is_probed_up_on_free_nodes_only():
-    """While nodes are scarce a job measured at its min and at the count it holds, never above it, is
-    held there on the prior's shape: it is probed once up on free nodes (at most twice its count, its
-    max), so a curve the prior under-rates is seen; never from a lender, never once a count above is known."""
-    from policy.profiling import probe_counts
-    from policy.state import PolicyState
-
-    cfg = PolicyConfig(prior=((1, 10.0), (2, 12.0), (4, 16.0), (16, 30.0)), max_running=10)
-    st = PolicyState()
-    st.measured["a"] = {1: 10.0, 4: 30.0}
-    job = JobView("a", 1, 16, tuple(names("n", 4)), 0, None, None, False, work_left=1e9)
-    curve = Policy(cfg, st).believed_curve(job)
-    assert probe_counts(cfg, st, job, curve, 5.0, 5.0, 0, None) is None  # no free node: no probe (no lender)
-    assert probe_counts(cfg, st, job, curve, 5.0, 5.0, 3, None) == (7, 4)  # up onto the free nodes, back to 4
-    assert probe_counts(cfg, st, job, curve, 5.0, 5.0, 20, None) == (8, 4)  # at most twice its count
-    st.measured["a"][8] = 50.0
-    assert probe_counts(cfg, st, job, curve, 5.0, 5.0, 20, None) is None  # a count above it is measured
-    del st.measured["a"][8]
-    short = JobView("a", 1, 16, tuple(names("n", 4)), 0, None, None, False, work_left=100.0)
-    assert probe_counts(cfg, st, short, curve, 5.0, 5.0, 20, None) is None  # a short job: it does not pay
-
-
 def test_the_prior_spread_is_worked_out_once_per_set_of_shapes_and_again_when_they_change():
     from policy.beliefs import efficiency_spread
 
