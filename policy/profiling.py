@@ -269,10 +269,12 @@ def advance_profiles(st: PolicyState, r: Round, evidence: Evidence, again: bool 
 def end_profile(st: PolicyState, r: Round, job_id: str, done: Done | None, reason: str,
                 again: bool = False) -> None:
     """End ``job_id``'s profile: its points enter its curve, its lender is owed its nodes back. A profile
-    is done once; with ``again`` (gated profiling) one on free nodes cut short before it measured the
-    count it went for is not (:func:`cut_short_unmeasured`)."""
+    is done once; with ``again`` (gated profiling) the first one on free nodes cut short before it
+    measured the count it went for is not (:func:`cut_short_unmeasured`): the job may be probed once more."""
     session = st.profiles.pop(job_id)
-    if not (again and cut_short_unmeasured(session, done)):
+    if again and cut_short_unmeasured(session, done) and job_id not in st.cut_short:
+        st.cut_short.add(job_id)
+    else:
         st.profiled.add(job_id)
     measured = session.measured
     if measured:
@@ -291,8 +293,9 @@ def end_profile(st: PolicyState, r: Round, job_id: str, done: Done | None, reaso
 
 def cut_short_unmeasured(session: ProfileSession, done: Done | None) -> bool:
     """Whether a profile that took no lender's nodes (a probe, a gated profile on free nodes) was cut
-    short (a recall, a preemption) before it measured the last count it went for: then it does not
-    count as done, and the job may be probed again where it pays. A job whose one probe a recall cut
+    short (a recall, a preemption) before it measured the last count it went for: then the first such
+    does not count as done, and the job may be probed once more where it pays (once: where recalls are
+    frequent, a probe tried again and again costs its pauses each time). A job whose one probe a recall cut
     short would otherwise keep an unverified shape for good: from a linear belief, believed linear,
     it wins every tie (the oldest job) and holds nodes that jobs which scale better would use."""
     plan = session.plan

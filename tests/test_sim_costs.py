@@ -259,7 +259,8 @@ def test_a_torchrun_job_with_warm_ranks_pays_the_warm_restart_one_started_cold_t
     tl = timeline("abc", "ab", [(100.0, "c", True), (200.0, "a", False)], end=300.0)  # grows at 100, shrinks at 200
     cal = Calibration("t", 0.0, 0.0, 20.0, 1.0, 0.0, torchrun_restart_s=3.0, torchrun_cold_restart_s=9.0)
     pauses = {}
-    for label, launcher, warm in (("elastic", "elastic", True), ("warm", "torchrun", True), ("cold", "torchrun", False)):
+    for label, launcher, warm in (("elastic", "elastic", True), ("warm", "torchrun", True),
+                                  ("cold", "torchrun", False)):
         pol = SimPolicy("defaults", Policy(PolicyConfig(profiling="never")), lambda spec: None)
         spec = job(scaling=LINEAR, launcher=launcher, warm_ranks=warm)
         res = Simulator(tl, workload(spec), pol, SimConfig(calibration=cal)).run()
@@ -290,8 +291,9 @@ def test_a_jobs_file_names_warm_ranks_and_a_bad_value_is_refused(tmp_path):
 
     scaling = {"m": LINEAR}
     good = tmp_path / "jobs.json"
-    good.write_text(json.dumps([{"name": "w", "scaling": {"1": 1, "2": 2}, "launcher": "torchrun"},
-                                {"name": "c", "scaling": {"1": 1, "2": 2}, "launcher": "torchrun", "warm_ranks": False}]))
+    good.write_text(json.dumps([
+        {"name": "w", "scaling": {"1": 1, "2": 2}, "launcher": "torchrun"},
+        {"name": "c", "scaling": {"1": 1, "2": 2}, "launcher": "torchrun", "warm_ranks": False}]))
     specs = load_jobs_file(good, scaling)  # type: ignore[arg-type]
     assert [s.warm_ranks for s in specs] == [True, False]
     bad = tmp_path / "bad.json"
