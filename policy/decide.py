@@ -182,8 +182,7 @@ class Policy:
         st.profiles = {k: s for k, s in st.profiles.items() if k in jobs}
         st.debts = {b: d for b, d in st.debts.items() if b in jobs and d.lender in jobs}
         st.lent_at = {k: v for k, v in st.lent_at.items() if k in jobs}
-        st.profiled = {j for j in st.profiled if j in jobs}
-        st.cut_short = {j for j in st.cut_short if j in jobs}
+        st.profiled, st.cut_short = {j for j in st.profiled if j in jobs}, {j for j in st.cut_short if j in jobs}
         st.over_budget = {j for j in st.over_budget if j in jobs}
         for job_id in [k for k in st.measured if k not in jobs]:
             pts = st.measured.pop(job_id)
