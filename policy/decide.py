@@ -134,7 +134,7 @@ class Policy:
         self._preemptions(r)
         stop_over_budget(self.state, r)
         stop_past_deadline(self.state, r)
-        advance_profiles(self.state, r, evidence)
+        advance_profiles(self.state, r, evidence, again=self.config.profiling is Profiling.GATED)
         r.population = self.beliefs.population()  # the measured points are settled for this decision
         r.believed = {j: self.beliefs.believed(r.jobs[j], r.population) for j in self.state.admitted}
         self._suspensions(r)
@@ -185,7 +185,7 @@ class Policy:
         st.profiles = {k: s for k, s in st.profiles.items() if k in jobs}
         st.debts = {b: d for b, d in st.debts.items() if b in jobs and d.lender in jobs}
         st.lent_at = {k: v for k, v in st.lent_at.items() if k in jobs}
-        st.profiled = {j for j in st.profiled if j in jobs}
+        st.profiled, st.cut_short = {j for j in st.profiled if j in jobs}, {j for j in st.cut_short if j in jobs}
         st.over_budget = {j for j in st.over_budget if j in jobs}
         for job_id in [k for k in st.measured if k not in jobs]:
             pts = st.measured.pop(job_id)
@@ -258,7 +258,7 @@ class Policy:
             st.assigned.pop(job_id, None)
             r.release(job.nodes)
             if job_id in st.profiles:
-                end_profile(st, r, job_id, None, "preempted")
+                end_profile(st, r, job_id, None, "preempted", again=self.config.profiling is Profiling.GATED)
             r.note(EventKind.PREEMPTED, job_id, nodes=job.count)
 
     # ------------------------------------------------------------------ admission

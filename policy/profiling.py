@@ -251,12 +251,13 @@ def source_profile(cfg: PolicyConfig, st: PolicyState, r: Round, job: JobView, f
     return res
 
 
-def advance_profiles(st: PolicyState, r: Round, evidence: Evidence) -> None:
-    """Step every profile on its evidence; end those that lost their nodes or are done."""
+def advance_profiles(st: PolicyState, r: Round, evidence: Evidence, again: bool = False) -> None:
+    """Step every profile on its evidence; end those that lost their nodes or are done (``again``:
+    :func:`end_profile`'s)."""
     for job_id, session in list(st.profiles.items()):
         job = r.jobs[job_id]
         if st.assigned.get(job_id) == session.count and job.count < session.count:
-            end_profile(st, r, job_id, None, "lost nodes during the profile")
+            end_profile(st, r, job_id, None, "lost nodes during the profile", again)
             continue
         action = session.next_action(r.now, evidence.get(job_id, NO_EVIDENCE))
         if isinstance(action, StepDown):
@@ -265,10 +266,16 @@ def advance_profiles(st: PolicyState, r: Round, evidence: Evidence) -> None:
             end_profile(st, r, job_id, action, "done")
 
 
-def end_profile(st: PolicyState, r: Round, job_id: str, done: Done | None, reason: str) -> None:
-    """End ``job_id``'s profile: its points enter its curve, its lender is owed its nodes back."""
+def end_profile(st: PolicyState, r: Round, job_id: str, done: Done | None, reason: str,
+                again: bool = False) -> None:
+    """End ``job_id``'s profile: its points enter its curve, its lender is owed its nodes back. A profile
+    is done once; with ``again`` (gated profiling) the first one on free nodes cut short before it
+    measured the count it went for is not (:func:`cut_short_unmeasured`): the job may be probed once more."""
     session = st.profiles.pop(job_id)
-    st.profiled.add(job_id)
+    if again and cut_short_unmeasured(session, done) and job_id not in st.cut_short:
+        st.cut_short.add(job_id)
+    else:
+        st.profiled.add(job_id)
     measured = session.measured
     if measured:
         st.measured.setdefault(job_id, {}).update(measured)
@@ -282,3 +289,14 @@ def end_profile(st: PolicyState, r: Round, job_id: str, done: Done | None, reaso
         r.note(EventKind.PROFILE_DONE, job_id, **detail)
     else:
         r.note(EventKind.PROFILE_ABORTED, job_id, **detail)
+
+
+def cut_short_unmeasured(session: ProfileSession, done: Done | None) -> bool:
+    """Whether a profile that took no lender's nodes (a probe, a gated profile on free nodes) was cut
+    short (a recall, a preemption) before it measured the last count it went for: then the first such
+    does not count as done, and the job may be probed once more where it pays (once: where recalls are
+    frequent, a probe tried again and again costs its pauses each time). A job whose one probe a recall cut
+    short would otherwise keep an unverified shape for good: from a linear belief, believed linear,
+    it wins every tie (the oldest job) and holds nodes that jobs which scale better would use."""
+    plan = session.plan
+    return done is None and plan.lender is None and plan.counts_desc[-1] not in session.measured

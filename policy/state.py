@@ -39,6 +39,7 @@ class PolicyState:
     assigned: dict[str, int] = field(default_factory=dict)  # counts given at the last decision
     profiles: dict[str, ProfileSession] = field(default_factory=dict)
     profiled: set[str] = field(default_factory=set)  # profiled (or cut short): never profiled again
+    cut_short: set[str] = field(default_factory=set)  # a gated probe cut short once, unmeasured: tried again once
     debts: dict[str, Debt] = field(default_factory=dict)  # borrower -> what it owes
     lent_at: dict[str, float] = field(default_factory=dict)  # when each job last lent nodes
     measured: dict[str, dict[int, float]] = field(default_factory=dict)  # accepted points per live job
@@ -83,6 +84,7 @@ class PolicyState:
             # the order the policy steps them in (and reports them in ``Decision.watch``)
             "profiles": [[k, s.to_dict()] for k, s in self.profiles.items()],
             "profiled": sorted(self.profiled),
+            "cut_short": sorted(self.cut_short),
             "debts": {k: [d.lender, d.nodes] for k, d in self.debts.items()},
             "lent_at": self.lent_at,
             "measured": {k: {str(n): r for n, r in pts.items()} for k, pts in self.measured.items()},
@@ -110,6 +112,7 @@ class PolicyState:
                 assigned={str(k): int(v) for k, v in data["assigned"].items()},
                 profiles={str(k): ProfileSession.from_dict(v) for k, v in _pairs(data["profiles"])},
                 profiled={str(x) for x in data["profiled"]},
+                cut_short={str(x) for x in data.get("cut_short", [])},  # absent from states saved before it
                 debts={str(k): Debt(str(v[0]), int(v[1])) for k, v in data["debts"].items()},
                 lent_at={str(k): float(v) for k, v in data["lent_at"].items()},
                 measured={str(k): {int(n): float(r) for n, r in pts.items()} for k, pts in data["measured"].items()},

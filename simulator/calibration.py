@@ -29,10 +29,14 @@ and optionally (:data:`OPTIONAL`; 0 when a file has none, as files written befor
   load); a node whose warm worker is still importing makes the job wait for it
   (:func:`simulator.costs.start_ends`). A file without it charges every start its full figure.
 * ``torchrun_restart_s``: a job run by ``launcher = "torchrun"`` at a change of its size: every
-  worker stops and torchrun starts them again (stop -> first step in the new world), where an
-  in-process (elastic) job pauses for ``rescale_pause_s`` (``benchmarks/bench_launchers.py`` measures
-  both on the same job in one run); a file without it charges a torchrun job's change of size
-  ``restart_s`` (a job file's ``launcher``; the policy weighs it as the pauses the job's monitor measures).
+  rank stops and starts again as a fork of its warm rank server (stop -> first step in the new
+  world), where an in-process (elastic) job pauses for ``rescale_pause_s``
+  (``benchmarks/bench_launchers.py`` measures both on the same job in one run); a file without it
+  charges a torchrun job's change of size ``restart_s`` (a job file's ``launcher``; the policy weighs
+  it as the pauses the job's monitor measures, so its value of a short window follows the figure);
+* ``torchrun_cold_restart_s``: the same for a torchrun job whose ranks start cold, each a new
+  interpreter importing torch (its environment says ``WARM_RANKS=0``; a simulated job's
+  ``warm_ranks = false``); a file without it charges such a job ``torchrun_restart_s``.
 * ``state_broadcast_s_per_mb``, ``checkpoint_load_s_per_mb``, ``checkpoint_save_s_per_mb`` (unit
   ``s/MB``): seconds per MB of a job's checkpoint (:mod:`simulator.modelsizes`) to broadcast its state
   to a new world, to load it and to save it (``benchmarks/bench_checkpoint.py``, linear in bytes). An
@@ -56,7 +60,8 @@ from typing import Any, Mapping
 
 SCHEMA = 1
 REQUIRED = ("pilot_start_s", "cold_start_s", "restart_s", "rescale_pause_s", "commit_interval_s")
-OPTIONAL = ("join_s", "warm_start_s", "torchrun_restart_s", "state_broadcast_s_per_mb", "checkpoint_load_s_per_mb",
+OPTIONAL = ("join_s", "warm_start_s", "torchrun_restart_s", "torchrun_cold_restart_s",
+            "state_broadcast_s_per_mb", "checkpoint_load_s_per_mb",
             "checkpoint_save_s_per_mb")
 PER_MB = ("state_broadcast_s_per_mb", "checkpoint_load_s_per_mb", "checkpoint_save_s_per_mb")  # unit s/MB
 DEFAULT_FILE = "calibration.json"
@@ -79,7 +84,8 @@ class Calibration:
     commit_interval_s: float = 0.0
     join_s: float = 0.0
     warm_start_s: float | None = None  # None: no warm discount (every start pays its full figure)
-    torchrun_restart_s: float | None = None  # None: not measured (a torchrun job's stop -> first step)
+    torchrun_restart_s: float | None = None  # None: not measured (a torchrun job's stop -> first step, warm ranks)
+    torchrun_cold_restart_s: float | None = None  # None: not measured (the same with its ranks started cold)
     state_broadcast_s_per_mb: float = 0.0  # a rescale's broadcast of a job's state, per MB of its checkpoint
     checkpoint_load_s_per_mb: float = 0.0  # a restart's load of a job's checkpoint, per MB
     checkpoint_save_s_per_mb: float = 0.0  # a commit's save, per MB (measured; not charged: commits overlap)
@@ -89,7 +95,7 @@ class Calibration:
             _check(self.name, key, getattr(self, key))
         if self.rescale_pause_s is not None:
             _check(self.name, "rescale_pause_s", self.rescale_pause_s)
-        for key in ("warm_start_s", "torchrun_restart_s"):
+        for key in ("warm_start_s", "torchrun_restart_s", "torchrun_cold_restart_s"):
             if getattr(self, key) is not None:
                 _check(self.name, key, getattr(self, key))
 
@@ -102,11 +108,21 @@ class Calibration:
                 "restart_s": self.restart_s, "rescale_pause_s": self.rescale_pause_s,
                 "commit_interval_s": self.commit_interval_s, "join_s": self.join_s,
                 "warm_start_s": self.warm_start_s, "torchrun_restart_s": self.torchrun_restart_s,
+                "torchrun_cold_restart_s": self.torchrun_cold_restart_s,
                 **{key: getattr(self, key) for key in PER_MB}}
 
     def broadcast_s(self, mb: float) -> float:
         """Seconds to broadcast ``mb`` MB of a job's state to a new world at a rescale."""
         return self.state_broadcast_s_per_mb * mb
+
+    def torchrun_change_s(self, warm_ranks: bool) -> float:
+        """What a change of size costs a ``launcher = "torchrun"`` job before its checkpoint's load: the
+        warm restart (``torchrun_restart_s``), or the cold one for a job whose ranks start cold
+        (``torchrun_cold_restart_s``, else the warm figure), else ``restart_s``."""
+        warm = self.torchrun_restart_s if self.torchrun_restart_s is not None else self.restart_s
+        if warm_ranks or self.torchrun_cold_restart_s is None:
+            return warm
+        return self.torchrun_cold_restart_s
 
     def load_s(self, mb: float) -> float:
         """Seconds to load a checkpoint of ``mb`` MB at a restart."""

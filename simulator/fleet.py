@@ -97,12 +97,12 @@ class Fleet:
     def _rescale_pause(self, spec: JobSpec) -> float | None:
         """What a change of size costs ``spec`` (None: its own costs): an in-process job pauses for the
         calibrated pause plus the broadcast of its state; a torchrun job restarts every worker (the
-        calibrated restart plus the load of its checkpoint; :mod:`simulator.modelsizes` gives the MB)."""
+        calibrated restart, warm or cold: :meth:`Calibration.torchrun_change_s`, plus the load of its
+        checkpoint; :mod:`simulator.modelsizes` gives the MB)."""
         cal = self._cal
         mb = checkpoint_mb(spec.model)
         if spec.launcher == TORCHRUN and not cal.is_free:  # every change of size restarts its workers
-            restart = cal.torchrun_restart_s if cal.torchrun_restart_s is not None else cal.restart_s
-            return restart + cal.load_s(mb)
+            return cal.torchrun_change_s(spec.warm_ranks) + cal.load_s(mb)
         return None if cal.rescale_pause_s is None else cal.rescale_pause_s + cal.broadcast_s(mb)
 
 

@@ -62,6 +62,7 @@ class JobSpec:
     budget_node_hours: float | None = None  # the most node-hours it may hold (the daemon's job file key)
     deadline: float | None = None  # when it should be done, in seconds after the start of the replay window
     launcher: str = ELASTIC  # the job file's launcher: "torchrun" restarts every worker at a change of size
+    warm_ranks: bool = True  # a torchrun job's ranks start as forks of warm rank servers (False: WARM_RANKS=0)
     commit_interval_s: float | None = None  # seconds between its checkpoint commits (None: the calibration's)
     user: str = ""  # who submitted it, for fair share ("": the workload's one user; SimConfig.users)
     group: str = ""  # the sweep it is a trial of ("": none): a stream of short jobs (policy.sweeps)

@@ -90,7 +90,7 @@ def _first(wl: Workload, n_jobs: int | None) -> Workload:
 _FIELDS = {
     "name", "model", "samples", "min_nodes", "max_nodes", "arrival", "arrival_s",
     "up_cost_s", "down_cost_s", "scaling", "believed_scaling", "count", "budget_node_hours", "deadline",
-    "launcher", "commit_interval_s", "user",
+    "launcher", "warm_ranks", "commit_interval_s", "user",
 }
 
 
@@ -170,6 +170,16 @@ def _optional(entry: Mapping[str, Any], key: str, where: str) -> float | None:
     return _number(entry, key, 0.0, where) if key in entry else None
 
 
+def _flag(entry: Mapping[str, Any], key: str, default: bool, where: str) -> bool:
+    """Field ``key`` as a boolean (true or false; a CSV cell: true, false, 1 or 0)."""
+    value = entry.get(key, default)
+    if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0"):
+        return value.strip().lower() in ("true", "1")
+    if not isinstance(value, bool):
+        raise WorkloadError(f"{where}: field {key!r} must be true or false, got {value!r}")
+    return value
+
+
 def _integer(entry: Mapping[str, Any], key: str, default: int, where: str) -> int:
     value = _number(entry, key, default, where)
     if value != int(value):
@@ -216,6 +226,7 @@ def _entry_specs(entry: Any, scaling: ScalingSet, where: str, first_index: int) 
                 budget_node_hours=_optional(entry, "budget_node_hours", where),
                 deadline=_optional(entry, "deadline", where),
                 launcher=str(entry.get("launcher", "elastic")),
+                warm_ranks=_flag(entry, "warm_ranks", True, where),
                 commit_interval_s=_optional(entry, "commit_interval_s", where),
                 user=str(entry.get("user", "")),
             ))

@@ -65,6 +65,31 @@ def test_a_running_job_measured_only_above_its_min_is_probed_down_to_it_when_it_
     assert job in c.policy.state.profiled and not c.policy.state.profiles
 
 
+def test_a_probe_a_recall_cuts_short_before_it_measured_its_min_is_tried_once_more():
+    """A probe on the job's own and free nodes that a recall ends before it measured the count it went for
+    leaves the job unverified: the first is not marked profiled, and the job is probed once more where it
+    pays (else a job believed linear keeps that belief, and the nodes it wins as the oldest, for good)."""
+    c = _probing(6)
+    c.submit(JobView("a", 1, 16, order=0, work_left=1e9), JobView("b", 1, 16, order=1, work_left=1e9))
+    c.step(0.0)
+    ev = {j: evidence(est(c.count(j), 5.0 * c.count(j))) for j in ("a", "b")}
+    d = c.step(60.0, ev)
+    (first, *_) = [e.job for e in d.events if e.kind is EventKind.PROFILE_START]
+    c.recall(sorted(c.on[first])[0], 62.0)  # a recall takes one of its nodes before its 1-node step
+    d = c.step(62.0, ev)
+    assert [e.detail["reason"] for e in d.events if e.kind is EventKind.PROFILE_ABORTED and e.job == first] == [
+        "lost nodes during the profile"]
+    assert first not in c.policy.state.profiled and 1 not in c.policy.state.measured.get(first, {})
+    ev = {j: evidence(est(c.count(j), 5.0 * c.count(j))) for j in ("a", "b")}
+    d = c.step(120.0, ev)
+    assert first in [e.job for e in d.events if e.kind is EventKind.PROFILE_START]  # probed again
+    c.recall(sorted(c.on[first])[0], 122.0)  # ... and cut short again: that one counts (once more only)
+    c.step(122.0, ev)
+    assert first in c.policy.state.profiled and first not in c.policy.state.profiles
+    from policy.state import PolicyState
+    assert PolicyState.from_json(c.policy.state.to_json()).cut_short == {first}  # kept across a restart
+
+
 def test_a_probe_only_where_it_pays():
     # a short job: the gain over its remaining time is below the cost of the pauses and the step
     c = _probing(6)

@@ -247,3 +247,56 @@ def test_a_torchrun_job_pays_a_restart_at_every_change_of_size_an_elastic_job_a_
         assert pauses["torchrun, measured"][k] - pauses["elastic"][k] == pytest.approx(8.0, abs=0.05)
     with pytest.raises(Exception, match="launcher 'mpirun'"):
         job(launcher="mpirun")
+
+
+def test_a_torchrun_job_with_warm_ranks_pays_the_warm_restart_one_started_cold_the_cold_one():
+    """The calibration's restart per launcher: a torchrun job's ranks start as forks of warm rank servers
+    unless its environment says WARM_RANKS=0; the simulator charges each its own figure, and the policy
+    weighs what the job's monitor measured (so its value of a short window follows the figure)."""
+    from policy import Policy, PolicyConfig
+    from simulator import SimPolicy
+
+    tl = timeline("abc", "ab", [(100.0, "c", True), (200.0, "a", False)], end=300.0)  # grows at 100, shrinks at 200
+    cal = Calibration("t", 0.0, 0.0, 20.0, 1.0, 0.0, torchrun_restart_s=3.0, torchrun_cold_restart_s=9.0)
+    pauses = {}
+    for label, launcher, warm in (("elastic", "elastic", True), ("warm", "torchrun", True),
+                                  ("cold", "torchrun", False)):
+        pol = SimPolicy("defaults", Policy(PolicyConfig(profiling="never")), lambda spec: None)
+        spec = job(scaling=LINEAR, launcher=launcher, warm_ranks=warm)
+        res = Simulator(tl, workload(spec), pol, SimConfig(calibration=cal)).run()
+        (j,) = res.jobs
+        assert [h[2] for h in j.history] == [2, 3, 2]
+        ev = j.monitor.evidence(res.end)
+        pauses[label] = (ev.costs.up_s, ev.costs.down_s)
+    for k in (0, 1):  # up, down: the 3 s warm restart and the 9 s cold one, over the elastic job's 1 s pause
+        assert pauses["warm"][k] - pauses["elastic"][k] == pytest.approx(2.0, abs=0.05)
+        assert pauses["cold"][k] - pauses["elastic"][k] == pytest.approx(8.0, abs=0.05)
+    # a file without the cold figure charges a cold job the warm one; without either, restart_s
+    assert replace(cal, torchrun_cold_restart_s=None).torchrun_change_s(warm_ranks=False) == 3.0
+    assert replace(cal, torchrun_restart_s=None, torchrun_cold_restart_s=None).torchrun_change_s(False) == 20.0
+
+
+def test_the_shipped_calibration_charges_a_torchrun_job_its_warm_restart():
+    """bench_launchers' figures on the idle machine, both from the same run: warm ranks (the default)
+    cost less a change than cold ones, and both more than nothing."""
+    cal = default()
+    assert cal.torchrun_restart_s is not None and cal.torchrun_cold_restart_s is not None
+    assert 0 < cal.torchrun_change_s(warm_ranks=True) < cal.torchrun_change_s(warm_ranks=False)
+    assert cal.torchrun_change_s(warm_ranks=True) == cal.torchrun_restart_s
+
+
+def test_a_jobs_file_names_warm_ranks_and_a_bad_value_is_refused(tmp_path):
+    from simulator.jobs import WorkloadError
+    from simulator.workload import load_jobs_file
+
+    scaling = {"m": LINEAR}
+    good = tmp_path / "jobs.json"
+    good.write_text(json.dumps([
+        {"name": "w", "scaling": {"1": 1, "2": 2}, "launcher": "torchrun"},
+        {"name": "c", "scaling": {"1": 1, "2": 2}, "launcher": "torchrun", "warm_ranks": False}]))
+    specs = load_jobs_file(good, scaling)  # type: ignore[arg-type]
+    assert [s.warm_ranks for s in specs] == [True, False]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps([{"name": "b", "scaling": {"1": 1}, "launcher": "torchrun", "warm_ranks": "sometimes"}]))
+    with pytest.raises(WorkloadError, match="warm_ranks"):
+        load_jobs_file(bad, scaling)  # type: ignore[arg-type]
