@@ -56,6 +56,11 @@ ENV_GENERATION = "MALLETRAIN_GENERATION"
 """The daemon's number of the world a restarted command runs in (``torchrun`` launcher): its reports
 carry it, so the monitor counts them at the size the daemon published for that world."""
 
+ENV_INCARNATION = "MALLETRAIN_INCARNATION"
+"""Which start of its worker a process is (0, 1, ...: the ``torchrun`` launcher's rank agent sets the world's
+restart count): its reports carry it, and the monitor keeps each (worker, incarnation)'s ``seq`` apart, so a
+worker restarted under its own name counts from 1 again. Unset: ``TORCHELASTIC_RESTART_COUNT``, else 0."""
+
 ENV_ARRAY_INDEX = "MALLETRAIN_ARRAY_INDEX"
 """An element's index in its job array (``malletrain submit --array``); unset: not an array element."""
 
@@ -72,7 +77,7 @@ ENV_TRIAL_STEPS = "MALLETRAIN_TRIAL_STEPS"
 ALL_VARIABLES: tuple[str, ...] = (
     ENV_JOB, ENV_WORKER, ENV_MONITOR, ENV_RUNTIME, ENV_STORE, ENV_COLLECTIVE_TIMEOUT,
     ENV_STORE_GRACE, ENV_HOROVOD_JOB_DIR, ENV_TOY_DIR, ENV_LOG_LEVEL, ENV_JOB_SECRET, ENV_WORKER_BATCH,
-    ENV_GENERATION, ENV_ARRAY_INDEX, ENV_TRIAL, ENV_TRIAL_RESULT, ENV_TRIAL_STEPS,
+    ENV_GENERATION, ENV_INCARNATION, ENV_ARRAY_INDEX, ENV_TRIAL, ENV_TRIAL_RESULT, ENV_TRIAL_STEPS,
 )
 
 TORCHRUN_VARIABLES: tuple[str, ...] = (

@@ -227,14 +227,15 @@ def test_a_rank_whose_command_failed_waits_for_a_newer_world_and_restarts_in_it(
 
 WORKER_TO_FILE = """import os, sys
 with open(sys.argv[0] + ".worker", "a") as fh:
-    fh.write(os.environ["MALLETRAIN_WORKER"] + "\\n")
+    fh.write(os.environ["MALLETRAIN_WORKER"] + " " + os.environ["MALLETRAIN_INCARNATION"] + "\\n")
 sys.exit(int(os.environ["TORCHELASTIC_RESTART_COUNT"]) == 0 and 3 or 0)
 """
 
 
-def test_each_start_of_a_rank_reports_as_a_sender_of_its_own(tmp_path: Path) -> None:
-    """A restarted rank's reports are numbered from 1 again: under the same sender name the monitor
-    would refuse them as replays, and the daemon's sample count would miss every world after the first."""
+def test_each_start_of_a_rank_reports_as_a_new_incarnation_of_its_name(tmp_path: Path) -> None:
+    """A restarted rank's reports are numbered from 1 again: as the same sender the monitor would refuse
+    them as replays, and the daemon's sample count would miss every world after the first. Its name stays
+    the rank's; the incarnation (the world's restart count) tells the starts apart."""
     from malletrain.monitor import ReplayWindow
 
     rdzv = FakeRendezvous()
@@ -244,11 +245,11 @@ def test_each_start_of_a_rank_reports_as_a_sender_of_its_own(tmp_path: Path) -> 
     _tick_until(agent, RankState.FAILED)
     rdzv.publish(["w0"], 1)
     _tick_until(agent, RankState.FINISHED)
-    senders = (tmp_path / "rank.py.worker").read_text().split()
-    assert len(senders) == 2 and len(set(senders)) == 2 and all(s.startswith("w0") for s in senders)
+    senders = [line.split() for line in (tmp_path / "rank.py.worker").read_text().splitlines()]
+    assert senders == [["w0", "0"], ["w0", "1"]]  # one name, two incarnations
     window = ReplayWindow()
-    for t, sender in enumerate(senders):
-        assert window.admit(sender, 1, float(t)) == 0  # each start's first report is accepted
+    for t, (name, incarnation) in enumerate(senders):
+        assert window.admit(name, 1, float(t), int(incarnation)) == 0  # each start's first report is accepted
 
 
 def test_a_failure_counts_once_no_newer_world_comes(tmp_path: Path) -> None:

@@ -12,9 +12,9 @@ as the node agent gives the in-process runtimes' workers). Then, for each world:
    waits until all have, picks a free port on its host and publishes ``host port restart_count``
    (``pg``): the world's ``MASTER_ADDR``/``MASTER_PORT``, fresh for each world;
 2. each agent starts ``COMMAND`` once per local rank, with torchrun's variables for its place
-   (:func:`malletrain.workerenv.torchrun_environ`) and ``MALLETRAIN_WORKER`` naming the worker, the
-   local rank and the restart count (:func:`report_sender`: each start's progress reports are a
-   sender of their own);
+   (:func:`malletrain.workerenv.torchrun_environ`), ``MALLETRAIN_WORKER`` naming the rank (its name in
+   the world's places) and ``MALLETRAIN_INCARNATION`` the world's restart count: a restarted rank is a
+   new incarnation of its sender, whose progress reports are numbered from 1 again;
 3. a newer world stops the command (SIGTERM, ``--stop-grace`` seconds, SIGKILL) and goes back to 1
    in it, or, when the newer world does not list this worker, waits for one that does (the
    daemon stops it); the same world published again (a restarted daemon re-adopting it) changes
@@ -51,7 +51,7 @@ from malletrain.elastic.keys import arrive_key, done_key, failed_key, world_key
 from malletrain.elastic.rendezvous import Rendezvous
 from malletrain.runtimes.torchrun import DEFAULT_FAILURE_WAIT_S, DEFAULT_STOP_GRACE_S, World, rank_names
 from malletrain.runtimes.warm_ranks import ENV_WARM_IMPORTS, READY_WAIT_S, RankServer, learned_imports, warm_wanted
-from malletrain.workerenv import ENV_GENERATION, ENV_WORKER, RankPlace, WorkerEnv, configure_worker_logging, torchrun_environ
+from malletrain.workerenv import ENV_GENERATION, ENV_INCARNATION, ENV_WORKER, RankPlace, WorkerEnv, configure_worker_logging, torchrun_environ
 from scavenger.agent_workers import pin_cores
 from scavenger.nodeshape import DEVICE_VARIABLES, Accelerator, SlotPlace, detect_accelerator, slot_place
 
@@ -97,16 +97,6 @@ def free_port(host: str) -> int:
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
-
-
-def report_sender(worker: str, restart_count: int, local_rank: int = 0, local_ranks: int = 1) -> str:
-    """The ``MALLETRAIN_WORKER`` a command started in a world sees: the worker, its local rank (where
-    the node runs more than one) and the world's restart count. Each start is a new process whose
-    progress reports are numbered from 1 again; the monitor refuses a sender's number at or below its
-    last (a replay), so each start and each local rank reports as a sender of its own, and a
-    restarted rank's reports count."""
-    local = f".local{local_rank}" if local_ranks > 1 else ""
-    return f"{worker}{local}.restart{restart_count}"
 
 
 def dev_names() -> list[str]:
@@ -339,7 +329,8 @@ class RankAgent:
         env = dict(self._env)
         for i, (place, slot) in enumerate(zip(self.places, self.slots())):
             child_env = {**env, **slot.env, **torchrun_environ(place, master, self.rdzv.job, count)}
-            child_env[ENV_WORKER] = report_sender(self.worker, count, i, self.local_ranks)
+            child_env[ENV_WORKER] = self.names[i]  # the rank's name in the world's places
+            child_env[ENV_INCARNATION] = str(count)  # its reports: (name, incarnation) is their sender
             child_env[ENV_GENERATION] = str(self.gen)  # reports count at the size the daemon gave this world
             log.info("worker %s: starting rank %d of %d (local rank %d of %d, restart %d, master %s:%d)",
                      self.worker, place.rank, place.world_size, i, self.local_ranks, count, master[0], master[1])
