@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from typing import IO, Mapping, Sequence
 
 from scavenger import jobproc, proctitle
+from spawner.entry import Entry, entry_of
 
 log = logging.getLogger("scavenger.warm")
 
@@ -114,30 +115,6 @@ class Assignment:
         if umask is not None and (isinstance(umask, bool) or not isinstance(umask, int) or not 0 <= umask <= 0o777):
             raise ValueError("warm assignment: umask must be an integer in [0, 0o777] or null")
         return cls(tuple(argv), dict(env), cwd, obj.get("uid"), obj.get("gid"), umask)
-
-
-@dataclass(frozen=True)
-class Entry:
-    """What ``python ARGS`` runs: a module (``-m``) or a script path, and its arguments."""
-
-    module: str | None
-    script: str | None
-    args: tuple[str, ...]
-
-
-def entry_of(argv: Sequence[str], python: str = sys.executable) -> Entry | str:
-    """The entry point of ``argv`` if a warm process of ``python`` can run it, else why not."""
-    if len(argv) < 2:
-        return "no script or module after the interpreter"
-    if os.path.realpath(argv[0]) != os.path.realpath(python) and argv[0] != python:
-        return f"interpreter {argv[0]!r} is not the warm one ({python})"
-    if argv[1] == "-m":
-        if len(argv) < 3 or not argv[2] or argv[2].startswith("-"):
-            return "-m without a module name"
-        return Entry(argv[2], None, tuple(argv[3:]))
-    if argv[1].startswith("-"):
-        return f"interpreter flag {argv[1]!r}"
-    return Entry(None, argv[1], tuple(argv[2:]))
 
 
 def start_time_env(env: Mapping[str, str]) -> dict[str, str]:

@@ -21,6 +21,7 @@ RANK = {
     "curves": 0,  # throughput_at: how every layer reads a curve
     "hostlist": 0,  # Slurm host lists: read by the Slurm backend and the trace readers
     "authframe": 0,  # authenticated frames: the agent channel and the workers' store channel
+    "spawner": 0,  # a worker's K processes on a node: the node agent's and the rank agent's one spawner
     "allocator": 1,
     "profiler": 1,
     "policy": 2,
@@ -131,6 +132,21 @@ def test_the_workers_wire_does_not_import_the_scavenger() -> None:
     assert "malletrain.elastic.wire" in worker
     bad = [(m, target, line) for m in worker for target, _, line in imports(m) if target.split(".")[0] == "scavenger"]
     assert not bad, bad
+
+
+WORKER_SIDE = ("malletrain.elastic", "malletrain.runtimes.torchrun_agent", "malletrain.runtimes.warm_ranks",
+               "malletrain.launch", "malletrain.client", "malletrain.workerenv", "malletrain.integrations")
+"""What runs inside a user's job (the rank agent and its rank servers included)."""
+
+
+def test_worker_side_code_imports_nothing_of_the_scavenger() -> None:
+    """The rank agent spawns its ranks with the node agent's code, which lives below both (:mod:`spawner`):
+    the worker side imports no internal of the node agent (``scavenger``)."""
+    worker = [m for m in MODULES if m.startswith(WORKER_SIDE)]
+    assert "malletrain.runtimes.torchrun_agent" in worker and "malletrain.runtimes.warm_ranks" in worker
+    bad = [f"{MODULES[m].relative_to(REPO)}:{line} imports {target}" for m in worker
+           for target, _, line in imports(m) if target.split(".")[0] == "scavenger"]
+    assert bad == []
 
 
 @pytest.mark.parametrize("package", PER_PACKAGE)

@@ -620,10 +620,10 @@ def test_a_crash_of_one_local_rank_ends_its_nodes_ranks_together_counted_once(tm
     agent.local_ranks = 2
     _publish_k(rdzv, {"a": "n1"}, 2)
     _tick_until(agent, RankState.RUNNING)
-    survivor = agent.children[0]
+    survivor = agent.child
     _tick_until(agent, RankState.FAILED)
     assert survivor is not None and survivor.returncode == -15  # stopped with it (SIGTERM)
-    assert agent.children == [] and done_key("j1", rdzv.gen) not in rdzv.counters
+    assert agent.children is None and done_key("j1", rdzv.gen) not in rdzv.counters
     assert agent.tick() == 3  # one failure, its status
 
 

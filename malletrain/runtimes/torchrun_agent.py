@@ -44,16 +44,17 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Sequence, Union
 
 from malletrain.elastic.errors import StoreLost
 from malletrain.elastic.keys import arrive_key, done_key, failed_key, world_key
 from malletrain.elastic.rendezvous import Rendezvous
 from malletrain.runtimes.torchrun import DEFAULT_FAILURE_WAIT_S, DEFAULT_STOP_GRACE_S, World, rank_names
-from malletrain.runtimes.warm_ranks import ENV_WARM_IMPORTS, READY_WAIT_S, RankServer, learned_imports, warm_wanted
+from malletrain.runtimes.warm_ranks import ENV_WARM_IMPORTS, READY_WAIT_S, RankServer, WarmChild, learned_imports, \
+    warm_wanted
 from malletrain.workerenv import ENV_GENERATION, ENV_INCARNATION, ENV_WORKER, RankPlace, WorkerEnv, configure_worker_logging, torchrun_environ
-from scavenger.agent_workers import pin_cores
-from scavenger.nodeshape import DEVICE_VARIABLES, Accelerator, SlotPlace, detect_accelerator, slot_place
+from spawner.ranks import LocalRanks, exit_status, pin_cores
+from spawner.slots import DEVICE_VARIABLES, Accelerator, SlotPlace, detect_accelerator, slot_place
 
 log = logging.getLogger("malletrain.torchrun")
 
@@ -109,28 +110,16 @@ def dev_names() -> list[str]:
 
 def local_slots(local_ranks: int, env: dict[str, str], acc: Accelerator, cores: Sequence[int]) -> list[SlotPlace]:
     """Each local rank's device, thread count and cores on this node, as the node agent gives a worker
-    slot (:func:`scavenger.nodeshape.slot_place`): the device variable in ``env`` is the node's (the
+    slot (:func:`spawner.slots.slot_place`): the device variable in ``env`` is the node's (the
     devices the agent was given, shared out among the local ranks); the rest of ``env`` is the job's
     (an ``OMP_NUM_THREADS`` it sets wins; ``MALLETRAIN_DEVICES=all`` shows every rank every device)."""
     job_env = {k: v for k, v in env.items() if k not in DEVICE_VARIABLES}
     return [slot_place(i, local_ranks, acc, env, cores, job_env) for i in range(local_ranks)]
 
 
-class RankProcess(Protocol):
-    """A started rank: a ``subprocess.Popen`` (cold) or a :class:`~malletrain.runtimes.warm_ranks.WarmChild`."""
-
-    pid: int
-    returncode: int | None
-
-    def poll(self) -> int | None: ...
-    def wait(self, timeout: float | None = None) -> int: ...
-    def send_signal(self, sig: int) -> None: ...
-    def kill(self) -> None: ...
-
-
-def exit_code(returncode: int) -> int:
-    """A child's return code as a process exit status (killed by signal N: 128 + N)."""
-    return 128 - returncode if returncode < 0 else returncode
+RankProcess = Union["subprocess.Popen[bytes]", WarmChild]
+"""A started rank: a ``subprocess.Popen`` (cold) or a :class:`~malletrain.runtimes.warm_ranks.WarmChild`."""
+exit_code = exit_status  # a child's return code as a process exit status (killed by signal N: 128 + N)
 
 
 @dataclass
@@ -145,13 +134,12 @@ class RankAgent:
     state: RankState = RankState.WAITING
     gen: int = 0  # the newest generation seen
     world: World | None = None  # the world this worker is in (FORMING onwards)
-    children: list[RankProcess | None] = field(default_factory=list)  # by local rank; None: exited 0
+    children: LocalRanks[RankProcess] | None = None  # its ranks in the current world (None: none running)
     warm: bool = False  # its ranks start as forks of rank servers (main: unless the job says WARM_RANKS=0)
     servers: list[RankServer] = field(default_factory=list)  # by local rank (none: every start is cold)
     failed: tuple[int, float] | None = None  # (exit status, when) of a failed command
     forming_since: float = 0.0  # when it entered its current world's barrier
-    stopping: list[RankProcess] = field(default_factory=list)  # old ranks told to stop, not yet exited
-    stop_deadline: float = 0.0  # when those still running get SIGKILL
+    stopping: list[LocalRanks[RankProcess]] = field(default_factory=list)  # old ranks told to stop, not yet exited
     stop_requested: bool = False
     _env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
 
@@ -162,7 +150,7 @@ class RankAgent:
     @property
     def child(self) -> RankProcess | None:
         """Local rank 0's command (None: not running)."""
-        return self.children[0] if self.children else None
+        return self.children.procs[0] if self.children is not None else None
 
     @property
     def names(self) -> list[str]:
@@ -294,8 +282,8 @@ class RankAgent:
             # the same world published again (a restarted daemon re-adopting it): the command goes on
             log.info("worker %s: world %d is the one it runs in; the command goes on", self.worker, gen)
             self.rdzv.current = gen
-            finished = sum(1 for c in self.children if c is None) if self.state is RankState.RUNNING \
-                else self.local_ranks
+            finished = sum(1 for code in self.children.seen.values() if code == 0) \
+                if self.state is RankState.RUNNING and self.children is not None else self.local_ranks
             if finished:  # its ranks that exited 0, counted in the world under its new number
                 self.rdzv.add(done_key(self.rdzv.job, gen), finished)
             return
@@ -327,7 +315,10 @@ class RankAgent:
         assert self.world is not None
         count = self.world.restart_count
         env = dict(self._env)
-        for i, (place, slot) in enumerate(zip(self.places, self.slots())):
+        places, slots = self.places, self.slots()
+
+        def start_one(i: int) -> RankProcess:
+            place, slot = places[i], slots[i]
             child_env = {**env, **slot.env, **torchrun_environ(place, master, self.rdzv.job, count)}
             child_env[ENV_WORKER] = self.names[i]  # the rank's name in the world's places
             child_env[ENV_INCARNATION] = str(count)  # its reports: (name, incarnation) is their sender
@@ -339,21 +330,19 @@ class RankAgent:
                 if self.servers:
                     log.info("worker %s: local rank %d starts cold: %s", self.worker, i, warm)
                 setup = pin_cores(slot.cores, lambda: None) if self.local_ranks > 1 else None
-                self.children.append(subprocess.Popen(list(self.command), env=child_env, preexec_fn=setup))
-            else:
-                log.info("worker %s: local rank %d forked warm (pid %d)", self.worker, i, warm.pid)
-                self.children.append(warm)
+                return subprocess.Popen(list(self.command), env=child_env, preexec_fn=setup)
+            log.info("worker %s: local rank %d forked warm (pid %d)", self.worker, i, warm.pid)
+            return warm
+
+        self.children = LocalRanks.start(self.local_ranks, start_one)
         self.move(RankState.RUNNING)
 
     def watch_child(self) -> None:
         """RUNNING: a rank that exits 0 adds to the world's ``done``; once all have, FINISHED. One that
         fails stops the node's other local ranks (they end together, the failure counted once)."""
-        for i, child in enumerate(self.children):
-            code = child.poll() if child is not None else None
-            if code is None:
-                continue
+        assert self.children is not None
+        for i, code in self.children.exits():
             if code == 0:
-                self.children[i] = None
                 self.rdzv.add(done_key(self.rdzv.job, self.gen), 1)
                 continue
             log.warning("worker %s: local rank %d's command exited %d in world %d; its node's other ranks stop "
@@ -365,30 +354,26 @@ class RankAgent:
                 self.rdzv.add(failed_key(self.rdzv.job, self.gen), self.local_ranks)  # its node's ranks end together
             self.move(RankState.FAILED)
             return
-        if all(child is None for child in self.children):
-            self.children = []
+        if self.children.poll() == 0:
+            self.children = None
             self.move(RankState.FINISHED)
 
     def begin_stop(self) -> None:
         """SIGTERM to every local rank still running; :meth:`reap_stopping` sees them exit (or kills them)."""
-        children, self.children = [c for c in self.children if c is not None and c.poll() is None], []
-        for child in children:
-            child.send_signal(signal.SIGTERM)
-        if children:
-            self.stop_deadline = time.monotonic() + self.stop_grace_s
-        self.stopping += children
+        children, self.children = self.children, None
+        if children is not None and children.poll() is None:
+            children.stop(self.stop_grace_s)
+            self.stopping.append(children)
 
     def reap_stopping(self) -> bool:
         """Whether every rank told to stop has exited; one still running ``stop_grace_s`` after its SIGTERM
         is SIGKILLed."""
-        late = time.monotonic() >= self.stop_deadline
-        for child in self.stopping:
-            if child.poll() is None and late:
+        for ranks in self.stopping:
+            if ranks.kill_at is not None and ranks.kill_at != float("inf") and time.monotonic() >= ranks.kill_at \
+                    and ranks.poll() is None:
                 log.warning("worker %s: a rank's command did not exit %.1f s after SIGTERM: SIGKILL", self.worker,
                             self.stop_grace_s)
-                child.kill()
-                child.wait(timeout=30)
-        self.stopping = [c for c in self.stopping if c.poll() is None]
+        self.stopping = [ranks for ranks in self.stopping if not ranks.reap()]
         return not self.stopping
 
     def stop_child(self) -> None:

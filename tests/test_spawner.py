@@ -1,0 +1,56 @@
+"""spawner.ranks: a worker's K processes start, fail and stop together (the node agent's and the rank agent's
+one spawner)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from spawner.ranks import LocalRanks, exit_status
+
+PY = sys.executable
+
+
+def popen(code: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([PY, "-c", code])
+
+
+def test_one_that_cannot_start_ends_those_already_started() -> None:
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start_one(i: int) -> subprocess.Popen[bytes]:
+        if i == 2:
+            raise OSError("no such file")
+        started.append(popen("import time; time.sleep(600)"))
+        return started[-1]
+
+    with pytest.raises(OSError, match="no such file"):
+        LocalRanks.start(3, start_one)
+    assert len(started) == 2 and [p.returncode for p in started] == [-signal.SIGKILL] * 2
+
+
+def test_the_first_failure_is_the_workers_code_once_all_have_exited() -> None:
+    ranks = LocalRanks.start(3, lambda i: popen(f"import sys, time; time.sleep({0.3 * i}); sys.exit({[0, 3, 4][i]})"))
+    for p in ranks.procs:
+        p.wait(30)
+    assert ranks.poll() == 3 and ranks.failed == 3
+    assert sorted(ranks.seen.items()) == [(0, 0), (1, 3), (2, 4)]
+    assert ranks.exits() == []  # each exit is told once
+
+
+def test_a_stop_sends_sigterm_then_sigkill_to_one_that_ignores_it() -> None:
+    ignores = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ok', flush=True); time.sleep(600)"
+    ranks = LocalRanks.start(2, lambda i: subprocess.Popen([PY, "-c", ignores if i else "import time; time.sleep(600)"],
+                                                           stdout=subprocess.PIPE))
+    assert ranks.procs[1].stdout is not None and ranks.procs[1].stdout.readline() == b"ok\n"
+    ranks.stop(30.0, now=0.0)
+    ranks.procs[0].wait(30)
+    assert not ranks.reap(now=1.0)  # the one ignoring SIGTERM still runs within the grace
+    assert ranks.procs[1].poll() is None
+    ranks.reap(now=31.0)  # past it: SIGKILL
+    ranks.procs[1].wait(30)
+    assert ranks.reap() and ranks.poll() == -signal.SIGTERM  # the first to exit: stopped by the SIGTERM
+    assert [exit_status(p.returncode) for p in ranks.procs] == [143, 137]
