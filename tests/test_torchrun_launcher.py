@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from malletrain.elastic.keys import BadKey, DAEMON_KINDS, KeyKind, done_key, parse_key, world_key
+from malletrain.elastic.keys import BadKey, DAEMON_KINDS, KeyKind, arrive_key, done_key, parse_key, world_key
 from malletrain.examples.tracelog import torchrun_steps
 from malletrain.jobspec import JobSpec, JobState, Launcher
 from malletrain.runtimes.torchrun import LAUNCH_MODULE, World, launch_module_present, rank_places, wrap_python_command
@@ -650,3 +650,51 @@ def test_a_restarted_daemon_learns_a_workers_k_from_its_ready_key(tmp_path: Path
         assert sorted(world.places) == rank_names("j1.a", 2)
     finally:
         rt.close()
+
+
+SLOW_TO_STOP = """import os, signal, sys, time
+def stop(signum, frame):
+    time.sleep(1.0)  # a checkpoint, say
+    sys.exit(143)
+signal.signal(signal.SIGTERM, stop)
+with open(sys.argv[0] + ".ports", "a") as fh:
+    fh.write(os.environ["MASTER_PORT"] + "\\n")
+time.sleep(600)
+"""
+
+
+def test_the_master_port_is_held_from_its_naming_until_rank_0_starts(tmp_path: Path) -> None:
+    """One rendezvous step for both launchers: the agent of rank 0 names the world's master as the
+    in-process runtime's rank 0 does (:func:`malletrain.elastic.rendezvous.form_step`), holding the
+    port's socket while its old ranks still stop, so no other process takes it in between; it lets it
+    go just before its rank 0 starts (the script binds it). Before, it picked a free port and let it
+    go at once."""
+    import socket
+    import time
+
+    def ports(n: int) -> list[str]:
+        path, deadline = tmp_path / "rank.py.ports", time.monotonic() + 120
+        while time.monotonic() < deadline and (not path.exists() or len(path.read_text().split()) < n):
+            time.sleep(0.05)
+        return path.read_text().split()
+
+    rdzv = FakeRendezvous()
+    agent = _agent(rdzv, SLOW_TO_STOP, tmp_path)
+    rdzv.publish(["w0"], 0)
+    _tick_until(agent, RankState.RUNNING)
+    ports(1)  # the first rank runs (its SIGTERM handler set)
+    rdzv.publish(["w0", "w1"], 1)  # the world grows: w0's old rank takes a second to stop
+    assert agent.tick() is None and agent.state is RankState.FORMING
+    assert rdzv.wait_group(rdzv.gen, 0.0) is None
+    rdzv.add(arrive_key("j1", rdzv.gen), 1)  # w1 arrives
+    assert agent.tick() is None and agent.state is RankState.FORMING  # named, its old rank still stopping
+    where = rdzv.wait_group(rdzv.gen, 0.0)
+    assert where is not None and where[0] == "127.0.0.1"
+    with socket.socket() as probe, pytest.raises(OSError):
+        probe.bind(("127.0.0.1", where[1]))  # held: no other process can take it now
+    _tick_until(agent, RankState.RUNNING)
+    assert ports(2)[1] == str(where[1])  # the new rank 0 was given that port, free again
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind(("127.0.0.1", where[1]))
+    agent.stop_child()

@@ -8,9 +8,11 @@ and waits for a world that lists it. It runs ``--local-ranks`` K ranks of the co
 ``WORKER``), each with its own device and share of the cores (:func:`scavenger.nodeshape.slot_place`,
 as the node agent gives the in-process runtimes' workers). Then, for each world:
 
-1. every agent of the world adds itself to the world's barrier (``arrive``); the agent of rank 0
-   waits until all have, picks a free port on its host and publishes ``host port restart_count``
-   (``pg``): the world's ``MASTER_ADDR``/``MASTER_PORT``, fresh for each world;
+1. every agent of the world adds its ranks to the world's barrier; the agent of rank 0 waits until all
+   have, then binds a port on its host and publishes it (``pg``): the world's ``MASTER_ADDR``/``MASTER_PORT``,
+   fresh for each world. This is the step the in-process runtime takes too, on the same keys
+   (:func:`malletrain.elastic.rendezvous.form_step`); the agent holds the port's socket until just
+   before its rank 0 starts (the script's ``init_process_group("env://")`` binds it itself);
 2. each agent starts ``COMMAND`` once per local rank, with torchrun's variables for its place
    (:func:`malletrain.workerenv.torchrun_environ`), ``MALLETRAIN_WORKER`` naming the rank (its name in
    the world's places) and ``MALLETRAIN_INCARNATION`` the world's restart count: a restarted rank is a
@@ -39,7 +41,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -47,8 +48,8 @@ from dataclasses import dataclass, field
 from typing import Sequence, Union
 
 from malletrain.elastic.errors import StoreLost
-from malletrain.elastic.keys import arrive_key, done_key, failed_key, world_key
-from malletrain.elastic.rendezvous import Rendezvous
+from malletrain.elastic.keys import done_key, failed_key, world_key
+from malletrain.elastic.rendezvous import Rendezvous, WorldMaster, arrive, form_step
 from malletrain.runtimes.torchrun import DEFAULT_FAILURE_WAIT_S, DEFAULT_STOP_GRACE_S, World, rank_names
 from malletrain.runtimes.warm_ranks import ENV_WARM_IMPORTS, READY_WAIT_S, RankServer, WarmChild, learned_imports, \
     warm_wanted
@@ -93,13 +94,6 @@ RANK_TRANSITIONS: dict[RankState, frozenset[RankState]] = {
 """The one table of a rank agent's moves (a newer world takes any state to FORMING or WAITING)."""
 
 
-def free_port(host: str) -> int:
-    """A TCP port free on ``host`` now (the OS picks it)."""
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
 def dev_names() -> list[str]:
     """The names under ``/dev`` (what tells the node's accelerator; none where it cannot be read)."""
     try:
@@ -141,6 +135,7 @@ class RankAgent:
     forming_since: float = 0.0  # when it entered its current world's barrier
     stopping: list[LocalRanks[RankProcess]] = field(default_factory=list)  # old ranks told to stop, not yet exited
     stop_requested: bool = False
+    master: WorldMaster | None = None  # the current world's master, once named (its port held where named here)
     _env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
 
     @property
@@ -187,6 +182,7 @@ class RankAgent:
         finally:
             self.stop_child()  # (none left running when it ends otherwise) then the servers that forked them
             self.close_servers()
+            self.drop_master()
         return EXIT_STOPPED
 
     def start_servers(self) -> None:
@@ -288,27 +284,32 @@ class RankAgent:
                 self.rdzv.add(done_key(self.rdzv.job, gen), finished)
             return
         self.begin_stop()  # the old ranks stop while this agent arrives: it starts its new ones once they have
+        self.drop_master()  # an older world's, never used
         self.world = world
         self.rdzv.current = gen  # reported to a restarted daemon's store: its numbering goes on above it
         self.move(RankState.FORMING)
         self.forming_since = time.monotonic()
-        self.rdzv.add(arrive_key(self.rdzv.job, gen), self.local_ranks)
+        arrive(self.rdzv, gen, self.local_ranks)
 
     def form(self) -> None:
         """FORMING: rank 0's agent names the master once all have arrived (its old ranks may still be
         stopping); each agent starts its ranks with it once its own old ranks have exited. A joining
         worker (nothing to stop) so starts while the old world's ranks still stop: prepare, then switch."""
         assert self.world is not None
-        job, size = self.rdzv.job, len(self.world.places)
-        if any(p.rank == 0 for p in self.places) and self.rdzv.wait_group(self.gen, 0.0) is None \
-                and self.rdzv.add(arrive_key(job, self.gen), 0) >= size:
-            host = self.rdzv.local_host()
-            self.rdzv.publish_group(self.gen, host, free_port(host), str(self.world.restart_count))
-        if not self.reap_stopping():
+        if self.master is None:
+            self.master = form_step(self.rdzv, self.gen, len(self.world.places),
+                                    any(p.rank == 0 for p in self.places))
+        if not self.reap_stopping() or self.master is None:
             return
-        group = self.rdzv.wait_group(self.gen, 0.0)
-        if group is not None:
-            self.start_child((group[0], group[1]))
+        master, self.master = self.master, None
+        master.release()  # rank 0's script binds it now (init_process_group("env://"))
+        self.start_child((master.host, master.port))
+
+    def drop_master(self) -> None:
+        """Let go of a master port this agent held for a world it will not start."""
+        if self.master is not None:
+            self.master.release()
+            self.master = None
 
     def start_child(self, master: tuple[str, int]) -> None:
         """Start the command once per local rank, each with its place's variables, device and cores."""
