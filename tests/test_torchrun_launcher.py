@@ -346,7 +346,7 @@ def test_the_job_file_launcher_chooses_the_runtime_whatever_the_trainers(tmp_pat
         h.run_until(8.0)
         run = h.daemon.runs[ddp]
         assert len(run.members) == 2
-        gen = h.daemon.torchrun.generation(ddp)  # type: ignore[attr-defined]
+        gen = h.daemon.torchrun.torch.generation(ddp)  # type: ignore[attr-defined]
         world = World.parse(store.get(world_key(ddp, gen)), "world")
         assert world.restart_count == 0
         assert sorted(p.rank for p in world.places.values()) == [0, 1]
