@@ -26,7 +26,7 @@ from scavenger import jobproc
 from scavenger import protocol as P
 from scavenger.warm import WARM_WAIT_S, Assignment, WarmSlot, warm_refusal
 from spawner.ranks import LocalRanks, pin_cores
-from spawner.slots import Accelerator, SlotPlace, slot_place
+from spawner.slots import ENV_LOCAL_RANKS, Accelerator, SlotPlace, slot_place
 
 log = logging.getLogger("scavenger.agent")
 
@@ -173,15 +173,18 @@ class WorkerHost:
             log.error("node %s: worker %s refused: %s; reported as exit 126", self.node, msg.worker, run_as)
             self.send(P.WorkerExited(self.node, msg.worker, 126))
             return
-        self.learn_slots(msg.slots)
+        procs = 1 if msg.starts_own_ranks else msg.slots  # one process that starts its K ranks itself, or K
+        self.learn_slots(procs)
         env = jobproc.worker_environ(os.environ, msg.env or {}, run_as.env if run_as is not None else None)
+        if msg.starts_own_ranks:
+            env[ENV_LOCAL_RANKS] = str(msg.slots)
         out: IO[bytes] | None = None
         pump: LogPump | None = None
         log_path = None
         join = self.containment.prepare(msg.worker)  # before the drop: the child joins its cgroup with it
         try:
-            places = [slot_place(i, msg.slots, self.accelerator, os.environ, self.cores, msg.env or {})
-                      for i in range(msg.slots)]
+            places = [slot_place(i, procs, self.accelerator, os.environ, self.cores, msg.env or {})
+                      for i in range(procs)]
             if self.log_dir is not None:
                 jobproc.private_dir(self.log_dir)
                 log_path = self.log_dir / f"{msg.worker}.log"
@@ -190,7 +193,7 @@ class WorkerHost:
                 pump = _open_log(log_path, run_as, self.log_max_bytes)
                 out = pump.write_end
             ranks = LocalRanks.start(  # one that cannot start ends those already started
-                msg.slots, lambda i: self._start_slot(msg, places[i], {**env, **places[i].env}, run_as, out, join),
+                procs, lambda i: self._start_slot(msg, places[i], {**env, **places[i].env}, run_as, out, join),
                 _signal_group)
         except (OSError, ValueError, TypeError, subprocess.SubprocessError) as exc:
             log.error("node %s: cannot start worker %s (%r): %s; reported as exit 127",
@@ -218,7 +221,7 @@ class WorkerHost:
         """Local rank ``place.local_rank`` of ``msg``'s worker: its warm process if one fits, else a new one
         pinned to the slot's cores."""
         warm = self.warm_of(place.local_rank)
-        if warm is not None and msg.slots > 1 and warm.cores != place.cores:
+        if warm is not None and place.local_world_size > 1 and warm.cores != place.cores:
             warm = None  # prepared for another shape of the node
         proc = self._warm_start(msg, env, run_as, out, warm)
         if proc is not None:
@@ -227,7 +230,7 @@ class WorkerHost:
         return subprocess.Popen(
             list(msg.argv),
             env=env,
-            preexec_fn=pin_cores(place.cores, setup) if msg.slots > 1 else setup,
+            preexec_fn=pin_cores(place.cores, setup) if place.local_world_size > 1 else setup,
             stdin=subprocess.DEVNULL,
             stdout=out if out else subprocess.DEVNULL,
             stderr=subprocess.STDOUT if out else subprocess.DEVNULL,

@@ -112,6 +112,10 @@ def core_share(cores: Sequence[int], local_rank: int, slots: int) -> tuple[int, 
     return tuple(ordered[start:start + base + (1 if local_rank < extra else 0)])
 
 
+ENV_LOCAL_RANKS = "MALLETRAIN_LOCAL_RANKS"
+"""K, given by the node agent to a worker's one process that starts its K ranks itself (the ``torchrun``
+launcher's rank agent); the processes the agent starts one per slot learn K from ``LOCAL_WORLD_SIZE``."""
+
 ENV_DEVICES = "MALLETRAIN_DEVICES"
 """A job variable: ``own`` (the default: each worker sees its slot's device only) or ``all``
 (every worker sees every device of the node and uses ``LOCAL_RANK`` as its index)."""

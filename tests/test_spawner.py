@@ -54,3 +54,38 @@ def test_a_stop_sends_sigterm_then_sigkill_to_one_that_ignores_it() -> None:
     ranks.procs[1].wait(30)
     assert ranks.reap() and ranks.poll() == -signal.SIGTERM  # the first to exit: stopped by the SIGTERM
     assert [exit_status(p.returncode) for p in ranks.procs] == [143, 137]
+
+
+ENV_LINE = """import os, sys
+with open(sys.argv[1], "a") as fh:
+    fh.write(os.environ.get("LOCAL_RANK", "-") + " " + os.environ.get("MALLETRAIN_LOCAL_RANKS", "-") + "\\n")
+"""
+
+
+@pytest.mark.parametrize("own", [False, True])
+def test_k_reaches_a_workers_ranks_by_the_start_alone(own: bool, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A start of K slots runs K processes, one per slot, or (``starts_own_ranks``: the torchrun rank agent)
+    one process told K, which starts its K ranks itself: either way K comes from the start's ``slots``."""
+    import secrets
+    import time
+
+    from scavenger import protocol as P
+    from scavenger.agent import Agent
+
+    out = tmp_path / "ranks"
+    agent = Agent("n1", "tcp://127.0.0.1:1", secrets.token_bytes(32), log_dir=str(tmp_path / "logs"))
+    try:
+        agent.start_worker(P.StartWorker("n1", "w", (PY, "-c", ENV_LINE, str(out)), {}, str(tmp_path), slots=2,
+                                         starts_own_ranks=own))
+        for proc in agent.workers["w"].procs:
+            assert proc.wait(timeout=60) == 0
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and len(out.read_text().splitlines()) < (1 if own else 2):
+            time.sleep(0.05)
+        lines = sorted(out.read_text().splitlines())
+        assert lines == (["0 2"] if own else ["0 -", "1 -"])
+    finally:
+        agent.kill_all(0.2)
+        agent.sock.close(0)
+        agent.monitor.close(0)
+        agent.ctx.term()

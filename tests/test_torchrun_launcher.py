@@ -322,9 +322,10 @@ def test_the_job_file_launcher_chooses_the_runtime_whatever_the_trainers(tmp_pat
     started: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {}
     real = h.daemon.hub.start_worker
 
-    def record(node, worker, argv, env, cwd, uid=None, gid=None, slots=1, umask=None):  # type: ignore[no-untyped-def]
+    def record(node, worker, argv, env, cwd, uid=None, gid=None, slots=1, umask=None,  # type: ignore[no-untyped-def]
+               starts_own_ranks=False):
         started[worker] = (tuple(argv), dict(env))
-        real(node, worker, argv, env, cwd, uid, gid, slots=slots, umask=umask)
+        real(node, worker, argv, env, cwd, uid, gid, slots=slots, umask=umask, starts_own_ranks=starts_own_ranks)
 
     h.daemon.hub.start_worker = record  # type: ignore[method-assign]
     try:
@@ -539,7 +540,8 @@ def test_the_same_world_published_again_keeps_every_rank_going(tmp_path: Path) -
 
 
 def test_a_node_of_k_slots_runs_k_ranks_numbered_node_by_node(tmp_path: Path) -> None:
-    """The daemon side: a worker given K slots is one rank agent told ``--local-ranks K``, and the world
+    """The daemon side: a worker given K slots is one rank agent that starts its K ranks (K in the launch
+    spec's slots, the one route to the node agent, which tells the rank agent), and the world
     places its K ranks on its node (LOCAL_RANK 0..K-1, GROUP_RANK the node's index)."""
     from malletrain.runtimes.torchrun import TorchrunRuntime, rank_names
 
@@ -547,9 +549,8 @@ def test_a_node_of_k_slots_runs_k_ranks_numbered_node_by_node(tmp_path: Path) ->
     try:
         for w, node in (("j1.a", "n1"), ("j1.b", "n2")):
             spec = rt.launch_spec("j1", (PY, "train.py"), w, node, slots=2)
-            assert spec.slots == 1  # the node agent runs the rank agent alone; it starts the ranks
-            argv = spec.argv
-            assert argv[argv.index("--local-ranks") + 1] == "2" and argv.index("--local-ranks") < argv.index("--")
+            assert spec.slots == 2 and spec.starts_own_ranks  # K by one route; the rank agent starts the ranks
+            assert "--local-ranks" not in spec.argv
         gen = rt.set_members("j1", ["j1.b", "j1.a"])
         world = World.parse(rt._require_store().get(world_key("j1", gen)), "w")
         assert sorted(world.places) == rank_names("j1.a", 2) + rank_names("j1.b", 2)
@@ -633,15 +634,18 @@ def test_a_restarted_daemon_learns_a_workers_k_from_its_ready_key(tmp_path: Path
     from malletrain.elastic.keys import ready_key
     from malletrain.elastic.rendezvous import Rendezvous
     from malletrain.runtimes.torchrun import TorchrunRuntime, rank_names
-    from malletrain.runtimes.torchrun_agent import parse_args
+    from malletrain.runtimes.torchrun_agent import local_ranks_of
 
-    assert parse_args(["--local-ranks", "2", "--", PY, "x.py"]).local_ranks == 2
+    assert local_ranks_of({"MALLETRAIN_LOCAL_RANKS": "2"}) == 2 and local_ranks_of({}) == 1
+    for bad in ("0", "x", "65"):
+        with pytest.raises(ValueError, match="MALLETRAIN_LOCAL_RANKS"):
+            local_ranks_of({"MALLETRAIN_LOCAL_RANKS": bad})
     rt = TorchrunRuntime()
     try:
         rt.start_if_needed()  # a restarted daemon serves its store at once
         store = rt._require_store()
         rdzv = Rendezvous(store, "j1", "j1.a")
-        rdzv.ready_value = "2"  # what the agent's main sets from --local-ranks
+        rdzv.ready_value = "2"  # what the agent's main sets from MALLETRAIN_LOCAL_RANKS
         rdzv.mark_ready()
         store.set(ready_key("j1", "j1.b"), "1")  # an agent of one rank
         rt.readopt("j1", (PY, "train.py"), {"j1.a": "n1", "j1.b": "n2"})

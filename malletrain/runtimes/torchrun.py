@@ -216,8 +216,9 @@ class TorchrunRuntime(Runtime):
                     slots: int = 1) -> LaunchSpec:
         """The rank agent, with the job's command (a Python one through :data:`LAUNCH_MODULE`) after ``--``.
 
-        The node agent runs one process for it (the rank agent); the agent itself starts ``slots``
-        ranks of the command (``--local-ranks``), each with its own device and share of the cores."""
+        The node agent runs one process for it (the rank agent: ``starts_own_ranks``), which starts the
+        ``slots`` ranks of the command itself (the node agent tells it K), each with its own device and
+        share of the cores."""
         self.start_if_needed()
         if slots < 1:
             raise ValueError(f"job {job_id}: worker {worker_id} on {node}: {slots} worker slots, need at least 1")
@@ -226,8 +227,9 @@ class TorchrunRuntime(Runtime):
             self._nodes.setdefault(job_id, {})[worker_id] = node
             self._local.setdefault(job_id, {})[worker_id] = slots
         argv = (self.python, "-m", AGENT_MODULE, "--stop-grace", repr(self.stop_grace_s),
-                "--failure-wait", repr(self.failure_wait_s), "--local-ranks", str(slots), "--", *spec.argv)
-        return LaunchSpec(argv=argv, env={**spec.env, ENV_RUNTIME: self.name}, cwd=spec.cwd)
+                "--failure-wait", repr(self.failure_wait_s), "--", *spec.argv)
+        return LaunchSpec(argv=argv, env={**spec.env, ENV_RUNTIME: self.name}, cwd=spec.cwd, slots=slots,
+                          starts_own_ranks=True)
 
     def set_members(self, job_id: str, members: Sequence[str]) -> int:
         self.start_if_needed()

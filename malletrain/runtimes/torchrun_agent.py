@@ -1,9 +1,10 @@
 """The rank agent of a ``torchrun`` job: what the daemon starts as each worker (no torch in it).
 
-    python -m malletrain.runtimes.torchrun_agent [--stop-grace S] [--failure-wait S] [--local-ranks K] -- COMMAND...
+    python -m malletrain.runtimes.torchrun_agent [--stop-grace S] [--failure-wait S] -- COMMAND...
 
 It connects to the daemon's store (``MALLETRAIN_STORE``, the job's secret), says it is ready
-and waits for a world that lists it. It runs ``--local-ranks`` K ranks of the command on its node
+and waits for a world that lists it. It runs K ranks of the command on its node (``MALLETRAIN_LOCAL_RANKS``,
+which the node agent sets from the worker's start: the one route by which K reaches it)
 (the node's worker slots the job uses; the world names them ``WORKER/0`` .. ``WORKER/K-1``, one rank
 ``WORKER``), each with its own device and share of the cores (:func:`scavenger.nodeshape.slot_place`,
 as the node agent gives the in-process runtimes' workers). Then, for each world:
@@ -45,7 +46,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Sequence, Union
+from typing import Mapping, Sequence, Union
 
 from malletrain.elastic.errors import StoreLost
 from malletrain.elastic.keys import done_key, failed_key, world_key
@@ -55,7 +56,8 @@ from malletrain.runtimes.warm_ranks import ENV_WARM_IMPORTS, READY_WAIT_S, RankS
     warm_wanted
 from malletrain.workerenv import ENV_GENERATION, ENV_INCARNATION, ENV_WORKER, RankPlace, WorkerEnv, configure_worker_logging, torchrun_environ
 from spawner.ranks import LocalRanks, exit_status, pin_cores
-from spawner.slots import DEVICE_VARIABLES, Accelerator, SlotPlace, detect_accelerator, slot_place
+from spawner.slots import DEVICE_VARIABLES, ENV_LOCAL_RANKS, MAX_SLOTS, Accelerator, SlotPlace, detect_accelerator, \
+    slot_place
 
 log = logging.getLogger("malletrain.torchrun")
 
@@ -384,6 +386,19 @@ class RankAgent:
             time.sleep(POLL_S / 5)
 
 
+def local_ranks_of(env: Mapping[str, str]) -> int:
+    """K, the ranks this worker runs on its node: ``MALLETRAIN_LOCAL_RANKS`` (the node agent's; unset: 1);
+    ``ValueError`` naming the variable if it is not an integer in [1, MAX_SLOTS]."""
+    text = env.get(ENV_LOCAL_RANKS, "1")
+    try:
+        k = int(text)
+    except ValueError:
+        k = 0
+    if not 1 <= k <= MAX_SLOTS:
+        raise ValueError(f"{ENV_LOCAL_RANKS}={text!r}: not an integer in [1, {MAX_SLOTS}]")
+    return k
+
+
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m malletrain.runtimes.torchrun_agent",
                                 description="Run a torchrun script as one rank of a malletrain job, "
@@ -392,16 +407,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                    help="seconds between SIGTERM and SIGKILL when the world changes")
     p.add_argument("--failure-wait", type=float, default=DEFAULT_FAILURE_WAIT_S,
                    help="seconds a failed command waits for a newer world before the failure counts")
-    p.add_argument("--local-ranks", type=int, default=1,
-                   help="ranks of the command to run on this node (the node's worker slots the job uses)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the job's command")
     args = p.parse_args(argv)
     if args.command[:1] == ["--"]:
         args.command = args.command[1:]
     if not args.command:
         p.error("no command given after --")
-    if args.local_ranks < 1:
-        p.error(f"--local-ranks must be at least 1, got {args.local_ranks}")
     return args
 
 
@@ -413,8 +424,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("malletrain torchrun agent: MALLETRAIN_STORE is not set: start it through the daemon",
               file=sys.stderr)
         return 2
-    rdzv.ready_value = str(args.local_ranks)  # a restarted daemon learns the worker's K from its ready key
-    agent = RankAgent(rdzv, tuple(args.command), args.stop_grace, args.failure_wait, args.local_ranks,
+    try:
+        local_ranks = local_ranks_of(os.environ)
+    except ValueError as exc:
+        print(f"malletrain torchrun agent: {exc}", file=sys.stderr)
+        return 2
+    rdzv.ready_value = str(local_ranks)  # a restarted daemon learns the worker's K from its ready key
+    agent = RankAgent(rdzv, tuple(args.command), args.stop_grace, args.failure_wait, local_ranks,
                       warm=warm_wanted(os.environ))
 
     def on_sigterm(signum: int, frame: object) -> None:
