@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -63,7 +64,7 @@ with open(sys.argv[1], "a") as fh:
 
 
 @pytest.mark.parametrize("own", [False, True])
-def test_k_reaches_a_workers_ranks_by_the_start_alone(own: bool, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_k_reaches_a_workers_ranks_by_the_start_alone(own: bool, tmp_path: Path) -> None:
     """A start of K slots runs K processes, one per slot, or (``starts_own_ranks``: the torchrun rank agent)
     one process told K, which starts its K ranks itself: either way K comes from the start's ``slots``."""
     import secrets

@@ -356,6 +356,17 @@ def test_the_job_file_launcher_chooses_the_runtime_whatever_the_trainers(tmp_pat
         h.close()
 
 
+def test_the_torchrun_runtime_is_built_on_a_torch_runtime_it_holds() -> None:
+    """Composition, not inheritance: the torchrun launcher's runtime holds a ``torch`` runtime (its store,
+    generations and member lists) and adds the worlds' places to it."""
+    from malletrain.runtimes.torch_elastic import TorchRuntime
+    from malletrain.runtimes.torchrun import TorchrunRuntime
+
+    rt = TorchrunRuntime()
+    assert not isinstance(rt, TorchRuntime) and isinstance(rt.torch, TorchRuntime) and rt.torch.worlds is rt
+    assert rt.world_keys("j1", 3) == [world_key("j1", 3), done_key("j1", 3), "mt/j1/failed/3", "mt/j1/pg/3"]
+
+
 def test_the_runtime_numbers_restarts_and_drops_old_worlds(tmp_path: Path) -> None:
     from malletrain.runtimes.torchrun import TorchrunRuntime
 
@@ -695,7 +706,10 @@ def test_the_master_port_is_held_from_its_naming_until_rank_0_starts(tmp_path: P
     where = rdzv.wait_group(rdzv.gen, 0.0)
     assert where is not None and where[0] == "127.0.0.1"
     with socket.socket() as probe, pytest.raises(OSError):
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         probe.bind(("127.0.0.1", where[1]))  # held: no other process can take it now
+    with socket.socket() as early, pytest.raises(ConnectionRefusedError):
+        early.connect(("127.0.0.1", where[1]))  # a peer's early connection is refused (it tries again)
     _tick_until(agent, RankState.RUNNING)
     assert ports(2)[1] == str(where[1])  # the new rank 0 was given that port, free again
     with socket.socket() as probe:

@@ -523,19 +523,34 @@ def arrive(rdzv: WorldStore, gen: int, ranks: int) -> int:
     return rdzv.add(arrive_key(rdzv.job, gen), ranks)
 
 
-def form_step(rdzv: WorldStore, gen: int, size: int, first: bool) -> WorldMaster | None:
+def hold_port(host: str) -> int:
+    """A TCP port on ``host`` bound and held, not listening (its fd, the caller's): no other socket can bind
+    it (no ``SO_REUSEADDR`` on this one), and a peer that connects early is refused and tries again, as
+    when nothing is there, instead of being queued on a socket that will close."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.bind((host, 0))
+    except OSError:
+        sock.close()
+        raise
+    return sock.detach()
+
+
+def form_step(rdzv: WorldStore, gen: int, size: int, first: bool, listen: bool = True) -> WorldMaster | None:
     """One look at the forming of generation ``gen``, a world of ``size`` ranks (never blocks): its master
     once named, else None. The holder of rank 0 (``first``) names it once all ``size`` ranks have arrived
-    (:func:`arrive`): a port it binds and keeps listening on its own host (the returned ``fd``: no other
-    process can take it meanwhile) and a fresh random key prefix, published under the generation's
-    ``pg`` key for the others."""
+    (:func:`arrive`): a port it binds on its own host and holds (the returned ``fd``: no other process can
+    take it meanwhile) and a fresh random key prefix, published under the generation's ``pg`` key for the
+    others. ``listen``: the held socket listens (the in-process rank 0 hands it to its ``TCPStore``); else
+    it is only bound (:func:`hold_port`: a ``torchrun`` script's rank 0 binds the port itself)."""
     found = rdzv.wait_group(gen, 0.0)
     if found is not None:
         return WorldMaster(*found)
     if not first or arrive(rdzv, gen, 0) < size:
         return None
     host = rdzv.local_host()
-    fd = listen_socket(host, 0)
+    fd = listen_socket(host, 0) if listen else hold_port(host)
     with socket.socket(fileno=socket.dup(fd)) as sock:
         port = int(sock.getsockname()[1])
     master = WorldMaster(host, port, secrets.token_hex(16), fd)

@@ -12,8 +12,9 @@ as the node agent gives the in-process runtimes' workers). Then, for each world:
 1. every agent of the world adds its ranks to the world's barrier; the agent of rank 0 waits until all
    have, then binds a port on its host and publishes it (``pg``): the world's ``MASTER_ADDR``/``MASTER_PORT``,
    fresh for each world. This is the step the in-process runtime takes too, on the same keys
-   (:func:`malletrain.elastic.rendezvous.form_step`); the agent holds the port's socket until just
-   before its rank 0 starts (the script's ``init_process_group("env://")`` binds it itself);
+   (:func:`malletrain.elastic.rendezvous.form_step`); the agent holds the port bound (not listening: a
+   peer's early connection is refused and retried) until just before its rank 0 starts (the script's
+   ``init_process_group("env://")`` binds it itself);
 2. each agent starts ``COMMAND`` once per local rank, with torchrun's variables for its place
    (:func:`malletrain.workerenv.torchrun_environ`), ``MALLETRAIN_WORKER`` naming the rank (its name in
    the world's places) and ``MALLETRAIN_INCARNATION`` the world's restart count: a restarted rank is a
@@ -300,7 +301,7 @@ class RankAgent:
         assert self.world is not None
         if self.master is None:
             self.master = form_step(self.rdzv, self.gen, len(self.world.places),
-                                    any(p.rank == 0 for p in self.places))
+                                    any(p.rank == 0 for p in self.places), listen=False)
         if not self.reap_stopping() or self.master is None:
             return
         master, self.master = self.master, None
