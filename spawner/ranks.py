@@ -75,6 +75,8 @@ class LocalRanks(Generic[P]):
     """When those still running after a stop get SIGKILL (None: not stopped; inf: killed once)."""
     seen: dict[int, int] = field(default_factory=dict)
     """Local rank -> its return code, for those that exited."""
+    told: set[int] = field(default_factory=set)
+    """The local ranks whose exit :meth:`exits` returned."""
 
     @classmethod
     def start(cls, count: int, start_one: Callable[[int], P],
@@ -94,10 +96,8 @@ class LocalRanks(Generic[P]):
             raise
         return cls(procs, send)
 
-    def exits(self) -> list[tuple[int, int]]:
-        """``(local rank, return code)`` of each that exited since the last call; the first non-zero one
-        becomes :attr:`failed`."""
-        new = []
+    def _look(self) -> None:
+        """Record the exits since the last look; the first non-zero one becomes :attr:`failed`."""
         for i, proc in enumerate(self.procs):
             if i in self.seen:
                 continue
@@ -105,14 +105,20 @@ class LocalRanks(Generic[P]):
             if code is None:
                 continue
             self.seen[i] = code
-            new.append((i, code))
             if code != 0 and self.failed is None:
                 self.failed = code
+
+    def exits(self) -> list[tuple[int, int]]:
+        """``(local rank, return code)`` of each that exited and was not returned before (each exit is
+        returned once, whatever :meth:`poll` saw in between)."""
+        self._look()
+        new = [(i, code) for i, code in sorted(self.seen.items()) if i not in self.told]
+        self.told.update(i for i, _ in new)
         return new
 
     def poll(self) -> int | None:
         """None while any of them runs; then the worker's code: the first failure's, else 0."""
-        self.exits()
+        self._look()
         if len(self.seen) < len(self.procs):
             return None
         return self.failed if self.failed is not None else 0

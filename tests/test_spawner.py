@@ -39,7 +39,37 @@ def test_the_first_failure_is_the_workers_code_once_all_have_exited() -> None:
         p.wait(30)
     assert ranks.poll() == 3 and ranks.failed == 3
     assert sorted(ranks.seen.items()) == [(0, 0), (1, 3), (2, 4)]
-    assert ranks.exits() == []  # each exit is told once
+    assert ranks.exits() == [(0, 0), (1, 3), (2, 4)] and ranks.exits() == []  # each exit is told once
+
+
+class Scripted:
+    """A process whose exit the test decides."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.returncode = pid, None  # type: int, int | None
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        assert self.returncode is not None
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        pass
+
+
+def test_each_exit_is_told_once_whatever_a_poll_saw_in_between() -> None:
+    """The rank agent counts each rank's exit 0 into its world's ``done`` from :meth:`LocalRanks.exits`, then
+    asks :meth:`LocalRanks.poll` whether all have exited: an exit seen by that poll is still told next time
+    (else a world's ``done`` stays one short and its agents never end)."""
+    a, b = Scripted(1), Scripted(2)
+    ranks = LocalRanks([a, b])
+    a.returncode = 0
+    assert ranks.exits() == [(0, 0)]
+    b.returncode = 0  # exits between the two looks
+    assert ranks.poll() == 0
+    assert ranks.exits() == [(1, 0)] and ranks.exits() == []
 
 
 def test_a_stop_sends_sigterm_then_sigkill_to_one_that_ignores_it() -> None:

@@ -281,7 +281,7 @@ class RankAgent:
             # the same world published again (a restarted daemon re-adopting it): the command goes on
             log.info("worker %s: world %d is the one it runs in; the command goes on", self.worker, gen)
             self.rdzv.current = gen
-            finished = sum(1 for code in self.children.seen.values() if code == 0) \
+            finished = sum(1 for i in self.children.told if self.children.seen[i] == 0) \
                 if self.state is RankState.RUNNING and self.children is not None else self.local_ranks
             if finished:  # its ranks that exited 0, counted in the world under its new number
                 self.rdzv.add(done_key(self.rdzv.job, gen), finished)
