@@ -80,7 +80,7 @@ _SIG_HEX = 2 * 32
 _TRAILER = len(_SIG_OPEN) + _SIG_HEX + len(_SIG_CLOSE)
 _ENVELOPE_KEYS = frozenset(("v", "type", "job", "seq", "payload"))
 _SIGNED_KEYS = _ENVELOPE_KEYS | {"sig"}
-_REPORT_KEYS = frozenset(("samples", "timestamp", "world_size", "generation", "worker"))
+_REPORT_KEYS = frozenset(("samples", "timestamp", "world_size", "generation", "worker", "incarnation"))
 
 
 class Reason(str, enum.Enum):
@@ -174,7 +174,11 @@ class Report:
     ``samples`` is the global batch size of the step, ``timestamp`` the wall
     clock (unix seconds) when the step finished, ``world_size`` the number of
     workers (nodes) the step ran on, ``generation`` the membership generation,
-    ``worker`` the sending worker's id (``seq`` counts per worker).
+    ``worker`` the sending worker's id and ``incarnation`` which start of that worker's
+    process sent it (a worker restarted under the same name, as a ``torchrun`` rank is at
+    every change of its world, is a new incarnation whose ``seq`` counts from 1 again): the
+    sender is the pair, and ``seq`` counts per sender. A report without ``incarnation`` (the
+    format before it) is incarnation 0.
     """
 
     job: str
@@ -184,6 +188,7 @@ class Report:
     world_size: int
     generation: int = 0
     worker: str = ""
+    incarnation: int = 0
 
     TYPE = "report"
 
@@ -194,6 +199,7 @@ class Report:
             "world_size": self.world_size,
             "generation": self.generation,
             "worker": self.worker,
+            "incarnation": self.incarnation,
         }
         return encode(self.TYPE, self.job, self.seq, payload, key)
 
@@ -292,7 +298,10 @@ def decode_report(env: Envelope) -> Report:
     worker = p.get("worker", "")
     if type(worker) is not str or len(worker) > MAX_ID or not worker.isprintable():
         raise _bad_field(env, f"worker {_short(worker)} is not a printable id of <= {MAX_ID} chars")
-    return Report(env.job, env.seq, samples, ts, world, gen, worker)
+    incarnation = p.get("incarnation", 0)  # absent: a sender of the format before it, incarnation 0
+    if type(incarnation) is not int or not 0 <= incarnation <= MAX_INT:
+        raise _bad_field(env, f"incarnation {_short(incarnation)} is not an int in [0, 2^63)")
+    return Report(env.job, env.seq, samples, ts, world, gen, worker, incarnation)
 
 
 def _bad_field(env: Envelope, what: str) -> MessageError:

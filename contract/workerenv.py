@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
+from spawner.slots import ENV_DEVICES, ENV_LOCAL_RANKS  # noqa: F401  (defined beside the slots they shape)
+
 ENV_PREFIX = "MALLETRAIN_"
 """Every variable of this contract starts so; a job's own ``env`` may set none but :data:`ENV_DEVICES`."""
 ENV_JOB = "MALLETRAIN_JOB"
@@ -58,6 +60,11 @@ ENV_GENERATION = "MALLETRAIN_GENERATION"
 """The daemon's number of the world a restarted command runs in (``torchrun`` launcher): its reports
 carry it, so the monitor counts them at the size the daemon published for that world."""
 
+ENV_INCARNATION = "MALLETRAIN_INCARNATION"
+"""Which start of its worker a process is (0, 1, ...: the ``torchrun`` launcher's rank agent sets the world's
+restart count): its reports carry it, and the monitor keeps each (worker, incarnation)'s ``seq`` apart, so a
+worker restarted under its own name counts from 1 again. Unset: ``TORCHELASTIC_RESTART_COUNT``, else 0."""
+
 ENV_ARRAY_INDEX = "MALLETRAIN_ARRAY_INDEX"
 """An element's index in its job array (``malletrain submit --array``); unset: not an array element."""
 
@@ -71,10 +78,9 @@ ENV_TRIAL_STEPS = "MALLETRAIN_TRIAL_STEPS"
 """The file a sweep trial appends its intermediate values to, one ``{"step": S, "value": X}`` a line
 (:func:`malletrain.worker.client.trial_report`; the sweep's pruner reads them)."""
 
-ENV_DEVICES = "MALLETRAIN_DEVICES"
-"""A job variable, the one ``MALLETRAIN_*`` a job's ``env`` may set: ``own`` (the default: each worker
-sees its slot's device only) or ``all`` (every worker sees every device of the node and uses
-``LOCAL_RANK`` as its index; :mod:`contract.nodeshape`)."""
+# ENV_DEVICES (the one ``MALLETRAIN_*`` a job's ``env`` may set: ``own``, each worker sees its slot's
+# device, or ``all``) and ENV_LOCAL_RANKS (a rank agent's K) are defined beside the slots they shape,
+# in :mod:`spawner.slots`, below this package; they are part of the worker's environment all the same.
 
 # Not a worker's, but read beside the daemon: the state folder the CLI talks to, and the batch job id
 # the local backend gives the node agents it starts (Slurm and PBS give their own).
@@ -86,7 +92,7 @@ ENV_BATCH_JOB = "MALLETRAIN_BATCH_JOB"
 ALL_VARIABLES: tuple[str, ...] = (
     ENV_JOB, ENV_WORKER, ENV_MONITOR, ENV_RUNTIME, ENV_STORE, ENV_COLLECTIVE_TIMEOUT,
     ENV_STORE_GRACE, ENV_HOROVOD_JOB_DIR, ENV_TOY_DIR, ENV_LOG_LEVEL, ENV_JOB_SECRET, ENV_WORKER_BATCH,
-    ENV_GENERATION, ENV_ARRAY_INDEX, ENV_TRIAL, ENV_TRIAL_RESULT, ENV_TRIAL_STEPS,
+    ENV_GENERATION, ENV_INCARNATION, ENV_ARRAY_INDEX, ENV_TRIAL, ENV_TRIAL_RESULT, ENV_TRIAL_STEPS,
 )
 
 TORCHRUN_VARIABLES: tuple[str, ...] = (

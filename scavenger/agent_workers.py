@@ -16,17 +16,20 @@ import pwd
 import signal
 import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Callable
+from typing import IO, Any
 
 from contract.exits import EXIT_SIGTERM  # what schedulers expect of a SIGTERMed job
-from contract.nodeshape import Accelerator, SlotPlace, pin_cores, slot_place  # noqa: F401  (pin_cores: its home)
+from contract.nodeshape import Accelerator, SlotPlace, slot_place  # noqa: F401  (pin_cores: its home)
+from spawner.ranks import pin_cores
 from scavenger import containment
 from scavenger.logpump import LogPump
 from scavenger import jobproc
 from scavenger import protocol as P
 from scavenger.warm import WARM_WAIT_S, Assignment, WarmSlot, warm_refusal
+from spawner.ranks import LocalRanks, pin_cores
+from spawner.slots import ENV_LOCAL_RANKS, Accelerator, SlotPlace, slot_place
 
 log = logging.getLogger("scavenger.agent")
 
@@ -50,32 +53,28 @@ def warm_slot_envs(base: dict[str, str], slots: int, acc: Accelerator, cores: tu
 
 @dataclass
 class Worker:
-    """One running worker: its process (group leader; local rank 0), its capped log, its SIGKILL deadline
-    once stopped, and the processes of its other local ranks (a node of K slots runs K, which end together:
-    the first that fails stops the others, and the worker's exit is reported once, with that failure's code)."""
+    """One running worker: its processes (a node of K slots runs K, local rank 0 first, each the leader of
+    its process group; :class:`spawner.ranks.LocalRanks`: they end together, the first that fails stops the
+    others, and the worker's exit is reported once, with that failure's code) and its capped log."""
 
     name: str
-    proc: subprocess.Popen[bytes]
+    ranks: LocalRanks[subprocess.Popen[bytes]]
     log: LogPump | None
-    kill_at: float | None = None  # SIGKILL deadline after a stop
-    others: list[subprocess.Popen[bytes]] = field(default_factory=list)  # local ranks 1 .. K-1
-    failed: int | None = None  # the first non-zero exit code of one of its processes
     stopped: bool = False  # the agent sent it a stop (the daemon's, or its node's recall): its exit is ours
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes]:
+        """Local rank 0's process."""
+        return self.ranks.procs[0]
 
     @property
     def procs(self) -> list[subprocess.Popen[bytes]]:
         """Every process of the worker, local rank 0 first."""
-        return [self.proc, *self.others]
+        return self.ranks.procs
 
     def poll(self) -> int | None:
         """None while any process runs; then the worker's code: the first failure's, else 0."""
-        for p in self.procs:
-            code = p.poll()
-            if code not in (None, 0) and self.failed is None:
-                self.failed = int(code)
-        if any(p.returncode is None for p in self.procs):
-            return None
-        return self.failed if self.failed is not None else 0
+        return self.ranks.poll()
 
 
 def _describe_exit(code: int) -> str:
@@ -88,13 +87,12 @@ def _describe_exit(code: int) -> str:
     return f"code {code}"
 
 
-def _signal_group(proc: subprocess.Popen[bytes] | Worker, sig: int) -> None:
-    """Signal a process's group, or every process group of a worker."""
-    for p in proc.procs if isinstance(proc, Worker) else [proc]:
-        try:
-            os.killpg(p.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+    """Signal a process's group (a worker's process leads its own: what it started gets the signal too)."""
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 @dataclass(frozen=True)
@@ -177,16 +175,18 @@ class WorkerHost:
             log.error("node %s: worker %s refused: %s; reported as exit 126", self.node, msg.worker, run_as)
             self.send(P.WorkerExited(self.node, msg.worker, 126))
             return
-        self.learn_slots(msg.slots)
+        procs = 1 if msg.starts_own_ranks else msg.slots  # one process that starts its K ranks itself, or K
+        self.learn_slots(procs)
         env = jobproc.worker_environ(os.environ, msg.env or {}, run_as.env if run_as is not None else None)
+        if msg.starts_own_ranks:
+            env[ENV_LOCAL_RANKS] = str(msg.slots)
         out: IO[bytes] | None = None
         pump: LogPump | None = None
         log_path = None
         join = self.containment.prepare(msg.worker)  # before the drop: the child joins its cgroup with it
-        procs: list[subprocess.Popen[bytes]] = []
         try:
-            places = [slot_place(i, msg.slots, self.accelerator, os.environ, self.cores, msg.env or {})
-                      for i in range(msg.slots)]
+            places = [slot_place(i, procs, self.accelerator, os.environ, self.cores, msg.env or {})
+                      for i in range(procs)]
             if self.log_dir is not None:
                 jobproc.private_dir(self.log_dir)
                 log_path = self.log_dir / f"{msg.worker}.log"
@@ -194,28 +194,26 @@ class WorkerHost:
                                    self.logs_max_total)
                 pump = _open_log(log_path, run_as, self.log_max_bytes)
                 out = pump.write_end
-            for place in places:
-                procs.append(self._start_slot(msg, place, {**env, **place.env}, run_as, out, join))
+            ranks = LocalRanks.start(  # one that cannot start ends those already started
+                procs, lambda i: self._start_slot(msg, places[i], {**env, **places[i].env}, run_as, out, join),
+                _signal_group)
         except (OSError, ValueError, TypeError, subprocess.SubprocessError) as exc:
             log.error("node %s: cannot start worker %s (%r): %s; reported as exit 127",
                       self.node, msg.worker, list(msg.argv), exc)
-            for started in procs:  # the local ranks already started end with it
-                _signal_group(started, signal.SIGKILL)
-                started.wait()
             if out:
                 out.write(f"agent {self.node}: cannot start {msg.argv!r}: {exc}\n".encode())
                 out.close()
             self.send(P.WorkerExited(self.node, msg.worker, 127))
             self.containment.end(msg.worker)
             return
-        for proc in procs:
+        for proc in ranks.procs:
             self.containment.add(msg.worker, proc.pid)
         if pump is not None:
             pump.spawned()  # the workers hold the pipe now; the agent's copy would keep it open forever
-        proc = procs[0]
-        self.workers[msg.worker] = Worker(msg.worker, proc, pump, others=procs[1:])
+        proc = ranks.procs[0]
+        self.workers[msg.worker] = Worker(msg.worker, ranks, pump)
         log.info("node %s: worker %s started, pid %s, uid %d (output: %s)", self.node, msg.worker,
-                 ", ".join(str(p.pid) for p in procs), run_as.uid if run_as is not None else os.geteuid(),
+                 ", ".join(str(p.pid) for p in ranks.procs), run_as.uid if run_as is not None else os.geteuid(),
                  log_path or "discarded")
         log.debug("node %s: worker %s argv %r", self.node, msg.worker, list(msg.argv))  # escaped: one line
         self.send(P.WorkerStarted(self.node, msg.worker, proc.pid))
@@ -225,7 +223,7 @@ class WorkerHost:
         """Local rank ``place.local_rank`` of ``msg``'s worker: its warm process if one fits, else a new one
         pinned to the slot's cores."""
         warm = self.warm_of(place.local_rank)
-        if warm is not None and msg.slots > 1 and warm.cores != place.cores:
+        if warm is not None and place.local_world_size > 1 and warm.cores != place.cores:
             warm = None  # prepared for another shape of the node
         proc = self._warm_start(msg, env, run_as, out, warm)
         if proc is not None:
@@ -234,7 +232,7 @@ class WorkerHost:
         return subprocess.Popen(
             list(msg.argv),
             env=env,
-            preexec_fn=pin_cores(place.cores, setup) if msg.slots > 1 else setup,
+            preexec_fn=pin_cores(place.cores, setup) if place.local_world_size > 1 else setup,
             stdin=subprocess.DEVNULL,
             stdout=out if out else subprocess.DEVNULL,
             stderr=subprocess.STDOUT if out else subprocess.DEVNULL,
@@ -321,13 +319,12 @@ class WorkerHost:
             self.send(P.WorkerExited(self.node, name, EXIT_SIGTERM))  # stopped before it started
             return
         w = self.workers.get(name)
-        if w is None or w.kill_at is not None:
+        if w is None or w.ranks.kill_at is not None:
             return  # idempotent
         log.info("node %s: stopping worker %s (pid %d): SIGTERM, SIGKILL after %.1f s", self.node, name,
                  w.proc.pid, float(grace))
-        _signal_group(w, signal.SIGTERM)
         w.stopped = True
-        w.kill_at = time.monotonic() + max(0.0, float(grace))
+        w.ranks.stop(float(grace))
 
     def worker_pids(self) -> set[int]:
         """The agent's own children that are live workers (every other child is an orphan to end)."""
@@ -348,20 +345,19 @@ class WorkerHost:
         for name, w in list(self.workers.items()):
             if w.log is not None:
                 w.log.check()
-            code = w.poll()
+            ranks = w.ranks
+            code = ranks.poll()
             if code is None:
-                if w.failed is not None and w.kill_at is None:
+                if ranks.failed is not None and ranks.kill_at is None:
                     log.warning("node %s: worker %s: a local rank failed (%s): its node's other ranks stop too",
-                                self.node, name, _describe_exit(w.failed))
-                    _signal_group(w, signal.SIGTERM)
-                    w.kill_at = now + LOCAL_FAILURE_GRACE_S
-                if w.kill_at is not None and now >= w.kill_at:
+                                self.node, name, _describe_exit(ranks.failed))
+                    ranks.stop(LOCAL_FAILURE_GRACE_S, now)
+                if ranks.kill_at is not None and now >= ranks.kill_at:
                     log.warning("node %s: worker %s (pid %d) still running after its grace: SIGKILL",
                                 self.node, name, w.proc.pid)
-                    _signal_group(w, signal.SIGKILL)
-                    w.kill_at = float("inf")  # killed once
+                ranks.reap(now)  # SIGKILL, once, past the grace
                 continue
-            _signal_group(w, signal.SIGKILL)  # leftovers of its group
+            ranks.signal(signal.SIGKILL)  # leftovers of its groups
             if killed := self.containment.end(name):  # and of its cgroup (setsid() ones too)
                 log.info("node %s: worker %s: killed %d process(es) left in its cgroup", self.node, name, killed)
             if w.log:
@@ -380,12 +376,12 @@ class WorkerHost:
                      ", ".join(sorted(self.workers)), grace)
         for w in self.workers.values():
             w.stopped = True
-            _signal_group(w, signal.SIGTERM)
+            w.ranks.signal(signal.SIGTERM)
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline and any(w.poll() is None for w in self.workers.values()):
             time.sleep(0.02)
         for w in self.workers.values():
-            _signal_group(w, signal.SIGKILL)
+            w.ranks.signal(signal.SIGKILL)
             for p in w.procs:
                 try:
                     p.wait(timeout=2.0)

@@ -227,10 +227,12 @@ class AgentHub:
 
     def start_worker(self, node: str, worker: str, argv: tuple[str, ...], env: dict[str, str], cwd: str | None,
                      uid: int | None = None, gid: int | None = None, slots: int = 1,
-                     umask: int | None = None) -> bool:
+                     umask: int | None = None, starts_own_ranks: bool = False) -> bool:
         """Ask ``node``'s agent to run ``argv``; as ``uid``/``gid`` (the job's owner) when given; ``slots``
-        processes (local ranks) of it, each on its own part of the node; with ``umask`` (the submitter's)."""
-        return self.send(P.StartWorker(node, worker, tuple(argv), dict(env), cwd, uid, gid, slots, umask))
+        processes (local ranks) of it, each on its own part of the node (``starts_own_ranks``: one process
+        that starts them itself); with ``umask`` (the submitter's)."""
+        return self.send(P.StartWorker(node, worker, tuple(argv), dict(env), cwd, uid, gid, slots, umask,
+                                       starts_own_ranks))
 
     def stop_worker(self, node: str, worker: str, grace: float = 2.0) -> bool:
         return self.send(P.StopWorker(node, worker, grace))

@@ -123,6 +123,9 @@ class StartWorker:
     umask: int | None = None
     """The file mode creation mask the worker runs with: its submitter's, recorded at submit (as Slurm
     carries it into a job); None: the agent's."""
+    starts_own_ranks: bool = False
+    """The worker's one process starts its ``slots`` ranks itself (``MALLETRAIN_LOCAL_RANKS`` tells it
+    how many): the agent runs one process of it, as for one slot."""
     TYPE = "start_worker"
 
 
@@ -297,6 +300,7 @@ LIMITS: dict[str, Callable[[Any], Any]] = {
     "slots": _check_int(1, SLOTS_MAX),
     "stopped": _check_bool,
     "umask": _check_umask,
+    "starts_own_ranks": _check_bool,
 }
 """One check per payload field name (a name means the same in every message)."""
 

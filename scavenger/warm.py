@@ -53,8 +53,9 @@ import time
 from dataclasses import dataclass, field
 from typing import IO, Mapping, Sequence
 
-from contract.entry import Entry, entry_of
+from spawner.entry import Entry, entry_of
 from scavenger import jobproc, proctitle
+from spawner.entry import Entry, entry_of
 
 log = logging.getLogger("scavenger.warm")
 

@@ -226,7 +226,7 @@ class FakeHub(AgentRoster):
 
     def start_worker(self, node: str, worker: str, argv: Any, env: Any, cwd: Any,
                      uid: int | None = None, gid: int | None = None, slots: int = 1,
-                     umask: int | None = None) -> None:
+                     umask: int | None = None, starts_own_ranks: bool = False) -> None:
         if node not in self.c.agents or worker in self.c.workers.get(node, set()):
             return  # idempotent, as the agent is
         self.c.workers.setdefault(node, set()).add(worker)

@@ -22,6 +22,7 @@ RANK = {
     "hostlist": 0,  # Slurm host lists: read by the Slurm backend and the trace readers
     "authframe": 0,  # authenticated frames: the agent channel and the workers' store channel
     "contract": 1,  # what the daemon side and the worker side agree on (env names, exit codes, formats)
+    "spawner": 0,  # a worker's K processes on a node: the node agent's and the rank agent's one spawner
     "allocator": 1,
     "profiler": 1,
     "policy": 2,
@@ -33,7 +34,7 @@ RANK = {
 }
 # Test support, not product: it may import any product package, and no product package imports it.
 TEST_SUPPORT = ("testclusters",)  # the Slurm and PBS test clusters, a fake Slurm, floods
-BOTTOM = ("curves", "hostlist", "authframe")  # libraries every side may use
+BOTTOM = ("curves", "hostlist", "authframe", "spawner")  # libraries every side may use
 # malletrain's packages by process: what each may import of the project besides the layers below it.
 WORKER = "malletrain.worker"  # what runs inside a user's job
 DAEMON_SIDE = ("malletrain.daemon", "malletrain.runtimes")  # what only the head node runs
@@ -254,6 +255,21 @@ def oversized(sizes: dict[str, int]) -> dict[str, int]:
 def test_no_package_holds_more_than_a_quarter_of_the_product() -> None:
     sizes = package_sizes()
     assert oversized(sizes) == {}, f"over a quarter of {sum(sizes.values())} lines"
+
+
+WORKER_SIDE = ("malletrain.worker.elastic", "malletrain.worker.torchrun_agent", "malletrain.worker.warm_ranks",
+               "malletrain.worker.launch", "malletrain.worker.client", "contract.workerenv", "malletrain.worker.integrations")
+"""What runs inside a user's job (the rank agent and its rank servers included)."""
+
+
+def test_worker_side_code_imports_nothing_of_the_scavenger() -> None:
+    """The rank agent spawns its ranks with the node agent's code, which lives below both (:mod:`spawner`):
+    the worker side imports no internal of the node agent (``scavenger``)."""
+    worker = [m for m in MODULES if m.startswith(WORKER_SIDE)]
+    assert "malletrain.worker.torchrun_agent" in worker and "malletrain.worker.warm_ranks" in worker
+    bad = [f"{MODULES[m].relative_to(REPO)}:{line} imports {target}" for m in worker
+           for target, _, line in imports(m) if target.split(".")[0] == "scavenger"]
+    assert bad == []
 
 
 @pytest.mark.parametrize("package", PER_PACKAGE)

@@ -39,6 +39,21 @@ def test_round_trip_signed_and_unsigned() -> None:
     verify(signed, KEY)
     assert not decode(rep.encode()).signed
     assert decode_report(decode(rep.encode())) == rep
+    again = Report("j1", 1, 64, 1000.5, 2, 3, "w0", incarnation=4)  # the same worker, restarted
+    assert decode_report(decode(again.encode(KEY))) == again
+
+
+def test_a_report_without_an_incarnation_is_incarnation_0() -> None:
+    """The format before incarnations (GOOD_PAYLOAD has none) decodes as the worker's incarnation 0."""
+    assert decode_report(decode(frame())).incarnation == 0
+
+
+@pytest.mark.parametrize("value", ['"1"', "null", "-1", "1.5", "true", "9223372036854775808"])
+def test_a_bad_incarnation_is_a_bad_field_naming_it(value: str) -> None:
+    payload = GOOD_PAYLOAD[:-1] + f',"incarnation":{value}}}'
+    with pytest.raises(MessageError, match="incarnation") as info:
+        decode_report(decode(frame(payload)))
+    assert info.value.reason is Reason.BAD_FIELD
 
 
 @pytest.mark.parametrize("gen", ['"abc"', "null", "[1]", "1e400", "-1", "1.5", "true", "9223372036854775808"])

@@ -157,6 +157,51 @@ def test_replayed_reports_are_refused(ctx: zmq.Context, mon: Monitor) -> None:
     assert mon.jobs["j"].samples == 3 * 64
 
 
+def test_a_sender_is_the_worker_and_its_incarnation(mon: Monitor) -> None:
+    """A worker restarted under its own name (a torchrun rank at every change of its world) numbers its
+    reports from 1 again as a new incarnation: accepted; a replay within an incarnation is still refused."""
+    key = secret_key(secret := new_secret())
+    mon.register("j", secret)
+    for incarnation in (0, 1, 2):
+        mon.ingest(Report("j", 1, 64, 100.0 + incarnation, 1, 0, "w0", incarnation).encode(key))
+    assert mon.counts()["accepted"] == 3 and mon.counts()["replayed"] == 0
+    mon.ingest(Report("j", 1, 64, 103.0, 1, 0, "w0", 1).encode(key))  # incarnation 1's seq 1 again
+    assert mon.counts()["replayed"] == 1
+    assert set(mon.jobs["j"].window.last) == {("w0", 0), ("w0", 1), ("w0", 2)}
+
+
+def _unsigned_without_incarnation(report: Report, key: bytes) -> bytes:
+    """``report`` as a sender of the format before incarnations wrote it (no ``incarnation`` member)."""
+    from contract.messages import encode
+
+    payload = {"samples": report.samples, "timestamp": report.timestamp, "world_size": report.world_size,
+               "generation": report.generation, "worker": report.worker}
+    return encode(Report.TYPE, report.job, report.seq, payload, key)
+
+
+def test_a_report_without_an_incarnation_is_incarnation_0(mon: Monitor) -> None:
+    """The format before incarnations is taken, as incarnation 0 of its worker: its seq is that sender's."""
+    key = secret_key(secret := new_secret())
+    mon.register("j", secret)
+    mon.ingest(_unsigned_without_incarnation(Report("j", 1, 64, 100.0, 1, 0, "w0"), key))
+    mon.ingest(Report("j", 1, 64, 101.0, 1, 0, "w0", 0).encode(key))  # the same sender's seq 1: a replay
+    mon.ingest(Report("j", 2, 64, 102.0, 1, 0, "w0", 0).encode(key))
+    assert mon.counts()["accepted"] == 2 and mon.counts()["replayed"] == 1
+
+
+def test_a_replay_window_saved_before_incarnations_is_read_as_incarnation_0(ctx: zmq.Context) -> None:
+    key = secret_key(secret := new_secret())
+    m = Monitor(ctx=ctx)
+    try:
+        m.register("j", secret, replay_state={"floor": -1.0, "last": {"w0": [3, 100.0]}})
+        m.ingest(Report("j", 3, 64, 104.0, 1, 0, "w0", 0).encode(key))  # seq 3 of (w0, 0) was taken
+        m.ingest(Report("j", 1, 64, 105.0, 1, 0, "w0", 1).encode(key))  # a new incarnation
+        assert m.counts()["replayed"] == 1 and m.counts()["accepted"] == 1
+        assert m.replay_state("j")["senders"] == [["w0", 0, 3, 100.0], ["w0", 1, 1, 105.0]]
+    finally:
+        m.close()
+
+
 def test_a_retired_senders_old_frames_stay_replays(mon: Monitor) -> None:
     key = secret_key(secret := new_secret())
     mon.register("j", secret)
@@ -353,23 +398,24 @@ numbers = (st.integers(min_value=0, max_value=70_000) | st.integers(min_value=-5
 times = (st.floats(min_value=0.0, max_value=2e11) | st.floats(allow_nan=False, allow_infinity=False)
          | st.integers(min_value=-5, max_value=10**13)
          | st.sampled_from([0.0, -0.0, 1e11, 1e11 + 1, 1234.5678901234567, 1e-300, 5e-324, 1e22]))
-reports = st.builds(lambda *a: a, ids, numbers, numbers, times, numbers, numbers, ids)
+reports = st.builds(lambda *a: a, ids, numbers, numbers, times, numbers, numbers, ids, numbers)
 
 
-VALID = [(("j", i, 64, 1000.0 + i, 2, 1, "w0"), "mine", 400, 0) for i in (1, 2, 2, 3)]
+VALID = [(("j", i, 64, 1000.0 + i, 2, 1, "w0", 0), "mine", 400, 0) for i in (1, 2, 2, 3)]
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@example(VALID + [(("j", 4, 64, 1000, 2, 1, "w0"), "other", 10, 48), (("j", 5, 0, 0.0, 1, 0, ""), "mine", 20, 0)])
+@example(VALID + [(("j", 4, 64, 1000, 2, 1, "w0", 0), "other", 10, 48), (("j", 5, 0, 0.0, 1, 0, "", 0), "mine", 20, 0),
+                  (("j", 1, 64, 1001.0, 2, 1, "w0", 1), "mine", 400, 0)])
 @given(st.lists(st.tuples(reports, st.sampled_from(["mine", "other", "none"]), st.integers(0, 300),
                           st.integers(0, 255)), max_size=12))
 def test_the_fast_path_and_the_checked_path_agree(frames_spec: list) -> None:
     mine, other = secret_key(SECRETS[0]), secret_key(SECRETS[1])
     frames = []
-    for (job, seq, samples, ts, world, gen, worker), signer, pos, byte in frames_spec:
+    for (job, seq, samples, ts, world, gen, worker, incarnation), signer, pos, byte in frames_spec:
         job = job or "j"
         try:
-            frame = Report(job, seq, samples, ts, world, gen, worker).encode(
+            frame = Report(job, seq, samples, ts, world, gen, worker, incarnation).encode(
                 {"mine": mine, "other": other, "none": None}[signer])
         except (ValueError, OverflowError):
             continue
@@ -453,7 +499,7 @@ def test_replay_windows_are_saved_periodically_and_restored_before_registering(c
     saver.tick(0.0)  # nothing accepted yet: the empty windows
     first.ingest_batch(frames)
     saver.tick(1.0)  # not due
-    assert json.loads(meta[REPLAY_META_KEY]) == {"j": {"floor": -1.0, "last": {}}}
+    assert json.loads(meta[REPLAY_META_KEY]) == {"j": {"floor": -1.0, "senders": []}}
     saver.tick(5.0)  # due: what a kill -9 right now would leave
     first.close()
     second = Monitor(ctx=ctx)
@@ -505,7 +551,7 @@ def test_a_report_captured_before_a_daemon_restart_is_a_replay_after_it(tmp_path
         assert done(), d.monitor.counts()
 
     def last_seq(d: Daemon) -> int:
-        return d.monitor.jobs[jid].window.last.get("captured", (0, 0.0))[0]
+        return d.monitor.jobs[jid].window.last.get(("captured", 0), (0, 0.0))[0]
 
     d = Daemon(cfg)
     try:

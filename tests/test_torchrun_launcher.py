@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from contract.storekeys import BadKey, DAEMON_KINDS, KeyKind, done_key, parse_key, world_key
+from contract.storekeys import BadKey, DAEMON_KINDS, KeyKind, arrive_key, done_key, parse_key, world_key
 from malletrain.worker.examples.tracelog import torchrun_steps
 from malletrain.daemon.jobspec import JobSpec, JobState, Launcher
 from malletrain.runtimes.torchrun import LAUNCH_MODULE, launch_module_present, wrap_python_command
@@ -229,14 +229,15 @@ def test_a_rank_whose_command_failed_waits_for_a_newer_world_and_restarts_in_it(
 
 WORKER_TO_FILE = """import os, sys
 with open(sys.argv[0] + ".worker", "a") as fh:
-    fh.write(os.environ["MALLETRAIN_WORKER"] + "\\n")
+    fh.write(os.environ["MALLETRAIN_WORKER"] + " " + os.environ["MALLETRAIN_INCARNATION"] + "\\n")
 sys.exit(int(os.environ["TORCHELASTIC_RESTART_COUNT"]) == 0 and 3 or 0)
 """
 
 
-def test_each_start_of_a_rank_reports_as_a_sender_of_its_own(tmp_path: Path) -> None:
-    """A restarted rank's reports are numbered from 1 again: under the same sender name the monitor
-    would refuse them as replays, and the daemon's sample count would miss every world after the first."""
+def test_each_start_of_a_rank_reports_as_a_new_incarnation_of_its_name(tmp_path: Path) -> None:
+    """A restarted rank's reports are numbered from 1 again: as the same sender the monitor would refuse
+    them as replays, and the daemon's sample count would miss every world after the first. Its name stays
+    the rank's; the incarnation (the world's restart count) tells the starts apart."""
     from malletrain.daemon.monitor import ReplayWindow
 
     rdzv = FakeRendezvous()
@@ -246,11 +247,11 @@ def test_each_start_of_a_rank_reports_as_a_sender_of_its_own(tmp_path: Path) -> 
     _tick_until(agent, RankState.FAILED)
     rdzv.publish(["w0"], 1)
     _tick_until(agent, RankState.FINISHED)
-    senders = (tmp_path / "rank.py.worker").read_text().split()
-    assert len(senders) == 2 and len(set(senders)) == 2 and all(s.startswith("w0") for s in senders)
+    senders = [line.split() for line in (tmp_path / "rank.py.worker").read_text().splitlines()]
+    assert senders == [["w0", "0"], ["w0", "1"]]  # one name, two incarnations
     window = ReplayWindow()
-    for t, sender in enumerate(senders):
-        assert window.admit(sender, 1, float(t)) == 0  # each start's first report is accepted
+    for t, (name, incarnation) in enumerate(senders):
+        assert window.admit(name, 1, float(t), int(incarnation)) == 0  # each start's first report is accepted
 
 
 def test_a_failure_counts_once_no_newer_world_comes(tmp_path: Path) -> None:
@@ -323,9 +324,10 @@ def test_the_job_file_launcher_chooses_the_runtime_whatever_the_trainers(tmp_pat
     started: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {}
     real = h.daemon.hub.start_worker
 
-    def record(node, worker, argv, env, cwd, uid=None, gid=None, slots=1, umask=None):  # type: ignore[no-untyped-def]
+    def record(node, worker, argv, env, cwd, uid=None, gid=None, slots=1, umask=None,  # type: ignore[no-untyped-def]
+               starts_own_ranks=False):
         started[worker] = (tuple(argv), dict(env))
-        real(node, worker, argv, env, cwd, uid, gid, slots=slots, umask=umask)
+        real(node, worker, argv, env, cwd, uid, gid, slots=slots, umask=umask, starts_own_ranks=starts_own_ranks)
 
     h.daemon.hub.start_worker = record  # type: ignore[method-assign]
     try:
@@ -347,13 +349,24 @@ def test_the_job_file_launcher_chooses_the_runtime_whatever_the_trainers(tmp_pat
         h.run_until(8.0)
         run = h.daemon.runs[ddp]
         assert len(run.members) == 2
-        gen = h.daemon.torchrun.generation(ddp)  # type: ignore[attr-defined]
+        gen = h.daemon.torchrun.torch.generation(ddp)  # type: ignore[attr-defined]
         world = World.parse(store.get(world_key(ddp, gen)), "world")
         assert world.restart_count == 0
         assert sorted(p.rank for p in world.places.values()) == [0, 1]
         assert [world.places[w].rank for w in run.published] == [0, 1]  # one worker a node: the list's order
     finally:
         h.close()
+
+
+def test_the_torchrun_runtime_is_built_on_a_torch_runtime_it_holds() -> None:
+    """Composition, not inheritance: the torchrun launcher's runtime holds a ``torch`` runtime (its store,
+    generations and member lists) and adds the worlds' places to it."""
+    from malletrain.runtimes.torch_elastic import TorchRuntime
+    from malletrain.runtimes.torchrun import TorchrunRuntime
+
+    rt = TorchrunRuntime()
+    assert not isinstance(rt, TorchRuntime) and isinstance(rt.torch, TorchRuntime) and rt.torch.worlds is rt
+    assert rt.world_keys("j1", 3) == [world_key("j1", 3), done_key("j1", 3), "mt/j1/failed/3", "mt/j1/pg/3"]
 
 
 def test_the_runtime_numbers_restarts_and_drops_old_worlds(tmp_path: Path) -> None:
@@ -540,7 +553,8 @@ def test_the_same_world_published_again_keeps_every_rank_going(tmp_path: Path) -
 
 
 def test_a_node_of_k_slots_runs_k_ranks_numbered_node_by_node(tmp_path: Path) -> None:
-    """The daemon side: a worker given K slots is one rank agent told ``--local-ranks K``, and the world
+    """The daemon side: a worker given K slots is one rank agent that starts its K ranks (K in the launch
+    spec's slots, the one route to the node agent, which tells the rank agent), and the world
     places its K ranks on its node (LOCAL_RANK 0..K-1, GROUP_RANK the node's index)."""
     from malletrain.runtimes.torchrun import TorchrunRuntime
     from contract.world import rank_names
@@ -549,9 +563,8 @@ def test_a_node_of_k_slots_runs_k_ranks_numbered_node_by_node(tmp_path: Path) ->
     try:
         for w, node in (("j1.a", "n1"), ("j1.b", "n2")):
             spec = rt.launch_spec("j1", (PY, "train.py"), w, node, slots=2)
-            assert spec.slots == 1  # the node agent runs the rank agent alone; it starts the ranks
-            argv = spec.argv
-            assert argv[argv.index("--local-ranks") + 1] == "2" and argv.index("--local-ranks") < argv.index("--")
+            assert spec.slots == 2 and spec.starts_own_ranks  # K by one route; the rank agent starts the ranks
+            assert "--local-ranks" not in spec.argv
         gen = rt.set_members("j1", ["j1.b", "j1.a"])
         world = World.parse(rt._require_store().get(world_key("j1", gen)), "w")
         assert sorted(world.places) == rank_names("j1.a", 2) + rank_names("j1.b", 2)
@@ -622,10 +635,10 @@ def test_a_crash_of_one_local_rank_ends_its_nodes_ranks_together_counted_once(tm
     agent.local_ranks = 2
     _publish_k(rdzv, {"a": "n1"}, 2)
     _tick_until(agent, RankState.RUNNING)
-    survivor = agent.children[0]
+    survivor = agent.child
     _tick_until(agent, RankState.FAILED)
     assert survivor is not None and survivor.returncode == -15  # stopped with it (SIGTERM)
-    assert agent.children == [] and done_key("j1", rdzv.gen) not in rdzv.counters
+    assert agent.children is None and done_key("j1", rdzv.gen) not in rdzv.counters
     assert agent.tick() == 3  # one failure, its status
 
 
@@ -636,15 +649,18 @@ def test_a_restarted_daemon_learns_a_workers_k_from_its_ready_key(tmp_path: Path
     from malletrain.worker.elastic.rendezvous import Rendezvous
     from malletrain.runtimes.torchrun import TorchrunRuntime
     from contract.world import rank_names
-    from malletrain.worker.torchrun_agent import parse_args
+    from malletrain.worker.torchrun_agent import local_ranks_of
 
-    assert parse_args(["--local-ranks", "2", "--", PY, "x.py"]).local_ranks == 2
+    assert local_ranks_of({"MALLETRAIN_LOCAL_RANKS": "2"}) == 2 and local_ranks_of({}) == 1
+    for bad in ("0", "x", "65"):
+        with pytest.raises(ValueError, match="MALLETRAIN_LOCAL_RANKS"):
+            local_ranks_of({"MALLETRAIN_LOCAL_RANKS": bad})
     rt = TorchrunRuntime()
     try:
         rt.start_if_needed()  # a restarted daemon serves its store at once
         store = rt._require_store()
         rdzv = Rendezvous(store, "j1", "j1.a")
-        rdzv.ready_value = "2"  # what the agent's main sets from --local-ranks
+        rdzv.ready_value = "2"  # what the agent's main sets from MALLETRAIN_LOCAL_RANKS
         rdzv.mark_ready()
         store.set(ready_key("j1", "j1.b"), "1")  # an agent of one rank
         rt.readopt("j1", (PY, "train.py"), {"j1.a": "n1", "j1.b": "n2"})
@@ -688,3 +704,52 @@ def test_a_restarted_daemon_serves_a_torchrun_jobs_store_on_the_last_daemons_por
             pass
     finally:
         d.close()
+SLOW_TO_STOP = """import os, signal, sys, time
+def stop(signum, frame):
+    time.sleep(1.0)  # a checkpoint, say
+    sys.exit(143)
+signal.signal(signal.SIGTERM, stop)
+with open(sys.argv[0] + ".ports", "a") as fh:
+    fh.write(os.environ["MASTER_PORT"] + "\\n")
+time.sleep(600)
+"""
+
+
+def test_the_master_port_is_held_from_its_naming_until_rank_0_starts(tmp_path: Path) -> None:
+    """One rendezvous step for both launchers: the agent of rank 0 names the world's master as the
+    in-process runtime's rank 0 does (:func:`malletrain.worker.elastic.rendezvous.form_step`), holding the
+    port's socket while its old ranks still stop, so no other process takes it in between; it lets it
+    go just before its rank 0 starts (the script binds it). Before, it picked a free port and let it
+    go at once."""
+    import socket
+    import time
+
+    def ports(n: int) -> list[str]:
+        path, deadline = tmp_path / "rank.py.ports", time.monotonic() + 120
+        while time.monotonic() < deadline and (not path.exists() or len(path.read_text().split()) < n):
+            time.sleep(0.05)
+        return path.read_text().split()
+
+    rdzv = FakeRendezvous()
+    agent = _agent(rdzv, SLOW_TO_STOP, tmp_path)
+    rdzv.publish(["w0"], 0)
+    _tick_until(agent, RankState.RUNNING)
+    ports(1)  # the first rank runs (its SIGTERM handler set)
+    rdzv.publish(["w0", "w1"], 1)  # the world grows: w0's old rank takes a second to stop
+    assert agent.tick() is None and agent.state is RankState.FORMING
+    assert rdzv.wait_group(rdzv.gen, 0.0) is None
+    rdzv.add(arrive_key("j1", rdzv.gen), 1)  # w1 arrives
+    assert agent.tick() is None and agent.state is RankState.FORMING  # named, its old rank still stopping
+    where = rdzv.wait_group(rdzv.gen, 0.0)
+    assert where is not None and where[0] == "127.0.0.1"
+    with socket.socket() as probe, pytest.raises(OSError):
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind(("127.0.0.1", where[1]))  # held: no other process can take it now
+    with socket.socket() as early, pytest.raises(ConnectionRefusedError):
+        early.connect(("127.0.0.1", where[1]))  # a peer's early connection is refused (it tries again)
+    _tick_until(agent, RankState.RUNNING)
+    assert ports(2)[1] == str(where[1])  # the new rank 0 was given that port, free again
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind(("127.0.0.1", where[1]))
+    agent.stop_child()

@@ -15,7 +15,7 @@ import pytest
 from scavenger import protocol as P
 from scavenger.agent import Agent
 from scavenger.warm import Assignment, WarmSlot, start_time_env, warm_refusal
-from contract.entry import Entry, entry_of
+from spawner.entry import Entry, entry_of
 from stepping import wait_until
 
 KEY = b"k" * 32

@@ -75,10 +75,10 @@ def stop(signum, frame):  # the old world's rank takes its time to stop: it chec
         if os.environ["RANK"] == "0" and "b-started" in open(events).read():
             break
         time.sleep(0.05)
-    log(os.environ["MALLETRAIN_WORKER"] + "-stopped")
+    log(os.environ["MALLETRAIN_WORKER"] + ".restart" + os.environ["MALLETRAIN_INCARNATION"] + "-stopped")
     sys.exit(143)
 signal.signal(signal.SIGTERM, stop)
-log(os.environ["MALLETRAIN_WORKER"] + "-started")
+log(os.environ["MALLETRAIN_WORKER"] + ".restart" + os.environ["MALLETRAIN_INCARNATION"] + "-started")
 while True:
     time.sleep(0.05)
 """

@@ -103,7 +103,7 @@ class Act:
                     env.update(self.member_env(run.spec))
                 env[ENV_JOB_SECRET] = self.job_secret(run.id)  # after the user's env: not overridable
                 self.hub.start_worker(node, wid, spec.argv, env, spec.cwd or run.spec.cwd, uid, gid,
-                                      slots=spec.slots, umask=run.umask)
+                                      slots=spec.slots, umask=run.umask, starts_own_ranks=spec.starts_own_ranks)
                 run.start_sent[wid] = now
         target = set(nodes)  # (list lookups: 64 x 64 a job, every step)
         for node in [n for n in run.workers if n not in target]:

@@ -10,7 +10,7 @@ without blocking and, per frame, in this order:
 2. JSON and envelope shape, version, type,
 3. signed at all, for a registered job, signed with *that* job's key,
 4. every payload field by type and range,
-5. ``seq`` above the last accepted from that worker (replay window),
+5. ``seq`` above the last accepted from that sender: the worker and its incarnation (replay window),
 
 then feeds the job's profiler estimators (throughput per node count, rescale
 pauses). Every rejection is counted under its :class:`~contract.messages.Reason`
@@ -105,7 +105,8 @@ _FAST = re.compile(
     rb'\{"v":' + str(VERSION).encode() + rb',"type":"report","job":"(' + _ID + rb'{1,256})",'
     rb'"seq":([1-9][0-9]{0,18}),"payload":\{"samples":(0|[1-9][0-9]{0,9}),'
     rb'"timestamp":((?:0|[1-9][0-9]{0,11})(?:\.[0-9]{1,40})?(?:[eE][-+]?[0-9]{1,3})?),'
-    rb'"world_size":([1-9][0-9]{0,4}),"generation":(0|[1-9][0-9]{0,18}),"worker":"(' + _ID + rb'{0,256})"\},'
+    rb'"world_size":([1-9][0-9]{0,4}),"generation":(0|[1-9][0-9]{0,18}),"worker":"(' + _ID + rb'{0,256})",'
+    rb'"incarnation":(0|[1-9][0-9]{0,18})\},'
     rb'"sig":"([0-9a-f]{64})"\}\Z'
 )
 _SIG_TRAILER = len(b',"sig":"') + 64 + len(b'"}')
@@ -116,33 +117,41 @@ def _no_match(frame: bytes) -> None:
 
 
 # ---------------------------------------------------------------- replay window
+Sender = tuple[str, int]
+"""Who sent a report: the worker's name and its incarnation (which start of its process)."""
+
+
 @dataclass
 class ReplayWindow:
-    """Last accepted ``seq`` per worker of one job; a frame must be above it.
+    """Last accepted ``seq`` per sender of one job, a sender being (worker, incarnation); a frame must be
+    above it.
 
-    At most ``max_workers`` workers are remembered. Retiring the least recently
-    heard one raises ``floor`` to its last timestamp, and a worker not remembered
-    must report after ``floor``: a retired worker's old frames stay replays.
+    At most ``max_workers`` senders are remembered. Retiring the least recently
+    heard one raises ``floor`` to its last timestamp, and a sender not remembered
+    must report after ``floor``: a retired sender's old frames stay replays.
     """
 
     max_workers: int = MAX_WORKERS
     floor: float = -1.0
-    last: dict[str, tuple[int, float]] = field(default_factory=dict)
+    last: dict[Sender, tuple[int, float]] = field(default_factory=dict)
 
-    def admit(self, worker: str, seq: int, ts: float) -> int:
-        """Accept (worker, seq, ts) and return the seq gap before it, or raise REPLAYED."""
-        prev = self.last.get(worker)
+    def admit(self, worker: str, seq: int, ts: float, incarnation: int = 0) -> int:
+        """Accept (worker, incarnation, seq, ts) and return the seq gap before it, or raise REPLAYED."""
+        sender = (worker, incarnation)
+        prev = self.last.get(sender)
         if prev is None:
             if ts <= self.floor:
-                raise MessageError(Reason.REPLAYED, f"worker {worker!r} seq {seq}: from a retired sender")
+                raise MessageError(Reason.REPLAYED, f"worker {worker!r} incarnation {incarnation} seq {seq}: "
+                                                    "from a retired sender")
             if len(self.last) >= self.max_workers:
                 self._retire_oldest()
-            self.last[worker] = (seq, ts)
+            self.last[sender] = (seq, ts)
             return 0
         last_seq, last_ts = prev
         if seq <= last_seq:
-            raise MessageError(Reason.REPLAYED, f"worker {worker!r} seq {seq} <= {last_seq} already accepted")
-        self.last[worker] = (seq, max(ts, last_ts))
+            raise MessageError(Reason.REPLAYED, f"worker {worker!r} incarnation {incarnation} seq {seq} <= "
+                                                f"{last_seq} already accepted")
+        self.last[sender] = (seq, max(ts, last_ts))
         return seq - last_seq - 1
 
     def _retire_oldest(self) -> None:
@@ -150,15 +159,20 @@ class ReplayWindow:
         self.floor = max(self.floor, self.last.pop(oldest)[1])
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able state, to persist so a restarted monitor still refuses old frames."""
-        return {"floor": self.floor, "last": {w: [s, t] for w, (s, t) in self.last.items()}}
+        """JSON-able state, to persist so a restarted monitor still refuses old frames: ``senders`` is a
+        list of ``[worker, incarnation, seq, timestamp]``."""
+        return {"floor": self.floor, "senders": [[w, i, s, t] for (w, i), (s, t) in self.last.items()]}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], max_workers: int = MAX_WORKERS) -> "ReplayWindow":
-        """The inverse of :meth:`to_dict`; ``ValueError`` if ``data`` is not one."""
+        """The inverse of :meth:`to_dict`; ``ValueError`` if ``data`` is not one. A state saved before
+        incarnations (``last``: worker -> ``[seq, timestamp]``) is read as incarnation 0 of each worker."""
         try:
             floor = float(data["floor"])
-            last = {str(w): (int(s), float(t)) for w, (s, t) in data["last"].items()}
+            if "senders" in data:
+                last = {(str(w), int(i)): (int(s), float(t)) for w, i, s, t in data["senders"]}
+            else:
+                last = {(str(w), 0): (int(s), float(t)) for w, (s, t) in data["last"].items()}
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ValueError(f"replay state is not valid: {exc!r}") from None
         win = cls(max_workers, floor, {})
@@ -204,12 +218,13 @@ class JobStats:
         """Take one validated, authenticated report; raises REPLAYED (and changes nothing) for a replay,
         IMPLAUSIBLE (only its seq is used up) for more samples than the job could train by ``now``
         (the receiver's clock; None: unbounded)."""
-        self.add_fields(rep.worker, rep.seq, rep.samples, rep.timestamp, rep.world_size, rep.generation, now)
+        self.add_fields(rep.worker, rep.seq, rep.samples, rep.timestamp, rep.world_size, rep.generation, now,
+                        rep.incarnation)
 
     def add_fields(self, worker: str, seq: int, samples: int, timestamp: float, world_size: int,
-                   generation: int, now: float | None = None) -> None:
+                   generation: int, now: float | None = None, incarnation: int = 0) -> None:
         """:meth:`add` of a report's fields (the fast path builds no :class:`Report`)."""
-        self.seq_gaps += self.window.admit(worker, seq, timestamp)
+        self.seq_gaps += self.window.admit(worker, seq, timestamp, incarnation)
         world_size = self.world_of(world_size, generation)
         if now is not None and (why := self.bound.refusal(samples, world_size, now)) is not None:
             self.implausible += 1
@@ -437,17 +452,19 @@ class Monitor:
 
     def _accept_fast(self, frame: bytes, m: "re.Match[bytes]") -> bool:
         """Take a frame in the canonical layout; False (nothing changed) to let the full path decide."""
-        job_b, seq_b, samples_b, ts_b, world_b, gen_b, worker_b, sig = m.groups()
+        job_b, seq_b, samples_b, ts_b, world_b, gen_b, worker_b, inc_b, sig = m.groups()
         known = self._fast.get(job_b)
         if known is None:
             return False
         seq, samples, ts, world, gen = int(seq_b), int(samples_b), float(ts_b), int(world_b), int(gen_b)
-        if seq > MAX_INT or samples > MAX_SAMPLES or gen > MAX_INT or world > MAX_WORLD or not ts <= MAX_TIMESTAMP:
+        incarnation = int(inc_b)
+        if seq > MAX_INT or samples > MAX_SAMPLES or gen > MAX_INT or world > MAX_WORLD or not ts <= MAX_TIMESTAMP \
+                or incarnation > MAX_INT:
             return False
         mac, stats = known
         if not self._signed_by(mac, frame[:-_SIG_TRAILER], sig):
             return False
-        stats.add_fields(worker_b.decode("ascii"), seq, samples, ts, world, gen, now=self._clock())
+        stats.add_fields(worker_b.decode("ascii"), seq, samples, ts, world, gen, self._clock(), incarnation)
         self.accepted += 1
         return True
 

@@ -17,17 +17,22 @@ from typing import Callable, Iterable, Protocol, Sequence
 class LaunchSpec:
     """What a node agent runs for one worker: argv (no shell), extra env, cwd, and how many processes.
 
-    ``slots``: the agent runs that many processes of ``argv`` on the node, local ranks 0 ..
-    slots-1, each with its own device, cores, ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE``
-    (:mod:`contract.nodeshape`); where ``env`` has ``GROUP_RANK`` and ``GROUP_WORLD_SIZE`` each
-    also gets its ``RANK`` and ``WORLD_SIZE``. They end together (one failure stops the others;
-    the worker's exit is reported once). 1: one process, as before.
+    ``slots``: the worker's ranks on the node, K (the one route by which K reaches them). The agent
+    runs that many processes of ``argv``, local ranks 0 .. slots-1, each with its own device, cores,
+    ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE`` (:mod:`spawner.slots`); where ``env`` has ``GROUP_RANK`` and
+    ``GROUP_WORLD_SIZE`` each also gets its ``RANK`` and ``WORLD_SIZE``. They end together (one failure
+    stops the others; the worker's exit is reported once). 1: one process, as before.
+
+    ``starts_own_ranks``: the worker's one process starts its K ranks itself (the ``torchrun``
+    launcher's rank agent, which restarts them at each change of their world): the agent runs one
+    process, with the node's part it would give K, and tells it K in ``MALLETRAIN_LOCAL_RANKS``.
     """
 
     argv: tuple[str, ...]
     env: dict[str, str] = field(default_factory=dict)
     cwd: str | None = None
     slots: int = 1
+    starts_own_ranks: bool = False
 
 
 class Runtime(Protocol):

@@ -40,7 +40,7 @@ import logging
 import os
 import threading
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Protocol, Sequence
 
 from contract.storekeys import (
     CKPT_CHUNK_BYTES,
@@ -151,6 +151,19 @@ def decode_checkpoint_file(raw: bytes, path: Path) -> tuple[int, bytes]:
     return tag, data
 
 
+class WorldKeys(Protocol):
+    """What a launcher built on this runtime (by composition: the ``torchrun`` launcher's
+    :class:`~malletrain.runtimes.torchrun.TorchrunRuntime`) writes for each generation."""
+
+    def before_publish(self, store: RendezvousStore, job_id: str, gen: int, members: tuple[str, ...],
+                       forgotten: int) -> None:
+        """Keys of generation ``gen`` written before its member list (under the runtime's lock);
+        ``forgotten``: the generations whose keys :meth:`TorchRuntime.forget` already deleted."""
+
+    def world_keys(self, job_id: str, gen: int) -> list[str]:
+        """Its own keys of generation ``gen``, which :meth:`TorchRuntime.forget` deletes with the rest."""
+
+
 class TorchRuntime(Runtime):
     """In-process elastic DDP: the daemon-side half (see module docstring).
 
@@ -175,6 +188,9 @@ class TorchRuntime(Runtime):
     :meth:`~malletrain.daemon.Daemon.job_secret`, the key that signs the job's reports;
     by default a key of this runtime's own) and sees that job's keys only, bounded by
     ``limits``.
+
+    ``worlds``: what a launcher that uses this runtime's store and generations adds to each
+    generation (:class:`WorldKeys`; the ``torchrun`` launcher's world places).
     """
 
     name = "torch"
@@ -195,6 +211,7 @@ class TorchRuntime(Runtime):
         bind: str | None = None,
         checkpoint_dir: str | Path | None = None,
         limits: StoreLimits | None = None,
+        worlds: WorldKeys | None = None,
     ) -> None:
         if collective_timeout_s <= 0:
             raise ValueError(f"collective_timeout_s must be > 0, got {collective_timeout_s}")
@@ -220,6 +237,7 @@ class TorchRuntime(Runtime):
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
         self._persisted: dict[str, int] = {}  # job -> ckpt_seq of the checkpoint on disk
         self._scratch: set[str] = set()  # jobs whose last published world starts from step 0
+        self.worlds = worlds
 
     # -- lifecycle -----------------------------------------------------------------
     def use_secrets(self, secret_for: Callable[[str], str]) -> None:
@@ -278,6 +296,11 @@ class TorchRuntime(Runtime):
         return dict(self._store.rejected) if self._store is not None else {}
 
     @property
+    def serving(self) -> bool:
+        """Whether the store is served (started and not closed)."""
+        return self._store is not None
+
+    @property
     def port(self) -> int:
         """The store's port (the real one once started)."""
         return self._port
@@ -287,6 +310,10 @@ class TorchRuntime(Runtime):
         """``host:port`` of the store, as given to workers in ``MALLETRAIN_STORE``."""
         self._require_store()
         return format_address((self.host, self._port))
+
+    def require_store(self) -> RendezvousStore:
+        """The served store (:class:`RuntimeStateError` before :meth:`start`)."""
+        return self._require_store()
 
     def _require_store(self) -> RendezvousStore:
         if self._store is None:
@@ -344,7 +371,8 @@ class TorchRuntime(Runtime):
                     self._scratch.add(job_id)
             if ordered:
                 self._last_nonempty[job_id] = (gen, frozenset(ordered))
-            self._before_publish(job_id, gen, ordered)
+            if self.worlds is not None:
+                self.worlds.before_publish(store, job_id, gen, ordered, self._forgotten.get(job_id, 0))
             store.set(members_key(job_id, gen), json.dumps(list(ordered)))
             store.set(gen_key(job_id), str(gen))  # after the members: readers see both
             self._generations[job_id] = gen
@@ -353,14 +381,10 @@ class TorchRuntime(Runtime):
             self._own.setdefault(job_id, set()).update(ordered)
         return gen
 
-    def _before_publish(self, job_id: str, gen: int, members: tuple[str, ...]) -> None:
-        """Keys a runtime built on this one writes for generation ``gen`` before its member list
-        (the caller holds the lock); none here."""
-
-    def _generation_keys(self, job_id: str, gen: int) -> list[str]:
-        """The keys of generation ``gen`` that :meth:`forget` deletes."""
-        return [members_key(job_id, gen), arrive_key(job_id, gen), joined_key(job_id, gen),
-                handover_key(job_id, gen)]
+    def generation_keys(self, job_id: str, gen: int) -> list[str]:
+        """The keys of generation ``gen`` that :meth:`forget` deletes (those of :attr:`worlds` included)."""
+        own = [members_key(job_id, gen), arrive_key(job_id, gen), joined_key(job_id, gen), handover_key(job_id, gen)]
+        return own + (self.worlds.world_keys(job_id, gen) if self.worlds is not None else [])
 
     def readopt(self, job_id: str, command: Sequence[str], workers: dict[str, str]) -> int:
         """Workers an earlier daemon started (worker id -> node): remembered so :meth:`forget` clears
@@ -521,7 +545,7 @@ class TorchRuntime(Runtime):
                 return
             keys = []
             for g in range(first, gens + 1):
-                keys += self._generation_keys(job_id, g)
+                keys += self.generation_keys(job_id, g)
             keys += [ready_key(job_id, w) for w in workers] + [resume_key(job_id, w) for w in workers]
             for key in keys:
                 store.delete_key(key)

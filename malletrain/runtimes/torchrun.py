@@ -16,9 +16,9 @@ host: ``MASTER_ADDR``/``MASTER_PORT``, fresh for each world) and starts the comm
 torchrun's variables (:func:`contract.workerenv.torchrun_environ`). When a newer world
 comes it stops the child and starts it again in the new one.
 
-:class:`TorchrunRuntime` is the daemon-side half. It hosts its own store (the ``torch``
-runtime's, :class:`~malletrain.runtimes.torch_elastic.TorchRuntime`, started on first use)
-and, with each member list, writes the world's rank places (``mt/<job>/world/<g>``): ranks
+:class:`TorchrunRuntime` is the daemon-side half. It hosts its own store through a ``torch``
+runtime it holds (:class:`~malletrain.runtimes.torch_elastic.TorchRuntime`, by composition, started
+on first use) and, with each member list, writes the world's rank places (``mt/<job>/world/<g>``): ranks
 are numbered node by node from the job's ordered nodes and the K ranks on each
 (:func:`rank_names`, :func:`rank_places`), as ``torchrun`` numbers them. The job's checkpoint is the script's
 own file: the daemon keeps none for it.
@@ -31,11 +31,13 @@ import logging
 import os
 import re
 import sys
+import threading
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from authframe import MAX_FRAME
 from contract.storekeys import done_key, failed_key, pg_key, ready_key, world_key
-from contract.workerenv import DEFAULT_STORE_GRACE_S
+from contract.workerenv import DEFAULT_STORE_GRACE_S, ENV_RUNTIME, RankPlace, WorkerEnvError
 from contract.world import (
     DEFAULT_FAILURE_WAIT_S,
     DEFAULT_STOP_GRACE_S,
@@ -45,7 +47,8 @@ from contract.world import (
     rank_names,
     rank_places,
 )
-from malletrain.runtimes import LaunchSpec
+from malletrain.runtimes import LaunchSpec, Runtime
+from malletrain.runtimes.store_server import RendezvousStore
 from malletrain.runtimes.torch_elastic import TorchRuntime
 
 log = logging.getLogger("malletrain.torchrun")
@@ -92,8 +95,13 @@ def wrap_python_command(command: Sequence[str], launcher_present: bool | None = 
     return (argv[0], "-m", LAUNCH_MODULE, *rest)
 
 
-class TorchrunRuntime(TorchRuntime):
+class TorchrunRuntime(Runtime):
     """The daemon-side half of the ``torchrun`` launcher (see the module docstring).
+
+    It is built on a ``torch`` runtime of its own (:attr:`torch`, by composition): that one serves
+    the store, numbers the generations and publishes the member lists; this one adds each world's
+    places (:meth:`before_publish`, its :class:`~malletrain.runtimes.torch_elastic.WorldKeys`) and
+    launches rank agents.
 
     ``python`` is the interpreter that runs the rank agent (it has malletrain installed);
     ``stop_grace_s`` is a rank's time between SIGTERM and SIGKILL at a change of its world;
@@ -109,22 +117,48 @@ class TorchrunRuntime(TorchRuntime):
                  stop_grace_s: float = DEFAULT_STOP_GRACE_S, bind: str | None = None, port: int = 0,
                  on_start: Callable[[], None] | None = None,
                  failure_wait_s: float = DEFAULT_FAILURE_WAIT_S) -> None:
-        super().__init__(host=host, port=port, monitor=monitor, store_grace_s=store_grace_s, bind=bind)
-        self.on_start = on_start
         if not stop_grace_s > 0 or not failure_wait_s >= 0:
             raise ValueError(f"stop_grace_s must be > 0 and failure_wait_s >= 0, got {stop_grace_s}, {failure_wait_s}")
+        self.torch = TorchRuntime(host=host, port=port, monitor=monitor, store_grace_s=store_grace_s, bind=bind,
+                                  worlds=self)
+        self.on_start = on_start
         self.python = python
         self.stop_grace_s = stop_grace_s
         self.failure_wait_s = failure_wait_s
+        self._lock = threading.Lock()  # taken inside the torch runtime's lock (before_publish), never around it
         self._nodes: dict[str, dict[str, str]] = {}  # job -> worker -> node
         self._local: dict[str, dict[str, int]] = {}  # job -> worker -> local ranks (its node's slots)
         self._restarts: dict[str, int] = {}  # job -> restart count of its last world
         self._pruned: dict[str, int] = {}  # job -> generations whose keys are deleted (all up to it)
 
+    # -- what the daemon calls, mostly the torch runtime's --------------------------------------
+    @property
+    def port(self) -> int:
+        """The store's port (kept across daemon restarts)."""
+        return self.torch.port
+
+    def start(self) -> None:
+        self.torch.start()
+
+    def close(self) -> None:
+        self.torch.close()
+
+    def use_secrets(self, secret_for: Callable[[str], str]) -> None:
+        self.torch.use_secrets(secret_for)
+
+    def restarted_from_scratch(self, job_id: str) -> bool:
+        return self.torch.restarted_from_scratch(job_id)
+
+    def ready(self, job_id: str, worker_id: str) -> bool:
+        return self.torch.serving and self.torch.ready(job_id, worker_id)
+
+    def _require_store(self) -> RendezvousStore:
+        return self.torch.require_store()
+
     def start_if_needed(self) -> None:
         """Serve the store now if it is not served yet (then ``on_start``: the daemon records its port)."""
-        if self._store is None:
-            self.start()
+        if not self.torch.serving:
+            self.torch.start()
             if self.on_start is not None:
                 self.on_start()
 
@@ -132,28 +166,30 @@ class TorchrunRuntime(TorchRuntime):
                     slots: int = 1) -> LaunchSpec:
         """The rank agent, with the job's command (a Python one through :data:`LAUNCH_MODULE`) after ``--``.
 
-        The node agent runs one process for it (the rank agent); the agent itself starts ``slots``
-        ranks of the command (``--local-ranks``), each with its own device and share of the cores."""
+        The node agent runs one process for it (the rank agent: ``starts_own_ranks``), which starts the
+        ``slots`` ranks of the command itself (the node agent tells it K), each with its own device and
+        share of the cores."""
         self.start_if_needed()
         if slots < 1:
             raise ValueError(f"job {job_id}: worker {worker_id} on {node}: {slots} worker slots, need at least 1")
-        spec = super().launch_spec(job_id, wrap_python_command(command), worker_id, node)
+        spec = self.torch.launch_spec(job_id, wrap_python_command(command), worker_id, node)
         with self._lock:
             self._nodes.setdefault(job_id, {})[worker_id] = node
             self._local.setdefault(job_id, {})[worker_id] = slots
         argv = (self.python, "-m", AGENT_MODULE, "--stop-grace", repr(self.stop_grace_s),
-                "--failure-wait", repr(self.failure_wait_s), "--local-ranks", str(slots), "--", *spec.argv)
-        return LaunchSpec(argv=argv, env=spec.env, cwd=spec.cwd)
+                "--failure-wait", repr(self.failure_wait_s), "--", *spec.argv)
+        return LaunchSpec(argv=argv, env={**spec.env, ENV_RUNTIME: self.name}, cwd=spec.cwd, slots=slots,
+                          starts_own_ranks=True)
 
     def set_members(self, job_id: str, members: Sequence[str]) -> int:
         self.start_if_needed()
-        return super().set_members(job_id, members)
+        return self.torch.set_members(job_id, members)
 
     def resume_generation(self, job_id: str, generation: int) -> None:
         """After a daemon restart: serve the store at once (on the last daemon's port: the job's agents
         reconnect to it) and number on from ``generation``."""
         self.start_if_needed()
-        super().resume_generation(job_id, generation)
+        self.torch.resume_generation(job_id, generation)
 
     def resume_worlds(self, job_id: str, worlds: int) -> None:
         """After a daemon restart: ``job_id`` has run ``worlds`` worlds (the last daemon's published
@@ -166,35 +202,50 @@ class TorchrunRuntime(TorchRuntime):
         self.start_if_needed()
         with self._lock:
             self._nodes.setdefault(job_id, {}).update(workers)
-        return super().readopt(job_id, command, workers)
+        return self.torch.readopt(job_id, command, workers)
 
-    def _before_publish(self, job_id: str, gen: int, members: tuple[str, ...]) -> None:
+    def forget(self, job_id: str, keep_state: bool = True) -> None:
+        """As the ``torch`` runtime's; a job that ended (``keep_state=False``) also loses its restart count."""
+        self.torch.forget(job_id, keep_state)
+        with self._lock:
+            self._nodes.pop(job_id, None)
+            self._local.pop(job_id, None)
+            self._pruned.pop(job_id, None)  # forget deleted them: its own count goes on from there
+            if not keep_state:
+                self._restarts.pop(job_id, None)
+
+    # -- the world keys (WorldKeys, called by the torch runtime) ------------------------------------
+    def before_publish(self, store: RendezvousStore, job_id: str, gen: int, members: tuple[str, ...],
+                       forgotten: int) -> None:
         """A non-empty world's places and restart count go into the store before its member list; the
         keys of worlds two generations back go (no agent reads them: every one has moved on)."""
-        store = self._require_store()
-        first = self._pruned.get(job_id, self._forgotten.get(job_id, 0)) + 1
-        for old in range(first, gen - 1):
-            for key in self._generation_keys(job_id, old):
-                store.delete_key(key)
-        self._pruned[job_id] = max(first - 1, gen - 2)
-        if not members:
-            return
-        nodes = self._nodes.get(job_id, {})
-        local = [(w, self._local_ranks(job_id, w)) for w in members]
-        ranks = sum(k for _, k in local)
-        if ranks > TORCHRUN_MAX_RANKS:  # refused before it is built
-            raise ValueError(f"a torchrun world of {ranks} ranks; at most {TORCHRUN_MAX_RANKS}")
-        places = rank_places([(name, nodes.get(w, w)) for w, k in local  # unknown node: a node of its own
-                              for name in rank_names(w, k)])
-        count = self._restarts.get(job_id, -1) + 1
-        value = World(count, places).to_json()
-        if len(value) > WORLD_MAX_BYTES:
-            raise ValueError(f"a torchrun world of {ranks} ranks is {len(value)} bytes; the store carries "
-                             f"{WORLD_MAX_BYTES} at most")
-        self._restarts[job_id] = count
-        store.set(world_key(job_id, gen), value)
+        with self._lock:
+            first = self._pruned.get(job_id, forgotten) + 1
+            for old in range(first, gen - 1):
+                for key in self.torch.generation_keys(job_id, old):
+                    store.delete_key(key)
+            self._pruned[job_id] = max(first - 1, gen - 2)
+            if not members:
+                return
+            nodes = self._nodes.get(job_id, {})
+            local = [(w, self._local_ranks(store, job_id, w)) for w in members]
+            ranks = sum(k for _, k in local)
+            if ranks > TORCHRUN_MAX_RANKS:  # refused before it is built
+                raise ValueError(f"a torchrun world of {ranks} ranks; at most {TORCHRUN_MAX_RANKS}")
+            places = rank_places([(name, nodes.get(w, w)) for w, k in local  # unknown node: a node of its own
+                                  for name in rank_names(w, k)])
+            count = self._restarts.get(job_id, -1) + 1
+            value = World(count, places).to_json()
+            if len(value) > WORLD_MAX_BYTES:
+                raise ValueError(f"a torchrun world of {ranks} ranks is {len(value)} bytes; the store carries "
+                                 f"{WORLD_MAX_BYTES} at most")
+            self._restarts[job_id] = count
+            store.set(world_key(job_id, gen), value)
 
-    def _local_ranks(self, job_id: str, worker: str) -> int:
+    def world_keys(self, job_id: str, gen: int) -> list[str]:
+        return [world_key(job_id, gen), done_key(job_id, gen), failed_key(job_id, gen), pg_key(job_id, gen)]
+
+    def _local_ranks(self, store: RendezvousStore, job_id: str, worker: str) -> int:
         """The ranks ``worker`` runs on its node: what its launch said, else (a worker an earlier daemon
         started) what its rank agent's ready key says (it writes its K there, again at each reconnection),
         else 1. The key is the job's to write: a K above what any node has
@@ -202,7 +253,7 @@ class TorchrunRuntime(TorchRuntime):
         known = self._local.get(job_id, {}).get(worker)
         if known is not None:
             return known
-        raw = self._require_store().get_or_none(ready_key(job_id, worker))
+        raw = store.get_or_none(ready_key(job_id, worker))
         try:
             said = int(raw) if raw is not None else 0
         except ValueError:
@@ -215,20 +266,3 @@ class TorchrunRuntime(TorchRuntime):
             return 1
         self._local.setdefault(job_id, {})[worker] = said
         return said
-
-    def _generation_keys(self, job_id: str, gen: int) -> list[str]:
-        return super()._generation_keys(job_id, gen) + [world_key(job_id, gen), done_key(job_id, gen),
-                                                        failed_key(job_id, gen), pg_key(job_id, gen)]
-
-    def forget(self, job_id: str, keep_state: bool = True) -> None:
-        """As the ``torch`` runtime's; a job that ended (``keep_state=False``) also loses its restart count."""
-        super().forget(job_id, keep_state)
-        with self._lock:
-            self._nodes.pop(job_id, None)
-            self._local.pop(job_id, None)
-            self._pruned.pop(job_id, None)  # forget deleted them: its own count goes on from there
-            if not keep_state:
-                self._restarts.pop(job_id, None)
-
-    def ready(self, job_id: str, worker_id: str) -> bool:
-        return self._store is not None and super().ready(job_id, worker_id)

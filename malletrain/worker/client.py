@@ -34,7 +34,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from contract.messages import Report, secret_key
-from contract.workerenv import ENV_GENERATION, ENV_JOB, ENV_JOB_SECRET, ENV_MONITOR, ENV_WORKER
+from contract.workerenv import ENV_JOB_SECRET
+from contract.workerenv import ENV_INCARNATION, ENV_JOB, ENV_MONITOR, ENV_WORKER
 
 SEND_HWM = 1000
 """Frames the PUSH socket queues before reports are dropped."""
@@ -44,8 +45,8 @@ LINGER_MS = 1000
 
 _RANK_VARS = ("RANK", "HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 _WORLD_VARS = ("WORLD_SIZE", "HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
-_RESTART_VARS = ("TORCHELASTIC_RESTART_COUNT",)
-_GENERATION_VARS = (ENV_GENERATION, "TORCHELASTIC_RESTART_COUNT")
+_INCARNATION_VARS = (ENV_INCARNATION, "TORCHELASTIC_RESTART_COUNT")
+_GENERATION_VARS = ("MALLETRAIN_GENERATION", "TORCHELASTIC_RESTART_COUNT")
 """A report's generation without the elastic layer: the daemon's number of the world the process was
 started in (the torchrun launcher's rank agent sets it), else torchrun's restart count."""
 
@@ -109,7 +110,8 @@ class Reporter:
     one they go unsigned, which the daemon's monitor rejects (tools and tests only).
     """
 
-    def __init__(self, address: str, job: str, worker: str = "", secret: str | None = None) -> None:
+    def __init__(self, address: str, job: str, worker: str = "", secret: str | None = None,
+                 incarnation: int = 0) -> None:
         import zmq
 
         if not address:
@@ -120,6 +122,7 @@ class Reporter:
         self.address = address
         self.job = job
         self.worker = worker
+        self.incarnation = incarnation  # which start of the worker's process: (worker, incarnation) is the sender
         self.seq = 0
         self.sent = 0
         self.dropped = 0
@@ -152,6 +155,7 @@ class Reporter:
                 world_size=world_size,
                 generation=generation,
                 worker=self.worker,
+                incarnation=self.incarnation,
             ).encode(self._key)
             try:
                 self._sock.send(frame, self._zmq.NOBLOCK)
@@ -173,14 +177,12 @@ _reporter: Reporter | None = None
 _reporter_lock = threading.Lock()
 
 
-def sender_id() -> str:
-    """The id this process's reports carry: ``MALLETRAIN_WORKER``, plus ``.rN`` when the process is
-    the N-th restart of its world (``TORCHELASTIC_RESTART_COUNT``). The monitor takes each sender's
-    ``seq`` only above the last it accepted, and a restarted process counts from 1 again: without the
-    suffix a worker that a torchrun-style job restarts under the same id would be refused as a replay."""
-    worker = os.environ.get(ENV_WORKER, "")
-    restart = _env_int(_RESTART_VARS, 0)
-    return f"{worker}.r{restart}" if restart else worker
+def incarnation() -> int:
+    """Which start of its worker this process is: ``MALLETRAIN_INCARNATION`` (the torchrun launcher's rank
+    agent sets it), else ``TORCHELASTIC_RESTART_COUNT`` (a script under torchrun itself), else 0. Its
+    reports carry it beside ``MALLETRAIN_WORKER``: the monitor takes each sender's ``seq`` only above the
+    last it accepted, and a restarted process counts from 1 again, as a new incarnation of its worker."""
+    return _env_int(_INCARNATION_VARS, 0)
 
 
 def reporter() -> Reporter | None:
@@ -191,7 +193,8 @@ def reporter() -> Reporter | None:
             address = os.environ.get(ENV_MONITOR, "")
             if not address:
                 return None
-            _reporter = Reporter(address, os.environ.get(ENV_JOB, ""), sender_id())
+            _reporter = Reporter(address, os.environ.get(ENV_JOB, ""), os.environ.get(ENV_WORKER, ""),
+                                 incarnation=incarnation())
             atexit.register(_reporter.close)
         return _reporter
 

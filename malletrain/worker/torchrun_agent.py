@@ -1,20 +1,24 @@
 """The rank agent of a ``torchrun`` job: what the daemon starts as each worker (no torch in it).
 
-    python -m malletrain.worker.torchrun_agent [--stop-grace S] [--failure-wait S] [--local-ranks K] -- COMMAND...
+    python -m malletrain.worker.torchrun_agent [--stop-grace S] [--failure-wait S] -- COMMAND...
 
 It connects to the daemon's store (``MALLETRAIN_STORE``, the job's secret), says it is ready
-and waits for a world that lists it. It runs ``--local-ranks`` K ranks of the command on its node
+and waits for a world that lists it. It runs K ranks of the command on its node (``MALLETRAIN_LOCAL_RANKS``,
+which the node agent sets from the worker's start: the one route by which K reaches it)
 (the node's worker slots the job uses; the world names them ``WORKER/0`` .. ``WORKER/K-1``, one rank
 ``WORKER``), each with its own device and share of the cores (:func:`contract.nodeshape.slot_place`,
 as the node agent gives the in-process runtimes' workers). Then, for each world:
 
-1. every agent of the world adds itself to the world's barrier (``arrive``); the agent of rank 0
-   waits until all have, picks a free port on its host and publishes ``host port restart_count``
-   (``pg``): the world's ``MASTER_ADDR``/``MASTER_PORT``, fresh for each world;
+1. every agent of the world adds its ranks to the world's barrier; the agent of rank 0 waits until all
+   have, then binds a port on its host and publishes it (``pg``): the world's ``MASTER_ADDR``/``MASTER_PORT``,
+   fresh for each world. This is the step the in-process runtime takes too, on the same keys
+   (:func:`malletrain.worker.elastic.rendezvous.form_step`); the agent holds the port bound (not listening: a
+   peer's early connection is refused and retried) until just before its rank 0 starts (the script's
+   ``init_process_group("env://")`` binds it itself);
 2. each agent starts ``COMMAND`` once per local rank, with torchrun's variables for its place
-   (:func:`contract.workerenv.torchrun_environ`) and ``MALLETRAIN_WORKER`` naming the worker, the
-   local rank and the restart count (:func:`report_sender`: each start's progress reports are a
-   sender of their own);
+   (:func:`contract.workerenv.torchrun_environ`), ``MALLETRAIN_WORKER`` naming the rank (its name in
+   the world's places) and ``MALLETRAIN_INCARNATION`` the world's restart count: a restarted rank is a
+   new incarnation of its sender, whose progress reports are numbered from 1 again;
 3. a newer world stops the command (SIGTERM, ``--stop-grace`` seconds, SIGKILL) and goes back to 1
    in it, or, when the newer world does not list this worker, waits for one that does (the
    daemon stops it); the same world published again (a restarted daemon re-adopting it) changes
@@ -39,21 +43,23 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Mapping, Sequence, Union
 
-from contract.exits import EXIT_SIGTERM, EXIT_STORE_LOST, STOP_STATUSES  # a stop: never a crash of the script
-from contract.nodeshape import DEVICE_VARIABLES, Accelerator, SlotPlace, detect_accelerator, pin_cores, slot_place
-from contract.storekeys import arrive_key, done_key, failed_key, world_key
-from contract.workerenv import ENV_GENERATION, ENV_WORKER, RankPlace, WorkerEnv, configure_worker_logging, torchrun_environ
-from contract.world import DEFAULT_FAILURE_WAIT_S, DEFAULT_STOP_GRACE_S, World, rank_names
 from malletrain.worker.elastic.errors import StoreLost
-from malletrain.worker.elastic.rendezvous import Rendezvous
-from malletrain.worker.warm_ranks import ENV_WARM_IMPORTS, READY_WAIT_S, RankServer, learned_imports, warm_wanted
+from contract.exits import EXIT_SIGTERM, EXIT_STORE_LOST, STOP_STATUSES  # a stop: never a crash of the script
+from contract.storekeys import done_key, failed_key, world_key
+from malletrain.worker.elastic.rendezvous import Rendezvous, WorldMaster, arrive, form_step
+from contract.world import DEFAULT_FAILURE_WAIT_S, DEFAULT_STOP_GRACE_S, World, rank_names
+from malletrain.worker.warm_ranks import ENV_WARM_IMPORTS, READY_WAIT_S, RankServer, WarmChild, learned_imports, \
+    warm_wanted
+from contract.workerenv import ENV_GENERATION, ENV_INCARNATION, ENV_WORKER, RankPlace, WorkerEnv, configure_worker_logging, torchrun_environ
+from spawner.ranks import LocalRanks, exit_status, pin_cores
+from spawner.slots import DEVICE_VARIABLES, ENV_LOCAL_RANKS, MAX_SLOTS, Accelerator, SlotPlace, detect_accelerator, \
+    slot_place
 
 log = logging.getLogger("malletrain.torchrun")
 
@@ -87,23 +93,6 @@ RANK_TRANSITIONS: dict[RankState, frozenset[RankState]] = {
 """The one table of a rank agent's moves (a newer world takes any state to FORMING or WAITING)."""
 
 
-def free_port(host: str) -> int:
-    """A TCP port free on ``host`` now (the OS picks it)."""
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def report_sender(worker: str, restart_count: int, local_rank: int = 0, local_ranks: int = 1) -> str:
-    """The ``MALLETRAIN_WORKER`` a command started in a world sees: the worker, its local rank (where
-    the node runs more than one) and the world's restart count. Each start is a new process whose
-    progress reports are numbered from 1 again; the monitor refuses a sender's number at or below its
-    last (a replay), so each start and each local rank reports as a sender of its own, and a
-    restarted rank's reports count."""
-    local = f".local{local_rank}" if local_ranks > 1 else ""
-    return f"{worker}{local}.restart{restart_count}"
-
-
 def dev_names() -> list[str]:
     """The names under ``/dev`` (what tells the node's accelerator; none where it cannot be read)."""
     try:
@@ -114,28 +103,16 @@ def dev_names() -> list[str]:
 
 def local_slots(local_ranks: int, env: dict[str, str], acc: Accelerator, cores: Sequence[int]) -> list[SlotPlace]:
     """Each local rank's device, thread count and cores on this node, as the node agent gives a worker
-    slot (:func:`contract.nodeshape.slot_place`): the device variable in ``env`` is the node's (the
+    slot (:func:`spawner.slots.slot_place`): the device variable in ``env`` is the node's (the
     devices the agent was given, shared out among the local ranks); the rest of ``env`` is the job's
     (an ``OMP_NUM_THREADS`` it sets wins; ``MALLETRAIN_DEVICES=all`` shows every rank every device)."""
     job_env = {k: v for k, v in env.items() if k not in DEVICE_VARIABLES}
     return [slot_place(i, local_ranks, acc, env, cores, job_env) for i in range(local_ranks)]
 
 
-class RankProcess(Protocol):
-    """A started rank: a ``subprocess.Popen`` (cold) or a :class:`~malletrain.worker.warm_ranks.WarmChild`."""
-
-    pid: int
-    returncode: int | None
-
-    def poll(self) -> int | None: ...
-    def wait(self, timeout: float | None = None) -> int: ...
-    def send_signal(self, sig: int) -> None: ...
-    def kill(self) -> None: ...
-
-
-def exit_code(returncode: int) -> int:
-    """A child's return code as a process exit status (killed by signal N: 128 + N)."""
-    return 128 - returncode if returncode < 0 else returncode
+RankProcess = Union["subprocess.Popen[bytes]", WarmChild]
+"""A started rank: a ``subprocess.Popen`` (cold) or a :class:`~malletrain.worker.warm_ranks.WarmChild`."""
+exit_code = exit_status  # a child's return code as a process exit status (killed by signal N: 128 + N)
 
 
 @dataclass
@@ -150,14 +127,14 @@ class RankAgent:
     state: RankState = RankState.WAITING
     gen: int = 0  # the newest generation seen
     world: World | None = None  # the world this worker is in (FORMING onwards)
-    children: list[RankProcess | None] = field(default_factory=list)  # by local rank; None: exited 0
+    children: LocalRanks[RankProcess] | None = None  # its ranks in the current world (None: none running)
     warm: bool = False  # its ranks start as forks of rank servers (main: unless the job says WARM_RANKS=0)
     servers: list[RankServer] = field(default_factory=list)  # by local rank (none: every start is cold)
     failed: tuple[int, float] | None = None  # (exit status, when) of a failed command
     forming_since: float = 0.0  # when it entered its current world's barrier
-    stopping: list[RankProcess] = field(default_factory=list)  # old ranks told to stop, not yet exited
-    stop_deadline: float = 0.0  # when those still running get SIGKILL
+    stopping: list[LocalRanks[RankProcess]] = field(default_factory=list)  # old ranks told to stop, not yet exited
     stop_requested: bool = False
+    master: WorldMaster | None = None  # the current world's master, once named (its port held where named here)
     _env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
 
     @property
@@ -167,7 +144,7 @@ class RankAgent:
     @property
     def child(self) -> RankProcess | None:
         """Local rank 0's command (None: not running)."""
-        return self.children[0] if self.children else None
+        return self.children.procs[0] if self.children is not None else None
 
     @property
     def names(self) -> list[str]:
@@ -204,6 +181,7 @@ class RankAgent:
         finally:
             self.stop_child()  # (none left running when it ends otherwise) then the servers that forked them
             self.close_servers()
+            self.drop_master()
         return EXIT_SIGTERM
 
     def start_servers(self) -> None:
@@ -299,42 +277,51 @@ class RankAgent:
             # the same world published again (a restarted daemon re-adopting it): the command goes on
             log.info("worker %s: world %d is the one it runs in; the command goes on", self.worker, gen)
             self.rdzv.current = gen
-            finished = sum(1 for c in self.children if c is None) if self.state is RankState.RUNNING \
-                else self.local_ranks
+            finished = sum(1 for i in self.children.told if self.children.seen[i] == 0) \
+                if self.state is RankState.RUNNING and self.children is not None else self.local_ranks
             if finished:  # its ranks that exited 0, counted in the world under its new number
                 self.rdzv.add(done_key(self.rdzv.job, gen), finished)
             return
         self.begin_stop()  # the old ranks stop while this agent arrives: it starts its new ones once they have
+        self.drop_master()  # an older world's, never used
         self.world = world
         self.rdzv.current = gen  # reported to a restarted daemon's store: its numbering goes on above it
         self.move(RankState.FORMING)
         self.forming_since = time.monotonic()
-        self.rdzv.add(arrive_key(self.rdzv.job, gen), self.local_ranks)
+        arrive(self.rdzv, gen, self.local_ranks)
 
     def form(self) -> None:
         """FORMING: rank 0's agent names the master once all have arrived (its old ranks may still be
         stopping); each agent starts its ranks with it once its own old ranks have exited. A joining
         worker (nothing to stop) so starts while the old world's ranks still stop: prepare, then switch."""
         assert self.world is not None
-        job, size = self.rdzv.job, len(self.world.places)
-        if any(p.rank == 0 for p in self.places) and self.rdzv.wait_group(self.gen, 0.0) is None \
-                and self.rdzv.add(arrive_key(job, self.gen), 0) >= size:
-            host = self.rdzv.local_host()
-            self.rdzv.publish_group(self.gen, host, free_port(host), str(self.world.restart_count))
-        if not self.reap_stopping():
+        if self.master is None:
+            self.master = form_step(self.rdzv, self.gen, len(self.world.places),
+                                    any(p.rank == 0 for p in self.places), listen=False)
+        if not self.reap_stopping() or self.master is None:
             return
-        group = self.rdzv.wait_group(self.gen, 0.0)
-        if group is not None:
-            self.start_child((group[0], group[1]))
+        master, self.master = self.master, None
+        master.release()  # rank 0's script binds it now (init_process_group("env://"))
+        self.start_child((master.host, master.port))
+
+    def drop_master(self) -> None:
+        """Let go of a master port this agent held for a world it will not start."""
+        if self.master is not None:
+            self.master.release()
+            self.master = None
 
     def start_child(self, master: tuple[str, int]) -> None:
         """Start the command once per local rank, each with its place's variables, device and cores."""
         assert self.world is not None
         count = self.world.restart_count
         env = dict(self._env)
-        for i, (place, slot) in enumerate(zip(self.places, self.slots())):
+        places, slots = self.places, self.slots()
+
+        def start_one(i: int) -> RankProcess:
+            place, slot = places[i], slots[i]
             child_env = {**env, **slot.env, **torchrun_environ(place, master, self.rdzv.job, count)}
-            child_env[ENV_WORKER] = report_sender(self.worker, count, i, self.local_ranks)
+            child_env[ENV_WORKER] = self.names[i]  # the rank's name in the world's places
+            child_env[ENV_INCARNATION] = str(count)  # its reports: (name, incarnation) is their sender
             child_env[ENV_GENERATION] = str(self.gen)  # reports count at the size the daemon gave this world
             log.info("worker %s: starting rank %d of %d (local rank %d of %d, restart %d, master %s:%d)",
                      self.worker, place.rank, place.world_size, i, self.local_ranks, count, master[0], master[1])
@@ -343,21 +330,19 @@ class RankAgent:
                 if self.servers:
                     log.info("worker %s: local rank %d starts cold: %s", self.worker, i, warm)
                 setup = pin_cores(slot.cores, lambda: None) if self.local_ranks > 1 else None
-                self.children.append(subprocess.Popen(list(self.command), env=child_env, preexec_fn=setup))
-            else:
-                log.info("worker %s: local rank %d forked warm (pid %d)", self.worker, i, warm.pid)
-                self.children.append(warm)
+                return subprocess.Popen(list(self.command), env=child_env, preexec_fn=setup)
+            log.info("worker %s: local rank %d forked warm (pid %d)", self.worker, i, warm.pid)
+            return warm
+
+        self.children = LocalRanks.start(self.local_ranks, start_one)
         self.move(RankState.RUNNING)
 
     def watch_child(self) -> None:
         """RUNNING: a rank that exits 0 adds to the world's ``done``; once all have, FINISHED. One that
         fails stops the node's other local ranks (they end together, the failure counted once)."""
-        for i, child in enumerate(self.children):
-            code = child.poll() if child is not None else None
-            if code is None:
-                continue
+        assert self.children is not None
+        for i, code in self.children.exits():
             if code == 0:
-                self.children[i] = None
                 self.rdzv.add(done_key(self.rdzv.job, self.gen), 1)
                 continue
             log.warning("worker %s: local rank %d's command exited %d in world %d; its node's other ranks stop "
@@ -369,30 +354,26 @@ class RankAgent:
                 self.rdzv.add(failed_key(self.rdzv.job, self.gen), self.local_ranks)  # its node's ranks end together
             self.move(RankState.FAILED)
             return
-        if all(child is None for child in self.children):
-            self.children = []
+        if self.children.poll() == 0:
+            self.children = None
             self.move(RankState.FINISHED)
 
     def begin_stop(self) -> None:
         """SIGTERM to every local rank still running; :meth:`reap_stopping` sees them exit (or kills them)."""
-        children, self.children = [c for c in self.children if c is not None and c.poll() is None], []
-        for child in children:
-            child.send_signal(signal.SIGTERM)
-        if children:
-            self.stop_deadline = time.monotonic() + self.stop_grace_s
-        self.stopping += children
+        children, self.children = self.children, None
+        if children is not None and children.poll() is None:
+            children.stop(self.stop_grace_s)
+            self.stopping.append(children)
 
     def reap_stopping(self) -> bool:
         """Whether every rank told to stop has exited; one still running ``stop_grace_s`` after its SIGTERM
         is SIGKILLed."""
-        late = time.monotonic() >= self.stop_deadline
-        for child in self.stopping:
-            if child.poll() is None and late:
+        for ranks in self.stopping:
+            if ranks.kill_at is not None and ranks.kill_at != float("inf") and time.monotonic() >= ranks.kill_at \
+                    and ranks.poll() is None:
                 log.warning("worker %s: a rank's command did not exit %.1f s after SIGTERM: SIGKILL", self.worker,
                             self.stop_grace_s)
-                child.kill()
-                child.wait(timeout=30)
-        self.stopping = [c for c in self.stopping if c.poll() is None]
+        self.stopping = [ranks for ranks in self.stopping if not ranks.reap()]
         return not self.stopping
 
     def stop_child(self) -> None:
@@ -400,6 +381,19 @@ class RankAgent:
         self.begin_stop()
         while not self.reap_stopping():
             time.sleep(POLL_S / 5)
+
+
+def local_ranks_of(env: Mapping[str, str]) -> int:
+    """K, the ranks this worker runs on its node: ``MALLETRAIN_LOCAL_RANKS`` (the node agent's; unset: 1);
+    ``ValueError`` naming the variable if it is not an integer in [1, MAX_SLOTS]."""
+    text = env.get(ENV_LOCAL_RANKS, "1")
+    try:
+        k = int(text)
+    except ValueError:
+        k = 0
+    if not 1 <= k <= MAX_SLOTS:
+        raise ValueError(f"{ENV_LOCAL_RANKS}={text!r}: not an integer in [1, {MAX_SLOTS}]")
+    return k
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -410,16 +404,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                    help="seconds between SIGTERM and SIGKILL when the world changes")
     p.add_argument("--failure-wait", type=float, default=DEFAULT_FAILURE_WAIT_S,
                    help="seconds a failed command waits for a newer world before the failure counts")
-    p.add_argument("--local-ranks", type=int, default=1,
-                   help="ranks of the command to run on this node (the node's worker slots the job uses)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the job's command")
     args = p.parse_args(argv)
     if args.command[:1] == ["--"]:
         args.command = args.command[1:]
     if not args.command:
         p.error("no command given after --")
-    if args.local_ranks < 1:
-        p.error(f"--local-ranks must be at least 1, got {args.local_ranks}")
     return args
 
 
@@ -431,8 +421,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("malletrain torchrun agent: MALLETRAIN_STORE is not set: start it through the daemon",
               file=sys.stderr)
         return 2
-    rdzv.ready_value = str(args.local_ranks)  # a restarted daemon learns the worker's K from its ready key
-    agent = RankAgent(rdzv, tuple(args.command), args.stop_grace, args.failure_wait, args.local_ranks,
+    try:
+        local_ranks = local_ranks_of(os.environ)
+    except ValueError as exc:
+        print(f"malletrain torchrun agent: {exc}", file=sys.stderr)
+        return 2
+    rdzv.ready_value = str(local_ranks)  # a restarted daemon learns the worker's K from its ready key
+    agent = RankAgent(rdzv, tuple(args.command), args.stop_grace, args.failure_wait, local_ranks,
                       warm=warm_wanted(os.environ))
 
     def on_sigterm(signum: int, frame: object) -> None:

@@ -26,7 +26,7 @@ The server tells the agent each child's pid and, when it ends, its exit status; 
 :class:`WarmChild` for it, which it stops and polls as a ``subprocess.Popen`` (SIGTERM, the grace,
 SIGKILL). Server and children stay in the agent's process group, so a stop of the agent's group
 reaches them. A command a server cannot run as a fresh interpreter would (another interpreter,
-interpreter flags: :func:`contract.entry.entry_of`) is started cold, as is every start once a
+interpreter flags: :func:`spawner.entry.entry_of`) is started cold, as is every start once a
 server died or never became ready.
 """
 
@@ -49,7 +49,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
-from contract.entry import Entry, entry_of
+from spawner.entry import Entry, entry_of
 
 log = logging.getLogger("malletrain.torchrun")
 

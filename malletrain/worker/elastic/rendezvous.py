@@ -2,7 +2,9 @@
 
 :class:`Rendezvous` reads generations and member lists, marks this worker
 ready, runs the join barrier, and carries checkpoints of a whole-world
-handover. It survives a daemon restart: an operation that finds the store gone
+handover. :func:`form_step` is the one step that forms a world for both launchers
+(the in-process runtime and the ``torchrun`` rank agent): the barrier and the world's master
+address. It survives a daemon restart: an operation that finds the store gone
 waits for it to come back on the same address (or, in no-wait mode, raises
 :class:`~malletrain.worker.elastic.errors.StoreUnavailable`), up to the grace period; the
 reconnection (connect, prove the job's key, re-register) runs in a background
@@ -14,9 +16,13 @@ the job's secret (``MALLETRAIN_JOB_SECRET``).
 from __future__ import annotations
 
 import logging
+import os
+import secrets
+import socket
 import threading
 import time
-from typing import Any, Callable, Mapping, TypeVar
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Protocol, TypeVar
 
 from malletrain.worker.elastic.errors import StoreLost, StoreUnavailable, first_line, is_store_loss
 from contract.storekeys import (
@@ -39,7 +45,7 @@ from contract.storekeys import (
     resume_key,
 )
 from malletrain.worker.elastic.snapshot import Snapshot, decode_checkpoint, encode_checkpoint
-from contract.wire import StoreClient, StoreConnectionLost, StoreRefused
+from contract.wire import StoreClient, StoreConnectionLost, StoreRefused, listen_socket
 from contract.workerenv import DEFAULT_STORE_GRACE_S, ENV_JOB_SECRET, ENV_STORE_GRACE, WorkerEnv, check_id, format_address
 
 log = logging.getLogger("malletrain.worker.elastic")
@@ -472,3 +478,98 @@ class Rendezvous:
             if self.reconnects != reconnects:
                 return False  # a new store knows nothing of this barrier: wait for its generation
             time.sleep(self.poll_s)
+
+
+# -- forming a world: the one step both launchers take ---------------------------------------------
+@dataclass
+class WorldMaster:
+    """Where a world's ranks meet (``MASTER_ADDR``/``MASTER_PORT``) and the key prefix of its own
+    rendezvous; ``fd``: the listening socket of that port, held by whoever named it until the master
+    takes it (:meth:`take`) or it is let go (:meth:`release`); None for everyone else."""
+
+    host: str
+    port: int
+    token: str
+    fd: int | None = None
+
+    def take(self) -> int:
+        """The held socket's fd, now the caller's (the in-process rank 0 hands it to its ``TCPStore``)."""
+        if self.fd is None:
+            raise RuntimeError(f"the master port {self.port} is not held here")
+        fd, self.fd = self.fd, None
+        return fd
+
+    def release(self) -> None:
+        """Let the held port go (a ``torchrun`` script's rank 0 binds it itself, so its agent holds it
+        until just before that rank starts); idempotent."""
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+class WorldStore(Protocol):
+    """What :func:`form_step` reads and writes of a job's keys (a :class:`Rendezvous`)."""
+
+    job: str
+
+    def add(self, key: str, delta: int) -> int: ...
+    def local_host(self) -> str: ...
+    def publish_group(self, gen: int, host: str, port: int, token: str) -> None: ...
+    def wait_group(self, gen: int, wait_s: float) -> tuple[str, int, str] | None: ...
+
+
+def arrive(rdzv: WorldStore, gen: int, ranks: int) -> int:
+    """Add ``ranks`` to generation ``gen``'s barrier; how many have arrived."""
+    return rdzv.add(arrive_key(rdzv.job, gen), ranks)
+
+
+def hold_port(host: str) -> int:
+    """A TCP port on ``host`` bound and held, not listening (its fd, the caller's): no other socket can bind
+    it (no ``SO_REUSEADDR`` on this one), and a peer that connects early is refused and tries again, as
+    when nothing is there, instead of being queued on a socket that will close."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.bind((host, 0))
+    except OSError:
+        sock.close()
+        raise
+    return sock.detach()
+
+
+def form_step(rdzv: WorldStore, gen: int, size: int, first: bool, listen: bool = True) -> WorldMaster | None:
+    """One look at the forming of generation ``gen``, a world of ``size`` ranks (never blocks): its master
+    once named, else None. The holder of rank 0 (``first``) names it once all ``size`` ranks have arrived
+    (:func:`arrive`): a port it binds on its own host and holds (the returned ``fd``: no other process can
+    take it meanwhile) and a fresh random key prefix, published under the generation's ``pg`` key for the
+    others. ``listen``: the held socket listens (the in-process rank 0 hands it to its ``TCPStore``); else
+    it is only bound (:func:`hold_port`: a ``torchrun`` script's rank 0 binds the port itself)."""
+    found = rdzv.wait_group(gen, 0.0)
+    if found is not None:
+        return WorldMaster(*found)
+    if not first or arrive(rdzv, gen, 0) < size:
+        return None
+    host = rdzv.local_host()
+    fd = listen_socket(host, 0) if listen else hold_port(host)
+    with socket.socket(fileno=socket.dup(fd)) as sock:
+        port = int(sock.getsockname()[1])
+    master = WorldMaster(host, port, secrets.token_hex(16), fd)
+    try:
+        rdzv.publish_group(gen, host, port, master.token)
+    except BaseException:
+        master.release()
+        raise
+    return master
+
+
+def form_world(rdzv: Rendezvous, gen: int, size: int, first: bool, wait_s: float) -> WorldMaster | None:
+    """:func:`form_step` until the master is named; None after ``wait_s`` or once a newer generation is
+    published (this one will never form)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        master = form_step(rdzv, gen, size, first)
+        if master is not None:
+            return master
+        if time.monotonic() > deadline or rdzv.published(gen + 1):
+            return None
+        time.sleep(rdzv.poll_s)

@@ -14,9 +14,7 @@ import copy
 import gc
 import logging
 import os
-import secrets
 import signal
-import socket
 import time
 import weakref
 from dataclasses import dataclass
@@ -36,9 +34,8 @@ import torch.distributed.nn.functional  # noqa: F401,E402  (see above)
 from malletrain.worker import client
 from malletrain.worker.elastic.devices import collective_backend, local_slot, place_in, world_environ
 from malletrain.worker.elastic.errors import LeaveJob, Rescaled, StoreLost, StoreUnavailable, first_line, is_comm_failure
-from malletrain.worker.elastic.rendezvous import Rendezvous
+from malletrain.worker.elastic.rendezvous import Rendezvous, form_world
 from malletrain.worker.elastic.snapshot import Snapshot, broadcast_snapshot
-from contract.wire import listen_socket
 from contract.workerenv import WorkerEnv, configure_worker_logging
 
 log = logging.getLogger("malletrain.worker.elastic")
@@ -305,7 +302,7 @@ class State:
             # a lost peer (a recalled node) raises in the training thread, which recovers as under gloo,
             # instead of NCCL's watchdog tearing the whole process down (its default)
             os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
-        store, master = self._group_store(gen, rank)
+        store, master = self._group_store(gen, rank, world)
         dist.init_process_group(
             self.backend,
             store=store,
@@ -339,33 +336,29 @@ class State:
         collectives (NCCL takes device tensors only), the CPU under gloo."""
         return self._model_device() if self.backend != "gloo" else torch.device("cpu")
 
-    def _group_store(self, gen: int, rank: int) -> tuple[Any, tuple[str, int]]:
+    def _group_store(self, gen: int, rank: int, world: int) -> tuple[Any, tuple[str, int]]:
         """The store of the group's own rendezvous for generation ``gen``, and its (host, port): served
         by its rank 0 (never the daemon's store, which serves authenticated workers only), under a
-        random key prefix that only the job's workers learn (through the daemon's store)."""
+        random key prefix that only the job's workers learn (through the daemon's store). The world's
+        master is named by the step both launchers take (:func:`~malletrain.worker.elastic.rendezvous.form_world`):
+        rank 0 holds its port's socket and hands it to its ``TCPStore``."""
         assert self._rdzv is not None
         timeout = timedelta(seconds=self.timeout_s)
-        if rank == 0:
-            host = self._rdzv.local_host()
-            fd = listen_socket(host, 0)
-            with socket.socket(fileno=socket.dup(fd)) as sock:
-                port = int(sock.getsockname()[1])
+        master = form_world(self._rdzv, gen, world, rank == 0, self.timeout_s)
+        if master is None:
+            raise RuntimeError(f"gloo rendezvous of generation {gen}: rank 0 did not say where within "
+                               f"{self.timeout_s:g} s (timed out)")
+        if master.fd is not None:
+            fd = master.take()
             try:
-                store = dist.TCPStore(host, port, is_master=True, wait_for_workers=False, timeout=timeout,
-                                      master_listen_fd=fd, use_libuv=True)
+                store = dist.TCPStore(master.host, master.port, is_master=True, wait_for_workers=False,
+                                      timeout=timeout, master_listen_fd=fd, use_libuv=True)
             except BaseException:
                 os.close(fd)
                 raise
-            token = secrets.token_hex(16)
-            self._rdzv.publish_group(gen, host, port, token)
         else:
-            where = self._rdzv.wait_group(gen, self.timeout_s)
-            if where is None:
-                raise RuntimeError(f"gloo rendezvous of generation {gen}: rank 0 did not say where within "
-                                   f"{self.timeout_s:g} s (timed out)")
-            host, port, token = where
-            store = dist.TCPStore(host, port, is_master=False, timeout=timeout)
-        return dist.PrefixStore(token, store), (host, port)
+            store = dist.TCPStore(master.host, master.port, is_master=False, timeout=timeout)
+        return dist.PrefixStore(master.token, store), (master.host, master.port)
 
     def _sync_state(self) -> None:
         """Everyone takes the state of the lowest rank holding the newest commit."""

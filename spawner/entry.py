@@ -1,7 +1,9 @@
-"""What ``python ARGS`` runs: a module or a script, as a warm process can become it.
+"""What a Python command runs, as a warm interpreter (one that imported ahead, then forks or is
+assigned the command) would run it: a module (``-m``) or a script, and its arguments.
 
-The node agent's warm processes (:mod:`scavenger.warm`) and the rank agent's rank servers
-(:mod:`malletrain.worker.warm_ranks`) both read a command's entry point so.
+Both warm mechanisms use it: the node agent's warm worker (:mod:`scavenger.warm`) and the
+``torchrun`` launcher's rank servers. A command a warm interpreter cannot run as a fresh one
+would (another interpreter, interpreter flags) is named, and then starts cold.
 """
 
 from __future__ import annotations
