@@ -19,6 +19,7 @@ from malletrain.daemon.config import DaemonConfig, LocalConfig  # noqa: E402
 from malletrain.daemon import Daemon  # noqa: E402
 from malletrain.worker.examples.tracelog import steps as steps_of  # noqa: E402
 from malletrain.daemon.jobspec import JobSpec, JobState  # noqa: E402
+from stepping import wait_until
 
 
 @pytest.mark.slow
@@ -93,9 +94,9 @@ def test_torch_job_rides_through_daemon_kill_9(tmp_path: Path) -> None:
     """kill -9 of the daemon: the torch workers train on, the restarted daemon re-adopts them
     and republishes a newer generation, and their step counters go on (no restart from 0)."""
     try:
-        from test_daemon_cli import cli, job, procs_mentioning, start_daemon, status, wait
+        from test_daemon_cli import cli, job, procs_mentioning, start_daemon, status
     except ImportError:
-        from tests.test_daemon_cli import cli, job, procs_mentioning, start_daemon, status, wait  # type: ignore[no-redef]
+        from tests.test_daemon_cli import cli, job, procs_mentioning, start_daemon, status  # type: ignore[no-redef]
     import signal
 
     from malletrain.daemon.store import Store
@@ -107,7 +108,7 @@ def test_torch_job_rides_through_daemon_kill_9(tmp_path: Path) -> None:
     log = tmp_path / "daemon.log"
     d = start_daemon(cfg, log)
     try:
-        wait(lambda: (state / "daemon.json").exists(), "daemon.json")
+        wait_until(lambda: (state / "daemon.json").exists(), "daemon.json")
         res = cli("submit", str(tmp_path / "job.toml"), "--state-dir", str(state))
         assert res.returncode == 0, res.stderr
         jid = res.stdout.strip()
@@ -116,7 +117,7 @@ def test_torch_job_rides_through_daemon_kill_9(tmp_path: Path) -> None:
             logs = job_logs(state, jid)
             return len(logs) == 2 and all(sum(s["world"] == 2 for s in steps_of(p)) >= 10 for p in logs)
 
-        wait(two_training, "the job trains on 2 nodes", timeout=120)
+        wait_until(two_training, "the job trains on 2 nodes", timeout=120)
         before = status(state)
         nodes = job(before, jid)["nodes"]
         assert job(before, jid)["state"] == "running" and len(nodes) == 2
@@ -135,8 +136,8 @@ def test_torch_job_rides_through_daemon_kill_9(tmp_path: Path) -> None:
         def switched() -> bool:
             return all(any(s["gen"] > gen_before for s in steps_of(p)) for p in logs)
 
-        wait(switched, "the re-adopted workers switch to the republished generation", timeout=60)
-        wait(lambda: job(status(state), jid)["samples"] > samples_at_kill, "progress is counted again", timeout=20)
+        wait_until(switched, "the re-adopted workers switch to the republished generation", timeout=60)
+        wait_until(lambda: job(status(state), jid)["samples"] > samples_at_kill, "progress is counted again", timeout=20)
         after = status(state)
         assert [j["id"] for j in after["jobs"]] == [jid]  # no job lost, none added
         assert job(after, jid)["state"] == "running" and sorted(job(after, jid)["nodes"]) == sorted(nodes)
@@ -163,5 +164,5 @@ def test_torch_job_rides_through_daemon_kill_9(tmp_path: Path) -> None:
             d.send_signal(signal.SIGTERM)
             d.wait(timeout=30)
     assert d.returncode == 0, log.read_text()[-2000:]
-    wait(lambda: not procs_mentioning(str(state)), "no orphans", timeout=20)
+    wait_until(lambda: not procs_mentioning(str(state)), "no orphans", timeout=20)
     assert Store.open(state / "store.db").require(jid).state is JobState.SUSPENDED  # stopped with the daemon

@@ -23,6 +23,7 @@ from malletrain.daemon.config import DaemonConfig, LocalConfig  # noqa: E402
 from malletrain.daemon import Daemon  # noqa: E402
 from malletrain.daemon.jobspec import JobSpec, JobState  # noqa: E402
 from malletrain.runtimes.horovod_elastic import HorovodRuntime  # noqa: E402
+from stepping import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -120,9 +121,9 @@ env = {{ OMP_NUM_THREADS = "1" }}
 def test_horovod_job_survives_daemon_kill_9(tmp_path: Path) -> None:
     """The driver outlives a daemon kill -9; the restarted daemon re-adopts it and training goes on."""
     try:
-        from test_daemon_cli import cli, job, procs_mentioning, start_daemon, status, wait
+        from test_daemon_cli import cli, job, procs_mentioning, start_daemon, status
     except ImportError:
-        from tests.test_daemon_cli import cli, job, procs_mentioning, start_daemon, status, wait  # type: ignore[no-redef]
+        from tests.test_daemon_cli import cli, job, procs_mentioning, start_daemon, status  # type: ignore[no-redef]
     import signal
 
     from malletrain.daemon.store import Store
@@ -134,19 +135,19 @@ def test_horovod_job_survives_daemon_kill_9(tmp_path: Path) -> None:
     log = tmp_path / "daemon.log"
     d = start_daemon(cfg, log)
     try:
-        wait(lambda: (state / "daemon.json").exists(), "daemon.json")
+        wait_until(lambda: (state / "daemon.json").exists(), "daemon.json")
         jid = cli("submit", str(tmp_path / "job.toml"), "--state-dir", str(state)).stdout.strip()
-        wait(lambda: sum(r["size"] == 2 for r in read_progress(progress)) >= 5, "5 steps on 2 nodes", timeout=120)
+        wait_until(lambda: sum(r["size"] == 2 for r in read_progress(progress)) >= 5, "5 steps on 2 nodes", timeout=120)
         nodes = job(status(state), jid)["nodes"]
 
         d.send_signal(signal.SIGKILL)
         d.wait(timeout=10)
         t_kill = time.time()
         d = start_daemon(cfg, log)
-        wait(lambda: any(e["job"] == jid for e in Store.open(state / "store.db").events("readopted")),
+        wait_until(lambda: any(e["job"] == jid for e in Store.open(state / "store.db").events("readopted")),
              "the restarted daemon re-adopts the job", timeout=40)
         t_adopted = time.time()
-        wait(lambda: any(r["t"] > t_adopted + 1 for r in read_progress(progress)), "training goes on", timeout=30)
+        wait_until(lambda: any(r["t"] > t_adopted + 1 for r in read_progress(progress)), "training goes on", timeout=30)
         after = status(state)
         assert [j["id"] for j in after["jobs"]] == [jid]
         assert job(after, jid)["state"] == "running" and sorted(job(after, jid)["nodes"]) == sorted(nodes)
@@ -164,4 +165,4 @@ def test_horovod_job_survives_daemon_kill_9(tmp_path: Path) -> None:
             d.send_signal(signal.SIGTERM)
             d.wait(timeout=60)
     assert d.returncode == 0, log.read_text()[-2000:]
-    wait(lambda: not procs_mentioning(str(state)), "no orphans (the adopted driver is stopped too)", timeout=30)
+    wait_until(lambda: not procs_mentioning(str(state)), "no orphans (the adopted driver is stopped too)", timeout=30)

@@ -19,6 +19,7 @@ from malletrain.daemon.jobspec import JobState
 from policy import PolicyConfig
 from malletrain.daemon.store import Store
 from tests.test_conformance import NODES, Harness, _lending_setup, _state
+from stepping import wait_until
 
 NODES_4 = NODES[:4]
 
@@ -214,7 +215,7 @@ def test_torch_job_survives_a_stop_and_a_kill_9_while_suspended(tmp_path: Path) 
     import sys
 
     from tests.procs import procs_mentioning
-    from tests.test_daemon_cli import cli, start_daemon, wait
+    from tests.test_daemon_cli import cli, start_daemon
 
     state, cfg, log = tmp_path / "state", tmp_path / "daemon.toml", tmp_path / "daemon.log"
     (tmp_path / "job.toml").write_text(TORCH_JOB.format(python=sys.executable))
@@ -222,7 +223,7 @@ def test_torch_job_survives_a_stop_and_a_kill_9_while_suspended(tmp_path: Path) 
     def daemon(nodes: int):
         cfg.write_text(TORCH_CONFIG.format(state=state, nodes=nodes))
         d = start_daemon(cfg, log)
-        wait(lambda: (state / "daemon.json").exists() or d.poll() is not None, "daemon.json", timeout=60)
+        wait_until(lambda: (state / "daemon.json").exists() or d.poll() is not None, "daemon.json", timeout=60)
         assert d.poll() is None, log.read_text()[-3000:]
         return d
 
@@ -241,12 +242,12 @@ def test_torch_job_survives_a_stop_and_a_kill_9_while_suspended(tmp_path: Path) 
         res = cli("submit", str(tmp_path / "job.toml"), "--state-dir", str(state))
         assert res.returncode == 0, res.stderr
         jid = res.stdout.strip()
-        wait(lambda: len(logs(jid)) == 2 and all(sum(s["world"] == 2 for s in _steps(p)) >= 10 for p in logs(jid)),
+        wait_until(lambda: len(logs(jid)) == 2 and all(sum(s["world"] == 2 for s in _steps(p)) >= 10 for p in logs(jid)),
              "the job trains on 2 nodes", timeout=240)
         # 1. a clean stop (SIGTERM)
         d.send_signal(signal.SIGTERM)
         assert d.wait(timeout=120) == 0, log.read_text()[-3000:]
-        wait(lambda: not procs_mentioning(str(state)), "no orphans after the stop", timeout=30)
+        wait_until(lambda: not procs_mentioning(str(state)), "no orphans after the stop", timeout=30)
         first = logs(jid)
         last_step = max(s["step"] for p in first for s in _steps(p))
         trained = max(s["samples"] for p in first for s in _steps(p))
@@ -268,7 +269,7 @@ def test_torch_job_survives_a_stop_and_a_kill_9_while_suspended(tmp_path: Path) 
             last_start = max(i for i, e in enumerate(events) if e["kind"] == "daemon_start")
             return any(e["kind"] == "agent_up" for e in events[last_start:])
 
-        wait(up_since_start, "the 1-node daemon's agent", timeout=60)
+        wait_until(up_since_start, "the 1-node daemon's agent", timeout=60)
         d.send_signal(signal.SIGKILL)
         d.wait(timeout=30)
         rec, events = record(jid)
@@ -278,21 +279,21 @@ def test_torch_job_survives_a_stop_and_a_kill_9_while_suspended(tmp_path: Path) 
 
         # 3. 2 nodes again: fresh workers join whatever generation is published, from the stored commit
         d = daemon(2)
-        wait(lambda: len(logs(jid) - first) == 2 and all(len(_steps(p)) >= 10 for p in logs(jid) - first),
+        wait_until(lambda: len(logs(jid) - first) == 2 and all(len(_steps(p)) >= 10 for p in logs(jid) - first),
              "fresh workers train", timeout=240)
         fresh = sorted(logs(jid) - first)
         steps = [s["step"] for s in _steps(fresh[0])]
         assert steps[0] >= last_step and steps == sorted(steps), (last_step, steps[:5])  # went on, no step lost
         assert {s["gen"] for p in fresh for s in _steps(p)} and min(s["gen"] for s in _steps(fresh[0])) > 1
         assert "resumed from the checkpoint" in fresh[0].read_text() + fresh[1].read_text()
-        wait(lambda: record(jid)[0].samples > samples_before, "progress counted again", timeout=60)
+        wait_until(lambda: record(jid)[0].samples > samples_before, "progress counted again", timeout=60)
         gens = [e["generation"] for e in record(jid)[1] if e["kind"] == "members" and e["job"] == jid]
         assert gens == sorted(gens) and len(set(gens)) == len(gens)  # numbering never went back
     finally:
         if d.poll() is None:
             d.send_signal(signal.SIGTERM)
             d.wait(timeout=120)
-    wait(lambda: not procs_mentioning(str(state)), "no orphans", timeout=30)
+    wait_until(lambda: not procs_mentioning(str(state)), "no orphans", timeout=30)
     jobs = [r for r in Store.open(state / "store.db").jobs()]
     assert [r.id for r in jobs] == [jid]  # none lost, none duplicated
 
@@ -328,7 +329,7 @@ def test_every_job_kind_resumes_after_kill_9_and_stop(tmp_path: Path) -> None:
     import sys
 
     from tests.procs import procs_mentioning
-    from tests.test_daemon_cli import start_daemon, wait
+    from tests.test_daemon_cli import start_daemon
 
     state, cfg, log = tmp_path / "state", tmp_path / "daemon.toml", tmp_path / "daemon.log"
     toy = (sys.executable, "-m", "malletrain.worker.toy", "--rate", "2000")
@@ -344,7 +345,7 @@ def test_every_job_kind_resumes_after_kill_9_and_stop(tmp_path: Path) -> None:
     def daemon(nodes: int):
         cfg.write_text(TOY_CONFIG.format(state=state, nodes=nodes))
         d = start_daemon(cfg, log)
-        wait(lambda: (state / "daemon.json").exists() or d.poll() is not None, "daemon.json", timeout=60)
+        wait_until(lambda: (state / "daemon.json").exists() or d.poll() is not None, "daemon.json", timeout=60)
         assert d.poll() is None, log.read_text()[-3000:]
         return d
 
@@ -364,7 +365,7 @@ def test_every_job_kind_resumes_after_kill_9_and_stop(tmp_path: Path) -> None:
 
     d = daemon(5)
     try:
-        wait(lambda: all_train({}) and look()[0][prof].state is JobState.PROFILING, "every job trains",
+        wait_until(lambda: all_train({}) and look()[0][prof].state is JobState.PROFILING, "every job trains",
              timeout=120)
         assert look()[0][queued].state is JobState.PENDING
 
@@ -373,7 +374,7 @@ def test_every_job_kind_resumes_after_kill_9_and_stop(tmp_path: Path) -> None:
         d.wait(timeout=30)
         at_kill = {j: r.samples for j, r in look()[0].items()}
         d = daemon(5)
-        wait(lambda: all_train(at_kill) and any(e["kind"] == "readopted" for e in since_start(look()[1])),
+        wait_until(lambda: all_train(at_kill) and any(e["kind"] == "readopted" for e in since_start(look()[1])),
              "every job re-adopted and training", timeout=120)
         jobs, events = look()
         assert jobs[prof].state is JobState.PROFILING and jobs[queued].state is JobState.PENDING
@@ -382,7 +383,7 @@ def test_every_job_kind_resumes_after_kill_9_and_stop(tmp_path: Path) -> None:
         # 2. a clean stop: every running job SUSPENDED, its progress stored
         d.send_signal(signal.SIGTERM)
         assert d.wait(timeout=120) == 0, log.read_text()[-3000:]
-        wait(lambda: not procs_mentioning(str(state)), "no orphans after the stop", timeout=30)
+        wait_until(lambda: not procs_mentioning(str(state)), "no orphans after the stop", timeout=30)
         jobs, _ = look()
         assert all(jobs[j].state is JobState.SUSPENDED and jobs[j].message == "daemon stopped" for j in running)
         assert jobs[queued].state is JobState.PENDING
@@ -390,7 +391,7 @@ def test_every_job_kind_resumes_after_kill_9_and_stop(tmp_path: Path) -> None:
 
         # 3. a daemon on 1 node ("two" needs 2: it stays SUSPENDED), killed -9
         d = daemon(1)
-        wait(lambda: any(e["kind"] == "agent_up" for e in since_start(look()[1])), "the 1-node daemon's agent",
+        wait_until(lambda: any(e["kind"] == "agent_up" for e in since_start(look()[1])), "the 1-node daemon's agent",
              timeout=60)
         d.send_signal(signal.SIGKILL)
         d.wait(timeout=30)
@@ -398,7 +399,7 @@ def test_every_job_kind_resumes_after_kill_9_and_stop(tmp_path: Path) -> None:
 
         # 4. 5 nodes again: every job trains again; the profile interrupted by the stop starts over
         d = daemon(5)
-        wait(lambda: all_train(at_stop, (JobState.RUNNING, JobState.PROFILING, JobState.RESCALING)),
+        wait_until(lambda: all_train(at_stop, (JobState.RUNNING, JobState.PROFILING, JobState.RESCALING)),
              "every job trains after the stop", timeout=180)
         jobs, events = look()
         assert jobs[queued].state is JobState.PENDING
@@ -409,7 +410,7 @@ def test_every_job_kind_resumes_after_kill_9_and_stop(tmp_path: Path) -> None:
         if d.poll() is None:
             d.send_signal(signal.SIGTERM)
             d.wait(timeout=120)
-    wait(lambda: not procs_mentioning(str(state)), "no orphans", timeout=30)
+    wait_until(lambda: not procs_mentioning(str(state)), "no orphans", timeout=30)
     jobs, _ = look()
     assert sorted(jobs) == sorted((one, two, prof, queued))  # none lost, none duplicated
     assert all(jobs[j].samples > at_stop[j] for j in running)

@@ -21,6 +21,7 @@ from malletrain.runtimes.torchrun import LAUNCH_MODULE, launch_module_present, w
 from contract.world import World, rank_places
 from malletrain.worker.torchrun_agent import RANK_TRANSITIONS, RankState, exit_code
 from contract.workerenv import RankPlace
+from stepping import wait_until
 
 PY = sys.executable
 WORKERS_PER_NODE = [1, 2]
@@ -463,7 +464,7 @@ def test_a_torchrun_job_rides_through_a_daemon_kill_9(per_node: int, tmp_path: P
 
     from malletrain.daemon.store import Store
     from procs import procs_mentioning
-    from tests.test_daemon_cli import cli, start_daemon, wait
+    from tests.test_daemon_cli import cli, start_daemon
 
     state = tmp_path / "state"
     state.mkdir(mode=0o700)
@@ -474,12 +475,12 @@ def test_a_torchrun_job_rides_through_a_daemon_kill_9(per_node: int, tmp_path: P
     log = tmp_path / "daemon.log"
     d = start_daemon(cfg, log)
     try:
-        wait(lambda: (state / "daemon.json").exists(), "daemon.json", timeout=60)
+        wait_until(lambda: (state / "daemon.json").exists(), "daemon.json", timeout=60)
         res = cli("submit", str(tmp_path / "job.toml"), "--state-dir", str(state))
         assert res.returncode == 0, res.stderr
         jid = res.stdout.strip()
         logs = state / "logs"
-        wait(lambda: sum(w == 2 * per_node for _, w, _ in rank0_steps(logs, jid)) >= 10, "steps at 2 nodes",
+        wait_until(lambda: sum(w == 2 * per_node for _, w, _ in rank0_steps(logs, jid)) >= 10, "steps at 2 nodes",
              timeout=240)
         d.send_signal(signal.SIGKILL)
         d.wait(timeout=10)
@@ -489,8 +490,8 @@ def test_a_torchrun_job_rides_through_a_daemon_kill_9(per_node: int, tmp_path: P
             return next((e["time"] for e in Store.open(state / "store.db").events("members")
                          if e["job"] == jid and len(e.get("nodes") or ()) == 2 and e["time"] > t_kill), None)
 
-        t_published = wait(republished, "the world published again by the new daemon", timeout=120)
-        wait(lambda: any(s["t"] > t_published + 2 for p in logs.glob(f"{jid}.*.log") for s in torchrun_steps(p)),
+        t_published = wait_until(republished, "the world published again by the new daemon", timeout=120)
+        wait_until(lambda: any(s["t"] > t_published + 2 for p in logs.glob(f"{jid}.*.log") for s in torchrun_steps(p)),
              "steps after the new daemon published the world", timeout=120)
         ran = [s for p in logs.glob(f"{jid}.*.log") for s in torchrun_steps(p)]
         assert {s["restart"] for s in ran} == {0}  # never restarted: the world went on through the kill
@@ -501,7 +502,7 @@ def test_a_torchrun_job_rides_through_a_daemon_kill_9(per_node: int, tmp_path: P
         if d.poll() is None:
             d.send_signal(signal.SIGTERM)
             d.wait(timeout=60)
-    wait(lambda: not procs_mentioning(str(state)), "no orphans", timeout=30)
+    wait_until(lambda: not procs_mentioning(str(state)), "no orphans", timeout=30)
 
 
 @pytest.mark.slow
