@@ -306,7 +306,9 @@ class Policy:
                     waiting[job_id] = stream_full(job.group) if streamed and len(st.admitted) < slots else slots_taken
                     extra_closed = True  # FCFS beyond Pjmax too: no smaller job slips past
                     continue
-            if not extra and needs_profile(cfg, st, job):
+            if job_id in r.profile_ended:  # a profile cut short here is tried again, if at all, at a later decision
+                pass
+            elif not extra and needs_profile(cfg, st, job):
                 res = source_profile(cfg, st, r, job, free_avail, borrowed)
                 if isinstance(res, Wait):
                     waiting[job_id] = f"waiting to be profiled: {res.reason}"
@@ -345,7 +347,7 @@ class Policy:
         pooled: tuple[float, float] | None = None  # the other jobs' pauses: once per decision, when a job needs them
         for job_id in list(st.admitted):             # a probe from it would pin it, and grow it, while owed
             job = r.jobs[job_id]
-            if job.count == 0 or job_id in st.profiles or job_id in st.profiled or job_id in owed:
+            if job.count == 0 or job_id in st.profiles or job_id in st.profiled or job_id in owed or job_id in r.profile_ended:
                 continue
             if pooled is None:
                 pooled = beliefs.pooled_rescale_costs(others, cfg)

@@ -272,6 +272,7 @@ def end_profile(st: PolicyState, r: Round, job_id: str, done: Done | None, reaso
     is done once; with ``again`` (gated profiling) the first one on free nodes cut short before it
     measured the count it went for is not (:func:`cut_short_unmeasured`): the job may be probed once more."""
     session = st.profiles.pop(job_id)
+    r.profile_ended.add(job_id)
     if again and cut_short_unmeasured(session, done) and job_id not in st.cut_short:
         st.cut_short.add(job_id)
     else:

@@ -52,6 +52,7 @@ class Round:
         self.jobs: dict[str, JobView] = {j.id: with_sorted_nodes(j) for j in view.jobs}
         self.events: list[PolicyEvent] = []
         self.returning: dict[str, int] = {}  # lenders owed nodes back in this decision
+        self.profile_ended: set[str] = set()  # jobs whose profile ended in this decision: none starts again in it
         self.released: list[str] = []  # nodes of jobs stopped under their min, free from now on
         self.lender_used = False
         self.stop: dict[str, Stop] = {}  # jobs the driver must end, and why

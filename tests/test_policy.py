@@ -745,6 +745,10 @@ def _as_sets(d: Decision) -> dict[str, frozenset[str]]:
 # probe's pin grew it while it was owed (found by the search now and then: kept so every run checks it)
 @example(actions=[("recall", 0), ("submit", 1), ("measure", 0), ("submit", 0), ("give", 0)], pjmax=0,
          profiling="gated", stop_below_min=False, admission="fixed")
+# a probe a recall cut short (tried once more, later) was restarted in the decision that ended it, on nodes
+# the job no longer had (found by the search: kept so every run checks it)
+@example(actions=[("submit", 0), ("give", 0), ("give", 0), ("give", 0), ("recall", 0)], pjmax=0,
+         profiling="gated", stop_below_min=False, admission="fixed")
 def test_every_decision_keeps_the_rules_and_a_restored_state_decides_the_same(actions, pjmax, profiling,
                                                                            stop_below_min, admission):
     cfg = PolicyConfig(max_running=pjmax, profiling=profiling, profile_time_cap_s=20.0, admission=admission,
