@@ -1,4 +1,4 @@
-"""Messages name the real cause (issue 21): no daemon running; a root daemon's own 0711."""
+"""Messages name the real cause: no daemon running; a root daemon's own 0711."""
 
 from __future__ import annotations
 

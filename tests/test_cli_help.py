@@ -1,4 +1,4 @@
-"""Every subcommand and every argument of ``malletrain`` says what it is for (issue 21)."""
+"""Every subcommand and every argument of ``malletrain`` says what it is for."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 20 (K, round two): every process a job starts ends with it, held by a cgroup where the node has
+"""Every process a job starts ends with it, held by a cgroup where the node has
 one (scavenger.containment), even when the agent itself is killed before it can clean up.
 
 The tests that make cgroups need root and a writable hierarchy: elsewhere they skip with the reason

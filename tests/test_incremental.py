@@ -1,4 +1,4 @@
-"""The daemon's per-iteration work follows what changed (issue 23, the loop at full-machine scale):
+"""The daemon's per-iteration work follows what changed (the loop at full-machine scale):
 each incremental path is held to the full recompute it replaces."""
 
 from __future__ import annotations

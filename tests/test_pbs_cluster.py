@@ -261,7 +261,7 @@ def test_the_scavenger_reads_k_4_from_the_vnodes_ngpus(rig: Rig) -> None:
 
 
 def test_edges_the_backend_relies_on(cluster: PbsCluster) -> None:
-    """What the real server does at the edges the parsers handle (issue 22's facts)."""
+    """What the real server does at the edges the parsers handle."""
     assert cluster.run(["qstat", "-f", "-F", "json", f"99999.{cluster.host}"], check=False).returncode == 153
     done = cluster.qsub("preemptable", ("vn1",), ["/bin/true"])
     other = cluster.qsub("preemptable", ("vn2",), ["/bin/true"])

@@ -1,4 +1,4 @@
-"""Pilots queued for recalled nodes (issue 19: a node back trains within seconds).
+"""Pilots queued for recalled nodes (a node back trains within seconds).
 
 When the main scheduler preempts one of our pilots, the daemon's side of the backend
 (:class:`malletrain.daemon.scavenging.Scavenging`) queues a new pilot for that node at once: it waits

@@ -1,4 +1,4 @@
-"""Plots a person can read (issue 21): no legend over data, SYNTHETIC in every title of a synthetic
+"""Plots a person can read: no legend over data, SYNTHETIC in every title of a synthetic
 run, and a job-progress plot that shows a band of jobs with a few named ones on it."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A burst of recalls becomes a new plan with work that follows the recalls, not the machine
-(issue 23: recall -> new plan at 4,608 nodes): the store's writes of one phase without a savepoint
+(recall -> new plan at 4,608 nodes): the store's writes of one phase without a savepoint
 each, and the others below."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Training through a daemon restart and through its own stop (issue 19, items 2 and 3).
+"""Training through a daemon restart and through its own stop.
 
 * A store that answers nothing (a dying daemon's socket, a restarted one not serving yet) never
   blocks the training thread: reconnection runs in the background.

@@ -1,6 +1,6 @@
 """Daemon restarts: a clean stop (SIGTERM) and a kill -9, with every kind of job.
 
-Finding E (issue 8), "Data loss and stuck jobs": after a stop, torch jobs that
+Data loss and stuck jobs: after a stop, torch jobs that
 needed fresh workers waited for generation 1 forever; a job killed while
 SUSPENDED lost its checkpoint; a stop left stored progress behind the workers';
 and a clean restart aborted a profile for good. Each has a test here (the

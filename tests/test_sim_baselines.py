@@ -1,4 +1,4 @@
-"""Issue 18 §1: baselines on equal terms (overrides win over presets) and the rigid-preemptible baseline."""
+"""Baselines on equal terms (overrides win over presets) and the rigid-preemptible baseline."""
 
 from __future__ import annotations
 

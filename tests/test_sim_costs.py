@@ -1,4 +1,4 @@
-"""Issue 18 §2: the costs the simulator charges, from one calibration file."""
+"""The costs the simulator charges, from one calibration file."""
 
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ def test_a_calibrated_rescale_pause_replaces_the_jobs_own():
 
 def test_a_grown_node_adds_its_work_only_after_the_join_delay():
     """The daemon publishes a new member once its worker is ready: the old nodes train on for join_s,
-    then the job pays its up pause and trains on all (issue 18: the grow's cost the engine missed)."""
+    then the job pays its up pause and trains on all (the grow's cost the engine missed)."""
     tl = timeline(["n1", "n2"], ["n1"], [(50.0, "n2", True)], end=100.0)
     cal = Calibration("t", rescale_pause_s=4.0, join_s=10.0)
     res = run(tl, [job(max_nodes=2)], cal)

@@ -1,4 +1,4 @@
-"""Issue 18 §3: the philly stream and name,time,application jobs files, on the Pollux curves."""
+"""The philly stream and name,time,application jobs files, on the Pollux curves."""
 
 from __future__ import annotations
 

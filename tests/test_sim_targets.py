@@ -1,4 +1,4 @@
-"""Issue 18: no target passes by construction. Each target the evaluation prints fails on a
+"""No target passes by construction. Each target the evaluation prints fails on a
 deliberately bad policy or input; the bound holds for every policy on random small traces."""
 
 from __future__ import annotations

@@ -154,7 +154,7 @@ def test_simulate_without_trace_uses_the_embedded_week(tmp_path: Path):
     assert 0 < summary["used_node_seconds"] <= summary["idle_node_seconds"]
 
 
-# ------------------------------------------------------------------ issue 18: real replay interface, overrides
+# ------------------------------------------------------------------ real replay interface, overrides
 
 
 def test_simulate_replays_a_jobs_file_on_n_nodes_of_a_window_with_a_calibration(tmp_path: Path, philly_data: Path):

@@ -1,4 +1,4 @@
-"""The rendezvous store against an attacker (issue 20, finding 1): no way in without the job's
+"""The rendezvous store against an attacker: no way in without the job's
 secret, no key of another job, no write of the daemon's keys, no checkpoint from a stranger, no
 unbounded growth. Each test fails against the unauthenticated TCPStore the daemon hosted before."""
 

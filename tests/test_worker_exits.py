@@ -1,4 +1,4 @@
-"""How the daemon reads a worker's exit (issue 19, items 3 and 4), on fakes with the test's clock.
+"""How the daemon reads a worker's exit, on fakes with the test's clock.
 
 A worker killed by a signal (a recall, a stop, a ``kill -9``) is replaced, never counted toward
 ``max_failures``; a crash of the job's own code is. A member whose worker changed is published
