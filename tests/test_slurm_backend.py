@@ -65,7 +65,7 @@ SCONTROL_PREEMPTED = (
     "EndTime=2026-11-24T17:23:09 Deadline=N/A PreemptEligibleTime=2026-11-24T17:23:07 "
     "PreemptTime=2026-11-24T17:23:09 SuspendTime=None SecsPreSuspend=0 Partition=preemptable "
     "AllocNode:Sid=localhost:3156 ReqNodeList=node2 NodeList=node2 BatchHost=node2 NumNodes=1 "
-    "Command=/tmp/my dir/pilot.sh WorkDir=/work/main Comment=a comment with spaces Power="
+    "Command=/tmp/my dir/pilot.sh WorkDir=/home/alice/runs Comment=a comment with spaces Power="
 )
 
 
