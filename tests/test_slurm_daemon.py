@@ -25,7 +25,7 @@ import pytest
 pytest.importorskip("torch")
 
 from malletrain.daemon.config import DaemonConfig, ScavengerConfig  # noqa: E402
-from policy import PolicyConfig, Profiling  # noqa: E402
+from cluster_daemon import AGENT_DEAD_AFTER, NO_PROBES  # noqa: E402
 from malletrain.daemon import Daemon  # noqa: E402
 from malletrain.worker.examples.tracelog import steps as steps_of  # noqa: E402
 from malletrain.daemon.jobspec import JobSpec, JobState  # noqa: E402
@@ -50,18 +50,6 @@ def cluster() -> Iterator[SlurmCluster]:
         finally:
             c.stop()
 
-AGENT_DEAD_AFTER = DaemonConfig().agent_dead_after
-"""The default (30 s), not less: an agent gives up after this long without a proven word from the daemon,
-counted from its start. With both cores busy the daemon answered a new agent's handshake only after up to
-10 s (and crossed challenges took another round), so with 10 s every pilot's agent gave up (daemon_lost),
-its pilot failed and was replaced, again and again: the restart test saw new pilots, the walltime test a
-suspended job."""
-
-
-NO_PROBES = PolicyConfig(profiling=Profiling.REQUESTED)
-"""The jobs here declare their curves and are never probed: a probe shrinks a job to fewer nodes when its
-measures pay, at a time a test cannot know (the walltime test's job was once down to the node whose
-notice came next, and left with no member)."""
 
 def config(tmp: Path, name: str, **scav: Any) -> DaemonConfig:
     sc = dict(kind="slurm", partition="preemptable", job_name=name, poll_interval=0.3, submit_rate=50.0,
