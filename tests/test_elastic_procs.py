@@ -129,7 +129,7 @@ def test_grow_shrink_recall_and_leave() -> None:
         assert _first_step(w3, g6) == _first_step(w2, g6) == _last_step(w2, g5) + 1
         # samples: the counter carried across worlds equals the sum of global batches
         last = w2.steps(g5)[-1]
-        assert last["samples"] == sum(BATCH * e["world"] for e in _rank0_steps(workers, last["step"]))
+        assert last["samples"] == sum(BATCH * e["world"] for e in _history(workers, last["step"]))
 
         kinds = {(w.id, e["kind"]) for w in workers for e in w.rescales()}
         assert {("w0", "up"), ("w2", "down"), ("w2", "recover"), ("w2", "up")} <= kinds
@@ -137,12 +137,17 @@ def test_grow_shrink_recall_and_leave() -> None:
     assert _sessions_alive(workers) == []
 
 
-def _rank0_steps(workers: list[Worker], upto: int) -> list[dict[str, Any]]:
-    """The committed history up to step ``upto``: one entry per step (rank 0's, newest generation wins)."""
+def _history(workers: list[Worker], upto: int) -> list[dict[str, Any]]:
+    """The committed history up to step ``upto``: one entry per step (newest generation wins).
+
+    Any rank's line stands for its step: the ranks of a generation agree on its world, and a rank
+    killed mid-step (the recalled rank 0 here) may die after the gradients were averaged but before
+    it printed the step its survivors committed.
+    """
     by_step: dict[int, dict[str, Any]] = {}
     for w in workers:
         for e in w.steps():
-            if e["rank"] == 0 and e["step"] <= upto:
+            if e["step"] <= upto:
                 prev = by_step.get(e["step"])
                 if prev is None or e["gen"] > prev["gen"]:
                     by_step[e["step"]] = e
