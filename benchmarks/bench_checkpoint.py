@@ -1,6 +1,6 @@
 """Checkpoint save, load and state broadcast for state dicts of real models' sizes.
 
-    python benchmarks/bench_checkpoint.py [--models resnet50,bert-base,yolov3,resnet18] [--reps 3]
+    python benchmarks/bench_checkpoint.py [--models resnet50,bert-base,yolov3,resnet18] [--reps 3] [--short]
 
 A rescale, restart or preemption of a real job moves its whole state: a restart loads the
 checkpoint its last commit saved, a rescale broadcasts the state to the new world, and a commit
@@ -30,6 +30,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from harness import add_short, last_line
 
 # parameters (float32) of the models the Pollux measurements are of, from their published sizes
 MODEL_PARAMS = {
@@ -129,7 +131,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default=",".join(MODEL_PARAMS))
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--no-broadcast", action="store_true", help="skip the two-process broadcast")
+    add_short(ap, "resnet18 alone, one repetition")
     args = ap.parse_args(argv)
+    if args.short:
+        args.models, args.reps = "resnet18", 1
     names = [m.strip() for m in args.models.split(",") if m.strip()]
     unknown = [m for m in names if m not in MODEL_PARAMS]
     if unknown:
@@ -138,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"{'model':<10} {'MB':>7} {'save s':>8} {'MB/s':>7} {'load s':>8} {'MB/s':>7} {'bcast s':>8} {'MB/s':>7} "
           f"{'raw write s':>11} {'save/raw':>8}")
+    ratios = []
     with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR")) as d:
         for name in names:
             sd = state_dict(MODEL_PARAMS[name])
@@ -150,8 +156,11 @@ def main(argv: list[str] | None = None) -> int:
             bcast = math_nan() if args.no_broadcast else statistics.median(timed_broadcast(MODEL_PARAMS[name], args.reps))
             print(f"{name:<10} {mb:7.0f} {save:8.2f} {mb / save:7.0f} {load:8.2f} {mb / load:7.0f} {bcast:8.2f} "
                   f"{mb / bcast:7.0f} {write:11.2f} {save / write:8.2f}", flush=True)
+            ratios.append(save / write)
             path.unlink()
             raw.unlink()
+    last_line(f"checkpoint: {len(names)} model(s), {args.reps} repetition(s): save / raw write median "
+              f"{statistics.median(ratios):.2f}x (baseline: the same bytes written raw, same run)")
     return 0
 
 

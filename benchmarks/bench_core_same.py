@@ -4,6 +4,7 @@ after the first measured calibration), each in a fresh process; prints SAME or t
 
     .venv/bin/python benchmarks/bench_core_same.py                  # makes a git worktree of 4b8a6c1
     .venv/bin/python benchmarks/bench_core_same.py --baseline DIR   # a checkout of a baseline you have
+    .venv/bin/python benchmarks/bench_core_same.py --short --baseline .   # the quick mode CI runs (see below)
 
 The replays run with ``--calibration free`` (``SimConfig(calibration=free())``): what is compared is
 the policy and the engine's bookkeeping, not the costs charged, which change when the calibration or
@@ -11,6 +12,9 @@ what it charges does (the grow's join cost changes every charged replay on purpo
 compared whole, less what is timed or counts solver calls (``wall``, ``decision_ms``, ``cpu``,
 ``solve``): a no-op decision may be recognised differently without changing any plan; the
 ``calibration_values`` are compared on the keys both sides have (a new cost is 0 under ``free``).
+
+``--short``: the first replay alone, on the first 6 hours. CI runs it with ``--baseline .`` (this checkout
+against itself: the path to the last line, and a replay that must come out the same twice).
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from traces.data import find_data  # noqa: E402
+
+from harness import add_short, last_line  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 BASELINE_COMMIT = "4b8a6c1"
@@ -51,14 +57,14 @@ for workload, knobs, seed in json.loads(sys.argv[3]):
     wl = make_workload(workload, scaling, seed=seed)
     pol = make_policy("malletrain", PolicyContext(wl.models, seed, "mean"), PolicyConfig(**knobs))
     s = simulate(tl, pol, workload, scaling=scaling, seed=seed,
-                 config=SimConfig(start=tl.start, end=tl.start + 86400.0, calibration=free())).summary
+                 config=SimConfig(start=tl.start, end=tl.start + float(sys.argv[4]), calibration=free())).summary
     out.append(s)
 print(json.dumps(out, default=str))
 """
 
 
-def replays(checkout: Path, trace: Path) -> list[dict]:
-    res = subprocess.run([sys.executable, "-c", REPLAY, str(checkout), str(trace), json.dumps(REPLAYS)],
+def replays(checkout: Path, trace: Path, plan: tuple[tuple[str, dict[str, str], int], ...], span_s: float) -> list[dict]:
+    res = subprocess.run([sys.executable, "-c", REPLAY, str(checkout), str(trace), json.dumps(plan), repr(span_s)],
                          capture_output=True, text=True, timeout=3600, env={"PATH": "/usr/bin:/bin"})
     if res.returncode != 0:
         raise RuntimeError(f"replays on {checkout} failed ({res.returncode}): {res.stderr[-2000:]}")
@@ -78,14 +84,16 @@ def main() -> int:
     ap.add_argument("--baseline", type=Path, default=None,
                     help=f"a checkout of the baseline (default: commit {BASELINE_COMMIT}, made with git worktree add, "
                          "removed after)")
+    add_short(ap, "the first replay alone, on the first 6 hours")
     args = ap.parse_args()
+    plan, span_s = (REPLAYS[:1], 21600.0) if args.short else (REPLAYS, 86400.0)
     with tempfile.TemporaryDirectory(prefix="bench-core-base-") as tmp:
         old_tree = args.baseline if args.baseline is not None else Path(tmp) / "base"
         if args.baseline is None:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(old_tree), BASELINE_COMMIT],
                            check=True, capture_output=True, timeout=120)
         try:
-            new, old = replays(ROOT, args.trace), replays(old_tree, args.trace)
+            new, old = replays(ROOT, args.trace, plan, span_s), replays(old_tree, args.trace, plan, span_s)
         finally:
             if args.baseline is None:
                 subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(old_tree)],
@@ -93,7 +101,7 @@ def main() -> int:
     label = f"commit {BASELINE_COMMIT}" if args.baseline is None else baseline_label(args.baseline)
     print(f"this checkout against {label}, --calibration free")
     same_all = True
-    for (workload, knobs, seed), a, b in zip(REPLAYS, new, old):
+    for (workload, knobs, seed), a, b in zip(plan, new, old):
         costs = set(a.get("calibration_values", {})) & set(b.get("calibration_values", {}))
         for summary in (a, b):  # a cost only one side knows is not compared
             values = summary.get("calibration_values", {})
@@ -103,7 +111,8 @@ def main() -> int:
         same_all &= not differ
         print(f"{'SAME' if not differ else 'DIFFER'}  {workload} seed {seed} {knobs or 'default'}: "
               f"{len(keys)} fields" + (f"; differ: {', '.join(differ)}" if differ else ""))
-    print("all replays SAME" if same_all else "some replays DIFFER")
+    last_line(f"{'all replays SAME' if same_all else 'some replays DIFFER'} ({len(plan)} replay(s) of "
+              f"{span_s / 3600:g} h)")
     return 0 if same_all else 1
 
 

@@ -1,6 +1,7 @@
 """What charging the calibration's costs costs the default, on the real Philly stream.
 
     python benchmarks/bench_costs.py            # 64 nodes of the Summit dev week, +78h..+79h, load 1.5, 5 seeds
+    python benchmarks/bench_costs.py --short    # the quick mode CI runs: 16 nodes, 15 minutes, 1 seed
 
 Replays ``malletrain`` twice per seed, paired: with the shipped calibration
 (simulator/calibration.json: pilot start, cold start, restart with rollback, rescale pause) and
@@ -28,6 +29,8 @@ from simulator.policies import Overrides  # noqa: E402
 from simulator.window import restrict  # noqa: E402
 from traces.data import find_data  # noqa: E402
 
+from harness import add_short, last_line  # noqa: E402
+
 TRACE = "summit-2021-02-10_17.nodes.csv.gz"
 
 
@@ -38,7 +41,10 @@ def main() -> int:
     ap.add_argument("--nodes", type=int, default=64, help="the N longest-idle nodes of the window")
     ap.add_argument("--load", type=float, default=1.5, help="offered load of the philly stream")
     ap.add_argument("--seeds", type=int, default=5)
+    add_short(ap, "16 nodes, 15 minutes, 1 seed")
     args = ap.parse_args()
+    if args.short:
+        args.nodes, args.hours, args.seeds = 16, 0.25, 1
     path = find_data(TRACE)
     if path is None:
         print(f"bench_costs: {TRACE} not found (set MALLETRAIN_DATA)", file=sys.stderr)
@@ -61,7 +67,7 @@ def main() -> int:
     print(f"of which the grow's join ({default().join_s:g} s) costs {statistics.fmean(join):.1f}% of the work "
           f"(per seed {', '.join(f'{x:.1f}' for x in join)}; baseline: the same calibration with join_s 0)")
     warm = [100.0 * (c / n - 1.0) for c, n in zip(work["charged"], work["no warm"])]
-    print(f"warm starts ({default().warm_start_s:g} s on ready nodes) add {statistics.fmean(warm):.1f}% to the work "
+    last_line(f"warm starts ({default().warm_start_s:g} s on ready nodes) add {statistics.fmean(warm):.1f}% to the work "
           f"(per seed {', '.join(f'{x:.1f}' for x in warm)}; baseline: the same calibration without warm_start_s)")
     return 0
 

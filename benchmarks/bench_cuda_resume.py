@@ -3,6 +3,7 @@ resumes from its checkpoint when nodes come back.
 
     python benchmarks/bench_cuda_resume.py                  # on a machine with a GPU
     python benchmarks/bench_cuda_resume.py --device cpu     # the same path on CPU (no GPU needed)
+    python benchmarks/bench_cuda_resume.py --device cpu --short   # the quick mode CI runs: 5 steps each side
 
 The daemon runs with the local backend (``--nodes`` local nodes, no trace) and the ``torch``
 runtime; one job of the example trainer (``--model cnn --device cuda``, min 1, max ``--nodes``)
@@ -34,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from harness import step_until
+from harness import add_short, last_line, step_until
 
 from malletrain.daemon.config import DaemonConfig, LocalConfig
 from malletrain.daemon import Daemon
@@ -150,7 +151,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds allowed for each phase")
     ap.add_argument("--state-dir", type=Path, default=None,
                     help="the daemon's state dir, kept afterwards (logs, store); default: a temporary one")
+    add_short(ap, "5 steps before the recall and after the return")
     args = ap.parse_args(argv)
+    if args.short:
+        args.steps = 5
     if args.nodes is None:
         args.nodes = 1 if args.device == "cuda" else 2
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -164,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
             state = Path(tmp) / "state"
             state.mkdir(mode=0o700)
             ok, line = run(args, state)
-    print(line, flush=True)
+    last_line(line)
     return 0 if ok else 1
 
 

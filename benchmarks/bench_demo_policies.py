@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/bench_demo_policies.py                 # 3 runs each, 150 s, torch jobs
     .venv/bin/python benchmarks/bench_demo_policies.py --runs 1 --duration 30 --runtime toy
+    .venv/bin/python benchmarks/bench_demo_policies.py --short    # the quick mode CI runs: 1 run of 20 s each, toy
 
 Runs ``malletrain demo --policy P`` (local backend, the synthetic trace, the same seed and jobs
 every run) ``--runs`` times per policy, alternating which goes first, and reads each run's
@@ -9,7 +10,8 @@ every run) ``--runs`` times per policy, alternating which goes first, and reads 
 measured per node count. Work, as in the evaluation, is model-neutral: a job's samples over its
 1-node rate, the median of the 1-node rates measured over all runs (a job never measured at one
 node is left out, and said). Prints work per run, mean ± sd per policy, and the default's gain over
-jpa; exits 1 when the default does less work than jpa (the simulator's ordering does not hold).
+jpa; exits 1 when the default does less work than jpa (the simulator's ordering does not hold). A
+``--short`` run is too short for the verdict to mean much: it checks the path, not the ordering.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+
+from harness import add_short, last_line
 
 POLICIES = ("malletrain", "jpa")
 
@@ -59,7 +63,10 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=150.0, help="seconds per run (default 150)")
     ap.add_argument("--runtime", choices=("torch", "horovod", "toy"), default="torch")
     ap.add_argument("--out", type=Path, default=Path("runs/bench-demo"))
+    add_short(ap, "one run of 20 s per policy, toy runtime (no torch workers)")
     args = ap.parse_args()
+    if args.short:
+        args.runs, args.duration, args.runtime = 1, 20.0, "toy"
     if args.runs < 1:
         ap.error(f"--runs must be >= 1, got {args.runs}")
     reports: dict[str, list[dict]] = {p: [] for p in POLICIES}
@@ -82,7 +89,7 @@ def main() -> int:
               f"({args.runs} runs of {args.duration:g} s, {args.runtime})")
     gain = 100.0 * (statistics.mean(works["malletrain"]) / statistics.mean(works["jpa"]) - 1.0)
     ok = gain >= 0.0
-    print(f"{'PASS' if ok else 'FAIL'}  default vs jpa in work, real training: {gain:+.1f}% "
+    last_line(f"{'PASS' if ok else 'FAIL'}  default vs jpa in work, real training: {gain:+.1f}% "
           f"(the simulator's ordering, default >= jpa, {'holds' if ok else 'does not hold'})")
     return 0 if ok else 1
 

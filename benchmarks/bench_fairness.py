@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--nodes", type=int, default=4)
     ap.add_argument("--window", type=float, default=120.0, help="seconds after the late submit (default 120)")
-    ap.add_argument("--short", action="store_true", help="a 45 s window")
+    B.add_short(ap, "a 45 s window")
     ap.add_argument("--baseline", action="store_true", help="first the same run with fairness = \"none\"")
     args = ap.parse_args(argv)
     if os.geteuid() != 0:
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     x = "never" if r.first_node_s is None else f"{r.first_node_s:.1f}"
     ok = r.first_node_s is not None and r.first_node_s <= 30 and r.share >= 0.8 * r.fair and r.lying <= r.fair
     print("targets: X <= 30 s, S >= 0.8 x F, L <= F: " + ("PASS" if ok else "FAIL"))
-    print(f"fairness: late user's first node after {x} s, share after {window:g} s {r.share} "
+    B.last_line(f"fairness: late user's first node after {x} s, share after {window:g} s {r.share} "
           f"(fair share {r.fair:g}), lying job's share {r.lying}")
     return 0 if ok else 1
 

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Callable
 
-from harness import free_port, load, step_until
+from harness import add_short, free_port, last_line, load, step_until
 
 from malletrain.daemon.config import DaemonConfig, LocalConfig
 from malletrain.daemon import Daemon
@@ -220,7 +220,7 @@ def measure_torch_elastic(reps: int, root: Path) -> list[float]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--reps", type=int, default=3, help="recall-and-return cycles per launcher")
-    p.add_argument("--short", action="store_true", help="one cycle per launcher")
+    add_short(p, "one cycle per launcher")
     args = p.parse_args()
     reps = 1 if args.short else args.reps
     print(f"load before: {load()}", flush=True)
@@ -244,7 +244,7 @@ def main() -> None:
     print(f"ratios: warm / cold {med['warm'] / med['cold']:.2f}, warm / torch elastic "
           f"{med['warm'] / med['torch elastic']:.2f}, warm / in-process {med['warm'] / med['in-process']:.1f}; "
           f"load after: {load()}")
-    print(f"launchers: torchrun script warm {med['warm']:.2f} s, cold {med['cold']:.2f} s, torch elastic "
+    last_line(f"launchers: torchrun script warm {med['warm']:.2f} s, cold {med['cold']:.2f} s, torch elastic "
           f"{med['torch elastic']:.2f} s, in-process {med['in-process']:.2f} s (medians); "
           f"Lightning unchanged: {kills} SIGKILLs in {len(lightning)} changes")
 

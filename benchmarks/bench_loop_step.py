@@ -16,7 +16,9 @@ Measured, as thread CPU time (what a quiet head node pays; the wall time on a sh
   that iteration's decision (the new plan), one recall at a time.
 
 Each tree runs in its own process (``PYTHONPATH`` = the tree), alternately, ``--rounds`` times;
-the best round of each is printed, and the ratio baseline / this tree.
+the best round of each is printed, and the ratio baseline / this tree. ``--short``: 512 nodes, 20 jobs,
+a burst of 20 recalls, one round (seconds; with ``--baseline .`` the comparison runs against this tree
+itself, which checks the path, not a figure).
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from harness import add_short, last_line
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -194,7 +198,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--baseline", default="", help="another tree (e.g. a clone of main) to measure beside this one")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    add_short(ap, "512 nodes, 20 jobs, 10 idle steps, 3 recalls, a burst of 20, one round")
     args = ap.parse_args(argv)
+    if args.short:
+        args.nodes, args.jobs, args.idle_steps, args.recalls, args.burst, args.rounds = 512, 20, 10, 3, 20, 1
     if args.profile and args.baseline:
         raise SystemExit("--profile slows the tree it profiles: give it without --baseline")
     if args.child:
@@ -209,8 +216,9 @@ def main(argv: list[str] | None = None) -> int:
             f = run_tree(tree, args)
             if name not in best or f["idle_ms"] + f["recall_ms"] < best[name]["idle_ms"] + best[name]["recall_ms"]:
                 best[name] = f
+    lines = []
     for name, f in best.items():
-        print(f"{name}: {args.nodes} nodes ({f['held']:.0f} held), {args.jobs} jobs ({f['placed']:.0f} placed): "
+        lines.append(f"{name}: {args.nodes} nodes ({f['held']:.0f} held), {args.jobs} jobs ({f['placed']:.0f} placed): "
               f"idle iteration {f['idle_ms']:.1f} ms CPU (mean with the polls {f['idle_mean_ms']:.1f}, p99 "
               f"{f['idle_p99_ms']:.1f}), recall -> new plan "
               f"{f['recall_ms']:.1f} ms CPU (max {f['recall_max_ms']:.1f})"
@@ -218,12 +226,14 @@ def main(argv: list[str] | None = None) -> int:
                  if f.get("burst") else ""))
     if "baseline" in best:
         b, t = best["baseline"], best["this tree"]
-        print(f"step: {args.nodes} nodes: idle iteration {t['idle_ms']:.1f} ms CPU ({b['idle_ms'] / t['idle_ms']:.1f}x "
+        lines.append(f"step: {args.nodes} nodes: idle iteration {t['idle_ms']:.1f} ms CPU ({b['idle_ms'] / t['idle_ms']:.1f}x "
               f"less than baseline {b['idle_ms']:.1f} ms; mean with the polls {t['idle_mean_ms']:.1f} ms, "
               f"{b['idle_mean_ms'] / t['idle_mean_ms']:.1f}x less than {b['idle_mean_ms']:.1f} ms), recall -> new plan {t['recall_ms']:.1f} ms CPU "
               f"({b['recall_ms'] / t['recall_ms']:.1f}x less than baseline {b['recall_ms']:.1f} ms)"
               + (f"; {t['burst']:.0f} recalls at once -> new plan {t['burst_ms']:.1f} ms CPU "
                  f"({b['burst_ms'] / t['burst_ms']:.1f}x less than baseline {b['burst_ms']:.1f} ms)" if args.burst else ""))
+    print("\n".join(lines[:-1]), flush=True)
+    last_line(lines[-1])
     return 0
 
 

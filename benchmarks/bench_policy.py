@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/bench_policy.py                      # 1 day, seeds 0-2, nas hpo stress
     .venv/bin/python benchmarks/bench_policy.py --days 7 --seeds 0,1,2,3,4 --no-parts --workers 2
+    .venv/bin/python benchmarks/bench_policy.py --short   # the quick mode CI runs: 6 h, seed 0, nas, no parts
 
 Every figure is measured in this run against a baseline measured in the same run, on the same
 trace, workload and seeds (work = ``work_node_seconds``, the headline metric):
@@ -27,6 +28,9 @@ trace, workload and seeds (work = ``work_node_seconds``, the headline metric):
 
 ``--workers N`` runs the replays in N processes (each replay is single-threaded and deterministic,
 so the figures do not depend on it; only the CPU seconds of ``--week-seconds`` are timed, alone).
+
+``--short``: the first 6 hours, seed 0, the nas workload, no parts (7 replays); its PASS/FAIL lines are
+the same checks on less, so a FAIL there says little about the targets.
 """
 
 from __future__ import annotations
@@ -48,6 +52,8 @@ from policy import PolicyConfig  # noqa: E402
 from simulator import SimConfig, find_scaling, make_workload, simulate  # noqa: E402
 from simulator.policies import PolicyContext, make_policy  # noqa: E402
 from traces.data import find_data  # noqa: E402
+
+from harness import add_short, last_line  # noqa: E402
 
 TRACE = find_data("summit-2021-02-10_17.nodes.csv.gz")  # $MALLETRAIN_DATA, else the default
 PRIORS = ("linear", "mean", "other", "noise:20")
@@ -113,7 +119,10 @@ def main() -> int:
     ap.add_argument("--calibration", nargs="+", choices=CALIBRATIONS, default=list(CALIBRATIONS),
                     help="the costs the week replay charges on this checkout: measured (the shipped calibration, "
                          "simulate's default) and/or free (none, as the old code; identical work); default: both")
+    add_short(ap, "the first 6 hours, seed 0, nas, no parts")
     args = ap.parse_args()
+    if args.short:
+        args.days, args.seeds, args.workloads, args.no_parts = 0.25, "0", "nas", True
     if args.workers < 1:
         ap.error(f"--workers must be >= 1, got {args.workers}")
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -184,7 +193,8 @@ def main() -> int:
         print(f"parts {w}: " + " | ".join(steps))
     if args.week_seconds:
         ok_all &= week_seconds(args.trace, args.baseline, args.calibration, args.baseline_commit)
-    print("all targets PASS" if ok_all else "some targets FAIL")
+    last_line(f"{'all targets PASS' if ok_all else 'some targets FAIL'} ({args.days:g} day(s), seeds {seeds}, "
+              f"workloads {', '.join(workloads)})")
     return 0 if ok_all else 1
 
 

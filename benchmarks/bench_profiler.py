@@ -1,6 +1,6 @@
 """Profiler figures: estimator ingest speed, scalability-model error on Summit, inverse vs ascending profiling.
 
-    python benchmarks/bench_profiler.py
+    python benchmarks/bench_profiler.py [--short]
 
 1. Records/s through ``ThroughputEstimator.add`` and ``RescaleCostEstimator.add``
    (the daemon's monitor may ingest 50k records/s), against a bare loop that
@@ -12,10 +12,15 @@
    nodes from a profile that stopped at 16.
 3. Scale-ups and seconds of profiling 1..64 nodes in inverse vs ascending
    order with the Summit rescale costs (18 s up, 12 s down).
+
+The last line: both estimators' ingest rate against the bare loop, and the model's mean error against
+piecewise-linear interpolation. ``--short``: 20,000 records instead of 200,000, best of 1 (the model and
+the order are the same: they take a second).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
 import sys
@@ -25,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from curves import throughput_at
+from harness import add_short, last_line
 from profiler.estimators import RescaleCostEstimator, ThroughputEstimator
 from profiler.jpa import default_counts, profile_cost
 from profiler.records import Record, Segment, synthesize
@@ -41,7 +47,7 @@ def data_file(name: str) -> Path:
     return path
 
 
-def _best_rate(fn, records: list[Record], repeats: int = 3) -> float:
+def _best_rate(fn, records: list[Record], repeats: int) -> float:
     best = float("inf")
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -77,17 +83,19 @@ def _both(records: list[Record]) -> None:
         b.add(r)
 
 
-def bench_ingest() -> None:
-    segs = [Segment(2 ** (i % 6), 2000, 0.01, 256, pause_before_s=15.0, warmup_steps=2) for i in range(100)]
+def bench_ingest(segments: int, repeats: int) -> tuple[float, float]:
+    """Prints the ingest rates; returns (bare loop, both estimators) in records/s."""
+    segs = [Segment(2 ** (i % 6), 2000, 0.01, 256, pause_before_s=15.0, warmup_steps=2) for i in range(segments)]
     records = synthesize(segs, noise=0.05, seed=1)
-    bare = _best_rate(_bare, records)
-    print(f"1. estimator ingest, {len(records):,} records with {len(segs) - 1} rescales (best of 3)")
+    bare = _best_rate(_bare, records, repeats)
+    print(f"1. estimator ingest, {len(records):,} records with {len(segs) - 1} rescales (best of {repeats})")
     print(f"   bare list.append loop (baseline)     {bare:12,.0f} records/s")
     for name, fn in (("ThroughputEstimator.add", _throughput), ("RescaleCostEstimator.add", _rescale),
                      ("both estimators", _both)):
-        rate = _best_rate(fn, records)
+        rate = _best_rate(fn, records, repeats)
         print(f"   {name:36s} {rate:12,.0f} records/s  ({rate / 50_000:.1f}x the 50k/s target, "
               f"{bare / rate:.1f}x slower than the bare loop)")
+    return bare, rate
 
 
 def _strong_scaling_loo(points: dict[int, float]) -> list[float]:
@@ -121,7 +129,8 @@ def _strong_scaling_loo(points: dict[int, float]) -> list[float]:
     return out
 
 
-def bench_model() -> None:
+def bench_model() -> tuple[float, float]:
+    """Prints the model's errors; returns (ours, piecewise-linear), mean %."""
     path = data_file("summit-scaling.csv")
     table = {m: p for m, p in parse_scaling_table(path.read_text(), str(path)).items() if m != "shufflenet-hpo"}
     print(f"\n2. scalability model error on {path.name} ({len(table)} models, each interior count held back)")
@@ -146,6 +155,7 @@ def bench_model() -> None:
     print(f"   {'MEAN':12s} {statistics.mean(ours_all):8.2f} {statistics.mean(strong_all):16.2f} "
           f"{statistics.mean(interp_all):19.2f} {statistics.mean(extrap_all):18.2f}")
     print(f"   {'MAX':12s} {max(ours_all):8.2f} {max(strong_all):16.2f} {max(interp_all):19.2f} {max(extrap_all):18.2f}")
+    return statistics.mean(ours_all), statistics.mean(interp_all)
 
 
 def bench_order() -> None:
@@ -160,9 +170,14 @@ def bench_order() -> None:
 
 
 def main() -> None:
-    bench_ingest()
-    bench_model()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_short(ap, "20,000 records, best of 1")
+    args = ap.parse_args()
+    bare, both = bench_ingest(10 if args.short else 100, 1 if args.short else 3)
+    ours, interp = bench_model()
     bench_order()
+    last_line(f"profiler: both estimators ingest {both:,.0f} records/s ({bare / both:.1f}x slower than the bare "
+              f"loop, baseline); model error mean {ours:.2f}% (piecewise-linear, baseline: {interp:.2f}%)")
 
 
 if __name__ == "__main__":

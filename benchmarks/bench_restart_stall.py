@@ -1,6 +1,7 @@
 """Training through repeated daemon ``kill -9``s, on the Slurm test cluster (or the local backend).
 
-    python benchmarks/bench_restart_stall.py [--kills 5] [--nodes 4] [--down 1] [--backend slurm|local]
+    python benchmarks/bench_restart_stall.py [--kills 5] [--nodes 4] [--down 1] [--backend slurm|local] [--short]
+    python benchmarks/bench_restart_stall.py --backend local --short   # the quick mode CI runs: 1 kill, 2 nodes
 
 A daemon subprocess (runtime ``torch``; ``[scavenger] kind = "slurm"`` on a Slurm cluster
 started on this machine, or the local backend) runs two elastic jobs of the example
@@ -36,6 +37,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
+
+from harness import add_short, last_line
 
 from malletrain.worker.examples.tracelog import steps
 from malletrain.cli.procs import procs_mentioning
@@ -201,7 +204,7 @@ def report(out: dict[str, list[float]], kills: int, backend: str) -> None:
     print(f"workers started afresh: {int(sum(out['fresh']))}")
     print(f"daemon kill -9 -> training resumed: median {statistics.median(res):.2f} s, max {max(res):.2f} s "
           f"over {len(res)} (kill, job) pairs")
-    print(f"committed steps lost: {int(sum(out['lost']))}; samples counted twice: {int(sum(out['twice']))}")
+    last_line(f"committed steps lost: {int(sum(out['lost']))}; samples counted twice: {int(sum(out['twice']))}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -211,7 +214,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--down", type=float, default=1.0, help="seconds the daemon stays down")
     ap.add_argument("--dead-after", type=float, default=10.0, help="agent_dead_after of the daemon")
     ap.add_argument("--backend", choices=("slurm", "local"), default="slurm")
+    add_short(ap, "one kill, 2 nodes")
     args = ap.parse_args(argv)
+    if args.short:
+        args.kills, args.nodes = 1, 2
     env = dict(os.environ)
     if args.backend == "local":
         report(run(args, env, args.nodes), args.kills, "local")

@@ -20,7 +20,7 @@ holding a trial's process, summed). Prints both and their ratio, with the load; 
 finish S (Optuna retry: T)``.
 
     python benchmarks/bench_sweep.py            # 60 steps a trial, 8 recalls
-    python benchmarks/bench_sweep.py --short    # 15 steps a trial, 4 recalls (minutes each way)
+    python benchmarks/bench_sweep.py --short    # the quick mode CI runs: 4 trials of 10 steps, 2 recalls
 """
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from harness import add_short, last_line
 
 TRIALS = 12
 NODES = ("node00", "node01", "node02")
@@ -77,7 +79,7 @@ def from_scratch_restarts(ckpt: Path) -> tuple[int, int]:
 
 
 # ---------------------------------------------------------------- malletrain
-def run_malletrain(work: Path, steps: int, sleep: float, most: int) -> dict[str, Any]:
+def run_malletrain(work: Path, trials: int, steps: int, sleep: float, most: int) -> dict[str, Any]:
     from malletrain.daemon.config import DaemonConfig, LocalConfig
     from malletrain.daemon import Daemon
     from malletrain.daemon.jobspec import JobSpec, Launcher
@@ -89,7 +91,7 @@ def run_malletrain(work: Path, steps: int, sleep: float, most: int) -> dict[str,
     cmd = (PY, "-m", "malletrain.worker.examples.sweep_train", "--lr", "{lr}", "--width", "{width}", "--ckpt",
            f"{ckpt}/{{trial}}", *trial_args(steps, sleep))
     spec = JobSpec("bench", cmd, 1, 2, env={"OMP_NUM_THREADS": "1"}, launcher=Launcher.TORCHRUN, worker_batch=8)
-    sweep = parse_sweep({"trials": TRIALS, "direction": "minimize", "seed": SEED, "space": SPACE}, "bench", "bench")
+    sweep = parse_sweep({"trials": trials, "direction": "minimize", "seed": SEED, "space": SPACE}, "bench", "bench")
     d = Daemon(cfg)
     node_s = 0.0
     recalled: dict[str, float] = {}
@@ -127,7 +129,7 @@ def run_malletrain(work: Path, steps: int, sleep: float, most: int) -> dict[str,
 
 
 # ---------------------------------------------------------------- Optuna retry (the baseline)
-def optuna_worker(url: str, ckpt: str, steps: int, sleep: float, port: int) -> None:
+def optuna_worker(url: str, ckpt: str, trials: int, steps: int, sleep: float, port: int) -> None:
     """One node's worker: ``study.optimize`` with a heartbeat; each trial a plain process of one node."""
     import json
 
@@ -152,10 +154,10 @@ def optuna_worker(url: str, ckpt: str, steps: int, sleep: float, port: int) -> N
                        stdout=subprocess.DEVNULL, timeout=3600)
         return float(json.loads(result.read_text())["value"])
 
-    study.optimize(objective, callbacks=[MaxTrialsCallback(TRIALS, states=(TrialState.COMPLETE,))])
+    study.optimize(objective, callbacks=[MaxTrialsCallback(trials, states=(TrialState.COMPLETE,))])
 
 
-def run_optuna(work: Path, steps: int, sleep: float, most: int) -> dict[str, Any]:
+def run_optuna(work: Path, trials: int, steps: int, sleep: float, most: int) -> dict[str, Any]:
     import optuna
     from optuna.trial import TrialState
 
@@ -170,7 +172,7 @@ def run_optuna(work: Path, steps: int, sleep: float, most: int) -> dict[str, Any
     done_recalls: set[float] = set()
 
     def start_worker(i: int, node: str) -> None:
-        argv = [PY, __file__, "--optuna-worker", url, str(ckpt), str(steps), str(sleep), str(29600 + i)]
+        argv = [PY, __file__, "--optuna-worker", url, str(ckpt), str(trials), str(steps), str(sleep), str(29600 + i)]
         workers[node] = (subprocess.Popen(argv, start_new_session=True), time.monotonic())
 
     def stop_worker(node: str) -> None:
@@ -185,7 +187,7 @@ def run_optuna(work: Path, steps: int, sleep: float, most: int) -> dict[str, Any
     for i, node in enumerate(NODES):
         start_worker(i, node)
     try:
-        while len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))) < TRIALS:
+        while len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))) < trials:
             time.sleep(0.2)
             now = time.monotonic()
             for t, node, back in recalls_due(start, now, most):
@@ -207,28 +209,28 @@ def run_optuna(work: Path, steps: int, sleep: float, most: int) -> dict[str, Any
     finally:
         for node in list(workers):
             stop_worker(node)
-    trials = study.get_trials(deepcopy=False)
-    retried = sum(1 for t in trials if t.state == TrialState.FAIL)
-    return {"node_s": node_s, "elapsed": elapsed, "completed": sum(t.state == TrialState.COMPLETE for t in trials),
+    seen = study.get_trials(deepcopy=False)
+    retried = sum(1 for t in seen if t.state == TrialState.FAIL)
+    return {"node_s": node_s, "elapsed": elapsed, "completed": sum(t.state == TrialState.COMPLETE for t in seen),
             "recalls": len(done_recalls), "restarts": retried, "best": study.best_value}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--short", action="store_true", help="15 steps a trial instead of 60")
-    ap.add_argument("--optuna-worker", nargs=5, metavar=("URL", "CKPT", "STEPS", "SLEEP", "PORT"),
+    add_short(ap, "4 trials of 10 steps each way, at most 2 recalls")
+    ap.add_argument("--optuna-worker", nargs=6, metavar=("URL", "CKPT", "TRIALS", "STEPS", "SLEEP", "PORT"),
                     help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.optuna_worker:
-        url, ckpt, steps, sleep, port = args.optuna_worker
-        optuna_worker(url, ckpt, int(steps), float(sleep), int(port))
+        url, ckpt, n, k, pause, port = args.optuna_worker
+        optuna_worker(url, ckpt, int(n), int(k), float(pause), int(port))
         return 0
-    steps, sleep, most = (15, 0.1, 4) if args.short else (60, 0.1, 8)
+    trials, steps, sleep, most = (4, 10, 0.1, 2) if args.short else (TRIALS, 60, 0.1, 8)
     work = Path(tempfile.mkdtemp(prefix="bench_sweep."))
     try:
         load0 = os.getloadavg()[0]
-        ours = run_malletrain(work / "malletrain", steps, sleep, most)
-        theirs = run_optuna(work / "optuna", steps, sleep, most)
+        ours = run_malletrain(work / "malletrain", trials, steps, sleep, most)
+        theirs = run_optuna(work / "optuna", trials, steps, sleep, most)
         load1 = os.getloadavg()[0]
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -239,7 +241,7 @@ def main() -> int:
     print(f"malletrain: {ours['restarts_at_start']} restarts at step 0 of a trial still starting (a world change "
           "before its first step: no training lost)")
     print(f"node-seconds ratio malletrain / Optuna retry: {ours['node_s'] / theirs['node_s']:.2f}")
-    print(f"sweep: {TRIALS} trials, recalls {ours['recalls']}, trials restarted from scratch {ours['restarts']} "
+    last_line(f"sweep: {trials} trials, recalls {ours['recalls']}, trials restarted from scratch {ours['restarts']} "
           f"(Optuna retry: {theirs['restarts']}), node-seconds to finish {ours['node_s']:.0f} "
           f"(Optuna retry: {theirs['node_s']:.0f})")
     return 0

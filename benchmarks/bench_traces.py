@@ -9,7 +9,10 @@ week, and that week's KS distances to the real Summit week: fragment lengths
 (goal <= 0.05) and idle-pool size over time (goal <= 0.10), for seed 0 and
 over ``--seeds`` seeds, bursty and independent-node models.
 
-    python benchmarks/bench_traces.py [--repeat N]
+    python benchmarks/bench_traces.py [--repeat N] [--seeds N] [--short]
+
+The last line: the Summit read against its baseline, and the bursty synthetic week's KS distances (seed 0).
+``--short``: best of 1, one seed (a missing log is said and left out, as in a full run).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
+from harness import add_short, last_line
 
 import traces
 from traces import NodeEvent, synthetic
@@ -61,8 +65,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--seeds", type=int, default=5, help="seeds for the KS spread of the synthetic week")
+    add_short(parser, "best of 1, one seed")
     args = parser.parse_args()
+    if args.short:
+        args.repeat, args.seeds = 1, 1
     summit = None
+    read_line = "the Summit log not found (set MALLETRAIN_DATA)"
+    ks_line = "no KS (no Summit log)"
     for name in LOGS:
         path = find_data(name)
         if path is None:
@@ -76,6 +85,8 @@ def main() -> None:
             b_wall, b_cpu, _ = best_of(args.repeat, lambda: naive_nodes_csv(path))
             print(f"  baseline per-row DictReader+NodeEvent: {b_wall:.2f} s wall, {b_cpu:.2f} s cpu "
                   f"-> traces.read is {b_wall / wall:.1f}x faster (wall), {b_cpu / cpu:.1f}x (cpu)")
+            read_line = (f"read the Summit week in {wall:.2f} s, {b_wall / wall:.1f}x faster than the per-row "
+                         f"baseline (wall)")
             f_wall, f_cpu, _ = best_of(args.repeat, lambda: synthetic.fit_fragments(tl))
             print(f"fit_fragments(summit): {f_wall:.2f} s wall, {f_cpu:.2f} s cpu")
             f_wall, f_cpu, _ = best_of(args.repeat, lambda: synthetic.fit_bursts(tl, synthetic.SUMMIT))
@@ -88,10 +99,13 @@ def main() -> None:
         print(f"summit_like({what}; 4608 nodes, 7 days, SYNTHETIC): {g_wall:.2f} s wall, {g_cpu:.2f} s cpu "
               f"({syn.n_events} events, peak {trace_stats(syn).peak_idle} idle nodes)")
         if summit is not None:
-            print_ks(summit, bursty, args.seeds)
+            ks = print_ks(summit, bursty, args.seeds)
+            if bursty:
+                ks_line = f"bursty synthetic week KS (seed 0): fragments {ks[0]:.3f}, idle pool {ks[1]:.3f}"
+    last_line(f"traces: {read_line}; {ks_line}")
 
 
-def print_ks(real: traces.IdleTimeline, bursty: bool, seeds: int) -> None:
+def print_ks(real: traces.IdleTimeline, bursty: bool, seeds: int) -> tuple[float, float]:
     """KS distances of the SYNTHETIC week to the real one: seed 0, then mean and range over seeds."""
     real_fragments = fragment_lengths(real)
     rows = []
@@ -103,6 +117,7 @@ def print_ks(real: traces.IdleTimeline, bursty: bool, seeds: int) -> None:
         col = ks[:, k]
         print(f"  KS {name} vs Summit: seed 0 {col[0]:.3f}; {seeds} seeds mean {col.mean():.3f} "
               f"[{col.min():.3f}, {col.max():.3f}], {int(np.sum(col <= goal))}/{seeds} within goal {goal}")
+    return float(ks[0, 0]), float(ks[0, 1])
 
 
 if __name__ == "__main__":

@@ -1,8 +1,12 @@
-"""What the benchmarks share: waiting for a condition, a real ``malletrain daemon`` subprocess in a
-scratch dir and the CLI beside it, stepping an in-process daemon until a condition, a free port, and
-the machine's load for the line a benchmark prints.
+"""What the benchmarks share: the quick mode's ``--short`` and the last line a benchmark prints (with the
+machine's load beside its figure), waiting for a condition, a real ``malletrain daemon`` subprocess in a
+scratch dir and the CLI beside it, stepping an in-process daemon until a condition, and a free port.
 
-    from harness import Daemon, cli, load, step_until, wait, wait_for, workdir
+    from harness import Daemon, add_short, cli, last_line, load, step_until, wait, wait_for, workdir
+
+A benchmark with a quick mode takes it as ``--short`` (:func:`add_short`): what CI runs
+(tests/test_benchmarks_run.py), the same path to the same last line, on less. Its last line is printed by
+:func:`last_line`, so every one ends the same way: the figure, then the load it was measured under.
 
 Scripts in ``benchmarks/`` import it as a sibling (their folder is on ``sys.path``); the attack suite
 (``benchmarks/attacks/``) puts ``benchmarks/`` on ``sys.path`` first (``faults_common.py``).
@@ -10,6 +14,7 @@ Scripts in ``benchmarks/`` import it as a sibling (their folder is on ``sys.path
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -23,16 +28,23 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-import psutil
-
-from malletrain.cli.procs import procs_mentioning
-
 if TYPE_CHECKING:
     from malletrain.daemon import Daemon as InProcessDaemon
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository
 PY = sys.executable
 NOBODY = 65534
+
+
+# ---------------------------------------------------------------- the command line and the last line
+def add_short(ap: argparse.ArgumentParser, what: str) -> None:
+    """The quick mode, ``--short``: ``what`` says what it runs instead of the whole benchmark (its help)."""
+    ap.add_argument("--short", action="store_true", help=f"the quick mode CI runs: {what}")
+
+
+def last_line(text: str) -> None:
+    """Print a benchmark's last line: ``text`` (its figure or verdict), then the machine's load and cores."""
+    print(f"{text} [load {load()}, {os.cpu_count()} cores]", flush=True)
 
 
 # ---------------------------------------------------------------- waiting
@@ -166,6 +178,10 @@ class Daemon:
 
     def orphans(self) -> int:
         """Processes still mentioning the state dir 20 s after the daemon stopped (killed, and counted)."""
+        import psutil  # here, not above: a benchmark's child run in another tree imports this module too
+
+        from malletrain.cli.procs import procs_mentioning
+
         left = wait(lambda: not procs_mentioning(str(self.state)), 20)
         procs = [] if left else procs_mentioning(str(self.state))
         for p in procs:

@@ -3,8 +3,10 @@
 Each script the README or docs/*.md cite is in one of two tables: :data:`QUICK`, whose quick mode
 runs here to its last line (marked ``slow``, or ``slurm``/``pbs`` where it starts that cluster:
 CI runs them all, so a change that breaks a cited benchmark is seen there), or :data:`NOT_RUN`,
-with why not (a GPU, hours, a baseline checkout, or a part another script runs).
-:func:`test_every_cited_benchmark_is_in_a_table` (fast) makes a new citation choose.
+with why not (what makes it expensive, or a part another script runs).
+:func:`test_every_cited_benchmark_is_in_a_table` (fast) makes a new citation choose. A quick mode is
+``--short`` where a script has no older one (``benchmarks/harness.py``'s ``add_short``); one that reads
+the real data skips without it, naming the files (fails under ``MALLETRAIN_REQUIRE_DATA=1``, as CI runs).
 
 A run passes when the script exits and its last line is the one it promises; not when its figure
 meets a target (the machine's load decides that, and the figure is the script's to print).
@@ -21,10 +23,14 @@ from pathlib import Path
 
 import pytest
 
+from tests import conftest
+
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 CITED = re.compile(r"benchmarks/[A-Za-z0-9_/]+\.py")
 RUN_TIMEOUT_S = 900
+SUMMIT = "summit-2021-02-10_17.nodes.csv.gz"
+PHILLY = ("philly-jobs.csv.gz", "pollux")
 
 
 @dataclass(frozen=True)
@@ -38,6 +44,8 @@ class Quick:
     """A module the run needs (an extra CI installs): skipped without it."""
     pbs: bool = False
     """It starts the PBS test cluster: skipped where OpenPBS is not installed, unless MALLETRAIN_REQUIRE_PBS=1."""
+    data: tuple[str, ...] = ()
+    """The files (or folders) of the real data it reads: skipped without them (:func:`conftest.missing_data`)."""
 
 
 QUICK = (
@@ -55,30 +63,40 @@ QUICK = (
     Quick("bench_launchers.py", ("--short",), r"launchers: torchrun script warm ", needs="lightning"),
     Quick("bench_pbs.py", ("--runs", "1", "--daemon-runs", "1"), r"node back -> first step on it: median ",
           marks=(pytest.mark.pbs,), pbs=True),
+    Quick("bench_checkpoint.py", ("--short",), r"checkpoint: 1 model\(s\), 1 repetition\(s\): save / raw write median "),
+    # this checkout against itself: the path to the last line, and one replay that must come out the same twice
+    Quick("bench_core_same.py", ("--short", "--baseline", "."), r"all replays SAME \(1 replay", data=(SUMMIT,)),
+    Quick("bench_costs.py", ("--short",), r"warm starts \(.* add -?[\d.]+% to the work", data=(SUMMIT, *PHILLY)),
+    Quick("bench_cuda_resume.py", ("--device", "cpu", "--short"), r"cpu resume: PASS: "),
+    # a 20 s run says little about the ordering: PASS or FAIL, the path ran to its verdict
+    Quick("bench_demo_policies.py", ("--short",), r"(PASS|FAIL)  default vs jpa in work, real training: "),
+    Quick("bench_learning.py", ("--short",), r"freetrain:linear +work [\d.e+]+ node-s +vs milp-true ",
+          data=(SUMMIT, *PHILLY)),
+    # this tree against itself as the baseline: the comparison's path, not a figure
+    Quick("bench_loop_step.py", ("--short", "--baseline", "."), r"step: 512 nodes: idle iteration "),
+    Quick("bench_policy.py", ("--short",), r"(all targets PASS|some targets FAIL) \(0.25 day", data=(SUMMIT,)),
+    Quick("bench_profiler.py", ("--short",), r"profiler: both estimators ingest ", data=("summit-scaling.csv",)),
+    Quick("bench_simulator.py", ("--short",), r"slowest replay of 1 day\(s\) ", data=(SUMMIT,)),
+    # the local backend: the same kills, restarts and adoptions as on Slurm, without its test cluster
+    Quick("bench_restart_stall.py", ("--backend", "local", "--short"),
+          r"committed steps lost: \d+; samples counted twice: \d+"),
+    # as root, as bench_fairness.py: the spoofing sends another user's requests as nobody
+    Quick("attacks/bench_faults.py", ("--short",), r"faults: \d+ kills, \d+ lost, \d+ duplicated, "),
+    Quick("bench_sweep.py", ("--short",), r"sweep: 4 trials, recalls \d+, ", needs="optuna"),
+    Quick("bench_traces.py", ("--short",), r"traces: read the Summit week in ", data=(SUMMIT,)),
 )
 
 NOT_RUN = {
-    "bench_checkpoint.py": "state dicts of real models' sizes (ResNet-50, BERT-base): minutes of CPU a run",
-    "bench_core_same.py": "six one-day replays, each in this checkout and in a baseline commit's",
-    "bench_costs.py": "five seeds of an hour of the Philly stream on 64 nodes: tens of minutes",
-    "bench_cuda_resume.py": "needs a GPU",
-    "bench_demo_policies.py": "three 150 s runs of real training per policy: 16 minutes at least",
-    "attacks/bench_faults.py": "its parts run against real root daemons for about half an hour; "
-                       "tests/test_claims.py and the security tests check what it attacks",
-    "bench_first_command.py": "clones the checkout and installs it into a fresh venv (minutes)",
-    "bench_horovod.py": "needs Elastic Horovod (built by .ci/build-horovod.sh); tests/test_horovod_*.py run it",
-    "bench_learning.py": "day-long windows of the dev week for five seeds",
-    "bench_loop_step.py": "compares this tree with a baseline tree (--baseline DIR) on a whole machine",
-    "bench_policy.py": "replays days of the Summit week for several seeds and workloads",
-    "bench_profiler.py": "the scalability-model error over the whole Summit curve set",
-    "bench_real_replay.py": "half an hour of a real node-state log on the Slurm test cluster",
-    "bench_restart_stall.py": "repeated daemon kill -9s on the Slurm test cluster (minutes)",
-    "bench_simulator.py": "whole-week replays of the Summit log",
-    "bench_slurm.py": "its pilots' and the daemon's runs on the Slurm test cluster take tens of minutes; "
-                      "the slurm-marked tests run the same cluster",
-    "bench_sweep.py": "twelve trials each way, even with --short (minutes each way)",
-    "bench_traces.py": "reads every real log of the data directory, best of several",
-    "calibrate.py": "measures on the Slurm test cluster and writes simulator/calibration.json",
+    "bench_first_command.py": "clones the committed checkout, installs it into a fresh venv and runs the README's "
+                              "first command, its demo included: about 3.5 minutes idle, and pip's cache or a network",
+    "bench_horovod.py": "needs Elastic Horovod built against this torch (.ci/build-horovod.sh, minutes); "
+                        "tests/test_horovod_*.py run its rescales where it is installed",
+    "bench_real_replay.py": "replays a window of a real log on the Slurm test cluster twice (without and with the "
+                            "daemon): half an hour for the cited windows; its --simulate-only stops before that path",
+    "bench_slurm.py": "starts the Slurm test cluster (fixed ports: only the slurm-marked tests may) and its pilots' "
+                      "and daemon's runs take tens of minutes even at --runs 1",
+    "calibrate.py": "measures on the Slurm test cluster and rewrites simulator/calibration.json (a run here would "
+                    "change the checkout)",
     "attacks/faults_shares.py": "a part of bench_faults.py (--parts shares), not a script of its own",
     "scale/daemon_proc.py": "the daemon process bench_daemon_scale.py starts, not a script of its own",
     "scale/load.py": "the simulated agents bench_daemon_scale.py starts, not a script of its own",
@@ -100,6 +118,27 @@ def test_every_cited_benchmark_is_in_a_table() -> None:
     assert not gone, f"in a table but not under benchmarks/: {gone}"
 
 
+def test_the_quick_mode_and_the_last_line_come_from_the_harness() -> None:
+    """One ``--short`` and one way to print a last line: a script takes ``--short`` from
+    ``benchmarks/harness.py`` (``add_short``), never parses it itself, and one that does prints its last line
+    through the harness (``last_line``: the figure, then the load); a quick run given ``--short`` has it."""
+    own, silent = [], []
+    for path in sorted((ROOT / "benchmarks").rglob("*.py")):
+        if path.name == "harness.py":
+            continue
+        text = path.read_text()
+        name = path.relative_to(ROOT / "benchmarks").as_posix()
+        if re.search(r"""add_argument\(\s*["']--short["']""", text):
+            own.append(name)
+        if "add_short(" in text and "last_line(" not in text:
+            silent.append(name)
+    assert not own, f"parse --short with harness.add_short, not add_argument: {own}"
+    assert not silent, f"take --short from the harness but print the last line another way (use last_line): {silent}"
+    without = [q.script for q in QUICK if "--short" in q.args
+               and "add_short(" not in (ROOT / "benchmarks" / q.script).read_text()]
+    assert not without, f"run with --short but do not take it from the harness: {without}"
+
+
 @pytest.mark.parametrize("q", [pytest.param(q, id=q.script, marks=q.marks) for q in QUICK])
 def test_the_cited_benchmark_runs_to_its_last_line(q: Quick) -> None:
     if q.needs is not None:
@@ -109,9 +148,13 @@ def test_the_cited_benchmark_runs_to_its_last_line(q: Quick) -> None:
 
         if not installed() and os.environ.get("MALLETRAIN_REQUIRE_PBS") != "1":
             pytest.skip("OpenPBS is not installed (python -m testclusters.pbs_cluster install)")
+    missing = [name for name in q.data if not (conftest.SHARED_DATA / name).exists()]
+    if missing:
+        conftest.missing_data(missing)
+    data = {"MALLETRAIN_DATA": str(conftest.SHARED_DATA)} if q.data else {}
     res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / q.script), *q.args], cwd=ROOT,
                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
-                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                         env={**os.environ, "PYTHONUNBUFFERED": "1", **data})
     lines = [line for line in res.stdout.splitlines() if line.strip()]
     last = lines[-1] if lines else ""
     assert re.match(q.last_line, last), (

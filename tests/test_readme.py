@@ -32,8 +32,10 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -48,6 +50,8 @@ SKIP = re.compile(r"<!--\s*readme-test:\s*skip\s*\((?P<reason>.+)\)\s*-->")
 BARE = re.compile(r"(?:^|[;&|(]\s*)(?:malletrain|python3?)\s", re.MULTILINE)
 HEREDOC = re.compile(r"<<-?\s*'?\"?(?P<end>\w+)'?\"?")
 BLOCK_TIMEOUT_S = 600
+RUN_STATE_DIR = re.compile(r'^export MALLETRAIN_STATE_DIR="\$PWD/(?P<folder>[^"]+)"', re.MULTILINE)
+"""A block that starts a daemon gives it a state folder of its run, below the folder it is pasted in."""
 NOT_LINKED = {"runs", ".git", ".pytest_cache", ".hypothesis"}
 
 
@@ -242,6 +246,18 @@ def sandbox(tmp: Path) -> tuple[Path, dict[str, str]]:
     return clone, env
 
 
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A scratch folder with a short path for a block that runs: a page's daemon keeps its state below the
+    sandbox (``runs/NAME/state``), and its control socket's path must stay within 107 bytes, which pytest's
+    ``tmp_path`` is too deep for."""
+    top = Path(tempfile.mkdtemp(prefix="mt-readme-"))
+    try:
+        yield top
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
 def run_block(block: Block, tmp: Path) -> tuple[subprocess.CompletedProcess[str], Path, Path]:
     clone, env = sandbox(tmp)
     if BARE.search(block.code):
@@ -325,24 +341,26 @@ def _short_blocks() -> list[Block]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("block", _short_blocks(), ids=[b.id for b in _short_blocks()])
-def test_short_block_runs(block: Block, tmp_path: Path) -> None:
-    res, _, _ = run_block(block, tmp_path)
+def test_short_block_runs(block: Block, short_tmp: Path) -> None:
+    res, _, _ = run_block(block, short_tmp)
     assert res.returncode == 0, f"{block.where} failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
 
 
 @pytest.mark.slow
-def test_daemon_example_runs_as_pasted(tmp_path: Path) -> None:
+def test_daemon_example_runs_as_pasted(short_tmp: Path) -> None:
     """Start the daemon, submit, wait until the job trains, status, nodes, cancel, stop: as written.
 
     The block uses ``.venv/bin/malletrain`` and runs with the system PATH, so
     ``command = ["python", ...]`` must reach the venv's interpreter by the
-    interpreter rule, not through PATH.
+    interpreter rule, not through PATH. Its state folder is the one the block exports as
+    ``MALLETRAIN_STATE_DIR`` (a folder of the run), else the default ``~/.malletrain``.
     """
     from malletrain.daemon.store import Store
 
     block = _daemon_block()
-    res, clone, home = run_block(block, tmp_path)
-    state = home / ".malletrain"
+    res, clone, home = run_block(block, short_tmp)
+    own = RUN_STATE_DIR.search(block.code)
+    state = clone / own.group("folder") if own else home / ".malletrain"
     try:
         out = res.stdout + res.stderr
         daemon_log = (clone / "daemon.log").read_text() if (clone / "daemon.log").exists() else ""
@@ -361,7 +379,7 @@ def test_daemon_example_runs_as_pasted(tmp_path: Path) -> None:
         private = 0o711 if os.geteuid() == 0 else 0o700
         assert (state.stat().st_mode & 0o777) == private and ((state / "store.db").stat().st_mode & 0o777) == 0o600
     finally:
-        leftovers = _wait_for_no_procs(str(tmp_path))
+        leftovers = _wait_for_no_procs(str(short_tmp))
         for p in leftovers:
             p.kill()
     assert not leftovers, f"left running: {[p.cmdline() for p in leftovers]}"

@@ -1,6 +1,7 @@
 """Crashes, recalls, fuzz and forgeries against real daemons; prints a table and one summary line.
 
-    python benchmarks/attacks/bench_faults.py [--kills 20] [--recalls 100] [--fuzz 3000] [--seed 1]
+    python benchmarks/attacks/bench_faults.py [--kills 20] [--recalls 100] [--fuzz 3000] [--seed 1] [--short]
+    python benchmarks/attacks/bench_faults.py --short   # the quick mode CI runs: spoof, fuzz (20 a kind)
 
 Every part runs the real thing (``malletrain daemon`` subprocesses, local backend,
 real agents and workers) on a private state dir, and counts what is lost, duplicated or accepted that should not be:
@@ -58,7 +59,9 @@ S spoofed reports, A accepted, R store attacks, RA accepted, P privilege probes,
 D fd floods, DD daemon down, J job-crash attempts, JD daemon down, L lockouts, LV victims delayed,
 E evictions, EV victims evicted, G log floods, GF disk full, C curve lies, D nodes taken, E key
 inflations, F daemon stalls, G stop-code loops, H never failed``; every "down", "delayed",
-"evicted", "full", "taken", "stalls" and "never failed" count is a goal of 0.
+"evicted", "full", "taken", "stalls" and "never failed" count is a goal of 0. ``--short``: the spoofing and
+20 fuzz cases a kind, without neighbours (two minutes on a loaded 2-core machine; the
+goals of the parts left out hold trivially there, so a short run's "goals met" is not the suite's).
 """
 
 from __future__ import annotations
@@ -83,6 +86,7 @@ from faults_common import (
     wait,
     workdir,
 )
+from harness import add_short, last_line  # beside faults_common, which puts benchmarks/ on sys.path
 
 from malletrain.cli.procs import procs_mentioning
 
@@ -256,7 +260,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="how long the curves part watches the victim after the liar arrives")
     ap.add_argument("--neighbours", type=int, default=2,
                     help="other daemons running their own jobs on this machine meanwhile (0: none)")
+    add_short(ap, "spoof and fuzz (20 cases a kind); no neighbours")
     args = ap.parse_args(argv)
+    if args.short:
+        args.parts, args.fuzz, args.neighbours = "spoof,fuzz", 20, 0
     import faults_claims
     import faults_fuzz
     import faults_round2
@@ -309,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     met = met and r3.crash_down == r3.delayed == r3.evicted == r3.full == 0
     met = met and c.taken == c.stalls == c.never_failed == 0
     print(f"goals {'met' if met else 'NOT met'} in {time.monotonic() - started:.0f} s")
-    print(f"faults: {t.kills} kills, {t.lost} lost, {t.duplicated} duplicated, {t.recalls} recalls, "
+    last_line(f"faults: {t.kills} kills, {t.lost} lost, {t.duplicated} duplicated, {t.recalls} recalls, "
           f"{t.orphans} orphans, {t.fuzz} fuzz cases, {t.tracebacks} tracebacks, "
           f"{t.spoofed} spoofed reports, {t.accepted} accepted, {faults_round2.summary(r)}, "
           f"{faults_shares.summary(r3)}, {faults_claims.summary(c)}")
