@@ -75,6 +75,20 @@ def test_the_rank_agent_imports_no_torch() -> None:
     assert out.stdout.strip() == "[]", out.stdout
 
 
+def test_a_rank_server_whose_agent_went_while_it_imported_ends_quietly() -> None:
+    """A job that ends (or an agent stopped) while a joining node's rank server still imports: the server
+    finds the agent's socket closed when it says it is ready, and ends with 0, no traceback in the log."""
+    import socket
+    import subprocess
+
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    mine.close()
+    with theirs:
+        out = subprocess.run([PY, "-m", "malletrain.worker.warm_ranks", "--fd", str(theirs.fileno()), "--import", ""],
+                             pass_fds=(theirs.fileno(),), capture_output=True, text=True, timeout=300)
+    assert (out.returncode, out.stderr) == (0, "")
+
+
 RANK_ON_SIGTERM = """import os, signal, sys, time
 events = sys.argv[1]
 def log(what):

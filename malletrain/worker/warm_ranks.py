@@ -251,7 +251,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         except Exception as exc:  # noqa: BLE001 - the script imports it itself (and fails there if it must)
             missing.append(f"{name} ({type(exc).__name__})")
     threads = os_threads()
-    _send(sock, f"ready {time.monotonic() - began:.3f} {threads} {json.dumps(', '.join(missing))}")
+    try:
+        _send(sock, f"ready {time.monotonic() - began:.3f} {threads} {json.dumps(', '.join(missing))}")
+    except OSError:  # the agent went while it imported (its job ended, or it was stopped): nothing to serve
+        return 0
     child = serve(sock)
     if child is None:
         return 0
