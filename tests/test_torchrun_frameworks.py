@@ -25,6 +25,7 @@ import pytest
 
 from malletrain.daemon.jobspec import JobSpec, JobState, Launcher
 from malletrain.daemon.monitor import JobStats
+from malletrain.daemon.store import JobRecord
 
 PY = sys.executable
 PACED = str(Path(__file__).parent / "fixtures" / "scripts" / "paced.py")
@@ -34,6 +35,8 @@ STEPS = 600
 BATCH = 8
 HOOK_BATCH = 1000  # the job's worker_batch: were the launcher's hook counting too, the totals would show it
 PACE_S = 0.05  # each optimizer step lasts at least this: the test sees every world before the job ends
+PLAIN_STEPS = 1500  # a script without the callback restarts from its last checkpoint: more steps, so the grow
+# (a returning node's rank servers import transformers first) comes before the job's end at one node
 
 
 @dataclass(frozen=True)
@@ -50,27 +53,20 @@ EXAMPLES = {
 }
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("per_node", WORKERS_PER_NODE)
-@pytest.mark.parametrize("name", sorted(EXAMPLES))
-def test_a_framework_job_shrinks_grows_and_completes_losing_no_step(name: str, per_node: int,
-                                                                     tmp_path: Path) -> None:
-    ex = EXAMPLES[name]
-    pytest.importorskip(ex.framework, reason=f"the [{ex.extra}] extra is not installed")
+def shrink_grow_complete(spec: JobSpec, state: Path) -> tuple[list[int], JobStats, JobRecord, str]:
+    """``spec`` under the daemon on 2 local nodes (``spec.workers_per_node`` slots each): trained at 2 nodes,
+    shrunk by a recall of one, grown back when it returns, run to its end (COMPLETED, no worker failed,
+    no process left). The world sizes its reports came from in order, the monitor's statistics of it,
+    its record and its workers' logs."""
     from malletrain.daemon.config import DaemonConfig, LocalConfig
     from malletrain.daemon import Daemon
     from procs import procs_mentioning
     from tests.stepping import step_until
 
-    state = tmp_path / "state"
     cfg = DaemonConfig(state_dir=str(state), runtime="toy", local=LocalConfig(nodes=NODES, trace="none"),
                        agent_heartbeat=0.2, agent_dead_after=5.0, loop_interval=0.05)
-    if per_node > 1:  # local nodes report no GPUs: give each per_node worker slots ([scavenger] workers_per_node)
-        cfg = replace(cfg, scavenger=replace(cfg.scavenger, workers_per_node=per_node))
-    cmd = (PY, PACED, str(PACE_S), ex.module, "--samples", "1000000", "--batch", str(BATCH),
-           "--max-steps", str(STEPS), ex.dir_flag, str(tmp_path / "ckpt"))
-    spec = JobSpec(name, cmd, 1, NODES, False, {1: 10.0, 2: 20.0}, env={"OMP_NUM_THREADS": "1"},
-                   launcher=Launcher.TORCHRUN, worker_batch=HOOK_BATCH, workers_per_node=per_node)
+    if spec.workers_per_node > 1:  # local nodes report no GPUs: give each that many worker slots
+        cfg = replace(cfg, scavenger=replace(cfg.scavenger, workers_per_node=spec.workers_per_node))
     d = Daemon(cfg)
     worlds: list[int] = []  # the world sizes the job's reports came from, in order
     held: list[JobStats] = []  # the monitor's statistics of the job (kept past its end)
@@ -98,15 +94,47 @@ def test_a_framework_job_shrinks_grows_and_completes_losing_no_step(name: str, p
         assert "worker_failed" not in events
     finally:
         d.close()
+    assert procs_mentioning(str(state)) == []
+    logs = "".join(p.read_text(errors="replace") for p in (state / "logs").glob(f"{jid}.*.log"))
+    return worlds, held[0], rec, logs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("per_node", WORKERS_PER_NODE)
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_a_framework_job_shrinks_grows_and_completes_losing_no_step(name: str, per_node: int,
+                                                                     tmp_path: Path) -> None:
+    ex = EXAMPLES[name]
+    pytest.importorskip(ex.framework, reason=f"the [{ex.extra}] extra is not installed")
+    cmd = (PY, PACED, str(PACE_S), ex.module, "--samples", "1000000", "--batch", str(BATCH),
+           "--max-steps", str(STEPS), ex.dir_flag, str(tmp_path / "ckpt"))
+    spec = JobSpec(name, cmd, 1, NODES, False, {1: 10.0, 2: 20.0}, env={"OMP_NUM_THREADS": "1"},
+                   launcher=Launcher.TORCHRUN, worker_batch=HOOK_BATCH, workers_per_node=per_node)
+    worlds, stats, rec, logs = shrink_grow_complete(spec, tmp_path / "state")
     full, less = NODES, NODES - 1  # it may have started at 1 node and grown first
     assert full in worlds and less in worlds[worlds.index(full):], worlds
     assert full in worlds[worlds.index(less, worlds.index(full)):], worlds  # shrunk, then grown back
-    stats = held[0]
     # every step reported once: none lost at a restart (trained again), none refused, the hook silent
     assert stats.reports == STEPS, (stats.reports, stats.samples, worlds)
     assert STEPS * BATCH * per_node < stats.samples < STEPS * BATCH * NODES * per_node
     assert stats.samples % (BATCH * per_node) == 0 and rec.samples == stats.samples
-    logs = "".join(p.read_text(errors="replace") for p in (state / "logs").glob(f"{jid}.*.log"))
     assert logs.count("recall: saved step") >= 2, logs[-4000:]  # the callback saved at each restart
     assert f"done: step {STEPS}" in logs
-    assert procs_mentioning(str(state)) == []
+
+
+@pytest.mark.slow
+def test_an_unchanged_hf_trainer_script_shrinks_grows_and_completes_without_a_sigkill(tmp_path: Path) -> None:
+    """A Hugging Face Trainer script with nothing of malletrain in it (``hf_plain``: its own checkpoints, no
+    callback), 2 ranks a node: it trains at 2 nodes, 1, then 2 again, and completes; every change stops its
+    ranks within the grace (SIGTERM raises SystemExit in it, from the launcher) and each start resumes
+    from its last checkpoint, so each step is reported at least once (those since the last checkpoint twice)."""
+    pytest.importorskip("transformers", reason="the [huggingface] extra is not installed")
+    cmd = (PY, "-m", "malletrain.worker.examples.hf_plain", "--output-dir", str(tmp_path / "ckpt"),
+           "--max-steps", str(PLAIN_STEPS), "--batch", str(BATCH), "--step-sleep", str(PACE_S))
+    spec = JobSpec("hf-plain", cmd, 1, NODES, False, {1: 10.0, 2: 20.0}, env={"OMP_NUM_THREADS": "1"},
+                   launcher=Launcher.TORCHRUN, worker_batch=BATCH, workers_per_node=2)
+    worlds, stats, _, logs = shrink_grow_complete(spec, tmp_path / "state")
+    assert NODES in worlds and NODES - 1 in worlds[worlds.index(NODES):], worlds
+    assert NODES in worlds[worlds.index(NODES - 1, worlds.index(NODES)):], worlds
+    assert "SIGKILL" not in logs, logs[-4000:]
+    assert stats.reports >= PLAIN_STEPS and f"done: step {PLAIN_STEPS}" in logs

@@ -65,6 +65,30 @@ def test_the_servers_import_what_the_script_imports_but_not_its_own_modules(tmp_
     assert "malletrain.worker.examples.torchrun_ddp" not in mod and "torch" in mod  # the module run is not run ahead
 
 
+def test_the_rank_agent_imports_no_torch() -> None:
+    """The rank agent starts when a node comes, before the rank servers it starts import torch: it imports
+    none itself (its world forming and store checks need none), or a grow would wait for a second import."""
+    import subprocess
+
+    probe = "import sys, malletrain.worker.torchrun_agent; print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))"
+    out = subprocess.run([PY, "-c", probe], capture_output=True, text=True, timeout=300, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_a_rank_server_whose_agent_went_while_it_imported_ends_quietly() -> None:
+    """A job that ends (or an agent stopped) while a joining node's rank server still imports: the server
+    finds the agent's socket closed when it says it is ready, and ends with 0, no traceback in the log."""
+    import socket
+    import subprocess
+
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    mine.close()
+    with theirs:
+        out = subprocess.run([PY, "-m", "malletrain.worker.warm_ranks", "--fd", str(theirs.fileno()), "--import", ""],
+                             pass_fds=(theirs.fileno(),), capture_output=True, text=True, timeout=300)
+    assert (out.returncode, out.stderr) == (0, "")
+
+
 RANK_ON_SIGTERM = """import os, signal, sys, time
 events = sys.argv[1]
 def log(what):
@@ -123,7 +147,7 @@ def test_a_joining_rank_starts_before_the_old_world_has_stopped(tmp_path: Path) 
 
 
 DDP_RANK = """import os, sys
-warm = "torch" in sys.modules  # a fresh interpreter has not imported torch before the script does
+warm = "torch._dynamo" in sys.modules  # a fresh interpreter has not imported torch, nor what DDP's constructor does
 import torch
 import torch.distributed as dist
 seed = torch.initial_seed()

@@ -57,8 +57,10 @@ ENV_WARM = "WARM_RANKS"
 """``0`` in a job's environment: its ranks start cold (a new interpreter each start)."""
 ENV_WARM_IMPORTS = "WARM_IMPORTS"
 """Modules (comma-separated) a job declares for its rank servers to import, besides the learned ones."""
-ALWAYS = ("torch", "torch.distributed", "torch.nn.parallel", "malletrain.worker.client")
-"""Imported by every rank server: what a torchrun script and :mod:`malletrain.worker.launch` import."""
+ALWAYS = ("torch", "torch.distributed", "torch._dynamo", "torch.nn.parallel", "malletrain.worker.client")
+"""Imported by every rank server: what a torchrun script and :mod:`malletrain.worker.launch` import, and
+``torch._dynamo``, which ``DistributedDataParallel``'s constructor imports (with sympy: as long as torch's
+own import; every fork would pay it after its process group)."""
 READY_WAIT_S = 300.0
 """How long a rank agent waits for its rank servers' imports before it says it is ready (a cold start
 would import the same modules, competing for the same CPU, so it never comes first)."""
@@ -249,7 +251,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         except Exception as exc:  # noqa: BLE001 - the script imports it itself (and fails there if it must)
             missing.append(f"{name} ({type(exc).__name__})")
     threads = os_threads()
-    _send(sock, f"ready {time.monotonic() - began:.3f} {threads} {json.dumps(', '.join(missing))}")
+    try:
+        _send(sock, f"ready {time.monotonic() - began:.3f} {threads} {json.dumps(', '.join(missing))}")
+    except OSError:  # the agent went while it imported (its job ended, or it was stopped): nothing to serve
+        return 0
     child = serve(sock)
     if child is None:
         return 0

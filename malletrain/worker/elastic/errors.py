@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import torch.distributed as dist
+import sys
+from typing import Any
 
 from contract.exits import EXIT_STORE_LOST  # noqa: F401  (the package exports it)
 from contract.wire import StoreConnectionLost
@@ -39,15 +40,22 @@ class StoreUnavailable(Exception):
     """The daemon's store is away right now (only raised by operations that must not block)."""
 
 
+def _dist() -> Any:
+    """``torch.distributed`` if this process imported it, else None: an exception can be one of its errors
+    only then, and a process without torch (the ``torchrun`` rank agent) never imports it for a check."""
+    return sys.modules.get("torch.distributed")
+
+
 class StoreLost(Exception):
     """The daemon's store stayed away longer than the grace period: the worker exits."""
 
 
 def is_store_loss(exc: BaseException) -> bool:
     """Whether a store operation failed because the store's connection is gone (not a timeout)."""
-    if isinstance(exc, (StoreConnectionLost, dist.DistNetworkError)):
+    dist = _dist()
+    if isinstance(exc, StoreConnectionLost) or (dist is not None and isinstance(exc, dist.DistNetworkError)):
         return True
-    if isinstance(exc, RuntimeError) and not isinstance(exc, dist.DistStoreError):
+    if isinstance(exc, RuntimeError) and not (dist is not None and isinstance(exc, dist.DistStoreError)):
         text = str(exc).lower()
         return any(m in text for m in _STORE_LOSS_MARKERS)
     return False
@@ -57,11 +65,12 @@ def is_comm_failure(exc: BaseException) -> bool:
     """Whether ``exc`` looks like a lost peer (gloo error, timeout, distributed error)."""
     if isinstance(exc, (LeaveJob, Rescaled, StoreLost, StoreUnavailable)):
         return False
+    dist = _dist()
     seen: set[int] = set()
     cur: BaseException | None = exc
     while cur is not None and id(cur) not in seen:
         seen.add(id(cur))
-        if isinstance(cur, dist.DistError):
+        if dist is not None and isinstance(cur, dist.DistError):
             return True
         if isinstance(cur, RuntimeError):
             text = str(cur).lower()

@@ -22,7 +22,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, TypeVar
 
 from malletrain.worker.elastic.errors import StoreLost, StoreUnavailable, first_line, is_store_loss
 from contract.storekeys import (
@@ -44,7 +44,8 @@ from contract.storekeys import (
     ready_key,
     resume_key,
 )
-from malletrain.worker.elastic.snapshot import Snapshot, decode_checkpoint, encode_checkpoint
+if TYPE_CHECKING:  # the snapshot module imports torch: the torchrun rank agent, which forms worlds here, does not
+    from malletrain.worker.elastic.snapshot import Snapshot
 from contract.wire import StoreClient, StoreConnectionLost, StoreRefused, listen_socket
 from contract.workerenv import DEFAULT_STORE_GRACE_S, ENV_JOB_SECRET, ENV_STORE_GRACE, WorkerEnv, check_id, format_address
 
@@ -392,6 +393,8 @@ class Rendezvous:
             store.close()
 
     def _write_checkpoint(self, call: Callable[..., Any], snap: Snapshot, gen: int) -> None:
+        from malletrain.worker.elastic.snapshot import encode_checkpoint
+
         data = memoryview(encode_checkpoint(snap))
         chunks = range(0, len(data), CKPT_CHUNK_BYTES)
         if call("add", ckpt_seq_key(self.job), 1) % 2 == 0:
@@ -461,6 +464,8 @@ class Rendezvous:
         data = b"".join(self._call("get", ckpt_chunk_key(self.job, i)) for i in range(n_chunks))
         if len(data) != size:
             raise ValueError(f"job {self.job}: checkpoint holds {len(data)} bytes, its header says {size}")
+        from malletrain.worker.elastic.snapshot import decode_checkpoint
+
         return decode_checkpoint(data, self.job)
 
     def barrier(self, gen: int, world: int) -> bool:
