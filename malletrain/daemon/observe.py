@@ -161,7 +161,7 @@ class Observe:
         are adopted; any other is stopped as nobody's."""
         for wid in workers:
             run = self.table.runs.get(job_of(wid))
-            if run is not None and node in run.left_on and node not in run.workers:
+            if run is not None and node in (run.left_on or ()) and node not in run.workers:
                 run.new_worker(node, wid)
                 run.started.add(wid)
                 run.inherited.add(wid)
@@ -207,7 +207,7 @@ class Observe:
     def _silence(self, run: JobRun, now: float) -> bool:
         """A running job's silence, as :mod:`policy.health` reads it: stalled (recorded for ``status``),
         to restart (act does it) or failed. Returns whether it is to restart or end."""
-        if run.state.terminal or run.ending is not None or run.restart:
+        if not run.phase.live or run.restart:
             return False
         rule = StallRule(float(run.spec.stall_after or self.cfg.stall_after), self.cfg.stall_restarts)
         silent = silent_for(now, run.workers_since, run.progress_at)
