@@ -172,11 +172,6 @@ class Decide:
         ledger = self.table.trainer_of(run).ledger
         return ledger.nodes_of(job_id) if ledger.is_live(job_id) else ()
 
-    def holders(self, node: str) -> set[str]:
-        """The jobs the ledgers show on ``node`` (a read: a lost node reaches the ledgers at the next
-        :meth:`feed_ledgers`)."""
-        return {h for t in self.trainers.values() if (h := t.ledger.holder(node)) is not None}
-
     def _placed(self, job_id: str, nodes: list[str]) -> None:
         """A job placed on nodes runs again: the Loss that stopped it no longer says why it has none."""
         run = self.table.runs.get(job_id)
