@@ -81,7 +81,7 @@ class Adoption:
         self.table.adopt_until = 0.0
         self.decide.feed_ledgers(now)  # the usable nodes and the live jobs, to place the adopted ones on
         for run in self.table.runs.values():
-            if run.left_on is None:  # not the last daemon's (or asked to end since: ENDING, no longer ADOPTED)
+            if run.left_on is None:  # not the last daemon's (one asked to end since is ENDING, and still handed over)
                 continue
             stopped = self.decide.adopt_nodes(run, run.left_on, now)
             run.left_on = None
