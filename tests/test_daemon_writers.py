@@ -4,8 +4,8 @@ While real daemon runs of other tests go on (fakes with the test's clock, and th
 real agents and workers), every write to a :class:`JobRun` field is recorded with the daemon module
 whose code made it: an assignment, or a change to the field's dict, set or list in place. Each field
 has one writer module (a part of the daemon, or :mod:`malletrain.daemon.records` where the record's
-own methods hold its transitions); a job's state (:class:`JobState`, with its one transition table)
-is written by act alone. The parts keep no flag of their own that they set while running, so "decide
+own methods hold its transitions); a job's phase (:class:`JobPhase`, with its one transition table,
+and the :class:`JobState` the store keeps of it) moves by :meth:`JobRun.move` alone. The parts keep no flag of their own that they set while running, so "decide
 again" is the loop's alone. A second writer of a field, or a second flag, fails here whatever it is
 called. Below: a lost node reaches the ledger by one path, and a node's status is one enum.
 """
@@ -91,7 +91,7 @@ def recording() -> Iterator[tuple[Writes, set[tuple[str, str]]]]:
 
     def on_run(self: JobRun, name: str, value: Any) -> None:
         caller = sys._getframe(1)
-        if caller.f_code.co_name != "__init__":  # construction is no write of a fact
+        if caller.f_code.co_name not in ("__init__", "__post_init__"):  # construction is no write of a fact
             note_from(caller, name)
         kind = type(value)
         if kind in (dict, set, list):
@@ -146,8 +146,8 @@ def _run_tests_of(module: ModuleType, tmp_path: Path, names: tuple[str, ...] | N
 
 
 OWNERS: dict[str, str] = {
-    # act: a job's phase and what it publishes, as act makes them
-    "state": "act", "members": "act", "published": "act", "start_sent": "act", "ready_at": "act",
+    # act: what it publishes, as act makes it
+    "members": "act", "published": "act", "start_sent": "act", "ready_at": "act",
     "emptied_at": "act", "workers_since": "act",
     # observe: what happened to the job (its workers started, its rescales measured)
     "started": "observe", "inherited": "observe", "rescales": "observe",
@@ -156,10 +156,11 @@ OWNERS: dict[str, str] = {
     "workers": "records", "leaving": "records", "base_samples": "records", "last_progress": "records", "saved_samples": "records", "progress_at": "records",
     "failures": "records", "early_failures": "records", "stalled": "records", "stalled_s": "records",
     "stall_restarts": "records", "restart": "records", "ending": "records",
+    "phase": "records", "state": "records",  # JobRun.move, the one way a phase changes (act, adoption, an end)
     # decide: what the policy and the ledger say of the job
     "waiting": "decide", "suspended_by": "decide",
     # adoption: the last daemon's job, while the adoption window is open
-    "adopted": "adoption", "left_on": "adoption",
+    "left_on": "adoption",
 }
 
 

@@ -87,11 +87,11 @@ usable: the ledger interrupts the job, once, however many events told of it) -> 
 (the new plan) -> :meth:`.Act.act` (workers stopped there, the new member list published; the worker
 switches). :meth:`.Decide.view` is a getter: it feeds nothing.
 
-Each fact has one writer, seen while the daemon runs (``tests/test_daemon_writers.py``): act writes a
-job's phase (``state``) and what it publishes, observe what its workers reported, decide what the
-policy and the ledger say (``waiting``, ``suspended_by``), adoption the last daemon's nodes; the
-transitions of a job's worker table, progress, health and an end asked for are :class:`JobRun`'s own
-methods, which the parts call.
+Each fact has one writer, seen while the daemon runs (``tests/test_daemon_writers.py``): a job's phase
+(:class:`.records.JobPhase`, one table) changes by :meth:`JobRun.move` alone; act writes what it
+publishes, observe what its workers reported, decide what the policy and the ledger say (``waiting``,
+``suspended_by``), adoption the last daemon's nodes; the transitions of a job's phase, worker table,
+progress, health and an end asked for are :class:`JobRun`'s own methods, which the parts call.
 """
 
 from malletrain.daemon.loop import Daemon

@@ -10,7 +10,7 @@ import os
 from typing import Callable
 
 from malletrain.daemon.accounting import NodeAccounting
-from malletrain.daemon.records import JOIN_BATCH_S, LEAVE_GRACE_S, START_RETRY_S, JobRun
+from malletrain.daemon.records import JOIN_BATCH_S, LEAVE_GRACE_S, START_RETRY_S, JobPhase, JobRun
 from malletrain.daemon.state import JobTable, Plan, Runtimes, log
 from malletrain.daemon.jobspec import JobSpec, JobState, Launcher
 from malletrain.daemon.logs import about
@@ -254,8 +254,8 @@ class Act:
             log.warning("%s", exc, extra=about(job=run.id))
             rec = self.store.get(run.id)
             if rec is not None:
-                run.state = rec.state
+                run.move(JobPhase(rec.state.value))
             return
         log.info("job %s: %s -> %s (%s)", run.id, run.state.value, state.value, reason, extra=about(job=run.id))
         self.metrics.observe_state(state)
-        run.state = state
+        run.move(JobPhase(state.value))

@@ -9,7 +9,7 @@ from malletrain.daemon.config import DaemonConfig
 from malletrain.daemon.act import Act
 from malletrain.daemon.decide import Decide
 from malletrain.daemon.intake import JobIntake
-from malletrain.daemon.records import JobRun
+from malletrain.daemon.records import JobPhase, JobRun
 from malletrain.daemon.state import JobTable, Runtimes, log
 from malletrain.daemon.jobspec import Launcher
 from malletrain.daemon.logs import about
@@ -42,8 +42,8 @@ class Adoption:
             if rec.state.terminal or self.intake.refused(rec.id, rec.spec):
                 continue
             gen = self.store.generation(rec.id)
-            run = JobRun(rec.id, rec.spec, rec.state, base_samples=rec.samples, last_progress=rec.samples,
-                         owner=(rec.owner_uid, rec.owner_gid), umask=rec.owner_umask)
+            run = JobRun(rec.id, rec.spec, rec.state, rec.state.active, base_samples=rec.samples,
+                         last_progress=rec.samples, owner=(rec.owner_uid, rec.owner_gid), umask=rec.owner_umask)
             self.table.runs[rec.id] = run
             if gen:  # numbering never goes backwards: old workers may still run
                 self.runtimes.of(rec.spec).resume_generation(rec.id, gen)
@@ -51,7 +51,7 @@ class Adoption:
                 self.runtimes.torchrun.resume_worlds(rec.id, self._worlds_published(rec.id))
             self.intake.register(rec.id)
             if rec.state.active:
-                run.adopted, run.left_on = True, tuple(rec.nodes)
+                run.left_on = tuple(rec.nodes)
                 self.table.adopt_until = now + self.cfg.agent_dead_after + 1.0
 
     def _worlds_published(self, job_id: str) -> int:
@@ -73,7 +73,7 @@ class Adoption:
         # new pilot submitted for its node would fight the agent still running there
         if not held or any(node not in alive for node in set(held) | self.scav.last_daemons_nodes()):
             return False
-        return all(node in run.workers for run in self.table.runs.values() for node in run.left_on)
+        return all(node in run.workers for run in self.table.runs.values() for node in run.left_on or ())
 
     def finish(self, now: float) -> None:
         """Each adopted job runs on the nodes the last daemon left it on whose workers came back (its
@@ -81,10 +81,12 @@ class Adoption:
         self.table.adopt_until = 0.0
         self.decide.feed_ledgers(now)  # the usable nodes and the live jobs, to place the adopted ones on
         for run in self.table.runs.values():
-            if not run.adopted:
+            if run.left_on is None:  # not the last daemon's (one asked to end since is ENDING, and still handed over)
                 continue
-            stopped = self.decide.adopt_nodes(run, now)
-            run.adopted, run.left_on = False, ()
+            stopped = self.decide.adopt_nodes(run, run.left_on, now)
+            run.left_on = None
+            if run.phase is JobPhase.ADOPTED:
+                run.move(JobPhase(run.state.value))  # as stored: act carries it on from there
             self.act.unpublish(run)  # republish: the runtime may be new
             runtime = self.runtimes.of(run.spec)
             try:  # runtimes with daemon-side state (a Horovod driver) take the job over

@@ -151,7 +151,7 @@ class Decide:
             ledger.usable(sorted(new), now)
         ledger.recall_expected({n: at for n, at in self.scav.recall_times().items() if n in usable})
         runs = {run.id: run for run in sorted(self.table.runs.values(), key=lambda r: r.id)
-                if not run.state.terminal and run.ending is None and self.table.trainer_name(run.spec) == t.name}
+                if run.phase.live and self.table.trainer_name(run.spec) == t.name}
         for job_id in ledger.live_jobs():
             if job_id not in runs:
                 ledger.ended(job_id)
@@ -172,11 +172,6 @@ class Decide:
         ledger = self.table.trainer_of(run).ledger
         return ledger.nodes_of(job_id) if ledger.is_live(job_id) else ()
 
-    def holders(self, node: str) -> set[str]:
-        """The jobs the ledgers show on ``node`` (a read: a lost node reaches the ledgers at the next
-        :meth:`feed_ledgers`)."""
-        return {h for t in self.trainers.values() if (h := t.ledger.holder(node)) is not None}
-
     def _placed(self, job_id: str, nodes: list[str]) -> None:
         """A job placed on nodes runs again: the Loss that stopped it no longer says why it has none."""
         run = self.table.runs.get(job_id)
@@ -191,14 +186,14 @@ class Decide:
             if run is not None and loss.stopped:
                 run.suspended_by = loss
 
-    def adopt_nodes(self, run: JobRun, now: float) -> bool:
-        """An adopted job is placed on the nodes the last daemon left it on that are usable (and no other
-        job's); those whose workers did not come back are released. Returns whether that stopped it
-        (below its min, :meth:`policy.Ledger.released`)."""
+    def adopt_nodes(self, run: JobRun, left_on: tuple[str, ...], now: float) -> bool:
+        """An adopted job is placed on the nodes the last daemon left it on (``left_on``) that are usable
+        (and no other job's); those whose workers did not come back are released. Returns whether that
+        stopped it (below its min, :meth:`policy.Ledger.released`)."""
         ledger = self.table.trainer_of(run).ledger
         if not ledger.is_live(run.id):
             return False  # ending (e.g. cancelled while adoption was open): act ends it
-        nodes = [n for n in dict.fromkeys(run.left_on) if ledger.is_usable(n) and ledger.holder(n) is None]
+        nodes = [n for n in dict.fromkeys(left_on) if ledger.is_usable(n) and ledger.holder(n) is None]
         ledger.placed(run.id, nodes, now)
         self._placed(run.id, nodes)
         return ledger.released(run.id, [n for n in nodes if n not in run.workers], now).stopped

@@ -130,8 +130,8 @@ JOB_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     JobState.FAILED: frozenset(),
     JobState.CANCELLED: frozenset(),
 }
-"""The one table of a daemon job's state machine (the simulator's jobs have their own,
-:class:`simulator.engine.SimJobState`); :meth:`malletrain.daemon.store.Store.set_state` enforces it."""
+"""The table of a stored job's states (a running daemon's phases add two: :data:`.records.JOB_PHASES`; the
+simulator's jobs have their own, :class:`simulator.engine.SimJobState`); :meth:`.store.Store.set_state` enforces it."""
 
 
 class Launcher(enum.Enum):

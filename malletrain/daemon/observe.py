@@ -25,8 +25,8 @@ from scavenger.hub import AgentHub, AgentWorkers, WorkerExitedEvent, WorkerStart
 
 
 class Observe:
-    """What the backend, the agents, the monitor and the store say happened. It reads decide's ledgers
-    (which jobs hold a lost node) and writes them nothing; it calls no other part."""
+    """What the backend, the agents, the monitor and the store say happened. It tells decide's ledger
+    only of a node a failed worker gives up; it calls no other part."""
 
     def __init__(self, table: JobTable, cfg: DaemonConfig, scav: Scavenging, hub: AgentHub, store: Store,
                  monitor: Monitor, metrics: Metrics, decide: Decide, intake: JobIntake) -> None:
@@ -42,7 +42,6 @@ class Observe:
         self._machine_size = 0
         self._node_slots: tuple[int, str] | None = None
         self._shape_seen_at: float | None = None  # the time of the look whose node shape was noted
-        self._lost: set[str] = set()  # nodes reported lost and not back since (a loss reported twice: once)
 
     def discover_machine(self, backend: SchedulerBackend) -> None:
         """One look at the machine at start: its size bounds the jobs `submit` accepts."""
@@ -88,7 +87,6 @@ class Observe:
         changed = False
         for ev in self.hub.poll():
             if isinstance(ev, AgentUp):
-                self._lost.discard(ev.node)
                 self.scav.adopt(ev.node, self.scav.agent_batch_job(ev.node), self.hub.pid(ev.node))
                 self.store.log_event("agent_up", node=ev.node)
                 log.info("agent up on node %s", ev.node, extra=about(node=ev.node))
@@ -114,14 +112,12 @@ class Observe:
         return changed
 
     def node_lost(self, ev: NodeLost, now: float) -> None:
-        """A node this daemon no longer has: the jobs that held it forget their worker there, and the
-        loop is woken (the caller returns "changed"). The ledgers learn the loss at the next feed, from
-        the usable set's difference (:meth:`Decide.feed_ledgers`), whichever way it was learnt here."""
+        """A node this daemon no longer has: the jobs with a worker there forget it, and the loop is
+        woken (the caller returns "changed"). The ledgers learn the loss at the next feed, from the
+        usable set's difference (:meth:`Decide.feed_ledgers`), whichever way it was learnt here."""
         node, reason = ev.node, ev.reason
-        holders = set() if node in self._lost else self.decide.holders(node)  # (the ledgers learn it later)
-        self._lost.add(node)
         for run in self.table.runs.values():
-            if run.id in holders or node in run.workers:
+            if node in run.workers:
                 run.worker_gone(node)
                 self.store.log_event("node_lost", run.id, node=node, reason=reason)
                 log.info("job %s lost node %s (%s)", run.id, node, reason, extra=about(job=run.id, node=node))
@@ -161,7 +157,7 @@ class Observe:
         are adopted; any other is stopped as nobody's."""
         for wid in workers:
             run = self.table.runs.get(job_of(wid))
-            if run is not None and node in run.left_on and node not in run.workers:
+            if run is not None and node in (run.left_on or ()) and node not in run.workers:
                 run.new_worker(node, wid)
                 run.started.add(wid)
                 run.inherited.add(wid)
@@ -207,7 +203,7 @@ class Observe:
     def _silence(self, run: JobRun, now: float) -> bool:
         """A running job's silence, as :mod:`policy.health` reads it: stalled (recorded for ``status``),
         to restart (act does it) or failed. Returns whether it is to restart or end."""
-        if run.state.terminal or run.ending is not None or run.restart:
+        if not run.phase.live or run.restart:
             return False
         rule = StallRule(float(run.spec.stall_after or self.cfg.stall_after), self.cfg.stall_restarts)
         silent = silent_for(now, run.workers_since, run.progress_at)

@@ -3,11 +3,12 @@ how a worker's exit and a rescale are read, and the names of its files and store
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import enum
+from dataclasses import InitVar, dataclass, field
 
 from contract.exits import EXIT_STORE_LOST, STOP_SIGNALS, signal_exit
 from malletrain.daemon.config import TrainerConfig
-from malletrain.daemon.jobspec import JobSpec, JobState
+from malletrain.daemon.jobspec import JOB_TRANSITIONS, JobSpec, JobState
 from policy import Decision, Ledger, Loss, Policy
 from profiler.estimators import RescaleEvent
 
@@ -64,6 +65,52 @@ class DaemonError(RuntimeError):
     """The daemon cannot start (state dir locked, runtime missing); the message says why."""
 
 
+class JobPhase(enum.Enum):
+    """Where a job the daemon runs is: a :class:`JobState` (what the store keeps), or one of two phases
+    only a running daemon knows, which the store keeps as the state before them. Changed only by
+    :meth:`JobRun.move`, which checks :data:`JOB_PHASES`."""
+
+    PENDING = "pending"
+    PROFILING = "profiling"
+    RUNNING = "running"
+    RESCALING = "rescaling"
+    SUSPENDED = "suspended"
+    ADOPTED = "adopted"
+    """The last daemon ran it: its workers may come back while the adoption window is open."""
+    ENDING = "ending"
+    """An end observed (a worker's exit, its target, a cancel, the policy's stop): act carries it out."""
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def stored(self) -> JobState | None:
+        """The state the store keeps for this phase (None: a daemon's own, stored as the phase before)."""
+        return None if self in (JobPhase.ADOPTED, JobPhase.ENDING) else JobState(self.value)
+
+    @property
+    def live(self) -> bool:
+        """Neither ended nor ending: it holds nodes, or waits for them."""
+        return self is not JobPhase.ENDING and bool(JOB_PHASES[self])
+
+
+_ENDS = frozenset({JobPhase.COMPLETED, JobPhase.FAILED, JobPhase.CANCELLED})
+JOB_PHASES: dict[JobPhase, frozenset[JobPhase]] = {
+    # the store's moves (:data:`JOB_TRANSITIONS`), and from each live state an end observed
+    **{JobPhase(s.value): frozenset({JobPhase(t.value) for t in to} | ({JobPhase.ENDING} if to else set()))
+       for s, to in JOB_TRANSITIONS.items()},
+    # the last daemon's job: placed again as stored, suspended (its workers did not come back), or ended
+    JobPhase.ADOPTED: _ENDS | {JobPhase.PROFILING, JobPhase.RUNNING, JobPhase.RESCALING, JobPhase.SUSPENDED,
+                               JobPhase.ENDING},
+    JobPhase.ENDING: _ENDS,  # act ends it (as asked, or as the store already has it)
+}
+"""The one table of a daemon job's phases: :meth:`JobRun.move` enforces it."""
+
+
+class PhaseError(RuntimeError):
+    """A move of a job's phase that :data:`JOB_PHASES` does not allow; the message names it."""
+
+
 @dataclass
 class Trainer:
     """One trainer (``[[trainers]]``): its own nodes, its own policy and state, its own decisions."""
@@ -86,7 +133,8 @@ class JobRun:
 
     id: str
     spec: JobSpec
-    state: JobState
+    state: JobState  # as the store keeps it (while ADOPTED or ENDING: as it was before); moves with the phase
+    adopted: InitVar[bool] = False  # the last daemon ran it: its phase starts ADOPTED
     base_samples: int = 0  # progress stored before this daemon started
     members: list[str] = field(default_factory=list)  # nodes of the published member list
     published: tuple[str, ...] = ()  # worker ids of the published member list, in rank order
@@ -108,26 +156,40 @@ class JobRun:
     restart: str = ""  # observed: its workers are to be stopped and started again (act does it), and why
     rescales: list[RescaleEvent] = field(default_factory=list)  # measured pauses (resumes left out)
     waiting: str = ""  # why the policy keeps it queued
-    adopted: bool = False  # the last daemon ran it: its workers may come back (the adoption window)
-    left_on: tuple[str, ...] = ()  # while adopted: the nodes the last daemon ran it on (its stored members)
+    left_on: tuple[str, ...] | None = None  # the last daemon's job, until its adoption is over: the nodes it
+    #                                         ran it on (its stored members)
     saved_samples: int = 0  # progress last written to the store
-    ending: tuple[JobState, str] | None = None  # observed: it ends (act makes it so), and why
+    ending: tuple[JobState, str] | None = None  # the end asked (phase ENDING: act makes it so), and why
     suspended_by: Loss | None = None  # its ledger's Loss that left it below its min: act suspends it, saying why
     owner: tuple[int | None, int | None] = (None, None)  # (uid, gid) of the submitter
     umask: int | None = None  # the submitter's, recorded at submit: its workers run with it
+    phase: JobPhase = field(init=False)  # where it is (:data:`JOB_PHASES`): changed by :meth:`move` alone
 
-    # Each field has one writer (``tests/test_daemon_writers.py`` holds it): act writes a job's phase
-    # and what it publishes, observe what its workers reported, decide what the policy and the ledger
-    # say, adoption the last daemon's nodes; the transitions below, of its worker table, its progress,
-    # its health and an end asked for, are the record's own, called by the parts.
+    # Each field has one writer (``tests/test_daemon_writers.py`` holds it): act writes what it
+    # publishes, observe what its workers reported, decide what the policy and the ledger say, adoption
+    # the last daemon's nodes; the transitions below, of its phase, its worker table, its progress, its
+    # health and an end asked for, are the record's own, called by the parts.
+
+    def __post_init__(self, adopted: bool) -> None:
+        self.phase = JobPhase.ADOPTED if adopted else JobPhase(self.state.value)
+
+    def move(self, to: JobPhase) -> bool:
+        """The one way its phase changes, by a move :data:`JOB_PHASES` allows (its state with it, when
+        the store keeps ``to``); another raises :class:`PhaseError`. Staying put is no move (False)."""
+        if to is self.phase:
+            return False
+        if to not in JOB_PHASES[self.phase]:
+            raise PhaseError(f"job {self.id}: no move from {self.phase.value} to {to.value}")
+        self.phase, self.state = to, to.stored or self.state
+        return True
 
     def end(self, state: JobState, reason: str) -> bool:
         """Observe's (and decide's, and a sweep's) way to end a job: recorded now, carried out by act
         (the first reason wins). Returns whether that changed anything (a job to decide again for)."""
-        if self.ending is None and not self.state.terminal:
-            self.ending = (state, reason)
-            return True
-        return False
+        if not self.phase.live:  # ended, or ending already
+            return False
+        self.ending = (state, reason)
+        return self.move(JobPhase.ENDING)
 
     def end_failed_instead(self, reason: str) -> None:
         """The end asked for is FAILED, for ``reason`` (a trial that completed without its value)."""

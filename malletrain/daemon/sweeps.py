@@ -160,7 +160,7 @@ class SweepDriver:
             run.end_failed_instead(why)
 
     def _prune(self, study: SweepStudy, name: str, run: JobRun, last_step: int) -> None:
-        if study.sweep.pruner == "none" or run.spec.trial is None or run.ending is not None:
+        if study.sweep.pruner == "none" or run.spec.trial is None or not run.phase.live:
             return
         steps = read_steps(steps_path(self.state_dir, name, run.spec.trial), last_step)
         at = study.report(run.spec.trial, steps) if steps else None

@@ -43,9 +43,13 @@ class Runtime(Protocol):
     """
 
     name: str
-    port: int = 0  # where the runtime serves its rendezvous (0: none); kept across daemon restarts
     warm_modules: tuple[str, ...] = ()  # what its workers import: agents prepare a process ahead
     COMMAND_BESIDE_DAEMON: bool = False  # the job's command runs in a process of the daemon's own
+
+    @property
+    def port(self) -> int:
+        """Where the runtime serves its rendezvous (0: none); kept across daemon restarts."""
+        return 0
 
     def start(self) -> None:
         """Start daemon-side services (e.g. the rendezvous store)."""

@@ -58,7 +58,7 @@ class LocalJob:
                  store_grace_s: float = DEFAULT_STORE_GRACE_S) -> None:
         self.job = job
         self.command = list(command)
-        self._zctx = zmq.Context.instance()
+        self._zctx: zmq.Context = zmq.Context.instance()
         self._pull = self._zctx.socket(zmq.PULL)
         self._pull.setsockopt(zmq.LINGER, 0)
         port = self._pull.bind_to_random_port("tcp://127.0.0.1")

@@ -51,7 +51,7 @@ import time
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import psutil
 
@@ -367,11 +367,11 @@ class HorovodRuntime(Runtime):
         if job.driver is None:
             raise RuntimeError(f"job {job_id}: no driver started (set_members never called with members)")
         try:
-            job.driver.wait(timeout=timeout)
+            waited = job.driver.wait(timeout=timeout)
         except subprocess.TimeoutExpired as exc:
             raise TimeoutError(f"job {job_id}: driver still running after {timeout} s") from exc
         code = self.exit_code(job_id)
-        return code if code is not None else int(job.driver.returncode)
+        return code if code is not None else waited
 
     def driver_argv(self, job_id: str, np: int) -> list[str]:
         """The ``horovodrun`` argv this runtime uses for ``job_id`` starting on ``np`` slots."""
@@ -440,7 +440,7 @@ def _safe(job_id: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in job_id)
 
 
-def _read_members(job_dir: Path) -> dict[str, object]:
+def _read_members(job_dir: Path) -> dict[str, Any]:
     """``members.json`` of ``job_dir`` ({} if absent); a bad file is a ValueError naming it."""
     path = job_dir / MEMBERS_FILE
     try:

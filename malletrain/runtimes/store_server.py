@@ -216,11 +216,6 @@ class RendezvousStore:
             space = self._spaces.get(job)
             return (0, 0) if space is None else (len(space.values), space.used)
 
-    def drop_job(self, job: str) -> None:
-        """Forget every key of ``job``."""
-        with self._lock:
-            self._spaces.pop(job, None)
-
     @staticmethod
     def _add(space: JobSpace, key: str, delta: int, limits: StoreLimits | None) -> int:
         raw = space.values.get(key, b"0")

@@ -430,15 +430,15 @@ class TorchRuntime(Runtime):
         except (OSError, CheckpointFileError) as exc:
             log.error("job %s: its checkpoint cannot be restored, it starts from scratch: %s", job_id, exc)
             return
-        self._put_checkpoint(job_id, tag, data)
+        self._put_checkpoint(self._store, job_id, tag, data)
         self._persisted[job_id] = 2
         self._store.set(ckpt_seq_key(job_id), "2")  # what is on disk: a worker's next write makes it 4
         # the next world starts from it unless a survivor holds a newer state (see State._sync_state)
         self._last_nonempty.setdefault(job_id, (tag, frozenset()))
         log.info("job %s: restored its checkpoint (generation %d, %d bytes) from %s", job_id, tag, len(data), path)
 
-    def _put_checkpoint(self, job_id: str, tag: int, data: bytes) -> None:
-        store = self._store
+    @staticmethod
+    def _put_checkpoint(store: RendezvousStore, job_id: str, tag: int, data: bytes) -> None:
         chunks = range(0, len(data), CKPT_CHUNK_BYTES)
         for i, start in enumerate(chunks):
             store.set(ckpt_chunk_key(job_id, i), data[start:start + CKPT_CHUNK_BYTES])
