@@ -110,10 +110,6 @@ def parse_key(key: str) -> Key:
     return Key(words[1], kind, arg)
 
 
-def job_prefix(job: str) -> str:
-    return f"{PREFIX}/{job}/"
-
-
 def gen_key(job: str) -> str:
     return f"{PREFIX}/{job}/gen"
 

@@ -96,8 +96,6 @@ _SEVERITY = {NodeState.IDLE: 0, NodeState.BUSY: 1, NodeState.UNKNOWN: 2, NodeSta
 RERUN_SUBSTATES = frozenset({60, 61, 62, 63})
 """``substate`` of a job being requeued (OpenPBS job.h JOB_SUBSTATE_RERUN..RERUN3): still R,
 then E, before it is back in Q; its node is being taken, so it counts as queued again."""
-JOB_EXEC_RERUN = -11
-"""``Exit_status`` of a requeued job (preempt_order R)."""
 JOB_EXEC_KILL_WALLTIME = -29
 """``Exit_status`` of a job killed for exceeding its walltime (OpenPBS job.h)."""
 SIGTERM_EXITS = (EXIT_SIGTERM, 256 + signal.SIGTERM)

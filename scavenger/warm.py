@@ -55,7 +55,6 @@ from typing import IO, Mapping, Sequence
 
 from spawner.entry import Entry, entry_of
 from scavenger import jobproc, proctitle
-from spawner.entry import Entry, entry_of
 
 log = logging.getLogger("scavenger.warm")
 

@@ -315,13 +315,3 @@ def is_jobs_file(path: Path) -> bool:
     except (OSError, UnicodeDecodeError):
         return False
     return False
-
-
-def best_efficiency(curves_: list[dict[int, float]]) -> float:
-    """The best work per node-second any of ``curves_`` achieves: max over points of rate(n) / (n rate(1))."""
-    best = 0.0
-    for c in curves_:
-        r1 = one_node_rate(c)
-        if r1 > 0:
-            best = max(best, max(v / (n * r1) for n, v in c.items()))
-    return best
