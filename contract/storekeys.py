@@ -24,7 +24,7 @@ Every key of a job lives under ``mt/<job>/``:
 ``mt/<job>/done/<g>``             counter of a restarted job's ranks of world ``g`` whose      workers
                                   command exited 0
 
-The store (:mod:`malletrain.runtimes.torch_elastic`) serves each connection only the keys of
+The store (:mod:`malletrain.runtimes.store_server`) serves each connection only the keys of
 the job it authenticated for, refuses a worker's write to a key the daemon owns, and refuses
 any key not in this table (:func:`parse_key`). Pure: no torch, no I/O.
 """
