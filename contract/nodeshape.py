@@ -7,29 +7,14 @@ worker process per slot it uses (its ``workers_per_node`` may ask for fewer).
 
 Each slot's own part of the node (its device, its share of the cores, its local rank) is
 :mod:`spawner.slots`, below both the node agent and the worker side, which place a worker's
-processes the same way; its names are re-exported here. Everything here is pure, so the
-rules are tested without a GPU."""
+processes the same way. Everything here is pure, so the rules are tested without a GPU."""
 
 from __future__ import annotations
 
 import re
 from typing import Any, Mapping
 
-from spawner.slots import (  # noqa: F401  (each slot's part: re-exported for the scavenger's callers)
-    DEVICE_VARIABLES,
-    DEVICES_ALL,
-    DEVICES_OWN,
-    ENV_DEVICES,
-    MAX_SLOTS,
-    Accelerator,
-    NodeShapeError,
-    SlotPlace,
-    core_share,
-    detect_accelerator,
-    local_device_count,
-    slot_place,
-    visible_devices,
-)
+from spawner.slots import MAX_SLOTS, NodeShapeError  # noqa: F401  (NodeShapeError: re-exported for the daemon)
 
 # ---------------------------------------------------------------- what the scheduler says
 _GRES_GPU = re.compile(r"^gpu(?::[^:(]+)?:(\d+)")

@@ -24,7 +24,7 @@ Every key of a job lives under ``mt/<job>/``:
 ``mt/<job>/done/<g>``             counter of a restarted job's ranks of world ``g`` whose      workers
                                   command exited 0
 
-The store (:mod:`malletrain.runtimes.torch_elastic`) serves each connection only the keys of
+The store (:mod:`malletrain.runtimes.store_server`) serves each connection only the keys of
 the job it authenticated for, refuses a worker's write to a key the daemon owns, and refuses
 any key not in this table (:func:`parse_key`). Pure: no torch, no I/O.
 """
@@ -108,10 +108,6 @@ def parse_key(key: str) -> Key:
         raise BadKey(f"store key {key[:80]!r}: {kind.value} takes "
                         f"{'no argument' if kind in _NO_ARG else 'a generation' if kind in _GEN_ARG else 'a worker id'}")
     return Key(words[1], kind, arg)
-
-
-def job_prefix(job: str) -> str:
-    return f"{PREFIX}/{job}/"
 
 
 def gen_key(job: str) -> str:

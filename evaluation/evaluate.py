@@ -1,14 +1,16 @@
 """The evaluation: policies x workloads x seeds on one trace, in model-neutral work.
 
-    from evaluation.evaluate import EvalSettings, evaluate, write_evaluation
+    from evaluation.evaluate import evaluate
+    from evaluation.report import write_evaluation
+    from evaluation.results import EvalSettings
     ev = evaluate(timeline, scaling, EvalSettings(seeds=(0, 1, 2, 3, 4)))
     write_evaluation(ev, Path("docs/evaluation"), command="malletrain evaluate ...")
 
 The headline metric is ``work_node_seconds`` (each job's samples over its own 1-node rate, so an
 hour of DenseNet and an hour of AlexNet at one node count the same); samples stay a column.
 Every number is a mean and a sample standard deviation over the seeds. ``freetrain`` runs with a
-panel of user priors (:data:`PRIORS`); the headline compares with its best prior and shows its
-worst. Regret is ``(milp-true - policy) / milp-true`` in work, per seed: every cost of learning.
+panel of user priors (:data:`evaluation.results.PRIORS`); the headline compares with its best prior
+and shows its worst. Regret is ``(milp-true - policy) / milp-true`` in work, per seed: every cost of learning.
 Constrained periods (the idle pool is at most what the admitted jobs can absorb at their max
 nodes) and unconstrained ones are reported apart, as well as the whole. Replays are Dask tasks
 (:mod:`evaluation.sweep`).
@@ -19,72 +21,21 @@ from __future__ import annotations
 from itertools import product
 from typing import Callable
 
+from evaluation.regimes import check_targets
 from evaluation.results import (
     CEILING_PRIOR,
-    DEFAULT,
-    FIXED_PJMAX,
     FIXED_PRIOR,
-    HEADLINE_LOADS,
-    MIN_SEEDS,
-    PARTS,
     POLICIES,
-    PRIORS,
     REAL_POLICIES,
-    REAL_WORKLOADS,
-    SATURATION_LOAD,
-    SEEDS,
     SWEEP_MAX_NODES,
     SWEEP_MAX_RUNNING,
-    TARGET_ABOVE_SHARE_PCT,
-    TARGET_BOUND_GAP_PCT,
-    TARGET_GAIN_PCT,
-    TARGET_REAL_GAIN_PCT,
-    TARGET_REGRET_PCT,
     TFWD_CANDIDATES,
     TFWD_POLICIES,
-    WORKLOADS,
-    Cell,
     EvalSettings,
     Evaluation,
-    Target,
-    best_baseline,
-    ceiling_for,
-    freetrain_priors,
-    headline_cells,
-    is_baseline,
     is_real,
     is_scarce,
-    mean_sd,
-    policy_rows,
-    real_rows,
-    same_periods,
-    tfwd_choice,
-    tfwd_rows,
     trace_claims,
-    work,
-)
-from evaluation.report import (
-    REAL_METHOD,
-    cell_table,
-    cell_title,
-    completion_table,
-    markdown,
-    ms,
-    print_report,
-    real_table,
-    waits_table,
-    write_chart,
-    write_evaluation,
-    write_real_chart,
-)
-from evaluation.regimes import (
-    TARGET_JCT_RATIO,
-    check_targets,
-    jct_target,
-    learning_ratios,
-    real_targets,
-    regime,
-    scarce_target,
 )
 from evaluation.sweep import Replays, RunSpec, run_replays
 from simulator.workload import ScalingSet
@@ -111,7 +62,7 @@ def run_specs(settings: EvalSettings) -> list[RunSpec]:
 
 
 def real_specs(settings: EvalSettings, w: str, seed: int, pj: int | None, mn: int | None) -> list[RunSpec]:
-    """The issue-18 comparison on a real stream: every baseline at the default's admission, freetrain's
+    """The comparison on a real stream: every baseline at the default's admission, freetrain's
     prior panel, freetrain at fixed Pjmax (each of ``fixed_pjmax``), and the oracle reference."""
     from simulator.policies import BASELINES, LEARNING_PRIORS
 
@@ -160,16 +111,3 @@ def evaluate(
     ev.targets = check_targets(ev)
     return ev
 
-
-__all__ = (
-    "CEILING_PRIOR", "Cell", "DEFAULT", "EvalSettings", "Evaluation", "FIXED_PJMAX",
-    "FIXED_PRIOR", "HEADLINE_LOADS", "MIN_SEEDS", "PARTS", "POLICIES", "PRIORS", "REAL_METHOD",
-    "REAL_POLICIES", "REAL_WORKLOADS", "SATURATION_LOAD", "SEEDS", "SWEEP_MAX_NODES", "SWEEP_MAX_RUNNING",
-    "TARGET_ABOVE_SHARE_PCT", "TARGET_BOUND_GAP_PCT", "TARGET_GAIN_PCT", "TARGET_REAL_GAIN_PCT",
-    "TARGET_JCT_RATIO", "TARGET_REGRET_PCT", "TFWD_CANDIDATES", "TFWD_POLICIES", "Target", "WORKLOADS", "best_baseline",
-    "ceiling_for", "cell_table", "cell_title", "check_targets", "completion_table", "evaluate",
-    "freetrain_priors", "headline_cells", "is_baseline", "is_real", "is_scarce", "jct_target", "learning_ratios", "markdown",
-    "mean_sd", "ms", "policy_rows", "print_report", "real_rows", "real_specs", "real_table", "real_targets",
-    "refuse_impossible", "regime", "run_specs", "same_periods", "scarce_target", "tfwd_choice", "tfwd_rows", "trace_claims",
-    "waits_table", "work", "write_chart", "write_evaluation", "write_real_chart",
-)

@@ -96,8 +96,6 @@ WAIT_DOMINATED = 0.95
 """A cell where ``milp-true``'s mean JCT is above this share of the best baseline's is wait-dominated:
 jobs wait for the main queue's nodes whatever a policy believes, so the cell says nothing about learning
 and its gap share is not scored."""
-TARGET_GAP_SHARE = 0.75  # the default closes at least this share of the gap from the best baseline to milp-true
-TARGET_TAIL_RATIO = 1.05  # the default's p95 JCT over milp-true's
 
 
 def _user_configured(label: str) -> bool:

@@ -12,6 +12,7 @@ from typing import Sequence
 import numpy as np
 
 from simulator.engine import DecisionRow, SimResult
+from traces.plots import pyplot_or_none
 
 EVENT_COLUMNS = tuple(f.name for f in fields(DecisionRow))
 
@@ -42,13 +43,8 @@ def write_events(rows: Sequence[DecisionRow], path: Path) -> Path:
 
 def write_plots(result: SimResult, out: Path) -> list[Path]:
     """idle-vs-used.png and job-progress.png; skipped with a warning without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("malletrain simulate: warning: matplotlib not installed; no plots", file=sys.stderr)
+    plt = pyplot_or_none("malletrain simulate: warning: matplotlib not installed; no plots")
+    if plt is None:
         return []
     return [_plot_nodes(result, out / "idle-vs-used.png", plt), _plot_progress(result, out / "job-progress.png", plt)]
 

@@ -31,6 +31,7 @@ from evaluation.results import (
 from evaluation.regimes import gap_line, gap_share, jct_line, regime
 from evaluation.sweep import split_workload
 from traces.data import without_data_dir
+from traces.plots import pyplot_or_none
 
 
 def real_table(ev: Evaluation, cell: Cell) -> list[str]:
@@ -296,13 +297,8 @@ def _gap_dict(ev: Evaluation, cell: Cell) -> dict[str, object] | None:
 def write_chart(ev: Evaluation, path: Path) -> Path | None:
     """MalleTrain Fig. 3.10 in work: per workload (headline cells) and part of the week, each policy's
     work over freetrain's best prior (mean, with the seeds' sd as error bars and every seed as a dot)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("malletrain evaluate: warning: matplotlib not installed; no chart", file=sys.stderr)
+    plt = pyplot_or_none("malletrain evaluate: warning: matplotlib not installed; no chart")
+    if plt is None:
         return None
     headline = headline_cells(ev)
     if not headline:
@@ -352,13 +348,8 @@ def write_chart(ev: Evaluation, path: Path) -> Path | None:
 def write_real_chart(ev: Evaluation, path: Path) -> Path | None:
     """Per real-stream cell (offered load), each policy's work over the best equal-admission baseline's:
     mean with the seeds' sd, every seed a dot; the legend sits outside the axes."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("malletrain evaluate: warning: matplotlib not installed; no chart", file=sys.stderr)
+    plt = pyplot_or_none("malletrain evaluate: warning: matplotlib not installed; no chart")
+    if plt is None:
         return None
     cells = [c for c in ev.cells() if is_real(c[0])]
     width_in = 5.2 * len(cells)

@@ -27,7 +27,6 @@ REAL_POLICIES = ("malletrain", "freetrain", "greedy", "equal", "rigid-preemptibl
 FIXED_PJMAX = (10, 40, 100)
 FIXED_PRIOR = "mean"  # freetrain's prior in the fixed-Pjmax sweep
 DEFAULT = "malletrain"
-REAL_WORKLOADS = ("philly@1", "philly@1.5", "philly@2")
 HEADLINE_LOADS = (1.0, 1.5)  # the target: default >= best fixed-prior equal-admission baseline + TARGET_REAL_GAIN_PCT
 SATURATION_LOAD = 2.0  # the target: gap to the bound <= TARGET_BOUND_GAP_PCT
 TARGET_REAL_GAIN_PCT = 5.0

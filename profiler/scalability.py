@@ -56,8 +56,7 @@ class Source(Enum):
     """At least one point measured while the job ran under the allocator."""
 
 
-# Terms of tau(n): a (per-worker), b (compute), c (allreduce latency). Subsets in preference order.
-_TERMS = ("a", "b", "c")
+# Terms of tau(n), by index: 0 a (per-worker), 1 b (compute), 2 c (allreduce latency). Subsets in preference order.
 _SUBSETS: tuple[tuple[int, ...], ...] = tuple(
     s
     for size in (1, 2, 3)

@@ -62,7 +62,7 @@ from scavenger.agent_link import (  # noqa: E402
 )
 from scavenger.agent_workers import RunAs, Worker, WorkerHost, run_as_owner  # noqa: E402
 from contract.exits import EXIT_SIGTERM
-from contract.nodeshape import detect_accelerator, local_device_count  # noqa: E402
+from spawner.slots import detect_accelerator, local_device_count  # noqa: E402
 from contract.workerenv import ENV_BATCH_JOB  # noqa: E402
 
 __all__ = ("AUTH_RETRY_MAX_S", "AUTH_RETRY_S", "CONNECT_RETRY_S", "EXIT_DAEMON_LOST", "EXIT_NO_KEY", "EXIT_SIGTERM",

@@ -21,8 +21,6 @@ from pathlib import Path
 from typing import IO, Any
 
 from contract.exits import EXIT_SIGTERM  # what schedulers expect of a SIGTERMed job
-from contract.nodeshape import Accelerator, SlotPlace, slot_place  # noqa: F401  (pin_cores: its home)
-from spawner.ranks import pin_cores
 from scavenger import containment
 from scavenger.logpump import LogPump
 from scavenger import jobproc

@@ -17,16 +17,10 @@ hold the key and refuses the others (counted, logged, nothing kept); an agent's
 proof is worthless to anyone else (it covers the hub's fresh nonce). Each side
 checks the other's proof with :func:`hmac.compare_digest`; an agent runs nothing
 for a server that cannot prove the key. Both then derive the
-session key ``S = HMAC(K, "session" | node | nonce_a | nonce_h)`` and every
-message is a data frame::
-
-    D | counter (8 bytes, big-endian) | HMAC(S, direction | counter | body) | body
-
-The counter strictly increases in each direction and the direction label
-differs (``agent->hub`` / ``hub->agent``), so a frame cannot be forged,
-replayed, reordered or reflected back to its sender. ``R | reason`` (hub ->
-agent, unauthenticated) only asks the agent to authenticate again: the worst a
-forger does with it is cost a handshake. Frames are bounded (:data:`MAX_FRAME`).
+session key ``S = HMAC(K, "session" | node | nonce_a | nonce_h)``, and every
+message is a data frame of :mod:`authframe` (directions ``agent->hub`` / ``hub->agent``).
+``R | reason`` (hub -> agent, unauthenticated) only asks the agent to authenticate again:
+the worst a forger does with it is cost a handshake.
 """
 
 from __future__ import annotations

@@ -1,38 +1,28 @@
 """How everything a worker starts is held and ended with it: a cgroup where the node has one, else a subreaper.
 
-The agent picks one :class:`Containment` at start (:func:`choose`) and logs which, once:
+The agent picks one :class:`Containment` at start (:func:`choose`) and logs which, once; what each
+holds and where each is used: docs/operators/security.md (processes). How:
 
-- :class:`CgroupContainment`: each worker gets a cgroup of its own, below a folder of the agent's
-  (``malletrain-agent.PID.START`` in its installation's subtree ``malletrain.ID`` of the agent's own
-  cgroup, START being the agent's start time in clock ticks, so a reused pid never names it; ID is
-  derived from the daemon's agent key, :func:`installation_id`, so each daemon's agents have a subtree
-  of their own). The agent creates it and opens its ``cgroup.procs``
-  before the privilege drop; the worker writes itself into it between fork and exec (the kernel
-  checks the rights of whoever opened the file, root), and the agent writes the pid again after the
-  spawn. Every process the worker starts is born in that cgroup and cannot leave it (moving needs
-  write access to the cgroups on both sides, which the job's owner lacks). When the worker ends, or
-  the agent stops it, every process in the cgroup is killed (cgroup v2: ``cgroup.kill``, else SIGKILL
-  over ``cgroup.procs`` until empty; cgroup v1 ``freezer``: FROZEN, SIGKILL all, THAWED; v1 ``pids``:
-  ``pids.max`` 0 so nothing forks, then SIGKILL until empty), and the cgroup is removed.
-  What an agent killed with SIGKILL leaves behind is found by the cgroup path: :func:`sweep_stale`
-  (run by every agent at start) ends the folders of agents that are gone, in its own installation's
-  subtree only: an agent judges another dead by a pid and start time read in its own pid namespace,
-  which is wrong for an agent of another daemon in another namespace (a container) sharing the cgroup,
-  so it never judges those.
-- :class:`Subreaper`: the agent and each worker are subreapers (:mod:`scavenger.jobproc`); what an
-  ended worker leaves behind is re-parented to the agent, which kills it. It cannot cover the agent's
-  own death (then orphans go to init).
-
-The cgroup backend keeps the agent a subreaper too: processes killed in a cgroup whose parent died
-are re-parented to the agent, which reaps them.
+- :class:`CgroupContainment`: the agent's folder is ``malletrain-agent.PID.START`` (START: its start
+  time in clock ticks, so a reused pid never names it) in its installation's subtree
+  ``malletrain.ID`` (:func:`installation_id`) of its own cgroup. The agent creates a worker's cgroup
+  and opens its ``cgroup.procs`` before the privilege drop; the worker writes itself into it between
+  fork and exec (the kernel checks the rights of whoever opened the file, root), and the agent writes
+  the pid again after the spawn. Ending a cgroup: v2 ``cgroup.kill``, else SIGKILL over
+  ``cgroup.procs`` until empty; v1 ``freezer``: FROZEN, SIGKILL all, THAWED; v1 ``pids``:
+  ``pids.max`` 0 so nothing forks, then SIGKILL until empty; then the cgroup is removed.
+  :func:`sweep_stale` (every agent at start) ends the folders of agents that are gone, in its own
+  installation's subtree only: an agent judges another dead by a pid and start time read in its own
+  pid namespace, which is wrong for an agent of another daemon in another namespace sharing the cgroup.
+- :class:`Subreaper`: the agent and each worker are subreapers (:mod:`scavenger.jobproc`); the
+  cgroup backend keeps the agent one too, so processes killed in a cgroup whose parent died are
+  re-parented to it and reaped.
 
 Where: cgroup v2 if mounted and writable (``/sys/fs/cgroup``, or ``/sys/fs/cgroup/unified`` beside v1
-controllers), else a writable v1 ``freezer``, else v1 ``pids``; the agent's place in each hierarchy is
-read from ``/proc/self/cgroup`` and ``/proc/self/mountinfo``. On a pilot the agent usually runs in the
-batch system's cgroup, which it may not subdivide: then it falls back to the subreaper. A folder's
-agent is looked up in ``/proc``, so agents whose cgroups share a parent must share a pid namespace
-(one machine's agents do). An agent that runs as root inside a batch job's cgroup subdivides it; it
-removes its folders when it exits, and the next agent in the same cgroup ends those of one killed -9.
+controllers), else a writable v1 ``freezer``, else v1 ``pids``, read from ``/proc/self/cgroup`` and
+``/proc/self/mountinfo``. A folder's agent is looked up in ``/proc``, so agents whose cgroups share a
+parent must share a pid namespace (one machine's agents do). An agent that runs as root inside a
+batch job's cgroup subdivides it.
 """
 
 from __future__ import annotations

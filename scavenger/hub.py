@@ -4,21 +4,13 @@
 started/exited), pings agents so they know the daemon lives, and declares an
 agent gone when its heartbeats stop for ``dead_after_s`` seconds.
 
-Only agents that prove the daemon's agent key (:mod:`scavenger.channel`) count:
-a connection must finish the handshake, then every frame must carry a valid MAC
-and a fresh counter. Anything else is dropped, counted in :attr:`AgentHub.rejected`
-by reason and logged (at most once a second per reason); no agent state is
-created for it (a handshake in progress is kept for :data:`PENDING_TTL_S`, at most
-:data:`MAX_PENDING` of them). The hub proves the key only to agents that proved it first.
-
-An agent's ZeroMQ identity is its node's name, a space and a tag of its own
-(:func:`scavenger.protocol.agent_identity`): a replacement agent on a node (its pilot's replacement) has an
-identity of its own, so the router never drops its connection as a duplicate of the old
-agent's, still held while that one ends. A node's frames go to the agent that last proved
-the key for it; the agent it replaces is told to leave (:class:`scavenger.protocol.Shutdown`)
-and its workers count as stopped. Only an agent's own reconnection can carry its identity
-(``ROUTER_HANDOVER``: the new connection takes over a stale one the router still holds), and
-nobody can take a node's frames without the key's proof.
+Who counts as an agent (the handshake of :mod:`scavenger.channel`, bad frames dropped and counted in
+:attr:`AgentHub.rejected`) and how a node's replacement agent takes over from the one it replaces (an
+identity of its own, :func:`scavenger.protocol.agent_identity`; the old one told to leave,
+:class:`scavenger.protocol.Shutdown`): docs/operators/security.md (agent channel). No agent state is
+created before the handshake ends (one in progress is kept for :data:`PENDING_TTL_S`, at most
+:data:`MAX_PENDING` of them). Only an agent's own reconnection can carry its identity
+(``ROUTER_HANDOVER``: the new connection takes over a stale one the router still holds).
 """
 
 from __future__ import annotations

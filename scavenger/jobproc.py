@@ -1,33 +1,14 @@
 """What a job's worker process gets from the agent, and how everything it starts ends with it.
 
-The agent runs workers for many users (as each job's owner when it is root). This
-module holds the rules that keep one job from reaching the agent, the head node or
-another job through the process the agent starts:
-
-- **Environment**: built from :data:`ENV_ALLOW` (locale, time zone, the devices the
-  node gives the pilot) plus the job's own ``env``, never the agent's whole
-  environment (:func:`worker_environ`). A worker that runs as another user gets a
-  plain :data:`SAFE_PATH` and that user's ``HOME``/``USER``/``LOGNAME``, nothing of
-  the agent's own.
-- **Working directory**: entered in the child after the privilege drop
-  (:func:`child_setup`), so the kernel checks the owner's rights on the path at the
-  moment it is entered: a directory the owner cannot enter (another user's 0700
-  home, a symlink swapped in after submission) fails with exit
-  :data:`EXIT_NO_CWD` and a line in the worker's log.
-- **Process lifetime**: the agent is a subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``,
-  :func:`become_subreaper`) and so is each worker (set in the child before exec):
-  while a worker lives, whatever it starts (a ``setsid()``, double-forked daemon
-  included) stays below it; when it exits, what is left is re-parented to the agent,
-  which kills it (:func:`orphans`). A process cannot leave a subreaper's tree
-  without ptrace rights over it, but the tree ends with the agent: where the node
-  lets the agent make cgroups, each worker also runs in a cgroup of its own
-  (:mod:`scavenger.containment`), which holds what it starts even then.
-- **Logs**: each worker's log is capped at ``max_bytes`` and rotated once
-  (``WORKER.log.1``) as it is written (:mod:`scavenger.logpump`: the worker writes into a pipe,
-  so the cap holds at every write, not after the fact); :func:`prune_logs` keeps the whole log
-  folder under a quota by deleting the oldest logs of ended workers. Log folders
-  are 0700 (0711 for a root agent, so each owner can open their own 0600 log by
-  name and nobody can list the folder), whatever the umask.
+The agent runs workers for many users (as each job's owner when it is root); this module holds the
+rules that keep one job from reaching the agent, the head node or another job through the process
+the agent starts: the environment (:data:`ENV_ALLOW` plus the job's ``env``, :func:`worker_environ`;
+a worker of another user gets :data:`SAFE_PATH` and that user's ``HOME``/``USER``/``LOGNAME``), the
+working directory, entered in the child after the privilege drop so the kernel checks the owner's
+rights (:func:`child_setup`, :data:`EXIT_NO_CWD`), the subreapers that end what a worker leaves
+behind (:func:`become_subreaper`, :func:`orphans`; cgroups: :mod:`scavenger.containment`) and the
+log folder (0700, 0711 for a root agent; :func:`prune_logs`; each log's cap: :mod:`scavenger.logpump`).
+Why each rule is what it is: docs/operators/security.md (who runs a job, and with what; files and logs).
 """
 
 from __future__ import annotations

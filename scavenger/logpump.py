@@ -55,7 +55,6 @@ class LogPump:
         self.path = path
         self.max_bytes = max_bytes
         self.owner = owner
-        self.rotations = 0
         self.dropped = 0
         self._file = jobproc.open_private(path, *(owner or (None, None)))
         self._written = os.fstat(self._file.fileno()).st_size
@@ -114,7 +113,6 @@ class LogPump:
         size = self._written
         self._file.close()
         self._file, self._written = new, 0
-        self.rotations += 1
         self._note(f"log rotated at {size} bytes (cap {self.max_bytes}); the previous part is "
                    f"{self.path.name}.1, older output was dropped")
 

@@ -1,26 +1,12 @@
 """The PBS Pro / OpenPBS backend: pilots are ``qsub`` jobs in a preemptable queue.
 
-Replies are OpenPBS's JSON (``pbsnodes -av -F json``, ``qstat -f -F json``), as a real
-OpenPBS 23.06 server prints them (``tests/fixtures/pbs/``, recorded by its ``record.py``): a
-node's ``state`` is one comma-joined string (``down,offline``); ``jobs`` is absent when empty;
-zero values are dropped from ``resources_assigned``; numeric strings become numbers;
-``stime``/``qtime``/``mtime``/``obittime`` are ctime strings. Job states: B E F H M Q R S T U W X.
-Nodes are vnodes (``pbsnodes -v``; a pilot asks ``select=1:ncpus=N:vnode=NAME`` and its nodes
-are read from ``exec_vnode``); a vnode with ``resources_available.ncpus`` 0 (a MoM's own when
-it exposes its CPUs as other vnodes) runs no job and is left out.
-
-Preemption (the scheduler's ``preempt_order`` for the pilots' queue): the pilot gets SIGTERM,
-then SIGKILL after the queue's ``kill_delay``, and
-
-* ``R`` (requeue; pilots are submitted rerunnable, ``-r y``, or PBS cannot requeue them and
-  the prod job waits): the pilot goes back to ``Q`` (``Exit_status`` -11, ``run_count`` + 1)
-  and reruns by itself on its vnode when that is free again. The backend reports it requeued
-  (the node lost) and keeps it: when it runs again its agent says hello and the node is held
-  again; if it waits longer than ``max_queued_s`` it is cancelled like any stuck pilot.
-* ``D`` (delete): the pilot ends ``F`` with ``Exit_status`` 271 and the comment
-  "terminated by Scheduler@host": preempted.
-* ``S`` (suspend) keeps the pilot's memory on a node now working for someone else: state S (or
-  U) counts as a recall and the backend ``qdel``\\ s the pilot. Do not use it for the pilots.
+Replies are OpenPBS's JSON (``pbsnodes -av -F json``, ``qstat -f -F json``), as a real OpenPBS 23.06
+server prints them (``tests/fixtures/pbs/``, recorded by its ``record.py``). Nodes are vnodes (a pilot
+asks ``select=1:ncpus=N:vnode=NAME`` and its nodes are read from ``exec_vnode``); a vnode with
+``resources_available.ncpus`` 0 runs no job and is left out. What the server prints, field by field,
+and what each ``preempt_order`` of the pilots' queue does to a pilot (R: requeued, reported as a lost
+node and kept, held again when it reruns, so pilots are submitted ``-r y``; D: ended, preempted;
+S: counted as a recall and ``qdel``\\ ed, not to be used): docs/operators/pbs.md.
 """
 
 from __future__ import annotations
@@ -96,8 +82,6 @@ _SEVERITY = {NodeState.IDLE: 0, NodeState.BUSY: 1, NodeState.UNKNOWN: 2, NodeSta
 RERUN_SUBSTATES = frozenset({60, 61, 62, 63})
 """``substate`` of a job being requeued (OpenPBS job.h JOB_SUBSTATE_RERUN..RERUN3): still R,
 then E, before it is back in Q; its node is being taken, so it counts as queued again."""
-JOB_EXEC_RERUN = -11
-"""``Exit_status`` of a requeued job (preempt_order R)."""
 JOB_EXEC_KILL_WALLTIME = -29
 """``Exit_status`` of a job killed for exceeding its walltime (OpenPBS job.h)."""
 SIGTERM_EXITS = (EXIT_SIGTERM, 256 + signal.SIGTERM)

@@ -145,9 +145,6 @@ class PilotBook:
     def live(self) -> list[PilotRecord]:
         return list(self._live.values())
 
-    def ended_reason(self, pid: PilotId) -> EndReason | None:
-        return self._ended.get(pid)
-
     def nodes_in_use(self) -> set[str]:
         """Nodes a live pilot asked for or runs on."""
         return {n for r in self._live.values() for n in (r.nodes or r.request.nodes)}

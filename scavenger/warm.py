@@ -2,38 +2,20 @@
 
     python -m scavenger.warm --fd N --import torch,malletrain.worker.elastic
 
-A node agent started with ``--warm MODULES`` keeps one such process per worker
-slot of its node while it has no worker (:class:`WarmSlot`; a node of K slots,
-:mod:`contract.nodeshape`, keeps K, each pinned to its slot's cores with its
-slot's thread count). Nothing in it touches a GPU: importing torch does not
-initialise CUDA, so no device memory is held before the job runs. The process imports ``MODULES`` (the
-runtime's framework; seconds of CPU that a fresh worker would spend after its
-assignment), says ``ready`` on its socket and waits. The agent's next
-:class:`~scavenger.protocol.StartWorker` whose command it can run is handed to
-it as one :class:`Assignment` (and the worker's log file descriptor) instead of
-a new ``Popen``; the process then becomes the worker, exactly as a fresh
-``python`` would have started it:
-
-1. standard output and error go to the worker's log (the descriptor the agent
-   opened, owned by the job's owner);
-2. a root agent's warm process drops to the job's owner (``setgroups``,
-   ``setgid``, ``setuid``) before it touches anything of the job, then enters
-   the job's ``cwd`` as that user;
-3. its environment becomes the worker's (the one the agent computed);
-4. ``sys.argv`` and ``sys.path[0]`` are set as ``python -m MOD`` / ``python
-   SCRIPT`` would set them, and the module or script runs as ``__main__``;
-5. it looks like a fresh worker from outside: ``ps`` shows the worker's command
-   line and ``/proc/PID/environ`` its environment (:mod:`scavenger.proctitle`),
-   its owner may debug it and get its core (dumpable again after the drop, as
-   after an ``exec``), and ``tempfile`` follows the worker's ``TMPDIR``.
-
-The user's script is unchanged and runs once; only the imports are done ahead.
-A command that a warm process could not run exactly like a fresh interpreter is
-started cold (:func:`warm_refusal` says why): another interpreter, interpreter
-flags, or an environment that differs in a variable read when the interpreter
-or the framework starts (:data:`START_TIME_VARS`). The process is in its own
-session from the start, so the agent's process-group kill covers it, and it is
-the worker's process (its pid, its exit code).
+A node agent started with ``--warm MODULES`` keeps one such process per worker slot of its node
+while it has no worker (:class:`WarmSlot`; a node of K slots keeps K, each pinned to its slot's
+cores with its slot's thread count). Nothing in it touches a GPU (importing torch does not
+initialise CUDA). It imports ``MODULES``, says ``ready`` on its socket and waits; the agent's next
+:class:`~scavenger.protocol.StartWorker` whose command it can run is handed to it as one
+:class:`Assignment` (and the worker's log descriptor) instead of a new ``Popen``, and the process
+becomes the worker exactly as a fresh ``python`` would have started it: the steps (log, privilege
+drop, environment, ``sys.argv``/``sys.path[0]``, ``__main__``) are listed in
+docs/research/real-system.md (warm joins). From outside it looks like a fresh worker too: ``ps``
+shows the worker's command line and ``/proc/PID/environ`` its environment (:mod:`scavenger.proctitle`),
+its owner may debug it and get its core, and ``tempfile`` follows the worker's ``TMPDIR``.
+A command it could not run exactly like a fresh interpreter starts cold (:func:`warm_refusal` says
+why; :data:`START_TIME_VARS`). It is in its own session from the start, so the agent's
+process-group kill covers it, and it is the worker's process (its pid, its exit code).
 """
 
 from __future__ import annotations
@@ -55,7 +37,6 @@ from typing import IO, Mapping, Sequence
 
 from spawner.entry import Entry, entry_of
 from scavenger import jobproc, proctitle
-from spawner.entry import Entry, entry_of
 
 log = logging.getLogger("scavenger.warm")
 

@@ -1,51 +1,16 @@
 """The costs the simulator charges, from one calibration file.
 
-A calibration is a JSON file written by the project's own real benchmarks
-(``benchmarks/calibrate.py`` on the torch runtime and the Slurm test cluster) and shipped
-as :file:`simulator/calibration.json`::
+A calibration is a JSON file written by the project's own real benchmarks (``benchmarks/calibrate.py``,
+``benchmarks/bench_checkpoint.py``) and shipped as :file:`simulator/calibration.json`::
 
     {"schema": 1, "values": {NAME: {"value": 12.0, "unit": "s", "how": "...",
                                     "when": "YYYY-MM-DD", "command": "..."}}}
 
-with at least :data:`REQUIRED`:
-
-* ``pilot_start_s``: a node goes idle -> its pilot runs (the node is usable only after this);
-* ``cold_start_s``: a job's first start (worker process start, framework import, rendezvous,
-  first step): the job holds its nodes and makes no progress for this long;
-* ``restart_s``: a start after a preemption, suspension or kill (cold start + checkpoint load);
-  the work since the job's last commit is lost;
-* ``rescale_pause_s``: the pause of a rescale (up or down) of a running job;
-* ``commit_interval_s``: how often a running job commits a checkpoint (0: after every step,
-  nothing is lost).
-
-and optionally (:data:`OPTIONAL`; 0 when a file has none, as files written before it had):
-
-* ``join_s``: a running job grows onto a node: the new node's worker starts (agent hello -> its
-  first step) while the job's other nodes train on; the node adds to the job's throughput only
-  this long after its agent's warm worker began (its pilot's start, or its last worker's exit),
-  then the job pays its rescale pause (the daemon's next generation);
-* ``warm_start_s``: a job's start or restart on nodes whose warm workers are ready (imported): the
-  daemon's decision -> its first step (a restart adds ``restart_s - cold_start_s``, the checkpoint's
-  load); a node whose warm worker is still importing makes the job wait for it
-  (:func:`simulator.costs.start_ends`). A file without it charges every start its full figure.
-* ``torchrun_restart_s``: a job run by ``launcher = "torchrun"`` at a change of its size: every
-  rank stops and starts again as a fork of its warm rank server (stop -> first step in the new
-  world), where an in-process (elastic) job pauses for ``rescale_pause_s``
-  (``benchmarks/bench_launchers.py`` measures both on the same job in one run); a file without it
-  charges a torchrun job's change of size ``restart_s`` (a job file's ``launcher``; the policy weighs
-  it as the pauses the job's monitor measures, so its value of a short window follows the figure);
-* ``torchrun_cold_restart_s``: the same for a torchrun job whose ranks start cold, each a new
-  interpreter importing torch (its environment says ``WARM_RANKS=0``; a simulated job's
-  ``warm_ranks = false``); a file without it charges such a job ``torchrun_restart_s``.
-* ``state_broadcast_s_per_mb``, ``checkpoint_load_s_per_mb``, ``checkpoint_save_s_per_mb`` (unit
-  ``s/MB``): seconds per MB of a job's checkpoint (:mod:`simulator.modelsizes`) to broadcast its state
-  to a new world, to load it and to save it (``benchmarks/bench_checkpoint.py``, linear in bytes). An
-  in-process job's rescale pause adds the broadcast of its state; a restart (and a torchrun job's change
-  of size) adds the load of its checkpoint. A file without them charges no size.
-
+with every name of :data:`REQUIRED` and any of :data:`OPTIONAL` (0, or the fallback its field names,
+when a file has none). What each value is and how the engine charges it: docs/research/real-system.md
+(the calibration and what a node costs) and docs/research/evaluation.md (costs charged by default).
 ``free`` (:func:`free`) is the named ablation with no start, restart, pilot, join or rollback cost
-(rescale pauses: each job's own, 18 s up / 12 s down by default), what the simulator charged
-before its costs were measured on the real daemon. Every ``summary.json`` names the calibration it ran with.
+(rescale pauses: each job's own). Every ``summary.json`` names the calibration it ran with.
 """
 
 from __future__ import annotations
@@ -77,12 +42,12 @@ class Calibration:
     """The charged costs (seconds). ``rescale_pause_s`` None: each job's own rescale costs."""
 
     name: str  # the file it came from, or "free"
-    pilot_start_s: float = 0.0
-    cold_start_s: float = 0.0
-    restart_s: float = 0.0
+    pilot_start_s: float = 0.0  # a node goes idle -> its pilot runs (the node is usable only after this)
+    cold_start_s: float = 0.0  # a job's first start: it holds its nodes without progress this long
+    restart_s: float = 0.0  # a start after a stop (cold start + checkpoint load); work since the commit is lost
     rescale_pause_s: float | None = None
-    commit_interval_s: float = 0.0
-    join_s: float = 0.0
+    commit_interval_s: float = 0.0  # how often a running job commits a checkpoint (0: every step)
+    join_s: float = 0.0  # a grow: the new node adds to the job's rate this long after its warm worker began
     warm_start_s: float | None = None  # None: no warm discount (every start pays its full figure)
     torchrun_restart_s: float | None = None  # None: not measured (a torchrun job's stop -> first step, warm ranks)
     torchrun_cold_restart_s: float | None = None  # None: not measured (the same with its ranks started cold)
@@ -104,12 +69,7 @@ class Calibration:
         return self.name == FREE
 
     def as_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "pilot_start_s": self.pilot_start_s, "cold_start_s": self.cold_start_s,
-                "restart_s": self.restart_s, "rescale_pause_s": self.rescale_pause_s,
-                "commit_interval_s": self.commit_interval_s, "join_s": self.join_s,
-                "warm_start_s": self.warm_start_s, "torchrun_restart_s": self.torchrun_restart_s,
-                "torchrun_cold_restart_s": self.torchrun_cold_restart_s,
-                **{key: getattr(self, key) for key in PER_MB}}
+        return {"name": self.name, **{key: getattr(self, key) for key in REQUIRED + OPTIONAL}}
 
     def broadcast_s(self, mb: float) -> float:
         """Seconds to broadcast ``mb`` MB of a job's state to a new world at a rescale."""

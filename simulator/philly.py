@@ -1,25 +1,9 @@
 """Real, finite job streams: the ``philly`` workload, the ``scarce`` mix and ``--jobs-file`` lists.
 
-**Curves.** The six models the Pollux authors measured (``pollux/<model>/``: bert, cifar10,
-deepspeech2, imagenet, ncf, yolov3) on nodes of 4 GPUs. One simulated node is one such node: the
-rate at ``n`` nodes is ``4 n x local_bsz / step_time``, from the placements ``4``, ``44``, ``444``,
-``4444`` (1-4 nodes) and the scalability runs with 4 replicas per node (6, 8, 12, 16 nodes), at one
-per-GPU batch: the one asked for (the nearest measured), else the model's median measured batch.
-
-**Philly.** Arrivals and sizes from Microsoft's Philly trace (``philly-jobs.csv.gz``). Each job's
-work (node-seconds at one node: its samples over its own 1-node rate) is its GPU time over 4, as
-recorded, capped at what 16 nodes at the 1-node rate could do in the window (the rest of a
-heavy-tailed job lies beyond the window); the offered load sets how many jobs come: from a seeded job of the trace on, consecutive
-jobs until their work reaches ``offered_load`` x the window's idle node-seconds, their submit times
-compressed into the window (order and relative spacing kept). Its model is a seeded draw of the
-six; its rigid size (what ``rigid-preemptible`` runs it at) is ``ceil(num_gpus / 4)`` nodes. Every
-job may use 1..16 nodes (the measured range).
-
-**Scarce mix** (``scarce``, :func:`scarce_workload`): fewer jobs than nodes, each of the six models
-:data:`SCARCE_PER_MODEL` times (their curves differ: imagenet near-linear, ncf, yolov3 and bert at
-0.3-0.45 efficiency), arriving in a seeded order over the first :data:`SCARCE_ARRIVAL_S` seconds,
-each with more work than the window can give it (16 nodes at its 1-node rate throughout): what
-counts is how nodes are shared, scored in work.
+The six Pollux models' curves (one simulated node: one 4-GPU node), the Philly stream (work, offered
+load, compressed arrivals, rigid sizes) and the scarce mix (:data:`SCARCE_PER_MODEL` jobs of each model
+arriving over :data:`SCARCE_ARRIVAL_S` s) are described in docs/research/evaluation.md (real, finite
+job streams). Every job may use 1..16 nodes (the measured range).
 
 **Jobs files.** ``name,time,application[,num_replicas,batch_size,samples,budget_node_hours,deadline,``
 ``commit_interval_s]``:
@@ -315,13 +299,3 @@ def is_jobs_file(path: Path) -> bool:
     except (OSError, UnicodeDecodeError):
         return False
     return False
-
-
-def best_efficiency(curves_: list[dict[int, float]]) -> float:
-    """The best work per node-second any of ``curves_`` achieves: max over points of rate(n) / (n rate(1))."""
-    best = 0.0
-    for c in curves_:
-        r1 = one_node_rate(c)
-        if r1 > 0:
-            best = max(best, max(v / (n * r1) for n, v in c.items()))
-    return best

@@ -61,7 +61,6 @@ class JobPhysics:
             samples = job.rate * work
             job.commit(last, t, self._commit_interval(job))
             job.progress = min(job.spec.samples, job.progress + samples)
-            job.paused_seconds += dt - work
             job.paused_node_seconds += n * (dt - work) + len(job.joining) * work  # joining: idle nodes
             job.node_seconds += n * dt
             if job.id in self.profiling:

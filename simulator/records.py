@@ -46,7 +46,6 @@ class SimJob:
     admitted_at: float | None = None  # first admission
     preemptions: int = 0
     rescales: int = 0
-    paused_seconds: float = 0.0  # time it held nodes but made no progress
     runs: int = 0  # starts from zero nodes (the first is a cold start, the others restarts)
     run_since: float | None = None  # its current run's checkpoint clock starts here (None: not running)
     committed: float = 0.0  # progress at its last checkpoint commit

@@ -7,9 +7,7 @@
 * a jobs file ``name,time,application[,num_replicas,batch_size,samples]`` (:mod:`simulator.philly`).
 * a user file (JSON, TOML or CSV) listing jobs.
 
-Defaults follow the published evaluation (MalleTrain/BFTrainer): 130M samples
-per job, 1-64 nodes, 18 s to scale up, 12 s to scale down. The NAS and HPO
-streams never drain unless ``n_jobs`` is given.
+Defaults: :mod:`simulator.jobs`. The NAS and HPO streams never drain unless ``n_jobs`` is given.
 """
 
 from __future__ import annotations

@@ -149,9 +149,3 @@ class LocalRanks(Generic[P]):
             self.signal(signal.SIGKILL)
             self.kill_at = float("inf")
         return False
-
-    def stop_and_wait(self, grace_s: float, poll_s: float = 0.01) -> None:
-        """:meth:`stop`, then :meth:`reap` until all have exited."""
-        self.stop(grace_s)
-        while not self.reap():
-            time.sleep(poll_s)

@@ -4,19 +4,10 @@
     python -m testclusters.pbs_cluster up --vnodes 4      # run until Ctrl-C
     python -m testclusters.pbs_cluster check              # start, show pbsnodes and queues, stop
 
-OpenPBS is built from the upstream source tarball (``openpbs-*.tar.gz`` in
-``$MALLETRAIN_PBS_SOURCE`` or a ``shared/vendor`` directory beside the checkout) with
-Debian's python, ``make install``-ed into a staging directory and packed as
-``~/.cache/malletrain/openpbs/<key>/openpbs-install.tar.gz`` (``key``: the source's
-SHA-256 and the configure line), so a second install only unpacks it into ``/opt/pbs``.
-
-PBS is one per machine (``/etc/pbs.conf``, ``/var/spool/pbs``, ports 15001-15004 and 17001):
-a :class:`PbsCluster` refuses to start while PBS daemons run that it did not start. The
-daemons start in a private mount namespace whose ``/etc/hosts`` maps the host name to a
-non-loopback local address (they refuse a name that resolves only to 127.0.0.0/8); client
-commands work from outside unchanged. Queues: ``prod`` (priority 200, an express queue)
-and ``preemptable`` (priority 10, the pilots'), ``kill_delay`` and ``preempt_order`` as
-asked. Jobs run as a normal user unless the server's ``acl_roots`` lets root (set here).
+How it is built and cached, why its daemons run in a private mount namespace, its queues (``prod``,
+an express queue, and ``preemptable``, the pilots') and why root may submit: docs/operators/pbs.md
+(a PBS test cluster on one machine). PBS is one per machine: a :class:`PbsCluster` refuses to start
+while PBS daemons run that it did not start.
 """
 
 from __future__ import annotations

@@ -13,7 +13,9 @@ import pytest
 from malletrain.cli import main
 from malletrain.cli.simulate import parse_seeds
 from policy import PolicyConfig
-from evaluation.evaluate import (
+from evaluation.evaluate import run_specs
+from evaluation.regimes import check_targets
+from evaluation.results import (
     POLICIES,
     CEILING_PRIOR,
     PRIORS,
@@ -22,10 +24,8 @@ from evaluation.evaluate import (
     TFWD_CANDIDATES,
     EvalSettings,
     Evaluation,
-    check_targets,
     mean_sd,
     policy_rows,
-    run_specs,
     tfwd_choice,
 )
 from evaluation.sweep import Progress, Replays, RunSpec, duplicates, run_replays

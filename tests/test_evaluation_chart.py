@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from evaluation.evaluate import EvalSettings, Evaluation
+from evaluation.results import EvalSettings, Evaluation
 from evaluation.report import write_real_chart
 from tests.test_sim_targets import spec_of, summary
 

@@ -19,16 +19,8 @@ from contract.workerenv import WorkerEnvError
 from scavenger import protocol as P
 from scavenger.agent import Agent
 from scavenger.base import CommandResult
-from contract.nodeshape import (
-    Accelerator,
-    NodeShapeError,
-    detect_accelerator,
-    job_slots,
-    node_slots,
-    parse_gres_gpus,
-    pbs_ngpus,
-    slot_place,
-)
+from contract.nodeshape import NodeShapeError, job_slots, node_slots, parse_gres_gpus, pbs_ngpus
+from spawner.slots import Accelerator, detect_accelerator, slot_place
 from scavenger.pbs import node_info
 from scavenger.slurm import SlurmConfig, SlurmDialect
 
@@ -122,7 +114,7 @@ def test_a_node_placed_in_a_world_gives_each_local_rank_its_global_rank() -> Non
 
 
 def test_an_agent_s_first_guess_at_k_is_the_devices_it_sees() -> None:
-    from contract.nodeshape import local_device_count
+    from spawner.slots import local_device_count
     assert local_device_count(Accelerator.CUDA, {"CUDA_VISIBLE_DEVICES": "2,3"}, ["nvidia0"]) == 2
     assert local_device_count(Accelerator.CUDA, {}, ["nvidia0", "nvidia1", "nvidia2", "nvidia3", "nvidiactl"]) == 4
     assert local_device_count(Accelerator.XPU, {"ZE_AFFINITY_MASK": "0,1,2"}, []) == 3

@@ -4,7 +4,7 @@ completion time against that baseline on the seeds where both finished every job
 
 from __future__ import annotations
 
-from evaluation.evaluate import MIN_SEEDS, EvalSettings, Evaluation
+from evaluation.results import MIN_SEEDS, EvalSettings, Evaluation
 from evaluation.report import headline_lines
 from evaluation.regimes import SATURATED, UNSATURATED, jct_target, regime
 from tests.test_sim_targets import spec_of, summary

@@ -9,13 +9,8 @@ from hypothesis import strategies as st
 
 from simulator import PolicyContext, SimConfig, Simulator
 from simulator.calibration import Calibration, free
-from evaluation.evaluate import (
-    MIN_SEEDS,
-    EvalSettings,
-    Evaluation,
-    real_rows,
-    real_targets,
-)
+from evaluation.regimes import real_targets
+from evaluation.results import MIN_SEEDS, EvalSettings, Evaluation, real_rows
 from simulator.policies import POLICIES, Overrides, make_policy
 from evaluation.sweep import RunSpec
 from tests.test_simulator import job, timeline, workload

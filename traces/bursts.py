@@ -30,9 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from traces.fragments import FragmentModel, ks_distance
+from traces.fragments import FragmentModel
 from traces.model import IdleTimeline
-from traces.stats import fragment_lengths
 
 GRID_S = 60.0  # step of the rate process, and of the idle-pool series it is fitted on
 SIZE_PROBS: tuple[float, ...] = tuple(np.round(np.concatenate((
@@ -282,8 +281,3 @@ def _weighted_cdf(values: np.ndarray, weights: np.ndarray, grid: np.ndarray) -> 
     v, cum = values[order], np.cumsum(weights[order]) / weights.sum()
     k = np.searchsorted(v, grid, side="right")
     return np.where(k > 0, cum[np.maximum(k - 1, 0)], 0.0)
-
-
-def fragment_ks(a: IdleTimeline, b: IdleTimeline) -> float:
-    """KS distance between the complete idle-fragment lengths of two timelines."""
-    return ks_distance(fragment_lengths(a), fragment_lengths(b))

@@ -11,6 +11,7 @@ title; a legend sits outside the axes (:func:`legend_outside`), never over data.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,6 +82,15 @@ def pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def pyplot_or_none(warning: str):
+    """:func:`pyplot`, or None after printing ``warning`` on stderr where matplotlib is not installed."""
+    try:
+        return pyplot()
+    except ImportError:
+        print(warning, file=sys.stderr)
+        return None
 
 
 def draw_idle(ax, tl: IdleTimeline, colour: str = IDLE_COLOUR) -> str:  # type: ignore[no-untyped-def]

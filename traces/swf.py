@@ -1,24 +1,12 @@
 """Standard Workload Format (Parallel Workloads Archive, v2.2).
 
-18 whitespace-separated numeric fields per job (extra trailing columns
-tolerated), ``;`` header lines; ``-1`` means unknown in every field. Used:
-
-- 1 job number and 11 status: a job run in parts (status 2, 3, 4: partial
-  executions) is replayed part by part, and its summary line skipped;
-- 2 submit time, 3 wait time, 4 run time, in seconds after ``; UnixStartTime``.
-  A wait time of -1 (many archive logs record none) starts the job at its
-  submit time, counted in the notes. Unknown submit or run time, or a run
-  time of 0, skips the job (counted);
-- 5 allocated processors, else 8 requested processors; the notes say how many
-  jobs each filled. Neither known: the job is skipped (counted).
-
-Processors and nodes: when ``; MaxProcs`` differs from ``; MaxNodes`` the
-processor fields count processors, ``MaxProcs / MaxNodes`` to a node, and a
-job gets ``ceil(processors / per node)`` nodes (said in the notes). The
-machine size is ``; MaxNodes``, else ``; MaxProcs``, else the peak busy nodes.
-Any other negative value, a fractional processor count, a non-ASCII or
-non-finite number, or values beyond ``traces._text``'s limits are errors
-naming file and line.
+18 whitespace-separated numeric fields per job (extra trailing columns tolerated), ``;`` header
+lines; ``-1`` means unknown in every field. Fields used: 1 job number, 2 submit, 3 wait and 4 run
+time (seconds after ``; UnixStartTime``), 5 allocated (else 8 requested) processors, 11 status.
+How each is read (a wait of -1, jobs run in parts, processors to nodes by ``; MaxProcs`` /
+``; MaxNodes``, the machine size) and what the notes count: docs/research.md (traces). Any other
+negative value, a fractional processor count, a non-ASCII or non-finite number, or values beyond
+``traces._text``'s limits are errors naming file and line.
 """
 
 from __future__ import annotations

@@ -19,7 +19,6 @@ idle fraction is ``f`` from the first second.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 

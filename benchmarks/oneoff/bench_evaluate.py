@@ -32,7 +32,9 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 import traces
-from evaluation.evaluate import EvalSettings, evaluate, print_report
+from evaluation.evaluate import evaluate
+from evaluation.report import print_report
+from evaluation.results import EvalSettings
 from policy import PolicyConfig
 from simulator import SimConfig, find_scaling, simulate
 from simulator.monitor import RECORD_NOISE

@@ -18,11 +18,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from malletrain.cli.sweep import STATE_HELP, ask_daemon, open_store, state_of
 from malletrain.cli.status_view import (  # noqa: F401  (re-exported for callers)
     LOG_DIR, format_details, format_jobs, format_nodes, job_logs, job_note, printable,
 )
-
-STATE_HELP = "state directory (store, daemon address); default $MALLETRAIN_STATE_DIR or ~/.malletrain"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -104,19 +103,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_demo)
 
 
-def _state(args: argparse.Namespace) -> Path:
-    from malletrain.daemon.control import state_dir
-
-    return state_dir(args.state_dir).absolute()
-
-
-def _store(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    from malletrain.daemon.control import state_dir
-    from malletrain.daemon.store import Store
-
-    return Store.open(state_dir(args.state_dir) / "store.db")
-
-
 def cmd_daemon(args: argparse.Namespace) -> int:
     from malletrain.daemon.config import DaemonConfig, load_config
     from malletrain.daemon.control import state_dir
@@ -180,27 +166,17 @@ def cmd_submit(args: argparse.Namespace) -> int:
     check_command(spec.command, spec.cwd or os.getcwd(), spec.env, args.jobfile)  # its script is there
     from malletrain.daemon.statedir import current_umask
 
-    reply = _ask(args, {"cmd": "submit", "spec": json.loads(spec.to_json()), "umask": current_umask()})
+    reply = ask_daemon(args, {"cmd": "submit", "spec": json.loads(spec.to_json()), "umask": current_umask()})
     if reply is not None:
         if not reply.get("ok"):
             print(f"malletrain submit: error: {reply.get('error', reply)}", file=sys.stderr)
             return 1
         print(reply["id"])
         return 0
-    store = _store(args)
-    try:
+    with open_store(args) as store:
         jid = store.submit(spec, owner_uid=os.geteuid(), owner_gid=os.getegid())
-    finally:
-        store.close()
     print(jid)
     return 0
-
-
-def _ask(args: argparse.Namespace, req: dict[str, Any]) -> dict[str, Any] | None:
-    """The daemon's reply to ``req``, or None if no daemon answers on the control socket."""
-    from malletrain.daemon.control import ask, state_dir
-
-    return ask(state_dir(args.state_dir), req, timeout_s=30.0)
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
@@ -211,7 +187,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
     if is_array_ref(args.id):
         return _cancel_array(args)
-    reply = _ask(args, {"cmd": "cancel", "id": args.id})
+    reply = ask_daemon(args, {"cmd": "cancel", "id": args.id})
     if reply is not None and reply.get("sweep") or reply is None and _stored_sweep(args):
         return _cancel_sweep(args, reply)
     if reply is not None:
@@ -220,16 +196,14 @@ def cmd_cancel(args: argparse.Namespace) -> int:
             return 1
         now, was = str(reply["state"]), str(reply["was"])
     else:
-        store = _store(args)
-        try:
-            was = store.request_cancel(args.id).value
-            now = store.require(args.id).state.value
-        except StoreError as exc:
-            print(f"malletrain cancel: error: {exc} (no daemon is running at {_state(args)}; its store has "
-                  "no such job)", file=sys.stderr)
-            return 1
-        finally:
-            store.close()
+        with open_store(args) as store:
+            try:
+                was = store.request_cancel(args.id).value
+                now = store.require(args.id).state.value
+            except StoreError as exc:
+                print(f"malletrain cancel: error: {exc} (no daemon is running at {state_of(args)}; its store "
+                      "has no such job)", file=sys.stderr)
+                return 1
     if now == "cancelled":
         print(f"{args.id}: cancelled")
     elif now in ("completed", "failed"):
@@ -243,11 +217,8 @@ def _stored_sweep(args: argparse.Namespace) -> bool:
     """With no daemon running: whether ``args.id`` names a sweep and no job."""
     from malletrain.daemon.sweepfile import registered
 
-    store = _store(args)
-    try:
+    with open_store(args) as store:
         return store.get(args.id) is None and args.id in registered(store)
-    finally:
-        store.close()
 
 
 def _cancel_sweep(args: argparse.Namespace, reply: dict[str, Any] | None) -> int:
@@ -257,11 +228,8 @@ def _cancel_sweep(args: argparse.Namespace, reply: dict[str, Any] | None) -> int
     if reply is not None:
         jobs = list(reply.get("jobs") or [])
     else:
-        store = _store(args)
-        try:
+        with open_store(args) as store:
             jobs = cancel(store, args.id)
-        finally:
-            store.close()
     print(f"sweep {args.id}: cancelled; {len(jobs)} trial job(s) stopped or ended, no trial is opened again "
           f"(malletrain sweep show {args.id})")
     return 0
@@ -271,22 +239,19 @@ def _cancel_array(args: argparse.Namespace) -> int:
     """``cancel`` of an array (every element) or one element (``a000001_3``)."""
     from malletrain.daemon.arrays import resolve
 
-    reply = _ask(args, {"cmd": "cancel", "id": args.id})
+    reply = ask_daemon(args, {"cmd": "cancel", "id": args.id})
     if reply is not None:
         if not reply.get("ok"):
             print(f"malletrain cancel: error: {reply.get('error', reply)}", file=sys.stderr)
             return 1
         jobs = list(reply.get("jobs") or [])
     else:
-        store = _store(args)
-        try:
+        with open_store(args) as store:
             jobs = resolve(store.jobs(), args.id)
             for jid in jobs:
                 store.request_cancel(jid)
-        finally:
-            store.close()
     if not jobs:
-        print(f"malletrain cancel: error: no array element {args.id} at {_state(args)}", file=sys.stderr)
+        print(f"malletrain cancel: error: no array element {args.id} at {state_of(args)}", file=sys.stderr)
         return 1
     print(f"{args.id}: cancel requested for {len(jobs)} job(s) ({jobs[0]}{' to ' + jobs[-1] if len(jobs) > 1 else ''})")
     return 0
@@ -295,9 +260,9 @@ def _cancel_array(args: argparse.Namespace) -> int:
 def status_data(args: argparse.Namespace) -> dict[str, Any]:
     """The daemon's status (live) or the store's; each job gets ``logs`` (its log files, newest last)
     and ``note`` (why it failed or stopped short of its target, or None)."""
-    from malletrain.daemon.control import ask, state_dir
+    from malletrain.daemon.control import ask
 
-    state = state_dir(args.state_dir).absolute()  # log paths printed in full
+    state = state_of(args)  # absolute: log paths printed in full
     if not state.is_dir():  # a typo must not look like "no jobs" (nor leave a new empty state dir behind)
         raise FileNotFoundError(f"no state dir at {state} (no daemon has run there; give the one the daemon "
                                 "uses with --state-dir or MALLETRAIN_STATE_DIR)")
@@ -305,11 +270,8 @@ def status_data(args: argparse.Namespace) -> dict[str, Any]:
     if reply and reply.get("ok"):
         reply["daemon"] = True
     else:
-        store = _store(args)
-        try:
+        with open_store(args) as store:
             jobs = [{**r.as_dict(), "trainer": r.spec.trainer} for r in store.jobs()]  # None: the first
-        finally:
-            store.close()
         reply = {"ok": True, "daemon": False, "jobs": jobs, "nodes": []}
     reply["log_dir"] = str(state / LOG_DIR)
     reply["state_dir"] = str(state)
@@ -352,18 +314,15 @@ def cmd_wait(args: argparse.Namespace) -> int:
     """0 once the job has trained ``--samples`` (per the store); 1 if it ended first or time ran out."""
     import time
 
-    from malletrain.daemon.control import state_dir
     from malletrain.daemon.store import StoreError
 
-    state = state_dir(args.state_dir).absolute()
+    state = state_of(args)
     deadline = time.monotonic() + max(0.0, args.timeout)
-    store = _store(args)  # one connection: each read sees the daemon's latest commit (WAL)
-    try:
-        return _wait_loop(args, store, state, deadline)
-    except StoreError as exc:  # e.g. no such job: say which state dir was asked
-        raise StoreError(f"{exc} in the store at {state}") from None
-    finally:
-        store.close()
+    with open_store(args) as store:  # one connection: each read sees the daemon's latest commit (WAL)
+        try:
+            return _wait_loop(args, store, state, deadline)
+        except StoreError as exc:  # e.g. no such job: say which state dir was asked
+            raise StoreError(f"{exc} in the store at {state}") from None
 
 
 def _wait_loop(args: argparse.Namespace, store: Any, state: Path, deadline: float) -> int:

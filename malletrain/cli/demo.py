@@ -221,17 +221,15 @@ def write_report(out: Path, report: dict[str, Any]) -> None:
 
 
 def _plot(path: Path, report: dict[str, Any]) -> None:
-    try:
-        import matplotlib
+    from traces.plots import legend_outside, pyplot
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+    try:
+        plt = pyplot()
     except ImportError:
         return
     s = report["nodes"]
     if not s:
         return
-    from traces.plots import legend_outside
 
     t = [p["t"] for p in s]
     fig, ax = plt.subplots(figsize=(8, 3.5))

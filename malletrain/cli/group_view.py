@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from malletrain.cli.status_view import printable
+from malletrain.cli.status_view import printable, text_table
 
 STATE_ORDER = ("running", "rescaling", "profiling", "pending", "suspended", "completed", "failed", "cancelled")
 
@@ -37,7 +37,7 @@ def format_arrays(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         table.append((printable(r["array"]), printable(r["name"], 24), indices_text(r["indices"]),
                       str(r["elements"]), str(r["nodes"]), counts_text(r["counts"])))
-    return _table(table)
+    return text_table(table)
 
 
 def format_sweeps(rows: list[dict[str, Any]]) -> str:
@@ -54,7 +54,7 @@ def format_sweeps(rows: list[dict[str, Any]]) -> str:
         table.append((printable(s["name"]), s["direction"], f"{s['trials_ended']}/{s['trials_wanted']}",
                       counts_text(counts) or "-",
                       f"{best['value']:.6g} (trial {best['number']})" if best else "-"))
-    return _table(table)
+    return text_table(table)
 
 
 def format_sweep(s: dict[str, Any]) -> str:
@@ -70,15 +70,10 @@ def format_sweep(s: dict[str, Any]) -> str:
     best = s.get("best")
     tail = (f"best: trial {best['number']}, value {best['value']:.6g}, "
             + ", ".join(f"{k}={_value(v)}" for k, v in sorted(best["values"].items()))) if best else "best: none yet"
-    return "\n".join([head, _table(table), tail])
+    return "\n".join([head, text_table(table), tail])
 
 
 def _value(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:.4g}"
     return printable("-" if v is None else v, 24)
-
-
-def _table(rows: list[tuple[str, ...]]) -> str:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)

@@ -276,7 +276,9 @@ def evaluation_timeline(path: str | None, fmt: str | None) -> tuple[IdleTimeline
 
 def run_evaluate(args: argparse.Namespace) -> int:
     from simulator import find_scaling
-    from evaluation.evaluate import POLICIES, PRIORS, EvalSettings, evaluate, print_report, write_evaluation
+    from evaluation.evaluate import evaluate
+    from evaluation.report import print_report, write_evaluation
+    from evaluation.results import POLICIES, PRIORS, EvalSettings
     from simulator.policies import POLICIES as KNOWN, parse_error_model
     from evaluation.sweep import Progress
     from simulator.workload import GENERATED_STREAMS, REAL_STREAMS

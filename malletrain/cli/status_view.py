@@ -85,7 +85,7 @@ def format_jobs(jobs: list[dict[str, Any]]) -> str:
         )
         row += (budget_text(j),) * budgets + (deadline_text(j.get("deadline")),) * deadlines
         rows.append(row + (printable(",".join(j["nodes"])) or "-",))
-    return _table(rows)
+    return text_table(rows)
 
 
 def budget_text(job: dict[str, Any]) -> str:
@@ -138,11 +138,12 @@ def format_notes(jobs: list[dict[str, Any]]) -> str:
 
 def format_nodes(nodes: list[dict[str, Any]]) -> str:
     """The node table; TRAINER is the trainer the node belongs to ("-": none takes it)."""
-    return _table([("NODE", "STATE", "TRAINER", "JOB")]
+    return text_table([("NODE", "STATE", "TRAINER", "JOB")]
                   + [(printable(n["node"]), printable(n["state"]), printable(n.get("trainer") or "-"),
                       printable(n["job"] or "-")) for n in nodes])
 
 
-def _table(rows: list[tuple[str, ...]]) -> str:
+def text_table(rows: list[tuple[str, ...]]) -> str:
+    """Columns padded to their widest cell, two spaces apart."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)

@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import sys
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -29,16 +30,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.set_defaults(func=cmd_sweep_show)
 
 
-def _state(args: argparse.Namespace) -> Path:
+def state_of(args: argparse.Namespace) -> Path:
+    """``--state-dir``, else ``$MALLETRAIN_STATE_DIR``, else ``~/.malletrain``, as an absolute path."""
     from malletrain.daemon.control import state_dir
 
     return state_dir(args.state_dir).absolute()
 
 
-def _ask(args: argparse.Namespace, req: dict[str, Any]) -> dict[str, Any] | None:
-    from malletrain.daemon.control import ask
+def ask_daemon(args: argparse.Namespace, req: dict[str, Any]) -> dict[str, Any] | None:
+    """The daemon's reply to ``req``, or None if no daemon answers on the control socket."""
+    from malletrain.daemon.control import ask, state_dir
 
-    return ask(_state(args), req, timeout_s=30.0)
+    return ask(state_dir(args.state_dir), req, timeout_s=30.0)
+
+
+def open_store(args: argparse.Namespace) -> closing[Any]:
+    """The state dir's store, for a ``with`` block that closes it."""
+    from malletrain.daemon.store import Store
+
+    return closing(Store.open(state_of(args) / "store.db"))
 
 
 def submit_group(args: argparse.Namespace) -> int | None:
@@ -59,48 +69,40 @@ def submit_group(args: argparse.Namespace) -> int | None:
 def _submit_array(args: argparse.Namespace, text: str) -> int:
     from malletrain.daemon.arrays import element_spec, parse_indices, submit_array
     from malletrain.daemon.jobspec import load_spec
-    from malletrain.daemon.store import Store
     from malletrain.daemon.submitcheck import check_command
 
     indices = parse_indices(text)
     spec = load_spec(args.jobfile)
     first = element_spec(spec, "a000000", indices[0])
     check_command(first.command, first.cwd or os.getcwd(), first.env, args.jobfile)
-    reply = _ask(args, {"cmd": "submit", "spec": json.loads(spec.to_json()) | {"array": text}})
+    reply = ask_daemon(args, {"cmd": "submit", "spec": json.loads(spec.to_json()) | {"array": text}})
     if reply is not None:
         if not reply.get("ok"):
             print(f"malletrain submit: error: {reply.get('error', reply)}", file=sys.stderr)
             return 1
         array_id, jobs = str(reply["id"]), list(reply["jobs"])
     else:
-        store = Store.open(_state(args) / "store.db")
-        try:
+        with open_store(args) as store:
             array_id, jobs = submit_array(store, spec, indices, os.geteuid(), os.getegid())
-        finally:
-            store.close()
     print(f"{array_id}: {len(jobs)} jobs, {jobs[0]} to {jobs[-1]}")
     return 0
 
 
 def _submit_sweep(args: argparse.Namespace, spec: Any, sweep: Any) -> int:
-    from malletrain.daemon.store import Store
     from malletrain.daemon.submitcheck import check_command
     from malletrain.daemon.sweepfile import check_registration, example_values, register, trial_spec
 
     check_registration(spec, sweep, args.jobfile)
     example = trial_spec(spec, sweep, 0, example_values(sweep))
     check_command(example.command, example.cwd or os.getcwd(), example.env, args.jobfile)
-    reply = _ask(args, {"cmd": "submit", "spec": json.loads(spec.to_json()) | {"sweep": sweep.to_table()}})
+    reply = ask_daemon(args, {"cmd": "submit", "spec": json.loads(spec.to_json()) | {"sweep": sweep.to_table()}})
     if reply is not None:
         if not reply.get("ok"):
             print(f"malletrain submit: error: {reply.get('error', reply)}", file=sys.stderr)
             return 1
     else:
-        store = Store.open(_state(args) / "store.db")
-        try:
+        with open_store(args) as store:
             register(store, spec, sweep, os.geteuid(), os.getegid())
-        finally:
-            store.close()
     print(f"sweep {sweep.name}: {sweep.trials} trials ({sweep.direction}, sampler {sweep.sampler}); "
           f"`malletrain sweep show {sweep.name}`")
     return 0
@@ -113,20 +115,16 @@ def group_status(args: argparse.Namespace, data: dict[str, Any]) -> None:
     data["arrays"] = summary(data["jobs"])
     if "sweeps" in data:
         return
-    from malletrain.daemon.store import Store
     from malletrain.daemon.sweepfile import SweepError, registered, show
 
-    store = Store.open(_state(args) / "store.db")
-    try:
+    with open_store(args) as store:
         out = []
         for name in registered(store):
             try:
-                out.append(show(_state(args), store, name))
+                out.append(show(state_of(args), store, name))
             except SweepError as exc:
                 out.append({"name": name, "error": str(exc), "trials": [], "best": None})
         data["sweeps"] = out
-    finally:
-        store.close()
 
 
 def print_groups(data: dict[str, Any]) -> None:
@@ -143,10 +141,9 @@ def print_groups(data: dict[str, Any]) -> None:
 
 def cmd_sweep_show(args: argparse.Namespace) -> int:
     from malletrain.cli.group_view import format_sweep
-    from malletrain.daemon.store import Store
     from malletrain.daemon.sweepfile import SweepError, show
 
-    reply = _ask(args, {"cmd": "status"})
+    reply = ask_daemon(args, {"cmd": "status"})
     if reply is not None and reply.get("ok") and "sweeps" in reply:
         found = [s for s in reply["sweeps"] if s.get("name") == args.name]
         if not found:
@@ -154,11 +151,8 @@ def cmd_sweep_show(args: argparse.Namespace) -> int:
             raise SweepError(f"no sweep {args.name!r} (sweeps: {known})")
         data = found[0]
     else:
-        store = Store.open(_state(args) / "store.db")
-        try:
-            data = show(_state(args), store, args.name)
-        finally:
-            store.close()
+        with open_store(args) as store:
+            data = show(state_of(args), store, args.name)
     if data.get("error") and not data.get("trials"):
         raise SweepError(f"sweep {args.name}: {data['error']}")
     print(json.dumps(data, indent=1) if args.json else format_sweep(data))
