@@ -6,7 +6,7 @@ It connects to the daemon's store (``MALLETRAIN_STORE``, the job's secret), says
 and waits for a world that lists it. It runs K ranks of the command on its node (``MALLETRAIN_LOCAL_RANKS``,
 which the node agent sets from the worker's start: the one route by which K reaches it)
 (the node's worker slots the job uses; the world names them ``WORKER/0`` .. ``WORKER/K-1``, one rank
-``WORKER``), each with its own device and share of the cores (:func:`contract.nodeshape.slot_place`,
+``WORKER``), each with its own device and share of the cores (:func:`spawner.slots.slot_place`,
 as the node agent gives the in-process runtimes' workers). Then, for each world:
 
 1. every agent of the world adds its ranks to the world's barrier; the agent of rank 0 waits until all
