@@ -17,10 +17,12 @@ REPO = TESTS.parent
 # what reads the data folder past the fixtures: conftest's own names, or a path to the default folder
 DIRECT = re.compile(r"\b(SHARED_DATA|shared_file|MALLETRAIN_SHARED_DATA|missing_data)\b"
                     r"|[\"']shared[\"']\s*/\s*[\"']data[\"']|shared/data/[\w-]")
-# the tests of the lookup itself and of the README sandbox: they name the default folder, and read nothing in it
+# the tests of the lookup itself, of the README sandbox and of the benchmark runs: they name the data folder, and read nothing in it
 LOOKUP_TESTS = {"test_traces_real.py": "asserts where traces.data looks",
                 "test_readme.py": "links ../shared into the fresh-clone sandbox, as a clone beside it has",
-                "test_real_data_fixtures.py": "this file"}
+                "test_real_data_fixtures.py": "this file",
+                "test_benchmarks_run.py": "hands the data folder to the benchmarks it runs, skipping (or failing "
+                                          "under MALLETRAIN_REQUIRE_DATA=1) by conftest.missing_data, as a fixture does"}
 
 
 def test_no_test_reads_the_real_data_past_the_fixtures() -> None:
