@@ -26,7 +26,8 @@ from scavenger.hub import AgentHub, AgentWorkers, WorkerExitedEvent, WorkerStart
 
 class Observe:
     """What the backend, the agents, the monitor and the store say happened. It reads decide's ledgers
-    (which jobs hold a lost node) and writes them nothing; it calls no other part."""
+    (which jobs hold a lost node) and asks the runtimes whether a job's ranks are done, and writes them
+    nothing; it calls no other part."""
 
     def __init__(self, table: JobTable, cfg: DaemonConfig, scav: Scavenging, hub: AgentHub, store: Store,
                  monitor: Monitor, metrics: Metrics, decide: Decide, intake: JobIntake,
