@@ -27,7 +27,6 @@ REAL_POLICIES = ("malletrain", "freetrain", "greedy", "equal", "rigid-preemptibl
 FIXED_PJMAX = (10, 40, 100)
 FIXED_PRIOR = "mean"  # freetrain's prior in the fixed-Pjmax sweep
 DEFAULT = "malletrain"
-NO_SHARE = "malletrain-no-share"  # the default without fair share between users (a policy.PRESETS entry)
 REAL_WORKLOADS = ("philly@1", "philly@1.5", "philly@2")
 HEADLINE_LOADS = (1.0, 1.5)  # the target: default >= best fixed-prior equal-admission baseline + TARGET_REAL_GAIN_PCT
 SATURATION_LOAD = 2.0  # the target: gap to the bound <= TARGET_BOUND_GAP_PCT
@@ -307,6 +306,9 @@ def best_reference(runs: dict[str, dict[int, dict]]) -> str | None:
 
 def _per_seed_pct(seeds: dict[int, dict], ref: dict[int, dict]) -> list[float]:
     return [_pct_over(work(seeds[k]), work(ref[k])) for k in sorted(seeds) if k in ref]
+
+
+NO_SHARE = "malletrain-no-share"  # the default without fair share between users (a policy.PRESETS entry)
 
 
 def fair_share_costs(ev: Evaluation, cell: Cell) -> dict[str, tuple[float, float]]:

@@ -26,8 +26,7 @@ from scavenger.hub import AgentHub, AgentWorkers, WorkerExitedEvent, WorkerStart
 
 class Observe:
     """What the backend, the agents, the monitor and the store say happened. It reads decide's ledgers
-    (which jobs hold a lost node) and asks the runtimes whether a job's ranks are done, and writes them
-    nothing; it calls no other part."""
+    (which jobs hold a lost node) and writes them nothing; it calls no other part."""
 
     def __init__(self, table: JobTable, cfg: DaemonConfig, scav: Scavenging, hub: AgentHub, store: Store,
                  monitor: Monitor, metrics: Metrics, decide: Decide, intake: JobIntake,
@@ -41,7 +40,7 @@ class Observe:
         self.metrics = metrics
         self.decide = decide
         self.intake = intake
-        self.runtimes = runtimes  # whose ranks may say the work is done before their workers exit
+        self.runtimes = runtimes  # read only: whose ranks may say the work is done before their workers exit
         self._machine_size = 0
         self._node_slots: tuple[int, str] | None = None
         self._shape_seen_at: float | None = None  # the time of the look whose node shape was noted
