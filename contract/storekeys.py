@@ -141,7 +141,8 @@ def world_key(job: str, gen: int) -> str:
 
 
 def done_key(job: str, gen: int) -> str:
-    """Counter of world ``gen``'s ranks whose command exited 0 (a restarted job's workers add to it)."""
+    """Counter of world ``gen``'s ranks whose command exited 0 (a restarted job's workers add to it; the
+    daemon ends the job COMPLETED once it reaches the world's ranks)."""
     return f"{PREFIX}/{job}/done/{gen}"
 
 

@@ -14,12 +14,14 @@ from pathlib import Path
 from evaluation.results import (
     DEFAULT,
     FIXED_PJMAX_PREFIX,
+    NO_SHARE,
     PARTS,
     REFERENCE,
     Cell,
     EvalSettings,
     Evaluation,
     best_baseline,
+    fair_share_costs,
     headline_cells,
     is_real,
     policy_rows,
@@ -83,7 +85,14 @@ def headline_lines(ev: Evaluation, cell: Cell) -> list[str]:
     best = mt["compared_with"].get("best fixed-prior")
     jct = jct_line(ev, cell, best) if best is not None else None
     gap = gap_line(ev, cell)
-    return out + [line for line in (jct, gap) if line is not None]
+    return out + [line for line in (jct, gap) if line is not None] + fair_share_lines(ev, cell)
+
+
+def fair_share_lines(ev: Evaluation, cell: Cell) -> list[str]:
+    """Fair share's cost in work, one line per starting belief (where ``malletrain-no-share`` ran beside)."""
+    return [f"fair share's cost in work ({label} over {NO_SHARE}{label[len(DEFAULT):]}, per seed, "
+            f"{len(ev.by_label(cell)[label])} seed(s)): {ms(cost, '+.2f', '%')}"
+            for label, cost in fair_share_costs(ev, cell).items()]
 
 
 def waits_table(ev: Evaluation, cell: Cell) -> list[str]:
@@ -260,7 +269,8 @@ def write_evaluation(ev: Evaluation, out: Path, command: str) -> list[Path]:
     cells = [{"workload": c[0], "max_running": c[1], "max_nodes": c[2], "tfwd_s": c[3],
               "rows": [{k: _jsonable(v) for k, v in r.items()}
                        for r in (real_rows(ev, c) if is_real(c[0]) else policy_rows(ev, c))],
-              "completion_gap": _gap_dict(ev, c)}
+              "completion_gap": _gap_dict(ev, c),
+              "fair_share_cost_pct": {k: _jsonable(v) for k, v in fair_share_costs(ev, c).items()}}
              for c in ev.cells()] if not ev.settings.tfwd_sweep else []
     payload = {
         "command": command,
@@ -405,11 +415,11 @@ def print_report(ev: Evaluation, stream=None) -> None:  # type: ignore[no-untype
             print(f"{cell_title(cell, ev.settings)} (real stream, {regime(ev, cell)}):", file=stream)
             for h in headline_lines(ev, cell):
                 print(f"  {h}", file=stream)
-            print(f"  {'policy':<22} {'work node-s':>20} {'of offered':>14} {'vs best fixed-prior':>20} "
+            print(f"  {'policy':<28} {'work node-s':>20} {'of offered':>14} {'vs best fixed-prior':>20} "
                   f"{'gap to bound':>14} {'vs oracle ref.':>16} {'JCT mean h':>12} {'JCT p95 h':>12} "
                   f"{'slowdown':>12} {'fairness':>12}", file=stream)
             for r in real_rows(ev, cell):
-                print(f"  {r['policy']:<22} {ms(r['work']):>20} {ms(r['share_of_offered_pct'], '.1f', '%'):>14} "
+                print(f"  {r['policy']:<28} {ms(r['work']):>20} {ms(r['share_of_offered_pct'], '.1f', '%'):>14} "
                       f"{ms(r['vs_best_baseline_pct'], '+.1f', '%'):>20} {ms(r['gap_to_bound_pct'], '.1f', '%'):>14} "
                       f"{ms(r['vs_oracle_bound_pct'], '+.1f', '%'):>16} {_hours(r['jct_mean_seconds']):>12} "
                       f"{_hours(r['jct_p95_seconds']):>12} {ms(r['slowdown_mean'], '.2f'):>12} "

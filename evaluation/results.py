@@ -307,6 +307,23 @@ def _per_seed_pct(seeds: dict[int, dict], ref: dict[int, dict]) -> list[float]:
     return [_pct_over(work(seeds[k]), work(ref[k])) for k in sorted(seeds) if k in ref]
 
 
+NO_SHARE = "malletrain-no-share"  # the default without fair share between users (a policy.PRESETS entry)
+
+
+def fair_share_costs(ev: Evaluation, cell: Cell) -> dict[str, tuple[float, float]]:
+    """What fair share between users costs in work, per starting belief of the default (``malletrain``,
+    ``malletrain:linear``): its work over :data:`NO_SHARE`'s from the same belief, in %, mean and sd
+    over the seeds both ran (negative: the shares cost work). Empty where ``NO_SHARE`` did not run."""
+    runs = ev.by_label(cell)
+    out: dict[str, tuple[float, float]] = {}
+    for label in sorted(runs):
+        if label == DEFAULT or label.startswith(DEFAULT + ":"):
+            other = NO_SHARE + label[len(DEFAULT):]
+            if other in runs:
+                out[label] = mean_sd(_per_seed_pct(runs[label], runs[other]))
+    return out
+
+
 def comparisons(runs: dict[str, dict[int, dict]]) -> dict[str, str | None]:
     """What each row is compared with: name -> label in this cell (None: not replayed)."""
     out: dict[str, str | None] = {f"freetrain:{p}": (f"freetrain:{p}" if f"freetrain:{p}" in runs else None)

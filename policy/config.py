@@ -384,6 +384,8 @@ PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType({k: MappingProxyType
     # the default policy (what the daemon runs out of the box): passive learning, gated profiling,
     # adaptive admission
     "malletrain": {},
+    # the default without fair share between users (``fairness = "none"``): what the shares cost in work
+    "malletrain-no-share": {"fairness": Fairness.NONE},
     # MalleTrain as published (the JPA): profile every new job in inverse order, then refine online;
     # Pjmax fixed, Tfwd fixed
     "jpa": {"profiling": Profiling.ALWAYS, "admission": Admission.FIXED, "horizon": Horizon.TFWD,

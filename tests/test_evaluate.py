@@ -187,6 +187,44 @@ def test_a_policy_with_other_periods_gets_no_period_comparison():
     assert "no period comparison" in gain.value and gain.passed
 
 
+def test_fair_share_cost_is_the_default_over_itself_without_shares_from_each_belief():
+    """``malletrain-no-share`` beside the default: the cost of the shares, per starting belief and seed,
+    in the report's headline lines; nothing where it did not run."""
+    from evaluation.report import fair_share_lines
+    from evaluation.results import NO_SHARE, fair_share_costs
+    from policy import preset
+    from policy.config import Fairness
+
+    assert preset(NO_SHARE) == PolicyConfig(fairness=Fairness.NONE)  # the default, shares off
+    runs = []
+    for seed, works in enumerate(({"malletrain": 99.0, NO_SHARE: 100.0, "malletrain:linear": 90.0,
+                                   f"{NO_SHARE}:linear": 90.0},
+                                  {"malletrain": 101.0, NO_SHARE: 100.0, "malletrain:linear": 88.0,
+                                   f"{NO_SHARE}:linear": 80.0})):
+        for label, w in works.items():
+            policy, _, prior = label.partition(":")
+            runs.append((RunSpec("scarce", policy, seed, prior=prior or "mean"), summary(w, seed)))
+    ev = Evaluation(EvalSettings(seeds=(0, 1), workloads=("scarce",)), "t", "s", runs)
+    cell = ev.cells()[0]
+    costs = fair_share_costs(ev, cell)
+    assert set(costs) == {"malletrain", "malletrain:linear"}
+    assert costs["malletrain"] == pytest.approx(mean_sd([-1.0, 1.0]))
+    assert costs["malletrain:linear"] == pytest.approx(mean_sd([0.0, 10.0]))
+    lines = fair_share_lines(ev, cell)
+    assert lines[1] == (f"fair share's cost in work (malletrain:linear over {NO_SHARE}:linear, per seed, 2 seed(s)): "
+                        "+5.00 ± 7.07%")
+    alone = Evaluation(ev.settings, "t", "s", [(spec, s) for spec, s in runs if spec.policy != NO_SHARE])
+    assert fair_share_costs(alone, cell) == {} and fair_share_lines(alone, cell) == []
+
+
+def test_the_page_names_each_option_that_changed_what_ran():
+    from malletrain.cli import build_parser
+    from malletrain.cli.simulate import _argv_of
+
+    args = build_parser().parse_args(["evaluate", "--out", "o", "--users", "job", "--seeds", "1"])
+    assert _argv_of(args) == ["--seeds", "1", "--users", "job", "--out", "o"]  # whose each job is: what ran
+
+
 def test_mean_sd():
     assert mean_sd([1.0, 3.0]) == (2.0, pytest.approx(2 ** 0.5))
     assert mean_sd([5.0]) == (5.0, 0.0)

@@ -241,8 +241,8 @@ def test_an_array_of_twenty_short_elements_runs_each_index_once(tmp_path: Path) 
             f"p = pathlib.Path({str(out)!r}) / i; p.write_text(p.read_text() + 'x' if p.exists() else 'x'); w.unlink()")
     spec = JobSpec("seeds", (PY, "-c", code, "{index}"), 1, 1, launcher=Launcher.TORCHRUN)  # a plain script
     d = _daemon(tmp_path / "state")
-    # the same nodes, coming and going: recalls land while an element works (one that has ended its work
-    # but whose worker has not exited yet would run again: see docs/sweeps.md)
+    # the same nodes, coming and going: recalls land while an element works (one whose ranks have all
+    # exited 0 is COMPLETED before its worker exits: test_torchrun_launcher recalls one in that gap)
     churn = Churn(d, lambda run: (work / str(run.spec.array_index)).exists(), every=6.0, back_after=4.0,
                   min_age=0.5)
     try:

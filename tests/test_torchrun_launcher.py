@@ -359,6 +359,42 @@ def test_the_job_file_launcher_chooses_the_runtime_whatever_the_trainers(tmp_pat
         h.close()
 
 
+def test_a_recall_after_every_rank_finished_completes_the_job_and_starts_nothing(tmp_path: Path) -> None:
+    """On fakes (the torchrun runtime real): every rank of a job's world exited 0 (the world's done count
+    is full) but its rank agents have not exited yet, as on a loaded node; a node of the job is recalled
+    in that gap. The job ends COMPLETED from the count and no worker of it starts again (before, the
+    recall published a new world and the work ran again)."""
+    from contract.storekeys import ready_key
+    from policy import PolicyConfig
+    from tests.test_conformance import LINEAR, NODES, Harness
+
+    h = Harness(tmp_path / "d", PolicyConfig(profiling="never"))
+    try:
+        h.cluster.became_idle(*NODES[:3])
+        jid = h.daemon.store.submit(JobSpec("element", (PY, "train.py"), 2, 2, launcher=Launcher.TORCHRUN))
+        h.monitor.curves[jid] = dict(LINEAR)
+        h.run_until(5.0)
+        store = h.daemon.torchrun._require_store()  # type: ignore[attr-defined]
+        for _, worker in h.cluster.started:
+            store.set(ready_key(jid, worker), "1")  # the agents connected
+        h.run_until(8.0)
+        run = h.daemon.runs[jid]
+        assert len(run.members) == 2 and h.daemon.store.require(jid).state is JobState.RUNNING
+        gen = h.daemon.torchrun.torch.generation(jid)  # type: ignore[attr-defined]
+        store.add(done_key(jid, gen), 2)  # both ranks exited 0; their agents still run
+        started = list(h.cluster.started)
+        h.cluster.recall(run.members[0])
+        h.run_until(20.0)
+        rec = h.daemon.store.require(jid)
+        assert rec.state is JobState.COMPLETED, rec.message
+        assert "exited 0" in rec.message
+        assert h.cluster.started == started  # nothing started again
+        assert not any(e.get("job") == jid and e["generation"] > gen and e.get("nodes")
+                       for e in h.events("members"))  # no new world published
+    finally:
+        h.close()
+
+
 def test_the_torchrun_runtime_is_built_on_a_torch_runtime_it_holds() -> None:
     """Composition, not inheritance: the torchrun launcher's runtime holds a ``torch`` runtime (its store,
     generations and member lists) and adds the worlds' places to it."""

@@ -57,7 +57,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "(default: summit-scaling.csv from the data dir, else built-in synthetic curves)")
     p.add_argument("--policy", default="malletrain", metavar="NAME[,NAME]|all",
                    help="a preset of the policy (policy.PRESETS): malletrain (the daemon's default: passive "
-                   "learning, gated profiling, adaptive admission), jpa (the paper's: profile every job, fixed "
+                   "learning, gated profiling, adaptive admission), malletrain-no-share (the default without fair share "
+                   "between users), jpa (the paper's: profile every job, fixed "
                    "Pjmax), freetrain (a user's curve, no learning), milp-true (the true curves), oracle (true "
                    "curves, free rescales), greedy, equal, rigid-preemptible (a fixed count, killed by any "
                    "recall); a comma list, or all (default: malletrain)")
@@ -392,7 +393,7 @@ def _argv_of(args: argparse.Namespace) -> list[str]:
                          ("min_interval", None), ("workloads", DEFAULT_EVAL_WORKLOADS), ("policies", None),
                          ("priors", None), ("nodes", None), ("admission", None), ("admission_cap", None), ("objective", None),
                          ("calibration", None), ("fixed_pjmax", "10,40,100"),
-                         ("jobs", None), ("workers", 2), ("scheduler", None), ("out", None)):
+                         ("jobs", None), ("users", "workload"), ("workers", 2), ("scheduler", None), ("out", None)):
         value = getattr(args, opt)
         if value != default:
             out += [f"--{opt.replace('_', '-')}", str(value)]

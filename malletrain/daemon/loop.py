@@ -63,7 +63,7 @@ class Daemon:
                        w.job_secret, clock, lambda spec: member_environ(spec, self.state_dir))
         self.sweeps = SweepDriver(table, self.store, self.state_dir, clock)
         self.observe = Observe(table, cfg, self.scav, self.hub, self.store, self.monitor, self.metrics, self.decide,
-                               intake)
+                               intake, runtimes)
         self.adoption = Adoption(table, cfg, self.store, self.hub, self.scav, runtimes, intake, self.decide,
                                  self.act, clock)
         self.api = ControlApi(table, self.store, self.monitor, self.scav, self.accounting, self.decide, self.sweeps)

@@ -10,7 +10,7 @@ from malletrain.daemon.config import DaemonConfig
 from malletrain.daemon.decide import Decide
 from malletrain.daemon.intake import JobIntake
 from malletrain.daemon.records import JobRun, NodeLost, job_of, rescale_kind, stopped_by_us
-from malletrain.daemon.state import JobTable, log
+from malletrain.daemon.state import JobTable, Runtimes, log
 from malletrain.daemon.jobspec import NODE_SLOTS_KEY, JobState, Launcher, node_slots_text
 from malletrain.daemon.logs import about
 from malletrain.daemon.metrics import Metrics
@@ -29,7 +29,8 @@ class Observe:
     only of a node a failed worker gives up; it calls no other part."""
 
     def __init__(self, table: JobTable, cfg: DaemonConfig, scav: Scavenging, hub: AgentHub, store: Store,
-                 monitor: Monitor, metrics: Metrics, decide: Decide, intake: JobIntake) -> None:
+                 monitor: Monitor, metrics: Metrics, decide: Decide, intake: JobIntake,
+                 runtimes: Runtimes | None = None) -> None:
         self.table = table
         self.cfg = cfg
         self.scav = scav
@@ -39,6 +40,7 @@ class Observe:
         self.metrics = metrics
         self.decide = decide
         self.intake = intake
+        self.runtimes = runtimes  # read only: whose ranks may say the work is done before their workers exit
         self._machine_size = 0
         self._node_slots: tuple[int, str] | None = None
         self._shape_seen_at: float | None = None  # the time of the look whose node shape was noted
@@ -177,6 +179,8 @@ class Observe:
         """
         changed = False
         for run in list(self.table.runs.values()):
+            done = self.runtimes.of(run.spec).finished(run.id) if self.runtimes and run.members else None
+            changed |= run.end(JobState.COMPLETED, done) if done else False
             stats = self.monitor.jobs.get(run.id)
             if stats is None:
                 changed |= self._silence(run, now)

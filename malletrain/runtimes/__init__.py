@@ -94,6 +94,13 @@ class Runtime(Protocol):
         no longer exists. Default: never (a runtime that cannot tell)."""
         return False
 
+    def finished(self, job_id: str) -> str | None:
+        """Why the job's training is over although its workers may still run (a runtime whose ranks say
+        so before their processes exit: every rank of its current world exited 0), else None. The
+        daemon ends the job COMPLETED on it at once, so a recall that comes before those processes have
+        exited does not start the work again. Default: None (a worker's exit 0 says it)."""
+        return None
+
     def persist_checkpoints(self, jobs: Iterable[str]) -> list[str]:
         """Copy new checkpoints of ``jobs`` to the state dir; returns the jobs copied. Called every
         iteration. Default: none kept."""

@@ -130,6 +130,7 @@ class TorchrunRuntime(Runtime):
         self._local: dict[str, dict[str, int]] = {}  # job -> worker -> local ranks (its node's slots)
         self._restarts: dict[str, int] = {}  # job -> restart count of its last world
         self._pruned: dict[str, int] = {}  # job -> generations whose keys are deleted (all up to it)
+        self._ranks: dict[str, dict[int, int]] = {}  # job -> its worlds whose keys are kept -> their ranks
 
     # -- what the daemon calls, mostly the torch runtime's --------------------------------------
     @property
@@ -211,6 +212,7 @@ class TorchrunRuntime(Runtime):
             self._nodes.pop(job_id, None)
             self._local.pop(job_id, None)
             self._pruned.pop(job_id, None)  # forget deleted them: its own count goes on from there
+            self._ranks.pop(job_id, None)  # (their done counts with them)
             if not keep_state:
                 self._restarts.pop(job_id, None)
 
@@ -225,6 +227,8 @@ class TorchrunRuntime(Runtime):
                 for key in self.torch.generation_keys(job_id, old):
                     store.delete_key(key)
             self._pruned[job_id] = max(first - 1, gen - 2)
+            kept = {g: k for g, k in self._ranks.get(job_id, {}).items() if g > self._pruned[job_id]}
+            self._ranks[job_id] = kept
             if not members:
                 return
             nodes = self._nodes.get(job_id, {})
@@ -240,7 +244,29 @@ class TorchrunRuntime(Runtime):
                 raise ValueError(f"a torchrun world of {ranks} ranks is {len(value)} bytes; the store carries "
                                  f"{WORLD_MAX_BYTES} at most")
             self._restarts[job_id] = count
+            kept[gen] = ranks
             store.set(world_key(job_id, gen), value)
+
+    def finished(self, job_id: str) -> str | None:
+        """Every rank of one of the job's worlds exited 0: the world's ``done`` count (each rank agent adds
+        its ranks that exit 0, :mod:`malletrain.worker.torchrun_agent`) reached the world's ranks. An agent
+        exits 0 only once it has seen that count, seconds later on a loaded node; the job's work is done
+        from the count on, so a recall in between must not start it again. The world just before the
+        current one counts too (its last rank may have finished while a newer world was published)."""
+        with self._lock:
+            worlds = sorted(self._ranks.get(job_id, {}).items(), reverse=True)
+        if not worlds or not self.torch.serving:
+            return None
+        store = self._require_store()
+        for gen, ranks in worlds:
+            raw = store.get_or_none(done_key(job_id, gen))
+            try:
+                done = int(raw) if raw is not None else 0
+            except ValueError:
+                continue
+            if done >= ranks:
+                return f"every rank of world {gen} ({ranks}) exited 0"
+        return None
 
     def world_keys(self, job_id: str, gen: int) -> list[str]:
         return [world_key(job_id, gen), done_key(job_id, gen), failed_key(job_id, gen), pg_key(job_id, gen)]
