@@ -300,12 +300,16 @@ def test_torch_job_survives_a_stop_and_a_kill_9_while_suspended(tmp_path: Path) 
 
 # -- real processes: every job kind through a kill -9, a stop, and a kill -9 while suspended -----------
 
+# agent_dead_after: how long a node agent waits for a daemon before it gives up and stops its
+# workers. A kill -9 and the next daemon's start fit in it (a loaded machine takes seconds to start a
+# Python daemon: at 4 s every agent had given up, and nothing was there to adopt); adoption itself ends
+# as soon as every agent is back, not after it.
 TOY_CONFIG = """
 state_dir = "{state}"
 runtime = "toy"
 loop_interval = 0.05
 agent_heartbeat = 0.2
-agent_dead_after = 4.0
+agent_dead_after = 20.0
 backend = "local"
 [local]
 nodes = {nodes}
