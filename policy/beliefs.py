@@ -266,19 +266,27 @@ def efficiency_spread(shapes: Iterable[Mapping[int, float]], n: int) -> float | 
 
 class PriorSpread:
     """How unsure the population prior is at each count (:func:`efficiency_spread` of the shapes of the
-    jobs that finished), made from a copy of those shapes (compared by value: :meth:`Beliefs.spread`
-    makes a new one when they change); a count's figure is worked out the first time it is asked for
-    and held here, so it is computed once per set of shapes, not once per job and decision."""
+    jobs that finished), and the pooled prior those shapes give (:func:`pooled_prior`), made from a copy
+    of the shapes (compared by value, once per decision: :meth:`Beliefs.spread` makes a new one when
+    they change); a count's figure and the prior at a guess are worked out the first time they are
+    asked for and held here, so each is computed once per set of shapes, not once per job and decision."""
 
     def __init__(self, shapes: Iterable[Mapping[int, float]]) -> None:
         self.shapes = [dict(sh) for sh in shapes]
         self._at: dict[int, float | None] = {}
+        self._pooled: tuple[float, dict[int, float] | None] | None = None  # the last guess and its prior
 
     def at(self, n: int) -> float | None:
         """:func:`efficiency_spread` of the shapes at ``n``."""
         if n not in self._at:
             self._at[n] = efficiency_spread(self.shapes, n)
         return self._at[n]
+
+    def pooled(self, guess: float) -> dict[int, float] | None:
+        """:func:`pooled_prior` of the shapes at ``guess`` (made again when the guess moved)."""
+        if self._pooled is None or self._pooled[0] != guess:
+            self._pooled = (guess, pooled_prior(self.shapes, guess))
+        return self._pooled[1]
 
 
 @dataclass(frozen=True)
@@ -331,7 +339,7 @@ class Beliefs:
     Curves are remembered per job (:class:`Believed`) with everything they are made of, compared by
     value: a curve is made again exactly when one of those changed, and a state changed by hand (a
     test, a restart) is read as it is now. The population's guess and pooled prior are remembered the
-    same way.
+    same way (the pooled prior with the spread, by :class:`PriorSpread`).
     """
 
     def __init__(self, config: PolicyConfig, state: PolicyState) -> None:
@@ -339,8 +347,7 @@ class Beliefs:
         self.state = state
         self._curves: dict[str, Believed] = {}
         self._guess: Guess | None = None
-        self._pooled: tuple[list[dict[int, float]], float, dict[int, float] | None] | None = None  # shapes, guess, prior
-        self._spread: PriorSpread | None = None
+        self._spread: PriorSpread | None = None  # the finished jobs' shapes, their spread and pooled prior
 
     def guess(self) -> float:
         """The population's per-node rate (:func:`guess_per_node`) as the state stands."""
@@ -352,10 +359,7 @@ class Beliefs:
 
     def pooled_prior(self, guess: float) -> dict[int, float] | None:
         """The population prior pooled from the shapes of the jobs that finished, at ``guess``."""
-        shapes, memo = self.state.shapes, self._pooled
-        if memo is None or memo[1] != guess or memo[0] != shapes:
-            memo = self._pooled = ([dict(sh) for sh in shapes], guess, pooled_prior(shapes, guess))
-        return memo[2]
+        return self.spread().pooled(guess)
 
     def spread(self) -> PriorSpread:
         """The spread of the finished jobs' shapes per count (:class:`PriorSpread`), made again only
@@ -367,8 +371,8 @@ class Beliefs:
 
     def population(self) -> Population:
         """The :class:`Population` as the state stands (a decision takes it once its points are settled)."""
-        guess = self.guess()
-        return Population(guess, self.pooled_prior(guess) if self.config.prior is None else None, self.spread())
+        guess, spread = self.guess(), self.spread()  # the shapes compared once
+        return Population(guess, spread.pooled(guess) if self.config.prior is None else None, spread)
 
     def _uses_pool(self, job: JobView) -> bool:
         return not job.scaling and self.config.prior is None
