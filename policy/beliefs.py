@@ -17,7 +17,7 @@ Rules, settled once:
   prior is multiplied by the ratio measured / prior, interpolated in ``log n`` between the measured
   counts and held beyond them (:func:`corrected_prior`: with one measured count the level, with
   two or more the shape), and above each measured count the per-node rate is believed no higher
-  than measured there, below it no less (efficiency does not rise with nodes). So a job measured below a linear
+  than measured there (but for :data:`FIRST_INTER_NODE`, past which it may rise), below it no less. So a job measured below a linear
   belief at 13 nodes is not believed to reach the line at 16, and one measured at 1 and 8 nodes
   has the shape those two give, whatever the prior said.
 * **Claims.** Efficiency above linear is never believed, declared or measured: a job's own curve
@@ -83,6 +83,12 @@ def at_most_linear(curve: Mapping[int, float]) -> dict[int, float]:
 
 MIN_SHAPES = 3  # finished jobs with a shape before the pooled shape is used
 
+FIRST_INTER_NODE = 2
+"""The first count whose steps pay an inter-node allreduce: the Pollux models lose 20-70% of a node's rate
+from one node to two and then scale on (bert 0.29 of its 1-node rate per node at 2 nodes, 0.42 at 4;
+cifar10 0.39, 0.55), so a rate measured here bounds nothing above it (:func:`corrected_prior`), and an
+upward probe from one node never stops here (:func:`policy.profiling.probe_counts`)."""
+
 
 def corrected_prior(prior: Mapping[int, float], measured: Mapping[int, float]) -> dict[int, float]:
     """``prior`` corrected by what is ``measured`` (the module doc's rule): at the prior's counts, the
@@ -97,7 +103,9 @@ def corrected_prior(prior: Mapping[int, float], measured: Mapping[int, float]) -
     ratios = [(math.log(n), r / throughput_at(prior, n)) for n, r in pts]
     out = {n: throughput_at(prior, n) * _interpolated(ratios, math.log(n)) for n in counts}
     out.update(dict(pts))
-    for m, r in pts:  # efficiency does not rise with nodes: above m, no more per node than measured at m
+    for m, r in pts:  # efficiency does not rise with nodes: above m, no more per node than measured at m ...
+        if m == FIRST_INTER_NODE:
+            continue  # ... but past the first inter-node allreduce it may (see FIRST_INTER_NODE)
         for n in counts:
             if n > m and n not in measured:
                 out[n] = min(out[n], r * n / m)
