@@ -17,7 +17,7 @@ Rules, settled once:
   prior is multiplied by the ratio measured / prior, interpolated in ``log n`` between the measured
   counts and held beyond them (:func:`corrected_prior`: with one measured count the level, with
   two or more the shape), and above each measured count the per-node rate is believed no higher
-  than measured there, below it no less (efficiency does not rise with nodes). So a job measured below a linear
+  than measured there (but for :data:`FIRST_INTER_NODE`, past which it may rise), below it no less. So a job measured below a linear
   belief at 13 nodes is not believed to reach the line at 16, and one measured at 1 and 8 nodes
   has the shape those two give, whatever the prior said.
 * **Claims.** Efficiency above linear is never believed, declared or measured: a job's own curve
@@ -83,6 +83,12 @@ def at_most_linear(curve: Mapping[int, float]) -> dict[int, float]:
 
 MIN_SHAPES = 3  # finished jobs with a shape before the pooled shape is used
 
+FIRST_INTER_NODE = 2
+"""The first count whose steps pay an inter-node allreduce: the Pollux models lose 20-70% of a node's rate
+from one node to two and then scale on (bert 0.29 of its 1-node rate per node at 2 nodes, 0.42 at 4;
+cifar10 0.39, 0.55), so a rate measured here bounds nothing above it (:func:`corrected_prior`), and an
+upward probe from one node never stops here (:func:`policy.profiling.probe_counts`)."""
+
 
 def corrected_prior(prior: Mapping[int, float], measured: Mapping[int, float]) -> dict[int, float]:
     """``prior`` corrected by what is ``measured`` (the module doc's rule): at the prior's counts, the
@@ -97,7 +103,9 @@ def corrected_prior(prior: Mapping[int, float], measured: Mapping[int, float]) -
     ratios = [(math.log(n), r / throughput_at(prior, n)) for n, r in pts]
     out = {n: throughput_at(prior, n) * _interpolated(ratios, math.log(n)) for n in counts}
     out.update(dict(pts))
-    for m, r in pts:  # efficiency does not rise with nodes: above m, no more per node than measured at m
+    for m, r in pts:  # efficiency does not rise with nodes: above m, no more per node than measured at m ...
+        if m == FIRST_INTER_NODE:
+            continue  # ... but past the first inter-node allreduce it may (see FIRST_INTER_NODE)
         for n in counts:
             if n > m and n not in measured:
                 out[n] = min(out[n], r * n / m)
@@ -266,19 +274,27 @@ def efficiency_spread(shapes: Iterable[Mapping[int, float]], n: int) -> float | 
 
 class PriorSpread:
     """How unsure the population prior is at each count (:func:`efficiency_spread` of the shapes of the
-    jobs that finished), made from a copy of those shapes (compared by value: :meth:`Beliefs.spread`
-    makes a new one when they change); a count's figure is worked out the first time it is asked for
-    and held here, so it is computed once per set of shapes, not once per job and decision."""
+    jobs that finished), and the pooled prior those shapes give (:func:`pooled_prior`), made from a copy
+    of the shapes (compared by value, once per decision: :meth:`Beliefs.spread` makes a new one when
+    they change); a count's figure and the prior at a guess are worked out the first time they are
+    asked for and held here, so each is computed once per set of shapes, not once per job and decision."""
 
     def __init__(self, shapes: Iterable[Mapping[int, float]]) -> None:
         self.shapes = [dict(sh) for sh in shapes]
         self._at: dict[int, float | None] = {}
+        self._pooled: tuple[float, dict[int, float] | None] | None = None  # the last guess and its prior
 
     def at(self, n: int) -> float | None:
         """:func:`efficiency_spread` of the shapes at ``n``."""
         if n not in self._at:
             self._at[n] = efficiency_spread(self.shapes, n)
         return self._at[n]
+
+    def pooled(self, guess: float) -> dict[int, float] | None:
+        """:func:`pooled_prior` of the shapes at ``guess`` (made again when the guess moved)."""
+        if self._pooled is None or self._pooled[0] != guess:
+            self._pooled = (guess, pooled_prior(self.shapes, guess))
+        return self._pooled[1]
 
 
 @dataclass(frozen=True)
@@ -331,7 +347,7 @@ class Beliefs:
     Curves are remembered per job (:class:`Believed`) with everything they are made of, compared by
     value: a curve is made again exactly when one of those changed, and a state changed by hand (a
     test, a restart) is read as it is now. The population's guess and pooled prior are remembered the
-    same way.
+    same way (the pooled prior with the spread, by :class:`PriorSpread`).
     """
 
     def __init__(self, config: PolicyConfig, state: PolicyState) -> None:
@@ -339,8 +355,7 @@ class Beliefs:
         self.state = state
         self._curves: dict[str, Believed] = {}
         self._guess: Guess | None = None
-        self._pooled: tuple[list[dict[int, float]], float, dict[int, float] | None] | None = None  # shapes, guess, prior
-        self._spread: PriorSpread | None = None
+        self._spread: PriorSpread | None = None  # the finished jobs' shapes, their spread and pooled prior
 
     def guess(self) -> float:
         """The population's per-node rate (:func:`guess_per_node`) as the state stands."""
@@ -352,10 +367,7 @@ class Beliefs:
 
     def pooled_prior(self, guess: float) -> dict[int, float] | None:
         """The population prior pooled from the shapes of the jobs that finished, at ``guess``."""
-        shapes, memo = self.state.shapes, self._pooled
-        if memo is None or memo[1] != guess or memo[0] != shapes:
-            memo = self._pooled = ([dict(sh) for sh in shapes], guess, pooled_prior(shapes, guess))
-        return memo[2]
+        return self.spread().pooled(guess)
 
     def spread(self) -> PriorSpread:
         """The spread of the finished jobs' shapes per count (:class:`PriorSpread`), made again only
@@ -367,8 +379,8 @@ class Beliefs:
 
     def population(self) -> Population:
         """The :class:`Population` as the state stands (a decision takes it once its points are settled)."""
-        guess = self.guess()
-        return Population(guess, self.pooled_prior(guess) if self.config.prior is None else None, self.spread())
+        guess, spread = self.guess(), self.spread()  # the shapes compared once
+        return Population(guess, spread.pooled(guess) if self.config.prior is None else None, spread)
 
     def _uses_pool(self, job: JobView) -> bool:
         return not job.scaling and self.config.prior is None

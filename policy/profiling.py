@@ -8,7 +8,7 @@ import math
 from typing import Callable, Mapping
 
 from curves import throughput_at
-from policy.beliefs import PriorSpread
+from policy.beliefs import FIRST_INTER_NODE, PriorSpread
 from policy.config import PolicyConfig, Profiling
 from policy.model import NO_EVIDENCE, EventKind, Evidence, JobView
 from policy.round import Round
@@ -93,7 +93,9 @@ def probe_counts(cfg: PolicyConfig, st: PolicyState, job: JobView, curve: Mappin
       node it holds, and passive learning at the counts it is given may never measure it);
     * **up**, a job measured at its min only and running there, while ``free`` nodes are on offer:
       once up to ``top`` (:data:`PROBE_TOP`, or twice its count; free nodes only, never a lender), then
-      back down to its count.
+      back down to its count; never up to :data:`policy.beliefs.FIRST_INTER_NODE` alone (from one node
+      to two most models lose rate to the first inter-node allreduce and scale on past it: such a
+      probe would show the drop and nothing after it), so a job at one node waits for two free nodes.
 
     It pays when the expected gain (``profile_gain_fraction`` x the spread of the prior at the probed
     count, at least :data:`UNVERIFIED_SPREAD`, x the job's rate x the time it has left) exceeds the
@@ -114,8 +116,8 @@ def probe_counts(cfg: PolicyConfig, st: PolicyState, job: JobView, curve: Mappin
         return None  # measured above its min already
     else:
         top = min(job.max_nodes, job.count + free, max(PROBE_TOP, 2 * job.count))
-        if top <= job.count:
-            return None
+        if top <= job.count or top == FIRST_INTER_NODE:
+            return None  # no room; or from one node to two only, which shows no scaling past the drop there
         counts = (top, job.count)
     rate = throughput_at(curve, job.count)
     if rate <= 0:

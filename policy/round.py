@@ -13,12 +13,14 @@ def check_view(view: View) -> None:
     """Raise :class:`PolicyInputError` naming what ``view`` lists twice (a job, a free node, or a
     node of some job)."""
     ids = {j.id for j in view.jobs}
-    listed = list(view.free_nodes)
-    for j in view.jobs:
-        listed += j.nodes
-    if len(ids) == len(view.jobs) and len(set(listed)) == len(listed):
-        return  # nothing listed twice (one set over every node); else find what is, to name it
     seen: set[str] = set(view.free_nodes)
+    listed = len(view.free_nodes)
+    for j in view.jobs:
+        seen.update(j.nodes)
+        listed += len(j.nodes)
+    if len(ids) == len(view.jobs) and len(seen) == listed:
+        return  # nothing listed twice (one set over every node); else find what is, to name it
+    seen = set(view.free_nodes)
     if len(seen) != len(view.free_nodes):
         raise PolicyInputError("a free node is listed twice in the view")
     ids.clear()

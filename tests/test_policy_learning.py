@@ -196,3 +196,31 @@ def test_a_probe_below_only_where_nothing_measured_just_below_and_it_pays():
     short.submit(JobView("a", 1, 16, order=0, work_left=100.0))  # a few seconds left: not worth the pauses
     short.step(0.0)
     assert not short.step(60.0, {"a": evidence(est(16, 160.0))}).profiling
+
+
+POLLUX_MEAN = {1: 10.0, 2: 9.2, 4: 22.1, 8: 35.0, 16: 60.0}  # about the six Pollux models' mean, 1-node rate 10
+
+
+def test_a_rate_measured_at_the_first_inter_node_count_caps_nothing_above_it():
+    # measured at one node and two, 25% down at two (the first inter-node allreduce): past two nodes the
+    # belief is the prior corrected at two (ncf on the Pollux curves: 1.7x its 1-node rate at 4 nodes),
+    # not two nodes' per-node rate (1.5x at 4), which kept such jobs at one node for good
+    curve = corrected_prior(POLLUX_MEAN, {1: 10.0, 2: 7.5})
+    assert curve[2] == 7.5
+    assert curve[4] == pytest.approx(22.1 * 7.5 / 9.2) and curve[4] > 7.5 / 2 * 4
+    # a rate measured at any other count still bounds the per-node rate above it
+    assert corrected_prior(POLLUX_MEAN, {1: 10.0, 4: 12.0})[8] <= 12.0 / 4 * 8 + 1e-9
+
+
+def test_a_job_at_one_node_is_not_probed_up_to_two_alone():
+    sublinear = ((1, 10.0), (2, 9.0), (4, 16.0), (16, 30.0))  # the Pollux models' drop at two nodes
+    c = Cluster(Policy(PolicyConfig(prior=sublinear, max_running=10)), names("n", 3))
+    c.submit(*(JobView(j, 1, 16, order=k, work_left=1e9) for k, j in enumerate("abc")))
+    c.step(0.0)
+    ev = {j: evidence(est(1, 10.0)) for j in "abc"}
+    c.step(60.0, ev)
+    c.give("f0")  # one free node: a probe could only go from one node to two, where the drop is, and stop
+    assert not c.step(120.0, ev).profiling
+    c.give("f1")  # two: up to three, past the drop
+    (start,) = [e for e in c.step(180.0, ev).events if e.kind is EventKind.PROFILE_START]
+    assert start.detail["counts"] == [3, 1]
