@@ -25,8 +25,9 @@ from scavenger.hub import AgentHub, AgentWorkers, WorkerExitedEvent, WorkerStart
 
 
 class Observe:
-    """What the backend, the agents, the monitor and the store say happened. It tells decide's ledger
-    only of a node a failed worker gives up; it calls no other part."""
+    """What the backend, the agents, the monitor, the runtimes and the store say happened. It tells
+    decide's ledger only of a node a failed worker gives up, asks the runtimes only whether a job's
+    ranks all finished, and calls no other part."""
 
     def __init__(self, table: JobTable, cfg: DaemonConfig, scav: Scavenging, hub: AgentHub, store: Store,
                  monitor: Monitor, metrics: Metrics, decide: Decide, intake: JobIntake,
