@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from testclusters.pbs_cluster import ClusterUnavailable, PbsCluster, PreemptOrder
+from tests.clusters.pbs_cluster import ClusterUnavailable, PbsCluster, PreemptOrder
 
 
 def start_or_skip(vnodes: int, order: PreemptOrder = PreemptOrder.REQUEUE) -> PbsCluster:

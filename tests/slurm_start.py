@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from testclusters.slurm_cluster import ClusterUnavailable, SlurmCluster
+from tests.clusters.slurm_cluster import ClusterUnavailable, SlurmCluster
 
 
 def start_or_skip(nodes: int, root: Path | None = None) -> SlurmCluster:

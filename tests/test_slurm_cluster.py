@@ -31,7 +31,7 @@ from scavenger.base import (
 )
 from scavenger.hub import AgentHub
 from scavenger.slurm import SlurmBackend, SlurmConfig
-from testclusters.slurm_cluster import SlurmCluster, failing_command
+from tests.clusters.slurm_cluster import SlurmCluster, failing_command
 from tests.slurm_start import start_or_skip
 
 pytestmark = pytest.mark.slurm
