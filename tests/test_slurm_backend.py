@@ -237,7 +237,7 @@ def test_discover_holds_only_idle_unplanned_and_reports_claims() -> None:
     fake, clock, b = make()
     d = b.discover()
     assert d.idle == {"node1", "node2"}
-    assert d.recall_time("node3") == ts("2030-01-01T00:00:00")
+    assert min(c.start for c in d.claims if "node3" in c.nodes and c.start is not None) == ts("2030-01-01T00:00:00")
     pid = b.submit(PilotRequest(("node1",)))
     assert b.submit(PilotRequest(("node1",))) == pid  # idempotent per node
     assert b.discover().idle == {"node2"}  # a queued pilot's node is not offered again

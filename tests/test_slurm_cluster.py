@@ -185,7 +185,6 @@ def test_planned_nodes_are_never_held(rig: Rig) -> None:
     assert d.idle == set()  # idle but planned: not ours
     claim = next(c for c in d.claims if c.job == big)
     assert set(claim.nodes) == set(NODES) and claim.start is not None
-    assert d.recall_time("node2") == claim.start
     for node in d.idle:
         rig.backend.submit(PilotRequest((node,)))
     assert rig.backend.pilots() == {}

@@ -94,16 +94,14 @@ _EXPORTS = {
     "RescaleEvent": "state",
     "State": "state",
 }
-_ALIASES = {"_Snapshot": "Snapshot"}  # the name before the split
 
 __all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:
-    target = _ALIASES.get(name, name)
-    module = _EXPORTS.get(target)
+    module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'malletrain.worker.elastic' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"malletrain.worker.elastic.{module}"), target)
+    value = getattr(importlib.import_module(f"malletrain.worker.elastic.{module}"), name)
     globals()[name] = value
     return value

@@ -99,7 +99,6 @@ class State:
         # this process's slot on its node: the daemon's members are nodes, each of K ranks
         self.local_rank, self.local_world_size = local_slot(os.environ) if self._rdzv else (0, 1)
         self.backend = "gloo"  # the collectives of the current world (see _init_group)
-        self.group_setup_s = 0.0  # seconds the current world's process group took to set up
         self._worlds = 0  # worlds joined so far (torchrun's restart count is this less one)
         self._version = -1  # commits of the state this worker holds; -1: none yet
         self._committed: Snapshot | None = None
@@ -277,7 +276,6 @@ class State:
                 self._sync_state()
                 if self.rank == 0:
                     self._rdzv.mark_active(gen)
-                self.group_setup_s = t2 - t1
                 log.info("worker %s: in generation %d as rank %d of %d: barrier %.3f s, %s group %.3f s, "
                          "state %.3f s", self.worker, gen, self.rank, self.world_size, t1 - t0, self.backend,
                          t2 - t1, time.monotonic() - t2)
