@@ -35,7 +35,7 @@ from scavenger.base import (
 from scavenger.hub import AgentHub
 from scavenger.pbs import PbsBackend, PbsConfig
 from tests.clusters.pbs_cluster import PbsCluster, PreemptOrder, failing_command, pbs_daemon_pids
-from tests.pbs_start import start_or_skip
+from tests.cluster_start import pbs_or_skip
 
 pytestmark = pytest.mark.pbs
 VNODES = ("vn0", "vn1", "vn2", "vn3")
@@ -43,7 +43,7 @@ VNODES = ("vn0", "vn1", "vn2", "vn3")
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[PbsCluster]:
-    c = start_or_skip(len(VNODES))
+    c = pbs_or_skip(len(VNODES))
     try:
         yield c
     finally:

@@ -30,7 +30,7 @@ from malletrain.worker.examples.tracelog import steps as steps_of  # noqa: E402
 from malletrain.daemon.jobspec import JobSpec, JobState  # noqa: E402
 from scavenger.base import PilotState  # noqa: E402
 from tests.clusters.pbs_cluster import PbsCluster, PreemptOrder, failing_command  # noqa: E402
-from tests.pbs_start import start_or_skip  # noqa: E402
+from tests.cluster_start import pbs_or_skip  # noqa: E402
 from tests.stepping import step_until  # noqa: E402
 
 pytestmark = pytest.mark.pbs
@@ -41,7 +41,7 @@ TRAIN = (sys.executable, "-m", "malletrain.worker.examples.train", "--model", "l
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[PbsCluster]:
-    c = start_or_skip(len(VNODES))
+    c = pbs_or_skip(len(VNODES))
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PATH", c.env["PATH"])  # the daemon's pbsnodes/qstat/qsub find PBS
         try:

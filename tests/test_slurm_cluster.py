@@ -32,7 +32,7 @@ from scavenger.base import (
 from scavenger.hub import AgentHub
 from scavenger.slurm import SlurmBackend, SlurmConfig
 from tests.clusters.slurm_cluster import SlurmCluster, failing_command
-from tests.slurm_start import start_or_skip
+from tests.cluster_start import slurm_or_skip
 
 pytestmark = pytest.mark.slurm
 NODES = ("node1", "node2", "node3", "node4")
@@ -40,7 +40,7 @@ NODES = ("node1", "node2", "node3", "node4")
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[SlurmCluster]:
-    c = start_or_skip(len(NODES))
+    c = slurm_or_skip(len(NODES))
     try:
         yield c
     finally:
@@ -229,7 +229,7 @@ def test_failing_or_hanging_sinfo_squeue_give_typed_errors_then_catch_up(
 
 
 def test_cluster_stops_everything_it_started(tmp_path: Path) -> None:
-    c = start_or_skip(1, tmp_path / "c")
+    c = slurm_or_skip(1, tmp_path / "c")
     pids = {name: p.pid for name, p in c.procs.items()}
     assert set(pids) == {"munged", "slurmctld", "slurmd-node1"}
     c.run(["sbatch", "-p", "preemptable", "-o", "/dev/null", "--wrap", "sleep 300"])

@@ -31,7 +31,7 @@ from malletrain.worker.examples.tracelog import steps as steps_of  # noqa: E402
 from malletrain.daemon.jobspec import JobSpec, JobState  # noqa: E402
 from scavenger.base import PilotState  # noqa: E402
 from tests.clusters.slurm_cluster import SlurmCluster, failing_command  # noqa: E402
-from tests.slurm_start import start_or_skip  # noqa: E402
+from tests.cluster_start import slurm_or_skip  # noqa: E402
 from tests.stepping import step_until  # noqa: E402
 
 pytestmark = pytest.mark.slurm
@@ -42,7 +42,7 @@ TRAIN = (sys.executable, "-m", "malletrain.worker.examples.train", "--model", "l
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[SlurmCluster]:
-    c = start_or_skip(len(NODES))
+    c = slurm_or_skip(len(NODES))
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SLURM_CONF", str(c.conf))  # the daemon's sinfo/squeue/sbatch find the cluster
         try:

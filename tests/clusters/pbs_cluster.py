@@ -360,6 +360,7 @@ class PbsCluster(LocalCluster):
             argv = ["unshare", "-m", "--propagation", "private", "sh", "-c",
                     'mount --bind "$0" /etc/hosts && exec "$@"', str(hosts), *argv]
         log = self.root / "log" / f"init-{action}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)  # `down` stops daemons a cluster of an earlier process started
         _run(argv, dict(os.environ, PATH=CLEAN_PATH), log, timeout)
 
     def _configure(self) -> None:
