@@ -16,7 +16,6 @@ import logging
 import re
 import shlex
 import signal
-import sys
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -181,20 +180,13 @@ class PbsConfig(BatchConfig):
     for its ``preempt_order``); ``job_name`` tags our pilots (at most 15 characters on old
     servers); ``ncpus``: CPUs a pilot asks for on each node (with ``place=excl`` it gets all)."""
 
-    daemon_address: str = ""
     queue: str = "preempt"
-    account: str | None = None
     job_name: str = "mt-pilot"
-    python: str = sys.executable
-    agent_args: tuple[str, ...] = ()
-    output: str = "/dev/null"
     ncpus: int = 1
     extra_qsub_args: tuple[str, ...] = ()
 
     def check(self) -> None:
         super().check()
-        if not self.daemon_address:
-            raise ValueError("pbs config: daemon_address is required (the agents connect to it)")
         if not self.queue:
             raise ValueError("pbs config: set the preemptable queue")
         if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_.-]{0,235}", self.job_name):
