@@ -69,8 +69,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-# The names below load their module on first use: the daemon imports the store's key schema and
-# wire (keys, wire: no torch) without paying for torch, which the rest of this package needs.
+# The names below load their module on first use: the rank agent imports the errors and the rendezvous
+# (no torch) without paying for torch, which the snapshot and the state need.
 _EXPORTS = {
     "EXIT_STORE_LOST": "errors",
     "LeaveJob": "errors",
