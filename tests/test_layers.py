@@ -145,6 +145,14 @@ def test_the_test_clusters_are_test_support_and_no_product_package_imports_them(
     assert users == []
 
 
+def test_the_installed_packages_are_the_products() -> None:
+    """pyproject.toml installs the packages of the table and nothing else (no test support)."""
+    import tomllib
+
+    include = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    assert sorted(name.rstrip("*") for name in include) == sorted(RANK)
+
+
 PER_PACKAGE = [*RANK, *TEST_SUPPORT]
 
 
