@@ -283,12 +283,7 @@ class PbsDialect:
         return ["qdel", *pilots]
 
     def check_cancel(self, res: CommandResult) -> None:
-        if res.returncode == 0:
-            return
-        lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
-        if lines and all(any(b in ln for b in _UNKNOWN_JOB) for ln in lines):
-            return  # already gone
-        require_ok(res, "qdel")
+        require_ok(res, "qdel", _UNKNOWN_JOB)  # already gone: cancel is idempotent
 
     # -- poll
     def render_poll(self, pilots: Sequence[PilotId]) -> list[str]:
@@ -298,10 +293,7 @@ class PbsDialect:
         return ["qstat", "-f", "-F", "json"]
 
     def parse_poll(self, res: CommandResult, pilots: Sequence[PilotId]) -> list[Observation]:
-        if res.returncode != 0:
-            lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
-            if not lines or not all(any(b in ln for b in _UNKNOWN_JOB) for ln in lines):
-                require_ok(res, "qstat")
+        require_ok(res, "qstat", _UNKNOWN_JOB)  # every id unknown: not an error
         if not res.stdout.strip():
             return []  # every id unknown (the backend looks each one up)
         jobs = _load_json(res, "qstat", "Jobs")

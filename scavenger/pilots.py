@@ -122,12 +122,15 @@ class BatchConfig:
                 raise ValueError(f"pilot config: {name} must be >= 0, got {getattr(self, name)!r}")
 
 
-def require_ok(res: CommandResult, what: str) -> None:
-    """Raise :class:`CommandFailed` naming ``what`` when ``res`` exited nonzero."""
-    if res.returncode != 0:
-        raise CommandFailed(
-            f"{what}: {' '.join(res.argv)} exited {res.returncode}: {res.stderr.strip()[:200]}", res
-        )
+def require_ok(res: CommandResult, what: str, benign: Sequence[str] = ()) -> None:
+    """Raise :class:`CommandFailed` naming ``what`` when ``res`` exited nonzero, unless each line it printed
+    on stderr has one of the ``benign`` phrases (a job already gone: cancelling or querying it again)."""
+    if res.returncode == 0:
+        return
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    if benign and lines and all(any(b in ln for b in benign) for ln in lines):
+        return
+    raise CommandFailed(f"{what}: {' '.join(res.argv)} exited {res.returncode}: {res.stderr.strip()[:200]}", res)
 
 
 def _changes_pilots(method: Callable[..., _T]) -> Callable[..., _T]:

@@ -425,13 +425,7 @@ class SlurmDialect:
         return ["scancel", *pilots]
 
     def check_cancel(self, res: CommandResult) -> None:
-        if res.returncode == 0:
-            return
-        lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
-        benign = ("already completing or completed", "Invalid job id specified")
-        if lines and all(any(b in ln for b in benign) for ln in lines):
-            return  # gone already: cancel is idempotent
-        require_ok(res, "scancel")
+        require_ok(res, "scancel", ("already completing or completed", "Invalid job id specified"))  # idempotent
 
     # -- poll
     def render_poll(self, pilots: Sequence[PilotId]) -> list[str]:
