@@ -7,7 +7,7 @@
 Runs the real daemon (``benchmarks/scale/daemon_proc.py``: :class:`malletrain.daemon.Daemon`
 with its Slurm backend, hub, monitor, store and policy) in its own process against
 
-* a scheduler stand-in (:class:`testclusters.fake_slurm.FakeSlurm`, served from this
+* a scheduler stand-in (:class:`tests.clusters.fake_slurm.FakeSlurm`, served from this
   process) answering ``sinfo``/``squeue``/``sbatch``/``scancel``/``scontrol`` for N nodes
   in Slurm's formats, read by the backend's own parsers (the daemon's command runner asks
   the stand-in instead of forking the commands);
@@ -72,7 +72,7 @@ if str(ROOT) not in sys.path:
 
 from harness import free_port  # noqa: E402
 from scale_parse import parse_figures  # noqa: E402  (benchmarks/scale_parse.py: --parse-only)
-from testclusters.fake_slurm import FakeSlurm, serve_once  # noqa: E402
+from tests.clusters.fake_slurm import FakeSlurm, serve_once  # noqa: E402
 
 TRACE = "summit-2021-02-10_17.nodes.csv.gz"
 TILE_SHIFT_S = 86400.0

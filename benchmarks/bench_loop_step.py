@@ -4,7 +4,7 @@
 
 No load generator: the daemon (:class:`malletrain.daemon.Daemon`, its Slurm backend and parsers,
 its hub, store, monitor and policy) runs in one process against the scheduler stand-in
-(:class:`testclusters.fake_slurm.FakeSlurm`), and each pilot's agent is a message handed to
+(:class:`tests.clusters.fake_slurm.FakeSlurm`), and each pilot's agent is a message handed to
 the hub (hello when its pilot starts, ``leaving`` when the stand-in recalls its node; the hub's
 own frame decoding is not measured here, ``bench_daemon_scale.py`` measures it). Workers start at
 once. The clock is injected: 0.1 s per iteration (``poll_interval`` 1 s: one poll in ten).
@@ -49,7 +49,7 @@ def measure(nodes: int, jobs: int, idle_steps: int, recalls: int, burst: int = 0
     from scavenger import protocol as P
     from scavenger.hub import AgentHub
     from scavenger.slurm import SlurmBackend, SlurmConfig
-    from testclusters.fake_slurm import FakeSlurm
+    from tests.clusters.fake_slurm import FakeSlurm
     from tests.fakes import FakeRuntime
 
     clock = [1_790_000_000.0]

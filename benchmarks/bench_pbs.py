@@ -2,7 +2,7 @@
 
     python benchmarks/bench_pbs.py [--runs 10] [--kill-delay 2] [--prod-nodes 2] [--daemon-runs 3]
 
-Needs root and OpenPBS (built and installed by ``python -m testclusters.pbs_cluster install``;
+Needs root and OpenPBS (built and installed by ``python -m tests.clusters.pbs_cluster install``;
 no PBS may run already). Four vnodes, ``preempt_order`` R (``--preempt-order D`` to compare).
 
 Per run, the same production job (queue ``prod``, ``--prod-nodes`` vnodes) is submitted twice:
@@ -42,7 +42,9 @@ from malletrain.worker.examples.tracelog import steps
 from scavenger.base import AgentUp, PilotEvent, PilotRequest, PilotStarted
 from scavenger.hub import AgentHub
 from scavenger.pbs import PbsBackend, PbsConfig
-from testclusters.pbs_cluster import ClusterUnavailable, PbsCluster, PreemptOrder
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # the repository: its test clusters (tests/clusters)
+
+from tests.clusters.pbs_cluster import ClusterUnavailable, PbsCluster, PreemptOrder  # noqa: E402
 
 
 def wait_for(what: str, pred: Callable[[], bool], timeout: float = 60.0, tick: Callable[[], None] | None = None,

@@ -28,7 +28,7 @@ prediction. Last line:
 
 ``real replay: prod delay median A s, p95 B s, max C s; idle I node-s, held H, trained T (T/I = R); simulator predicts P (error E%)``
 
-Needs Slurm (``python -m testclusters.slurm_cluster install``).
+Needs Slurm (``python -m tests.clusters.slurm_cluster install``).
 """
 
 from __future__ import annotations
@@ -48,7 +48,9 @@ from typing import Callable
 import numpy as np
 
 from malletrain.worker.examples.tracelog import steps
-from testclusters.slurm_cluster import ClusterUnavailable, SlurmCluster
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # the repository: its test clusters (tests/clusters)
+
+from tests.clusters.slurm_cluster import ClusterUnavailable, SlurmCluster  # noqa: E402
 from traces import IdleTimeline, read
 
 TRAIN_GAP_S = 1.0

@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.backend == "local":
         report(run(args, env, args.nodes), args.kills, "local")
         return 0
-    from testclusters.slurm_cluster import ClusterUnavailable, SlurmCluster
+    from tests.clusters.slurm_cluster import ClusterUnavailable, SlurmCluster
 
     try:
         cluster = SlurmCluster(args.nodes).start()

@@ -51,7 +51,9 @@ from malletrain.worker.examples.tracelog import steps
 from scavenger.base import AgentUp, EndReason, PilotEnded, PilotEvent, PilotRequest, PilotStarted
 from scavenger.hub import AgentHub
 from scavenger.slurm import SlurmBackend, SlurmConfig
-from testclusters.slurm_cluster import ClusterUnavailable, SlurmCluster
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # the repository: its test clusters (tests/clusters)
+
+from tests.clusters.slurm_cluster import ClusterUnavailable, SlurmCluster  # noqa: E402
 
 
 def wait_for(what: str, pred, timeout: float = 60.0, tick=None, pause: float = 0.05) -> None:

@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_slurm import StepTail, wait_for  # noqa: E402  (a sibling script)
 
 from malletrain.worker.examples.tracelog import steps, traced  # noqa: E402
-from testclusters.slurm_cluster import ClusterUnavailable, SlurmCluster  # noqa: E402
+from tests.clusters.slurm_cluster import ClusterUnavailable, SlurmCluster  # noqa: E402
 
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "simulator" / "calibration.json"
 STEP_SLEEP_S = 0.05

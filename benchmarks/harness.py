@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     from malletrain.daemon import Daemon as InProcessDaemon
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository
+if str(ROOT) not in sys.path:
+    sys.path.append(str(ROOT))  # the test clusters (tests/clusters) the benchmarks start
 PY = sys.executable
 NOBODY = 65534
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from scavenger.base import PilotRequest
 from scavenger.slurm import SlurmConfig, SlurmDialect
-from testclusters.fake_slurm import FakeSlurm
+from tests.clusters.fake_slurm import FakeSlurm
 
 PARTITION = "preemptable"
 

@@ -152,10 +152,6 @@ class ThroughputEstimator(_OrderedStream):
         self._count = 0
 
     @property
-    def records_seen(self) -> int:
-        return self._count
-
-    @property
     def world_size(self) -> int:
         """World size of the last record (0 before any)."""
         return self._last_ws
@@ -260,11 +256,6 @@ class RescaleCosts:
     n_up: int
     n_down: int
 
-    def up_or(self, default: float) -> float:
-        return default if self.up_s is None else self.up_s
-
-    def down_or(self, default: float) -> float:
-        return default if self.down_s is None else self.down_s
 
 
 def summarize_rescales(events: Iterable[RescaleEvent]) -> RescaleCosts:

@@ -34,7 +34,7 @@ import math
 from dataclasses import dataclass
 from enum import Enum
 from itertools import combinations
-from typing import Callable, Iterable, Mapping, Protocol
+from typing import Callable, Iterable, Mapping
 
 import numpy as np
 
@@ -221,12 +221,6 @@ def curve_error_pct(predicted: Mapping[int, float], true: Mapping[int, float], c
     return 100.0 * sum(errs) / len(errs)
 
 
-class RateSource(Protocol):
-    """What refinement needs from a throughput estimator (``ThroughputEstimator`` is one)."""
-
-    def stable_rates(self, rel_ci: float = 0.05) -> dict[int, float]: ...
-
-
 class Scalability:
     """A job's curve: the user's ``prior`` points and our ``measured`` ones, plus the fitted model.
 
@@ -309,15 +303,6 @@ class Scalability:
         """A new curve with ``rate`` measured at ``n`` nodes (replacing an older measurement)."""
         measured = dict(self.measured)
         measured[n] = rate
-        return Scalability(prior=self.prior, measured=measured, source=Source.REFINED)
-
-    def refined_from(self, estimator: RateSource, rel_ci: float = 0.05) -> Scalability:
-        """Refine with every stable rate of a running job's estimator; ``self`` if nothing changed."""
-        new = {n: r for n, r in estimator.stable_rates(rel_ci).items() if self.measured.get(n) != r}
-        if not new:
-            return self
-        measured = dict(self.measured)
-        measured.update(new)
         return Scalability(prior=self.prior, measured=measured, source=Source.REFINED)
 
 

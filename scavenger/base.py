@@ -300,11 +300,6 @@ class Discovery:
     idle: frozenset[str]
     at: float
 
-    def recall_time(self, node: str) -> float | None:
-        """The earliest known start of a main-queue job on ``node`` (None: none known)."""
-        starts = [c.start for c in self.claims if node in c.nodes and c.start is not None]
-        return min(starts) if starts else None
-
 
 @dataclass(frozen=True)
 class PilotQueued:

@@ -16,7 +16,6 @@ import logging
 import re
 import shlex
 import signal
-import sys
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -181,20 +180,13 @@ class PbsConfig(BatchConfig):
     for its ``preempt_order``); ``job_name`` tags our pilots (at most 15 characters on old
     servers); ``ncpus``: CPUs a pilot asks for on each node (with ``place=excl`` it gets all)."""
 
-    daemon_address: str = ""
     queue: str = "preempt"
-    account: str | None = None
     job_name: str = "mt-pilot"
-    python: str = sys.executable
-    agent_args: tuple[str, ...] = ()
-    output: str = "/dev/null"
     ncpus: int = 1
     extra_qsub_args: tuple[str, ...] = ()
 
     def check(self) -> None:
         super().check()
-        if not self.daemon_address:
-            raise ValueError("pbs config: daemon_address is required (the agents connect to it)")
         if not self.queue:
             raise ValueError("pbs config: set the preemptable queue")
         if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_.-]{0,235}", self.job_name):
@@ -291,12 +283,7 @@ class PbsDialect:
         return ["qdel", *pilots]
 
     def check_cancel(self, res: CommandResult) -> None:
-        if res.returncode == 0:
-            return
-        lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
-        if lines and all(any(b in ln for b in _UNKNOWN_JOB) for ln in lines):
-            return  # already gone
-        require_ok(res, "qdel")
+        require_ok(res, "qdel", _UNKNOWN_JOB)  # already gone: cancel is idempotent
 
     # -- poll
     def render_poll(self, pilots: Sequence[PilotId]) -> list[str]:
@@ -306,10 +293,7 @@ class PbsDialect:
         return ["qstat", "-f", "-F", "json"]
 
     def parse_poll(self, res: CommandResult, pilots: Sequence[PilotId]) -> list[Observation]:
-        if res.returncode != 0:
-            lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
-            if not lines or not all(any(b in ln for b in _UNKNOWN_JOB) for ln in lines):
-                require_ok(res, "qstat")
+        require_ok(res, "qstat", _UNKNOWN_JOB)  # every id unknown: not an error
         if not res.stdout.strip():
             return []  # every id unknown (the backend looks each one up)
         jobs = _load_json(res, "qstat", "Jobs")

@@ -144,10 +144,10 @@ def test_the_cited_benchmark_runs_to_its_last_line(q: Quick) -> None:
     if q.needs is not None:
         pytest.importorskip(q.needs)
     if q.pbs:
-        from testclusters.pbs_cluster import installed
+        from tests.clusters.pbs_cluster import installed
 
         if not installed() and os.environ.get("MALLETRAIN_REQUIRE_PBS") != "1":
-            pytest.skip("OpenPBS is not installed (python -m testclusters.pbs_cluster install)")
+            pytest.skip("OpenPBS is not installed (python -m tests.clusters.pbs_cluster install)")
     missing = [name for name in q.data if not (conftest.SHARED_DATA / name).exists()]
     if missing:
         conftest.missing_data(missing)

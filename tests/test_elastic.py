@@ -663,11 +663,11 @@ def test_a_busy_rendezvous_port_falls_back_to_a_free_one(caplog: pytest.LogCaptu
 
 def test_checkpoint_larger_than_one_store_value_round_trips_and_is_forgotten(runtime: TorchRuntime) -> None:
     """A 12 MB model: one frame of the store's channel holds at most 1 MiB, so the checkpoint goes in chunks."""
-    from malletrain.worker.elastic import _Snapshot
+    from malletrain.worker.elastic import Snapshot
     from contract.storekeys import CKPT_CHUNK_BYTES, ckpt_chunk_key, ckpt_tag_key
 
     weights = torch.arange(3 * 1024 * 1024, dtype=torch.float32)  # 12 MiB
-    snap = _Snapshot(7, {"w": weights}, None, {"step": 41})
+    snap = Snapshot(7, {"w": weights}, None, {"step": 41})
     rdzv = make_rdzv(runtime, "big", "a")
     rdzv.save_checkpoint(snap, 3)
     store = client_store(runtime, "big")

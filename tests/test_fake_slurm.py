@@ -13,7 +13,7 @@ import zmq
 
 from scavenger.base import EndReason, NodeState, PilotEnded, PilotRequest, PilotStarted, PilotState
 from scavenger.slurm import ReplyTimes, SlurmBackend, SlurmConfig, SlurmDialect, expand_hostlist, parse_time
-from testclusters.fake_slurm import FakeSlurm, remote_runner, serve_once
+from tests.clusters.fake_slurm import FakeSlurm, remote_runner, serve_once
 
 
 class Clock:

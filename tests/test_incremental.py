@@ -154,7 +154,7 @@ def test_usable_nodes_and_agentless_pilots_equal_a_full_recompute_after_random_e
     from malletrain.daemon.scavenging import Scavenging
     from scavenger import protocol as P
     from scavenger.slurm import SlurmBackend, SlurmConfig
-    from testclusters.fake_slurm import FakeSlurm
+    from tests.clusters.fake_slurm import FakeSlurm
 
     rng = random.Random(11)
     now = [1000.0]
@@ -347,7 +347,7 @@ def test_a_polls_observations_equal_a_fresh_parse_after_random_changes() -> None
 
     from scavenger.base import BadReply, PilotRequest
     from scavenger.slurm import SlurmConfig, SlurmDialect
-    from testclusters.fake_slurm import FakeSlurm
+    from tests.clusters.fake_slurm import FakeSlurm
 
     rng = random.Random(5)
     clock = [1_790_000_000.0]
@@ -406,7 +406,7 @@ def test_a_pilot_whose_agent_came_back_since_the_last_look_is_not_cancelled(tmp_
     from scavenger import protocol as P
     from scavenger.base import PilotRequest
     from scavenger.slurm import SlurmBackend, SlurmConfig
-    from testclusters.fake_slurm import FakeSlurm
+    from tests.clusters.fake_slurm import FakeSlurm
 
     now = [1000.0]
     slurm = FakeSlurm(["n0", "n1"])
@@ -434,7 +434,7 @@ def test_the_pilots_of_many_nodes_whose_agents_left_are_cancelled_with_one_comma
     from malletrain.daemon.scavenging import Scavenging
     from scavenger.base import PilotRequest
     from scavenger.slurm import SlurmBackend, SlurmConfig
-    from testclusters.fake_slurm import FakeSlurm
+    from tests.clusters.fake_slurm import FakeSlurm
 
     now = [1000.0]
     nodes = [f"n{i}" for i in range(5)]
@@ -462,7 +462,7 @@ def test_the_pilots_on_a_node_are_those_a_look_at_every_pilot_finds() -> None:
 
     from scavenger.base import PilotRequest
     from scavenger.slurm import SlurmBackend, SlurmConfig
-    from testclusters.fake_slurm import FakeSlurm
+    from tests.clusters.fake_slurm import FakeSlurm
 
     rng = random.Random(9)
     nodes = [f"n{i}" for i in range(8)]

@@ -16,7 +16,7 @@ import pytest
 
 from malletrain.daemon.jobspec import JobSpec, JobState
 from procs import procs_mentioning
-from testclusters.floods import SILENT_CONNECTIONS
+from tests.clusters.floods import SILENT_CONNECTIONS
 from tests.stepping import step_until
 
 ROOT = os.geteuid() == 0

@@ -33,7 +33,8 @@ RANK = {
     "malletrain": 6,  # the daemon, the worker side, the CLI (it fronts the evaluation and the simulator)
 }
 # Test support, not product: it may import any product package, and no product package imports it.
-TEST_SUPPORT = ("testclusters",)  # the Slurm and PBS test clusters, a fake Slurm, floods
+TEST_SUPPORT = ("tests",)  # tests/clusters: the Slurm and PBS test clusters, a fake Slurm, floods
+TEST_SUPPORT_DIRS = ("tests/clusters",)
 BOTTOM = ("curves", "hostlist", "authframe", "spawner")  # libraries every side may use
 # malletrain's packages by process: what each may import of the project besides the layers below it.
 WORKER = "malletrain.worker"  # what runs inside a user's job
@@ -49,7 +50,7 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-MODULES = {module_name(p): p for pkg in (*RANK, *TEST_SUPPORT) for p in sorted((REPO / pkg).rglob("*.py"))}
+MODULES = {module_name(p): p for pkg in (*RANK, *TEST_SUPPORT_DIRS) for p in sorted((REPO / pkg).rglob("*.py"))}
 
 
 def imports(module: str) -> list[tuple[str, str | None, int]]:
@@ -137,11 +138,19 @@ def test_imports_point_down_the_layers() -> None:
 
 
 def test_the_test_clusters_are_test_support_and_no_product_package_imports_them() -> None:
-    assert "testclusters.slurm_cluster" in MODULES and "testclusters" not in RANK
-    assert not any(m.startswith("scavenger.testing") for m in MODULES)  # out of the product package
+    assert "tests.clusters.slurm_cluster" in MODULES and "tests.clusters.common" in MODULES
+    assert not any(m.startswith(("scavenger.testing", "testclusters")) for m in MODULES)  # out of the product
     users = sorted({m for m in MODULES if m.split(".")[0] in RANK
                     for target, _, _ in imports(m) if target.split(".")[0] in TEST_SUPPORT})
     assert users == []
+
+
+def test_the_installed_packages_are_the_products() -> None:
+    """pyproject.toml installs the packages of the table and nothing else (no test support)."""
+    import tomllib
+
+    include = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    assert sorted(name.rstrip("*") for name in include) == sorted(RANK)
 
 
 PER_PACKAGE = [*RANK, *TEST_SUPPORT]
@@ -231,6 +240,8 @@ def package_sizes() -> dict[str, int]:
     sizes: dict[str, int] = defaultdict(int)
     for module, path in MODULES.items():
         rel = path.relative_to(REPO).parts
+        if rel[0] in TEST_SUPPORT:
+            continue
         if rel[0] == "malletrain":
             unit = "malletrain/*.py" if len(rel) == 2 else f"malletrain/{rel[1]}"
         else:

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from malletrain.daemon.config import ConfigError, parse_config
-from malletrain.worker.elastic.devices import collective_backend, local_slot, place_in, world_environ
-from contract.workerenv import WorkerEnvError
+from malletrain.worker.elastic.devices import collective_backend, local_slot, place_in
+from contract.workerenv import WorkerEnvError, torchrun_environ
 from scavenger import protocol as P
 from scavenger.agent import Agent
 from scavenger.base import CommandResult
@@ -150,7 +150,7 @@ def test_each_process_finds_its_rank_from_the_node_members_and_its_local_rank() 
     assert ranks == list(range(6))
     place = place_in(members, "w-b", 1, 2)
     assert (place.rank, place.world_size) == (3, 6)
-    env = world_environ(place, ("10.0.0.1", 1234), "job-1", 2)
+    env = torchrun_environ(place, ("10.0.0.1", 1234), "job-1", restart_count=2)
     assert env["RANK"] == "3" and env["WORLD_SIZE"] == "6" and env["LOCAL_RANK"] == "1"
     assert env["GROUP_RANK"] == "1" and env["MASTER_PORT"] == "1234" and env["TORCHELASTIC_RESTART_COUNT"] == "2"
     assert local_slot({}) == (0, 1) and local_slot({"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}) == (1, 2)

@@ -1,7 +1,7 @@
 """The PBS backend on a real OpenPBS server started on this machine (marker ``pbs``).
 
 The module fixture starts server, scheduler, comm and one MoM with four vnodes ``vn0..vn3``
-(:mod:`testclusters.pbs_cluster`, building and installing OpenPBS as root when missing)
+(:mod:`tests.clusters.pbs_cluster`, building and installing OpenPBS as root when missing)
 and stops them at the end. Pilots go to the ``preemptable`` queue (``kill_delay`` 2 s),
 production jobs to ``prod`` (an express queue, which preempts them). Without PBS these tests
 skip with the reason, unless MALLETRAIN_REQUIRE_PBS=1 (CI as root), where a cluster that
@@ -34,8 +34,8 @@ from scavenger.base import (
 )
 from scavenger.hub import AgentHub
 from scavenger.pbs import PbsBackend, PbsConfig
-from testclusters.pbs_cluster import PbsCluster, PreemptOrder, failing_command, pbs_daemon_pids
-from tests.pbs_start import start_or_skip
+from tests.clusters.pbs_cluster import PbsCluster, PreemptOrder, failing_command, pbs_daemon_pids
+from tests.cluster_start import pbs_or_skip
 
 pytestmark = pytest.mark.pbs
 VNODES = ("vn0", "vn1", "vn2", "vn3")
@@ -43,7 +43,7 @@ VNODES = ("vn0", "vn1", "vn2", "vn3")
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[PbsCluster]:
-    c = start_or_skip(len(VNODES))
+    c = pbs_or_skip(len(VNODES))
     try:
         yield c
     finally:

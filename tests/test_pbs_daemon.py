@@ -1,7 +1,7 @@
 """The daemon on a real OpenPBS server with real torch training jobs (marker ``pbs``).
 
 A module fixture starts server, scheduler, comm and one MoM with four vnodes ``vn0..vn3``
-(:mod:`testclusters.pbs_cluster`) and stops them at the end. The daemon runs in this
+(:mod:`tests.clusters.pbs_cluster`) and stops them at the end. The daemon runs in this
 process with ``[scavenger] kind = "pbs"``: its pilots are ``qsub`` jobs in the
 ``preemptable`` queue (``kill_delay`` 2 s, ``preempt_order`` R unless a test says D), their
 agents connect back to it, and production jobs go to ``prod`` (an express queue, which
@@ -29,8 +29,8 @@ from malletrain.daemon import Daemon  # noqa: E402
 from malletrain.worker.examples.tracelog import steps as steps_of  # noqa: E402
 from malletrain.daemon.jobspec import JobSpec, JobState  # noqa: E402
 from scavenger.base import PilotState  # noqa: E402
-from testclusters.pbs_cluster import PbsCluster, PreemptOrder, failing_command  # noqa: E402
-from tests.pbs_start import start_or_skip  # noqa: E402
+from tests.clusters.pbs_cluster import PbsCluster, PreemptOrder, failing_command  # noqa: E402
+from tests.cluster_start import pbs_or_skip  # noqa: E402
 from tests.stepping import step_until  # noqa: E402
 
 pytestmark = pytest.mark.pbs
@@ -41,7 +41,7 @@ TRAIN = (sys.executable, "-m", "malletrain.worker.examples.train", "--model", "l
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[PbsCluster]:
-    c = start_or_skip(len(VNODES))
+    c = pbs_or_skip(len(VNODES))
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PATH", c.env["PATH"])  # the daemon's pbsnodes/qstat/qsub find PBS
         try:

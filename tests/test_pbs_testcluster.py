@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from testclusters.pbs_cluster import (
+from tests.clusters.pbs_cluster import (
     ClusterUnavailable,
     PbsCluster,
     cache_dir,

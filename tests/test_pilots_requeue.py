@@ -4,7 +4,7 @@ When the main scheduler preempts one of our pilots, the daemon's side of the bac
 (:class:`malletrain.daemon.scavenging.Scavenging`) queues a new pilot for that node at once: it waits
 while the main job runs, is not cancelled as stuck meanwhile, starts the moment the node is
 given back, and is cancelled when the daemon no longer wants the node. Run against the Slurm
-backend over :class:`testclusters.fake_slurm.FakeSlurm` (no scheduler needed).
+backend over :class:`tests.clusters.fake_slurm.FakeSlurm` (no scheduler needed).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 from malletrain.daemon.scavenging import REQUEUE_AFTER_S, Scavenging, parse_pilots, pilots_json
 from scavenger.base import AgentRoster, CommandResult, PilotStarted, PilotState, PilotView, SavedPilot
 from scavenger.slurm import SlurmBackend, SlurmConfig
-from testclusters.fake_slurm import FakeSlurm
+from tests.clusters.fake_slurm import FakeSlurm
 
 NODES = ["n00", "n01", "n02"]
 MAX_QUEUED_S = 60.0

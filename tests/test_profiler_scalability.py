@@ -11,8 +11,6 @@ from hypothesis import strategies as st
 
 from allocator.model import Job
 from curves import throughput_at
-from profiler.estimators import ThroughputEstimator
-from profiler.records import Segment, synthesize
 from profiler.scalability import (
     Scalability,
     ScalabilityError,
@@ -136,17 +134,6 @@ def test_refine_replaces_and_calibrates_the_user_curve() -> None:
     assert user.points[2] == 400.0  # immutable: the old curve is untouched
     again = refined.refine(2, 190.0)
     assert again.measured == {2: 190.0}
-
-
-def test_refined_from_a_running_jobs_estimator() -> None:
-    scal = Scalability.from_user({1: 100.0, 8: 800.0})
-    est = ThroughputEstimator()
-    est.extend(synthesize([Segment(4, 40, 1.0, 300), Segment(8, 3, 1.0, 560, pause_before_s=5)], noise=0.01))
-    new = scal.refined_from(est)
-    assert new.source is Source.REFINED
-    assert set(new.measured) == {4}  # 8 has no stable estimate yet
-    assert new.measured[4] == pytest.approx(300.0, rel=0.02)
-    assert new.refined_from(est) is new  # nothing new
 
 
 def test_curve_error_pct() -> None:

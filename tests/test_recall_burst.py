@@ -15,7 +15,7 @@ from malletrain.daemon.scavenging import PilotTexts, parse_pilots, pilots_json
 from malletrain.daemon.store import Store
 from scavenger.base import PilotId, PilotRequest, PilotState, PilotView, Throttled
 from scavenger.slurm import SlurmBackend, SlurmConfig
-from testclusters.fake_slurm import FakeSlurm
+from tests.clusters.fake_slurm import FakeSlurm
 
 SPEC = JobSpec("j", ("true",))
 

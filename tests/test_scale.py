@@ -18,7 +18,7 @@ from scavenger import protocol as P
 from scavenger.base import AgentGone, AgentRoster, PilotRequest, PilotState
 from scavenger.hub import AgentHub, _AgentInfo, ping_interval
 from scavenger.slurm import SlurmBackend, SlurmConfig
-from testclusters.fake_slurm import FakeSlurm
+from tests.clusters.fake_slurm import FakeSlurm
 
 SPEC = JobSpec("j", ("true",))
 

@@ -237,7 +237,7 @@ def test_discover_holds_only_idle_unplanned_and_reports_claims() -> None:
     fake, clock, b = make()
     d = b.discover()
     assert d.idle == {"node1", "node2"}
-    assert d.recall_time("node3") == ts("2030-01-01T00:00:00")
+    assert min(c.start for c in d.claims if "node3" in c.nodes and c.start is not None) == ts("2030-01-01T00:00:00")
     pid = b.submit(PilotRequest(("node1",)))
     assert b.submit(PilotRequest(("node1",))) == pid  # idempotent per node
     assert b.discover().idle == {"node2"}  # a queued pilot's node is not offered again
@@ -477,6 +477,18 @@ def test_resumed_pilots_count_towards_the_cap_and_keep_their_replacement() -> No
     fake.jobs["7"].update(state="PREEMPTED")
     b.poll()
     assert fake.jobs["8"]["state"] == "CANCELLED"  # a preempted pilot takes its replacement with it
+
+
+def test_scancel_of_a_job_already_gone_is_fine_and_any_other_failure_is_not() -> None:
+    d = SlurmDialect(CFG)
+    d.check_cancel(res(["scancel", "7"], "", "scancel: error: Kill job error on job id 7: Job/step already "
+                       "completing or completed\n", 1))
+    d.check_cancel(res(["scancel", "8"], "", "scancel: error: Invalid job id specified\n", 1))
+    with pytest.raises(CommandFailed, match="scancel"):
+        d.check_cancel(res(["scancel", "7", "8"], "", "scancel: error: Invalid job id specified\n"
+                           "scancel: error: Unable to contact slurm controller\n", 1))
+    with pytest.raises(CommandFailed, match="scancel"):
+        d.check_cancel(res(["scancel", "7"], "", "", 1))  # a failure that says nothing is not "gone"
 
 
 def test_a_failed_scancel_leaves_the_pilot_not_cancelling() -> None:

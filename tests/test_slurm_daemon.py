@@ -1,7 +1,7 @@
 """The daemon on a real Slurm cluster with real torch training jobs (marker ``slurm``).
 
 A module fixture starts munged, slurmctld and four ``slurmd -N nodeX`` on this machine
-(:mod:`testclusters.slurm_cluster`, installing slurm-wlm and munge with apt when
+(:mod:`tests.clusters.slurm_cluster`, installing slurm-wlm and munge with apt when
 missing) and stops them at the end. The daemon runs in this process with
 ``[scavenger] kind = "slurm"``: its pilots are ``sbatch`` jobs in the ``preemptable``
 partition, their agents connect back to it, and production jobs go to ``prod``
@@ -30,8 +30,8 @@ from malletrain.daemon import Daemon  # noqa: E402
 from malletrain.worker.examples.tracelog import steps as steps_of  # noqa: E402
 from malletrain.daemon.jobspec import JobSpec, JobState  # noqa: E402
 from scavenger.base import PilotState  # noqa: E402
-from testclusters.slurm_cluster import SlurmCluster, failing_command  # noqa: E402
-from tests.slurm_start import start_or_skip  # noqa: E402
+from tests.clusters.slurm_cluster import SlurmCluster, failing_command  # noqa: E402
+from tests.cluster_start import slurm_or_skip  # noqa: E402
 from tests.stepping import step_until  # noqa: E402
 
 pytestmark = pytest.mark.slurm
@@ -42,7 +42,7 @@ TRAIN = (sys.executable, "-m", "malletrain.worker.examples.train", "--model", "l
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[SlurmCluster]:
-    c = start_or_skip(len(NODES))
+    c = slurm_or_skip(len(NODES))
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SLURM_CONF", str(c.conf))  # the daemon's sinfo/squeue/sbatch find the cluster
         try:

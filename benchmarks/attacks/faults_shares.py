@@ -36,7 +36,7 @@ from typing import Iterator
 
 import faults_common as B
 
-from testclusters.floods import SILENT_CONNECTIONS
+from tests.clusters.floods import SILENT_CONNECTIONS
 
 CONFIG = """
 state_dir = "{{state}}"

@@ -5,7 +5,7 @@
 ``SETTINGS.json`` (written by ``benchmarks/bench_daemon_scale.py``): the daemon config as a
 TOML-shaped dict (``config``), the stand-in's address (``slurm``), where to write the
 figures (``out``). The backend is :class:`scavenger.slurm.SlurmBackend` whose command
-runner asks the stand-in (:func:`testclusters.fake_slurm.remote_runner`) instead of
+runner asks the stand-in (:func:`tests.clusters.fake_slurm.remote_runner`) instead of
 forking ``sinfo``/``squeue``: everything else (parsers, pilot book, hub, monitor, store,
 policy) is the daemon's own.
 
@@ -28,7 +28,7 @@ from typing import Any
 from malletrain.daemon.config import parse_config
 from malletrain.daemon import Daemon, DaemonParts
 from scavenger.slurm import SlurmBackend, SlurmConfig
-from testclusters.fake_slurm import remote_runner
+from tests.clusters.fake_slurm import remote_runner
 
 SLOW_STEP_S = 0.1  # steps that took longer are kept with their phases' wall times
 

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from malletrain.cli.sweep import STATE_HELP, ask_daemon, open_store, state_of
+from malletrain.cli.sweep import STATE_HELP, ask_daemon, open_store, refused, state_of
 from malletrain.cli.status_view import (  # noqa: F401  (re-exported for callers)
     LOG_DIR, format_details, format_jobs, format_nodes, job_logs, job_note, printable,
 )
@@ -167,15 +167,12 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from malletrain.daemon.statedir import current_umask
 
     reply = ask_daemon(args, {"cmd": "submit", "spec": json.loads(spec.to_json()), "umask": current_umask()})
-    if reply is not None:
-        if not reply.get("ok"):
-            print(f"malletrain submit: error: {reply.get('error', reply)}", file=sys.stderr)
-            return 1
-        print(reply["id"])
-        return 0
-    with open_store(args) as store:
-        jid = store.submit(spec, owner_uid=os.geteuid(), owner_gid=os.getegid())
-    print(jid)
+    if refused(reply, "submit"):
+        return 1
+    if reply is None:
+        with open_store(args) as store:
+            reply = {"id": store.submit(spec, owner_uid=os.geteuid(), owner_gid=os.getegid())}
+    print(reply["id"])
     return 0
 
 
@@ -190,10 +187,9 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     reply = ask_daemon(args, {"cmd": "cancel", "id": args.id})
     if reply is not None and reply.get("sweep") or reply is None and _stored_sweep(args):
         return _cancel_sweep(args, reply)
+    if refused(reply, "cancel"):
+        return 1
     if reply is not None:
-        if not reply.get("ok"):
-            print(f"malletrain cancel: error: {reply.get('error', reply)}", file=sys.stderr)
-            return 1
         now, was = str(reply["state"]), str(reply["was"])
     else:
         with open_store(args) as store:
@@ -240,10 +236,9 @@ def _cancel_array(args: argparse.Namespace) -> int:
     from malletrain.daemon.arrays import resolve
 
     reply = ask_daemon(args, {"cmd": "cancel", "id": args.id})
+    if refused(reply, "cancel"):
+        return 1
     if reply is not None:
-        if not reply.get("ok"):
-            print(f"malletrain cancel: error: {reply.get('error', reply)}", file=sys.stderr)
-            return 1
         jobs = list(reply.get("jobs") or [])
     else:
         with open_store(args) as store:

@@ -44,6 +44,14 @@ def ask_daemon(args: argparse.Namespace, req: dict[str, Any]) -> dict[str, Any] 
     return ask(state_dir(args.state_dir), req, timeout_s=30.0)
 
 
+def refused(reply: dict[str, Any] | None, command: str) -> bool:
+    """Whether the daemon answered ``command`` with an error (printed, as ``malletrain COMMAND: error: ...``)."""
+    if reply is None or reply.get("ok"):
+        return False
+    print(f"malletrain {command}: error: {reply.get('error', reply)}", file=sys.stderr)
+    return True
+
+
 def open_store(args: argparse.Namespace) -> closing[Any]:
     """The state dir's store, for a ``with`` block that closes it."""
     from malletrain.daemon.store import Store
@@ -76,10 +84,9 @@ def _submit_array(args: argparse.Namespace, text: str) -> int:
     first = element_spec(spec, "a000000", indices[0])
     check_command(first.command, first.cwd or os.getcwd(), first.env, args.jobfile)
     reply = ask_daemon(args, {"cmd": "submit", "spec": json.loads(spec.to_json()) | {"array": text}})
+    if refused(reply, "submit"):
+        return 1
     if reply is not None:
-        if not reply.get("ok"):
-            print(f"malletrain submit: error: {reply.get('error', reply)}", file=sys.stderr)
-            return 1
         array_id, jobs = str(reply["id"]), list(reply["jobs"])
     else:
         with open_store(args) as store:
@@ -96,11 +103,9 @@ def _submit_sweep(args: argparse.Namespace, spec: Any, sweep: Any) -> int:
     example = trial_spec(spec, sweep, 0, example_values(sweep))
     check_command(example.command, example.cwd or os.getcwd(), example.env, args.jobfile)
     reply = ask_daemon(args, {"cmd": "submit", "spec": json.loads(spec.to_json()) | {"sweep": sweep.to_table()}})
-    if reply is not None:
-        if not reply.get("ok"):
-            print(f"malletrain submit: error: {reply.get('error', reply)}", file=sys.stderr)
-            return 1
-    else:
+    if refused(reply, "submit"):
+        return 1
+    if reply is None:
         with open_store(args) as store:
             register(store, spec, sweep, os.geteuid(), os.getegid())
     print(f"sweep {sweep.name}: {sweep.trials} trials ({sweep.direction}, sampler {sweep.sampler}); "

@@ -22,9 +22,8 @@ from pathlib import Path
 from typing import Sequence
 
 from contract.exits import EXIT_SIGTERM
-from contract.workerenv import ENV_TOY_DIR, WorkerEnv, configure_worker_logging
+from contract.workerenv import WorkerEnv, configure_worker_logging
 
-ENV_DIR = ENV_TOY_DIR  # the name before contract.workerenv
 
 log = logging.getLogger("malletrain.toy")
 

@@ -69,8 +69,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-# The names below load their module on first use: the daemon imports the store's key schema and
-# wire (keys, wire: no torch) without paying for torch, which the rest of this package needs.
+# The names below load their module on first use: the rank agent imports the errors and the rendezvous
+# (no torch) without paying for torch, which the snapshot and the state need.
 _EXPORTS = {
     "EXIT_STORE_LOST": "errors",
     "LeaveJob": "errors",
@@ -94,16 +94,14 @@ _EXPORTS = {
     "RescaleEvent": "state",
     "State": "state",
 }
-_ALIASES = {"_Snapshot": "Snapshot"}  # the name before the split
 
 __all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:
-    target = _ALIASES.get(name, name)
-    module = _EXPORTS.get(target)
+    module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'malletrain.worker.elastic' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"malletrain.worker.elastic.{module}"), target)
+    value = getattr(importlib.import_module(f"malletrain.worker.elastic.{module}"), name)
     globals()[name] = value
     return value

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Collection, Mapping, Sequence
 
-from contract.workerenv import RankPlace, WorkerEnvError, torchrun_environ
+from contract.workerenv import RankPlace, WorkerEnvError
 
 
 def collective_backend(device_type: str, available: Collection[str]) -> str:
@@ -48,10 +48,3 @@ def local_slot(env: Mapping[str, str]) -> tuple[int, int]:
 def place_in(members: Sequence[str], worker: str, local_rank: int, local_world_size: int) -> RankPlace:
     """Where local rank ``local_rank`` of member ``worker`` sits in the world of ``members``."""
     return RankPlace(members.index(worker), len(members), local_rank, local_world_size)
-
-
-def world_environ(place: RankPlace, master: tuple[str, int], run_id: str, worlds_before: int) -> dict[str, str]:
-    """torchrun's variables of the current world, for a worker's ``os.environ`` (libraries that read
-    ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` ... see the world as it is now). ``worlds_before``: the
-    worlds this worker was in before this one (torchrun's restart count)."""
-    return torchrun_environ(place, master, run_id, restart_count=worlds_before)

@@ -75,19 +75,13 @@ PROBE_TIMEOUT_S = 2.0
 """A reconnection attempt (connect and handshake) gives up after this long."""
 
 
-def connect_store(address: tuple[str, int], job: str, worker: str, secret: str,
-                  timeout_s: float = CALL_TIMEOUT_S) -> StoreClient:
-    """An authenticated client of ``job``'s keys in the daemon's store at ``address``."""
-    return StoreClient(address, job, worker, secret, timeout_s)
-
-
 def connect_retrying(address: tuple[str, int], job: str, worker: str, secret: str,
                      wait_s: float = CONNECT_TIMEOUT_S) -> StoreClient:
-    """:func:`connect_store`, retried every :data:`RECONNECT_EVERY_S` for up to ``wait_s`` seconds."""
+    """An authenticated client of ``job``'s keys in the daemon's store at ``address``, retried every :data:`RECONNECT_EVERY_S` for up to ``wait_s`` seconds."""
     deadline = time.monotonic() + wait_s
     while True:
         try:
-            return connect_store(address, job, worker, secret)
+            return StoreClient(address, job, worker, secret, CALL_TIMEOUT_S)
         except StoreConnectionLost:
             if time.monotonic() > deadline:
                 raise
@@ -221,7 +215,7 @@ class Rendezvous:
         self.probes += 1
         try:
             try:
-                store = connect_store(self.address, self.job, self.worker, self.secret, PROBE_TIMEOUT_S)
+                store = StoreClient(self.address, self.job, self.worker, self.secret, PROBE_TIMEOUT_S)
             except StoreConnectionLost:
                 return
             except StoreRefused as exc:  # a new daemon that does not know the job yet (still adopting)
@@ -384,7 +378,7 @@ class Rendezvous:
         if self.address is None or self.secret is None or self.lost_since is not None:
             raise StoreUnavailable(f"job {self.job}: the daemon's store is away")
         try:
-            store = connect_store(self.address, self.job, self.worker, self.secret, PROBE_TIMEOUT_S)
+            store = StoreClient(self.address, self.job, self.worker, self.secret, PROBE_TIMEOUT_S)
         except StoreConnectionLost as exc:
             raise StoreUnavailable(f"job {self.job}: {exc}") from None
         try:

@@ -32,11 +32,11 @@ import torch.distributed as dist
 import torch.distributed.nn.functional  # noqa: F401,E402  (see above)
 
 from malletrain.worker import client
-from malletrain.worker.elastic.devices import collective_backend, local_slot, place_in, world_environ
+from malletrain.worker.elastic.devices import collective_backend, local_slot, place_in
 from malletrain.worker.elastic.errors import LeaveJob, Rescaled, StoreLost, StoreUnavailable, first_line, is_comm_failure
 from malletrain.worker.elastic.rendezvous import Rendezvous, form_world
 from malletrain.worker.elastic.snapshot import Snapshot, broadcast_snapshot
-from contract.workerenv import WorkerEnv, configure_worker_logging
+from contract.workerenv import WorkerEnv, configure_worker_logging, torchrun_environ
 
 log = logging.getLogger("malletrain.worker.elastic")
 
@@ -99,7 +99,6 @@ class State:
         # this process's slot on its node: the daemon's members are nodes, each of K ranks
         self.local_rank, self.local_world_size = local_slot(os.environ) if self._rdzv else (0, 1)
         self.backend = "gloo"  # the collectives of the current world (see _init_group)
-        self.group_setup_s = 0.0  # seconds the current world's process group took to set up
         self._worlds = 0  # worlds joined so far (torchrun's restart count is this less one)
         self._version = -1  # commits of the state this worker holds; -1: none yet
         self._committed: Snapshot | None = None
@@ -277,7 +276,6 @@ class State:
                 self._sync_state()
                 if self.rank == 0:
                     self._rdzv.mark_active(gen)
-                self.group_setup_s = t2 - t1
                 log.info("worker %s: in generation %d as rank %d of %d: barrier %.3f s, %s group %.3f s, "
                          "state %.3f s", self.worker, gen, self.rank, self.world_size, t1 - t0, self.backend,
                          t2 - t1, time.monotonic() - t2)
@@ -315,8 +313,9 @@ class State:
         self.rank, self.world_size, self.generation, self.members = rank, world, gen, members
         self._rdzv.world, self._rdzv.current, self._rdzv.rank = members, gen, rank
         self._joined = True
-        # libraries that read torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK ...) see this world
-        os.environ.update(world_environ(place, master, self._rdzv.job, self._worlds))
+        # libraries that read torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK ...) see this world; the
+        # worlds it was in before this one are torchrun's restart count
+        os.environ.update(torchrun_environ(place, master, self._rdzv.job, restart_count=self._worlds))
         self._worlds += 1
         client.set_context(rank, world, gen, self.local_world_size)  # reports count nodes
 

@@ -1,8 +1,8 @@
 """A real OpenPBS cluster on this machine: server, scheduler, comm and one MoM with N vnodes.
 
-    python -m testclusters.pbs_cluster install            # build (cached) and install OpenPBS as root
-    python -m testclusters.pbs_cluster up --vnodes 4      # run until Ctrl-C
-    python -m testclusters.pbs_cluster check              # start, show pbsnodes and queues, stop
+    python -m tests.clusters.pbs_cluster install            # build (cached) and install OpenPBS as root
+    python -m tests.clusters.pbs_cluster up --vnodes 4      # run until Ctrl-C
+    python -m tests.clusters.pbs_cluster check              # start, show pbsnodes and queues, stop
 
 How it is built and cached, why its daemons run in a private mount namespace, its queues (``prod``,
 an express queue, and ``preemptable``, the pilots') and why root may submit: docs/operators/pbs.md
@@ -28,9 +28,12 @@ import time
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Self, Sequence
 
 import psutil
+
+from .common import ClusterUnavailable, LocalCluster, apt_get_install, hold_until_stopped, run_command, tail
+from .common import failing_command as wrapped_command
 
 PREFIX = Path("/opt/pbs")
 PBS_HOME = Path("/var/spool/pbs")
@@ -51,10 +54,6 @@ KILL_DELAY_S = 2
 VNODE_SCRIPT = "malletrain_vnodes"
 INSTALLED_MARK = PREFIX / ".malletrain-installed"
 PACKED = "openpbs-install.tar.gz"
-
-
-class ClusterUnavailable(RuntimeError):
-    """OpenPBS cannot be built, installed or started here; the message says why (tests skip with it)."""
 
 
 class PreemptOrder(str, Enum):
@@ -110,7 +109,7 @@ def install(jobs: int = 2, log: Any = None, build_missing: bool = True) -> None:
         raise ClusterUnavailable("OpenPBS is not installed in /opt/pbs and we are not root")
     if not installed() and not build_missing and not (cache_dir(source_tarball()) / PACKED).is_file():
         raise ClusterUnavailable("OpenPBS is neither installed nor built: run "
-                                 "`python -m testclusters.pbs_cluster install` as root first (minutes)")
+                                 "`python -m tests.clusters.pbs_cluster install` as root first (minutes)")
     say = log or (lambda msg: print(f"pbs: {msg}", file=sys.stderr, flush=True))
     _apt_install([*BUILD_DEPS, *RUN_DEPS], say)
     if not installed():
@@ -170,7 +169,7 @@ def _run(argv: list[str], env: dict[str, str], log: Path, timeout: float, cwd: P
         except subprocess.TimeoutExpired:
             raise ClusterUnavailable(f"{' '.join(argv)} timed out after {timeout:g} s; see {log}") from None
     if proc.returncode != 0:
-        raise ClusterUnavailable(f"{' '.join(argv)} failed with exit {proc.returncode}: {_tail(log, 600)}")
+        raise ClusterUnavailable(f"{' '.join(argv)} failed with exit {proc.returncode}: {tail(log, 600)}")
 
 
 def _apt_install(packages: Sequence[str], say: Any) -> None:
@@ -181,16 +180,7 @@ def _apt_install(packages: Sequence[str], say: Any) -> None:
     if shutil.which("apt-get") is None:
         raise ClusterUnavailable(f"missing Debian packages {' '.join(missing)} and there is no apt-get")
     say(f"apt-get install {' '.join(missing)}")
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    for argv in (["apt-get", "update", "-q"],
-                 ["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing]):
-        try:
-            proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=1800, check=False)
-        except subprocess.TimeoutExpired:
-            raise ClusterUnavailable(f"{' '.join(argv[:3])} timed out") from None
-        if proc.returncode != 0:
-            raise ClusterUnavailable(f"{' '.join(argv[:3])} failed with exit {proc.returncode}: "
-                                     f"{(proc.stderr or proc.stdout).strip()[-400:]}")
+    apt_get_install(missing, 1800, ["--no-install-recommends"])
 
 
 def _postinstall(say: Any) -> None:
@@ -268,7 +258,7 @@ def pbs_daemon_pids() -> dict[str, int]:
 
 
 @dataclass
-class PbsCluster:
+class PbsCluster(LocalCluster):
     """OpenPBS on this machine with ``n_vnodes`` vnodes ``vn0..`` behind one MoM (see the module doc).
 
     ``user``: who submits jobs in :meth:`run_as_user` (jobs by root run too: ``acl_roots``).
@@ -301,16 +291,13 @@ class PbsCluster:
         """What a client command needs: PBS's ``bin`` on PATH."""
         return {"PATH": f"{PREFIX / 'bin'}:{os.environ.get('PATH', CLEAN_PATH)}"}
 
-    def client_env(self) -> dict[str, str]:
-        return dict(os.environ, **self.env)
-
     @property
     def jobdir(self) -> Path:
         assert self.root is not None
         return self.root / "jobs"
 
     # -- start
-    def start(self, timeout: float = 90.0) -> "PbsCluster":
+    def start(self, timeout: float = 90.0) -> Self:
         """Install from the cached build when missing, configure, start the daemons, make the queues;
         wait until every vnode is free."""
         install(build_missing=False)
@@ -373,6 +360,7 @@ class PbsCluster:
             argv = ["unshare", "-m", "--propagation", "private", "sh", "-c",
                     'mount --bind "$0" /etc/hosts && exec "$@"', str(hosts), *argv]
         log = self.root / "log" / f"init-{action}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)  # `down` stops daemons a cluster of an earlier process started
         _run(argv, dict(os.environ, PATH=CLEAN_PATH), log, timeout)
 
     def _configure(self) -> None:
@@ -420,22 +408,11 @@ class PbsCluster:
         raise ClusterUnavailable(f"{what}: not within {timeout:g} s")
 
     # -- use
-    def run(self, argv: Sequence[str], check: bool = True, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
-        """Run a PBS client command (argv, no shell) as the calling user."""
-        proc = subprocess.run(list(argv), env=self.client_env(), capture_output=True, text=True, timeout=timeout,
-                              check=False)
-        if check and proc.returncode != 0:
-            raise RuntimeError(f"{' '.join(argv)}: exit {proc.returncode}: {proc.stderr.strip()[:300]}")
-        return proc
-
     def run_as_user(self, argv: Sequence[str], check: bool = True,
                     timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
         """Run a PBS client command as :attr:`user` (``runuser``), in :attr:`jobdir`."""
         full = ["runuser", "-u", self.user, "--", "env", f"PATH={self.env['PATH']}", *argv]
-        proc = subprocess.run(full, cwd=self.jobdir, capture_output=True, text=True, timeout=timeout, check=False)
-        if check and proc.returncode != 0:
-            raise RuntimeError(f"{' '.join(argv)}: exit {proc.returncode}: {proc.stderr.strip()[:300]}")
-        return proc
+        return run_command(full, None, check, timeout, self.jobdir)
 
     def qmgr(self, command: str) -> None:
         self.run(["qmgr", "-c", command])
@@ -512,39 +489,17 @@ class PbsCluster:
         if self._own_root and self.root is not None:
             shutil.rmtree(self.root, ignore_errors=True)
 
-    def __enter__(self) -> "PbsCluster":
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
 
 def failing_command(dirpath: Path, name: str) -> Path:
     """A wrapper ``dirpath/name`` around PBS's ``name`` (put ``dirpath`` first on PATH): it hangs
     while ``dirpath/hang`` exists, fails as an unreachable server does while ``dirpath/fail``
     exists, and runs the real command otherwise."""
-    real = PREFIX / "bin" / name
-    script = dirpath / name
-    script.write_text(
-        "#!/bin/sh\n"
-        f'if [ -e "{dirpath}/hang" ]; then exec sleep 60; fi\n'
-        f'if [ -e "{dirpath}/fail" ]; then echo "Connection refused" >&2; '
-        f'echo "{name}: cannot connect to server $(hostname), error=15010" >&2; exit 2; fi\n'
-        f'exec {real} "$@"\n'
-    )
-    script.chmod(0o755)
-    return script
-
-
-def _tail(path: Path, n: int = 400) -> str:
-    try:
-        return path.read_text(errors="replace").strip()[-n:]
-    except OSError:
-        return ""
+    failure = ["Connection refused", f"{name}: cannot connect to server $(hostname), error=15010"]
+    return wrapped_command(dirpath, name, PREFIX / "bin" / name, failure, 2)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m testclusters.pbs_cluster", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m tests.clusters.pbs_cluster", description=__doc__.splitlines()[0])
     ap.add_argument("command", choices=("install", "build", "up", "check", "down"))
     ap.add_argument("--vnodes", type=int, default=4)
     ap.add_argument("--kill-delay", type=int, default=KILL_DELAY_S)
@@ -572,13 +527,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"export PATH={PREFIX / 'bin'}:$PATH", flush=True)
             print(cluster.run(["pbsnodes", "-aSj"]).stdout, cluster.run(["qstat", "-Q"]).stdout, flush=True)
             if args.command == "up":
-                stop = [False]
-                signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__(0, True))
-                try:
-                    while not stop[0]:
-                        time.sleep(0.5)
-                except KeyboardInterrupt:
-                    pass
+                hold_until_stopped()
         return 0
     except ClusterUnavailable as exc:
         print(f"pbs cluster: {exc}", file=sys.stderr)

@@ -1,8 +1,8 @@
 """A real Slurm cluster on this machine: munged, slurmctld and one ``slurmd -N nodeX`` per node.
 
-    python -m testclusters.slurm_cluster install          # apt-get slurm-wlm munge when missing
-    python -m testclusters.slurm_cluster up --nodes 4     # run until Ctrl-C, print SLURM_CONF
-    python -m testclusters.slurm_cluster check            # start, show sinfo, stop
+    python -m tests.clusters.slurm_cluster install          # apt-get slurm-wlm munge when missing
+    python -m tests.clusters.slurm_cluster up --nodes 4     # run until Ctrl-C, print SLURM_CONF
+    python -m tests.clusters.slurm_cluster check            # start, show sinfo, stop
 
 Everything lives in one state directory: the config, a private munge key and
 socket, spool, logs and pid files (``%n`` in the per-node paths). Partitions:
@@ -25,9 +25,12 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Self, Sequence
 
 import psutil
+
+from .common import ClusterUnavailable, LocalCluster, apt_get_install, hold_until_stopped, tail
+from .common import failing_command as wrapped_command
 
 SLURM_BINARIES = ("slurmctld", "slurmd", "munged", "sbatch", "squeue", "sinfo", "scontrol", "scancel")
 APT_PACKAGES = ("slurm-wlm", "munge")
@@ -35,10 +38,6 @@ GRACE_TIME_S = 5
 """GraceTime of the preemptable partition: a preempted pilot gets SIGTERM, SIGKILL this much later."""
 GPUS_PER_NODE = 4
 """GPUs each test node declares (``Gres=gpu:4``): the node shape a GPU machine reports."""
-
-
-class ClusterUnavailable(RuntimeError):
-    """Slurm cannot be installed or started here; the message says why (tests skip with it)."""
 
 
 def missing_binaries() -> list[str]:
@@ -58,15 +57,7 @@ def install(timeout: float = 900.0) -> None:
         raise ClusterUnavailable(f"Slurm is not installed (missing {', '.join(missing)}) and we are not root")
     if shutil.which("apt-get") is None:
         raise ClusterUnavailable(f"Slurm is not installed (missing {', '.join(missing)}) and there is no apt-get")
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    for argv in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", *APT_PACKAGES]):
-        try:
-            proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, check=False)
-        except subprocess.TimeoutExpired:
-            raise ClusterUnavailable(f"{' '.join(argv)} timed out after {timeout:g} s") from None
-        if proc.returncode != 0:
-            tail = (proc.stderr or proc.stdout).strip()[-400:]
-            raise ClusterUnavailable(f"{' '.join(argv)} failed with exit {proc.returncode}: {tail}")
+    apt_get_install(APT_PACKAGES, timeout)
     still = missing_binaries()
     if still:
         raise ClusterUnavailable(f"installed {' '.join(APT_PACKAGES)} but still missing {', '.join(still)}")
@@ -162,7 +153,7 @@ def render_gres(nodes: Sequence[str], dev_dir: Path, gpus: int = GPUS_PER_NODE) 
 
 
 @dataclass
-class SlurmCluster:
+class SlurmCluster(LocalCluster):
     """A private Slurm cluster of ``n_nodes`` nodes rooted at ``root`` (a new temp dir by default)."""
 
     n_nodes: int = 4
@@ -192,11 +183,8 @@ class SlurmCluster:
         """What a client command needs to reach this cluster (``SLURM_CONF``)."""
         return {"SLURM_CONF": str(self.conf)}
 
-    def client_env(self) -> dict[str, str]:
-        return dict(os.environ, **self.env)
-
     # -- start
-    def start(self, timeout: float = 60.0) -> "SlurmCluster":
+    def start(self, timeout: float = 60.0) -> Self:
         """Install when missing, write the config, start munged, slurmctld, the slurmds; wait until idle."""
         install()
         assert self.root is not None
@@ -261,8 +249,8 @@ class SlurmCluster:
             code = proc.poll()
             if code is not None:
                 assert self.root is not None
-                tail = _tail(self.root / "log" / f"{name}.out") or _tail(self.root / "log" / f"{name}.log")
-                raise ClusterUnavailable(f"{name} exited with {code} at start: {tail}")
+                log = tail(self.root / "log" / f"{name}.out") or tail(self.root / "log" / f"{name}.log")
+                raise ClusterUnavailable(f"{name} exited with {code} at start: {log}")
 
     def _wait_idle(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -278,15 +266,6 @@ class SlurmCluster:
         raise ClusterUnavailable(f"nodes not idle after {timeout:g} s; last sinfo: {last[:300]}")
 
     # -- use
-    def run(self, argv: Sequence[str], check: bool = True, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
-        """Run a Slurm client command against this cluster (argv, no shell)."""
-        proc = subprocess.run(
-            list(argv), env=self.client_env(), capture_output=True, text=True, timeout=timeout, check=False
-        )
-        if check and proc.returncode != 0:
-            raise RuntimeError(f"{' '.join(argv)}: exit {proc.returncode}: {proc.stderr.strip()[:300]}")
-        return proc
-
     def cancel_all(self, timeout: float = 30.0) -> bool:
         """Cancel every job of this cluster and wait until none runs; True if they all left."""
         res = self.run(["squeue", "-h", "-o", "%i"], check=False, timeout=10.0)
@@ -335,28 +314,12 @@ class SlurmCluster:
             except psutil.Error:
                 pass
 
-    def __enter__(self) -> "SlurmCluster":
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
 
 def failing_command(dirpath: Path, name: str) -> Path:
-    """A wrapper script ``dirpath/name`` around Slurm's ``name`` (put ``dirpath`` first on PATH):
-    it hangs while ``dirpath/hang`` exists, fails as an unreachable controller does while
-    ``dirpath/fail`` exists, and runs the real command otherwise (tests of a scheduler that
-    stops answering)."""
-    real = "/usr/bin/" + name
-    script = dirpath / name
-    script.write_text(
-        "#!/bin/sh\n"
-        f'if [ -e "{dirpath}/hang" ]; then exec sleep 60; fi\n'
-        f'if [ -e "{dirpath}/fail" ]; then echo "{name}: error: Unable to contact slurm controller" >&2; exit 1; fi\n'
-        f'exec {real} "$@"\n'
-    )
-    script.chmod(script.stat().st_mode | 0o111)
-    return script
+    """A wrapper script ``dirpath/name`` around Slurm's ``name`` (put ``dirpath`` first on PATH): it hangs
+    while ``dirpath/hang`` exists, fails as an unreachable controller does while ``dirpath/fail`` exists,
+    and runs the real command otherwise (tests of a scheduler that stops answering)."""
+    return wrapped_command(dirpath, name, "/usr/bin/" + name, [f"{name}: error: Unable to contact slurm controller"], 1)
 
 
 def _req(name: str) -> str:
@@ -377,15 +340,8 @@ def _stop(proc: subprocess.Popen[bytes], grace: float = 10.0) -> None:
         proc.wait(timeout=5.0)
 
 
-def _tail(path: Path, n: int = 400) -> str:
-    try:
-        return path.read_text(errors="replace").strip()[-n:]
-    except OSError:
-        return ""
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m testclusters.slurm_cluster", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m tests.clusters.slurm_cluster", description=__doc__.splitlines()[0])
     ap.add_argument("command", choices=("install", "up", "check"))
     ap.add_argument("--nodes", type=int, default=4)
     ap.add_argument("--dir", default=None, help="state directory (default: a new temporary one, removed at stop)")
@@ -400,13 +356,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"export SLURM_CONF={cluster.conf}", flush=True)
             print(cluster.run(["sinfo"]).stdout, flush=True)
             if args.command == "up":
-                stop = [False]
-                signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__(0, True))
-                try:
-                    while not stop[0]:
-                        time.sleep(0.5)
-                except KeyboardInterrupt:
-                    pass
+                hold_until_stopped()
         return 0
     except ClusterUnavailable as exc:
         print(f"slurm cluster: {exc}", file=sys.stderr)
