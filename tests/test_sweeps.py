@@ -454,3 +454,63 @@ def test_cli_cancels_a_sweep_without_a_daemon_and_show_reads_it(tmp_path: Path, 
     shown = json.loads(capsys.readouterr().out)
     assert shown["cancelled"] and shown["done"] and shown["trials"] == []
     assert main(["cancel", "nope", "--state-dir", state]) == 1  # neither a job nor a sweep
+
+
+# ---------------------------------------------------------------- what a trial and a user see
+def test_the_client_writes_the_value_and_the_steps_the_daemon_reads(tmp_path: Path, monkeypatch: Any) -> None:
+    """``trial_result`` and ``trial_report`` (the one-line client calls) write what the daemon reads, on
+    rank 0 alone, and nothing outside a sweep; a value that is not a finite number is refused."""
+    from contract.workerenv import ENV_TRIAL_STEPS
+    from malletrain.daemon.sweepfile import read_steps, read_value
+    from malletrain.worker import client
+
+    client.reset()
+    for var in (ENV_TRIAL_RESULT, ENV_TRIAL_STEPS, "RANK", "HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    assert client.trial_result(0.5) is False and client.trial_report(0, 0.5) is False  # outside a sweep
+    result, steps = tmp_path / "trial-0.json", tmp_path / "trial-0.steps.jsonl"
+    monkeypatch.setenv(ENV_TRIAL_RESULT, str(result))
+    monkeypatch.setenv(ENV_TRIAL_STEPS, str(steps))
+    monkeypatch.setenv("RANK", "1")
+    assert client.trial_result(0.5) is False and client.trial_report(0, 0.5) is False
+    assert not result.exists() and not steps.exists()  # another rank writes nothing
+    monkeypatch.setenv("RANK", "0")
+    assert client.trial_report(0, 1.0) and client.trial_report(1, 0.7) and client.trial_result(0.25)
+    assert read_value(result) == (0.25, "") and read_steps(steps, -1) == [(0, 1.0), (1, 0.7)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["trial-0.json", "trial-0.steps.jsonl"]  # no temp left
+    with pytest.raises(ValueError, match="finite"):
+        client.trial_result(float("nan"))
+    with pytest.raises(ValueError, match="step"):
+        client.trial_report(-1, 0.1)
+
+
+def test_sweep_show_names_the_best_and_status_json_carries_sweeps_and_arrays(tmp_path: Path, capsys: Any) -> None:
+    """After a daemon ran a sweep and an array: ``sweep show`` prints each trial and the best one, and
+    ``status --json`` carries the sweep (its trials and best) and the array (one summary), read
+    without a daemon."""
+    from malletrain.cli import main
+    from malletrain.daemon.arrays import submit_array
+
+    h = _harness(tmp_path)
+    try:
+        register(h.daemon.store, _spec(), parse_sweep(_table(trials=2), "search", "t"), None, None)
+        submit_array(h.daemon.store, JobSpec(name="seeds", command=("true", "{index}")), (0, 1))
+        h.cluster.became_idle("n01", "n02", "n03")
+        for t, value in ((0, 0.5), (1, 0.2)):
+            h.run_until(h.now + 4.0)
+            _finish(h, _trials(h)[t], value)
+        h.run_until(h.now + 4.0)
+    finally:
+        h.close()
+    state = str(tmp_path / "d")
+    assert main(["sweep", "show", "search", "--state-dir", state]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("sweep search: minimize, 2 of 2 trials ended")
+    assert out[-1].startswith("best: trial 1, value 0.2, ") and "width=" in out[-1]
+    assert sum(" completed " in ln for ln in out) == 2
+    assert main(["status", "--state-dir", state, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    (s,) = data["sweeps"]
+    assert s["best"]["number"] == 1 and [t["value"] for t in s["trials"]] == [0.5, 0.2]
+    (a,) = data["arrays"]
+    assert (a["array"], a["elements"], a["indices"]) == ("a000001", 2, [0, 1])
