@@ -444,6 +444,7 @@ def test_a_last_rank_exiting_0_between_observe_and_act_completes_the_job_and_sta
                        for e in h.events("members"))  # no new world published
         assert [e["to"] for e in h.events("state") if e.get("job") == jid][-1:] == ["completed"]
         assert "suspended" not in [e["to"] for e in h.events("state") if e.get("job") == jid]
+        assert [e["job"] for e in h.events("world_done")] == [jid]  # act saw it done, once, and left it
     finally:
         h.close()
 
