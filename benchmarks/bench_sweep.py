@@ -8,8 +8,8 @@ recall schedule (every ``RECALL_EVERY_S`` one node, in turn, is taken for ``RECA
   torchrun job of 1 to 2 nodes, suspended by a recall and resumed from its own checkpoint.
 - **Optuna retry** (the baseline, as Optuna documents it for preemptible workers): one worker
   process a node runs ``study.optimize`` on an RDB study with a heartbeat (``heartbeat_interval``,
-  ``grace_period``) and ``RetryFailedTrialCallback``; each trial is a plain process of one node. A
-  recall kills the node's worker and its trial (as a preemption does); the trial goes stale, is
+  ``grace_period``) and ``RetryHeartbeatStaleTrialCallback``; each trial is a plain process of one
+  node. A recall kills the node's worker and its trial (as a preemption does); the trial goes stale, is
   failed and retried as a new trial with the same values, from scratch; the node's worker starts
   again when the node comes back.
 
@@ -129,18 +129,31 @@ def run_malletrain(work: Path, trials: int, steps: int, sleep: float, most: int)
 
 
 # ---------------------------------------------------------------- Optuna retry (the baseline)
+def retry_storage(url: str) -> Any:
+    """The baseline's study storage, as Optuna documents it for preemptible workers: a heartbeat every
+    second, a trial silent for 3 s is stale, failed and retried from scratch, with no bound on retries
+    (``RetryHeartbeatStaleTrialCallback``; an Optuna before 4.9 has only ``RetryFailedTrialCallback``, the
+    same callback under the name later Optunas deprecate)."""
+    from optuna import storages
+
+    retry = getattr(storages, "RetryHeartbeatStaleTrialCallback", None)
+    if retry is None:
+        return storages.RDBStorage(url, heartbeat_interval=1, grace_period=3,
+                                   failed_trial_callback=storages.RetryFailedTrialCallback(max_retry=None))
+    return storages.RDBStorage(url, heartbeat_interval=1, grace_period=3,
+                               heartbeat_stale_trial_callback=retry(max_retry=None))
+
+
 def optuna_worker(url: str, ckpt: str, trials: int, steps: int, sleep: float, port: int) -> None:
     """One node's worker: ``study.optimize`` with a heartbeat; each trial a plain process of one node."""
     import json
 
     import optuna
-    from optuna.storages import RDBStorage, RetryFailedTrialCallback
     from optuna.study import MaxTrialsCallback
     from optuna.trial import TrialState
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    storage = RDBStorage(url, heartbeat_interval=1, grace_period=3,
-                         failed_trial_callback=RetryFailedTrialCallback(max_retry=None))
+    storage = retry_storage(url)
     study = optuna.load_study(study_name="bench", storage=storage, sampler=optuna.samplers.TPESampler(seed=SEED))
 
     def objective(trial: optuna.Trial) -> float:

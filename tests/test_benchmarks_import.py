@@ -35,3 +35,23 @@ def test_the_script_imports(script: str) -> None:
     module = importlib.import_module(name)
     assert module.__file__ is not None and Path(module.__file__) == BENCH / f"{script}.py"
     sys.modules.pop(name, None)
+
+
+def test_the_sweep_baseline_retries_stale_trials_with_optunas_current_callback(tmp_path: Path) -> None:
+    """bench_sweep's baseline (Optuna's heartbeat and retry) is built with no deprecated Optuna call (it
+    passed ``failed_trial_callback``, which Optuna 4.9 deprecates and 6 removes), and retries without bound."""
+    pytest.importorskip("optuna")
+    import warnings
+
+    bench_sweep = importlib.import_module("bench_sweep")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", FutureWarning)  # Optuna's deprecations
+            warnings.simplefilter("error", DeprecationWarning)
+            storage = bench_sweep.retry_storage(f"sqlite:///{tmp_path / 'study.db'}")
+        assert storage.heartbeat_interval == 1 and storage.grace_period == 3
+        retry = storage.heartbeat_stale_trial_callback if hasattr(storage, "heartbeat_stale_trial_callback") \
+            else storage.failed_trial_callback
+        assert retry is not None and retry._max_retry is None
+    finally:
+        sys.modules.pop("bench_sweep", None)

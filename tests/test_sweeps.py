@@ -61,12 +61,40 @@ def test_a_sweep_table_is_parsed_and_a_trial_gets_its_values_in_its_command() ->
     (_table(sampler="cmaes"), ["sampler", "'cmaes'"]),
     (_table(pruner="hyperband"), ["pruner", "'hyperband'"]),
     (_table(sampler="grid"), ["grid", "lr", "float"]),
+    (_table(sampler="grid", trials=5, space={"w": {"low": 1, "high": 2}, "a": {"choices": ["x", "y"]}}),
+     ["trials 5", "grid's 4 points"]),
     (_table(colour=1), ["unknown", "colour"]),
 ])
 def test_bad_sweep_tables_are_refused_naming_the_field(table: dict[str, Any], words: list[str]) -> None:
     with pytest.raises(SweepError) as err:
         parse_sweep(table, "search", "job.toml")
     assert all(w in str(err.value) for w in words), str(err.value)
+
+
+GRID = {"width": {"low": 8, "high": 9}, "act": {"choices": ["relu", "gelu"]}}
+
+
+@pytest.mark.parametrize("sampler", ["random", "grid"])
+def test_each_sampler_asks_values_in_the_space_and_a_grid_each_point_once(tmp_path: Path, sampler: str) -> None:
+    """Trials asked two at a time and told as they end, as the daemon does: every value within its entry;
+    the grid sampler asks each point once and its last trials are told (Optuna's grid sampler stops
+    the study once every point is asked, which raises outside ``optimize``: the last tells failed)."""
+    from malletrain.daemon.sweepfile import SweepStudy
+
+    sweep = parse_sweep(_table(trials=4, sampler=sampler, space=GRID), "search", "t")
+    study = SweepStudy(sweep, tmp_path / "study.journal")
+    asked = [study.ask(), study.ask()]
+    while asked:
+        number, _ = asked.pop(0)
+        study.tell_value(number, float(number))
+        if study.asked() < sweep.trials:
+            asked.append(study.ask())
+    rows = study.rows()
+    assert [(r.number, r.state, r.value) for r in rows] == [(n, "completed", float(n)) for n in range(4)]
+    assert all(r.values["width"] in (8, 9) and r.values["act"] in ("relu", "gelu") for r in rows)
+    if sampler == "grid":
+        assert sorted((r.values["width"], r.values["act"]) for r in rows) == [
+            (8, "gelu"), (8, "relu"), (9, "gelu"), (9, "relu")]
 
 
 def test_a_placeholder_with_no_entry_is_refused_at_submit(tmp_path: Path) -> None:
@@ -155,6 +183,32 @@ def test_trials_run_as_jobs_each_told_its_value_and_the_best_is_named(tmp_path: 
         reply = h.daemon.handle(Status(), Caller(0, 0, True))  # status --json carries the same
         assert reply["sweeps"][0]["best"] == s["best"] and reply["sweeps"][0]["trials"] == s["trials"]
         assert len(_trials(h)) == 3  # no trial more than asked
+    finally:
+        h.close()
+
+
+def test_a_grid_sweep_runs_every_point_and_ends_with_each_trial_told(tmp_path: Path) -> None:
+    """The daemon drives a grid sweep of as many trials as points to its end (before, the tell of the
+    grid's last trials raised and the sweep stopped, "sweep_error", with trials left untold)."""
+    h = _harness(tmp_path)
+    try:
+        register(h.daemon.store, _spec(("true", "--width", "{width}", "--act", "{act}")),
+                 parse_sweep(_table(trials=4, sampler="grid", space=GRID), "search", "t"), None, None)
+        h.cluster.became_idle("n01", "n02", "n03")
+        for _ in range(20):
+            h.run_until(h.now + 3.0)
+            for t, jid in _trials(h).items():
+                run = h.daemon.runs.get(jid)
+                if run is not None and run.members and run.workers and run.ending is None:
+                    _finish(h, jid, float(t))
+            if _show(h)["done"]:
+                break
+        s = _show(h)
+        assert s["done"] and [(t["state"], t["value"]) for t in s["trials"]] == [
+            ("completed", float(n)) for n in range(4)], s
+        assert sorted((t["values"]["width"], t["values"]["act"]) for t in s["trials"]) == [
+            (8, "gelu"), (8, "relu"), (9, "gelu"), (9, "relu")]
+        assert h.events("sweep_error") == [] and s["error"] is None
     finally:
         h.close()
 
@@ -400,3 +454,63 @@ def test_cli_cancels_a_sweep_without_a_daemon_and_show_reads_it(tmp_path: Path, 
     shown = json.loads(capsys.readouterr().out)
     assert shown["cancelled"] and shown["done"] and shown["trials"] == []
     assert main(["cancel", "nope", "--state-dir", state]) == 1  # neither a job nor a sweep
+
+
+# ---------------------------------------------------------------- what a trial and a user see
+def test_the_client_writes_the_value_and_the_steps_the_daemon_reads(tmp_path: Path, monkeypatch: Any) -> None:
+    """``trial_result`` and ``trial_report`` (the one-line client calls) write what the daemon reads, on
+    rank 0 alone, and nothing outside a sweep; a value that is not a finite number is refused."""
+    from contract.workerenv import ENV_TRIAL_STEPS
+    from malletrain.daemon.sweepfile import read_steps, read_value
+    from malletrain.worker import client
+
+    client.reset()
+    for var in (ENV_TRIAL_RESULT, ENV_TRIAL_STEPS, "RANK", "HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    assert client.trial_result(0.5) is False and client.trial_report(0, 0.5) is False  # outside a sweep
+    result, steps = tmp_path / "trial-0.json", tmp_path / "trial-0.steps.jsonl"
+    monkeypatch.setenv(ENV_TRIAL_RESULT, str(result))
+    monkeypatch.setenv(ENV_TRIAL_STEPS, str(steps))
+    monkeypatch.setenv("RANK", "1")
+    assert client.trial_result(0.5) is False and client.trial_report(0, 0.5) is False
+    assert not result.exists() and not steps.exists()  # another rank writes nothing
+    monkeypatch.setenv("RANK", "0")
+    assert client.trial_report(0, 1.0) and client.trial_report(1, 0.7) and client.trial_result(0.25)
+    assert read_value(result) == (0.25, "") and read_steps(steps, -1) == [(0, 1.0), (1, 0.7)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["trial-0.json", "trial-0.steps.jsonl"]  # no temp left
+    with pytest.raises(ValueError, match="finite"):
+        client.trial_result(float("nan"))
+    with pytest.raises(ValueError, match="step"):
+        client.trial_report(-1, 0.1)
+
+
+def test_sweep_show_names_the_best_and_status_json_carries_sweeps_and_arrays(tmp_path: Path, capsys: Any) -> None:
+    """After a daemon ran a sweep and an array: ``sweep show`` prints each trial and the best one, and
+    ``status --json`` carries the sweep (its trials and best) and the array (one summary), read
+    without a daemon."""
+    from malletrain.cli import main
+    from malletrain.daemon.arrays import submit_array
+
+    h = _harness(tmp_path)
+    try:
+        register(h.daemon.store, _spec(), parse_sweep(_table(trials=2), "search", "t"), None, None)
+        submit_array(h.daemon.store, JobSpec(name="seeds", command=("true", "{index}")), (0, 1))
+        h.cluster.became_idle("n01", "n02", "n03")
+        for t, value in ((0, 0.5), (1, 0.2)):
+            h.run_until(h.now + 4.0)
+            _finish(h, _trials(h)[t], value)
+        h.run_until(h.now + 4.0)
+    finally:
+        h.close()
+    state = str(tmp_path / "d")
+    assert main(["sweep", "show", "search", "--state-dir", state]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("sweep search: minimize, 2 of 2 trials ended")
+    assert out[-1].startswith("best: trial 1, value 0.2, ") and "width=" in out[-1]
+    assert sum(" completed " in ln for ln in out) == 2
+    assert main(["status", "--state-dir", state, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    (s,) = data["sweeps"]
+    assert s["best"]["number"] == 1 and [t["value"] for t in s["trials"]] == [0.5, 0.2]
+    (a,) = data["arrays"]
+    assert (a["array"], a["elements"], a["indices"]) == ("a000001", 2, [0, 1])

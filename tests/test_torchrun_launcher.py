@@ -395,6 +395,60 @@ def test_a_recall_after_every_rank_finished_completes_the_job_and_starts_nothing
         h.close()
 
 
+@pytest.mark.parametrize("nodes", [2, 3], ids=["suspended", "moved"])
+def test_a_last_rank_exiting_0_between_observe_and_act_completes_the_job_and_starts_nothing(
+        tmp_path: Path, nodes: int) -> None:
+    """On fakes (the torchrun runtime real), one loop step driven piece by piece: a node of a running
+    torchrun job is recalled, observe looks (the world's done count is not full yet), then the job's
+    last rank exits 0 (its count becomes full) before act carries out the plan that takes the recalled
+    node away (the job below its min: suspended; or moved onto a free node). The job ends COMPLETED,
+    no worker of it starts again and no new world of it is published (before, act suspended or moved
+    the world and the work ran again once it was placed)."""
+    from contract.storekeys import ready_key
+    from policy import PolicyConfig
+    from tests.test_conformance import LINEAR, NODES, Harness
+
+    h = Harness(tmp_path / "d", PolicyConfig(profiling="never"))
+    try:
+        h.cluster.became_idle(*NODES[:nodes])
+        jid = h.daemon.store.submit(JobSpec("trial", (PY, "train.py"), 2, 2, launcher=Launcher.TORCHRUN))
+        h.monitor.curves[jid] = dict(LINEAR)
+        h.run_until(5.0)
+        store = h.daemon.torchrun._require_store()  # type: ignore[attr-defined]
+        for _, worker in h.cluster.started:
+            store.set(ready_key(jid, worker), "1")  # the agents connected
+        h.run_until(8.0)
+        run = h.daemon.runs[jid]
+        assert len(run.members) == 2 and h.daemon.store.require(jid).state is JobState.RUNNING
+        gen = h.daemon.torchrun.torch.generation(jid)  # type: ignore[attr-defined]
+        started = list(h.cluster.started)
+        store.add(done_key(jid, gen), 1)  # one rank exited 0: not done yet when observe looks
+        act, plans = h.daemon.act.act, []
+
+        def last_rank_exits_then_act(now: float, plan):  # type: ignore[no-untyped-def]
+            if not plans:  # the step of the recall: observe and decide are over, act is next
+                assert h.daemon.runs[jid].ending is None  # observe saw the job as running
+                assert set(plan.nodes.get(jid, ())) != set(run.members)  # the plan changes its world
+                store.add(done_key(jid, gen), 1)  # the last rank exits 0 now
+            plans.append(plan)
+            return act(now, plan)
+
+        h.daemon.act.act = last_rank_exits_then_act  # type: ignore[method-assign]
+        h.cluster.recall(run.members[0])
+        h.run_until(20.0)
+        rec = h.daemon.store.require(jid)
+        assert rec.state is JobState.COMPLETED, rec.message
+        assert "exited 0" in rec.message
+        assert h.cluster.started == started  # nothing started again
+        assert not any(e.get("job") == jid and e["generation"] > gen and e.get("nodes")
+                       for e in h.events("members"))  # no new world published
+        assert [e["to"] for e in h.events("state") if e.get("job") == jid][-1:] == ["completed"]
+        assert "suspended" not in [e["to"] for e in h.events("state") if e.get("job") == jid]
+        assert [e["job"] for e in h.events("world_done")] == [jid]  # act saw it done, once, and left it
+    finally:
+        h.close()
+
+
 def test_the_torchrun_runtime_is_built_on_a_torch_runtime_it_holds() -> None:
     """Composition, not inheritance: the torchrun launcher's runtime holds a ``torch`` runtime (its store,
     generations and member lists) and adds the worlds' places to it."""

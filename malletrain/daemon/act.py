@@ -59,6 +59,9 @@ class Act:
             if run.state.terminal:
                 continue
             nodes = plan.nodes.get(run.id, ())  # its trainer's ledger: usable nodes only, never below its min
+            if run.members and (run.restart or set(nodes) != set(run.members)) and self._world_done(run):
+                changed = True  # left as it is: the next observe ends it COMPLETED
+                continue
             if not nodes:  # the decision gave it none, or the ledger's Loss suspended it (and says why)
                 if run.members or run.workers or run.state.active:
                     self.suspend(run, now, self._why_no_nodes(run))
@@ -81,6 +84,23 @@ class Act:
                     self.hub.stop_worker(node, wid, grace=1.0)
                     run.kill_again_at(wid, node, now + 5.0)
         return changed
+
+    def _world_done(self, run: JobRun) -> bool:
+        """Whether every rank of the job's published world has exited 0 since observe looked (its
+        runtime's :meth:`~malletrain.runtimes.Runtime.finished`: the last rank may exit between observe
+        and act). Act asks it before it suspends, restarts or changes that world, which would run the
+        finished work again; such a world is left as it is for this step, and observe, which writes a
+        job's end, ends it COMPLETED at the next (a trial's value checked first, as for any end)."""
+        try:
+            done = self.runtimes.of(run.spec).finished(run.id)
+        except Exception as exc:  # a runtime hiccup must not kill the loop: acted on as not done
+            log.warning("runtime.finished(%s): %s", run.id, exc, extra=about(job=run.id))
+            return False
+        if done:
+            self.store.log_event("world_done", run.id, reason=done)
+            log.info("job %s: %s since it was observed: its world is left as it is", run.id, done,
+                     extra=about(job=run.id))
+        return bool(done)
 
     def _act_job(self, run: JobRun, nodes: tuple[str, ...], now: float, profiling: bool) -> None:
         if run.workers_since is None:

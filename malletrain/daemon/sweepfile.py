@@ -195,7 +195,10 @@ def parse_sweep(raw: Any, default_name: str, where: str) -> SweepSpec:
         space.append(_param(pname, praw, where))
     sweep = SweepSpec(name, trials, direction, tuple(space), sampler, pruner, seed)
     if sampler == "grid":
-        _grid(sweep, where)
+        points = math.prod(len(v) for v in _grid(sweep, where).values())
+        if trials > points:
+            raise SweepError(f"{where}: [sweep] trials {trials} is more than the grid's {points} points "
+                             f"(the grid sampler asks each point once): give trials = {points} at most")
     return sweep
 
 
@@ -362,6 +365,19 @@ def _optuna() -> Any:
     return optuna
 
 
+def _grid_sampler(optuna: Any, grid: dict[str, list[Any]], seed: int | None) -> Any:
+    """Optuna's grid sampler, less its stop of the study once every point has been asked: that stop is
+    meant for ``study.optimize``, which a sweep does not run (it asks and tells), and outside it Optuna
+    raises, so the tell of a grid's last trials failed and the sweep stopped with trials left untold. A
+    sweep ends at its ``trials``, which :func:`parse_sweep` keeps within the grid's points."""
+
+    class SweepGridSampler(optuna.samplers.GridSampler):
+        def after_trial(self, study: Any, trial: Any, state: Any, values: Any) -> None:
+            return None
+
+    return SweepGridSampler(grid, seed=seed)
+
+
 CANCELLED_PREFIX = "cancelled"
 """How the reason of a trial told FAILED because its job was cancelled begins (``sweep show``: cancelled)."""
 
@@ -398,7 +414,7 @@ class SweepStudy:
         if self.sweep.sampler == "random":
             return optuna.samplers.RandomSampler(seed=self.sweep.seed)
         if self.sweep.sampler == "grid":
-            return optuna.samplers.GridSampler(_grid(self.sweep, self.sweep.name), seed=self.sweep.seed)
+            return _grid_sampler(optuna, _grid(self.sweep, self.sweep.name), self.sweep.seed)
         return optuna.samplers.TPESampler(seed=self.sweep.seed)
 
     def _pruner(self, optuna: Any) -> Any:
