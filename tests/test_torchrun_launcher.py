@@ -559,7 +559,10 @@ def test_a_torchrun_job_rides_through_a_daemon_kill_9(per_node: int, tmp_path: P
     state = tmp_path / "state"
     state.mkdir(mode=0o700)
     cfg = tmp_path / "daemon.toml"
-    cfg.write_text(DAEMON.format(state=state) + f"[scavenger]\nworkers_per_node = {per_node}\n")
+    # The node agents wait for the restarted daemon as long as the product's default does: a daemon's
+    # start under load can take more than the module's 10 s, and agents that gave up stop their ranks.
+    patient = DAEMON.replace("agent_dead_after = 10.0", "agent_dead_after = 30.0")
+    cfg.write_text(patient.format(state=state) + f"[scavenger]\nworkers_per_node = {per_node}\n")
     (tmp_path / "job.toml").write_text(TORCHRUN_JOB.format(python=PY, ckpt=tmp_path / "ddp.pt")
                                        + f"workers_per_node = {per_node}\n")
     log = tmp_path / "daemon.log"
