@@ -10,7 +10,8 @@ a job whose share is none (its user's share went to the user's earlier jobs, as 
 many one-node elements) gets no node while the shares bind.
 
 The shares bind as per-job upper bounds handed to the exact allocator (each job's max this decision):
-the allocator's objective decides within them, and stays exact. They bind only once a user was left
+the allocator's objective decides within them, and stays exact. Under ``allocation = "greedy"`` or
+``"equal"`` each job is held to its share the same way (:func:`policy.allocation.held_to_shares`). They bind only once a user was left
 waiting: while every user with admitted work holds a node, the objective alone decides; when a user
 with admitted work has held no node for ``fair_wait_s`` (another user's jobs hold them all), every job
 is held to its share from then until that user has no admitted job left (no back and forth). A job

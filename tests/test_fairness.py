@@ -168,3 +168,17 @@ def test_the_simulator_applies_the_rule_to_its_users():
     assert _simulate("workload") == {"liar": 4, "late": 0}  # a generated stream is one user: no shares
     assert _simulate("job") == {"liar": 2, "late": 2}  # each job its own user
     assert _simulate("workload", ("alice", "bob")) == {"liar": 2, "late": 2}  # a job file's users
+
+
+@pytest.mark.parametrize("allocation", ["greedy", "equal"])
+def test_the_shares_bind_under_every_allocation(allocation):
+    """Before: the shares were handed to the exact allocator only; under ``allocation = "greedy"`` the
+    first user's job kept every node and the late user never got one."""
+    cfg = PolicyConfig(profiling="never", fair_wait_s=10.0, allocation=allocation)
+    run = _run(cfg)
+    first = _first_node(run)
+    assert first is not None and first - 20.0 <= cfg.fair_wait_s + 1.0  # the nodes a share frees: the next decision
+    late = [c for t, c in run if t >= 20.0 + cfg.fair_wait_s + 1.0]
+    assert late and all(c["a1"] <= 4 for c in late) and late[-1] == {"a1": 4, "b1": 4}
+    assert _first_node(_run(PolicyConfig(profiling="never", fairness="none", allocation=allocation))) is None \
+        or allocation == "equal"  # without shares greedy keeps every node; equal splits by job anyway
