@@ -414,7 +414,8 @@ class Beliefs:
         uses_pool = self._uses_pool(job)
         unproven = self._declared_level_unproven(job, measured)
         pop = population if population is not None or not (uses_pool or unproven) else self.population()
-        pop_part = (pop.guess, pop.pooled or None) if uses_pool and pop else (pop.guess, None) if unproven and pop else None
+        pop_part = ((pop.guess, pop.pooled or None) if uses_pool and pop
+                    else (pop.guess, None) if unproven and pop else None)
         hit = self._curves.get(job.id)
         if hit is not None and hit.made_of(job, measured, pop_part):
             return hit

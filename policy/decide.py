@@ -49,9 +49,9 @@ of its own about admission, profiling, lending, curves or costs. Each rule is se
   drivers carry out and word (:meth:`~policy.model.Stop.describe`), never parse.
 * **Fair share** (``fairness = "equal"``, the default; ``"weighted"``; ``"none"``): a queued job whose
   user holds no slot is admitted beyond Pjmax and the cap, and is never the one suspended; once a user
-  with admitted work has held no node for ``fair_wait_s``, every job is held to its share of the nodes
-  (weighted max-min between users, then between a user's jobs) until that user's work is done: the
-  shares are per-job maxima handed to the exact allocator (:mod:`policy.fairness`).
+  with admitted work has held fewer nodes than its share for ``fair_wait_s``, every job is held to its
+  share of the nodes (weighted max-min between users, then between a user's jobs) until that user's
+  work is done: the shares are per-job maxima handed to the exact allocator (:mod:`policy.fairness`).
 * **Sweeps and arrays** (short jobs, many; ``stream_share``): :mod:`policy.sweeps`.
 * **Curves and costs**: :mod:`policy.beliefs`.
 * **Objective** (``objective = "work"``, the default): the allocator maximises work, each job's
