@@ -210,7 +210,8 @@ def markdown(ev: Evaluation, command: str) -> str:
             lines += waits_table(ev, cell) + [""]
             continue
         lines += [f"## {cell_title(cell, st)}" + ("" if st.n_jobs else ": endless stream (a saturation case)"), ""]
-        lines += cell_table(ev, cell) + [""]
+        shares = fair_share_lines(ev, cell)
+        lines += ([f"- {h}" for h in shares] + [""] if shares else []) + cell_table(ev, cell) + [""]
         if st.n_jobs or not st.sweep:
             lines += completion_table(ev, cell) + [""]
     claims = ev.trace_claims
@@ -426,6 +427,8 @@ def print_report(ev: Evaluation, stream=None) -> None:  # type: ignore[no-untype
                       f"{ms(r['slowdown_fairness_jain'], '.2f'):>12}", file=stream)
             continue
         print(f"{cell_title(cell, ev.settings)}:", file=stream)
+        for h in fair_share_lines(ev, cell):
+            print(f"  {h}", file=stream)
         print(f"  {'policy':<22} {'work node-s':>20} {'vs freetrain best':>18} {'regret':>15} "
               f"{'constrained vs best':>20} {'unconstr. vs best':>18} {'samples':>20}", file=stream)
         for r in policy_rows(ev, cell):

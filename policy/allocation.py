@@ -5,7 +5,7 @@ The exact allocator (:func:`allocator.solve`) is called from :mod:`policy.decide
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
 from allocator import Job, Problem
@@ -59,6 +59,26 @@ def apply_pins(jobs: Sequence[JobView], free: Sequence[str], pins: Mapping[str, 
 def _problem(jobs: Sequence[JobView], free: Sequence[str]) -> Problem:
     return Problem(tuple(Job(j.id, j.min_nodes, j.max_nodes, {j.min_nodes: 1.0}, j.nodes) for j in jobs),
                    tuple(free), 1.0)
+
+
+def held_to_shares(jobs: Sequence[JobView], caps: Mapping[str, int]) -> tuple[list[JobView], int]:
+    """``jobs`` as a count rule (:func:`greedy_counts`, :func:`equal_counts`) sees them while fair shares
+    bind (``caps``: :func:`policy.fairness.fair_caps`): each job's max is its share (its min at least)
+    and it keeps no more of its nodes than that; a job whose share is none is left out. Also the nodes
+    so released, which the rule may hand to the others."""
+    out: list[JobView] = []
+    released = 0
+    for j in jobs:
+        cap = caps.get(j.id)
+        if cap is None:
+            out.append(j)
+        elif cap > 0:
+            keep = min(j.count, cap)
+            out.append(replace(j, nodes=j.nodes[:keep], max_nodes=max(j.min_nodes, min(j.max_nodes, cap))))
+            released += j.count - keep
+        else:
+            released += j.count
+    return out, released
 
 
 def greedy_counts(jobs: Sequence[JobView], n_free: int) -> dict[str, int]:

@@ -27,6 +27,11 @@ Rules, settled once:
   So a job that declares ``{1: 1, 2: 10^6}``, or under-reports at one count to look superlinear at
   the next, is believed linear at best, and takes no running job's nodes by it (the monitor's
   :mod:`malletrain.daemon.ratebound` bounds what it may claim at any count by what it showed before).
+  A declared curve's level (its samples/s) is evidence of nothing either: with ``objective = "work"``
+  the allocator divides it out, and with ``objective = "samples"`` a job whose own steps measured
+  nothing yet is weighed at the population's per-node rate in the declared shape
+  (:meth:`Beliefs.believed`), so ``{1: 10^6, 2: 2 x 10^6}`` takes no running job's nodes either
+  (``learn = false``, the FreeTrain baseline, trusts the declaration as given).
 * **Learning (passive).** Every interval at every count a job runs counts, whatever gave it that
   count (the allocator, a recall, a lender's loan). With ``learn`` on, a count's rate is accepted
   once its estimate is stable
@@ -407,20 +412,31 @@ class Beliefs:
         made of changed."""
         measured = self.state.measured.get(job.id, {})
         uses_pool = self._uses_pool(job)
-        pop = population if population is not None or not uses_pool else self.population()
-        pop_part = (pop.guess, pop.pooled or None) if uses_pool and pop else None
+        unproven = self._declared_level_unproven(job, measured)
+        pop = population if population is not None or not (uses_pool or unproven) else self.population()
+        pop_part = ((pop.guess, pop.pooled or None) if uses_pool and pop
+                    else (pop.guess, None) if unproven and pop else None)
         hit = self._curves.get(job.id)
         if hit is not None and hit.made_of(job, measured, pop_part):
             return hit
         raw = allocator_curve(job, self.scalability(job, pop if uses_pool else Population(1.0, None)))
         scaled = raw
+        one = throughput_at(raw, 1)
         if self.config.objective in (Objective.WORK, Objective.COMPLETION):  # 1-node equivalents: rate(n) / rate(1)
-            one = throughput_at(raw, 1)
             scaled = {n: v / one for n, v in raw.items()} if one > 0 else raw
+        elif unproven and pop is not None and one > 0:  # samples: the declared shape at the population's level
+            scaled = {n: v / one * pop.guess for n, v in raw.items()}
         made = self._curves[job.id] = Believed(
             dict(job.scaling) if job.scaling else None, job.min_nodes, job.max_nodes, dict(measured),
             pop_part, raw, scaled, absorbs(job, raw, self.config.admission_knee))
         return made
+
+    def _declared_level_unproven(self, job: JobView, measured: Mapping[int, float]) -> bool:
+        """Whether the allocator weighs ``job`` at the population's level rather than its declared one:
+        under ``objective = "samples"`` with learning on, a job with a curve of its own whose steps
+        measured nothing yet (the module doc's **Claims**)."""
+        return (self.config.objective is Objective.SAMPLES and self.config.learn and bool(job.scaling)
+                and not any(r > 0 for r in measured.values()))
 
     def forget(self, live: Iterable[str]) -> None:
         """Drop the curves of jobs not in ``live``."""

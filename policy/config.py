@@ -190,8 +190,9 @@ class PolicyConfig:
     """``weighted`` fairness: each named user's weight (a ``{ user = weight }`` table; weights > 0;
     users not named weigh 1)."""
     fair_wait_s: float = 10.0
-    """The longest a user with admitted work is left at 0 nodes while another user's jobs hold them (s):
-    once one has waited this long, every job is held to its share until that user's work is done."""
+    """The longest a user with admitted work is left with fewer nodes than its share while another
+    user's jobs hold them (s): once one has waited this long, every job is held to its share until that
+    user's work is done."""
     stream_share: float = 0.5
     """The most of the Pjmax slots one sweep's or one array's jobs hold at once (a fraction of
     ``max_running``, at least 1 slot; 0: no bound). Its jobs beyond that wait behind every other queued

@@ -49,9 +49,9 @@ of its own about admission, profiling, lending, curves or costs. Each rule is se
   drivers carry out and word (:meth:`~policy.model.Stop.describe`), never parse.
 * **Fair share** (``fairness = "equal"``, the default; ``"weighted"``; ``"none"``): a queued job whose
   user holds no slot is admitted beyond Pjmax and the cap, and is never the one suspended; once a user
-  with admitted work has held no node for ``fair_wait_s``, every job is held to its share of the nodes
-  (weighted max-min between users, then between a user's jobs) until that user's work is done: the
-  shares are per-job maxima handed to the exact allocator (:mod:`policy.fairness`).
+  with admitted work has held fewer nodes than its share for ``fair_wait_s``, every job is held to its
+  share of the nodes (weighted max-min between users, then between a user's jobs) until that user's
+  work is done: the shares are per-job maxima handed to the exact allocator (:mod:`policy.fairness`).
 * **Sweeps and arrays** (short jobs, many; ``stream_share``): :mod:`policy.sweeps`.
 * **Curves and costs**: :mod:`policy.beliefs`.
 * **Objective** (``objective = "work"``, the default): the allocator maximises work, each job's
@@ -81,7 +81,7 @@ from typing import Callable, Mapping
 from allocator import Job, Problem, RowMemo, solve
 from curves import throughput_at
 from policy import beliefs
-from policy.allocation import apply_pins, equal_counts, greedy_counts, node_map
+from policy.allocation import apply_pins, equal_counts, greedy_counts, held_to_shares, node_map
 from policy.beliefs import Beliefs, Believed, Population
 from policy.config import (Admission, Allocation, Fairness, Horizon, Objective, PolicyConfig, PolicyConfigError,
                            Profiling)
@@ -405,9 +405,11 @@ class Policy:
         if cfg.allocation is Allocation.MILP:
             assignment, objective, method = self._solve(admitted, free, fixed, lender_nodes, repaid,
                                                          evidence, horizon, curves, r.caps, r.believed)
-        else:
+        else:  # the shares bind here too: each job's max is its share, a job whose share is none gets no node
             counts_fn = greedy_counts if cfg.allocation is Allocation.GREEDY else equal_counts
-            counts = counts_fn(admitted, min(view.free_count, len(free)))
+            placed, released = held_to_shares(admitted, r.caps)
+            counts = {j.id: 0 for j in admitted}
+            counts.update(counts_fn(placed, min(view.free_count, len(free)) + released))
             assignment, objective, method = node_map(admitted, free, counts), 0.0, cfg.allocation.value
         unchanged = all(_same_nodes(assignment.get(j.id, ()), j.nodes) for j in admitted)
         self._noop_key = key if unchanged else None

@@ -10,12 +10,14 @@ a job whose share is none (its user's share went to the user's earlier jobs, as 
 many one-node elements) gets no node while the shares bind.
 
 The shares bind as per-job upper bounds handed to the exact allocator (each job's max this decision):
-the allocator's objective decides within them, and stays exact. They bind only once a user was left
-waiting: while every user with admitted work holds a node, the objective alone decides; when a user
-with admitted work has held no node for ``fair_wait_s`` (another user's jobs hold them all), every job
+the allocator's objective decides within them, and stays exact. Under ``allocation = "greedy"`` or
+``"equal"`` each job is held to its share the same way (:func:`policy.allocation.held_to_shares`).
+They bind only once a user was left short: while every user with admitted work holds its share, the
+objective alone decides; when a user with admitted work has held fewer nodes than its share for
+``fair_wait_s`` (none at all, or one of its four while another user's jobs hold the rest), every job
 is held to its share from then until that user has no admitted job left (no back and forth). A job
-that claims more than it shows (a superlinear curve, declared or reported) so gains nothing beyond its
-share once another user waits.
+that claims more than it shows (a superlinear curve, declared or reported, or under ``objective =
+"samples"`` a higher rate) so gains nothing beyond its share once another user is short.
 
 Admission is fair too: a queued job whose user holds no slot is admitted beyond Pjmax and the
 admission cap (:meth:`policy.Policy._admit`), so a user is never kept out by another user's slots.
@@ -70,15 +72,24 @@ def water_fill(total: int, demand: Mapping[str, int], weight: Mapping[str, float
     return out
 
 
+def user_shares(jobs: Sequence[JobView], demand: Mapping[str, int], total: int,
+                weights: Mapping[str, float]) -> dict[str, int]:
+    """Each user's share of ``total`` nodes (weights ``weights``, 1 if not named); ``demand`` is what each
+    job can use. ``jobs`` in FCFS order."""
+    want: dict[str, int] = {}
+    for j in jobs:
+        want[j.user] = want.get(j.user, 0) + demand[j.id]
+    return water_fill(total, want, {u: weights.get(u, 1.0) for u in want})
+
+
 def job_shares(jobs: Sequence[JobView], demand: Mapping[str, int], total: int,
                weights: Mapping[str, float]) -> dict[str, int]:
-    """Each job's share of ``total`` nodes: the users' shares (weights ``weights``, 1 if not named), each
-    split evenly between the user's jobs; ``demand`` is what each job can use. ``jobs`` in FCFS order."""
+    """Each job's share of ``total`` nodes: the users' shares (:func:`user_shares`), each split evenly
+    between the user's jobs; ``demand`` is what each job can use. ``jobs`` in FCFS order."""
     by_user: dict[str, list[JobView]] = {}
     for j in jobs:
         by_user.setdefault(j.user, []).append(j)
-    users = water_fill(total, {u: sum(demand[j.id] for j in js) for u, js in by_user.items()},
-                       {u: weights.get(u, 1.0) for u in by_user})
+    users = user_shares(jobs, demand, total, weights)
     out: dict[str, int] = {}
     for u, js in by_user.items():
         out.update(water_fill(users[u], {j.id: demand[j.id] for j in js}, {}))
@@ -89,8 +100,8 @@ def fair_caps(cfg: PolicyConfig, st: PolicyState, admitted: Sequence[JobView], d
               total: int, now: float) -> tuple[dict[str, int], float | None]:
     """The most nodes each admitted job may get in this decision (empty: the shares do not bind), and
     when to decide again at the latest (a waiting user's ``fair_wait_s`` runs out then; None: no such
-    time). Updates ``st``: since when each user with work has held no node, and the users the shares
-    are held for (see the module doc)."""
+    time). Updates ``st``: since when each user with work has held fewer nodes than its share, and the
+    users the shares are held for (see the module doc)."""
     users = {j.user for j in admitted}
     if cfg.fairness is Fairness.NONE or len(users) < 2:
         st.fair_since.clear()
@@ -100,11 +111,12 @@ def fair_caps(cfg: PolicyConfig, st: PolicyState, admitted: Sequence[JobView], d
     held: dict[str, int] = {}
     for j in admitted:
         held[j.user] = held.get(j.user, 0) + j.count
+    share = user_shares(admitted, demand, total, cfg.weight_of)
     for u in list(st.fair_since):
-        if u not in users or held[u] > 0 or u in st.fair_for:
+        if u not in users or held[u] >= share[u] or u in st.fair_for:
             del st.fair_since[u]
     for u in sorted(users):
-        if held[u] == 0 and u not in st.fair_for:
+        if held[u] < share[u] and u not in st.fair_for:
             since = st.fair_since.setdefault(u, now)
             if now - since >= cfg.fair_wait_s:
                 st.fair_for.add(u)

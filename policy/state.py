@@ -48,8 +48,8 @@ class PolicyState:
     shapes: list[dict[int, float]] = field(default_factory=list)
     fragments: list[float] = field(default_factory=list)  # lengths (s) of idle fragments that ended
     over_budget: set[str] = field(default_factory=set)  # jobs stopped for spending their budget
-    # fair share (policy.fairness): since when each user with admitted work has held no node, and the
-    # users whose wait made every job be held to its share (until their work is done)
+    # fair share (policy.fairness): since when each user with admitted work has held less than its share,
+    # and the users whose wait made every job be held to its share (until their work is done)
     fair_since: dict[str, float] = field(default_factory=dict)
     fair_for: set[str] = field(default_factory=set)
 

@@ -6,14 +6,16 @@ from __future__ import annotations
 import pytest
 
 from policy import Policy, PolicyConfig
+from policy.config import Objective
 from policy import beliefs
 from tests.test_policy import Cluster, jv, names, stable
 
 
-def _victim_then_attacker(scaling: dict[int, float] | None, reported: dict[int, float], nodes: int = 2) -> Cluster:
+def _victim_then_attacker(scaling: dict[int, float] | None, reported: dict[int, float], nodes: int = 2,
+                          config: PolicyConfig | None = None, victim_counts: list[int] | None = None) -> Cluster:
     """A linear victim runs on two nodes; then a job with ``scaling`` arrives and reports ``reported``
-    at every count it runs at."""
-    c = Cluster(Policy(PolicyConfig()), names("n", nodes))
+    at every count it runs at (``victim_counts``: the victim's count after each decision from then on)."""
+    c = Cluster(Policy(config or PolicyConfig()), names("n", nodes))
     c.submit(jv("victim", 1, 2, order=0))
     c.step(0.0)
     honest = {"victim": stable((2, 200.0), (1, 100.0))}
@@ -25,6 +27,8 @@ def _victim_then_attacker(scaling: dict[int, float] | None, reported: dict[int, 
         if c.count("attacker"):
             ev["attacker"] = stable(*[(n, r) for n, r in reported.items() if n <= c.count("attacker")])
         c.step(10.0 * t, ev)
+        if victim_counts is not None:
+            victim_counts.append(c.count("victim"))
     return c
 
 
@@ -42,6 +46,30 @@ def test_a_declared_or_reported_superlinear_curve_takes_no_running_jobs_nodes(sc
 def test_with_a_free_node_a_superlinear_claim_still_takes_none_of_the_victims() -> None:
     c = _victim_then_attacker({1: 1.0, 2: 1_000_000.0}, {1: 1.0, 2: 1_000_000.0}, nodes=3)
     assert c.count("victim") == 2 and c.count("attacker") == 1
+
+
+@pytest.mark.parametrize("objective", list(Objective))
+def test_a_declared_curves_level_takes_no_running_jobs_nodes_under_any_objective(objective) -> None:
+    """A linear curve declared at a level no step showed ({1: 10^6, 2: 2 x 10^6}; the job trains 1/s a
+    node). Before: under ``objective = "samples"`` that level was believed until measured, and the
+    attacker took both of the running victim's nodes at once."""
+    counts: list[int] = []
+    c = _victim_then_attacker({1: 1e6, 2: 2e6}, {1: 1.0, 2: 2.0}, config=PolicyConfig(objective=objective),
+                              victim_counts=counts)
+    assert min(counts) == 2 and c.count("attacker") == 0
+    # with a node free the attacker gets it and is weighed at the population's per-node rate until measured
+    counts.clear()
+    c = _victim_then_attacker({1: 1e6, 2: 2e6}, {1: 1.0, 2: 2.0}, nodes=3, config=PolicyConfig(objective=objective),
+                              victim_counts=counts)
+    assert min(counts) == 2 and c.count("attacker") == 1
+
+
+def test_learn_off_trusts_a_declared_level_as_given() -> None:
+    """``learn = false`` (the FreeTrain baseline) trusts the user's curve: its level decides under samples."""
+    pol = Policy(PolicyConfig(objective=Objective.SAMPLES, learn=False))
+    assert pol.beliefs.curves(jv("a", 1, 2, scaling={1: 1e6, 2: 2e6}))[1] == pytest.approx({1: 1e6, 2: 2e6})
+    pol = Policy(PolicyConfig(objective=Objective.SAMPLES))
+    assert pol.beliefs.curves(jv("a", 1, 2, scaling={1: 1e6, 2: 2e6}))[1] == pytest.approx({1: 1.0, 2: 2.0})
 
 
 def test_efficiency_above_linear_is_never_believed() -> None:

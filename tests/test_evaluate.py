@@ -217,6 +217,23 @@ def test_fair_share_cost_is_the_default_over_itself_without_shares_from_each_bel
     assert fair_share_costs(alone, cell) == {} and fair_share_lines(alone, cell) == []
 
 
+def test_fair_share_cost_is_reported_in_an_endless_streams_cell_too():
+    """Before: only a real stream's cell (philly, scarce) said the shares' cost; a generated stream's
+    (nas, hpo: with ``--users job`` each job is a user) ran ``malletrain-no-share`` and said nothing."""
+    import io
+
+    from evaluation.report import markdown, print_report
+    from evaluation.results import NO_SHARE
+
+    runs = [(RunSpec("nas", policy, seed), summary(w, seed))
+            for seed in (0, 1) for policy, w in (("malletrain", 99.0), (NO_SHARE, 100.0))]
+    ev = Evaluation(EvalSettings(seeds=(0, 1), workloads=("nas",)), "t", "s", runs)
+    line = f"fair share's cost in work (malletrain over {NO_SHARE}, per seed, 2 seed(s)): -1.00 ± 0.00%"
+    out = io.StringIO()
+    print_report(ev, out)
+    assert line in out.getvalue() and line in markdown(ev, "malletrain evaluate ...")
+
+
 def test_the_page_names_each_option_that_changed_what_ran():
     from malletrain.cli import build_parser
     from malletrain.cli.simulate import _argv_of

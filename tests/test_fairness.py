@@ -168,3 +168,41 @@ def test_the_simulator_applies_the_rule_to_its_users():
     assert _simulate("workload") == {"liar": 4, "late": 0}  # a generated stream is one user: no shares
     assert _simulate("job") == {"liar": 2, "late": 2}  # each job its own user
     assert _simulate("workload", ("alice", "bob")) == {"liar": 2, "late": 2}  # a job file's users
+
+
+@pytest.mark.parametrize("allocation", ["greedy", "equal"])
+def test_the_shares_bind_under_every_allocation(allocation):
+    """Before: the shares were handed to the exact allocator only; under ``allocation = "greedy"`` the
+    first user's job kept every node and the late user never got one."""
+    cfg = PolicyConfig(profiling="never", fair_wait_s=10.0, allocation=allocation)
+    run = _run(cfg)
+    first = _first_node(run)
+    assert first is not None and first - 20.0 <= cfg.fair_wait_s + 1.0  # the nodes a share frees: the next decision
+    late = [c for t, c in run if t >= 20.0 + cfg.fair_wait_s + 1.0]
+    assert late and all(c["a1"] <= 4 for c in late) and late[-1] == {"a1": 4, "b1": 4}
+    assert _first_node(_run(PolicyConfig(profiling="never", fairness="none", allocation=allocation))) is None \
+        or allocation == "equal"  # without shares greedy keeps every node; equal splits by job anyway
+
+
+@pytest.mark.parametrize("objective", ["work", "samples"])
+def test_a_user_held_below_its_share_gets_it_within_the_bound(objective):
+    """Alice's job holds 7 of 7 nodes; Bob submits at 10 s and an eighth node comes idle at 12 s, so Bob
+    holds one before his wait runs out. Before: the shares bound only for a user at no node, and Bob
+    stayed at 1 of his 4 for good (under samples also when Alice's job merely says it trains 100x more)."""
+    cfg = PolicyConfig(profiling="never", fair_wait_s=10.0, objective=objective)
+    pol = Policy(cfg)
+    claim = {1: 100.0, 8: 800.0} if objective == "samples" else {1: 1.0, 8: 8.0}
+    held: dict[str, tuple[str, ...]] = {}
+    counts: list[tuple[float, dict[str, int]]] = []
+    for t in range(60):
+        nodes = NODES[:7] if t < 12 else NODES
+        jobs = [JobView("a1", 1, 8, held.get("a1", ()), order=0, scaling=claim, user="alice")]
+        if t >= 10:
+            jobs.append(JobView("b1", 1, 8, held.get("b1", ()), order=1, scaling={1: 1.0, 8: 8.0}, user="bob"))
+        used = {n for v in held.values() for n in v}
+        d = pol.decide(View(float(t), tuple(n for n in nodes if n not in used), tuple(jobs)), {})
+        held = {j: tuple(v) for j, v in d.assignment.items()}
+        counts.append((float(t), d.counts))
+    assert counts[12][1]["b1"] >= 1  # a node of its own before the wait ran out
+    late = [c for t, c in counts if t >= 12 + cfg.fair_wait_s + 1]
+    assert late and all(c == {"a1": 4, "b1": 4} for c in late)

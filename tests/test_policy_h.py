@@ -293,9 +293,11 @@ def test_a_job_whose_deadline_can_still_be_met_is_favoured():
 
 def test_the_work_objective_counts_jobs_in_one_node_equivalents():
     def counts(objective: str) -> dict[str, int]:
-        pol = Policy(PolicyConfig(profiling="never", objective=objective))
-        a = JobView("a", 1, 4, order=0, scaling={1: 100.0, 2: 150.0, 4: 200.0})  # many cheap samples, scales badly
-        b = JobView("b", 1, 4, order=1, scaling={1: 10.0, 2: 20.0, 4: 40.0})  # few costly samples, scales well
+        # the rates measured (a declared curve's level counts for nothing under samples: test_claims.py)
+        measured = {"a": {1: 100.0, 2: 150.0, 4: 200.0},  # many cheap samples, scales badly
+                    "b": {1: 10.0, 2: 20.0, 4: 40.0}}  # few costly samples, scales well
+        pol = Policy(PolicyConfig(profiling="never", objective=objective), PolicyState(measured=measured))
+        a, b = JobView("a", 1, 4, order=0), JobView("b", 1, 4, order=1)
         d = pol.decide(View(0.0, names("n", 4), (a, b)), {})
         return {k: len(v) for k, v in d.assignment.items()}
 

@@ -514,3 +514,23 @@ def test_sweep_show_names_the_best_and_status_json_carries_sweeps_and_arrays(tmp
     assert s["best"]["number"] == 1 and [t["value"] for t in s["trials"]] == [0.5, 0.2]
     (a,) = data["arrays"]
     assert (a["array"], a["elements"], a["indices"]) == ("a000001", 2, [0, 1])
+
+
+def test_a_sweeps_trials_and_an_arrays_elements_run_with_their_submitters_umask(tmp_path: Path) -> None:
+    """Every job a submit makes carries the umask the submitter had (a plain job's: tests/test_claims.py).
+    It had been lost between two branches once: trials and elements ran with the daemon's."""
+    from malletrain.daemon.control import Caller, Submit
+
+    h = _harness(tmp_path)
+    try:
+        me = Caller(0, 0, True)
+        job = {"name": "search", "command": ["true", "--lr", "{lr}"], "max_nodes": 1}
+        h.daemon.handle(Submit(job | {"sweep": _table(trials=2, space={"lr": SPACE["lr"]})}, 0, 0, 0o077), me)
+        reply = h.daemon.handle(Submit({"name": "arr", "command": ["true"], "array": "0-2"}, 0, 0, 0o027), me)
+        h.run_until(2.0)
+        trials = [r for r in h.daemon.store.jobs() if r.spec.sweep_name == "search"]
+        assert trials and all(r.owner_umask == 0o077 for r in trials)
+        elements = [h.daemon.store.get(j) for j in reply["jobs"]]
+        assert len(elements) == 3 and all(r is not None and r.owner_umask == 0o027 for r in elements)
+    finally:
+        h.close()

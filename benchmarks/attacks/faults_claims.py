@@ -4,8 +4,10 @@
 Against real daemons (local backend, toy runtime), each attack as it was reported:
 
 * **curve lies** (C; nodes taken: D): a victim trains on both of two nodes; then a job whose file
-  declares ``scaling = { 1 = 1.0, 2 = 1000000.0 }`` (20 samples/s a node in truth) is submitted.
-  Taken (one count) if, within ``seconds``, the liar ever held both nodes or the victim none.
+  declares ``scaling = { 1 = 1.0, 2 = 1000000.0 }`` (20 samples/s a node in truth) is submitted;
+  then, under ``[policy] objective = "samples"``, one declaring a linear curve at a level its steps
+  never show (``{ 1 = 1000000.0, 2 = 2000000.0 }``). Taken (one count each) if, within ``seconds``,
+  the liar ever held both nodes or the victim none.
 * **key inflations** (E; daemon stalls: F): a ``torchrun`` job whose command stops its rank agent
   (SIGSTOP: it writes its true count no more) and writes the agent's ready key
   (``mt/JOB/ready/WORKER``, WORKER the rank agent's name, not the rank's own: the local-rank count a
@@ -52,8 +54,15 @@ name = "liar"
 command = ["python", "-m", "malletrain.worker.toy", "--rate", "20", "--alpha", "1.0"]
 min_nodes = 1
 max_nodes = 2
-scaling = { 1 = 1.0, 2 = 1000000.0 }
+scaling = {scaling}
 """
+
+CURVE_LIES = (
+    ("a declared curve of {1: 1, 2: 10^6}", "", "{ 1 = 1.0, 2 = 1000000.0 }"),
+    ("objective samples, a declared level of 10^6 a node", '[policy]\nobjective = "samples"\n',
+     "{ 1 = 1000000.0, 2 = 2000000.0 }"),
+)
+"""Each curve lie: what the line says, the daemon's ``[policy]`` table, the liar's ``scaling``."""
 
 INFLATE = """
 import os, re, signal, time
@@ -110,16 +119,21 @@ class Claims:
 
 
 def curve_lies(t: B.Tally, c: Claims, seconds: float) -> None:
+    for what, policy, scaling in CURVE_LIES:
+        _curve_lie(t, c, seconds, what, policy, scaling)
+
+
+def _curve_lie(t: B.Tally, c: Claims, seconds: float, what: str, policy: str, scaling: str) -> None:
     with B.workdir("mt-faults-curve-") as top:
-        d = B.Daemon(top, CONFIG.format(nodes=2, dead_after=DEAD_AFTER))
+        d = B.Daemon(top, CONFIG.format(nodes=2, dead_after=DEAD_AFTER) + policy)
         d.start()
         try:
             victim = d.submit(B.TOY_JOB.format(name="victim", rate=1000, lo=1, hi=2, profile="false", samples=""),
                               "victim")
             if not B.wait(lambda: len(d.jobs()[victim]["nodes"]) == 2, 60):
-                t.note("claims: the victim never held both nodes: no curve lie was tried")
+                t.note(f"claims: the victim never held both nodes: no curve lie was tried ({what})")
                 return
-            liar = d.submit(LIAR_CURVE, "liar")
+            liar = d.submit(LIAR_CURVE.replace("{scaling}", scaling), "liar")
             c.curve_lies += 1
             worst, most, end = "", 0, time.monotonic() + seconds
             while time.monotonic() < end:
@@ -129,12 +143,11 @@ def curve_lies(t: B.Tally, c: Claims, seconds: float) -> None:
                     worst = f"the liar on {len(jobs[liar]['nodes'])}, the victim on {len(jobs[victim]['nodes'])}"
                     break
                 time.sleep(1.0)
-            print(f"  a declared curve of {{1: 1, 2: 10^6}}: "
-                  f"{'nodes TAKEN (' + worst + ')' if worst else 'the victim kept its nodes'}; "
+            print(f"  {what}: {'nodes TAKEN (' + worst + ')' if worst else 'the victim kept its nodes'}; "
                   f"the liar held {most} node(s) at most", flush=True)
             if worst:
                 c.taken += 1
-                t.note(f"claims: a declared curve took a running job's nodes: {worst}")
+                t.note(f"claims: a declared curve took a running job's nodes ({what}): {worst}")
             d.cancel(liar)
             d.cancel(victim)
         finally:
