@@ -93,7 +93,7 @@ from malletrain.daemon.config_types import (  # noqa: F401  (the dataclasses and
 from malletrain.daemon.control import admin_gids_from
 from malletrain.daemon.jobspec import TRAINER_NAME
 from malletrain.daemon.metrics import MetricsAddressError, parse_address
-from malletrain.daemon.textfile import decode_text, short_repr
+from malletrain.daemon.textfile import decode_text, short_repr as _short
 from policy import PolicyConfig, PolicyConfigError
 from contract.nodeshape import WORKERS_PER_NODE_GPUS, NodeShapeError, parse_workers_per_node
 
@@ -163,7 +163,7 @@ def _name(kind: type) -> str:
 def _check(where: str, key: str, value: Any, limit: Limit) -> Any:
     kind = limit.kind
     if isinstance(value, bool) or not isinstance(value, (float, int) if kind is float else kind):
-        raise ConfigError(f"{where}: {key} must be {_name(kind)}, got {short_repr(value)}")
+        raise ConfigError(f"{where}: {key} must be {_name(kind)}, got {_short(value)}")
     if kind is float:
         try:
             value = float(cast(float, value))  # an int or a float (checked above)
@@ -174,9 +174,9 @@ def _check(where: str, key: str, value: Any, limit: Limit) -> Any:
     if kind is str:
         return _text(where, key, value)
     if limit.low is not None and value < limit.low:
-        raise ConfigError(f"{where}: {key} must be >= {limit.low:g}, got {short_repr(value)}")
+        raise ConfigError(f"{where}: {key} must be >= {limit.low:g}, got {_short(value)}")
     if limit.high is not None and value > limit.high:
-        raise ConfigError(f"{where}: {key} must be <= {limit.high:g}, got {short_repr(value)}")
+        raise ConfigError(f"{where}: {key} must be <= {limit.high:g}, got {_short(value)}")
     return value
 
 
@@ -198,7 +198,7 @@ def _table(obj: dict[str, Any], where: str, prefix: str) -> dict[str, Any]:
     spec = LIMITS[prefix]
     unknown = set(obj) - set(spec)
     if unknown:
-        names = ", ".join(prefix + (k if k.isprintable() else short_repr(k, 40)) for k in sorted(unknown))
+        names = ", ".join(prefix + (k if k.isprintable() else _short(k, 40)) for k in sorted(unknown))
         raise ConfigError(f"{where}: unknown key(s) {names}")
     return {k: _check(where, prefix + k, v, spec[k]) for k, v in obj.items()}
 
@@ -246,12 +246,12 @@ def parse_config(obj: dict[str, Any], where: str = "config") -> DaemonConfig:
 def _admin_groups(raw: Any, where: str) -> tuple[str | int, ...]:
     """``admin_groups``: at most 64 group names or gids (names are looked up by :func:`check_files`)."""
     if not isinstance(raw, list) or len(raw) > 64:
-        raise ConfigError(f"{where}: admin_groups must be a list of at most 64 group names or gids, got {short_repr(raw)}")
+        raise ConfigError(f"{where}: admin_groups must be a list of at most 64 group names or gids, got {_short(raw)}")
     for i, g in enumerate(raw):
         if isinstance(g, str):
             _text(where, f"admin_groups[{i}]", g)
         elif isinstance(g, bool) or not isinstance(g, int) or not 0 <= g < 2**32:
-            raise ConfigError(f"{where}: admin_groups[{i}] must be a group name or a gid, got {short_repr(g)}")
+            raise ConfigError(f"{where}: admin_groups[{i}] must be a group name or a gid, got {_short(g)}")
     return tuple(raw)
 
 
@@ -264,7 +264,7 @@ def _check_host(host: str, where: str) -> None:
     try:
         addr = ipaddress.ip_address(host)
     except ValueError:
-        raise ConfigError(f"{where}: ports.host must be an IP address (or localhost), got {short_repr(host, 60)}") from None
+        raise ConfigError(f"{where}: ports.host must be an IP address (or localhost), got {_short(host, 60)}") from None
     if addr.version != 4:
         raise ConfigError(f"{where}: ports.host {host}: only IPv4 addresses are supported")
     if addr.is_unspecified:
@@ -284,7 +284,7 @@ def _scavenger(table: dict[str, Any], backend: str | None, where: str) -> Scaven
     values["workers_per_node"] = shape
     kind = values.get("kind", backend or "local")
     if kind not in BACKENDS:
-        raise ConfigError(f"{where}: scavenger.kind must be one of {', '.join(BACKENDS)}, got {short_repr(kind)}")
+        raise ConfigError(f"{where}: scavenger.kind must be one of {', '.join(BACKENDS)}, got {_short(kind)}")
     if backend is not None and "kind" in values and backend != kind:
         raise ConfigError(f"{where}: backend = {backend!r} and scavenger.kind = {kind!r} disagree (give one)")
     values["kind"] = kind
@@ -318,7 +318,7 @@ def _log(table: dict[str, Any], where: str) -> LogConfig:
     values = _table(table, where, "log.")
     for key, allowed in (("format", LOG_FORMATS), ("level", LOG_LEVELS)):
         if key in values and values[key] not in allowed:
-            raise ConfigError(f"{where}: log.{key} must be one of {', '.join(allowed)}, got {short_repr(values[key])}")
+            raise ConfigError(f"{where}: log.{key} must be one of {', '.join(allowed)}, got {_short(values[key])}")
     return LogConfig(**values)
 
 
@@ -331,7 +331,7 @@ def _trainers(raw: Any, policy_table: dict[str, Any], where: str) -> tuple[Train
     if raw is None:
         return ()
     if not isinstance(raw, list) or not raw or not all(isinstance(t, dict) for t in raw):
-        raise ConfigError(f"{where}: trainers must be an array of tables ([[trainers]]), got {short_repr(raw)}")
+        raise ConfigError(f"{where}: trainers must be an array of tables ([[trainers]]), got {_short(raw)}")
     if len(raw) > TRAINERS_MAX:
         raise ConfigError(f"{where}: {len(raw)} trainers; at most {TRAINERS_MAX}")
     out = tuple(_trainer(t, f"trainers[{i}]", policy_table, where) for i, t in enumerate(raw))
@@ -350,13 +350,13 @@ def _trainers(raw: Any, policy_table: dict[str, Any], where: str) -> tuple[Train
 
 
 def _trainer(table: dict[str, Any], key: str, policy_table: dict[str, Any], where: str) -> TrainerConfig:
-    unknown = sorted(k if k.isprintable() else short_repr(k, 40) for k in table if k not in TRAINER_KEYS)
+    unknown = sorted(k if k.isprintable() else _short(k, 40) for k in table if k not in TRAINER_KEYS)
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {', '.join(key + '.' + k for k in unknown)}; "
                           f"known: {', '.join(TRAINER_KEYS)}")
     name = table.get("name")
     if not isinstance(name, str) or not TRAINER_NAME.fullmatch(name):
-        raise ConfigError(f"{where}: {key}.name must be 1-64 of A-Z a-z 0-9 _ . -, got {short_repr(name)}")
+        raise ConfigError(f"{where}: {key}.name must be 1-64 of A-Z a-z 0-9 _ . -, got {_short(name)}")
     nodes = _patterns(table["nodes"], f"{key}.nodes", where) if "nodes" in table else None
     sub = table.get("policy", {})
     if not isinstance(sub, dict):
@@ -367,7 +367,7 @@ def _trainer(table: dict[str, Any], key: str, policy_table: dict[str, Any], wher
 def _patterns(raw: Any, key: str, where: str) -> tuple[str, ...]:
     if not isinstance(raw, list) or not raw or not all(isinstance(p, str) and p for p in raw):
         raise ConfigError(f"{where}: {key} must be a non-empty list of node name patterns "
-                          f"(e.g. [\"node0[0-2]\"]), got {short_repr(raw)}")
+                          f"(e.g. [\"node0[0-2]\"]), got {_short(raw)}")
     if len(raw) > TRAINER_PATTERNS_MAX:
         raise ConfigError(f"{where}: {key} has {len(raw)} patterns; at most {TRAINER_PATTERNS_MAX}")
     return tuple(_text(where, f"{key}[{i}]", p) for i, p in enumerate(raw))

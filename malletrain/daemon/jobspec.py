@@ -53,7 +53,7 @@ from typing import Any, Mapping
 
 from contract.workerenv import ENV_DEVICES, ENV_PREFIX
 from contract.world import TORCHRUN_MAX_RANKS, WORKERS_PER_NODE_MAX
-from malletrain.daemon.textfile import decode_text, read_user_file, short_repr
+from malletrain.daemon.textfile import decode_text, read_user_file, short_repr as _short
 
 MAX_NODES_CAP = 100_000
 """No job may ask for more nodes than this, whatever the machine (the largest machines have ~10^4 nodes)."""
@@ -229,7 +229,7 @@ def _int(obj: Mapping[str, Any], key: str, where: str, default: int | None, low:
     if v is None:
         return None
     if not isinstance(v, int) or isinstance(v, bool) or not low <= v <= high:
-        raise JobSpecError(f"{where}: {key} must be an integer >= {low} and <= {high}, got {short_repr(v)}")
+        raise JobSpecError(f"{where}: {key} must be an integer >= {low} and <= {high}, got {_short(v)}")
     return v
 
 
@@ -252,7 +252,7 @@ def _command(raw: Any, where: str) -> tuple[str, ...]:
     if isinstance(raw, str):
         raise JobSpecError(f"{where}: command must be a list of strings (no shell), got a string")
     if not isinstance(raw, list) or not raw or not all(isinstance(c, str) and c for c in raw):
-        raise JobSpecError(f"{where}: command must be a non-empty list of non-empty strings, got {short_repr(raw)}")
+        raise JobSpecError(f"{where}: command must be a non-empty list of non-empty strings, got {_short(raw)}")
     if len(raw) > COMMAND_MAX_ARGS:
         raise JobSpecError(f"{where}: command has {len(raw)} words; at most {COMMAND_MAX_ARGS}")
     for i, word in enumerate(raw):
@@ -271,26 +271,26 @@ def _default_name(command: tuple[str, ...]) -> str:
 
 def _name(raw: Any, where: str) -> str:
     if not isinstance(raw, str) or not raw:
-        raise JobSpecError(f"{where}: name must be a non-empty string, got {short_repr(raw)}")
+        raise JobSpecError(f"{where}: name must be a non-empty string, got {_short(raw)}")
     _text(raw, "name", where)
     if len(raw) > NAME_MAX_CHARS:
         raise JobSpecError(f"{where}: name is {len(raw)} characters; at most {NAME_MAX_CHARS}")
     bad = next((ch for ch in raw if not ch.isprintable()), None)
     if bad is not None:
-        raise JobSpecError(f"{where}: name {short_repr(raw)} contains the non-printable character {bad!r} "
+        raise JobSpecError(f"{where}: name {_short(raw)} contains the non-printable character {bad!r} "
                            "(newlines, tabs and terminal escape codes are refused)")
     return raw
 
 
 def _env(raw: Any, where: str) -> dict[str, str]:
     if not isinstance(raw, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in raw.items()):
-        raise JobSpecError(f"{where}: env must map names to string values, got {short_repr(raw)}")
+        raise JobSpecError(f"{where}: env must map names to string values, got {_short(raw)}")
     if len(raw) > ENV_MAX_VARS:
         raise JobSpecError(f"{where}: env has {len(raw)} variables; at most {ENV_MAX_VARS}")
     for key, value in raw.items():
         _text(key, "env key", where)
         if not ENV_KEY.fullmatch(key):
-            raise JobSpecError(f"{where}: env key {short_repr(key)} is not a variable name "
+            raise JobSpecError(f"{where}: env key {_short(key)} is not a variable name "
                                "(letters, digits and _, not starting with a digit)")
         if key == ENV_DEVICES and value == "all":
             continue
@@ -307,7 +307,7 @@ def _cwd(raw: Any, where: str) -> str | None:
     if raw is None:
         return None
     if not isinstance(raw, str) or not raw:
-        raise JobSpecError(f"{where}: cwd must be a path string, got {short_repr(raw)}")
+        raise JobSpecError(f"{where}: cwd must be a path string, got {_short(raw)}")
     _text(raw, "cwd", where)
     if _utf8_len(raw) > PATH_MAX_BYTES:
         raise JobSpecError(f"{where}: cwd is longer than {PATH_MAX_BYTES} bytes")
@@ -320,7 +320,7 @@ def parse_spec(obj: Any, where: str = "job") -> JobSpec:
         raise JobSpecError(f"{where}: a job must be a table/object, got {type(obj).__name__}")
     unknown = {str(k) for k in obj} - _KEYS
     if unknown:
-        names = ", ".join(short_repr(k, 40) for k in sorted(unknown))
+        names = ", ".join(_short(k, 40) for k in sorted(unknown))
         raise JobSpecError(f"{where}: unknown field(s) {names}; known: {', '.join(sorted(_KEYS))}")
     command = _command(obj.get("command"), where)
     name = _name(obj["name"], where) if "name" in obj else _default_name(command)
@@ -331,7 +331,7 @@ def parse_spec(obj: Any, where: str = "job") -> JobSpec:
         raise JobSpecError(f"{where}: max_nodes {max_nodes} < min_nodes {min_nodes}")
     profile = obj.get("profile", False)
     if not isinstance(profile, bool):
-        raise JobSpecError(f"{where}: profile must be true or false, got {short_repr(profile)}")
+        raise JobSpecError(f"{where}: profile must be true or false, got {_short(profile)}")
     samples = _int(obj, "samples", where, None, 1, SAMPLES_MAX)
     scaling = _scaling(obj.get("scaling"), where)
     cwd = _cwd(obj.get("cwd"), where)
@@ -357,7 +357,7 @@ def _membership(spec: JobSpec, obj: Mapping[str, Any], where: str) -> JobSpec:
         if group not in obj:
             continue
         if not isinstance(obj[group], str) or not GROUP_ID.fullmatch(obj[group]):
-            raise JobSpecError(f"{where}: {group} must be 1-64 of A-Z a-z 0-9 _ . -, got {short_repr(obj[group])}")
+            raise JobSpecError(f"{where}: {group} must be 1-64 of A-Z a-z 0-9 _ . -, got {_short(obj[group])}")
         out[group] = obj[group]
         out[index] = _int(obj, index, where, None, 0, MEMBER_INDEX_MAX)
     return replace(spec, **out) if out else spec
@@ -369,11 +369,11 @@ def _launcher(raw: Any, where: str) -> Launcher:
         return Launcher.ELASTIC
     known = ", ".join(repr(m.value) for m in Launcher)
     if not isinstance(raw, str):
-        raise JobSpecError(f"{where}: launcher must be one of {known}, got {short_repr(raw)}")
+        raise JobSpecError(f"{where}: launcher must be one of {known}, got {_short(raw)}")
     try:
         return Launcher(raw)
     except ValueError:
-        raise JobSpecError(f"{where}: launcher must be one of {known}, got {short_repr(raw)}") from None
+        raise JobSpecError(f"{where}: launcher must be one of {known}, got {_short(raw)}") from None
 
 
 def _budget(raw: Any, where: str) -> float | None:
@@ -381,13 +381,13 @@ def _budget(raw: Any, where: str) -> float | None:
     if raw is None:
         return None
     if not isinstance(raw, (int, float)) or isinstance(raw, bool):
-        raise JobSpecError(f"{where}: budget_node_hours must be a number of node-hours > 0, got {short_repr(raw)}")
+        raise JobSpecError(f"{where}: budget_node_hours must be a number of node-hours > 0, got {_short(raw)}")
     try:
         value = float(raw)
     except OverflowError:  # an int beyond float range
         value = math.inf
     if not math.isfinite(value) or value <= 0:
-        raise JobSpecError(f"{where}: budget_node_hours must be a finite number > 0, got {short_repr(raw)}")
+        raise JobSpecError(f"{where}: budget_node_hours must be a finite number > 0, got {_short(raw)}")
     return value
 
 
@@ -399,28 +399,28 @@ def _deadline(raw: Any, where: str) -> float | None:
         return None
     if isinstance(raw, bool):
         raise JobSpecError(f"{where}: deadline must be unix seconds or an ISO 8601 time with a timezone, "
-                           f"got {short_repr(raw)}")
+                           f"got {_short(raw)}")
     if isinstance(raw, (int, float)):
         try:
             value = float(raw)
         except OverflowError:
             value = math.inf
         if not math.isfinite(value) or value < 0:
-            raise JobSpecError(f"{where}: deadline must be finite unix seconds >= 0, got {short_repr(raw)}")
+            raise JobSpecError(f"{where}: deadline must be finite unix seconds >= 0, got {_short(raw)}")
         return value
     if isinstance(raw, str):
         try:
             when = dt.datetime.fromisoformat(raw.strip())
         except ValueError:
-            raise JobSpecError(f"{where}: deadline {short_repr(raw)} is not an ISO 8601 time "
+            raise JobSpecError(f"{where}: deadline {_short(raw)} is not an ISO 8601 time "
                                "(e.g. 2026-03-01T12:00:00+00:00) nor unix seconds") from None
     elif isinstance(raw, dt.datetime):
         when = raw
     else:
         raise JobSpecError(f"{where}: deadline must be unix seconds or an ISO 8601 time with a timezone, "
-                           f"got {short_repr(raw)}")
+                           f"got {_short(raw)}")
     if when.tzinfo is None or when.utcoffset() is None:
-        raise JobSpecError(f"{where}: deadline {short_repr(str(raw))} has no timezone; add one "
+        raise JobSpecError(f"{where}: deadline {_short(str(raw))} has no timezone; add one "
                            "(e.g. Z or +02:00) or give unix seconds")
     return when.timestamp()
 
@@ -430,7 +430,7 @@ def _trainer(raw: Any, where: str) -> str | None:
         return None
     if not isinstance(raw, str) or not TRAINER_NAME.fullmatch(raw):
         raise JobSpecError(f"{where}: trainer must be a trainer's name (1-64 of A-Z a-z 0-9 _ . -), "
-                           f"got {short_repr(raw)}")
+                           f"got {_short(raw)}")
     return raw
 
 
@@ -441,7 +441,7 @@ def _scaling(raw: Any, where: str) -> dict[int, float] | None:
     if raw is None:
         return None
     if not isinstance(raw, dict) or not raw:
-        raise JobSpecError(f"{where}: scaling must map node counts to samples/s, got {short_repr(raw)}")
+        raise JobSpecError(f"{where}: scaling must map node counts to samples/s, got {_short(raw)}")
     if len(raw) > SCALING_MAX_POINTS:
         raise JobSpecError(f"{where}: scaling has {len(raw)} points; at most {SCALING_MAX_POINTS}")
     out: dict[int, float] = {}
@@ -451,11 +451,11 @@ def _scaling(raw: Any, where: str) -> dict[int, float] | None:
         elif isinstance(k, str) and _NODE_COUNT.fullmatch(k):
             n = int(k)
         else:
-            raise JobSpecError(f"{where}: scaling key {short_repr(k)} is not a node count (digits, >= 1)")
+            raise JobSpecError(f"{where}: scaling key {_short(k)} is not a node count (digits, >= 1)")
         if not 1 <= n <= MAX_NODES_CAP:
-            raise JobSpecError(f"{where}: scaling key {short_repr(k)} must be >= 1 and <= {MAX_NODES_CAP}")
+            raise JobSpecError(f"{where}: scaling key {_short(k)} must be >= 1 and <= {MAX_NODES_CAP}")
         if not isinstance(v, (int, float)) or isinstance(v, bool) or not _finite_rate(v):
-            raise JobSpecError(f"{where}: scaling[{n}] = {short_repr(v)} is not a finite rate >= 0")
+            raise JobSpecError(f"{where}: scaling[{n}] = {_short(v)} is not a finite rate >= 0")
         out[n] = float(v)
     return out
 

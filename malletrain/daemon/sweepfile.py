@@ -47,7 +47,7 @@ from typing import Any, Mapping, TypeGuard, cast
 from malletrain.daemon.jobspec import (
     GROUP_ID, PYTHON_PLACEHOLDER, SAMPLES_PLACEHOLDER, JobSpec, JobSpecError, parse_spec,
 )
-from malletrain.daemon.textfile import short_repr
+from malletrain.daemon.textfile import short_repr as _short
 
 TRIALS_MAX = 10_000
 """No sweep runs more trials than this."""
@@ -135,17 +135,17 @@ def _param(name: str, raw: Any, where: str) -> Param:
             raise SweepError(f"{at}: choices go alone (no low, high or log beside them)")
         ch = raw["choices"]
         if not isinstance(ch, list) or not ch or len(ch) > CHOICES_MAX:
-            raise SweepError(f"{at}: choices must be a list of 1 to {CHOICES_MAX} values, got {short_repr(ch)}")
+            raise SweepError(f"{at}: choices must be a list of 1 to {CHOICES_MAX} values, got {_short(ch)}")
         if not all(isinstance(c, (str, int, float, bool)) for c in ch) or len(set(map(repr, ch))) != len(ch):
-            raise SweepError(f"{at}: choices must be distinct strings, numbers or booleans, got {short_repr(ch)}")
+            raise SweepError(f"{at}: choices must be distinct strings, numbers or booleans, got {_short(ch)}")
         return Param(name, "choice", choices=tuple(ch))
     if "low" not in raw or "high" not in raw:
         raise SweepError(f"{at}: a range needs both low and high")
     low, high, log = raw["low"], raw["high"], raw.get("log", False)
     if not _number(low) or not _number(high):
-        raise SweepError(f"{at}: low and high must be finite numbers, got {short_repr(low)} and {short_repr(high)}")
+        raise SweepError(f"{at}: low and high must be finite numbers, got {_short(low)} and {_short(high)}")
     if not isinstance(log, bool):
-        raise SweepError(f"{at}: log must be true or false, got {short_repr(log)}")
+        raise SweepError(f"{at}: log must be true or false, got {_short(log)}")
     if low > high:
         raise SweepError(f"{at}: low {low} > high {high}")
     if log and low <= 0:
@@ -157,35 +157,35 @@ def _param(name: str, raw: Any, where: str) -> Param:
 def parse_sweep(raw: Any, default_name: str, where: str) -> SweepSpec:
     """A checked :class:`SweepSpec` from a job file's ``[sweep]`` table; :class:`SweepError` names the bad field."""
     if not isinstance(raw, dict):
-        raise SweepError(f"{where}: [sweep] must be a table, got {short_repr(raw)}")
+        raise SweepError(f"{where}: [sweep] must be a table, got {_short(raw)}")
     unknown = sorted(str(k) for k in set(raw) - _SWEEP_KEYS)
     if unknown:
         raise SweepError(f"{where}: [sweep]: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(_SWEEP_KEYS))}")
     name = raw.get("name", default_name)
     if not isinstance(name, str) or not GROUP_ID.fullmatch(name):
-        raise SweepError(f"{where}: the sweep's name {short_repr(name)} must be 1-64 of A-Z a-z 0-9 _ . - "
+        raise SweepError(f"{where}: the sweep's name {_short(name)} must be 1-64 of A-Z a-z 0-9 _ . - "
                          "(the job's name, or [sweep] name)")
     trials = raw.get("trials")
     if not isinstance(trials, int) or isinstance(trials, bool) or not 1 <= trials <= TRIALS_MAX:
-        raise SweepError(f"{where}: [sweep] trials must be an integer from 1 to {TRIALS_MAX}, got {short_repr(trials)}")
+        raise SweepError(f"{where}: [sweep] trials must be an integer from 1 to {TRIALS_MAX}, got {_short(trials)}")
     direction = raw.get("direction")
     if direction not in DIRECTIONS:
-        raise SweepError(f"{where}: [sweep] direction must be one of {', '.join(DIRECTIONS)}, got {short_repr(direction)}")
+        raise SweepError(f"{where}: [sweep] direction must be one of {', '.join(DIRECTIONS)}, got {_short(direction)}")
     sampler, pruner = raw.get("sampler", "tpe"), raw.get("pruner", "none")
     if sampler not in SAMPLERS:
-        raise SweepError(f"{where}: [sweep] sampler must be one of {', '.join(SAMPLERS)}, got {short_repr(sampler)}")
+        raise SweepError(f"{where}: [sweep] sampler must be one of {', '.join(SAMPLERS)}, got {_short(sampler)}")
     if pruner not in PRUNERS:
-        raise SweepError(f"{where}: [sweep] pruner must be one of {', '.join(PRUNERS)}, got {short_repr(pruner)}")
+        raise SweepError(f"{where}: [sweep] pruner must be one of {', '.join(PRUNERS)}, got {_short(pruner)}")
     seed = raw.get("seed")
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**32):
-        raise SweepError(f"{where}: [sweep] seed must be an integer from 0 to 2**32-1, got {short_repr(seed)}")
+        raise SweepError(f"{where}: [sweep] seed must be an integer from 0 to 2**32-1, got {_short(seed)}")
     space_raw = raw.get("space")
     if not isinstance(space_raw, dict) or not space_raw:
         raise SweepError(f"{where}: [sweep.space] is missing or empty: name at least one value to search")
     space = []
     for pname, praw in space_raw.items():
         if not isinstance(pname, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", pname) or pname in _BUILTIN:
-            raise SweepError(f"{where}: [sweep.space] entry {short_repr(pname)} is not a usable name "
+            raise SweepError(f"{where}: [sweep.space] entry {_short(pname)} is not a usable name "
                              f"(letters, digits, _; not {', '.join(sorted(_BUILTIN))})")
         space.append(_param(pname, praw, where))
     sweep = SweepSpec(name, trials, direction, tuple(space), sampler, pruner, seed)
