@@ -2,7 +2,7 @@
 
     python benchmarks/bench_rescale.py [--reps 3] [--model mlp] [--width 1024]
 
-Plays the job manager with :class:`malletrain.runtimes.harness.LocalJob` and,
+Plays the job manager with :class:`tests.clusters.localjob.LocalJob` and,
 per repetition, on a job whose survivor ``a`` keeps training:
 
 * planned scale-up 1 -> 2 (the new worker was started ahead and is ready),
@@ -38,9 +38,12 @@ import signal
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
-from malletrain.runtimes.harness import LocalJob, Worker, example_command
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # the repository: its test support (tests/clusters)
+
+from tests.clusters.localjob import LocalJob, Worker, example_command  # noqa: E402
 
 
 def _steps(w: Worker, gen: int) -> list[dict[str, Any]]:

@@ -4,7 +4,7 @@ the agent send them.
     python benchmarks/bench_sigterm_exit.py [--reps 3]
 
 Per repetition a two-worker job of the example trainer (linear model) trains 20 steps in
-a :class:`~malletrain.runtimes.harness.LocalJob`; then each worker's session gets SIGTERM,
+a :class:`~tests.clusters.localjob.LocalJob`; then each worker's session gets SIGTERM,
 and again 30 ms later. Printed: each worker's exit code and the time from the first
 SIGTERM to its exit, and whether rank 0 stored its checkpoint. The agent gives a stopped
 worker 2 s (a clean stop) or ``RECALL_GRACE_S`` before SIGKILL; the goal is exit 143 well
@@ -20,8 +20,11 @@ import signal
 import statistics
 import sys
 import time
+from pathlib import Path
 
-from malletrain.runtimes.harness import LocalJob, example_command
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # the repository: its test support (tests/clusters)
+
+from tests.clusters.localjob import LocalJob, example_command  # noqa: E402
 
 
 def one(rep: int) -> list[tuple[int, float]]:

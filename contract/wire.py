@@ -23,13 +23,12 @@ worker believes nothing from a server that cannot prove the job's key.
 from __future__ import annotations
 
 import enum
-import hashlib
 import hmac
 import socket
 import threading
 from typing import Sequence
 
-from authframe import MAX_FRAME, NONCE_BYTES, ChannelError, Kind, Session, new_nonce
+from authframe import MAX_FRAME, NONCE_BYTES, ChannelError, Kind, Session, mac, new_nonce
 
 from contract.messages import secret_key
 from contract.workerenv import format_address
@@ -79,28 +78,24 @@ class StoreImpostor(StoreConnectionLost):
 
 def store_key(secret: str) -> bytes:
     """The HMAC key of a job's store connections, from its secret (64 hex digits)."""
-    return hmac.new(secret_key(secret), LABEL + b"key", hashlib.sha256).digest()
+    return mac(secret_key(secret), LABEL + b"key")
 
 
 def _transcript(what: bytes, job: str, worker: str, nonce_w: bytes, nonce_s: bytes) -> bytes:
     return LABEL + what + pack_fields(job.encode(), worker.encode()) + nonce_w + nonce_s
 
 
-def _mac(key: bytes, data: bytes) -> bytes:
-    return hmac.new(key, data, hashlib.sha256).digest()
-
-
 def worker_proof(key: bytes, job: str, worker: str, nonce_w: bytes, nonce_s: bytes) -> bytes:
-    return _mac(key, _transcript(b"worker", job, worker, nonce_w, nonce_s))
+    return mac(key, _transcript(b"worker", job, worker, nonce_w, nonce_s))
 
 
 def store_proof(key: bytes, job: str, worker: str, nonce_w: bytes, nonce_s: bytes) -> bytes:
-    return _mac(key, _transcript(b"store", job, worker, nonce_w, nonce_s))
+    return mac(key, _transcript(b"store", job, worker, nonce_w, nonce_s))
 
 
 def session_for(key: bytes, job: str, worker: str, nonce_w: bytes, nonce_s: bytes, *, server: bool) -> Session:
     """The data session both sides derive after the handshake."""
-    s = _mac(key, _transcript(b"session", job, worker, nonce_w, nonce_s))
+    s = mac(key, _transcript(b"session", job, worker, nonce_w, nonce_s))
     return Session(s, TO_WORKER, TO_STORE) if server else Session(s, TO_STORE, TO_WORKER)
 
 

@@ -214,10 +214,6 @@ class ThroughputEstimator(_OrderedStream):
         """World size -> estimated samples/s, for every size with at least one counted step."""
         return {ws: est.rate for ws, est in self.estimates().items()}
 
-    def stable_rates(self, rel_ci: float = 0.05) -> dict[int, float]:
-        """Like :meth:`rates` but only the sizes whose estimate is :meth:`stable`."""
-        return {ws: e.rate for ws, e in self.estimates().items() if self.stable(ws, rel_ci)}
-
 
 def throughput_by_world_size(
     records: Iterable[Record], warmup_steps: int = 2, window: int | None = None, min_steps: int = 5

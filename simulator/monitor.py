@@ -96,19 +96,6 @@ def run_until_stable(feed: StepFeed, estimator: ThroughputEstimator, deadline: f
                 return rec.timestamp
 
 
-def measured_rate(job_id: str, true_curve: Mapping[int, float], n: int, work_s: float,
-                  seed: int = 0, noise: float = RECORD_NOISE, rel_ci: float = 0.05) -> float | None:
-    """What the monitor's estimator says after a job ran ``work_s`` seconds at ``n`` nodes: the
-    stable estimate from the records of that run (at most 4 chunks), or ``None`` if it is not stable."""
-    feed = StepFeed(job_id, true_curve, n, 0.0, seed=_seed(seed, "refine"), noise=noise)
-    est = ThroughputEstimator()
-    at = run_until_stable(feed, est, deadline=min(work_s, 4 * CHUNK * feed.step_s * WARMUP_FACTOR), rel_ci=rel_ci)
-    if at is None:
-        return None
-    e = est.estimate(n)
-    return None if e is None else e.rate
-
-
 _TIME = itemgetter(0)
 
 MAX_CHUNKS = 8  # records of one run at one count: at most this many chunks (128 steps)

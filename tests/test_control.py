@@ -387,3 +387,32 @@ def test_a_control_socket_whose_queue_is_full_is_no_answer_not_an_error(tmp_path
         for s in queued:
             s.close()
         server.close()
+
+
+@pytest.mark.parametrize("reply, gone", [(struct.pack(">I", 10) + b"{}", True), (struct.pack(">I", 1 << 30), False)],
+                         ids=["cut short", "too big"])
+def test_a_reply_cut_short_is_no_answer_and_a_reply_too_big_is_named(tmp_path: Path, reply: bytes, gone: bool) -> None:
+    """The client reads the daemon's length-prefixed reply: a socket closed before the whole frame came is
+    no daemon answering (None); a length past MAX_REPLY is refused, named, without reading it."""
+    path = str(tmp_path / "c.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(1)
+
+    def answer() -> None:
+        conn, _ = server.accept()
+        conn.recv(65536)
+        conn.sendall(reply)
+        conn.close()
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    try:
+        if gone:
+            assert request(path, {"cmd": "ping"}, timeout_s=5.0) is None
+        else:
+            with pytest.raises(ControlError, match="limit"):
+                request(path, {"cmd": "ping"}, timeout_s=5.0)
+    finally:
+        thread.join(5.0)
+        server.close()

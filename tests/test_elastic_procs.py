@@ -1,6 +1,6 @@
 """Real-process tests of the torch runtime: grow, shrink, recall, leave; no orphans.
 
-Each test plays the job manager with :class:`malletrain.runtimes.harness.LocalJob`:
+Each test plays the job manager with :class:`tests.clusters.localjob.LocalJob`:
 TorchRuntime in this process, workers spawned from their LaunchSpecs in their
 own sessions, reports collected on a PULL socket.
 """
@@ -17,7 +17,7 @@ from typing import Any
 import psutil
 import pytest
 
-from malletrain.runtimes.harness import LocalJob, Worker, example_command
+from tests.clusters.localjob import LocalJob, Worker, example_command
 from malletrain.runtimes.torch_elastic import TorchRuntime
 from scavenger.base import AgentGone, AgentUp
 from scavenger.hub import AgentHub, WorkerExitedEvent

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from malletrain.runtimes.harness import LocalJob, example_command
+from tests.clusters.localjob import LocalJob, example_command
 
 pytestmark = pytest.mark.slow
 

@@ -93,7 +93,7 @@ from malletrain.daemon.config_types import (  # noqa: F401  (the dataclasses and
 from malletrain.daemon.control import admin_gids_from
 from malletrain.daemon.jobspec import TRAINER_NAME
 from malletrain.daemon.metrics import MetricsAddressError, parse_address
-from malletrain.daemon.textfile import decode_text
+from malletrain.daemon.textfile import decode_text, short_repr as _short
 from policy import PolicyConfig, PolicyConfigError
 from contract.nodeshape import WORKERS_PER_NODE_GPUS, NodeShapeError, parse_workers_per_node
 
@@ -192,14 +192,6 @@ def _text(where: str, key: str, value: str) -> str:
     if size > PATH_MAX_BYTES:
         raise ConfigError(f"{where}: {key} is longer than {PATH_MAX_BYTES} bytes")
     return value
-
-
-def _short(value: Any, limit: int = 60) -> str:
-    try:
-        text = repr(value)
-    except ValueError:  # an int with more digits than Python prints
-        text = f"<{type(value).__name__}>"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _table(obj: dict[str, Any], where: str, prefix: str) -> dict[str, Any]:

@@ -39,6 +39,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Union
 
+from authframe import ChannelError
+
+from contract.wire import recv_frame
 from contract.workerenv import ENV_STATE_DIR  # the state folder where --state-dir is not given
 
 log = logging.getLogger(__name__)
@@ -563,16 +566,10 @@ def request(path: Path | str, req: dict[str, Any], timeout_s: float = 5.0) -> di
                 raise ControlError(f"{path}: permission denied (the daemon's control socket)") from None
         try:
             sock.sendall(pack(req))
-            head = _recv_exact(sock, _LEN.size)
-            if head is None:
-                return None
-            (n,) = _LEN.unpack(head)
-            if n > MAX_REPLY:
-                raise ControlError(f"{path}: reply of {n} bytes (limit {MAX_REPLY})")
-            body = _recv_exact(sock, n)
-        except (TimeoutError, ConnectionError):  # (EPIPE and ECONNRESET are ConnectionErrors)
-            return None
-        if body is None:
+            body = recv_frame(sock, MAX_REPLY)  # (a length-prefixed frame, as the store's)
+        except ChannelError as exc:
+            raise ControlError(f"{path}: the reply: {exc}") from None
+        except (TimeoutError, ConnectionError):  # (EPIPE and ECONNRESET are ConnectionErrors, a closed socket too)
             return None
         try:
             reply = unpack_body(body, "reply")
@@ -583,16 +580,6 @@ def request(path: Path | str, req: dict[str, Any], timeout_s: float = 5.0) -> di
         return reply
     finally:
         sock.close()
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = sock.recv(min(n - len(buf), 1 << 20))
-        if not chunk:
-            return None
-        buf += chunk
-    return bytes(buf)
 
 
 def ask(state: Path, req: dict[str, Any], timeout_s: float = 5.0) -> dict[str, Any] | None:

@@ -53,7 +53,7 @@ from typing import Any, Mapping
 
 from contract.workerenv import ENV_DEVICES, ENV_PREFIX
 from contract.world import TORCHRUN_MAX_RANKS, WORKERS_PER_NODE_MAX
-from malletrain.daemon.textfile import decode_text, read_user_file
+from malletrain.daemon.textfile import decode_text, read_user_file, short_repr as _short
 
 MAX_NODES_CAP = 100_000
 """No job may ask for more nodes than this, whatever the machine (the largest machines have ~10^4 nodes)."""
@@ -231,15 +231,6 @@ def _int(obj: Mapping[str, Any], key: str, where: str, default: int | None, low:
     if not isinstance(v, int) or isinstance(v, bool) or not low <= v <= high:
         raise JobSpecError(f"{where}: {key} must be an integer >= {low} and <= {high}, got {_short(v)}")
     return v
-
-
-def _short(value: Any, limit: int = 80) -> str:
-    """``repr`` of a bad value, cut so an error message stays one readable line."""
-    try:
-        text = repr(value)
-    except (ValueError, RecursionError):  # e.g. an int with too many digits to print
-        text = f"<{type(value).__name__}>"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _text(value: str, field_name: str, where: str) -> str:

@@ -47,6 +47,7 @@ from typing import Any, Mapping, TypeGuard, cast
 from malletrain.daemon.jobspec import (
     GROUP_ID, PYTHON_PLACEHOLDER, SAMPLES_PLACEHOLDER, JobSpec, JobSpecError, parse_spec,
 )
+from malletrain.daemon.textfile import short_repr as _short
 
 TRIALS_MAX = 10_000
 """No sweep runs more trials than this."""
@@ -117,12 +118,6 @@ class SweepSpec:
 
 
 # ---------------------------------------------------------------- the [sweep] table
-def _short(value: Any, limit: int = 80) -> str:
-    """``repr`` of a bad value, cut to one readable line."""
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def _number(v: Any) -> TypeGuard[int | float]:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 

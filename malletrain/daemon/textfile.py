@@ -1,10 +1,12 @@
-"""Bytes of a user's file -> text, bounded and UTF-8, with errors that name the file (job files, config)."""
+"""Bytes of a user's file -> text, bounded and UTF-8, with errors that name the file (job files, config), and
+a bad value of it cut short for such an error."""
 
 from __future__ import annotations
 
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
 
 def read_user_file(path: Path, max_bytes: int, what: str, error: type[Exception]) -> bytes:
@@ -36,3 +38,12 @@ def decode_text(path: Path, data: bytes, max_bytes: int, what: str, error: type[
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise error(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
+
+
+def short_repr(value: Any, limit: int = 80) -> str:
+    """``repr`` of a bad value, cut so an error message stays one readable line."""
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError):  # e.g. an int with too many digits to print
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."

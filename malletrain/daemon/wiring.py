@@ -22,6 +22,7 @@ from contract.messages import job_secret
 from contract.workerenv import ENV_MONITOR
 from malletrain.daemon.monitor import Monitor, ReplaySaver, load_master_key
 from malletrain.runtimes import Runtime
+from malletrain.runtimes.torch_elastic import write_private_file
 from malletrain.runtimes.torchrun import TorchrunRuntime
 from malletrain.daemon.scavenging import Scavenging
 from malletrain.daemon.statedir import DIR_MODE
@@ -345,11 +346,7 @@ class Wiring:
             "pid": os.getpid(), "control": self.control_address, "agents": self.hub.address,
             "monitor": self.monitor.address, "store": str(self.state_dir / STORE_FILE),
         }
-        tmp = self.state_dir / (STATE_FILE + ".tmp")
-        fd = os.open(tmp, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(json.dumps(info))
-        os.replace(tmp, self.state_dir / STATE_FILE)
+        write_private_file(self.state_dir / STATE_FILE, json.dumps(info).encode())
 
 
 def port_holder(port: int) -> str:

@@ -36,7 +36,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from scavenger.channel import ChannelError, Kind, Session, new_nonce
+from authframe import ChannelError, Kind, Session, new_nonce
 from scavenger.connguard import local_peer_uid
 
 from contract.storekeys import CHECKPOINT_KINDS, DAEMON_KINDS, BadKey, parse_key

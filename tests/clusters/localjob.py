@@ -1,4 +1,5 @@
-"""A whole elastic job on this machine, without the daemon: runtime + workers + monitor.
+"""Test support, not product: a whole elastic job on this machine, without the daemon: runtime +
+workers + monitor.
 
 :class:`LocalJob` plays the job manager and the node agents for the ``torch``
 runtime: it hosts :class:`~malletrain.runtimes.torch_elastic.TorchRuntime`,
@@ -6,8 +7,8 @@ spawns worker processes from their :class:`~malletrain.runtimes.LaunchSpec`
 (each in its own session, like an agent does), publishes member lists, kills
 workers to simulate recalls and collects the workers' reports on a ZeroMQ
 PULL socket (like the monitor). The tests and ``benchmarks/bench_rescale.py``
-drive it; ``python -m malletrain.runtimes.harness`` runs a short demo
-(grow 1 -> 2 -> 3, shrink, recall) and prints the pauses.
+drive it; ``python -m tests.clusters.localjob`` (from a checkout's root) runs a
+short demo (grow 1 -> 2 -> 3, shrink, recall) and prints the pauses.
 """
 
 from __future__ import annotations
