@@ -175,6 +175,9 @@ class WorkerHost:
             return
         procs = 1 if msg.starts_own_ranks else msg.slots  # one process that starts its K ranks itself, or K
         self.learn_slots(msg.slots)  # the node's shape either way: what its next worker is prepared for
+        if msg.starts_own_ranks:
+            for idle in self.warm_more:  # its ranks fork from its own servers: made again once the node has no worker
+                idle.close()
         env = jobproc.worker_environ(os.environ, msg.env or {}, run_as.env if run_as is not None else None)
         if msg.starts_own_ranks:
             env[ENV_LOCAL_RANKS] = str(msg.slots)

@@ -193,6 +193,7 @@ def test_a_worker_that_starts_its_own_ranks_takes_the_warm_process_whatever_thre
             out = read_json_line(tmp_path / "logs" / "j1.n1.3.log")
             assert out["cores"] == list(agent.cores) and out["k"] == "2"  # every core, for its 2 ranks to share
             assert agent.slots == 2  # the node keeps its shape: no warm process made again for one slot
+            assert [slot.proc for slot in agent.warm_more] == [None]  # slot 1's idle one ended while it runs
     finally:
         agent.kill_all(0.2)
         for slot in [agent.warm, *agent.warm_more]:

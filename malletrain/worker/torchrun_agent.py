@@ -471,7 +471,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         agent.stop_requested = True
 
     signal.signal(signal.SIGTERM, on_sigterm)
-    return agent.run()
+    code = agent.run()
+    if servers:  # torch loaded here (the node's warm process): its teardown would take seconds, past the grace
+        exit_now(code)
+    return code
+
+
+def exit_now(code: int) -> None:
+    """End the agent at once, its ranks and servers gone: logs flushed, none of the interpreter's teardown."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 if __name__ == "__main__":
