@@ -472,7 +472,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_sigterm)
     code = agent.run()
-    if servers:  # torch loaded here (the node's warm process): its teardown would take seconds, past the grace
+    if imported_ahead():  # torch loaded here (the node's warm process): its teardown takes seconds, past the grace
         exit_now(code)
     return code
 
