@@ -313,7 +313,8 @@ def parent(pid):
     return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
 server = os.getppid()
 print(json.dumps({"server": server, "agent": parent(server), "threads": torch.get_num_threads(),
-                  "server_cmdline": open(f"/proc/{server}/cmdline").read().split(chr(0)), "rank": os.environ["RANK"]}))
+                  "server_cmdline": open(f"/proc/{server}/cmdline").read().split(chr(0)), "rank": os.environ["RANK"],
+                  "cores": sorted(os.sched_getaffinity(0))}))
 """
 
 AGENT_STARTED_WARM = """import json, os, sys
@@ -322,16 +323,18 @@ from malletrain.worker.torchrun_agent import start_rank_servers
 from malletrain.worker.warm_ranks import InFork
 script = sys.argv[1]
 env = {**os.environ, "OMP_NUM_THREADS": "1"}  # the job's thread count, not the one torch was imported with
-got = start_rank_servers((sys.executable, script), env, 1, True, "w", fork=True)
+got = start_rank_servers((sys.executable, script), env, 2, True, "w", fork=True)  # a node of 2 slots
 if isinstance(got, InFork):
     sys.exit(got.code)  # the forked server (and its ranks) end here: none of the agent's work runs in them
-server = got[0]
-assert server.wait_ready(300)
-rank = server.spawn((sys.executable, script), {**env, "RANK": "0"})
-code = rank.wait(300) if not isinstance(rank, str) else rank
-server_pid = server.pid
-server.close()
-print(json.dumps({"agent": os.getpid(), "server": server_pid, "code": code}))
+codes, pids = [], []
+for i, server in enumerate(got):
+    assert server.wait_ready(300)
+    rank = server.spawn((sys.executable, script), {**server.env, "RANK": str(i)})
+    codes.append(rank.wait(300) if not isinstance(rank, str) else rank)
+    pids.append(server.pid)
+for server in got:
+    server.close()
+print(json.dumps({"agent": os.getpid(), "servers": pids, "codes": codes}))
 """
 
 
@@ -352,11 +355,15 @@ def test_a_rank_agent_that_a_warm_process_became_forks_its_rank_servers_from_its
     out = subprocess.run([PY, str(driver), str(script)], capture_output=True, text=True, timeout=600, env=env)
     assert out.returncode == 0, out.stderr
     lines = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
-    rank, agent = lines[0], lines[-1]
-    assert agent["code"] == 0 and rank["rank"] == "0"
-    assert rank["server"] == agent["server"] and rank["agent"] == agent["agent"]  # the agent's own fork
-    assert not any("malletrain.worker.warm_ranks" in word for word in rank["server_cmdline"])  # no new interpreter
-    assert rank["threads"] == 1  # the job's OMP_NUM_THREADS, applied in the fork
+    ranks, agent = lines[:-1], lines[-1]
+    assert agent["codes"] == [0, 0] and [r["rank"] for r in ranks] == ["0", "1"]
+    assert [r["server"] for r in ranks] == agent["servers"] and len(set(agent["servers"])) == 2
+    for rank in ranks:
+        assert rank["agent"] == agent["agent"]  # the agent's own fork
+        assert not any("malletrain.worker.warm_ranks" in word for word in rank["server_cmdline"])  # no new interpreter
+        assert rank["threads"] == 1  # the job's OMP_NUM_THREADS, applied in the fork
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert ranks[0]["cores"] != ranks[1]["cores"]  # each server took its rank's share of the cores
 
 
 @pytest.mark.slow
