@@ -25,7 +25,9 @@ the recall (the node's return) to the first step any rank takes at the new size:
 the change as the job sees it. Then an unchanged Lightning script (``malletrain.worker.examples.lightning_plain``,
 strategy="ddp", its own ``ModelCheckpoint``) runs under the daemon through the same changes, and the
 rank agents' SIGKILLs are counted. The last line gives the medians and that count.
-``--short``: one repetition each (a few minutes on a loaded 2-core machine).
+``--short``: one repetition each (a few minutes on a loaded 2-core machine). ``--launchers warm,in-process``
+measures those only (no last line then). Where both are measured, a line compares a node's return to the first
+step on it under the torchrun launcher, warm, and in-process (the grows).
 """
 
 from __future__ import annotations
@@ -217,22 +219,46 @@ def measure_torch_elastic(reps: int, root: Path) -> list[float]:
     return out
 
 
+LAUNCHERS = ("warm", "cold", "torch elastic", "in-process", "lightning")
+
+
+def node_return_line(changes: dict[str, list[float]]) -> str | None:
+    """A node's return to the first step on it, torchrun warm against in-process (the grows' medians, one run)."""
+    if not changes.get("warm", [])[1::2] or not changes.get("in-process", [])[1::2]:
+        return None
+    warm, inproc = (statistics.median(changes[name][1::2]) for name in ("warm", "in-process"))
+    return (f"node return -> first step on it: torchrun warm {warm:.2f} s, in-process {inproc:.2f} s "
+            f"(medians of the grows, same run; difference {warm - inproc:+.2f} s)")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--reps", type=int, default=3, help="recall-and-return cycles per launcher")
+    p.add_argument("--launchers", default=",".join(LAUNCHERS),
+                   help=f"which to measure, comma-separated, of {', '.join(LAUNCHERS)} (the last line needs all)")
     add_short(p, "one cycle per launcher")
     args = p.parse_args()
     reps = 1 if args.short else args.reps
+    chosen = [name.strip() for name in args.launchers.split(",") if name.strip()]
+    if unknown := [name for name in chosen if name not in LAUNCHERS]:
+        p.error(f"--launchers: unknown {', '.join(unknown)} (known: {', '.join(LAUNCHERS)})")
     print(f"load before: {load()}", flush=True)
     changes: dict[str, list[float]] = {}
+    lightning: list[float] = []
+    kills = 0
     with tempfile.TemporaryDirectory(prefix="bench-launchers-") as tmp:
         root = Path(tmp)
-        changes["warm"], _ = measure(Variant("torchrun warm", Launcher.TORCHRUN), reps, root)
-        changes["cold"], _ = measure(Variant("torchrun cold", Launcher.TORCHRUN, warm=False), reps, root)
-        changes["torch elastic"] = measure_torch_elastic(reps, root)
-        changes["in-process"], _ = measure(Variant("in-process", Launcher.ELASTIC), reps, root)
-        lightning, kills = measure(Variant("lightning unchanged", Launcher.TORCHRUN,
-                                           module="malletrain.worker.examples.lightning_plain"), reps, root)
+        if "warm" in chosen:
+            changes["warm"], _ = measure(Variant("torchrun warm", Launcher.TORCHRUN), reps, root)
+        if "cold" in chosen:
+            changes["cold"], _ = measure(Variant("torchrun cold", Launcher.TORCHRUN, warm=False), reps, root)
+        if "torch elastic" in chosen:
+            changes["torch elastic"] = measure_torch_elastic(reps, root)
+        if "in-process" in chosen:
+            changes["in-process"], _ = measure(Variant("in-process", Launcher.ELASTIC), reps, root)
+        if "lightning" in chosen:
+            lightning, kills = measure(Variant("lightning unchanged", Launcher.TORCHRUN,
+                                               module="malletrain.worker.examples.lightning_plain"), reps, root)
     for name, got in changes.items():
         if not got:
             print(f"{name}: no change measured")
@@ -240,6 +266,11 @@ def main() -> None:
         down, up = got[0::2], got[1::2] or [float("nan")]
         print(f"{name}: {len(got)} changes, median {statistics.median(got):.2f} s, max {max(got):.2f} s; "
               f"shrink median {statistics.median(down):.2f} s, grow median {statistics.median(up):.2f} s")
+    if (line := node_return_line(changes)) is not None:
+        print(line, flush=True)
+    if set(chosen) != set(LAUNCHERS):
+        print(f"load after: {load()}")
+        return
     med = {name: statistics.median(got) if got else float("nan") for name, got in changes.items()}
     print(f"ratios: warm / cold {med['warm'] / med['cold']:.2f}, warm / torch elastic "
           f"{med['warm'] / med['torch elastic']:.2f}, warm / in-process {med['warm'] / med['in-process']:.1f}; "

@@ -174,7 +174,10 @@ class WorkerHost:
             self.send(P.WorkerExited(self.node, msg.worker, 126))
             return
         procs = 1 if msg.starts_own_ranks else msg.slots  # one process that starts its K ranks itself, or K
-        self.learn_slots(procs)
+        self.learn_slots(msg.slots)  # the node's shape either way: what its next worker is prepared for
+        if msg.starts_own_ranks:
+            for idle in self.warm_more:  # its ranks fork from its own servers: made again once the node has no worker
+                idle.close()
         env = jobproc.worker_environ(os.environ, msg.env or {}, run_as.env if run_as is not None else None)
         if msg.starts_own_ranks:
             env[ENV_LOCAL_RANKS] = str(msg.slots)
@@ -273,7 +276,8 @@ class WorkerHost:
         """True if ``msg`` waits for the warm process still importing (see :meth:`_start_deferred`)."""
         if self.warm is None or not self.warm.starting:
             return False
-        if warm_refusal(msg.argv, {**self.warm.env, **(msg.env or {})}, self.warm.env, self.warm.python):
+        if warm_refusal(msg.argv, {**self.warm.env, **(msg.env or {})}, self.warm.env, self.warm.python,
+                        msg.starts_own_ranks):
             self.deferred.pop(msg.worker, None)
             return False
         if msg.worker not in self.deferred:
@@ -303,13 +307,15 @@ class WorkerHost:
         pid = warm.proc.pid if warm.ready and warm.proc is not None else None
         if pid is not None:
             self.containment.add(msg.worker, pid)  # in the worker's cgroup before it learns the job
-        got = warm.take(Assignment(tuple(msg.argv), env, msg.cwd or None, uid, gid, msg.umask), out)
+        got = warm.take(Assignment(tuple(msg.argv), env, msg.cwd or None, uid, gid, msg.umask), out,
+                        msg.starts_own_ranks)
         if isinstance(got, str):
             if pid is not None:
                 self.containment.release(pid)
             log.info("node %s: worker %s starts cold: %s", self.node, msg.worker, got)
             return None
-        log.info("node %s: worker %s starts warm (framework imported ahead)", self.node, msg.worker)
+        log.info("node %s: worker %s starts warm (framework imported ahead%s)", self.node, msg.worker,
+                 f"; it forks its {msg.slots} rank server(s)" if msg.starts_own_ranks else "")
         return got
 
     def stop_worker(self, name: str, grace: float) -> None:

@@ -16,6 +16,11 @@ its owner may debug it and get its core, and ``tempfile`` follows the worker's `
 A command it could not run exactly like a fresh interpreter starts cold (:func:`warm_refusal` says
 why; :data:`START_TIME_VARS`). It is in its own session from the start, so the agent's
 process-group kill covers it, and it is the worker's process (its pid, its exit code).
+
+A worker that starts its own ranks (``StartWorker.starts_own_ranks``: a ``torchrun`` job's rank agent)
+takes slot 0's process whatever thread count the job sets (:data:`THREAD_VARS`), unpinned to every core
+of the agent, and forks its ranks' servers from it: a node prepared before the job came then waits for
+no import when the job is placed on it.
 """
 
 from __future__ import annotations
@@ -104,13 +109,23 @@ def start_time_env(env: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k.startswith(START_TIME_VARS) and k not in RUNTIME_VARS}
 
 
+THREAD_VARS = frozenset({"OMP_NUM_THREADS"})
+"""Start-time variables a worker that starts its own ranks may differ in: it runs no parallel operation
+itself, and each rank it forks applies its own thread count (``torch.set_num_threads``, as a fresh
+interpreter started with it would have; :mod:`malletrain.worker.warm_ranks`)."""
+
+
 def warm_refusal(argv: Sequence[str], env: Mapping[str, str], warm_env: Mapping[str, str],
-                 python: str = sys.executable) -> str | None:
-    """Why a warm process started with ``warm_env`` cannot become the worker ``argv``/``env`` (None: it can)."""
+                 python: str = sys.executable, own_ranks: bool = False) -> str | None:
+    """Why a warm process started with ``warm_env`` cannot become the worker ``argv``/``env`` (None: it can).
+    ``own_ranks``: the worker starts its own ranks (a ``torchrun`` job's rank agent): :data:`THREAD_VARS`
+    are left out of the comparison."""
     entry = entry_of(argv, python)
     if isinstance(entry, str):
         return entry
     mine, theirs = start_time_env(warm_env), start_time_env(env)
+    if own_ranks:
+        mine, theirs = ({k: v for k, v in d.items() if k not in THREAD_VARS} for d in (mine, theirs))
     if mine != theirs:
         diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
         return f"start-time variable(s) {', '.join(diff)} differ from the warm process's"
@@ -197,15 +212,23 @@ class WarmSlot:
                      time.monotonic() - self.spawned_at, import_s.decode(errors="replace"),
                      cpu_s.decode(errors="replace"))
 
-    def take(self, assignment: Assignment, log_file: IO[bytes] | None) -> subprocess.Popen[bytes] | str:
-        """Hand ``assignment`` to the ready warm process; its Popen, or why not (then start it cold)."""
+    def take(self, assignment: Assignment, log_file: IO[bytes] | None,
+             own_ranks: bool = False) -> subprocess.Popen[bytes] | str:
+        """Hand ``assignment`` to the ready warm process; its Popen, or why not (then start it cold).
+        ``own_ranks``: the worker starts its own ranks (see :func:`warm_refusal`); it gets the warm
+        process unpinned, with every core the agent has, to share among them."""
         self.poll()
         if self.proc is None or self.sock is None or not self.ready:
             return "no warm process ready"
-        why = warm_refusal(assignment.argv, assignment.env, self.env, self.python)
+        why = warm_refusal(assignment.argv, assignment.env, self.env, self.python, own_ranks)
         if why is not None:
             return why
         proc, sock = self.proc, self.sock
+        if own_ranks and self.cores:
+            try:
+                os.sched_setaffinity(proc.pid, os.sched_getaffinity(0))
+            except OSError as exc:
+                return f"cannot unpin the warm process from its slot's cores: {exc}"
         fd = log_file.fileno() if log_file is not None else os.open(os.devnull, os.O_WRONLY)
         try:
             sock.setblocking(True)

@@ -143,6 +143,67 @@ def test_agent_starts_its_worker_from_the_warm_process(tmp_path: Path) -> None:
         agent.ctx.term()
 
 
+AFFINITY = """
+import json, os
+print(json.dumps({"cores": sorted(os.sched_getaffinity(0)), "omp": os.environ.get("OMP_NUM_THREADS"),
+                  "k": os.environ.get("MALLETRAIN_LOCAL_RANKS")}))
+"""
+
+
+def test_a_worker_that_starts_its_own_ranks_takes_the_warm_process_whatever_thread_count_it_sets(
+        tmp_path: Path) -> None:
+    """A ``torchrun`` job's rank agent (a worker that starts its own ranks) becomes the node's warm process,
+    prepared before any job was placed, though the job sets another ``OMP_NUM_THREADS`` (it runs no parallel
+    operation; its ranks apply their own), unpinned from slot 0's cores where the node has several slots;
+    any other worker with that thread count still starts cold. Before, it started cold: a returning node's
+    rank servers then imported torch while the old world trained."""
+    script = tmp_path / "agent.py"
+    script.write_text(AFFINITY)
+    omp = "3" if os.environ.get("OMP_NUM_THREADS") != "3" else "5"
+    agent = Agent("n1", "tcp://127.0.0.1:1", KEY, log_dir=str(tmp_path / "logs"), warm_modules=("json",))
+    try:
+        assert agent.warm is not None
+        agent.warm.prepare()
+        wait_ready(agent.warm)
+        warm_pid = agent.warm.proc.pid if agent.warm.proc else -1
+        agent.start_worker(P.StartWorker("n1", "j1.n1.1", (sys.executable, str(script)), {"OMP_NUM_THREADS": omp},
+                                         str(tmp_path), starts_own_ranks=True))
+        w = agent.workers["j1.n1.1"]
+        assert w.proc.pid == warm_pid
+        assert w.proc.wait(timeout=30) == 0
+        assert read_json_line(tmp_path / "logs" / "j1.n1.1.log")["omp"] == omp
+        agent.reap()
+        agent.prepare_warm()
+        wait_ready(agent.warm)
+        agent.start_worker(P.StartWorker("n1", "j1.n1.2", (sys.executable, str(script)), {"OMP_NUM_THREADS": omp},
+                                         str(tmp_path)))
+        assert agent.warm.proc is not None and agent.workers["j1.n1.2"].proc.pid != agent.warm.proc.pid  # cold
+        assert agent.workers["j1.n1.2"].proc.wait(timeout=30) == 0
+        agent.reap()
+        if len(agent.cores) >= 2:  # a node of 2 slots: slot 0's warm process is pinned to its share
+            agent.learn_slots(2)
+            agent.prepare_warm()
+            wait_ready(agent.warm)
+            assert agent.warm.cores and len(agent.warm.cores) < len(agent.cores)
+            warm_pid = agent.warm.proc.pid if agent.warm.proc else -1
+            agent.start_worker(P.StartWorker("n1", "j1.n1.3", (sys.executable, str(script)), {}, str(tmp_path),
+                                             slots=2, starts_own_ranks=True))
+            w3 = agent.workers["j1.n1.3"]
+            assert w3.proc.pid == warm_pid and w3.proc.wait(timeout=30) == 0
+            out = read_json_line(tmp_path / "logs" / "j1.n1.3.log")
+            assert out["cores"] == list(agent.cores) and out["k"] == "2"  # every core, for its 2 ranks to share
+            assert agent.slots == 2  # the node keeps its shape: no warm process made again for one slot
+            assert [slot.proc for slot in agent.warm_more] == [None]  # slot 1's idle one ended while it runs
+    finally:
+        agent.kill_all(0.2)
+        for slot in [agent.warm, *agent.warm_more]:
+            if slot is not None:
+                slot.close()
+        agent.sock.close(0)
+        agent.monitor.close(0)
+        agent.ctx.term()
+
+
 def test_worker_assigned_while_the_warm_process_imports_waits_for_it(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)

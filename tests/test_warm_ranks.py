@@ -306,3 +306,103 @@ def test_each_fork_of_a_server_has_its_own_seeds_environment_and_exit_code(tmp_p
     assert codes == [0, 0] and [line[3] for line in lines] == ["3", "4"]
     assert server.proc is not None and {int(line[0]) for line in lines} == {server.proc.pid}
     assert lines[0][1] != lines[1][1] and lines[0][2] != lines[1][2]
+
+
+RANK_REPORT = """import json, os, sys, torch
+def parent(pid):
+    return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+server = os.getppid()
+print(json.dumps({"server": server, "agent": parent(server), "threads": torch.get_num_threads(),
+                  "server_cmdline": open(f"/proc/{server}/cmdline").read().split(chr(0)), "rank": os.environ["RANK"],
+                  "cores": sorted(os.sched_getaffinity(0))}))
+"""
+
+AGENT_STARTED_WARM = """import json, os, sys
+import torch  # what a node's warm process imported before it became this rank agent
+from malletrain.worker.torchrun_agent import start_rank_servers
+from malletrain.worker.warm_ranks import InFork
+script = sys.argv[1]
+env = {**os.environ, "OMP_NUM_THREADS": "1"}  # the job's thread count, not the one torch was imported with
+got = start_rank_servers((sys.executable, script), env, 2, True, "w", fork=True)  # a node of 2 slots
+if isinstance(got, InFork):
+    sys.exit(got.code)  # the forked server (and its ranks) end here: none of the agent's work runs in them
+codes, pids = [], []
+for i, server in enumerate(got):
+    assert server.wait_ready(300)
+    rank = server.spawn((sys.executable, script), {**server.env, "RANK": str(i)})
+    codes.append(rank.wait(300) if not isinstance(rank, str) else rank)
+    pids.append(server.pid)
+for server in got:
+    server.close()
+print(json.dumps({"agent": os.getpid(), "servers": pids, "codes": codes}))
+"""
+
+
+def test_a_rank_agent_that_a_warm_process_became_forks_its_rank_servers_from_itself(tmp_path: Path) -> None:
+    """A rank agent that holds torch's import already (the node's warm process became it, prepared before the
+    job was placed there) forks its rank servers from itself: they are ready at once, no interpreter imports
+    torch again; each rank forked from them runs with the job's thread count. Before, every rank server was a
+    new interpreter importing torch, which a node's return waited for."""
+    import json
+    import os
+    import subprocess
+
+    pytest.importorskip("torch")
+    script, driver = tmp_path / "rank.py", tmp_path / "agent.py"
+    script.write_text(RANK_REPORT)
+    driver.write_text(AGENT_STARTED_WARM)
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    out = subprocess.run([PY, str(driver), str(script)], capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode == 0, out.stderr
+    lines = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    ranks, agent = lines[:-1], lines[-1]
+    assert agent["codes"] == [0, 0] and [r["rank"] for r in ranks] == ["0", "1"]
+    assert [r["server"] for r in ranks] == agent["servers"] and len(set(agent["servers"])) == 2
+    for rank in ranks:
+        assert rank["agent"] == agent["agent"]  # the agent's own fork
+        assert not any("malletrain.worker.warm_ranks" in word for word in rank["server_cmdline"])  # no new interpreter
+        assert rank["threads"] == 1  # the job's OMP_NUM_THREADS, applied in the fork
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert ranks[0]["cores"] != ranks[1]["cores"]  # each server took its rank's share of the cores
+
+
+@pytest.mark.slow
+def test_a_returning_node_forks_its_rank_servers_from_the_warm_process_its_agent_prepared(tmp_path: Path) -> None:
+    """Under the daemon (2 local nodes, the torch runtime: each node agent prepares a warm process that
+    imports torch as its pilot starts, before any job is placed on it), every rank agent of a torchrun job,
+    the one on a node that was recalled and came back included, is that warm process and forks its rank
+    servers from itself. Before, each rank agent started cold and its rank servers imported torch again
+    after the job was placed (the most of a node's return to the first step on it)."""
+    pytest.importorskip("torch")
+    from malletrain.daemon import Daemon
+    from malletrain.daemon.config import DaemonConfig, LocalConfig
+    from malletrain.daemon.jobspec import JobSpec, Launcher
+    from tests.stepping import step_until
+    from tests.test_torchrun_launcher import rank0_steps
+
+    state = tmp_path / "state"
+    cfg = DaemonConfig(state_dir=str(state), runtime="torch", local=LocalConfig(nodes=2, trace="none"),
+                       agent_heartbeat=0.2, agent_dead_after=5.0, loop_interval=0.05)
+    cmd = (PY, "-m", "malletrain.worker.examples.torchrun_ddp", "--steps", "100000", "--batch", "4",
+           "--checkpoint", str(tmp_path / "ddp.pt"), "--checkpoint-every", "10", "--step-sleep", "0.05")
+    spec = JobSpec("ddp", cmd, 1, 2, False, {1: 10.0, 2: 20.0}, env={"OMP_NUM_THREADS": "1"},
+                   launcher=Launcher.TORCHRUN, worker_batch=4)
+    d = Daemon(cfg)
+    logs = state / "logs"
+    try:
+        jid = d.store.submit(spec)
+        seen = lambda world, restart=0: any(w == world and r >= restart  # noqa: E731
+                                            for _, w, r in rank0_steps(logs, jid))
+        step_until(d, lambda: len(d.runs[jid].members) == 2 and seen(2), 600, "the job trains at 2 nodes")
+        victim = d.runs[jid].members[-1]
+        d.backend.recall(victim)
+        step_until(d, lambda: seen(1, 1), 600, "the job trains at 1 node after a recall")
+        d.backend.make_idle(victim)
+        step_until(d, lambda: seen(2, 2), 600, "the job trains at 2 nodes again")
+    finally:
+        d.close()
+    agents = [p.read_text(errors="replace") for p in logs.glob(f"{jid}.*.log")]
+    agents = [text for text in agents if "starting rank" in text]
+    assert len(agents) >= 3, len(agents)  # the two first, and the returning node's
+    for text in agents:
+        assert "forked from this agent" in text and "starts cold" not in text, text[-3000:]

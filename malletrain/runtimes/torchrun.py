@@ -8,7 +8,7 @@ one higher. Nothing in the script changes.
 
 The daemon's job manager treats such a job like any other: it starts one worker per node
 ahead of time and publishes member lists. The worker it starts is a small rank agent
-(:mod:`malletrain.worker.torchrun_agent`, no torch in it) that runs the job's command as
+(:mod:`malletrain.worker.torchrun_agent`, importing no torch itself) that runs the job's command as
 its children, one per worker slot the job uses on the node (K ranks a node, as ``torchrun
 --nproc-per-node`` runs them; each with its slot's device and cores): it waits for a world that lists it, forms it with the world's other agents (a
 barrier in the daemon's store, then the first rank's agent names a free port on its own

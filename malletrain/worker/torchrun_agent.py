@@ -1,4 +1,4 @@
-"""The rank agent of a ``torchrun`` job: what the daemon starts as each worker (no torch in it).
+"""The rank agent of a ``torchrun`` job: what the daemon starts as each worker (it imports no torch itself).
 
     python -m malletrain.worker.torchrun_agent [--stop-grace S] [--failure-wait S] -- COMMAND...
 
@@ -29,6 +29,10 @@ as the node agent gives the in-process runtimes' workers). Then, for each world:
    end together, the failure counted once) and waits ``--failure-wait`` seconds for a newer world
    (a peer recalled: the daemon publishes the world without it), else exits with its code.
 
+Its ranks start as forks of rank servers that imported torch (:mod:`malletrain.worker.warm_ranks`): new
+interpreters it starts, or, where the node agent's warm process became this agent (torch imported before
+the job was placed on the node), forks of itself made before it connects to the store (:func:`main`).
+
 SIGTERM (a recall, a cancel, the daemon stopping it) stops the command the same way and exits
 143: a stop, never a failure of the job. While the daemon is away (a restart) the command runs on;
 a store away longer than ``MALLETRAIN_STORE_GRACE`` stops it and exits 75 (a stop too: the daemon
@@ -54,8 +58,8 @@ from contract.exits import EXIT_SIGTERM, EXIT_STORE_LOST, STOP_STATUSES  # a sto
 from contract.storekeys import done_key, failed_key, world_key
 from malletrain.worker.elastic.rendezvous import Rendezvous, WorldMaster, arrive, form_step
 from contract.world import DEFAULT_FAILURE_WAIT_S, DEFAULT_STOP_GRACE_S, World, rank_names
-from malletrain.worker.warm_ranks import ENV_WARM_IMPORTS, READY_WAIT_S, RankServer, WarmChild, learned_imports, \
-    warm_wanted
+from malletrain.worker.warm_ranks import ENV_WARM_IMPORTS, READY_WAIT_S, InFork, RankServer, WarmChild, \
+    imported_ahead, learned_imports, os_threads, warm_wanted
 from contract.workerenv import ENV_GENERATION, ENV_INCARNATION, ENV_WORKER, RankPlace, WorkerEnv, configure_worker_logging, torchrun_environ
 from spawner.ranks import LocalRanks, exit_status, pin_cores
 from spawner.slots import DEVICE_VARIABLES, ENV_LOCAL_RANKS, MAX_SLOTS, Accelerator, SlotPlace, detect_accelerator, \
@@ -185,20 +189,10 @@ class RankAgent:
         return EXIT_SIGTERM
 
     def start_servers(self) -> None:
-        """Start a rank server per local rank (:mod:`malletrain.worker.warm_ranks`): with the rank's own
-        environment and cores, importing what the command's script imports (and what the job declares)."""
-        if not self.command or not self.warm:
-            return
-        python = self.command[0] if os.sep in self.command[0] else shutil.which(self.command[0])
-        if python is None:
-            return
-        modules = learned_imports(self.command, self._env.get(ENV_WARM_IMPORTS, ""))
-        for slot in self.slots():
-            server = RankServer(modules, {**self._env, **slot.env}, tuple(slot.cores) if self.local_ranks > 1 else (),
-                                python=python)
-            server.start()
-            self.servers.append(server)
-        log.info("worker %s: %d rank server(s) importing %s", self.worker, len(self.servers), ", ".join(modules))
+        """Start a rank server per local rank, each a new interpreter (:func:`start_rank_servers`)."""
+        got = start_rank_servers(self.command, self._env, self.local_ranks, self.warm, self.worker)
+        assert not isinstance(got, InFork)  # (no fork asked)
+        self.servers = got
 
     def prepare(self) -> None:
         """Before it says it is ready: its rank servers have imported (a joining worker is brought this far
@@ -220,8 +214,7 @@ class RankAgent:
 
     def slots(self) -> list[SlotPlace]:
         """Each local rank's device, thread count and cores on this node."""
-        env = dict(self._env)
-        return local_slots(self.local_ranks, env, detect_accelerator(env, dev_names()), sorted(os.sched_getaffinity(0)))
+        return slots_of(self.local_ranks, self._env)
 
     def tick(self) -> int | None:
         """One look: a newer world first, then the current state's own step; an exit status when done."""
@@ -383,6 +376,41 @@ class RankAgent:
             time.sleep(POLL_S / 5)
 
 
+def slots_of(local_ranks: int, env: Mapping[str, str]) -> list[SlotPlace]:
+    """Each of ``local_ranks`` ranks' device, thread count and cores on this node (``env``: the agent's)."""
+    env = dict(env)
+    return local_slots(local_ranks, env, detect_accelerator(env, dev_names()), sorted(os.sched_getaffinity(0)))
+
+
+def start_rank_servers(command: Sequence[str], env: Mapping[str, str], local_ranks: int, warm: bool, worker: str,
+                       fork: bool = False) -> list[RankServer] | InFork:
+    """A rank server per local rank (:mod:`malletrain.worker.warm_ranks`) with the rank's own environment and
+    cores, importing what the command's script imports (and what the job declares): each a new interpreter,
+    or with ``fork`` a fork of this process (a rank agent that a node's warm process became: torch is
+    imported already, so its servers are ready when forked, and a node's return does not wait for an import).
+    None for a command another interpreter runs or with warm ranks off; in a forked server, what it ends with."""
+    if not command or not warm:
+        return []
+    python = command[0] if os.sep in command[0] else shutil.which(command[0])
+    if python is None:
+        return []
+    modules = learned_imports(command, env.get(ENV_WARM_IMPORTS, ""))
+    if fork and os.path.realpath(python) != os.path.realpath(sys.executable):
+        fork = False  # a fork is this interpreter: the command names another
+    threads = os_threads() if fork else 0
+    servers: list[RankServer] = []
+    for slot in slots_of(local_ranks, env):
+        server = RankServer(modules, {**env, **slot.env}, tuple(slot.cores) if local_ranks > 1 else (), python=python)
+        forked = server.start(fork, servers)
+        if forked is not None:
+            return forked
+        servers.append(server)
+    log.info("worker %s: %d rank server(s) %s, importing %s", worker, len(servers),
+             f"forked from this agent (torch imported ahead; {threads} thread(s))" if fork else "started",
+             ", ".join(modules))
+    return servers
+
+
 def local_ranks_of(env: Mapping[str, str]) -> int:
     """K, the ranks this worker runs on its node: ``MALLETRAIN_LOCAL_RANKS`` (the node agent's; unset: 1);
     ``ValueError`` naming the variable if it is not an integer in [1, MAX_SLOTS]."""
@@ -416,8 +444,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     configure_worker_logging()
-    rdzv = Rendezvous.from_worker_env(WorkerEnv.from_environ())
-    if rdzv is None:
+    wenv = WorkerEnv.from_environ()
+    if wenv.store is None:
         print("malletrain torchrun agent: MALLETRAIN_STORE is not set: start it through the daemon",
               file=sys.stderr)
         return 2
@@ -426,15 +454,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         print(f"malletrain torchrun agent: {exc}", file=sys.stderr)
         return 2
+    warm = warm_wanted(os.environ)
+    servers: list[RankServer] = []
+    if warm and imported_ahead():  # a node's warm process became this agent: fork, before any connection
+        got = start_rank_servers(tuple(args.command), os.environ, local_ranks, warm, wenv.worker or "?", fork=True)
+        if isinstance(got, InFork):
+            return got.code  # a rank server (or one of its ranks) ends here
+        servers = got
+    rdzv = Rendezvous.from_worker_env(wenv)
+    assert rdzv is not None  # (its store is set)
     rdzv.ready_value = str(local_ranks)  # a restarted daemon learns the worker's K from its ready key
     agent = RankAgent(rdzv, tuple(args.command), args.stop_grace, args.failure_wait, local_ranks,
-                      warm=warm_wanted(os.environ))
+                      warm=warm, servers=servers)
 
     def on_sigterm(signum: int, frame: object) -> None:
         agent.stop_requested = True
 
     signal.signal(signal.SIGTERM, on_sigterm)
-    return agent.run()
+    code = agent.run()
+    if imported_ahead():  # torch loaded here (the node's warm process): its teardown takes seconds, past the grace
+        exit_now(code)
+    return code
+
+
+def exit_now(code: int) -> None:
+    """End the agent at once, its ranks and servers gone: logs flushed, none of the interpreter's teardown."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,15 @@ SIGKILL). Server and children stay in the agent's process group, so a stop of th
 reaches them. A command a server cannot run as a fresh interpreter would (another interpreter,
 interpreter flags: :func:`spawner.entry.entry_of`) is started cold, as is every start once a
 server died or never became ready.
+
+A node agent prepares a warm process (:mod:`scavenger.warm`) that imports torch as its pilot starts, before
+any job is placed on the node. A rank agent that process became (:func:`imported_ahead`) forks its rank
+servers from itself, before it connects anywhere (:meth:`RankServer.start` with ``fork``): they take their
+rank's environment and cores and import only what the warm process had not, so a node's return waits for no
+import after the job is placed. Such a server was imported with the node's thread count, not the job's: each
+rank forked from it applies its ``OMP_NUM_THREADS`` (``torch.set_num_threads``, what torch's import takes
+from it in a fresh interpreter; every other start-time variable matched, or the node agent had started the
+rank agent cold).
 """
 
 from __future__ import annotations
@@ -212,6 +221,18 @@ def become(entry: Entry, env: Mapping[str, str]) -> None:
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.seed()  # as each new process's default generator (CUDA's is seeded lazily: no context made)
+        threads = threads_of(env)
+        if threads is not None:  # what torch's import took from OMP_NUM_THREADS in a fresh interpreter
+            torch.set_num_threads(threads)
+
+
+def threads_of(env: Mapping[str, str]) -> int | None:
+    """The thread count ``OMP_NUM_THREADS`` in ``env`` asks for (None: unset, or not a positive integer)."""
+    try:
+        threads = int(env.get("OMP_NUM_THREADS", ""))
+    except ValueError:
+        return None
+    return threads if threads >= 1 else None
 
 
 def run_entry(entry: Entry) -> int:
@@ -240,12 +261,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--fd", type=int, required=True, help="the agent's end of the request socket")
     ap.add_argument("--import", dest="modules", default="", help="modules to import ahead, comma-separated")
     args = ap.parse_args(argv)
-    sock = socket.socket(fileno=args.fd)
+    return serve_as_server(socket.socket(fileno=args.fd), tuple(filter(None, args.modules.split(","))))
+
+
+def serve_as_server(sock: socket.socket, modules: Sequence[str]) -> int:
+    """A rank server's life on ``sock``: import ``modules``, say ready, fork a rank per request; in a rank, run
+    its command and return its exit code (in the server: 0 once the agent closed the socket)."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a stop of the agent's group is for the ranks: the agent
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # closes the socket, and the server ends then
     began = time.monotonic()
     missing = []
-    for name in filter(None, args.modules.split(",")):
+    for name in modules:
         try:
             importlib.import_module(name)
         except Exception as exc:  # noqa: BLE001 - the script imports it itself (and fails there if it must)
@@ -264,6 +290,22 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 # ----------------------------------------------------------------------------- agent side
+def imported_ahead() -> bool:
+    """Whether this process holds torch's import already: a rank agent that a node's warm process became
+    (:mod:`scavenger.warm`, prepared before the job was placed on the node) forks its rank servers from
+    itself instead of starting interpreters that would import torch again."""
+    return "torch" in sys.modules
+
+
+@dataclass(frozen=True)
+class InFork:
+    """What :meth:`RankServer.start` returns in a rank server forked from the agent: the exit status that
+    process ends with (its rank's; 0 for the server once its agent closed the socket). The caller returns
+    it at once, running none of the agent's own work in it."""
+
+    code: int
+
+
 @dataclass
 class WarmChild:
     """A rank's process forked by a :class:`RankServer`, stopped and polled as a ``Popen``."""
@@ -310,6 +352,7 @@ class RankServer:
     cores: tuple[int, ...] = ()
     python: str = sys.executable
     proc: subprocess.Popen[bytes] | None = None
+    forked: int | None = None  # the server's pid where it was forked from the agent (no Popen then)
     sock: socket.socket | None = None
     ready: bool = False
     started_at: float = 0.0
@@ -320,9 +363,15 @@ class RankServer:
     _pids: list[int] = field(default_factory=list)
     _alive: set[int] = field(default_factory=set)
 
-    def start(self) -> None:
+    def start(self, fork: bool = False, others: Sequence[RankServer] = ()) -> InFork | None:
+        """Start the server: a new interpreter, or with ``fork`` a fork of this process (which must hold
+        no thread of its own work yet: :func:`imported_ahead`), which then takes the server's environment
+        and cores; ``others``: the servers started before it (their sockets closed in the fork).
+        None here; in the forked server, what it ends with (:class:`InFork`)."""
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         cores = self.cores
+        if fork:
+            return self._fork(mine, theirs, others)
         try:
             self.proc = subprocess.Popen(
                 [self.python, "-m", "malletrain.worker.warm_ranks", "--fd", str(theirs.fileno()),
@@ -332,14 +381,51 @@ class RankServer:
         except OSError as exc:
             log.warning("warm ranks: cannot start a rank server: %s; ranks start cold", exc)
             mine.close()
-            return
+            return None
         finally:
             theirs.close()
         self.sock, self.started_at = mine, time.monotonic()
+        return None
+
+    def _fork(self, mine: socket.socket, theirs: socket.socket, others: Sequence[RankServer]) -> InFork | None:
+        sys.stdout.flush()  # nothing buffered here is written twice
+        sys.stderr.flush()
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            log.warning("warm ranks: cannot fork a rank server: %s; ranks start cold", exc)
+            mine.close()
+            theirs.close()
+            return None
+        if pid == 0:  # the server: nothing of the agent's runs here from now on
+            code = 1
+            try:
+                mine.close()
+                for other in others:
+                    if other.sock is not None:
+                        other.sock.close()  # else that server would never see its agent close it
+                if self.cores:
+                    os.sched_setaffinity(0, self.cores)
+                os.environ.clear()
+                os.environ.update(self.env)
+                code = serve_as_server(theirs, self.modules)
+            except BaseException:  # noqa: BLE001 - printed; never back into the agent's code
+                import traceback
+
+                traceback.print_exc()
+            return InFork(code)
+        theirs.close()
+        self.forked, self.sock, self.started_at = pid, mine, time.monotonic()
+        return None
+
+    @property
+    def pid(self) -> int:
+        """The server's pid (-1: none started)."""
+        return self.proc.pid if self.proc is not None else self.forked if self.forked is not None else -1
 
     @property
     def usable(self) -> bool:
-        return self.proc is not None and self.sock is not None
+        return (self.proc is not None or self.forked is not None) and self.sock is not None
 
     def _read(self, wait_s: float) -> None:
         """Read what the server said (waiting up to ``wait_s`` for something): pids, exits, readiness."""
@@ -361,7 +447,7 @@ class RankServer:
             if words[0] == "ready":
                 self.ready, self.threads = True, int(words[2])
                 log.info("warm ranks: rank server pid %d ready after %.2f s (imports %s s, %s thread(s)%s)",
-                         self.proc.pid if self.proc else -1, time.monotonic() - self.started_at, words[1],
+                         self.pid, time.monotonic() - self.started_at, words[1],
                          words[2], "; not imported: " + json.loads(words[3]) if len(words) > 3
                          and json.loads(words[3]) else "")
             elif words[0] == "pid":
@@ -432,6 +518,18 @@ class RankServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=5.0)
+        if self.forked is not None:
+            pid, self.forked = self.forked, None
+            deadline = time.monotonic() + 2.0
+            try:
+                while os.waitpid(pid, os.WNOHANG) == (0, 0):  # it ends once it sees its socket closed
+                    if time.monotonic() >= deadline:
+                        os.kill(pid, signal.SIGKILL)
+                        os.waitpid(pid, 0)
+                        break
+                    time.sleep(POLL_S / 2)
+            except ChildProcessError:
+                pass
 
 
 def warm_wanted(env: Mapping[str, str]) -> bool:
