@@ -64,6 +64,19 @@ def test_pollux_done_is_a_second_job_list_sampled_as_pollux_samples_its_workload
         pollux_workload(seed=0, duration_s=day, idle_node_seconds=idle, offered_load=0.0, data_dir=data)
 
 
+def test_pollux_done_is_a_named_real_stream_of_simulate_and_evaluate(data, monkeypatch):
+    from evaluation.results import is_real
+    from simulator.jobs import StreamWindow
+    from simulator.workload import OFFERED_STREAMS, REAL_STREAMS, make_workload, synthetic_scaling
+
+    monkeypatch.setenv("MALLETRAIN_DATA", str(data))
+    assert "pollux-done" in REAL_STREAMS and "pollux-done" in OFFERED_STREAMS and is_real("pollux-done@0.2")
+    wl = make_workload("pollux-done", synthetic_scaling(), seed=2, window=StreamWindow(86400.0, 2e6, 0.2))
+    assert wl.finite and wl.timed and all(s.name.startswith("pollux-") for s in wl.timed)
+    with pytest.raises(WorkloadError, match="needs the replay window"):
+        make_workload("pollux-done", synthetic_scaling(), seed=2)
+
+
 def test_a_jobs_file_is_read_and_its_errors_name_file_row_and_field(data, tmp_path):
     path = tmp_path / "jobs.csv"
     path.write_text("# two jobs\nname,time,application,num_replicas,batch_size,samples\n"
