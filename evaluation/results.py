@@ -124,7 +124,7 @@ class Evaluation:
 
 def is_real(workload: str) -> bool:
     """A real finite stream (``philly@X``, the ``scarce`` mix), not an endless generated one (a saturation case)."""
-    return split_workload(workload)[0] in ("philly", "philly-done", SCARCE)
+    return split_workload(workload)[0] in ("philly", "philly-done", "pollux-done", SCARCE)
 
 
 def is_scarce(workload: str) -> bool:

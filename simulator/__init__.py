@@ -20,7 +20,7 @@ from simulator.clock import EventQueue, Priority, SimClock
 from simulator.engine import DecisionRow, PolicyError, SimConfig, SimJob, SimJobState, SimResult, Simulator
 from simulator.policies import POLICIES, Overrides, PolicyContext, SimPolicy, make_policy
 from simulator.jobs import StreamWindow
-from simulator.workload import JobSpec, ScalingSet, Workload, WorkloadError, find_scaling, make_workload
+from simulator.workload import OFFERED_STREAMS, JobSpec, ScalingSet, Workload, WorkloadError, find_scaling, make_workload
 from traces.model import IdleTimeline
 
 __all__ = [
@@ -71,7 +71,7 @@ def simulate(
         pol = policy
     result = Simulator(timeline, wl, pol, config, progress=progress, seed=seed, keep_decisions=keep_decisions).run()
     result.summary["seed"] = seed
-    result.summary["offered_load"] = offered_load if workload in ("philly", "philly-done") else None
+    result.summary["offered_load"] = offered_load if workload in OFFERED_STREAMS else None
     if pol.name == "freetrain":
         result.summary["freetrain_model"] = pol.label
     return result

@@ -1,4 +1,5 @@
-"""Real, finite job streams: the ``philly`` workload, the ``scarce`` mix and ``--jobs-file`` lists.
+"""Real, finite job streams: the ``philly`` workload, ``pollux-done`` (a second job list of the same trace,
+sampled as Pollux samples its workloads), the ``scarce`` mix and ``--jobs-file`` lists.
 
 The six Pollux models' curves (one simulated node: one 4-GPU node), the Philly stream (work, offered
 load, compressed arrivals, rigid sizes) and the scarce mix (:data:`SCARCE_PER_MODEL` jobs of each model
@@ -132,6 +133,7 @@ class PhillyJob:
     submit: float  # unix seconds
     gpus: int
     gpu_time: float  # GPU-seconds
+    duration: float = 0.0  # wall seconds the job ran in the trace
 
 
 @lru_cache(maxsize=2)
@@ -152,11 +154,12 @@ def philly_jobs(path: Path) -> tuple[PhillyJob, ...]:
         where = f"{path}:{k + 2}"
         try:
             t = datetime.fromisoformat(stamp).replace(tzinfo=timezone.utc).timestamp()
-            gpus, gpu_time = int(float(row[2])), float(row[3])
+            duration, gpus, gpu_time = float(row[1]), int(float(row[2])), float(row[3])
         except (ValueError, IndexError):
-            raise WorkloadError(f"{where}: expected a YYYY-MM-DD HH:MM:SS time, num_gpus and gpu_time: {row!r}") from None
+            raise WorkloadError(f"{where}: expected a YYYY-MM-DD HH:MM:SS time, duration, num_gpus and gpu_time: "
+                                f"{row!r}") from None
         if gpus >= 1 and gpu_time > 0 and math.isfinite(gpu_time):
-            out.append(PhillyJob(t, gpus, gpu_time))
+            out.append(PhillyJob(t, gpus, gpu_time, duration if math.isfinite(duration) else 0.0))
     out.sort(key=lambda j: j.submit)
     if not out:
         raise WorkloadError(f"{path}: no jobs")
@@ -217,6 +220,67 @@ def philly_workload(seed: int, duration_s: float, idle_node_seconds: float, offe
                              requested_nodes=rigid_size(j.gpus)))
     label = f"philly{'-done' if finishing else ''} (load {offered_load:g})"
     return Workload(label, str(base / "pollux"), timed=specs, finite=True, models=dict(cs))
+
+
+# pollux-done: Pollux's own sampler (its artifact's simulator/workload.py) on the same trace: jobs of at least
+# a minute and under 1,000 GPU-hours, drawn at random from the whole trace (not a consecutive run), each arriving
+# at its time of day, its model by its GPU time (cifar10 or ncf under 1 GPU-hour, deepspeech2 or bert under 10,
+# yolov3 under 100, imagenet above)
+POLLUX_MIN_DURATION_S = 60.0
+POLLUX_MAX_GPU_TIME_S = 1000 * 3600.0
+POLLUX_MODELS_BY_GPU_HOURS: tuple[tuple[float, tuple[str, ...]], ...] = (
+    (1.0, ("cifar10", "ncf")), (10.0, ("deepspeech2", "bert")), (100.0, ("yolov3",)), (math.inf, ("imagenet",)))
+DAY_S = 86400.0
+
+
+def pollux_model(gpu_time_s: float, pick: float) -> str:
+    """The model Pollux's sampler gives a job of ``gpu_time_s`` GPU-seconds (``pick`` in [0, 1) chooses
+    between the two of a class)."""
+    for hours, models in POLLUX_MODELS_BY_GPU_HOURS:
+        if gpu_time_s < hours * 3600.0:
+            return models[min(len(models) - 1, int(pick * len(models)))]
+    raise AssertionError("the last class has no upper bound")
+
+
+def pollux_workload(seed: int, duration_s: float, idle_node_seconds: float, offered_load: float,
+                    data_dir: Path | None = None) -> Workload:
+    """A second, independent Philly job list (``pollux-done``), sampled as Pollux's artifact samples its
+    workloads: jobs of the trace drawn at random (seeded) among those of at least
+    :data:`POLLUX_MIN_DURATION_S` and under :data:`POLLUX_MAX_GPU_TIME_S`, until their work reaches
+    ``offered_load`` x ``idle_node_seconds``; each arrives at its time of day, the day compressed into the
+    first :data:`FINISHING_ARRIVAL_SHARE` of the window, and its model is given by its GPU time
+    (:func:`pollux_model`). Work and sizes as in ``philly-done``: GPU time over 4, capped at
+    :data:`FINISHING_WORK_CAP_SHARE` of the window at 16 nodes; rigid size ``ceil(num_gpus / 4)``."""
+    if not offered_load > 0 or math.isinf(offered_load):
+        raise WorkloadError(f"--offered-load must be a finite number > 0, got {offered_load}")
+    if not idle_node_seconds > 0:
+        raise WorkloadError("pollux workload: the replay window has no idle node-seconds to offer work against")
+    base = _data_dir(data_dir)
+    pool = [j for j in philly_jobs(base / PHILLY_FILE)
+            if j.duration >= POLLUX_MIN_DURATION_S and j.gpu_time < POLLUX_MAX_GPU_TIME_S]
+    cs = curves(base)
+    rng = np.random.default_rng([seed, 21])
+    target = offered_load * idle_node_seconds
+    cap = duration_s * MAX_NODES * FINISHING_WORK_CAP_SHARE
+    works = np.minimum(np.array([j.gpu_time / GPUS_PER_NODE for j in pool]), cap)
+    if works.sum() < target:
+        raise WorkloadError(f"pollux workload: the trace's jobs offer {works.sum():.3g} node-s, less than "
+                            f"--offered-load {offered_load:g} x {idle_node_seconds:.3g} idle node-s")
+    order = rng.permutation(len(pool))
+    stop = int(np.searchsorted(np.cumsum(works[order]), target)) + 1
+    chosen = order[:stop]
+    picks = rng.random(size=len(chosen))
+    arrival = [float((pool[i].submit % DAY_S) / DAY_S * duration_s * FINISHING_ARRIVAL_SHARE) for i in chosen]
+    specs = []
+    for k in sorted(range(len(chosen)), key=lambda k: (arrival[k], k)):
+        j = pool[int(chosen[k])]
+        m = pollux_model(j.gpu_time, float(picks[k]))
+        specs.append(JobSpec(name=f"pollux-{m}#{len(specs)}", model=m,
+                             samples=float(works[int(chosen[k])]) * one_node_rate(cs[m]), scaling=cs[m],
+                             min_nodes=1, max_nodes=MAX_NODES, arrival_s=arrival[k],
+                             requested_nodes=rigid_size(j.gpus)))
+    return Workload(f"pollux-done (load {offered_load:g})", str(base / "pollux"), timed=specs, finite=True,
+                    models=dict(cs))
 
 
 def scarce_workload(seed: int, duration_s: float, data_dir: Path | None = None) -> Workload:

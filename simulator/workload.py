@@ -3,7 +3,8 @@
 * ``nas``, ``hpo``, ``stress``: generated streams (NASBench-101-like architectures, HPO
   trials, badly scaling curves) from a calibrated rate model; see :mod:`simulator.streams`.
 * ``imagenet7``: jobs drawn (seeded) from the ImageNet models of ``summit-scaling.csv``.
-* ``philly``: a real finite stream (Philly arrivals and sizes, Pollux curves); see :mod:`simulator.philly`.
+* ``philly``: a real finite stream (Philly arrivals and sizes, Pollux curves); ``pollux-done`` a second job
+  list of the same trace, sampled as Pollux samples its workloads; see :mod:`simulator.philly`.
 * a jobs file ``name,time,application[,num_replicas,batch_size,samples]`` (:mod:`simulator.philly`).
 * a user file (JSON, TOML or CSV) listing jobs.
 
@@ -38,10 +39,11 @@ from simulator.jobs import (  # noqa: F401  (re-exported: the workload API)
     load_scaling,
     synthetic_scaling,
 )
-from simulator.philly import is_jobs_file, jobs_file_workload, philly_workload, scarce_workload
+from simulator.philly import is_jobs_file, jobs_file_workload, philly_workload, pollux_workload, scarce_workload
 from simulator.streams import make_stream
 
-REAL_STREAMS = ("philly", "philly-done", "scarce")
+REAL_STREAMS = ("philly", "philly-done", "pollux-done", "scarce")
+OFFERED_STREAMS = ("philly", "philly-done", "pollux-done")  # real streams offered at a load
 
 
 def make_workload(
@@ -62,6 +64,12 @@ def make_workload(
         wl = philly_workload(seed, window.duration_s, window.idle_node_seconds, window.offered_load,
                              finishing=name == "philly-done")
         return _first(wl, n_jobs)
+    if name == "pollux-done":  # a second job list of the trace, sampled as Pollux samples its workloads
+        if window is None:
+            raise WorkloadError("the pollux-done workload needs the replay window (its length, idle node-seconds "
+                                "and --offered-load)")
+        return _first(pollux_workload(seed, window.duration_s, window.idle_node_seconds, window.offered_load),
+                      n_jobs)
     if name == "scarce":  # fewer jobs than nodes, the six models' curves: how nodes are shared
         return _first(scarce_workload(seed, window.duration_s if window is not None else 86400.0), n_jobs)
     path = Path(name)

@@ -44,8 +44,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--trace-format", metavar="NAME", help="trace format (default: detected)")
     p.add_argument("--workload", default="nas", metavar="nas|hpo|philly|FILE",
                    help="nas, hpo, stress, imagenet7 (generated, endless: a saturation case), philly (real "
-                   "arrivals and sizes from the Philly trace on the Pollux curves, scaled by --offered-load) "
-                   "or a JSON/TOML/CSV job file (default: nas)")
+                   "arrivals and sizes from the Philly trace on the Pollux curves, scaled by --offered-load; philly-done: "
+                   "every job can finish), pollux-done (a second job list of the same trace, sampled as Pollux "
+                   "samples its workloads) or a JSON/TOML/CSV job file (default: nas)")
     p.add_argument("--jobs-file", metavar="FILE.csv", help="replay this job list: columns name,time,application"
                    "[,num_replicas,batch_size,samples], time in s from the window's start (same as --workload FILE)")
     p.add_argument("--offered-load", type=float, default=1.0, metavar="X",
@@ -179,7 +180,8 @@ def register_evaluate(sub: argparse._SubParsersAction) -> None:
                    "belief), unsaturated (philly-done@0.3: completion time), saturated (philly@2: work); a day "
                    "(+78h..+102h) on 64 nodes unless --start/--end/--nodes say otherwise (--nodes all: the machine)")
     p.add_argument("--workloads", default=DEFAULT_EVAL_WORKLOADS, metavar="NAME[,NAME]",
-                   help="philly@X (the real Philly stream at offered load X), scarce (12 jobs of the six models: "
+                   help="philly@X (the real Philly stream at offered load X; philly-done@X and pollux-done@X, two job "
+                   "lists of it that can finish), scarce (12 jobs of the six models: "
                    "learning against milp-true from the mean and a linear belief), or the endless saturation cases "
                    f"nas, hpo, stress, imagenet7 (default: {DEFAULT_EVAL_WORKLOADS})")
     p.add_argument("--policies", metavar="NAME[,NAME]",
