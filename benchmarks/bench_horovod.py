@@ -1,6 +1,7 @@
 """Elastic Horovod rescale pauses under HorovodRuntime, on this host.
 
-    python benchmarks/bench_horovod.py [--rounds 2] [--step-sleep 0.05]
+    python benchmarks/bench_horovod.py [--rounds 2] [--step-sleep 0.05] [--short]
+    python benchmarks/bench_horovod.py --short   # the quick mode CI runs (slow marker, with Horovod): 1 round
 
 Each round starts malletrain/worker/examples/hvd_train.py on 2 slots and rescales it
 2 -> 3 (up), 3 -> 1 (down), 1 -> 2 (up) with ``set_members``. From the example's
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness import add_short, last_line
 from malletrain.runtimes.horovod_elastic import HorovodRuntime
 
 STEPS_BEFORE_RESCALE = 8
@@ -123,7 +125,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--step-sleep", type=float, default=0.05)
+    add_short(parser, "1 round (three rescales: up, down, up)")
     args = parser.parse_args(argv)
+    if args.short:
+        args.rounds = 1
     starts: list[float] = []
     rescales: list[Rescale] = []
     for i in range(args.rounds):
@@ -136,14 +141,17 @@ def main(argv: list[str] | None = None) -> int:
                   f"reaction {r.reaction_s:5.2f} s, baseline step {r.baseline_s:.3f} s "
                   f"(pause = {r.pause_s / r.baseline_s:.0f}x a step)")
     print(f"start (set_members -> first step at 2): median {statistics.median(starts):.2f} s")
+    lines = []
     for kind in ("up", "down"):
         sel = [r for r in rescales if r.kind == kind]
         pauses = [r.pause_s for r in sel]
         reactions = [r.reaction_s for r in sel]
         base = statistics.median(r.baseline_s for r in sel)
-        print(f"scale {kind:4s} (n={len(sel)}): pause median {statistics.median(pauses):.2f} s "
-              f"(max {max(pauses):.2f}), reaction median {statistics.median(reactions):.2f} s, "
-              f"baseline step {base:.3f} s")
+        lines.append(f"scale {kind:4s} (n={len(sel)}): pause median {statistics.median(pauses):.2f} s "
+                     f"(max {max(pauses):.2f}), reaction median {statistics.median(reactions):.2f} s, "
+                     f"baseline step {base:.3f} s")
+    print(lines[0])
+    last_line(lines[1])  # the scale-down line
     return 0
 
 

@@ -1,6 +1,7 @@
 """Main-queue impact of the PBS pilots, on a real OpenPBS server started on this machine.
 
-    python benchmarks/bench_pbs.py [--runs 10] [--kill-delay 2] [--prod-nodes 2] [--daemon-runs 3]
+    python benchmarks/bench_pbs.py [--runs 10] [--kill-delay 2] [--prod-nodes 2] [--daemon-runs 3] [--short]
+    python benchmarks/bench_pbs.py --short   # the quick mode CI runs (pbs marker): 1 paired run, 1 daemon run
 
 Needs root and OpenPBS (built and installed by ``python -m tests.clusters.pbs_cluster install``;
 no PBS may run already). Four vnodes, ``preempt_order`` R (``--preempt-order D`` to compare).
@@ -38,6 +39,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from harness import add_short, last_line
 from malletrain.worker.examples.tracelog import steps
 from scavenger.base import AgentUp, PilotEvent, PilotRequest, PilotStarted
 from scavenger.hub import AgentHub
@@ -186,7 +188,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--preempt-order", choices=("R", "D"), default="R")
     ap.add_argument("--prod-nodes", type=int, default=2)
     ap.add_argument("--daemon-runs", type=int, default=3, help="runs of the daemon figures (0: skip them)")
+    add_short(ap, "1 paired run and 1 daemon run (--runs 1 --daemon-runs 1)")
     args = ap.parse_args(argv)
+    if args.short:
+        args.runs, args.daemon_runs = 1, 1
     try:
         cluster = PbsCluster(4, args.kill_delay, PreemptOrder(args.preempt_order)).start()
     except ClusterUnavailable as exc:
@@ -205,17 +210,20 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         cluster.stop()
     med = statistics.median
-    print(f"kill_delay {args.kill_delay} s, preempt_order {args.preempt_order}, {len(extra)} paired runs "
-          f"({args.prod_nodes} of 4 vnodes)")
-    print(f"prod start delay on idle vnodes: median {med(idle_d):.2f} s, max {max(idle_d):.2f} s")
-    print(f"prod start delay on held vnodes: median {med(held_d):.2f} s, max {max(held_d):.2f} s")
-    print(f"main-queue delay (paired with a run without the daemon): median {med(extra):.2f} s, "
-          f"p95 {p95(extra):.2f} s, max {max(extra):.2f} s")
+    lines = [f"kill_delay {args.kill_delay} s, preempt_order {args.preempt_order}, {len(extra)} paired runs "
+             f"({args.prod_nodes} of 4 vnodes)",
+             f"prod start delay on idle vnodes: median {med(idle_d):.2f} s, max {max(idle_d):.2f} s",
+             f"prod start delay on held vnodes: median {med(held_d):.2f} s, max {max(held_d):.2f} s",
+             f"main-queue delay (paired with a run without the daemon): median {med(extra):.2f} s, "
+             f"p95 {p95(extra):.2f} s, max {max(extra):.2f} s"]
     for i, name in enumerate(("preemption -> training resumed", "node back -> pilot running there",
                               "node back -> first step on it")):
         col = [f[i] for f in figures]
         if col:
-            print(f"{name}: median {med(col):.2f} s, max {max(col):.2f} s over {len(col)} runs")
+            lines.append(f"{name}: median {med(col):.2f} s, max {max(col):.2f} s over {len(col)} runs")
+    for line in lines[:-1]:
+        print(line)
+    last_line(lines[-1])
     return 0
 
 

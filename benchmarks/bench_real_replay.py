@@ -1,6 +1,7 @@
 """A real replay that checks the simulator: a window of a real node-state log on the Slurm test cluster.
 
     python benchmarks/bench_real_replay.py --trace FILE --start S --duration D --nodes N --compress X --jobs K
+    python benchmarks/bench_real_replay.py --trace FILE --start S --short   # the quick mode CI runs (slurm marker)
 
 The window ``[S, S + D)`` seconds after the log's first timestamp (``D`` in the log's
 time) is cut from the log; ``N`` of its nodes (``--pick``: drawn by idle time, or those with
@@ -47,6 +48,7 @@ from typing import Callable
 
 import numpy as np
 
+from harness import add_short, last_line
 from malletrain.worker.examples.tracelog import steps
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # the repository: its test clusters (tests/clusters)
 
@@ -313,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trace", required=True, help="a node-state log (any format traces.read knows)")
     ap.add_argument("--start", type=float, required=True, help="window start, s after the log's first timestamp")
-    ap.add_argument("--duration", type=float, required=True, help="window length in the log's seconds")
+    ap.add_argument("--duration", type=float, help="window length in the log's seconds (required but with --short)")
     ap.add_argument("--nodes", type=int, default=4, help="nodes of the log mapped onto the test cluster")
     ap.add_argument("--compress", type=float, default=20.0, help="replay this many times faster than the log")
     ap.add_argument("--jobs", type=int, default=2, help="small real training jobs under the daemon")
@@ -328,7 +330,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="the calibration file the simulator is given (default: simulator/calibration.json)")
     ap.add_argument("--simulate-only", action="store_true",
                     help="no Slurm: print the window's idle node-s and the simulator's prediction only")
+    add_short(ap, "a 300 s window 10x faster on 2 nodes, 1 job, at most 60 s of warm-up on each side")
     args = ap.parse_args(argv)
+    if args.short:
+        args.duration, args.nodes, args.compress, args.jobs = 300.0, 2, 10.0, 1
+        args.warmup, args.sim_warmup = 60.0, 60.0
+    if args.duration is None:
+        ap.error("--duration is required (or --short)")
     if args.nodes < 1 or args.jobs < 1 or args.duration <= 0 or args.compress <= 0 or args.sim_warmup < 0:
         ap.error("--nodes and --jobs must be >= 1, --duration and --compress > 0, --sim-warmup >= 0")
     full = read(args.trace)
@@ -340,8 +348,8 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="mt-real-replay-") as tmpdir:
             predicted = simulator_predicts(window, args.jobs, args.nodes, args.calibration, Path(tmpdir),
                                            args.sim_warmup)
-        print(f"window: nodes {', '.join(picked)}; idle {window.idle_node_seconds():.0f} node-s; "
-              f"simulator predicts {predicted:.0f} (calibration {args.calibration})")
+        last_line(f"window: nodes {', '.join(picked)}; idle {window.idle_node_seconds():.0f} node-s; "
+                  f"simulator predicts {predicted:.0f} (calibration {args.calibration})")
         return 0
     try:
         cluster = SlurmCluster(args.nodes).start()
@@ -362,7 +370,8 @@ def main(argv: list[str] | None = None) -> int:
             tmp = Path(tmpdir)
             _, control = replay(cluster, jobs, span, busy0, tmp / "control-marks")
             cluster.cancel_all()
-            print(f"control: prod start delay median {statistics.median(control.values()):.2f} s", flush=True)
+            if control:
+                print(f"control: prod start delay median {statistics.median(control.values()):.2f} s", flush=True)
             _, with_d, held, trained = daemon_replay(cluster, tmp, jobs, span, busy0, args.jobs, args.warmup)
             predicted = simulator_predicts(window, args.jobs, args.nodes, args.calibration, tmp, args.sim_warmup)
     finally:
@@ -370,9 +379,10 @@ def main(argv: list[str] | None = None) -> int:
     extra = [with_d[k] - control[k] for k in control if k in with_d]
     ratio = trained / idle if idle > 0 else 0.0
     error = (predicted - trained) / trained * 100 if trained > 0 else float("inf")
-    print(f"real replay: prod delay median {statistics.median(extra):.2f} s, p95 {p95(extra):.2f} s, "
-          f"max {max(extra):.2f} s; idle {idle:.0f} node-s, held {held:.0f}, trained {trained:.0f} "
-          f"(T/I = {ratio:.2f}); simulator predicts {predicted:.0f} (error {error:+.1f}%)")
+    delay = (f"prod delay median {statistics.median(extra):.2f} s, p95 {p95(extra):.2f} s, max {max(extra):.2f} s"
+             if extra else "no prod job started in the window")
+    last_line(f"real replay: {delay}; idle {idle:.0f} node-s, held {held:.0f}, trained {trained:.0f} "
+              f"(T/I = {ratio:.2f}); simulator predicts {predicted:.0f} (error {error:+.1f}%)")
     return 0
 
 

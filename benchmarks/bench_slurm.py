@@ -1,6 +1,7 @@
 """Main-queue impact of the Slurm pilots, on a real Slurm cluster started on this machine.
 
-    python benchmarks/bench_slurm.py [--runs 10] [--nodes 4] [--prod-nodes 2]
+    python benchmarks/bench_slurm.py [--runs 10] [--nodes 4] [--prod-nodes 2] [--short]
+    python benchmarks/bench_slurm.py --short   # the quick mode CI runs (slurm marker): 1 run of each kind
 
 Per run, the same production job (``-p prod``, ``--prod-nodes`` nodes) is submitted
 twice: once on idle nodes (baseline), once on nodes our pilots hold (real node
@@ -47,6 +48,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness import add_short, last_line
 from malletrain.worker.examples.tracelog import steps
 from scavenger.base import AgentUp, EndReason, PilotEnded, PilotEvent, PilotRequest, PilotStarted
 from scavenger.hub import AgentHub
@@ -386,7 +388,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-restart-stall", action="store_true", help="skip bench_restart_stall.py's lines at the end")
     ap.add_argument("--no-baseline", action="store_true",
                     help="skip the daemon's baseline runs (no pilot queued for a recalled node)")
+    add_short(ap, "1 paired run, 1 daemon run of each mode (--prod-hold 5), then bench_restart_stall.py --short "
+                  "on Slurm")
     args = ap.parse_args(argv)
+    if args.short:
+        args.runs, args.daemon_runs, args.prod_hold = 1, 1, 5.0
     if args.cold:
         from malletrain.runtimes.torch_elastic import TorchRuntime
 
@@ -447,14 +453,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"node back -> first step on it: median {med(first):.2f} s, p95 {p95(first):.2f} s{ratio}")
     if figures:
         paired = [f.prod_delay_s - idle_d[i % len(idle_d)] for i, f in enumerate(figures)]
-        print(f"main-queue delay (paired with a run without the daemon): median {med(paired):.2f} s, "
-              f"p95 {p95(paired):.2f} s, max {mx(paired):.2f} s")
-    if args.no_restart_stall:
+        own = (f"main-queue delay (paired with a run without the daemon): median {med(paired):.2f} s, "
+               f"p95 {p95(paired):.2f} s, max {mx(paired):.2f} s")
+    else:
+        own = f"main-queue delay (agents only): median {med(extra):.2f} s, max {mx(extra):.2f} s over {len(extra)} runs"
+    if args.no_restart_stall:  # this script's last line; else the restart lines come last
+        last_line(own)
         return 0
+    print(own, flush=True)
     from bench_restart_stall import main as restart_stall  # its own cluster; the restart lines come last
 
-    restart_stall(["--kills", "5", "--nodes", str(args.nodes)])
-    return 0
+    return restart_stall(["--short"] if args.short else ["--kills", "5", "--nodes", str(args.nodes)])
 
 
 if __name__ == "__main__":

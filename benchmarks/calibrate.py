@@ -1,6 +1,7 @@
 """Measure what the simulator charges, on the real system, and write the calibration file.
 
     python benchmarks/calibrate.py [--rounds 3] [--out simulator/calibration.json]
+    python benchmarks/calibrate.py --short   # the quick mode CI runs (slurm marker): 1 round, written to a temp file
 
 Runs the daemon (torch runtime, warm workers, ``[scavenger] kind = "slurm"``) on a 2-node
 Slurm test cluster with one job of the example trainer (linear model, ``--step-sleep
@@ -44,6 +45,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_slurm import StepTail, wait_for  # noqa: E402  (a sibling script)
+from harness import add_short, last_line  # noqa: E402
 
 from malletrain.worker.examples.tracelog import steps, traced  # noqa: E402
 from tests.clusters.slurm_cluster import ClusterUnavailable, SlurmCluster  # noqa: E402
@@ -113,8 +115,9 @@ def measure(cluster: SlurmCluster, tmp: Path, rounds: int) -> dict[str, list[flo
     got: dict[str, list[float]] = {"cold_start_s": [], "restart_s": [], "rescale_pause_s": [], "commit_interval_s": [],
                                    "join_s": [], "warm_start_s": []}
     try:
+        # one worker a node (the test cluster's nodes declare 4 GPUs): the calibration's unit is the node
         jid = d.store.submit(JobSpec("cal", train, 1, len(nodes), False, {1: 100.0, 2: 200.0},
-                                     env={"OMP_NUM_THREADS": "1"}))
+                                     env={"OMP_NUM_THREADS": "1"}, workers_per_node=1))
 
         def tick() -> None:
             d.step()
@@ -159,7 +162,7 @@ def measure(cluster: SlurmCluster, tmp: Path, rounds: int) -> dict[str, list[flo
         settle = time.monotonic() + WARM_SETTLE_S
         wait_for("warm workers settled", lambda: time.monotonic() > settle, WARM_SETTLE_S + 10, tick)
         warm = d.store.submit(JobSpec("cal-warm", train, len(nodes), len(nodes), False, {1: 100.0, 2: 200.0},
-                                      env={"OMP_NUM_THREADS": "1"}))
+                                      env={"OMP_NUM_THREADS": "1"}, workers_per_node=1))
         wait_for("warm job on every node", lambda: len(d.runs[warm].members) == len(nodes) and all(
             started_to_first_step(d, warm, n) is not None for n in nodes), 120, tick)
         got["warm_start_s"] = [v for n in nodes if (v := started_to_first_step(d, warm, n)) is not None]
@@ -201,8 +204,14 @@ HOW = {
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--out", type=Path, default=None, help=f"the file written (default {DEFAULT_OUT.name} under "
+                    "simulator/; with --short a temporary file, so a quick run leaves the checkout as it was)")
+    add_short(ap, "1 round, written to a temporary file unless --out names one")
     args = ap.parse_args(argv)
+    if args.short:
+        args.rounds = 1
+    if args.out is None:
+        args.out = Path(tempfile.mkdtemp(prefix="mt-calibrate-out-")) / "calibration.json" if args.short else DEFAULT_OUT
     try:
         cluster = SlurmCluster(2).start()
     except ClusterUnavailable as exc:
@@ -228,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(values) < len(HOW):
         return 1
     args.out.write_text(json.dumps({"schema": 1, "values": values}, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    last_line(f"calibration: {len(values)} values ({args.rounds} round(s)) written to {args.out}")
     return 0
 
 

@@ -100,6 +100,10 @@ class _Pending:
     nonce_a: bytes
     nonce_h: bytes
     expires: float
+    earlier_h: bytes | None = None
+    """The nonce sent for the challenge this one replaced (same agent, not expired): an agent that sent its
+    challenge again before the first answer came (a slow loop, under load) proves its newer challenge with
+    that answer, the first it reads."""
 
 
 class AgentHub:
@@ -317,7 +321,8 @@ class AgentHub:
         # _pending is in the order of its expiry times (one TTL, re-inserted at each challenge; the
         # clock does not go back): the expired and the oldest are at its front, found without a scan
         # (a scan per challenge made a whole machine's agents reconnecting at once quadratic)
-        self._pending.pop(ident, None)
+        replaced = self._pending.pop(ident, None)
+        earlier_h = replaced.nonce_h if replaced is not None and replaced.expires >= now else None
         for old in list(itertools.takewhile(lambda i: self._pending[i].expires < now, self._pending)):
             del self._pending[old]
         if len(self._pending) >= MAX_PENDING:
@@ -325,7 +330,7 @@ class AgentHub:
             del self._pending[oldest]
             self._reject("pending_evicted", P.node_of(oldest), f"more than {MAX_PENDING} handshakes in progress", now)
         nonce_h = C.new_nonce()
-        self._pending[ident] = _Pending(nonce_a, nonce_h, now + PENDING_TTL_S)
+        self._pending[ident] = _Pending(nonce_a, nonce_h, now + PENDING_TTL_S, earlier_h)
         self._send_raw(ident, C.nonce_frame(nonce_h))
 
     def _finish(self, ident: bytes, node: str, proof: bytes, now: float) -> list[HubEvent]:
@@ -334,14 +339,17 @@ class AgentHub:
         pending = self._pending.pop(ident, None)
         if pending is None or pending.expires < now:
             raise C.ChannelError("no_handshake", "handshake proof without a live challenge")
-        expected = C.agent_proof(self._key, node, pending.nonce_a, pending.nonce_h)
-        if not hmac.compare_digest(proof, expected):
+        # the nonce its proof covers: the one sent for its challenge, or the one sent for the challenge it
+        # replaced (the two crossed: it read that answer first); either is fresh and used once
+        nonce_h = next((h for h in (pending.nonce_h, pending.earlier_h) if h is not None and hmac.compare_digest(
+            proof, C.agent_proof(self._key, node, pending.nonce_a, h))), None)
+        if nonce_h is None:
             self._send_raw(ident, C.reauth_frame("bad_proof"))  # a hint for the agent's log; nothing kept
             raise C.ChannelError("bad_proof", "the agent cannot prove the daemon's agent key")
         out = self._replace(node, ident)
         self._routes[node] = ident
-        self._sessions[ident] = C.Session.for_hub(C.session_key(self._key, node, pending.nonce_a, pending.nonce_h))
-        self._send_raw(ident, C.proof_frame(C.hub_proof(self._key, node, pending.nonce_a, pending.nonce_h)))
+        self._sessions[ident] = C.Session.for_hub(C.session_key(self._key, node, pending.nonce_a, nonce_h))
+        self._send_raw(ident, C.proof_frame(C.hub_proof(self._key, node, pending.nonce_a, nonce_h)))
         log.info("agent %s authenticated", node)
         return out
 

@@ -358,6 +358,41 @@ def test_an_agent_reconnecting_while_the_hub_still_holds_its_connection_is_answe
         hub.close()
 
 
+def test_a_challenge_sent_again_before_the_hubs_answer_still_authenticates() -> None:
+    """Under load an agent sends its challenge again before the hub's answer to the first arrives; the two
+    answers cross: it proves its newer challenge with the first nonce it reads. The hub takes that proof
+    (both nonces fresh, the key proved), not a ``bad_proof`` warning and a handshake to start over (beside
+    two CPU hogs, the daemon's agents crossed again and again, and a job's nodes never came back); a proof
+    over the replaced challenge, or a nonce never sent, is still refused."""
+    hub = AgentHub()
+    key = C.read_key_file(hub.key_file)
+    agent = RawAgent(hub.address, key, ident=P.agent_identity(NODE))
+    try:
+        first, again = C.new_nonce(), C.new_nonce()
+        agent.send(C.challenge_frame(first))
+        agent.send(C.challenge_frame(again))  # its retry, before the hub answered
+        answer_first, answer_again = (C.parse_nonce(agent.recv(hub)) for _ in range(2))
+        agent.send(C.finish_frame(C.agent_proof(key, NODE, again, answer_first)))
+        events: list = []
+        answer = agent.recv(hub, events)
+        assert C.kind_of(answer) is C.Kind.PROOF, answer
+        assert C.parse_proof(answer) == C.hub_proof(key, NODE, again, answer_first)
+        assert hub.rejected["bad_proof"] == 0
+        agent.session = C.Session.for_agent(C.session_key(key, NODE, again, answer_first))
+        agent.send(agent.session.seal(P.encode(P.Hello(NODE, 1234))))
+        wait_until(lambda: any(isinstance(e, AgentUp) for e in [*events, *hub.poll(20)]), "the agent up", timeout=10)
+        for nonce_a, nonce_h in ((first, answer_first), (again, C.new_nonce())):  # stale, or never sent
+            agent.send(C.challenge_frame(C.new_nonce()))
+            agent.send(C.challenge_frame(again))
+            [C.parse_nonce(agent.recv(hub)) for _ in range(2)]
+            agent.send(C.finish_frame(C.agent_proof(key, NODE, nonce_a, nonce_h)))
+            refused = agent.recv(hub)
+            assert C.kind_of(refused) is C.Kind.REAUTH and C.parse_reauth(refused) == "bad_proof"
+    finally:
+        agent.close()
+        hub.close()
+
+
 def test_an_agents_identity_is_its_node_and_a_tag_of_its_own() -> None:
     a, b = P.agent_identity("node7"), P.agent_identity("node7")
     assert a != b and P.node_of(a) == P.node_of(b) == "node7"

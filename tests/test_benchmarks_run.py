@@ -3,8 +3,10 @@
 Each script the README or docs/*.md cite is in one of two tables: :data:`QUICK`, whose quick mode
 runs here to its last line (marked ``slow``, or ``slurm``/``pbs`` where it starts that cluster:
 CI runs them all, so a change that breaks a cited benchmark is seen there), or :data:`NOT_RUN`,
-with why not (what makes it expensive, or a part another script runs).
-:func:`test_every_cited_benchmark_is_in_a_table` (fast) makes a new citation choose. A quick mode is
+with why not (what makes it expensive). A script another one starts (a part of it) is named on the
+pages as that script's part, never cited as a command of its own.
+:func:`test_every_cited_benchmark_is_in_a_table` (fast) makes a new citation choose, and keeps no table
+entry the pages no longer cite. A quick mode is
 ``--short`` where a script has no older one (``benchmarks/harness.py``'s ``add_short``); one that reads
 the real data skips without it, naming the files (fails under ``MALLETRAIN_REQUIRE_DATA=1``, as CI runs).
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -37,13 +40,18 @@ PHILLY = ("philly-jobs.csv.gz", "pollux")
 class Quick:
     script: str
     args: tuple[str, ...]
+    """Its arguments; ``{data}`` in one is the real data's folder (:data:`conftest.SHARED_DATA`)."""
     last_line: str
     """A regular expression the script's last non-empty line matches from its start."""
+    also: tuple[str, ...] = ()
+    """Regular expressions other lines must match from their start (a script whose last line is a part's)."""
     marks: tuple[pytest.MarkDecorator, ...] = field(default=(pytest.mark.slow,))
     needs: str | None = None
     """A module the run needs (an extra CI installs): skipped without it."""
     pbs: bool = False
     """It starts the PBS test cluster: skipped where OpenPBS is not installed, unless MALLETRAIN_REQUIRE_PBS=1."""
+    slurm: bool = False
+    """It starts the Slurm test cluster: skipped where Slurm is not installed, unless MALLETRAIN_REQUIRE_SLURM=1."""
     data: tuple[str, ...] = ()
     """The files (or folders) of the real data it reads: skipped without them (:func:`conftest.missing_data`)."""
 
@@ -61,8 +69,22 @@ QUICK = (
     # with 10 they had stopped the job's workers, and the republished generation never came
     Quick("bench_daemon_restart.py", ("--reps", "1", "--dead-after", "30"), r"\s*processes left behind "),
     Quick("bench_launchers.py", ("--short",), r"launchers: torchrun script warm ", needs="lightning"),
-    Quick("bench_pbs.py", ("--runs", "1", "--daemon-runs", "1"), r"node back -> first step on it: median ",
+    Quick("bench_pbs.py", ("--short",), r"node back -> first step on it: median .* over 1 runs \[load ",
           marks=(pytest.mark.pbs,), pbs=True),
+    # its own figures, then bench_restart_stall.py's quick mode on Slurm (its last line)
+    Quick("bench_slurm.py", ("--short",), r"committed steps lost: \d+; samples counted twice: \d+ \[load ",
+          also=(r"node back -> first step on it: median .*x the baseline's median",
+                r"main-queue delay \(paired with a run without the daemon\): median "),
+          marks=(pytest.mark.slurm,), slurm=True),
+    # written to a temporary file: the checkout's simulator/calibration.json stays as it is
+    Quick("calibrate.py", ("--short",), r"calibration: 7 values \(1 round\(s\)\) written to ",
+          marks=(pytest.mark.slurm,), slurm=True),
+    # a window with two prod jobs on two nodes (of the cited windows' first day)
+    Quick("bench_real_replay.py", ("--short", "--trace", f"{{data}}/{SUMMIT}", "--start", "367200"),
+          r"real replay: prod delay median .*simulator predicts ", marks=(pytest.mark.slurm,), slurm=True,
+          data=(SUMMIT,)),
+    Quick("bench_horovod.py", ("--short",), r"scale down \(n=1\): pause median ", needs="horovod.torch"),
+    Quick("attacks/store_faults.py", (), r"store attacks: 6 tried, 0 accepted "),
     Quick("bench_checkpoint.py", ("--short",), r"checkpoint: 1 model\(s\), 1 repetition\(s\): save / raw write median "),
     # this checkout against itself: the path to the last line, and one replay that must come out the same twice
     Quick("bench_core_same.py", ("--short", "--baseline", "."), r"all replays SAME \(1 replay", data=(SUMMIT,)),
@@ -89,18 +111,6 @@ QUICK = (
 NOT_RUN = {
     "bench_first_command.py": "clones the committed checkout, installs it into a fresh venv and runs the README's "
                               "first command, its demo included: about 3.5 minutes idle, and pip's cache or a network",
-    "bench_horovod.py": "needs Elastic Horovod built against this torch (.ci/build-horovod.sh, minutes); "
-                        "tests/test_horovod_*.py run its rescales where it is installed",
-    "bench_real_replay.py": "replays a window of a real log on the Slurm test cluster twice (without and with the "
-                            "daemon): half an hour for the cited windows; its --simulate-only stops before that path",
-    "bench_slurm.py": "starts the Slurm test cluster (fixed ports: only the slurm-marked tests may) and its pilots' "
-                      "and daemon's runs take tens of minutes even at --runs 1",
-    "calibrate.py": "measures on the Slurm test cluster and rewrites simulator/calibration.json (a run here would "
-                    "change the checkout)",
-    "attacks/faults_shares.py": "a part of bench_faults.py (--parts shares), not a script of its own",
-    "scale/daemon_proc.py": "the daemon process bench_daemon_scale.py starts, not a script of its own",
-    "scale/load.py": "the simulated agents bench_daemon_scale.py starts, not a script of its own",
-    "attacks/store_faults.py": "a part of bench_faults.py (--parts round2), not a script of its own",
 }
 
 
@@ -116,6 +126,8 @@ def test_every_cited_benchmark_is_in_a_table() -> None:
     assert not missing, f"cited but in neither QUICK nor NOT_RUN (say how CI runs it, or why not): {missing}"
     gone = sorted(s for s in quick | set(NOT_RUN) if not (ROOT / "benchmarks" / s).is_file())
     assert not gone, f"in a table but not under benchmarks/: {gone}"
+    stale = sorted(set(NOT_RUN) - cited())
+    assert not stale, f"in NOT_RUN but no page cites it (drop it, or cite it where it is a command): {stale}"
 
 
 def test_the_quick_mode_and_the_last_line_come_from_the_harness() -> None:
@@ -148,15 +160,22 @@ def test_the_cited_benchmark_runs_to_its_last_line(q: Quick) -> None:
 
         if not installed() and os.environ.get("MALLETRAIN_REQUIRE_PBS") != "1":
             pytest.skip("OpenPBS is not installed (python -m tests.clusters.pbs_cluster install)")
+    if q.slurm and shutil.which("slurmctld") is None:
+        if os.environ.get("MALLETRAIN_REQUIRE_SLURM") == "1":
+            pytest.fail("MALLETRAIN_REQUIRE_SLURM=1 but Slurm is not installed")
+        pytest.skip("Slurm is not installed (python -m tests.clusters.slurm_cluster install)")
     missing = [name for name in q.data if not (conftest.SHARED_DATA / name).exists()]
     if missing:
         conftest.missing_data(missing)
     data = {"MALLETRAIN_DATA": str(conftest.SHARED_DATA)} if q.data else {}
-    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / q.script), *q.args], cwd=ROOT,
+    args = [arg.format(data=conftest.SHARED_DATA) for arg in q.args]
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / q.script), *args], cwd=ROOT,
                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
                          env={**os.environ, "PYTHONUNBUFFERED": "1", **data})
     lines = [line for line in res.stdout.splitlines() if line.strip()]
     last = lines[-1] if lines else ""
+    absent = [pattern for pattern in q.also if not any(re.match(pattern, line) for line in lines)]
+    assert not absent, f"{q.script} {' '.join(args)} printed no line matching {absent}; stdout ends {res.stdout[-1500:]!r}"
     assert re.match(q.last_line, last), (
-        f"{q.script} {' '.join(q.args)} exited {res.returncode}; its last line {last!r} is not {q.last_line!r}; "
+        f"{q.script} {' '.join(args)} exited {res.returncode}; its last line {last!r} is not {q.last_line!r}; "
         f"stdout ends {res.stdout[-1500:]!r}; stderr ends {res.stderr[-1500:]!r}")

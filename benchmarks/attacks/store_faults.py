@@ -121,9 +121,12 @@ def attacks(state: Path) -> tuple[int, int]:
     return len(results), sum(results.values())
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # alone: python benchmarks/attacks/store_faults.py [STATE_DIR of a live daemon]
     import sys
     import tempfile
 
+    import faults_common  # noqa: F401  (puts benchmarks/ on sys.path, for the harness)
+    from harness import last_line
+
     tried, accepted = attacks(Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.mkdtemp()))
-    print(f"store attacks: {tried} tried, {accepted} accepted")
+    last_line(f"store attacks: {tried} tried, {accepted} accepted")
