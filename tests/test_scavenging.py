@@ -158,16 +158,21 @@ def test_scavenger_config_errors_name_the_key() -> None:
     assert parse_config(tomllib.loads(to_toml(cfg))) == cfg
 
 
-def test_daemon_on_pbs_without_pbs_survives_and_decides_nothing(tmp_path: Path) -> None:
+def test_daemon_on_pbs_without_pbs_survives_and_decides_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from malletrain.daemon import Daemon
 
+    # no PBS client on the PATH, whatever this machine has installed (CI builds OpenPBS, and its server
+    # may be up from a PBS test: pbsnodes then answers)
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
     cfg = DaemonConfig(state_dir=str(tmp_path / "state"), runtime="toy", backend="pbs",
                        scavenger=ScavengerConfig(kind="pbs", queue="preempt", poll_interval=0.0,
                                                  command_timeout=2.0))
     d = Daemon(cfg)
     try:
         for _ in range(3):
-            d.step()  # pbsnodes / qstat are not installed here: every look fails
+            d.step()  # pbsnodes / qstat are not found: every look fails
         assert d.scav.stale and "pbsnodes" in d.scav.error
         assert d.last_decision is None and d.backend.pilots() == {}
         assert [e["kind"] for e in d.store.events("backend_error")]
