@@ -234,9 +234,11 @@ def test_qstat_pbsnodes_failing_or_hanging_daemon_survives_and_catches_up(
         assert d.scav.stale and "timed out" in d.scav.error
         (wrap / "hang").unlink()
         (wrap / "fail").touch()
-        prod = prod_job(cluster, ("vn3",), seconds=10)  # preempts vn3's pilot
-        t_end = time.monotonic() + 8
-        while time.monotonic() < t_end:
+        prod = prod_job(cluster, ("vn3",), seconds=30)  # preempts vn3's pilot
+        # at least 8 s of failing looks, and on until the main queue's job runs: how long PBS takes to
+        # preempt the pilot (kill its processes, run the next scheduling cycle) depends on the machine's load
+        t_min, t_max = time.monotonic() + 8, time.monotonic() + 90
+        while time.monotonic() < t_min or (time.monotonic() < t_max and cluster.job_state(prod) != "R"):
             d.step()
             decisions.append(d.last_decision)
             d.monitor.drain(timeout_ms=50)
