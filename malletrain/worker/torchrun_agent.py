@@ -53,6 +53,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence, Union
 
+from malletrain.worker.ending import exit_now
 from malletrain.worker.elastic.errors import StoreLost
 from contract.exits import EXIT_SIGTERM, EXIT_STORE_LOST, STOP_STATUSES  # a stop: never a crash of the script
 from contract.storekeys import done_key, failed_key, world_key
@@ -475,17 +476,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if imported_ahead():  # torch loaded here (the node's warm process): its teardown takes seconds, past the grace
         exit_now(code)
     return code
-
-
-def exit_now(code: int) -> None:
-    """End the agent at once, its ranks and servers gone: logs flushed, none of the interpreter's teardown."""
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(code)
 
 
 if __name__ == "__main__":

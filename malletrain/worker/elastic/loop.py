@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import logging
-import os
-import sys
 from typing import Any, Callable, TypeVar
 
 from malletrain.worker import client
+from malletrain.worker.ending import exit_now
 from malletrain.worker.elastic.errors import (
     EXIT_STORE_LOST,
     LeaveJob,
@@ -72,16 +71,9 @@ def run(train_fn: Callable[..., T], state: State, *args: Any, **kwargs: Any) -> 
 
 
 def _exit_now(code: int) -> None:
-    """End a stopped worker at once: reports and logs flushed, but none of the interpreter's teardown
-    (with torch loaded it takes seconds, past the grace a scheduler or the agent gives before SIGKILL)."""
+    """End a stopped worker at once: its reports sent, then :func:`exit_now`."""
     client.close()
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(code)
+    exit_now(code)
 
 
 def _train(train_fn: Callable[..., T], state: State, args: tuple[Any, ...], kwargs: dict[str, Any]) -> T:
