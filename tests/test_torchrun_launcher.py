@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 from pathlib import Path
 
 import pytest
@@ -364,23 +365,13 @@ def test_a_recall_after_every_rank_finished_completes_the_job_and_starts_nothing
     is full) but its rank agents have not exited yet, as on a loaded node; a node of the job is recalled
     in that gap. The job ends COMPLETED from the count and no worker of it starts again (before, the
     recall published a new world and the work ran again)."""
-    from contract.storekeys import ready_key
     from policy import PolicyConfig
-    from tests.test_conformance import LINEAR, NODES, Harness
+    from tests.test_conformance import NODES, Harness
 
     h = Harness(tmp_path / "d", PolicyConfig(profiling="never"))
     try:
         h.cluster.became_idle(*NODES[:3])
-        jid = h.daemon.store.submit(JobSpec("element", (PY, "train.py"), 2, 2, launcher=Launcher.TORCHRUN))
-        h.monitor.curves[jid] = dict(LINEAR)
-        h.run_until(5.0)
-        store = h.daemon.torchrun._require_store()  # type: ignore[attr-defined]
-        for _, worker in h.cluster.started:
-            store.set(ready_key(jid, worker), "1")  # the agents connected
-        h.run_until(8.0)
-        run = h.daemon.runs[jid]
-        assert len(run.members) == 2 and h.daemon.store.require(jid).state is JobState.RUNNING
-        gen = h.daemon.torchrun.torch.generation(jid)  # type: ignore[attr-defined]
+        jid, store, run, gen = _training_on_two_nodes(h, "element")
         store.add(done_key(jid, gen), 2)  # both ranks exited 0; their agents still run
         started = list(h.cluster.started)
         h.cluster.recall(run.members[0])
@@ -395,6 +386,24 @@ def test_a_recall_after_every_rank_finished_completes_the_job_and_starts_nothing
         h.close()
 
 
+def _training_on_two_nodes(h: Any, name: str) -> tuple[str, Any, Any, int]:
+    """On the fakes' harness with idle nodes: a 2-node torchrun job submitted, its agents connected and its
+    world published and running; (job id, the launcher's store, its run, the world's generation)."""
+    from contract.storekeys import ready_key
+    from tests.test_conformance import LINEAR
+
+    jid = h.daemon.store.submit(JobSpec(name, (PY, "train.py"), 2, 2, launcher=Launcher.TORCHRUN))
+    h.monitor.curves[jid] = dict(LINEAR)
+    h.run_until(5.0)
+    store = h.daemon.torchrun._require_store()
+    for _, worker in h.cluster.started:
+        store.set(ready_key(jid, worker), "1")  # the agents connected
+    h.run_until(8.0)
+    run = h.daemon.runs[jid]
+    assert len(run.members) == 2 and h.daemon.store.require(jid).state is JobState.RUNNING
+    return jid, store, run, h.daemon.torchrun.torch.generation(jid)
+
+
 @pytest.mark.parametrize("nodes", [2, 3], ids=["suspended", "moved"])
 def test_a_last_rank_exiting_0_between_observe_and_act_completes_the_job_and_starts_nothing(
         tmp_path: Path, nodes: int) -> None:
@@ -404,23 +413,13 @@ def test_a_last_rank_exiting_0_between_observe_and_act_completes_the_job_and_sta
     node away (the job below its min: suspended; or moved onto a free node). The job ends COMPLETED,
     no worker of it starts again and no new world of it is published (before, act suspended or moved
     the world and the work ran again once it was placed)."""
-    from contract.storekeys import ready_key
     from policy import PolicyConfig
-    from tests.test_conformance import LINEAR, NODES, Harness
+    from tests.test_conformance import NODES, Harness
 
     h = Harness(tmp_path / "d", PolicyConfig(profiling="never"))
     try:
         h.cluster.became_idle(*NODES[:nodes])
-        jid = h.daemon.store.submit(JobSpec("trial", (PY, "train.py"), 2, 2, launcher=Launcher.TORCHRUN))
-        h.monitor.curves[jid] = dict(LINEAR)
-        h.run_until(5.0)
-        store = h.daemon.torchrun._require_store()  # type: ignore[attr-defined]
-        for _, worker in h.cluster.started:
-            store.set(ready_key(jid, worker), "1")  # the agents connected
-        h.run_until(8.0)
-        run = h.daemon.runs[jid]
-        assert len(run.members) == 2 and h.daemon.store.require(jid).state is JobState.RUNNING
-        gen = h.daemon.torchrun.torch.generation(jid)  # type: ignore[attr-defined]
+        jid, store, run, gen = _training_on_two_nodes(h, "trial")
         started = list(h.cluster.started)
         store.add(done_key(jid, gen), 1)  # one rank exited 0: not done yet when observe looks
         act, plans = h.daemon.act.act, []
