@@ -1,40 +1,10 @@
-"""A job as the user submits it (TOML or JSON job file), and the job states.
+"""A job as the user submits it (TOML or JSON job file; its keys are in docs/operators.md), and the job states.
 
-    name = "resnet"
-    command = ["python", "-m", "malletrain.worker.examples.train", "--samples", "{samples}"]
-    min_nodes = 1
-    max_nodes = 4
-    profile = true                  # let the profiler measure its scaling
-    samples = 200000                # optional: done when this many samples are trained
-    scaling = { 1 = 100.0, 2 = 190.0 }   # optional: user-given samples/s per node count
-    cwd = "."                       # optional, relative to the job file
-    env = { OMP_NUM_THREADS = "1" } # optional
-    trainer = "vision"              # optional: the daemon's trainer that runs it (default: its first)
-    budget_node_hours = 12.5        # optional: the most node-hours it may use (> 0); stopped when spent
-    deadline = 2026-03-01T12:00:00Z # optional: unix seconds, or ISO 8601 with a timezone (a TOML
-                                    # datetime or a string); stored as unix seconds
-    launcher = "elastic"            # optional: "elastic" (in-process rescale, the default) or
-                                    # "torchrun" (a script written for torchrun, restarted at each
-                                    # change of its world)
-    workers_per_node = 1            # optional: fewer workers per node than the node's slots
-    worker_batch = 32               # optional: samples one worker trains per optimizer step
-    stall_after = 600               # optional: seconds without progress before it is stalled (default:
-                                    # the daemon's stall_after); restarted at twice that, then failed
-
-The interpreter rule (applied when the job is submitted, :meth:`JobSpec.resolved`):
-``python`` or ``python3`` as the first word of ``command``, and the word
-``{python}`` anywhere in it, stand for the Python that runs ``malletrain
-submit`` (its ``sys.executable``, e.g. ``.venv/bin/python``): that interpreter
-has malletrain installed, since it is running it. ``{samples}`` stands for the
-job's ``samples``, so a script can be told the daemon's target. Any other word
-is passed as given. The stored job holds the substituted command
-(``malletrain status --json`` shows it).
-
-:func:`parse_spec` checks structure and limits (the same rules for a job file,
-a control request and a stored job); :func:`check_submit` adds the checks that
-depend on the machine and the file system at submit time (``cwd`` exists,
-``max_nodes`` fits the machine). Every error names the file and the field.
-"""
+``python``/``python3`` as the command's first word and ``{python}`` anywhere stand for the Python that
+runs ``malletrain submit`` (it has malletrain installed); ``{samples}`` is the job's ``samples``
+(:meth:`JobSpec.resolved`). :func:`parse_spec` checks structure and limits (the same rules for a job
+file, a control request and a stored job); :func:`check_submit` adds what depends on the machine and
+the file system. Every error names the file and the field."""
 
 from __future__ import annotations
 

@@ -1,25 +1,10 @@
 """The daemon's log: plain text (default) or JSON lines (``[log] format = "json"``).
 
-A JSON line is one object::
-
-    {"time": "2026-11-24T20:06:05.123Z", "level": "WARNING", "logger": "malletrain.daemon",
-     "message": "runtime.forget(j000003): ...", "job": "j000003"}
-
-``time`` is UTC ISO 8601 with milliseconds; ``job``, ``node``, ``pilot`` (and
-``worker``) are present when the record concerns one. Code names them with
-``extra``::
-
-    log.warning("runtime.ready(%s, %s): %s", job, wid, exc, extra=about(job=job))
-
-(:func:`about` drops empty values). A traceback goes in ``exc`` as one string, so a
-line is always one line. In text format the same fields are appended as
-``[job=j000003 node=n1]``.
-
-Repeats are rate-limited (:class:`RepeatFilter`, on the handler :func:`setup_logging`
-installs): the same warning or error (logger, level, message template) is written once
-per ``REPEAT_WINDOW_S``; the next one written says how many were held back. A failing disk that fails every store write then costs one line (and one
-traceback) per window, not ten a second.
-"""
+A JSON line is one object (``time`` UTC ISO 8601 with milliseconds, ``level``, ``logger``,
+``message``, and ``job``/``node``/``pilot``/``worker`` when code names them with
+``extra=about(job=...)``); a traceback is one string in ``exc``, so a line is always one line. The
+same warning (logger, level, template) is written once per ``REPEAT_WINDOW_S`` (:class:`RepeatFilter`),
+so a failing disk costs one line a window, not ten a second."""
 
 from __future__ import annotations
 

@@ -1,14 +1,7 @@
 """What the daemon's loop does between two iterations: read reports and agent frames as they come,
-and end the wait at once when an agent is gone (a recall), so its new plan does not wait for the
-next tick.
-
-The loop runs one iteration every ``loop_interval``; the time left over is spent here. Reports
-are read as they arrive (the monitor's queue never builds up); agent frames too, through the
-daemon's own observe phase (so a frame read here is handled exactly as one read at the start of
-an iteration). An agent gone (its ``leaving`` on a recall, or its silence) ends the wait: the next
-iteration starts at once and decides on the loss. Anything else waits for the next tick, as
-before (a heartbeat a millisecond at Summit size must not turn the loop into a spin).
-"""
+and end the wait at once when an agent is gone (a recall), so its new plan does not wait for the next
+tick. Agent frames go through observe, handled exactly as at an iteration's start; anything else
+waits for the tick (a heartbeat a millisecond at Summit size must not make the loop spin)."""
 
 from __future__ import annotations
 

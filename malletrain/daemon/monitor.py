@@ -1,46 +1,20 @@
 """The job monitor: a ZeroMQ PULL socket on the daemon that every job's rank 0 reports to.
 
-Frames are signed :class:`contract.messages.Report` envelopes (see that module
-for the format and why HMAC). The monitor knows only the jobs its owner registers
-(:meth:`Monitor.register` with the job's secret, :meth:`Monitor.forget`); it keeps
-no state for any other job id. :meth:`Monitor.drain` reads whatever is queued
-without blocking and, per frame, in this order:
+Frames are signed :class:`contract.messages.Report` envelopes. The monitor keeps state only for the
+jobs its owner registers (with the job's secret). :meth:`Monitor.drain` reads what is queued without
+blocking and checks, in order: size, JSON and envelope shape, the job's own signature, each payload
+field, and ``seq`` above the last accepted from that sender (its worker and incarnation: the replay
+window); then feeds the job's profiler estimators. Every rejection is counted by
+:class:`~contract.messages.Reason` and logged at most once per reason every few seconds; nothing a
+sender does raises out of :meth:`Monitor.drain`.
 
-1. size (``MAX_FRAME``; libzmq already cut the peer off above ``TRANSPORT_MAX_FRAME``),
-2. JSON and envelope shape, version, type,
-3. signed at all, for a registered job, signed with *that* job's key,
-4. every payload field by type and range,
-5. ``seq`` above the last accepted from that sender: the worker and its incarnation (replay window),
-
-then feeds the job's profiler estimators (throughput per node count, rescale
-pauses). Every rejection is counted under its :class:`~contract.messages.Reason`
-(:meth:`Monitor.counts`, for metrics) and logged, at most once per reason every
-few seconds; nothing a sender does raises out of :meth:`Monitor.drain`.
-
-Speed: a frame in the exact layout :meth:`Report.encode` writes (the key order,
-no whitespace, ids of printable ASCII without escapes) takes a fast path: one
-regular expression instead of a JSON parse and the checks above on the matched
-fields, and the job's HMAC state precomputed at :meth:`Monitor.register`
-(``hmac.new(key).copy()``). A frame the fast path does not accept (another
-layout, a value out of range, a bad signature, an unknown job) goes through the
-full path, which decides and names the reason; so the fast path changes no
-verdict (``tests/test_monitor.py`` checks both paths agree on random frames).
-
-Restarts: :class:`ReplaySaver` keeps every registered job's replay window in the
-store's meta table (on :meth:`ReplaySaver.save`, i.e. at a clean stop, and at
-most every ``SAVE_EVERY_S`` while reports arrive); a restarted daemon hands them
-back before it registers its jobs, so a report captured before the restart is
-still a replay after it. After a ``kill -9``, reports accepted in the last
-``SAVE_EVERY_S`` before the kill could be replayed once.
-
-Memory: per registered job a :class:`JobStats` whose replay window holds at most
-``MAX_WORKERS`` senders; per connection libzmq queues at most ``RCVHWM`` frames of
-at most ``TRANSPORT_MAX_FRAME`` bytes.
-
-The daemon's side of the secrets: :func:`load_master_key` (one private key file in
-the state dir) and :func:`job_secret` (a job's secret derived from it, so nothing
-per job needs storing and a restarted daemon re-derives what running workers hold).
-"""
+A frame in the exact layout :meth:`Report.encode` writes takes a fast path (one regular expression,
+the job's HMAC state precomputed); any other goes through the full path, which names the reason, so
+the fast path changes no verdict (``tests/test_monitor.py`` checks both agree). :class:`ReplaySaver`
+keeps the replay windows in the store across restarts (after a ``kill -9``, reports of the last
+``SAVE_EVERY_S`` could be replayed once). :func:`load_master_key` and :func:`job_secret`: a job's
+secret is derived from one private key in the state dir, so a restarted daemon re-derives what
+running workers hold."""
 
 from __future__ import annotations
 

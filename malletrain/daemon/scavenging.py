@@ -1,38 +1,12 @@
 """The daemon's side of its scavenger backend: observe pilots, hold idle nodes, give nodes back.
 
-The daemon speaks only :class:`scavenger.base.SchedulerBackend` (local, Slurm, PBS):
-
-observe
-    :meth:`Scavenging.look` polls the backend for pilot events (queued / started /
-    ending / ended) and discovers idle nodes and known future claims (Slurm's
-    planned starts), at most every ``poll_interval`` seconds. A scheduler command
-    that fails or hangs leaves the last look in place and marks it **stale**: the
-    daemon then submits no pilot and asks the policy nothing until a look succeeds
-    again (it catches up from the events of that look).
-decide
-    the usable nodes (:meth:`Scavenging.usable`) are the nodes of RUNNING pilots
-    whose agent is connected and, when the agent's hello carries a batch job id,
-    is the agent of that pilot. A pilot that is ENDING (preempted within its
-    grace time, or its walltime near) is not usable: jobs leave it at their next
-    commit, before the scheduler takes it.
-act
-    :meth:`Scavenging.hold_idle` submits a pilot for every idle node some trainer can
-    use (in groups of ``nodes_per_pilot``; the backend rate-limits and caps them),
-    never a node the scheduler planned for a pending job, and queues a pilot for the nodes
-    of a preempted pilot a few seconds after (:meth:`Scavenging.queue_for_recalled`: it waits
-    while the main job runs and starts the moment the node is free); before that it cancels a
-    RUNNING pilot whose agent has not said hello (or whose node's agent belongs to
-    another batch job) for ``agent_grace`` seconds, so a broken node does not keep a
-    pilot slot (and that node gets no new pilot for a while, longer at each such
-    loss, until an agent works there). :meth:`Scavenging.release` cancels the RUNNING
-    pilot of nodes whose agent left.
-remember
-    the ids (and nodes) of our live pilots are kept in the store's meta
-    (:data:`PILOTS_KEY`, written only when the set changes); a restarted daemon gives
-    them back to the backend (:meth:`Scavenging.resume`), which polls them like any
-    other before anything new is submitted, so a pilot still queued is not submitted
-    twice.
-"""
+:meth:`Scavenging.look` polls the backend (at most every ``poll_interval``); a scheduler command
+that fails or hangs marks the look **stale**, and nothing is submitted or decided on it. The usable
+nodes are those of RUNNING (not ENDING) pilots whose own agent is connected. :meth:`Scavenging.hold_idle`
+submits pilots for idle nodes some trainer can use (never one the scheduler planned for a pending job),
+queues one for the nodes of a preempted pilot (:meth:`Scavenging.queue_for_recalled`), and cancels a
+RUNNING pilot whose agent never said hello within ``agent_grace``. Our live pilots are kept in the
+store's meta (:data:`PILOTS_KEY`), so a restarted daemon polls them before it submits anything new."""
 
 from __future__ import annotations
 

@@ -1,29 +1,11 @@
 """The job store: SQLite in WAL mode, so a daemon restart loses nothing.
 
-Tables: ``meta`` (schema version, backend epoch, machine size), ``jobs``
-(spec, state, progress, nodes, owner uid/gid), ``job_states`` (every transition),
-``rescales`` (measured
-pauses), ``generations`` (the last membership generation published per job,
-so a restarted daemon numbers on from it) and ``events``.
-Every change is one transaction. The CLI may write (submit, cancel) while the
-daemon runs or is down: the daemon picks the rows up on its next loop.
-
-Safety:
-
-- A new store is built under a temporary name and linked into place, so
-  ``store.db`` is never an empty file of ours. An existing file that is empty,
-  not SQLite, corrupt or without malletrain's schema is a :class:`StoreError`
-  naming it; nothing is ever started over silently.
-- The state dir is made 0700 and the store file 0600 (SQLite gives its
-  ``-wal`` and ``-shm`` files the database file's mode): job env may hold tokens.
-- A full or read-only disk makes a write fail as a :class:`StoreError` naming
-  the file; the transaction rolls back, so what was stored stays. Event rows
-  are observability, not state: :meth:`Store.log_event` drops an event it
-  cannot write (counted in ``dropped_events``) instead of failing its caller.
-- The event log is bounded: the periodic ``nodes`` samples keep the newest
-  ``max_samples`` rows, the other kinds the newest ``max_events``. The WAL is
-  truncated after a checkpoint (``journal_size_limit``).
-"""
+Every change is one transaction; the CLI may write (submit, cancel) while the daemon runs or is down.
+A new store is built under a temporary name and linked into place; a file that is empty, not SQLite,
+corrupt or not ours is a :class:`StoreError` naming it (never started over silently). The state dir
+is 0700 and the store 0600 (job env may hold tokens). A failed write is a :class:`StoreError` naming
+the file and rolls back; events are observability, so :meth:`Store.log_event` drops one it cannot
+write (``dropped_events``). The event log is bounded (``max_samples``, ``max_events``)."""
 
 from __future__ import annotations
 

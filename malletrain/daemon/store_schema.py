@@ -1,16 +1,8 @@
 """The store's file and schema: how a ``store.db`` is created, checked and migrated.
 
-Schema versions (``meta.schema_version``):
-
-1. jobs, job_states, scalability, rescales, generations, events, meta (owner columns, and the
-   submitter's umask, added in place).
-2. No ``scalability`` table: what the policy learned of a job's scalability is kept once, in the
-   saved policy state (meta ``policy_state``, what a restarted daemon resumes from); what was
-   measured when is in the event log (``refined``, ``profile_done``, ``profile_aborted``). A
-   version-1 store is migrated when opened: its ``scalability`` table is renamed
-   ``scalability_v1`` and kept, read-only, so :meth:`malletrain.daemon.store.Store.scaling` still
-   reads the rows an older daemon wrote.
-"""
+Version 2 keeps no ``scalability`` table (what the policy learned is in the saved policy state, what
+was measured when in the event log); a version-1 store is migrated when opened, its table kept
+read-only as ``scalability_v1`` for :meth:`malletrain.daemon.store.Store.scaling`."""
 
 from __future__ import annotations
 

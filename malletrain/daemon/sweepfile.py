@@ -1,37 +1,11 @@
-"""Sweeps: a hyperparameter search written in a job file, each trial an elastic job.
+"""Sweeps: a hyperparameter search written in a job file (``[sweep]``), each trial an elastic job.
 
-.. code-block:: toml
-
-    name = "mlp-search"
-    command = ["python", "train.py", "--lr", "{lr}", "--width", "{width}", "--ckpt", "ckpt/{trial}"]
-    min_nodes = 1
-    max_nodes = 2
-
-    [sweep]
-    trials = 12
-    direction = "minimize"          # or "maximize"
-    sampler = "tpe"                 # optional: "tpe" (default), "random", "grid"
-    pruner = "none"                 # optional: "none" (default), "median"
-    seed = 1                        # optional: the sampler's seed
-
-    [sweep.space]
-    lr = { low = 1e-4, high = 0.1, log = true }   # a float
-    width = { low = 8, high = 64 }                # an int (both bounds integers)
-    act = { choices = ["relu", "gelu"] }          # a choice
-
-Optuna chooses each trial's values through its ask-and-tell interface; the study lives in a journal
-file in the daemon's state folder (``sweeps/NAME/study.journal``), so a daemon restart loses no
-trial and no value. Each trial is a job of the file with ``{name}`` in its command replaced by the
-trial's value of ``name`` and ``{trial}`` by its number; a trial writes ``{"value": X}`` to the file
-``MALLETRAIN_TRIAL_RESULT`` names (:func:`malletrain.worker.client.trial_result`), and one that ends
-without a value is FAILED, saying so. A trial recalled to zero nodes is suspended and resumed like
-any job: it stays the same trial.
-
-Every Optuna call of malletrain is in this module (:class:`SweepStudy`); the daemon's
-:class:`malletrain.daemon.sweeps.SweepDriver` drives it and :mod:`policy.sweeps` says when a new
-trial is opened. Optuna is an optional extra (``pip install 'malletrain[sweep]'``), imported only
-when a sweep is run or shown.
-"""
+The file's keys are in docs/training/sweeps.md. Optuna asks each trial's values; the study is a
+journal file in the state folder (``sweeps/NAME/study.journal``), so a restart loses no trial and no
+value. ``{name}`` in the command is the trial's value of ``name``, ``{trial}`` its number; a trial
+writes ``{"value": X}`` to ``MALLETRAIN_TRIAL_RESULT`` and one without a value is FAILED. Every
+Optuna call of malletrain is here (:class:`SweepStudy`); Optuna is imported only when a sweep is run
+or shown."""
 
 from __future__ import annotations
 

@@ -1,39 +1,14 @@
-"""The ``horovod`` runtime: Elastic Horovod jobs behind the :class:`Runtime` protocol.
+"""The ``horovod`` runtime: Elastic Horovod jobs behind the :class:`Runtime` protocol (docs/training/horovod.md).
 
-Elastic Horovod has its own driver (``horovodrun --host-discovery-script``)
-that spawns, re-ranks and retires the workers itself; the job manager only
-decides *where* a job may run. The mapping:
-
-* **Driver = daemon-side service.** On the first :meth:`HorovodRuntime.set_members`
-  of a job, the runtime starts one driver process per job (``horovodrun -np N
-  --min-np MIN [--max-np MAX] --host-discovery-script SCRIPT ... COMMAND``)
-  wrapped by ``python -m malletrain.runtimes.horovod_elastic drive`` which
-  records the driver's exit code in the job directory. The driver lives beside
-  the daemon, not on a preemptable node, so recalling any node never kills the
-  job (Horovod needs one surviving host to carry the state over).
-* **Workers = slot holders.** :meth:`HorovodRuntime.launch_spec` returns, for
-  every worker, ``python -m malletrain.runtimes.horovod_elastic hold ...``: a
-  tiny process the node agent runs on the worker's node that marks the slot as
-  taken. It exits with code 0 once a later membership drops its worker, or with
-  the job's exit code once the driver has ended, so the node agent sees the job
-  finish like any other runtime's worker.
-* **Membership = hosts file.** :meth:`HorovodRuntime.set_members` rewrites the
-  job's ``hosts`` file atomically (temp file + ``os.replace``); the discovery
-  script just prints it, and Horovod polls it every second. Lines are
-  ``host:slots``: with ``local=True`` (the local backend, where every node is
-  this host) the whole job is ``localhost:<number of members>``; otherwise one
-  line per node with as many slots as members placed on it.
-
-A member identifies a *slot on a host*, not one particular Horovod process:
-scaling ``localhost`` from 3 slots to 1 retires Horovod's local ranks 1 and 2,
-whichever worker ids the job manager removed.
-
-Daemon restarts: drivers run in their own session, so they outlive a daemon
-``kill -9``. A restarted daemon calls :meth:`HorovodRuntime.readopt` with the
-workers it re-adopted; the runtime finds the job's directory in its work
-directory and its driver among the live processes, and goes on from the
-generation in ``members.json``: the job keeps training untouched.
-"""
+Horovod's own driver (``horovodrun --host-discovery-script``) spawns, re-ranks and retires the
+workers; the daemon only says where a job may run. The driver runs beside the daemon (one per job,
+wrapped by ``python -m malletrain.runtimes.horovod_elastic drive``, which records its exit code), so
+recalling any node never kills the job. Each worker is a slot holder (``... hold``) the node agent runs:
+it exits 0 once a later membership drops it, or with the job's exit code once the driver ended.
+:meth:`HorovodRuntime.set_members` rewrites the job's ``hosts`` file atomically (``host:slots`` lines;
+``localhost:<members>`` on the local backend), which the discovery script prints. A member is a slot on
+a host, not one Horovod process. Drivers run in their own session and outlive a daemon ``kill -9``;
+:meth:`HorovodRuntime.readopt` finds a job's driver again and goes on from ``members.json``."""
 
 from __future__ import annotations
 

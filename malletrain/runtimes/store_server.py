@@ -1,28 +1,12 @@
 """The daemon's rendezvous store: each job's keys, served to that job's workers only, bounded.
 
-A TCP server (one thread per connection, behind an accept thread) speaking
-:mod:`contract.wire`. A connection serves one job: the one whose key
-(derived from its secret) the peer proved in the handshake. On it:
-
-* a key must be the job's own (``mt/<job>/...``) and in the schema
-  (:func:`contract.storekeys.parse_key`); any other is refused, named;
-* the daemon's keys (``gen``, ``members``, ``handover``) are read-only to workers;
-* the checkpoint's keys are written only by a worker the daemon started for the job
-  (:meth:`Authority.may_checkpoint`);
-* a job holds at most :attr:`StoreLimits.max_keys` keys and :attr:`StoreLimits.max_bytes`
-  bytes (keys and values); a write past either is refused.
-
-Connections are capped in total, per job and while handshaking (a peer has
-:data:`~contract.wire.HANDSHAKE_TIMEOUT_S` to prove the key). The handshaking
-slots are shared per peer: a user of this host (the uid owning the connecting socket) or a
-remote address holds at most :attr:`StoreLimits.max_handshaking_per_peer` of them, so one
-user re-opening silent connections in a loop cannot lock another user's workers out
-(root and the daemon's own user share the total). A counter (``add``) holds an integer of
-at most :data:`MAX_COUNTER` in magnitude; a bigger one is refused, named. The daemon
-itself reads and writes keys in-process (:meth:`RendezvousStore.set` and friends).
-Refusals are counted by reason (:attr:`RendezvousStore.rejected`) and logged at most
-once a second per reason.
-"""
+A TCP server (a thread per connection) speaking :mod:`contract.wire`. A connection serves the one job
+whose key it proved in the handshake: only that job's keys in the schema
+(:func:`contract.storekeys.parse_key`), the daemon's keys read-only, the checkpoint written only by a
+worker the daemon started (:meth:`Authority.may_checkpoint`), at most :class:`StoreLimits` keys and
+bytes a job. Connections are capped in total, per job and while handshaking, the handshaking slots
+per peer (a local uid or a remote address), so one user cannot lock another's workers out. Refusals
+are named, counted by reason (:attr:`RendezvousStore.rejected`) and logged at most once a second."""
 
 from __future__ import annotations
 

@@ -1,35 +1,14 @@
 """The ``torch`` runtime, daemon side: the rendezvous store and membership generations.
 
-The daemon hosts one authenticated rendezvous store
-(:class:`~malletrain.runtimes.store_server.RendezvousStore`) for all its jobs. A
-connection serves the one job whose secret it proved and only that job's keys
-(the schema is :mod:`contract.storekeys`); the daemon's own keys are
-read-only to workers, the checkpoint is written only by the job's own workers,
-and each job's keys are bounded in number and bytes. gloo's own rendezvous of
-each world does not go through it: the world's rank 0 serves it (see
-:mod:`malletrain.worker.elastic.state`).
-
-:meth:`TorchRuntime.set_members` writes the member list first and then the
-generation key, so a worker that sees generation ``g`` always finds its
-members. Workers (see :mod:`malletrain.worker.elastic`) switch to the new generation at
-their next commit point.
-
-Daemon restarts: the store lives in the daemon, so a ``kill -9`` takes it
-away. Running workers keep training meanwhile (for at most
-``MALLETRAIN_STORE_GRACE`` seconds); a restarted daemon hosts a new, empty
-store on the same port (:attr:`TorchRuntime.port` is kept in the daemon's
-SQLite store), calls :meth:`TorchRuntime.resume_generation` with the last
-generation it published, and publishes the re-adopted workers again. Rank 0
-of a world that reconnects marks its whole world ready and reports its
-generation (``resume``), so the new generation is above every old one and the
-workers switch to it at their next commit without losing a step.
-
-Workers the restarted daemon starts fresh (a job that was suspended, or whose
-workers did not survive) find an empty store: they join whatever generation it
-publishes (the numbering skips), and the first world starts from the job's
-checkpoint, which the daemon kept on disk (:meth:`TorchRuntime.persist_checkpoints`)
-and put back into the new store (:meth:`TorchRuntime.resume_generation`).
-"""
+The daemon hosts one authenticated rendezvous store (:mod:`malletrain.runtimes.store_server`) for
+all its jobs; gloo's own rendezvous of each world is served by its rank 0
+(:mod:`malletrain.worker.elastic.state`). :meth:`TorchRuntime.set_members` writes the member list
+before the generation key, so a worker that sees generation ``g`` finds its members; workers switch
+at their next commit point. After a daemon restart the store is new and empty on the same port:
+workers train on for ``MALLETRAIN_STORE_GRACE`` seconds, the re-adopted ones are published again
+above every old generation, and fresh ones start from the checkpoint the daemon kept on disk
+(:meth:`TorchRuntime.persist_checkpoints`, :meth:`TorchRuntime.resume_generation`); see
+docs/design/resilience.md."""
 
 from __future__ import annotations
 
