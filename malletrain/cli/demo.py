@@ -126,14 +126,14 @@ def show(d: Daemon, elapsed: float) -> None:
     from malletrain.cli.status_view import format_jobs, format_notes
 
     print(f"\n--- t = {elapsed:5.1f} s ---")
-    jobs = d.status_jobs()
+    jobs = d.api.status_jobs()
     print(format_jobs(jobs))
     notes = format_notes(jobs)
     if notes:
         print(notes)
-    held = sum(1 for n in d.status_nodes() if n["state"] == "held")
-    used = sum(1 for n in d.status_nodes() if n["job"])
-    print(f"nodes: {held} held, {used} used   " + " ".join(f"{n['node']}:{n['state']}" for n in d.status_nodes()),
+    held = sum(1 for n in d.api.status_nodes() if n["state"] == "held")
+    used = sum(1 for n in d.api.status_nodes() if n["job"])
+    print(f"nodes: {held} held, {used} used   " + " ".join(f"{n['node']}:{n['state']}" for n in d.api.status_nodes()),
           flush=True)
 
 

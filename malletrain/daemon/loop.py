@@ -12,12 +12,11 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
-from typing import Any, Callable
+from typing import Callable
 
 import zmq
 
 from malletrain.daemon.config import DaemonConfig
-from malletrain.daemon.control import Caller, Request
 from malletrain.daemon.accounting import NodeAccounting
 from malletrain.daemon.act import Act
 from malletrain.daemon.adoption import Adoption
@@ -228,20 +227,3 @@ class Daemon:
     def last_decision(self) -> Decision | None:
         """The first trainer's last decision (each trainer's: ``trainers[name].last_decision``)."""
         return next(iter(self.trainers.values())).last_decision
-
-    def nodes_of(self, job_id: str) -> tuple[str, ...]:
-        """The nodes ``job_id`` runs on, as its trainer's ledger has them."""
-        return self.decide.nodes_of(job_id)
-
-    def usable_nodes(self) -> set[str]:
-        """Nodes of RUNNING pilots whose own agent is connected (not ENDING ones: jobs leave those)."""
-        return self.scav.usable()
-
-    def handle(self, req: Request, caller: Caller) -> dict[str, Any]:
-        return self.api.handle(req, caller)
-
-    def status_jobs(self) -> list[dict[str, Any]]:
-        return self.api.status_jobs()
-
-    def status_nodes(self) -> list[dict[str, Any]]:
-        return self.api.status_nodes()
