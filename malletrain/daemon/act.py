@@ -22,7 +22,6 @@ from contract.workerenv import ENV_WORKER_BATCH
 from malletrain.daemon.store import Store, StoreError
 from policy import below_min
 from scavenger.hub import AgentHub
-from contract.nodeshape import job_slots
 
 
 class Act:
@@ -113,7 +112,7 @@ class Act:
             if wid not in run.started and now - run.start_sent.get(wid, -1e9) >= START_RETRY_S:
                 runtime = self.runtimes.of(run.spec)
                 uid, gid = self._run_as(run, runtime.COMMAND_BESIDE_DAEMON)
-                slots = job_slots(self.scav.slots_of(node), run.spec.workers_per_node)
+                slots = self.scav.slots_of(node, run.spec.workers_per_node)
                 spec = runtime.launch_spec(run.id, run.spec.command, wid, node, slots=slots)
                 env = dict(spec.env)
                 env.update(run.spec.env)

@@ -64,10 +64,10 @@ class Observe:
         if d is None or d.at == self._shape_seen_at:
             return  # the node shape of a look already seen
         self._shape_seen_at = d.at
-        most, shape = self.scav.most_slots(), self.scav.node_shape()
-        if most is not None and shape is not None and (most, shape) != self._node_slots:
-            self._node_slots = (most, shape)
-            self.store.set_meta(NODE_SLOTS_KEY, node_slots_text(most, shape))  # ... and more workers a node than it has
+        shape = self.scav.node_shape()
+        if shape is not None and shape != self._node_slots:
+            self._node_slots = shape
+            self.store.set_meta(NODE_SLOTS_KEY, node_slots_text(*shape))  # ... and more workers a node than it has
 
     def pilots(self, now: float) -> bool:
         """Pilot events and the idle nodes (at most every poll_interval); a failed look marks them stale."""

@@ -35,7 +35,7 @@ from scavenger.base import (
     SchedulerBackend,
     Throttled,
 )
-from contract.nodeshape import node_slots
+from contract.nodeshape import job_slots, node_slots
 
 log = logging.getLogger("malletrain.daemon.scavenging")
 
@@ -295,35 +295,30 @@ class Scavenging:
         """How many nodes the last look found (0: none yet); no tuple of their names built."""
         return len(self.discovery.nodes) if self.discovery is not None else 0
 
-    def slots_of(self, node: str) -> int:
-        """``node``'s worker slots: the GPUs the scheduler's last look reported for it, else
-        ``workers_per_node`` (None: ``"gpus"``, so 1). See :func:`contract.nodeshape.node_slots`."""
+    def slots_of(self, node: str, asked: int | None = None) -> int:
+        """``node``'s worker slots (the GPUs the last look reported, else ``workers_per_node``, else 1:
+        :func:`contract.nodeshape.node_slots`), or fewer where a job ``asked`` for fewer."""
         d = self.discovery
         gpus = None
         if d is not None:
             if self._gpus is None or self._gpus[0] is not d:
                 self._gpus = (d, {n.name: n.gpus for n in d.nodes if n.gpus})
             gpus = self._gpus[1].get(node)
-        return node_slots(gpus, self.workers_per_node)
+        return job_slots(node_slots(gpus, self.workers_per_node), asked)
 
-    def node_shape(self) -> str | None:
-        """The most worker slots a node of the last look has, and where that count comes from, as a
+    def node_shape(self) -> tuple[int, str] | None:
+        """The most worker slots a node of the last look has, and where that count comes from as a
         sentence for an error (None: no look yet)."""
         d = self.discovery
-        most = self.most_slots()
-        if d is None or most is None:
+        if d is None or not d.nodes:
             return None
+        most = max(self.slots_of(n.name) for n in d.nodes)
         if any(n.gpus for n in d.nodes):
-            return f"{most} worker slots (GPUs) on its largest node"
+            return most, f"{most} worker slots (GPUs) on its largest node"
         where = f"[scavenger] workers_per_node = {self.workers_per_node}" if self.workers_per_node \
             else "no GPUs reported and no [scavenger] workers_per_node: 1"
         backend = " on the local backend" if self.backend.name == "local" else ""
-        return f"{most} worker slot{'s' * (most != 1)} a node ({where}{backend})"
-
-    def most_slots(self) -> int | None:
-        """The most worker slots a node of the last look has (None: no look yet)."""
-        d = self.discovery
-        return max(self.slots_of(n.name) for n in d.nodes) if d is not None and d.nodes else None
+        return most, f"{most} worker slot{'s' * (most != 1)} a node ({where}{backend})"
 
     def machine_nodes(self) -> tuple[str, ...]:
         d = self.discovery

@@ -33,7 +33,6 @@ from scavenger.channel import AGENT_KEY_FILE
 from scavenger.connguard import raise_nofile_limit
 from scavenger.hub import AgentHub
 from scavenger.local import LocalBackend, slot_timeline
-from contract.nodeshape import parse_workers_per_node
 from traces.model import IdleTimeline
 
 
@@ -186,7 +185,7 @@ class Wiring:
                                # an agent that cannot reach us leaves after agent_dead_after: twice that
                                # without its hello, the pilot's node is broken
                                meta=self.store, agent_grace=2 * cfg.agent_dead_after,
-                               workers_per_node=parse_workers_per_node(self._scavenger().workers_per_node))
+                               workers_per_node=self._scavenger().slots_per_node)
         self.scav.resume()  # the pilots the last daemon left (still queued ones too) before anything new
 
     def open_control(self, handle: Callable[[Request, Caller], dict[str, Any]],
@@ -309,8 +308,8 @@ class Wiring:
     def _slots_args(self) -> tuple[str, ...]:
         """``--slots K`` where ``[scavenger] workers_per_node`` is a number: agents prepare a warm process
         per slot from the start (a scheduler that reports the node's GPUs corrects it at the first start)."""
-        slots = self._scavenger().workers_per_node
-        return ("--slots", str(slots)) if isinstance(slots, int) and slots > 1 and self.runtime.warm_modules else ()
+        slots = self._scavenger().slots_per_node
+        return ("--slots", str(slots)) if slots is not None and slots > 1 and self.runtime.warm_modules else ()
 
     def _make_batch_backend(self, kind: str) -> SchedulerBackend:
         """Pilots as Slurm or PBS batch jobs; their agents connect to this daemon's hub."""
