@@ -85,11 +85,9 @@ class Act:
         return changed
 
     def _world_done(self, run: JobRun) -> bool:
-        """Whether every rank of the job's published world has exited 0 since observe looked (its
-        runtime's :meth:`~malletrain.runtimes.Runtime.finished`: the last rank may exit between observe
-        and act). Act asks it before it suspends, restarts or changes that world, which would run the
-        finished work again; such a world is left as it is for this step, and observe, which writes a
-        job's end, ends it COMPLETED at the next (a trial's value checked first, as for any end)."""
+        """Whether every rank of the job's published world exited 0 since observe looked (the last rank may
+        exit in between): act then leaves that world as it is, so finished work is not run again, and observe
+        ends the job COMPLETED at the next step."""
         try:
             done = self.runtimes.of(run.spec).finished(run.id)
         except Exception as exc:  # a runtime hiccup must not kill the loop: acted on as not done
@@ -151,10 +149,8 @@ class Act:
 
     @staticmethod
     def _run_as(run: JobRun, beside_daemon: bool = False) -> tuple[int | None, int | None]:
-        """A root daemon runs each job as its owner (agents switch users); any other daemon
-        runs every job as its own user, which is then the only user whose jobs it takes.
-        ``beside_daemon``: the runtime runs the job's command in a process of the daemon's own
-        (Horovod's driver), which cannot switch users: a root daemon runs only root's jobs so."""
+        """A root daemon runs each job as its owner, any other daemon as its own user (the only user whose jobs
+        it takes); ``beside_daemon`` (Horovod's driver cannot switch users): a root daemon runs only root's jobs."""
         if os.geteuid() != 0:
             return None, None
         if run.owner[0] is None:  # a row of the old schema: never run as root by default

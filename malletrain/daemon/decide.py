@@ -54,10 +54,8 @@ def policy_states_json(trainers: dict[str, Trainer]) -> str:
 
 
 def load_trainers(cfg: DaemonConfig, store: Store, state_dir: Path) -> tuple[dict[str, Trainer], str | None]:
-    """One policy per trainer, each with the state the last daemon saved for it (profiles, debts,
-    learned curves); a single state saved before trainers existed is the ``default`` (or first)
-    trainer's. The state of a trainer no longer configured is dropped (an event says so). Returns the
-    trainers and the saved text."""
+    """One policy per trainer with the state the last daemon saved for it (a state saved before trainers
+    existed is the first trainer's; one of a trainer no longer configured is dropped, with an event)."""
     configs = cfg.trainer_list()
     names = [t.name for t in configs]
     saved = store.get_meta(POLICY_STATE_KEY)
@@ -139,10 +137,8 @@ class Decide:
         return out
 
     def _feed_ledger(self, t: Trainer, now: float, usable: set[str]) -> None:
-        """``t``'s ledger as events: nodes no longer usable are lost (each ends an idle fragment, and
-        interrupts the job on it, stopped below its min), new ones usable from ``now``; jobs that ended
-        leave it, new ones are submitted; each live job's progress and node-hours. The jobs' nodes are
-        the ledger's own: decisions place them (:meth:`_apply_decision`), losses take them away."""
+        """``t``'s ledger as events: nodes no longer usable lost, new ones usable from ``now``, jobs ended or
+        submitted, each live job's progress and node-hours. The jobs' nodes are the ledger's own."""
         ledger = t.ledger
         ours = set(ledger.ours())  # (set operations: 4,608 nodes every step)
         if gone := ours - usable:
@@ -288,15 +284,8 @@ class Decide:
         return decision.wake_at
 
     def _stop_reason(self, run: JobRun, why: Stop) -> tuple[JobState, str]:
-        """The state and message of a job the policy stops (``Decision.stop``).
-
-        CANCELLED, not FAILED: the job did nothing wrong; it reached a limit its user set, which
-        is the user cancelling it at that point, decided in advance. FAILED stays what the
-        job's own command did (``max_failures`` and alerting on FAILED keep meaning a broken job),
-        and COMPLETED would claim it trained what it was asked to. The message is the policy's
-        typed reason with its figures (:meth:`policy.Stop.describe`: what it used of its budget, or
-        how long after its deadline), so ``malletrain status`` tells it apart from a user's cancel.
-        """
+        """The state and message of a job the policy stops: CANCELLED (a limit its user set, not a broken
+        job: FAILED keeps meaning that), with the policy's reason and figures (:meth:`policy.Stop.describe`)."""
         return JobState.CANCELLED, why.describe()
 
     def _restart_stopped_profiles(self) -> None:

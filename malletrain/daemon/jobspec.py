@@ -163,10 +163,8 @@ class JobSpec:
         return parse_spec(obj, where)
 
     def resolved(self, python: str | None = None, where: str = "job") -> "JobSpec":
-        """The spec with ``python``/``python3`` (first word), ``{python}`` and ``{samples}`` substituted.
-
-        ``python`` defaults to ``sys.executable``. Idempotent: a resolved spec has no placeholder left.
-        """
+        """The spec with ``python``/``python3`` (first word), ``{python}`` (default ``sys.executable``) and
+        ``{samples}`` substituted; idempotent."""
         interpreter = sys.executable if python is None else python
         command = list(self.command)
         if any(a == PYTHON_PLACEHOLDER for a in command) or command[0] in PYTHON_WORDS:
@@ -462,12 +460,8 @@ def node_slots(raw: str | None) -> tuple[int, str] | None:
 
 def check_submit(spec: JobSpec, where: str = "job", machine_nodes: int | None = None,
                  node_shape: str | None = None) -> None:
-    """Checks that depend on the world at submit time: ``cwd``, the machine's size, its nodes' worker
-    slots (``node_shape``: what the daemon recorded, :func:`node_slots_text`; None: nothing yet).
-
-    Not part of :func:`parse_spec`, so a stored job stays readable after its
-    directory is removed or the machine shrinks.
-    """
+    """Checks that depend on the world at submit time (``cwd``, the machine's size, ``node_shape``: what
+    the daemon recorded, :func:`node_slots_text`), apart from :func:`parse_spec` so a stored job stays readable."""
     if spec.cwd is not None:
         cwd = Path(spec.cwd)
         if not cwd.is_absolute():
@@ -517,12 +511,8 @@ def decode_job_file(path: Path, data: bytes) -> Any:
 
 
 def load_spec(path: str | Path, python: str | None = None) -> JobSpec:
-    """Read and check a job file for submission.
-
-    ``cwd`` is resolved (symbolic links too) against the file's folder (default: the
-    folder itself; the agent enters it as the job's owner), and the interpreter rule
-    is applied (:meth:`JobSpec.resolved`).
-    """
+    """Read and check a job file for submission: ``cwd`` resolved against the file's folder (default:
+    that folder), and the interpreter rule applied (:meth:`JobSpec.resolved`)."""
     p = Path(path)
     data = read_user_file(p, JOB_FILE_MAX_BYTES, "job file", JobSpecError)  # never /dev/zero nor a FIFO
     return spec_of_file(p, decode_job_file(p, data), python)

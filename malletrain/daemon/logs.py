@@ -82,10 +82,8 @@ REPEAT_KEYS_MAX = 1024
 
 
 class RepeatFilter(logging.Filter):
-    """Lets the first of a repeating warning or error through, then one per ``window_s``, noting
-    how many were held back in between (``(12 more like this in 30 s held back)``).
-    A repeat is the same logger, level and message template; INFO and below
-    always pass."""
+    """Lets the first of a repeating warning or error (same logger, level and template) through, then one
+    per ``window_s`` saying how many were held back; INFO and below always pass."""
 
     def __init__(self, window_s: float = REPEAT_WINDOW_S, clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__()
@@ -120,10 +118,7 @@ def make_formatter(fmt: str) -> logging.Formatter:
 
 
 def setup_logging(fmt: str = "text", level: str = "info", stream: IO[str] | None = None) -> logging.Handler:
-    """Send the root logger to ``stream`` (stderr) in ``fmt``; replaces handlers an earlier call set up.
-
-    Returns the handler (tests remove it again).
-    """
+    """Send the root logger to ``stream`` in ``fmt``, replacing an earlier call's handler; returns it."""
     if level not in LEVELS:
         raise ValueError(f"log level must be one of {', '.join(LEVELS)}, got {level!r}")
     root = logging.getLogger()

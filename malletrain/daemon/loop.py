@@ -121,11 +121,8 @@ class Daemon:
         self._changed |= self.observe.agents(now)
 
     def step(self, quick: bool = False) -> None:
-        """One iteration. ``quick``: it started at once because an agent was lost (a recall): its new
-        plan comes before any scheduler command (the look at pilots and nodes, which runs one
-        ``scontrol`` per ended pilot, and the pilots submitted for idle nodes wait for the next
-        iteration, at most ``loop_interval`` later): a burst of recalls at Summit size made those
-        seconds."""
+        """One iteration. ``quick``: started at once on a lost agent (a recall), so the new plan comes before
+        any scheduler command (those wait for the next iteration: at Summit size they cost seconds)."""
         now = self.clock()
         table = self.table
         self.accounting.count(now, table.runs.values())

@@ -15,10 +15,8 @@ import zmq
 
 @dataclass
 class LoopWait:
-    """``reports``: the monitor (``sock``, ``drain()``); ``agents``: the hub (``sock``, ``lost``:
-    how many agents it declared gone so far); ``observe_agents(now)``: the daemon's observe phase
-    for agent frames, run inside ``batch()`` (the store's one transaction). A hub without a socket
-    or a ``lost`` count (a test's fake) is read at the next iteration only."""
+    """``reports``: the monitor; ``agents``: the hub (``sock``, ``lost``); ``observe_agents(now)``: observe's
+    agent phase, run in one store transaction. A fake without ``sock`` or ``lost`` is read each iteration."""
 
     reports: Any
     agents: Any

@@ -37,11 +37,8 @@ class Endpoint:
 
 
 def parse_address(text: str) -> Endpoint:
-    """``host:port``, ``[v6]:port``, ``:port`` or ``port`` (host: 127.0.0.1); port 0 picks a free one.
-
-    The host must be an IP address or ``localhost`` (a name would make the bound
-    interface depend on DNS).
-    """
+    """``host:port``, ``[v6]:port``, ``:port`` or ``port`` (host 127.0.0.1; port 0: a free one); the host must
+    be an IP address or ``localhost`` (a name would make the bound interface depend on DNS)."""
     raw = text.strip()
     if not raw:
         raise MetricsAddressError("metrics.address is empty")

@@ -97,13 +97,8 @@ Sender = tuple[str, int]
 
 @dataclass
 class ReplayWindow:
-    """Last accepted ``seq`` per sender of one job, a sender being (worker, incarnation); a frame must be
-    above it.
-
-    At most ``max_workers`` senders are remembered. Retiring the least recently
-    heard one raises ``floor`` to its last timestamp, and a sender not remembered
-    must report after ``floor``: a retired sender's old frames stay replays.
-    """
+    """Last accepted ``seq`` per sender (worker, incarnation) of one job; a frame must be above it. Of at
+    most ``max_workers`` senders, retiring one raises ``floor`` to its last timestamp, so its old frames stay replays."""
 
     max_workers: int = MAX_WORKERS
     floor: float = -1.0
@@ -293,15 +288,9 @@ class Monitor:
                  max_nodes: int | None = None) -> JobStats:
         """Take reports for ``job_id`` signed with ``secret``; idempotent (keeps the statistics).
 
-        ``max_nodes`` (the job's spec) bounds the progress its reports may claim: at most
-        ``max_rate_per_node`` samples per node per second of the monitor's clock since
-        registration and, once the job has a measured rate, ``history.factor`` times that rate
-        per node (:mod:`malletrain.daemon.ratebound`; a report claiming more is :attr:`Reason.IMPLAUSIBLE`).
-
-        ``replay_state`` (from :meth:`replay_state`, e.g. as persisted before a restart)
-        restores the job's replay window when the job is not registered yet; without it,
-        a window handed over by :meth:`restore_replay_states` is used.
-        """
+        ``max_nodes`` bounds the progress its reports may claim (:mod:`malletrain.daemon.ratebound`; more is
+        :attr:`Reason.IMPLAUSIBLE`). ``replay_state`` (or else a window from :meth:`restore_replay_states`)
+        restores the job's replay window when it is not registered yet."""
         key = secret_key(secret, f"secret of job {job_id}")
         self._keys[job_id] = key
         saved = self._saved_windows.pop(job_id, None)
@@ -495,13 +484,8 @@ class Meta(Protocol):
 
 
 class ReplaySaver:
-    """Keeps a monitor's replay windows in ``meta`` under :data:`REPLAY_META_KEY`.
-
-    :meth:`load` once, before the daemon registers its jobs; :meth:`tick` every
-    loop (saves at most every ``every_s``, and only when reports were accepted
-    since); :meth:`save` at a clean stop. A monitor without ``replay_states``
-    (a test's fake) makes all three no-ops.
-    """
+    """Keeps a monitor's replay windows in ``meta`` (:data:`REPLAY_META_KEY`): :meth:`load` before jobs
+    are registered, :meth:`tick` each loop (at most every ``every_s``), :meth:`save` at a clean stop."""
 
     def __init__(self, monitor: Any, meta: Meta, every_s: float = SAVE_EVERY_S) -> None:
         self.monitor = monitor
@@ -549,11 +533,7 @@ class ReplaySaver:
 
 
 def load_master_key(path: Path | str) -> bytes:
-    """The daemon's master key from ``path``, created (0600, random, atomically) if absent.
-
-    Refuses (:class:`KeyFileError`) a file that is not a regular file owned by this user, is
-    readable by group or others, or does not hold exactly ``MASTER_KEY_BYTES`` bytes: the same
-    checks as the agents' key (:func:`scavenger.channel.create_key_file`).
-    """
+    """The daemon's master key from ``path``, created (0600, random, atomically) if absent; refuses
+    (:class:`KeyFileError`) the same files the agents' key check does (:func:`scavenger.channel.create_key_file`)."""
     return create_key_file(path, MASTER_KEY_BYTES, "monitor key file")
 

@@ -170,14 +170,9 @@ class Observe:
                     self.hub.stop_worker(node, wid, grace=1.0)  # a worker nobody owns
 
     def progress(self, now: float) -> bool:
-        """Progress from the monitor, stored as soon as it grows (one small UPDATE; WAL, no fsync).
-
-        Stored at once rather than once a second: a ``kill -9`` then loses only the
-        reports the dead daemon had received but not yet read (one loop interval), so
-        the stored count stays with what the workers trained (storing once a second, a stop left it
-        3,840 samples behind). A clean stop reads every last report first (:class:`.shutdown.Shutdown`).
-        Returns whether a rescale was measured or a job reached its target.
-        """
+        """Progress from the monitor, stored as soon as it grows, so a ``kill -9`` loses only the reports read in
+        one loop interval (once a second left it 3,840 samples behind). Returns whether a rescale was measured
+        or a job reached its target."""
         changed = False
         for run in list(self.table.runs.values()):
             done = self.runtimes.of(run.spec).finished(run.id) if self.runtimes and run.members else None

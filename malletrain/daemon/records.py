@@ -31,11 +31,9 @@ def stopped_from_outside(code: int) -> bool:
 
 
 def stopped_by_us(code: int, agent_stopped: bool, inherited: bool) -> bool:
-    """Whether a worker's exit is a stop we caused, known by us rather than read from its code: its
-    agent stopped it (a stop the daemon sent, its node's recall: ``agent_stopped``) and the code says
-    so, or it exited :data:`EXIT_STORE_LOST` having been started by an earlier daemon (``inherited``:
-    that daemon's store went away with it). A job whose own code exits 143, 137, 130, 129 or 75
-    fails like any other, toward ``max_failures``."""
+    """Whether a worker's exit is a stop we caused, known by us rather than from its code: its agent stopped
+    it and the code says so, or it exited :data:`EXIT_STORE_LOST` after an earlier daemon started it. A
+    job's own exit 143, 137, 130, 129 or 75 counts toward ``max_failures``."""
     if agent_stopped:
         return stopped_from_outside(code)
     return inherited and code == EXIT_STORE_LOST
@@ -50,12 +48,8 @@ STOP_WAIT_S = 15.0  # a clean stop waits at most this long for the workers it st
 
 
 def rescale_kind(ev: RescaleEvent, emptied_at: float | None) -> str:
-    """``up`` or ``down``; ``resume`` when the job had no worker at all during the gap.
-
-    A job suspended below its min and placed again later shows up in its step
-    records as one long "rescale" from the old to the new size; that gap is the
-    time it waited for nodes, not a pause of running workers.
-    """
+    """``up`` or ``down``; ``resume`` when the job had no worker during the gap (it waited for nodes:
+    no pause of running workers)."""
     if emptied_at is not None and ev.timestamp <= emptied_at <= ev.timestamp + ev.gap_s:
         return "resume"
     return "up" if ev.is_up else "down"

@@ -83,16 +83,10 @@ class NodeStatus(StrEnum):
 class Scavenging:
     """One daemon's backend, its last look at the machine and the rules above.
 
-    ``hub`` is the agent hub (:class:`scavenger.base.AgentRoster`: ``alive()``, ``batch_job(node)``,
-    the id an agent's hello carried). ``meta``: where our live pilots are kept across restarts
-    (the store: ``get_meta``/``set_meta``; None: nowhere). ``agent_grace``: seconds a
-    RUNNING pilot may go without its own agent before it is cancelled (0: never).
-    ``requeue_recalled``: queue a pilot for the nodes of each preempted pilot (when the
-    backend ``queues_for_busy_nodes``), so a node the main job gives back starts our pilot without
-    waiting for the next look and submit (see :meth:`queue_for_recalled`); at most ``max_waiting``
-    such pilots at once, each ``requeue_after_s`` after its preemption was seen.
-    ``workers_per_node``: worker slots of a node whose scheduler reports no GPUs (None: 1).
-    """
+    ``hub``: the agent roster; ``meta``: where live pilots are kept across restarts (None: nowhere);
+    ``agent_grace``: seconds a RUNNING pilot may go without its agent (0: forever); ``requeue_recalled``,
+    ``max_waiting``, ``requeue_after_s``: see :meth:`queue_for_recalled`; ``workers_per_node``: a
+    node's slots where the scheduler reports no GPUs (None: 1)."""
 
     backend: SchedulerBackend
     hub: AgentRoster
@@ -126,10 +120,8 @@ class Scavenging:
     _gpus: tuple[Discovery, dict[str, int]] | None = field(default=None, repr=False)  # the last look's GPUs by node  # the first look put off since the last
 
     def versions(self) -> Versions:
-        """The backend's and the hub's ``version`` (None when either has none): what :meth:`usable`,
-        the nodes our pilots take and the agentless pilots are computed from. While both stay the
-        same, the last answer is the answer (the daemon asks several times per loop iteration, and
-        at 4,608 nodes each answer is a pass over every pilot)."""
+        """The backend's and the hub's ``version`` (None if either has none): while both stay the same, the
+        last answer of :meth:`usable` and friends stands (at 4,608 nodes each is a pass over every pilot)."""
         return self.backend.version, self.hub.version
 
     # ------------------------------------------------------------ remember
@@ -352,14 +344,11 @@ class Scavenging:
 
     def queue_for_recalled(self, d: Discovery, taken: set[str], now: float,
                            wanted: Callable[[str], bool] | None) -> list[PilotId]:
-        """A pilot queued for each preempted pilot's nodes that a main-queue job holds or is planned on, once
-        ``requeue_after_s`` passed (``waits_for_node``): Slurm or PBS starts it the moment that job ends,
-        where a pilot submitted on the next look would start a poll interval, an ``sbatch`` and a scheduling
-        pass later. Pilots are preemptable, so it never delays the main queue. Nodes free again, taken, unwanted or gone from the machine are left
-        to :meth:`hold_idle`'s usual rule. Until then a recalled node gets no pilot by that rule either:
-        the look between the preempted pilot's end and the main job's start can show it idle, and a pilot
-        submitted then waited behind the main job by accident, and was cancelled as stuck after
-        ``max_queued_s``, so a main job longer than that gave the node back to no pilot at all."""
+        """A pilot queued for each preempted pilot's nodes a main-queue job holds or is planned on, once
+        ``requeue_after_s`` passed, so the scheduler starts it the moment that job ends (pilots are
+        preemptable: the main queue is never delayed). Until then :meth:`hold_idle` gives such a node no
+        pilot: one submitted on a look that showed it idle waited behind the main job and was cancelled
+        as stuck after ``max_queued_s``."""
         out: list[PilotId] = []
         if not self._recalled or now < self._recalled[0][0] + self.requeue_after_s:
             return out  # (at every iteration: no look at every pilot and node for nothing)

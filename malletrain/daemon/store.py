@@ -103,11 +103,8 @@ class Store:
     @classmethod
     def open(cls, path: str | Path, max_events: int = MAX_EVENTS, max_samples: int = MAX_SAMPLES,
              clock: Callable[[], float] = time.time) -> "Store":
-        """Open the store at ``path``, creating it if there is no file; WAL mode; checks it.
-
-        An existing file that is empty, not SQLite, corrupt or not a malletrain
-        store raises :class:`StoreError` naming it.
-        """
+        """Open the store at ``path`` (created if there is no file; WAL); a file that is empty, not SQLite,
+        corrupt or not ours raises :class:`StoreError` naming it."""
         p = str(path)
         if p != ":memory:":
             fp = Path(p)
@@ -156,10 +153,8 @@ class Store:
         self.conn.close()
 
     class _Tx:
-        """``BEGIN IMMEDIATE`` ... ``COMMIT``; rolls back on any error and turns sqlite errors into StoreError.
-
-        Inside :meth:`Store.batch` it is a savepoint of the batch's transaction instead: all or
-        nothing of this one write, committed with the batch."""
+        """``BEGIN IMMEDIATE`` ... ``COMMIT`` (rolled back on any error, sqlite errors as StoreError); inside
+        :meth:`Store.batch` a savepoint of the batch's transaction."""
 
         def __init__(self, store: "Store") -> None:
             self.store = store
@@ -203,10 +198,8 @@ class Store:
         return Store._Tx(self)
 
     def _write1(self, sql: str, args: tuple[Any, ...]) -> None:
-        """One statement, whole or absent. Inside :meth:`batch` it runs as it is, without a savepoint
-        of its own: SQLite undoes a failed statement's changes and keeps the transaction, so a
-        savepoint would only add two statements to each write (a burst of 500 recalls is ~1,500
-        event rows in one decision's batch); outside, its own transaction."""
+        """One statement, whole or absent: inside :meth:`batch` as it is (SQLite undoes a failed statement
+        and keeps the transaction; a savepoint would add two statements a write), outside in its own transaction."""
         if not self._batching:
             with self._tx() as c:
                 c.execute(sql, args)
@@ -218,11 +211,8 @@ class Store:
 
     @contextlib.contextmanager
     def batch(self) -> Iterator[None]:
-        """Every write inside in one transaction, committed at the end (even when the block
-        raises: each write is whole or absent, as without a batch). The daemon's writes of one
-        phase of a step (a burst of agent events, every job's progress) cost one commit, not one
-        each. Nested batches are part of the outer one. Hold it only around writes and quick work:
-        other writers (the CLI) wait for the commit."""
+        """Every write inside in one transaction, committed at the end (even when the block raises; nested
+        batches join the outer one): a phase of a step costs one commit. Other writers (the CLI) wait for it."""
         if self._batching:
             yield
             return
@@ -305,13 +295,8 @@ class Store:
     # -- jobs
     def submit(self, spec: JobSpec, owner_uid: int | None = None, owner_gid: int | None = None,
                owner_umask: int | None = None) -> str:
-        """Queue a job (PENDING) owned by ``owner_uid``/``owner_gid`` (default: this process's
-        effective ids), its workers to run with ``owner_umask`` (default: this process's umask);
-        returns its id ``jNNNNNN``.
-
-        Raises :class:`~malletrain.daemon.jobspec.JobSpecError` if the spec breaks a
-        rule or cannot fit the machine (when its size is known).
-        """
+        """Queue a job (PENDING) owned by ``owner_uid``/``owner_gid``, run with ``owner_umask`` (defaults: this
+        process's); returns its id ``jNNNNNN``; :class:`~malletrain.daemon.jobspec.JobSpecError` if it breaks a rule."""
         where = f"job {spec.name!r}"
         spec = parse_spec(json.loads(spec.to_json()), where)  # nothing invalid is ever stored
         check_submit(spec, where, self.machine_nodes(), self.get_meta("node_slots"))  # (jobspec.NODE_SLOTS_KEY)
@@ -404,10 +389,7 @@ class Store:
         return failed
 
     def set_state(self, jid: str, state: JobState, reason: str = "") -> bool:
-        """Move a job to ``state`` (no-op if already there); terminal states never change.
-
-        Returns True if the state changed.
-        """
+        """Move a job to ``state`` (terminal states never change); returns whether it changed."""
         now = self.clock()
         with self._tx() as c:
             row = c.execute("SELECT state FROM jobs WHERE id=?", (jid,)).fetchone()

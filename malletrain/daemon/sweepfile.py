@@ -335,10 +335,8 @@ def _optuna() -> Any:
 
 
 def _grid_sampler(optuna: Any, grid: dict[str, list[Any]], seed: int | None) -> Any:
-    """Optuna's grid sampler, less its stop of the study once every point has been asked: that stop is
-    meant for ``study.optimize``, which a sweep does not run (it asks and tells), and outside it Optuna
-    raises, so the tell of a grid's last trials failed and the sweep stopped with trials left untold. A
-    sweep ends at its ``trials``, which :func:`parse_sweep` keeps within the grid's points."""
+    """Optuna's grid sampler without its stop of the study once every point was asked (meant for
+    ``study.optimize``; under ask-and-tell it made the last tells fail). A sweep ends at its ``trials``."""
 
     class SweepGridSampler(optuna.samplers.GridSampler):
         def after_trial(self, study: Any, trial: Any, state: Any, values: Any) -> None:

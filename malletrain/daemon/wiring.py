@@ -37,12 +37,8 @@ from traces.model import IdleTimeline
 
 
 def load_timeline(cfg: DaemonConfig) -> IdleTimeline | None:
-    """The local backend's idle-node trace; None = every node always idle (``trace = "none"``).
-
-    ``synthetic``: :func:`traces.synthetic.summit_like` on ``machine_nodes``
-    nodes; a path: that log via :func:`traces.read`. Either way the local
-    nodes are the machine's first idle ones (:func:`scavenger.local.slot_timeline`).
-    """
+    """The local backend's idle-node trace (None: always idle, ``trace = "none"``): ``synthetic`` or a
+    log via :func:`traces.read`, its first idle nodes (:func:`scavenger.local.slot_timeline`)."""
     trace = cfg.local.trace
     if trace == "none":
         return None
@@ -89,10 +85,8 @@ def make_runtime(cfg: DaemonConfig, monitor_address: str, rendezvous_port: int =
 
 @dataclass
 class DaemonParts:
-    """Collaborators a test (or another front end) gives the daemon instead of the real ones: the
-    job monitor, the agent hub, the runtime and the backend. Each must offer the methods the daemon
-    calls on the real one; ``tests/test_conformance.py`` drives the daemon with fakes of all four
-    and an injected clock, with no process and no socket but the control one."""
+    """What a test (or another front end) gives the daemon instead of the real monitor, hub, runtime and
+    backend (``tests/test_conformance.py`` drives the daemon with fakes of all four)."""
 
     monitor: Monitor | None = None
     hub: AgentHub | None = None
@@ -235,16 +229,11 @@ class Wiring:
         }))
 
     def _bind(self, port: int, what: str) -> str:
-        """The address for ``what`` (``monitor``, ``agents``): ``port`` on ``[ports] host``
-        (loopback by default), if free.
+        """The address for ``what`` (``monitor``, ``agents``): ``port`` on ``[ports] host``, if free.
 
-        A port set in ``[ports]`` is fixed: when something else holds it (another daemon, or
-        a local user waiting there for our agents) the daemon refuses to start, naming the
-        port and its holder. A port of 0 floats: the one kept from the last run is preferred
-        and, if taken, another is picked; that is logged as an error and stored as a
-        ``port_taken`` event (the last run's agents cannot prove themselves to the holder's
-        socket nor obey it, and leave after ``agent_dead_after``).
-        """
+        A port set in ``[ports]`` is fixed: held by something else, the daemon refuses to start, naming it.
+        A port of 0 floats: the last run's is preferred, else another is picked, logged as an error and a
+        ``port_taken`` event (the last run's agents leave after ``agent_dead_after``)."""
         import socket
 
         host = url_host = "127.0.0.1" if self.cfg.ports.host == "localhost" else self.cfg.ports.host

@@ -145,15 +145,9 @@ def read_exit_code(job_dir: Path) -> int | None:
 class HorovodRuntime(Runtime):
     """Elastic Horovod behind the :class:`~malletrain.runtimes.Runtime` protocol.
 
-    ``work_dir`` holds one directory per job (hosts file, discovery script,
-    membership, driver log, exit code); a temporary one is made by
-    :meth:`start` when omitted. ``local=True`` treats every node as this host.
-    ``network_interfaces`` defaults to ``("lo",)`` when local. ``horovodrun``
-    is the launcher's argv prefix (default ``python -m horovod.runner.launch``);
-    ``env`` is added to the driver's environment and so to every Horovod worker
-    (put ``MALLETRAIN_MONITOR`` there: the slot holders' launch env does not
-    reach the training processes).
-    """
+    ``work_dir``: a directory per job (a temporary one when omitted); ``local=True``: every node is this
+    host (``network_interfaces`` then ``("lo",)``); ``horovodrun``: the launcher's argv prefix; ``env``:
+    added to the driver's and so every Horovod worker's environment (the holders' env never reaches them)."""
 
     COMMAND_BESIDE_DAEMON = True
     """The job's command runs under the driver, a process of the daemon's user: a root daemon
@@ -254,11 +248,8 @@ class HorovodRuntime(Runtime):
             return job.generation
 
     def forget(self, job_id: str, keep_state: bool = True) -> None:
-        """Stop the job's driver (and its workers), drop its directory. Idempotent.
-
-        ``keep_state`` is accepted for the protocol: Elastic Horovod keeps no
-        state outside its workers, so a resumed job restarts its script.
-        """
+        """Stop the job's driver (and its workers), drop its directory; idempotent (Horovod keeps no state outside
+        its workers: ``keep_state`` is there for the protocol)."""
         with self._lock:
             job = self._jobs.pop(job_id, None)
         if job is None:
@@ -279,14 +270,9 @@ class HorovodRuntime(Runtime):
         shutil.rmtree(job.dir, ignore_errors=True)
 
     def readopt(self, job_id: str, command: Sequence[str], workers: dict[str, str]) -> int:
-        """Take over a job an earlier runtime (a daemon that died) ran in this work directory.
-
-        ``workers`` maps the re-adopted worker ids to their nodes. The job's
-        directory, generation and retired workers come from its ``members.json``;
-        a driver still running there is adopted (:meth:`forget` stops it), else
-        the next :meth:`set_members` starts one. Returns the job's generation
-        (0: nothing to take over, the job starts afresh). Idempotent.
-        """
+        """Take over a job a dead daemon ran in this work directory (``workers``: worker id -> node): its
+        generation and retired workers from ``members.json``, a driver still running adopted. Returns the
+        generation (0: nothing to take over); idempotent."""
         if not command:
             raise ValueError(f"job {job_id}: empty command")
         with self._lock:
@@ -499,11 +485,8 @@ def _read_retired(job_dir: Path) -> set[str]:
 
 
 def hold(job_dir: Path, worker: str, poll_s: float = HOLD_POLL_S) -> tuple[HoldOutcome, int]:
-    """Hold ``worker``'s slot until it is removed, the job ends or is forgotten.
-
-    A worker launched ahead of time (not yet a member) keeps holding; it leaves
-    once a membership that listed it is followed by one that does not.
-    """
+    """Hold ``worker``'s slot until a membership that listed it is followed by one that does not, or the
+    job ends or is forgotten."""
     while True:
         if not job_dir.is_dir() or (job_dir / CANCELLED_FILE).exists():
             return HoldOutcome.FORGOTTEN, 0

@@ -96,12 +96,9 @@ def _diag_uid(peer: tuple[str, int], ours: tuple[str, int]) -> int | None:
 
 
 def _connecting_uid(peer: tuple[str, int], ours: tuple[str, int]) -> int | None:
-    """The uid owning the connecting end of a connection from this host (None: remote, or not found).
-
-    Asked of the kernel for this one socket (:func:`_diag_uid`): the accept thread does this for every
-    connection, and reading all of ``/proc/net/tcp`` each time (~16 ms under a flood) let a flood's
-    queue of connections delay another user's past its handshake timeout. Where netlink is not
-    available (or for IPv6), :func:`scavenger.connguard.local_peer_uid` reads ``/proc/net/tcp``."""
+    """The uid owning the connecting end of a local connection (None: remote, or not found), asked of the
+    kernel for this socket (:func:`_diag_uid`; reading ``/proc/net/tcp`` per connection let a flood delay
+    other users past their handshake), else by :func:`scavenger.connguard.local_peer_uid`."""
     if ":" not in peer[0]:
         try:
             return _diag_uid(peer, ours)

@@ -84,11 +84,8 @@ def checkpoint_path(directory: Path, job: str) -> Path:
 
 
 def write_private_file(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` durably and atomically, readable by its owner only (0600).
-
-    A temporary file beside it is written, fsynced and renamed over ``path``, then the
-    directory is fsynced: a crash leaves either the old file or the new one, never a torn one.
-    """
+    """Write ``data`` to ``path`` (0600) atomically and durably: a temporary file fsynced and renamed, the
+    directory fsynced, so a crash leaves the old file or the new one."""
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
     try:
@@ -144,33 +141,15 @@ class WorldKeys(Protocol):
 
 
 class TorchRuntime(Runtime):
-    """In-process elastic DDP: the daemon-side half (see module docstring).
+    """In-process elastic DDP: the daemon-side half.
 
-    ``host`` is the address workers use to reach the store (the daemon's
-    address as seen from the nodes); ``port`` 0 picks a free port (a given
-    port that is busy falls back to a free one, with a warning). ``monitor``
-    is the job monitor's ZeroMQ address given to workers as
-    ``MALLETRAIN_MONITOR`` (the job manager may also set it itself).
-    ``store_grace_s`` is how long workers train on without the store
-    (``MALLETRAIN_STORE_GRACE``).
-
-    ``checkpoint_dir`` (the daemon's ``STATE_DIR/checkpoints``, 0700) makes a job's
-    checkpoint durable: :meth:`persist_checkpoints` copies each new one there
-    (``<job>.ckpt``, 0600, written atomically) and :meth:`resume_generation` puts it
-    back into a restarted daemon's empty store, so a job suspended when the daemon
-    stopped or was killed resumes from it. Without it, checkpoints live in the
-    store only (the daemon's memory).
-
-    ``bind`` is the interface address the store listens on (default: ``host``,
-    so a local daemon listens on loopback only). A connection proves its job's
-    secret (``secret_for(job)``; the daemon sets it with :meth:`use_secrets` to its own
-    :meth:`~malletrain.daemon.Daemon.job_secret`, the key that signs the job's reports;
-    by default a key of this runtime's own) and sees that job's keys only, bounded by
-    ``limits``.
-
-    ``worlds``: what a launcher that uses this runtime's store and generations adds to each
-    generation (:class:`WorldKeys`; the ``torchrun`` launcher's world places).
-    """
+    ``host``: the store's address as the nodes see it (``bind``: where it listens, default ``host``);
+    ``port`` 0 or busy: a free one. ``monitor``: ``MALLETRAIN_MONITOR`` for workers. ``store_grace_s``:
+    how long workers train on without the store. ``checkpoint_dir``: where :meth:`persist_checkpoints`
+    keeps each job's checkpoint (``<job>.ckpt``, 0600) for :meth:`resume_generation` after a restart
+    (without it, only in the store). A connection proves its job's secret (``secret_for``, set by
+    :meth:`use_secrets`) and sees that job's keys only, within ``limits``. ``worlds``: keys a launcher
+    adds to each generation (:class:`WorldKeys`)."""
 
     name = "torch"
     warm_modules = ("torch", "torch.distributed", "torch._dynamo", "torch.nn.parallel", "malletrain.worker.elastic.state",
@@ -327,10 +306,7 @@ class TorchRuntime(Runtime):
         return LaunchSpec(argv=argv, env=env, slots=slots)
 
     def set_members(self, job_id: str, members: Sequence[str]) -> int:
-        """Publish ``members`` (rank order) as the job's next generation; returns its number.
-
-        An empty list tells every worker of the job to leave at its next commit.
-        """
+        """Publish ``members`` (rank order) as the next generation and return its number (empty: all leave)."""
         check_id("job", job_id)
         ordered = tuple(members)
         for m in ordered:
@@ -380,14 +356,8 @@ class TorchRuntime(Runtime):
             return job_id in self._scratch
 
     def resume_generation(self, job_id: str, generation: int) -> None:
-        """After a daemon restart: the job's numbering goes on above ``generation`` (never backwards),
-        and its durable checkpoint (if any) is put back into the new store.
-
-        The store of this runtime is new, so it holds no keys of those
-        generations: :meth:`forget` does not look for them. The checkpoint is
-        what the job's next world starts from if none of its workers survived
-        (a job suspended when the daemon stopped or was killed).
-        """
+        """After a daemon restart: numbering goes on above ``generation``, and the job's durable checkpoint (if
+        any) is put back into the new store, for a next world none of whose workers survived."""
         check_id("job", job_id)
         if isinstance(generation, bool) or not isinstance(generation, int) or generation < 0:
             raise ValueError(f"job {job_id}: generation must be an integer >= 0, got {generation!r}")
@@ -425,15 +395,9 @@ class TorchRuntime(Runtime):
         store.set(ckpt_tag_key(job_id), str(tag))
 
     def persist_checkpoints(self, jobs: Iterable[str]) -> list[str]:
-        """Copy each of ``jobs``' checkpoints that is new since the last call to the state dir.
-
-        Workers write checkpoints into the store (when a whole world hands over,
-        when a suspended job's workers leave, on SIGTERM); the store is in the
-        daemon's memory, so the daemon calls this every loop and a checkpoint
-        outlives a daemon ``kill -9``. A checkpoint being written (``ckpt_seq``
-        odd, or changed while it was read) is taken next time. Returns the jobs
-        whose file was written; a failure (a full disk) is logged and tried again.
-        """
+        """Copy each of ``jobs``' checkpoints new since the last call to the state dir (the store is in memory:
+        called every loop, so a checkpoint outlives a ``kill -9``); one being written is taken next time.
+        Returns the jobs written; a failure (a full disk) is logged and tried again."""
         if self.checkpoint_dir is None:
             return []
         done = []
@@ -486,14 +450,8 @@ class TorchRuntime(Runtime):
         return newest
 
     def forget(self, job_id: str, keep_state: bool = True) -> None:
-        """Delete the job's member lists, barriers and ready marks; idempotent.
-
-        The generation key stays (one small key per job id) and numbering goes
-        on from it, so a job id that comes back (a suspended job resumed) never
-        reuses a generation, whose gloo keys may still be in the store. The
-        job's checkpoint (its model state, held in the daemon's memory) stays
-        too unless ``keep_state`` is False: pass False for a job that ended.
-        """
+        """Delete the job's member lists, barriers and ready marks; idempotent. The generation key stays, so a
+        job that comes back never reuses a generation; its checkpoint stays unless ``keep_state`` is False."""
         with self._lock:
             if not keep_state:
                 self._last_nonempty.pop(job_id, None)
