@@ -58,7 +58,7 @@ def run_stats(args: argparse.Namespace) -> int:
     figures = trace_stats(tl)
     if args.json:
         record = {"file": str(args.file), "format": tl.format, **figures.as_dict(), "notes": list(tl.notes)}
-        print(json.dumps({k: _json_value(v) for k, v in record.items()}, indent=2))
+        print(json.dumps({k: None if isinstance(v, float) and math.isnan(v) else v for k, v in record.items()}, indent=2))
     else:
         print(format_stats(str(args.file), tl.format, figures.as_dict(), tl.notes))
     if args.plot is not None:
@@ -67,10 +67,6 @@ def run_stats(args: argparse.Namespace) -> int:
         for path in plot_trace(tl, args.plot):
             print(f"wrote {path}")
     return 0
-
-
-def _json_value(v: object) -> object:
-    return None if isinstance(v, float) and math.isnan(v) else v
 
 
 def format_stats(file: str, fmt: str, d: dict[str, float | int], notes: tuple[str, ...]) -> str:

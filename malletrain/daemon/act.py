@@ -63,7 +63,8 @@ class Act:
                 continue
             if not nodes:  # the decision gave it none, or the ledger's Loss suspended it (and says why)
                 if run.members or run.workers or run.state.active:
-                    self.suspend(run, now, self._why_no_nodes(run))
+                    why = run.suspended_by.describe() if run.suspended_by is not None else "no nodes in the policy's plan"
+                    self.suspend(run, now, why)
                     changed = True
                 continue
             if run.restart:  # observe found it stalled: its workers start again (from its checkpoint)
@@ -192,12 +193,6 @@ class Act:
         self.store.log_event("progress_lost", run.id, samples=lost)
         log.warning("job %s: its new world starts from step 0 (no survivor, no checkpoint): %d samples "
                     "counted so far are gone", run.id, lost, extra=about(job=run.id))
-
-    @staticmethod
-    def _why_no_nodes(run: JobRun) -> str:
-        """Why a job runs on no node: the Loss that left it below its min, else the policy's plan (the
-        reason it waits is its own field, ``waiting``)."""
-        return run.suspended_by.describe() if run.suspended_by is not None else "no nodes in the policy's plan"
 
     def suspend(self, run: JobRun, now: float, reason: str) -> None:
         self.stop_workers(run, now)

@@ -348,7 +348,7 @@ class ControlServer:
             except OSError:
                 sock.close()
                 continue
-            if len(self._conns) >= MAX_CONNECTIONS or self._open_for(caller.uid) >= MAX_PER_UID:
+            if len(self._conns) >= MAX_CONNECTIONS or sum(c.caller.uid == caller.uid for c in self._conns.values()) >= MAX_PER_UID:
                 self._count("busy")
                 _try_send(sock, pack({"ok": False, "error": "daemon busy: too many control connections",
                                       "reason": "busy"}))
@@ -371,9 +371,6 @@ class ControlServer:
             dropped = False
         self._spare_fd = _spare()
         return dropped
-
-    def _open_for(self, uid: int) -> int:
-        return sum(1 for c in self._conns.values() if c.caller.uid == uid)
 
     def _step(self, conn: _Conn) -> int:
         try:

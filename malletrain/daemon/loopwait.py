@@ -30,7 +30,7 @@ class LoopWait:
         iterations overran still learns of a recall before its next look at the scheduler."""
         agent_sock = getattr(self.agents, "sock", None)
         if agent_sock is None or not hasattr(self.agents, "lost"):
-            self._drain(seconds)
+            self.reports.drain(timeout_ms=int(seconds * 1000))  # (returns at the first reports: as before)
             return False
         poller = zmq.Poller()
         poller.register(self.reports.sock, zmq.POLLIN)
@@ -52,5 +52,3 @@ class LoopWait:
                 if self.agents.lost != before:
                     return True
 
-    def _drain(self, seconds: float) -> None:
-        self.reports.drain(timeout_ms=int(seconds * 1000))  # (returns at the first reports: as before)

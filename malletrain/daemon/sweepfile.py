@@ -403,12 +403,9 @@ class SweepStudy:
         trial = self.study.ask(self.distributions)
         return int(trial.number), dict(trial.params)
 
-    def _frozen(self, number: int) -> Any:
-        return self.study.get_trials(deepcopy=False)[number]
-
     def _trial(self, number: int) -> Any:
         optuna = _optuna()
-        return optuna.trial.Trial(self.study, self._frozen(number)._trial_id)
+        return optuna.trial.Trial(self.study, self.study.get_trials(deepcopy=False)[number]._trial_id)
 
     def set_job(self, number: int, job: str) -> None:
         self._trial(number).set_user_attr("job", job)

@@ -55,14 +55,6 @@ def load_timeline(cfg: DaemonConfig) -> IdleTimeline | None:
     return slot_timeline(tl, cfg.local.nodes)
 
 
-def make_torchrun_runtime(cfg: DaemonConfig, monitor_address: str, port: int = 0,
-                          on_start: Callable[[], None] | None = None) -> TorchrunRuntime:
-    """The runtime of jobs whose launcher is ``torchrun`` (restarted at each change of their world); its
-    store starts with its first job, on ``port`` if free (0: any), and then calls ``on_start``."""
-    return TorchrunRuntime(host=cfg.ports.host, monitor=monitor_address, store_grace_s=cfg.store_grace,
-                           port=port, on_start=on_start)
-
-
 def make_runtime(cfg: DaemonConfig, monitor_address: str, rendezvous_port: int = 0) -> Runtime:
     """The configured runtime; ``rendezvous_port`` is where the torch runtime serves its store (0: any)."""
     if cfg.runtime == "toy":
@@ -155,7 +147,8 @@ class Wiring:
     def _open(self, cfg: DaemonConfig) -> None:
         self.store = Store.open(self.state_dir / STORE_FILE, clock=self.clock)
         self.metrics = Metrics(cfg.metrics.address)  # [metrics]: off (a no-op) unless an address is set
-        ports = self._ports()
+        stored = self.store.ports(("monitor", "agents", "rendezvous", "torchrun"))  # a bad entry: StoreError naming the file
+        ports = {k: getattr(cfg.ports, k, 0) or port for k, port in stored.items()}
         parts = self.parts
         self.monitor = parts.monitor or Monitor(self._bind(ports["monitor"], "monitor"), ctx=self.ctx)
         self.replay = ReplaySaver(self.monitor, self.store)  # replay windows survive restarts (store meta)
@@ -168,8 +161,10 @@ class Wiring:
         self.runtime = parts.runtime or make_runtime(cfg, self.monitor.address, ports["rendezvous"])
         self.runtime.use_secrets(self.job_secret)  # each job's reports and store requests are signed with its own
         self.runtime.start()
-        # its store starts with its first job, on the port the last daemon served it on (its agents come back there)
-        self.torchrun = make_torchrun_runtime(cfg, self.monitor.address, ports["torchrun"], self._save_ports)
+        # the runtime of `launcher = "torchrun"` jobs: its store starts with its first job, on the port the last
+        # daemon served it on (its agents come back there), and then its port is saved
+        self.torchrun = TorchrunRuntime(host=cfg.ports.host, monitor=self.monitor.address, store_grace_s=cfg.store_grace,
+                                        port=ports["torchrun"], on_start=self._save_ports)
         self.torchrun.use_secrets(self.job_secret)
         self._save_ports()
         self.backend = parts.backend or self._make_backend()
@@ -217,10 +212,6 @@ class Wiring:
         os.close(self._lock_fd)
 
     # ---------------------------------------------------------------- setup
-    def _ports(self) -> dict[str, int]:
-        stored = self.store.ports(("monitor", "agents", "rendezvous", "torchrun"))  # a bad entry: StoreError naming the file
-        return {k: getattr(self.cfg.ports, k, 0) or port for k, port in stored.items()}
-
     def _save_ports(self) -> None:
         """The ports this daemon serves on, for the next one (the torchrun launcher's once its store started)."""
         self.store.set_meta("ports", json.dumps({

@@ -246,7 +246,7 @@ class TorchRuntime(Runtime):
 
     def store_usage(self, job: str) -> tuple[int, int]:
         """``(keys, bytes)`` ``job`` holds in the store."""
-        return self._require_store().usage(job)
+        return self.require_store().usage(job)
 
     @property
     def rejected(self) -> dict[str, int]:
@@ -266,14 +266,10 @@ class TorchRuntime(Runtime):
     @property
     def address(self) -> str:
         """``host:port`` of the store, as given to workers in ``MALLETRAIN_STORE``."""
-        self._require_store()
+        self.require_store()
         return format_address((self.host, self._port))
 
     def require_store(self) -> RendezvousStore:
-        """The served store (:class:`RuntimeStateError` before :meth:`start`)."""
-        return self._require_store()
-
-    def _require_store(self) -> RendezvousStore:
         if self._store is None:
             raise RuntimeStateError("TorchRuntime is not started: call start() first")
         return self._store
@@ -289,7 +285,7 @@ class TorchRuntime(Runtime):
         argv = tuple(command)
         if not argv or not all(isinstance(a, str) and a for a in argv):
             raise ValueError(f"job {job_id}: command must be a non-empty list of non-empty strings, got {command!r}")
-        self._require_store()
+        self.require_store()
         env = WorkerEnv(
             job=job_id,
             worker=worker_id,
@@ -315,7 +311,7 @@ class TorchRuntime(Runtime):
         if dupes:
             raise ValueError(f"job {job_id}: duplicate workers in member list: {dupes}")
         with self._lock:
-            store = self._require_store()
+            store = self.require_store()
             gen = max(self._generations.get(job_id, 0), self._reported(store, job_id, ordered)) + 1
             last = self._last_nonempty.get(job_id)
             self._scratch.discard(job_id)
@@ -506,10 +502,10 @@ class TorchRuntime(Runtime):
 
     def checkpoint_generation(self, job_id: str) -> int | None:
         """The generation the job's stored checkpoint was taken in (None: no checkpoint)."""
-        store = self._require_store()
+        store = self.require_store()
         key = ckpt_tag_key(job_id)
         return int(store.get(key)) if store.check([key]) else None
 
     def ready(self, job_id: str, worker_id: str) -> bool:
         """Whether worker ``worker_id`` has connected and waits to join (or has joined)."""
-        return bool(self._require_store().check([ready_key(job_id, worker_id)]))
+        return bool(self.require_store().check([ready_key(job_id, worker_id)]))
