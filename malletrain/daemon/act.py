@@ -86,9 +86,8 @@ class Act:
         return changed
 
     def _world_done(self, run: JobRun) -> bool:
-        """Whether every rank of the job's published world exited 0 since observe looked (the last rank may
-        exit in between): act then leaves that world as it is, so finished work is not run again, and observe
-        ends the job COMPLETED at the next step."""
+        """Whether every rank of the job's published world exited 0 since observe looked: act then leaves that
+        world as it is (finished work must not run again), and observe ends the job COMPLETED at the next step."""
         try:
             done = self.runtimes.of(run.spec).finished(run.id)
         except Exception as exc:  # a runtime hiccup must not kill the loop: acted on as not done
@@ -241,9 +240,8 @@ class Act:
         return True
 
     def release(self, run: JobRun) -> None:
-        """An ended job's state in its runtime goes (its checkpoint too), once its stopped workers have left:
-        a worker stopped by a cancel still writes its checkpoint on the SIGTERM, and a runtime that had
-        already forgotten the job would refuse it, with a warning in the daemon's log and the worker's."""
+        """An ended job's runtime state goes (its checkpoint too) once its stopped workers have left: one stopped
+        by a cancel still writes its checkpoint on the SIGTERM, which a runtime that forgot the job would refuse."""
         try:
             self.runtimes.of(run.spec).forget(run.id, keep_state=False)
         except Exception as exc:

@@ -70,9 +70,8 @@ def load_trainers(cfg: DaemonConfig, store: Store, state_dir: Path) -> tuple[dic
 
 
 class Decide:
-    """The decide step and the trainers it runs: every trainer's ledger learns what was observed,
-    every trainer's policy decides, each decision is placed in its ledger, and :meth:`plan` is what
-    act carries out. It calls no other part of the daemon."""
+    """The decide step: every trainer's ledger learns what was observed, its policy decides, the decision is
+    placed in the ledger, and :meth:`plan` is what act carries out. It calls no other part of the daemon."""
 
     def __init__(self, table: JobTable, store: Store, monitor: Monitor, metrics: Metrics, scav: Scavenging,
                  accounting: NodeAccounting, saved_policy_state: str | None) -> None:
@@ -110,16 +109,14 @@ class Decide:
         return self._node_owner[node]
 
     def view(self, now: float, trainer: str | None = None) -> View:
-        """What one trainer's policy decides on (default: the first trainer's): its ledger's view of its
-        usable nodes and its live jobs, as the last :meth:`feed_ledgers` left them. A getter: it feeds
-        nothing, so asking twice changes nothing."""
+        """What one trainer's policy decides on (default: the first's): its ledger's view as the last
+        :meth:`feed_ledgers` left it. A getter: it feeds nothing."""
         t = self.trainers[trainer or next(iter(self.trainers))]
         return t.ledger.view(now, sorted(t.ledger.live_jobs()))
 
     def feed_ledgers(self, now: float) -> None:
-        """Every trainer's ledger learns what this step observed (nodes usable, nodes gone, jobs). The one
-        path by which a lost node reaches a ledger: the usable set's difference (observe's events only
-        wake the loop), so a node lost however it was learnt is fed once."""
+        """Every trainer's ledger learns what this step observed: the one path of a lost node is the usable set's
+        difference (observe's events only wake the loop), so a loss however learnt is fed once."""
         usable = self._usable_by_trainer()
         for t in self.trainers.values():
             self._feed_ledger(t, now, usable[t.name])
@@ -183,9 +180,8 @@ class Decide:
                 run.suspended_by = loss
 
     def adopt_nodes(self, run: JobRun, left_on: tuple[str, ...], now: float) -> bool:
-        """An adopted job is placed on the nodes the last daemon left it on (``left_on``) that are usable
-        (and no other job's); those whose workers did not come back are released. Returns whether that
-        stopped it (below its min, :meth:`policy.Ledger.released`)."""
+        """An adopted job is placed on its ``left_on`` nodes that are usable and no other job's; those whose
+        workers did not come back are released. Returns whether that stopped it (below its min)."""
         ledger = self.table.trainer_of(run).ledger
         if not ledger.is_live(run.id):
             return False  # ending (e.g. cancelled while adoption was open): act ends it

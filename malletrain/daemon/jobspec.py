@@ -360,9 +360,8 @@ def _budget(raw: Any, where: str) -> float | None:
 
 
 def _deadline(raw: Any, where: str) -> float | None:
-    """``deadline`` as unix seconds: a number (unix seconds), or an ISO 8601 time with a timezone (a
-    string, or a TOML offset date-time). A time without a timezone is refused: the daemon and the
-    submitter may not share one."""
+    """``deadline`` as unix seconds: a number, or an ISO 8601 time with a timezone (a string or a TOML
+    offset date-time); one without a timezone is refused (the daemon and the submitter may not share one)."""
     if raw is None:
         return None
     if isinstance(raw, bool):

@@ -189,9 +189,8 @@ class Daemon:
             self.act.release(self.runs.pop(rid))  # its runtime state goes once its workers have left
 
     def close(self) -> None:
-        """Stop every job's workers (:meth:`.shutdown.Shutdown.stop`), release every node, close
-        sockets; idempotent. The jobs it stops are SUSPENDED ("daemon stopped") and resume
-        when a daemon runs again on the same state dir."""
+        """Stop every job's workers (:meth:`.shutdown.Shutdown.stop`: SUSPENDED, "daemon stopped", resumed by
+        the next daemon on this state dir), release every node, close sockets; idempotent."""
         if self._closed:
             return
         self._closed = True

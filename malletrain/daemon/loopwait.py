@@ -25,9 +25,8 @@ class LoopWait:
     clock: Callable[[], float]
 
     def wait(self, seconds: float) -> bool:
-        """Wait up to ``seconds``, reading what comes; True when it ended early because an agent
-        was gone. With no time (0, or less) it reads what is already there, once: a loop whose
-        iterations overran still learns of a recall before its next look at the scheduler."""
+        """Wait up to ``seconds``, reading what comes; True when it ended early because an agent was gone. With
+        no time it reads what is there once, so an overrunning loop still learns of a recall before its next look."""
         agent_sock = getattr(self.agents, "sock", None)
         if agent_sock is None or not hasattr(self.agents, "lost"):
             self.reports.drain(timeout_ms=int(seconds * 1000))  # (returns at the first reports: as before)

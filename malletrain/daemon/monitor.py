@@ -184,9 +184,8 @@ class JobStats:
     _rescales_taken: int = 0
 
     def add(self, rep: Report, now: float | None = None) -> None:
-        """Take one validated, authenticated report; raises REPLAYED (and changes nothing) for a replay,
-        IMPLAUSIBLE (only its seq is used up) for more samples than the job could train by ``now``
-        (the receiver's clock; None: unbounded)."""
+        """Take one validated, authenticated report; REPLAYED (nothing changed) for a replay, IMPLAUSIBLE (only
+        its seq used up) for more samples than the job could train by ``now`` (the receiver's clock; None: unbounded)."""
         self.add_fields(rep.worker, rep.seq, rep.samples, rep.timestamp, rep.world_size, rep.generation, now,
                         rep.incarnation)
 
@@ -214,9 +213,8 @@ class JobStats:
             self.out_of_order += 1
 
     def world_of(self, claimed: int, generation: int) -> int:
-        """The world size a report of ``generation`` is counted at: the daemon's record of that
-        generation (one of the last two it published), else of its newest world; what the report
-        claims only where the daemon recorded nothing. A job cannot claim nodes it was not given."""
+        """The world size a report of ``generation`` counts at: the daemon's record of it (or of its newest
+        world), what the report claims only where there is none, so a job cannot claim nodes it was not given."""
         if not self.recorded_world:
             return claimed
         return self.worlds.get(generation) or self.recorded_world
@@ -312,9 +310,8 @@ class Monitor:
             stats.record_world(generation, size)
 
     def forget(self, job_id: str, ended: bool = False) -> None:
-        """Drop a job's key and statistics; its reports are unknown_job from now on, except, for a job
-        that ``ended`` (completed, failed, cancelled), the ones its workers had in flight: those are
-        counted in :attr:`late` and dropped without a warning (the last :data:`ENDED_KEPT` such jobs)."""
+        """Drop a job's key and statistics; its reports are unknown_job from now on, but those of an ``ended`` job
+        still in flight are counted in :attr:`late` and dropped quietly (the last :data:`ENDED_KEPT` such jobs)."""
         if ended:
             self._ended.pop(job_id, None)
             self._ended[job_id] = None
@@ -337,9 +334,8 @@ class Monitor:
         return self.job(job_id).window.to_dict()
 
     def replay_states(self) -> dict[str, dict[str, Any]]:
-        """Every registered job's replay window (:meth:`replay_state`), to hand to :meth:`restore_replay_states`.
-
-        Restored windows of jobs never registered again (they ended meanwhile) are left out."""
+        """Every registered job's replay window, for :meth:`restore_replay_states` (restored windows of jobs never
+        registered again are left out)."""
         return {job: stats.window.to_dict() for job, stats in self.jobs.items()}
 
     def restore_replay_states(self, states: Mapping[str, Any]) -> list[str]:

@@ -25,9 +25,8 @@ from scavenger.hub import AgentHub, AgentWorkers, WorkerExitedEvent, WorkerStart
 
 
 class Observe:
-    """What the backend, the agents, the monitor, the runtimes and the store say happened. It tells
-    decide's ledger only of a node a failed worker gives up, asks the runtimes only whether a job's
-    ranks all finished, and calls no other part."""
+    """What the backend, the agents, the monitor, the runtimes and the store say happened. It tells decide's
+    ledger only of a node a failed worker gives up, asks runtimes only whether ranks finished, calls no other part."""
 
     def __init__(self, table: JobTable, cfg: DaemonConfig, scav: Scavenging, hub: AgentHub, store: Store,
                  monitor: Monitor, metrics: Metrics, decide: Decide, intake: JobIntake,
@@ -115,9 +114,8 @@ class Observe:
         return changed
 
     def node_lost(self, ev: NodeLost, now: float) -> None:
-        """A node this daemon no longer has: the jobs with a worker there forget it, and the loop is
-        woken (the caller returns "changed"). The ledgers learn the loss at the next feed, from the
-        usable set's difference (:meth:`Decide.feed_ledgers`), whichever way it was learnt here."""
+        """A node this daemon no longer has: its jobs forget their worker there and the loop is woken; the ledgers
+        learn the loss from the usable set's difference at the next feed (:meth:`Decide.feed_ledgers`)."""
         node, reason = ev.node, ev.reason
         for run in self.table.runs.values():
             if node in run.workers:
@@ -170,9 +168,8 @@ class Observe:
                     self.hub.stop_worker(node, wid, grace=1.0)  # a worker nobody owns
 
     def progress(self, now: float) -> bool:
-        """Progress from the monitor, stored as soon as it grows, so a ``kill -9`` loses only the reports read in
-        one loop interval (once a second left it 3,840 samples behind). Returns whether a rescale was measured
-        or a job reached its target."""
+        """Progress from the monitor, stored as soon as it grows (a ``kill -9`` then loses one loop interval's
+        reports). Returns whether a rescale was measured or a job reached its target."""
         changed = False
         for run in list(self.table.runs.values()):
             done = self.runtimes.of(run.spec).finished(run.id) if self.runtimes and run.members else None

@@ -24,9 +24,8 @@ later one. (A job's first world waits for all its workers, as before.)"""
 
 
 def stopped_from_outside(code: int) -> bool:
-    """Whether a worker's exit ``code`` says it was stopped (a signal to stop, as a recall, a cancel
-    or a killed process sends, or the daemon's store gone), not that the job's own code failed:
-    only failures count toward ``max_failures``."""
+    """Whether a worker's exit ``code`` says it was stopped (a recall, a cancel, a kill, the daemon's store
+    gone), not that the job's own code failed: only failures count toward ``max_failures``."""
     return code == EXIT_STORE_LOST or any(code in (-sig, signal_exit(sig)) for sig in STOP_SIGNALS)
 
 
@@ -60,9 +59,8 @@ class DaemonError(RuntimeError):
 
 
 class JobPhase(enum.Enum):
-    """Where a job the daemon runs is: a :class:`JobState` (what the store keeps), or one of two phases
-    only a running daemon knows, which the store keeps as the state before them. Changed only by
-    :meth:`JobRun.move`, which checks :data:`JOB_PHASES`."""
+    """Where a job the daemon runs is: a :class:`JobState` (what the store keeps) or one of two phases only a
+    running daemon knows (stored as the state before them); changed only by :meth:`JobRun.move`."""
 
     PENDING = "pending"
     PROFILING = "profiling"

@@ -126,9 +126,8 @@ class Scavenging:
 
     # ------------------------------------------------------------ remember
     def resume(self) -> list[PilotId]:
-        """Give the pilots the last daemon kept in ``meta`` back to the backend (call once, at
-        start, before the first look): the backend polls them like its own, and they hold their
-        nodes and count towards its cap before anything new is submitted."""
+        """Give the pilots the last daemon kept in ``meta`` back to the backend (once, before the first look): they
+        are polled, hold their nodes and count toward the cap before anything new is submitted."""
         if self.meta is None:
             return []
         text = self.meta.get_meta(PILOTS_KEY)
@@ -148,9 +147,8 @@ class Scavenging:
         return taken
 
     def last_daemons_nodes(self) -> frozenset[str]:
-        """The nodes of the pilots the last daemon kept (read by :meth:`resume`): after a restart,
-        adoption is complete only once their agents are back (a backend that cannot resume its
-        pilots learns of them only from their agents' hellos)."""
+        """The nodes of the pilots the last daemon kept: after a restart, adoption is complete only once their
+        agents are back."""
         return self._last_nodes
 
     def _remember(self) -> None:
@@ -189,9 +187,8 @@ class Scavenging:
         return events
 
     def _note_recalls(self, events: list[PilotEvent], now: float) -> None:
-        """Remember the nodes of each pilot the main scheduler preempted: the daemon expects them back. Their
-        pilots are queued :data:`REQUEUE_AFTER_S` later, never while the daemon shrinks its jobs off those
-        nodes: an ``sbatch`` blocks the daemon's loop (up to seconds on a busy head node)."""
+        """Remember the nodes of each pilot the main scheduler preempted; their pilots are queued
+        :data:`REQUEUE_AFTER_S` later, not while jobs shrink off them (an ``sbatch`` blocks the loop for seconds)."""
         if not self.requeue_recalled or not self.backend.queues_for_busy_nodes:
             return
         for ev in events:
@@ -318,9 +315,8 @@ class Scavenging:
 
     # ------------------------------------------------------------ act
     def hold_idle(self, now: float, wanted: Callable[[str], bool] | None = None) -> list[PilotId]:
-        """A pilot for every idle node no pilot of ours asks for and ``wanted`` accepts (None: every
-        node; the daemon: nodes some trainer can use), after cancelling the pilots whose agent
-        stayed away past ``agent_grace``. Nothing on stale data."""
+        """A pilot for every idle node no pilot of ours asks for and ``wanted`` accepts (None: all), after
+        cancelling those whose agent stayed away past ``agent_grace``. Nothing on stale data."""
         d = self.discovery
         if self.stale or d is None:
             return []
@@ -489,9 +485,8 @@ class Scavenging:
         self._shunned[node] = (now + self.agent_grace * 2 ** (strikes - 1), strikes)
 
     def _shunned_now(self, now: float) -> set[str]:
-        """Nodes no new pilot may take now. A node whose agent works again is trusted again; the
-        others are tried once their time is up, and their strikes are kept (the next failure waits
-        longer)."""
+        """Nodes no new pilot may take now: one whose agent works again is trusted again; the others are tried
+        once their time is up, their strikes kept (the next failure waits longer)."""
         if not self._shunned:
             return set()
         for node in self.usable() & self._shunned.keys():

@@ -360,9 +360,8 @@ class Store:
         return [self._row(r) for r in rows]
 
     def job_states(self, states: Iterable[JobState]) -> dict[str, JobStatus]:
-        """Id -> state and cancel flag of each job in ``states`` (submission order), without reading
-        their specs: the daemon asks at every loop iteration, and parsing 100 stored specs there
-        cost more than everything else it did per iteration at 4,608 nodes."""
+        """Id -> state and cancel flag of each job in ``states`` (submission order), without parsing their specs
+        (asked every iteration: parsing 100 specs cost more than the rest of it at 4,608 nodes)."""
         wanted = sorted({s.value for s in states})
         marks = ",".join("?" * len(wanted))
         rows = self._select(f"SELECT id, state, cancel_requested FROM jobs WHERE state IN ({marks}) ORDER BY seq", wanted)
@@ -438,9 +437,8 @@ class Store:
 
     # -- scalability and rescales
     def scaling(self, jid: str) -> dict[int, float]:
-        """The samples/s measured for the job per node count, as the policy's events reported them
-        (``refined``, ``profile_done``, ``profile_aborted``; a later point replaces an earlier one),
-        over the rows a version-1 store kept. What the policy believes is its saved state, not this."""
+        """The samples/s measured for the job per node count, from the policy's events (a later point replaces
+        an earlier one) over a version-1 store's rows; what the policy believes is its saved state."""
         out: dict[int, float] = {}
         if self._select("SELECT name FROM sqlite_master WHERE type='table' AND name=?", (LEGACY_SCALING_TABLE,)):
             rows = self._select(f"SELECT nodes, rate FROM {LEGACY_SCALING_TABLE} WHERE job=? ORDER BY nodes", (jid,))
@@ -518,9 +516,8 @@ class Store:
         return (_event(row) for row in rows)
 
     def last_daemon_was_killed(self) -> bool:
-        """Whether the last daemon on this store logged its start but not its stop (a kill -9, a
-        crash): its agents may still run. The event log says so even where its ``daemon.json`` is
-        gone (a state file another process removed, or a daemon killed before writing it)."""
+        """Whether the last daemon on this store logged its start but not its stop (its agents may still run),
+        whether or not its ``daemon.json`` is still there."""
         rows = self._select("SELECT MAX(CASE WHEN kind='daemon_start' THEN id END), "
                             "MAX(CASE WHEN kind='daemon_stop' THEN id END) FROM events "
                             "WHERE kind IN ('daemon_start', 'daemon_stop')")

@@ -454,9 +454,8 @@ class SweepStudy:
 
 def summary(sweep: SweepSpec, rows: list[TrialRow], job_states: Mapping[str, str],
             cancelled: bool = False) -> dict[str, Any]:
-    """A sweep as ``status --json`` and ``sweep show`` carry it: its trials (a running trial's state is
-    its job's: pending, running, suspended...) and the best completed one. A cancelled sweep
-    (:func:`cancel`) is done once none of its trials runs: the trials it stopped show ``cancelled``."""
+    """A sweep as ``status --json`` and ``sweep show`` carry it: its trials (a running one in its job's state)
+    and the best completed one; a cancelled sweep is done once none of its trials runs."""
     trials = []
     for r in rows:
         state = job_states.get(r.job or "", r.state) if r.state == "running" else r.state
@@ -512,9 +511,8 @@ def register(store: Any, spec: JobSpec, sweep: SweepSpec, owner_uid: int | None,
 
 
 def cancel(store: Any, name: str) -> list[str]:
-    """Cancel sweep ``name`` (:class:`SweepError` if there is none): it opens no trial again, and every
-    trial job not ended yet is asked to stop (the daemon tells each one to the study as cancelled).
-    Returns every trial job of the sweep, in trial order."""
+    """Cancel sweep ``name`` (:class:`SweepError` if none): no trial opens again and every trial job not ended
+    is asked to stop (told to the study as cancelled). Returns every trial job, in trial order."""
     with store.batch():
         sweeps = registered(store)
         if name not in sweeps:

@@ -87,9 +87,8 @@ class DaemonParts:
 
 
 class Wiring:
-    """Construction: :meth:`__init__` takes the state dir's lock, :meth:`_open` builds the rest;
-    :meth:`open_control` binds the control socket to the API that answers it; :meth:`close` closes
-    everything (:meth:`abandon`, what a construction that failed had taken)."""
+    """Construction: :meth:`__init__` takes the state dir's lock, :meth:`_open` builds the rest,
+    :meth:`open_control` binds the control socket; :meth:`close` (or :meth:`abandon`, after a failure) closes it all."""
 
     store: Store
     metrics: Metrics

@@ -50,9 +50,8 @@ class Runtime(Protocol):
 
     def launch_spec(self, job_id: str, command: Sequence[str], worker_id: str, node: str,
                     slots: int = 1) -> LaunchSpec:
-        """The argv/env for worker ``worker_id`` of ``job_id`` on ``node``, which gives the job ``slots``
-        worker slots (its node's K, or fewer where the job asks): the worker stands for the node,
-        and its :attr:`LaunchSpec.slots` says how many processes the agent runs for it."""
+        """The argv/env for worker ``worker_id`` of ``job_id`` on ``node``, which gives the job ``slots`` worker
+        slots (K, or fewer where it asks); its :attr:`LaunchSpec.slots` says how many processes the agent runs."""
 
     def set_members(self, job_id: str, members: Sequence[str]) -> int:
         """Publish the job's new ordered worker set; returns the new generation number."""
@@ -76,9 +75,8 @@ class Runtime(Protocol):
         return None
 
     def restarted_from_scratch(self, job_id: str) -> bool:
-        """Whether the generation :meth:`set_members` last published for ``job_id`` starts training from
-        step 0 (none of the last world's workers in it, and no checkpoint): the job's progress so far
-        no longer exists. Default: never (a runtime that cannot tell)."""
+        """Whether the generation :meth:`set_members` last published starts training from step 0 (none of the last
+        world's workers in it, no checkpoint). Default: never (a runtime that cannot tell)."""
         return False
 
     def finished(self, job_id: str) -> str | None:

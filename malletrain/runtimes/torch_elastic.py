@@ -277,9 +277,8 @@ class TorchRuntime(Runtime):
     # -- Runtime protocol ------------------------------------------------------------
     def launch_spec(self, job_id: str, command: Sequence[str], worker_id: str, node: str,
                     slots: int = 1) -> LaunchSpec:
-        """The argv/env of worker ``worker_id`` of ``job_id`` on ``node`` (argv is ``command``): ``slots``
-        processes of it, the node's ranks (each finds its place from ``LOCAL_RANK`` and
-        ``LOCAL_WORLD_SIZE``, see :mod:`malletrain.worker.elastic.state`)."""
+        """The argv/env of worker ``worker_id`` of ``job_id`` on ``node``: ``slots`` processes of ``command``
+        (each finds its place from ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE``: :mod:`malletrain.worker.elastic.state`)."""
         check_id("job", job_id)
         check_id("worker", worker_id)
         argv = tuple(command)
