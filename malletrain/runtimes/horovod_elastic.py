@@ -31,8 +31,8 @@ from typing import Any, Callable, Mapping, Sequence
 import psutil
 
 from contract.exits import EXIT_SIGTERM
-from contract.horovod import MEMBERS_FILE, current_generation  # noqa: F401  (current_generation: re-exported)
-from contract.workerenv import ENV_HOROVOD_JOB_DIR, ENV_JOB, ENV_JOB_SECRET, ENV_WORKER, WorkerEnv  # noqa: F401  (ENV_JOB, ENV_WORKER: re-exported)
+from contract.horovod import MEMBERS_FILE
+from contract.workerenv import ENV_HOROVOD_JOB_DIR, ENV_JOB_SECRET, WorkerEnv
 from malletrain.runtimes import LaunchSpec, Runtime
 
 MODULE = "malletrain.runtimes.horovod_elastic"
@@ -42,8 +42,6 @@ CANCELLED_FILE = "cancelled"
 DISCOVERY_SCRIPT = "discover.sh"
 DRIVER_LOG = "driver.log"
 HOLD_POLL_S = 0.2
-ENV_JOB_DIR = ENV_HOROVOD_JOB_DIR
-"""Set for the driver and its workers: the job directory (see :func:`current_generation`)."""
 STOP_GRACE_S = 10.0
 
 
@@ -453,7 +451,7 @@ def job_processes(job_dir: Path) -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter():
         try:
-            if proc.status() != psutil.STATUS_ZOMBIE and proc.environ().get(ENV_JOB_DIR) == str(job_dir):
+            if proc.status() != psutil.STATUS_ZOMBIE and proc.environ().get(ENV_HOROVOD_JOB_DIR) == str(job_dir):
                 found.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue

@@ -38,29 +38,13 @@ from contract.storekeys import (
     ready_key,
     resume_key,
 )
-from contract.wire import listen_socket  # noqa: F401  (re-exported)
+from contract.wire import listen_socket
 from contract.messages import job_secret
 from malletrain.runtimes import LaunchSpec, Runtime
 from malletrain.runtimes.store_server import RendezvousStore, StoreLimits
-from contract.workerenv import (  # noqa: F401  (ENV_* and parse_address: re-exported for older callers)
-    DEFAULT_COLLECTIVE_TIMEOUT_S,
-    DEFAULT_STORE_GRACE_S,
-    ENV_COLLECTIVE_TIMEOUT,
-    ENV_JOB,
-    ENV_MONITOR,
-    ENV_RUNTIME,
-    ENV_STORE,
-    ENV_STORE_GRACE,
-    ENV_WORKER,
-    WorkerEnv,
-    check_id,
-    format_address,
-    parse_address,
-)
+from contract.workerenv import DEFAULT_COLLECTIVE_TIMEOUT_S, DEFAULT_STORE_GRACE_S, WorkerEnv, check_id, format_address
 
 log = logging.getLogger("malletrain.runtimes.torch")
-
-ENV_TIMEOUT = ENV_COLLECTIVE_TIMEOUT  # the name before contract.workerenv
 
 
 class RuntimeStateError(RuntimeError):
