@@ -110,11 +110,9 @@ SYNTHETIC_MAX_NODE_SECONDS = 4608 * 604800 * 4
 """A synthetic trace's machine_nodes x duration at most (4 Summit weeks: built in a few seconds)."""
 
 
-
 SCAVENGER_ONLY = {"partition": "slurm", "qos": "slurm", "queue": "pbs", "account": "slurm or pbs",
                   "job_name": "slurm or pbs"}
 """[scavenger] keys that mean something for these kinds only."""
-
 
 
 @dataclass(frozen=True)

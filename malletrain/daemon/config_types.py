@@ -107,7 +107,6 @@ def node_trainer(trainers: Sequence[TrainerConfig], node: str) -> str | None:
     return next((t.name for t in trainers if t.nodes is None), None)
 
 
-
 @dataclass(frozen=True)
 class DaemonConfig:
     state_dir: str = "~/.malletrain"

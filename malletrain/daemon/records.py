@@ -22,7 +22,6 @@ so that nodes back together join in one rescale; past it, the ready ones join no
 later one. (A job's first world waits for all its workers, as before.)"""
 
 
-
 def stopped_from_outside(code: int) -> bool:
     """Whether a worker's exit ``code`` says it was stopped (a recall, a cancel, a kill, the daemon's store
     gone), not that the job's own code failed: only failures count toward ``max_failures``."""
@@ -116,7 +115,6 @@ class Trainer:
     @property
     def name(self) -> str:
         return self.config.name
-
 
 
 @dataclass

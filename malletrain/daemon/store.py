@@ -84,7 +84,6 @@ def job_id(seq: int) -> str:
     return f"j{seq:06d}"
 
 
-
 class Store:
     """One SQLite database; use :meth:`open`."""
 

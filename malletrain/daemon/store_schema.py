@@ -57,7 +57,6 @@ CREATE INDEX IF NOT EXISTS events_kind ON events (kind, id);
 """
 
 
-
 class StoreError(RuntimeError):
     """A store that cannot be used (missing, empty, corrupt, wrong schema, disk full or
     read-only) or a bad request (unknown job id); the message names the file or the job."""
@@ -77,7 +76,6 @@ def sqlite_error_text(exc: sqlite3.Error | UnicodeDecodeError, path: str) -> str
     if "malformed" in low or "not a database" in low or "corrupt" in low:
         return f"{path}: corrupt store ({text}); restore it from a backup of the state dir"
     return f"{path}: {text}"
-
 
 
 def init_schema(conn: sqlite3.Connection) -> None:
@@ -131,7 +129,6 @@ def check_file(path: Path) -> None:
     if head != SQLITE_MAGIC:
         raise StoreError(f"{path}: not a SQLite database, so not a malletrain store; "
                          "restore it from a backup, or move it away to start with no jobs")
-
 
 
 def migrate(c: sqlite3.Connection, path: str, new: bool) -> None:

@@ -74,7 +74,6 @@ def make_runtime(cfg: DaemonConfig, monitor_address: str, rendezvous_port: int =
     raise ConfigError(f"unknown runtime {cfg.runtime!r}")
 
 
-
 @dataclass
 class DaemonParts:
     """What a test (or another front end) gives the daemon instead of the real monitor, hub, runtime and
