@@ -165,7 +165,7 @@ class Daemon:
         with self.store.batch():
             changed |= self.observe.progress(now)
         self.replay.tick(now)
-        self.api.serve(self.control)  # submits and cancels go into the store ...
+        self.control.serve(0)  # the API writes submits and cancels into the store ...
         changed |= self.observe.submissions(now)  # ... and are observed here, with the CLI's
         return changed
 
