@@ -1,11 +1,7 @@
 """The loop: ONE reconcile loop, observe -> decide -> act, and the 1-s sampler.
 
-:class:`Daemon` has no base class: it is built from its parts (see :mod:`malletrain.daemon`), each
-given what it needs at construction, and :meth:`Daemon.step` passes values between them: observe
-returns whether something changed, decide returns when to decide again and leaves its plan in the
-ledgers, act carries out the plan and returns whether it ended or suspended a job. The "decide again"
-flag is the loop's alone.
-"""
+:class:`Daemon` is built from its parts (docs/design.md) and :meth:`Daemon.step` passes values between
+them; the "decide again" flag is the loop's alone."""
 
 from __future__ import annotations
 

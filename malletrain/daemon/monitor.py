@@ -1,20 +1,14 @@
 """The job monitor: a ZeroMQ PULL socket on the daemon that every job's rank 0 reports to.
 
-Frames are signed :class:`contract.messages.Report` envelopes. The monitor keeps state only for the
-jobs its owner registers (with the job's secret). :meth:`Monitor.drain` reads what is queued without
-blocking and checks, in order: size, JSON and envelope shape, the job's own signature, each payload
-field, and ``seq`` above the last accepted from that sender (its worker and incarnation: the replay
-window); then feeds the job's profiler estimators. Every rejection is counted by
-:class:`~contract.messages.Reason` and logged at most once per reason every few seconds; nothing a
-sender does raises out of :meth:`Monitor.drain`.
-
-A frame in the exact layout :meth:`Report.encode` writes takes a fast path (one regular expression,
-the job's HMAC state precomputed); any other goes through the full path, which names the reason, so
-the fast path changes no verdict (``tests/test_monitor.py`` checks both agree). :class:`ReplaySaver`
-keeps the replay windows in the store across restarts (after a ``kill -9``, reports of the last
-``SAVE_EVERY_S`` could be replayed once). :func:`load_master_key` and :func:`job_secret`: a job's
-secret is derived from one private key in the state dir, so a restarted daemon re-derives what
-running workers hold."""
+Frames are signed :class:`contract.messages.Report` envelopes, kept only for jobs registered with their
+secret. :meth:`Monitor.drain` checks, in order: size, envelope, the job's signature, each payload field,
+and ``seq`` above the sender's last (worker and incarnation: the replay window); then feeds the job's
+profiler estimators. Rejections are counted by :class:`~contract.messages.Reason` and logged at most once
+per reason every few seconds; nothing a sender does raises out of :meth:`Monitor.drain`. A frame in
+:meth:`Report.encode`'s exact layout takes a fast path that changes no verdict (``tests/test_monitor.py``).
+:class:`ReplaySaver` keeps the replay windows across restarts (after a ``kill -9``, the last
+``SAVE_EVERY_S`` of reports could be replayed once); a job's secret is derived from one private
+key in the state dir (:func:`job_secret`), so a restarted daemon re-derives what running workers hold."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""Elastic runtimes: how the job manager starts a job's workers and changes their set.
-
-The job manager never starts workers itself: it asks the runtime for a
-:class:`LaunchSpec` per worker, hands it to the node agent on that node, and
-tells the runtime the new membership with :meth:`Runtime.set_members`.
-Workers not in the new membership leave at their next commit point; new ones
-(started ahead of time) join there.
-"""
+"""Elastic runtimes: the daemon asks one for a :class:`LaunchSpec` per worker, which the node agent runs,
+and tells it each new membership (:meth:`Runtime.set_members`); workers leave or join at a commit point."""
 
 from __future__ import annotations
 
