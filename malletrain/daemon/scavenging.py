@@ -18,22 +18,8 @@ from typing import Any, Callable, Mapping
 
 from malletrain.daemon.pilotsmeta import PILOTS_KEY, MetaStore, PilotTexts, parse_pilots, pilots_json
 from scavenger.base import (
-    AgentRoster,
-    BackendError,
-    Discovery,
-    EndReason,
-    NodeState,
-    PilotEnded,
-    PilotEnding,
-    PilotEvent,
-    PilotId,
-    PilotQueued,
-    PilotRequest,
-    PilotStarted,
-    PilotState,
-    PilotView,
-    SchedulerBackend,
-    Throttled,
+    AgentRoster, BackendError, Discovery, EndReason, NodeState, PilotEnded, PilotEnding, PilotEvent, PilotId,
+    PilotQueued, PilotRequest, PilotStarted, PilotState, PilotView, SchedulerBackend, Throttled
 )
 from contract.nodeshape import job_slots, node_slots
 

@@ -25,19 +25,8 @@ from scavenger.connguard import local_peer_uid
 
 from contract.storekeys import CHECKPOINT_KINDS, DAEMON_KINDS, BadKey, parse_key
 from contract.wire import (
-    HANDSHAKE_TIMEOUT_S,
-    Op,
-    Status,
-    StoreConnectionLost,
-    pack_fields,
-    parse_hello,
-    recv_frame,
-    send_frame,
-    session_for,
-    store_key,
-    store_proof,
-    unpack_fields,
-    worker_proof,
+    HANDSHAKE_TIMEOUT_S, Op, Status, StoreConnectionLost, pack_fields, parse_hello, recv_frame, send_frame,
+    session_for, store_key, store_proof, unpack_fields, worker_proof
 )
 from contract.workerenv import check_id
 

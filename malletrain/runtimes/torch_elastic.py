@@ -22,21 +22,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Protocol, Sequence
 
 from contract.storekeys import (
-    CKPT_CHUNK_BYTES,
-    active_key,
-    arrive_key,
-    ckpt_chunk_key,
-    ckpt_header,
-    ckpt_key,
-    ckpt_seq_key,
-    ckpt_tag_key,
-    gen_key,
-    handover_key,
-    joined_key,
-    members_key,
-    parse_ckpt_header,
-    ready_key,
-    resume_key,
+    CKPT_CHUNK_BYTES, active_key, arrive_key, ckpt_chunk_key, ckpt_header, ckpt_key, ckpt_seq_key, ckpt_tag_key,
+    gen_key, handover_key, joined_key, members_key, parse_ckpt_header, ready_key, resume_key
 )
 from contract.wire import listen_socket
 from contract.messages import job_secret
