@@ -267,16 +267,10 @@ class _Conn:
 class ControlServer:
     """Serves requests on a Unix socket; :meth:`serve` never blocks longer than asked and never raises for a client."""
 
-    def __init__(
-        self,
-        path: Path | str,
-        handler: Handler,
-        admin_gids: frozenset[int] | set[int] | tuple[int, ...] = frozenset(),
-        owner_of: Callable[[str], int | None] = lambda job: None,
-        shared: bool = False,
-        timeout_s: float = TIMEOUT_S,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    def __init__(self, path: Path | str, handler: Handler,
+                 admin_gids: frozenset[int] | set[int] | tuple[int, ...] = frozenset(),
+                 owner_of: Callable[[str], int | None] = lambda job: None, shared: bool = False,
+                 timeout_s: float = TIMEOUT_S, clock: Callable[[], float] = time.monotonic) -> None:
         self.path = Path(path)
         self.handler = handler
         self.admin_gids = frozenset(admin_gids)

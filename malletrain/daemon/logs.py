@@ -40,12 +40,8 @@ class JsonFormatter(logging.Formatter):
     """One JSON object per record: time, level, logger, message, then job/node/pilot/worker, exc."""
 
     def format(self, record: logging.LogRecord) -> str:
-        line: dict[str, Any] = {
-            "time": _iso(record.created),
-            "level": record.levelname,
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
+        line: dict[str, Any] = {"time": _iso(record.created), "level": record.levelname, "logger": record.name,
+                                "message": record.getMessage()}
         line.update(_fields(record))
         if record.exc_info:
             line["exc"] = self.formatException(record.exc_info)

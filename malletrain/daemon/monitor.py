@@ -23,23 +23,9 @@ from typing import Any, Callable, Mapping, Protocol
 
 import zmq
 
-from contract.messages import (
-    MAX_FRAME,
-    MAX_INT,
-    MAX_SAMPLES,
-    MAX_TIMESTAMP,
-    MAX_WORLD,
-    VERSION,
-    TRANSPORT_MAX_FRAME,
-    MessageError,
-    Reason,
-    Report,
-    decode,
-    decode_report,
-    job_secret,  # the daemon derives each job's secret with it (defined in the contract)
-    quote,
-    secret_key,
-    verify,
+from contract.messages import (  # job_secret: the daemon derives each job's secret with it
+    MAX_FRAME, MAX_INT, MAX_SAMPLES, MAX_TIMESTAMP, MAX_WORLD, VERSION, TRANSPORT_MAX_FRAME, MessageError, Reason,
+    Report, decode, decode_report, job_secret, quote, secret_key, verify,
 )
 from malletrain.daemon.ratebound import MAX_RATE_PER_NODE, ClaimBound, HistoryBound
 from profiler.estimators import RescaleCostEstimator, RescaleEvent, ThroughputEstimator
@@ -240,15 +226,9 @@ ENDED_KEPT = 1024
 class Monitor:
     """The PULL socket, the registered jobs' keys and statistics, and the counters."""
 
-    def __init__(
-        self,
-        bind: str = "tcp://127.0.0.1:0",
-        ctx: zmq.Context | None = None,
-        batch: int = 4096,
-        clock: Callable[[], float] = time.monotonic,
-        max_rate_per_node: float = MAX_RATE_PER_NODE,
-        history: HistoryBound | None = None,
-    ) -> None:
+    def __init__(self, bind: str = "tcp://127.0.0.1:0", ctx: zmq.Context | None = None, batch: int = 4096,
+                 clock: Callable[[], float] = time.monotonic, max_rate_per_node: float = MAX_RATE_PER_NODE,
+                 history: HistoryBound | None = None) -> None:
         self.max_rate_per_node = max_rate_per_node
         self.history = history or HistoryBound()  # what a job's reports may claim relative to its own rate
         self.ctx = ctx or zmq.Context.instance()

@@ -153,19 +153,10 @@ class HorovodRuntime(Runtime):
 
     name = "horovod"
 
-    def __init__(
-        self,
-        work_dir: str | os.PathLike[str] | None = None,
-        *,
-        local: bool = True,
-        min_np: int = 1,
-        max_np: int | None = None,
-        network_interfaces: Sequence[str] | None = None,
-        python: str = sys.executable,
-        horovodrun: Sequence[str] | None = None,
-        extra_args: Sequence[str] = (),
-        env: dict[str, str] | None = None,
-    ) -> None:
+    def __init__(self, work_dir: str | os.PathLike[str] | None = None, *, local: bool = True, min_np: int = 1,
+                 max_np: int | None = None, network_interfaces: Sequence[str] | None = None,
+                 python: str = sys.executable, horovodrun: Sequence[str] | None = None,
+                 extra_args: Sequence[str] = (), env: dict[str, str] | None = None) -> None:
         if min_np < 1:
             raise ValueError(f"min_np must be >= 1, got {min_np}")
         if max_np is not None and max_np < min_np:

@@ -130,18 +130,10 @@ class TorchRuntime(Runtime):
     here, so the worker finds them loaded), and ``torch._dynamo``, which torch imports when a script
     makes its first optimizer (about 800 modules, sympy among them: most of a worker's start after torch)."""
 
-    def __init__(
-        self,
-        host: str = "127.0.0.1",
-        port: int = 0,
-        monitor: str | None = None,
-        collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S,
-        store_grace_s: float = DEFAULT_STORE_GRACE_S,
-        bind: str | None = None,
-        checkpoint_dir: str | Path | None = None,
-        limits: StoreLimits | None = None,
-        worlds: WorldKeys | None = None,
-    ) -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, monitor: str | None = None,
+                 collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S, store_grace_s: float = DEFAULT_STORE_GRACE_S,
+                 bind: str | None = None, checkpoint_dir: str | Path | None = None, limits: StoreLimits | None = None,
+                 worlds: WorldKeys | None = None) -> None:
         if collective_timeout_s <= 0:
             raise ValueError(f"collective_timeout_s must be > 0, got {collective_timeout_s}")
         if store_grace_s <= 0:
@@ -256,16 +248,9 @@ class TorchRuntime(Runtime):
         if not argv or not all(isinstance(a, str) and a for a in argv):
             raise ValueError(f"job {job_id}: command must be a non-empty list of non-empty strings, got {command!r}")
         self.require_store()
-        env = WorkerEnv(
-            job=job_id,
-            worker=worker_id,
-            monitor=self.monitor or None,
-            runtime=self.name,
-            store=(self.host, self._port),
-            collective_timeout_s=self.collective_timeout_s,
-            store_grace_s=self.store_grace_s,
-            job_secret=self.secret_for(job_id),
-        ).to_environ()
+        env = WorkerEnv(job=job_id, worker=worker_id, monitor=self.monitor or None, runtime=self.name,
+                        store=(self.host, self._port), collective_timeout_s=self.collective_timeout_s,
+                        store_grace_s=self.store_grace_s, job_secret=self.secret_for(job_id)).to_environ()
         with self._lock:
             self._workers.setdefault(job_id, set()).add(worker_id)
             self._own.setdefault(job_id, set()).add(worker_id)
