@@ -13,7 +13,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                            description="Read scheduler logs as idle-node timelines, summarise them, "
                            "and write SYNTHETIC ones fitted to them.")
     tsub = trace.add_subparsers(dest="trace_command", metavar="SUBCOMMAND")
-    trace.set_defaults(func=lambda args: _help(trace))
+    trace.set_defaults(func=lambda args: trace.print_help() or 2)  # no subcommand: the help, exit 2
 
     stats = tsub.add_parser("stats", help="nodes, span, idle nodes, fragment lengths of a log",
                             description="Print a log's nodes, span, idle fraction and idle-fragment "
@@ -43,11 +43,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     synth.add_argument("--plot", type=Path, default=None, metavar="DIR",
                        help="write the synthetic trace's figures and synthetic_vs_real.png here")
     synth.set_defaults(func=run_synth)
-
-
-def _help(parser: argparse.ArgumentParser) -> int:
-    parser.print_help()
-    return 2
 
 
 def run_stats(args: argparse.Namespace) -> int:
