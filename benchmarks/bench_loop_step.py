@@ -100,9 +100,9 @@ def measure(nodes: int, jobs: int, idle_steps: int, recalls: int, burst: int = 0
     try:
         for _ in range(nodes // 32 + 200):  # the warm-up: every node held, every job placed
             step()
-            if len(d.usable_nodes()) == nodes and all(r.members for r in d.runs.values()):
+            if len(d.scav.usable()) == nodes and all(r.members for r in d.runs.values()):
                 break
-        held, placed = len(d.usable_nodes()), sum(bool(r.members) for r in d.runs.values())
+        held, placed = len(d.scav.usable()), sum(bool(r.members) for r in d.runs.values())
         for _ in range(20):
             step()
         idle = [step() for _ in range(idle_steps)]
@@ -149,7 +149,7 @@ def recall_burst(d: Any, slurm: Any, step: Any, burst: int, profile: str) -> tup
 
     def timed_decide(now: float) -> Any:
         out = decide(now)
-        usable = d.usable_nodes()
+        usable = d.scav.usable()
         if not any(n in usable for n in recalled):
             ends.append((time.thread_time(), time.perf_counter()))
         return out

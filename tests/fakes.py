@@ -351,7 +351,7 @@ class FakeMonitor:
             st = self._stats(job_id)
             if st is None:
                 continue
-            n = 0 if run.state.terminal else len(d.nodes_of(job_id))
+            n = 0 if run.state.terminal else len(d.decide.nodes_of(job_id))
             st.rates.observe(now, n if n >= run.spec.min_nodes else 0)
             st.world_size = len(run.members)
 

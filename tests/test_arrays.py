@@ -105,7 +105,7 @@ def test_the_daemon_runs_each_element_with_its_index_and_cancels_the_array(tmp_p
     h.daemon.act.hub.start_worker = recording  # type: ignore[method-assign]
     try:
         me = Caller(0, 0, True)
-        reply = h.daemon.handle(Submit({"command": ["true", "{index}"], "array": "4-6"}, 0, 0), me)
+        reply = h.daemon.api.handle(Submit({"command": ["true", "{index}"], "array": "4-6"}, 0, 0), me)
         assert reply["ok"] and reply["id"] == "a000001" and len(reply["jobs"]) == 3
         h.cluster.became_idle("n01", "n02", "n03")
         h.run_until(5.0)
@@ -113,7 +113,7 @@ def test_the_daemon_runs_each_element_with_its_index_and_cancels_the_array(tmp_p
         assert seen == {"4", "5", "6"}
         assert [r.spec.command[-1] for r in h.daemon.store.jobs()] == ["4", "5", "6"]
         assert h.daemon.api.owner_of("a000001") == 0 and h.daemon.api.owner_of("a000009") is None
-        reply = h.daemon.handle(Cancel("a000001"), me)
+        reply = h.daemon.api.handle(Cancel("a000001"), me)
         assert reply["ok"] and reply["jobs"] == [r.id for r in h.daemon.store.jobs()]
         h.run_until(8.0)
         assert {r.state for r in h.daemon.store.jobs()} == {JobState.CANCELLED}

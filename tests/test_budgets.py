@@ -136,7 +136,7 @@ def test_node_seconds_survive_a_restart(daemon, tmp_path: Path) -> None:
     d = daemon(nodes=1)
     jid = d.store.submit(JobSpec("long", TOY + ("--rate", "2000"), 1, 1, False, {1: 100.0}, budget_node_hours=100.0))
     until(d, lambda: d.accounting.used_node_hours(jid) > 0 and bool(d.store.get_meta(NODE_SECONDS_KEY)))
-    status = {j["id"]: j for j in d.status_jobs()}[jid]
+    status = {j["id"]: j for j in d.api.status_jobs()}[jid]
     assert status["budget_node_hours"] == 100.0 and status["used_node_hours"] > 0
     d.close()
     again = daemon(nodes=1)

@@ -286,11 +286,11 @@ def test_at_the_daemon_a_declared_superlinear_curve_takes_no_running_jobs_nodes(
         h.cluster.became_idle("n01", "n02")
         victim = h.submit("victim", {1: 100.0, 2: 200.0}, max_nodes=2)
         h.run_until(20.0)
-        assert len(h.daemon.nodes_of(victim)) == 2
+        assert len(h.daemon.decide.nodes_of(victim)) == 2
         liar = h.submit("liar", {1: 20.0, 2: 40.0}, user_curve={1: 1.0, 2: 1_000_000.0}, max_nodes=2)
         for t in range(21, 120):
             h.step(float(t))
-            assert len(h.daemon.nodes_of(victim)) == 2, f"the liar took the victim's nodes at {t} s"
-        assert not h.daemon.nodes_of(liar)
+            assert len(h.daemon.decide.nodes_of(victim)) == 2, f"the liar took the victim's nodes at {t} s"
+        assert not h.daemon.decide.nodes_of(liar)
     finally:
         h.close()

@@ -439,7 +439,7 @@ def _state(h: Harness, jid: str) -> JobState:
 
 
 def _status(h: Harness, jid: str) -> dict:
-    return next(d for d in h.daemon.status_jobs() if d["id"] == jid)
+    return next(d for d in h.daemon.api.status_jobs() if d["id"] == jid)
 
 
 def test_daemon_pjmax_keeps_the_second_job_pending_with_a_reason(tmp_path: Path) -> None:
@@ -453,7 +453,7 @@ def test_daemon_pjmax_keeps_the_second_job_pending_with_a_reason(tmp_path: Path)
         assert _state(h, first) is JobState.RUNNING
         assert len(h.daemon.runs[first].members) == 2
         assert _state(h, second) is JobState.PENDING  # two nodes are free, but the one slot is taken
-        assert h.daemon.nodes_of(second) == ()
+        assert h.daemon.decide.nodes_of(second) == ()
         assert h.decisions[-1].waiting[second] == "all 1 slots are taken (max_running)"
         assert h.daemon.runs[second].waiting == "all 1 slots are taken (max_running)"
         assert _status(h, second).get("waiting") == "all 1 slots are taken (max_running)"
@@ -471,7 +471,7 @@ def _lending_setup(tmp_path: Path) -> tuple[Harness, str, str]:
     h.cluster.became_idle(*NODES[:4])
     a = h.submit("A", LINEAR, max_nodes=4)
     h.run_until(5.0)
-    assert h.daemon.nodes_of(a) == tuple(NODES[:4]) and _state(h, a) is JobState.RUNNING
+    assert h.daemon.decide.nodes_of(a) == tuple(NODES[:4]) and _state(h, a) is JobState.RUNNING
     spec = DaemonJobSpec(name="B", command=("true",), min_nodes=1, max_nodes=4, profile=True)
     b = h.daemon.store.submit(spec)
     h.monitor.curves[b] = {1: 50.0, 2: 95.0, 4: 170.0}
@@ -484,27 +484,27 @@ def test_daemon_lending_shrinks_the_lender_and_gives_the_nodes_back(tmp_path: Pa
     try:
         st = h.daemon.policy.state
         assert st.debts[b].lender == a and st.debts[b].nodes == 2 and st.profiles[b].count == 2
-        assert len(h.daemon.nodes_of(a)) == 2  # shrunk by what it lent
-        assert sorted(h.daemon.nodes_of(a) + h.daemon.nodes_of(b)) == list(NODES[:4])
+        assert len(h.daemon.decide.nodes_of(a)) == 2  # shrunk by what it lent
+        assert sorted(h.daemon.decide.nodes_of(a) + h.daemon.decide.nodes_of(b)) == list(NODES[:4])
         h.run_until(10.0)
         assert _state(h, b) is JobState.PROFILING
         assert len(h.runtime.members[a]) == 2 and len(h.runtime.members[b]) == 2
         # the step at 2 nodes ends once the evidence is stable (10 s): B steps down to 1; the node it
         # releases is held back for the lender, which may not grow while it is owed
         h.run_until(16.0)
-        assert st.profiles[b].count == 1 and len(h.daemon.nodes_of(b)) == 1
-        assert len(h.daemon.nodes_of(a)) == 2
-        assert len(h.daemon.usable_nodes()) == 4  # the held-back node stays held, unused
+        assert st.profiles[b].count == 1 and len(h.daemon.decide.nodes_of(b)) == 1
+        assert len(h.daemon.decide.nodes_of(a)) == 2
+        assert len(h.daemon.scav.usable()) == 4  # the held-back node stays held, unused
         h.run_until(26.0)  # the step at 1 node ends: profile done, debt repaid
         assert b not in st.profiles and b not in st.debts
-        assert len(h.daemon.nodes_of(a)) > 2  # grew back with the returned nodes
+        assert len(h.daemon.decide.nodes_of(a)) > 2  # grew back with the returned nodes
         lent = [e for e in h.events("lent")]
         returned = [e for e in h.events("returned")]
         assert [(e["job"], e["nodes"], e["borrower"]) for e in lent] == [(a, 2, b)]
         assert [(e["job"], e["nodes"], e["borrower"]) for e in returned] == [(a, 2, b)]
         assert lent[0]["time"] <= returned[0]["time"]
         h.run_until(40.0)
-        assert set(h.daemon.runs[a].members) == set(h.daemon.nodes_of(a))  # the workers followed
+        assert set(h.daemon.runs[a].members) == set(h.daemon.decide.nodes_of(a))  # the workers followed
     finally:
         h.close()
 
@@ -526,7 +526,7 @@ def test_daemon_a_reordered_node_list_is_not_a_rescale(tmp_path: Path) -> None:
         plans = len(h.events("plan"))
         h.step(6.0, decide=True)
         h.run_until(10.0)
-        assert set(h.daemon.runs[job].members) == set(h.daemon.nodes_of(job))
+        assert set(h.daemon.runs[job].members) == set(h.daemon.decide.nodes_of(job))
         assert len(h.events("plan")) == plans  # not a new plan
         assert _state(h, job) is JobState.RUNNING
     finally:
@@ -579,7 +579,7 @@ def test_daemon_resumes_a_profile_and_its_debt_after_a_crash(tmp_path: Path) -> 
         assert b not in st.profiles and b not in st.debts
         assert [(e["job"], e["nodes"], e["borrower"]) for e in h2.events("returned")] == [(a, 2, b)]
         assert [e["job"] for e in h2.events("profile_done")] == [b]
-        assert len(h2.daemon.nodes_of(a)) > 2
+        assert len(h2.daemon.decide.nodes_of(a)) > 2
     finally:
         h2.close()
 
@@ -595,7 +595,7 @@ def test_daemon_view_is_its_trainers_ledger_a_recall_ends_a_fragment_once(tmp_pa
         h.run_until(5.0)
         assert _state(h, job) is JobState.RUNNING and len(h.daemon.runs[job].members) == 3
         ledger = next(iter(h.daemon.trainers.values())).ledger
-        victim = h.daemon.nodes_of(job)[-1]
+        victim = h.daemon.decide.nodes_of(job)[-1]
         since = ledger.idle_since(victim)
         assert since is not None and ledger.holder(victim) == job
         views: list[View] = []
@@ -611,7 +611,7 @@ def test_daemon_view_is_its_trainers_ledger_a_recall_ends_a_fragment_once(tmp_pa
         shown = next(j for j in views[-1].jobs if j.id == job)
         assert views[-1].ended_fragments == (8.0 - since,)
         assert shown.last_interrupted == 8.0 and victim not in shown.nodes and len(shown.nodes) == 2
-        assert ledger.idle_since(victim) is None and set(h.daemon.nodes_of(job)) == set(shown.nodes)
+        assert ledger.idle_since(victim) is None and set(h.daemon.decide.nodes_of(job)) == set(shown.nodes)
         h.step(9.0, decide=True)
         assert views[-1].ended_fragments == ()  # learned by the last decision: not given again
     finally:
@@ -676,7 +676,7 @@ def test_daemon_view_shows_known_recall_times_of_its_usable_nodes_only(tmp_path:
     try:
         h.cluster.became_idle(*NODES[:2])
         h.run_until(3.0)
-        held = sorted(h.daemon.usable_nodes())
+        held = sorted(h.daemon.scav.usable())
         assert held == sorted(NODES[:2])
         planned = {held[0]: 300.0, NODES[3]: 400.0}  # a planned start on one of ours, one on a node not ours
         h.daemon.scav.recall_times = lambda: dict(planned)  # type: ignore[method-assign]

@@ -79,7 +79,7 @@ def test_job_grows_on_arrival_shrinks_on_recall_and_keeps_training(daemon) -> No
 @pytest.mark.slow
 def test_profiler_runs_on_a_real_job_then_allocator_uses_it(daemon) -> None:
     d = daemon(nodes=4, policy=PolicyConfig(profile_time_cap_s=8.0))
-    until(d, lambda: len(d.usable_nodes()) == 4)  # every node held: the profile can start at 4
+    until(d, lambda: len(d.scav.usable()) == 4)  # every node held: the profile can start at 4
     jid = d.store.submit(JobSpec("prof", TOY + ("--rate", "3000", "--alpha", "0.5"), 1, 4, True))
     until(d, lambda: d.runs[jid].state is JobState.PROFILING)
     assert jid in d.policy.state.profiles  # the policy runs the profile; the daemon acts on it

@@ -73,9 +73,9 @@ def test_a_job_submitted_through_the_control_api_is_decided_at_the_next_step(tmp
         h.cluster.became_idle(*NODES[:2])
         h.run_until(3.0)  # nothing to run: decided, and the next replan is seconds away
         decided = len(h.decisions)
-        ok = h.daemon.handle(Submit({"command": ["true"], "max_nodes": 2}, 0, 0), Caller(0, 0, True))
+        ok = h.daemon.api.handle(Submit({"command": ["true"], "max_nodes": 2}, 0, 0), Caller(0, 0, True))
         assert h.daemon.store.get(ok["id"]) is not None  # in the store: observed by the next step
         h.step(3.5)
-        assert len(h.decisions) == decided + 1 and h.daemon.nodes_of(ok["id"]) != ()
+        assert len(h.decisions) == decided + 1 and h.daemon.decide.nodes_of(ok["id"]) != ()
     finally:
         h.close()

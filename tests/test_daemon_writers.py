@@ -263,7 +263,7 @@ def test_a_recall_reaches_the_ledger_once_by_the_usable_sets_difference_and_view
         job = h.submit("A", LINEAR, max_nodes=3)
         h.run_until(5.0)
         ledger = next(iter(h.daemon.trainers.values())).ledger
-        victim = h.daemon.nodes_of(job)[-1]
+        victim = h.daemon.decide.nodes_of(job)[-1]
         told: list[tuple[tuple[str, ...], float]] = []
         lost = ledger.lost
 
@@ -283,7 +283,7 @@ def test_a_recall_reaches_the_ledger_once_by_the_usable_sets_difference_and_view
         del h.daemon.scav.recall_times
         h.step(8.0, decide=True)
         assert [n for n, _ in told if victim in n] == [(victim,)] and told[0][1] == 8.0
-        assert ledger.job(job).last_interrupted == 8.0 and victim not in h.daemon.nodes_of(job)
+        assert ledger.job(job).last_interrupted == 8.0 and victim not in h.daemon.decide.nodes_of(job)
         h.step(9.0, decide=True)
         h.step(10.0, decide=True)
         assert [n for n, _ in told if victim in n] == [(victim,)]  # once, whatever the decisions after it
@@ -304,6 +304,6 @@ def test_a_nodes_status_is_one_enum_derived_in_one_place(tmp_path: Path) -> None
         states = h.daemon.scav.node_states()
         assert all(type(s) is NodeStatus for s in states.values())
         assert {states[n] for n in NODES[:2]} == {NodeStatus.HELD} and states[NODES[2]] is NodeStatus.BUSY
-        assert {n["node"]: n["state"] for n in h.daemon.status_nodes()} == {n: s.value for n, s in states.items()}
+        assert {n["node"]: n["state"] for n in h.daemon.api.status_nodes()} == {n: s.value for n, s in states.items()}
     finally:
         h.close()

@@ -24,16 +24,8 @@ from contract.exits import EXIT_STORE_LOST
 from contract.wire import StoreClient
 from contract.workerenv import ENV_JOB_SECRET
 from malletrain.runtimes import LaunchSpec, Runtime
-from malletrain.runtimes.torch_elastic import (
-    ENV_JOB,
-    ENV_MONITOR,
-    ENV_STORE,
-    ENV_STORE_GRACE,
-    ENV_WORKER,
-    RuntimeStateError,
-    TorchRuntime,
-    parse_address,
-)
+from contract.workerenv import ENV_JOB, ENV_MONITOR, ENV_STORE, ENV_STORE_GRACE, ENV_WORKER, parse_address
+from malletrain.runtimes.torch_elastic import RuntimeStateError, TorchRuntime
 from contract.storekeys import arrive_key, gen_key, handover_key, joined_key, members_key, resume_key
 from stepping import wait_until
 

@@ -18,8 +18,8 @@ import psutil
 import pytest
 
 from malletrain.runtimes import LaunchSpec, Runtime
+from contract.workerenv import ENV_HOROVOD_JOB_DIR as ENV_JOB_DIR
 from malletrain.runtimes.horovod_elastic import (
-    ENV_JOB_DIR,
     HorovodRuntime,
     JobPhase,
     hosts_lines,

@@ -73,7 +73,7 @@ def test_a_rate_is_shown_only_for_the_world_a_job_runs_in() -> None:
 
 # ---------------------------------------------------------------- the daemon, on fakes
 def _status(h: Harness, jid: str) -> dict:
-    return next(d for d in h.daemon.status_jobs() if d["id"] == jid)
+    return next(d for d in h.daemon.api.status_jobs() if d["id"] == jid)
 
 
 def test_a_silent_job_is_shown_stalled_then_restarted_then_failed(tmp_path: Path) -> None:
@@ -189,8 +189,8 @@ def test_more_workers_per_node_than_the_nodes_have_is_refused_at_submit(tmp_path
         spec = {"name": "wide", "command": ["true"], "workers_per_node": 4}
         with pytest.raises(JobSpecError, match=r"workers_per_node 4 is more than this machine's nodes have: "
                                                r"1 worker slot a node \("):
-            h.daemon.handle(Submit(spec, 0, 0), Caller(0, 0, True))
-        ok = h.daemon.handle(Submit({**spec, "workers_per_node": 1}, 0, 0), Caller(0, 0, True))
+            h.daemon.api.handle(Submit(spec, 0, 0), Caller(0, 0, True))
+        ok = h.daemon.api.handle(Submit({**spec, "workers_per_node": 1}, 0, 0), Caller(0, 0, True))
         assert ok["ok"]
     finally:
         h.close()

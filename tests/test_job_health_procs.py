@@ -46,7 +46,7 @@ def test_a_hung_job_is_shown_stalled_restarted_then_failed_and_frees_its_node(tm
     seen: list[str] = []
 
     def look() -> None:
-        seen.extend(j["stalled"] for j in d.status_jobs() if j.get("stalled"))
+        seen.extend(j["stalled"] for j in d.api.status_jobs() if j.get("stalled"))
 
     try:
         jid = d.store.submit(JobSpec("hangs", (PY, str(script)), 1, 1, False, {1: 1.0}, stall_after=3))
@@ -57,7 +57,7 @@ def test_a_hung_job_is_shown_stalled_restarted_then_failed_and_frees_its_node(tm
         assert len(list(d.store.events("stall_restart"))) == 1
         assert list(d.store.events("members"))  # it ran (a world formed) before it stalled
         step_until(d, lambda: not d.runs, 30, "its workers gone")
-        assert not any(n["job"] for n in d.status_nodes())  # its node is free
+        assert not any(n["job"] for n in d.api.status_nodes())  # its node is free
     finally:
         d.close()
     assert procs_mentioning(str(state)) == []
@@ -94,7 +94,7 @@ def test_in_the_demos_first_seconds_every_queued_job_says_why_it_waits(tmp_path:
     missing: list[dict] = []
 
     def look(daemon: Daemon) -> None:
-        for j in daemon.status_jobs():
+        for j in daemon.api.status_jobs():
             if j["state"] == "pending":
                 (reasons.append(j["waiting"]) if j.get("waiting") else missing.append(j))
 

@@ -30,7 +30,7 @@ def test_ready_workers_wait_briefly_for_the_others_then_join_the_running_world(t
         assert run.members == [NODES[0]]  # the job runs on one node
         h.cluster.became_idle(*NODES[1:3])  # two nodes come back
         h.run_until(6.0, dt=0.1)
-        assert sorted(h.daemon.nodes_of(jid)) == sorted(NODES[:3]) and run.members == [NODES[0]]
+        assert sorted(h.daemon.decide.nodes_of(jid)) == sorted(NODES[:3]) and run.members == [NODES[0]]
         second, third = run.workers[NODES[1]], run.workers[NODES[2]]
         ready.add(second)
         h.step(h.now + 0.1)

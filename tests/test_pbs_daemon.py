@@ -190,7 +190,7 @@ def test_a_restarted_daemon_takes_back_its_queued_pilots_and_submits_no_duplicat
             time.sleep(0.05)
         assert {v.state for v in d2.backend.pilots().values()} == {PilotState.QUEUED}
         started(True)
-        until(d2, "the old pilots hold every vnode", lambda: d2.usable_nodes() == set(VNODES), timeout=60)
+        until(d2, "the old pilots hold every vnode", lambda: d2.scav.usable() == set(VNODES), timeout=60)
         assert set(d2.backend.pilots()) == queued and in_pbs() == queued
         assert [e for e in kinds(d2, "pilot_submitted") if e["time"] >= since] == []
     finally:
@@ -206,7 +206,7 @@ def test_a_restarted_daemon_takes_back_its_running_pilots_and_the_job(daemon, cl
     d.close()
     d2 = daemon()
     since = kinds(d2, "daemon_start")[-1]["time"]
-    until(d2, "every vnode held by the old pilots", lambda: d2.usable_nodes() == set(VNODES), timeout=60)
+    until(d2, "every vnode held by the old pilots", lambda: d2.scav.usable() == set(VNODES), timeout=60)
     until(d2, "the job trains on 2 vnodes again", lambda: trains_on(d2, jid, 2, steps=10), timeout=120)
     assert set(d2.backend.pilots()) == pilots
     assert [e for e in kinds(d2, "pilot_submitted") if e["time"] >= since] == []

@@ -194,9 +194,9 @@ def _daemon_on_fake_slurm(tmp_path: Path, nodes: int = 6):
 
     for _ in range(60):
         step()
-        if len(d.usable_nodes()) == nodes and all(len(r.members) == nodes for r in d.runs.values()):
+        if len(d.scav.usable()) == nodes and all(len(r.members) == nodes for r in d.runs.values()):
             break
-    assert len(d.usable_nodes()) == nodes, "the warm-up did not hold the machine"
+    assert len(d.scav.usable()) == nodes, "the warm-up did not hold the machine"
     return d, slurm, step, hub
 
 

@@ -117,20 +117,20 @@ def test_a_clean_restart_gives_the_jobs_that_ran_their_nodes_before_a_job_that_w
     h.run_until(30.0)
     c = h.submit("C", LINEAR, max_nodes=1)
     h.run_until(40.0)
-    assert [len(h.daemon.nodes_of(j)) for j in (a, b, c)] == [2, 1, 1]
-    h.cluster.recall(*h.daemon.nodes_of(c))
+    assert [len(h.daemon.decide.nodes_of(j)) for j in (a, b, c)] == [2, 1, 1]
+    h.cluster.recall(*h.daemon.decide.nodes_of(c))
     h.run_until(60.0)
-    before = {j: h.daemon.nodes_of(j) for j in (a, b)}
-    assert _state(h, c) is JobState.SUSPENDED and h.daemon.nodes_of(c) == ()
+    before = {j: h.daemon.decide.nodes_of(j) for j in (a, b)}
+    assert _state(h, c) is JobState.SUSPENDED and h.daemon.decide.nodes_of(c) == ()
     assert c in h.daemon.policy.state.admitted  # it kept its slot, with no node
     h.close()  # a clean stop: every job SUSPENDED ("daemon stopped")
     h2 = Harness(tmp_path / "d", pcfg, cluster=h.cluster, now=61.0)
     try:
         h2.monitor.curves.update(h.monitor.curves)
         h2.run_until(120.0)
-        assert {j: h2.daemon.nodes_of(j) for j in (a, b)} == before
+        assert {j: h2.daemon.decide.nodes_of(j) for j in (a, b)} == before
         assert _state(h2, a) is JobState.RUNNING and _state(h2, b) is JobState.RUNNING
-        assert _state(h2, c) is JobState.SUSPENDED and h2.daemon.nodes_of(c) == ()
+        assert _state(h2, c) is JobState.SUSPENDED and h2.daemon.decide.nodes_of(c) == ()
     finally:
         h2.close()
 

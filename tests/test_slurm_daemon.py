@@ -182,7 +182,7 @@ def test_a_node_planned_for_a_pending_prod_job_is_never_held(daemon, cluster: Sl
     assert set(d.scav.recall_times()) == set(NODES)  # the planned start is known for every node of the claim
     # the main scheduler lets go: the blocker and the big job end, every node is idle and held
     cluster.run(["scancel", blocker, big])
-    until(d, "every node held", lambda: d.usable_nodes() == set(NODES), timeout=60)
+    until(d, "every node held", lambda: d.scav.usable() == set(NODES), timeout=60)
 
 
 def test_a_restarted_daemon_takes_back_its_queued_pilots_and_submits_no_duplicate(
@@ -216,7 +216,7 @@ def test_a_restarted_daemon_takes_back_its_queued_pilots_and_submits_no_duplicat
         assert {v.state for v in d2.backend.pilots().values()} == {PilotState.QUEUED}
         assert in_slurm() == queued
         partition("UP")
-        until(d2, "the old pilots hold every node", lambda: d2.usable_nodes() == set(NODES), timeout=60)
+        until(d2, "the old pilots hold every node", lambda: d2.scav.usable() == set(NODES), timeout=60)
         assert set(d2.backend.pilots()) == queued and in_slurm() == queued
         assert [e for e in kinds(d2, "pilot_submitted") if e["time"] >= started] == []
     finally:

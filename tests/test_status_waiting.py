@@ -13,7 +13,7 @@ from tests.test_conformance import LINEAR, NODES, Harness
 
 
 def _status(h: Harness, jid: str) -> dict:
-    return next(d for d in h.daemon.status_jobs() if d["id"] == jid)
+    return next(d for d in h.daemon.api.status_jobs() if d["id"] == jid)
 
 
 def test_a_job_with_no_nodes_held_says_so_at_the_first_decision(tmp_path: Path) -> None:

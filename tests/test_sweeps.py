@@ -180,7 +180,7 @@ def test_trials_run_as_jobs_each_told_its_value_and_the_best_is_named(tmp_path: 
         assert s["best"]["number"] == 1 and s["done"]
         from malletrain.daemon.control import Caller, Status
 
-        reply = h.daemon.handle(Status(), Caller(0, 0, True))  # status --json carries the same
+        reply = h.daemon.api.handle(Status(), Caller(0, 0, True))  # status --json carries the same
         assert reply["sweeps"][0]["best"] == s["best"] and reply["sweeps"][0]["trials"] == s["trials"]
         assert len(_trials(h)) == 3  # no trial more than asked
     finally:
@@ -312,14 +312,14 @@ def test_a_sweep_is_submitted_through_the_control_api_and_checked_there(tmp_path
     try:
         me = Caller(0, 0, True)
         job = {"name": "search", "command": ["true", "--lr", "{lr}"], "max_nodes": 2}
-        reply = h.daemon.handle(Submit(job | {"sweep": _table(space={"lr": SPACE["lr"]})}, 0, 0), me)
+        reply = h.daemon.api.handle(Submit(job | {"sweep": _table(space={"lr": SPACE["lr"]})}, 0, 0), me)
         assert reply == {"ok": True, "id": "search", "sweep": "search"}
         with pytest.raises(SweepError, match="exists already"):
-            h.daemon.handle(Submit(job | {"sweep": _table(space={"lr": SPACE["lr"]})}, 0, 0), me)
+            h.daemon.api.handle(Submit(job | {"sweep": _table(space={"lr": SPACE["lr"]})}, 0, 0), me)
         with pytest.raises(SweepError, match=r"\{lr\}, which has no entry"):
-            h.daemon.handle(Submit(job | {"name": "other", "sweep": _table(space={"w": SPACE["width"]})}, 0, 0), me)
+            h.daemon.api.handle(Submit(job | {"name": "other", "sweep": _table(space={"w": SPACE["width"]})}, 0, 0), me)
         with pytest.raises(JobSpecError, match="set by malletrain"):
-            h.daemon.handle(Submit(job | {"sweep_name": "search", "trial": 0}, 0, 0), me)
+            h.daemon.api.handle(Submit(job | {"sweep_name": "search", "trial": 0}, 0, 0), me)
     finally:
         h.close()
 
@@ -424,7 +424,7 @@ def test_cancel_of_a_sweep_stops_its_trials_opens_no_more_and_show_says_so(tmp_p
         req = Cancel("search")
         assert authorize(req, Caller(999, 999, False), h.daemon.api.owner_of) is not None  # not its owner
         assert authorize(req, Caller(1234, 1234, False), h.daemon.api.owner_of) is None
-        reply = h.daemon.handle(req, Caller(1234, 1234, False))
+        reply = h.daemon.api.handle(req, Caller(1234, 1234, False))
         assert reply["ok"] and reply["sweep"] == "search" and reply["jobs"] == [before[t] for t in sorted(before)]
         h.run_until(h.now + 10.0)
         assert _trials(h) == before  # no trial opened after the cancel
@@ -525,8 +525,8 @@ def test_a_sweeps_trials_and_an_arrays_elements_run_with_their_submitters_umask(
     try:
         me = Caller(0, 0, True)
         job = {"name": "search", "command": ["true", "--lr", "{lr}"], "max_nodes": 1}
-        h.daemon.handle(Submit(job | {"sweep": _table(trials=2, space={"lr": SPACE["lr"]})}, 0, 0, 0o077), me)
-        reply = h.daemon.handle(Submit({"name": "arr", "command": ["true"], "array": "0-2"}, 0, 0, 0o027), me)
+        h.daemon.api.handle(Submit(job | {"sweep": _table(trials=2, space={"lr": SPACE["lr"]})}, 0, 0, 0o077), me)
+        reply = h.daemon.api.handle(Submit({"name": "arr", "command": ["true"], "array": "0-2"}, 0, 0, 0o027), me)
         h.run_until(2.0)
         trials = [r for r in h.daemon.store.jobs() if r.spec.sweep_name == "search"]
         assert trials and all(r.owner_umask == 0o077 for r in trials)

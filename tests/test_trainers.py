@@ -142,9 +142,9 @@ def test_unknown_trainer_is_refused_at_submit_and_failed_from_the_store(tmp_path
     h = Harness(tmp_path / "d", PolicyConfig(), trainers=two_trainers(VISION, LM))
     try:
         with pytest.raises(JobSpecError, match=r"no trainer 'nlp' in this daemon \(its trainers: vision, lm\)"):
-            h.daemon.handle(Submit({"command": ["x"], "trainer": "nlp"}, 0, 0), Caller(0, 0, True))
+            h.daemon.api.handle(Submit({"command": ["x"], "trainer": "nlp"}, 0, 0), Caller(0, 0, True))
         assert h.daemon.store.jobs() == []
-        ok = h.daemon.handle(Submit({"command": ["x"], "trainer": "lm"}, 0, 0), Caller(0, 0, True))
+        ok = h.daemon.api.handle(Submit({"command": ["x"], "trainer": "lm"}, 0, 0), Caller(0, 0, True))
         assert ok["ok"] and h.daemon.store.require(ok["id"]).spec.trainer == "lm"
         # the CLI wrote it straight into the store (no daemon answered)
         jid = h.daemon.store.submit(JobSpec("x", ("true",), trainer="nlp"))
@@ -234,13 +234,13 @@ def test_status_shows_each_jobs_and_each_nodes_trainer(tmp_path: Path) -> None:
     h = Harness(tmp_path / "d", PolicyConfig(), trainers=two_trainers(VISION, LM))
     try:
         a, b = _lending(h)
-        jobs = {j["id"]: j for j in h.daemon.status_jobs()}
+        jobs = {j["id"]: j for j in h.daemon.api.status_jobs()}
         assert jobs[a]["trainer"] == "lm" and jobs[b]["trainer"] == "lm"
         assert {j["trainer"] for j in jobs.values()} == {"vision", "lm"}
-        nodes = {n["node"]: n["trainer"] for n in h.daemon.status_nodes()}
+        nodes = {n["node"]: n["trainer"] for n in h.daemon.api.status_nodes()}
         assert nodes == {n: ("vision" if n in ("n01", "n02") else "lm") for n in NODES}
         assert "TRAINER" in format_jobs(list(jobs.values())).splitlines()[0]
-        assert format_nodes(h.daemon.status_nodes()).splitlines()[1].split()[:3] == ["n01", "held", "vision"]
+        assert format_nodes(h.daemon.api.status_nodes()).splitlines()[1].split()[:3] == ["n01", "held", "vision"]
     finally:
         h.close()
 
@@ -269,17 +269,17 @@ def test_two_trainers_run_side_by_side_on_their_own_nodes(tmp_path: Path) -> Non
             for jid, nodes in home.items():
                 run = d.runs.get(jid)
                 if run is not None:
-                    assert set(d.nodes_of(jid)) | set(run.members) | set(run.workers) <= nodes, (jid, run)
+                    assert set(d.decide.nodes_of(jid)) | set(run.members) | set(run.workers) <= nodes, (jid, run)
 
         until(d, lambda: len(d.runs[v1].members) == 2 and len(d.runs[l1].members) == 1
-              and d.runs[l1].last_progress > 0 and len(d.usable_nodes()) == 4, never_crossing)
+              and d.runs[l1].last_progress > 0 and len(d.scav.usable()) == 4, never_crossing)
         assert sorted(d.runs[v1].members) == ["node00", "node01"] and d.runs[l1].members[0] in home[l1]
         # lm has a free node, the vision trainer's one slot is taken: v2 waits for it
-        free = set(d.usable_nodes()) - {n for r in d.runs.values() for n in r.members}
+        free = set(d.scav.usable()) - {n for r in d.runs.values() for n in r.members}
         assert free == home[l1] - set(d.runs[l1].members)
         assert d.store.require(v2).state is JobState.PENDING
         assert d.runs[v2].waiting == "all 1 slots are taken (max_running)"
-        status = {j["id"]: j["trainer"] for j in d.status_jobs()}
+        status = {j["id"]: j["trainer"] for j in d.api.status_jobs()}
         assert status == {v1: "vision", l1: "lm", v2: "vision"}
         d.store.request_cancel(v1)  # the slot frees: v2 runs, on the vision nodes only
         until(d, lambda: len(d.runs[v2].members) == 1, never_crossing)

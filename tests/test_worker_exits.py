@@ -78,7 +78,7 @@ def test_a_failed_worker_gives_its_node_up_in_the_ledger_and_a_job_at_its_min_is
         assert ledger.job(jid).last_interrupted == 4.0 and ledger.idle_since("n02") is not None
         assert [e["job"] for e in h.events("preempted")] == [jid]  # the policy saw it stopped
         h.run_until(8.0)
-        assert sorted(h.daemon.nodes_of(jid)) == ["n01", "n02"] and sorted(run.members) == ["n01", "n02"]
+        assert sorted(h.daemon.decide.nodes_of(jid)) == ["n01", "n02"] and sorted(run.members) == ["n01", "n02"]
         assert run.workers["n02"] != dead and run.state is JobState.RUNNING
     finally:
         h.close()

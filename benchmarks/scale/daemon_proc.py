@@ -169,7 +169,7 @@ def main(argv: list[str]) -> int:
         "sizes": daemon.sizes,
         "counters": daemon.counters,
         "hub_rejected": dict(daemon.hub.rejected),
-        "usable": len(daemon.usable_nodes()),
+        "usable": len(daemon.scav.usable()),
         "pilots": len(daemon.backend.pilots()),
         "jobs": {r.id: len(r.members) for r in daemon.runs.values()},
         "commands": backend.commands,

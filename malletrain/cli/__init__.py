@@ -26,12 +26,8 @@ class UserError(Exception):
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
-    """Errors printed as one line naming the bad input (file, key, field), exit code 2.
-
-    ValueError covers ConfigError, JobSpecError and argument errors; StoreError is a
-    store that cannot be used (empty, corrupt, read-only, disk full); ControlError a
-    control socket this user may not use.
-    """
+    """Errors printed as one line naming the bad input, exit code 2: ValueError (ConfigError, JobSpecError,
+    bad arguments), StoreError (an unusable store), ControlError (a socket this user may not use)."""
     from malletrain.daemon.control import ControlError
     from malletrain.daemon.store import StoreError
 

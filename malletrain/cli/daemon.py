@@ -1,13 +1,9 @@
 """CLI: ``daemon``, ``submit``, ``status``, ``cancel``, ``nodes``, ``demo``, ``config check``.
 
-``submit`` and ``cancel`` write to the store directly, so they work while the
-daemon is down (it picks the change up when it runs). ``status`` asks the
-daemon when one runs (live rates, nodes) and reads the store otherwise; under
-the table it says why a job failed or stopped short of its target, and where
-its worker logs are (``STATE_DIR/logs/JOBID.*.log``, written by the node agents).
-Text from jobs (names, reasons, log lines) is printed with control characters
-escaped, so a job cannot move the cursor or colour the operator's terminal.
-"""
+``submit`` and ``cancel`` write the store directly, so they work while the daemon is down. ``status``
+asks a running daemon (else reads the store), and says why a job failed or stopped short and where its
+worker logs are. Text from jobs is printed with control characters escaped, so a job cannot drive
+the operator's terminal."""
 
 from __future__ import annotations
 

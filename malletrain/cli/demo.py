@@ -1,16 +1,9 @@
 """``malletrain demo``: the daemon on 6 local nodes that come and go, with real PyTorch jobs.
 
-The local backend replays a synthetic Summit-like trace (a 64-node machine,
-its first 6 idle nodes, 5x faster than real time), so nodes arrive and are
-recalled (SIGTERM on their agent) while three small CPU jobs train with
-different models (their scaling differs): ``cnn`` is profiled by the JPA
-first, ``mlp`` starts with a guessed linear curve, ``linear`` brings its own.
-With ``--runtime horovod`` the three jobs are Elastic Horovod jobs
-(:mod:`malletrain.worker.examples.hvd_train`) with the same roles; ``--runtime toy``
-runs sleeping workers (no torch). After ``--duration`` seconds everything is
-stopped and DIR gets ``report.md``, ``report.json`` and ``nodes.png``. No
-process is left behind.
-"""
+A synthetic Summit-like trace (its first 6 idle nodes, 5x real time) recalls nodes while three small
+CPU jobs with different scaling train (``cnn`` profiled, ``mlp`` a guessed curve, ``linear`` its own);
+``--runtime horovod`` or ``toy`` run the same roles. After ``--duration`` seconds everything stops,
+no process is left behind, and DIR gets ``report.md``, ``report.json`` and ``nodes.png``."""
 
 from __future__ import annotations
 
@@ -133,14 +126,14 @@ def show(d: Daemon, elapsed: float) -> None:
     from malletrain.cli.status_view import format_jobs, format_notes
 
     print(f"\n--- t = {elapsed:5.1f} s ---")
-    jobs = d.status_jobs()
+    jobs = d.api.status_jobs()
     print(format_jobs(jobs))
     notes = format_notes(jobs)
     if notes:
         print(notes)
-    held = sum(1 for n in d.status_nodes() if n["state"] == "held")
-    used = sum(1 for n in d.status_nodes() if n["job"])
-    print(f"nodes: {held} held, {used} used   " + " ".join(f"{n['node']}:{n['state']}" for n in d.status_nodes()),
+    held = sum(1 for n in d.api.status_nodes() if n["state"] == "held")
+    used = sum(1 for n in d.api.status_nodes() if n["job"])
+    print(f"nodes: {held} held, {used} used   " + " ".join(f"{n['node']}:{n['state']}" for n in d.api.status_nodes()),
           flush=True)
 
 

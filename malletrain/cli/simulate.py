@@ -487,14 +487,8 @@ def run(args: argparse.Namespace) -> int:
         from simulator.window import restrict
 
         timeline = restrict(timeline, parse_nodes(args.nodes), start, end)
-    config = SimConfig(
-        start=start,
-        end=end,
-        charge_start=args.charge_start,
-        min_interval_s=min_interval(args),
-        calibration=cal,
-        users=args.users,
-    )
+    config = SimConfig(start=start, end=end, charge_start=args.charge_start, min_interval_s=min_interval(args),
+                       calibration=cal, users=args.users)
     scaling = find_scaling(args.scaling)
     if scaling.synthetic:
         print("malletrain simulate: note: no summit-scaling.csv found; using SYNTHETIC scaling curves",

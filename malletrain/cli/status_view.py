@@ -66,11 +66,8 @@ def printable(text: Any, limit: int | None = None) -> str:
 
 
 def format_jobs(jobs: list[dict[str, Any]]) -> str:
-    """The job table; TRAINER is the trainer the job runs under ("-": not known without the daemon);
-    STATE says ``stalled`` for a running job that reports no progress (its note says for how long).
-
-    BUDGET (node-hours used / budget; "?" used: not known without the daemon) and DEADLINE (UTC)
-    appear when some job has one."""
+    """The job table: TRAINER ("-": unknown without the daemon), STATE (``stalled``: no progress, its note
+    says how long), and BUDGET (used / budget) and DEADLINE (UTC) when some job has one."""
     budgets = any(j.get("budget_node_hours") is not None for j in jobs)
     deadlines = any(j.get("deadline") is not None for j in jobs)
     head = ("JOBID", "NAME", "TRAINER", "STATE", "NODES", "MIN-MAX", "SAMPLES", "TARGET", "RATE/S")

@@ -13,7 +13,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                            description="Read scheduler logs as idle-node timelines, summarise them, "
                            "and write SYNTHETIC ones fitted to them.")
     tsub = trace.add_subparsers(dest="trace_command", metavar="SUBCOMMAND")
-    trace.set_defaults(func=lambda args: _help(trace))
+    trace.set_defaults(func=lambda args: trace.print_help() or 2)  # no subcommand: the help, exit 2
 
     stats = tsub.add_parser("stats", help="nodes, span, idle nodes, fragment lengths of a log",
                             description="Print a log's nodes, span, idle fraction and idle-fragment "
@@ -45,11 +45,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     synth.set_defaults(func=run_synth)
 
 
-def _help(parser: argparse.ArgumentParser) -> int:
-    parser.print_help()
-    return 2
-
-
 def run_stats(args: argparse.Namespace) -> int:
     import traces
     from traces.stats import trace_stats
@@ -58,7 +53,7 @@ def run_stats(args: argparse.Namespace) -> int:
     figures = trace_stats(tl)
     if args.json:
         record = {"file": str(args.file), "format": tl.format, **figures.as_dict(), "notes": list(tl.notes)}
-        print(json.dumps({k: _json_value(v) for k, v in record.items()}, indent=2))
+        print(json.dumps({k: None if isinstance(v, float) and math.isnan(v) else v for k, v in record.items()}, indent=2))
     else:
         print(format_stats(str(args.file), tl.format, figures.as_dict(), tl.notes))
     if args.plot is not None:
@@ -67,10 +62,6 @@ def run_stats(args: argparse.Namespace) -> int:
         for path in plot_trace(tl, args.plot):
             print(f"wrote {path}")
     return 0
-
-
-def _json_value(v: object) -> object:
-    return None if isinstance(v, float) and math.isnan(v) else v
 
 
 def format_stats(file: str, fmt: str, d: dict[str, float | int], notes: tuple[str, ...]) -> str:

@@ -22,7 +22,6 @@ from contract.workerenv import ENV_WORKER_BATCH
 from malletrain.daemon.store import Store, StoreError
 from policy import below_min
 from scavenger.hub import AgentHub
-from contract.nodeshape import job_slots
 
 
 class Act:
@@ -64,7 +63,8 @@ class Act:
                 continue
             if not nodes:  # the decision gave it none, or the ledger's Loss suspended it (and says why)
                 if run.members or run.workers or run.state.active:
-                    self.suspend(run, now, self._why_no_nodes(run))
+                    why = run.suspended_by.describe() if run.suspended_by is not None else "no nodes in the policy's plan"
+                    self.suspend(run, now, why)
                     changed = True
                 continue
             if run.restart:  # observe found it stalled: its workers start again (from its checkpoint)
@@ -86,11 +86,8 @@ class Act:
         return changed
 
     def _world_done(self, run: JobRun) -> bool:
-        """Whether every rank of the job's published world has exited 0 since observe looked (its
-        runtime's :meth:`~malletrain.runtimes.Runtime.finished`: the last rank may exit between observe
-        and act). Act asks it before it suspends, restarts or changes that world, which would run the
-        finished work again; such a world is left as it is for this step, and observe, which writes a
-        job's end, ends it COMPLETED at the next (a trial's value checked first, as for any end)."""
+        """Whether every rank of the job's published world exited 0 since observe looked: act then leaves that
+        world as it is (finished work must not run again), and observe ends the job COMPLETED at the next step."""
         try:
             done = self.runtimes.of(run.spec).finished(run.id)
         except Exception as exc:  # a runtime hiccup must not kill the loop: acted on as not done
@@ -113,7 +110,7 @@ class Act:
             if wid not in run.started and now - run.start_sent.get(wid, -1e9) >= START_RETRY_S:
                 runtime = self.runtimes.of(run.spec)
                 uid, gid = self._run_as(run, runtime.COMMAND_BESIDE_DAEMON)
-                slots = job_slots(self.scav.slots_of(node), run.spec.workers_per_node)
+                slots = self.scav.slots_of(node, run.spec.workers_per_node)
                 spec = runtime.launch_spec(run.id, run.spec.command, wid, node, slots=slots)
                 env = dict(spec.env)
                 env.update(run.spec.env)
@@ -152,10 +149,8 @@ class Act:
 
     @staticmethod
     def _run_as(run: JobRun, beside_daemon: bool = False) -> tuple[int | None, int | None]:
-        """A root daemon runs each job as its owner (agents switch users); any other daemon
-        runs every job as its own user, which is then the only user whose jobs it takes.
-        ``beside_daemon``: the runtime runs the job's command in a process of the daemon's own
-        (Horovod's driver), which cannot switch users: a root daemon runs only root's jobs so."""
+        """A root daemon runs each job as its owner, any other daemon as its own user (the only user whose jobs
+        it takes); ``beside_daemon`` (Horovod's driver cannot switch users): a root daemon runs only root's jobs."""
         if os.geteuid() != 0:
             return None, None
         if run.owner[0] is None:  # a row of the old schema: never run as root by default
@@ -197,12 +192,6 @@ class Act:
         self.store.log_event("progress_lost", run.id, samples=lost)
         log.warning("job %s: its new world starts from step 0 (no survivor, no checkpoint): %d samples "
                     "counted so far are gone", run.id, lost, extra=about(job=run.id))
-
-    @staticmethod
-    def _why_no_nodes(run: JobRun) -> str:
-        """Why a job runs on no node: the Loss that left it below its min, else the policy's plan (the
-        reason it waits is its own field, ``waiting``)."""
-        return run.suspended_by.describe() if run.suspended_by is not None else "no nodes in the policy's plan"
 
     def suspend(self, run: JobRun, now: float, reason: str) -> None:
         self.stop_workers(run, now)
@@ -251,9 +240,8 @@ class Act:
         return True
 
     def release(self, run: JobRun) -> None:
-        """An ended job's state in its runtime goes (its checkpoint too), once its stopped workers have left:
-        a worker stopped by a cancel still writes its checkpoint on the SIGTERM, and a runtime that had
-        already forgotten the job would refuse it, with a warning in the daemon's log and the worker's."""
+        """An ended job's runtime state goes (its checkpoint too) once its stopped workers have left: one stopped
+        by a cancel still writes its checkpoint on the SIGTERM, which a runtime that forgot the job would refuse."""
         try:
             self.runtimes.of(run.spec).forget(run.id, keep_state=False)
         except Exception as exc:

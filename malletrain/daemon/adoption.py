@@ -103,7 +103,6 @@ class Adoption:
             self.store.log_event("readopted", run.id, nodes=list(self.decide.nodes_of(run.id)))
 
     def hold_idle_nodes(self) -> None:
-        """A scavenger holds every idle node some trainer can use (pilots are preemptable: no cost to
-        the main queue), never one the main scheduler planned for a pending job, and nothing while the
-        last look is stale."""
+        """Hold every idle node some trainer can use (pilots are preemptable), never one the main scheduler
+        planned for a pending job, and nothing while the last look is stale."""
         self.scav.hold_idle(self.clock(), wanted=lambda node: self.decide.node_trainer(node) is not None)

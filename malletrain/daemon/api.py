@@ -10,7 +10,7 @@ from typing import Any
 
 from malletrain.daemon import arrays
 from malletrain.daemon import sweepfile as sweeps
-from malletrain.daemon.control import Caller, Cancel, ControlServer, Nodes, Ping, Request, Shutdown, Status, Submit
+from malletrain.daemon.control import Caller, Cancel, Nodes, Ping, Request, Shutdown, Status, Submit
 from malletrain.daemon.accounting import NodeAccounting
 from malletrain.daemon.decide import Decide
 from malletrain.daemon.state import JobTable
@@ -18,7 +18,7 @@ from malletrain.daemon.sweeps import SweepDriver
 
 GROUP_KEYS = frozenset({"array", "sweep"})
 """Keys of a submitted job file that make it many jobs: ``array`` (``submit --array``) and ``sweep``."""
-from malletrain.daemon.jobspec import JobSpec, JobSpecError, JobState, parse_spec
+from malletrain.daemon.jobspec import JobSpecError, JobState, parse_spec
 from malletrain.daemon.monitor import Monitor
 from malletrain.daemon.scavenging import Scavenging
 from malletrain.daemon.store import Store
@@ -37,12 +37,6 @@ class ControlApi:
         self.accounting = accounting
         self.decide = decide
         self.sweep_driver = sweep_driver
-
-    @staticmethod
-    def serve(control: ControlServer) -> None:
-        """Answer the requests waiting on ``control``; what a submit or cancel wrote into the store is
-        observed next (:meth:`.observe.Observe.submissions`, the loop's)."""
-        control.serve(0)
 
     def owner_of(self, job_id: str) -> int | None:
         """The owner of a job, of an array's elements (``a000001``, ``a000001_3``: its first element's)
@@ -71,7 +65,7 @@ class ControlApi:
             why = self.table.unknown_trainer(spec)
             if why is not None:
                 raise JobSpecError(f"submitted job: {why}")
-            jid = self._submit(spec, req.owner_uid, req.owner_gid, req.umask)
+            jid = self.store.submit(spec, owner_uid=req.owner_uid, owner_gid=req.owner_gid, owner_umask=req.umask)
             return {"ok": True, "id": jid}
         if isinstance(req, Cancel) and self._is_sweep(req.job):
             ids = sweeps.cancel(self.store, req.job)
@@ -119,9 +113,6 @@ class ControlApi:
         sweep = sweeps.parse_sweep(sweep_table, spec.name, where)
         name = sweeps.register(self.store, spec, sweep, req.owner_uid, req.owner_gid, req.umask)
         return {"ok": True, "id": name, "sweep": name}
-
-    def _submit(self, spec: JobSpec, owner_uid: int, owner_gid: int, umask: int | None = None) -> str:
-        return self.store.submit(spec, owner_uid=owner_uid, owner_gid=owner_gid, owner_umask=umask)
 
     def status_jobs(self) -> list[dict[str, Any]]:
         out = []

@@ -1,15 +1,9 @@
 """Job arrays: one job file submitted once per index (``malletrain submit --array 0-19 job.toml``).
 
-An index spec is what HPC users know from Slurm: a range ``0-19``, a range with a step ``0-19:2``,
-a list ``1,3,5``, or a mix ``0-3,8,10-20:5``. Each element is a job of its own (it is suspended and
-resumed like any job); its spec carries the array's id and its index
-(:attr:`malletrain.daemon.jobspec.JobSpec.array_id`, ``array_index``), ``{index}`` in its command is the
-index, and its workers get ``MALLETRAIN_ARRAY_INDEX``. ``cancel`` takes the array's id (every
-element) or ``ID_INDEX`` (one element).
-
-The array's id is ``aNNNNNN``, counted in the store (:func:`submit_array`), so the CLI without a
-daemon and the daemon give the same kind of id.
-"""
+Index specs as in Slurm (``0-19``, ``0-19:2``, ``1,3,5``, mixed). Each element is a job of its own with
+the array's id and its index in its spec, ``{index}`` in its command and ``MALLETRAIN_ARRAY_INDEX``
+in its env; ``cancel`` takes the array's id (every element) or ``ID_INDEX``. The id ``aNNNNNN`` is
+counted in the store, so the CLI and the daemon give the same kind of id."""
 
 from __future__ import annotations
 

@@ -110,11 +110,9 @@ SYNTHETIC_MAX_NODE_SECONDS = 4608 * 604800 * 4
 """A synthetic trace's machine_nodes x duration at most (4 Summit weeks: built in a few seconds)."""
 
 
-
 SCAVENGER_ONLY = {"partition": "slurm", "qos": "slurm", "queue": "pbs", "account": "slurm or pbs",
                   "job_name": "slurm or pbs"}
 """[scavenger] keys that mean something for these kinds only."""
-
 
 
 @dataclass(frozen=True)
@@ -374,9 +372,8 @@ def _patterns(raw: Any, key: str, where: str) -> tuple[str, ...]:
 
 
 def _policy(table: dict[str, Any], where: str, key: str = "policy") -> PolicyConfig:
-    """The [policy] table: :meth:`policy.PolicyConfig.from_mapping` checks every key and value (the one
-    loader ``malletrain simulate --policy-config`` uses too). ``key``: the table's name in errors
-    (``trainers[0].policy`` for a trainer's)."""
+    """The [policy] table, checked by :meth:`policy.PolicyConfig.from_mapping` (the loader ``malletrain simulate``
+    uses too); ``key``: the table's name in errors (``trainers[0].policy`` for a trainer's)."""
     try:
         return PolicyConfig.from_mapping(table, key)
     except PolicyConfigError as exc:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 from fnmatch import fnmatchcase
 from pathlib import Path
 
+from contract.nodeshape import parse_workers_per_node
 from policy import PolicyConfig
 
 DEFAULT_TRAINER = "default"
@@ -78,6 +79,11 @@ class ScavengerConfig:
     """Worker slots per node: ``"gpus"`` (one per GPU the scheduler reports, 1 where it reports none)
     or an integer used where the scheduler reports no GPUs (:func:`contract.nodeshape.node_slots`)."""
 
+    @property
+    def slots_per_node(self) -> int | None:
+        """``workers_per_node`` as the count the daemon uses (None: ``"gpus"``); checked when parsed."""
+        return parse_workers_per_node(self.workers_per_node)
+
 
 @dataclass(frozen=True)
 class TrainerConfig:
@@ -99,7 +105,6 @@ def node_trainer(trainers: Sequence[TrainerConfig], node: str) -> str | None:
         if t.matches(node):
             return t.name
     return next((t.name for t in trainers if t.nodes is None), None)
-
 
 
 @dataclass(frozen=True)

@@ -1,25 +1,12 @@
 """The control channel: the CLI asks the daemon over a Unix socket; the kernel says who asks.
 
-Transport: a plain ``AF_UNIX`` stream socket at ``<state dir>/control/control.sock``; one request
-per connection, each way a 4-byte big-endian length and that many bytes of UTF-8 JSON (an object).
-Why not ZeroMQ REQ/REP (what this replaces) or a ROUTER:
-
-* the caller's identity: ``SO_PEERCRED`` gives the uid and gid of the process at the other end, from
-  the kernel; ZeroMQ hides the file descriptor;
-* no state machine that can stick: a REP socket that fails to reply is wedged for good; here a bad
-  request gets an error reply and its connection is closed, and every connection has a deadline
-  (``timeout_s``), so a slow or silent client costs one slot for a few seconds, never the channel;
-* bounded work: the length first (an oversize request is refused unread), ``MAX_CONNECTIONS`` open.
-
-Authority (:func:`authorize`): anyone may ``ping``, ``status``, ``nodes`` and ``submit`` (the job is recorded
-as theirs: :class:`Submit` carries the caller's uid, taken from the kernel, never from the request, and the
-umask the submitter sends); ``cancel`` needs the job's owner or an admin; ``shutdown`` needs an admin. Admins
-are root, the daemon's own user, and the members of the configured admin groups (by the group database, not
-the peer's process, so a pid reused after connecting cannot lend its groups).
-
-Directory modes: ``shared=False`` (a daemon for its own user): the socket's directory is 0700, nobody else
-connects. ``shared=True`` (a root daemon serving many users): 0711 and the socket 0666, so every user can
-connect, none can list, :func:`authorize` decides (every directory above traversable by them)."""
+One request per connection on ``<state dir>/control/control.sock``, each way a 4-byte big-endian
+length and that many bytes of UTF-8 JSON. Not ZeroMQ: ``SO_PEERCRED`` gives the caller's uid and
+gid from the kernel, a bad request costs one connection (each has a deadline) and never wedges the
+channel, and the length comes first so an oversize request is refused unread.
+:func:`authorize` says who may do what (docs/operators/security.md): anyone may ``ping``, ``status``,
+``nodes`` and ``submit`` (as themselves); ``cancel`` needs the owner or an admin, ``shutdown`` an admin.
+``shared=True`` (a root daemon for many users): the directory is 0711 and the socket 0666; else 0700."""
 
 from __future__ import annotations
 
@@ -280,16 +267,10 @@ class _Conn:
 class ControlServer:
     """Serves requests on a Unix socket; :meth:`serve` never blocks longer than asked and never raises for a client."""
 
-    def __init__(
-        self,
-        path: Path | str,
-        handler: Handler,
-        admin_gids: frozenset[int] | set[int] | tuple[int, ...] = frozenset(),
-        owner_of: Callable[[str], int | None] = lambda job: None,
-        shared: bool = False,
-        timeout_s: float = TIMEOUT_S,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    def __init__(self, path: Path | str, handler: Handler,
+                 admin_gids: frozenset[int] | set[int] | tuple[int, ...] = frozenset(),
+                 owner_of: Callable[[str], int | None] = lambda job: None, shared: bool = False,
+                 timeout_s: float = TIMEOUT_S, clock: Callable[[], float] = time.monotonic) -> None:
         self.path = Path(path)
         self.handler = handler
         self.admin_gids = frozenset(admin_gids)
@@ -361,7 +342,7 @@ class ControlServer:
             except OSError:
                 sock.close()
                 continue
-            if len(self._conns) >= MAX_CONNECTIONS or self._open_for(caller.uid) >= MAX_PER_UID:
+            if len(self._conns) >= MAX_CONNECTIONS or sum(c.caller.uid == caller.uid for c in self._conns.values()) >= MAX_PER_UID:
                 self._count("busy")
                 _try_send(sock, pack({"ok": False, "error": "daemon busy: too many control connections",
                                       "reason": "busy"}))
@@ -384,9 +365,6 @@ class ControlServer:
             dropped = False
         self._spare_fd = _spare()
         return dropped
-
-    def _open_for(self, uid: int) -> int:
-        return sum(1 for c in self._conns.values() if c.caller.uid == uid)
 
     def _step(self, conn: _Conn) -> int:
         try:

@@ -54,10 +54,8 @@ def policy_states_json(trainers: dict[str, Trainer]) -> str:
 
 
 def load_trainers(cfg: DaemonConfig, store: Store, state_dir: Path) -> tuple[dict[str, Trainer], str | None]:
-    """One policy per trainer, each with the state the last daemon saved for it (profiles, debts,
-    learned curves); a single state saved before trainers existed is the ``default`` (or first)
-    trainer's. The state of a trainer no longer configured is dropped (an event says so). Returns the
-    trainers and the saved text."""
+    """One policy per trainer with the state the last daemon saved for it (a state saved before trainers
+    existed is the first trainer's; one of a trainer no longer configured is dropped, with an event)."""
     configs = cfg.trainer_list()
     names = [t.name for t in configs]
     saved = store.get_meta(POLICY_STATE_KEY)
@@ -72,9 +70,8 @@ def load_trainers(cfg: DaemonConfig, store: Store, state_dir: Path) -> tuple[dic
 
 
 class Decide:
-    """The decide step and the trainers it runs: every trainer's ledger learns what was observed,
-    every trainer's policy decides, each decision is placed in its ledger, and :meth:`plan` is what
-    act carries out. It calls no other part of the daemon."""
+    """The decide step: every trainer's ledger learns what was observed, its policy decides, the decision is
+    placed in the ledger, and :meth:`plan` is what act carries out. It calls no other part of the daemon."""
 
     def __init__(self, table: JobTable, store: Store, monitor: Monitor, metrics: Metrics, scav: Scavenging,
                  accounting: NodeAccounting, saved_policy_state: str | None) -> None:
@@ -112,16 +109,14 @@ class Decide:
         return self._node_owner[node]
 
     def view(self, now: float, trainer: str | None = None) -> View:
-        """What one trainer's policy decides on (default: the first trainer's): its ledger's view of its
-        usable nodes and its live jobs, as the last :meth:`feed_ledgers` left them. A getter: it feeds
-        nothing, so asking twice changes nothing."""
+        """What one trainer's policy decides on (default: the first's): its ledger's view as the last
+        :meth:`feed_ledgers` left it. A getter: it feeds nothing."""
         t = self.trainers[trainer or next(iter(self.trainers))]
         return t.ledger.view(now, sorted(t.ledger.live_jobs()))
 
     def feed_ledgers(self, now: float) -> None:
-        """Every trainer's ledger learns what this step observed (nodes usable, nodes gone, jobs). The one
-        path by which a lost node reaches a ledger: the usable set's difference (observe's events only
-        wake the loop), so a node lost however it was learnt is fed once."""
+        """Every trainer's ledger learns what this step observed: the one path of a lost node is the usable set's
+        difference (observe's events only wake the loop), so a loss however learnt is fed once."""
         usable = self._usable_by_trainer()
         for t in self.trainers.values():
             self._feed_ledger(t, now, usable[t.name])
@@ -139,10 +134,8 @@ class Decide:
         return out
 
     def _feed_ledger(self, t: Trainer, now: float, usable: set[str]) -> None:
-        """``t``'s ledger as events: nodes no longer usable are lost (each ends an idle fragment, and
-        interrupts the job on it, stopped below its min), new ones usable from ``now``; jobs that ended
-        leave it, new ones are submitted; each live job's progress and node-hours. The jobs' nodes are
-        the ledger's own: decisions place them (:meth:`_apply_decision`), losses take them away."""
+        """``t``'s ledger as events: nodes no longer usable lost, new ones usable from ``now``, jobs ended or
+        submitted, each live job's progress and node-hours. The jobs' nodes are the ledger's own."""
         ledger = t.ledger
         ours = set(ledger.ours())  # (set operations: 4,608 nodes every step)
         if gone := ours - usable:
@@ -187,9 +180,8 @@ class Decide:
                 run.suspended_by = loss
 
     def adopt_nodes(self, run: JobRun, left_on: tuple[str, ...], now: float) -> bool:
-        """An adopted job is placed on the nodes the last daemon left it on (``left_on``) that are usable
-        (and no other job's); those whose workers did not come back are released. Returns whether that
-        stopped it (below its min, :meth:`policy.Ledger.released`)."""
+        """An adopted job is placed on its ``left_on`` nodes that are usable and no other job's; those whose
+        workers did not come back are released. Returns whether that stopped it (below its min)."""
         ledger = self.table.trainer_of(run).ledger
         if not ledger.is_live(run.id):
             return False  # ending (e.g. cancelled while adoption was open): act ends it
@@ -288,15 +280,8 @@ class Decide:
         return decision.wake_at
 
     def _stop_reason(self, run: JobRun, why: Stop) -> tuple[JobState, str]:
-        """The state and message of a job the policy stops (``Decision.stop``).
-
-        CANCELLED, not FAILED: the job did nothing wrong; it reached a limit its user set, which
-        is the user cancelling it at that point, decided in advance. FAILED stays what the
-        job's own command did (``max_failures`` and alerting on FAILED keep meaning a broken job),
-        and COMPLETED would claim it trained what it was asked to. The message is the policy's
-        typed reason with its figures (:meth:`policy.Stop.describe`: what it used of its budget, or
-        how long after its deadline), so ``malletrain status`` tells it apart from a user's cancel.
-        """
+        """The state and message of a job the policy stops: CANCELLED (a limit its user set, not a broken
+        job: FAILED keeps meaning that), with the policy's reason and figures (:meth:`policy.Stop.describe`)."""
         return JobState.CANCELLED, why.describe()
 
     def _restart_stopped_profiles(self) -> None:

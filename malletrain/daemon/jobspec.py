@@ -1,40 +1,10 @@
-"""A job as the user submits it (TOML or JSON job file), and the job states.
+"""A job as the user submits it (TOML or JSON job file; its keys are in docs/operators.md), and the job states.
 
-    name = "resnet"
-    command = ["python", "-m", "malletrain.worker.examples.train", "--samples", "{samples}"]
-    min_nodes = 1
-    max_nodes = 4
-    profile = true                  # let the profiler measure its scaling
-    samples = 200000                # optional: done when this many samples are trained
-    scaling = { 1 = 100.0, 2 = 190.0 }   # optional: user-given samples/s per node count
-    cwd = "."                       # optional, relative to the job file
-    env = { OMP_NUM_THREADS = "1" } # optional
-    trainer = "vision"              # optional: the daemon's trainer that runs it (default: its first)
-    budget_node_hours = 12.5        # optional: the most node-hours it may use (> 0); stopped when spent
-    deadline = 2026-03-01T12:00:00Z # optional: unix seconds, or ISO 8601 with a timezone (a TOML
-                                    # datetime or a string); stored as unix seconds
-    launcher = "elastic"            # optional: "elastic" (in-process rescale, the default) or
-                                    # "torchrun" (a script written for torchrun, restarted at each
-                                    # change of its world)
-    workers_per_node = 1            # optional: fewer workers per node than the node's slots
-    worker_batch = 32               # optional: samples one worker trains per optimizer step
-    stall_after = 600               # optional: seconds without progress before it is stalled (default:
-                                    # the daemon's stall_after); restarted at twice that, then failed
-
-The interpreter rule (applied when the job is submitted, :meth:`JobSpec.resolved`):
-``python`` or ``python3`` as the first word of ``command``, and the word
-``{python}`` anywhere in it, stand for the Python that runs ``malletrain
-submit`` (its ``sys.executable``, e.g. ``.venv/bin/python``): that interpreter
-has malletrain installed, since it is running it. ``{samples}`` stands for the
-job's ``samples``, so a script can be told the daemon's target. Any other word
-is passed as given. The stored job holds the substituted command
-(``malletrain status --json`` shows it).
-
-:func:`parse_spec` checks structure and limits (the same rules for a job file,
-a control request and a stored job); :func:`check_submit` adds the checks that
-depend on the machine and the file system at submit time (``cwd`` exists,
-``max_nodes`` fits the machine). Every error names the file and the field.
-"""
+``python``/``python3`` as the command's first word and ``{python}`` anywhere stand for the Python that
+runs ``malletrain submit`` (it has malletrain installed); ``{samples}`` is the job's ``samples``
+(:meth:`JobSpec.resolved`). :func:`parse_spec` checks structure and limits (the same rules for a job
+file, a control request and a stored job); :func:`check_submit` adds what depends on the machine and
+the file system. Every error names the file and the field."""
 
 from __future__ import annotations
 
@@ -193,10 +163,8 @@ class JobSpec:
         return parse_spec(obj, where)
 
     def resolved(self, python: str | None = None, where: str = "job") -> "JobSpec":
-        """The spec with ``python``/``python3`` (first word), ``{python}`` and ``{samples}`` substituted.
-
-        ``python`` defaults to ``sys.executable``. Idempotent: a resolved spec has no placeholder left.
-        """
+        """The spec with ``python``/``python3`` (first word), ``{python}`` (default ``sys.executable``) and
+        ``{samples}`` substituted; idempotent."""
         interpreter = sys.executable if python is None else python
         command = list(self.command)
         if any(a == PYTHON_PLACEHOLDER for a in command) or command[0] in PYTHON_WORDS:
@@ -392,9 +360,8 @@ def _budget(raw: Any, where: str) -> float | None:
 
 
 def _deadline(raw: Any, where: str) -> float | None:
-    """``deadline`` as unix seconds: a number (unix seconds), or an ISO 8601 time with a timezone (a
-    string, or a TOML offset date-time). A time without a timezone is refused: the daemon and the
-    submitter may not share one."""
+    """``deadline`` as unix seconds: a number, or an ISO 8601 time with a timezone (a string or a TOML
+    offset date-time); one without a timezone is refused (the daemon and the submitter may not share one)."""
     if raw is None:
         return None
     if isinstance(raw, bool):
@@ -492,12 +459,8 @@ def node_slots(raw: str | None) -> tuple[int, str] | None:
 
 def check_submit(spec: JobSpec, where: str = "job", machine_nodes: int | None = None,
                  node_shape: str | None = None) -> None:
-    """Checks that depend on the world at submit time: ``cwd``, the machine's size, its nodes' worker
-    slots (``node_shape``: what the daemon recorded, :func:`node_slots_text`; None: nothing yet).
-
-    Not part of :func:`parse_spec`, so a stored job stays readable after its
-    directory is removed or the machine shrinks.
-    """
+    """Checks that depend on the world at submit time (``cwd``, the machine's size, ``node_shape``: what
+    the daemon recorded, :func:`node_slots_text`), apart from :func:`parse_spec` so a stored job stays readable."""
     if spec.cwd is not None:
         cwd = Path(spec.cwd)
         if not cwd.is_absolute():
@@ -547,12 +510,8 @@ def decode_job_file(path: Path, data: bytes) -> Any:
 
 
 def load_spec(path: str | Path, python: str | None = None) -> JobSpec:
-    """Read and check a job file for submission.
-
-    ``cwd`` is resolved (symbolic links too) against the file's folder (default: the
-    folder itself; the agent enters it as the job's owner), and the interpreter rule
-    is applied (:meth:`JobSpec.resolved`).
-    """
+    """Read and check a job file for submission: ``cwd`` resolved against the file's folder (default:
+    that folder), and the interpreter rule applied (:meth:`JobSpec.resolved`)."""
     p = Path(path)
     data = read_user_file(p, JOB_FILE_MAX_BYTES, "job file", JobSpecError)  # never /dev/zero nor a FIFO
     return spec_of_file(p, decode_job_file(p, data), python)

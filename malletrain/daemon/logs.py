@@ -1,25 +1,10 @@
 """The daemon's log: plain text (default) or JSON lines (``[log] format = "json"``).
 
-A JSON line is one object::
-
-    {"time": "2026-11-24T20:06:05.123Z", "level": "WARNING", "logger": "malletrain.daemon",
-     "message": "runtime.forget(j000003): ...", "job": "j000003"}
-
-``time`` is UTC ISO 8601 with milliseconds; ``job``, ``node``, ``pilot`` (and
-``worker``) are present when the record concerns one. Code names them with
-``extra``::
-
-    log.warning("runtime.ready(%s, %s): %s", job, wid, exc, extra=about(job=job))
-
-(:func:`about` drops empty values). A traceback goes in ``exc`` as one string, so a
-line is always one line. In text format the same fields are appended as
-``[job=j000003 node=n1]``.
-
-Repeats are rate-limited (:class:`RepeatFilter`, on the handler :func:`setup_logging`
-installs): the same warning or error (logger, level, message template) is written once
-per ``REPEAT_WINDOW_S``; the next one written says how many were held back. A failing disk that fails every store write then costs one line (and one
-traceback) per window, not ten a second.
-"""
+A JSON line is one object (``time`` UTC ISO 8601 with milliseconds, ``level``, ``logger``,
+``message``, and ``job``/``node``/``pilot``/``worker`` when code names them with
+``extra=about(job=...)``); a traceback is one string in ``exc``, so a line is always one line. The
+same warning (logger, level, template) is written once per ``REPEAT_WINDOW_S`` (:class:`RepeatFilter`),
+so a failing disk costs one line a window, not ten a second."""
 
 from __future__ import annotations
 
@@ -55,12 +40,8 @@ class JsonFormatter(logging.Formatter):
     """One JSON object per record: time, level, logger, message, then job/node/pilot/worker, exc."""
 
     def format(self, record: logging.LogRecord) -> str:
-        line: dict[str, Any] = {
-            "time": _iso(record.created),
-            "level": record.levelname,
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
+        line: dict[str, Any] = {"time": _iso(record.created), "level": record.levelname, "logger": record.name,
+                                "message": record.getMessage()}
         line.update(_fields(record))
         if record.exc_info:
             line["exc"] = self.formatException(record.exc_info)
@@ -97,10 +78,8 @@ REPEAT_KEYS_MAX = 1024
 
 
 class RepeatFilter(logging.Filter):
-    """Lets the first of a repeating warning or error through, then one per ``window_s``, noting
-    how many were held back in between (``(12 more like this in 30 s held back)``).
-    A repeat is the same logger, level and message template; INFO and below
-    always pass."""
+    """Lets the first of a repeating warning or error (same logger, level and template) through, then one
+    per ``window_s`` saying how many were held back; INFO and below always pass."""
 
     def __init__(self, window_s: float = REPEAT_WINDOW_S, clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__()
@@ -135,10 +114,7 @@ def make_formatter(fmt: str) -> logging.Formatter:
 
 
 def setup_logging(fmt: str = "text", level: str = "info", stream: IO[str] | None = None) -> logging.Handler:
-    """Send the root logger to ``stream`` (stderr) in ``fmt``; replaces handlers an earlier call set up.
-
-    Returns the handler (tests remove it again).
-    """
+    """Send the root logger to ``stream`` in ``fmt``, replacing an earlier call's handler; returns it."""
     if level not in LEVELS:
         raise ValueError(f"log level must be one of {', '.join(LEVELS)}, got {level!r}")
     root = logging.getLogger()

@@ -1,23 +1,18 @@
 """The loop: ONE reconcile loop, observe -> decide -> act, and the 1-s sampler.
 
-:class:`Daemon` has no base class: it is built from its parts (see :mod:`malletrain.daemon`), each
-given what it needs at construction, and :meth:`Daemon.step` passes values between them: observe
-returns whether something changed, decide returns when to decide again and leaves its plan in the
-ledgers, act carries out the plan and returns whether it ended or suspended a job. The "decide again"
-flag is the loop's alone.
-"""
+:class:`Daemon` is built from its parts (docs/design.md) and :meth:`Daemon.step` passes values between
+them; the "decide again" flag is the loop's alone."""
 
 from __future__ import annotations
 
 import os
 import sqlite3
 import time
-from typing import Any, Callable
+from typing import Callable
 
 import zmq
 
 from malletrain.daemon.config import DaemonConfig
-from malletrain.daemon.control import Caller, Request
 from malletrain.daemon.accounting import NodeAccounting
 from malletrain.daemon.act import Act
 from malletrain.daemon.adoption import Adoption
@@ -122,11 +117,8 @@ class Daemon:
         self._changed |= self.observe.agents(now)
 
     def step(self, quick: bool = False) -> None:
-        """One iteration. ``quick``: it started at once because an agent was lost (a recall): its new
-        plan comes before any scheduler command (the look at pilots and nodes, which runs one
-        ``scontrol`` per ended pilot, and the pilots submitted for idle nodes wait for the next
-        iteration, at most ``loop_interval`` later): a burst of recalls at Summit size made those
-        seconds."""
+        """One iteration. ``quick``: started at once on a lost agent (a recall), so the new plan comes before
+        any scheduler command (those wait for the next iteration: at Summit size they cost seconds)."""
         now = self.clock()
         table = self.table
         self.accounting.count(now, table.runs.values())
@@ -169,7 +161,7 @@ class Daemon:
         with self.store.batch():
             changed |= self.observe.progress(now)
         self.replay.tick(now)
-        self.api.serve(self.control)  # submits and cancels go into the store ...
+        self.control.serve(0)  # the API writes submits and cancels into the store ...
         changed |= self.observe.submissions(now)  # ... and are observed here, with the CLI's
         return changed
 
@@ -193,9 +185,8 @@ class Daemon:
             self.act.release(self.runs.pop(rid))  # its runtime state goes once its workers have left
 
     def close(self) -> None:
-        """Stop every job's workers (:meth:`.shutdown.Shutdown.stop`), release every node, close
-        sockets; idempotent. The jobs it stops are SUSPENDED ("daemon stopped") and resume
-        when a daemon runs again on the same state dir."""
+        """Stop every job's workers (:meth:`.shutdown.Shutdown.stop`: SUSPENDED, "daemon stopped", resumed by
+        the next daemon on this state dir), release every node, close sockets; idempotent."""
         if self._closed:
             return
         self._closed = True
@@ -228,20 +219,3 @@ class Daemon:
     def last_decision(self) -> Decision | None:
         """The first trainer's last decision (each trainer's: ``trainers[name].last_decision``)."""
         return next(iter(self.trainers.values())).last_decision
-
-    def nodes_of(self, job_id: str) -> tuple[str, ...]:
-        """The nodes ``job_id`` runs on, as its trainer's ledger has them."""
-        return self.decide.nodes_of(job_id)
-
-    def usable_nodes(self) -> set[str]:
-        """Nodes of RUNNING pilots whose own agent is connected (not ENDING ones: jobs leave those)."""
-        return self.scav.usable()
-
-    def handle(self, req: Request, caller: Caller) -> dict[str, Any]:
-        return self.api.handle(req, caller)
-
-    def status_jobs(self) -> list[dict[str, Any]]:
-        return self.api.status_jobs()
-
-    def status_nodes(self) -> list[dict[str, Any]]:
-        return self.api.status_nodes()

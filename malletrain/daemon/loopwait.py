@@ -1,14 +1,7 @@
 """What the daemon's loop does between two iterations: read reports and agent frames as they come,
-and end the wait at once when an agent is gone (a recall), so its new plan does not wait for the
-next tick.
-
-The loop runs one iteration every ``loop_interval``; the time left over is spent here. Reports
-are read as they arrive (the monitor's queue never builds up); agent frames too, through the
-daemon's own observe phase (so a frame read here is handled exactly as one read at the start of
-an iteration). An agent gone (its ``leaving`` on a recall, or its silence) ends the wait: the next
-iteration starts at once and decides on the loss. Anything else waits for the next tick, as
-before (a heartbeat a millisecond at Summit size must not turn the loop into a spin).
-"""
+and end the wait at once when an agent is gone (a recall), so its new plan does not wait for the next
+tick. Agent frames go through observe, handled exactly as at an iteration's start; anything else
+waits for the tick (a heartbeat a millisecond at Summit size must not make the loop spin)."""
 
 from __future__ import annotations
 
@@ -22,10 +15,8 @@ import zmq
 
 @dataclass
 class LoopWait:
-    """``reports``: the monitor (``sock``, ``drain()``); ``agents``: the hub (``sock``, ``lost``:
-    how many agents it declared gone so far); ``observe_agents(now)``: the daemon's observe phase
-    for agent frames, run inside ``batch()`` (the store's one transaction). A hub without a socket
-    or a ``lost`` count (a test's fake) is read at the next iteration only."""
+    """``reports``: the monitor; ``agents``: the hub (``sock``, ``lost``); ``observe_agents(now)``: observe's
+    agent phase, run in one store transaction. A fake without ``sock`` or ``lost`` is read each iteration."""
 
     reports: Any
     agents: Any
@@ -34,12 +25,11 @@ class LoopWait:
     clock: Callable[[], float]
 
     def wait(self, seconds: float) -> bool:
-        """Wait up to ``seconds``, reading what comes; True when it ended early because an agent
-        was gone. With no time (0, or less) it reads what is already there, once: a loop whose
-        iterations overran still learns of a recall before its next look at the scheduler."""
+        """Wait up to ``seconds``, reading what comes; True when it ended early because an agent was gone. With
+        no time it reads what is there once, so an overrunning loop still learns of a recall before its next look."""
         agent_sock = getattr(self.agents, "sock", None)
         if agent_sock is None or not hasattr(self.agents, "lost"):
-            self._drain(seconds)
+            self.reports.drain(timeout_ms=int(seconds * 1000))  # (returns at the first reports: as before)
             return False
         poller = zmq.Poller()
         poller.register(self.reports.sock, zmq.POLLIN)
@@ -61,5 +51,3 @@ class LoopWait:
                 if self.agents.lost != before:
                     return True
 
-    def _drain(self, seconds: float) -> None:
-        self.reports.drain(timeout_ms=int(seconds * 1000))  # (returns at the first reports: as before)

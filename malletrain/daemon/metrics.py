@@ -1,38 +1,10 @@
-"""Prometheus metrics of the daemon (``prometheus-client``; off unless configured).
+"""Prometheus metrics of the daemon (``prometheus-client``; off unless ``[metrics] address`` is set).
 
-    [metrics]
-    address = "127.0.0.1:9464"       # host:port to serve /metrics on; "" (default): no metrics
-
-The daemon calls one :class:`Metrics` method per thing it observes (one line
-each in the ``malletrain.daemon`` package); with metrics off every method returns at once
-and nothing is imported, bound or counted. Each :class:`Metrics` has its own
-``CollectorRegistry`` (no global state: a test may run several daemons).
-
-Served metrics (all prefixed ``malletrain_``):
-
-==========================================  =========  ==============================================
-name                                        type       labels / meaning
-==========================================  =========  ==============================================
-``nodes``                                   gauge      ``state`` = idle (free, not held) | held | used
-``jobs``                                    gauge      ``state`` = each live job state (pending ... suspended)
-``jobs_ended_total``                        counter    ``state`` = completed | failed | cancelled
-``job_throughput_samples_per_second``       gauge      ``job``: measured rate at its current size
-``job_nodes``                               gauge      ``job``: nodes in its member list
-``rescales_total``                          counter    ``kind`` = up | down | resume
-``rescale_pause_seconds_total``             counter    ``kind``: summed pause of those rescales
-``decision_seconds``                        histogram  time of one ``policy.decide`` call
-``reports_received_total``                  counter    frames the monitor read
-``reports_accepted_total``                  counter    authenticated, valid, fresh reports
-``reports_rejected_total``                  counter    ``reason`` = each monitor rejection reason
-``scheduler_commands_total``                counter    ``command`` (argv[0] base name), ``result``
-                                                       = ok | failed | timeout
-``scheduler_command_seconds``               histogram  ``command``: wall time of each command
-==========================================  =========  ==============================================
-
-The HTTP server runs in a daemon thread of prometheus-client; it only reads the
-registry. Label values come from the daemon's own ids (job ids, command names),
-never from what a sender wrote in a frame.
-"""
+The daemon calls one :class:`Metrics` method per thing it observes; with metrics off every method
+returns at once and nothing is imported, bound or counted. Each :class:`Metrics` has its own
+``CollectorRegistry`` (no global state: a test may run several daemons). The served metrics are
+listed in docs/operators/operations.md. Label values come from the daemon's own ids (job ids,
+command names), never from what a sender wrote in a frame."""
 
 from __future__ import annotations
 
@@ -65,11 +37,8 @@ class Endpoint:
 
 
 def parse_address(text: str) -> Endpoint:
-    """``host:port``, ``[v6]:port``, ``:port`` or ``port`` (host: 127.0.0.1); port 0 picks a free one.
-
-    The host must be an IP address or ``localhost`` (a name would make the bound
-    interface depend on DNS).
-    """
+    """``host:port``, ``[v6]:port``, ``:port`` or ``port`` (host 127.0.0.1; port 0: a free one); the host must
+    be an IP address or ``localhost`` (a name would make the bound interface depend on DNS)."""
     raw = text.strip()
     if not raw:
         raise MetricsAddressError("metrics.address is empty")

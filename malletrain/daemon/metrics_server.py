@@ -1,15 +1,9 @@
 """The metrics endpoint's HTTP server: a thread per request, as many as a share allows.
 
-``prometheus_client.start_http_server`` starts a thread for every connection and keeps it for as long
-as the peer holds the connection open: 1,000 idle connections gave the daemon 1,008 threads. This
-server serves at most :data:`MAX_THREADS` requests at once, at most :data:`PER_PEER` of them for one
-user of this host (the uid owning the connecting socket) or one remote address, and gives each
-connection :data:`REQUEST_TIMEOUT_S` to send its request; a connection beyond a share is closed at
-once (counted in :attr:`BoundedWSGIServer.refused`), so one user cannot keep another's scraper out.
-A request that fails (a silent peer timed out, a peer that hung up) is one warning line through the
-daemon's log, whose repeat filter holds back the rest (:class:`malletrain.daemon.logs.RepeatFilter`), never a
-traceback on the daemon's stderr.
-"""
+``prometheus_client.start_http_server`` keeps a thread per open connection (1,000 idle connections:
+1,008 threads). This one serves at most :data:`MAX_THREADS` requests, :data:`PER_PEER` per local uid
+or remote address, each given :data:`REQUEST_TIMEOUT_S`; one beyond a share is closed at once
+(:attr:`BoundedWSGIServer.refused`), and a failed request is one rate-limited warning, not a traceback."""
 
 from __future__ import annotations
 

@@ -1,46 +1,14 @@
 """The job monitor: a ZeroMQ PULL socket on the daemon that every job's rank 0 reports to.
 
-Frames are signed :class:`contract.messages.Report` envelopes (see that module
-for the format and why HMAC). The monitor knows only the jobs its owner registers
-(:meth:`Monitor.register` with the job's secret, :meth:`Monitor.forget`); it keeps
-no state for any other job id. :meth:`Monitor.drain` reads whatever is queued
-without blocking and, per frame, in this order:
-
-1. size (``MAX_FRAME``; libzmq already cut the peer off above ``TRANSPORT_MAX_FRAME``),
-2. JSON and envelope shape, version, type,
-3. signed at all, for a registered job, signed with *that* job's key,
-4. every payload field by type and range,
-5. ``seq`` above the last accepted from that sender: the worker and its incarnation (replay window),
-
-then feeds the job's profiler estimators (throughput per node count, rescale
-pauses). Every rejection is counted under its :class:`~contract.messages.Reason`
-(:meth:`Monitor.counts`, for metrics) and logged, at most once per reason every
-few seconds; nothing a sender does raises out of :meth:`Monitor.drain`.
-
-Speed: a frame in the exact layout :meth:`Report.encode` writes (the key order,
-no whitespace, ids of printable ASCII without escapes) takes a fast path: one
-regular expression instead of a JSON parse and the checks above on the matched
-fields, and the job's HMAC state precomputed at :meth:`Monitor.register`
-(``hmac.new(key).copy()``). A frame the fast path does not accept (another
-layout, a value out of range, a bad signature, an unknown job) goes through the
-full path, which decides and names the reason; so the fast path changes no
-verdict (``tests/test_monitor.py`` checks both paths agree on random frames).
-
-Restarts: :class:`ReplaySaver` keeps every registered job's replay window in the
-store's meta table (on :meth:`ReplaySaver.save`, i.e. at a clean stop, and at
-most every ``SAVE_EVERY_S`` while reports arrive); a restarted daemon hands them
-back before it registers its jobs, so a report captured before the restart is
-still a replay after it. After a ``kill -9``, reports accepted in the last
-``SAVE_EVERY_S`` before the kill could be replayed once.
-
-Memory: per registered job a :class:`JobStats` whose replay window holds at most
-``MAX_WORKERS`` senders; per connection libzmq queues at most ``RCVHWM`` frames of
-at most ``TRANSPORT_MAX_FRAME`` bytes.
-
-The daemon's side of the secrets: :func:`load_master_key` (one private key file in
-the state dir) and :func:`job_secret` (a job's secret derived from it, so nothing
-per job needs storing and a restarted daemon re-derives what running workers hold).
-"""
+Frames are signed :class:`contract.messages.Report` envelopes, kept only for jobs registered with their
+secret. :meth:`Monitor.drain` checks, in order: size, envelope, the job's signature, each payload field,
+and ``seq`` above the sender's last (worker and incarnation: the replay window); then feeds the job's
+profiler estimators. Rejections are counted by :class:`~contract.messages.Reason` and logged at most once
+per reason every few seconds; nothing a sender does raises out of :meth:`Monitor.drain`. A frame in
+:meth:`Report.encode`'s exact layout takes a fast path that changes no verdict (``tests/test_monitor.py``).
+:class:`ReplaySaver` keeps the replay windows across restarts (after a ``kill -9``, the last
+``SAVE_EVERY_S`` of reports could be replayed once); a job's secret is derived from one private
+key in the state dir (:func:`job_secret`), so a restarted daemon re-derives what running workers hold."""
 
 from __future__ import annotations
 
@@ -55,23 +23,9 @@ from typing import Any, Callable, Mapping, Protocol
 
 import zmq
 
-from contract.messages import (
-    MAX_FRAME,
-    MAX_INT,
-    MAX_SAMPLES,
-    MAX_TIMESTAMP,
-    MAX_WORLD,
-    VERSION,
-    TRANSPORT_MAX_FRAME,
-    MessageError,
-    Reason,
-    Report,
-    decode,
-    decode_report,
-    job_secret,  # the daemon derives each job's secret with it (defined in the contract)
-    quote,
-    secret_key,
-    verify,
+from contract.messages import (  # job_secret: the daemon derives each job's secret with it
+    MAX_FRAME, MAX_INT, MAX_SAMPLES, MAX_TIMESTAMP, MAX_WORLD, VERSION, TRANSPORT_MAX_FRAME, MessageError, Reason,
+    Report, decode, decode_report, job_secret, quote, secret_key, verify,
 )
 from malletrain.daemon.ratebound import MAX_RATE_PER_NODE, ClaimBound, HistoryBound
 from profiler.estimators import RescaleCostEstimator, RescaleEvent, ThroughputEstimator
@@ -123,13 +77,8 @@ Sender = tuple[str, int]
 
 @dataclass
 class ReplayWindow:
-    """Last accepted ``seq`` per sender of one job, a sender being (worker, incarnation); a frame must be
-    above it.
-
-    At most ``max_workers`` senders are remembered. Retiring the least recently
-    heard one raises ``floor`` to its last timestamp, and a sender not remembered
-    must report after ``floor``: a retired sender's old frames stay replays.
-    """
+    """Last accepted ``seq`` per sender (worker, incarnation) of one job; a frame must be above it. Of at
+    most ``max_workers`` senders, retiring one raises ``floor`` to its last timestamp, so its old frames stay replays."""
 
     max_workers: int = MAX_WORKERS
     floor: float = -1.0
@@ -215,9 +164,8 @@ class JobStats:
     _rescales_taken: int = 0
 
     def add(self, rep: Report, now: float | None = None) -> None:
-        """Take one validated, authenticated report; raises REPLAYED (and changes nothing) for a replay,
-        IMPLAUSIBLE (only its seq is used up) for more samples than the job could train by ``now``
-        (the receiver's clock; None: unbounded)."""
+        """Take one validated, authenticated report; REPLAYED (nothing changed) for a replay, IMPLAUSIBLE (only
+        its seq used up) for more samples than the job could train by ``now`` (the receiver's clock; None: unbounded)."""
         self.add_fields(rep.worker, rep.seq, rep.samples, rep.timestamp, rep.world_size, rep.generation, now,
                         rep.incarnation)
 
@@ -245,9 +193,8 @@ class JobStats:
             self.out_of_order += 1
 
     def world_of(self, claimed: int, generation: int) -> int:
-        """The world size a report of ``generation`` is counted at: the daemon's record of that
-        generation (one of the last two it published), else of its newest world; what the report
-        claims only where the daemon recorded nothing. A job cannot claim nodes it was not given."""
+        """The world size a report of ``generation`` counts at: the daemon's record of it (or of its newest
+        world), what the report claims only where there is none, so a job cannot claim nodes it was not given."""
         if not self.recorded_world:
             return claimed
         return self.worlds.get(generation) or self.recorded_world
@@ -279,15 +226,9 @@ ENDED_KEPT = 1024
 class Monitor:
     """The PULL socket, the registered jobs' keys and statistics, and the counters."""
 
-    def __init__(
-        self,
-        bind: str = "tcp://127.0.0.1:0",
-        ctx: zmq.Context | None = None,
-        batch: int = 4096,
-        clock: Callable[[], float] = time.monotonic,
-        max_rate_per_node: float = MAX_RATE_PER_NODE,
-        history: HistoryBound | None = None,
-    ) -> None:
+    def __init__(self, bind: str = "tcp://127.0.0.1:0", ctx: zmq.Context | None = None, batch: int = 4096,
+                 clock: Callable[[], float] = time.monotonic, max_rate_per_node: float = MAX_RATE_PER_NODE,
+                 history: HistoryBound | None = None) -> None:
         self.max_rate_per_node = max_rate_per_node
         self.history = history or HistoryBound()  # what a job's reports may claim relative to its own rate
         self.ctx = ctx or zmq.Context.instance()
@@ -319,15 +260,9 @@ class Monitor:
                  max_nodes: int | None = None) -> JobStats:
         """Take reports for ``job_id`` signed with ``secret``; idempotent (keeps the statistics).
 
-        ``max_nodes`` (the job's spec) bounds the progress its reports may claim: at most
-        ``max_rate_per_node`` samples per node per second of the monitor's clock since
-        registration and, once the job has a measured rate, ``history.factor`` times that rate
-        per node (:mod:`malletrain.daemon.ratebound`; a report claiming more is :attr:`Reason.IMPLAUSIBLE`).
-
-        ``replay_state`` (from :meth:`replay_state`, e.g. as persisted before a restart)
-        restores the job's replay window when the job is not registered yet; without it,
-        a window handed over by :meth:`restore_replay_states` is used.
-        """
+        ``max_nodes`` bounds the progress its reports may claim (:mod:`malletrain.daemon.ratebound`; more is
+        :attr:`Reason.IMPLAUSIBLE`). ``replay_state`` (or else a window from :meth:`restore_replay_states`)
+        restores the job's replay window when it is not registered yet."""
         key = secret_key(secret, f"secret of job {job_id}")
         self._keys[job_id] = key
         saved = self._saved_windows.pop(job_id, None)
@@ -349,9 +284,8 @@ class Monitor:
             stats.record_world(generation, size)
 
     def forget(self, job_id: str, ended: bool = False) -> None:
-        """Drop a job's key and statistics; its reports are unknown_job from now on, except, for a job
-        that ``ended`` (completed, failed, cancelled), the ones its workers had in flight: those are
-        counted in :attr:`late` and dropped without a warning (the last :data:`ENDED_KEPT` such jobs)."""
+        """Drop a job's key and statistics; its reports are unknown_job from now on, but those of an ``ended`` job
+        still in flight are counted in :attr:`late` and dropped quietly (the last :data:`ENDED_KEPT` such jobs)."""
         if ended:
             self._ended.pop(job_id, None)
             self._ended[job_id] = None
@@ -374,9 +308,8 @@ class Monitor:
         return self.job(job_id).window.to_dict()
 
     def replay_states(self) -> dict[str, dict[str, Any]]:
-        """Every registered job's replay window (:meth:`replay_state`), to hand to :meth:`restore_replay_states`.
-
-        Restored windows of jobs never registered again (they ended meanwhile) are left out."""
+        """Every registered job's replay window, for :meth:`restore_replay_states` (restored windows of jobs never
+        registered again are left out)."""
         return {job: stats.window.to_dict() for job, stats in self.jobs.items()}
 
     def restore_replay_states(self, states: Mapping[str, Any]) -> list[str]:
@@ -521,13 +454,8 @@ class Meta(Protocol):
 
 
 class ReplaySaver:
-    """Keeps a monitor's replay windows in ``meta`` under :data:`REPLAY_META_KEY`.
-
-    :meth:`load` once, before the daemon registers its jobs; :meth:`tick` every
-    loop (saves at most every ``every_s``, and only when reports were accepted
-    since); :meth:`save` at a clean stop. A monitor without ``replay_states``
-    (a test's fake) makes all three no-ops.
-    """
+    """Keeps a monitor's replay windows in ``meta`` (:data:`REPLAY_META_KEY`): :meth:`load` before jobs
+    are registered, :meth:`tick` each loop (at most every ``every_s``), :meth:`save` at a clean stop."""
 
     def __init__(self, monitor: Any, meta: Meta, every_s: float = SAVE_EVERY_S) -> None:
         self.monitor = monitor
@@ -575,11 +503,7 @@ class ReplaySaver:
 
 
 def load_master_key(path: Path | str) -> bytes:
-    """The daemon's master key from ``path``, created (0600, random, atomically) if absent.
-
-    Refuses (:class:`KeyFileError`) a file that is not a regular file owned by this user, is
-    readable by group or others, or does not hold exactly ``MASTER_KEY_BYTES`` bytes: the same
-    checks as the agents' key (:func:`scavenger.channel.create_key_file`).
-    """
+    """The daemon's master key from ``path``, created (0600, random, atomically) if absent; refuses
+    (:class:`KeyFileError`) the same files the agents' key check does (:func:`scavenger.channel.create_key_file`)."""
     return create_key_file(path, MASTER_KEY_BYTES, "monitor key file")
 

@@ -25,9 +25,8 @@ from scavenger.hub import AgentHub, AgentWorkers, WorkerExitedEvent, WorkerStart
 
 
 class Observe:
-    """What the backend, the agents, the monitor, the runtimes and the store say happened. It tells
-    decide's ledger only of a node a failed worker gives up, asks the runtimes only whether a job's
-    ranks all finished, and calls no other part."""
+    """What the backend, the agents, the monitor, the runtimes and the store say happened. It tells decide's
+    ledger only of a node a failed worker gives up, asks runtimes only whether ranks finished, calls no other part."""
 
     def __init__(self, table: JobTable, cfg: DaemonConfig, scav: Scavenging, hub: AgentHub, store: Store,
                  monitor: Monitor, metrics: Metrics, decide: Decide, intake: JobIntake,
@@ -64,10 +63,10 @@ class Observe:
         if d is None or d.at == self._shape_seen_at:
             return  # the node shape of a look already seen
         self._shape_seen_at = d.at
-        most, shape = self.scav.most_slots(), self.scav.node_shape()
-        if most is not None and shape is not None and (most, shape) != self._node_slots:
-            self._node_slots = (most, shape)
-            self.store.set_meta(NODE_SLOTS_KEY, node_slots_text(most, shape))  # ... and more workers a node than it has
+        shape = self.scav.node_shape()
+        if shape is not None and shape != self._node_slots:
+            self._node_slots = shape
+            self.store.set_meta(NODE_SLOTS_KEY, node_slots_text(*shape))  # ... and more workers a node than it has
 
     def pilots(self, now: float) -> bool:
         """Pilot events and the idle nodes (at most every poll_interval); a failed look marks them stale."""
@@ -115,9 +114,8 @@ class Observe:
         return changed
 
     def node_lost(self, ev: NodeLost, now: float) -> None:
-        """A node this daemon no longer has: the jobs with a worker there forget it, and the loop is
-        woken (the caller returns "changed"). The ledgers learn the loss at the next feed, from the
-        usable set's difference (:meth:`Decide.feed_ledgers`), whichever way it was learnt here."""
+        """A node this daemon no longer has: its jobs forget their worker there and the loop is woken; the ledgers
+        learn the loss from the usable set's difference at the next feed (:meth:`Decide.feed_ledgers`)."""
         node, reason = ev.node, ev.reason
         for run in self.table.runs.values():
             if node in run.workers:
@@ -170,14 +168,8 @@ class Observe:
                     self.hub.stop_worker(node, wid, grace=1.0)  # a worker nobody owns
 
     def progress(self, now: float) -> bool:
-        """Progress from the monitor, stored as soon as it grows (one small UPDATE; WAL, no fsync).
-
-        Stored at once rather than once a second: a ``kill -9`` then loses only the
-        reports the dead daemon had received but not yet read (one loop interval), so
-        the stored count stays with what the workers trained (storing once a second, a stop left it
-        3,840 samples behind). A clean stop reads every last report first (:class:`.shutdown.Shutdown`).
-        Returns whether a rescale was measured or a job reached its target.
-        """
+        """Progress from the monitor, stored as soon as it grows (a ``kill -9`` then loses one loop interval's
+        reports). Returns whether a rescale was measured or a job reached its target."""
         changed = False
         for run in list(self.table.runs.values()):
             done = self.runtimes.of(run.spec).finished(run.id) if self.runtimes and run.members else None

@@ -25,11 +25,8 @@ class MetaStore(Protocol):
 
 
 def pilots_json(views: Mapping[PilotId, PilotView], last: PilotTexts | None = None) -> str:
-    """The live pilots a restarted daemon must take back: every pilot we have not cancelled.
-
-    ``last``: the entries of the call before, brought up to date here; a pilot whose view is the one
-    it had then is not written again (a recall at 4,608 pilots changes a few; the JSON of all of
-    them took ~25 ms at every change). The text is the same either way."""
+    """The live pilots a restarted daemon must take back (every one not cancelled); ``last``: the entries of
+    the call before, reused where a pilot is unchanged (at 4,608 pilots the whole JSON took ~25 ms a change)."""
     texts = last if last is not None else {}
     for pid in [pid for pid in texts if pid not in views]:
         del texts[pid]

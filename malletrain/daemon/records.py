@@ -22,20 +22,16 @@ so that nodes back together join in one rescale; past it, the ready ones join no
 later one. (A job's first world waits for all its workers, as before.)"""
 
 
-
 def stopped_from_outside(code: int) -> bool:
-    """Whether a worker's exit ``code`` says it was stopped (a signal to stop, as a recall, a cancel
-    or a killed process sends, or the daemon's store gone), not that the job's own code failed:
-    only failures count toward ``max_failures``."""
+    """Whether a worker's exit ``code`` says it was stopped (a recall, a cancel, a kill, the daemon's store
+    gone), not that the job's own code failed: only failures count toward ``max_failures``."""
     return code == EXIT_STORE_LOST or any(code in (-sig, signal_exit(sig)) for sig in STOP_SIGNALS)
 
 
 def stopped_by_us(code: int, agent_stopped: bool, inherited: bool) -> bool:
-    """Whether a worker's exit is a stop we caused, known by us rather than read from its code: its
-    agent stopped it (a stop the daemon sent, its node's recall: ``agent_stopped``) and the code says
-    so, or it exited :data:`EXIT_STORE_LOST` having been started by an earlier daemon (``inherited``:
-    that daemon's store went away with it). A job whose own code exits 143, 137, 130, 129 or 75
-    fails like any other, toward ``max_failures``."""
+    """Whether a worker's exit is a stop we caused, known by us rather than from its code: its agent stopped
+    it and the code says so, or it exited :data:`EXIT_STORE_LOST` after an earlier daemon started it. A
+    job's own exit 143, 137, 130, 129 or 75 counts toward ``max_failures``."""
     if agent_stopped:
         return stopped_from_outside(code)
     return inherited and code == EXIT_STORE_LOST
@@ -50,12 +46,8 @@ STOP_WAIT_S = 15.0  # a clean stop waits at most this long for the workers it st
 
 
 def rescale_kind(ev: RescaleEvent, emptied_at: float | None) -> str:
-    """``up`` or ``down``; ``resume`` when the job had no worker at all during the gap.
-
-    A job suspended below its min and placed again later shows up in its step
-    records as one long "rescale" from the old to the new size; that gap is the
-    time it waited for nodes, not a pause of running workers.
-    """
+    """``up`` or ``down``; ``resume`` when the job had no worker during the gap (it waited for nodes:
+    no pause of running workers)."""
     if emptied_at is not None and ev.timestamp <= emptied_at <= ev.timestamp + ev.gap_s:
         return "resume"
     return "up" if ev.is_up else "down"
@@ -66,9 +58,8 @@ class DaemonError(RuntimeError):
 
 
 class JobPhase(enum.Enum):
-    """Where a job the daemon runs is: a :class:`JobState` (what the store keeps), or one of two phases
-    only a running daemon knows, which the store keeps as the state before them. Changed only by
-    :meth:`JobRun.move`, which checks :data:`JOB_PHASES`."""
+    """Where a job the daemon runs is: a :class:`JobState` (what the store keeps) or one of two phases only a
+    running daemon knows (stored as the state before them); changed only by :meth:`JobRun.move`."""
 
     PENDING = "pending"
     PROFILING = "profiling"
@@ -124,7 +115,6 @@ class Trainer:
     @property
     def name(self) -> str:
         return self.config.name
-
 
 
 @dataclass

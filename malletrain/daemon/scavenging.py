@@ -1,38 +1,12 @@
 """The daemon's side of its scavenger backend: observe pilots, hold idle nodes, give nodes back.
 
-The daemon speaks only :class:`scavenger.base.SchedulerBackend` (local, Slurm, PBS):
-
-observe
-    :meth:`Scavenging.look` polls the backend for pilot events (queued / started /
-    ending / ended) and discovers idle nodes and known future claims (Slurm's
-    planned starts), at most every ``poll_interval`` seconds. A scheduler command
-    that fails or hangs leaves the last look in place and marks it **stale**: the
-    daemon then submits no pilot and asks the policy nothing until a look succeeds
-    again (it catches up from the events of that look).
-decide
-    the usable nodes (:meth:`Scavenging.usable`) are the nodes of RUNNING pilots
-    whose agent is connected and, when the agent's hello carries a batch job id,
-    is the agent of that pilot. A pilot that is ENDING (preempted within its
-    grace time, or its walltime near) is not usable: jobs leave it at their next
-    commit, before the scheduler takes it.
-act
-    :meth:`Scavenging.hold_idle` submits a pilot for every idle node some trainer can
-    use (in groups of ``nodes_per_pilot``; the backend rate-limits and caps them),
-    never a node the scheduler planned for a pending job, and queues a pilot for the nodes
-    of a preempted pilot a few seconds after (:meth:`Scavenging.queue_for_recalled`: it waits
-    while the main job runs and starts the moment the node is free); before that it cancels a
-    RUNNING pilot whose agent has not said hello (or whose node's agent belongs to
-    another batch job) for ``agent_grace`` seconds, so a broken node does not keep a
-    pilot slot (and that node gets no new pilot for a while, longer at each such
-    loss, until an agent works there). :meth:`Scavenging.release` cancels the RUNNING
-    pilot of nodes whose agent left.
-remember
-    the ids (and nodes) of our live pilots are kept in the store's meta
-    (:data:`PILOTS_KEY`, written only when the set changes); a restarted daemon gives
-    them back to the backend (:meth:`Scavenging.resume`), which polls them like any
-    other before anything new is submitted, so a pilot still queued is not submitted
-    twice.
-"""
+:meth:`Scavenging.look` polls the backend (at most every ``poll_interval``); a scheduler command
+that fails or hangs marks the look **stale**, and nothing is submitted or decided on it. The usable
+nodes are those of RUNNING (not ENDING) pilots whose own agent is connected. :meth:`Scavenging.hold_idle`
+submits pilots for idle nodes some trainer can use (never one the scheduler planned for a pending job),
+queues one for the nodes of a preempted pilot (:meth:`Scavenging.queue_for_recalled`), and cancels a
+RUNNING pilot whose agent never said hello within ``agent_grace``. Our live pilots are kept in the
+store's meta (:data:`PILOTS_KEY`), so a restarted daemon polls them before it submits anything new."""
 
 from __future__ import annotations
 
@@ -44,24 +18,10 @@ from typing import Any, Callable, Mapping
 
 from malletrain.daemon.pilotsmeta import PILOTS_KEY, MetaStore, PilotTexts, parse_pilots, pilots_json
 from scavenger.base import (
-    AgentRoster,
-    BackendError,
-    Discovery,
-    EndReason,
-    NodeState,
-    PilotEnded,
-    PilotEnding,
-    PilotEvent,
-    PilotId,
-    PilotQueued,
-    PilotRequest,
-    PilotStarted,
-    PilotState,
-    PilotView,
-    SchedulerBackend,
-    Throttled,
+    AgentRoster, BackendError, Discovery, EndReason, NodeState, PilotEnded, PilotEnding, PilotEvent, PilotId,
+    PilotQueued, PilotRequest, PilotStarted, PilotState, PilotView, SchedulerBackend, Throttled
 )
-from contract.nodeshape import node_slots
+from contract.nodeshape import job_slots, node_slots
 
 log = logging.getLogger("malletrain.daemon.scavenging")
 
@@ -109,16 +69,10 @@ class NodeStatus(StrEnum):
 class Scavenging:
     """One daemon's backend, its last look at the machine and the rules above.
 
-    ``hub`` is the agent hub (:class:`scavenger.base.AgentRoster`: ``alive()``, ``batch_job(node)``,
-    the id an agent's hello carried). ``meta``: where our live pilots are kept across restarts
-    (the store: ``get_meta``/``set_meta``; None: nowhere). ``agent_grace``: seconds a
-    RUNNING pilot may go without its own agent before it is cancelled (0: never).
-    ``requeue_recalled``: queue a pilot for the nodes of each preempted pilot (when the
-    backend ``queues_for_busy_nodes``), so a node the main job gives back starts our pilot without
-    waiting for the next look and submit (see :meth:`queue_for_recalled`); at most ``max_waiting``
-    such pilots at once, each ``requeue_after_s`` after its preemption was seen.
-    ``workers_per_node``: worker slots of a node whose scheduler reports no GPUs (None: 1).
-    """
+    ``hub``: the agent roster; ``meta``: where live pilots are kept across restarts (None: nowhere);
+    ``agent_grace``: seconds a RUNNING pilot may go without its agent (0: forever); ``requeue_recalled``,
+    ``max_waiting``, ``requeue_after_s``: see :meth:`queue_for_recalled`; ``workers_per_node``: a
+    node's slots where the scheduler reports no GPUs (None: 1)."""
 
     backend: SchedulerBackend
     hub: AgentRoster
@@ -152,17 +106,14 @@ class Scavenging:
     _gpus: tuple[Discovery, dict[str, int]] | None = field(default=None, repr=False)  # the last look's GPUs by node  # the first look put off since the last
 
     def versions(self) -> Versions:
-        """The backend's and the hub's ``version`` (None when either has none): what :meth:`usable`,
-        the nodes our pilots take and the agentless pilots are computed from. While both stay the
-        same, the last answer is the answer (the daemon asks several times per loop iteration, and
-        at 4,608 nodes each answer is a pass over every pilot)."""
+        """The backend's and the hub's ``version`` (None if either has none): while both stay the same, the
+        last answer of :meth:`usable` and friends stands (at 4,608 nodes each is a pass over every pilot)."""
         return self.backend.version, self.hub.version
 
     # ------------------------------------------------------------ remember
     def resume(self) -> list[PilotId]:
-        """Give the pilots the last daemon kept in ``meta`` back to the backend (call once, at
-        start, before the first look): the backend polls them like its own, and they hold their
-        nodes and count towards its cap before anything new is submitted."""
+        """Give the pilots the last daemon kept in ``meta`` back to the backend (once, before the first look): they
+        are polled, hold their nodes and count toward the cap before anything new is submitted."""
         if self.meta is None:
             return []
         text = self.meta.get_meta(PILOTS_KEY)
@@ -182,9 +133,8 @@ class Scavenging:
         return taken
 
     def last_daemons_nodes(self) -> frozenset[str]:
-        """The nodes of the pilots the last daemon kept (read by :meth:`resume`): after a restart,
-        adoption is complete only once their agents are back (a backend that cannot resume its
-        pilots learns of them only from their agents' hellos)."""
+        """The nodes of the pilots the last daemon kept: after a restart, adoption is complete only once their
+        agents are back."""
         return self._last_nodes
 
     def _remember(self) -> None:
@@ -223,9 +173,8 @@ class Scavenging:
         return events
 
     def _note_recalls(self, events: list[PilotEvent], now: float) -> None:
-        """Remember the nodes of each pilot the main scheduler preempted: the daemon expects them back. Their
-        pilots are queued :data:`REQUEUE_AFTER_S` later, never while the daemon shrinks its jobs off those
-        nodes: an ``sbatch`` blocks the daemon's loop (up to seconds on a busy head node)."""
+        """Remember the nodes of each pilot the main scheduler preempted; their pilots are queued
+        :data:`REQUEUE_AFTER_S` later, not while jobs shrink off them (an ``sbatch`` blocks the loop for seconds)."""
         if not self.requeue_recalled or not self.backend.queues_for_busy_nodes:
             return
         for ev in events:
@@ -321,35 +270,30 @@ class Scavenging:
         """How many nodes the last look found (0: none yet); no tuple of their names built."""
         return len(self.discovery.nodes) if self.discovery is not None else 0
 
-    def slots_of(self, node: str) -> int:
-        """``node``'s worker slots: the GPUs the scheduler's last look reported for it, else
-        ``workers_per_node`` (None: ``"gpus"``, so 1). See :func:`contract.nodeshape.node_slots`."""
+    def slots_of(self, node: str, asked: int | None = None) -> int:
+        """``node``'s worker slots (the GPUs the last look reported, else ``workers_per_node``, else 1:
+        :func:`contract.nodeshape.node_slots`), or fewer where a job ``asked`` for fewer."""
         d = self.discovery
         gpus = None
         if d is not None:
             if self._gpus is None or self._gpus[0] is not d:
                 self._gpus = (d, {n.name: n.gpus for n in d.nodes if n.gpus})
             gpus = self._gpus[1].get(node)
-        return node_slots(gpus, self.workers_per_node)
+        return job_slots(node_slots(gpus, self.workers_per_node), asked)
 
-    def node_shape(self) -> str | None:
-        """The most worker slots a node of the last look has, and where that count comes from, as a
+    def node_shape(self) -> tuple[int, str] | None:
+        """The most worker slots a node of the last look has, and where that count comes from as a
         sentence for an error (None: no look yet)."""
         d = self.discovery
-        most = self.most_slots()
-        if d is None or most is None:
+        if d is None or not d.nodes:
             return None
+        most = max(self.slots_of(n.name) for n in d.nodes)
         if any(n.gpus for n in d.nodes):
-            return f"{most} worker slots (GPUs) on its largest node"
+            return most, f"{most} worker slots (GPUs) on its largest node"
         where = f"[scavenger] workers_per_node = {self.workers_per_node}" if self.workers_per_node \
             else "no GPUs reported and no [scavenger] workers_per_node: 1"
         backend = " on the local backend" if self.backend.name == "local" else ""
-        return f"{most} worker slot{'s' * (most != 1)} a node ({where}{backend})"
-
-    def most_slots(self) -> int | None:
-        """The most worker slots a node of the last look has (None: no look yet)."""
-        d = self.discovery
-        return max(self.slots_of(n.name) for n in d.nodes) if d is not None and d.nodes else None
+        return most, f"{most} worker slot{'s' * (most != 1)} a node ({where}{backend})"
 
     def machine_nodes(self) -> tuple[str, ...]:
         d = self.discovery
@@ -357,9 +301,8 @@ class Scavenging:
 
     # ------------------------------------------------------------ act
     def hold_idle(self, now: float, wanted: Callable[[str], bool] | None = None) -> list[PilotId]:
-        """A pilot for every idle node no pilot of ours asks for and ``wanted`` accepts (None: every
-        node; the daemon: nodes some trainer can use), after cancelling the pilots whose agent
-        stayed away past ``agent_grace``. Nothing on stale data."""
+        """A pilot for every idle node no pilot of ours asks for and ``wanted`` accepts (None: all), after
+        cancelling those whose agent stayed away past ``agent_grace``. Nothing on stale data."""
         d = self.discovery
         if self.stale or d is None:
             return []
@@ -383,14 +326,11 @@ class Scavenging:
 
     def queue_for_recalled(self, d: Discovery, taken: set[str], now: float,
                            wanted: Callable[[str], bool] | None) -> list[PilotId]:
-        """A pilot queued for each preempted pilot's nodes that a main-queue job holds or is planned on, once
-        ``requeue_after_s`` passed (``waits_for_node``): Slurm or PBS starts it the moment that job ends,
-        where a pilot submitted on the next look would start a poll interval, an ``sbatch`` and a scheduling
-        pass later. Pilots are preemptable, so it never delays the main queue. Nodes free again, taken, unwanted or gone from the machine are left
-        to :meth:`hold_idle`'s usual rule. Until then a recalled node gets no pilot by that rule either:
-        the look between the preempted pilot's end and the main job's start can show it idle, and a pilot
-        submitted then waited behind the main job by accident, and was cancelled as stuck after
-        ``max_queued_s``, so a main job longer than that gave the node back to no pilot at all."""
+        """A pilot queued for each preempted pilot's nodes a main-queue job holds or is planned on, once
+        ``requeue_after_s`` passed, so the scheduler starts it the moment that job ends (pilots are
+        preemptable: the main queue is never delayed). Until then :meth:`hold_idle` gives such a node no
+        pilot: one submitted on a look that showed it idle waited behind the main job and was cancelled
+        as stuck after ``max_queued_s``."""
         out: list[PilotId] = []
         if not self._recalled or now < self._recalled[0][0] + self.requeue_after_s:
             return out  # (at every iteration: no look at every pilot and node for nothing)
@@ -531,9 +471,8 @@ class Scavenging:
         self._shunned[node] = (now + self.agent_grace * 2 ** (strikes - 1), strikes)
 
     def _shunned_now(self, now: float) -> set[str]:
-        """Nodes no new pilot may take now. A node whose agent works again is trusted again; the
-        others are tried once their time is up, and their strikes are kept (the next failure waits
-        longer)."""
+        """Nodes no new pilot may take now: one whose agent works again is trusted again; the others are tried
+        once their time is up, their strikes kept (the next failure waits longer)."""
         if not self._shunned:
             return set()
         for node in self.usable() & self._shunned.keys():

@@ -54,22 +54,11 @@ class Shutdown:
         self.accounting.save(self.table.runs)
 
     def _stop_for_restart(self, now: float) -> None:
-        """A clean stop: every job's workers go, leaving nothing behind that a restart needs.
-
-        The workers are told to leave (an empty generation) and stopped, then
-        waited for (at most :data:`STOP_WAIT_S`) while the daemon still serves the
-        rendezvous and the monitor: rank 0 leaves its last commit in the store on
-        the way out, which goes to the state dir, and the last reports are read.
-
-        Progress: the stored count is what the workers reported, flushed after
-        they exited, so it is never behind what they trained and committed. It can
-        be ahead by the steps after the last commit (reported, then rolled back by
-        the stop and trained again after the restart): at most one commit
-        interval. The other choice, the samples counter in the checkpoint, would
-        make the daemon read its users' checkpoints and trust a counter a script
-        need not keep in the units it reports; and a job whose rank 0 was killed
-        before it could leave a checkpoint would lose everything it reported.
-        """
+        """A clean stop: every job's workers are told to leave and stopped, then waited for (at most
+        :data:`STOP_WAIT_S`) while the rendezvous and the monitor still serve: rank 0's last commit reaches
+        the state dir and the last reports are read. The stored progress is what the workers reported, so at
+        most one commit interval ahead of the checkpoint; reading the checkpoint's own counter would trust a
+        counter scripts need not keep."""
         stopping = []
         for run in self.table.runs.values():
             if not run.state.terminal and (run.members or run.workers):

@@ -1,10 +1,5 @@
-"""The daemon's job table and the values its parts hand each other.
-
-:class:`JobTable` is the one mutable record the parts share: the jobs this daemon runs, its
-trainers, the nodes whose pilots act cancels, and the adoption window. Every part gets it at
-construction; the "decide again" flag is not in it (the loop owns that, from the values the parts
-return). :class:`Plan` is what decide hands act; :class:`Runtimes`, which runtime runs a job.
-"""
+"""The daemon's job table (:class:`JobTable`, the one mutable record its parts share; the "decide again"
+flag is not in it), the :class:`Plan` decide hands act, and :class:`Runtimes` (which runtime runs a job)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""The state dir's permissions: private (0700, files 0600), whatever was there before.
-
-A root daemon makes the dir 0711 itself (every user reaches the control socket, nobody
-lists the dir; see :mod:`malletrain.daemon.control`): that is not "open". An existing dir that
-group or others may read or write is tightened, with its keys, checkpoints and logs,
-when it is ours and holds only malletrain's files (so never ``/tmp`` or a home given by
-mistake); otherwise the daemon warns.
-"""
+"""The state dir's permissions: private (0700, files 0600; a root daemon's 0711, see
+:mod:`malletrain.daemon.control`). A dir others may read or write is tightened when it is ours and holds
+only malletrain's files (never ``/tmp`` or a home given by mistake); otherwise the daemon warns."""
 
 from __future__ import annotations
 

@@ -1,29 +1,11 @@
 """The job store: SQLite in WAL mode, so a daemon restart loses nothing.
 
-Tables: ``meta`` (schema version, backend epoch, machine size), ``jobs``
-(spec, state, progress, nodes, owner uid/gid), ``job_states`` (every transition),
-``rescales`` (measured
-pauses), ``generations`` (the last membership generation published per job,
-so a restarted daemon numbers on from it) and ``events``.
-Every change is one transaction. The CLI may write (submit, cancel) while the
-daemon runs or is down: the daemon picks the rows up on its next loop.
-
-Safety:
-
-- A new store is built under a temporary name and linked into place, so
-  ``store.db`` is never an empty file of ours. An existing file that is empty,
-  not SQLite, corrupt or without malletrain's schema is a :class:`StoreError`
-  naming it; nothing is ever started over silently.
-- The state dir is made 0700 and the store file 0600 (SQLite gives its
-  ``-wal`` and ``-shm`` files the database file's mode): job env may hold tokens.
-- A full or read-only disk makes a write fail as a :class:`StoreError` naming
-  the file; the transaction rolls back, so what was stored stays. Event rows
-  are observability, not state: :meth:`Store.log_event` drops an event it
-  cannot write (counted in ``dropped_events``) instead of failing its caller.
-- The event log is bounded: the periodic ``nodes`` samples keep the newest
-  ``max_samples`` rows, the other kinds the newest ``max_events``. The WAL is
-  truncated after a checkpoint (``journal_size_limit``).
-"""
+Every change is one transaction; the CLI may write (submit, cancel) while the daemon runs or is down.
+A new store is built under a temporary name and linked into place; a file that is empty, not SQLite,
+corrupt or not ours is a :class:`StoreError` naming it (never started over silently). The state dir
+is 0700 and the store 0600 (job env may hold tokens). A failed write is a :class:`StoreError` naming
+the file and rolls back; events are observability, so :meth:`Store.log_event` drops one it cannot
+write (``dropped_events``). The event log is bounded (``max_samples``, ``max_events``)."""
 
 from __future__ import annotations
 
@@ -102,7 +84,6 @@ def job_id(seq: int) -> str:
     return f"j{seq:06d}"
 
 
-
 class Store:
     """One SQLite database; use :meth:`open`."""
 
@@ -121,11 +102,8 @@ class Store:
     @classmethod
     def open(cls, path: str | Path, max_events: int = MAX_EVENTS, max_samples: int = MAX_SAMPLES,
              clock: Callable[[], float] = time.time) -> "Store":
-        """Open the store at ``path``, creating it if there is no file; WAL mode; checks it.
-
-        An existing file that is empty, not SQLite, corrupt or not a malletrain
-        store raises :class:`StoreError` naming it.
-        """
+        """Open the store at ``path`` (created if there is no file; WAL); a file that is empty, not SQLite,
+        corrupt or not ours raises :class:`StoreError` naming it."""
         p = str(path)
         if p != ":memory:":
             fp = Path(p)
@@ -174,10 +152,8 @@ class Store:
         self.conn.close()
 
     class _Tx:
-        """``BEGIN IMMEDIATE`` ... ``COMMIT``; rolls back on any error and turns sqlite errors into StoreError.
-
-        Inside :meth:`Store.batch` it is a savepoint of the batch's transaction instead: all or
-        nothing of this one write, committed with the batch."""
+        """``BEGIN IMMEDIATE`` ... ``COMMIT`` (rolled back on any error, sqlite errors as StoreError); inside
+        :meth:`Store.batch` a savepoint of the batch's transaction."""
 
         def __init__(self, store: "Store") -> None:
             self.store = store
@@ -221,10 +197,8 @@ class Store:
         return Store._Tx(self)
 
     def _write1(self, sql: str, args: tuple[Any, ...]) -> None:
-        """One statement, whole or absent. Inside :meth:`batch` it runs as it is, without a savepoint
-        of its own: SQLite undoes a failed statement's changes and keeps the transaction, so a
-        savepoint would only add two statements to each write (a burst of 500 recalls is ~1,500
-        event rows in one decision's batch); outside, its own transaction."""
+        """One statement, whole or absent: inside :meth:`batch` as it is (SQLite undoes a failed statement
+        and keeps the transaction; a savepoint would add two statements a write), outside in its own transaction."""
         if not self._batching:
             with self._tx() as c:
                 c.execute(sql, args)
@@ -236,11 +210,8 @@ class Store:
 
     @contextlib.contextmanager
     def batch(self) -> Iterator[None]:
-        """Every write inside in one transaction, committed at the end (even when the block
-        raises: each write is whole or absent, as without a batch). The daemon's writes of one
-        phase of a step (a burst of agent events, every job's progress) cost one commit, not one
-        each. Nested batches are part of the outer one. Hold it only around writes and quick work:
-        other writers (the CLI) wait for the commit."""
+        """Every write inside in one transaction, committed at the end (even when the block raises; nested
+        batches join the outer one): a phase of a step costs one commit. Other writers (the CLI) wait for it."""
         if self._batching:
             yield
             return
@@ -323,13 +294,8 @@ class Store:
     # -- jobs
     def submit(self, spec: JobSpec, owner_uid: int | None = None, owner_gid: int | None = None,
                owner_umask: int | None = None) -> str:
-        """Queue a job (PENDING) owned by ``owner_uid``/``owner_gid`` (default: this process's
-        effective ids), its workers to run with ``owner_umask`` (default: this process's umask);
-        returns its id ``jNNNNNN``.
-
-        Raises :class:`~malletrain.daemon.jobspec.JobSpecError` if the spec breaks a
-        rule or cannot fit the machine (when its size is known).
-        """
+        """Queue a job (PENDING) owned by ``owner_uid``/``owner_gid``, run with ``owner_umask`` (defaults: this
+        process's); returns its id ``jNNNNNN``; :class:`~malletrain.daemon.jobspec.JobSpecError` if it breaks a rule."""
         where = f"job {spec.name!r}"
         spec = parse_spec(json.loads(spec.to_json()), where)  # nothing invalid is ever stored
         check_submit(spec, where, self.machine_nodes(), self.get_meta("node_slots"))  # (jobspec.NODE_SLOTS_KEY)
@@ -393,9 +359,8 @@ class Store:
         return [self._row(r) for r in rows]
 
     def job_states(self, states: Iterable[JobState]) -> dict[str, JobStatus]:
-        """Id -> state and cancel flag of each job in ``states`` (submission order), without reading
-        their specs: the daemon asks at every loop iteration, and parsing 100 stored specs there
-        cost more than everything else it did per iteration at 4,608 nodes."""
+        """Id -> state and cancel flag of each job in ``states`` (submission order), without parsing their specs
+        (asked every iteration: parsing 100 specs cost more than the rest of it at 4,608 nodes)."""
         wanted = sorted({s.value for s in states})
         marks = ",".join("?" * len(wanted))
         rows = self._select(f"SELECT id, state, cancel_requested FROM jobs WHERE state IN ({marks}) ORDER BY seq", wanted)
@@ -422,10 +387,7 @@ class Store:
         return failed
 
     def set_state(self, jid: str, state: JobState, reason: str = "") -> bool:
-        """Move a job to ``state`` (no-op if already there); terminal states never change.
-
-        Returns True if the state changed.
-        """
+        """Move a job to ``state`` (terminal states never change); returns whether it changed."""
         now = self.clock()
         with self._tx() as c:
             row = c.execute("SELECT state FROM jobs WHERE id=?", (jid,)).fetchone()
@@ -474,9 +436,8 @@ class Store:
 
     # -- scalability and rescales
     def scaling(self, jid: str) -> dict[int, float]:
-        """The samples/s measured for the job per node count, as the policy's events reported them
-        (``refined``, ``profile_done``, ``profile_aborted``; a later point replaces an earlier one),
-        over the rows a version-1 store kept. What the policy believes is its saved state, not this."""
+        """The samples/s measured for the job per node count, from the policy's events (a later point replaces
+        an earlier one) over a version-1 store's rows; what the policy believes is its saved state."""
         out: dict[int, float] = {}
         if self._select("SELECT name FROM sqlite_master WHERE type='table' AND name=?", (LEGACY_SCALING_TABLE,)):
             rows = self._select(f"SELECT nodes, rate FROM {LEGACY_SCALING_TABLE} WHERE job=? ORDER BY nodes", (jid,))
@@ -554,9 +515,8 @@ class Store:
         return (_event(row) for row in rows)
 
     def last_daemon_was_killed(self) -> bool:
-        """Whether the last daemon on this store logged its start but not its stop (a kill -9, a
-        crash): its agents may still run. The event log says so even where its ``daemon.json`` is
-        gone (a state file another process removed, or a daemon killed before writing it)."""
+        """Whether the last daemon on this store logged its start but not its stop (its agents may still run),
+        whether or not its ``daemon.json`` is still there."""
         rows = self._select("SELECT MAX(CASE WHEN kind='daemon_start' THEN id END), "
                             "MAX(CASE WHEN kind='daemon_stop' THEN id END) FROM events "
                             "WHERE kind IN ('daemon_start', 'daemon_stop')")

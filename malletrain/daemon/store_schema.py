@@ -1,16 +1,8 @@
 """The store's file and schema: how a ``store.db`` is created, checked and migrated.
 
-Schema versions (``meta.schema_version``):
-
-1. jobs, job_states, scalability, rescales, generations, events, meta (owner columns, and the
-   submitter's umask, added in place).
-2. No ``scalability`` table: what the policy learned of a job's scalability is kept once, in the
-   saved policy state (meta ``policy_state``, what a restarted daemon resumes from); what was
-   measured when is in the event log (``refined``, ``profile_done``, ``profile_aborted``). A
-   version-1 store is migrated when opened: its ``scalability`` table is renamed
-   ``scalability_v1`` and kept, read-only, so :meth:`malletrain.daemon.store.Store.scaling` still
-   reads the rows an older daemon wrote.
-"""
+Version 2 keeps no ``scalability`` table (what the policy learned is in the saved policy state, what
+was measured when in the event log); a version-1 store is migrated when opened, its table kept
+read-only as ``scalability_v1`` for :meth:`malletrain.daemon.store.Store.scaling`."""
 
 from __future__ import annotations
 
@@ -65,7 +57,6 @@ CREATE INDEX IF NOT EXISTS events_kind ON events (kind, id);
 """
 
 
-
 class StoreError(RuntimeError):
     """A store that cannot be used (missing, empty, corrupt, wrong schema, disk full or
     read-only) or a bad request (unknown job id); the message names the file or the job."""
@@ -85,7 +76,6 @@ def sqlite_error_text(exc: sqlite3.Error | UnicodeDecodeError, path: str) -> str
     if "malformed" in low or "not a database" in low or "corrupt" in low:
         return f"{path}: corrupt store ({text}); restore it from a backup of the state dir"
     return f"{path}: {text}"
-
 
 
 def init_schema(conn: sqlite3.Connection) -> None:
@@ -139,7 +129,6 @@ def check_file(path: Path) -> None:
     if head != SQLITE_MAGIC:
         raise StoreError(f"{path}: not a SQLite database, so not a malletrain store; "
                          "restore it from a backup, or move it away to start with no jobs")
-
 
 
 def migrate(c: sqlite3.Connection, path: str, new: bool) -> None:

@@ -1,14 +1,9 @@
 """What ``malletrain submit`` checks of a job's command before it is recorded, as the submitting user.
 
-(The job file itself is read bounded, a regular file only, by :func:`malletrain.daemon.textfile.read_user_file`,
-and its ``cwd`` checked by :func:`malletrain.daemon.jobspec.check_submit`.)
-
-- :func:`check_command`: the command's program is there: a first word that is an executable (a path,
-  from ``cwd``, or a name on ``PATH``), and for a Python interpreter the script (``python train.py``,
-  from ``cwd``) or the top-level package of the module (``python -m pkg.mod``, looked up by that
-  interpreter in ``cwd`` with the job's ``env``). A job whose script was missing failed 20 s and five
-  workers later; now the submit names what is missing.
-"""
+:func:`check_command`: the first word is an executable (a path from ``cwd`` or a name on ``PATH``);
+for a Python interpreter the script, or the module's top-level package (looked up by that
+interpreter in ``cwd`` with the job's ``env``), is there. A missing script used to fail 20 s and
+five workers later; now the submit names it."""
 
 from __future__ import annotations
 

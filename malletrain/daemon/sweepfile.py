@@ -1,37 +1,11 @@
-"""Sweeps: a hyperparameter search written in a job file, each trial an elastic job.
+"""Sweeps: a hyperparameter search written in a job file (``[sweep]``), each trial an elastic job.
 
-.. code-block:: toml
-
-    name = "mlp-search"
-    command = ["python", "train.py", "--lr", "{lr}", "--width", "{width}", "--ckpt", "ckpt/{trial}"]
-    min_nodes = 1
-    max_nodes = 2
-
-    [sweep]
-    trials = 12
-    direction = "minimize"          # or "maximize"
-    sampler = "tpe"                 # optional: "tpe" (default), "random", "grid"
-    pruner = "none"                 # optional: "none" (default), "median"
-    seed = 1                        # optional: the sampler's seed
-
-    [sweep.space]
-    lr = { low = 1e-4, high = 0.1, log = true }   # a float
-    width = { low = 8, high = 64 }                # an int (both bounds integers)
-    act = { choices = ["relu", "gelu"] }          # a choice
-
-Optuna chooses each trial's values through its ask-and-tell interface; the study lives in a journal
-file in the daemon's state folder (``sweeps/NAME/study.journal``), so a daemon restart loses no
-trial and no value. Each trial is a job of the file with ``{name}`` in its command replaced by the
-trial's value of ``name`` and ``{trial}`` by its number; a trial writes ``{"value": X}`` to the file
-``MALLETRAIN_TRIAL_RESULT`` names (:func:`malletrain.worker.client.trial_result`), and one that ends
-without a value is FAILED, saying so. A trial recalled to zero nodes is suspended and resumed like
-any job: it stays the same trial.
-
-Every Optuna call of malletrain is in this module (:class:`SweepStudy`); the daemon's
-:class:`malletrain.daemon.sweeps.SweepDriver` drives it and :mod:`policy.sweeps` says when a new
-trial is opened. Optuna is an optional extra (``pip install 'malletrain[sweep]'``), imported only
-when a sweep is run or shown.
-"""
+The file's keys are in docs/training/sweeps.md. Optuna asks each trial's values; the study is a
+journal file in the state folder (``sweeps/NAME/study.journal``), so a restart loses no trial and no
+value. ``{name}`` in the command is the trial's value of ``name``, ``{trial}`` its number; a trial
+writes ``{"value": X}`` to ``MALLETRAIN_TRIAL_RESULT`` and one without a value is FAILED. Every
+Optuna call of malletrain is here (:class:`SweepStudy`); Optuna is imported only when a sweep is run
+or shown."""
 
 from __future__ import annotations
 
@@ -361,10 +335,8 @@ def _optuna() -> Any:
 
 
 def _grid_sampler(optuna: Any, grid: dict[str, list[Any]], seed: int | None) -> Any:
-    """Optuna's grid sampler, less its stop of the study once every point has been asked: that stop is
-    meant for ``study.optimize``, which a sweep does not run (it asks and tells), and outside it Optuna
-    raises, so the tell of a grid's last trials failed and the sweep stopped with trials left untold. A
-    sweep ends at its ``trials``, which :func:`parse_sweep` keeps within the grid's points."""
+    """Optuna's grid sampler without its stop of the study once every point was asked (meant for
+    ``study.optimize``; under ask-and-tell it made the last tells fail). A sweep ends at its ``trials``."""
 
     class SweepGridSampler(optuna.samplers.GridSampler):
         def after_trial(self, study: Any, trial: Any, state: Any, values: Any) -> None:
@@ -431,12 +403,9 @@ class SweepStudy:
         trial = self.study.ask(self.distributions)
         return int(trial.number), dict(trial.params)
 
-    def _frozen(self, number: int) -> Any:
-        return self.study.get_trials(deepcopy=False)[number]
-
     def _trial(self, number: int) -> Any:
         optuna = _optuna()
-        return optuna.trial.Trial(self.study, self._frozen(number)._trial_id)
+        return optuna.trial.Trial(self.study, self.study.get_trials(deepcopy=False)[number]._trial_id)
 
     def set_job(self, number: int, job: str) -> None:
         self._trial(number).set_user_attr("job", job)
@@ -485,9 +454,8 @@ class SweepStudy:
 
 def summary(sweep: SweepSpec, rows: list[TrialRow], job_states: Mapping[str, str],
             cancelled: bool = False) -> dict[str, Any]:
-    """A sweep as ``status --json`` and ``sweep show`` carry it: its trials (a running trial's state is
-    its job's: pending, running, suspended...) and the best completed one. A cancelled sweep
-    (:func:`cancel`) is done once none of its trials runs: the trials it stopped show ``cancelled``."""
+    """A sweep as ``status --json`` and ``sweep show`` carry it: its trials (a running one in its job's state)
+    and the best completed one; a cancelled sweep is done once none of its trials runs."""
     trials = []
     for r in rows:
         state = job_states.get(r.job or "", r.state) if r.state == "running" else r.state
@@ -543,9 +511,8 @@ def register(store: Any, spec: JobSpec, sweep: SweepSpec, owner_uid: int | None,
 
 
 def cancel(store: Any, name: str) -> list[str]:
-    """Cancel sweep ``name`` (:class:`SweepError` if there is none): it opens no trial again, and every
-    trial job not ended yet is asked to stop (the daemon tells each one to the study as cancelled).
-    Returns every trial job of the sweep, in trial order."""
+    """Cancel sweep ``name`` (:class:`SweepError` if none): no trial opens again and every trial job not ended
+    is asked to stop (told to the study as cancelled). Returns every trial job, in trial order."""
     with store.batch():
         sweeps = registered(store)
         if name not in sweeps:

@@ -1,22 +1,10 @@
 """Sweeps (a daemon part): the trials of each registered sweep, asked, submitted and told.
 
-At each step, after observe and before decide, for each sweep in the store
-(:func:`malletrain.daemon.sweepfile.registered`):
-
-- a trial whose job observe marked COMPLETED but that wrote no value is marked FAILED instead,
-  with that reason (act carries it out at this step);
-- a trial whose job ended is told to its study: its value, or FAIL / PRUNED with the job's reason;
-- a running trial's intermediate values are reported; one the sweep's pruner stops is ended;
-- new trials are opened as :func:`policy.sweeps.trials_to_open` says (one while none waits for
-  nodes), each one asked of Optuna and submitted as a job of the sweep's file;
-- a cancelled sweep (:func:`malletrain.daemon.sweepfile.cancel`: its trial jobs were asked to stop) opens no
-  trial again; each trial is told as its job ends (cancelled), one never submitted at once.
-
-A trial is a job like any other: a recall suspends it and it resumes from its checkpoint as the
-same job, so the same trial. After a restart the journal gives every trial and value back; a trial
-asked but not yet submitted (the daemon died in between) is submitted then. The part holds no rule
-of its own (policy) and calls no other part; every Optuna call is in :mod:`malletrain.daemon.sweepfile`.
-"""
+At each step, after observe and before decide: a COMPLETED trial with no value is FAILED instead; an
+ended trial is told to its study; running trials report intermediate values (the pruner may end one);
+new trials open as :func:`policy.sweeps.trials_to_open` says; a cancelled sweep opens none. A trial is
+a job like any other (a recall suspends it, it resumes as the same trial); after a restart the journal
+gives every trial back. Every Optuna call is in :mod:`malletrain.daemon.sweepfile`."""
 
 from __future__ import annotations
 

@@ -33,17 +33,12 @@ from scavenger.channel import AGENT_KEY_FILE
 from scavenger.connguard import raise_nofile_limit
 from scavenger.hub import AgentHub
 from scavenger.local import LocalBackend, slot_timeline
-from contract.nodeshape import parse_workers_per_node
 from traces.model import IdleTimeline
 
 
 def load_timeline(cfg: DaemonConfig) -> IdleTimeline | None:
-    """The local backend's idle-node trace; None = every node always idle (``trace = "none"``).
-
-    ``synthetic``: :func:`traces.synthetic.summit_like` on ``machine_nodes``
-    nodes; a path: that log via :func:`traces.read`. Either way the local
-    nodes are the machine's first idle ones (:func:`scavenger.local.slot_timeline`).
-    """
+    """The local backend's idle-node trace (None: always idle, ``trace = "none"``): ``synthetic`` or a
+    log via :func:`traces.read`, its first idle nodes (:func:`scavenger.local.slot_timeline`)."""
     trace = cfg.local.trace
     if trace == "none":
         return None
@@ -58,14 +53,6 @@ def load_timeline(cfg: DaemonConfig) -> IdleTimeline | None:
 
         tl = read(trace)
     return slot_timeline(tl, cfg.local.nodes)
-
-
-def make_torchrun_runtime(cfg: DaemonConfig, monitor_address: str, port: int = 0,
-                          on_start: Callable[[], None] | None = None) -> TorchrunRuntime:
-    """The runtime of jobs whose launcher is ``torchrun`` (restarted at each change of their world); its
-    store starts with its first job, on ``port`` if free (0: any), and then calls ``on_start``."""
-    return TorchrunRuntime(host=cfg.ports.host, monitor=monitor_address, store_grace_s=cfg.store_grace,
-                           port=port, on_start=on_start)
 
 
 def make_runtime(cfg: DaemonConfig, monitor_address: str, rendezvous_port: int = 0) -> Runtime:
@@ -87,13 +74,10 @@ def make_runtime(cfg: DaemonConfig, monitor_address: str, rendezvous_port: int =
     raise ConfigError(f"unknown runtime {cfg.runtime!r}")
 
 
-
 @dataclass
 class DaemonParts:
-    """Collaborators a test (or another front end) gives the daemon instead of the real ones: the
-    job monitor, the agent hub, the runtime and the backend. Each must offer the methods the daemon
-    calls on the real one; ``tests/test_conformance.py`` drives the daemon with fakes of all four
-    and an injected clock, with no process and no socket but the control one."""
+    """What a test (or another front end) gives the daemon instead of the real monitor, hub, runtime and
+    backend (``tests/test_conformance.py`` drives the daemon with fakes of all four)."""
 
     monitor: Monitor | None = None
     hub: AgentHub | None = None
@@ -102,9 +86,8 @@ class DaemonParts:
 
 
 class Wiring:
-    """Construction: :meth:`__init__` takes the state dir's lock, :meth:`_open` builds the rest;
-    :meth:`open_control` binds the control socket to the API that answers it; :meth:`close` closes
-    everything (:meth:`abandon`, what a construction that failed had taken)."""
+    """Construction: :meth:`__init__` takes the state dir's lock, :meth:`_open` builds the rest,
+    :meth:`open_control` binds the control socket; :meth:`close` (or :meth:`abandon`, after a failure) closes it all."""
 
     store: Store
     metrics: Metrics
@@ -162,7 +145,8 @@ class Wiring:
     def _open(self, cfg: DaemonConfig) -> None:
         self.store = Store.open(self.state_dir / STORE_FILE, clock=self.clock)
         self.metrics = Metrics(cfg.metrics.address)  # [metrics]: off (a no-op) unless an address is set
-        ports = self._ports()
+        stored = self.store.ports(("monitor", "agents", "rendezvous", "torchrun"))  # a bad entry: StoreError naming the file
+        ports = {k: getattr(cfg.ports, k, 0) or port for k, port in stored.items()}
         parts = self.parts
         self.monitor = parts.monitor or Monitor(self._bind(ports["monitor"], "monitor"), ctx=self.ctx)
         self.replay = ReplaySaver(self.monitor, self.store)  # replay windows survive restarts (store meta)
@@ -175,8 +159,10 @@ class Wiring:
         self.runtime = parts.runtime or make_runtime(cfg, self.monitor.address, ports["rendezvous"])
         self.runtime.use_secrets(self.job_secret)  # each job's reports and store requests are signed with its own
         self.runtime.start()
-        # its store starts with its first job, on the port the last daemon served it on (its agents come back there)
-        self.torchrun = make_torchrun_runtime(cfg, self.monitor.address, ports["torchrun"], self._save_ports)
+        # the runtime of `launcher = "torchrun"` jobs: its store starts with its first job, on the port the last
+        # daemon served it on (its agents come back there), and then its port is saved
+        self.torchrun = TorchrunRuntime(host=cfg.ports.host, monitor=self.monitor.address, store_grace_s=cfg.store_grace,
+                                        port=ports["torchrun"], on_start=self._save_ports)
         self.torchrun.use_secrets(self.job_secret)
         self._save_ports()
         self.backend = parts.backend or self._make_backend()
@@ -186,7 +172,7 @@ class Wiring:
                                # an agent that cannot reach us leaves after agent_dead_after: twice that
                                # without its hello, the pilot's node is broken
                                meta=self.store, agent_grace=2 * cfg.agent_dead_after,
-                               workers_per_node=parse_workers_per_node(self._scavenger().workers_per_node))
+                               workers_per_node=self._scavenger().slots_per_node)
         self.scav.resume()  # the pilots the last daemon left (still queued ones too) before anything new
 
     def open_control(self, handle: Callable[[Request, Caller], dict[str, Any]],
@@ -224,10 +210,6 @@ class Wiring:
         os.close(self._lock_fd)
 
     # ---------------------------------------------------------------- setup
-    def _ports(self) -> dict[str, int]:
-        stored = self.store.ports(("monitor", "agents", "rendezvous", "torchrun"))  # a bad entry: StoreError naming the file
-        return {k: getattr(self.cfg.ports, k, 0) or port for k, port in stored.items()}
-
     def _save_ports(self) -> None:
         """The ports this daemon serves on, for the next one (the torchrun launcher's once its store started)."""
         self.store.set_meta("ports", json.dumps({
@@ -236,16 +218,11 @@ class Wiring:
         }))
 
     def _bind(self, port: int, what: str) -> str:
-        """The address for ``what`` (``monitor``, ``agents``): ``port`` on ``[ports] host``
-        (loopback by default), if free.
+        """The address for ``what`` (``monitor``, ``agents``): ``port`` on ``[ports] host``, if free.
 
-        A port set in ``[ports]`` is fixed: when something else holds it (another daemon, or
-        a local user waiting there for our agents) the daemon refuses to start, naming the
-        port and its holder. A port of 0 floats: the one kept from the last run is preferred
-        and, if taken, another is picked; that is logged as an error and stored as a
-        ``port_taken`` event (the last run's agents cannot prove themselves to the holder's
-        socket nor obey it, and leave after ``agent_dead_after``).
-        """
+        A port set in ``[ports]`` is fixed: held by something else, the daemon refuses to start, naming it.
+        A port of 0 floats: the last run's is preferred, else another is picked, logged as an error and a
+        ``port_taken`` event (the last run's agents leave after ``agent_dead_after``)."""
         import socket
 
         host = url_host = "127.0.0.1" if self.cfg.ports.host == "localhost" else self.cfg.ports.host
@@ -309,8 +286,8 @@ class Wiring:
     def _slots_args(self) -> tuple[str, ...]:
         """``--slots K`` where ``[scavenger] workers_per_node`` is a number: agents prepare a warm process
         per slot from the start (a scheduler that reports the node's GPUs corrects it at the first start)."""
-        slots = self._scavenger().workers_per_node
-        return ("--slots", str(slots)) if isinstance(slots, int) and slots > 1 and self.runtime.warm_modules else ()
+        slots = self._scavenger().slots_per_node
+        return ("--slots", str(slots)) if slots is not None and slots > 1 and self.runtime.warm_modules else ()
 
     def _make_batch_backend(self, kind: str) -> SchedulerBackend:
         """Pilots as Slurm or PBS batch jobs; their agents connect to this daemon's hub."""

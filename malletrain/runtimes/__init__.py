@@ -1,11 +1,5 @@
-"""Elastic runtimes: how the job manager starts a job's workers and changes their set.
-
-The job manager never starts workers itself: it asks the runtime for a
-:class:`LaunchSpec` per worker, hands it to the node agent on that node, and
-tells the runtime the new membership with :meth:`Runtime.set_members`.
-Workers not in the new membership leave at their next commit point; new ones
-(started ahead of time) join there.
-"""
+"""Elastic runtimes: the daemon asks one for a :class:`LaunchSpec` per worker, which the node agent runs,
+and tells it each new membership (:meth:`Runtime.set_members`); workers leave or join at a commit point."""
 
 from __future__ import annotations
 
@@ -17,16 +11,10 @@ from typing import Callable, Iterable, Protocol, Sequence
 class LaunchSpec:
     """What a node agent runs for one worker: argv (no shell), extra env, cwd, and how many processes.
 
-    ``slots``: the worker's ranks on the node, K (the one route by which K reaches them). The agent
-    runs that many processes of ``argv``, local ranks 0 .. slots-1, each with its own device, cores,
-    ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE`` (:mod:`spawner.slots`); where ``env`` has ``GROUP_RANK`` and
-    ``GROUP_WORLD_SIZE`` each also gets its ``RANK`` and ``WORLD_SIZE``. They end together (one failure
-    stops the others; the worker's exit is reported once). 1: one process, as before.
-
-    ``starts_own_ranks``: the worker's one process starts its K ranks itself (the ``torchrun``
-    launcher's rank agent, which restarts them at each change of their world): the agent runs one
-    process, with the node's part it would give K, and tells it K in ``MALLETRAIN_LOCAL_RANKS``.
-    """
+    ``slots``: K, the worker's ranks on the node: K processes of ``argv`` (local ranks 0 .. K-1, each with its
+    own device, cores, ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE``: :mod:`spawner.slots`), ending together.
+    ``starts_own_ranks``: one process starts its K ranks itself (the ``torchrun`` rank agent); the agent
+    runs it alone and tells it K in ``MALLETRAIN_LOCAL_RANKS``."""
 
     argv: tuple[str, ...]
     env: dict[str, str] = field(default_factory=dict)
@@ -36,11 +24,8 @@ class LaunchSpec:
 
 
 class Runtime(Protocol):
-    """One elastic runtime (``torch``: in-process elastic DDP; ``horovod``: Elastic Horovod).
-
-    The runtimes subclass it: the hooks below the first five methods have defaults that do
-    nothing, so a runtime overrides only the ones it needs and the daemon calls every one.
-    """
+    """One elastic runtime; the hooks after the first five methods default to nothing, so the daemon calls
+    every one and a runtime overrides only what it needs."""
 
     name: str
     warm_modules: tuple[str, ...] = ()  # what its workers import: agents prepare a process ahead
@@ -59,20 +44,15 @@ class Runtime(Protocol):
 
     def launch_spec(self, job_id: str, command: Sequence[str], worker_id: str, node: str,
                     slots: int = 1) -> LaunchSpec:
-        """The argv/env for worker ``worker_id`` of ``job_id`` on ``node``, which gives the job ``slots``
-        worker slots (its node's K, or fewer where the job asks): the worker stands for the node,
-        and its :attr:`LaunchSpec.slots` says how many processes the agent runs for it."""
+        """The argv/env for worker ``worker_id`` of ``job_id`` on ``node``, which gives the job ``slots`` worker
+        slots (K, or fewer where it asks); its :attr:`LaunchSpec.slots` says how many processes the agent runs."""
 
     def set_members(self, job_id: str, members: Sequence[str]) -> int:
         """Publish the job's new ordered worker set; returns the new generation number."""
 
     def forget(self, job_id: str, keep_state: bool = True) -> None:
-        """Drop the job's membership and rendezvous state; idempotent.
-
-        ``keep_state=True`` (a suspended job that may come back) lets the runtime
-        keep the job's last committed training state to resume from;
-        ``keep_state=False`` (the job ended) drops that too.
-        """
+        """Drop the job's membership and rendezvous state; idempotent. ``keep_state=True`` (a suspended job)
+        keeps its last committed training state to resume from; ``False`` (the job ended) drops it too."""
 
     def ready(self, job_id: str, worker_id: str) -> bool:
         """Whether a worker started ahead of time is ready to join (default: as soon as it started)."""
@@ -89,16 +69,14 @@ class Runtime(Protocol):
         return None
 
     def restarted_from_scratch(self, job_id: str) -> bool:
-        """Whether the generation :meth:`set_members` last published for ``job_id`` starts training from
-        step 0 (none of the last world's workers in it, and no checkpoint): the job's progress so far
-        no longer exists. Default: never (a runtime that cannot tell)."""
+        """Whether the generation :meth:`set_members` last published starts training from step 0 (none of the last
+        world's workers in it, no checkpoint). Default: never (a runtime that cannot tell)."""
         return False
 
     def finished(self, job_id: str) -> str | None:
-        """Why the job's training is over although its workers may still run (a runtime whose ranks say
-        so before their processes exit: every rank of its current world exited 0), else None. The
-        daemon ends the job COMPLETED on it at once, so a recall that comes before those processes have
-        exited does not start the work again. Default: None (a worker's exit 0 says it)."""
+        """Why the job's training is over while its workers may still run (every rank of a world exited 0),
+        else None: the daemon ends it COMPLETED at once, so a recall before the processes exit does not start
+        it again. Default: None (a worker's exit 0 says it)."""
         return None
 
     def persist_checkpoints(self, jobs: Iterable[str]) -> list[str]:

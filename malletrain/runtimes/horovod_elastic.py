@@ -1,39 +1,14 @@
-"""The ``horovod`` runtime: Elastic Horovod jobs behind the :class:`Runtime` protocol.
+"""The ``horovod`` runtime: Elastic Horovod jobs behind the :class:`Runtime` protocol (docs/training/horovod.md).
 
-Elastic Horovod has its own driver (``horovodrun --host-discovery-script``)
-that spawns, re-ranks and retires the workers itself; the job manager only
-decides *where* a job may run. The mapping:
-
-* **Driver = daemon-side service.** On the first :meth:`HorovodRuntime.set_members`
-  of a job, the runtime starts one driver process per job (``horovodrun -np N
-  --min-np MIN [--max-np MAX] --host-discovery-script SCRIPT ... COMMAND``)
-  wrapped by ``python -m malletrain.runtimes.horovod_elastic drive`` which
-  records the driver's exit code in the job directory. The driver lives beside
-  the daemon, not on a preemptable node, so recalling any node never kills the
-  job (Horovod needs one surviving host to carry the state over).
-* **Workers = slot holders.** :meth:`HorovodRuntime.launch_spec` returns, for
-  every worker, ``python -m malletrain.runtimes.horovod_elastic hold ...``: a
-  tiny process the node agent runs on the worker's node that marks the slot as
-  taken. It exits with code 0 once a later membership drops its worker, or with
-  the job's exit code once the driver has ended, so the node agent sees the job
-  finish like any other runtime's worker.
-* **Membership = hosts file.** :meth:`HorovodRuntime.set_members` rewrites the
-  job's ``hosts`` file atomically (temp file + ``os.replace``); the discovery
-  script just prints it, and Horovod polls it every second. Lines are
-  ``host:slots``: with ``local=True`` (the local backend, where every node is
-  this host) the whole job is ``localhost:<number of members>``; otherwise one
-  line per node with as many slots as members placed on it.
-
-A member identifies a *slot on a host*, not one particular Horovod process:
-scaling ``localhost`` from 3 slots to 1 retires Horovod's local ranks 1 and 2,
-whichever worker ids the job manager removed.
-
-Daemon restarts: drivers run in their own session, so they outlive a daemon
-``kill -9``. A restarted daemon calls :meth:`HorovodRuntime.readopt` with the
-workers it re-adopted; the runtime finds the job's directory in its work
-directory and its driver among the live processes, and goes on from the
-generation in ``members.json``: the job keeps training untouched.
-"""
+Horovod's own driver (``horovodrun --host-discovery-script``) spawns, re-ranks and retires the
+workers; the daemon only says where a job may run. The driver runs beside the daemon (one per job,
+wrapped by ``python -m malletrain.runtimes.horovod_elastic drive``, which records its exit code), so
+recalling any node never kills the job. Each worker is a slot holder (``... hold``) the node agent runs:
+it exits 0 once a later membership drops it, or with the job's exit code once the driver ended.
+:meth:`HorovodRuntime.set_members` rewrites the job's ``hosts`` file atomically (``host:slots`` lines;
+``localhost:<members>`` on the local backend), which the discovery script prints. A member is a slot on
+a host, not one Horovod process. Drivers run in their own session and outlive a daemon ``kill -9``;
+:meth:`HorovodRuntime.readopt` finds a job's driver again and goes on from ``members.json``."""
 
 from __future__ import annotations
 
@@ -56,8 +31,8 @@ from typing import Any, Callable, Mapping, Sequence
 import psutil
 
 from contract.exits import EXIT_SIGTERM
-from contract.horovod import MEMBERS_FILE, current_generation  # noqa: F401  (current_generation: re-exported)
-from contract.workerenv import ENV_HOROVOD_JOB_DIR, ENV_JOB, ENV_JOB_SECRET, ENV_WORKER, WorkerEnv  # noqa: F401  (ENV_JOB, ENV_WORKER: re-exported)
+from contract.horovod import MEMBERS_FILE
+from contract.workerenv import ENV_HOROVOD_JOB_DIR, ENV_JOB_SECRET, WorkerEnv
 from malletrain.runtimes import LaunchSpec, Runtime
 
 MODULE = "malletrain.runtimes.horovod_elastic"
@@ -67,8 +42,6 @@ CANCELLED_FILE = "cancelled"
 DISCOVERY_SCRIPT = "discover.sh"
 DRIVER_LOG = "driver.log"
 HOLD_POLL_S = 0.2
-ENV_JOB_DIR = ENV_HOROVOD_JOB_DIR
-"""Set for the driver and its workers: the job directory (see :func:`current_generation`)."""
 STOP_GRACE_S = 10.0
 
 
@@ -170,15 +143,9 @@ def read_exit_code(job_dir: Path) -> int | None:
 class HorovodRuntime(Runtime):
     """Elastic Horovod behind the :class:`~malletrain.runtimes.Runtime` protocol.
 
-    ``work_dir`` holds one directory per job (hosts file, discovery script,
-    membership, driver log, exit code); a temporary one is made by
-    :meth:`start` when omitted. ``local=True`` treats every node as this host.
-    ``network_interfaces`` defaults to ``("lo",)`` when local. ``horovodrun``
-    is the launcher's argv prefix (default ``python -m horovod.runner.launch``);
-    ``env`` is added to the driver's environment and so to every Horovod worker
-    (put ``MALLETRAIN_MONITOR`` there: the slot holders' launch env does not
-    reach the training processes).
-    """
+    ``work_dir``: a directory per job (a temporary one when omitted); ``local=True``: every node is this
+    host (``network_interfaces`` then ``("lo",)``); ``horovodrun``: the launcher's argv prefix; ``env``:
+    added to the driver's and so every Horovod worker's environment (the holders' env never reaches them)."""
 
     COMMAND_BESIDE_DAEMON = True
     """The job's command runs under the driver, a process of the daemon's user: a root daemon
@@ -186,19 +153,10 @@ class HorovodRuntime(Runtime):
 
     name = "horovod"
 
-    def __init__(
-        self,
-        work_dir: str | os.PathLike[str] | None = None,
-        *,
-        local: bool = True,
-        min_np: int = 1,
-        max_np: int | None = None,
-        network_interfaces: Sequence[str] | None = None,
-        python: str = sys.executable,
-        horovodrun: Sequence[str] | None = None,
-        extra_args: Sequence[str] = (),
-        env: dict[str, str] | None = None,
-    ) -> None:
+    def __init__(self, work_dir: str | os.PathLike[str] | None = None, *, local: bool = True, min_np: int = 1,
+                 max_np: int | None = None, network_interfaces: Sequence[str] | None = None,
+                 python: str = sys.executable, horovodrun: Sequence[str] | None = None,
+                 extra_args: Sequence[str] = (), env: dict[str, str] | None = None) -> None:
         if min_np < 1:
             raise ValueError(f"min_np must be >= 1, got {min_np}")
         if max_np is not None and max_np < min_np:
@@ -279,11 +237,8 @@ class HorovodRuntime(Runtime):
             return job.generation
 
     def forget(self, job_id: str, keep_state: bool = True) -> None:
-        """Stop the job's driver (and its workers), drop its directory. Idempotent.
-
-        ``keep_state`` is accepted for the protocol: Elastic Horovod keeps no
-        state outside its workers, so a resumed job restarts its script.
-        """
+        """Stop the job's driver (and its workers), drop its directory; idempotent (Horovod keeps no state outside
+        its workers: ``keep_state`` is there for the protocol)."""
         with self._lock:
             job = self._jobs.pop(job_id, None)
         if job is None:
@@ -304,14 +259,9 @@ class HorovodRuntime(Runtime):
         shutil.rmtree(job.dir, ignore_errors=True)
 
     def readopt(self, job_id: str, command: Sequence[str], workers: dict[str, str]) -> int:
-        """Take over a job an earlier runtime (a daemon that died) ran in this work directory.
-
-        ``workers`` maps the re-adopted worker ids to their nodes. The job's
-        directory, generation and retired workers come from its ``members.json``;
-        a driver still running there is adopted (:meth:`forget` stops it), else
-        the next :meth:`set_members` starts one. Returns the job's generation
-        (0: nothing to take over, the job starts afresh). Idempotent.
-        """
+        """Take over a job a dead daemon ran in this work directory (``workers``: worker id -> node): its
+        generation and retired workers from ``members.json``, a driver still running adopted. Returns the
+        generation (0: nothing to take over); idempotent."""
         if not command:
             raise ValueError(f"job {job_id}: empty command")
         with self._lock:
@@ -492,7 +442,7 @@ def job_processes(job_dir: Path) -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter():
         try:
-            if proc.status() != psutil.STATUS_ZOMBIE and proc.environ().get(ENV_JOB_DIR) == str(job_dir):
+            if proc.status() != psutil.STATUS_ZOMBIE and proc.environ().get(ENV_HOROVOD_JOB_DIR) == str(job_dir):
                 found.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
@@ -524,11 +474,8 @@ def _read_retired(job_dir: Path) -> set[str]:
 
 
 def hold(job_dir: Path, worker: str, poll_s: float = HOLD_POLL_S) -> tuple[HoldOutcome, int]:
-    """Hold ``worker``'s slot until it is removed, the job ends or is forgotten.
-
-    A worker launched ahead of time (not yet a member) keeps holding; it leaves
-    once a membership that listed it is followed by one that does not.
-    """
+    """Hold ``worker``'s slot until a membership that listed it is followed by one that does not, or the
+    job ends or is forgotten."""
     while True:
         if not job_dir.is_dir() or (job_dir / CANCELLED_FILE).exists():
             return HoldOutcome.FORGOTTEN, 0

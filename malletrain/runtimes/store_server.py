@@ -1,28 +1,12 @@
 """The daemon's rendezvous store: each job's keys, served to that job's workers only, bounded.
 
-A TCP server (one thread per connection, behind an accept thread) speaking
-:mod:`contract.wire`. A connection serves one job: the one whose key
-(derived from its secret) the peer proved in the handshake. On it:
-
-* a key must be the job's own (``mt/<job>/...``) and in the schema
-  (:func:`contract.storekeys.parse_key`); any other is refused, named;
-* the daemon's keys (``gen``, ``members``, ``handover``) are read-only to workers;
-* the checkpoint's keys are written only by a worker the daemon started for the job
-  (:meth:`Authority.may_checkpoint`);
-* a job holds at most :attr:`StoreLimits.max_keys` keys and :attr:`StoreLimits.max_bytes`
-  bytes (keys and values); a write past either is refused.
-
-Connections are capped in total, per job and while handshaking (a peer has
-:data:`~contract.wire.HANDSHAKE_TIMEOUT_S` to prove the key). The handshaking
-slots are shared per peer: a user of this host (the uid owning the connecting socket) or a
-remote address holds at most :attr:`StoreLimits.max_handshaking_per_peer` of them, so one
-user re-opening silent connections in a loop cannot lock another user's workers out
-(root and the daemon's own user share the total). A counter (``add``) holds an integer of
-at most :data:`MAX_COUNTER` in magnitude; a bigger one is refused, named. The daemon
-itself reads and writes keys in-process (:meth:`RendezvousStore.set` and friends).
-Refusals are counted by reason (:attr:`RendezvousStore.rejected`) and logged at most
-once a second per reason.
-"""
+A TCP server (a thread per connection) speaking :mod:`contract.wire`. A connection serves the one job
+whose key it proved in the handshake: only that job's keys in the schema
+(:func:`contract.storekeys.parse_key`), the daemon's keys read-only, the checkpoint written only by a
+worker the daemon started (:meth:`Authority.may_checkpoint`), at most :class:`StoreLimits` keys and
+bytes a job. Connections are capped in total, per job and while handshaking, the handshaking slots
+per peer (a local uid or a remote address), so one user cannot lock another's workers out. Refusals
+are named, counted by reason (:attr:`RendezvousStore.rejected`) and logged at most once a second."""
 
 from __future__ import annotations
 
@@ -41,19 +25,8 @@ from scavenger.connguard import local_peer_uid
 
 from contract.storekeys import CHECKPOINT_KINDS, DAEMON_KINDS, BadKey, parse_key
 from contract.wire import (
-    HANDSHAKE_TIMEOUT_S,
-    Op,
-    Status,
-    StoreConnectionLost,
-    pack_fields,
-    parse_hello,
-    recv_frame,
-    send_frame,
-    session_for,
-    store_key,
-    store_proof,
-    unpack_fields,
-    worker_proof,
+    HANDSHAKE_TIMEOUT_S, Op, Status, StoreConnectionLost, pack_fields, parse_hello, recv_frame, send_frame,
+    session_for, store_key, store_proof, unpack_fields, worker_proof
 )
 from contract.workerenv import check_id
 
@@ -112,12 +85,9 @@ def _diag_uid(peer: tuple[str, int], ours: tuple[str, int]) -> int | None:
 
 
 def _connecting_uid(peer: tuple[str, int], ours: tuple[str, int]) -> int | None:
-    """The uid owning the connecting end of a connection from this host (None: remote, or not found).
-
-    Asked of the kernel for this one socket (:func:`_diag_uid`): the accept thread does this for every
-    connection, and reading all of ``/proc/net/tcp`` each time (~16 ms under a flood) let a flood's
-    queue of connections delay another user's past its handshake timeout. Where netlink is not
-    available (or for IPv6), :func:`scavenger.connguard.local_peer_uid` reads ``/proc/net/tcp``."""
+    """The uid owning the connecting end of a local connection (None: remote, or not found), asked of the
+    kernel for this socket (:func:`_diag_uid`; reading ``/proc/net/tcp`` per connection let a flood delay
+    other users past their handshake), else by :func:`scavenger.connguard.local_peer_uid`."""
     if ":" not in peer[0]:
         try:
             return _diag_uid(peer, ours)

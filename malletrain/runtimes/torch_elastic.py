@@ -1,35 +1,14 @@
 """The ``torch`` runtime, daemon side: the rendezvous store and membership generations.
 
-The daemon hosts one authenticated rendezvous store
-(:class:`~malletrain.runtimes.store_server.RendezvousStore`) for all its jobs. A
-connection serves the one job whose secret it proved and only that job's keys
-(the schema is :mod:`contract.storekeys`); the daemon's own keys are
-read-only to workers, the checkpoint is written only by the job's own workers,
-and each job's keys are bounded in number and bytes. gloo's own rendezvous of
-each world does not go through it: the world's rank 0 serves it (see
-:mod:`malletrain.worker.elastic.state`).
-
-:meth:`TorchRuntime.set_members` writes the member list first and then the
-generation key, so a worker that sees generation ``g`` always finds its
-members. Workers (see :mod:`malletrain.worker.elastic`) switch to the new generation at
-their next commit point.
-
-Daemon restarts: the store lives in the daemon, so a ``kill -9`` takes it
-away. Running workers keep training meanwhile (for at most
-``MALLETRAIN_STORE_GRACE`` seconds); a restarted daemon hosts a new, empty
-store on the same port (:attr:`TorchRuntime.port` is kept in the daemon's
-SQLite store), calls :meth:`TorchRuntime.resume_generation` with the last
-generation it published, and publishes the re-adopted workers again. Rank 0
-of a world that reconnects marks its whole world ready and reports its
-generation (``resume``), so the new generation is above every old one and the
-workers switch to it at their next commit without losing a step.
-
-Workers the restarted daemon starts fresh (a job that was suspended, or whose
-workers did not survive) find an empty store: they join whatever generation it
-publishes (the numbering skips), and the first world starts from the job's
-checkpoint, which the daemon kept on disk (:meth:`TorchRuntime.persist_checkpoints`)
-and put back into the new store (:meth:`TorchRuntime.resume_generation`).
-"""
+The daemon hosts one authenticated rendezvous store (:mod:`malletrain.runtimes.store_server`) for
+all its jobs; gloo's own rendezvous of each world is served by its rank 0
+(:mod:`malletrain.worker.elastic.state`). :meth:`TorchRuntime.set_members` writes the member list
+before the generation key, so a worker that sees generation ``g`` finds its members; workers switch
+at their next commit point. After a daemon restart the store is new and empty on the same port:
+workers train on for ``MALLETRAIN_STORE_GRACE`` seconds, the re-adopted ones are published again
+above every old generation, and fresh ones start from the checkpoint the daemon kept on disk
+(:meth:`TorchRuntime.persist_checkpoints`, :meth:`TorchRuntime.resume_generation`); see
+docs/design/resilience.md."""
 
 from __future__ import annotations
 
@@ -43,45 +22,16 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Protocol, Sequence
 
 from contract.storekeys import (
-    CKPT_CHUNK_BYTES,
-    active_key,
-    arrive_key,
-    ckpt_chunk_key,
-    ckpt_header,
-    ckpt_key,
-    ckpt_seq_key,
-    ckpt_tag_key,
-    gen_key,
-    handover_key,
-    joined_key,
-    members_key,
-    parse_ckpt_header,
-    ready_key,
-    resume_key,
+    CKPT_CHUNK_BYTES, active_key, arrive_key, ckpt_chunk_key, ckpt_header, ckpt_key, ckpt_seq_key, ckpt_tag_key,
+    gen_key, handover_key, joined_key, members_key, parse_ckpt_header, ready_key, resume_key
 )
-from contract.wire import listen_socket  # noqa: F401  (re-exported)
+from contract.wire import listen_socket
 from contract.messages import job_secret
 from malletrain.runtimes import LaunchSpec, Runtime
 from malletrain.runtimes.store_server import RendezvousStore, StoreLimits
-from contract.workerenv import (  # noqa: F401  (ENV_* and parse_address: re-exported for older callers)
-    DEFAULT_COLLECTIVE_TIMEOUT_S,
-    DEFAULT_STORE_GRACE_S,
-    ENV_COLLECTIVE_TIMEOUT,
-    ENV_JOB,
-    ENV_MONITOR,
-    ENV_RUNTIME,
-    ENV_STORE,
-    ENV_STORE_GRACE,
-    ENV_WORKER,
-    WorkerEnv,
-    check_id,
-    format_address,
-    parse_address,
-)
+from contract.workerenv import DEFAULT_COLLECTIVE_TIMEOUT_S, DEFAULT_STORE_GRACE_S, WorkerEnv, check_id, format_address
 
 log = logging.getLogger("malletrain.runtimes.torch")
-
-ENV_TIMEOUT = ENV_COLLECTIVE_TIMEOUT  # the name before contract.workerenv
 
 
 class RuntimeStateError(RuntimeError):
@@ -105,11 +55,8 @@ def checkpoint_path(directory: Path, job: str) -> Path:
 
 
 def write_private_file(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` durably and atomically, readable by its owner only (0600).
-
-    A temporary file beside it is written, fsynced and renamed over ``path``, then the
-    directory is fsynced: a crash leaves either the old file or the new one, never a torn one.
-    """
+    """Write ``data`` to ``path`` (0600) atomically and durably: a temporary file fsynced and renamed, the
+    directory fsynced, so a crash leaves the old file or the new one."""
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
     try:
@@ -165,33 +112,15 @@ class WorldKeys(Protocol):
 
 
 class TorchRuntime(Runtime):
-    """In-process elastic DDP: the daemon-side half (see module docstring).
+    """In-process elastic DDP: the daemon-side half.
 
-    ``host`` is the address workers use to reach the store (the daemon's
-    address as seen from the nodes); ``port`` 0 picks a free port (a given
-    port that is busy falls back to a free one, with a warning). ``monitor``
-    is the job monitor's ZeroMQ address given to workers as
-    ``MALLETRAIN_MONITOR`` (the job manager may also set it itself).
-    ``store_grace_s`` is how long workers train on without the store
-    (``MALLETRAIN_STORE_GRACE``).
-
-    ``checkpoint_dir`` (the daemon's ``STATE_DIR/checkpoints``, 0700) makes a job's
-    checkpoint durable: :meth:`persist_checkpoints` copies each new one there
-    (``<job>.ckpt``, 0600, written atomically) and :meth:`resume_generation` puts it
-    back into a restarted daemon's empty store, so a job suspended when the daemon
-    stopped or was killed resumes from it. Without it, checkpoints live in the
-    store only (the daemon's memory).
-
-    ``bind`` is the interface address the store listens on (default: ``host``,
-    so a local daemon listens on loopback only). A connection proves its job's
-    secret (``secret_for(job)``; the daemon sets it with :meth:`use_secrets` to its own
-    :meth:`~malletrain.daemon.Daemon.job_secret`, the key that signs the job's reports;
-    by default a key of this runtime's own) and sees that job's keys only, bounded by
-    ``limits``.
-
-    ``worlds``: what a launcher that uses this runtime's store and generations adds to each
-    generation (:class:`WorldKeys`; the ``torchrun`` launcher's world places).
-    """
+    ``host``: the store's address as the nodes see it (``bind``: where it listens, default ``host``);
+    ``port`` 0 or busy: a free one. ``monitor``: ``MALLETRAIN_MONITOR`` for workers. ``store_grace_s``:
+    how long workers train on without the store. ``checkpoint_dir``: where :meth:`persist_checkpoints`
+    keeps each job's checkpoint (``<job>.ckpt``, 0600) for :meth:`resume_generation` after a restart
+    (without it, only in the store). A connection proves its job's secret (``secret_for``, set by
+    :meth:`use_secrets`) and sees that job's keys only, within ``limits``. ``worlds``: keys a launcher
+    adds to each generation (:class:`WorldKeys`)."""
 
     name = "torch"
     warm_modules = ("torch", "torch.distributed", "torch._dynamo", "torch.nn.parallel", "malletrain.worker.elastic.state",
@@ -201,18 +130,10 @@ class TorchRuntime(Runtime):
     here, so the worker finds them loaded), and ``torch._dynamo``, which torch imports when a script
     makes its first optimizer (about 800 modules, sympy among them: most of a worker's start after torch)."""
 
-    def __init__(
-        self,
-        host: str = "127.0.0.1",
-        port: int = 0,
-        monitor: str | None = None,
-        collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S,
-        store_grace_s: float = DEFAULT_STORE_GRACE_S,
-        bind: str | None = None,
-        checkpoint_dir: str | Path | None = None,
-        limits: StoreLimits | None = None,
-        worlds: WorldKeys | None = None,
-    ) -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, monitor: str | None = None,
+                 collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S, store_grace_s: float = DEFAULT_STORE_GRACE_S,
+                 bind: str | None = None, checkpoint_dir: str | Path | None = None, limits: StoreLimits | None = None,
+                 worlds: WorldKeys | None = None) -> None:
         if collective_timeout_s <= 0:
             raise ValueError(f"collective_timeout_s must be > 0, got {collective_timeout_s}")
         if store_grace_s <= 0:
@@ -288,7 +209,7 @@ class TorchRuntime(Runtime):
 
     def store_usage(self, job: str) -> tuple[int, int]:
         """``(keys, bytes)`` ``job`` holds in the store."""
-        return self._require_store().usage(job)
+        return self.require_store().usage(job)
 
     @property
     def rejected(self) -> dict[str, int]:
@@ -308,14 +229,10 @@ class TorchRuntime(Runtime):
     @property
     def address(self) -> str:
         """``host:port`` of the store, as given to workers in ``MALLETRAIN_STORE``."""
-        self._require_store()
+        self.require_store()
         return format_address((self.host, self._port))
 
     def require_store(self) -> RendezvousStore:
-        """The served store (:class:`RuntimeStateError` before :meth:`start`)."""
-        return self._require_store()
-
-    def _require_store(self) -> RendezvousStore:
         if self._store is None:
             raise RuntimeStateError("TorchRuntime is not started: call start() first")
         return self._store
@@ -323,35 +240,24 @@ class TorchRuntime(Runtime):
     # -- Runtime protocol ------------------------------------------------------------
     def launch_spec(self, job_id: str, command: Sequence[str], worker_id: str, node: str,
                     slots: int = 1) -> LaunchSpec:
-        """The argv/env of worker ``worker_id`` of ``job_id`` on ``node`` (argv is ``command``): ``slots``
-        processes of it, the node's ranks (each finds its place from ``LOCAL_RANK`` and
-        ``LOCAL_WORLD_SIZE``, see :mod:`malletrain.worker.elastic.state`)."""
+        """The argv/env of worker ``worker_id`` of ``job_id`` on ``node``: ``slots`` processes of ``command``
+        (each finds its place from ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE``: :mod:`malletrain.worker.elastic.state`)."""
         check_id("job", job_id)
         check_id("worker", worker_id)
         argv = tuple(command)
         if not argv or not all(isinstance(a, str) and a for a in argv):
             raise ValueError(f"job {job_id}: command must be a non-empty list of non-empty strings, got {command!r}")
-        self._require_store()
-        env = WorkerEnv(
-            job=job_id,
-            worker=worker_id,
-            monitor=self.monitor or None,
-            runtime=self.name,
-            store=(self.host, self._port),
-            collective_timeout_s=self.collective_timeout_s,
-            store_grace_s=self.store_grace_s,
-            job_secret=self.secret_for(job_id),
-        ).to_environ()
+        self.require_store()
+        env = WorkerEnv(job=job_id, worker=worker_id, monitor=self.monitor or None, runtime=self.name,
+                        store=(self.host, self._port), collective_timeout_s=self.collective_timeout_s,
+                        store_grace_s=self.store_grace_s, job_secret=self.secret_for(job_id)).to_environ()
         with self._lock:
             self._workers.setdefault(job_id, set()).add(worker_id)
             self._own.setdefault(job_id, set()).add(worker_id)
         return LaunchSpec(argv=argv, env=env, slots=slots)
 
     def set_members(self, job_id: str, members: Sequence[str]) -> int:
-        """Publish ``members`` (rank order) as the job's next generation; returns its number.
-
-        An empty list tells every worker of the job to leave at its next commit.
-        """
+        """Publish ``members`` (rank order) as the next generation and return its number (empty: all leave)."""
         check_id("job", job_id)
         ordered = tuple(members)
         for m in ordered:
@@ -360,7 +266,7 @@ class TorchRuntime(Runtime):
         if dupes:
             raise ValueError(f"job {job_id}: duplicate workers in member list: {dupes}")
         with self._lock:
-            store = self._require_store()
+            store = self.require_store()
             gen = max(self._generations.get(job_id, 0), self._reported(store, job_id, ordered)) + 1
             last = self._last_nonempty.get(job_id)
             self._scratch.discard(job_id)
@@ -401,14 +307,8 @@ class TorchRuntime(Runtime):
             return job_id in self._scratch
 
     def resume_generation(self, job_id: str, generation: int) -> None:
-        """After a daemon restart: the job's numbering goes on above ``generation`` (never backwards),
-        and its durable checkpoint (if any) is put back into the new store.
-
-        The store of this runtime is new, so it holds no keys of those
-        generations: :meth:`forget` does not look for them. The checkpoint is
-        what the job's next world starts from if none of its workers survived
-        (a job suspended when the daemon stopped or was killed).
-        """
+        """After a daemon restart: numbering goes on above ``generation``, and the job's durable checkpoint (if
+        any) is put back into the new store, for a next world none of whose workers survived."""
         check_id("job", job_id)
         if isinstance(generation, bool) or not isinstance(generation, int) or generation < 0:
             raise ValueError(f"job {job_id}: generation must be an integer >= 0, got {generation!r}")
@@ -446,15 +346,9 @@ class TorchRuntime(Runtime):
         store.set(ckpt_tag_key(job_id), str(tag))
 
     def persist_checkpoints(self, jobs: Iterable[str]) -> list[str]:
-        """Copy each of ``jobs``' checkpoints that is new since the last call to the state dir.
-
-        Workers write checkpoints into the store (when a whole world hands over,
-        when a suspended job's workers leave, on SIGTERM); the store is in the
-        daemon's memory, so the daemon calls this every loop and a checkpoint
-        outlives a daemon ``kill -9``. A checkpoint being written (``ckpt_seq``
-        odd, or changed while it was read) is taken next time. Returns the jobs
-        whose file was written; a failure (a full disk) is logged and tried again.
-        """
+        """Copy each of ``jobs``' checkpoints new since the last call to the state dir (the store is in memory:
+        called every loop, so a checkpoint outlives a ``kill -9``); one being written is taken next time.
+        Returns the jobs written; a failure (a full disk) is logged and tried again."""
         if self.checkpoint_dir is None:
             return []
         done = []
@@ -507,14 +401,8 @@ class TorchRuntime(Runtime):
         return newest
 
     def forget(self, job_id: str, keep_state: bool = True) -> None:
-        """Delete the job's member lists, barriers and ready marks; idempotent.
-
-        The generation key stays (one small key per job id) and numbering goes
-        on from it, so a job id that comes back (a suspended job resumed) never
-        reuses a generation, whose gloo keys may still be in the store. The
-        job's checkpoint (its model state, held in the daemon's memory) stays
-        too unless ``keep_state`` is False: pass False for a job that ended.
-        """
+        """Delete the job's member lists, barriers and ready marks; idempotent. The generation key stays, so a
+        job that comes back never reuses a generation; its checkpoint stays unless ``keep_state`` is False."""
         with self._lock:
             if not keep_state:
                 self._last_nonempty.pop(job_id, None)
@@ -569,10 +457,10 @@ class TorchRuntime(Runtime):
 
     def checkpoint_generation(self, job_id: str) -> int | None:
         """The generation the job's stored checkpoint was taken in (None: no checkpoint)."""
-        store = self._require_store()
+        store = self.require_store()
         key = ckpt_tag_key(job_id)
         return int(store.get(key)) if store.check([key]) else None
 
     def ready(self, job_id: str, worker_id: str) -> bool:
         """Whether worker ``worker_id`` has connected and waits to join (or has joined)."""
-        return bool(self._require_store().check([ready_key(job_id, worker_id)]))
+        return bool(self.require_store().check([ready_key(job_id, worker_id)]))

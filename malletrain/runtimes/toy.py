@@ -1,9 +1,5 @@
-"""The toy runtime, daemon side: member lists published as files, for tests and machines without torch.
-
-Membership lives in files (``DIR/<job>.json`` = ``{"gen": g, "members": [...]}``, written
-atomically); a worker says it is ready with ``DIR/<job>.ready.<worker>``. The worker is
-:mod:`malletrain.worker.toy`.
-"""
+"""The toy runtime, daemon side (for tests and machines without torch): membership in ``DIR/<job>.json``,
+written atomically, readiness as ``DIR/<job>.ready.<worker>``; the worker is :mod:`malletrain.worker.toy`."""
 
 from __future__ import annotations
 
