@@ -20,6 +20,14 @@ Rules, settled once:
   than measured there (but for :data:`FIRST_INTER_NODE`, past which it may rise), below it no less. So a job measured below a linear
   belief at 13 nodes is not believed to reach the line at 16, and one measured at 1 and 8 nodes
   has the shape those two give, whatever the prior said.
+* **Kin.** A job with no curve of its own measured at one count only borrows the other counts of
+  its kin: the live job measured at two counts or more whose rate at that count is nearest its own,
+  within :data:`KIN_TOLERANCE`, scaled to its level (:func:`kin_points`); the prior is corrected by
+  them as by its own points, which replace them as they come. Under contention a job at one node is
+  never grown to measure a second count, and the prior believes every such job alike: the nodes
+  beyond one per job went to whichever was oldest, not to those that scale (a day of the whole
+  machine, ``philly-done@0.2``, ``+78h``, seed 0: imagenet and deepspeech2 cost 55 of the 89 s per
+  job the default lost to the true curves).
 * **Claims.** Efficiency above linear is never believed, declared or measured: a job's own curve
   (``scaling`` in its job file) and its measured points are each cut to at most linear from their
   smaller counts (:func:`at_most_linear`) before anything else. A declared curve is a prior only: a
@@ -45,6 +53,7 @@ Rules, settled once:
 
 from __future__ import annotations
 
+import bisect
 import math
 import statistics
 from dataclasses import dataclass
@@ -277,6 +286,64 @@ def efficiency_spread(shapes: Iterable[Mapping[int, float]], n: int) -> float | 
     return (effs[int(0.9 * (len(effs) - 1))] - effs[int(0.1 * (len(effs) - 1))]) / mid if mid > 0 else 0.0
 
 
+KIN_TOLERANCE = 0.025
+"""How near two jobs' rates at one count must be (relative) for one to borrow the other's shape
+(:func:`kin_points`): the Pollux models' 1-node rates are 5% apart or more (bert and yolov3, the
+nearest, also scale alike), and a stable estimate is within 2% of its job's rate."""
+
+
+class KinIndex:
+    """The live jobs measured at two counts or more, by their rate at each count they were measured at
+    (sorted), made from a copy of their points once per decision (:meth:`Beliefs.population`)."""
+
+    def __init__(self, measured: Mapping[str, Mapping[int, float]]) -> None:
+        self.points: dict[str, dict[int, float]] = {}
+        by_count: dict[int, list[tuple[float, str]]] = {}
+        for job_id, pts in measured.items():
+            good = {n: r for n, r in pts.items() if r > 0}
+            if len(good) < 2:
+                continue
+            self.points[job_id] = good
+            for n, r in good.items():
+                by_count.setdefault(n, []).append((r, job_id))
+        self.rates = {n: sorted(v) for n, v in by_count.items()}
+
+    def nearest(self, job_id: str, n: int, rate: float) -> str | None:
+        """The job (not ``job_id``) whose rate at ``n`` is nearest ``rate``, within :data:`KIN_TOLERANCE`."""
+        rows = self.rates.get(n)
+        if not rows:
+            return None
+        k = bisect.bisect_left(rows, (rate, ""))
+        best: tuple[float, str] | None = None
+        for r, other in rows[max(0, k - 2): k + 2]:
+            off = abs(r - rate) / rate
+            if other != job_id and off <= KIN_TOLERANCE and (best is None or off < best[0]):
+                best = (off, other)
+        return best[1] if best is not None else None
+
+
+def kin_points(job_id: str, measured: Mapping[int, float], kin: KinIndex | None) -> dict[int, float]:
+    """``measured`` (a job's own points), and where it was measured at one count only, the points of
+    its **kin** at the other counts: the live job measured at two counts or more whose rate at that
+    count is nearest its own, within :data:`KIN_TOLERANCE`, scaled to its level (rate there over the
+    kin's). Jobs that train the same model at the same batch on the same nodes run at the same rate:
+    a rate alike is the best sign of a shape alike the policy has, and a job at one count has nothing
+    else (under contention it is never grown to measure one). Its own points replace borrowed ones as
+    they come; a wrong kin is corrected the same way."""
+    own = {n: r for n, r in measured.items() if r > 0}
+    if kin is None or len(own) != 1:
+        return dict(measured)
+    ((n, rate),) = own.items()
+    other = kin.nearest(job_id, n, rate)
+    if other is None:
+        return dict(measured)
+    theirs = kin.points[other]
+    scale = rate / theirs[n]
+    out = {m: r * scale for m, r in theirs.items() if m != n}
+    out.update(measured)
+    return out
+
+
 class PriorSpread:
     """How unsure the population prior is at each count (:func:`efficiency_spread` of the shapes of the
     jobs that finished), and the pooled prior those shapes give (:func:`pooled_prior`), made from a copy
@@ -311,6 +378,7 @@ class Population:
     guess: float
     pooled: dict[int, float] | None
     spread: PriorSpread | None = None
+    kin: KinIndex | None = None  # the live jobs' shapes by rate (:func:`kin_points`; None: learning off)
 
 
 @dataclass(frozen=True)
@@ -385,7 +453,8 @@ class Beliefs:
     def population(self) -> Population:
         """The :class:`Population` as the state stands (a decision takes it once its points are settled)."""
         guess, spread = self.guess(), self.spread()  # the shapes compared once
-        return Population(guess, spread.pooled(guess) if self.config.prior is None else None, spread)
+        kin = KinIndex(self.state.measured) if self.config.learn else None
+        return Population(guess, spread.pooled(guess) if self.config.prior is None else None, spread, kin)
 
     def _uses_pool(self, job: JobView) -> bool:
         return not job.scaling and self.config.prior is None
@@ -394,7 +463,8 @@ class Beliefs:
         """What the policy believes about ``job`` now."""
         pop = population if population is not None else self.population()
         pooled = pop.pooled if self._uses_pool(job) else None
-        return scalability(job, self.state.measured.get(job.id, {}), self.config.prior_curve, pop.guess, pooled)
+        measured = self._with_kin(job, self.state.measured.get(job.id, {}), pop)
+        return scalability(job, measured, self.config.prior_curve, pop.guess, pooled)
 
     def curves(self, job: JobView, population: Population | None = None) -> tuple[dict[int, float], dict[int, float]]:
         """``job``'s believed curve (samples/s) and the allocator's curve made from it (in 1-node
@@ -410,16 +480,19 @@ class Beliefs:
     def believed(self, job: JobView, population: Population | None = None) -> Believed:
         """What the policy believes about ``job`` (:class:`Believed`), made again only when what it is
         made of changed."""
-        measured = self.state.measured.get(job.id, {})
+        own = self.state.measured.get(job.id, {})
         uses_pool = self._uses_pool(job)
-        unproven = self._declared_level_unproven(job, measured)
+        unproven = self._declared_level_unproven(job, own)
         pop = population if population is not None or not (uses_pool or unproven) else self.population()
+        measured = self._with_kin(job, own, pop)
         pop_part = ((pop.guess, pop.pooled or None) if uses_pool and pop
                     else (pop.guess, None) if unproven and pop else None)
         hit = self._curves.get(job.id)
         if hit is not None and hit.made_of(job, measured, pop_part):
             return hit
-        raw = allocator_curve(job, self.scalability(job, pop if uses_pool else Population(1.0, None)))
+        pooled = pop.pooled if uses_pool and pop is not None else None
+        raw = allocator_curve(job, scalability(job, measured, self.config.prior_curve,
+                                               pop.guess if uses_pool and pop is not None else 1.0, pooled))
         scaled = raw
         one = throughput_at(raw, 1)
         if self.config.objective in (Objective.WORK, Objective.COMPLETION):  # 1-node equivalents: rate(n) / rate(1)
@@ -430,6 +503,11 @@ class Beliefs:
             dict(job.scaling) if job.scaling else None, job.min_nodes, job.max_nodes, dict(measured),
             pop_part, raw, scaled, absorbs(job, raw, self.config.admission_knee))
         return made
+
+    def _with_kin(self, job: JobView, own: Mapping[int, float], pop: Population | None) -> dict[int, float]:
+        """``job``'s points for its curve: its own, and its kin's (:func:`kin_points`) when it has no
+        curve of its own (a declared curve says more about its shape than a rate alike)."""
+        return kin_points(job.id, own, pop.kin if pop is not None and not job.scaling else None)
 
     def _declared_level_unproven(self, job: JobView, measured: Mapping[int, float]) -> bool:
         """Whether the allocator weighs ``job`` at the population's level rather than its declared one:

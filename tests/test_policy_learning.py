@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from curves import throughput_at
 from policy import Policy, PolicyConfig
 from policy.beliefs import corrected_prior
 from policy.model import EventKind, JobView
@@ -224,3 +225,26 @@ def test_a_job_at_one_node_is_not_probed_up_to_two_alone():
     c.give("f1")  # two: up to three, past the drop
     (start,) = [e for e in c.step(180.0, ev).events if e.kind is EventKind.PROFILE_START]
     assert start.detail["counts"] == [3, 1]
+
+
+def test_a_job_measured_at_one_count_borrows_the_shape_of_the_live_job_at_the_same_rate_there():
+    # two jobs at one node under the Pollux mean: "b" was measured at 1 and 12 nodes (8.4x, an imagenet),
+    # "c" at 1 node only. "c" runs at b's rate (within 2.5%): it is believed b's shape at its own level,
+    # not the mean's 2-node drop and 4.5x at 12 that put every unmeasured job alike
+    pol = Policy(PolicyConfig(prior=tuple(POLLUX_MEAN.items()), profiling="never"))
+    pol.state.measured["b"] = {1: 10.0, 12: 84.0}
+    pol.state.measured["c"] = {1: 10.1}
+    pop = pol.beliefs.population()
+    curve = pol.believed_curve(jv("c", 1, 16), pop)
+    assert curve[1] == pytest.approx(10.1) and throughput_at(curve, 12) == pytest.approx(84.0 * 1.01)
+    # a job at a rate unlike any measured at two counts keeps the prior corrected by its own point
+    pol.state.measured["d"] = {1: 12.0}
+    pop = pol.beliefs.population()
+    assert pol.believed_curve(jv("d", 1, 16), pop) == pytest.approx(corrected_prior(POLLUX_MEAN, {1: 12.0}))
+    # nor does a job with a curve of its own (the user's shape says more than a rate alike), nor a policy
+    # that does not learn (the FreeTrain baseline)
+    own = jv("c", 1, 16, scaling={1: 10.0, 16: 40.0})
+    assert throughput_at(pol.believed_curve(own, pop), 12) < 84.0
+    frozen = Policy(PolicyConfig(prior=tuple(POLLUX_MEAN.items()), profiling="never", learn=False))
+    frozen.state.measured.update(b={1: 10.0, 12: 84.0}, c={1: 10.1})
+    assert throughput_at(frozen.believed_curve(jv("c", 1, 16), frozen.beliefs.population()), 12) < 60.0
