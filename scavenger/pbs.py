@@ -1,12 +1,8 @@
-"""The PBS Pro / OpenPBS backend: pilots are ``qsub`` jobs in a preemptable queue.
+"""The PBS Pro / OpenPBS backend: pilots are ``qsub -r y`` jobs in a preemptable queue.
 
-Replies are OpenPBS's JSON (``pbsnodes -av -F json``, ``qstat -f -F json``), as a real OpenPBS 23.06
-server prints them (``tests/fixtures/pbs/``, recorded by its ``record.py``). Nodes are vnodes (a pilot
-asks ``select=1:ncpus=N:vnode=NAME`` and its nodes are read from ``exec_vnode``); a vnode with
-``resources_available.ncpus`` 0 runs no job and is left out. What the server prints, field by field,
-and what each ``preempt_order`` of the pilots' queue does to a pilot (R: requeued, reported as a lost
-node and kept, held again when it reruns, so pilots are submitted ``-r y``; D: ended, preempted;
-S: counted as a recall and ``qdel``\\ ed, not to be used): docs/operators/pbs.md.
+Replies are OpenPBS 23.06's JSON (``pbsnodes -av -F json``, ``qstat -f -F json``; recorded in
+``tests/fixtures/pbs/``). Nodes are vnodes (``select=1:ncpus=N:vnode=NAME``, read back from
+``exec_vnode``). The fields and what each ``preempt_order`` does to a pilot: docs/operators/pbs.md.
 """
 
 from __future__ import annotations
@@ -243,10 +239,8 @@ class PbsDialect:
 
     # -- submit / cancel
     def agent_argv(self, nodes: Sequence[str]) -> list[str]:
-        """The job's executable (``qsub -- ...``): the agent itself on one named node, or one
-        agent per node through ``pbsdsh``, each named after its host. Agents find their job id
-        in ``PBS_JOBID``; ``agent_args`` carry ``--key-file PATH`` (the daemon's agent key on a
-        shared file system: a path, never the key). A recalled agent exits 143."""
+        """The job's executable (``qsub -- ...``): the agent on one named node, or one per node
+        through ``pbsdsh``, named after its host (``agent_args``: ``--key-file PATH``, never the key)."""
         cfg = self.config
         agent = [cfg.python, "-m", "scavenger.agent", "--daemon", cfg.daemon_address, *cfg.agent_args]
         if len(nodes) == 1:
@@ -287,9 +281,9 @@ class PbsDialect:
 
     # -- poll
     def render_poll(self, pilots: Sequence[PilotId]) -> list[str]:
-        """Every unfinished job (the claims' query too): OpenPBS 23.06's ``qstat -F json`` prints
-        only the first of several job ids, so one query for all pilots cannot name them. A pilot
-        missing from it ended (or was forgotten): the backend looks it up with ``-x``."""
+        """Every unfinished job: ``qstat -F json`` prints only the first of several job ids named.
+        A pilot missing from it ended (or was forgotten): the backend looks it up with ``-x``."""
+
         return ["qstat", "-f", "-F", "json"]
 
     def parse_poll(self, res: CommandResult, pilots: Sequence[PilotId]) -> list[Observation]:
@@ -384,7 +378,6 @@ def job_observation(pid: PilotId, attrs: Mapping[str, Any]) -> Observation:
 class PbsBackend(BatchBackend):
     """Pilots as PBS jobs (see :class:`PbsConfig`, :class:`PbsDialect`)."""
 
-    def __init__(
-        self, config: PbsConfig, clock: Callable[[], float] | None = None, runner: Runner = run_command
-    ) -> None:
+    def __init__(self, config: PbsConfig, clock: Callable[[], float] | None = None,
+                 runner: Runner = run_command) -> None:
         super().__init__(PbsDialect(config), config, clock or time.time, runner)
