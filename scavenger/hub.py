@@ -1,16 +1,10 @@
 """The daemon's side of the node agents: one ZeroMQ ROUTER every agent connects to.
 
-:meth:`AgentHub.poll` turns agent frames into events (agent up/gone, worker
-started/exited), pings agents so they know the daemon lives, and declares an
-agent gone when its heartbeats stop for ``dead_after_s`` seconds.
-
-Who counts as an agent (the handshake of :mod:`scavenger.channel`, bad frames dropped and counted in
-:attr:`AgentHub.rejected`) and how a node's replacement agent takes over from the one it replaces (an
-identity of its own, :func:`scavenger.protocol.agent_identity`; the old one told to leave,
-:class:`scavenger.protocol.Shutdown`): docs/operators/security.md (agent channel). No agent state is
-created before the handshake ends (one in progress is kept for :data:`PENDING_TTL_S`, at most
-:data:`MAX_PENDING` of them). Only an agent's own reconnection can carry its identity
-(``ROUTER_HANDOVER``: the new connection takes over a stale one the router still holds).
+:meth:`AgentHub.poll` turns agent frames into events (agent up/gone, worker started/exited), pings
+agents, and declares an agent gone after ``dead_after_s`` without heartbeats. Who counts as an agent,
+and how a node's replacement agent takes over: docs/operators/security.md (agent channel). No agent
+state exists before the handshake ends (at most :data:`MAX_PENDING` in progress, each
+:data:`PENDING_TTL_S`); ``ROUTER_HANDOVER`` lets an agent's reconnection take over its stale one.
 """
 
 from __future__ import annotations
@@ -50,9 +44,8 @@ MIN_PING_S = 0.5
 
 
 def ping_interval(dead_after_s: float) -> float:
-    """Seconds between two pings to every agent: often enough that an agent never gives the
-    daemon up for lost by a late ping, rarely enough that pinging 10,000 agents is not the
-    hub's main work (every 0.5 s that was 20,000 sealed frames a second)."""
+    """Seconds between two pings to every agent: no agent gives the daemon up by a late ping, and
+    pinging 10,000 agents is not the hub's main work (every 0.5 s was 20,000 frames a second)."""
     return max(MIN_PING_S, dead_after_s / PINGS_PER_DEAD_AFTER)
 
 
@@ -74,9 +67,8 @@ class WorkerExitedEvent:
 
 @dataclass(frozen=True)
 class AgentWorkers:
-    """An agent (new or reconnected) reports the workers it runs: for re-adoption.
-
-    ``batch_job``: the batch job the agent runs in (its pilot), None for local agents."""
+    """An agent (new or reconnected) reports the workers it runs, for re-adoption; ``batch_job``: its
+    pilot, None for local agents."""
 
     node: str
     pid: int
@@ -107,12 +99,9 @@ class _Pending:
 
 
 class AgentHub:
-    """ROUTER socket for the node agents; ``address`` is what agents connect to.
-
-    ``key_file``: the daemon's agent key (created 0600 if absent). None: a fresh key in
-    a private temporary directory, removed by :meth:`close` (tests, one-off hubs); give
-    agents :attr:`key_file` either way.
-    """
+    """ROUTER socket for the node agents at ``address``. ``key_file``: the daemon's agent key
+    (created 0600 if absent; None: a fresh one in a private temporary directory, removed by
+    :meth:`close`); give agents :attr:`key_file` either way."""
 
     def __init__(
         self,
