@@ -1,19 +1,10 @@
 """Job logs to idle timelines: idle = machine size - nodes busy.
 
-A job occupies nodes from its start to its end. Each job gets concrete nodes,
-deterministically: the names its log gives when they are complete (one per
-node it used), otherwise the lowest-numbered free nodes, synthetic ones
-(``n0000``, ``n0001``, ...) first so that named nodes stay free for the jobs
-that name them. At one timestamp, ends are handled before starts and a node
-freed and retaken at the same time produces no event.
-
-The machine size is the ``nodes`` argument, else what the log's header says,
-else the larger of the peak number of busy nodes and the number of distinct
-node names. A job that starts when fewer nodes are free than it asks for gets
-only the free ones ("clamped"): logs list jobs that overlap by a few seconds
-(accounting rounding) or that ran on nodes outside the machine size given;
-busy can never exceed the machine size, so the excess is dropped and counted
-in ``IdleTimeline.notes``.
+Rules (docs/research.md): each job gets concrete nodes deterministically (the names its log gives
+when complete, else the lowest-numbered free ones, synthetic ``n0000``... first so named nodes stay
+free for the jobs that name them); at one timestamp ends come before starts, and a node freed and
+retaken then makes no event. A job that starts when fewer nodes are free than it asks for gets only
+the free ones ("clamped", counted in ``IdleTimeline.notes``): logs overlap jobs by a few seconds.
 """
 
 from __future__ import annotations
