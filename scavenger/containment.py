@@ -53,31 +53,24 @@ class Containment(Protocol):
     @property
     def description(self) -> str:
         """One line for the agent's log: which backend, where."""
-        ...
 
     def prepare(self, worker: str) -> Callable[[], None] | None:
         """Get ready to hold ``worker``; what its process runs between fork and exec to join (or None)."""
-        ...
 
     def add(self, worker: str, pid: int) -> None:
         """``pid`` (the spawned worker, or the warm process taking its place) belongs to ``worker``."""
-        ...
 
     def release(self, pid: int) -> None:
         """``pid`` was added but did not become the worker (a warm process that refused): hand it back."""
-        ...
 
     def end(self, worker: str) -> int:
         """Kill everything ``worker`` started and forget it; how many processes were killed."""
-        ...
 
     def sweep(self, keep: Collection[int]) -> int:
         """Periodic: kill and reap what ended workers left (the agent's children outside ``keep``)."""
-        ...
 
     def close(self) -> None:
         """At the agent's exit: end every worker's processes and remove what was made."""
-        ...
 
 
 # ---------------------------------------------------------------- the subreaper

@@ -37,7 +37,6 @@ from scavenger.base import (
     PilotState,
     PilotStateError,
     PilotView,
-    SavedPilot,
     SchedulerBackend,
     can_move,
 )
@@ -75,17 +74,9 @@ class LocalBackend(SchedulerBackend):
     name = "local"
     queues_for_busy_nodes = False  # an agent process starts at once or not at all
 
-    def __init__(
-        self,
-        n_nodes: int,
-        daemon_address: str,
-        timeline: IdleTimeline | None = None,
-        time_scale: float = 1.0,
-        epoch: float | None = None,
-        clock: Callable[[], float] = time.time,
-        agent_args: Sequence[str] = (),
-        log_dir: str | None = None,
-    ) -> None:
+    def __init__(self, n_nodes: int, daemon_address: str, timeline: IdleTimeline | None = None,
+                 time_scale: float = 1.0, epoch: float | None = None, clock: Callable[[], float] = time.time,
+                 agent_args: Sequence[str] = (), log_dir: str | None = None) -> None:
         if n_nodes < 1:
             raise ValueError(f"local backend: nodes must be >= 1, got {n_nodes}")
         if not time_scale > 0:
@@ -186,11 +177,6 @@ class LocalBackend(SchedulerBackend):
         self._events.append(PilotStarted(pilot.id, (node,), None))
         return pilot.id
 
-    def resume(self, saved: Sequence[SavedPilot]) -> list[PilotId]:
-        """Nothing to take back by id: a local pilot is an agent process, which comes back with
-        its hello (:meth:`adopt`, that needs its process id) or is gone."""
-        return []
-
     def close(self) -> None:
         for pid in list(self._pilots):
             self.cancel(pid)
@@ -243,14 +229,11 @@ class LocalBackend(SchedulerBackend):
         return next((p for p in self._pilots.values() if p.node == node), None)
 
     def _spawn(self, node: str, pid: PilotId) -> "subprocess.Popen[bytes]":
-        argv = [
-            sys.executable, "-m", "scavenger.agent",
-            "--node", node, "--daemon", self.daemon_address, *self.agent_args,
-        ]
-        if self.log_dir:
-            argv += ["--log-dir", self.log_dir]
+        argv = [sys.executable, "-m", "scavenger.agent", "--node", node, "--daemon", self.daemon_address,
+                *self.agent_args]
         out: Any = subprocess.DEVNULL
         if self.log_dir:
+            argv += ["--log-dir", self.log_dir]
             jobproc.private_dir(Path(self.log_dir))  # 0700 (0711 for root) and 0600, whatever the umask
             out = jobproc.open_private(Path(self.log_dir) / f"agent-{node}.log")
         try:
