@@ -90,12 +90,8 @@ def refuse_impossible(replays: Replays, specs: list[RunSpec]) -> None:
             raise ValueError(f"{spec.label}: {exc}") from None
 
 
-def evaluate(
-    timeline: IdleTimeline,
-    scaling: ScalingSet,
-    settings: EvalSettings = EvalSettings(),
-    on_done: Callable[[RunSpec, dict], None] | None = None,
-) -> Evaluation:
+def evaluate(timeline: IdleTimeline, scaling: ScalingSet, settings: EvalSettings = EvalSettings(),
+             on_done: Callable[[RunSpec, dict], None] | None = None) -> Evaluation:
     """Run every replay (Dask tasks; see :func:`evaluation.sweep.run_replays`) and check the targets."""
     replays = Replays(timeline, scaling, settings.policy_config, settings.sim_config(), settings.n_jobs,
                       settings.overrides, settings.flags)

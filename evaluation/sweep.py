@@ -218,14 +218,8 @@ def _isatty(stream: TextIO) -> bool:
         return False
 
 
-def run_replays(
-    replays: Replays,
-    specs: Sequence[RunSpec],
-    *,
-    workers: int = 2,
-    scheduler: str | None = None,
-    on_done: OnDone | None = None,
-) -> list[tuple[RunSpec, dict]]:
+def run_replays(replays: Replays, specs: Sequence[RunSpec], *, workers: int = 2, scheduler: str | None = None,
+                on_done: OnDone | None = None) -> list[tuple[RunSpec, dict]]:
     """Run every spec (duplicates once); ``(spec, summary)`` in ``specs`` order. ``scheduler``: an
     existing Dask scheduler's address; else ``workers`` > 0 single-threaded processes of a
     ``LocalCluster``; ``workers == 0``: in this process, no Dask."""

@@ -107,18 +107,9 @@ class Agent(DaemonLink, WorkerHost):
     """The agent's state and loop: the link to the daemon (:class:`scavenger.agent_link.DaemonLink`)
     and the node's workers (:class:`scavenger.agent_workers.WorkerHost`); ``key``: the agent key."""
 
-    def __init__(
-        self,
-        node: str,
-        daemon: str,
-        key: bytes,
-        heartbeat_s: float = 0.5,
-        dead_after_s: float = 10.0,
-        log_dir: str | None = None,
-        batch_job: str | None = None,
-        warm_modules: tuple[str, ...] = (),
-        warm: WarmSlot | None = None,
-    ) -> None:
+    def __init__(self, node: str, daemon: str, key: bytes, heartbeat_s: float = 0.5, dead_after_s: float = 10.0,
+                 log_dir: str | None = None, batch_job: str | None = None, warm_modules: tuple[str, ...] = (),
+                 warm: WarmSlot | None = None) -> None:
         if len(key) != C.KEY_BYTES:
             raise ValueError(f"agent key must be {C.KEY_BYTES} bytes, got {len(key)}")
         self.node = node

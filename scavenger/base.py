@@ -136,9 +136,8 @@ class Throttled(BackendError):
         self.retry_at = retry_at
 
 
-def run_command(
-    argv: Sequence[str], timeout: float = 30.0, check: bool = True, env: Mapping[str, str] | None = None
-) -> CommandResult:
+def run_command(argv: Sequence[str], timeout: float = 30.0, check: bool = True,
+                env: Mapping[str, str] | None = None) -> CommandResult:
     """Run ``argv`` (never through a shell; ``env`` adds to this process's environment).
     :class:`CommandTimeout` past ``timeout``, :class:`CommandFailed` when it cannot start or
     (``check``) exits nonzero; both carry the :class:`CommandResult` when it ran."""

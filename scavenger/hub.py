@@ -103,15 +103,9 @@ class AgentHub:
     (created 0600 if absent; None: a fresh one in a private temporary directory, removed by
     :meth:`close`); give agents :attr:`key_file` either way."""
 
-    def __init__(
-        self,
-        bind: str = "tcp://127.0.0.1:0",
-        dead_after_s: float = 5.0,
-        ping_s: float | None = None,
-        ctx: zmq.Context | None = None,
-        clock: Callable[[], float] = time.monotonic,
-        key_file: str | Path | None = None,
-    ) -> None:
+    def __init__(self, bind: str = "tcp://127.0.0.1:0", dead_after_s: float = 5.0, ping_s: float | None = None,
+                 ctx: zmq.Context | None = None, clock: Callable[[], float] = time.monotonic,
+                 key_file: str | Path | None = None) -> None:
         self.clock = clock  # the daemon injects its own clock (silence is measured on it)
         self._tmpdir: str | None = None
         if key_file is None:

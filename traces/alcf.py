@@ -45,9 +45,8 @@ def parse_alcf(path: Path) -> JobTable:
     return table
 
 
-def _add_job(
-    lines: Lines, k: int, row: list[str], width: int, col: dict[str, int], table: JobTable, budget: NameBudget
-) -> None:
+def _add_job(lines: Lines, k: int, row: list[str], width: int, col: dict[str, int], table: JobTable,
+             budget: NameBudget) -> None:
     if len(row) != width:
         raise lines.error(k, f"expected {width} fields, got {len(row)}")
     start = parse_time(row[col["start_timestamp"]].strip(), lines, k)

@@ -201,9 +201,8 @@ class _Events:
         return np.concatenate(self.times), np.concatenate(self.ids), np.concatenate(self.idle)
 
 
-def simulate(
-    model: BurstModel, n_nodes: int, duration_s: float, rng: np.random.Generator, resolution_s: float
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def simulate(model: BurstModel, n_nodes: int, duration_s: float, rng: np.random.Generator,
+             resolution_s: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Raw reports (times relative to 0, node ids, idle) over ``[-warm-up, duration_s)``: it starts
     a day (at least ten rate correlation times) early, every node busy, so from 0 on is steady."""
     frag = model.fragments

@@ -101,9 +101,8 @@ def peak_busy(starts: np.ndarray, ends: np.ndarray, sizes: np.ndarray) -> int:
     return int(max(0, np.cumsum(d[order]).max()))
 
 
-def _machine_size(
-    table: JobTable, nodes: int | None, starts: np.ndarray, ends: np.ndarray, sizes: np.ndarray, n_named: int
-) -> int:
+def _machine_size(table: JobTable, nodes: int | None, starts: np.ndarray, ends: np.ndarray, sizes: np.ndarray,
+                  n_named: int) -> int:
     if nodes is not None:
         if not 1 <= nodes <= MAX_NODES:
             raise TraceError(f"{table.path}: machine size must be 1 to {MAX_NODES} nodes, got {nodes}")
@@ -156,9 +155,8 @@ class _Assigner:
         self.name_conflicts = 0
         self.n_fill = n_fill
 
-    def run(
-        self, starts: np.ndarray, ends: np.ndarray, sizes: np.ndarray, names: list[tuple[str, ...] | None]
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def run(self, starts: np.ndarray, ends: np.ndarray, sizes: np.ndarray,
+            names: list[tuple[str, ...] | None]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         n_jobs = starts.shape[0]
         t = np.concatenate((ends, starts))
         kind = np.concatenate((np.zeros(n_jobs, np.int8), np.ones(n_jobs, np.int8)))  # 0 end, 1 start

@@ -46,20 +46,9 @@ class IdleTimeline:
     notes: tuple[str, ...] = ()  # reader remarks (skipped jobs, clamping); never affects the data
 
     @classmethod
-    def from_arrays(
-        cls,
-        *,
-        source: str,
-        format: str,
-        nodes: Sequence[str],
-        start: float,
-        end: float,
-        initial_idle: np.ndarray,
-        times: np.ndarray,
-        node_ids: np.ndarray,
-        idle: np.ndarray,
-        notes: Sequence[str] = (),
-    ) -> IdleTimeline:
+    def from_arrays(cls, *, source: str, format: str, nodes: Sequence[str], start: float, end: float,
+                    initial_idle: np.ndarray, times: np.ndarray, node_ids: np.ndarray, idle: np.ndarray,
+                    notes: Sequence[str] = ()) -> IdleTimeline:
         """A timeline from raw per-node reports (``initial_idle``: a bool mask over ``nodes``),
         sorted by time (stable): those at or before ``start`` fold into the initial state, those
         after ``end`` are dropped, of one node at one time the last wins, and no-change ones go."""
@@ -197,15 +186,8 @@ class IdleTimeline:
         return float(np.sum(c * (b - a)))
 
 
-def _check_arrays(
-    names: tuple[str, ...],
-    mask: np.ndarray,
-    t: np.ndarray,
-    ids: np.ndarray,
-    st: np.ndarray,
-    start: float,
-    end: float,
-) -> None:
+def _check_arrays(names: tuple[str, ...], mask: np.ndarray, t: np.ndarray, ids: np.ndarray, st: np.ndarray,
+                  start: float, end: float) -> None:
     if len(set(names)) != len(names):
         raise ValueError("node names are not unique")
     if mask.shape != (len(names),):

@@ -85,9 +85,8 @@ def _busy_lengths(tl: IdleTimeline) -> np.ndarray:
     return lengths[lengths > 0]
 
 
-def _em_gaussian_mixture(
-    x: np.ndarray, count: np.ndarray, k: int, iterations: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _em_gaussian_mixture(x: np.ndarray, count: np.ndarray, k: int,
+                         iterations: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Deterministic EM for a 1-D Gaussian mixture of values ``x`` seen ``count`` times each."""
     c = count.astype(float)[:, None]
     expanded = np.repeat(x, count)
@@ -112,16 +111,8 @@ def _em_gaussian_mixture(
     return w, mu, sd
 
 
-def generate(
-    n_nodes: int,
-    duration_s: float,
-    *,
-    fragments: FragmentModel | None = None,
-    seed: int = 0,
-    start: float = 0.0,
-    resolution_s: float = 1.0,
-    bursts: BurstModel | None = None,
-) -> IdleTimeline:
+def generate(n_nodes: int, duration_s: float, *, fragments: FragmentModel | None = None, seed: int = 0,
+             start: float = 0.0, resolution_s: float = 1.0, bursts: BurstModel | None = None) -> IdleTimeline:
     """A timeline of ``n_nodes`` nodes over ``[start, start + duration_s]``, every change on a
     multiple of ``resolution_s`` (1 s: coarser batches changes like a real log but costs fragment
     fidelity, KS 0.079 at 30 s against 0.028 at 1 s). With ``bursts`` (its own fragment model;
@@ -181,9 +172,8 @@ def generate(
     )
 
 
-def _generate_bursty(
-    n_nodes: int, duration_s: float, model: BurstModel, seed: int, start: float, res: float
-) -> IdleTimeline:
+def _generate_bursty(n_nodes: int, duration_s: float, model: BurstModel, seed: int, start: float,
+                     res: float) -> IdleTimeline:
     rng = np.random.default_rng(seed)
     times, ids, idle = simulate(model, n_nodes, duration_s, rng, res)
     return IdleTimeline.from_arrays(
@@ -210,9 +200,8 @@ def _block_size(model: FragmentModel, duration_s: float) -> int:
     return int(min(512, max(2, 2 * math.ceil(1.2 * cycles))))
 
 
-def summit_like(
-    n_nodes: int = 4608, duration_s: float = 7 * 86400, seed: int = 0, *, bursty: bool = True
-) -> IdleTimeline:
+def summit_like(n_nodes: int = 4608, duration_s: float = 7 * 86400, seed: int = 0, *,
+                bursty: bool = True) -> IdleTimeline:
     """The embedded default trace (no data file): SYNTHETIC, fitted to the Summit week; bursty
     (``SUMMIT_BURSTS``), or with ``bursty=False`` the independent-node model (``SUMMIT``)."""
     if bursty:
