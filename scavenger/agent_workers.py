@@ -48,9 +48,8 @@ def warm_slot_envs(base: dict[str, str], slots: int, acc: Accelerator, cores: tu
 
 @dataclass
 class Worker:
-    """One running worker: its processes (a node of K slots runs K, local rank 0 first, each the leader of
-    its process group; :class:`spawner.ranks.LocalRanks`: they end together, the first that fails stops the
-    others, and the worker's exit is reported once, with that failure's code) and its capped log."""
+    """One running worker: its K processes (:class:`spawner.ranks.LocalRanks`, each leading its process
+    group; its exit is reported once, with the first failure's code) and its capped log."""
 
     name: str
     ranks: LocalRanks[subprocess.Popen[bytes]]

@@ -217,10 +217,8 @@ class AgentHub:
         return self.send(P.StopWorker(node, worker, grace))
 
     def poll(self, timeout_ms: int = 0, max_frames: int = MAX_FRAMES_PER_POLL) -> list[HubEvent]:
-        """Events from the frames queued now (at most ``max_frames`` of them: the daemon's loop
-        goes on while agents send faster than the hub reads); agents silent for ``dead_after_s``
-        are gone, judged only once the queue was read to its end (a heartbeat still queued
-        is not silence); pings when due."""
+        """Events from at most ``max_frames`` queued frames (the loop goes on while agents send faster);
+        agents silent for ``dead_after_s`` are gone, judged only once the queue was read to its end."""
         out: list[HubEvent] = []
         self.guard.poll()
         if timeout_ms > 0:
@@ -337,9 +335,8 @@ class AgentHub:
         return out
 
     def _replace(self, node: str, ident: bytes) -> list[HubEvent]:
-        """A new agent ``ident`` proved the key for ``node`` while another agent held it (a pilot's
-        replacement started before the old pilot's agent ended): the old one is told to leave, and its
-        workers count as stopped (its exits will not be heard); the node stays up."""
+        """A new agent ``ident`` proved the key for ``node`` while another held it (a pilot's replacement):
+        the old one is told to leave and its workers count as stopped; the node stays up."""
         old = self._routes.get(node)
         if old is None or old == ident:
             return []

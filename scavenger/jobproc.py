@@ -70,10 +70,8 @@ def become_subreaper() -> bool:
 
 
 def child_setup(cwd: str | None, join: Callable[[], None] | None = None) -> Callable[[], None]:
-    """What the worker's process runs after the privilege drop and before exec (``preexec_fn``):
-    ``join`` its cgroup (:mod:`scavenger.containment`), become the subreaper of its own descendants,
-    then enter ``cwd`` as the owner. A ``cwd`` the owner cannot enter: a line on stderr (the worker's
-    log) and exit :data:`EXIT_NO_CWD`."""
+    """``preexec_fn`` of a worker: ``join`` its cgroup, become a subreaper, then enter ``cwd`` as the
+    owner (one it cannot enter: a line on stderr and exit :data:`EXIT_NO_CWD`)."""
     target = os.fsencode(cwd) if cwd else None
 
     def setup() -> None:
