@@ -131,27 +131,20 @@ def parse_exec_host(value: Any) -> tuple[str, ...]:
     """``n1/0+n2/0*2`` -> ``(n1, n2)`` (order kept, duplicates dropped)."""
     if not value:
         return ()
-    hosts: list[str] = []
-    for chunk in str(value).split("+"):
-        host = chunk.split("/", 1)[0].strip()
-        if not host:
-            raise ValueError(f"bad exec_host {value!r}")
-        if host not in hosts:
-            hosts.append(host)
-    return tuple(hosts)
+    hosts = [chunk.split("/", 1)[0].strip() for chunk in str(value).split("+")]
+    if not all(hosts):
+        raise ValueError(f"bad exec_host {value!r}")
+    return tuple(dict.fromkeys(hosts))
 
 
 def parse_exec_vnode(value: Any) -> tuple[str, ...]:
     """``(n1:ncpus=1)+(n2:ncpus=1)`` -> ``(n1, n2)``."""
     if not value:
         return ()
-    out: list[str] = []
-    for name in re.findall(r"\(([^:()+]+)", str(value)):
-        if name not in out:
-            out.append(name)
+    out = tuple(dict.fromkeys(re.findall(r"\(([^:()+]+)", str(value))))
     if not out:
         raise ValueError(f"bad exec_vnode {value!r}")
-    return tuple(out)
+    return out
 
 
 def _load_json(res: CommandResult, what: str, key: str) -> Mapping[str, Any]:
