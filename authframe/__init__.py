@@ -6,12 +6,8 @@ message is a data frame::
     D | counter (8 bytes, big-endian) | HMAC(S, direction | counter | body) | body
 
 The counter strictly increases in each direction and the direction labels differ, so a frame cannot
-be forged, replayed, reordered or reflected back to its sender. Frames are bounded
-(:data:`MAX_FRAME`). The first byte of every frame is its :class:`Kind`.
-
-Below both :mod:`scavenger.channel` (the daemon and its node agents) and
-:mod:`contract.wire` (a job's workers and its rendezvous store), so the worker side does
-not import the scavenger. Standard library only.
+be forged, replayed, reordered or reflected; frames are bounded (:data:`MAX_FRAME`) and start with
+their :class:`Kind`. Below :mod:`scavenger.channel` and :mod:`contract.wire`; standard library only.
 """
 
 from __future__ import annotations
@@ -61,11 +57,8 @@ def new_nonce() -> bytes:
 
 @dataclass
 class Session:
-    """One authenticated connection: seals outgoing frames, opens incoming ones.
-
-    ``send_label``/``recv_label`` are :data:`TO_HUB`/:data:`TO_AGENT` (the agent's
-    view) or the reverse (the hub's).
-    """
+    """One authenticated connection: seals outgoing frames, opens incoming ones (labels
+    :data:`TO_HUB`/:data:`TO_AGENT` in the agent's view, the reverse in the hub's)."""
 
     key: bytes
     send_label: bytes

@@ -17,11 +17,8 @@ MEMBERS_FILE = "members.json"
 
 
 def current_generation(job_dir: str | os.PathLike[str] | None = None) -> int:
-    """The latest membership generation published for this job (0 if none or unknown).
-
-    Called from inside a Horovod worker (e.g. in a reset callback); the job
-    directory comes from ``$MALLETRAIN_HOROVOD_JOB_DIR`` when not given.
-    """
+    """The latest membership generation published for this job (0 if none or unknown), from inside
+    a Horovod worker (``job_dir`` default: ``$MALLETRAIN_HOROVOD_JOB_DIR``)."""
     where = job_dir if job_dir is not None else os.environ.get(ENV_HOROVOD_JOB_DIR)
     if not where:
         return 0

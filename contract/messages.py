@@ -5,35 +5,17 @@ A frame is one JSON object: the envelope ``{"v": 2, "type": ..., "job": ..., "se
 
     {"v":2,"type":"report","job":"j000001","seq":7,"payload":{...},"sig":"9f2c...e1"}
 
-Authentication: HMAC-SHA256 with a per-job secret and a per-sender counter
--------------------------------------------------------------------------
-``sig`` is ``HMAC-SHA256(key, prefix)`` where ``prefix`` is every byte of the frame
-before ``,"sig":"`` (the canonical frame is the exact bytes sent, so nothing is
-re-serialised to check it). ``key`` is the job's secret, which the daemon gives the
-job's workers in :data:`ENV_JOB_SECRET`. ``seq`` counts up from 1 in each sender
-(worker process); the monitor keeps the last ``seq`` accepted per (job, worker)
-and drops anything not above it (a replay). Why this and not CurveZMQ:
+``sig`` is ``HMAC-SHA256(secret, prefix)``, ``prefix`` every byte of the frame before ``,"sig":"``
+(nothing is re-serialised to check it); the job's secret reaches its workers in
+:data:`ENV_JOB_SECRET`. ``seq`` counts up from 1 in each sender; the monitor drops anything not
+above the last one it accepted from that sender (a replay). Not CurveZMQ, because: the job id is
+inside what the job's own key signs, so "signed for another job" fails like "forged" (CURVE would
+need a ZAP handler mapping keys to jobs); a counter under the MAC stops replays across reconnects
+(CURVE: within one connection); stdlib only, about 1.5 us a frame; reports are not secret.
+Whoever reads a worker's environment can sign reports for that job only.
 
-* A report must be bound to *its job*, not merely to *some* authenticated peer.
-  With CURVE the daemon would have to run a ZAP handler mapping client keys to
-  jobs and read the ``User-Id`` of every message (zero-copy frames, slower);
-  with HMAC the job id is inside what the job's own key signs, so "signed for
-  another job" fails the same check as "forged".
-* Replays: CURVE stops replays within one connection only; a per-sender counter
-  under the MAC stops them across connections and reconnects.
-* Stdlib only (``hmac``, OpenSSL underneath); about 1.5 us per frame, so
-  ingest stays far above 50k reports/s. Reports are not secret, so the lack of
-  encryption costs nothing.
-
-Limits: anyone who can read a worker's environment (its own user and root) can
-sign reports for that job only. A monitor that restarts forgets its counters
-unless the daemon hands them back (:meth:`malletrain.daemon.monitor.Monitor.register`,
-``replay_state``).
-
-Validation: :func:`decode` and :func:`decode_report` check every field by type
-and range before anything uses it and raise :class:`MessageError`, whose
-``reason`` (a :class:`Reason`) is what the monitor counts. Nothing else escapes
-them, whatever the bytes (deep nesting, huge numbers, NaN, non-UTF-8).
+:func:`decode` and :func:`decode_report` check every field by type and range and raise only
+:class:`MessageError`, whose ``reason`` the monitor counts, whatever the bytes.
 """
 
 from __future__ import annotations
@@ -169,16 +151,10 @@ def encode(type_: str, job: str, seq: int, payload: dict[str, Any], key: bytes |
 
 @dataclass(frozen=True)
 class Report:
-    """One training step as seen by the user's training loop (the one line).
-
-    ``samples`` is the global batch size of the step, ``timestamp`` the wall
-    clock (unix seconds) when the step finished, ``world_size`` the number of
-    workers (nodes) the step ran on, ``generation`` the membership generation,
-    ``worker`` the sending worker's id and ``incarnation`` which start of that worker's
-    process sent it (a worker restarted under the same name, as a ``torchrun`` rank is at
-    every change of its world, is a new incarnation whose ``seq`` counts from 1 again): the
-    sender is the pair, and ``seq`` counts per sender. A report without ``incarnation`` (the
-    format before it) is incarnation 0.
+    """One training step: ``samples`` its global batch, ``timestamp`` when it finished (unix
+    seconds), ``world_size`` the workers it ran on. The sender is (``worker``, ``incarnation``): a
+    worker restarted under the same name (a ``torchrun`` rank at every new world) is a new
+    incarnation whose ``seq`` counts from 1 again; a report without one is incarnation 0.
     """
 
     job: str

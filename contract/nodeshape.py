@@ -1,13 +1,8 @@
 """A node's shape: how many worker slots it has.
 
-A node has K worker slots: one per accelerator the main scheduler says it has
-(Slurm's ``Gres=gpu:N``, PBS's ``resources_available.ngpus``), else what the
-operator configured (``[scavenger] workers_per_node``), else 1. A job runs one
-worker process per slot it uses (its ``workers_per_node`` may ask for fewer).
-
-Each slot's own part of the node (its device, its share of the cores, its local rank) is
-:mod:`spawner.slots`, below both the node agent and the worker side, which place a worker's
-processes the same way. Everything here is pure, so the rules are tested without a GPU."""
+A node has K worker slots: one per GPU the main scheduler reports, else the operator's
+``[scavenger] workers_per_node``, else 1; a job runs one worker process per slot it uses. Each
+slot's part of the node is :mod:`spawner.slots`. Pure, so the rules are tested without a GPU."""
 
 from __future__ import annotations
 
@@ -21,11 +16,8 @@ _GRES_GPU = re.compile(r"^gpu(?::[^:(]+)?:(\d+)")
 
 
 def parse_gres_gpus(gres: str) -> int | None:
-    """GPUs in a Slurm ``Gres`` string (``sinfo %G``, ``scontrol show node``'s ``Gres=``).
-
-    ``gpu:4`` -> 4, ``gpu:a100:4(S:0-1)`` -> 4, ``gpu:2,gpu:v100:2`` -> 4, ``shard:8,gpu:4`` -> 4;
-    ``(null)`` or no ``gpu`` entry -> None (the scheduler says nothing about GPUs).
-    """
+    """GPUs in a Slurm ``Gres`` string: ``gpu:a100:4(S:0-1)`` -> 4, ``gpu:2,gpu:v100:2`` -> 4;
+    ``(null)`` or no ``gpu`` entry -> None (the scheduler says nothing about GPUs)."""
     text = gres.strip()
     if not text or text == "(null)":
         return None
@@ -89,10 +81,7 @@ def parse_workers_per_node(value: Any, where: str = "[scavenger] workers_per_nod
 
 
 def node_slots(reported_gpus: int | None, configured: int | None) -> int:
-    """K of one node: the GPUs its scheduler reports, else the configured count, else 1.
-
-    ``configured`` None is ``"gpus"``. A scheduler that reports 0 GPUs reports none.
-    """
+    """K of one node: the GPUs its scheduler reports (0 counts as none), else ``configured``, else 1."""
     if reported_gpus:
         return min(reported_gpus, MAX_SLOTS)
     return configured if configured is not None else 1

@@ -1,12 +1,9 @@
 """The rendezvous store's wire: a job-keyed handshake, MACed frames, and the worker's client.
 
-The daemon's rendezvous store (:mod:`malletrain.runtimes.store_server`) serves each job's
-keys (:mod:`contract.storekeys`) to that job's workers only. The key discipline is
-the agent channel's (:mod:`scavenger.channel`; both speak :mod:`authframe`) with the job's secret in place of the
-daemon's agent key: the key of a job's store connections is
-``K = HMAC(secret, "malletrain-store-v1 key")`` (``secret``: the 32 bytes of
-``MALLETRAIN_JOB_SECRET``, which also signs the job's reports). Every message is a
-4-byte big-endian length and a frame; the handshake (one per TCP connection)::
+The store serves each job's keys (:mod:`contract.storekeys`) to that job's workers only, with the
+agent channel's discipline (:mod:`authframe`) keyed by ``K = HMAC(secret, "malletrain-store-v1
+key")`` (``secret``: ``MALLETRAIN_JOB_SECRET``). Every message is a 4-byte big-endian length and a
+frame; the handshake (one per TCP connection)::
 
     worker -> store  C | nonce_w | len job | job | len worker | worker
     store  -> worker N | nonce_s
@@ -14,10 +11,8 @@ daemon's agent key: the key of a job's store connections is
     store  -> worker P | HMAC(K, "store"  | job | worker | nonce_w | nonce_s)   (or R | reason, then close)
 
 then both use ``S = HMAC(K, "session" | job | worker | nonce_w | nonce_s)`` in a
-:class:`authframe.Session` (counter and MAC on every frame, a direction label
-each way). A request is ``op | fields``, an answer ``status | fields`` (each field
-4-byte length + bytes). Nothing a peer sends is trusted before its proof, and a
-worker believes nothing from a server that cannot prove the job's key.
+:class:`authframe.Session`. A request is ``op | fields``, an answer ``status | fields`` (each
+field 4-byte length + bytes). Nothing a peer sends is trusted before its proof.
 """
 
 from __future__ import annotations
@@ -161,10 +156,8 @@ def recv_frame(sock: socket.socket, limit: int = MAX_FRAME) -> bytes:
 
 
 def listen_socket(bind: str, port: int) -> int:
-    """A listening TCP socket on ``bind``:``port`` (0: any free port); returns its fd, which the caller owns.
-
-    ``OSError`` (port busy, address not on this host) names the address.
-    """
+    """A listening TCP socket on ``bind``:``port`` (0: any free port): its fd, which the caller owns;
+    an ``OSError`` names the address."""
     try:
         infos = socket.getaddrinfo(bind, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as exc:
@@ -185,14 +178,9 @@ def listen_socket(bind: str, port: int) -> int:
 
 
 class StoreClient:
-    """An authenticated connection to the daemon's store for one job and worker.
-
-    Offers the calls the elastic layer makes (``set``, ``get``, ``check``, ``add``,
-    ``delete_key``), all keys under ``mt/<job>/``. Thread-safe (one request at a time).
-    A lost connection raises :class:`StoreConnectionLost` (and stays lost: make a new
-    client); a refused request :class:`StoreRefused`. No call blocks longer than
-    ``timeout_s``.
-    """
+    """An authenticated connection to the daemon's store for one job and worker (one request at a
+    time, none longer than ``timeout_s``). A lost connection raises :class:`StoreConnectionLost` and
+    stays lost; a refused request :class:`StoreRefused`."""
 
     def __init__(self, address: tuple[str, int], job: str, worker: str, secret: str, timeout_s: float = 10.0) -> None:
         self.address = address

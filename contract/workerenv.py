@@ -1,21 +1,8 @@
 """The worker environment contract: every ``MALLETRAIN_*`` variable a worker reads, defined once.
 
-The daemon side (a runtime's ``launch_spec``, the job manager) writes these
-variables with :meth:`WorkerEnv.to_environ`; the worker side (the elastic
-layer, the client, the toy and Horovod workers) reads them with
-:meth:`WorkerEnv.from_environ`, which checks every value and names the bad one.
-
-.. code-block:: python
-
-    from contract.workerenv import WorkerEnv, ENV_STORE
-
-    spec_env = WorkerEnv(job="j1", worker="w0", store=("127.0.0.1", 29500)).to_environ()
-    env = WorkerEnv.from_environ()          # in the worker: os.environ
-    env.store                               # ("127.0.0.1", 29500) or None
-    env.require_job()                       # the job id, or WorkerEnvError naming MALLETRAIN_JOB
-
-This module imports nothing but the standard library: the daemon, the client
-and the agents' workers use it without torch.
+The daemon side writes them with :meth:`WorkerEnv.to_environ`; the worker side reads them with
+:meth:`WorkerEnv.from_environ`, which checks every value and names the bad one. Standard library
+only, so every side uses it without torch.
 """
 
 from __future__ import annotations
@@ -296,11 +283,8 @@ class WorkerEnv:
 
 @dataclass(frozen=True)
 class RankPlace:
-    """Where one worker sits in its job's current world: a node (group) of ``local_world_size`` ranks.
-
-    Ranks are numbered node by node: the ``local_rank``-th worker of the ``group_rank``-th node is
-    rank ``group_rank * local_world_size + local_rank``, as ``torchrun`` numbers them.
-    """
+    """Where one worker sits in its job's current world: rank ``group_rank * local_world_size +
+    local_rank``, node by node, as ``torchrun`` numbers them."""
 
     group_rank: int
     group_world_size: int
@@ -324,12 +308,8 @@ class RankPlace:
 
 def torchrun_environ(place: RankPlace, master: tuple[str, int], run_id: str,
                      restart_count: int = 0, max_restarts: int = 0) -> dict[str, str]:
-    """The variables ``torchrun`` would give the worker at ``place`` (every name in :data:`TORCHRUN_VARIABLES`).
-
-    ``master`` is the (host, port) of the world's rendezvous (``init_process_group("env://")``
-    reads ``MASTER_ADDR`` and ``MASTER_PORT``); ``run_id`` is the job's id; ``restart_count``
-    counts the world's restarts (0 at the first start). Pure: the caller sets them.
-    """
+    """The variables ``torchrun`` would give the worker at ``place`` (:data:`TORCHRUN_VARIABLES`):
+    ``master`` the world's rendezvous, ``run_id`` the job, ``restart_count`` the world's restarts."""
     if restart_count < 0 or max_restarts < 0:
         raise WorkerEnvError(f"torchrun_environ: restart counts must be >= 0, got {restart_count}, {max_restarts}")
     host, port = master
@@ -347,12 +327,8 @@ _HANDLER_NAME = "malletrain-worker"
 
 
 def configure_worker_logging(level: int | None = None, stream: object = None) -> logging.Logger:
-    """Make malletrain's log lines of a worker process reach its stderr (the agent's log file).
-
-    Sets the ``malletrain`` logger to ``level`` (default: ``MALLETRAIN_LOG_LEVEL``, INFO) and,
-    unless the user's program configured logging itself (a handler on the root logger),
-    gives it one stderr handler with time, pid and logger name. Idempotent.
-    """
+    """Make malletrain's log lines of a worker reach its stderr at ``level`` (``MALLETRAIN_LOG_LEVEL``,
+    INFO), unless the user's program configured logging itself. Idempotent."""
     import sys
 
     logger = logging.getLogger("malletrain")

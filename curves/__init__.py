@@ -1,11 +1,7 @@
 """Throughput curves: samples/s at a node count, from measured points (the bottom layer).
 
-A curve maps node counts to measured samples/s. Everything that reads one (the allocator's
-objective, the profiler's plans, the policy's beliefs, the simulator's true rates) reads it the
-same way, through :func:`throughput_at`. Pure and dependency-free: it imports nothing of this
-project, so every layer may import it.
-
-    from curves import throughput_at
+Everything that reads a curve (allocator, profiler, policy, simulator) reads it through
+:func:`throughput_at`. Imports nothing of this project, so every layer may import it.
 """
 
 from __future__ import annotations
@@ -19,13 +15,8 @@ __all__ = ("Curve", "throughput_at")
 
 
 def throughput_at(scaling: Curve, n: int) -> float:
-    """Samples/s at ``n`` nodes from measured points, piecewise-linear.
-
-    * ``n <= 0`` gives 0.
-    * Between two measured counts: linear interpolation.
-    * Below the smallest measured count: linear from the origin (0 nodes, 0 samples/s).
-    * Above the largest measured count: flat (no evidence that more nodes help).
-    """
+    """Samples/s at ``n`` nodes, piecewise-linear between measured points: 0 at ``n <= 0``, linear
+    from the origin below the smallest, flat above the largest (no evidence more nodes help)."""
     if n <= 0 or not scaling:
         return 0.0
     if n in scaling:

@@ -1,7 +1,5 @@
-"""The evaluation above the simulator: many replays as tasks (:mod:`evaluation.sweep`), policies x
-workloads x seeds in model-neutral work (:mod:`evaluation.evaluate`, with its rows and targets in
-:mod:`evaluation.results`, its regimes in :mod:`evaluation.regimes`, its pages, JSON and charts in
-:mod:`evaluation.report`), one replay's files and plots (:mod:`evaluation.replay_report`) and the
-trace figures (:mod:`evaluation.figures`). The simulator keeps the replay engine and never imports
-this package; ``malletrain evaluate`` and ``malletrain simulate`` front it.
+"""The evaluation above the simulator (which never imports it): replays as tasks (``sweep``),
+policies x workloads x seeds (``evaluate``; rows and targets in ``results``, regimes in
+``regimes``, pages and charts in ``report``), one replay's files (``replay_report``) and the trace
+figures (``figures``); ``malletrain evaluate`` and ``malletrain simulate`` front it.
 """

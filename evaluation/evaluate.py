@@ -7,13 +7,10 @@
     write_evaluation(ev, Path("docs/evaluation"), command="malletrain evaluate ...")
 
 The headline metric is ``work_node_seconds`` (each job's samples over its own 1-node rate, so an
-hour of DenseNet and an hour of AlexNet at one node count the same); samples stay a column.
-Every number is a mean and a sample standard deviation over the seeds. ``freetrain`` runs with a
-panel of user priors (:data:`evaluation.results.PRIORS`); the headline compares with its best prior
-and shows its worst. Regret is ``(milp-true - policy) / milp-true`` in work, per seed: every cost of learning.
-Constrained periods (the idle pool is at most what the admitted jobs can absorb at their max
-nodes) and unconstrained ones are reported apart, as well as the whole. Replays are Dask tasks
-(:mod:`evaluation.sweep`).
+hour of any model at one node counts the same), a mean and sample sd over the seeds. ``freetrain``
+runs with a panel of user priors (:data:`evaluation.results.PRIORS`). Regret is ``(milp-true -
+policy) / milp-true`` in work, per seed. Constrained periods (the idle pool at most what the
+admitted jobs can absorb) and unconstrained ones are reported apart, and the whole.
 """
 
 from __future__ import annotations
@@ -93,12 +90,8 @@ def refuse_impossible(replays: Replays, specs: list[RunSpec]) -> None:
             raise ValueError(f"{spec.label}: {exc}") from None
 
 
-def evaluate(
-    timeline: IdleTimeline,
-    scaling: ScalingSet,
-    settings: EvalSettings = EvalSettings(),
-    on_done: Callable[[RunSpec, dict], None] | None = None,
-) -> Evaluation:
+def evaluate(timeline: IdleTimeline, scaling: ScalingSet, settings: EvalSettings = EvalSettings(),
+             on_done: Callable[[RunSpec, dict], None] | None = None) -> Evaluation:
     """Run every replay (Dask tasks; see :func:`evaluation.sweep.run_replays`) and check the targets."""
     replays = Replays(timeline, scaling, settings.policy_config, settings.sim_config(), settings.n_jobs,
                       settings.overrides, settings.flags)

@@ -3,13 +3,9 @@
     from evaluation.figures import paper_figures
     notes = paper_figures(Path("docs/evaluation"))   # fig3_7.png, fig3_8.png, fig3_9.png; lines for the report
 
-* 3.7: idle-fragment-length CDFs of Summit against the other real machines we have (Cirrus's sacct
-  export, KTH SP2's SWF log). The paper compares Summit with Polaris; Polaris's idle data is not
-  public, so it is not here.
-* 3.8: idle nodes over the Summit week (the one week of node states we have), with the line
-  Pjmax x 64 that 10 jobs of at most 64 nodes can absorb.
-* 3.9: the SYNTHETIC Summit-like week (``traces.synthetic.summit_like``, fitted to that week) against
-  the real week: fragment lengths and the idle pool, with both KS distances.
+3.7: idle-fragment-length CDFs of Summit against Cirrus (sacct) and KTH SP2 (SWF); Polaris's idle
+data, which the paper uses, is not public. 3.8: idle nodes over the Summit week, with the line 10
+jobs of at most 64 nodes can absorb. 3.9: the SYNTHETIC Summit-like week against the real one.
 """
 
 from __future__ import annotations

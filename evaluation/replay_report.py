@@ -79,10 +79,8 @@ def _plot_nodes(result: SimResult, path: Path, plt) -> Path:  # type: ignore[no-
 
 @dataclass(frozen=True)
 class ProgressByAge:
-    """Every job's % of samples trained against hours since its submission, sampled on ``hours``
-    (geometric from one minute when the replay is long enough: most jobs take minutes, some days).
-
-    ``percent[j, k]`` is NaN where the replay ended before job j reached age ``hours[k]``."""
+    """Every job's % of samples trained against hours since its submission, on ``hours`` (geometric
+    from one minute: most jobs take minutes, some days); NaN once the replay ended before that age."""
 
     hours: np.ndarray
     percent: np.ndarray  # jobs x len(hours)

@@ -7,8 +7,7 @@
     done = run_replays(..., workers=0)          # in this process, no Dask (debugging, tests)
 
 Each replay is one task (single-threaded, deterministic for its spec); the timeline and the
-scaling curves are scattered to every worker once. Progress: a tqdm bar on a terminal, plain
-``[k/N] ...`` lines otherwise (logs of a batch job), nothing with ``quiet``.
+curves are scattered to every worker once.
 """
 
 from __future__ import annotations
@@ -33,12 +32,9 @@ NO_PRIOR = ("milp-true", "oracle", "greedy", "equal", "rigid-preemptible")  # po
 
 @dataclass(frozen=True)
 class RunSpec:
-    """One replay: a workload stream and seed under a named policy, with the knobs the sweep varies.
-
-    ``prior`` is freetrain's user curve (``mean``, ``linear``, ``other``, ``noise:X``) or a learning
-    policy's starting belief (``mean``, ``linear``); ``None``
-    fields take the evaluation's base values.
-    """
+    """One replay: a workload stream and seed under a named policy, with the knobs the sweep varies
+    (``None``: the evaluation's base value). ``prior``: freetrain's user curve (``mean``, ``linear``,
+    ``other``, ``noise:X``) or a learning policy's starting belief."""
 
     workload: str
     policy: str
@@ -222,20 +218,11 @@ def _isatty(stream: TextIO) -> bool:
         return False
 
 
-def run_replays(
-    replays: Replays,
-    specs: Sequence[RunSpec],
-    *,
-    workers: int = 2,
-    scheduler: str | None = None,
-    on_done: OnDone | None = None,
-) -> list[tuple[RunSpec, dict]]:
-    """Run every spec (duplicates once) and return ``(spec, summary)`` in ``specs`` order.
-
-    ``scheduler``: the address of an existing Dask scheduler; else ``workers`` > 0 starts a
-    :class:`dask.distributed.LocalCluster` of that many single-threaded worker processes for the
-    sweep; ``workers == 0`` runs in this process without Dask.
-    """
+def run_replays(replays: Replays, specs: Sequence[RunSpec], *, workers: int = 2, scheduler: str | None = None,
+                on_done: OnDone | None = None) -> list[tuple[RunSpec, dict]]:
+    """Run every spec (duplicates once); ``(spec, summary)`` in ``specs`` order. ``scheduler``: an
+    existing Dask scheduler's address; else ``workers`` > 0 single-threaded processes of a
+    ``LocalCluster``; ``workers == 0``: in this process, no Dask."""
     if workers < 0:
         raise ValueError(f"workers must be >= 0, got {workers}")
     copies = duplicates(specs, replays)

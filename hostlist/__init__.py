@@ -1,10 +1,7 @@
 """Slurm host lists (``node[01-03,7],gpu01``) to node names: the one parser (the bottom layer).
 
-The Slurm backend (``sinfo``/``squeue``/``scontrol`` output) and the trace readers (``sacct``,
-ALCF logs) both read host lists through :func:`expand_hostlist`. It is strict: a bracket holds
-comma-separated numbers or ascending ``lo-hi`` ranges (zero padding kept), nothing else; nested or
-unbalanced brackets and reversed ranges raise :class:`HostListError` naming the list. Pure; it
-imports nothing of this project, so every layer may import it.
+Strict: a bracket holds comma-separated numbers or ascending ``lo-hi`` ranges (zero padding kept);
+anything else raises :class:`HostListError` naming the list. Imports nothing of this project.
 """
 
 from __future__ import annotations
@@ -25,11 +22,8 @@ class HostListError(ValueError):
 
 
 def expand_hostlist(text: str, limit: int = DEFAULT_LIMIT) -> tuple[str, ...] | None:
-    """Slurm host list to names: ``a[01-03,7],b2`` -> a01 a02 a03 a7 b2.
-
-    None when the list is unset (:data:`UNSET`, or Slurm's ``None assigned``) or would name more
-    than ``limit`` nodes (the count is known before anything is expanded).
-    """
+    """Slurm host list to names: ``a[01-03,7],b2`` -> a01 a02 a03 a7 b2; None when unset
+    (:data:`UNSET`) or more than ``limit`` nodes (counted before anything is expanded)."""
     text = text.strip()
     if text.lower() in UNSET or text.lower().startswith("none"):
         return None

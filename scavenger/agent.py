@@ -2,27 +2,14 @@
 
     python -m scavenger.agent --node NAME --daemon tcp://HOST:PORT --key-file PATH
 
-It connects to the daemon (ZeroMQ DEALER, identity = node name), authenticates
-both ways with the daemon's agent key (:mod:`scavenger.channel`; the key file's
-path is given, never the key), says hello with its batch job id (``SLURM_JOB_ID``,
-``PBS_JOBID`` or the local backend's ``MALLETRAIN_BATCH_JOB``), heartbeats, and
-starts/stops job workers on command. A server that cannot prove the key
-(another process on the daemon's port) gets nothing run: the agent logs why and
-keeps trying, so it finds the real daemon when that comes back. Each worker runs in its own process group so
-the agent can kill it with everything it spawned; each worker runs in a cgroup of its own where the node
-has one, and the agent and each worker are subreapers, so what a worker leaves behind (a ``setsid()``
-grandchild too) is killed when it ends (:mod:`scavenger.containment`; :meth:`Agent.sweep_orphans`:
-any child of the agent that :meth:`Agent.worker_pids` does not name). A worker's environment, working
-directory and log follow :mod:`scavenger.jobproc`. On SIGTERM (the main
-scheduler recalls the node) it SIGTERMs its workers (they checkpoint and exit),
-SIGKILLs what is left after :data:`RECALL_GRACE_S`, reports ``leaving`` and
-exits 143 within a second. If no authenticated word comes from the daemon for
-``--dead-after`` seconds it does the same (exit 3), so nothing survives a lost
-daemon for long.
-
-The agent logs (to stderr, which the backend sends to ``agent-NODE.log``) its
-start and daemon, each worker's start, stop and exit code, a recall, and why it
-exits. Each worker's stdout and stderr go to ``--log-dir``/``WORKER.log``.
+It connects to the daemon (DEALER, identity = node name), authenticates both ways with the daemon's
+agent key (:mod:`scavenger.channel`), says hello with its batch job id, heartbeats, and starts/stops
+workers on command. A server that cannot prove the key gets nothing run; the agent keeps trying, so
+it finds the real daemon when that comes back. What a worker leaves behind is killed when it ends
+(:mod:`scavenger.containment`). On SIGTERM (a recall) it SIGTERMs its workers, SIGKILLs what is left
+after :data:`RECALL_GRACE_S`, reports ``leaving`` and exits 143; after ``--dead-after`` seconds
+without an authenticated word from the daemon it does the same (exit 3). It logs to stderr
+(``agent-NODE.log``); each worker's output goes to ``--log-dir``/``WORKER.log``.
 """
 
 from __future__ import annotations
@@ -117,25 +104,12 @@ def process_age() -> str:
 
 
 class Agent(DaemonLink, WorkerHost):
-    """The agent's state and loop (run in its own process by :func:`main`): the link to the daemon
-    (:class:`scavenger.agent_link.DaemonLink`) and the node's workers
-    (:class:`scavenger.agent_workers.WorkerHost`).
+    """The agent's state and loop: the link to the daemon (:class:`scavenger.agent_link.DaemonLink`)
+    and the node's workers (:class:`scavenger.agent_workers.WorkerHost`); ``key``: the agent key."""
 
-    ``key``: the daemon's agent key (read from ``--key-file`` by :func:`main`).
-    """
-
-    def __init__(
-        self,
-        node: str,
-        daemon: str,
-        key: bytes,
-        heartbeat_s: float = 0.5,
-        dead_after_s: float = 10.0,
-        log_dir: str | None = None,
-        batch_job: str | None = None,
-        warm_modules: tuple[str, ...] = (),
-        warm: WarmSlot | None = None,
-    ) -> None:
+    def __init__(self, node: str, daemon: str, key: bytes, heartbeat_s: float = 0.5, dead_after_s: float = 10.0,
+                 log_dir: str | None = None, batch_job: str | None = None, warm_modules: tuple[str, ...] = (),
+                 warm: WarmSlot | None = None) -> None:
         if len(key) != C.KEY_BYTES:
             raise ValueError(f"agent key must be {C.KEY_BYTES} bytes, got {len(key)}")
         self.node = node

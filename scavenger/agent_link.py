@@ -1,11 +1,8 @@
 """The agent's authenticated link to the daemon (a mixin of :class:`scavenger.agent.Agent`).
 
-The agent proves the daemon's agent key and has the server prove it back
-(:mod:`scavenger.channel`) before anything is executed; then it says hello with its
-batch job id and the workers it runs, and flushes the worker events it held while
-there was no session. A server that cannot prove the key gets nothing run: the
-agent logs why (:meth:`DaemonLink._refuse`, the first time and every 30th) and keeps
-trying, backing off while challenges go unanswered.
+Both sides prove the agent key (:mod:`scavenger.channel`) before anything runs; then the agent says
+hello and flushes the worker events it held. A server that cannot prove the key gets nothing run:
+the agent logs why (the first time and every 30th) and keeps trying, backing off.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """The workers a node agent runs (a mixin of :class:`scavenger.agent.Agent`).
 
-Each worker runs in its own process group, as the job's owner when a root agent
-starts it (:func:`run_as_owner`), with the environment, working directory and log of
-:mod:`scavenger.jobproc`; a worker assigned while the warm process still imports
-waits for it (:mod:`scavenger.warm`). Stopping is SIGTERM then SIGKILL after the
-grace; what an ended worker left behind is killed: everything in its cgroup where the node has one,
-else what the subreaper agent inherits (:mod:`scavenger.containment`).
+Each worker runs in its own process group, as the job's owner when a root agent starts it
+(:func:`run_as_owner`), set up by :mod:`scavenger.jobproc`; one assigned while the warm process
+still imports waits for it. Stopping is SIGTERM, then SIGKILL after the grace.
 """
 
 from __future__ import annotations
@@ -51,9 +48,8 @@ def warm_slot_envs(base: dict[str, str], slots: int, acc: Accelerator, cores: tu
 
 @dataclass
 class Worker:
-    """One running worker: its processes (a node of K slots runs K, local rank 0 first, each the leader of
-    its process group; :class:`spawner.ranks.LocalRanks`: they end together, the first that fails stops the
-    others, and the worker's exit is reported once, with that failure's code) and its capped log."""
+    """One running worker: its K processes (:class:`spawner.ranks.LocalRanks`, each leading its process
+    group; its exit is reported once, with the first failure's code) and its capped log."""
 
     name: str
     ranks: LocalRanks[subprocess.Popen[bytes]]
@@ -106,11 +102,8 @@ class RunAs:
 
 
 def run_as_owner(msg: P.StartWorker) -> "RunAs | None | str":
-    """Who runs ``msg``'s worker: None (this agent's user), a :class:`RunAs`, or why it may not run.
-
-    A root agent switches to the job's owner (never runs a job as root unless the owner is
-    root); any other agent runs only jobs of its own user, since it cannot switch.
-    """
+    """Who runs ``msg``'s worker: None (this agent's user), a :class:`RunAs`, or why it may not run: a
+    root agent switches to the job's owner; any other runs only its own user's jobs."""
     if msg.uid is None or msg.uid == os.geteuid():
         return None
     if os.geteuid() != 0:

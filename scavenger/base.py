@@ -1,14 +1,6 @@
-"""What every cluster backend shares: the protocol, node/pilot states, events, commands.
-
-:class:`SchedulerBackend` is the one protocol of every backend (``scavenger.local``,
-``scavenger.slurm``, ``scavenger.pbs``), whose pilots are batch jobs (local: agent
-processes): ``discover`` (idle nodes and known future claims), ``submit(PilotRequest) ->
-PilotId``, ``cancel``, and ``poll`` for pilot events (queued / started / ending / ended with
-an :class:`EndReason`). One :class:`PilotState` enum and one :data:`TRANSITIONS` table
-serve them all; the Slurm and PBS backends run on the shared machinery of
-``scavenger.pilots``. Scheduler commands go through :func:`run_command`, whose failures
-are typed :class:`BackendError` subclasses carrying the :class:`CommandResult`.
-"""
+"""What every cluster backend (local, Slurm, PBS) shares: the :class:`SchedulerBackend` protocol,
+one :class:`PilotState` enum with one :data:`TRANSITIONS` table, pilot events, and
+:func:`run_command`, whose failures are typed :class:`BackendError` subclasses."""
 
 from __future__ import annotations
 
@@ -23,43 +15,25 @@ from typing import Callable, Mapping, NewType, Protocol, Sequence, Union
 class NodeState(enum.Enum):
     """A node as the main scheduler reports it (each backend maps its own states here)."""
 
-    IDLE = "idle"
-    """Free in the main scheduler: a scavenger may hold it."""
-    BUSY = "busy"
-    """Allocated to a main-queue job (or reserved): not ours."""
-    DOWN = "down"
-    """Drained, down or offline: nobody can use it."""
-    UNKNOWN = "unknown"
-    """A state string this backend does not know; treated as not idle."""
+    IDLE = "idle"  # free in the main scheduler: a scavenger may hold it
+    BUSY = "busy"  # allocated to a main-queue job (or reserved)
+    DOWN = "down"  # drained, down or offline
+    UNKNOWN = "unknown"  # a state string this backend does not know; never idle
 
 
 class PilotState(enum.Enum):
     """One pilot (a batch job holding nodes, or a local agent process), for every backend.
 
-    Each backend translates its scheduler's states here in one table
-    (``scavenger.slurm.SLURM_STATES``, ``scavenger.pbs.PBS_STATES``); a state it
-    does not know becomes :attr:`UNKNOWN`. Allowed moves are :data:`TRANSITIONS`.
+    Each backend maps its scheduler's states here in one table (``SLURM_STATES``,
+    ``PBS_STATES``); allowed moves are :data:`TRANSITIONS`.
     """
 
-    QUEUED = "queued"
-    """Submitted, not on a node yet. Slurm PENDING, CONFIGURING, REQUEUED, REQUEUE_HOLD,
-    REQUEUE_FED, RESV_DEL_HOLD; PBS Q, H, W, T. Local: agent spawned, not connected."""
-    RUNNING = "running"
-    """On its node(s) until its walltime. Slurm RUNNING, RESIZING, SIGNALING; PBS R, B.
-    Local: agent connected."""
-    ENDING = "ending"
-    """Will end by a known deadline: preempted within its grace time (Slurm end time cut
-    short), walltime near, completing. Slurm COMPLETING, STAGE_OUT; PBS E."""
-    SUSPENDED = "suspended"
-    """Stopped in place by the scheduler (preemption by suspension): its node works for
-    someone else, so it counts as a recall and the backend cancels it. Slurm SUSPENDED,
-    STOPPED; PBS S, U."""
-    ENDED = "ended"
-    """Gone; the :class:`EndReason` says why. Slurm COMPLETED, CANCELLED, PREEMPTED,
-    TIMEOUT, DEADLINE, FAILED, NODE_FAIL, BOOT_FAIL, OUT_OF_MEMORY, SPECIAL_EXIT, REVOKED;
-    PBS F, X, M."""
-    UNKNOWN = "unknown"
-    """A scheduler state this backend does not know; never usable, never terminal."""
+    QUEUED = "queued"  # submitted, not on a node yet (local: agent spawned, not connected)
+    RUNNING = "running"  # on its node(s) until its walltime (local: agent connected)
+    ENDING = "ending"  # will end by a known deadline: preempted in its grace time, walltime near, completing
+    SUSPENDED = "suspended"  # stopped in place (preemption by suspension): a recall; the backend cancels it
+    ENDED = "ended"  # gone; the EndReason says why
+    UNKNOWN = "unknown"  # a scheduler state this backend does not know; never usable, never terminal
 
     @property
     def terminal(self) -> bool:
@@ -91,20 +65,12 @@ def can_move(old: PilotState, new: PilotState) -> bool:
 class EndReason(enum.Enum):
     """Why a pilot ended."""
 
-    PREEMPTED = "preempted"
-    """The main scheduler took the node back (Slurm PreemptTime set or PREEMPTED; PBS S, or
-    deleted by preemption)."""
-    TIMEOUT = "timeout"
-    """The pilot reached its walltime (Slurm TIMEOUT, DEADLINE; PBS walltime exceeded)."""
-    CANCELLED = "cancelled"
-    """Cancelled: by us (``cancel``) or by someone else (the detail says which)."""
-    FAILED = "failed"
-    """The job or its node failed (Slurm FAILED, NODE_FAIL, BOOT_FAIL, OUT_OF_MEMORY; PBS
-    nonzero exit)."""
-    EXITED = "exited"
-    """The agent left on its own (released by the daemon, or it lost the daemon)."""
-    UNKNOWN = "unknown"
-    """The scheduler forgot the job before we learnt how it ended."""
+    PREEMPTED = "preempted"  # the main scheduler took the node back
+    TIMEOUT = "timeout"  # the pilot reached its walltime
+    CANCELLED = "cancelled"  # by us or by someone else (the detail says which)
+    FAILED = "failed"  # the job or its node failed
+    EXITED = "exited"  # the agent left on its own (released by the daemon, or it lost the daemon)
+    UNKNOWN = "unknown"  # the scheduler forgot the job before we learnt how it ended
 
 
 class PilotStateError(RuntimeError):
@@ -117,14 +83,12 @@ class PilotStateError(RuntimeError):
 @dataclass(frozen=True)
 class AgentUp:
     """The node agent on ``node`` connected (pilot HELD)."""
-
     node: str
 
 
 @dataclass(frozen=True)
 class AgentGone:
     """The node agent on ``node`` left or stopped heartbeating; ``reason`` says which."""
-
     node: str
     reason: str
 
@@ -135,7 +99,6 @@ class AgentGone:
 @dataclass(frozen=True)
 class CommandResult:
     """One scheduler command as it ran."""
-
     argv: tuple[str, ...]
     returncode: int
     stdout: str
@@ -173,15 +136,11 @@ class Throttled(BackendError):
         self.retry_at = retry_at
 
 
-def run_command(
-    argv: Sequence[str], timeout: float = 30.0, check: bool = True, env: Mapping[str, str] | None = None
-) -> CommandResult:
-    """Run ``argv`` (never through a shell) and capture it.
-
-    ``env`` adds to this process's environment. Raises :class:`CommandTimeout` when it
-    hangs past ``timeout`` and :class:`CommandFailed` when it cannot start or (with
-    ``check``) exits nonzero; both carry the :class:`CommandResult` when it ran.
-    """
+def run_command(argv: Sequence[str], timeout: float = 30.0, check: bool = True,
+                env: Mapping[str, str] | None = None) -> CommandResult:
+    """Run ``argv`` (never through a shell; ``env`` adds to this process's environment).
+    :class:`CommandTimeout` past ``timeout``, :class:`CommandFailed` when it cannot start or
+    (``check``) exits nonzero; both carry the :class:`CommandResult` when it ran."""
     args = tuple(str(a) for a in argv)
     if not args:
         raise CommandFailed("empty command")
@@ -217,11 +176,8 @@ CommandHook = Callable[[tuple[str, ...], float, str], None]
 
 
 def observed(runner: Runner, hook: CommandHook) -> Runner:
-    """``runner`` that also tells ``hook`` of every command it runs (e.g. the daemon's metrics).
-
-    Nothing else changes: results and errors pass through as they are. ``seconds``
-    is the command's own ``elapsed`` (0 when it never started).
-    """
+    """``runner`` that also tells ``hook`` of every command (``seconds``: its ``elapsed``, 0 when it
+    never started); results and errors pass through unchanged."""
 
     def run(argv: Sequence[str], *args: object, **kwargs: object) -> CommandResult:
         try:
@@ -248,11 +204,9 @@ report in their hello (``SLURM_JOB_ID`` / ``PBS_JOBID``)."""
 class PilotRequest:
     """Ask for one pilot on ``nodes`` (empty: any nodes of the pilot partition).
 
-    ``walltime_s`` None uses the backend's configured walltime. ``after``: start only
-    when that pilot has ended (a walltime replacement on the same nodes). ``waits_for_node``:
-    queued for nodes the main scheduler holds now (a recalled node the daemon expects back,
-    ``queues_for_busy_nodes`` of :class:`SchedulerBackend`): it starts the moment they are free, and
-    its time in the queue counts only from then (``max_queued_s``).
+    ``walltime_s`` None: the configured one. ``after``: start when that pilot has ended (a
+    walltime replacement). ``waits_for_node``: queued for nodes the main scheduler holds now (a
+    recalled node expected back); its time in the queue counts from when they are free.
     """
 
     nodes: tuple[str, ...] = ()
@@ -281,7 +235,6 @@ class NodeInfo:
 @dataclass(frozen=True)
 class Claim:
     """A pending main-queue job the scheduler plans to start on ``nodes`` at ``start``."""
-
     job: str
     nodes: tuple[str, ...]
     start: float | None
@@ -290,11 +243,8 @@ class Claim:
 
 @dataclass(frozen=True)
 class Discovery:
-    """One look at the machine: every node of the pilot partition, and known future claims.
-
-    ``idle``: nodes a pilot may hold now (idle, not planned, no live pilot of ours).
-    """
-
+    """One look at the machine: every node of the pilot partition, known future claims, and
+    ``idle``: nodes a pilot may hold now (idle, not planned, no live pilot of ours)."""
     nodes: tuple[NodeInfo, ...]
     claims: tuple[Claim, ...]
     idle: frozenset[str]
@@ -305,7 +255,6 @@ class Discovery:
 class PilotQueued:
     """``pilot`` was submitted (``replaces``: the pilot it takes over from at walltime) or,
     with ``requeued``, sent back to the queue by the scheduler (its nodes are lost)."""
-
     pilot: PilotId
     nodes: tuple[str, ...] = ()
     replaces: PilotId | None = None
@@ -315,7 +264,6 @@ class PilotQueued:
 @dataclass(frozen=True)
 class PilotStarted:
     """``pilot`` runs on ``nodes`` until ``expires_at`` (its walltime; None: no limit)."""
-
     pilot: PilotId
     nodes: tuple[str, ...]
     expires_at: float | None
@@ -325,7 +273,6 @@ class PilotStarted:
 class PilotEnding:
     """``pilot`` will be gone by ``deadline``: preempted (grace time), suspended, walltime
     near (a replacement is queued when renewal is on), or completing."""
-
     pilot: PilotId
     nodes: tuple[str, ...]
     deadline: float | None
@@ -335,7 +282,6 @@ class PilotEnding:
 @dataclass(frozen=True)
 class PilotEnded:
     """``pilot`` is gone and its ``nodes`` with it; ``detail`` is the scheduler's wording."""
-
     pilot: PilotId
     nodes: tuple[str, ...]
     reason: EndReason
@@ -348,19 +294,11 @@ PilotEvent = Union[PilotQueued, PilotStarted, PilotEnding, PilotEnded]
 class SchedulerBackend(Protocol):
     """A backend whose pilots are batch jobs (Slurm, PBS) or agent processes (local).
 
-    Every method runs at most a few scheduler commands, each with a timeout. A command
-    that fails, hangs or answers garbage raises a :class:`BackendError` subclass
-    (carrying the :class:`CommandResult`); the backend then keeps its last known pilot
-    states unchanged and returns no stale data: callers skip that round's decision.
-
-    ``queues_for_busy_nodes``, True, says that a pilot may be queued for a node a main-queue job
-    holds (a batch scheduler): it waits and starts when the node is free
-    (:attr:`PilotRequest.waits_for_node`); False: the local backend.
-
-    The members with a body (:attr:`version`, :meth:`pilots_on`, :meth:`held_nodes`,
-    :meth:`adopt`, :meth:`cancel_all`) are what a backend that derives nothing incrementally
-    does; a class that subclasses this protocol explicitly inherits them (the batch backends
-    give faster ones).
+    Every method runs a few scheduler commands, each with a timeout; one that fails, hangs or
+    answers garbage raises a :class:`BackendError`, pilot states stay as last known, and callers
+    skip that round's decision. ``queues_for_busy_nodes``: a pilot may be queued for a node a
+    main-queue job holds (:attr:`PilotRequest.waits_for_node`). The members with a body are the
+    plain versions a subclass inherits (the batch backends give faster ones).
     """
 
     name: str
@@ -428,10 +366,8 @@ class SchedulerBackend(Protocol):
 
 class AgentRoster(Protocol):
     """What the scavenging side needs of the agent hub (``scavenger.hub.AgentHub``): the nodes
-    whose agent is connected, and the batch job each agent said it runs in.
-
-    The members with a body are what a hub that keeps no more says (a class that subclasses
-    this protocol explicitly inherits them)."""
+    whose agent is connected, and the batch job each agent said it runs in (the members with a
+    body are the plain versions a subclass inherits)."""
 
     @property
     def version(self) -> int | None:
@@ -456,7 +392,6 @@ class AgentRoster(Protocol):
 class PilotView:
     """A read-only look at one pilot; ``cancelling``: our cancel of it went through, it is
     on its way out; ``waits_for_node``: see :class:`PilotRequest`."""
-
     id: PilotId
     state: PilotState
     nodes: tuple[str, ...]
@@ -471,7 +406,6 @@ class SavedPilot:
     """What a daemon keeps of one live pilot across a restart (:meth:`SchedulerBackend.resume`):
     its id, the nodes it holds or asked for, the pilot it replaces at walltime, and whether it
     was queued for nodes the main scheduler held (:attr:`PilotRequest.waits_for_node`)."""
-
     id: PilotId
     nodes: tuple[str, ...] = ()
     replaces: PilotId | None = None

@@ -1,26 +1,18 @@
 """The authenticated agent channel: a per-daemon key, a mutual handshake, MACed frames.
 
-Every daemon has one secret agent key (:data:`KEY_BYTES` random bytes in a 0600
-file of its private state dir, created once and reused, so agents survive a
-daemon restart). Agents get the file's *path* (``--key-file``), never the key
-on a command line.
-
-Handshake (one per connection; the node name is the ZeroMQ identity)::
+The agent key (:data:`KEY_BYTES` random bytes in a 0600 file, reused across daemon restarts) reaches
+agents as a *path* (``--key-file``), never on a command line. Handshake (the why:
+docs/operators/security.md, agent channel)::
 
     agent -> hub   C | nonce_a                       (32 random bytes)
     hub   -> agent N | nonce_h                       (32 random bytes)
     agent -> hub   F | proof_a                       proof_a = HMAC(K, "agent" | node | nonce_a | nonce_h)
     hub   -> agent P | proof_h                       proof_h = HMAC(K, "hub"   | node | nonce_a | nonce_h)
 
-The agent proves itself first, so the hub hands its own proof only to agents that
-hold the key and refuses the others (counted, logged, nothing kept); an agent's
-proof is worthless to anyone else (it covers the hub's fresh nonce). Each side
-checks the other's proof with :func:`hmac.compare_digest`; an agent runs nothing
-for a server that cannot prove the key. Both then derive the
-session key ``S = HMAC(K, "session" | node | nonce_a | nonce_h)``, and every
-message is a data frame of :mod:`authframe` (directions ``agent->hub`` / ``hub->agent``).
-``R | reason`` (hub -> agent, unauthenticated) only asks the agent to authenticate again:
-the worst a forger does with it is cost a handshake.
+The agent proves itself first, so the hub shows its proof only to key holders; a proof covers the
+other side's fresh nonce, so it is worthless to anyone else. Both then use ``S = HMAC(K, "session" |
+node | nonce_a | nonce_h)`` for the :mod:`authframe` data frames. ``R | reason`` (unauthenticated)
+only asks the agent to authenticate again: a forger can at most cost a handshake.
 """
 
 from __future__ import annotations

@@ -1,22 +1,11 @@
 """Connection caps for a ZeroMQ listening socket: per peer and in total.
 
-libzmq accepts every TCP connection to a bound socket and keeps it (one file
-descriptor each) for as long as the peer holds it open. One local user holding
-~1,000 idle connections to the daemon's monitor and agent ports drove it to EMFILE.
-A :class:`ConnectionGuard` watches the socket's ``ACCEPTED``/``DISCONNECTED``
-events (a ZeroMQ socket monitor) and cuts (``shutdown``) each connection beyond
-its caps, at once:
-
-- **per peer**: a peer on this host is the *user* that owns the connecting socket
-  (looked up in ``/proc/net/tcp``, so every local user has their own cap, and
-  nobody can use up another's); a remote peer is its IP address. Connections from
-  root and the daemon's own user are not capped per peer (its agents, its workers).
-- **in total**: beyond ``total`` open connections, every new one is cut.
-
-The daemon also raises its own descriptor limit (:func:`raise_nofile_limit`) so the
-caps bind before the limit does. Cutting is by the descriptor number libzmq
-reports; a descriptor that closed and was reused before the event was read could
-be misattributed (its count corrects itself at the next disconnect event).
+libzmq keeps every accepted TCP connection (one descriptor each): one local user holding ~1,000 idle
+connections drove the daemon to EMFILE. A :class:`ConnectionGuard` watches the socket's
+``ACCEPTED``/``DISCONNECTED`` events and cuts each connection beyond its caps at once: per peer (a
+local peer is the *user* owning the socket, from ``/proc/net/tcp``, so nobody uses up another's cap;
+a remote one its IP; root and the daemon's own user are not capped) and in total. A descriptor reused
+before its event was read may be misattributed; its count corrects itself at the next disconnect.
 """
 
 from __future__ import annotations

@@ -1,28 +1,13 @@
 """How everything a worker starts is held and ended with it: a cgroup where the node has one, else a subreaper.
 
-The agent picks one :class:`Containment` at start (:func:`choose`) and logs which, once; what each
-holds and where each is used: docs/operators/security.md (processes). How:
-
-- :class:`CgroupContainment`: the agent's folder is ``malletrain-agent.PID.START`` (START: its start
-  time in clock ticks, so a reused pid never names it) in its installation's subtree
-  ``malletrain.ID`` (:func:`installation_id`) of its own cgroup. The agent creates a worker's cgroup
-  and opens its ``cgroup.procs`` before the privilege drop; the worker writes itself into it between
-  fork and exec (the kernel checks the rights of whoever opened the file, root), and the agent writes
-  the pid again after the spawn. Ending a cgroup: v2 ``cgroup.kill``, else SIGKILL over
-  ``cgroup.procs`` until empty; v1 ``freezer``: FROZEN, SIGKILL all, THAWED; v1 ``pids``:
-  ``pids.max`` 0 so nothing forks, then SIGKILL until empty; then the cgroup is removed.
-  :func:`sweep_stale` (every agent at start) ends the folders of agents that are gone, in its own
-  installation's subtree only: an agent judges another dead by a pid and start time read in its own
-  pid namespace, which is wrong for an agent of another daemon in another namespace sharing the cgroup.
-- :class:`Subreaper`: the agent and each worker are subreapers (:mod:`scavenger.jobproc`); the
-  cgroup backend keeps the agent one too, so processes killed in a cgroup whose parent died are
-  re-parented to it and reaped.
-
-Where: cgroup v2 if mounted and writable (``/sys/fs/cgroup``, or ``/sys/fs/cgroup/unified`` beside v1
-controllers), else a writable v1 ``freezer``, else v1 ``pids``, read from ``/proc/self/cgroup`` and
-``/proc/self/mountinfo``. A folder's agent is looked up in ``/proc``, so agents whose cgroups share a
-parent must share a pid namespace (one machine's agents do). An agent that runs as root inside a
-batch job's cgroup subdivides it.
+The agent picks one :class:`Containment` at start (:func:`choose`); what each holds and where:
+docs/operators/security.md (processes). The agent's folder ``malletrain-agent.PID.START`` (START: its
+start time, so a reused pid never names it) lies in its installation's subtree ``malletrain.ID``:
+:func:`sweep_stale` judges another agent dead by a pid read in its own pid namespace, which is wrong
+for another daemon's agent in another namespace. A worker writes itself into its cgroup between fork
+and exec through a ``cgroup.procs`` the agent opened before the privilege drop (the kernel checks the
+opener's rights). The agent stays a subreaper in every case, so processes killed in a cgroup whose
+parent died are re-parented to it and reaped.
 """
 
 from __future__ import annotations
@@ -68,31 +53,24 @@ class Containment(Protocol):
     @property
     def description(self) -> str:
         """One line for the agent's log: which backend, where."""
-        ...
 
     def prepare(self, worker: str) -> Callable[[], None] | None:
         """Get ready to hold ``worker``; what its process runs between fork and exec to join (or None)."""
-        ...
 
     def add(self, worker: str, pid: int) -> None:
         """``pid`` (the spawned worker, or the warm process taking its place) belongs to ``worker``."""
-        ...
 
     def release(self, pid: int) -> None:
         """``pid`` was added but did not become the worker (a warm process that refused): hand it back."""
-        ...
 
     def end(self, worker: str) -> int:
         """Kill everything ``worker`` started and forget it; how many processes were killed."""
-        ...
 
     def sweep(self, keep: Collection[int]) -> int:
         """Periodic: kill and reap what ended workers left (the agent's children outside ``keep``)."""
-        ...
 
     def close(self) -> None:
         """At the agent's exit: end every worker's processes and remove what was made."""
-        ...
 
 
 # ---------------------------------------------------------------- the subreaper
@@ -436,10 +414,8 @@ class CgroupContainment:
 
 # ---------------------------------------------------------------- the choice
 def choose(wanted: str = "auto", installation: str = "0") -> Containment:
-    """The containment for this agent: ``wanted`` (one of :data:`CHOICES`), falling back to the
-    subreaper when no cgroup is usable. The agent becomes a subreaper in every case. Stale folders of
-    agents that are gone are ended first (:func:`sweep_stale`), in the subtree of ``installation``
-    (the daemon's id, :func:`installation_id`) only."""
+    """The containment for this agent: ``wanted`` (one of :data:`CHOICES`), else the subreaper;
+    stale folders of gone agents under ``installation`` are ended first (:func:`sweep_stale`)."""
     reaper = Subreaper(jobproc.become_subreaper())
     if wanted == "subreaper":
         return reaper

@@ -1,16 +1,10 @@
 """The daemon's side of the node agents: one ZeroMQ ROUTER every agent connects to.
 
-:meth:`AgentHub.poll` turns agent frames into events (agent up/gone, worker
-started/exited), pings agents so they know the daemon lives, and declares an
-agent gone when its heartbeats stop for ``dead_after_s`` seconds.
-
-Who counts as an agent (the handshake of :mod:`scavenger.channel`, bad frames dropped and counted in
-:attr:`AgentHub.rejected`) and how a node's replacement agent takes over from the one it replaces (an
-identity of its own, :func:`scavenger.protocol.agent_identity`; the old one told to leave,
-:class:`scavenger.protocol.Shutdown`): docs/operators/security.md (agent channel). No agent state is
-created before the handshake ends (one in progress is kept for :data:`PENDING_TTL_S`, at most
-:data:`MAX_PENDING` of them). Only an agent's own reconnection can carry its identity
-(``ROUTER_HANDOVER``: the new connection takes over a stale one the router still holds).
+:meth:`AgentHub.poll` turns agent frames into events (agent up/gone, worker started/exited), pings
+agents, and declares an agent gone after ``dead_after_s`` without heartbeats. Who counts as an agent,
+and how a node's replacement agent takes over: docs/operators/security.md (agent channel). No agent
+state exists before the handshake ends (at most :data:`MAX_PENDING` in progress, each
+:data:`PENDING_TTL_S`); ``ROUTER_HANDOVER`` lets an agent's reconnection take over its stale one.
 """
 
 from __future__ import annotations
@@ -50,9 +44,8 @@ MIN_PING_S = 0.5
 
 
 def ping_interval(dead_after_s: float) -> float:
-    """Seconds between two pings to every agent: often enough that an agent never gives the
-    daemon up for lost by a late ping, rarely enough that pinging 10,000 agents is not the
-    hub's main work (every 0.5 s that was 20,000 sealed frames a second)."""
+    """Seconds between two pings to every agent: no agent gives the daemon up by a late ping, and
+    pinging 10,000 agents is not the hub's main work (every 0.5 s was 20,000 frames a second)."""
     return max(MIN_PING_S, dead_after_s / PINGS_PER_DEAD_AFTER)
 
 
@@ -74,9 +67,8 @@ class WorkerExitedEvent:
 
 @dataclass(frozen=True)
 class AgentWorkers:
-    """An agent (new or reconnected) reports the workers it runs: for re-adoption.
-
-    ``batch_job``: the batch job the agent runs in (its pilot), None for local agents."""
+    """An agent (new or reconnected) reports the workers it runs, for re-adoption; ``batch_job``: its
+    pilot, None for local agents."""
 
     node: str
     pid: int
@@ -107,22 +99,13 @@ class _Pending:
 
 
 class AgentHub:
-    """ROUTER socket for the node agents; ``address`` is what agents connect to.
+    """ROUTER socket for the node agents at ``address``. ``key_file``: the daemon's agent key
+    (created 0600 if absent; None: a fresh one in a private temporary directory, removed by
+    :meth:`close`); give agents :attr:`key_file` either way."""
 
-    ``key_file``: the daemon's agent key (created 0600 if absent). None: a fresh key in
-    a private temporary directory, removed by :meth:`close` (tests, one-off hubs); give
-    agents :attr:`key_file` either way.
-    """
-
-    def __init__(
-        self,
-        bind: str = "tcp://127.0.0.1:0",
-        dead_after_s: float = 5.0,
-        ping_s: float | None = None,
-        ctx: zmq.Context | None = None,
-        clock: Callable[[], float] = time.monotonic,
-        key_file: str | Path | None = None,
-    ) -> None:
+    def __init__(self, bind: str = "tcp://127.0.0.1:0", dead_after_s: float = 5.0, ping_s: float | None = None,
+                 ctx: zmq.Context | None = None, clock: Callable[[], float] = time.monotonic,
+                 key_file: str | Path | None = None) -> None:
         self.clock = clock  # the daemon injects its own clock (silence is measured on it)
         self._tmpdir: str | None = None
         if key_file is None:
@@ -234,10 +217,8 @@ class AgentHub:
         return self.send(P.StopWorker(node, worker, grace))
 
     def poll(self, timeout_ms: int = 0, max_frames: int = MAX_FRAMES_PER_POLL) -> list[HubEvent]:
-        """Events from the frames queued now (at most ``max_frames`` of them: the daemon's loop
-        goes on while agents send faster than the hub reads); agents silent for ``dead_after_s``
-        are gone, judged only once the queue was read to its end (a heartbeat still queued
-        is not silence); pings when due."""
+        """Events from at most ``max_frames`` queued frames (the loop goes on while agents send faster);
+        agents silent for ``dead_after_s`` are gone, judged only once the queue was read to its end."""
         out: list[HubEvent] = []
         self.guard.poll()
         if timeout_ms > 0:
@@ -354,9 +335,8 @@ class AgentHub:
         return out
 
     def _replace(self, node: str, ident: bytes) -> list[HubEvent]:
-        """A new agent ``ident`` proved the key for ``node`` while another agent held it (a pilot's
-        replacement started before the old pilot's agent ended): the old one is told to leave, and its
-        workers count as stopped (its exits will not be heard); the node stays up."""
+        """A new agent ``ident`` proved the key for ``node`` while another held it (a pilot's replacement):
+        the old one is told to leave and its workers count as stopped; the node stays up."""
         old = self._routes.get(node)
         if old is None or old == ident:
             return []

@@ -1,14 +1,9 @@
 """What a job's worker process gets from the agent, and how everything it starts ends with it.
 
-The agent runs workers for many users (as each job's owner when it is root); this module holds the
-rules that keep one job from reaching the agent, the head node or another job through the process
-the agent starts: the environment (:data:`ENV_ALLOW` plus the job's ``env``, :func:`worker_environ`;
-a worker of another user gets :data:`SAFE_PATH` and that user's ``HOME``/``USER``/``LOGNAME``), the
-working directory, entered in the child after the privilege drop so the kernel checks the owner's
-rights (:func:`child_setup`, :data:`EXIT_NO_CWD`), the subreapers that end what a worker leaves
-behind (:func:`become_subreaper`, :func:`orphans`; cgroups: :mod:`scavenger.containment`) and the
-log folder (0700, 0711 for a root agent; :func:`prune_logs`; each log's cap: :mod:`scavenger.logpump`).
-Why each rule is what it is: docs/operators/security.md (who runs a job, and with what; files and logs).
+The rules that keep one job from reaching the agent, the head node or another job through the
+process the agent starts: its environment (:func:`worker_environ`), its working directory (entered
+after the privilege drop, so the kernel checks the owner's rights), the subreapers, and the log
+folder. Why each rule is what it is: docs/operators/security.md.
 """
 
 from __future__ import annotations
@@ -75,10 +70,8 @@ def become_subreaper() -> bool:
 
 
 def child_setup(cwd: str | None, join: Callable[[], None] | None = None) -> Callable[[], None]:
-    """What the worker's process runs after the privilege drop and before exec (``preexec_fn``):
-    ``join`` its cgroup (:mod:`scavenger.containment`), become the subreaper of its own descendants,
-    then enter ``cwd`` as the owner. A ``cwd`` the owner cannot enter: a line on stderr (the worker's
-    log) and exit :data:`EXIT_NO_CWD`."""
+    """``preexec_fn`` of a worker: ``join`` its cgroup, become a subreaper, then enter ``cwd`` as the
+    owner (one it cannot enter: a line on stderr and exit :data:`EXIT_NO_CWD`)."""
     target = os.fsencode(cwd) if cwd else None
 
     def setup() -> None:

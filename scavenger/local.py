@@ -1,17 +1,9 @@
 """The ``local`` backend: N nodes on this machine, each held node a real agent process.
 
-It speaks :class:`~scavenger.base.SchedulerBackend`, as the Slurm and PBS backends
-do: ``discover`` (which nodes the trace leaves idle now), ``submit`` (a pilot is
-one agent process on one node, running at once, with no walltime), ``cancel``
-(SIGTERM on the agent) and ``poll`` (pilot events). Which nodes are idle follows
-an :class:`~traces.model.IdleTimeline` replayed in compressed time
-(``time_scale`` trace seconds per wall second), so recalls happen for real: a
-held node the trace takes back gets SIGTERM on its agent, exactly as a pilot
-job killed by the main scheduler, and its pilot ends ``preempted``.
-
-A pilot's id is ``local-NODE-RANDOM``; the agent gets it in ``MALLETRAIN_BATCH_JOB``
-and reports it in its hello, as a Slurm agent reports ``SLURM_JOB_ID``. After a daemon
-restart :meth:`adopt` takes over an agent process a previous backend started.
+A pilot is one agent process on one node, running at once with no walltime; which nodes are idle
+follows an :class:`~traces.model.IdleTimeline` replayed in compressed time (``time_scale``), so a
+node the trace takes back gets SIGTERM on its agent, as a preempted pilot job, and ends
+``preempted``. A pilot's id ``local-NODE-RANDOM`` reaches the agent in ``MALLETRAIN_BATCH_JOB``.
 """
 
 from __future__ import annotations
@@ -45,7 +37,6 @@ from scavenger.base import (
     PilotState,
     PilotStateError,
     PilotView,
-    SavedPilot,
     SchedulerBackend,
     can_move,
 )
@@ -75,30 +66,17 @@ class _LocalPilot:
 
 
 class LocalBackend(SchedulerBackend):
-    """Local nodes ``node00..`` whose idleness follows ``timeline`` (None: always idle).
-
-    The first ``n_nodes`` nodes of the timeline map, in order, onto the local
-    names; changes of other timeline nodes are ignored. ``epoch`` is the wall
-    time (``clock()``) at which the trace starts; pass the stored one after a
-    daemon restart to continue where it was. Agents need the daemon's agent key: give its
-    path in ``agent_args`` (``--key-file``, :attr:`scavenger.hub.AgentHub.key_file`), never
-    the key itself.
+    """Local nodes ``node00..`` whose idleness follows the first ``n_nodes`` nodes of ``timeline``
+    (None: always idle). ``epoch``: the wall time at which the trace starts (the stored one after
+    a daemon restart). ``agent_args`` give the agent key's path (``--key-file``), never the key.
     """
 
     name = "local"
     queues_for_busy_nodes = False  # an agent process starts at once or not at all
 
-    def __init__(
-        self,
-        n_nodes: int,
-        daemon_address: str,
-        timeline: IdleTimeline | None = None,
-        time_scale: float = 1.0,
-        epoch: float | None = None,
-        clock: Callable[[], float] = time.time,
-        agent_args: Sequence[str] = (),
-        log_dir: str | None = None,
-    ) -> None:
+    def __init__(self, n_nodes: int, daemon_address: str, timeline: IdleTimeline | None = None,
+                 time_scale: float = 1.0, epoch: float | None = None, clock: Callable[[], float] = time.time,
+                 agent_args: Sequence[str] = (), log_dir: str | None = None) -> None:
         if n_nodes < 1:
             raise ValueError(f"local backend: nodes must be >= 1, got {n_nodes}")
         if not time_scale > 0:
@@ -180,10 +158,8 @@ class LocalBackend(SchedulerBackend):
         return {pid: p.view() for pid, p in self._pilots.items()}
 
     def adopt(self, node: str, batch_job: str, pid: int) -> PilotId | None:
-        """An agent a previous backend started says hello (daemon restart): its pilot is ours again.
-
-        None when the node is not ours to hold or the process is gone. Idempotent.
-        """
+        """An agent a previous backend started says hello: its pilot is ours again (None when the
+        node is not ours to hold or the process is gone). Idempotent."""
         if node not in self.nodes or pid <= 0:
             return None
         holder = self._holder(node)
@@ -200,11 +176,6 @@ class LocalBackend(SchedulerBackend):
         self._idle.add(node)  # it ran a pilot: the trace left it idle then
         self._events.append(PilotStarted(pilot.id, (node,), None))
         return pilot.id
-
-    def resume(self, saved: Sequence[SavedPilot]) -> list[PilotId]:
-        """Nothing to take back by id: a local pilot is an agent process, which comes back with
-        its hello (:meth:`adopt`, that needs its process id) or is gone."""
-        return []
 
     def close(self) -> None:
         for pid in list(self._pilots):
@@ -258,14 +229,11 @@ class LocalBackend(SchedulerBackend):
         return next((p for p in self._pilots.values() if p.node == node), None)
 
     def _spawn(self, node: str, pid: PilotId) -> "subprocess.Popen[bytes]":
-        argv = [
-            sys.executable, "-m", "scavenger.agent",
-            "--node", node, "--daemon", self.daemon_address, *self.agent_args,
-        ]
-        if self.log_dir:
-            argv += ["--log-dir", self.log_dir]
+        argv = [sys.executable, "-m", "scavenger.agent", "--node", node, "--daemon", self.daemon_address,
+                *self.agent_args]
         out: Any = subprocess.DEVNULL
         if self.log_dir:
+            argv += ["--log-dir", self.log_dir]
             jobproc.private_dir(Path(self.log_dir))  # 0700 (0711 for root) and 0600, whatever the umask
             out = jobproc.open_private(Path(self.log_dir) / f"agent-{node}.log")
         try:
@@ -333,13 +301,9 @@ class LocalBackend(SchedulerBackend):
 
 
 def slot_timeline(timeline: IdleTimeline, n_slots: int) -> IdleTimeline:
-    """The first ``n_slots`` idle nodes of a bigger machine, as a timeline of ``n_slots`` nodes.
-
-    Slot ``i`` is idle while the machine has more than ``i`` idle nodes: when the
-    idle count drops, the highest slots are recalled first. This keeps the
-    trace's arrivals and recalls (their timing and burstiness) while fitting a
-    machine of thousands of nodes onto the few local ones.
-    """
+    """The first ``n_slots`` idle nodes of a bigger machine, as a timeline of ``n_slots`` nodes: slot
+    ``i`` is idle while the machine has more than ``i`` idle nodes, so the trace's arrivals and
+    recalls keep their timing and burstiness on a few local nodes."""
     if n_slots < 1:
         raise ValueError(f"slot_timeline: n_slots must be >= 1, got {n_slots}")
     t, c = timeline.idle_counts()

@@ -1,19 +1,10 @@
 """A worker's log behind a pipe, so its cap holds whatever the job writes.
 
-A worker used to write its log file directly, and the agent rotated it when it saw it past its cap:
-``yes`` writes faster than any look, and one log grew to 256 MB in under 10 s and filled the state
-file system (every other user's submits and cancels then failed). With a :class:`LogPump` the worker,
-and everything it starts, writes into a pipe; a thread of the agent copies the pipe into the file and
-carries out two bounds as it writes:
-
-- **the cap**: past ``max_bytes`` the file is renamed to ``PATH.1`` (replacing an older one) and a new
-  one is started, so one worker's log never holds more than twice its cap on disk;
-- **the reserve**: while the file system holding the log has less free space than
-  :func:`reserve_bytes` (a tenth of it, between 32 MiB and 1 GiB), output is dropped (a line in the
-  log says so, once per episode): a log never fills the disk that the daemon's store and the other
-  jobs' logs and checkpoints share.
-
-A writer faster than the disk waits on the full pipe (64 KiB): the job slows itself, not the node.
+A log file the agent rotated after the fact grew to 256 MB in 10 s under ``yes``. Now the worker
+writes into a pipe and a thread of the agent copies it into the file, bounded as it writes: past
+``max_bytes`` the file becomes ``PATH.1`` (at most twice the cap on disk), and while the file system
+has less free space than :func:`reserve_bytes` output is dropped (said once per episode in the log).
+A writer faster than the disk waits on the full pipe: the job slows itself, not the node.
 """
 
 from __future__ import annotations

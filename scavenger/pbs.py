@@ -1,12 +1,8 @@
-"""The PBS Pro / OpenPBS backend: pilots are ``qsub`` jobs in a preemptable queue.
+"""The PBS Pro / OpenPBS backend: pilots are ``qsub -r y`` jobs in a preemptable queue.
 
-Replies are OpenPBS's JSON (``pbsnodes -av -F json``, ``qstat -f -F json``), as a real OpenPBS 23.06
-server prints them (``tests/fixtures/pbs/``, recorded by its ``record.py``). Nodes are vnodes (a pilot
-asks ``select=1:ncpus=N:vnode=NAME`` and its nodes are read from ``exec_vnode``); a vnode with
-``resources_available.ncpus`` 0 runs no job and is left out. What the server prints, field by field,
-and what each ``preempt_order`` of the pilots' queue does to a pilot (R: requeued, reported as a lost
-node and kept, held again when it reruns, so pilots are submitted ``-r y``; D: ended, preempted;
-S: counted as a recall and ``qdel``\\ ed, not to be used): docs/operators/pbs.md.
+Replies are OpenPBS 23.06's JSON (``pbsnodes -av -F json``, ``qstat -f -F json``; recorded in
+``tests/fixtures/pbs/``). Nodes are vnodes (``select=1:ncpus=N:vnode=NAME``, read back from
+``exec_vnode``). The fields and what each ``preempt_order`` does to a pilot: docs/operators/pbs.md.
 """
 
 from __future__ import annotations
@@ -135,27 +131,20 @@ def parse_exec_host(value: Any) -> tuple[str, ...]:
     """``n1/0+n2/0*2`` -> ``(n1, n2)`` (order kept, duplicates dropped)."""
     if not value:
         return ()
-    hosts: list[str] = []
-    for chunk in str(value).split("+"):
-        host = chunk.split("/", 1)[0].strip()
-        if not host:
-            raise ValueError(f"bad exec_host {value!r}")
-        if host not in hosts:
-            hosts.append(host)
-    return tuple(hosts)
+    hosts = [chunk.split("/", 1)[0].strip() for chunk in str(value).split("+")]
+    if not all(hosts):
+        raise ValueError(f"bad exec_host {value!r}")
+    return tuple(dict.fromkeys(hosts))
 
 
 def parse_exec_vnode(value: Any) -> tuple[str, ...]:
     """``(n1:ncpus=1)+(n2:ncpus=1)`` -> ``(n1, n2)``."""
     if not value:
         return ()
-    out: list[str] = []
-    for name in re.findall(r"\(([^:()+]+)", str(value)):
-        if name not in out:
-            out.append(name)
+    out = tuple(dict.fromkeys(re.findall(r"\(([^:()+]+)", str(value))))
     if not out:
         raise ValueError(f"bad exec_vnode {value!r}")
-    return tuple(out)
+    return out
 
 
 def _load_json(res: CommandResult, what: str, key: str) -> Mapping[str, Any]:
@@ -243,10 +232,8 @@ class PbsDialect:
 
     # -- submit / cancel
     def agent_argv(self, nodes: Sequence[str]) -> list[str]:
-        """The job's executable (``qsub -- ...``): the agent itself on one named node, or one
-        agent per node through ``pbsdsh``, each named after its host. Agents find their job id
-        in ``PBS_JOBID``; ``agent_args`` carry ``--key-file PATH`` (the daemon's agent key on a
-        shared file system: a path, never the key). A recalled agent exits 143."""
+        """The job's executable (``qsub -- ...``): the agent on one named node, or one per node
+        through ``pbsdsh``, named after its host (``agent_args``: ``--key-file PATH``, never the key)."""
         cfg = self.config
         agent = [cfg.python, "-m", "scavenger.agent", "--daemon", cfg.daemon_address, *cfg.agent_args]
         if len(nodes) == 1:
@@ -287,9 +274,9 @@ class PbsDialect:
 
     # -- poll
     def render_poll(self, pilots: Sequence[PilotId]) -> list[str]:
-        """Every unfinished job (the claims' query too): OpenPBS 23.06's ``qstat -F json`` prints
-        only the first of several job ids, so one query for all pilots cannot name them. A pilot
-        missing from it ended (or was forgotten): the backend looks it up with ``-x``."""
+        """Every unfinished job: ``qstat -F json`` prints only the first of several job ids named.
+        A pilot missing from it ended (or was forgotten): the backend looks it up with ``-x``."""
+
         return ["qstat", "-f", "-F", "json"]
 
     def parse_poll(self, res: CommandResult, pilots: Sequence[PilotId]) -> list[Observation]:
@@ -384,7 +371,6 @@ def job_observation(pid: PilotId, attrs: Mapping[str, Any]) -> Observation:
 class PbsBackend(BatchBackend):
     """Pilots as PBS jobs (see :class:`PbsConfig`, :class:`PbsDialect`)."""
 
-    def __init__(
-        self, config: PbsConfig, clock: Callable[[], float] | None = None, runner: Runner = run_command
-    ) -> None:
+    def __init__(self, config: PbsConfig, clock: Callable[[], float] | None = None,
+                 runner: Runner = run_command) -> None:
         super().__init__(PbsDialect(config), config, clock or time.time, runner)

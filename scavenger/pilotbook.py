@@ -1,11 +1,6 @@
-"""The pilot book: every pilot of a batch backend, its state, and the events its changes make.
-
-A :class:`PilotBook` applies the transition table of :mod:`scavenger.base` to what the scheduler
-says about each pilot (an :class:`Observation`) and turns it into events (queued / started /
-ending / ended); :func:`classify_end` says why a pilot ended. :class:`SubmitLimiter` paces
-submissions. Pure bookkeeping, no scheduler command: :class:`scavenger.pilots.BatchBackend` runs
-the commands and keeps its pilots here.
-"""
+"""The pilot book: every pilot of a batch backend, moved along :data:`scavenger.base.TRANSITIONS` by
+what the scheduler says (:class:`Observation`), and the events that makes; :func:`classify_end` says
+why a pilot ended, :class:`SubmitLimiter` paces submissions. Pure bookkeeping, no command."""
 
 from __future__ import annotations
 
@@ -39,12 +34,8 @@ log = logging.getLogger("scavenger.pilots")  # the batch backend's log, as befor
 
 @dataclass(frozen=True)
 class Observation:
-    """One pilot as one scheduler reply shows it (made by a dialect's pure parser).
-
-    ``reason``: set when the scheduler's own state says why it ended (TIMEOUT, FAILED,
-    PREEMPTED, CANCELLED); None when the state alone cannot tell (Slurm COMPLETED).
-    ``preempted``: True/False when the reply tells; None when a detail lookup must.
-    """
+    """One pilot as one scheduler reply shows it. ``reason``: None when the state alone cannot tell
+    why it ended (Slurm COMPLETED); ``preempted``: None when a detail lookup must tell."""
 
     pilot: PilotId
     state: PilotState
@@ -68,13 +59,9 @@ class Observation:
 
 
 def classify_end(obs: Observation, cancelled_by_us: bool, preempted_before: bool) -> tuple[EndReason, str]:
-    """Why a pilot ended, from its last observation and what we did (the one rule for all backends).
-
-    A recorded preemption wins (Slurm PreemptTime, a suspended PBS pilot we then
-    cancelled), then the scheduler's walltime verdict, then our own cancel, then a
-    preemption inferred from the reply alone (PBS: a SIGTERM exit we did not cause),
-    then failure.
-    """
+    """Why a pilot ended (the one rule for all backends): a recorded preemption wins, then the
+    scheduler's walltime verdict, then our own cancel, then a preemption inferred from the reply
+    alone (PBS: a SIGTERM exit we did not cause), then failure."""
     detail = obs.detail or obs.raw_state
     if preempted_before or obs.preempted:
         return EndReason.PREEMPTED, detail
@@ -122,11 +109,8 @@ class PilotRecord:
 
 
 class PilotBook:
-    """Every live pilot of one backend, moved only along :data:`scavenger.base.TRANSITIONS`.
-
-    :meth:`apply` turns observations into events; :meth:`finish` ends a pilot (once).
-    Ended pilots leave the book, so its size is the number of pilots in flight.
-    """
+    """Every live pilot of one backend: :meth:`apply` turns observations into events, :meth:`finish`
+    ends a pilot once; ended pilots leave, so its size is the number of pilots in flight."""
 
     def __init__(self) -> None:
         self._live: dict[PilotId, PilotRecord] = {}

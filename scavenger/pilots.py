@@ -1,20 +1,12 @@
-"""What every batch-scheduler backend shares: the pilot state machine, rate limiting, the loop.
-
-A backend for a real scheduler is a :class:`Dialect` (pure: render argv, parse
-replies into :class:`Observation` and :class:`~scavenger.base.NodeInfo`) run by
-one :class:`BatchBackend`, which does one :func:`~scavenger.base.run_command`
-per step and keeps every pilot in one :class:`PilotBook`. The book applies the
-transition table of :mod:`scavenger.base` and turns observations into events
-(queued / started / ending / ended), so Slurm and PBS share every rule: how an
-end is classified, walltime replacement, cancelling suspended pilots, giving
-up on pilots stuck in the queue, and the cap on pilots in flight.
-"""
+"""What every batch-scheduler backend shares: a pure :class:`Dialect` (render argv, parse replies)
+run by one :class:`BatchBackend`, one command per step, every pilot in one :class:`PilotBook`, so
+Slurm and PBS share every rule (end classification, walltime replacement, suspended and stuck
+pilots, the cap on pilots in flight)."""
 
 from __future__ import annotations
 
 import functools
 import logging
-import math
 import sys
 import time
 from types import MappingProxyType
@@ -45,7 +37,7 @@ from scavenger.base import (
 from scavenger.pilotbook import Observation, PilotBook, PilotRecord, SubmitLimiter, classify_end
 
 __all__ = ("BatchBackend", "BatchConfig", "Dialect", "Observation", "PilotBook", "PilotRecord", "SubmitLimiter",
-           "classify_end", "minutes_ceil", "require_ok")
+           "classify_end", "require_ok")
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -55,11 +47,8 @@ _T = TypeVar("_T")
 
 
 class Dialect(Protocol):
-    """One scheduler's commands: render argv and parse replies, all pure.
-
-    Parsers get the whole :class:`CommandResult` (exit code included) and raise
-    :class:`~scavenger.base.CommandFailed` or :class:`~scavenger.base.BadReply`.
-    """
+    """One scheduler's commands, all pure: parsers get the whole :class:`CommandResult` and raise
+    :class:`~scavenger.base.CommandFailed` or :class:`~scavenger.base.BadReply`."""
 
     name: str
 
@@ -79,17 +68,11 @@ class Dialect(Protocol):
 
 @dataclass(frozen=True)
 class BatchConfig:
-    """What every batch backend shares. Times in seconds.
-
-    ``max_pilots``: pilots in flight (queued + running + ending), e.g. a centre's cap on
-    jobs per user in the preemptable queue. ``renew_before_s``: announce the walltime
-    this long before it and queue a replacement on the same nodes that starts when the
-    old pilot ends (0: neither). ``max_queued_s``: cancel a pilot still queued this long
-    (its node was taken meanwhile; a replacement counts from its predecessor's end).
-    ``daemon_address``: what the agents connect to (tcp://HOST:PORT); ``account``: the account charged;
-    ``python``: the interpreter on the compute nodes; ``agent_args``: extra agent flags; ``output``: a
-    pilot's output file.
-    """
+    """What every batch backend shares (times in seconds). ``max_pilots``: pilots in flight (a
+    centre's cap on jobs per user). ``renew_before_s``: announce the walltime this long before it
+    and queue a replacement on the same nodes (0: neither). ``max_queued_s``: cancel a pilot still
+    queued this long (a replacement counts from its predecessor's end). ``daemon_address``: what
+    the agents connect to (tcp://HOST:PORT); ``python``: the interpreter on the compute nodes."""
 
     walltime_s: float = 3600.0
     nodes_per_pilot: int = 1
@@ -148,21 +131,13 @@ def _changes_pilots(method: Callable[..., _T]) -> Callable[..., _T]:
 
 
 class BatchBackend(SchedulerBackend):
-    """A :class:`~scavenger.base.SchedulerBackend` over one :class:`Dialect`.
-
-    ``clock`` is the injected wall clock (scheduler times are wall times);
-    ``runner`` runs commands (:func:`~scavenger.base.run_command`, or a fake in tests).
-    """
+    """A :class:`~scavenger.base.SchedulerBackend` over one :class:`Dialect` (``clock``: the wall
+    clock, as scheduler times are wall times; ``runner``: :func:`run_command` or a fake)."""
 
     queues_for_busy_nodes = True  # a pilot may wait in the queue for a node a main-queue job holds
 
-    def __init__(
-        self,
-        dialect: Dialect,
-        config: BatchConfig,
-        clock: Callable[[], float] = time.time,
-        runner: Runner = run_command,
-    ) -> None:
+    def __init__(self, dialect: Dialect, config: BatchConfig, clock: Callable[[], float] = time.time,
+                 runner: Runner = run_command) -> None:
         config.check()
         self.dialect = dialect
         self.name = dialect.name
@@ -246,17 +221,14 @@ class BatchBackend(SchedulerBackend):
 
     @property
     def version(self) -> int:
-        """Moves when the pilots' views (:meth:`pilots`) changed: a caller that derived something
-        from them skips the work while it stays the same. A poll that changed nothing (most of
-        them, once every node is held) does not move it."""
+        """Moves only when a view of :meth:`pilots` changed (not at a poll that changed nothing)."""
         self.pilots()
         return self._version
 
     def pilots(self) -> Mapping[PilotId, PilotView]:
-        """Every live pilot's view (read-only; a later change makes a new mapping, this one stays as
-        it is). Built again after a call that may change them, from the pilots the book says it
-        touched (a recall burst at Summit size touches hundreds of 4,608 pilots: the views of the
-        others are the last ones). A version moves only when a view did."""
+        """Every live pilot's view (read-only; a change makes a new mapping), rebuilt after a call that
+        may change them from the pilots the book touched only (a Summit recall burst touches hundreds
+        of 4,608)."""
         if self._views is None:
             self._apply_touched(self.book.take_touched())
             self._views = self._last_views
@@ -313,9 +285,8 @@ class BatchBackend(SchedulerBackend):
         return MappingProxyType(self._held)
 
     def adopt(self, node: str, batch_job: str, pid: int = 0) -> PilotId | None:
-        """The agent of a pilot an earlier daemon submitted says hello from ``node`` (a daemon
-        restart): track that batch job again, RUNNING there; the next poll corrects what it is.
-        None without a batch job id. Idempotent."""
+        """A pilot an earlier daemon submitted says hello from ``node``: track it again, RUNNING there
+        (the next poll corrects it); None without a batch job id. Idempotent."""
         if not batch_job:
             return None
         pilot = PilotId(batch_job)
@@ -329,9 +300,8 @@ class BatchBackend(SchedulerBackend):
 
     @_changes_pilots
     def resume(self, saved: Sequence[SavedPilot]) -> list[PilotId]:
-        """Track again the pilots an earlier daemon left (a restart): they count towards
-        ``max_pilots`` and hold their nodes at once, and the next :meth:`poll` tells what each is
-        (still queued, running, or ended meanwhile). Idempotent."""
+        """Track again the pilots an earlier daemon left: they count towards ``max_pilots`` and hold
+        their nodes at once; the next :meth:`poll` tells what each is. Idempotent."""
         now = self.clock()
         out = []
         for pilot in saved:
@@ -478,8 +448,3 @@ class BatchBackend(SchedulerBackend):
                     rec.cancel_requested = was
                     self.book.touch(pid)
             raise
-
-
-def minutes_ceil(seconds: float) -> int:
-    """Whole minutes, rounded up, at least 1 (Slurm and PBS limits are minute-grained here)."""
-    return max(1, int(math.ceil(seconds / 60.0)))

@@ -1,14 +1,10 @@
 """A warm process's command line and environment as ``ps`` and ``/proc`` show them, made the worker's.
 
-A warm process (:mod:`scavenger.warm`) becomes its worker without an ``exec`` (that is the point: its
-imports are done), so the kernel still shows what started it: ``ps`` printed
-``python -m scavenger.warm --fd 13 ...`` (a user could not find their worker) and
-``/proc/PID/environ`` the agent's HOME and PATH. Both are read live from the memory the process was
-started with (``arg_start``..``arg_end`` and ``env_start``..``env_end`` in ``/proc/self/stat``), which the
-process may write. :func:`show_command` writes the worker's argv there (the warm process is started
-with room for it, :data:`ROOM`), :func:`show_environ` the worker's environment (whole variables, as
-many as fit), and the thread name (``prctl(PR_SET_NAME)``, what ``top`` and ``ps -o comm`` show)
-becomes the script's. Only the standard library (``ctypes``): setproctitle is not a dependency.
+A warm process becomes its worker without an ``exec``, so ``ps`` and ``/proc/PID/environ`` showed
+what started it. Both are read live from the memory the process was started with (``arg_start``..
+``env_end`` in ``/proc/self/stat``), which it may write: :func:`show_command` writes the worker's argv
+there (room reserved: :data:`ROOM`), :func:`show_environ` its environment (whole variables, as many
+as fit); the thread name becomes the script's. Only ``ctypes``: setproctitle is not a dependency.
 """
 
 from __future__ import annotations

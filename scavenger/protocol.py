@@ -1,11 +1,8 @@
 """Messages between the daemon (ZeroMQ ROUTER) and node agents (DEALER).
 
-Bodies are UTF-8 JSON envelopes of the same shape as the job monitor's
-(``{"v", "type", "job", "seq", "payload"}``); here ``job`` carries the node
-name. They travel inside the authenticated frames of :mod:`scavenger.channel`
-(MAC, counter, direction). :func:`decode` checks every field by type and range
-(:data:`LIMITS`); unknown versions and malformed bodies raise
-:class:`ProtocolError`, never anything else.
+Bodies are the job monitor's JSON envelopes (``job`` carries the node name) inside the authenticated
+frames of :mod:`scavenger.channel`. :func:`decode` checks every field by type and range
+(:data:`LIMITS`) and raises only :class:`ProtocolError`.
 """
 
 from __future__ import annotations
@@ -40,11 +37,8 @@ class ProtocolError(ValueError):
 
 @dataclass(frozen=True)
 class Hello:
-    """The agent on ``node`` (process ``pid``) connected; ``workers`` it already runs.
-
-    ``batch_job``: the batch job it runs in (``SLURM_JOB_ID``, ``PBS_JOBID``, the local
-    backend's pilot id; None for an agent started by hand), so the daemon ties the node's
-    agent to its pilot."""
+    """The agent on ``node`` (process ``pid``) connected; ``workers`` it already runs; ``batch_job``:
+    its pilot (None for an agent started by hand)."""
 
     node: str
     pid: int

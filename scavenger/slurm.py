@@ -1,28 +1,17 @@
-"""The Slurm backend: pilots are ``sbatch`` jobs in a preemptable partition.
+"""The Slurm backend: pilots are ``sbatch --no-requeue --exclusive`` jobs in a preemptable partition.
 
-Facts it relies on (Debian's Slurm 22.05, multi-``slurmd`` test cluster):
-
-- A node is ours to take when ``sinfo`` says ``idle`` with no flag: ``planned``
-  (``plnd``) means backfill keeps it for a pending higher-priority job;
-  ``squeue --start`` gives those jobs' planned starts and nodes (:class:`Claim`).
-- Preemption SIGTERMs job *steps*, not the batch shell: the pilot runs its agent
-  under ``srun`` so the signal reaches it, and the agent exits within a second.
-  During the grace time ``squeue`` still says RUNNING but the end time is cut
-  short (to PreemptTime + GraceTime): that is :attr:`PilotState.ENDING`.
-- A preempted pilot that exits promptly ends COMPLETED; only ``PreemptTime`` in
-  ``scontrol show job -o`` tells it was preempted (one lookup per ended pilot).
-  Pilots are submitted ``--no-requeue`` and ``--exclusive``.
-- A walltime replacement, ``--dependency=afterany:OLD -w NODE``, starts about
-  0.1 s after the old pilot ends.
-
-Every command is rendered by a pure function, run once with a timeout, and
-parsed by a pure function into typed results; a bad reply is a
+Facts it relies on (Slurm 22.05): a node is ours when ``sinfo`` says ``idle`` with no flag
+(``planned``: backfill keeps it; ``squeue --start`` gives those claims). Preemption SIGTERMs job
+*steps*, so the agent runs under ``srun``; in the grace time ``squeue`` says RUNNING with the end
+cut short (:attr:`PilotState.ENDING`). A preempted pilot that exits promptly ends COMPLETED: only
+``PreemptTime`` in ``scontrol show job -o`` tells (one lookup per ended pilot). A bad reply is a
 :class:`~scavenger.base.BadReply` naming the command and the line.
 """
 
 from __future__ import annotations
 
 import calendar
+import math
 import re
 import shlex
 import time
@@ -46,7 +35,7 @@ from scavenger.base import (
     run_command,
 )
 from contract.nodeshape import NodeShapeError, parse_gres_gpus
-from scavenger.pilots import BatchBackend, BatchConfig, Observation, minutes_ceil, require_ok
+from scavenger.pilots import BatchBackend, BatchConfig, Observation, require_ok
 
 log = logging.getLogger("malletrain.slurm")
 
@@ -192,13 +181,9 @@ def parse_duration(text: str) -> float | None:
 
 
 class ReplyTimes:
-    """:func:`parse_time` and :func:`parse_duration` for the lines of one reply, with the same
-    values and errors, fast: a reply lists every pilot (10,000 lines at full-machine scale) and
-    repeats the same time limit and the same hours.
-
-    A time in Slurm's layout is its UTC reading plus the local UTC offset of its hour, which
-    is looked up once per hour of the reply; an hour in which the offset changes (a DST
-    switch) is converted the slow way, second by second. Make one per reply.
+    """:func:`parse_time` and :func:`parse_duration` for the lines of one reply (10,000 at full
+    scale), same values and errors, fast: the local UTC offset is looked up once per hour (an hour
+    in which it changes, a DST switch, is converted the slow way). Make one per reply.
     """
 
     def __init__(self) -> None:
@@ -232,8 +217,8 @@ class ReplyTimes:
 
 
 def _hour_start(text: str) -> float | None:
-    """Epoch seconds of the first second of the hour of ``text`` (Slurm's layout, local time), or
-    None when the hour has not one UTC offset throughout (or is not a valid hour)."""
+    """Epoch seconds of the first second of the hour of ``text`` (local time); None when that hour
+    has not one UTC offset throughout (or is not valid)."""
     offset = _hour_offset(text)
     if offset is None:
         return None
@@ -242,8 +227,7 @@ def _hour_start(text: str) -> float | None:
 
 
 def _hour_offset(text: str) -> float | None:
-    """Local time minus UTC over the hour of ``text`` (Slurm's layout), or None when it is not
-    one offset for the whole hour (or the hour is not a valid one)."""
+    """Local time minus UTC over the hour of ``text``; None when not one offset (or not valid)."""
     try:
         y, mo, d, h = int(text[0:4]), int(text[5:7]), int(text[8:10]), int(text[11:13])
         first, last = datetime(y, mo, d, h).timestamp(), datetime(y, mo, d, h, 59, 59).timestamp()
@@ -294,8 +278,8 @@ class SlurmConfig(BatchConfig):
 
 
 def format_minutes(seconds: float) -> str:
-    """``--time`` value: whole minutes, rounded up (Slurm keeps limits in minutes)."""
-    return str(minutes_ceil(seconds))
+    """``--time`` value: whole minutes, rounded up, at least 1 (Slurm keeps limits in minutes)."""
+    return str(max(1, math.ceil(seconds / 60.0)))
 
 
 @dataclass
@@ -373,12 +357,9 @@ class SlurmDialect:
 
     # -- submit / cancel
     def agent_command(self) -> str:
-        """The batch script: one agent per node under ``srun`` (so preemption signals reach it);
-        each agent names itself after its node (``$SLURMD_NODENAME``) and finds its job id in
-        ``SLURM_JOB_ID``. ``agent_args`` carry ``--key-file PATH`` (the daemon's agent key on a
-        shared file system: a path, never the key). A recalled agent exits 143 within a second;
-        the task's shell waits for it (``trap : TERM``) and reports that as 0, so a pilot that
-        left promptly ends COMPLETED and ``PreemptTime`` tells a preemption (see above)."""
+        """The batch script: one agent per node under ``srun`` (so preemption signals reach it),
+        named after ``$SLURMD_NODENAME`` (``agent_args``: ``--key-file PATH``, never the key). A recalled agent exits 143; the task's shell (``trap :
+        TERM``) reports that as 0, so a pilot that left promptly ends COMPLETED."""
         cfg = self.config
         agent = " ".join(
             [shlex.quote(cfg.python), "-m", "scavenger.agent", "--node", '"$SLURMD_NODENAME"',
@@ -475,12 +456,8 @@ class SlurmDialect:
 
 
 def parse_squeue_line(line: str, res: CommandResult, no: int, times: ReplyTimes | None = None) -> Observation:
-    """One ``squeue -o '%i|%P|%T|%r|%N|%S|%e|%l'`` line -> an observation (``times``: the
-    reply's :class:`ReplyTimes`, shared by its lines).
-
-    A RUNNING job whose end time is earlier than start + limit was preempted and is in its
-    grace time: ENDING with that end as the deadline.
-    """
+    """One ``squeue -o SQUEUE_FORMAT`` line -> an observation (``times``: the reply's
+    :class:`ReplyTimes`). A RUNNING job ending before start + limit was preempted: ENDING."""
     times = times if times is not None else ReplyTimes()
     fields = line.split("|")
     if len(fields) != 8:
@@ -521,7 +498,6 @@ _JOB_ID = re.compile(r"\d+(_\d+)?")
 class SlurmBackend(BatchBackend):
     """Pilots as Slurm batch jobs (see :class:`SlurmConfig`, :class:`SlurmDialect`)."""
 
-    def __init__(
-        self, config: SlurmConfig, clock: Callable[[], float] | None = None, runner: Runner = run_command
-    ) -> None:
+    def __init__(self, config: SlurmConfig, clock: Callable[[], float] | None = None,
+                 runner: Runner = run_command) -> None:
         super().__init__(SlurmDialect(config), config, clock or time.time, runner)

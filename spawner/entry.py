@@ -1,9 +1,8 @@
 """What a Python command runs, as a warm interpreter (one that imported ahead, then forks or is
 assigned the command) would run it: a module (``-m``) or a script, and its arguments.
 
-Both warm mechanisms use it: the node agent's warm worker (:mod:`scavenger.warm`) and the
-``torchrun`` launcher's rank servers. A command a warm interpreter cannot run as a fresh one
-would (another interpreter, interpreter flags) is named, and then starts cold.
+Both warm mechanisms use it; a command a warm interpreter cannot run as a fresh one would (another
+interpreter, interpreter flags) is named, and starts cold.
 """
 
 from __future__ import annotations

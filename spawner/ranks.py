@@ -1,19 +1,10 @@
 """The K processes one worker runs on its node, which start and end together.
 
-A worker stands for a node and runs one process per worker slot it uses (local ranks 0 .. K-1,
-each placed by :func:`spawner.slots.slot_place`). Two spawners start them: the node agent
-(:mod:`scavenger.agent_workers`, the in-process runtimes' workers) and the ``torchrun`` launcher's
-rank agent (each world's ranks, cold or forked from a warm server). Both keep them as one
-:class:`LocalRanks`:
-
-- started together (:meth:`LocalRanks.start`): one that cannot start ends those already started;
-- ended together: the first that fails is the worker's failure (:attr:`LocalRanks.failed`), and its
-  spawner stops the others;
-- stopped together (:meth:`LocalRanks.stop`, then :meth:`LocalRanks.reap`): SIGTERM to each that
-  still runs, SIGKILL to each still running after the grace.
-
-How a signal reaches a process is the spawner's (``send``): the node agent signals each process's
-group (a worker is its own session), the rank agent the process itself.
+A worker runs one process per slot it uses (local ranks 0 .. K-1, placed by
+:func:`spawner.slots.slot_place`); both spawners (the node agent and the ``torchrun`` launcher's rank
+agent) keep them as one :class:`LocalRanks`: one that cannot start ends those started, the first
+that fails is the worker's failure, and a stop is SIGTERM, then SIGKILL after the grace. How a
+signal reaches a process is the spawner's ``send`` (the node agent signals each process's group).
 """
 
 from __future__ import annotations

@@ -1,22 +1,10 @@
 """Each worker slot's own part of a node: its device, its share of the cores, its local rank.
 
-A node has K worker slots (how many is the scavenger's to say: :mod:`contract.nodeshape`). A
-worker runs one process per slot it uses, and each of them sees only its own part of the node:
-
-- its accelerator: ``CUDA_VISIBLE_DEVICES`` (NVIDIA), ``ROCR_VISIBLE_DEVICES``
-  (AMD) or ``ZE_AFFINITY_MASK`` (Intel) names the one device of the slot, so the
-  framework's device 0 is the slot's own; or, where the job asks to see every
-  device, nothing is hidden and ``LOCAL_RANK`` is the device index to use;
-- its share of the cores: a CPU affinity of cores / K cores, and
-  ``OMP_NUM_THREADS`` = that count unless the job sets it (K thread pools of all
-  the node's cores would oversubscribe them);
-- ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE``, which the elastic layer reads to place
-  the process in its job's world (node by node, as ``torchrun`` numbers ranks).
-
-Both spawners of a worker's K processes place them with :func:`slot_place`: the node agent
-(:mod:`scavenger.agent_workers`) and the ``torchrun`` launcher's rank agent. Everything here is
-pure (the caller passes in its environment, the names under ``/dev`` and its CPU set) so the
-rules are tested without a GPU.
+Each of a worker's K processes sees only its slot: its device (``CUDA_VISIBLE_DEVICES``,
+``ROCR_VISIBLE_DEVICES`` or ``ZE_AFFINITY_MASK``, so device 0 is its own; or, where the job sees
+every device, ``LOCAL_RANK`` is the index), cores / K cores of affinity with ``OMP_NUM_THREADS`` to
+match unless the job sets it (K pools of every core would oversubscribe), and ``LOCAL_RANK`` /
+``LOCAL_WORLD_SIZE``. Both spawners use :func:`slot_place`; pure, so tested without a GPU.
 """
 
 from __future__ import annotations
@@ -151,19 +139,11 @@ class SlotPlace:
 
 def slot_place(local_rank: int, slots: int, acc: Accelerator, node_env: Mapping[str, str],
                cores: Sequence[int], job_env: Mapping[str, str], all_devices: bool = False) -> SlotPlace:
-    """The variables and cores of worker ``local_rank`` of ``slots`` on a node.
-
-    ``node_env`` is the agent's environment (the devices its pilot was given), ``cores`` the
-    agent's CPU set, ``job_env`` the job's own variables (an ``OMP_NUM_THREADS`` or a device
-    variable the job sets wins). ``all_devices``: the job sees every device and uses
-    ``LOCAL_RANK`` as the index (also asked by ``MALLETRAIN_DEVICES=all`` in the job's
-    variables). With one slot nothing is hidden and no core is pinned.
-
-    Where ``job_env`` places the node in a world (``GROUP_RANK`` and ``GROUP_WORLD_SIZE``, as
-    a runtime that starts ``torchrun`` scripts gives them), each process also gets its own
-    ``RANK``, ``WORLD_SIZE``, ``ROLE_RANK`` and ``ROLE_WORLD_SIZE``, numbered node by node
-    (rank = group rank x slots + local rank, as ``torchrun`` numbers them).
-    """
+    """The variables and cores of worker ``local_rank`` of ``slots`` on a node: ``node_env`` the
+    agent's (its pilot's devices), ``cores`` its CPU set, ``job_env`` the job's (its
+    ``OMP_NUM_THREADS`` or device variable wins; ``MALLETRAIN_DEVICES=all`` is ``all_devices``). One
+    slot hides nothing and pins nothing. Where ``job_env`` has ``GROUP_RANK``/``GROUP_WORLD_SIZE``,
+    each process also gets ``RANK``, ``WORLD_SIZE``, ``ROLE_RANK``, ``ROLE_WORLD_SIZE`` as torchrun."""
     if not 0 <= local_rank < slots:
         raise NodeShapeError(f"local rank {local_rank} not in [0, {slots})")
     if job_env.get(ENV_DEVICES, DEVICES_OWN) not in (DEVICES_OWN, DEVICES_ALL):

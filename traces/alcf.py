@@ -1,15 +1,10 @@
 """ALCF job logs (the "DIM_JOB_COMPOSITE" CSV published for Polaris, Theta, Aurora).
 
-Columns used (case-insensitive, any order): ``START_TIMESTAMP``,
-``END_TIMESTAMP`` (or ``RUNTIME_SECONDS`` after the start), ``NODES_USED``
-(``NODES_REQUESTED`` when unset) and ``LOCATION`` when present: the job's
-node names, comma-separated (``x3005c0s19b1n0,...``; numeric ranges such as
-``3832-3835`` and Slurm-style brackets are expanded). ALCF cuts LOCATION short
-for large jobs; a LOCATION that does not name exactly as many distinct nodes
-as the job used is ignored and the job gets free nodes instead. Timestamps
-are ISO 8601 (naive read as UTC) or unix seconds. Numbers are plain ASCII,
-node counts at most ``MAX_NODES``; a LOCATION is expanded only as far as the
-job's node count (see ``traces.sacct``).
+Columns (case-insensitive, any order): ``START_TIMESTAMP``, ``END_TIMESTAMP`` (or
+``RUNTIME_SECONDS``), ``NODES_USED`` (else ``NODES_REQUESTED``) and ``LOCATION`` if present: node
+names, comma-separated, ranges (``3832-3835``) and brackets expanded only as far as the job's node
+count. ALCF cuts LOCATION short for large jobs: one that does not name exactly the job's node count
+is ignored. Timestamps are ISO 8601 (naive: UTC) or unix seconds; node counts at most ``MAX_NODES``.
 """
 
 from __future__ import annotations
@@ -50,9 +45,8 @@ def parse_alcf(path: Path) -> JobTable:
     return table
 
 
-def _add_job(
-    lines: Lines, k: int, row: list[str], width: int, col: dict[str, int], table: JobTable, budget: NameBudget
-) -> None:
+def _add_job(lines: Lines, k: int, row: list[str], width: int, col: dict[str, int], table: JobTable,
+             budget: NameBudget) -> None:
     if len(row) != width:
         raise lines.error(k, f"expected {width} fields, got {len(row)}")
     start = parse_time(row[col["start_timestamp"]].strip(), lines, k)

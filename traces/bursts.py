@@ -1,26 +1,13 @@
 """Bursty synthetic traces: nodes released and recalled in groups, at a rate that drifts.
 
-A real scheduler frees nodes in groups (a job ends: all its nodes at once) and
-takes them back in groups (a job starts), and how much it frees drifts over
-hours (drains for big jobs, quiet nights). Independent per-node renewals give
-the right mean but no bursts: a synthetic Summit week peaking at 402 idle
-nodes where the real one peaks at 4,083.
-
-The model, fitted from a real node-state log:
-
-- *Release times*: a Poisson process whose rate is ``rate0 * r(t)``, with
-  ``log r`` an Ornstein-Uhlenbeck process (spread ``rate_sigma``, correlation
-  time ``rate_tau_s``), capped at ``rate_cap`` times its mean and normalised
-  to mean 1 over the trace, so every trace has the fitted idle fraction.
-- *Group sizes*: the real release-group sizes (nodes becoming idle at one
-  timestamp), as a quantile table interpolated in log size; on a machine of
-  another size scaled by ``n_nodes / ref_nodes`` (a burst that frees 60% of
-  Summit frees 60% of the machine), rounded at random so the mean is kept.
-- *Recall*: a group of ``g`` nodes is recalled in ``1 + Poisson(a (g-1)^b)``
-  subgroups (at most ``g``), each subgroup at once after one fragment length
-  drawn from the fragment model (:class:`traces.fragments.FragmentModel`).
-- ``rate0`` follows from the idle fraction: mean idle nodes = rate0 x mean
-  group size x mean fragment length.
+A real scheduler frees and takes back nodes in groups, at a rate that drifts over hours;
+independent per-node renewals peak at 402 idle nodes where the real Summit week peaks at 4,083.
+Fitted from a real node-state log (docs/research.md): release times are Poisson at ``rate0 *
+r(t)``, ``log r`` an Ornstein-Uhlenbeck process (``rate_sigma``, ``rate_tau_s``) capped at
+``rate_cap`` and normalised to mean 1; group sizes a quantile table of the real ones, scaled by
+``n_nodes / ref_nodes`` and rounded at random (the mean kept); a group of ``g`` is recalled in ``1 +
+Poisson(a (g-1)^b)`` subgroups, each after one fragment length (:class:`FragmentModel`). ``rate0``
+follows from the idle fraction: mean idle = rate0 x mean group size x mean fragment length.
 """
 
 from __future__ import annotations
@@ -214,14 +201,10 @@ class _Events:
         return np.concatenate(self.times), np.concatenate(self.ids), np.concatenate(self.idle)
 
 
-def simulate(
-    model: BurstModel, n_nodes: int, duration_s: float, rng: np.random.Generator, resolution_s: float
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Raw reports (times relative to 0, node ids, idle) over ``[-warm-up, duration_s)``.
-
-    Starts one day (at least ten rate correlation times) early with every node
-    busy, so the part from 0 on is in its steady state.
-    """
+def simulate(model: BurstModel, n_nodes: int, duration_s: float, rng: np.random.Generator,
+             resolution_s: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Raw reports (times relative to 0, node ids, idle) over ``[-warm-up, duration_s)``: it starts
+    a day (at least ten rate correlation times) early, every node busy, so from 0 on is steady."""
     frag = model.fragments
     warm = max(86400.0, 10 * model.rate_tau_s)
     steps = int(math.ceil((duration_s + warm) / GRID_S))

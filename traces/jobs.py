@@ -1,19 +1,10 @@
 """Job logs to idle timelines: idle = machine size - nodes busy.
 
-A job occupies nodes from its start to its end. Each job gets concrete nodes,
-deterministically: the names its log gives when they are complete (one per
-node it used), otherwise the lowest-numbered free nodes, synthetic ones
-(``n0000``, ``n0001``, ...) first so that named nodes stay free for the jobs
-that name them. At one timestamp, ends are handled before starts and a node
-freed and retaken at the same time produces no event.
-
-The machine size is the ``nodes`` argument, else what the log's header says,
-else the larger of the peak number of busy nodes and the number of distinct
-node names. A job that starts when fewer nodes are free than it asks for gets
-only the free ones ("clamped"): logs list jobs that overlap by a few seconds
-(accounting rounding) or that ran on nodes outside the machine size given;
-busy can never exceed the machine size, so the excess is dropped and counted
-in ``IdleTimeline.notes``.
+Rules (docs/research.md): each job gets concrete nodes deterministically (the names its log gives
+when complete, else the lowest-numbered free ones, synthetic ``n0000``... first so named nodes stay
+free for the jobs that name them); at one timestamp ends come before starts, and a node freed and
+retaken then makes no event. A job that starts when fewer nodes are free than it asks for gets only
+the free ones ("clamped", counted in ``IdleTimeline.notes``): logs overlap jobs by a few seconds.
 """
 
 from __future__ import annotations
@@ -110,9 +101,8 @@ def peak_busy(starts: np.ndarray, ends: np.ndarray, sizes: np.ndarray) -> int:
     return int(max(0, np.cumsum(d[order]).max()))
 
 
-def _machine_size(
-    table: JobTable, nodes: int | None, starts: np.ndarray, ends: np.ndarray, sizes: np.ndarray, n_named: int
-) -> int:
+def _machine_size(table: JobTable, nodes: int | None, starts: np.ndarray, ends: np.ndarray, sizes: np.ndarray,
+                  n_named: int) -> int:
     if nodes is not None:
         if not 1 <= nodes <= MAX_NODES:
             raise TraceError(f"{table.path}: machine size must be 1 to {MAX_NODES} nodes, got {nodes}")
@@ -165,9 +155,8 @@ class _Assigner:
         self.name_conflicts = 0
         self.n_fill = n_fill
 
-    def run(
-        self, starts: np.ndarray, ends: np.ndarray, sizes: np.ndarray, names: list[tuple[str, ...] | None]
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def run(self, starts: np.ndarray, ends: np.ndarray, sizes: np.ndarray,
+            names: list[tuple[str, ...] | None]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         n_jobs = starts.shape[0]
         t = np.concatenate((ends, starts))
         kind = np.concatenate((np.zeros(n_jobs, np.int8), np.ones(n_jobs, np.int8)))  # 0 end, 1 start

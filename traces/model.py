@@ -1,9 +1,5 @@
-"""One model for every log: an idle-node timeline.
-
-At each time, which nodes the main scheduler leaves idle. Events are
-"node becomes idle" (``idle=True``) and "node recalled" (``idle=False``).
-Stored as numpy arrays so a week of Summit (423k changes) stays compact.
-"""
+"""One model for every log: an idle-node timeline, which nodes the main scheduler leaves idle when
+(events: idle ``True``, recalled ``False``), in numpy arrays (a Summit week: 423k changes)."""
 
 from __future__ import annotations
 
@@ -35,12 +31,8 @@ class EventBatch:
 
 @dataclass(frozen=True)
 class IdleTimeline:
-    """Idle nodes over ``[start, end]``.
-
-    ``initial_idle`` are the nodes idle at ``start``; ``times``/``node_ids``/``idle``
-    are parallel arrays of later changes, sorted by time (stable within a time),
-    with ``node_ids`` indexing ``nodes``. Every event changes its node's state.
-    """
+    """Idle nodes over ``[start, end]``: ``initial_idle`` at ``start``, then parallel arrays
+    ``times``/``node_ids``/``idle`` of changes sorted by time (stable), each a real change."""
 
     source: str
     format: str
@@ -54,28 +46,12 @@ class IdleTimeline:
     notes: tuple[str, ...] = ()  # reader remarks (skipped jobs, clamping); never affects the data
 
     @classmethod
-    def from_arrays(
-        cls,
-        *,
-        source: str,
-        format: str,
-        nodes: Sequence[str],
-        start: float,
-        end: float,
-        initial_idle: np.ndarray,
-        times: np.ndarray,
-        node_ids: np.ndarray,
-        idle: np.ndarray,
-        notes: Sequence[str] = (),
-    ) -> IdleTimeline:
-        """Build a timeline from raw per-node state reports, normalised.
-
-        ``initial_idle`` is a bool mask over ``nodes``. Reports are sorted by time
-        (stable); those at or before ``start`` fold into the initial state, those
-        after ``end`` are dropped, several reports of one node at one time keep
-        the last, and reports that do not change their node's state are dropped,
-        so every kept event is a real change.
-        """
+    def from_arrays(cls, *, source: str, format: str, nodes: Sequence[str], start: float, end: float,
+                    initial_idle: np.ndarray, times: np.ndarray, node_ids: np.ndarray, idle: np.ndarray,
+                    notes: Sequence[str] = ()) -> IdleTimeline:
+        """A timeline from raw per-node reports (``initial_idle``: a bool mask over ``nodes``),
+        sorted by time (stable): those at or before ``start`` fold into the initial state, those
+        after ``end`` are dropped, of one node at one time the last wins, and no-change ones go."""
         names = tuple(nodes)
         mask = np.asarray(initial_idle, dtype=bool).copy()
         t = np.asarray(times, dtype=np.float64)
@@ -140,11 +116,8 @@ class IdleTimeline:
         return frozenset(names[i] for i in np.flatnonzero(self.idle_mask_at(t)).tolist())
 
     def window(self, start: float, end: float) -> IdleTimeline:
-        """The part in ``[start, end]``, re-based: nodes idle at ``start`` become ``initial_idle``.
-
-        Changes at exactly ``start`` are part of the initial state; changes at
-        ``end`` are kept. ``nodes`` (and so ``node_ids``) are unchanged.
-        """
+        """The part in ``[start, end]``, re-based (changes at ``start`` fold into ``initial_idle``,
+        those at ``end`` are kept; ``nodes`` unchanged)."""
         if not (self.start <= start <= end <= self.end):
             raise ValueError(
                 f"window [{start}, {end}] is not inside the timeline of {self.source} "
@@ -213,15 +186,8 @@ class IdleTimeline:
         return float(np.sum(c * (b - a)))
 
 
-def _check_arrays(
-    names: tuple[str, ...],
-    mask: np.ndarray,
-    t: np.ndarray,
-    ids: np.ndarray,
-    st: np.ndarray,
-    start: float,
-    end: float,
-) -> None:
+def _check_arrays(names: tuple[str, ...], mask: np.ndarray, t: np.ndarray, ids: np.ndarray, st: np.ndarray,
+                  start: float, end: float) -> None:
     if len(set(names)) != len(names):
         raise ValueError("node names are not unique")
     if mask.shape != (len(names),):

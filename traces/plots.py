@@ -1,12 +1,9 @@
 """Figures of a timeline: idle nodes over time (MalleTrain Fig. 3.8), fragment-length CDF (Fig. 3.7),
 and a synthetic trace against the real one it was fitted to (Fig. 3.9).
 
-Readable by construction: a log longer than ``AGGREGATE_AFTER_S`` is drawn as
-hourly (or, past ``DAILY_AFTER_S``, daily) mean and max instead of a step line
-so dense it becomes a solid block; the mean line is drawn above the max band;
-two timelines are drawn in separate panels on one scale, never one over the
-other; every axis names its unit; a synthetic timeline says SYNTHETIC in the
-title; a legend sits outside the axes (:func:`legend_outside`), never over data.
+Readable by construction: past ``AGGREGATE_AFTER_S`` hourly (past ``DAILY_AFTER_S`` daily) mean
+and max, not a solid block of steps; two timelines in panels on one scale; units on every axis;
+SYNTHETIC in a synthetic timeline's title; legends outside the axes (:func:`legend_outside`).
 """
 
 from __future__ import annotations

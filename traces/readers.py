@@ -34,12 +34,8 @@ _READERS: dict[str, Callable[[Path, int | None], IdleTimeline]] = {
 
 
 def read(path: str | os.PathLike[str], format: str | None = None, *, nodes: int | None = None) -> IdleTimeline:
-    """Read a log into an idle-node timeline.
-
-    ``format`` is one of ``FORMATS`` (detected from the content when None);
-    ``nodes`` overrides the machine size of job logs. Gzip is handled by content.
-    Raises ``TraceError`` naming the file (and line) on bad input.
-    """
+    """Read a log (gzip or plain) into an idle-node timeline: ``format`` one of ``FORMATS`` (None:
+    detected), ``nodes`` the machine size of job logs; ``TraceError`` names file and line."""
     p = Path(path)
     fmt = detect_format(p) if format is None else format.strip().lower()
     if fmt not in _READERS:

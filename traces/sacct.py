@@ -86,9 +86,8 @@ def _columns(lines: Lines, header: list[str]) -> dict[str, int]:
     return col
 
 
-def _add_job(
-    lines: Lines, k: int, row: list[str], width: int, col: dict[str, int], table: JobTable, budget: NameBudget
-) -> None:
+def _add_job(lines: Lines, k: int, row: list[str], width: int, col: dict[str, int], table: JobTable,
+             budget: NameBudget) -> None:
     if len(row) < width:
         raise lines.error(k, f"expected {width} fields, got {len(row)}")
     if "." in row[col["jobid"]]:

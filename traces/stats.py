@@ -37,11 +37,8 @@ class TraceStats:
 
 
 def fragment_lengths(tl: IdleTimeline, *, censored: bool = False) -> np.ndarray:
-    """Lengths (s) of the idle fragments, in node order then time order.
-
-    With ``censored=True``, fragments cut by the span are included, measured
-    from ``start`` or to ``end``.
-    """
+    """Lengths (s) of the idle fragments, in node then time order (``censored``: those cut by the
+    span too, measured from ``start`` or to ``end``)."""
     order = np.argsort(tl.node_ids, kind="stable")
     ids, t, st = tl.node_ids[order], tl.times[order], tl.idle[order]
     same_next = np.zeros(ids.shape[0], dtype=bool)

@@ -134,9 +134,8 @@ def _processors_per_node(header: dict[str, int]) -> tuple[float, int | None, str
     return 1.0, None, ""
 
 
-def _add_job(
-    path: Path, row: _Row, base: float, per_node: float, machine: int | None, table: JobTable, counts: _Counts
-) -> None:
+def _add_job(path: Path, row: _Row, base: float, per_node: float, machine: int | None, table: JobTable,
+             counts: _Counts) -> None:
     if row.run <= 0:
         table.skip("no run time")
         return
