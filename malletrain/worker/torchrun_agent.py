@@ -74,6 +74,8 @@ log = logging.getLogger("malletrain.torchrun")
 
 POLL_S = 0.05
 """How often the agent looks at its command and the job's generation."""
+FORMING_POLL_S = 0.01
+"""How often it looks while a world forms (a few looks: every one it waits is a pause of the whole job)."""
 ENV_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
 """``True`` in a rank's environment: its agent serves the world's store (torch's ``env://`` rendezvous then
 makes rank 0 a client of it, as every other rank)."""
@@ -189,7 +191,7 @@ class RankAgent:
                 code = self.tick()
                 if code is not None:
                     return code
-                time.sleep(POLL_S)
+                time.sleep(self.pause())
         except StoreLost as exc:  # the daemon stayed away past the grace: a stop, not a failure
             log.error("worker %s: %s; stopping its command", self.worker, exc)
             self.stop_child()
@@ -201,6 +203,11 @@ class RankAgent:
             self.world_store = None
             self.retired_stores.clear()
         return EXIT_SIGTERM
+
+    def pause(self) -> float:
+        """How long until the next look: :data:`FORMING_POLL_S` while a world forms (its ranks' start waits on
+        each look: the barrier, the master, the old ranks' exits), else :data:`POLL_S`."""
+        return FORMING_POLL_S if self.state is RankState.FORMING else POLL_S
 
     def start_servers(self) -> None:
         """Start a rank server per local rank, each a new interpreter (:func:`start_rank_servers`)."""
@@ -235,7 +242,8 @@ class RankAgent:
         newest = self.rdzv.generation()
         if newest > self.gen and self.rdzv.published(newest):
             self.switch_to(newest)
-            return None
+            if self.state is not RankState.FORMING:
+                return None  # (a world that lists it goes on forming in this same look: no pause in between)
         if self.state is RankState.FORMING:
             if time.monotonic() - self.forming_since > self.stop_grace_s + self.failure_wait_s:
                 log.error("worker %s: world %d did not form in %.0f s (a rank never came)", self.worker, self.gen,
@@ -307,6 +315,8 @@ class RankAgent:
                                     any(p.rank == 0 for p in self.places), listen=False)
             if self.serves_store and self.master is not None and self.master.fd is not None:  # rank 0 is here
                 self.world_store = serve_world_store(self.master)
+                if self.world_store is not None:
+                    log.info("worker %s: serves world %d's store on port %d", self.worker, self.gen, self.master.port)
         if not self.reap_stopping() or self.master is None:
             return
         master, self.master = self.master, None
