@@ -299,6 +299,25 @@ def test_a_world_without_it_stops_its_command_and_it_waits(tmp_path: Path) -> No
     assert child is not None and child.returncode == -15  # SIGTERM, within the grace
 
 
+def test_a_world_that_forms_at_once_starts_its_ranks_in_the_look_that_sees_it(tmp_path: Path) -> None:
+    """A newer world goes on forming in the same look of the agent (before, it waited for the next one, a
+    pause of the whole job at every change), and the agent looks again sooner while a world forms."""
+    from malletrain.worker.torchrun_agent import POLL_S
+
+    rdzv = FakeRendezvous()
+    agent = _agent(rdzv, "import time; time.sleep(600)", tmp_path)
+    rdzv.publish(["w0"], 0)
+    assert agent.tick() is None and agent.state is RankState.RUNNING  # named, nothing to stop: started
+    assert agent.pause() == POLL_S
+    rdzv.publish(["w0", "w1"], 1)
+    assert agent.tick() is None and agent.state is RankState.FORMING  # w1 has not arrived
+    assert agent.pause() < POLL_S
+    rdzv.add(arrive_key("j1", rdzv.gen), 1)
+    _tick_until(agent, RankState.RUNNING)
+    assert agent.pause() == POLL_S
+    agent.stop_child()
+
+
 def test_a_rank_that_finished_waits_for_every_other_rank(tmp_path: Path) -> None:
     rdzv = FakeRendezvous("a")
     agent = _agent(rdzv, "pass", tmp_path)

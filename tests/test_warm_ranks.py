@@ -406,3 +406,53 @@ def test_a_returning_node_forks_its_rank_servers_from_the_warm_process_its_agent
     assert len(agents) >= 3, len(agents)  # the two first, and the returning node's
     for text in agents:
         assert "forked from this agent" in text and "starts cold" not in text, text[-3000:]
+
+
+STORE_ENV_TO_FILE = """import os, signal, sys, time
+def stop(signum, frame):
+    time.sleep(1.0)  # a checkpoint, say
+    sys.exit(143)
+signal.signal(signal.SIGTERM, stop)
+with open(sys.argv[0] + ".env", "a") as fh:
+    fh.write(os.environ["MASTER_PORT"] + " " + os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "-") + "\\n")
+time.sleep(600)
+"""
+
+
+def test_an_agent_holding_torch_serves_its_worlds_store_from_its_naming(tmp_path: Path) -> None:
+    """The agent of rank 0 that holds torch's import (a node's warm process became it) serves the world's
+    store on the port it names, as torchrun's agent does, before its old ranks have stopped: a rank of another
+    node that starts first connects at once (before, it was refused and tried again after torch's back-off,
+    half a second and more), and its own ranks are told the agent serves it."""
+    import time
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from contract.storekeys import arrive_key
+    from tests.test_torchrun_launcher import _agent, _tick_until
+
+    def lines(n: int) -> list[list[str]]:
+        path, deadline = tmp_path / "rank.py.env", time.monotonic() + 120
+        while time.monotonic() < deadline and (not path.exists() or len(path.read_text().splitlines()) < n):
+            time.sleep(0.05)
+        return [line.split() for line in path.read_text().splitlines()]
+
+    rdzv = FakeRendezvous()
+    agent = _agent(rdzv, STORE_ENV_TO_FILE, tmp_path)
+    agent.serves_store = True
+    rdzv.publish(["w0"], 0)
+    _tick_until(agent, RankState.RUNNING)
+    lines(1)
+    rdzv.publish(["w0", "w1"], 1)  # the world grows: w0's old rank takes a second to stop
+    assert agent.tick() is None
+    rdzv.add(arrive_key("j1", rdzv.gen), 1)  # w1 arrives
+    assert agent.tick() is None and agent.state is RankState.FORMING  # named, its old rank still stopping
+    where = rdzv.wait_group(rdzv.gen, 0.0)
+    assert where is not None
+    early = dist.TCPStore(where[0], where[1], None, False, timedelta(seconds=5))  # w1's rank, started first
+    early.set("seen", "yes")
+    _tick_until(agent, RankState.RUNNING)
+    assert lines(2)[1] == [str(where[1]), "True"]  # its rank 0 was told: a client of the agent's store
+    assert early.get("seen") == b"yes"  # the store lives while its world runs
+    agent.stop_child()

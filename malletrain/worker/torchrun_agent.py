@@ -14,7 +14,11 @@ as the node agent gives the in-process runtimes' workers). Then, for each world:
    fresh for each world. This is the step the in-process runtime takes too, on the same keys
    (:func:`malletrain.worker.elastic.rendezvous.form_step`); the agent holds the port bound (not listening: a
    peer's early connection is refused and retried) until just before its rank 0 starts (the script's
-   ``init_process_group("env://")`` binds it itself);
+   ``init_process_group("env://")`` binds it itself). An agent that holds torch's import (a node's warm
+   process became it) serves the world's store on that port itself from the moment it names it, as
+   torchrun's own agent does (:func:`serve_world_store`, ``TORCHELASTIC_USE_AGENT_STORE=True`` for its
+   ranks): every rank then connects at once, where a rank that started before rank 0's script had bound
+   the port would be refused and try again only after torch's back-off (half a second and more);
 2. each agent starts ``COMMAND`` once per local rank, with torchrun's variables for its place
    (:func:`contract.workerenv.torchrun_environ`), ``MALLETRAIN_WORKER`` naming the rank (its name in
    the world's places) and ``MALLETRAIN_INCARNATION`` the world's restart count: a restarted rank is a
@@ -70,6 +74,12 @@ log = logging.getLogger("malletrain.torchrun")
 
 POLL_S = 0.05
 """How often the agent looks at its command and the job's generation."""
+FORMING_POLL_S = 0.01
+"""How often it looks while a world forms (a few looks: every one it waits is a pause of the whole job)."""
+ENV_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
+"""``True`` in a rank's environment: its agent serves the world's store (torch's ``env://`` rendezvous then
+makes rank 0 a client of it, as every other rank)."""
+AGENT_STORE_TIMEOUT_S = 300.0
 EXIT_NOT_FORMED = 1  # a world whose ranks never all came: a failure (the daemon replaces this worker)
 
 
@@ -140,6 +150,9 @@ class RankAgent:
     stopping: list[LocalRanks[RankProcess]] = field(default_factory=list)  # old ranks told to stop, not yet exited
     stop_requested: bool = False
     master: WorldMaster | None = None  # the current world's master, once named (its port held where named here)
+    serves_store: bool = False  # it serves its worlds' store where it holds rank 0 (main: torch imported here)
+    world_store: object | None = None  # the torch TCPStore this agent serves for its world (rank 0's agent)
+    retired_stores: list[object] = field(default_factory=list)  # older worlds' stores, kept until their ranks exit
     _env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
 
     @property
@@ -178,7 +191,7 @@ class RankAgent:
                 code = self.tick()
                 if code is not None:
                     return code
-                time.sleep(POLL_S)
+                time.sleep(self.pause())
         except StoreLost as exc:  # the daemon stayed away past the grace: a stop, not a failure
             log.error("worker %s: %s; stopping its command", self.worker, exc)
             self.stop_child()
@@ -187,7 +200,14 @@ class RankAgent:
             self.stop_child()  # (none left running when it ends otherwise) then the servers that forked them
             self.close_servers()
             self.drop_master()
+            self.world_store = None
+            self.retired_stores.clear()
         return EXIT_SIGTERM
+
+    def pause(self) -> float:
+        """How long until the next look: :data:`FORMING_POLL_S` while a world forms (its ranks' start waits on
+        each look: the barrier, the master, the old ranks' exits), else :data:`POLL_S`."""
+        return FORMING_POLL_S if self.state is RankState.FORMING else POLL_S
 
     def start_servers(self) -> None:
         """Start a rank server per local rank, each a new interpreter (:func:`start_rank_servers`)."""
@@ -222,7 +242,8 @@ class RankAgent:
         newest = self.rdzv.generation()
         if newest > self.gen and self.rdzv.published(newest):
             self.switch_to(newest)
-            return None
+            if self.state is not RankState.FORMING:
+                return None  # (a world that lists it goes on forming in this same look: no pause in between)
         if self.state is RankState.FORMING:
             if time.monotonic() - self.forming_since > self.stop_grace_s + self.failure_wait_s:
                 log.error("worker %s: world %d did not form in %.0f s (a rank never came)", self.worker, self.gen,
@@ -292,10 +313,14 @@ class RankAgent:
         if self.master is None:
             self.master = form_step(self.rdzv, self.gen, len(self.world.places),
                                     any(p.rank == 0 for p in self.places), listen=False)
+            if self.serves_store and self.master is not None and self.master.fd is not None:  # rank 0 is here
+                self.world_store = serve_world_store(self.master)
+                if self.world_store is not None:
+                    log.info("worker %s: serves world %d's store on port %d", self.worker, self.gen, self.master.port)
         if not self.reap_stopping() or self.master is None:
             return
         master, self.master = self.master, None
-        master.release()  # rank 0's script binds it now (init_process_group("env://"))
+        master.release()  # (unless served here) rank 0's script binds it now (init_process_group("env://"))
         self.start_child((master.host, master.port))
 
     def drop_master(self) -> None:
@@ -317,6 +342,8 @@ class RankAgent:
             child_env[ENV_WORKER] = self.names[i]  # the rank's name in the world's places
             child_env[ENV_INCARNATION] = str(count)  # its reports: (name, incarnation) is their sender
             child_env[ENV_GENERATION] = str(self.gen)  # reports count at the size the daemon gave this world
+            if self.world_store is not None:
+                child_env[ENV_AGENT_STORE] = str(True)  # torch's env:// rendezvous: rank 0 a client too
             log.info("worker %s: starting rank %d of %d (local rank %d of %d, restart %d, master %s:%d)",
                      self.worker, place.rank, place.world_size, i, self.local_ranks, count, master[0], master[1])
             warm = self.servers[i].spawn(self.command, child_env) if i < len(self.servers) else "warm ranks off"
@@ -358,6 +385,9 @@ class RankAgent:
         if children is not None and children.poll() is None:
             children.stop(self.stop_grace_s)
             self.stopping.append(children)
+        if self.world_store is not None:  # its world's ranks (here and elsewhere) may use it while they stop
+            self.retired_stores.append(self.world_store)
+            self.world_store = None
 
     def reap_stopping(self) -> bool:
         """Whether every rank told to stop has exited; one still running ``stop_grace_s`` after its SIGTERM
@@ -368,6 +398,8 @@ class RankAgent:
                 log.warning("worker %s: a rank's command did not exit %.1f s after SIGTERM: SIGKILL", self.worker,
                             self.stop_grace_s)
         self.stopping = [ranks for ranks in self.stopping if not ranks.reap()]
+        if not self.stopping:
+            self.retired_stores.clear()  # the old worlds' stores go with their last local ranks
         return not self.stopping
 
     def stop_child(self) -> None:
@@ -375,6 +407,30 @@ class RankAgent:
         self.begin_stop()
         while not self.reap_stopping():
             time.sleep(POLL_S / 5)
+
+
+def serve_world_store(master: WorldMaster) -> object | None:
+    """A torch ``TCPStore`` served by this process on ``master``'s held port (the fd taken from it), as
+    torchrun's agent serves its workers' store; None (the port still held, for rank 0's script to bind) where
+    torch is not imported here (a rank agent started cold imports none: :func:`imported_ahead`; only one that
+    a node's warm process became serves it) or the store cannot be made."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or master.fd is None or not dist.is_available():
+        return None
+    import socket
+    from datetime import timedelta
+
+    try:
+        with socket.socket(fileno=socket.dup(master.fd)) as sock:
+            sock.listen(1024)  # from now on a rank's connection waits in the backlog: no refusal, no back-off
+        store = dist.TCPStore(master.host, master.port, None, True, timedelta(seconds=AGENT_STORE_TIMEOUT_S),
+                              wait_for_workers=False, master_listen_fd=master.fd)
+    except (OSError, RuntimeError, ValueError, TypeError) as exc:
+        log.warning("cannot serve the world's store on port %d here (%s): rank 0's script serves it", master.port,
+                    exc)
+        return None
+    master.take()  # the store owns the socket now
+    return store
 
 
 def slots_of(local_ranks: int, env: Mapping[str, str]) -> list[SlotPlace]:
@@ -466,7 +522,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     assert rdzv is not None  # (its store is set)
     rdzv.ready_value = str(local_ranks)  # a restarted daemon learns the worker's K from its ready key
     agent = RankAgent(rdzv, tuple(args.command), args.stop_grace, args.failure_wait, local_ranks,
-                      warm=warm, servers=servers)
+                      warm=warm, servers=servers, serves_store="torch.distributed" in sys.modules)
 
     def on_sigterm(signum: int, frame: object) -> None:
         agent.stop_requested = True
