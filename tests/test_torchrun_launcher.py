@@ -97,7 +97,9 @@ def test_a_plain_ddp_script_shrinks_on_recall_grows_back_and_completes(per_node:
                        agent_heartbeat=0.2, agent_dead_after=5.0, loop_interval=0.05)
     if per_node > 1:
         cfg = replace(cfg, scavenger=replace(cfg.scavenger, workers_per_node=per_node))
-    steps, every = 400, 10
+    # enough steps that a node's return under load (a new pilot importing torch: 20-30 s at load 20)
+    # comes before the job ends at 2 nodes: with 400 it finished first 2 runs in 3 at load 20-26
+    steps, every = 900, 10
     cmd = (PY, "-m", "malletrain.worker.examples.torchrun_ddp", "--steps", str(steps), "--batch", "4",
            "--checkpoint", str(tmp_path / "ddp.pt"), "--checkpoint-every", str(every), "--step-sleep", "0.1")
     spec = JobSpec("ddp", cmd, 1, 3, False, {1: 10.0, 2: 20.0, 3: 30.0}, env={"OMP_NUM_THREADS": "1"},
