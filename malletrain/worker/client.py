@@ -15,6 +15,8 @@ layer (:func:`set_context`), else from ``RANK``/``WORLD_SIZE`` and the like. No 
 from __future__ import annotations
 
 import atexit
+import json
+import math
 import os
 import threading
 import time
@@ -22,7 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from contract.messages import Report, secret_key
-from contract.workerenv import ENV_INCARNATION, ENV_JOB, ENV_JOB_SECRET, ENV_MONITOR, ENV_WORKER
+from contract.workerenv import (ENV_INCARNATION, ENV_JOB, ENV_JOB_SECRET, ENV_MONITOR, ENV_TRIAL_RESULT,
+                                ENV_TRIAL_STEPS, ENV_WORKER)
 
 SEND_HWM = 1000
 """Frames the PUSH socket queues before reports are dropped."""
@@ -281,13 +284,7 @@ def trial_result(value: float) -> bool:
     """A sweep trial's value, the one line a trial needs: writes ``{"value": value}`` to the file
     ``MALLETRAIN_TRIAL_RESULT`` names (whole or not at all: a temporary file renamed). Only rank 0
     writes; returns False on other ranks and outside a sweep (the variable unset)."""
-    import json
-    import math
-
-    from contract.workerenv import ENV_TRIAL_RESULT
-
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"trial_result({value!r}): the value must be a finite number")
+    _check_finite(f"trial_result({value!r})", value)
     path = os.environ.get(ENV_TRIAL_RESULT, "")
     if not path or _rank() != 0:
         return False
@@ -302,21 +299,20 @@ def trial_report(step: int, value: float) -> bool:
     """An intermediate value of a sweep trial at ``step`` (for the sweep's pruner): one JSON line
     appended to ``MALLETRAIN_TRIAL_STEPS``. The daemon stops a trial its pruner prunes. Only rank 0
     writes; returns False on other ranks and outside a sweep."""
-    import json
-    import math
-
-    from contract.workerenv import ENV_TRIAL_STEPS
-
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise ValueError(f"trial_report(step={step!r}): step must be an int >= 0")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"trial_report(value={value!r}): the value must be a finite number")
+    _check_finite(f"trial_report(value={value!r})", value)
     path = os.environ.get(ENV_TRIAL_STEPS, "")
     if not path or _rank() != 0:
         return False
     with open(path, "a", encoding="utf-8") as fh:
         fh.write(json.dumps({"step": step, "value": float(value)}) + "\n")
     return True
+
+
+def _check_finite(call: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{call}: the value must be a finite number")
 
 
 def _rank() -> int:

@@ -121,16 +121,6 @@ class StepCounter:
             self.sent += 1
 
 
-def install_step_hook(counter: StepCounter) -> Any:
-    """Register ``counter`` as a global optimizer-step post hook; returns the removable handle."""
-    from torch.optim.optimizer import register_optimizer_step_post_hook
-
-    def hook(optimizer: Any, args: Any, kwargs: Any) -> None:
-        counter.on_step(optimizer)
-
-    return register_optimizer_step_post_hook(hook)
-
-
 def _raise_exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
     # the first stops the script; a second (the node agent signals the rank's process group, its rank
     # agent the rank) must not raise again while it exits: no "SystemExit: 143" traceback in its log
@@ -201,8 +191,10 @@ def start_counting() -> StepCounter | None:
         log.info("%s is not set: optimizer steps are not counted (the script's own report() calls, "
                  "if any, still are)", ENV_WORKER_BATCH)
         return None
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
     counter = StepCounter(worker_batch)
-    install_step_hook(counter)
+    register_optimizer_step_post_hook(lambda optimizer, args, kwargs: counter.on_step(optimizer))
     log.info("counting optimizer steps: %d samples per worker per step", worker_batch)
     return counter
 

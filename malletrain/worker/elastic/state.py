@@ -366,9 +366,8 @@ class State:
             raise exc
         self._recoveries += 1
         if self._recoveries > MAX_RECOVERIES_WITHOUT_COMMIT:
-            raise RuntimeError(
-                f"worker {self.worker}: {self._recoveries} failures without a commit; last: {exc}"
-            ) from exc
+            raise RuntimeError(f"worker {self.worker}: {self._recoveries} failures without a commit; last: {exc}") \
+                from exc
         started, old_gen, old_world = time.time(), self.generation, self.world_size
         self._teardown()
         if any(ref() is not None for _, ref in self._groups):
