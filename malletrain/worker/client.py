@@ -6,27 +6,17 @@
     ...
     report(global_batch_size)        # once per training step
 
-``report`` sends a :class:`contract.messages.Report` (global batch size,
-timestamp, world size, generation) to the job monitor at ``MALLETRAIN_MONITOR``
-over a ZeroMQ PUSH socket, signed with the job's secret from
-``MALLETRAIN_JOB_SECRET`` (HMAC-SHA256, see :mod:`contract.messages`; the monitor
-drops unsigned reports). It never blocks the training loop: the socket keeps
-at most ``SEND_HWM`` frames queued and a report that finds the queue full is
-dropped (and counted). Without ``MALLETRAIN_MONITOR`` it does nothing, so the
-same script runs outside malletrain.
-
-Only rank 0 of each generation sends, so the monitor gets one report per step
-per job. Under the ``torch`` runtime the elastic layer (:mod:`malletrain.worker.elastic`,
-where :class:`~malletrain.worker.elastic.State` and :func:`~malletrain.worker.elastic.run` live)
-supplies rank, world size and generation with :func:`set_context`; otherwise they
-come from the keyword arguments or from the usual ``RANK``/``WORLD_SIZE`` (or
-Horovod/Open MPI) variables. Imports point one way: the elastic layer imports
-this module, never the reverse, and this module does not import torch.
+``report`` sends a signed :class:`contract.messages.Report` from rank 0 to the job monitor at
+``MALLETRAIN_MONITOR`` over a ZeroMQ PUSH socket that never blocks (a full queue drops the report).
+Without ``MALLETRAIN_MONITOR`` it does nothing. Rank, world size and generation come from the elastic
+layer (:func:`set_context`), else from ``RANK``/``WORLD_SIZE`` and the like. No torch here.
 """
 
 from __future__ import annotations
 
 import atexit
+import json
+import math
 import os
 import threading
 import time
@@ -34,8 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from contract.messages import Report, secret_key
-from contract.workerenv import ENV_JOB_SECRET
-from contract.workerenv import ENV_INCARNATION, ENV_JOB, ENV_MONITOR, ENV_WORKER
+from contract.workerenv import (ENV_INCARNATION, ENV_JOB, ENV_JOB_SECRET, ENV_MONITOR, ENV_TRIAL_RESULT,
+                                ENV_TRIAL_STEPS, ENV_WORKER)
 
 SEND_HWM = 1000
 """Frames the PUSH socket queues before reports are dropped."""
@@ -104,11 +94,8 @@ def _env_int(names: tuple[str, ...], default: int) -> int:
 
 
 class Reporter:
-    """A non-blocking PUSH connection to one monitor address, for one job and worker.
-
-    Frames are signed with ``secret`` (default: ``$MALLETRAIN_JOB_SECRET``); without
-    one they go unsigned, which the daemon's monitor rejects (tools and tests only).
-    """
+    """A non-blocking PUSH connection to one monitor address, for one job and worker; frames signed with
+    ``secret`` (default: ``$MALLETRAIN_JOB_SECRET``; none: unsigned, which the monitor rejects)."""
 
     def __init__(self, address: str, job: str, worker: str = "", secret: str | None = None,
                  incarnation: int = 0) -> None:
@@ -147,16 +134,9 @@ class Reporter:
                 self.dropped += 1
                 return False
             self.seq += 1
-            frame = Report(
-                job=self.job,
-                seq=self.seq,
-                samples=samples,
-                timestamp=time.time() if timestamp is None else timestamp,
-                world_size=world_size,
-                generation=generation,
-                worker=self.worker,
-                incarnation=self.incarnation,
-            ).encode(self._key)
+            frame = Report(job=self.job, seq=self.seq, samples=samples,
+                           timestamp=time.time() if timestamp is None else timestamp, world_size=world_size,
+                           generation=generation, worker=self.worker, incarnation=self.incarnation).encode(self._key)
             try:
                 self._sock.send(frame, self._zmq.NOBLOCK)
             except self._zmq.Again:
@@ -178,10 +158,8 @@ _reporter_lock = threading.Lock()
 
 
 def incarnation() -> int:
-    """Which start of its worker this process is: ``MALLETRAIN_INCARNATION`` (the torchrun launcher's rank
-    agent sets it), else ``TORCHELASTIC_RESTART_COUNT`` (a script under torchrun itself), else 0. Its
-    reports carry it beside ``MALLETRAIN_WORKER``: the monitor takes each sender's ``seq`` only above the
-    last it accepted, and a restarted process counts from 1 again, as a new incarnation of its worker."""
+    """Which start of its worker this process is (``MALLETRAIN_INCARNATION``, else
+    ``TORCHELASTIC_RESTART_COUNT``, else 0): a restarted process's ``seq`` starts again from 1."""
     return _env_int(_INCARNATION_VARS, 0)
 
 
@@ -258,12 +236,8 @@ def script_reports() -> bool:
 
 
 def report(samples: int, *, world_size: int | None = None, rank: int | None = None) -> bool:
-    """Report one finished training step of ``samples`` (the global batch size).
-
-    Non-blocking; returns True if a report was queued, False if this rank does
-    not report (only rank 0 does), there is no monitor, or the queue was full.
-    The first call, on any rank, stops :mod:`malletrain.worker.launch`'s automatic count.
-    """
+    """Report one finished training step of ``samples`` (the global batch size); non-blocking. True if a
+    report was queued (only rank 0 reports). The first call stops :mod:`malletrain.worker.launch`'s count."""
     if not isinstance(samples, int) or isinstance(samples, bool) or samples < 0:
         raise ValueError(f"report(samples={samples!r}): samples must be an int >= 0 (the global batch size)")
     claim_reports()
@@ -310,13 +284,7 @@ def trial_result(value: float) -> bool:
     """A sweep trial's value, the one line a trial needs: writes ``{"value": value}`` to the file
     ``MALLETRAIN_TRIAL_RESULT`` names (whole or not at all: a temporary file renamed). Only rank 0
     writes; returns False on other ranks and outside a sweep (the variable unset)."""
-    import json
-    import math
-
-    from contract.workerenv import ENV_TRIAL_RESULT
-
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"trial_result({value!r}): the value must be a finite number")
+    _check_finite(f"trial_result({value!r})", value)
     path = os.environ.get(ENV_TRIAL_RESULT, "")
     if not path or _rank() != 0:
         return False
@@ -331,21 +299,20 @@ def trial_report(step: int, value: float) -> bool:
     """An intermediate value of a sweep trial at ``step`` (for the sweep's pruner): one JSON line
     appended to ``MALLETRAIN_TRIAL_STEPS``. The daemon stops a trial its pruner prunes. Only rank 0
     writes; returns False on other ranks and outside a sweep."""
-    import json
-    import math
-
-    from contract.workerenv import ENV_TRIAL_STEPS
-
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise ValueError(f"trial_report(step={step!r}): step must be an int >= 0")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"trial_report(value={value!r}): the value must be a finite number")
+    _check_finite(f"trial_report(value={value!r})", value)
     path = os.environ.get(ENV_TRIAL_STEPS, "")
     if not path or _rank() != 0:
         return False
     with open(path, "a", encoding="utf-8") as fh:
         fh.write(json.dumps({"step": step, "value": float(value)}) + "\n")
     return True
+
+
+def _check_finite(call: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{call}: the value must be a finite number")
 
 
 def _rank() -> int:

@@ -5,29 +5,11 @@
     python -m malletrain.worker.launch SCRIPT [ARGS...]        # as `python SCRIPT ARGS...`
     python -m malletrain.worker.launch -m MODULE [ARGS...]     # as `python -m MODULE ARGS...`
 
-The daemon starts every rank of a ``launcher = "torchrun"`` job this way, with torchrun's
-variables (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ...) and malletrain's own. The script runs
-as ``__main__`` with the ``sys.argv`` and ``sys.path[0]`` it would have had, so it needs no line
-of malletrain. Before it starts, this launcher
-
-- installs a global optimizer-step hook (``torch.optim.optimizer.register_optimizer_step_post_hook``):
-  each step of the first optimizer that steps counts ``MALLETRAIN_WORKER_BATCH`` (the job file's
-  ``worker_batch``) x world size samples, reported by rank 0 through :mod:`malletrain.worker.client`
-  (signed with the job's secret, as ``report()`` does). Without ``MALLETRAIN_WORKER_BATCH`` the
-  hook counts nothing (logged once). A script that calls :func:`malletrain.worker.client.report` itself,
-  or uses a callback of :mod:`malletrain.worker.integrations`, wins: the hook stops at once and the step it
-  still held is dropped, so no step is counted twice. The hook holds each step's report until the
-  next step (or the end of the script) for that reason.
-- makes SIGTERM (a recall, or a restart at a new size) raise ``SystemExit(143)`` in the script's
-  main thread, so ``finally`` blocks, context managers and ``except SystemExit`` run and the script
-  may checkpoint; a script that installs its own SIGTERM handler replaces this one.
-
-The process exits with the script's exit code (an uncaught exception: 1, with its traceback). When the
-script used ``torch.distributed`` (whether or not it destroyed its group), the launcher ends the process
-with ``os._exit`` once the script's threads and ``atexit`` functions are done and the standard streams
-flushed, so that neither the interpreter's teardown of gloo's threads (an abort, even after a destroy)
-nor an explicit destroy of a live group (a possible deadlock) can turn a finished script into a failed
-or hung one. A file the script left open without closing it is therefore not flushed at exit.
+The daemon starts every rank of a ``launcher = "torchrun"`` job this way; the script runs as
+``__main__`` unchanged. The launcher counts optimizer steps (``MALLETRAIN_WORKER_BATCH`` x world size
+samples a step, until the script reports by itself), makes SIGTERM raise ``SystemExit(143)``, and
+ends a process that used ``torch.distributed`` with ``os._exit`` (gloo's teardown can abort or hang).
+docs/training.md says more.
 """
 
 from __future__ import annotations
@@ -95,12 +77,8 @@ def parse_target(argv: Sequence[str]) -> Target:
 
 @dataclass
 class StepCounter:
-    """Counts optimizer steps of one optimizer and reports ``worker_batch`` x world size per step.
-
-    Each step's report is held until the next step (or :meth:`flush`): a script that reports
-    by itself does so after its step, so its first :func:`~malletrain.worker.client.report` comes before
-    the next step and the held one is dropped.
-    """
+    """Counts optimizer steps of one optimizer and reports ``worker_batch`` x world size per step, each held
+    until the next step (or :meth:`flush`): a script's own first report comes first and the held one drops."""
 
     worker_batch: int
     steps: int = 0
@@ -143,27 +121,11 @@ class StepCounter:
             self.sent += 1
 
 
-def install_step_hook(counter: StepCounter) -> Any:
-    """Register ``counter`` as a global optimizer-step post hook; returns the removable handle."""
-    from torch.optim.optimizer import register_optimizer_step_post_hook
-
-    def hook(optimizer: Any, args: Any, kwargs: Any) -> None:
-        counter.on_step(optimizer)
-
-    return register_optimizer_step_post_hook(hook)
-
-
 def _raise_exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
     # the first stops the script; a second (the node agent signals the rank's process group, its rank
     # agent the rank) must not raise again while it exits: no "SystemExit: 143" traceback in its log
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise SystemExit(EXIT_SIGTERM)
-
-
-def install_sigterm_exit() -> None:
-    """SIGTERM raises ``SystemExit(143)`` in the main thread (the script may catch it and checkpoint); a
-    second SIGTERM is ignored."""
-    signal.signal(signal.SIGTERM, _raise_exit_on_sigterm)
 
 
 def run_target(target: Target) -> int:
@@ -198,14 +160,8 @@ def process_group_left() -> bool:
 
 
 def exit_without_finalizing(code: int) -> NoReturn:
-    """End the process as the interpreter would, but without tearing down torch's process group.
-
-    A gloo group still alive at exit can abort the interpreter's finalization ("terminate called
-    without an active exception": SIGABRT), and destroying it can deadlock (its worker thread waits
-    for the GIL to free a finished collective while the main thread, holding the GIL, joins it). So:
-    wait for the script's non-daemon threads, run its ``atexit`` functions, deliver the queued reports,
-    flush, and ``os._exit``.
-    """
+    """End the process as the interpreter would, without tearing down torch's process group (a live gloo
+    group can abort finalization, destroying it can deadlock): join threads, run ``atexit``, flush."""
     main = threading.main_thread()
     for thread in threading.enumerate():
         if thread is not main and not thread.daemon:
@@ -235,8 +191,10 @@ def start_counting() -> StepCounter | None:
         log.info("%s is not set: optimizer steps are not counted (the script's own report() calls, "
                  "if any, still are)", ENV_WORKER_BATCH)
         return None
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
     counter = StepCounter(worker_batch)
-    install_step_hook(counter)
+    register_optimizer_step_post_hook(lambda optimizer, args, kwargs: counter.on_step(optimizer))
     log.info("counting optimizer steps: %d samples per worker per step", worker_batch)
     return counter
 
@@ -250,7 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (LaunchError, WorkerEnvError) as exc:
         print(f"malletrain.worker.launch: {exc}", file=sys.stderr)
         return 2
-    install_sigterm_exit()
+    signal.signal(signal.SIGTERM, _raise_exit_on_sigterm)  # the script may catch SystemExit and checkpoint
     try:
         code = run_target(target)
     except Exception:

@@ -1,13 +1,8 @@
 """The toy runtime's worker: a tiny elastic worker without torch, for tests and machines without torch.
 
-Membership lives in files (``DIR/<job>.json`` = ``{"gen": g, "members": [...]}``,
-written atomically); each worker is a plain Python process
-(``python -m malletrain.worker.toy --rate R``) that "trains" by sleeping one
-step per iteration at a modelled speed ``rate * n**alpha`` samples/s on ``n``
-workers, and whose rank 0 sends real :class:`~contract.messages.Report`
-frames to the job monitor. Like the ``torch`` runtime, a worker joins when it
-is in the published member list, changes world size at its next step, and
-exits 0 when it is dropped from the list.
+Membership is a file (``DIR/<job>.json``: ``{"gen": g, "members": [...]}``); a worker "trains" by
+sleeping at ``rate * n**alpha`` samples/s on ``n`` workers, rank 0 reports to the monitor, and a
+worker dropped from the list exits 0.
 """
 
 from __future__ import annotations

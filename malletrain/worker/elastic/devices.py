@@ -1,16 +1,7 @@
 """Which collectives a world uses, and where a worker process sits in it (pure: no torch calls).
 
-A node of K worker slots runs K processes of a job, one per accelerator
-(:mod:`contract.nodeshape`): the agent gives each ``LOCAL_RANK`` and
-``LOCAL_WORLD_SIZE``. The daemon's member list names one worker per node, so
-the process at local rank ``l`` of the ``g``-th member is rank ``g x K + l`` of
-a world of ``len(members) x K`` ranks, numbered node by node as ``torchrun``
-numbers them (:class:`~contract.workerenv.RankPlace`). A recall of a node
-removes its member, so its K ranks leave in one generation.
-
-Each world's process group uses the device's own collectives: NCCL for CUDA
-(the same name carries RCCL on a ROCm build of torch), XCCL for Intel's XPU
-where torch has it, gloo on the CPU (and wherever the device's own is missing).
+The member list names one worker per node of K processes: local rank ``l`` of the ``g``-th member
+is rank ``g x K + l``, numbered node by node as ``torchrun`` does.
 """
 
 from __future__ import annotations

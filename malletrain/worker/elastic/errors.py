@@ -9,23 +9,10 @@ from contract.exits import EXIT_STORE_LOST  # noqa: F401  (the package exports i
 from contract.wire import StoreConnectionLost
 
 
-_FAILURE_MARKERS = (
-    "gloo",
-    "connection reset",
-    "connection closed",
-    "connection refused",
-    "broken pipe",
-    "timed out",
-    "timeout",
-)
-
-_STORE_LOSS_MARKERS = (
-    "broken pipe",
-    "connection reset",
-    "connection was likely closed",
-    "connection refused",
-    "failed to recv",
-)
+_FAILURE_MARKERS = ("gloo", "connection reset", "connection closed", "connection refused", "broken pipe", "timed out",
+                    "timeout")
+_STORE_LOSS_MARKERS = ("broken pipe", "connection reset", "connection was likely closed", "connection refused",
+                       "failed to recv")
 
 
 class LeaveJob(Exception):
@@ -41,8 +28,7 @@ class StoreUnavailable(Exception):
 
 
 def _dist() -> Any:
-    """``torch.distributed`` if this process imported it, else None: an exception can be one of its errors
-    only then, and a process without torch (the ``torchrun`` rank agent) never imports it for a check."""
+    """``torch.distributed`` if this process imported it, else None (the rank agent never imports torch)."""
     return sys.modules.get("torch.distributed")
 
 

@@ -7,15 +7,8 @@ from typing import Any, Callable, TypeVar
 
 from malletrain.worker import client
 from malletrain.worker.ending import exit_now
-from malletrain.worker.elastic.errors import (
-    EXIT_STORE_LOST,
-    LeaveJob,
-    Rescaled,
-    StoreLost,
-    drop_frames,
-    first_line,
-    is_comm_failure,
-)
+from malletrain.worker.elastic.errors import (EXIT_STORE_LOST, LeaveJob, Rescaled, StoreLost, drop_frames, first_line,
+                                              is_comm_failure)
 from malletrain.worker.elastic.state import State
 
 log = logging.getLogger("malletrain.worker.elastic")
@@ -24,15 +17,9 @@ T = TypeVar("T")
 
 
 def run(train_fn: Callable[..., T], state: State, *args: Any, **kwargs: Any) -> T:
-    """Call ``train_fn(state, *args, **kwargs)`` elastically (like ``hvd.elastic.run``).
-
-    Joins the job first; calls ``train_fn`` again after every rescale (with the
-    counters of the last commit) and after a recovery from a lost peer. A worker
-    dropped from the job leaves with ``SystemExit(0)``; one whose daemon's store
-    stayed away too long with ``SystemExit(75)``. However it ends, the worker's
-    gloo group is destroyed before ``run`` returns or raises, so no gloo thread
-    is left to race the interpreter's exit.
-    """
+    """Call ``train_fn(state, *args, **kwargs)`` elastically (like ``hvd.elastic.run``): again after every
+    rescale or recovery. A worker dropped from the job exits 0, one that lost the store for good 75; the
+    gloo group is destroyed however it ends."""
     log.info("worker %s: start (job %s, %s)", state.worker, state.job or "-",
              "elastic" if state.elastic else "single local worker")
     outcome = "error"

@@ -1,16 +1,8 @@
 """A worker's access to its job's keys in the daemon's store (the rendezvous).
 
-:class:`Rendezvous` reads generations and member lists, marks this worker
-ready, runs the join barrier, and carries checkpoints of a whole-world
-handover. :func:`form_step` is the one step that forms a world for both launchers
-(the in-process runtime and the ``torchrun`` rank agent): the barrier and the world's master
-address. It survives a daemon restart: an operation that finds the store gone
-waits for it to come back on the same address (or, in no-wait mode, raises
-:class:`~malletrain.worker.elastic.errors.StoreUnavailable`), up to the grace period; the
-reconnection (connect, prove the job's key, re-register) runs in a background
-thread, so no-wait callers (rank 0 at a commit) never block on it. The
-connection is a :class:`~contract.wire.StoreClient`, authenticated with
-the job's secret (``MALLETRAIN_JOB_SECRET``).
+:class:`Rendezvous`: generations, member lists, ready marks, the join barrier, handover checkpoints;
+it rides out a daemon restart (a background thread reconnects, for up to the grace period).
+:func:`form_step`: the one step both launchers take to form a world (barrier, master address).
 """
 
 from __future__ import annotations
@@ -25,25 +17,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, TypeVar
 
 from malletrain.worker.elastic.errors import StoreLost, StoreUnavailable, first_line, is_store_loss
-from contract.storekeys import (
-    CKPT_CHUNK_BYTES,
-    active_key,
-    arrive_key,
-    ckpt_chunk_key,
-    ckpt_header,
-    ckpt_key,
-    ckpt_seq_key,
-    ckpt_tag_key,
-    gen_key,
-    handover_key,
-    joined_key,
-    members_key,
-    parse_ckpt_header,
-    parse_members,
-    pg_key,
-    ready_key,
-    resume_key,
-)
+from contract.storekeys import (CKPT_CHUNK_BYTES, active_key, arrive_key, ckpt_chunk_key, ckpt_header, ckpt_key,
+                                ckpt_seq_key, ckpt_tag_key, gen_key, handover_key, joined_key, members_key,
+                                parse_ckpt_header, parse_members, pg_key, ready_key, resume_key)
 if TYPE_CHECKING:  # the snapshot module imports torch: the torchrun rank agent, which forms worlds here, does not
     from malletrain.worker.elastic.snapshot import Snapshot
 from contract.wire import StoreClient, StoreConnectionLost, StoreRefused, listen_socket
@@ -93,25 +69,12 @@ def _address_text(address: tuple[str, int] | None) -> str:
 
 
 class Rendezvous:
-    """A worker's view of its job's keys in the daemon's store.
+    """A worker's view of its job's keys in the daemon's store. With ``address`` a lost store is waited
+    for (reconnected, this worker marked ready again) for up to ``grace_s``, then :class:`StoreLost`;
+    without one a lost store raises the store's own error."""
 
-    With ``address`` (``(host, port)``) it survives the store going away: an
-    operation that finds the connection gone waits, probing the address every
-    :data:`RECONNECT_EVERY_S`, until the store is back (then it reconnects,
-    marks this worker ready again and retries) or ``grace_s`` seconds have
-    passed since the loss (then :class:`StoreLost`). Without an address a lost
-    store raises the store's own error, as before.
-    """
-
-    def __init__(
-        self,
-        store: Any,
-        job: str,
-        worker: str,
-        poll_s: float = POLL_S,
-        address: tuple[str, int] | None = None,
-        grace_s: float = DEFAULT_STORE_GRACE_S,
-    ) -> None:
+    def __init__(self, store: Any, job: str, worker: str, poll_s: float = POLL_S,
+                 address: tuple[str, int] | None = None, grace_s: float = DEFAULT_STORE_GRACE_S) -> None:
         if grace_s <= 0:
             raise ValueError(f"store grace must be > 0 s, got {grace_s}")
         self._store = store
@@ -142,8 +105,7 @@ class Rendezvous:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Rendezvous | None:
         """Connect as described by ``MALLETRAIN_STORE/JOB/WORKER/JOB_SECRET``; None if no store is set."""
-        wenv = WorkerEnv.from_environ(env)
-        return cls.from_worker_env(wenv)
+        return cls.from_worker_env(WorkerEnv.from_environ(env))
 
     @classmethod
     def from_worker_env(cls, wenv: WorkerEnv) -> Rendezvous | None:
@@ -269,11 +231,8 @@ class Rendezvous:
             time.sleep(0.02)
 
     def next_generation(self, current: int) -> int:
-        """Rank 0 at a commit: the generation to run next; never blocks on a lost store.
-
-        ``current`` if nothing newer is ready or the store is away; raises
-        :class:`StoreLost` once it has been away longer than the grace period.
-        """
+        """Rank 0 at a commit: the generation to run next (``current`` if nothing newer is ready or the store
+        is away); never blocks on a lost store; :class:`StoreLost` once it was away past the grace period."""
         self._nowait = True
         try:
             gen = self.generation()
@@ -339,14 +298,8 @@ class Rendezvous:
         return not members or bool(self._call("check", [ready_key(self.job, m) for m in members]))
 
     def wait_published(self, gen: int) -> int:
-        """Block until generation ``gen`` or a later one is published; return the newest.
-
-        The generation key is polled (every :data:`PUBLISH_POLL_S`), not ``gen``'s own
-        member list waited for: numbering skips. A restarted daemon numbers on from the
-        last generation it published, so a worker it starts fresh finds an empty store
-        (generation 0) and the first list it sees may be generation 7; a worker waiting
-        for list 1 would wait forever. A lost store is waited for (see :meth:`_call`).
-        """
+        """Block until generation ``gen`` or a later one is published; return the newest. The generation key
+        is polled, not ``gen``'s member list: numbering skips (a restarted daemon numbers on)."""
         while True:
             newest = self.generation()
             if newest >= gen and self.published(newest):
@@ -363,15 +316,9 @@ class Rendezvous:
             gen = self.wait_published(gen + 1)
 
     def save_checkpoint(self, snap: Snapshot, gen: int, aside: bool = False) -> None:
-        """Store ``snap`` (taken in generation ``gen``) in the daemon's store for a later world.
-
-        The write is bracketed by ``ckpt_seq`` (odd while writing, even once done: a
-        seqlock), so the daemon, which copies each new checkpoint to its state dir
-        (:meth:`~malletrain.runtimes.torch_elastic.TorchRuntime.persist_checkpoints`),
-        never copies a half-written one. ``aside``: on a connection of its own, never
-        waiting for a lost store (:class:`StoreUnavailable`) -- for a signal handler, which
-        may interrupt the training thread in the middle of a call on the shared connection.
-        """
+        """Store ``snap`` (taken in generation ``gen``) for a later world, bracketed by the ``ckpt_seq`` seqlock
+        (odd while writing) so the daemon never copies a half-written one. ``aside``: on a connection of its
+        own, never waiting (:class:`StoreUnavailable`): a signal handler may interrupt a call on the shared one."""
         if not aside:
             self._write_checkpoint(self._call, snap, gen)
             return
@@ -482,9 +429,8 @@ class Rendezvous:
 # -- forming a world: the one step both launchers take ---------------------------------------------
 @dataclass
 class WorldMaster:
-    """Where a world's ranks meet (``MASTER_ADDR``/``MASTER_PORT``) and the key prefix of its own
-    rendezvous; ``fd``: the listening socket of that port, held by whoever named it until the master
-    takes it (:meth:`take`) or it is let go (:meth:`release`); None for everyone else."""
+    """Where a world's ranks meet (``MASTER_ADDR``/``MASTER_PORT``) and its rendezvous' key prefix; ``fd``: the
+    port's socket, held by whoever named it until taken or released; None for everyone else."""
 
     host: str
     port: int
@@ -499,8 +445,7 @@ class WorldMaster:
         return fd
 
     def release(self) -> None:
-        """Let the held port go (a ``torchrun`` script's rank 0 binds it itself, so its agent holds it
-        until just before that rank starts); idempotent."""
+        """Let the held port go (a ``torchrun`` script's rank 0 binds it itself); idempotent."""
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
@@ -523,9 +468,8 @@ def arrive(rdzv: WorldStore, gen: int, ranks: int) -> int:
 
 
 def hold_port(host: str) -> int:
-    """A TCP port on ``host`` bound and held, not listening (its fd, the caller's): no other socket can bind
-    it (no ``SO_REUSEADDR`` on this one), and a peer that connects early is refused and tries again, as
-    when nothing is there, instead of being queued on a socket that will close."""
+    """A TCP port on ``host`` bound and held, not listening (its fd, the caller's): nothing else can bind it,
+    and a peer that connects early is refused and retries instead of queueing on a socket that will close."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
@@ -537,12 +481,10 @@ def hold_port(host: str) -> int:
 
 
 def form_step(rdzv: WorldStore, gen: int, size: int, first: bool, listen: bool = True) -> WorldMaster | None:
-    """One look at the forming of generation ``gen``, a world of ``size`` ranks (never blocks): its master
-    once named, else None. The holder of rank 0 (``first``) names it once all ``size`` ranks have arrived
-    (:func:`arrive`): a port it binds on its own host and holds (the returned ``fd``: no other process can
-    take it meanwhile) and a fresh random key prefix, published under the generation's ``pg`` key for the
-    others. ``listen``: the held socket listens (the in-process rank 0 hands it to its ``TCPStore``); else
-    it is only bound (:func:`hold_port`: a ``torchrun`` script's rank 0 binds the port itself)."""
+    """One look at the forming of generation ``gen`` of ``size`` ranks (never blocks): its master once named,
+    else None. Rank 0's holder (``first``) names it once all have arrived: a port on its host, held (``fd``),
+    and a random key prefix, published under ``pg``. ``listen``: the held socket listens (for an in-process
+    ``TCPStore``); else it is only bound (a ``torchrun`` script's rank 0 binds the port itself)."""
     found = rdzv.wait_group(gen, 0.0)
     if found is not None:
         return WorldMaster(*found)
@@ -562,8 +504,7 @@ def form_step(rdzv: WorldStore, gen: int, size: int, first: bool, listen: bool =
 
 
 def form_world(rdzv: Rendezvous, gen: int, size: int, first: bool, wait_s: float) -> WorldMaster | None:
-    """:func:`form_step` until the master is named; None after ``wait_s`` or once a newer generation is
-    published (this one will never form)."""
+    """:func:`form_step` until the master is named; None after ``wait_s`` or once a newer generation is out."""
     deadline = time.monotonic() + wait_s
     while True:
         master = form_step(rdzv, gen, size, first)

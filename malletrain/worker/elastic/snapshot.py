@@ -1,13 +1,7 @@
 """A worker's committed training state: in-memory snapshots, their broadcast, their checkpoint bytes.
 
-A :class:`Snapshot` is what :meth:`State.commit` keeps: deep copies of the
-model's and optimizer's state dicts plus the counters. Joining a world sends
-the newest one from one rank to all (:func:`broadcast_snapshot`), and a
-whole-world handover stores one in the daemon's store (and the daemon on disk):
-both carry the same checkpoint bytes (:func:`encode_checkpoint` /
-:func:`decode_checkpoint`), read with ``torch.load(weights_only=True)``, so
-bytes planted in the store or sent by a rank cannot run code when a worker
-loads them. Nothing of this layer unpickles arbitrary objects.
+Both the broadcast and the stored checkpoint carry ``torch.save`` bytes read with
+``torch.load(weights_only=True)``: bytes from the store or a rank cannot run code.
 """
 
 from __future__ import annotations
@@ -57,13 +51,8 @@ def _broadcast_bytes(data: bytes | None, src: int, rank: int, device: Any = None
 
 
 def broadcast_snapshot(snap: Snapshot | None, src: int, rank: int, job: str = "-", device: Any = None) -> Snapshot:
-    """Send ``snap`` from ``src`` to every rank in the checkpoint format (no pickled objects).
-
-    The sender encodes with :func:`encode_checkpoint` (``torch.save`` of tensors and plain
-    data); the receivers decode with :func:`decode_checkpoint` (``torch.load(weights_only=True)``),
-    so bytes a rank (or anything on its connection) sends cannot run code in the others. A state
-    the format cannot carry is refused on every rank with :class:`CheckpointError`.
-    """
+    """Send ``snap`` from ``src`` to every rank in the checkpoint format (no pickled objects); a state the
+    format cannot carry is refused on every rank with :class:`CheckpointError`."""
     data: bytes | None = None
     refused: CheckpointError | None = None
     if rank == src:
@@ -83,11 +72,8 @@ def broadcast_snapshot(snap: Snapshot | None, src: int, rank: int, job: str = "-
 
 
 def encode_checkpoint(snap: Snapshot) -> bytes:
-    """The bytes of ``snap`` as stored in the daemon's store (tensors and plain data only).
-
-    ``State.extra`` must hold plain data (numbers, strings, lists, dicts, tensors):
-    anything else could not be loaded with ``weights_only=True`` and is refused here.
-    """
+    """The bytes of ``snap`` as stored in the daemon's store; what ``weights_only=True`` could not load is
+    refused now."""
     obj = {"version": snap.version, "model": snap.model, "optimizer": snap.optimizer, "counters": snap.counters}
     buf = io.BytesIO()
     torch.save(obj, buf)

@@ -1,11 +1,7 @@
 """A worker's training state and its life in the job: join, commit, switch, recover, leave.
 
-:class:`State` holds the model, the optimizer and the counters. Its
-:meth:`State.commit` is the rescale point: it snapshots the state and, with the
-other ranks, decides whether to switch to a newer generation (rank 0 reads the
-store and broadcasts). It owns this worker's gloo process group: every path out
-of a world (a switch, a recovery, leaving, the end of :func:`~malletrain.worker.elastic.run`)
-destroys it, so no gloo thread outlives the world it served.
+:class:`State` owns this worker's process group: every way out of a world destroys it, so no gloo
+thread outlives the world it served.
 """
 
 from __future__ import annotations
@@ -67,18 +63,9 @@ class RescaleEvent:
 class State:
     """Model, optimizer and counters (``step``, ``epoch``, ``samples``, ``extra``) of one worker."""
 
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer | None = None,
-        *,
-        step: int = 0,
-        epoch: int = 0,
-        samples: int = 0,
-        rendezvous: Rendezvous | None = None,
-        timeout_s: float | None = None,
-        **extra: Any,
-    ) -> None:
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, *, step: int = 0,
+                 epoch: int = 0, samples: int = 0, rendezvous: Rendezvous | None = None,
+                 timeout_s: float | None = None, **extra: Any) -> None:
         self.model = model
         self.optimizer = optimizer
         self.step = step
@@ -128,11 +115,8 @@ class State:
         return self._rdzv is not None
 
     def ddp(self, **kwargs: Any) -> torch.nn.Module:
-        """The model wrapped in DistributedDataParallel for the current world (made once per world).
-
-        ``init_sync`` defaults to False: joining a world already gave every
-        rank the same parameters and buffers.
-        """
+        """The model wrapped in DistributedDataParallel for the current world (made once per world);
+        ``init_sync`` defaults to False: joining a world already gave every rank the same parameters."""
         if not self._joined:
             raise RuntimeError("State.ddp() before join(): call it inside run(train_fn, state)")
         if self._ddp is None:
@@ -158,10 +142,7 @@ class State:
 
     def commit(self) -> None:
         """Snapshot the state; switch to a new generation if one is ready (then raise :class:`Rescaled`).
-
-        The reports made since the last commit are sent now (:func:`malletrain.worker.client.release_reports`):
-        the daemon counts only committed samples, so a rollback never counts a sample twice.
-        """
+        The reports held since the last commit are sent now: a rollback never counts a sample twice."""
         self._version += 1
         self._committed = self._snapshot()
         self._recoveries = 0
@@ -301,13 +282,8 @@ class State:
             # instead of NCCL's watchdog tearing the whole process down (its default)
             os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
         store, master = self._group_store(gen, rank, world)
-        dist.init_process_group(
-            self.backend,
-            store=store,
-            rank=rank,
-            world_size=world,
-            timeout=timedelta(seconds=self.timeout_s),
-        )
+        dist.init_process_group(self.backend, store=store, rank=rank, world_size=world,
+                                timeout=timedelta(seconds=self.timeout_s))
         self._owns_group = True
         self._groups.append((gen, weakref.ref(dist.group.WORLD)))
         self.rank, self.world_size, self.generation, self.members = rank, world, gen, members
@@ -336,11 +312,8 @@ class State:
         return self._model_device() if self.backend != "gloo" else torch.device("cpu")
 
     def _group_store(self, gen: int, rank: int, world: int) -> tuple[Any, tuple[str, int]]:
-        """The store of the group's own rendezvous for generation ``gen``, and its (host, port): served
-        by its rank 0 (never the daemon's store, which serves authenticated workers only), under a
-        random key prefix that only the job's workers learn (through the daemon's store). The world's
-        master is named by the step both launchers take (:func:`~malletrain.worker.elastic.rendezvous.form_world`):
-        rank 0 holds its port's socket and hands it to its ``TCPStore``."""
+        """The store of generation ``gen``'s own rendezvous and its (host, port): served by its rank 0 (never
+        the daemon's store) under a random key prefix only the job's workers learn (:func:`form_world`)."""
         assert self._rdzv is not None
         timeout = timedelta(seconds=self.timeout_s)
         master = form_world(self._rdzv, gen, world, rank == 0, self.timeout_s)
@@ -393,9 +366,8 @@ class State:
             raise exc
         self._recoveries += 1
         if self._recoveries > MAX_RECOVERIES_WITHOUT_COMMIT:
-            raise RuntimeError(
-                f"worker {self.worker}: {self._recoveries} failures without a commit; last: {exc}"
-            ) from exc
+            raise RuntimeError(f"worker {self.worker}: {self._recoveries} failures without a commit; last: {exc}") \
+                from exc
         started, old_gen, old_world = time.time(), self.generation, self.world_size
         self._teardown()
         if any(ref() is not None for _, ref in self._groups):
@@ -441,11 +413,8 @@ class State:
             raise SystemExit(128 + self._term_pending)
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
-        """A stop or a recall: rank 0 leaves the last commit in the store, then the worker exits 143.
-
-        One path, idempotent: a second signal (Slurm and the agent both send one) is logged and
-        ignored, and a signal during a checkpoint write lets the write finish first.
-        """
+        """A stop or a recall: rank 0 leaves the last commit in the store, then the worker exits 143. A second
+        signal is logged and ignored; one during a checkpoint write lets the write finish first."""
         if self._term_pending is not None:
             log.info("worker %s: %s again: already stopping", self.worker, signal.Signals(signum).name)
             return
@@ -502,12 +471,10 @@ class State:
                         "or a process group?)", self.worker, alive)
 
     def _snapshot(self) -> Snapshot:
-        return Snapshot(
-            version=self._version,
-            model=copy.deepcopy(self.model.state_dict()),
-            optimizer=copy.deepcopy(self.optimizer.state_dict()) if self.optimizer is not None else None,
-            counters={"step": self.step, "epoch": self.epoch, "samples": self.samples, "extra": copy.deepcopy(self.extra)},
-        )
+        return Snapshot(self._version, copy.deepcopy(self.model.state_dict()),
+                        copy.deepcopy(self.optimizer.state_dict()) if self.optimizer is not None else None,
+                        {"step": self.step, "epoch": self.epoch, "samples": self.samples,
+                         "extra": copy.deepcopy(self.extra)})
 
     def _load(self, snap: Snapshot) -> None:
         self.model.load_state_dict(snap.model)

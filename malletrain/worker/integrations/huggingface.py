@@ -8,25 +8,9 @@
     trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[MalletrainCallback()])
     trainer.train(resume_from_checkpoint=last_checkpoint(args.output_dir))   # None on the first start
 
-- **Progress**: at each optimizer step rank 0 reports the samples all ranks trained in it (the
-  real batch sizes of every micro-batch, seen by a forward pre-hook on the model while it is in
-  training mode, summed over ranks) with :func:`malletrain.worker.client.report`; the launcher's own
-  optimizer-step count stops.
-- **Recall**: SIGTERM is noted, not obeyed at once (from ``on_train_begin`` to ``on_train_end``).
-  At the end of the step in which any rank got it, every rank knows (one all-reduce per step, with
-  the sample count); the callback asks the trainer to save (``OUTPUT_DIR/checkpoint-STEP``: model,
-  optimizer, scheduler, RNG states, trainer state) and to stop, and once it is saved every rank
-  exits with code 143. :func:`last_checkpoint` finds it on the next start and the trainer goes on
-  at the next step, skipping the batches already trained: no step is lost.
-- **Epochs**: the Trainer counts epochs in optimizer steps, whose number per epoch changes with the
-  world size, so on a restart at another size it would show the epoch jump (1.5 at 2 ranks, then
-  1.0 or 3.0 at 1 or 4). The callback carries the epoch on instead: the epoch saved in the
-  checkpoint, plus what the Trainer counts from the restart on at the new size (:func:`epoch_now`),
-  in ``state.epoch``, so in the logs and the next checkpoint. (Under ``num_train_epochs`` the
-  Trainer's own count still decides where its data loop resumes and ends; ``max_steps`` or a
-  samples target does not depend on it.)
-
-Install with the ``[huggingface]`` extra (``transformers`` and ``accelerate``).
+Rank 0 reports the samples of each optimizer step (real batch sizes, summed over ranks); on SIGTERM
+every rank finishes the step, the trainer saves ``checkpoint-STEP`` and all exit 143; the epoch is
+carried across restarts at another world size (:func:`epoch_now`). Extra ``[huggingface]``.
 """
 
 from __future__ import annotations

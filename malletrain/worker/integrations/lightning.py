@@ -8,19 +8,9 @@
     trainer = L.Trainer(..., callbacks=[ckpt])
     trainer.fit(model, data, ckpt_path=ckpt.resume_path())   # None on the first start
 
-- **Progress**: at each optimizer step rank 0 reports the samples all ranks trained in it (the
-  real batch sizes, summed over ranks and over the micro-batches of gradient accumulation) with
-  :func:`malletrain.worker.client.report`; the launcher's own optimizer-step count stops.
-- **Recall**: SIGTERM is noted, not obeyed at once (the callback's handler replaces Lightning's
-  from the start of training to its end). At the end of the step in which any rank got it, every
-  rank knows (one all-reduce per step, with the sample count), the trainer saves
-  ``DIRPATH/recall.ckpt`` (written beside and renamed, so it is whole or absent) and every rank
-  exits with code 143. The next start passes :meth:`MalletrainCallback.resume_path` to ``fit``
-  and goes on at the next step: no step is lost.
-
-Install with the ``[lightning]`` extra. Lightning restores the step, the epoch and every
-optimizer; a plain ``DataLoader`` starts the interrupted epoch from its first batch again (with
-Lightning's warning), so shuffle with a seed per epoch if that matters.
+Rank 0 reports the samples of each optimizer step (real batch sizes, summed over ranks); on SIGTERM
+every rank finishes the step, ``DIRPATH/recall.ckpt`` is saved (whole or absent) and all exit 143.
+Extra ``[lightning]``.
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
 """What the framework callbacks share: notice of a recall, and one agreement of all ranks per step.
 
-A recall (or a restart of a ``launcher = "torchrun"`` job at a new size) reaches each rank as
-SIGTERM. :class:`RecallNotice` turns it into a flag instead of an exit; at the end of each
-optimizer step :func:`agree` sums, over all ranks, the samples each trained since the last
-step and the flags, in one all-reduce. Every rank thus learns the step's exact global sample
-count (the real batch sizes, a short last batch included) and whether any rank was told to
-stop, at the same step: all save together and exit with :data:`EXIT_SIGTERM` (143, the code of a
-SIGTERM), not 0, so a stopped job is never mistaken for a finished one.
-
-No framework is imported here; torch only inside :func:`agree`.
+SIGTERM becomes a flag (:class:`RecallNotice`); :func:`agree` sums samples and flags over all ranks in
+one all-reduce a step, so all save at the same step and exit 143, never 0. Torch only inside :func:`agree`.
 """
 
 from __future__ import annotations
