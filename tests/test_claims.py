@@ -3,10 +3,12 @@ other job's nodes and stalls no daemon."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from policy import Policy, PolicyConfig
-from policy.config import Objective
+from policy.config import Fairness, Objective
 from policy import beliefs
 from tests.test_policy import Cluster, jv, names, stable
 
@@ -62,6 +64,42 @@ def test_a_declared_curves_level_takes_no_running_jobs_nodes_under_any_objective
     c = _victim_then_attacker({1: 1e6, 2: 2e6}, {1: 1.0, 2: 2.0}, nodes=3, config=PolicyConfig(objective=objective),
                               victim_counts=counts)
     assert min(counts) == 2 and c.count("attacker") == 1
+
+
+def _fresh_fast_job_beside_a_victim(fairness: Fairness, attacker_user: str, level: float = 1e6) -> list[int]:
+    """Under ``objective = "samples"`` a victim (user ``victim``) trains 100/s a node on two of three
+    nodes; a job with no declared curve takes the free node and reports ``level`` a node from its first
+    report. The victim's count after each decision from then on."""
+    c = Cluster(Policy(PolicyConfig(objective=Objective.SAMPLES, fairness=fairness)), names("n", 3))
+    c.submit(replace(jv("victim", 1, 2, order=0), user="victim"))
+    c.step(0.0)
+    honest = {"victim": stable((2, 200.0), (1, 100.0))}
+    c.step(1.0, honest)
+    assert c.count("victim") == 2
+    c.submit(replace(jv("fresh", 1, 3, order=1), user=attacker_user))
+    counts = []
+    for t in range(2, 40):
+        ev = dict(honest)
+        if c.count("fresh"):
+            ev["fresh"] = stable(*[(n, level * n) for n in range(1, c.count("fresh") + 1)])
+        c.step(10.0 * t, ev)
+        counts.append(c.count("victim"))
+    assert c.count("fresh") >= 1
+    return counts
+
+
+@pytest.mark.parametrize("fairness", [Fairness.NONE, Fairness.EQUAL])
+def test_a_reported_level_takes_no_running_job_of_another_user_under_samples(fairness) -> None:
+    """A fresh job of another user reports 10^6 samples/s a node from its first report (a level the
+    daemon cannot check: a sample is the job's own unit). Before: under ``objective = "samples"`` that
+    level was believed, and the fresh job took both of the running victim's nodes at once (and, with
+    fair share, held them for ``fair_wait_s``)."""
+    assert min(_fresh_fast_job_beside_a_victim(fairness, "mallory")) == 2
+
+
+def test_between_one_users_jobs_a_higher_level_still_wins_under_samples() -> None:
+    """The paper's objective stands within a user's own jobs: its faster job takes its slower one's node."""
+    assert min(_fresh_fast_job_beside_a_victim(Fairness.NONE, "victim")) < 2
 
 
 def test_learn_off_trusts_a_declared_level_as_given() -> None:
