@@ -102,6 +102,36 @@ def test_between_one_users_jobs_a_higher_level_still_wins_under_samples() -> Non
     assert min(_fresh_fast_job_beside_a_victim(Fairness.NONE, "victim")) < 2
 
 
+@pytest.mark.parametrize("fast_path", [True, False])
+def test_a_fresh_job_on_one_node_claims_no_more_than_one_node_trains_whatever_its_max_nodes(fast_path) -> None:
+    """The absolute bound is per node the daemon gave the job (its published world), not per node of its
+    ``max_nodes``. Before: a job allowed 8 nodes, running on one, could claim 8 x 10^6 samples/s from
+    its first report."""
+    from contract.messages import Report, new_secret, secret_key
+    from malletrain.daemon.monitor import Monitor
+    from malletrain.daemon.ratebound import MAX_RATE_PER_NODE
+
+    now = [1000.0]
+    mon = Monitor(clock=lambda: now[0])
+    mon.fast_path = fast_path
+    try:
+        secret = new_secret()
+        key = secret_key(secret)
+        mon.register("j", secret, max_nodes=8)
+        mon.set_world("j", 0, 1)
+        now[0] += 2.0  # its first report, 2 s after it was taken, claims a world of 8 at 3 x 10^6 a node
+        mon.ingest(Report("j", 1, int(3 * MAX_RATE_PER_NODE * 2), now[0], 8, 0, "w0").encode(key))
+        assert mon.counts()["implausible"] == 1 and mon.jobs["j"].samples == 0
+        mon.ingest(Report("j", 2, int(MAX_RATE_PER_NODE * 2), now[0], 8, 0, "w0").encode(key))  # one node's worth
+        assert mon.counts()["accepted"] == 1
+        mon.set_world("j", 1, 4)  # grown to 4 nodes: 4 nodes' worth is taken
+        now[0] += 2.0
+        mon.ingest(Report("j", 3, int(4 * MAX_RATE_PER_NODE * 2), now[0], 4, 1, "w0").encode(key))
+        assert mon.counts()["accepted"] == 2
+    finally:
+        mon.close()
+
+
 def test_learn_off_trusts_a_declared_level_as_given() -> None:
     """``learn = false`` (the FreeTrain baseline) trusts the user's curve: its level decides under samples."""
     pol = Policy(PolicyConfig(objective=Objective.SAMPLES, learn=False))

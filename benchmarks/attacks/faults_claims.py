@@ -34,9 +34,11 @@ import json
 import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import faults_common as B
 import psutil
+import zmq
 
 from malletrain.daemon.control import ControlError, ask
 
@@ -61,12 +63,18 @@ max_nodes = 2
 scaling = {scaling}
 """
 
+OTHER_PY = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else B.PY
+"""The interpreter of another local user's job (this one may live in root's home)."""
+SITE = str(Path(zmq.__file__).resolve().parent.parent)
+"""This interpreter's site-packages (``zmq``, for the toy's reports), on the other user's job's path."""
+
 LIAR_LEVEL = """
 name = "liar"
-command = ["python", "-m", "malletrain.worker.toy", "--rate", "500000", "--batch", "50000"]
+command = [{py}, "-m", "malletrain.worker.toy", "--rate", "500000", "--batch", "50000"]
 min_nodes = 1
 max_nodes = 3
-"""
+env = {{ PYTHONPATH = {path} }}
+""".format(py=json.dumps(OTHER_PY), path=json.dumps(f"{B.ROOT}:{SITE}"))
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,10 @@ A job signs its reports with its own secret, so it can claim any progress for it
 feeds the policy's beliefs (its throughput curve) and its share of the nodes. Two bounds, both on the
 monitor's clock (never the sender's timestamps):
 
-- **absolute**: at most :data:`MAX_RATE_PER_NODE` samples per second per node of the job's
-  ``max_nodes``, banked for at most :data:`CREDIT_WINDOW_S` (a report after a long silence may cover
-  that long). It is the only bound while a job has no history.
+- **absolute**: at most :data:`MAX_RATE_PER_NODE` samples per second per node of the world the report
+  counts at (the daemon's record of the nodes it gave the job, at most its ``max_nodes``), banked for at
+  most :data:`CREDIT_WINDOW_S` (a report after a long silence may cover that long). It is the only bound
+  while a job has no history.
 - **relative to the job's own history** (:class:`HistoryBound`): once the job has a measured rate
   (``min_reports`` accepted reports over at least ``min_seconds``), a report may claim at most
   ``factor`` (4) times the larger of the best rate the job has shown and its best per-node rate
@@ -18,10 +19,12 @@ monitor's clock (never the sender's timestamps):
   reports still counts, with what was accepted: an honest job whose first window was slow, a rescale
   pause in it, catches up at 2x per window instead of being refused for good.)
 
-What a lying job can still do: lie from its first report (then only the absolute bound holds);
-raise its measured rate by ``growth`` per window by claiming just under the bound every window (a
-slow climb, to the absolute bound after ``log2(10^6 / rate)`` windows); and claim the world size of
-its ``max_nodes`` while it runs on fewer nodes. It never moves another job's statistics.
+What a lying job can still do: lie from its first report (then only the absolute bound holds, per node
+it was given), and raise its measured rate by ``growth`` per window by claiming just under the bound
+every window (a slow climb, to the absolute bound after ``log2(10^6 / rate)`` windows); without a daemon
+recording its worlds (a bare monitor), claim the world size of its ``max_nodes`` while it runs on fewer
+nodes. It never moves another job's statistics; the level it claims takes no other user's nodes
+(:mod:`policy.beliefs`, **Claims**).
 """
 
 from __future__ import annotations
@@ -94,18 +97,14 @@ class ClaimBound:
     rel_credit_at: float = 0.0
     window: _Window | None = None
 
-    @property
-    def max_samples_per_s(self) -> float:
-        return self.max_rate_per_node * self.max_nodes
-
     def refusal(self, samples: int, world_size: int, now: float) -> str | None:
         """Take ``samples`` claimed at ``now`` on ``world_size`` nodes if both bounds allow it (None);
         else why not, with nothing changed."""
-        rate = self.max_samples_per_s
+        nodes = min(max(1, world_size), self.max_nodes)
+        rate = self.max_rate_per_node * nodes  # what the nodes it was given could train, not its max_nodes
         credit = min(rate * CREDIT_WINDOW_S, self.credit + rate * max(0.0, now - self.credit_at))
         if samples > credit:
-            return f"{samples} samples claimed, more than its nodes could train ({rate:g}/s at most)"
-        nodes = min(max(1, world_size), self.max_nodes)
+            return f"{samples} samples claimed on {nodes} node(s), more than they could train ({rate:g}/s at most)"
         rel = 0.0
         if self.best_per_node > 0 and self.history.factor > 0:
             rel_rate = self.history.factor * max(self.best_rate, self.best_per_node * nodes)
