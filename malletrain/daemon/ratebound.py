@@ -1,31 +1,11 @@
 """How much progress one job's own reports may claim, so that a job cannot inflate its own share.
 
-A job signs its reports with its own secret, so it can claim any progress for itself; what it claims
-feeds the policy's beliefs (its throughput curve) and its share of the nodes. Two bounds, both on the
-monitor's clock (never the sender's timestamps):
-
-- **absolute**: at most :data:`MAX_RATE_PER_NODE` samples per second per node of the world the report
-  counts at (the daemon's record of the nodes it gave the job, at most its ``max_nodes``), banked for at
-  most :data:`CREDIT_WINDOW_S` (a report after a long silence may cover that long). It is the only bound
-  while a job has no history.
-- **relative to the job's own history** (:class:`HistoryBound`): once the job has a measured rate
-  (``min_reports`` accepted reports over at least ``min_seconds``), a report may claim at most
-  ``factor`` (4) times the larger of the best rate the job has shown and its best per-node rate
-  times the world size it reports (capped at ``max_nodes``): a scale-up onto more nodes is taken,
-  and so is a scale-down of a job that scales poorly (more per node on fewer nodes), banked for at most ``bank_s``
-  (bursts of reports held until a checkpoint commits). The rate is measured over windows of
-  accepted reports; the best window counts, and a window raises the best rate by at most ``growth``
-  (2x), so a job cannot ratchet its own bound up by ``factor`` per window. (A window with refused
-  reports still counts, with what was accepted: an honest job whose first window was slow, a rescale
-  pause in it, catches up at 2x per window instead of being refused for good.)
-
-What a lying job can still do: lie from its first report (then only the absolute bound holds, per node
-it was given), and raise its measured rate by ``growth`` per window by claiming just under the bound
-every window (a slow climb, to the absolute bound after ``log2(10^6 / rate)`` windows); without a daemon
-recording its worlds (a bare monitor), claim the world size of its ``max_nodes`` while it runs on fewer
-nodes. It never moves another job's statistics; the level it claims takes no other user's nodes
-(:mod:`policy.beliefs`, **Claims**).
-"""
+Two bounds on the monitor's clock (never the sender's): an absolute one,
+:data:`MAX_RATE_PER_NODE` samples/s per node of ``max_nodes`` banked for :data:`CREDIT_WINDOW_S`, and,
+once the job has a measured rate, :class:`HistoryBound`: ``factor`` times its best rate (or best
+per-node rate times the world size it reports), the best rate rising at most ``growth`` per window
+so a job cannot ratchet its own bound up. What a lying job can still do is in
+docs/operators/security.md; it never moves another job's statistics."""
 
 from __future__ import annotations
 
@@ -99,7 +79,9 @@ class ClaimBound:
 
     def refusal(self, samples: int, world_size: int, now: float) -> str | None:
         """Take ``samples`` claimed at ``now`` on ``world_size`` nodes if both bounds allow it (None);
-        else why not, with nothing changed."""
+        else why not, with nothing changed. The absolute bound is per node of ``world_size`` (the daemon's
+        record of the nodes it gave the job, at most ``max_nodes``), not of ``max_nodes``: a job on one node
+        claims no more than one node trains, from its first report on."""
         nodes = min(max(1, world_size), self.max_nodes)
         rate = self.max_rate_per_node * nodes  # what the nodes it was given could train, not its max_nodes
         credit = min(rate * CREDIT_WINDOW_S, self.credit + rate * max(0.0, now - self.credit_at))
