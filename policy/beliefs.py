@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 from curves import throughput_at
@@ -334,13 +334,11 @@ def user_level_factors(jobs: Iterable[JobView], measured: Mapping[str, Mapping[i
 class Population:
     """What the jobs measured so far say about a job with no curve of its own: the median per-node
     rate (:func:`guess_per_node`), the pooled prior at it (:func:`pooled_prior`; None with too
-    few shapes) and the spread of the shapes per count (:class:`PriorSpread`; None: not asked for);
-    ``levels``: each measured job's :func:`user_level_factors` (a decision's; empty: none apply)."""
+    few shapes) and the spread of the shapes per count (:class:`PriorSpread`; None: not asked for)."""
 
     guess: float
     pooled: dict[int, float] | None
     spread: PriorSpread | None = None
-    levels: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -393,6 +391,7 @@ class Beliefs:
         self._curves: dict[str, Believed] = {}
         self._guess: Guess | None = None
         self._spread: PriorSpread | None = None  # the finished jobs' shapes, their spread and pooled prior
+        self._levels: dict[str, float] = {}  # this decision's user_level_factors (weigh_levels)
 
     def guess(self) -> float:
         """The population's per-node rate (:func:`guess_per_node`) as the state stands."""
@@ -414,13 +413,16 @@ class Beliefs:
             memo = self._spread = PriorSpread(self.state.shapes)
         return memo
 
-    def population(self, live: Iterable[JobView] = ()) -> Population:
-        """The :class:`Population` as the state stands (a decision takes it once its points are settled);
-        ``live``: the decision's jobs, whose users' levels are weighed as the module doc's **Claims** say."""
+    def population(self) -> Population:
+        """The :class:`Population` as the state stands (a decision takes it once its points are settled)."""
         guess, spread = self.guess(), self.spread()  # the shapes compared once
-        levels = (user_level_factors(live, self.state.measured, guess)
-                  if self.config.objective is Objective.SAMPLES and self.config.learn else {})
-        return Population(guess, spread.pooled(guess) if self.config.prior is None else None, spread, levels)
+        return Population(guess, spread.pooled(guess) if self.config.prior is None else None, spread)
+
+    def weigh_levels(self, live: Iterable[JobView]) -> None:
+        """Under ``objective = "samples"`` with learning on, this decision's :func:`user_level_factors` of
+        the ``live`` jobs, used by :meth:`believed` (the module doc's **Claims**); none otherwise."""
+        on = self.config.objective is Objective.SAMPLES and self.config.learn
+        self._levels = user_level_factors(live, self.state.measured, self.guess()) if on else {}
 
     def _uses_pool(self, job: JobView) -> bool:
         return not job.scaling and self.config.prior is None
@@ -451,7 +453,7 @@ class Beliefs:
         pop = population if population is not None or not (uses_pool or unproven) else self.population()
         pop_part = ((pop.guess, pop.pooled or None) if uses_pool and pop
                     else (pop.guess, None) if unproven and pop else None)
-        factor = population.levels.get(job.id) if population is not None else None
+        factor = self._levels.get(job.id)
         hit = self._curves.get(job.id)
         if hit is not None and hit.made_of(job, measured, pop_part, factor):
             return hit
