@@ -77,13 +77,13 @@ class ClaimBound:
     rel_credit_at: float = 0.0
     window: _Window | None = None
 
-    def refusal(self, samples: int, world_size: int, now: float) -> str | None:
+    def refusal(self, samples: int, world_size: int, now: float, given: bool = False) -> str | None:
         """Take ``samples`` claimed at ``now`` on ``world_size`` nodes if both bounds allow it (None);
-        else why not, with nothing changed. The absolute bound is per node of ``world_size`` (the daemon's
-        record of the nodes it gave the job, at most ``max_nodes``), not of ``max_nodes``: a job on one node
-        claims no more than one node trains, from its first report on."""
+        else why not, with nothing changed. With ``given`` (``world_size`` is the daemon's record of the
+        nodes it gave the job) the absolute bound is per node of ``world_size``, not of ``max_nodes``: a
+        job on one node claims no more than one node trains, from its first report on."""
         nodes = min(max(1, world_size), self.max_nodes)
-        rate = self.max_rate_per_node * nodes  # what the nodes it was given could train, not its max_nodes
+        rate = self.max_rate_per_node * (nodes if given else self.max_nodes)
         credit = min(rate * CREDIT_WINDOW_S, self.credit + rate * max(0.0, now - self.credit_at))
         if samples > credit:
             return f"{samples} samples claimed on {nodes} node(s), more than they could train ({rate:g}/s at most)"
