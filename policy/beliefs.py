@@ -39,7 +39,12 @@ Rules, settled once:
   the allocator divides it out, and with ``objective = "samples"`` a job whose own steps measured
   nothing yet is weighed at the population's per-node rate in the declared shape
   (:meth:`Beliefs.believed`), so ``{1: 10^6, 2: 2 x 10^6}`` takes no running job's nodes either
-  (``learn = false``, the FreeTrain baseline, trusts the declaration as given).
+  (``learn = false``, the FreeTrain baseline, trusts the declaration as given). Nor is a *reported*
+  level, between users: a sample is each job's own unit, which the daemon cannot check, so under
+  ``objective = "samples"`` with jobs of two users or more live, each user's measured jobs are weighed
+  relative to that user's fastest one, at the population's per-node rate (:func:`user_level_factors`):
+  the level decides between one user's own jobs, as published, and a job reporting 10^6 samples/s a
+  node from its first report takes no other user's nodes by it.
 * **Learning (passive).** Every interval at every count a job runs counts, whatever gave it that
   count (the allocator, a recall, a lender's loan). With ``learn`` on, a count's rate is accepted
   once its estimate is stable
@@ -369,6 +374,29 @@ class PriorSpread:
         return self._pooled[1]
 
 
+def user_level_factors(jobs: Iterable[JobView], measured: Mapping[str, Mapping[int, float]],
+                       guess: float) -> dict[str, float]:
+    """What each measured job's reported level is multiplied by under ``objective = "samples"`` when
+    jobs of two users or more are live (the module doc's **Claims**): ``guess / R``, ``R`` the best
+    per-node rate at the smallest measured count over the job's user's measured jobs, so each user's
+    fastest job is weighed at the population's per-node rate ``guess`` and the others in proportion.
+    Empty with one user (the level decides as reported) or no guess."""
+    live = list(jobs)
+    if len({j.user for j in live}) < 2 or not guess > 0:
+        return {}
+    level: dict[str, float] = {}
+    for j in live:
+        pts = {n: r for n, r in measured.get(j.id, {}).items() if n > 0 and r > 0}
+        if pts:
+            n0 = min(pts)
+            level[j.id] = pts[n0] / n0
+    best: dict[str, float] = {}
+    for j in live:
+        if j.id in level:
+            best[j.user] = max(best.get(j.user, 0.0), level[j.id])
+    return {j.id: guess / best[j.user] for j in live if j.id in level}
+
+
 @dataclass(frozen=True)
 class Population:
     """What the jobs measured so far say about a job with no curve of its own: the median per-node
@@ -396,13 +424,15 @@ class Believed:
     raw: dict[int, float]
     scaled: dict[int, float]
     absorbs: int
+    level_factor: float | None = None
+    """Its :func:`user_level_factors` entry when it applied (None: none)."""
 
     def made_of(self, job: JobView, measured: Mapping[int, float],
-                population: tuple[float, dict[int, float] | None] | None) -> bool:
+                population: tuple[float, dict[int, float] | None] | None, level_factor: float | None = None) -> bool:
         """Whether these curves were made of exactly what ``job`` has now (all by value)."""
         return (self.min_nodes == job.min_nodes and self.max_nodes == job.max_nodes
                 and self.measured == measured and self.population == population
-                and self.scaling == (job.scaling or None))
+                and self.scaling == (job.scaling or None) and self.level_factor == level_factor)
 
 
 @dataclass(frozen=True)
@@ -429,6 +459,7 @@ class Beliefs:
         self._curves: dict[str, Believed] = {}
         self._guess: Guess | None = None
         self._spread: PriorSpread | None = None  # the finished jobs' shapes, their spread and pooled prior
+        self._levels: dict[str, float] = {}  # this decision's user_level_factors (weigh_levels)
 
     def guess(self) -> float:
         """The population's per-node rate (:func:`guess_per_node`) as the state stands."""
@@ -455,6 +486,12 @@ class Beliefs:
         guess, spread = self.guess(), self.spread()  # the shapes compared once
         kin = KinIndex(self.state.measured) if self.config.learn else None
         return Population(guess, spread.pooled(guess) if self.config.prior is None else None, spread, kin)
+
+    def weigh_levels(self, live: Iterable[JobView]) -> None:
+        """Under ``objective = "samples"`` with learning on, this decision's :func:`user_level_factors` of
+        the ``live`` jobs, used by :meth:`believed` (the module doc's **Claims**); none otherwise."""
+        on = self.config.objective is Objective.SAMPLES and self.config.learn
+        self._levels = user_level_factors(live, self.state.measured, self.guess()) if on else {}
 
     def _uses_pool(self, job: JobView) -> bool:
         return not job.scaling and self.config.prior is None
@@ -487,8 +524,9 @@ class Beliefs:
         measured = self._with_kin(job, own, pop)
         pop_part = ((pop.guess, pop.pooled or None) if uses_pool and pop
                     else (pop.guess, None) if unproven and pop else None)
+        factor = self._levels.get(job.id)
         hit = self._curves.get(job.id)
-        if hit is not None and hit.made_of(job, measured, pop_part):
+        if hit is not None and hit.made_of(job, measured, pop_part, factor):
             return hit
         pooled = pop.pooled if uses_pool and pop is not None else None
         raw = allocator_curve(job, scalability(job, measured, self.config.prior_curve,
@@ -499,9 +537,11 @@ class Beliefs:
             scaled = {n: v / one for n, v in raw.items()} if one > 0 else raw
         elif unproven and pop is not None and one > 0:  # samples: the declared shape at the population's level
             scaled = {n: v / one * pop.guess for n, v in raw.items()}
+        elif factor is not None:  # samples, two users: the level relative to its user's fastest job
+            scaled = {n: v * factor for n, v in raw.items()}
         made = self._curves[job.id] = Believed(
             dict(job.scaling) if job.scaling else None, job.min_nodes, job.max_nodes, dict(measured),
-            pop_part, raw, scaled, absorbs(job, raw, self.config.admission_knee))
+            pop_part, raw, scaled, absorbs(job, raw, self.config.admission_knee), factor)
         return made
 
     def _with_kin(self, job: JobView, own: Mapping[int, float], pop: Population | None) -> dict[int, float]:

@@ -135,6 +135,7 @@ class Policy:
         stop_over_budget(self.state, r)
         stop_past_deadline(self.state, r)
         advance_profiles(self.state, r, evidence, again=self.config.profiling is Profiling.GATED)
+        self.beliefs.weigh_levels(r.jobs.values())  # under samples, each user's levels against its own
         r.population = self.beliefs.population()  # the measured points are settled for this decision
         r.believed = {j: self.beliefs.believed(r.jobs[j], r.population) for j in self.state.admitted}
         self._suspensions(r)

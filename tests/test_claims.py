@@ -3,10 +3,12 @@ other job's nodes and stalls no daemon."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from policy import Policy, PolicyConfig
-from policy.config import Objective
+from policy.config import Fairness, Objective
 from policy import beliefs
 from tests.test_policy import Cluster, jv, names, stable
 
@@ -62,6 +64,72 @@ def test_a_declared_curves_level_takes_no_running_jobs_nodes_under_any_objective
     c = _victim_then_attacker({1: 1e6, 2: 2e6}, {1: 1.0, 2: 2.0}, nodes=3, config=PolicyConfig(objective=objective),
                               victim_counts=counts)
     assert min(counts) == 2 and c.count("attacker") == 1
+
+
+def _fresh_fast_job_beside_a_victim(fairness: Fairness, attacker_user: str, level: float = 1e6) -> list[int]:
+    """Under ``objective = "samples"`` a victim (user ``victim``) trains 100/s a node on two of three
+    nodes; a job with no declared curve takes the free node and reports ``level`` a node from its first
+    report. The victim's count after each decision from then on."""
+    c = Cluster(Policy(PolicyConfig(objective=Objective.SAMPLES, fairness=fairness)), names("n", 3))
+    c.submit(replace(jv("victim", 1, 2, order=0), user="victim"))
+    c.step(0.0)
+    honest = {"victim": stable((2, 200.0), (1, 100.0))}
+    c.step(1.0, honest)
+    assert c.count("victim") == 2
+    c.submit(replace(jv("fresh", 1, 3, order=1), user=attacker_user))
+    counts = []
+    for t in range(2, 40):
+        ev = dict(honest)
+        if c.count("fresh"):
+            ev["fresh"] = stable(*[(n, level * n) for n in range(1, c.count("fresh") + 1)])
+        c.step(10.0 * t, ev)
+        counts.append(c.count("victim"))
+    assert c.count("fresh") >= 1
+    return counts
+
+
+@pytest.mark.parametrize("fairness", [Fairness.NONE, Fairness.EQUAL])
+def test_a_reported_level_takes_no_running_job_of_another_user_under_samples(fairness) -> None:
+    """A fresh job of another user reports 10^6 samples/s a node from its first report (a level the
+    daemon cannot check: a sample is the job's own unit). Before: under ``objective = "samples"`` that
+    level was believed, and the fresh job took both of the running victim's nodes at once (and, with
+    fair share, held them for ``fair_wait_s``)."""
+    assert min(_fresh_fast_job_beside_a_victim(fairness, "mallory")) == 2
+
+
+def test_between_one_users_jobs_a_higher_level_still_wins_under_samples() -> None:
+    """The paper's objective stands within a user's own jobs: its faster job takes its slower one's node."""
+    assert min(_fresh_fast_job_beside_a_victim(Fairness.NONE, "victim")) < 2
+
+
+@pytest.mark.parametrize("fast_path", [True, False])
+def test_a_fresh_job_on_one_node_claims_no_more_than_one_node_trains_whatever_its_max_nodes(fast_path) -> None:
+    """The absolute bound is per node the daemon gave the job (its published world), not per node of its
+    ``max_nodes``. Before: a job allowed 8 nodes, running on one, could claim 8 x 10^6 samples/s from
+    its first report."""
+    from contract.messages import Report, new_secret, secret_key
+    from malletrain.daemon.monitor import Monitor
+    from malletrain.daemon.ratebound import MAX_RATE_PER_NODE
+
+    now = [1000.0]
+    mon = Monitor(clock=lambda: now[0])
+    mon.fast_path = fast_path
+    try:
+        secret = new_secret()
+        key = secret_key(secret)
+        mon.register("j", secret, max_nodes=8)
+        mon.set_world("j", 0, 1)
+        now[0] += 2.0  # its first report, 2 s after it was taken, claims a world of 8 at 3 x 10^6 a node
+        mon.ingest(Report("j", 1, int(3 * MAX_RATE_PER_NODE * 2), now[0], 8, 0, "w0").encode(key))
+        assert mon.counts()["implausible"] == 1 and mon.jobs["j"].samples == 0
+        mon.ingest(Report("j", 2, int(MAX_RATE_PER_NODE * 2), now[0], 8, 0, "w0").encode(key))  # one node's worth
+        assert mon.counts()["accepted"] == 1
+        mon.set_world("j", 1, 4)  # grown to 4 nodes: 4 nodes' worth is taken
+        now[0] += 2.0
+        mon.ingest(Report("j", 3, int(4 * MAX_RATE_PER_NODE * 2), now[0], 4, 1, "w0").encode(key))
+        assert mon.counts()["accepted"] == 2
+    finally:
+        mon.close()
 
 
 def test_learn_off_trusts_a_declared_level_as_given() -> None:

@@ -6,8 +6,12 @@ Against real daemons (local backend, toy runtime), each attack as it was reporte
 * **curve lies** (C; nodes taken: D): a victim trains on both of two nodes; then a job whose file
   declares ``scaling = { 1 = 1.0, 2 = 1000000.0 }`` (20 samples/s a node in truth) is submitted;
   then, under ``[policy] objective = "samples"``, one declaring a linear curve at a level its steps
-  never show (``{ 1 = 1000000.0, 2 = 2000000.0 }``). Taken (one count each) if, within ``seconds``,
-  the liar ever held both nodes or the victim none.
+  never show (``{ 1 = 1000000.0, 2 = 2000000.0 }``); then, under ``objective = "samples"`` on three
+  nodes, another local user's job (``nobody``) with no curve that reports 500,000 samples/s a node
+  from its first report (a toy trains nothing) and may grow to all three. Taken (one count each) if,
+  within ``seconds``, the liar ever held both nodes or the victim none (two nodes), or the victim
+  ever held fewer than its two but while its own profile measured it below (three nodes: the liar may
+  have the free one, and a node the victim's probe lends it).
 * **key inflations** (E; daemon stalls: F): a ``torchrun`` job whose command stops its rank agent
   (SIGSTOP: it writes its true count no more) and writes the agent's ready key
   (``mt/JOB/ready/WORKER``, WORKER the rank agent's name, not the rank's own: the local-rank count a
@@ -28,17 +32,20 @@ Against real daemons (local backend, toy runtime), each attack as it was reporte
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import faults_common as B
 import psutil
+import zmq
 
 from malletrain.daemon.control import ControlError, ask
 
 CONFIG = """
 state_dir = "{{state}}"
-runtime = "toy"
+runtime = "{runtime}"
 loop_interval = 0.05
 agent_heartbeat = 0.2
 agent_dead_after = {dead_after}
@@ -57,12 +64,72 @@ max_nodes = 2
 scaling = {scaling}
 """
 
+OTHER_PY = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else B.PY
+"""The interpreter of another local user's job (this one may live in root's home)."""
+SITE = str(Path(zmq.__file__).resolve().parent.parent)
+"""This interpreter's site-packages (``zmq``, for the toy's reports), on the other user's job's path."""
+
+JOIN_AND_REPORT = """
+import os, time, zmq
+from contract.messages import Report, secret_key
+from contract.wire import StoreClient
+host, port = os.environ["MALLETRAIN_STORE"].rsplit(":", 1)
+job, me = os.environ["MALLETRAIN_JOB"], os.environ["MALLETRAIN_WORKER"]
+StoreClient((host, int(port)), job, me, os.environ["MALLETRAIN_JOB_SECRET"]).set(f"mt/{job}/ready/{me}", "1")
+key = secret_key(os.environ["MALLETRAIN_JOB_SECRET"])
+push = zmq.Context.instance().socket(zmq.PUSH)
+push.connect(os.environ["MALLETRAIN_MONITOR"])
+seq = 1
+while True:  # every worker: RATE samples/s, ten reports a second (the daemon counts them at the world it gave)
+    push.send(Report(job, seq, RATE // 10, time.time(), 1, 0, me).encode(key))
+    seq += 1
+    time.sleep(0.1)
+"""
+"""A torch-runtime job that joins (its ready key) and whose every worker reports ``RATE`` samples/s:
+another user's job cannot run the toy runtime's worker (its folder is the daemon's)."""
+
+LEVEL_JOB = """
+name = "{name}"
+command = [{py}, "-c", {code}]
+min_nodes = 1
+max_nodes = {hi}
+env = {{ PYTHONPATH = {path} }}
+"""
+
+
+def _level_job(name: str, rate: int, hi: int, other_user: bool) -> str:
+    py, path = (OTHER_PY, f"{B.ROOT}:{SITE}") if other_user else (B.PY, str(B.ROOT))
+    return LEVEL_JOB.format(name=name, py=json.dumps(py), code=json.dumps(JOIN_AND_REPORT.replace("RATE", str(rate))),
+                            hi=hi, path=json.dumps(path))
+
+
+VICTIM = B.TOY_JOB.format(name="victim", rate=1000, lo=1, hi=2, profile="false", samples="")
+
+
+@dataclass(frozen=True)
+class CurveLie:
+    what: str
+    policy: str
+    """The daemon's ``[policy]`` table."""
+    liar: str
+    """The liar's job file."""
+    nodes: int = 2
+    as_nobody: bool = False
+    """The liar is another local user's (``nobody``'s) job."""
+    runtime: str = "toy"
+    victim: str = VICTIM
+
+
+SAMPLES = '[policy]\nobjective = "samples"\n'
 CURVE_LIES = (
-    ("a declared curve of {1: 1, 2: 10^6}", "", "{ 1 = 1.0, 2 = 1000000.0 }"),
-    ("objective samples, a declared level of 10^6 a node", '[policy]\nobjective = "samples"\n',
-     "{ 1 = 1000000.0, 2 = 2000000.0 }"),
+    CurveLie("a declared curve of {1: 1, 2: 10^6}", "", LIAR_CURVE.replace("{scaling}", "{ 1 = 1.0, 2 = 1000000.0 }")),
+    CurveLie("objective samples, a declared level of 10^6 a node", SAMPLES,
+             LIAR_CURVE.replace("{scaling}", "{ 1 = 1000000.0, 2 = 2000000.0 }")),
+    CurveLie("objective samples, another user's job reporting 500,000/s a node from its first report", SAMPLES,
+             _level_job("liar", 500_000, 3, other_user=True), nodes=3, as_nobody=True, runtime="torch",
+             victim=_level_job("victim", 1000, 2, other_user=False)),
 )
-"""Each curve lie: what the line says, the daemon's ``[policy]`` table, the liar's ``scaling``."""
+"""Each curve lie."""
 
 INFLATE = """
 import os, re, signal, time
@@ -119,27 +186,28 @@ class Claims:
 
 
 def curve_lies(t: B.Tally, c: Claims, seconds: float) -> None:
-    for what, policy, scaling in CURVE_LIES:
-        _curve_lie(t, c, seconds, what, policy, scaling)
+    for lie in CURVE_LIES:
+        _curve_lie(t, c, seconds, lie)
 
 
-def _curve_lie(t: B.Tally, c: Claims, seconds: float, what: str, policy: str, scaling: str) -> None:
+def _curve_lie(t: B.Tally, c: Claims, seconds: float, lie: CurveLie) -> None:
+    what = lie.what
     with B.workdir("mt-faults-curve-") as top:
-        d = B.Daemon(top, CONFIG.format(nodes=2, dead_after=DEAD_AFTER) + policy)
+        d = B.Daemon(top, CONFIG.format(runtime=lie.runtime, nodes=lie.nodes, dead_after=DEAD_AFTER) + lie.policy)
         d.start()
         try:
-            victim = d.submit(B.TOY_JOB.format(name="victim", rate=1000, lo=1, hi=2, profile="false", samples=""),
-                              "victim")
+            victim = d.submit(lie.victim, "victim")
             if not B.wait(lambda: len(d.jobs()[victim]["nodes"]) == 2, 60):
                 t.note(f"claims: the victim never held both nodes: no curve lie was tried ({what})")
                 return
-            liar = d.submit(LIAR_CURVE.replace("{scaling}", scaling), "liar")
+            liar = _submit(d, "liar", lie.liar, lie.as_nobody)
             c.curve_lies += 1
             worst, most, end = "", 0, time.monotonic() + seconds
             while time.monotonic() < end:
                 jobs = d.jobs()
                 most = max(most, len(jobs[liar]["nodes"]))
-                if len(jobs[liar]["nodes"]) == 2 or not jobs[victim]["nodes"]:
+                if (len(jobs[liar]["nodes"]) == 2 or not jobs[victim]["nodes"]) if lie.nodes == 2 \
+                        else len(jobs[victim]["nodes"]) < 2 and jobs[victim]["state"] != "profiling":
                     worst = f"the liar on {len(jobs[liar]['nodes'])}, the victim on {len(jobs[victim]['nodes'])}"
                     break
                 time.sleep(1.0)
@@ -152,6 +220,19 @@ def _curve_lie(t: B.Tally, c: Claims, seconds: float, what: str, policy: str, sc
             d.cancel(victim)
         finally:
             B.stop_and_count(d, t)
+
+
+def _submit(d: B.Daemon, name: str, text: str, as_nobody: bool) -> str:
+    """``d.submit``, as the ``nobody`` user with ``as_nobody`` (the job file readable by all)."""
+    if not as_nobody:
+        return d.submit(text, name)
+    f = d.top / f"{name}.toml"
+    f.write_text(text)
+    os.chmod(f, 0o644)
+    res = B.cli("submit", str(f), "--state-dir", str(d.state), as_nobody=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"submit {name} as nobody failed: {res.stderr[-500:]}")
+    return res.stdout.strip()
 
 
 def _daemon_mb(d: B.Daemon) -> float:
@@ -171,7 +252,7 @@ def _answers_in(d: B.Daemon, limit_s: float = 5.0) -> bool:
 
 def key_inflations(t: B.Tally, c: Claims) -> None:
     with B.workdir("mt-faults-keys-") as top:
-        d = B.Daemon(top, CONFIG.format(nodes=1, dead_after=KEYS_DEAD_AFTER))
+        d = B.Daemon(top, CONFIG.format(runtime="toy", nodes=1, dead_after=KEYS_DEAD_AFTER))
         d.start()
         try:
             for count in (10**6, 200_000):
@@ -209,7 +290,7 @@ def key_inflations(t: B.Tally, c: Claims) -> None:
 
 def stop_code_loops(t: B.Tally, c: Claims) -> None:
     with B.workdir("mt-faults-stopcodes-") as top:
-        d = B.Daemon(top, CONFIG.format(nodes=1, dead_after=DEAD_AFTER))
+        d = B.Daemon(top, CONFIG.format(runtime="toy", nodes=1, dead_after=DEAD_AFTER))
         d.start()
         try:
             for code in (143, 137, 130, 129, 75):

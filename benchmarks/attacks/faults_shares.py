@@ -36,6 +36,7 @@ from typing import Iterator
 
 import faults_common as B
 
+from malletrain.daemon.control import ControlError, ask
 from tests.clusters.floods import SILENT_CONNECTIONS
 
 CONFIG = """
@@ -152,10 +153,12 @@ def _log_of(d: B.Daemon, jid: str) -> str:
     return "".join(p.read_text(errors="replace") for p in sorted((d.state / "logs").glob(f"{jid}.*.log*")))
 
 
-def _answers(d: B.Daemon) -> bool:
+def _answers(d: B.Daemon, limit_s: float = 5.0) -> bool:
+    """The daemon answers a ``status`` request on its control socket within ``limit_s``, asked from here
+    (the CLI's own start, several seconds on a loaded machine, is not the daemon's)."""
     try:
-        return d.alive() and B.cli("status", "--json", "--state-dir", str(d.state), timeout=5).returncode == 0
-    except subprocess.TimeoutExpired:
+        return d.alive() and ask(d.state, {"cmd": "status"}, limit_s) is not None
+    except ControlError:
         return False
 
 
@@ -189,6 +192,8 @@ def job_crashes(t: B.Tally, r: Shares) -> None:
                 if not up:
                     r.crash_down += 1
                     t.note(f"shares: a job's {name} took the daemon down")
+                    if d.alive():  # it stopped answering but runs: stopped, to start a fresh one on its state dir
+                        t.tracebacks += d.stop() != 0
                     d.start()
                 d.cancel(jid)
         finally:

@@ -174,7 +174,8 @@ class JobStats:
         """:meth:`add` of a report's fields (the fast path builds no :class:`Report`)."""
         self.seq_gaps += self.window.admit(worker, seq, timestamp, incarnation)
         world_size = self.world_of(world_size, generation)
-        if now is not None and (why := self.bound.refusal(samples, world_size, now)) is not None:
+        given = bool(self.recorded_world)  # world_size is the daemon's record of the nodes it gave the job
+        if now is not None and (why := self.bound.refusal(samples, world_size, now, given)) is not None:
             self.implausible += 1
             raise MessageError(Reason.IMPLAUSIBLE, f"job {self.job}: {why}")
         self.reports += 1

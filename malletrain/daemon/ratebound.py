@@ -77,18 +77,16 @@ class ClaimBound:
     rel_credit_at: float = 0.0
     window: _Window | None = None
 
-    @property
-    def max_samples_per_s(self) -> float:
-        return self.max_rate_per_node * self.max_nodes
-
-    def refusal(self, samples: int, world_size: int, now: float) -> str | None:
+    def refusal(self, samples: int, world_size: int, now: float, given: bool = False) -> str | None:
         """Take ``samples`` claimed at ``now`` on ``world_size`` nodes if both bounds allow it (None);
-        else why not, with nothing changed."""
-        rate = self.max_samples_per_s
+        else why not, with nothing changed. With ``given`` (``world_size`` is the daemon's record of the
+        nodes it gave the job) the absolute bound is per node of ``world_size``, not of ``max_nodes``: a
+        job on one node claims no more than one node trains, from its first report on."""
+        nodes = min(max(1, world_size), self.max_nodes)
+        rate = self.max_rate_per_node * (nodes if given else self.max_nodes)
         credit = min(rate * CREDIT_WINDOW_S, self.credit + rate * max(0.0, now - self.credit_at))
         if samples > credit:
-            return f"{samples} samples claimed, more than its nodes could train ({rate:g}/s at most)"
-        nodes = min(max(1, world_size), self.max_nodes)
+            return f"{samples} samples claimed on {nodes} node(s), more than they could train ({rate:g}/s at most)"
         rel = 0.0
         if self.best_per_node > 0 and self.history.factor > 0:
             rel_rate = self.history.factor * max(self.best_rate, self.best_per_node * nodes)
