@@ -1,7 +1,7 @@
 """How much progress one job's own reports may claim, so that a job cannot inflate its own share.
 
 Two bounds on the monitor's clock (never the sender's): an absolute one,
-:data:`MAX_RATE_PER_NODE` samples/s per node of ``max_nodes`` banked for :data:`CREDIT_WINDOW_S`, and,
+:data:`MAX_RATE_PER_NODE` samples/s per node the daemon gave the job (of ``max_nodes`` where it recorded no world) banked for :data:`CREDIT_WINDOW_S`, and,
 once the job has a measured rate, :class:`HistoryBound`: ``factor`` times its best rate (or best
 per-node rate times the world size it reports), the best rate rising at most ``growth`` per window
 so a job cannot ratchet its own bound up. What a lying job can still do is in
@@ -15,7 +15,7 @@ from contract.messages import MAX_WORLD
 
 MAX_RATE_PER_NODE = 1e6
 """Samples per second one node can train, at most (an ImageNet ResNet-50 node does ~10^4): a job's
-reports may claim this much per node of its ``max_nodes`` per second of wall time, no more."""
+reports may claim this much per node it was given per second of wall time, no more."""
 CREDIT_WINDOW_S = 600.0
 """Unclaimed progress a job may bank (seconds at its absolute bound): a report after a long silence
 is taken if it covers at most this long."""
