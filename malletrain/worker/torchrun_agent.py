@@ -371,8 +371,7 @@ def serve_world_store(master: WorldMaster) -> object | None:
         store = dist.TCPStore(master.host, master.port, None, True, timedelta(seconds=AGENT_STORE_TIMEOUT_S),
                               wait_for_workers=False, master_listen_fd=master.fd)
     except (OSError, RuntimeError, ValueError, TypeError) as exc:
-        log.warning("cannot serve the world's store on port %d here (%s): rank 0's script serves it", master.port,
-                    exc)
+        log.warning("cannot serve the world's store on port %d here (%s): rank 0's script serves it", master.port, exc)
         return None
     master.take()  # the store owns the socket now
     return store
@@ -449,8 +448,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_worker_logging()
     wenv = WorkerEnv.from_environ()
     if wenv.store is None:
-        print("malletrain torchrun agent: MALLETRAIN_STORE is not set: start it through the daemon",
-              file=sys.stderr)
+        print("malletrain torchrun agent: MALLETRAIN_STORE is not set: start it through the daemon", file=sys.stderr)
         return 2
     try:
         local_ranks = local_ranks_of(os.environ)
