@@ -20,14 +20,10 @@ class Pinned:
     free: list[str] = field(default_factory=list)
 
 
-def apply_pins(jobs: Sequence[JobView], free: Sequence[str], pins: Mapping[str, int],
-               lenders: Mapping[str, str]) -> Pinned:
-    """Place pinned (profiling) jobs first.
-
-    A pinned job keeps a prefix of its own nodes when it steps down (the rest become free); one
-    short of nodes takes free nodes, then borrows the rest from ``lenders[job]`` (the lender the
-    advisor chose), which keeps what is left and may only shrink further in this decision.
-    """
+def apply_pins(jobs: Sequence[JobView], free: Sequence[str], pins: Mapping[str, int], lenders: Mapping[str, str]
+               ) -> Pinned:
+    """Place pinned (profiling) jobs first: one stepping down keeps a prefix of its nodes; one short of nodes takes
+    free ones, then borrows from ``lenders[job]``, which keeps the rest and may only shrink further in this decision."""
     out = Pinned(free=list(free))
     holdings = {j.id: j.nodes for j in jobs}
     by_id = {j.id: j for j in jobs}
@@ -62,10 +58,8 @@ def _problem(jobs: Sequence[JobView], free: Sequence[str]) -> Problem:
 
 
 def held_to_shares(jobs: Sequence[JobView], caps: Mapping[str, int]) -> tuple[list[JobView], int]:
-    """``jobs`` as a count rule (:func:`greedy_counts`, :func:`equal_counts`) sees them while fair shares
-    bind (``caps``: :func:`policy.fairness.fair_caps`): each job's max is its share (its min at least)
-    and it keeps no more of its nodes than that; a job whose share is none is left out. Also the nodes
-    so released, which the rule may hand to the others."""
+    """``jobs`` as a count rule sees them while fair shares bind (``caps``): each job's max is its share (its min at
+    least), keeping no more nodes than that; a job whose share is none is left out. Also the nodes so released."""
     out: list[JobView] = []
     released = 0
     for j in jobs:
@@ -95,9 +89,8 @@ def greedy_counts(jobs: Sequence[JobView], n_free: int) -> dict[str, int]:
 
 
 def equal_counts(jobs: Sequence[JobView], n_free: int) -> dict[str, int]:
-    """Split every held node evenly over the earliest jobs that can all get their min (water-filling;
-    what is left goes round-robin in admission order; a job that would get less than its min drops
-    the latest-admitted job and the split is retried)."""
+    """Split every held node evenly (water-filling) over the earliest jobs that can all get their min (else the
+    latest-admitted is dropped and the split retried)."""
     total = sum(j.count for j in jobs) + n_free
     for k in range(len(jobs), 0, -1):
         chosen = jobs[:k]

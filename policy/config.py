@@ -1,9 +1,5 @@
-"""Every knob of the policy, with one set of documented defaults.
-
-``malletrain daemon`` (its ``[policy]`` table), ``malletrain simulate`` and
-``malletrain evaluate`` all build a :class:`PolicyConfig`; the simulator's named
-policies (:data:`PRESETS`) are this same dataclass with a few fields changed.
-"""
+"""Every knob of the policy, with one set of documented defaults: the daemon's ``[policy]`` table, ``simulate`` and
+``evaluate`` all build a :class:`PolicyConfig`; the simulator's named policies (:data:`PRESETS`) change a few fields."""
 
 from __future__ import annotations
 
@@ -34,10 +30,8 @@ class Profiling(str, Enum):
     ALWAYS = "always"
     """Every new job (MalleTrain as published: the ``jpa`` preset)."""
     GATED = "gated"
-    """Jobs whose spec asks for it, and any other job only when a profile pays (the default): nodes
-    are scarce for the admitted jobs, the curve is still a prior, and the expected gain over the job's
-    remaining work exceeds the profile's cost. A gated profile never borrows from a lender, ends at
-    the count the job is expected to get, and never blocks the queue (the job then learns passively)."""
+    """Jobs whose spec asks for it, and any other only when a profile pays (nodes scarce, the curve still a prior,
+    the expected gain over its remaining work above the cost): never borrowing, never blocking the queue."""
 
 
 class Admission(str, Enum):
@@ -46,25 +40,20 @@ class Admission(str, Enum):
     FIXED = "fixed"
     """At most ``max_running`` (Pjmax) jobs, FCFS, batch admission (MalleTrain as published)."""
     ADAPTIVE = "adaptive"
-    """Pjmax is the floor: while the held and free nodes exceed what the admitted jobs can absorb
-    (their max, or the knee of their believed curve), further jobs are admitted FCFS (up to
-    ``admission_cap``); when nodes go, the newest
-    jobs admitted beyond Pjmax are suspended first (progress kept, front of the queue)."""
+    """Pjmax is the floor: while the nodes exceed what the admitted jobs can absorb (their max, or their believed
+    knee), further jobs are admitted FCFS; when nodes go, the newest beyond Pjmax are suspended first."""
 
 
 class Objective(str, Enum):
     """What the allocator maximises."""
 
     WORK = "work"
-    """Work: each job's rate in 1-node equivalents (``rate(n) / rate(1)``), so jobs of different
-    sample costs count alike (G's headline metric)."""
+    """Each job's rate in 1-node equivalents (``rate(n) / rate(1)``), so jobs of different sample costs count alike."""
     SAMPLES = "samples"
     """Raw samples/s summed over the jobs (MalleTrain as published)."""
     COMPLETION = "completion"
-    """Work while jobs wait in the queue (the machine is full: what is trained counts); once every job
-    is admitted, each job's work weighted by how soon it can finish (the median remaining work over
-    its own, within 1/4..4): a node goes where it saves the most completion time, the
-    multiple-choice knapsack the allocator already solves (Lyra's value of a node as the JCT it saves)."""
+    """Work while jobs wait in the queue; once every job is admitted, each job's work weighted by how soon it can
+    finish (the median remaining work over its own, within 1/4..4): a node goes where it saves the most JCT."""
 
 
 class Horizon(str, Enum):
@@ -73,9 +62,8 @@ class Horizon(str, Enum):
     TFWD = "tfwd"
     """The fixed ``tfwd_s``."""
     LEARNED = "learned"
-    """The expected remaining idle time of the nodes on offer: the fragment-length distribution learned
-    online (conditioned on how long each node has been idle) and any known recall time, clipped to
-    ``[horizon_min_s, horizon_max_s]``; ``tfwd_s`` until enough fragments were seen."""
+    """The expected remaining idle time of the nodes on offer (:mod:`policy.valuation`); ``tfwd_s`` until enough
+    fragments were seen."""
 
 
 class Allocation(str, Enum):
@@ -95,8 +83,7 @@ class Fairness(str, Enum):
     NONE = "none"
     """No shares: the objective alone decides (a job whose curve claims more can hold every node)."""
     EQUAL = "equal"
-    """Each user with admitted work gets an equal share of the held nodes (the default), water-filled by
-    what its jobs can use, split evenly between its own jobs; the objective decides within the shares."""
+    """Each user with admitted work gets an equal share of the held nodes (the default; :mod:`policy.fairness`)."""
     WEIGHTED = "weighted"
     """As ``equal``, each user's share in proportion to its weight in ``user_weights`` (1 if not named)."""
 
@@ -105,8 +92,7 @@ class CostSource(str, Enum):
     """Where the allocator's rescale costs come from."""
 
     MEASURED = "measured"
-    """The job's measured pauses (median, up and down apart), else the median of the other live jobs',
-    else the configured defaults."""
+    """The job's measured pauses (median, up and down apart), else the other live jobs', else the defaults."""
     CONFIGURED = "configured"
     """Always the configured defaults (``0`` for the simulator's oracle)."""
 
@@ -125,29 +111,22 @@ class PolicyConfig:
     tfwd_s: float = DEFAULT_TFWD_S
     """Allocator horizon (s)."""
     max_running: int = 10
-    """Pjmax: jobs admitted at once (FCFS, batch admission); 0 = no limit. With adaptive admission,
-    the floor: jobs beyond it are admitted only while nodes would otherwise stay idle."""
+    """Pjmax: jobs admitted at once (FCFS, batch admission); 0 = no limit. With adaptive admission, the floor."""
     admission: Admission = Admission.ADAPTIVE
     """``adaptive`` (Pjmax is a floor) or ``fixed`` (Pjmax is a cap)."""
     admission_cap: int = 0
-    """Adaptive admission admits at most this many jobs in all; 0 = no limit (the default). Adaptive
-    admission admits a job beyond Pjmax only while the nodes would otherwise stay idle, so a cap holds
-    jobs back only on a machine with nodes to spare: on the whole Summit machine (a day of the dev
-    week, every job finishing) a cap of 100 made the default's jobs wait in the queue for about half
-    of their completion time, the same work done."""
+    """Adaptive admission admits at most this many jobs in all; 0 = no limit (the default: on the whole Summit
+    machine a cap of 100 made jobs wait for about half their completion time, the same work done)."""
     admission_knee: float = 0.75
-    """Adaptive admission counts a job as able to use nodes up to the knee of its believed curve: the
-    count past which a further node adds less than this fraction of its per-node rate at its min.
-    0: up to its max (no knee). Higher admits more jobs. 0.75 rather than 0.5 (1 day, 3 seeds):
-    a believed curve's knee sits above the true one until the job has run at several counts, so the
-    gentler rule admitted too few jobs (regret vs milp-true 8.8% on hpo, 4.5% on stress)."""
+    """Adaptive admission counts a job as able to use nodes up to its believed knee: past it a node adds less than
+    this fraction of its per-node rate at its min (0: its max). 0.75 rather than 0.5: a believed knee sits above
+    the true one until several counts are measured, so 0.5 admitted too few (regret 8.8% on hpo, 4.5% on stress)."""
     profiling: Profiling = Profiling.GATED
     """Which jobs are profiled before they run."""
     profile_min_work_s: float = 1800.0
     """Gated profiling skips a job whose remaining work at its max count is shorter than this (s)."""
     profile_gain_fraction: float = 0.1
-    """Gated profiling: the fraction of a mis-sized job's rate a profile is expected to win back
-    (the prior's typical error at the count it would be given)."""
+    """Gated profiling: the fraction of a mis-sized job's rate a profile is expected to win back."""
     objective: Objective = Objective.WORK
     """What the allocator maximises; see :class:`Objective`."""
     horizon: Horizon = Horizon.TFWD
@@ -157,15 +136,13 @@ class PolicyConfig:
     horizon_max_s: float = 1800.0
     """Learned horizon: upper clip (s)."""
     deadline_weight: float = 2.0
-    """A job whose deadline can still be met, but not at its present count, has its rate weighted by
-    this in the allocator (1 = deadlines are ignored)."""
+    """A job whose deadline can be met, but not at its present count, has its rate weighted by this (1: ignored)."""
     profile_rel_ci: float = 0.05
     """A profiling step (and a refinement) needs a relative 95% CI half-width at most this."""
     profile_time_cap_s: float = 300.0
     """A profiling step ends after this long even when its estimate is not stable (pause included)."""
     profile_counts: str = "default"
-    """Counts a profile visits: ``default`` (min, powers of two, max), ``sparse`` (min, middle, max) or
-    ``top`` (max/4, max/2, max)."""
+    """Counts a profile visits: ``default`` (min, powers of two, max), ``sparse`` (min, middle, max), ``top``."""
     learn: bool = True
     """Refine each job's curve from the rates it reports at whatever count it runs."""
     refine_rel_change: float = 0.05
@@ -177,31 +154,28 @@ class PolicyConfig:
     default_down_cost_s: float = 5.0
     """Scale-down pause before any was measured (s)."""
     prior: tuple[tuple[int, float], ...] | None = None
-    """A population curve ``((nodes, samples/s), ...)`` for jobs with no curve of their own; its level
-    is calibrated to what a job measures. None: linear from the median per-node rate measured so far."""
+    """A population curve ``((nodes, samples/s), ...)`` for jobs with no curve of their own (its level calibrated to
+    what a job measures); None: linear from the median per-node rate measured so far."""
     allocation: Allocation = Allocation.MILP
     """How node counts are chosen."""
     method: str = "auto"
     """:func:`allocator.solve` method."""
     fairness: Fairness = Fairness.EQUAL
-    """How nodes are shared between users: ``none``, ``equal`` (the default) or ``weighted``; see
-    :class:`Fairness` and :mod:`policy.fairness`."""
+    """How nodes are shared between users: ``none``, ``equal`` (the default) or ``weighted``."""
     user_weights: tuple[tuple[str, float], ...] = ()
-    """``weighted`` fairness: each named user's weight (a ``{ user = weight }`` table; weights > 0;
-    users not named weigh 1)."""
+    """``weighted`` fairness: each named user's weight (``{ user = weight }``, > 0; others weigh 1)."""
     fair_wait_s: float = 10.0
-    """The longest a user with admitted work is left with fewer nodes than its share while another
-    user's jobs hold them (s): once one has waited this long, every job is held to its share until that
-    user's work is done."""
+    """The longest a user with admitted work is left below its share (s) before every job is held to its share."""
     stream_share: float = 0.5
-    """The most of the Pjmax slots one sweep's or one array's jobs hold at once (a fraction of
-    ``max_running``, at least 1 slot; 0: no bound). Its jobs beyond that wait behind every other queued
-    job and take only nodes no other job can use (:mod:`policy.sweeps`)."""
+    """The most of the Pjmax slots one sweep's or array's jobs hold at once (at least 1; 0: no bound;
+    :mod:`policy.sweeps`)."""
 
     def __post_init__(self) -> None:
         for name, lo in (("tfwd_s", 0.0), ("profile_rel_ci", 0.0), ("profile_time_cap_s", 0.0),
                          ("horizon_min_s", 0.0), ("horizon_max_s", 0.0), ("deadline_weight", 0.0)):
-            _positive_finite(name, getattr(self, name), lo)
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or not v > lo:
+                raise PolicyConfigError(f"policy.{name} must be a finite number > {lo:g}, got {v!r}")
         for name in ("refine_rel_change", "default_up_cost_s", "default_down_cost_s", "profile_min_work_s",
                      "profile_gain_fraction", "admission_knee", "fair_wait_s", "stream_share"):
             v = getattr(self, name)
@@ -263,11 +237,8 @@ class PolicyConfig:
         return out
 
     def overridden(self, changes: Mapping[str, Any], names: Mapping[str, str] | None = None) -> "PolicyConfig":
-        """This config with ``changes`` (knobs given over a preset or a file, e.g. on a command line),
-        checked as one; ``names`` says how each knob was given (a flag), for errors. Two rules tie knobs
-        together: a cap (``admission_cap``) bounds adaptive admission only, so a cap given with fixed
-        admission is an error; adaptive admission needs a Pjmax floor, so ``max_running`` 0 given with
-        it (or adaptive given over a 0) is one too."""
+        """This config with ``changes`` (knobs given over a preset or a file), checked as one; ``names`` says how each
+        knob was given, for errors. A cap given with fixed admission, or adaptive admission with Pjmax 0, is one."""
         named = dict(names or {})
 
         def name(knob: str) -> str:
@@ -329,11 +300,6 @@ def _sane_number(name: str, value: Any) -> None:
         text = repr(value)
         raise PolicyConfigError(f"{name} must be a finite number of at most {MAX_NUMBER:g}, got "
                                 f"{text if len(text) <= 40 else text[:37] + '...'}")
-
-
-def _positive_finite(name: str, v: Any, lo: float) -> None:
-    if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or not v > lo:
-        raise PolicyConfigError(f"policy.{name} must be a finite number > {lo:g}, got {v!r}")
 
 
 def _int_key(where: str, k: Any) -> int:

@@ -1,29 +1,10 @@
 """Fair share between users: who may hold how many nodes while other users have work.
 
-With ``fairness = "equal"`` (the default) or ``"weighted"``, the held nodes are shared between the
-users with admitted work by weighted max-min (water-filling): a user's share is its weight's part of
-the nodes, but never more than its jobs can use (their believed knee, :func:`policy.beliefs.absorbs`,
-at most their max), and what one user cannot use goes to the others (what no user can use, any job
-may take: the shares never leave a node idle). A user's share is split the same
-way between its own jobs (weights 1). A job whose min is above its share may still run at its min;
-a job whose share is none (its user's share went to the user's earlier jobs, as with a job array's
-many one-node elements) gets no node while the shares bind.
-
-The shares bind as per-job upper bounds handed to the exact allocator (each job's max this decision):
-the allocator's objective decides within them, and stays exact. Under ``allocation = "greedy"`` or
-``"equal"`` each job is held to its share the same way (:func:`policy.allocation.held_to_shares`).
-They bind only once a user was left short: while every user with admitted work holds its share, the
-objective alone decides; when a user with admitted work has held fewer nodes than its share for
-``fair_wait_s`` (none at all, or one of its four while another user's jobs hold the rest), every job
-is held to its share from then until that user has no admitted job left (no back and forth). A job
-that claims more than it shows (a superlinear curve, declared or reported, or under ``objective =
-"samples"`` a higher rate) so gains nothing beyond its share once another user is short.
-
-Admission is fair too: a queued job whose user holds no slot is admitted beyond Pjmax and the
-admission cap (:meth:`policy.Policy._admit`), so a user is never kept out by another user's slots.
-
-Pure: plain data in, plain data out. Applied by :mod:`policy.decide`; the drivers only say whose each
-job is (:attr:`policy.model.JobView.user`).
+The held nodes are shared between users with admitted work by weighted max-min (water-filling), never more than
+a user's jobs can use (their believed knee), so the shares never leave a node idle; a user's share is split
+evenly between its jobs. The shares bind as per-job maxima handed to the exact allocator (it stays exact), and
+only once a user has held less than its share for ``fair_wait_s``: from then until that user's work is done (no
+back and forth). The rule for operators: docs/operators.md (fair share between users).
 """
 
 from __future__ import annotations
@@ -37,9 +18,9 @@ from policy.state import PolicyState
 
 
 def water_fill(total: int, demand: Mapping[str, int], weight: Mapping[str, float]) -> dict[str, int]:
-    """Weighted max-min integer shares of ``total`` nodes: each key gets at most its ``demand``, and
-    shares are in proportion to ``weight`` (default 1) among the keys not yet at their demand. Whole
-    nodes: the floors, then the nodes left one each by the largest fraction (ties: ``demand``'s order)."""
+    """Weighted max-min integer shares of ``total`` nodes: each key at most its ``demand``, in proportion to
+    ``weight`` (default 1); the floors, then the nodes left one each by the largest fraction (ties: ``demand``'s
+    order)."""
     keys = [k for k, d in demand.items() if d > 0]
     out = {k: 0 for k in demand}
     if sum(demand[k] for k in keys) <= total:
@@ -72,20 +53,18 @@ def water_fill(total: int, demand: Mapping[str, int], weight: Mapping[str, float
     return out
 
 
-def user_shares(jobs: Sequence[JobView], demand: Mapping[str, int], total: int,
-                weights: Mapping[str, float]) -> dict[str, int]:
-    """Each user's share of ``total`` nodes (weights ``weights``, 1 if not named); ``demand`` is what each
-    job can use. ``jobs`` in FCFS order."""
+def user_shares(jobs: Sequence[JobView], demand: Mapping[str, int], total: int, weights: Mapping[str, float]
+                ) -> dict[str, int]:
+    """Each user's share of ``total`` nodes (``weights``, 1 if not named); ``demand``: what each job can use."""
     want: dict[str, int] = {}
     for j in jobs:
         want[j.user] = want.get(j.user, 0) + demand[j.id]
     return water_fill(total, want, {u: weights.get(u, 1.0) for u in want})
 
 
-def job_shares(jobs: Sequence[JobView], demand: Mapping[str, int], total: int,
-               weights: Mapping[str, float]) -> dict[str, int]:
-    """Each job's share of ``total`` nodes: the users' shares (:func:`user_shares`), each split evenly
-    between the user's jobs; ``demand`` is what each job can use. ``jobs`` in FCFS order."""
+def job_shares(jobs: Sequence[JobView], demand: Mapping[str, int], total: int, weights: Mapping[str, float]
+               ) -> dict[str, int]:
+    """Each job's share of ``total`` nodes: the users' shares, each split evenly between the user's jobs."""
     by_user: dict[str, list[JobView]] = {}
     for j in jobs:
         by_user.setdefault(j.user, []).append(j)
@@ -98,10 +77,8 @@ def job_shares(jobs: Sequence[JobView], demand: Mapping[str, int], total: int,
 
 def fair_caps(cfg: PolicyConfig, st: PolicyState, admitted: Sequence[JobView], demand: Mapping[str, int],
               total: int, now: float) -> tuple[dict[str, int], float | None]:
-    """The most nodes each admitted job may get in this decision (empty: the shares do not bind), and
-    when to decide again at the latest (a waiting user's ``fair_wait_s`` runs out then; None: no such
-    time). Updates ``st``: since when each user with work has held fewer nodes than its share, and the
-    users the shares are held for (see the module doc)."""
+    """The most nodes each admitted job may get in this decision (empty: the shares do not bind), and when a
+    waiting user's ``fair_wait_s`` runs out (None: never); updates ``st.fair_since`` and ``st.fair_for``."""
     users = {j.user for j in admitted}
     if cfg.fairness is Fairness.NONE or len(users) < 2:
         st.fair_since.clear()

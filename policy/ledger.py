@@ -1,42 +1,9 @@
 """Pure: what a driver observed, fed with events, and the :class:`~policy.model.View` built from it.
 
-A driver (the simulator; the daemon, one ledger per trainer) tells the ledger what happened, in the
-order it happened, and asks it for the view the policy decides on. It never keeps its own copy of
-which node is ours since when, which job holds which node, or when a job was last interrupted; the
-two rules drivers used to write themselves are here, once:
-
-* :func:`below_min`: a job on fewer than its ``min_nodes`` nodes cannot run. What a lost node does to
-  the job that held it is decided here, once (:func:`loss_outcome`): :meth:`Ledger.lost` (and
-  :meth:`Ledger.released`) return a :class:`Loss` whose ``outcome`` says it runs on, shrunk, or is
-  suspended below its min (its other nodes freed); both drivers carry that out (the daemon suspends
-  the job with :meth:`Loss.describe` as the reason), and the policy takes the slot of a job on no
-  node away (:mod:`policy.decide`).
-* :func:`interrupts`: any change of a job's node set is an interruption (a start, a rescale, a
-  recall, a stop, a suspension, nodes lent); the same nodes in another order are none.
-
-Events (times are the driver's clock, passed in; the ledger reads no clock and does no I/O):
-
-==============================  ==================================================================
-``idle(nodes, since)``          nodes became idle at ``since`` and our pilots for them were
-                                submitted; not usable yet (their idle fragment starts at ``since``)
-``usable(nodes, at)``           their pilots run: usable from ``at``, free until a job is placed
-                                on them (a node not announced idle was idle since ``at``)
-``lost(nodes, at)``             taken back (a recall): each ends an idle fragment; a job holding one
-                                is interrupted, and suspended if it fell below its min
-``recall_expected(times)``      known times usable nodes will be taken back (e.g. a planned start)
-``submitted(job)``              a job arrived (its :class:`JobView`, no nodes yet)
-``placed(job, nodes, at)``      the driver carried out a decision: the job now runs on ``nodes``
-``progressed(job, work_left)``  samples the job still has to train
-``used(job, node_hours)``       node-hours the job has held so far (budgets)
-``released(job, nodes, at)``    the job gave up nodes no decision took (a worker failed there):
-                                they stay ours and free; below its min the job is suspended
-``ended(job)``                  the job finished or was cancelled: its nodes are free
-``delivered(view)``             the policy decided on ``view``: the fragments it carried are learned
-==============================  ==================================================================
-
-Node order is the driver's: the free pool keeps the order nodes became free in, and a job's nodes
-the order :meth:`Ledger.placed` gave them, so nodes a job gives up go back to the pool in that
-order. A view cut to what its jobs can take (:meth:`Ledger.view`) shows the first free nodes.
+A driver (the simulator; the daemon, one ledger per trainer) tells the ledger what happened, in order, and keeps
+no copy of its own of which node is ours since when or which job holds which; the events and the two rules
+kept here once (:func:`below_min` with :func:`loss_outcome`, and :func:`interrupts`) are in docs/design.md
+(the ledger). Times are the driver's, passed in; node order is the driver's, so a replay gets the same views.
 """
 
 from __future__ import annotations
@@ -60,8 +27,8 @@ def below_min(count: int, min_nodes: int) -> bool:
 
 
 def interrupts(before: Sequence[str], after: Sequence[str]) -> bool:
-    """Whether a job going from nodes ``before`` to ``after`` is interrupted: any change of its node
-    set (a start, a rescale, a recall, a stop); the same nodes in another order are no change."""
+    """Whether a job going from nodes ``before`` to ``after`` is interrupted: any change of its node set (the same
+    nodes in another order are none)."""
     return len(before) != len(after) or set(before) != set(after)
 
 
@@ -74,8 +41,8 @@ class LossOutcome(str, Enum):
 
 
 def loss_outcome(lost: int, left: int, min_nodes: int) -> LossOutcome:
-    """The outcome for a job that lost ``lost`` nodes and has ``left``: suspended below its min
-    (:func:`below_min`), else shrunk, or unchanged if it lost none."""
+    """The outcome for a job that lost ``lost`` nodes and has ``left``: suspended below its min, else shrunk, or
+    unchanged if it lost none."""
     if below_min(left, min_nodes):
         return LossOutcome.SUSPENDED
     return LossOutcome.SHRUNK if lost else LossOutcome.UNCHANGED
@@ -83,9 +50,8 @@ def loss_outcome(lost: int, left: int, min_nodes: int) -> LossOutcome:
 
 @dataclass(frozen=True)
 class Loss:
-    """What a recall (or a release) did to one job: the nodes it ``lost``, the count it had ``left``
-    then, its ``min_nodes`` and the ``outcome`` (:func:`loss_outcome`). A suspended job's other nodes
-    are free again: the driver stops its workers, and it waits for nodes (with :meth:`describe`)."""
+    """What a recall (or a release) did to one job: the nodes it ``lost``, the count ``left``, its ``min_nodes`` and
+    the ``outcome``; a suspended job's other nodes are free again, and it waits for nodes (:meth:`describe`)."""
 
     job: str
     lost: tuple[str, ...]
@@ -108,9 +74,8 @@ class Loss:
 
 @dataclass
 class _Held:
-    """One live job as the ledger keeps it, written in place as events come: its nodes in the driver's
-    order and its progress as last reported; ``shown`` is the job as the policy sees it (nodes
-    sorted), made again when its nodes change (:meth:`moved`) and, when read, if its progress moved."""
+    """One live job as the ledger keeps it: its nodes in the driver's order and its progress as last reported;
+    ``shown`` is the job as the policy sees it, made again when its nodes or (when read) its progress moved."""
 
     shown: JobView
     nodes: list[str]
@@ -172,8 +137,7 @@ class Ledger:
         return n
 
     def lost(self, nodes: Iterable[str], at: float) -> list[Loss]:
-        """``nodes`` were taken back at ``at`` (nodes not ours are ignored). Returns what it did to each
-        job that held one, in the order the jobs were hit."""
+        """``nodes`` were taken back at ``at`` (nodes not ours are ignored): what it did to each job hit, in order."""
         hit: dict[str, list[str]] = {}
         for node in nodes:
             since = self._idle_since.pop(node, None)
@@ -207,8 +171,8 @@ class Ledger:
         self._jobs[job.id] = _Held(job, [], job.work_left, job.used_node_hours)
 
     def placed(self, job_id: str, nodes: Sequence[str], at: float) -> bool:
-        """The driver carried out a decision: ``job_id`` runs on ``nodes`` (in the driver's order) from
-        ``at``. Returns whether that :func:`interrupts` it; the same set in another order changes nothing."""
+        """The driver carried out a decision: ``job_id`` runs on ``nodes`` (in the driver's order) from ``at``.
+        Returns whether that :func:`interrupts` it."""
         job = self._job(job_id)
         old = job.nodes
         if not interrupts(old, nodes):
@@ -233,9 +197,8 @@ class Ledger:
         return True
 
     def released(self, job_id: str, nodes: Iterable[str], at: float) -> Loss:
-        """``job_id`` gave up ``nodes`` at ``at`` without a decision asking it (its worker there failed;
-        a restarted daemon did not re-adopt it there): they stay ours and are free again. Below its min
-        the job is suspended (:func:`loss_outcome`: its other nodes are free too); so is a job on no node."""
+        """``job_id`` gave up ``nodes`` at ``at`` without a decision asking it (its worker there failed): they stay
+        ours and free. Below its min the job is suspended (its other nodes free too); so is a job on no node."""
         job = self._job(job_id)
         gone = set(nodes)
         mine = job.nodes
@@ -325,9 +288,8 @@ class Ledger:
         return tuple(self._free)
 
     def view(self, now: float, jobs: Iterable[str] | None = None) -> View:
-        """The view to decide on at ``now``: ``jobs`` (default: every live job, in submission order)
-        and the free nodes, cut to the first ones the shown jobs could take (``View.n_free`` the real
-        count), each with its idle-since time; the idle fragments ended since the last delivered view."""
+        """The view to decide on at ``now``: ``jobs`` (default: every live job, in submission order) and the free
+        nodes cut to the first ones they could take (``View.n_free`` the real count); see docs/design.md."""
         shown = tuple(h.view() for h in (self._jobs.values() if jobs is None else map(self._job, jobs)))
         room = sum(j.max_nodes - len(j.nodes) for j in shown)
         pool = self._free
@@ -349,8 +311,7 @@ class Ledger:
         return job
 
     def _interrupted(self, job_id: str, lost: tuple[str, ...], at: float) -> Loss:
-        """``job_id`` just lost nodes at ``at`` (or is below its min): suspended below its min (its other
-        nodes go back to the free pool), interrupted either way."""
+        """``job_id`` just lost nodes at ``at`` (or is below its min): interrupted; below its min, suspended."""
         job = self._jobs[job_id]
         left, min_nodes = len(job.nodes), job.shown.min_nodes
         outcome = loss_outcome(len(lost), left, min_nodes)

@@ -1,8 +1,5 @@
-"""The limits a user sets on a job (the module doc of :mod:`policy.decide` states the rules): a job that
-has used its ``budget_node_hours``, or is still training when its ``deadline`` comes, is stopped for
-good, with a :class:`policy.model.Stop` (its :class:`policy.model.StopReason` and figures) in
-``Decision.stop``, which the drivers carry out and word, never parse. Functions of the policy's state
-and of one decision's :class:`Round`."""
+"""The limits a user sets on a job: over its ``budget_node_hours``, or still training at its ``deadline``, it is
+stopped for good with a :class:`policy.model.Stop` in ``Decision.stop``, which drivers carry out, never parse."""
 
 from __future__ import annotations
 
@@ -44,8 +41,7 @@ def stop_past_deadline(st: PolicyState, r: Round) -> None:
 
 
 def take_out(st: PolicyState, r: Round, job: JobView, why: str) -> None:
-    """``job`` is stopped for good: out of its slot (its profile ended, for ``why``) or the queue's
-    front, its nodes free."""
+    """``job`` is stopped for good: out of its slot (its profile ended, for ``why``) or the queue's front."""
     if job.id in st.admitted:
         st.admitted.remove(job.id)
         st.assigned.pop(job.id, None)

@@ -17,31 +17,17 @@ class PolicyInputError(ValueError):
 
 
 def check_amount(job_id: str, name: str, value: object) -> None:
-    """Raise :class:`PolicyInputError` unless ``value`` (a job's ``name``: work left, node-hours) is
-    None or a finite number >= 0."""
+    """Raise :class:`PolicyInputError` unless ``value`` (a job's ``name``) is None or a finite number >= 0."""
     if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
         raise PolicyInputError(f"job {job_id}: {name} must be a finite number >= 0, got {value!r}")
 
 
 @dataclass(frozen=True)
 class JobView:
-    """A live job (admitted or queued) as the driver sees it now.
-
-    ``nodes`` are the nodes it runs on (both drivers: from their :class:`policy.ledger.Ledger`). A job below its ``min_nodes`` cannot run
-    (:func:`policy.ledger.below_min`): drivers stop it, so it shows no nodes. ``order`` is its
-    submission order (FCFS); ``last_interrupted`` the last time its node set changed
-    (:func:`policy.ledger.interrupts`: rescaled, recalled, stopped; None: never). ``scaling`` is the user's curve, if any;
-    ``profile`` whether the user asked for a profile.
-
-    Optional (None: unknown; the defaults keep older drivers working): ``work_left`` the samples
-    still to train (gated profiling skips short jobs, deadlines need it); ``budget_node_hours`` the
-    most node-hours the job may use and ``used_node_hours`` what it used so far; ``deadline`` the
-    time (the view's clock) it should be done by (still training then, it is stopped). ``user`` who
-    submitted it (the daemon: the submitter's login name; the simulator: the workload's); fair share
-    (:mod:`policy.fairness`) shares the nodes between users. Jobs with the same user are one user's.
-    ``group`` the sweep or job array it is one of (``""``: none): a stream of short jobs, admitted and
-    grown as :mod:`policy.sweeps` says.
-    """
+    """A live job (admitted or queued) as the driver sees it now: ``nodes`` from the driver's ledger (none below its
+    min), ``order`` its submission order, ``last_interrupted`` when its node set last changed (None: never),
+    ``scaling`` the user's curve. Optional (None: unknown): ``work_left`` samples still to train, the node-hour
+    budget and use, ``deadline`` on the view's clock; ``user`` for fair share, ``group`` its sweep or array."""
 
     id: str
     min_nodes: int
@@ -82,18 +68,9 @@ class JobView:
 
 @dataclass(frozen=True)
 class View:
-    """The state to decide on at ``now``.
-
-    ``free_nodes`` are held, usable nodes no job runs on. A driver may cut the list to what the jobs
-    could take and give the real count in ``n_free`` (the simulator does, so a 4,000-node idle pool
-    costs nothing per decision). ``jobs`` are every live job, admitted or queued, any order.
-
-    Node valuation (optional; empty: unknown): ``idle_since`` when each listed node became idle
-    (held by us); ``recall_at`` a known time a node will be taken back (e.g. a Slurm pending job's
-    planned start); ``ended_fragments`` the lengths (s) of the idle fragments that ended since the
-    previous decision (a node recalled after being idle that long), from which the policy learns the
-    fragment-length distribution.
-    """
+    """The state to decide on at ``now``: ``free_nodes`` held and idle (a driver may cut the list and give the real
+    count in ``n_free``), ``jobs`` every live job. Node valuation (empty: unknown): when each node became idle, a
+    known recall time, and the lengths (s) of the idle fragments that ended since the previous decision."""
 
     now: float
     free_nodes: tuple[str, ...]
@@ -168,9 +145,8 @@ class StopReason(str, Enum):
 
 @dataclass(frozen=True)
 class Stop:
-    """A job the policy ends: the ``reason`` and its figures, ``reached`` the value that met ``limit``
-    (``OVER_BUDGET``: the node-hours it used and its budget; ``PAST_DEADLINE``: the decision's time and
-    the deadline, on the view's clock). Drivers word their message with :meth:`describe`."""
+    """A job the policy ends: the ``reason``, and ``reached`` the value (node-hours used, or the decision's time) that
+    met ``limit`` (its budget, or deadline). Drivers word their message with :meth:`describe`."""
 
     reason: StopReason
     reached: float
@@ -185,16 +161,9 @@ class Stop:
 
 @dataclass(frozen=True)
 class Decision:
-    """The policy's answer.
-
-    ``assignment`` maps every admitted job to its nodes (``()``: admitted, no nodes now); jobs not
-    in it must run on nothing. No job both gains and loses nodes. ``admitted`` lists the jobs
-    holding a Pjmax slot in admission order; ``waiting`` the queued jobs with the reason each
-    waits. ``profiling`` the count each profiling job must run at. ``wake_at``: decide again by
-    then at the latest; ``watch``: decide again as soon as these jobs' evidence changes.
-    ``stop``: jobs to end now, each with its :class:`Stop` (over budget, past its deadline; not admitted,
-    never re-admitted).
-    """
+    """The policy's answer: ``assignment`` maps every admitted job to its nodes (jobs not in it run on nothing; none
+    both gains and loses); ``admitted`` in admission order; ``waiting`` each queued job's reason; ``profiling`` the
+    count each profiling job runs at; decide again by ``wake_at`` or once ``watch``'s evidence changes."""
 
     now: float
     assignment: Mapping[str, tuple[str, ...]]

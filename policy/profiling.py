@@ -1,6 +1,5 @@
-"""Profiling rules of the policy (the module doc of :mod:`policy.decide` states them): which jobs are
-profiled, at which counts, from which nodes, when a gated profile pays, and how a profile advances
-and ends. Functions of the policy's config and state and of one decision's :class:`Round`."""
+"""Profiling rules of the policy (the module doc of :mod:`policy.decide` states them): which jobs are profiled, at
+which counts, from which nodes, when a gated profile pays, and how a profile advances and ends."""
 
 from __future__ import annotations
 
@@ -37,14 +36,13 @@ def needs_profile(cfg: PolicyConfig, st: PolicyState, job: JobView) -> bool:
 
 
 def expected_count(r: Round, job: JobView, n_jobs: int) -> int:
-    """The count the allocator is expected to give ``job`` among ``n_jobs`` admitted jobs: an even
-    share of every held node, within its range."""
+    """The count ``job`` is expected to get among ``n_jobs`` admitted jobs: an even share, within its range."""
     share = r.total_nodes // max(1, n_jobs)
     return max(job.min_nodes, min(job.max_nodes, share))
 
 
-def profile_pays(cfg: PolicyConfig, st: PolicyState, r: Round, job: JobView, free_avail: int,
-                 curve_of: CurveOf) -> int | None:
+def profile_pays(cfg: PolicyConfig, st: PolicyState, r: Round, job: JobView, free_avail: int, curve_of: CurveOf
+                 ) -> int | None:
     """Gated profiling: the count a profile of ``job`` should end at, or None when it does not pay."""
     if cfg.profiling is not Profiling.GATED or job.profile or job.id in st.profiled or st.measured.get(job.id):
         return None
@@ -83,24 +81,14 @@ is wrong by this much or more for most jobs."""
 PROBE_TOP = 4  # an upward probe of a job at its min goes to at most max(this, 2 x its count) nodes
 
 
-def probe_counts(cfg: PolicyConfig, st: PolicyState, job: JobView, curve: Mapping[int, float],
-                 up_s: float, down_s: float, free: int, spread: PriorSpread | None) -> tuple[int, ...] | None:
-    """A probe of a running job whose shape nothing verified (measured at one count only), in the
-    advisor's inverse order, or None when it does not pay:
-
-    * **down**, a job measured at the count it runs at but never at its min: from its count to its
-      min, on its own nodes (with ``objective = "work"`` its 1-node rate sets the value of every
-      node it holds, and passive learning at the counts it is given may never measure it);
-    * **up**, a job measured at its min only and running there, while ``free`` nodes are on offer:
-      once up to ``top`` (:data:`PROBE_TOP`, or twice its count; free nodes only, never a lender), then
-      back down to its count; never up to :data:`policy.beliefs.FIRST_INTER_NODE` alone (from one node
-      to two most models lose rate to the first inter-node allreduce and scale on past it: such a
-      probe would show the drop and nothing after it), so a job at one node waits for two free nodes.
-
-    It pays when the expected gain (``profile_gain_fraction`` x the spread of the prior at the probed
-    count, at least :data:`UNVERIFIED_SPREAD`, x the job's rate x the time it has left) exceeds the
-    cost (the pauses up and down at the job's rate, and a step's time on the nodes between the two
-    counts)."""
+def probe_counts(cfg: PolicyConfig, st: PolicyState, job: JobView, curve: Mapping[int, float], up_s: float,
+                 down_s: float, free: int, spread: PriorSpread | None) -> tuple[int, ...] | None:
+    """A probe of a running job measured at one count only, in the advisor's inverse order, or None when it does
+    not pay: **down** to its min on its own nodes (its 1-node rate values every node it holds, and passive
+    learning may never measure it), or **up** from its min once onto free nodes (never a lender) and back, never
+    to :data:`policy.beliefs.FIRST_INTER_NODE` alone (one node to two shows the allreduce's drop and nothing past
+    it). It pays when ``profile_gain_fraction`` x the prior's spread there (at least :data:`UNVERIFIED_SPREAD`)
+    x the rate x the time left exceeds the pauses and a step's time on the nodes between the two counts."""
     if cfg.profiling is not Profiling.GATED or not cfg.learn or job.profile:
         return None
     if job.id in st.profiles or job.id in st.profiled or job.count < job.min_nodes or job.count == 0:
@@ -132,31 +120,18 @@ def probe_counts(cfg: PolicyConfig, st: PolicyState, job: JobView, curve: Mappin
 
 
 def below_counts(count: int, lo: int) -> tuple[int, ...]:
-    """The counts a probe below ``count`` visits, descending: three quarters of it and half of it (at
-    least ``lo``, below ``count``): far enough down to see a curve that peaks below a job's max (on the
-    Pollux measurements ncf trains more at 8 nodes than at 12), near enough to cost one step each."""
+    """The counts a probe below ``count`` visits, descending: three quarters and half of it (at least ``lo``): far
+    enough to see a curve that peaks below a job's max (Pollux's ncf: 8 nodes beat 12), near enough to cost a step."""
     return tuple(sorted({c for c in ((3 * count) // 4, count // 2) if lo <= c < count}, reverse=True))
 
 
-def probe_below(cfg: PolicyConfig, st: PolicyState, job: JobView, curve: Mapping[int, float],
-                up_s: float, down_s: float, spread: PriorSpread | None) -> tuple[int, ...] | None:
-    """A probe below the count a running job holds while nodes are not scarce (every admitted job gets
-    its max, or the count its believed curve peaks at), or None when it does not pay: from its count
-    down to :func:`below_counts`, on its own nodes, then it is planned again on what was measured. A
-    job held below its believed best (a job alone, short of nodes) is not probed: fewer is not what
-    it lacks.
-
-    Nothing else measures a job below the count it holds when nodes are plentiful (the allocator
-    grows every job to its believed best, and a prior is never believed to peak below it): a job
-    whose curve falls past some count would be held there for good. So a job measured at its count,
-    and at no count from three quarters of it up to it, is probed once; a curve measured faster with
-    fewer (:func:`policy.beliefs.corrected_prior` keeps each measured rate as it is) is then given the
-    faster count by the allocator, and one that peaks is stopped at its peak.
-
-    It pays as :func:`probe_counts` does: the expected gain (``profile_gain_fraction`` x the prior's
-    spread at the count, at least :data:`UNVERIFIED_SPREAD`, x the job's rate x the time it has left)
-    must exceed the cost (the pauses down at each step and back up, and each step's time at the
-    believed rate lost there)."""
+def probe_below(cfg: PolicyConfig, st: PolicyState, job: JobView, curve: Mapping[int, float], up_s: float,
+                down_s: float, spread: PriorSpread | None) -> tuple[int, ...] | None:
+    """A probe below the count a running job holds at its believed best (nodes not scarce), down to
+    :func:`below_counts` on its own nodes, or None when it does not pay (as :func:`probe_counts`, the cost the
+    pauses and the rate lost at each step). Nothing else measures a job below its count when nodes are plentiful,
+    so a curve that falls past some count would hold it there for good; probed once, one that peaks is stopped
+    at its peak."""
     if cfg.profiling is not Profiling.GATED or not cfg.learn or job.profile:
         return None
     if job.id in st.profiles or job.id in st.profiled or job.count <= job.min_nodes:
@@ -181,15 +156,14 @@ def probe_below(cfg: PolicyConfig, st: PolicyState, job: JobView, curve: Mapping
 
 
 def believed_best(curve: Mapping[int, float], max_nodes: int) -> int:
-    """The count up to ``max_nodes`` at which ``curve`` is fastest (the smallest of equals): a curve
-    is linear between its points, so its best is at a point or at ``max_nodes``."""
+    """The count up to ``max_nodes`` at which ``curve`` (linear between its points) is fastest, the smallest of
+    equals."""
     counts = sorted({n for n in curve if 1 <= n <= max_nodes} | {max_nodes})
     return max(counts, key=lambda n: (throughput_at(curve, n), -n))
 
 
 def start_probe(cfg: PolicyConfig, st: PolicyState, r: Round, job: JobView, counts: tuple[int, ...]) -> int:
-    """Start ``job``'s probe (:func:`probe_counts`) at ``counts[0]``: on its own nodes stepping down,
-    or up once on free nodes first; returns the free nodes it takes."""
+    """Start ``job``'s probe at ``counts[0]``; returns the free nodes it takes."""
     from_free = max(0, counts[0] - job.count)
     plan = ProfilePlan(job.id, counts, from_free, None, 0)
     st.profiles[job.id] = ProfileSession(plan, r.now, rel_ci=cfg.profile_rel_ci, time_cap_s=cfg.profile_time_cap_s)
@@ -198,9 +172,8 @@ def start_probe(cfg: PolicyConfig, st: PolicyState, r: Round, job: JobView, coun
 
 
 def prior_spread(spread: PriorSpread | None, n: int, curve: Mapping[int, float]) -> float:
-    """How unsure the prior is at ``n``: the relative spread (p90 - p10 over the median) of the
-    population's efficiencies there (``spread``: the decision's, :meth:`policy.beliefs.Beliefs.spread`),
-    else how far the believed curve is from linear."""
+    """How unsure the prior is at ``n``: the relative spread (p90 - p10 over the median) of the population's
+    efficiencies there, else how far the believed curve is from linear."""
     pooled = spread.at(n) if spread is not None else None
     if pooled is not None:
         return pooled
@@ -242,8 +215,7 @@ def source_profile(cfg: PolicyConfig, st: PolicyState, r: Round, job: JobView, f
     if isinstance(res, Wait):
         return res
     st.profiles[job.id] = ProfileSession(res, r.now, rel_ci=cfg.profile_rel_ci, time_cap_s=cfg.profile_time_cap_s)
-    r.note(EventKind.PROFILE_START, job.id, counts=list(res.counts_desc), lender=res.lender,
-           borrowed=res.borrowed)
+    r.note(EventKind.PROFILE_START, job.id, counts=list(res.counts_desc), lender=res.lender, borrowed=res.borrowed)
     if res.lender is not None and res.borrowed > 0:
         st.debts[job.id] = Debt(res.lender, res.borrowed)
         st.lent_at[res.lender] = r.now
@@ -254,8 +226,7 @@ def source_profile(cfg: PolicyConfig, st: PolicyState, r: Round, job: JobView, f
 
 
 def advance_profiles(st: PolicyState, r: Round, evidence: Evidence, again: bool = False) -> None:
-    """Step every profile on its evidence; end those that lost their nodes or are done (``again``:
-    :func:`end_profile`'s)."""
+    """Step every profile on its evidence; end those that lost their nodes or are done."""
     for job_id, session in list(st.profiles.items()):
         job = r.jobs[job_id]
         if st.assigned.get(job_id) == session.count and job.count < session.count:
@@ -268,11 +239,9 @@ def advance_profiles(st: PolicyState, r: Round, evidence: Evidence, again: bool 
             end_profile(st, r, job_id, action, "done")
 
 
-def end_profile(st: PolicyState, r: Round, job_id: str, done: Done | None, reason: str,
-                again: bool = False) -> None:
-    """End ``job_id``'s profile: its points enter its curve, its lender is owed its nodes back. A profile
-    is done once; with ``again`` (gated profiling) the first one on free nodes cut short before it
-    measured the count it went for is not (:func:`cut_short_unmeasured`): the job may be probed once more."""
+def end_profile(st: PolicyState, r: Round, job_id: str, done: Done | None, reason: str, again: bool = False) -> None:
+    """End ``job_id``'s profile: its points enter its curve, its lender is owed its nodes back. A profile is done
+    once; with ``again``, one :func:`cut_short_unmeasured` is not: the job may be probed once more."""
     session = st.profiles.pop(job_id)
     r.profile_ended.add(job_id)
     if again and cut_short_unmeasured(session, done) and job_id not in st.cut_short:
@@ -295,11 +264,8 @@ def end_profile(st: PolicyState, r: Round, job_id: str, done: Done | None, reaso
 
 
 def cut_short_unmeasured(session: ProfileSession, done: Done | None) -> bool:
-    """Whether a profile that took no lender's nodes (a probe, a gated profile on free nodes) was cut
-    short (a recall, a preemption) before it measured the last count it went for: then the first such
-    does not count as done, and the job may be probed once more where it pays (once: where recalls are
-    frequent, a probe tried again and again costs its pauses each time). A job whose one probe a recall cut
-    short would otherwise keep an unverified shape for good: from a linear belief, believed linear,
-    it wins every tie (the oldest job) and holds nodes that jobs which scale better would use."""
+    """Whether a profile that took no lender's nodes was cut short before it measured the last count it went for:
+    the first such does not count as done (else the job keeps an unverified, linear-believed shape for good and
+    holds nodes better-scaling jobs would use), the job probed once more where it pays (once: each try costs)."""
     plan = session.plan
     return done is None and plan.lender is None and plan.counts_desc[-1] not in session.measured

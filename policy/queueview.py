@@ -1,13 +1,5 @@
-"""Which queued jobs a driver shows the policy: the queue's order is the policy's rule, not a driver's.
-
-A job the policy took a slot from (a recall left it below its min, or adaptive admission suspended
-it) goes back to the **front** of the queue with its progress: :class:`policy.state.PolicyState`'s
-``queue_front``, re-admitted first. A driver keeps its queued jobs in submission order and shows the
-policy every one of them, up to :data:`QUEUE_VIEW_CAP` (a job file with thousands of arrivals at once
-would cost that much per decision; FCFS needs only the head). Beyond the cap it shows the front
-jobs and then the head of the rest: ``want`` jobs beyond the front ones, if that is more. An
-admitted job the decision gives no node is told why (:func:`unplaced_reasons`).
-"""
+"""Which queued jobs a driver shows the policy (the queue's order is the policy's rule, not a driver's), and why an
+admitted job was given no node. A job that lost its slot goes to the queue's front (``PolicyState.queue_front``)."""
 
 from __future__ import annotations
 
@@ -24,11 +16,9 @@ def _same(job: object) -> str:
     return str(job)
 
 
-def shown_queue(queued: Sequence[T], front: Sequence[str], want: int,
-                id_of: Callable[[T], str] = _same) -> list[T]:
-    """The jobs of ``queued`` (in submission order; ``id_of`` gives a job's id, a job is its id by
-    default) the policy is shown: all of them up to :data:`QUEUE_VIEW_CAP`; beyond it, the ones in
-    ``front`` (the policy's ``queue_front``) first, then the head of the others,
+def shown_queue(queued: Sequence[T], front: Sequence[str], want: int, id_of: Callable[[T], str] = _same) -> list[T]:
+    """The jobs of ``queued`` (submission order; ``id_of`` gives a job's id) the policy is shown: all up to
+    :data:`QUEUE_VIEW_CAP`; beyond it, those in ``front`` first, then the head of the others,
     ``max(QUEUE_VIEW_CAP, want + len(front jobs))`` in all."""
     if len(queued) <= QUEUE_VIEW_CAP:
         return list(queued)
@@ -40,9 +30,8 @@ def shown_queue(queued: Sequence[T], front: Sequence[str], want: int,
 
 
 def unplaced_reasons(view: View, decision: Decision) -> dict[str, str]:
-    """Why each job ``decision`` admits but gives no node waits (its ``waiting`` holds the reasons of
-    the jobs it does not admit): no node held, fewer than its min_nodes held, or its min_nodes not
-    free beside the other jobs."""
+    """Why each job ``decision`` admits but gives no node waits: no node held, fewer than its min_nodes held, or its
+    min_nodes not free beside the other jobs."""
     total = view.free_count + sum(j.count for j in view.jobs)
     free = max(0, total - sum(len(nodes) for nodes in decision.assignment.values()))
     min_nodes = {j.id: j.min_nodes for j in view.jobs}

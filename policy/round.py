@@ -10,8 +10,7 @@ from policy.model import EventKind, JobView, PolicyEvent, PolicyInputError, Stop
 
 
 def check_view(view: View) -> None:
-    """Raise :class:`PolicyInputError` naming what ``view`` lists twice (a job, a free node, or a
-    node of some job)."""
+    """Raise :class:`PolicyInputError` naming what ``view`` lists twice (a job, a free node, a job's node)."""
     ids = {j.id for j in view.jobs}
     seen: set[str] = set(view.free_nodes)
     listed = len(view.free_nodes)
@@ -40,12 +39,7 @@ def with_sorted_nodes(job: JobView) -> JobView:
 
 
 class Round:
-    """Scratch of one decision.
-
-    Node order is canonical (sorted names), so a decision never depends on how a driver happens
-    to list nodes: which nodes a shrinking job or a lender gives up, which free nodes a growing job
-    takes.
-    """
+    """Scratch of one decision; node order is canonical (sorted), so no decision depends on how a driver lists nodes."""
 
     def __init__(self, view: View) -> None:
         check_view(view)
@@ -64,10 +58,8 @@ class Round:
         self.fair_wake: float | None = None  # when a waiting user's fair_wait_s runs out
         self.absorb: int | None = None  # what the admitted jobs absorb, once the suspensions summed it
         self.population: Population | None = None  # taken once the decision's measured points are settled
-        # what the policy believes about each admitted job in this decision, made once (then settled)
-        self.believed: dict[str, Believed] = {}
-        # every node the driver holds: free (the real count) plus the admitted and queued jobs' nodes
-        self.total_nodes = view.free_count + sum(j.count for j in view.jobs)
+        self.believed: dict[str, Believed] = {}  # what the policy believes of each admitted job, made once
+        self.total_nodes = view.free_count + sum(j.count for j in view.jobs)  # every node the driver holds
 
     def note(self, kind: EventKind, job: str, **detail: object) -> None:
         self.events.append(PolicyEvent(kind, job, detail))

@@ -1,9 +1,5 @@
-"""The state the policy keeps between decisions, explicit and serialisable.
-
-Everything here is a rule's memory, never a cache: the daemon saves it in its store after every
-decision that changed it (``to_json``), so a restart resumes a profile, a lender's debt and the
-learned curves instead of forgetting them. Caches the policy rebuilds on demand live elsewhere.
-"""
+"""The state the policy keeps between decisions: a rule's memory, never a cache, saved by the daemon after each
+decision that changed it so a restart resumes profiles, debts and learned curves."""
 
 from __future__ import annotations
 
@@ -44,25 +40,16 @@ class PolicyState:
     lent_at: dict[str, float] = field(default_factory=dict)  # when each job last lent nodes
     measured: dict[str, dict[int, float]] = field(default_factory=dict)  # accepted points per live job
     population: list[float] = field(default_factory=list)  # per-node rates of jobs that left
-    # curve shapes of jobs that left, measured at >= 2 counts: {count: efficiency vs the smallest count}
-    shapes: list[dict[int, float]] = field(default_factory=list)
+    shapes: list[dict[int, float]] = field(default_factory=list)  # of jobs that left: {count: efficiency vs the least}
     fragments: list[float] = field(default_factory=list)  # lengths (s) of idle fragments that ended
     over_budget: set[str] = field(default_factory=set)  # jobs stopped for spending their budget
-    # fair share (policy.fairness): since when each user with admitted work has held less than its share,
-    # and the users whose wait made every job be held to its share (until their work is done)
-    fair_since: dict[str, float] = field(default_factory=dict)
-    fair_for: set[str] = field(default_factory=set)
+    fair_since: dict[str, float] = field(default_factory=dict)  # user -> since when it held less than its share
+    fair_for: set[str] = field(default_factory=set)  # users whose wait made every job be held to its share
 
     def restart_profile(self, job: str) -> int | None:
-        """Drop ``job``'s profile that a clean stop of the daemon interrupted, so it starts over.
-
-        A stop gives every node back, so the profile cannot go on at its count; left
-        as it was, the next decision would read the job at 0 nodes as preempted and
-        end its profile for good, although nothing learned about the job was wrong.
-        So the session goes, the job owes its lender nothing, and it returns to the
-        front of the queue as a preempted job does; it is profiled afresh when placed
-        again. Returns the count the profile was at, or None if it had none.
-        """
+        """Drop ``job``'s profile that a clean stop of the daemon interrupted (else the next decision would read it
+        at 0 nodes as preempted and end it for good): no debt, back to the queue's front, profiled afresh when
+        placed. Returns the count the profile was at, or None if it had none."""
         session = self.profiles.pop(job, None)
         if session is None:
             return None

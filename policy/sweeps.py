@@ -1,24 +1,9 @@
-"""When a sweep (a search or a job array's daemon-driven cousin) opens its next trial: pure.
+"""When a sweep opens its next trial, and how a sweep's or an array's short jobs are admitted and grown: pure.
 
-A sweep's trials are short and many. The daemon asks Optuna for a trial's values only when the
-trial can start soon, so each trial is chosen with the most results known: a new trial is opened
-when none of the sweep's open trials waits for nodes (every one of them runs), so the sweep keeps
-exactly one trial in the queue, and runs as many at once as the policy gives nodes to. A trial
-that a recall suspended waits in the queue too, so no new trial is opened in its place: it resumes
-first (FCFS) and no trial is lost to a recall.
-
-The policy knows a sweep's or an array's jobs are short and many (:attr:`policy.model.JobView.group`
-names the stream; :class:`policy.Policy` applies both rules, the daemon and the simulator only say
-whose stream each job is):
-
-- **admitted as a stream, bounded**: a stream holds at most ``stream_share`` of the Pjmax slots
-  (:func:`stream_bound`); its jobs beyond that wait behind every other queued job
-  (:func:`stream_order`) and are admitted beyond Pjmax only onto nodes no other job can use (adaptive
-  admission's surplus), so an array of 20 elements submitted first keeps no later job out. Fair share
-  between users (:mod:`policy.fairness`) applies on top, unchanged;
-- **not grown at a cost it cannot repay**: a running stream job whose work left is known is given no
-  more nodes than those whose speed-up finishes it sooner, its scale-up pause included
-  (:func:`most_repaid`).
+A new trial is opened only when none of the sweep's open trials waits for nodes, so each is chosen with the
+most results known and a trial a recall suspended resumes first. A stream (``JobView.group``) holds at most
+``stream_share`` of the Pjmax slots, its further jobs behind every other queued job, and a stream job is not grown
+at a pause its work left cannot repay (docs/training/sweeps.md).
 """
 
 from __future__ import annotations
@@ -45,23 +30,16 @@ def trials_to_open(p: SweepProgress) -> int:
     return 1
 
 
-# ---------------------------------------------------------------- short and many: admission and allocation
-
-
 def stream_bound(stream_share: float, max_running: int) -> int:
-    """The most of the ``max_running`` (Pjmax) slots the jobs of one sweep or array hold at once
-    (0: no bound, when ``stream_share`` is 0 or there is no Pjmax): at least 1, so a stream always runs."""
+    """The most of the Pjmax slots the jobs of one sweep or array hold at once (0: no bound): at least 1."""
     if stream_share <= 0 or max_running <= 0:
         return 0
     return max(1, int(stream_share * max_running))
 
 
 def stream_order(queue: list[str], group_of: Mapping[str, str], held: Mapping[str, int], bound: int) -> list[str]:
-    """The queue with each stream's jobs beyond its ``bound`` moved behind every other job, FCFS kept
-    within each part. ``group_of``: each job's sweep or array (``""``: none, never moved); ``held``: how
-    many slots each stream holds now. A stream's trials are admitted as a stream: up to its bound in its
-    queue place, the rest only after the jobs behind it, so a stream of many short jobs submitted first
-    never keeps a later job out of a slot (and they still take what nodes no other job can use)."""
+    """The queue with each stream's jobs beyond its ``bound`` moved behind every other job, FCFS kept within each
+    part; ``group_of``: each job's stream (``""``: none), ``held``: the slots each stream holds now."""
     if bound <= 0:
         return list(queue)
     seen = dict(held)
@@ -78,18 +56,16 @@ def stream_order(queue: list[str], group_of: Mapping[str, str], held: Mapping[st
 
 
 def grow_repays(work_left: float, rate_now: float, rate_up: float, up_cost_s: float) -> bool:
-    """Whether growing a short job from ``rate_now`` to ``rate_up`` (samples/s) finishes its
-    ``work_left`` samples sooner, its scale-up pause ``up_cost_s`` included. A trial near its end is
-    not grown at a rescale cost it cannot repay (the allocator's horizon outlives it)."""
+    """Whether growing a short job from ``rate_now`` to ``rate_up`` (samples/s) finishes its ``work_left`` samples
+    sooner, its scale-up pause ``up_cost_s`` included."""
     if rate_up <= rate_now or rate_now <= 0:
         return rate_now <= 0 < rate_up
     return work_left / rate_up + up_cost_s < work_left / rate_now
 
 
 def most_repaid(work_left: float, count: int, hi: int, curve: Mapping[int, float], up_cost_s: float) -> int:
-    """The largest count in ``(count, hi]`` to which growing a running job with ``work_left`` samples to
-    go repays its scale-up pause on ``curve`` (samples/s, :func:`curves.throughput_at` between its
-    points), else ``count``; ``hi`` if it is at most ``count``: the job's max in this decision."""
+    """The largest count in ``(count, hi]`` to which growing a running job repays its scale-up pause on ``curve``,
+    else ``count``; ``hi`` if it is at most ``count``."""
     if hi <= count:
         return hi
     rate_now = throughput_at(curve, count)

@@ -1,11 +1,8 @@
-"""Node valuation: how long the nodes on offer are expected to stay.
+"""Node valuation: how long the nodes on offer are expected to stay. Pure.
 
-A rescale pays when its gain over the time the nodes stay outweighs its pause. ``tfwd`` weighs it
-over a fixed horizon; ``learned`` over the expected remaining idle time of the nodes on offer:
-``E[L - a | L > a]`` under the fragment-length distribution learned online (``L`` the lengths of
-fragments that ended, ``a`` how long the node has been idle), cut at a known recall time, the
-median over the nodes, clipped to ``[horizon_min_s, horizon_max_s]`` and rounded to a geometric
-grid (so a decision with nothing new is still recognised as one). Pure.
+``learned`` weighs a rescale over ``E[L - a | L > a]`` (``L`` the lengths of idle fragments that ended, ``a`` how
+long the node has been idle), cut at a known recall time, the median over the nodes, clipped to ``[horizon_min_s,
+horizon_max_s]`` and rounded to a geometric grid (so a decision with nothing new is still recognised as one).
 """
 
 from __future__ import annotations
@@ -50,9 +47,8 @@ def node_horizon(model: FragmentModel, age: float, recall_in: float | None, cap:
     return value
 
 
-def learned_horizon(nodes: Sequence[str], now: float, idle_since: Mapping[str, float],
-                    recall_at: Mapping[str, float], model: FragmentModel, lo: float, hi: float,
-                    fallback: float) -> float:
+def learned_horizon(nodes: Sequence[str], now: float, idle_since: Mapping[str, float], recall_at: Mapping[str, float],
+                    model: FragmentModel, lo: float, hi: float, fallback: float) -> float:
     """The horizon for a decision offering ``nodes`` (the module doc's rule)."""
     known_recall = [n for n in nodes if n in recall_at]
     if len(model) < MIN_FRAGMENTS and not known_recall:

@@ -2,25 +2,11 @@
 
     python -m scavenger.warm --fd N --import torch,malletrain.worker.elastic
 
-A node agent started with ``--warm MODULES`` keeps one such process per worker slot of its node
-while it has no worker (:class:`WarmSlot`; a node of K slots keeps K, each pinned to its slot's
-cores with its slot's thread count). Nothing in it touches a GPU (importing torch does not
-initialise CUDA). It imports ``MODULES``, says ``ready`` on its socket and waits; the agent's next
-:class:`~scavenger.protocol.StartWorker` whose command it can run is handed to it as one
-:class:`Assignment` (and the worker's log descriptor) instead of a new ``Popen``, and the process
-becomes the worker exactly as a fresh ``python`` would have started it: the steps (log, privilege
-drop, environment, ``sys.argv``/``sys.path[0]``, ``__main__``) are listed in
-docs/research/real-system.md (warm joins). From outside it looks like a fresh worker too: ``ps``
-shows the worker's command line and ``/proc/PID/environ`` its environment (:mod:`scavenger.proctitle`),
-its owner may debug it and get its core, and ``tempfile`` follows the worker's ``TMPDIR``.
-A command it could not run exactly like a fresh interpreter starts cold (:func:`warm_refusal` says
-why; :data:`START_TIME_VARS`). It is in its own session from the start, so the agent's
-process-group kill covers it, and it is the worker's process (its pid, its exit code).
-
-A worker that starts its own ranks (``StartWorker.starts_own_ranks``: a ``torchrun`` job's rank agent)
-takes slot 0's process whatever thread count the job sets (:data:`THREAD_VARS`), unpinned to every core
-of the agent, and forks its ranks' servers from it: a node prepared before the job came then waits for
-no import when the job is placed on it.
+A node agent started with ``--warm MODULES`` keeps one per worker slot while it has no worker (:class:`WarmSlot`,
+pinned to the slot's cores); the next :class:`~scavenger.protocol.StartWorker` it can run is handed to it as an
+:class:`Assignment` and it becomes the worker exactly as a fresh ``python`` would (the steps: docs/research/
+real-system.md, warm joins); what it cannot run so starts cold (:func:`warm_refusal`). A worker that starts its
+own ranks (a ``torchrun`` rank agent) takes slot 0's process unpinned, whatever its thread count.
 """
 
 from __future__ import annotations
@@ -46,18 +32,14 @@ from scavenger import jobproc, proctitle
 log = logging.getLogger("scavenger.warm")
 
 READY = b"ready"
-"""The warm process's word once imported: ``ready IMPORT_S CPU_S\n`` (the import's wall time and the
-process's CPU time so far, for the agent's log)."""
+"""The warm process's word once imported: ``ready IMPORT_S CPU_S\n`` (for the agent's log)."""
 READY_MAX = 64
 ASSIGN_MAX = 1 << 20
 START_TIME_VARS = ("LD_", "PYTHON", "OMP_", "MKL_", "KMP_", "GOMP_", "TORCH_", "MALLOC_")
-"""Prefixes of environment variables read when an interpreter or its framework starts: a
-warm process imported with other values would not behave like a fresh worker."""
+"""Prefixes of variables read when an interpreter or its framework starts: a warm process made with others differs."""
 WARM_WAIT_S = 300.0
-"""How long a worker assigned while the warm process still imports waits for it. A cold start
-would import the same modules again, competing for the same CPU, so it never finishes first
-while the warm process makes progress: only one still importing after this long is taken as
-stuck (killed; the worker starts cold)."""
+"""How long a worker assigned while the warm process still imports waits for it (a cold start would import the
+same modules on the same CPU, never first): one still importing after this is stuck (killed; the worker starts cold)."""
 PR_SET_DUMPABLE = 4
 RUNTIME_VARS = frozenset({"PYTHONPATH", "PYTHONUNBUFFERED"})
 """Start-time variables a warm process applies itself (sys.path, unbuffered streams)."""
@@ -110,16 +92,14 @@ def start_time_env(env: Mapping[str, str]) -> dict[str, str]:
 
 
 THREAD_VARS = frozenset({"OMP_NUM_THREADS"})
-"""Start-time variables a worker that starts its own ranks may differ in: it runs no parallel operation
-itself, and each rank it forks applies its own thread count (``torch.set_num_threads``, as a fresh
-interpreter started with it would have; :mod:`malletrain.worker.warm_ranks`)."""
+"""Start-time variables a worker that starts its own ranks may differ in: it runs no parallel operation itself,
+and each rank it forks applies its own thread count (:mod:`malletrain.worker.warm_ranks`)."""
 
 
-def warm_refusal(argv: Sequence[str], env: Mapping[str, str], warm_env: Mapping[str, str],
-                 python: str = sys.executable, own_ranks: bool = False) -> str | None:
-    """Why a warm process started with ``warm_env`` cannot become the worker ``argv``/``env`` (None: it can).
-    ``own_ranks``: the worker starts its own ranks (a ``torchrun`` job's rank agent): :data:`THREAD_VARS`
-    are left out of the comparison."""
+def warm_refusal(argv: Sequence[str], env: Mapping[str, str], warm_env: Mapping[str, str], python: str = sys.executable,
+                 own_ranks: bool = False) -> str | None:
+    """Why a warm process started with ``warm_env`` cannot become the worker ``argv``/``env`` (None: it can);
+    ``own_ranks`` (a ``torchrun`` rank agent): :data:`THREAD_VARS` are left out of the comparison."""
     entry = entry_of(argv, python)
     if isinstance(entry, str):
         return entry
@@ -139,15 +119,13 @@ class WarmSlot:
 
     modules: tuple[str, ...]
     python: str = sys.executable
-    env: dict[str, str] = field(default_factory=lambda: jobproc.worker_environ(os.environ, {}, None))
-    """The warm process's own environment: the agent's allowed part, as a cold worker's starts."""
+    env: dict[str, str] = field(default_factory=lambda: jobproc.worker_environ(os.environ, {}, None))  # as a cold one's
     proc: subprocess.Popen[bytes] | None = None
     sock: socket.socket | None = None
     ready: bool = False
     spawned_at: float = 0.0
     said: bytes = b""  # what the warm process said so far (its ready line)
-    cores: tuple[int, ...] = ()
-    """The CPU cores it is pinned to (its worker slot's share of the node; empty: not pinned)."""
+    cores: tuple[int, ...] = ()  # the cores it is pinned to (its worker slot's share; empty: not pinned)
 
     @property
     def starting(self) -> bool:
@@ -164,9 +142,7 @@ class WarmSlot:
                 [self.python, "-m", "scavenger.warm", "--room", " " * proctitle.ROOM,  # for the worker's line in ps
                  "--fd", str(theirs.fileno()), "--import", ",".join(self.modules)],
                 env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                pass_fds=(theirs.fileno(),), start_new_session=True,
-                preexec_fn=self._pin if self.cores else None,
-            )
+                pass_fds=(theirs.fileno(),), start_new_session=True, preexec_fn=self._pin if self.cores else None)
         except OSError as exc:
             log.warning("no warm worker: cannot start %s: %s", self.python, exc)
             mine.close()
@@ -212,11 +188,10 @@ class WarmSlot:
                      time.monotonic() - self.spawned_at, import_s.decode(errors="replace"),
                      cpu_s.decode(errors="replace"))
 
-    def take(self, assignment: Assignment, log_file: IO[bytes] | None,
-             own_ranks: bool = False) -> subprocess.Popen[bytes] | str:
+    def take(self, assignment: Assignment, log_file: IO[bytes] | None, own_ranks: bool = False
+             ) -> subprocess.Popen[bytes] | str:
         """Hand ``assignment`` to the ready warm process; its Popen, or why not (then start it cold).
-        ``own_ranks``: the worker starts its own ranks (see :func:`warm_refusal`); it gets the warm
-        process unpinned, with every core the agent has, to share among them."""
+        ``own_ranks``: the worker starts its own ranks (:func:`warm_refusal`): unpinned, on every core the agent has."""
         self.poll()
         if self.proc is None or self.sock is None or not self.ready:
             return "no warm process ready"
@@ -274,9 +249,8 @@ def warm_modules_in(argv: Sequence[str]) -> tuple[str, ...]:
 
 
 def early_slot(argv: Sequence[str]) -> WarmSlot | None:
-    """A warm process started at once for the agent program about to run with ``argv`` (None without
-    ``--warm``): the agent starts it before its own imports (:mod:`scavenger.agent`), so the framework's
-    import begins with the pilot's process, not after the agent's start-up."""
+    """A warm process started at once for the agent program about to run with ``argv`` (None without ``--warm``),
+    before the agent's own imports: the framework's import begins with the pilot's process."""
     modules = warm_modules_in(argv)
     if not modules:
         return None

@@ -1,27 +1,10 @@
 """The ``torchrun`` launcher, daemon side: a script written for ``torchrun --nnodes=MIN:MAX``, run as it is.
 
-A job whose file says ``launcher = "torchrun"`` keeps TorchElastic's contract: its command
-calls ``init_process_group("env://")`` and, when restarted, resumes from its own checkpoint.
-Every change of the job's world restarts it: each rank is stopped (SIGTERM, a grace time,
-then SIGKILL) and all ranks start again at the new size, with ``TORCHELASTIC_RESTART_COUNT``
-one higher. Nothing in the script changes.
-
-The daemon's job manager treats such a job like any other: it starts one worker per node
-ahead of time and publishes member lists. The worker it starts is a small rank agent
-(:mod:`malletrain.worker.torchrun_agent`, importing no torch itself) that runs the job's command as
-its children, one per worker slot the job uses on the node (K ranks a node, as ``torchrun
---nproc-per-node`` runs them; each with its slot's device and cores): it waits for a world that lists it, forms it with the world's other agents (a
-barrier in the daemon's store, then the first rank's agent names a free port on its own
-host: ``MASTER_ADDR``/``MASTER_PORT``, fresh for each world) and starts the command with
-torchrun's variables (:func:`contract.workerenv.torchrun_environ`). When a newer world
-comes it stops the child and starts it again in the new one.
-
-:class:`TorchrunRuntime` is the daemon-side half. It hosts its own store through a ``torch``
-runtime it holds (:class:`~malletrain.runtimes.torch_elastic.TorchRuntime`, by composition, started
-on first use) and, with each member list, writes the world's rank places (``mt/<job>/world/<g>``): ranks
-are numbered node by node from the job's ordered nodes and the K ranks on each
-(:func:`rank_names`, :func:`rank_places`), as ``torchrun`` numbers them. The job's checkpoint is the script's
-own file: the daemon keeps none for it.
+Every change of the job's world restarts every rank (SIGTERM, grace, SIGKILL) at the new size, with
+``TORCHELASTIC_RESTART_COUNT`` one higher; each worker is a rank agent (:mod:`malletrain.worker.torchrun_agent`)
+running K ranks on its node. :class:`TorchrunRuntime` hosts the store through a ``torch`` runtime it holds (by
+composition) and, with each member list, writes the world's rank places (``mt/<job>/world/<g>``), numbered
+node by node as ``torchrun`` numbers them. The checkpoint is the script's own: the daemon keeps none.
 """
 
 from __future__ import annotations
@@ -38,15 +21,8 @@ from typing import Callable, Sequence
 from authframe import MAX_FRAME
 from contract.storekeys import done_key, failed_key, pg_key, ready_key, world_key
 from contract.workerenv import DEFAULT_STORE_GRACE_S, ENV_RUNTIME, RankPlace, WorkerEnvError
-from contract.world import (
-    DEFAULT_FAILURE_WAIT_S,
-    DEFAULT_STOP_GRACE_S,
-    TORCHRUN_MAX_RANKS,
-    WORKERS_PER_NODE_MAX,
-    World,
-    rank_names,
-    rank_places,
-)
+from contract.world import DEFAULT_FAILURE_WAIT_S, DEFAULT_STOP_GRACE_S, TORCHRUN_MAX_RANKS, WORKERS_PER_NODE_MAX, \
+    World, rank_names, rank_places
 from malletrain.runtimes import LaunchSpec, Runtime
 from malletrain.runtimes.store_server import RendezvousStore
 from malletrain.runtimes.torch_elastic import TorchRuntime
@@ -54,8 +30,7 @@ from malletrain.runtimes.torch_elastic import TorchRuntime
 log = logging.getLogger("malletrain.torchrun")
 
 LAUNCH_MODULE = "malletrain.worker.launch"
-"""The worker-side launcher a Python command runs through (it installs the progress hook, then runs
-the script as ``python SCRIPT`` / ``python -m MODULE`` would)."""
+"""The worker-side launcher a Python command runs through (it installs the progress hook, then runs the script)."""
 AGENT_MODULE = "malletrain.worker.torchrun_agent"
 """The rank agent the daemon starts as each worker of a ``torchrun`` job."""
 
@@ -73,19 +48,12 @@ def launch_module_present() -> bool:
         return False
 
 
-def is_python(word: str) -> bool:
-    """Whether ``word`` names a Python interpreter (``python``, ``python3.12``, a path to one)."""
-    return bool(_PYTHON.fullmatch(os.path.basename(word)))
-
-
 def wrap_python_command(command: Sequence[str], launcher_present: bool | None = None) -> tuple[str, ...]:
-    """``command`` as a rank runs it: ``PY SCRIPT ARGS`` becomes ``PY -m malletrain.worker.launch SCRIPT ARGS``
-    and ``PY -m MODULE ARGS`` becomes ``PY -m malletrain.worker.launch -m MODULE ARGS`` (when that module is
-    installed: ``launcher_present``, default: look). Anything else (not Python, interpreter flags
-    first) runs as given."""
+    """``command`` as a rank runs it: ``PY SCRIPT|-m MODULE ARGS`` through ``PY -m malletrain.worker.launch`` when that
+    is installed (``launcher_present``, default: look); anything else (not Python, interpreter flags) as given."""
     argv = tuple(command)
     present = launch_module_present() if launcher_present is None else launcher_present
-    if len(argv) < 2 or not present or not is_python(argv[0]):
+    if len(argv) < 2 or not present or not _PYTHON.fullmatch(os.path.basename(argv[0])):
         return argv
     rest = argv[1:]
     if rest[0] == "-m" and len(rest) >= 2 and not rest[1].startswith("-"):
@@ -96,18 +64,9 @@ def wrap_python_command(command: Sequence[str], launcher_present: bool | None = 
 
 
 class TorchrunRuntime(Runtime):
-    """The daemon-side half of the ``torchrun`` launcher (see the module docstring).
-
-    It is built on a ``torch`` runtime of its own (:attr:`torch`, by composition): that one serves
-    the store, numbers the generations and publishes the member lists; this one adds each world's
-    places (:meth:`before_publish`, its :class:`~malletrain.runtimes.torch_elastic.WorldKeys`) and
-    launches rank agents.
-
-    ``python`` is the interpreter that runs the rank agent (it has malletrain installed);
-    ``stop_grace_s`` is a rank's time between SIGTERM and SIGKILL at a change of its world;
-    ``failure_wait_s`` how long a rank whose command failed waits for a newer world.
-    The store starts on first use, so a daemon that runs no such job opens no port for it.
-    """
+    """The daemon-side half of the ``torchrun`` launcher: its :attr:`torch` runtime serves the store and publishes
+    the member lists; this one adds each world's places (:meth:`before_publish`) and launches rank agents
+    (run by ``python``). The store starts on first use: a daemon that runs no such job opens no port for it."""
 
     name = "torchrun"
     warm_modules: tuple[str, ...] = ()
@@ -163,13 +122,9 @@ class TorchrunRuntime(Runtime):
             if self.on_start is not None:
                 self.on_start()
 
-    def launch_spec(self, job_id: str, command: Sequence[str], worker_id: str, node: str,
-                    slots: int = 1) -> LaunchSpec:
-        """The rank agent, with the job's command (a Python one through :data:`LAUNCH_MODULE`) after ``--``.
-
-        The node agent runs one process for it (the rank agent: ``starts_own_ranks``), which starts the
-        ``slots`` ranks of the command itself (the node agent tells it K), each with its own device and
-        share of the cores."""
+    def launch_spec(self, job_id: str, command: Sequence[str], worker_id: str, node: str, slots: int = 1) -> LaunchSpec:
+        """The rank agent, with the job's command (a Python one through :data:`LAUNCH_MODULE`) after ``--``; it
+        starts the ``slots`` ranks itself (``starts_own_ranks``)."""
         self.start_if_needed()
         if slots < 1:
             raise ValueError(f"job {job_id}: worker {worker_id} on {node}: {slots} worker slots, need at least 1")
@@ -187,14 +142,13 @@ class TorchrunRuntime(Runtime):
         return self.torch.set_members(job_id, members)
 
     def resume_generation(self, job_id: str, generation: int) -> None:
-        """After a daemon restart: serve the store at once (on the last daemon's port: the job's agents
-        reconnect to it) and number on from ``generation``."""
+        """After a daemon restart: serve the store at once (on the last daemon's port), numbering on from
+        ``generation``."""
         self.start_if_needed()
         self.torch.resume_generation(job_id, generation)
 
     def resume_worlds(self, job_id: str, worlds: int) -> None:
-        """After a daemon restart: ``job_id`` has run ``worlds`` worlds (the last daemon's published
-        member lists that were not empty), so its restart count goes on from there."""
+        """After a daemon restart: ``job_id`` has run ``worlds`` worlds, so its restart count goes on from there."""
         with self._lock:
             if worlds > 0:
                 self._restarts[job_id] = max(self._restarts.get(job_id, -1), worlds - 1)
@@ -219,8 +173,8 @@ class TorchrunRuntime(Runtime):
     # -- the world keys (WorldKeys, called by the torch runtime) ------------------------------------
     def before_publish(self, store: RendezvousStore, job_id: str, gen: int, members: tuple[str, ...],
                        forgotten: int) -> None:
-        """A non-empty world's places and restart count go into the store before its member list; the
-        keys of worlds two generations back go (no agent reads them: every one has moved on)."""
+        """A non-empty world's places and restart count go into the store before its member list; the keys of worlds
+        two generations back go (no agent reads them)."""
         with self._lock:
             first = self._pruned.get(job_id, forgotten) + 1
             for old in range(first, gen - 1):
@@ -248,11 +202,9 @@ class TorchrunRuntime(Runtime):
             store.set(world_key(job_id, gen), value)
 
     def finished(self, job_id: str) -> str | None:
-        """Every rank of one of the job's worlds exited 0: the world's ``done`` count (each rank agent adds
-        its ranks that exit 0, :mod:`malletrain.worker.torchrun_agent`) reached the world's ranks. An agent
-        exits 0 only once it has seen that count, seconds later on a loaded node; the job's work is done
-        from the count on, so a recall in between must not start it again. The world just before the
-        current one counts too (its last rank may have finished while a newer world was published)."""
+        """Every rank of one of the job's worlds exited 0 (its ``done`` count reached its ranks): the work is done
+        from the count on, before the agents exit, so a recall in between must not start it again. The world
+        before the current one counts too (its last rank may have finished as a newer one was published)."""
         with self._lock:
             worlds = sorted(self._ranks.get(job_id, {}).items(), reverse=True)
         if not worlds or not self.torch.serving:
@@ -272,10 +224,8 @@ class TorchrunRuntime(Runtime):
         return [world_key(job_id, gen), done_key(job_id, gen), failed_key(job_id, gen), pg_key(job_id, gen)]
 
     def _local_ranks(self, store: RendezvousStore, job_id: str, worker: str) -> int:
-        """The ranks ``worker`` runs on its node: what its launch said, else (a worker an earlier daemon
-        started) what its rank agent's ready key says (it writes its K there, again at each reconnection),
-        else 1. The key is the job's to write: a K above what any node has
-        (:data:`~malletrain.daemon.jobspec.WORKERS_PER_NODE_MAX`) is not believed (1, with a warning)."""
+        """The ranks ``worker`` runs on its node: what its launch said, else (an earlier daemon's worker) the K its
+        agent wrote in its ready key, else 1; the key is the job's to write, so a K above any node's is taken as 1."""
         known = self._local.get(job_id, {}).get(worker)
         if known is not None:
             return known

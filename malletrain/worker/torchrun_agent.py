@@ -2,45 +2,10 @@
 
     python -m malletrain.worker.torchrun_agent [--stop-grace S] [--failure-wait S] -- COMMAND...
 
-It connects to the daemon's store (``MALLETRAIN_STORE``, the job's secret), says it is ready
-and waits for a world that lists it. It runs K ranks of the command on its node (``MALLETRAIN_LOCAL_RANKS``,
-which the node agent sets from the worker's start: the one route by which K reaches it)
-(the node's worker slots the job uses; the world names them ``WORKER/0`` .. ``WORKER/K-1``, one rank
-``WORKER``), each with its own device and share of the cores (:func:`spawner.slots.slot_place`,
-as the node agent gives the in-process runtimes' workers). Then, for each world:
-
-1. every agent of the world adds its ranks to the world's barrier; the agent of rank 0 waits until all
-   have, then binds a port on its host and publishes it (``pg``): the world's ``MASTER_ADDR``/``MASTER_PORT``,
-   fresh for each world. This is the step the in-process runtime takes too, on the same keys
-   (:func:`malletrain.worker.elastic.rendezvous.form_step`); the agent holds the port bound (not listening: a
-   peer's early connection is refused and retried) until just before its rank 0 starts (the script's
-   ``init_process_group("env://")`` binds it itself). An agent that holds torch's import (a node's warm
-   process became it) serves the world's store on that port itself from the moment it names it, as
-   torchrun's own agent does (:func:`serve_world_store`, ``TORCHELASTIC_USE_AGENT_STORE=True`` for its
-   ranks): every rank then connects at once, where a rank that started before rank 0's script had bound
-   the port would be refused and try again only after torch's back-off (half a second and more);
-2. each agent starts ``COMMAND`` once per local rank, with torchrun's variables for its place
-   (:func:`contract.workerenv.torchrun_environ`), ``MALLETRAIN_WORKER`` naming the rank (its name in
-   the world's places) and ``MALLETRAIN_INCARNATION`` the world's restart count: a restarted rank is a
-   new incarnation of its sender, whose progress reports are numbered from 1 again;
-3. a newer world stops the command (SIGTERM, ``--stop-grace`` seconds, SIGKILL) and goes back to 1
-   in it, or, when the newer world does not list this worker, waits for one that does (the
-   daemon stops it); the same world published again (a restarted daemon re-adopting it) changes
-   nothing; a world that does not form within ``--stop-grace`` + ``--failure-wait`` seconds is a
-   failure (exit 1);
-4. a command that exits 0 adds to the world's ``done`` counter: once every rank has, the agent
-   exits 0 (the job is complete); one that fails stops the node's other local ranks with it (they
-   end together, the failure counted once) and waits ``--failure-wait`` seconds for a newer world
-   (a peer recalled: the daemon publishes the world without it), else exits with its code.
-
-Its ranks start as forks of rank servers that imported torch (:mod:`malletrain.worker.warm_ranks`): new
-interpreters it starts, or, where the node agent's warm process became this agent (torch imported before
-the job was placed on the node), forks of itself made before it connects to the store (:func:`main`).
-
-SIGTERM (a recall, a cancel, the daemon stopping it) stops the command the same way and exits
-143: a stop, never a failure of the job. While the daemon is away (a restart) the command runs on;
-a store away longer than ``MALLETRAIN_STORE_GRACE`` stops it and exits 75 (a stop too: the daemon
-starts the job again, and the script resumes from its checkpoint).
+It runs K ranks of the command on its node (``MALLETRAIN_LOCAL_RANKS``), restarted in each world that lists
+it: the barrier, rank 0's agent naming the master, stops, failures and the store's absence are in
+docs/design/resilience.md (the torchrun launcher). Exits: 0 once every rank of its world exited 0, the
+command's status on a failure no newer world answered, 143 on SIGTERM, 75 when the store stayed away.
 """
 
 from __future__ import annotations
@@ -65,10 +30,10 @@ from malletrain.worker.elastic.rendezvous import Rendezvous, WorldMaster, arrive
 from contract.world import DEFAULT_FAILURE_WAIT_S, DEFAULT_STOP_GRACE_S, World, rank_names
 from malletrain.worker.warm_ranks import ENV_WARM_IMPORTS, READY_WAIT_S, InFork, RankServer, WarmChild, \
     imported_ahead, learned_imports, os_threads, warm_wanted
-from contract.workerenv import ENV_GENERATION, ENV_INCARNATION, ENV_WORKER, RankPlace, WorkerEnv, configure_worker_logging, torchrun_environ
+from contract.workerenv import ENV_GENERATION, ENV_INCARNATION, ENV_WORKER, RankPlace, WorkerEnv, \
+    configure_worker_logging, torchrun_environ
 from spawner.ranks import LocalRanks, exit_status, pin_cores
-from spawner.slots import DEVICE_VARIABLES, ENV_LOCAL_RANKS, MAX_SLOTS, Accelerator, SlotPlace, detect_accelerator, \
-    slot_place
+from spawner.slots import DEVICE_VARIABLES, ENV_LOCAL_RANKS, MAX_SLOTS, SlotPlace, detect_accelerator, slot_place
 
 log = logging.getLogger("malletrain.torchrun")
 
@@ -77,35 +42,29 @@ POLL_S = 0.05
 FORMING_POLL_S = 0.01
 """How often it looks while a world forms (a few looks: every one it waits is a pause of the whole job)."""
 ENV_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
-"""``True`` in a rank's environment: its agent serves the world's store (torch's ``env://`` rendezvous then
-makes rank 0 a client of it, as every other rank)."""
+"""``True`` in a rank's environment: its agent serves the world's store (rank 0 a client of it too)."""
 AGENT_STORE_TIMEOUT_S = 300.0
 EXIT_NOT_FORMED = 1  # a world whose ranks never all came: a failure (the daemon replaces this worker)
 
 
 class RankState(enum.Enum):
-    """Where a rank agent is."""
+    """Where a rank agent is: no world lists it, in a world's barrier (or waiting for its master), its command
+    runs, it exited 0 (waiting for the other ranks), or it failed (waiting a bounded time for a newer world)."""
 
     WAITING = "waiting"
-    """No world lists this worker (yet, or any more): its command is not running."""
     FORMING = "forming"
-    """In a world's barrier, or waiting for the world's master address."""
     RUNNING = "running"
-    """Its command runs in the current world."""
     FINISHED = "finished"
-    """Its command exited 0: waiting for the world's other ranks to finish."""
     FAILED = "failed"
-    """Its command failed: waiting a bounded time for a newer world."""
 
 
-RANK_TRANSITIONS: dict[RankState, frozenset[RankState]] = {
+RANK_TRANSITIONS: dict[RankState, frozenset[RankState]] = {  # a newer world takes any state to FORMING or WAITING
     RankState.WAITING: frozenset({RankState.FORMING}),
     RankState.FORMING: frozenset({RankState.RUNNING, RankState.FORMING, RankState.WAITING}),
     RankState.RUNNING: frozenset({RankState.FINISHED, RankState.FAILED, RankState.FORMING, RankState.WAITING}),
     RankState.FINISHED: frozenset({RankState.FORMING, RankState.WAITING}),
     RankState.FAILED: frozenset({RankState.FORMING, RankState.WAITING}),
 }
-"""The one table of a rank agent's moves (a newer world takes any state to FORMING or WAITING)."""
 
 
 def dev_names() -> list[str]:
@@ -114,15 +73,6 @@ def dev_names() -> list[str]:
         return os.listdir("/dev")
     except OSError:
         return []
-
-
-def local_slots(local_ranks: int, env: dict[str, str], acc: Accelerator, cores: Sequence[int]) -> list[SlotPlace]:
-    """Each local rank's device, thread count and cores on this node, as the node agent gives a worker
-    slot (:func:`spawner.slots.slot_place`): the device variable in ``env`` is the node's (the
-    devices the agent was given, shared out among the local ranks); the rest of ``env`` is the job's
-    (an ``OMP_NUM_THREADS`` it sets wins; ``MALLETRAIN_DEVICES=all`` shows every rank every device)."""
-    job_env = {k: v for k, v in env.items() if k not in DEVICE_VARIABLES}
-    return [slot_place(i, local_ranks, acc, env, cores, job_env) for i in range(local_ranks)]
 
 
 RankProcess = Union["subprocess.Popen[bytes]", WarmChild]
@@ -181,8 +131,8 @@ class RankAgent:
         self.state = new
 
     def run(self) -> int:
-        """Until the job is complete (0), the command failed for good (its status), a stop (143) or
-        the daemon's store gone for longer than its grace (75: the daemon starts the job again)."""
+        """Until the job is complete (0), the command failed for good (its status), a stop (143) or the store
+        gone past its grace (75)."""
         try:
             self.prepare()
             self.rdzv.mark_ready()
@@ -205,19 +155,18 @@ class RankAgent:
         return EXIT_SIGTERM
 
     def pause(self) -> float:
-        """How long until the next look: :data:`FORMING_POLL_S` while a world forms (its ranks' start waits on
-        each look: the barrier, the master, the old ranks' exits), else :data:`POLL_S`."""
+        """How long until the next look: :data:`FORMING_POLL_S` while a world forms (its ranks' start waits on each
+        look), else :data:`POLL_S`."""
         return FORMING_POLL_S if self.state is RankState.FORMING else POLL_S
 
     def start_servers(self) -> None:
-        """Start a rank server per local rank, each a new interpreter (:func:`start_rank_servers`)."""
         got = start_rank_servers(self.command, self._env, self.local_ranks, self.warm, self.worker)
         assert not isinstance(got, InFork)  # (no fork asked)
         self.servers = got
 
     def prepare(self) -> None:
-        """Before it says it is ready: its rank servers have imported (a joining worker is brought this far
-        while the old world trains on; its ranks then start by a fork)."""
+        """Before it says it is ready: its rank servers have imported (a joining worker does so while the old world
+        trains on)."""
         if not self.servers:
             self.start_servers()
         deadline = time.monotonic() + READY_WAIT_S
@@ -234,7 +183,6 @@ class RankAgent:
         self.servers = []
 
     def slots(self) -> list[SlotPlace]:
-        """Each local rank's device, thread count and cores on this node."""
         return slots_of(self.local_ranks, self._env)
 
     def tick(self) -> int | None:
@@ -306,9 +254,8 @@ class RankAgent:
         arrive(self.rdzv, gen, self.local_ranks)
 
     def form(self) -> None:
-        """FORMING: rank 0's agent names the master once all have arrived (its old ranks may still be
-        stopping); each agent starts its ranks with it once its own old ranks have exited. A joining
-        worker (nothing to stop) so starts while the old world's ranks still stop: prepare, then switch."""
+        """FORMING: rank 0's agent names the master once all have arrived; each agent starts its ranks with it once
+        its own old ranks have exited (a joining worker, with none, starts while the old world's still stop)."""
         assert self.world is not None
         if self.master is None:
             self.master = form_step(self.rdzv, self.gen, len(self.world.places),
@@ -359,8 +306,8 @@ class RankAgent:
         self.move(RankState.RUNNING)
 
     def watch_child(self) -> None:
-        """RUNNING: a rank that exits 0 adds to the world's ``done``; once all have, FINISHED. One that
-        fails stops the node's other local ranks (they end together, the failure counted once)."""
+        """RUNNING: a rank that exits 0 adds to the world's ``done``; once all have, FINISHED. One that fails stops
+        the node's other local ranks (the failure counted once)."""
         assert self.children is not None
         for i, code in self.children.exits():
             if code == 0:
@@ -390,8 +337,7 @@ class RankAgent:
             self.world_store = None
 
     def reap_stopping(self) -> bool:
-        """Whether every rank told to stop has exited; one still running ``stop_grace_s`` after its SIGTERM
-        is SIGKILLed."""
+        """Whether every rank told to stop has exited (one still running ``stop_grace_s`` after SIGTERM: SIGKILL)."""
         for ranks in self.stopping:
             if ranks.kill_at is not None and ranks.kill_at != float("inf") and time.monotonic() >= ranks.kill_at \
                     and ranks.poll() is None:
@@ -410,10 +356,9 @@ class RankAgent:
 
 
 def serve_world_store(master: WorldMaster) -> object | None:
-    """A torch ``TCPStore`` served by this process on ``master``'s held port (the fd taken from it), as
-    torchrun's agent serves its workers' store; None (the port still held, for rank 0's script to bind) where
-    torch is not imported here (a rank agent started cold imports none: :func:`imported_ahead`; only one that
-    a node's warm process became serves it) or the store cannot be made."""
+    """A torch ``TCPStore`` served by this process on ``master``'s held port (its fd), as torchrun's agent serves
+    one; None (the port still held, for rank 0's script to bind) where torch is not imported here or the store
+    cannot be made."""
     dist = sys.modules.get("torch.distributed")
     if dist is None or master.fd is None or not dist.is_available():
         return None
@@ -426,25 +371,25 @@ def serve_world_store(master: WorldMaster) -> object | None:
         store = dist.TCPStore(master.host, master.port, None, True, timedelta(seconds=AGENT_STORE_TIMEOUT_S),
                               wait_for_workers=False, master_listen_fd=master.fd)
     except (OSError, RuntimeError, ValueError, TypeError) as exc:
-        log.warning("cannot serve the world's store on port %d here (%s): rank 0's script serves it", master.port,
-                    exc)
+        log.warning("cannot serve the world's store on port %d here (%s): rank 0's script serves it", master.port, exc)
         return None
     master.take()  # the store owns the socket now
     return store
 
 
 def slots_of(local_ranks: int, env: Mapping[str, str]) -> list[SlotPlace]:
-    """Each of ``local_ranks`` ranks' device, thread count and cores on this node (``env``: the agent's)."""
+    """Each of ``local_ranks`` ranks' device, thread count and cores on this node, as the node agent gives a worker
+    slot: the device variable in ``env`` (the agent's) is the node's, shared out among the local ranks."""
     env = dict(env)
-    return local_slots(local_ranks, env, detect_accelerator(env, dev_names()), sorted(os.sched_getaffinity(0)))
+    acc, cores = detect_accelerator(env, dev_names()), sorted(os.sched_getaffinity(0))
+    job_env = {k: v for k, v in env.items() if k not in DEVICE_VARIABLES}
+    return [slot_place(i, local_ranks, acc, env, cores, job_env) for i in range(local_ranks)]
 
 
 def start_rank_servers(command: Sequence[str], env: Mapping[str, str], local_ranks: int, warm: bool, worker: str,
                        fork: bool = False) -> list[RankServer] | InFork:
-    """A rank server per local rank (:mod:`malletrain.worker.warm_ranks`) with the rank's own environment and
-    cores, importing what the command's script imports (and what the job declares): each a new interpreter,
-    or with ``fork`` a fork of this process (a rank agent that a node's warm process became: torch is
-    imported already, so its servers are ready when forked, and a node's return does not wait for an import).
+    """A rank server per local rank (:mod:`malletrain.worker.warm_ranks`) with the rank's environment and cores:
+    each a new interpreter, or with ``fork`` a fork of this process (torch imported already: ready when forked).
     None for a command another interpreter runs or with warm ranks off; in a forked server, what it ends with."""
     if not command or not warm:
         return []
@@ -469,8 +414,8 @@ def start_rank_servers(command: Sequence[str], env: Mapping[str, str], local_ran
 
 
 def local_ranks_of(env: Mapping[str, str]) -> int:
-    """K, the ranks this worker runs on its node: ``MALLETRAIN_LOCAL_RANKS`` (the node agent's; unset: 1);
-    ``ValueError`` naming the variable if it is not an integer in [1, MAX_SLOTS]."""
+    """K, the ranks this worker runs on its node: ``MALLETRAIN_LOCAL_RANKS`` (unset: 1); ``ValueError`` naming
+    the variable if it is not an integer in [1, MAX_SLOTS]."""
     text = env.get(ENV_LOCAL_RANKS, "1")
     try:
         k = int(text)
@@ -503,8 +448,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_worker_logging()
     wenv = WorkerEnv.from_environ()
     if wenv.store is None:
-        print("malletrain torchrun agent: MALLETRAIN_STORE is not set: start it through the daemon",
-              file=sys.stderr)
+        print("malletrain torchrun agent: MALLETRAIN_STORE is not set: start it through the daemon", file=sys.stderr)
         return 2
     try:
         local_ranks = local_ranks_of(os.environ)

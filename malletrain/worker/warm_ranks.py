@@ -2,41 +2,11 @@
 
     python -m malletrain.worker.warm_ranks --fd N --import torch,lightning
 
-A ``torchrun`` job restarts every rank at every change of its world (:mod:`malletrain.worker.torchrun_agent`).
-Started cold, each start is a new interpreter importing torch (and Lightning, transformers, ...):
-seconds of CPU, more on a loaded node or from a parallel file system, paid by every rank of the job
-at every change. The rank agent therefore keeps, for each of its local ranks, a *rank server*
-(:class:`RankServer`): a process started with the rank's own environment and cores that imports the
-modules the job's script imports (:func:`learned_imports`: read from the script's own ``import``
-statements at the job's first start, plus those the job file declares in ``WARM_IMPORTS``)
-and then waits. It touches no device (importing torch creates no CUDA context) and runs no parallel
-operation (torch's OpenMP and MKL pools start at the first one, in each fork). Its only other thread is
-one torch's import starts where ``OMP_NUM_THREADS`` > 1, which a fork does without: the forked ranks run
-parallel operations and gloo collectives (``tests/test_warm_ranks.py``).
-
-Each start of the rank is a ``fork`` of its server (:func:`serve`): the child takes the start's
-environment (torchrun's ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ... and malletrain's own),
-``sys.argv`` and ``sys.path[0]`` as ``python ARGS`` would set them, fresh random seeds, the default
-signal handlers, and runs the command's script or module with :mod:`runpy` as ``__main__`` (for a
-Python command that is :mod:`malletrain.worker.launch`, which runs the user's script). It ends as an
-interpreter does, with the script's exit code. A restart then costs the script's own work after its
-imports (process group, model, checkpoint), not an interpreter and an import.
-
-The server tells the agent each child's pid and, when it ends, its exit status; the agent holds a
-:class:`WarmChild` for it, which it stops and polls as a ``subprocess.Popen`` (SIGTERM, the grace,
-SIGKILL). Server and children stay in the agent's process group, so a stop of the agent's group
-reaches them. A command a server cannot run as a fresh interpreter would (another interpreter,
-interpreter flags: :func:`spawner.entry.entry_of`) is started cold, as is every start once a
-server died or never became ready.
-
-A node agent prepares a warm process (:mod:`scavenger.warm`) that imports torch as its pilot starts, before
-any job is placed on the node. A rank agent that process became (:func:`imported_ahead`) forks its rank
-servers from itself, before it connects anywhere (:meth:`RankServer.start` with ``fork``): they take their
-rank's environment and cores and import only what the warm process had not, so a node's return waits for no
-import after the job is placed. Such a server was imported with the node's thread count, not the job's: each
-rank forked from it applies its ``OMP_NUM_THREADS`` (``torch.set_num_threads``, what torch's import takes
-from it in a fresh interpreter; every other start-time variable matched, or the node agent had started the
-rank agent cold).
+A ``torchrun`` job restarts every rank at every change of its world; a rank server (:class:`RankServer`)
+imports what the script imports once, then forks each start (:func:`serve`), so a restart costs the script's
+own work, not an interpreter and an import. What a fork takes over and why it is safe (one thread, no CUDA
+context) is in docs/design/resilience.md (warm ranks); a command a server cannot run as a fresh interpreter
+would starts cold.
 """
 
 from __future__ import annotations
@@ -68,21 +38,19 @@ ENV_WARM_IMPORTS = "WARM_IMPORTS"
 """Modules (comma-separated) a job declares for its rank servers to import, besides the learned ones."""
 ALWAYS = ("torch", "torch.distributed", "torch._dynamo", "torch.nn.parallel", "malletrain.worker.client")
 """Imported by every rank server: what a torchrun script and :mod:`malletrain.worker.launch` import, and
-``torch._dynamo``, which ``DistributedDataParallel``'s constructor imports (with sympy: as long as torch's
-own import; every fork would pay it after its process group)."""
+``torch._dynamo``, which ``DistributedDataParallel``'s constructor imports (as long as torch's own import)."""
 READY_WAIT_S = 300.0
-"""How long a rank agent waits for its rank servers' imports before it says it is ready (a cold start
-would import the same modules, competing for the same CPU, so it never comes first)."""
+"""How long a rank agent waits for its rank servers' imports before it says it is ready (a cold start would
+import the same modules on the same CPU, never first)."""
 SPAWN_WAIT_S = 10.0
 """How long the agent waits for a server to name the pid of a child it asked for."""
 POLL_S = 0.02
 LINE_MAX = 1 << 20
 
 
-# ----------------------------------------------------------------------------- what to import
 def script_of(command: Sequence[str]) -> tuple[str | None, str | None]:
-    """(the script file, the module name) a Python ``command`` runs, through :mod:`malletrain.worker.launch`
-    or not; (None, None) if it runs neither."""
+    """(the script file, the module name) a Python ``command`` runs, through :mod:`malletrain.worker.launch` or
+    not; (None, None) if it runs neither."""
     argv = list(command[1:])
     if argv[:2] == ["-m", "malletrain.worker.launch"]:
         argv = argv[2:]
@@ -113,9 +81,8 @@ def imports_of(source: str) -> list[str]:
 
 
 def learned_imports(command: Sequence[str], declared: str = "") -> tuple[str, ...]:
-    """What the rank servers of ``command`` import: :data:`ALWAYS`, the installed modules its script
-    imports (not the script's own: a module beside the script, or the module it runs, may do work at
-    import), and ``declared`` (comma-separated, the job's ``WARM_IMPORTS``)."""
+    """What the rank servers of ``command`` import: :data:`ALWAYS`, the installed modules its script imports (not
+    the script's own, which may do work at import), and ``declared`` (the job's ``WARM_IMPORTS``)."""
     script, module = script_of(command)
     found: list[str] = []
     if script is not None:
@@ -140,7 +107,6 @@ def learned_imports(command: Sequence[str], declared: str = "") -> tuple[str, ..
     return tuple(out)
 
 
-# ----------------------------------------------------------------------------- server side
 def os_threads() -> int:
     """The process's threads as the kernel counts them (1 where it cannot tell)."""
     try:
@@ -170,8 +136,8 @@ def _reap(sock: socket.socket) -> None:
 
 
 def serve(sock: socket.socket) -> tuple[Entry, dict[str, str]] | None:
-    """The server's loop: fork a child for each ``start`` request; returns only in a child (what it runs)
-    or when the agent closed the socket (None: the server ends)."""
+    """The server's loop: fork a child for each request; returns only in a child (what it runs) or when the
+    agent closed the socket (None)."""
     buf = b""
     while True:
         _reap(sock)
@@ -221,18 +187,12 @@ def become(entry: Entry, env: Mapping[str, str]) -> None:
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.seed()  # as each new process's default generator (CUDA's is seeded lazily: no context made)
-        threads = threads_of(env)
-        if threads is not None:  # what torch's import took from OMP_NUM_THREADS in a fresh interpreter
+        try:  # what torch's import took from OMP_NUM_THREADS in a fresh interpreter
+            threads = int(env.get("OMP_NUM_THREADS", ""))
+        except ValueError:
+            threads = 0
+        if threads >= 1:
             torch.set_num_threads(threads)
-
-
-def threads_of(env: Mapping[str, str]) -> int | None:
-    """The thread count ``OMP_NUM_THREADS`` in ``env`` asks for (None: unset, or not a positive integer)."""
-    try:
-        threads = int(env.get("OMP_NUM_THREADS", ""))
-    except ValueError:
-        return None
-    return threads if threads >= 1 else None
 
 
 def run_entry(entry: Entry) -> int:
@@ -265,8 +225,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def serve_as_server(sock: socket.socket, modules: Sequence[str]) -> int:
-    """A rank server's life on ``sock``: import ``modules``, say ready, fork a rank per request; in a rank, run
-    its command and return its exit code (in the server: 0 once the agent closed the socket)."""
+    """A rank server's life on ``sock``: import ``modules``, say ready, fork a rank per request; in a rank, its
+    command's exit code (in the server: 0 once the agent closed the socket)."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a stop of the agent's group is for the ranks: the agent
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # closes the socket, and the server ends then
     began = time.monotonic()
@@ -289,19 +249,16 @@ def serve_as_server(sock: socket.socket, modules: Sequence[str]) -> int:
     return run_entry(entry)
 
 
-# ----------------------------------------------------------------------------- agent side
 def imported_ahead() -> bool:
-    """Whether this process holds torch's import already: a rank agent that a node's warm process became
-    (:mod:`scavenger.warm`, prepared before the job was placed on the node) forks its rank servers from
-    itself instead of starting interpreters that would import torch again."""
+    """Whether this process holds torch's import already (a node's warm process became this rank agent): it
+    forks its rank servers from itself."""
     return "torch" in sys.modules
 
 
 @dataclass(frozen=True)
 class InFork:
-    """What :meth:`RankServer.start` returns in a rank server forked from the agent: the exit status that
-    process ends with (its rank's; 0 for the server once its agent closed the socket). The caller returns
-    it at once, running none of the agent's own work in it."""
+    """What :meth:`RankServer.start` returns in a rank server forked from the agent: the exit status it ends with,
+    which the caller returns at once (none of the agent's work runs in it)."""
 
     code: int
 
@@ -357,17 +314,16 @@ class RankServer:
     ready: bool = False
     started_at: float = 0.0
     forks: int = 0
-    threads: int = 0  # the server's threads once ready (logged: torch's import starts one where OMP_NUM_THREADS > 1)
+    threads: int = 0  # the server's threads once ready (logged)
     _buf: bytes = b""
     _exits: dict[int, int] = field(default_factory=dict)
     _pids: list[int] = field(default_factory=list)
     _alive: set[int] = field(default_factory=set)
 
     def start(self, fork: bool = False, others: Sequence[RankServer] = ()) -> InFork | None:
-        """Start the server: a new interpreter, or with ``fork`` a fork of this process (which must hold
-        no thread of its own work yet: :func:`imported_ahead`), which then takes the server's environment
-        and cores; ``others``: the servers started before it (their sockets closed in the fork).
-        None here; in the forked server, what it ends with (:class:`InFork`)."""
+        """Start the server: a new interpreter, or with ``fork`` a fork of this process (holding no thread of its
+        own work yet) given the server's environment and cores; ``others``: servers started before it (their
+        sockets closed in the fork). None here; in the forked server, what it ends with (:class:`InFork`)."""
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         cores = self.cores
         if fork:
