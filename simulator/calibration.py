@@ -26,8 +26,7 @@ from typing import Any, Mapping
 SCHEMA = 1
 REQUIRED = ("pilot_start_s", "cold_start_s", "restart_s", "rescale_pause_s", "commit_interval_s")
 OPTIONAL = ("join_s", "warm_start_s", "torchrun_restart_s", "torchrun_cold_restart_s",
-            "state_broadcast_s_per_mb", "checkpoint_load_s_per_mb",
-            "checkpoint_save_s_per_mb")
+            "state_broadcast_s_per_mb", "checkpoint_load_s_per_mb", "checkpoint_save_s_per_mb")
 PER_MB = ("state_broadcast_s_per_mb", "checkpoint_load_s_per_mb", "checkpoint_save_s_per_mb")  # unit s/MB
 DEFAULT_FILE = "calibration.json"
 FREE = "free"

@@ -83,13 +83,9 @@ class PolicyDriver:
         self._physics.schedule_completions(t)
         n_idle = ledger.n_idle
         self.rows.append(DecisionRow(
-            time=t,
-            idle_nodes=n_idle,
-            used_nodes=n_idle - ledger.n_free,
-            running_jobs=sum(1 for j in fleet.admitted if ledger.count(j.id)),
-            queued_jobs=len(fleet.queue),
-            rescales=self._physics.step_rescales,
-            decision_ms=decision_ms,
+            time=t, idle_nodes=n_idle, used_nodes=n_idle - ledger.n_free,
+            running_jobs=sum(1 for j in fleet.admitted if ledger.count(j.id)), queued_jobs=len(fleet.queue),
+            rescales=self._physics.step_rescales, decision_ms=decision_ms,
             constrained=n_idle <= fleet.absorb_capacity(),
         ))
         self._physics.step_rescales = 0

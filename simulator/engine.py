@@ -1,12 +1,11 @@
 """Discrete-event replay of an idle-node timeline with elastic training jobs: the event loop.
 
-Events (nodes become idle, nodes recalled, pilots up, jobs arrive, workers join, jobs complete, the
-policy's wake-ups) sit on a heap ordered by ``(time, priority, seq)``. All events at one timestamp
-are applied together, each by its handler (one table, by the event's type), then the policy decides
-once. The engine holds no rule of its own: admission, profiling, lending, curves, costs, allocation,
-the queue's order and what the policy is shown are the daemon's :class:`policy.Policy`; which node
-is ours since when, which job runs on which, interruptions and "below its min a job stops" are the
-policy's :class:`policy.Ledger`, which the engine feeds with events and which builds the View.
+Events (nodes become idle, nodes recalled, pilots up, jobs arrive, workers join, jobs complete, the policy's wake-ups)
+sit on a heap ordered by ``(time, priority, seq)``. All events at one timestamp are applied together, each by its
+handler (one table, by the event's type), then the policy decides once. The engine holds no rule of its own: admission,
+profiling, lending, curves, costs, allocation, the queue's order and what the policy is shown are the daemon's
+:class:`policy.Policy`; which node is ours since when, which job runs on which, interruptions and "below its min a job
+stops" are the policy's :class:`policy.Ledger`, which the engine feeds with events and which builds the View.
 
 The loop is composed of four parts, each passed what it needs:
 
@@ -50,14 +49,8 @@ class Simulator:
     """Replays ``timeline`` over ``[start, end]`` with ``workload`` under ``policy``."""
 
     def __init__(
-        self,
-        timeline: IdleTimeline,
-        workload: Workload,
-        policy: SimPolicy,
-        config: SimConfig = SimConfig(),
-        progress: Callable[[float], None] | None = None,
-        seed: int = 0,
-        keep_decisions: bool = False,
+        self, timeline: IdleTimeline, workload: Workload, policy: SimPolicy, config: SimConfig = SimConfig(),
+        progress: Callable[[float], None] | None = None, seed: int = 0, keep_decisions: bool = False,
         monitor_factory: MonitorFactory | None = None,
     ) -> None:
         self.timeline = timeline

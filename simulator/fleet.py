@@ -90,8 +90,7 @@ class Fleet:
         self._ledger.submitted(JobView(id=job.id, min_nodes=spec.min_nodes, max_nodes=spec.max_nodes, order=job.order,
                                        scaling=job.user_curve, profile=False, work_left=job.work_left,
                                        budget_node_hours=spec.budget_node_hours, deadline=deadline,
-                                       user=job.id if self._config.users == "job" else spec.user,
-                                       group=spec.group))
+                                       user=job.id if self._config.users == "job" else spec.user, group=spec.group))
         return job
 
     def _rescale_pause(self, spec: JobSpec) -> float | None:

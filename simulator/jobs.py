@@ -1,9 +1,8 @@
 """The simulator's job types: a job to simulate (:class:`JobSpec`), scaling curves
 (:class:`ScalingSet`) and a source of jobs (:class:`Workload`).
 
-Every workload module (:mod:`simulator.streams`, :mod:`simulator.philly`,
-:mod:`simulator.workload`) builds on these; none imports another's internals, so the
-modules form no import circle.
+Every workload module (:mod:`simulator.streams`, :mod:`simulator.philly`, :mod:`simulator.workload`) builds on these;
+none imports another's internals, so the modules form no import circle.
 
 Defaults follow the published evaluation (MalleTrain/BFTrainer): 130M samples
 per job, 1-64 nodes, 18 s to scale up, 12 s to scale down.
@@ -43,9 +42,8 @@ LAUNCHERS = (ELASTIC, TORCHRUN)
 class JobSpec:
     """One training job to simulate.
 
-    ``scaling`` is the TRUE throughput (samples/s per node count): progress is
-    always computed from it. ``believed_scaling`` is what a policy is told (a
-    user's guess, say); it defaults to the true curve.
+    ``scaling`` is the TRUE throughput (samples/s per node count): progress is always computed from it.
+    ``believed_scaling`` is what a policy is told (a user's guess, say); it defaults to the true curve.
     """
 
     name: str

@@ -1,24 +1,20 @@
 """Analytic cost of convolutional networks: parameters, multiply-adds, activations.
 
-A network is described layer by layer with small pure functions that take a
-tensor :data:`Shape` ``(channels, height, width)`` of ONE sample and return the
-layer's :class:`Cost` and its output shape. Nothing is executed.
+A network is described layer by layer with small pure functions that take a tensor :data:`Shape` ``(channels, height,
+width)`` of ONE sample and return the layer's :class:`Cost` and its output shape. Nothing is executed.
 
 What the counts assume:
 
-* ``params``: trainable parameters (conv and dense weights, biases when the layer
-  has them, batch-norm scale and shift: 2 per channel). Batch-norm running
-  statistics are not trainable and not counted.
+* ``params``: trainable parameters (conv and dense weights, biases when the layer has them, batch-norm scale and shift:
+  2 per channel). Batch-norm running statistics are not trainable and not counted.
 * ``macs``: forward multiply-adds of convolutions and dense layers per sample
-  (``out_h * out_w * c_out * (c_in / groups) * k * k``). Element-wise layers
-  (batch norm, ReLU, adds, pooling) count no MACs: they are memory-bound.
-* ``activations``: output elements of every layer per sample, element-wise ones
-  included. It is a proxy for the memory traffic of a training step and for the
-  activation memory a sample holds (see :mod:`simulator.perfmodel`).
+  (``out_h * out_w * c_out * (c_in / groups) * k * k``). Element-wise layers (batch norm, ReLU, adds, pooling) count no
+  MACs: they are memory-bound.
+* ``activations``: output elements of every layer per sample, element-wise ones included. It is a proxy for the memory
+  traffic of a training step and for the activation memory a sample holds (see :mod:`simulator.perfmodel`).
 
-The reference ImageNet models (:data:`REFERENCE_MODELS`) follow the torchvision
-definitions, written from their published layer tables; their parameter counts
-match torchvision's exactly (tested), which checks the counter.
+The reference ImageNet models (:data:`REFERENCE_MODELS`) follow the torchvision definitions, written from their
+published layer tables; their parameter counts match torchvision's exactly (tested), which checks the counter.
 """
 
 from __future__ import annotations
@@ -101,8 +97,7 @@ def conv_bn(c_out: int, k: int, stride: int = 1, groups: int = 1, act: bool = Tr
             pad: int | None = None) -> Callable[[Shape], tuple[Cost, Shape]]:
     """conv (no bias) + batch norm (+ ReLU when ``act``), the usual block."""
     def layer(x: Shape) -> tuple[Cost, Shape]:
-        steps: list[Callable[[Shape], tuple[Cost, Shape]]] = [
-            lambda s: conv(s, c_out, k, stride, pad, groups), bn]
+        steps: list[Callable[[Shape], tuple[Cost, Shape]]] = [lambda s: conv(s, c_out, k, stride, pad, groups), bn]
         if act:
             steps.append(eltwise)
         return chain(x, *steps)

@@ -7,9 +7,8 @@ arriving over :data:`SCARCE_ARRIVAL_S` s) are described in docs/research/evaluat
 job streams). Every job may use 1..16 nodes (the measured range).
 
 **Jobs files.** ``name,time,application[,num_replicas,batch_size,samples,budget_node_hours,deadline,``
-``commit_interval_s]``:
-``time`` in seconds from the start of the replayed window, ``application`` one of the six models,
-``num_replicas`` GPUs (rigid size ``ceil(num_replicas / 4)`` nodes), ``batch_size`` the per-GPU batch,
+``commit_interval_s]``: ``time`` in seconds from the start of the replayed window, ``application`` one of the six
+models, ``num_replicas`` GPUs (rigid size ``ceil(num_replicas / 4)`` nodes), ``batch_size`` the per-GPU batch,
 ``samples`` the job's length (default: :data:`DEFAULT_JOB_WORK_S` node-seconds of work at one node),
 ``budget_node_hours`` and ``deadline`` (seconds from the start, as ``time``) as in the daemon's job file,
 ``commit_interval_s`` the seconds between the job's checkpoint commits (default: the calibration's).
@@ -42,8 +41,7 @@ DEFAULT_JOB_WORK_S = 4 * 3600.0  # a jobs-file job without samples: 4 node-hours
 SCARCE_PER_MODEL = 2  # the scarce mix: 12 jobs, on 64 nodes fewer jobs than nodes
 SCARCE_ARRIVAL_S = 600.0
 JOBS_FILE_COLUMNS = ("name", "time", "application")
-JOBS_FILE_OPTIONAL = ("num_replicas", "batch_size", "samples", "budget_node_hours", "deadline",
-                      "commit_interval_s")
+JOBS_FILE_OPTIONAL = ("num_replicas", "batch_size", "samples", "budget_node_hours", "deadline", "commit_interval_s")
 
 
 @dataclass(frozen=True)
@@ -299,8 +297,7 @@ def scarce_workload(seed: int, duration_s: float, data_dir: Path | None = None) 
 
 def jobs_file_workload(path: str | Path, data_dir: Path | None = None) -> Workload:
     """A job list ``name,time,application[,num_replicas,batch_size,samples,budget_node_hours,deadline,``
-    ``commit_interval_s]``
-    (see the module docstring; a deadline in seconds after the start, as ``time``)."""
+    ``commit_interval_s]`` (see the module docstring; a deadline in seconds after the start, as ``time``)."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")

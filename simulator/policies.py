@@ -7,24 +7,21 @@ comparison needs it, what only the simulator knows, handed to the policy as a us
   Jobs carry no curve; the prior is the mean of the workload's model curves (the user knows the
   candidate models, not which job is which), or with ``learning_prior = "linear"`` a linear curve
   at its 1-node rate (:func:`learning_prior`: what a user without data gives).
-* ``jpa``: the paper's JPA policy: every job profiled in inverse order, refined online (the
-  ``jpa`` preset when :data:`policy.PRESETS` has one, else ``malletrain`` with
-  ``profiling="always"``); same prior as ``malletrain``.
+* ``jpa``: the paper's JPA policy: every job profiled in inverse order, refined online (the ``jpa`` preset when
+  :data:`policy.PRESETS` has one, else ``malletrain`` with ``profiling="always"``); same prior as ``malletrain``.
 * ``freetrain``: FreeTrain: every job comes with a user's curve (:func:`believed_curve` under an
   error model: ``mean``, ``linear``, ``other`` or ``noise:X``), trusted as given.
 * ``milp-true``: the true curve as the user's (the information ceiling); costs measured.
 * ``oracle``: the true curve and free rescales (the simulator charges no pause), an upper bound.
 * ``greedy`` / ``equal``: the count-picking baselines.
-* ``rigid-preemptible``: what a centre offers today: each job runs at one fixed node count
-  (:func:`rigid_nodes`) in a preemptable queue, starts when that many nodes are free, is killed by
-  the recall of any of its nodes and requeued from its last checkpoint; never rescaled. It is the
-  ``greedy`` preset on jobs whose min and max are that count (FCFS, each grown to its max, nothing
-  shrinks; a recall takes it below its min, so it stops): the user's submission, not a rule.
+* ``rigid-preemptible``: what a centre offers today: each job runs at one fixed node count (:func:`rigid_nodes`) in a
+  preemptable queue, starts when that many nodes are free, is killed by the recall of any of its nodes and requeued from
+  its last checkpoint; never rescaled. It is the ``greedy`` preset on jobs whose min and max are that count (FCFS, each
+  grown to its max, nothing shrinks; a recall takes it below its min, so it stops): the user's submission, not a rule.
 
-:class:`Overrides` (``--admission``, ``--max-running``, ``--admission-cap``, ``--objective``) are
-applied after the preset, so every policy can run at the default's admission; a combination that
-cannot run (an admission cap under fixed admission, adaptive admission with no Pjmax floor) is an
-error naming both.
+:class:`Overrides` (``--admission``, ``--max-running``, ``--admission-cap``, ``--objective``) are applied after the
+preset, so every policy can run at the default's admission; a combination that cannot run (an admission cap under fixed
+admission, adaptive admission with no Pjmax floor) is an error naming both.
 
 Rates and rescale costs always reach the policy as a monitor would have measured them
 (:class:`simulator.monitor.SimJobMonitor`), never as true values.
@@ -233,8 +230,7 @@ def believed_curve(model: ErrorModel, spec: JobSpec, mean: Curve | None, seed: i
     * ``linear``: linear from the true rate at ``min_nodes`` (the user ran it once, small).
     * ``other``: another model's curve (one of ``curves`` other than the job's own model, drawn
       seeded by ``(seed, job name)``): the user copied a curve published for a different network.
-    * ``noise:X``: the true curve, each point times ``U(1 - X%, 1 + X%)``, seeded by
-      ``(seed, job name)``.
+    * ``noise:X``: the true curve, each point times ``U(1 - X%, 1 + X%)``, seeded by ``(seed, job name)``.
     """
     true = spec.scaling
     if model.kind == "mean":

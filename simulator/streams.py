@@ -1,32 +1,27 @@
 """Generated job streams for the simulator: ``nas``, ``hpo``, ``stress``, ``imagenet7``.
 
-Every stream is seeded and offline. Rates and curves of ``nas`` and ``hpo`` come from
-:mod:`simulator.perfmodel` (calibrated on the measured Summit curves when they are at
-hand, else its stored Summit constants) applied to analytic network costs
-(:mod:`simulator.netcost`, :mod:`simulator.nb101`).
+Every stream is seeded and offline. Rates and curves of ``nas`` and ``hpo`` come from :mod:`simulator.perfmodel`
+(calibrated on the measured Summit curves when they are at hand, else its stored Summit constants) applied to analytic
+network costs (:mod:`simulator.netcost`, :mod:`simulator.nb101`).
 
-* ``nas``: each job trains one NASBench-101-like architecture (:func:`simulator.nb101.sample_cell`)
-  at 224x224 with a per-GPU batch of ``min(32, what fits in 16 GB)``. With the published
-  skeleton at 224x224 (a full-resolution 128-channel stem), these networks cost 7-80
-  GMACs per sample (p10-p90) for 1-12M parameters, so compute dwarfs the allreduce and
-  they scale almost linearly (efficiency at 64 nodes about 0.98): what varies is their
-  rate (about 10x) and their length.
-* ``hpo``: each job draws a model of :data:`HPO_MODELS` and a per-GPU batch from
-  :data:`HPO_PER_GPU_BATCHES` (capped by memory): small batches amortise the
-  allreduce and per-layer costs over fewer samples, so they scale worse. Its trials are searches
-  of :data:`HPO_SEARCH_TRIALS` consecutive trials each (``JobSpec.group``), and the policy treats
-  them as a sweep's trials: a stream admitted within its bound, a trial near its end not grown
-  (:mod:`policy.sweeps`), the very rules the daemon applies to a ``[sweep]`` or a job array.
+* ``nas``: each job trains one NASBench-101-like architecture (:func:`simulator.nb101.sample_cell`) at 224x224 with a
+  per-GPU batch of ``min(32, what fits in 16 GB)``. With the published skeleton at 224x224 (a full-resolution
+  128-channel stem), these networks cost 7-80 GMACs per sample (p10-p90) for 1-12M parameters, so compute dwarfs the
+  allreduce and they scale almost linearly (efficiency at 64 nodes about 0.98): what varies is their rate (about 10x)
+  and their length.
+* ``hpo``: each job draws a model of :data:`HPO_MODELS` and a per-GPU batch from :data:`HPO_PER_GPU_BATCHES` (capped by
+  memory): small batches amortise the allreduce and per-layer costs over fewer samples, so they scale worse. Its trials
+  are searches of :data:`HPO_SEARCH_TRIALS` consecutive trials each (``JobSpec.group``), and the policy treats them as a
+  sweep's trials: a stream admitted within its bound, a trial near its end not grown (:mod:`policy.sweeps`), the very
+  rules the daemon applies to a ``[sweep]`` or a job array.
 * ``stress``: labelled Amdahl / USL curves that scale badly, some past a peak
   (``rate(n) = r1 n / (1 + s (n - 1) + k n (n - 1))``), where knowing the curve matters.
 * ``imagenet7``: the 7 measured curves drawn uniformly (the former ``nas``), unchanged.
 
-**Job length.** ImageNet-1k has :data:`IMAGENET_TRAIN` training images; a job trains a
-whole number of epochs. ``nas`` uses the NASBench-101 epoch budgets (4, 12, 36, 108)
-weighted 27:9:3:1, and ``hpo`` the budgets (10, 30, 90) weighted 9:3:1, as in one
-successive-halving bracket with eta = 3 (many short trials, few long ones). ``stress`` trains a
-log-uniform 5-100 epochs. ``imagenet7`` keeps the published evaluation's 130M samples
-(about 100 epochs).
+**Job length.** ImageNet-1k has :data:`IMAGENET_TRAIN` training images; a job trains a whole number of epochs. ``nas``
+uses the NASBench-101 epoch budgets (4, 12, 36, 108) weighted 27:9:3:1, and ``hpo`` the budgets (10, 30, 90) weighted
+9:3:1, as in one successive-halving bracket with eta = 3 (many short trials, few long ones). ``stress`` trains a
+log-uniform 5-100 epochs. ``imagenet7`` keeps the published evaluation's 130M samples (about 100 epochs).
 
 ``Workload.models`` (what a policy may know, e.g. freetrain's mean prior) is the
 curve of each model a stream draws from for ``hpo`` and ``imagenet7``, and a seeded
@@ -48,14 +43,7 @@ import numpy as np
 from simulator import nb101
 from simulator.netcost import MEASURED_MODELS, REFERENCE_MODELS, Cost
 from simulator.perfmodel import (
-    GPUS_PER_NODE,
-    NODE_COUNTS,
-    SUMMIT_V100,
-    Calibration,
-    Machine,
-    calibrate,
-    curve,
-    max_per_gpu_batch,
+    GPUS_PER_NODE, NODE_COUNTS, SUMMIT_V100, Calibration, Machine, calibrate, curve, max_per_gpu_batch,
 )
 from simulator.jobs import DEFAULT_SAMPLES, Curve, JobSpec, ScalingSet, Workload, WorkloadError
 

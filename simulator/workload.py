@@ -47,8 +47,7 @@ OFFERED_STREAMS = ("philly", "philly-done", "pollux-done")  # real streams offer
 
 
 def make_workload(
-    name: str, scaling: ScalingSet, seed: int = 0, n_jobs: int | None = None,
-    window: StreamWindow | None = None,
+    name: str, scaling: ScalingSet, seed: int = 0, n_jobs: int | None = None, window: StreamWindow | None = None,
 ) -> Workload:
     """``nas``, ``hpo``, ``stress``, ``imagenet7`` (generated, endless unless ``n_jobs``), ``philly`` (a
     real finite stream for ``window``), a jobs file ``name,time,application[,...]``
@@ -68,8 +67,7 @@ def make_workload(
         if window is None:
             raise WorkloadError("the pollux-done workload needs the replay window (its length, idle node-seconds "
                                 "and --offered-load)")
-        return _first(pollux_workload(seed, window.duration_s, window.idle_node_seconds, window.offered_load),
-                      n_jobs)
+        return _first(pollux_workload(seed, window.duration_s, window.idle_node_seconds, window.offered_load), n_jobs)
     if name == "scarce":  # fewer jobs than nodes, the six models' curves: how nodes are shared
         return _first(scarce_workload(seed, window.duration_s if window is not None else 86400.0), n_jobs)
     path = Path(name)
@@ -219,22 +217,16 @@ def _entry_specs(entry: Any, scaling: ScalingSet, where: str, first_index: int) 
         name = base if count == 1 and "name" in entry else f"{base}#{first_index + k}"
         try:
             specs.append(JobSpec(
-                name=name,
-                model=model or "custom",
-                samples=_number(entry, "samples", DEFAULT_SAMPLES, where),
-                scaling=curve,
-                min_nodes=_integer(entry, "min_nodes", DEFAULT_MIN_NODES, where),
+                name=name, model=model or "custom", samples=_number(entry, "samples", DEFAULT_SAMPLES, where),
+                scaling=curve, min_nodes=_integer(entry, "min_nodes", DEFAULT_MIN_NODES, where),
                 max_nodes=_integer(entry, "max_nodes", DEFAULT_MAX_NODES, where),
                 up_cost_s=_number(entry, "up_cost_s", DEFAULT_UP_COST_S, where),
                 down_cost_s=_number(entry, "down_cost_s", DEFAULT_DOWN_COST_S, where),
-                arrival_s=_number(entry, arrival_key, 0.0, where),
-                believed_scaling=believed,
+                arrival_s=_number(entry, arrival_key, 0.0, where), believed_scaling=believed,
                 budget_node_hours=_optional(entry, "budget_node_hours", where),
-                deadline=_optional(entry, "deadline", where),
-                launcher=str(entry.get("launcher", "elastic")),
+                deadline=_optional(entry, "deadline", where), launcher=str(entry.get("launcher", "elastic")),
                 warm_ranks=_flag(entry, "warm_ranks", True, where),
-                commit_interval_s=_optional(entry, "commit_interval_s", where),
-                user=str(entry.get("user", "")),
+                commit_interval_s=_optional(entry, "commit_interval_s", where), user=str(entry.get("user", "")),
             ))
         except WorkloadError as exc:
             raise WorkloadError(f"{where}: {exc}") from None
