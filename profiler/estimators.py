@@ -1,6 +1,6 @@
 """Throughput per node count and rescale costs from a job's stream of records (docs/research.md, Profiler).
 
-Both are incremental (``add`` is O(1) amortised) so the daemon's monitor can feed them every step; both have a batch form.
+Both are incremental (``add`` is O(1) amortised, so the daemon's monitor feeds them every step) and have a batch form.
 
 Throughput: a segment's first record only marks the resume (its interval holds the rescale pause); the next
 ``warmup_steps`` intervals are warm-up and dropped; the estimate is the **median** of the last ``window`` per-step rates
@@ -29,11 +29,9 @@ _Z_HALF = 0.98
 
 @dataclass(frozen=True)
 class Estimate:
-    """Throughput at one world size: ``rate`` samples/s from ``n_steps`` recent steps.
-
-    ``rel_ci`` is the ~95% confidence half-width relative to ``rate`` (``inf`` when there are fewer steps than the
-    estimator's ``min_steps``); ``total_steps`` counts every step used at this size since the start.
-    """
+    """Throughput at one world size: ``rate`` samples/s from ``n_steps`` recent steps. ``rel_ci`` is the ~95% confidence
+    half-width relative to ``rate`` (``inf`` when there are fewer steps than the estimator's ``min_steps``);
+    ``total_steps`` counts every step used at this size since the start."""
 
     world_size: int
     rate: float
@@ -53,11 +51,8 @@ def _median(values: Iterable[float]) -> float:
 
 
 def median_ci(values: Iterable[float]) -> tuple[float, float, float]:
-    """``(median, low, high)``: a distribution-free ~95% interval of the median.
-
-    Ranks ``round(n/2 - 0.98 sqrt(n))`` and ``round(1 + n/2 + 0.98 sqrt(n))``
-    (1-based, clamped to the sample) of the sorted values.
-    """
+    """``(median, low, high)``: a distribution-free ~95% interval of the median. Ranks ``round(n/2 - 0.98 sqrt(n))`` and
+    ``round(1 + n/2 + 0.98 sqrt(n))`` (1-based, clamped to the sample) of the sorted values."""
     xs = sorted(values)
     n = len(xs)
     if n == 0:

@@ -221,12 +221,10 @@ class StepDown:
 
 @dataclass(frozen=True)
 class Done:
-    """Profile over. Give ``borrowed`` nodes back to ``return_nodes_to`` (None: nothing borrowed)
-    and re-plan with ``scalability`` (``None`` if no count yielded a single step and there is no prior).
-
-    ``capped`` lists the counts that hit the time cap (their point is kept if any step was measured);
-    ``missing`` the counts with no measurement at all.
-    """
+    """Profile over. Give ``borrowed`` nodes back to ``return_nodes_to`` (None: nothing borrowed) and re-plan with
+    ``scalability`` (``None`` if no count yielded a single step and there is no prior). ``capped`` lists the counts that
+    hit the time cap (their point is kept if any step was measured); ``missing`` the counts with no measurement at
+    all."""
 
     job_id: str
     scalability: Scalability | None

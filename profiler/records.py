@@ -36,11 +36,9 @@ class Record:
 
 @dataclass(frozen=True)
 class Segment:
-    """A run of steps at one world size for :func:`synthesize`.
-
-    The segment's first step ends ``pause_before_s + step_s`` after the previous segment's last step (or after
-    ``start``); the next ``warmup_steps`` steps take ``step_s * warmup_factor``; the rest take ``step_s``.
-    """
+    """A run of steps at one world size for :func:`synthesize`. The segment's first step ends ``pause_before_s +
+    step_s`` after the previous segment's last step (or after ``start``); the next ``warmup_steps`` steps take ``step_s
+    * warmup_factor``; the rest take ``step_s``."""
 
     world_size: int
     steps: int

@@ -197,10 +197,8 @@ def leave_one_out_errors(points: Mapping[int, float]) -> dict[int, float]:
 
 
 def curve_error_pct(predicted: Mapping[int, float], true: Mapping[int, float], counts: Iterable[int]) -> float:
-    """Mean ``|predicted - true| / true`` in % over ``counts`` (both curves piecewise-linear).
-
-    What the simulator's ``scalability_error_pct`` reports over the counts a job ran at.
-    """
+    """Mean ``|predicted - true| / true`` in % over ``counts`` (both curves piecewise-linear). What the simulator's
+    ``scalability_error_pct`` reports over the counts a job ran at."""
     errs = []
     for n in counts:
         t = throughput_at(true, n)
@@ -213,14 +211,11 @@ def curve_error_pct(predicted: Mapping[int, float], true: Mapping[int, float], c
 
 
 class Scalability:
-    """A job's curve: the user's ``prior`` points and our ``measured`` ones, plus the fitted model.
-
-    :attr:`points` is what the model is fitted to: every measured point, and the prior points at counts not measured,
-    **calibrated** by the median ratio measured/prior over the measured counts (a user curve measured on other hardware
-    is usually off by a factor, not in shape). Not to be changed once made: :meth:`refine` returns a new object. The
-    :attr:`model` is fitted when first read: a curve asked only at its points (the policy's, mostly) never pays for a
-    fit.
-    """
+    """A job's curve: the user's ``prior`` points and our ``measured`` ones, plus the fitted model. :attr:`points` is
+    what the model is fitted to: every measured point, and the prior points at counts not measured, **calibrated** by
+    the median ratio measured/prior over the measured counts (a user curve measured on other hardware is usually off by
+    a factor, not in shape). Not to be changed once made: :meth:`refine` returns a new object. The :attr:`model` is
+    fitted when first read: a curve asked only at its points (the policy's, mostly) never pays for a fit."""
 
     def __init__(self, prior: Mapping[int, float], measured: Mapping[int, float], source: Source) -> None:
         self.prior: dict[int, float] = dict(prior)
@@ -297,10 +292,8 @@ class Scalability:
 
 
 def parse_scaling_table(text: str, origin: str = "<text>") -> dict[str, dict[int, float]]:
-    """``model,nodes,samples_per_second`` CSV text (``#`` comment lines) -> ``{model: {nodes: rate}}``.
-
-    Pure (the caller reads the file); errors name ``origin:line``.
-    """
+    """``model,nodes,samples_per_second`` CSV text (``#`` comment lines) -> ``{model: {nodes: rate}}``. Pure (the caller
+    reads the file); errors name ``origin:line``."""
     out: dict[str, dict[int, float]] = {}
     header_seen = False
     for lineno, raw in enumerate(text.splitlines(), start=1):

@@ -38,14 +38,12 @@ def simulate(
     freetrain_model: str = "mean", policy_config: PolicyConfig | None = None, keep_decisions: bool = False,
     overrides: Overrides | None = None, offered_load: float = 1.0, learning_prior: str = "mean",
 ) -> SimResult:
-    """Replay ``timeline`` with a named (or given) policy and workload; returns the result.
-
-    A named policy is the preset of that name on ``policy_config`` (default: the daemon's defaults), given a
-    :class:`PolicyContext` with the workload's model curves, ``seed``, ``freetrain_model`` (``mean`` | ``linear`` |
-    ``noise:X``) and ``learning_prior`` (``mean`` | ``linear``); ``overrides`` win over the preset. The ``philly``
-    workload offers ``offered_load`` x the window's idle node-seconds of work. Costs: ``config.calibration``, else
-    the shipped calibration (:func:`simulator.calibration.default`).
-    """
+    """Replay ``timeline`` with a named (or given) policy and workload; returns the result. A named policy is the preset
+    of that name on ``policy_config`` (default: the daemon's defaults), given a :class:`PolicyContext` with the
+    workload's model curves, ``seed``, ``freetrain_model`` (``mean`` | ``linear`` | ``noise:X``) and ``learning_prior``
+    (``mean`` | ``linear``); ``overrides`` win over the preset. The ``philly`` workload offers ``offered_load`` x the
+    window's idle node-seconds of work. Costs: ``config.calibration``, else the shipped calibration
+    (:func:`simulator.calibration.default`)."""
     if config.calibration is None:  # costs are charged unless a calibration (e.g. free()) is named
         config = replace(config, calibration=default_calibration())
     curves = scaling if scaling is not None else find_scaling()

@@ -1,11 +1,10 @@
 """The driver of the policy: what the simulator does at a decision, as the daemon does at its own.
 
-It shows the policy the ledger's view (every admitted job and the queued jobs the policy's rule
-shows, :mod:`policy.queueview`), with each job's samples left and node-hours used (budgets), the
-recalls known in advance (``SimConfig.recall_notice_s``) and what the simulated monitor measured;
-then it carries the decision out: jobs the policy stops end, jobs that lost their slot wait again,
-the plan's shrinks and grows go to :class:`simulator.physics.JobPhysics`, and the policy's wake-ups
-go on the event heap. It holds no rule of its own about which job runs where.
+It shows the policy the ledger's view (every admitted job and the queued jobs the policy's rule shows,
+:mod:`policy.queueview`) with each job's samples left and node-hours used, the recalls known in advance
+(``SimConfig.recall_notice_s``) and what the simulated monitor measured; then it carries the decision out: stopped jobs
+end, jobs that lost their slot wait again, shrinks and grows go to :class:`simulator.physics.JobPhysics`, wake-ups go on
+the event heap. It holds no rule of its own about which job runs where.
 """
 
 from __future__ import annotations
@@ -90,8 +89,6 @@ class PolicyDriver:
         ))
         self._physics.step_rescales = 0
 
-    # ------------------------------------------------------------ what the policy is shown
-
     def _queue_window(self, t: float) -> list[SimJob]:
         """The queued jobs the policy is shown (:func:`policy.queueview.shown_queue`), an endless stream
         drawn from as needed to fill every slot (each job submitted when drawn)."""
@@ -124,8 +121,6 @@ class PolicyDriver:
             if not tl.idle[i]:
                 known.setdefault(tl.nodes[int(tl.node_ids[i])], float(tl.times[i]))
         return known
-
-    # ------------------------------------------------------------ carrying a decision out
 
     def _push_wakeups(self, decision: Decision, t: float) -> None:
         times = [decision.wake_at] if decision.wake_at is not None else []

@@ -2,19 +2,14 @@
 
 Events (nodes become idle, nodes recalled, pilots up, jobs arrive, workers join, jobs complete, the policy's wake-ups)
 sit on a heap ordered by ``(time, priority, seq)``. All events at one timestamp are applied together, each by its
-handler (one table, by the event's type), then the policy decides once. The engine holds no rule of its own: admission,
-profiling, lending, curves, costs, allocation, the queue's order and what the policy is shown are the daemon's
-:class:`policy.Policy`; which node is ours since when, which job runs on which, interruptions and "below its min a job
-stops" are the policy's :class:`policy.Ledger`, which the engine feeds with events and which builds the View.
+handler (one table, by the event's type), then the policy decides once. The engine holds no rule of its own (see
+docs/design.md): the rules are the daemon's :class:`policy.Policy`, the node and job bookkeeping its
+:class:`policy.Ledger`, which the engine feeds with events and which builds the View.
 
-The loop is composed of four parts, each passed what it needs:
-
-* :class:`simulator.fleet.Fleet`: every job, the admitted ones and the queue; how a job is made;
-* :class:`simulator.physics.JobPhysics`: ground truth, a job's progress, pauses, starts, stops;
-* :class:`simulator.tallying.Tallying`: the node-second integrals between events;
-* :class:`simulator.driver.PolicyDriver`: asks the policy and carries its decisions out.
-
-Records: :mod:`simulator.records`; summary: :mod:`simulator.summary`. Costs: one calibration
+The loop is composed of four parts, each passed what it needs: :class:`simulator.fleet.Fleet` (every job, the admitted
+ones and the queue), :class:`simulator.physics.JobPhysics` (ground truth: progress, pauses, starts, stops),
+:class:`simulator.tallying.Tallying` (the node-second integrals between events) and
+:class:`simulator.driver.PolicyDriver` (asks the policy and carries its decisions out). Costs: one calibration
 (:mod:`simulator.calibration`; starts and grows by :mod:`simulator.costs`'s warm rule); without
 ``SimConfig.calibration`` the ``free`` ablation (the CLI charges the shipped file).
 """
@@ -90,8 +85,6 @@ class Simulator:
             Wake: self._on_wake,
         }
 
-    # ------------------------------------------------------------ what the parts hold
-
     @property
     def jobs(self) -> dict[str, SimJob]:
         return self.fleet.jobs
@@ -114,8 +107,6 @@ class Simulator:
 
     def absorb_capacity(self) -> int:
         return self.fleet.absorb_capacity()
-
-    # ------------------------------------------------------------ main loop
 
     def run(self) -> SimResult:
         wall0 = time.perf_counter()
@@ -189,8 +180,6 @@ class Simulator:
             changed |= handlers[type(ev)](ev, t)
         return changed, False
 
-    # ------------------------------------------------------------ handlers, one per event type
-
     def _on_batch(self, ev: EventBatch, t: float) -> bool:
         self._apply_batch(ev)
         self._push_next_batch()
@@ -248,8 +237,6 @@ class Simulator:
             self._batches = None
             return
         self.events.push(batch.time, Priority.TRACE, batch)
-
-    # ------------------------------------------------------------ results
 
     def _result(self, wall: float, cpu: float) -> SimResult:
         fleet, driver = self.fleet, self.driver

@@ -1,11 +1,7 @@
-"""The simulator's job types: a job to simulate (:class:`JobSpec`), scaling curves
-(:class:`ScalingSet`) and a source of jobs (:class:`Workload`).
-
-Every workload module (:mod:`simulator.streams`, :mod:`simulator.philly`, :mod:`simulator.workload`) builds on these;
-none imports another's internals, so the modules form no import circle.
-
-Defaults follow the published evaluation (MalleTrain/BFTrainer): 130M samples
-per job, 1-64 nodes, 18 s to scale up, 12 s to scale down.
+"""The simulator's job types: a job (:class:`JobSpec`), scaling curves (:class:`ScalingSet`), a source of jobs
+(:class:`Workload`). The workload modules build on these and import none of each other's internals (no import circle).
+Defaults follow the published evaluation (MalleTrain/BFTrainer): 130M samples a job, 1-64 nodes, 18 s to scale up,
+12 s to scale down.
 """
 
 
@@ -40,11 +36,9 @@ LAUNCHERS = (ELASTIC, TORCHRUN)
 
 @dataclass(frozen=True)
 class JobSpec:
-    """One training job to simulate.
-
-    ``scaling`` is the TRUE throughput (samples/s per node count): progress is always computed from it.
-    ``believed_scaling`` is what a policy is told (a user's guess, say); it defaults to the true curve.
-    """
+    """One training job to simulate. ``scaling`` is the TRUE throughput (samples/s per node count): progress is always
+    computed from it. ``believed_scaling`` is what a policy is told (a user's guess, say); it defaults to the true
+    curve."""
 
     name: str
     model: str
@@ -134,26 +128,20 @@ def _amdahl(rate1: float, serial: float, counts: tuple[int, ...] = (1, 2, 4, 8, 
 
 
 def synthetic_scaling() -> ScalingSet:
-    """Built-in Amdahl-style curves, used only when no scaling file is found.
-
-    These are SYNTHETIC (not measurements): rate(n) = r1 * n / (1 + s (n - 1)).
-    """
+    """Built-in Amdahl-style curves, used only when no scaling file is found. These are SYNTHETIC (not measurements):
+    rate(n) = r1 * n / (1 + s (n - 1))."""
     curves = {
-        "synthetic-fast": _amdahl(7000.0, 0.012),
-        "synthetic-heavy": _amdahl(1200.0, 0.002),
-        "synthetic-linear": _amdahl(5000.0, 0.0),
-        "synthetic-small": _amdahl(3000.0, 0.006),
+        "synthetic-fast": _amdahl(7000.0, 0.012), "synthetic-heavy": _amdahl(1200.0, 0.002),
+        "synthetic-linear": _amdahl(5000.0, 0.0), "synthetic-small": _amdahl(3000.0, 0.006),
         HPO_MODEL: _amdahl(2800.0, 0.005),
     }
     return ScalingSet(curves, "synthetic (built in)", synthetic=True)
 
 
 def load_scaling(path: str | Path) -> ScalingSet:
-    """Read ``model,nodes,samples_per_second`` rows (after ``#`` comment lines).
-
-    The parsing is the profiler's (:func:`profiler.parse_scaling_table`); its
-    errors name ``file:line`` and come back here as :class:`WorkloadError`.
-    """
+    """Read ``model,nodes,samples_per_second`` rows (after ``#`` comment lines). The parsing is the profiler's
+    (:func:`profiler.parse_scaling_table`); its errors name ``file:line`` and come back here as
+    :class:`WorkloadError`."""
     p = Path(path)
     try:
         text = p.read_text()
@@ -190,8 +178,6 @@ def _fallback_data_path() -> Path | None:
     return next((c for c in candidates if c.is_file()), None)
 
 
-# ---------------------------------------------------------------- job streams
-
 
 @dataclass(frozen=True)
 class StreamWindow:
@@ -205,11 +191,8 @@ class StreamWindow:
 
 @dataclass
 class Workload:
-    """A source of jobs: a seeded endless stream, or a finite list.
-
-    ``draw()`` gives the next job of the stream (``None`` once a finite stream
-    is exhausted); ``timed`` are jobs with their own arrival times (user files).
-    """
+    """A source of jobs: a seeded endless stream, or a finite list. ``draw()`` gives the next job of the stream
+    (``None`` once a finite stream is exhausted); ``timed`` are jobs with their own arrival times (user files)."""
 
     name: str
     scaling_source: str

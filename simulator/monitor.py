@@ -101,15 +101,13 @@ PROBE_STEPS = 4  # steady steps on each side of a rescale, for the pause estimat
 
 
 class SimJobMonitor:
-    """What the daemon's job monitor would have measured for one simulated job.
-
-    Every run at a node count (from the moment its pause ends) yields step records drawn from the job's TRUE curve
-    (:class:`StepFeed`), fed to a real :class:`profiler.ThroughputEstimator` until its estimate is stable (or
-    :data:`MAX_CHUNKS` chunks): a monitor keeps the newest estimate per count, and records arrive over simulated time,
-    so :meth:`evidence` at ``now`` shows only the records that exist by then. Every rescale between two non-zero counts
-    yields a short record stream around the pause (:data:`PROBE_STEPS` steps at each size), measured by the real
-    :func:`profiler.rescale_events`. Nothing here reads a true value but the curve that makes the records.
-    """
+    """What the daemon's job monitor would have measured for one simulated job. Every run at a node count (from the
+    moment its pause ends) yields step records drawn from the job's TRUE curve (:class:`StepFeed`), fed to a real
+    :class:`profiler.ThroughputEstimator` until its estimate is stable (or :data:`MAX_CHUNKS` chunks): a monitor keeps
+    the newest estimate per count, and records arrive over simulated time, so :meth:`evidence` at ``now`` shows only the
+    records that exist by then. Every rescale between two non-zero counts yields a short record stream around the pause
+    (:data:`PROBE_STEPS` steps at each size), measured by the real :func:`profiler.rescale_events`. Nothing here reads a
+    true value but the curve that makes the records."""
 
     def __init__(self, job_id: str, true_curve: Mapping[int, float], seed: int = 0, noise: float = RECORD_NOISE,
                  rel_ci: float = 0.05, rates: bool = True, costs: bool = True) -> None:

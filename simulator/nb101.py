@@ -137,12 +137,10 @@ def sample_cell(rng: np.random.Generator) -> CellSpec:
 
 
 def _sampled(full: list[list[int]], drawn: list[int]) -> CellSpec | None:
-    """``prune`` of the upper triangle of ``full`` with ops ``drawn`` when :func:`is_valid`, else ``None``.
-
-    On a drawn matrix the checks of :func:`is_valid` reduce to the edge limit: the pruned cell keeps
-    input and output, known ops and the upper triangle, has at most ``MAX_VERTICES`` vertices, and a
-    vertex on an input->output path has its whole path kept.
-    """
+    """``prune`` of the upper triangle of ``full`` with ops ``drawn`` when :func:`is_valid`, else ``None``. On a drawn
+    matrix the checks of :func:`is_valid` reduce to the edge limit: the pruned cell keeps input and output, known ops
+    and the upper triangle, has at most ``MAX_VERTICES`` vertices, and a vertex on an input->output path has its whole
+    path kept."""
     masks, on_path = _path_masks(full)
     if not on_path:
         return None  # the input does not reach the output

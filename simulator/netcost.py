@@ -104,8 +104,6 @@ def conv_bn(c_out: int, k: int, stride: int = 1, groups: int = 1, act: bool = Tr
     return layer
 
 
-# ---------------------------------------------------------------- reference ImageNet models
-
 IMAGE: Shape = (3, 224, 224)
 CLASSES = 1000
 
@@ -170,10 +168,8 @@ def resnet50() -> Cost:
 
 
 def densenet121() -> Cost:
-    """torchvision DenseNet-121: growth 32, bottleneck 4x, blocks (6, 12, 24, 16), pre-activation.
-
-    Each layer concatenates its 32 new channels to its input, a full copy (counted as activations).
-    """
+    """torchvision DenseNet-121: growth 32, bottleneck 4x, blocks (6, 12, 24, 16), pre-activation. Each layer
+    concatenates its 32 new channels to its input, a full copy (counted as activations)."""
     cost, x = chain(IMAGE, conv_bn(64, 7, 2), lambda y: pool(y, 3, 2, 1))
     for b, n in enumerate((6, 12, 24, 16)):
         for _ in range(n):

@@ -109,16 +109,12 @@ def efficiency(c: Curve, n: int) -> float:
 
 
 def max_per_gpu_batch(cost: Cost) -> int:
-    """The largest per-GPU batch whose activations fit (>= 1).
-
-    Assumes every layer output of a sample is kept for the backward pass (``activations * BYTES_PER_VALUE`` bytes) and
-    that weights, gradients and two optimizer moments (4 copies of the parameters) stay resident.
-    """
+    """The largest per-GPU batch whose activations fit (>= 1). Assumes every layer output of a sample is kept for the
+    backward pass (``activations * BYTES_PER_VALUE`` bytes) and that weights, gradients and two optimizer moments (4
+    copies of the parameters) stay resident."""
     free = GPU_MEMORY_BYTES - GPU_RESERVED_BYTES - 4 * BYTES_PER_VALUE * cost.params
     return max(1, int(free // (BYTES_PER_VALUE * max(cost.activations, 1))))
 
-
-# ---------------------------------------------------------------- calibration
 
 
 @dataclass(frozen=True)
@@ -182,11 +178,9 @@ def nelder_mead(f: Callable[[np.ndarray], float], x0: np.ndarray, iters: int = 3
 
 def calibrate(measured: Mapping[str, Curve], costs: Mapping[str, Cost], terms: str = "full",
               batch: int = REFERENCE_BATCH, start: Machine = SUMMIT_V100) -> Calibration:
-    """Fit :class:`Machine` to the measured curves of the models in ``costs``.
-
-    ``terms="basic"`` keeps only compute (``mac_rate``, ``sample_s``) and the ring
-    allreduce (``bandwidth``, ``latency_s``): ``layer_s`` = 0 and no I/O limit.
-    """
+    """Fit :class:`Machine` to the measured curves of the models in ``costs``. ``terms="basic"`` keeps only compute
+    (``mac_rate``, ``sample_s``) and the ring allreduce (``bandwidth``, ``latency_s``): ``layer_s`` = 0 and no I/O
+    limit."""
     if terms not in ("full", "basic"):
         raise ValueError(f"terms must be 'full' or 'basic', got {terms!r}")
     names = [m for m in costs if m in measured]

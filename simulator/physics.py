@@ -41,8 +41,6 @@ class JobPhysics:
         self.profiling: set[str] = set()  # jobs whose profile runs (the last decision's)
         self.step_rescales = 0  # rescales since the last decision's row
 
-    # ------------------------------------------------------------ time
-
     def advance_all(self, t: float) -> None:
         for job in self._fleet.admitted:
             self.advance(job, t)
@@ -84,8 +82,6 @@ class JobPhysics:
         if self._cal.is_free or job.spec.commit_interval_s is None:
             return self._cal.commit_interval_s
         return job.spec.commit_interval_s
-
-    # ------------------------------------------------------------ ends
 
     def roll_back(self, job: SimJob) -> None:
         """A stop: the work since the last commit is lost (the job restarts from its checkpoint)."""
@@ -172,8 +168,6 @@ class JobPhysics:
         job.state = SimJobState.QUEUED
         self.changed(job, t)  # its history and monitor record the stop
         self._fleet.requeue(job)
-
-    # ------------------------------------------------------------ node changes
 
     def recalled(self, job: SimJob, loss: Loss, t: float) -> None:
         """``loss.lost`` left ``job`` without notice; the ledger's ``loss.outcome`` says what follows:

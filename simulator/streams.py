@@ -72,8 +72,6 @@ class Draw:
     per_node_batch: int = 0
 
 
-# ---------------------------------------------------------------- the machine
-
 
 def _key(scaling: ScalingSet) -> tuple[tuple[str, tuple[tuple[int, float], ...]], ...] | None:
     if scaling.synthetic or not all(m in scaling.curves for m in MEASURED_MODELS):
@@ -103,8 +101,6 @@ def machine_for(scaling: ScalingSet) -> Machine:
 def reference_costs() -> dict[str, Cost]:
     return {m: f() for m, f in REFERENCE_MODELS.items()}
 
-
-# ---------------------------------------------------------------- draws (pure, seeded by rng)
 
 
 def _epochs(rng: np.random.Generator, budgets: tuple[int, ...]) -> int:

@@ -1,11 +1,9 @@
 """Workloads for the simulator: measured scaling curves and job streams.
 
-* ``nas``, ``hpo``, ``stress``: generated streams (NASBench-101-like architectures, HPO
-  trials, badly scaling curves) from a calibrated rate model; see :mod:`simulator.streams`.
-* ``imagenet7``: jobs drawn (seeded) from the ImageNet models of ``summit-scaling.csv``.
-* ``philly``: a real finite stream (Philly arrivals and sizes, Pollux curves); ``pollux-done`` a second job
-  list of the same trace, sampled as Pollux samples its workloads; see :mod:`simulator.philly`.
-* a jobs file ``name,time,application[,num_replicas,batch_size,samples]`` (:mod:`simulator.philly`).
+* ``nas``, ``hpo``, ``stress``: generated streams from a calibrated rate model (:mod:`simulator.streams`);
+* ``imagenet7``: jobs drawn (seeded) from the ImageNet models of ``summit-scaling.csv``;
+* ``philly`` (a real finite stream), ``pollux-done`` and a jobs file ``name,time,application[,...]``:
+  :mod:`simulator.philly`;
 * a user file (JSON, TOML or CSV) listing jobs.
 
 Defaults: :mod:`simulator.jobs`. The NAS and HPO streams never drain unless ``n_jobs`` is given.
@@ -88,8 +86,6 @@ def _first(wl: Workload, n_jobs: int | None) -> Workload:
         wl.timed = wl.timed[:n_jobs]
     return wl
 
-
-# ---------------------------------------------------------------- user job files
 
 _FIELDS = {
     "name", "model", "samples", "min_nodes", "max_nodes", "arrival", "arrival_s",
