@@ -90,15 +90,6 @@ class _SizeStats:
         self.cache = None
 
 
-def _check_knobs(warmup_steps: int, min_steps: int, window: int | None) -> None:
-    if warmup_steps < 0:
-        raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
-    if min_steps < 1:
-        raise ValueError(f"min_steps must be >= 1, got {min_steps}")
-    if window is not None and window < min_steps:
-        raise ValueError(f"window {window} must be >= min_steps {min_steps} (or None for unbounded)")
-
-
 class _OrderedStream:
     """Counts records and insists their timestamps strictly increase."""
 
@@ -126,7 +117,12 @@ class ThroughputEstimator(_OrderedStream):
     """Incremental samples/s per world size from one job's records (see the module doc)."""
 
     def __init__(self, warmup_steps: int = 2, window: int | None = 64, min_steps: int = 5) -> None:
-        _check_knobs(warmup_steps, min_steps, window)
+        if warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
+        if min_steps < 1:
+            raise ValueError(f"min_steps must be >= 1, got {min_steps}")
+        if window is not None and window < min_steps:
+            raise ValueError(f"window {window} must be >= min_steps {min_steps} (or None for unbounded)")
         self.warmup_steps = warmup_steps
         self.window = window
         self.min_steps = min_steps

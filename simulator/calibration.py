@@ -1,16 +1,13 @@
-"""The costs the simulator charges, from one calibration file.
-
-A calibration is a JSON file written by the project's own real benchmarks (``benchmarks/calibrate.py``,
-``benchmarks/bench_checkpoint.py``) and shipped as :file:`simulator/calibration.json`::
+"""The costs the simulator charges, from one calibration file, written by the project's own real benchmarks
+(``benchmarks/calibrate.py``, ``benchmarks/bench_checkpoint.py``) and shipped as :file:`simulator/calibration.json`::
 
     {"schema": 1, "values": {NAME: {"value": 12.0, "unit": "s", "how": "...",
                                     "when": "YYYY-MM-DD", "command": "..."}}}
 
-with every name of :data:`REQUIRED` and any of :data:`OPTIONAL` (0, or the fallback its field names,
-when a file has none). What each value is and how the engine charges it: docs/research/real-system.md
-(the calibration and what a node costs) and docs/research/evaluation.md (costs charged by default).
-``free`` (:func:`free`) is the named ablation with no start, restart, pilot, join or rollback cost
-(rescale pauses: each job's own). Every ``summary.json`` names the calibration it ran with.
+with every name of :data:`REQUIRED` and any of :data:`OPTIONAL` (0, or the fallback its field names, when a file has
+none). What each value is and how the engine charges it: docs/research/real-system.md and docs/research/evaluation.md.
+``free`` (:func:`free`) is the named ablation with no start, restart, pilot, join or rollback cost (rescale pauses: each
+job's own). Every ``summary.json`` names the calibration it ran with.
 """
 
 from __future__ import annotations

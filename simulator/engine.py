@@ -105,9 +105,6 @@ class Simulator:
     def decisions(self) -> list[Decision]:
         return self.driver.decisions
 
-    def absorb_capacity(self) -> int:
-        return self.fleet.absorb_capacity()
-
     def run(self) -> SimResult:
         wall0 = time.perf_counter()
         cpu0 = time.process_time()

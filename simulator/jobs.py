@@ -160,23 +160,10 @@ def find_scaling(path: str | Path | None = None) -> ScalingSet:
     """The given file, else ``summit-scaling.csv`` from the data dir, else synthetic curves."""
     if path is not None:
         return load_scaling(path)
-    try:
-        from traces.data import find_data
-    except ImportError:  # pragma: no cover - traces.data ships with the package
-        found = _fallback_data_path()
-    else:
-        found = find_data(SCALING_FILE)
+    from traces.data import find_data  # looked up at the call: a test replaces it
+
+    found = find_data(SCALING_FILE)
     return load_scaling(found) if found is not None else synthetic_scaling()
-
-
-def _fallback_data_path() -> Path | None:
-    import os
-
-    env = os.environ.get("MALLETRAIN_DATA")
-    candidates = [Path(env) / SCALING_FILE] if env else []
-    candidates.append(Path(__file__).resolve().parent.parent.parent / "shared" / "data" / SCALING_FILE)
-    return next((c for c in candidates if c.is_file()), None)
-
 
 
 @dataclass(frozen=True)

@@ -238,13 +238,7 @@ def shufflenet_v2_x1_0() -> Cost:
 
 # name in summit-scaling.csv (or a new name) -> the architecture assumed for it
 REFERENCE_MODELS: dict[str, Callable[[], Cost]] = {
-    "AlexNet": alexnet,
-    "vgg16": vgg16,
-    "resnet18": resnet18,
-    "DenseNet": densenet121,
-    "mnasnet1": mnasnet1_0,
-    "shufflenet": shufflenet_v2_x1_0,
-    "mobilenet": mobilenet_v2,
-    "resnet50": resnet50,
+    "AlexNet": alexnet, "vgg16": vgg16, "resnet18": resnet18, "DenseNet": densenet121, "mnasnet1": mnasnet1_0,
+    "shufflenet": shufflenet_v2_x1_0, "mobilenet": mobilenet_v2, "resnet50": resnet50,
 }
 MEASURED_MODELS = ("AlexNet", "vgg16", "resnet18", "DenseNet", "mnasnet1", "shufflenet", "mobilenet")

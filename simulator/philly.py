@@ -220,10 +220,6 @@ def philly_workload(seed: int, duration_s: float, idle_node_seconds: float, offe
     return Workload(label, str(base / "pollux"), timed=specs, finite=True, models=dict(cs))
 
 
-# pollux-done: Pollux's own sampler (its artifact's simulator/workload.py) on the same trace: jobs of at least
-# a minute and under 1,000 GPU-hours, drawn at random from the whole trace (not a consecutive run), each arriving
-# at its time of day, its model by its GPU time (cifar10 or ncf under 1 GPU-hour, deepspeech2 or bert under 10,
-# yolov3 under 100, imagenet above)
 POLLUX_MIN_DURATION_S = 60.0
 POLLUX_MAX_GPU_TIME_S = 1000 * 3600.0
 POLLUX_MODELS_BY_GPU_HOURS: tuple[tuple[float, tuple[str, ...]], ...] = (
@@ -242,12 +238,11 @@ def pollux_model(gpu_time_s: float, pick: float) -> str:
 
 def pollux_workload(seed: int, duration_s: float, idle_node_seconds: float, offered_load: float,
                     data_dir: Path | None = None) -> Workload:
-    """A second, independent Philly job list (``pollux-done``), sampled as Pollux's artifact samples its
-    workloads: jobs of the trace drawn at random (seeded) among those of at least
-    :data:`POLLUX_MIN_DURATION_S` and under :data:`POLLUX_MAX_GPU_TIME_S`, until their work reaches
-    ``offered_load`` x ``idle_node_seconds``; each arrives at its time of day, the day compressed into the
-    first :data:`FINISHING_ARRIVAL_SHARE` of the window, and its model is given by its GPU time
-    (:func:`pollux_model`). Work and sizes as in ``philly-done``: GPU time over 4, capped at
+    """A second, independent Philly job list (``pollux-done``), sampled as Pollux's artifact samples its workloads: jobs
+    of the trace drawn at random (seeded) among those of at least :data:`POLLUX_MIN_DURATION_S` and under
+    :data:`POLLUX_MAX_GPU_TIME_S`, until their work reaches ``offered_load`` x ``idle_node_seconds``; each arrives at
+    its time of day, the day compressed into the first :data:`FINISHING_ARRIVAL_SHARE` of the window, and its model is
+    given by its GPU time (:func:`pollux_model`). Work and sizes as in ``philly-done``: GPU time over 4, capped at
     :data:`FINISHING_WORK_CAP_SHARE` of the window at 16 nodes; rigid size ``ceil(num_gpus / 4)``."""
     if not offered_load > 0 or math.isinf(offered_load):
         raise WorkloadError(f"--offered-load must be a finite number > 0, got {offered_load}")

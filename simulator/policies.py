@@ -1,29 +1,25 @@
 """The simulator's named policies: the daemon's :class:`policy.Policy` plus ground truth.
 
-A named policy is a :data:`policy.PRESETS` entry of :class:`policy.PolicyConfig` and, where the
-comparison needs it, what only the simulator knows, handed to the policy as a user would hand it:
+A named policy is a :data:`policy.PRESETS` entry of :class:`policy.PolicyConfig` and, where the comparison needs it,
+what only the simulator knows, handed to the policy as a user would hand it:
 
-* ``malletrain``: the daemon's MalleTrain preset (whatever :data:`policy.PRESETS` says it is).
-  Jobs carry no curve; the prior is the mean of the workload's model curves (the user knows the
-  candidate models, not which job is which), or with ``learning_prior = "linear"`` a linear curve
-  at its 1-node rate (:func:`learning_prior`: what a user without data gives).
+* ``malletrain``: the daemon's MalleTrain preset. Jobs carry no curve; the prior is the mean of the workload's model
+  curves (the user knows the candidate models, not which job is which), or with ``learning_prior = "linear"`` a linear
+  curve at its 1-node rate (:func:`learning_prior`: what a user without data gives).
 * ``jpa``: the paper's JPA policy: every job profiled in inverse order, refined online (the ``jpa`` preset when
   :data:`policy.PRESETS` has one, else ``malletrain`` with ``profiling="always"``); same prior as ``malletrain``.
-* ``freetrain``: FreeTrain: every job comes with a user's curve (:func:`believed_curve` under an
-  error model: ``mean``, ``linear``, ``other`` or ``noise:X``), trusted as given.
+* ``freetrain``: every job comes with a user's curve (:func:`believed_curve` under an error model: ``mean``,
+  ``linear``, ``other`` or ``noise:X``), trusted as given.
 * ``milp-true``: the true curve as the user's (the information ceiling); costs measured.
 * ``oracle``: the true curve and free rescales (the simulator charges no pause), an upper bound.
 * ``greedy`` / ``equal``: the count-picking baselines.
-* ``rigid-preemptible``: what a centre offers today: each job runs at one fixed node count (:func:`rigid_nodes`) in a
-  preemptable queue, starts when that many nodes are free, is killed by the recall of any of its nodes and requeued from
-  its last checkpoint; never rescaled. It is the ``greedy`` preset on jobs whose min and max are that count (FCFS, each
-  grown to its max, nothing shrinks; a recall takes it below its min, so it stops): the user's submission, not a rule.
+* ``rigid-preemptible``: each job at one fixed node count (:func:`rigid_nodes`) in a preemptable queue, killed by the
+  recall of any of its nodes and requeued from its last checkpoint: the ``greedy`` preset on jobs whose min and max are
+  that count (the user's submission, not a rule).
 
 :class:`Overrides` (``--admission``, ``--max-running``, ``--admission-cap``, ``--objective``) are applied after the
-preset, so every policy can run at the default's admission; a combination that cannot run (an admission cap under fixed
-admission, adaptive admission with no Pjmax floor) is an error naming both.
-
-Rates and rescale costs always reach the policy as a monitor would have measured them
+preset; a combination that cannot run (an admission cap under fixed admission, adaptive admission with no Pjmax floor)
+is an error naming both. Rates and rescale costs reach the policy as a monitor would have measured them
 (:class:`simulator.monitor.SimJobMonitor`), never as true values.
 """
 
@@ -209,10 +205,9 @@ def learning_prior(kind: str, mean: Curve) -> dict[int, float]:
 
 
 def mean_curve(curves: Mapping[str, Curve]) -> dict[int, float]:
-    """The population's mean curve over the union of their node counts (piecewise-linear between
-    points): the mean 1-node rate times the point-wise mean of each curve over its own 1-node rate.
-    A mean of the raw rates would take the shape of the fastest models (cifar10's samples/s are a
-    hundred times bert's), not the population's."""
+    """The population's mean curve over the union of their node counts (piecewise-linear between points): the mean
+    1-node rate times the point-wise mean of each curve over its own 1-node rate. A mean of the raw rates would take the
+    shape of the fastest models (cifar10's samples/s are a hundred times bert's), not the population's."""
     counts = sorted({n for c in curves.values() for n in c})
     k = len(curves)
     ones = [throughput_at(c, 1) for c in curves.values()]

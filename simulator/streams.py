@@ -23,9 +23,8 @@ uses the NASBench-101 epoch budgets (4, 12, 36, 108) weighted 27:9:3:1, and ``hp
 9:3:1, as in one successive-halving bracket with eta = 3 (many short trials, few long ones). ``stress`` trains a
 log-uniform 5-100 epochs. ``imagenet7`` keeps the published evaluation's 130M samples (about 100 epochs).
 
-``Workload.models`` (what a policy may know, e.g. freetrain's mean prior) is the
-curve of each model a stream draws from for ``hpo`` and ``imagenet7``, and a seeded
-population of :data:`POPULATION` draws (not the jobs themselves) for ``nas`` and ``stress``.
+``Workload.models`` (what a policy may know, e.g. freetrain's mean prior): for ``hpo`` and ``imagenet7`` the curve of
+each model a stream draws from, for ``nas`` and ``stress`` a seeded population of :data:`POPULATION` draws (not jobs).
 """
 
 from __future__ import annotations
@@ -104,11 +103,9 @@ def reference_costs() -> dict[str, Cost]:
 
 
 def _epochs(rng: np.random.Generator, budgets: tuple[int, ...]) -> int:
-    """A budget of one successive-halving bracket: weights ETA^(k-1), ..., ETA, 1.
-
-    ``rng.choice(len(budgets), p=weights)`` is numpy's search of one ``rng.random()`` in the weights'
-    cdf (``searchsorted(side="right")``); the same search here skips choice's checks of ``p``, which
-    cost ten times the draw (a test holds the two equal)."""
+    """A budget of one successive-halving bracket: weights ETA^(k-1), ..., ETA, 1. ``rng.choice(len(budgets),
+    p=weights)`` is numpy's search of one ``rng.random()`` in the weights' cdf (``searchsorted(side="right")``); the
+    same search here skips choice's checks of ``p``, which cost ten times the draw (a test holds the two equal)."""
     return int(budgets[bisect_right(_budget_cdf(budgets), rng.random())])
 
 

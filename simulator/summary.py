@@ -178,10 +178,9 @@ def replay_summary(about: dict, tally: Tally, stats: DecisionStats, jobs: list[S
 
 
 def completion_summary(jobs: list[SimJob], end: float) -> dict:
-    """Job completion times (submission to finish, completed jobs) and waits (submission to first
-    nodes; a job that never ran waits until the end of the replay), and who waits: the mean wait of
-    the quarter of jobs with the lowest 1-node rate (the slowest models) against the fastest quarter,
-    and the model whose jobs wait longest on average."""
+    """Job completion times (submission to finish, completed jobs) and waits (submission to first nodes; a job that
+    never ran waits until the end of the replay), and who waits: the mean wait of the quarter of jobs with the lowest
+    1-node rate (the slowest models) against the fastest quarter, and the model whose jobs wait longest on average."""
     jct = sorted(j.finished_at - j.submitted_at for j in jobs if j.finished_at is not None)
     waits = [(j.one_node_rate, _wait(j, end), j.spec.model) for j in jobs]
     by_rate = sorted(waits, key=lambda w: w[0])

@@ -54,18 +54,14 @@ def make_workload(
         raise WorkloadError(f"--jobs must be >= 1, got {n_jobs}")
     if name in GENERATED_STREAMS:  # nas, hpo, stress, imagenet7: simulator/streams.py
         return make_stream(name, scaling, seed, n_jobs)
-    if name in ("philly", "philly-done"):
+    if name in OFFERED_STREAMS:  # philly, philly-done, and pollux-done: the trace sampled as Pollux samples it
+        pollux = name == "pollux-done"
         if window is None:
-            raise WorkloadError("the philly workload needs the replay window (its length, idle node-seconds "
-                                "and --offered-load)")
-        wl = philly_workload(seed, window.duration_s, window.idle_node_seconds, window.offered_load,
-                             finishing=name == "philly-done")
+            raise WorkloadError(f"the {'pollux-done' if pollux else 'philly'} workload needs the replay window (its "
+                                "length, idle node-seconds and --offered-load)")
+        args = (seed, window.duration_s, window.idle_node_seconds, window.offered_load)
+        wl = pollux_workload(*args) if pollux else philly_workload(*args, finishing=name == "philly-done")
         return _first(wl, n_jobs)
-    if name == "pollux-done":  # a second job list of the trace, sampled as Pollux samples its workloads
-        if window is None:
-            raise WorkloadError("the pollux-done workload needs the replay window (its length, idle node-seconds "
-                                "and --offered-load)")
-        return _first(pollux_workload(seed, window.duration_s, window.idle_node_seconds, window.offered_load), n_jobs)
     if name == "scarce":  # fewer jobs than nodes, the six models' curves: how nodes are shared
         return _first(scarce_workload(seed, window.duration_s if window is not None else 86400.0), n_jobs)
     path = Path(name)
