@@ -27,10 +27,6 @@ from traces.model import IdleTimeline
 ENDLESS_WANT = 64  # queued jobs drawn ahead from an endless stream when the policy has no Pjmax
 
 
-def _job_id(job: SimJob) -> str:
-    return job.id
-
-
 class PolicyDriver:
     """Asks the policy at each decision and carries its decision out."""
 
@@ -100,7 +96,7 @@ class PolicyDriver:
                 self.stream_done = True
                 break
             fleet.queue.append(fleet.submit(spec, t))
-        return shown_queue(fleet.queue, self.policy.state.queue_front, want, id_of=_job_id)
+        return shown_queue(fleet.queue, self.policy.state.queue_front, want, id_of=lambda j: j.id)
 
     def _view(self, t: float, queued: list[SimJob]) -> View:
         """The ledger's view of the admitted jobs and the queue's window (queued jobs made no progress)."""

@@ -75,13 +75,8 @@ class Simulator:
         self._next_decision_at = -math.inf
         self._decide_scheduled = False
         self._handlers: dict[type, Handler] = {
-            EventBatch: self._on_batch,
-            Completion: self._on_completion,
-            Arrival: self._on_arrival,
-            Cancel: self._on_cancel,
-            PilotUp: self._on_pilots_up,
-            Joined: self._on_joined,
-            Decide: self._on_decide,
+            EventBatch: self._on_batch, Completion: self._on_completion, Arrival: self._on_arrival,
+            Cancel: self._on_cancel, PilotUp: self._on_pilots_up, Joined: self._on_joined, Decide: self._on_decide,
             Wake: self._on_wake,
         }
 

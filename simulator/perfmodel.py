@@ -27,10 +27,6 @@ and the job processes ``n * B / T(n, B)`` samples/s. What each term assumes:
 The reference per-node batch of the measured curves is not published with them; it is taken as :data:`REFERENCE_BATCH`
 (32 per GPU). Only ratios are identified: a different reference batch rescales ``bandwidth``, ``latency_s`` and
 ``fs_bandwidth`` alike and leaves the fitted curves unchanged.
-
-:func:`calibrate` fits the six constants of :class:`Machine` to measured curves by Nelder-Mead on squared log errors of
-every (model, node count) point. ``terms="basic"`` fits the brief's two-term model alone (compute from MACs and a
-per-sample constant, plus the ring allreduce), to show what the two extra terms buy.
 """
 
 from __future__ import annotations
@@ -178,9 +174,10 @@ def nelder_mead(f: Callable[[np.ndarray], float], x0: np.ndarray, iters: int = 3
 
 def calibrate(measured: Mapping[str, Curve], costs: Mapping[str, Cost], terms: str = "full",
               batch: int = REFERENCE_BATCH, start: Machine = SUMMIT_V100) -> Calibration:
-    """Fit :class:`Machine` to the measured curves of the models in ``costs``. ``terms="basic"`` keeps only compute
-    (``mac_rate``, ``sample_s``) and the ring allreduce (``bandwidth``, ``latency_s``): ``layer_s`` = 0 and no I/O
-    limit."""
+    """Fit :class:`Machine`'s six constants to the measured curves of the models in ``costs`` by Nelder-Mead on squared
+    log errors of every (model, node count) point. ``terms="basic"`` fits the brief's two-term model alone, to show what
+    the two extra terms buy: compute (``mac_rate``, ``sample_s``) and the ring allreduce (``bandwidth``, ``latency_s``),
+    ``layer_s`` = 0 and no I/O limit."""
     if terms not in ("full", "basic"):
         raise ValueError(f"terms must be 'full' or 'basic', got {terms!r}")
     names = [m for m in costs if m in measured]

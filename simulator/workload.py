@@ -19,23 +19,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from simulator.jobs import (  # noqa: F401  (re-exported: the workload API)
-    DEFAULT_DOWN_COST_S,
-    DEFAULT_MAX_NODES,
-    DEFAULT_MIN_NODES,
-    DEFAULT_SAMPLES,
-    DEFAULT_UP_COST_S,
-    GENERATED_STREAMS,
-    HPO_MODEL,
-    SCALING_FILE,
-    Curve,
-    StreamWindow,
-    JobSpec,
-    ScalingSet,
-    Workload,
-    WorkloadError,
-    find_scaling,
-    load_scaling,
-    synthetic_scaling,
+    DEFAULT_DOWN_COST_S, DEFAULT_MAX_NODES, DEFAULT_MIN_NODES, DEFAULT_SAMPLES, DEFAULT_UP_COST_S, GENERATED_STREAMS,
+    HPO_MODEL, SCALING_FILE, Curve, StreamWindow, JobSpec, ScalingSet, Workload, WorkloadError, find_scaling,
+    load_scaling, synthetic_scaling,
 )
 from simulator.philly import is_jobs_file, jobs_file_workload, philly_workload, pollux_workload, scarce_workload
 from simulator.streams import make_stream
