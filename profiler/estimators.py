@@ -225,7 +225,6 @@ class RescaleCosts:
     n_down: int
 
 
-
 def summarize_rescales(events: Iterable[RescaleEvent]) -> RescaleCosts:
     """Median pause per direction over ``events``."""
     summary = RescaleSummary()

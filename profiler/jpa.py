@@ -186,9 +186,6 @@ def choose_sources(request: ProfilingRequest, free_nodes: int, running: Sequence
     return ProfilePlan(request.job_id, tuple(reversed(reachable)), free_nodes, lender.job_id, top - free_nodes)
 
 
-# --- the profile as a state machine ----------------------------------------------------------
-
-
 class EstimateSource(Protocol):
     """What the session reads: a job's throughput estimator (``ThroughputEstimator`` is one;
     the simulator may pass its own)."""
@@ -350,9 +347,6 @@ class ProfileSession:
         if self.prior:
             return Scalability.from_user(self.prior)
         return None
-
-
-# --- what the order costs --------------------------------------------------------------------
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,6 @@
-"""One job-monitor record: a training step finished.
-
-The daemon's job monitor turns each ``report(samples)`` line of a training loop into a :class:`Record`; the simulator
-synthesises the same stream. A record says "a step that processed ``samples`` samples (the global batch) finished at
-``timestamp`` while the job ran on ``world_size`` nodes".
-"""
+"""One job-monitor record: a training step finished. The daemon's job monitor turns each ``report(samples)`` line of a
+training loop into a :class:`Record`; the simulator synthesises the same stream. A record says "a step that processed
+``samples`` samples (the global batch) finished at ``timestamp`` while the job ran on ``world_size`` nodes"."""
 
 from __future__ import annotations
 

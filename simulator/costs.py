@@ -1,11 +1,9 @@
-"""When a start, a restart or a join of a simulated job ends: the real daemon's warm-worker rule.
-
-A node agent (:mod:`scavenger.warm`) keeps one warm worker per node: a process that imports the framework from the
-agent's hello (the pilot's start) and again from the exit of the node's last worker. A worker handed a ready warm
-process reaches its first step in ``warm_start_s`` (0.25 s measured, docs/research/real-system.md); one handed a process
-still importing waits for the import. The engine (:mod:`simulator.engine`) asks these functions, so a start, a restart
-and a join all follow the same rule; nothing here reads a clock or holds state.
-"""
+"""When a start, a restart or a join of a simulated job ends: the real daemon's warm-worker rule. A node agent
+(:mod:`scavenger.warm`) keeps one warm worker per node: a process that imports the framework from the agent's hello (the
+pilot's start) and again from the exit of the node's last worker. A worker handed a ready warm process reaches its first
+step in ``warm_start_s`` (0.25 s measured, docs/research/real-system.md); one handed a process still importing waits for
+the import. The engine (:mod:`simulator.engine`) asks these functions, so a start, a restart and a join all follow the
+same rule; nothing here reads a clock or holds state."""
 
 from __future__ import annotations
 

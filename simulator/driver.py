@@ -1,11 +1,9 @@
-"""The driver of the policy: what the simulator does at a decision, as the daemon does at its own.
-
-It shows the policy the ledger's view (every admitted job and the queued jobs the policy's rule shows,
-:mod:`policy.queueview`) with each job's samples left and node-hours used, the recalls known in advance
-(``SimConfig.recall_notice_s``) and what the simulated monitor measured; then it carries the decision out: stopped jobs
-end, jobs that lost their slot wait again, shrinks and grows go to :class:`simulator.physics.JobPhysics`, wake-ups go on
-the event heap. It holds no rule of its own about which job runs where.
-"""
+"""The driver of the policy: what the simulator does at a decision, as the daemon does at its own. It shows the policy
+the ledger's view (every admitted job and the queued jobs the policy's rule shows, :mod:`policy.queueview`) with each
+job's samples left and node-hours used, the recalls known in advance (``SimConfig.recall_notice_s``) and what the
+simulated monitor measured; then it carries the decision out: stopped jobs end, jobs that lost their slot wait again,
+shrinks and grows go to :class:`simulator.physics.JobPhysics`, wake-ups go on the event heap. It holds no rule of its
+own about which job runs where."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
-"""The replay's jobs: every job submitted, the admitted ones and the queue, and how a job is made.
-
-A job is made when it arrives (or is drawn from an endless stream): the policy's submission rule and the replay's caps
-shape its spec, the simulated monitor measures it if the policy reads measurements, and the ledger learns of it. The
-queue is kept in submission order; which queued jobs the policy is shown, and in which order, is the policy's.
-"""
+"""The replay's jobs: every job submitted, the admitted ones and the queue, and how a job is made. A job is made when it
+arrives (or is drawn from an endless stream): the policy's submission rule and the replay's caps shape its spec, the
+simulated monitor measures it if the policy reads measurements, and the ledger learns of it. The queue is kept in
+submission order; which queued jobs the policy is shown, and in which order, is the policy's."""
 
 from __future__ import annotations
 

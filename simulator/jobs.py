@@ -1,8 +1,7 @@
 """The simulator's job types: a job (:class:`JobSpec`), scaling curves (:class:`ScalingSet`), a source of jobs
 (:class:`Workload`). The workload modules build on these and import none of each other's internals (no import circle).
-Defaults follow the published evaluation (MalleTrain/BFTrainer): 130M samples a job, 1-64 nodes, 18 s to scale up,
-12 s to scale down.
-"""
+Defaults follow the published evaluation (MalleTrain/BFTrainer): 130M samples a job, 1-64 nodes, 18 s to scale up, 12 s
+to scale down."""
 
 
 from __future__ import annotations

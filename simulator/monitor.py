@@ -1,12 +1,10 @@
-"""The simulated job monitor: step records a job would report, drawn from its TRUE curve.
-
-The daemon's monitor turns a training loop's ``report(samples)`` lines into :class:`profiler.Record` s; here
-:func:`profiler.records.synthesize` makes the same stream. A job runs a fixed per-node batch (:data:`PER_NODE_BATCH`),
-so at ``n`` nodes one step processes ``n * PER_NODE_BATCH`` samples and takes ``n * PER_NODE_BATCH / true_rate(n)``
-seconds, times ``U(1 - noise, 1 + noise)`` (:data:`RECORD_NOISE` = 3% by default). The first :data:`WARMUP_STEPS` steps
-after a (re)start take :data:`WARMUP_FACTOR` times longer, which the estimator drops. Seeds derive from ``(seed, job,
-node count, chunk)``, so a replay is deterministic.
-"""
+"""The simulated job monitor: step records a job would report, drawn from its TRUE curve. The daemon's monitor turns a
+training loop's ``report(samples)`` lines into :class:`profiler.Record` s; here :func:`profiler.records.synthesize`
+makes the same stream. A job runs a fixed per-node batch (:data:`PER_NODE_BATCH`), so at ``n`` nodes one step processes
+``n * PER_NODE_BATCH`` samples and takes ``n * PER_NODE_BATCH / true_rate(n)`` seconds, times ``U(1 - noise, 1 +
+noise)`` (:data:`RECORD_NOISE` = 3% by default). The first :data:`WARMUP_STEPS` steps after a (re)start take
+:data:`WARMUP_FACTOR` times longer, which the estimator drops. Seeds derive from ``(seed, job, node count, chunk)``, so
+a replay is deterministic."""
 
 from __future__ import annotations
 

@@ -112,7 +112,6 @@ def max_per_gpu_batch(cost: Cost) -> int:
     return max(1, int(free // (BYTES_PER_VALUE * max(cost.activations, 1))))
 
 
-
 @dataclass(frozen=True)
 class Calibration:
     """Fitted constants and the error of the model on each measured curve."""

@@ -1,13 +1,11 @@
-"""Job physics: what happens to a simulated job between and at events, as ground truth.
-
-A job's progress is its TRUE throughput over time minus rescale pauses; a checkpoint is committed every
-``commit_interval_s`` of a run (the job's own, else the calibration's), and a stop loses what was trained since; so does
-a torchrun job's change of size, which restarts every worker from the checkpoint. A recalled node leaves its job at once
-(the job pays its scale-down pause and shrinks, or stops if the ledger's :class:`policy.Loss` says that left it below
-its min). A grow pays its up pause when every new worker is ready (the warm rule of :mod:`simulator.costs`); a start
-from zero nodes pays the calibration's start or restart. Which job runs on which node is the ledger's; this module moves
-the jobs on and tells the event loop when each will finish.
-"""
+"""Job physics: what happens to a simulated job between and at events, as ground truth. A job's progress is its TRUE
+throughput over time minus rescale pauses; a checkpoint is committed every ``commit_interval_s`` of a run (the job's
+own, else the calibration's), and a stop loses what was trained since; so does a torchrun job's change of size, which
+restarts every worker from the checkpoint. A recalled node leaves its job at once (the job pays its scale-down pause and
+shrinks, or stops if the ledger's :class:`policy.Loss` says that left it below its min). A grow pays its up pause when
+every new worker is ready (the warm rule of :mod:`simulator.costs`); a start from zero nodes pays the calibration's
+start or restart. Which job runs on which node is the ledger's; this module moves the jobs on and tells the event loop
+when each will finish."""
 
 from __future__ import annotations
 

@@ -71,7 +71,6 @@ class Draw:
     per_node_batch: int = 0
 
 
-
 def _key(scaling: ScalingSet) -> tuple[tuple[str, tuple[tuple[int, float], ...]], ...] | None:
     if scaling.synthetic or not all(m in scaling.curves for m in MEASURED_MODELS):
         return None
@@ -99,7 +98,6 @@ def machine_for(scaling: ScalingSet) -> Machine:
 @lru_cache(maxsize=1)
 def reference_costs() -> dict[str, Cost]:
     return {m: f() for m, f in REFERENCE_MODELS.items()}
-
 
 
 def _epochs(rng: np.random.Generator, budgets: tuple[int, ...]) -> int:
