@@ -91,9 +91,8 @@ class RunningJob:
 
     def __post_init__(self) -> None:
         if self.nodes < 0 or self.min_nodes < 0:
-            raise ProfilingError(
-                f"running job {self.job_id}: negative nodes {self.nodes} or min_nodes {self.min_nodes}"
-            )
+            raise ProfilingError(f"running job {self.job_id}: negative nodes {self.nodes} "
+                                 f"or min_nodes {self.min_nodes}")
 
     @property
     def lendable(self) -> int:

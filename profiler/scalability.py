@@ -303,9 +303,8 @@ def parse_scaling_table(text: str, origin: str = "<text>") -> dict[str, dict[int
         fields = [f.strip() for f in line.split(",")]
         if not header_seen:
             if fields != ["model", "nodes", "samples_per_second"]:
-                raise ScalabilityError(
-                    f"{origin}:{lineno}: expected header model,nodes,samples_per_second, got {line!r}"
-                )
+                raise ScalabilityError(f"{origin}:{lineno}: expected header model,nodes,samples_per_second, "
+                                       f"got {line!r}")
             header_seen = True
             continue
         if len(fields) != 3:

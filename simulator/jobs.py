@@ -64,9 +64,8 @@ class JobSpec:
         if not (self.samples > 0) or math.isinf(self.samples):
             raise WorkloadError(f"job {self.name}: samples must be a finite number > 0, got {self.samples!r}")
         if self.min_nodes < 1 or self.max_nodes < self.min_nodes:
-            raise WorkloadError(
-                f"job {self.name}: need 1 <= min_nodes <= max_nodes, got {self.min_nodes}..{self.max_nodes}"
-            )
+            raise WorkloadError(f"job {self.name}: need 1 <= min_nodes <= max_nodes, "
+                                f"got {self.min_nodes}..{self.max_nodes}")
         if self.up_cost_s < 0 or self.down_cost_s < 0:
             raise WorkloadError(f"job {self.name}: rescale costs must be >= 0")
         if self.commit_interval_s is not None and not (0 <= self.commit_interval_s < math.inf):
