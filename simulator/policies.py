@@ -131,11 +131,6 @@ def rigid_spec(spec: JobSpec) -> JobSpec:
     return dataclasses.replace(spec, min_nodes=n, max_nodes=n)
 
 
-def _file_curve(spec: JobSpec) -> Curve | None:
-    """A job file's ``believed_scaling``: the user's curve."""
-    return spec.believed_scaling
-
-
 def make_policy(name: str, context: PolicyContext | None = None, config: PolicyConfig | None = None,
                 overrides: Overrides | None = None) -> SimPolicy:
     """The named policy on ``config`` (default :class:`PolicyConfig`), then ``overrides``."""
@@ -145,7 +140,7 @@ def make_policy(name: str, context: PolicyContext | None = None, config: PolicyC
     if name not in BASELINES:  # malletrain, jpa and any learning preset
         if mean is not None and cfg.prior is None:
             cfg = cfg.with_prior(learning_prior(ctx.learning_prior, mean))
-        return SimPolicy(name, Policy(cfg), _file_curve)
+        return SimPolicy(name, Policy(cfg), lambda spec: spec.believed_scaling)  # a job file's user curve
     if name == "freetrain":
         model = parse_error_model(ctx.freetrain_model)
         if model.kind in ("mean", "other") and not ctx.curves:
