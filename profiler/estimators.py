@@ -1,30 +1,16 @@
-"""Throughput per node count and rescale costs from a job's stream of records.
+"""Throughput per node count and rescale costs from a job's stream of records (docs/research.md, Profiler).
 
-Both estimators are incremental (``add`` is O(1) amortised: a few comparisons
-and a deque append) so the daemon's monitor can feed them every step, and both
-have a batch form for recorded streams (tests, the simulator, offline study).
+Both are incremental (``add`` is O(1) amortised, so the daemon's monitor feeds them every step) and have a batch form.
 
-Throughput
-    A *segment* is a maximal run of records at one world size. The first
-    record of a segment only marks when the job resumed: its interval contains
-    the rescale pause. The next ``warmup_steps`` intervals are dropped as
-    warm-up (NCCL set-up, allocator and autotuner warm-up). Every later step
-    gives a per-step rate ``samples / (t_i - t_{i-1})``. The estimate at a world
-    size is the **median** of the last ``window`` per-step rates (robust to a
-    slow checkpoint step or a hiccup; for a constant batch it equals
-    ``samples / median step time``), with a distribution-free ~95% confidence
-    interval of the median from order statistics. ``rel_ci`` is that
-    interval's half-width divided by the median.
+Throughput: a segment's first record only marks the resume (its interval holds the rescale pause); the next
+``warmup_steps`` intervals are warm-up and dropped; the estimate is the **median** of the last ``window`` per-step rates
+``samples / (t_i - t_{i-1})`` (robust to a slow checkpoint step), with a distribution-free ~95% interval of the median
+from order statistics; ``rel_ci`` is its half-width over the median.
 
-Rescale cost
-    The pause of a rescale is the gap between the last step at the old size and
-    the first step at the new size **minus one typical step time at the new
-    size** (that first step did useful work), so it is the wall time lost
-    compared with running on. The typical step is the median of the first
-    ``settle_steps`` steps after warm-up at the new size; if the job rescales
-    again before that, whatever steady steps it had, else the old size's recent
-    median step, else nothing is subtracted. Pauses are clamped at 0. Scale-up
-    and scale-down costs are summarised separately (medians).
+Rescale cost: the gap between the last step at the old size and the first at the new **minus one typical step at the new
+size** (that step did useful work), clamped at 0: the wall time lost against running on. The typical step is the median
+of the first ``settle_steps`` steps after warm-up there; if the job rescales again before that, whatever steady steps it
+had, else the old size's recent median step, else nothing. Scale-up and scale-down costs are kept apart (medians).
 """
 
 from __future__ import annotations
@@ -43,12 +29,9 @@ _Z_HALF = 0.98
 
 @dataclass(frozen=True)
 class Estimate:
-    """Throughput at one world size: ``rate`` samples/s from ``n_steps`` recent steps.
-
-    ``rel_ci`` is the ~95% confidence half-width relative to ``rate`` (``inf``
-    when there are fewer steps than the estimator's ``min_steps``);
-    ``total_steps`` counts every step used at this size since the start.
-    """
+    """Throughput at one world size: ``rate`` samples/s from ``n_steps`` recent steps. ``rel_ci`` is the ~95% confidence
+    half-width relative to ``rate`` (``inf`` when there are fewer steps than the estimator's ``min_steps``);
+    ``total_steps`` counts every step used at this size since the start."""
 
     world_size: int
     rate: float
@@ -68,11 +51,8 @@ def _median(values: Iterable[float]) -> float:
 
 
 def median_ci(values: Iterable[float]) -> tuple[float, float, float]:
-    """``(median, low, high)``: a distribution-free ~95% interval of the median.
-
-    Ranks ``round(n/2 - 0.98 sqrt(n))`` and ``round(1 + n/2 + 0.98 sqrt(n))``
-    (1-based, clamped to the sample) of the sorted values.
-    """
+    """``(median, low, high)``: a distribution-free ~95% interval of the median. Ranks ``round(n/2 - 0.98 sqrt(n))`` and
+    ``round(1 + n/2 + 0.98 sqrt(n))`` (1-based, clamped to the sample) of the sorted values."""
     xs = sorted(values)
     n = len(xs)
     if n == 0:
@@ -110,15 +90,6 @@ class _SizeStats:
         self.cache = None
 
 
-def _check_knobs(warmup_steps: int, min_steps: int, window: int | None) -> None:
-    if warmup_steps < 0:
-        raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
-    if min_steps < 1:
-        raise ValueError(f"min_steps must be >= 1, got {min_steps}")
-    if window is not None and window < min_steps:
-        raise ValueError(f"window {window} must be >= min_steps {min_steps} (or None for unbounded)")
-
-
 class _OrderedStream:
     """Counts records and insists their timestamps strictly increase."""
 
@@ -129,27 +100,35 @@ class _OrderedStream:
         """Take a record's timestamp; return the previous one (None for the first)."""
         last = self._last_ts
         if last is not None and not ts > last:
-            raise RecordError(
-                f"record #{self._count}: timestamp {ts!r} is not after the previous record's {last!r}"
-            )
+            raise RecordError(f"record #{self._count}: timestamp {ts!r} is not after the previous record's {last!r}")
         self._count += 1
         self._last_ts = ts
         return last
+
+    def add(self, record: Record) -> None:
+        raise NotImplementedError
+
+    def extend(self, records: Iterable[Record]) -> None:
+        for record in records:
+            self.add(record)
 
 
 class ThroughputEstimator(_OrderedStream):
     """Incremental samples/s per world size from one job's records (see the module doc)."""
 
     def __init__(self, warmup_steps: int = 2, window: int | None = 64, min_steps: int = 5) -> None:
-        _check_knobs(warmup_steps, min_steps, window)
+        if warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
+        if min_steps < 1:
+            raise ValueError(f"min_steps must be >= 1, got {min_steps}")
+        if window is not None and window < min_steps:
+            raise ValueError(f"window {window} must be >= min_steps {min_steps} (or None for unbounded)")
         self.warmup_steps = warmup_steps
         self.window = window
         self.min_steps = min_steps
         self._stats: dict[int, _SizeStats] = {}
-        self._last_ts: float | None = None
         self._last_ws = 0
         self._seg_pos = 0
-        self._count = 0
 
     @property
     def world_size(self) -> int:
@@ -172,10 +151,6 @@ class ThroughputEstimator(_OrderedStream):
         if stats is None:
             stats = self._stats[ws] = _SizeStats(self.window)
         stats.push(samples / (ts - last))  # type: ignore[operator]
-
-    def extend(self, records: Iterable[Record]) -> None:
-        for record in records:
-            self.add(record)
 
     def estimate(self, world_size: int) -> Estimate | None:
         """The current estimate at ``world_size``; ``None`` before any step counted there."""
@@ -226,11 +201,8 @@ def throughput_by_world_size(
 
 @dataclass(frozen=True)
 class RescaleEvent:
-    """A world-size change: ``pause_s`` lost (see the module doc), starting at ``timestamp``.
-
-    ``timestamp`` is the time of the last step at the old size; ``gap_s`` the raw
-    time between that step and the first step at the new size.
-    """
+    """A world-size change: ``pause_s`` lost (see the module doc); ``timestamp`` is the last step at the old size,
+    ``gap_s`` the raw time from it to the first step at the new size."""
 
     from_size: int
     to_size: int
@@ -251,7 +223,6 @@ class RescaleCosts:
     down_s: float | None
     n_up: int
     n_down: int
-
 
 
 def summarize_rescales(events: Iterable[RescaleEvent]) -> RescaleCosts:
@@ -313,10 +284,8 @@ class RescaleCostEstimator(_OrderedStream):
         self._events: list[RescaleEvent] = []
         self._pending: _Pending | None = None
         self._steady: deque[float] = deque(maxlen=settle_steps)
-        self._last_ts: float | None = None
         self._last_ws = 0
         self._seg_pos = 0
-        self._count = 0
 
     def add(self, record: Record) -> None:
         """Ingest one record; a timestamp not after the previous one raises :class:`RecordError`."""
@@ -343,10 +312,6 @@ class RescaleCostEstimator(_OrderedStream):
             pending.steps.append(dt)
             if len(pending.steps) >= self.settle_steps:
                 self.flush()
-
-    def extend(self, records: Iterable[Record]) -> None:
-        for record in records:
-            self.add(record)
 
     def flush(self) -> None:
         """Close the open rescale now with what is known (the batch form calls it at the end)."""

@@ -2,30 +2,24 @@
 
 Rules (pinned by ``tests/test_profiler_jpa.py``):
 
-* **Counts.** A job profiles ``request.counts`` or, by default,
-  :func:`default_counts`: ``min_nodes``, the powers of two between, and
-  ``max_nodes``. Only the counts that can be sourced now are profiled.
-* **Sources.** Free nodes first. If they do not reach the largest count, nodes
-  are borrowed from **one** running job (never two): the lender that lets the
-  profile reach the highest count, and among those the **least recently
-  interrupted** (smallest ``last_interrupted``, then job id). A lender keeps at
-  least ``max(min_nodes, 1)`` nodes, so it never drops below its own minimum and
-  never to zero. Jobs that are profiling themselves never lend. Only what is
+* **Counts.** A job profiles ``request.counts`` or, by default, :func:`default_counts`: ``min_nodes``, the powers of two
+  between, and ``max_nodes``. Only the counts that can be sourced now are profiled.
+* **Sources.** Free nodes first. If they do not reach the largest count, nodes are borrowed from **one** running job
+  (never two): the lender that lets the profile reach the highest count, and among those the **least recently
+  interrupted** (smallest ``last_interrupted``, then job id). A lender keeps at least ``max(min_nodes, 1)`` nodes, so it
+  never drops below its own minimum and never to zero. Jobs that are profiling themselves never lend. Only what is
   missing is borrowed.
-* **Waiting.** If fewer than two counts (or fewer than all, when only one is
-  asked for) can be sourced, the job waits in the queue: :class:`Wait`.
-* **Inverse order.** The job starts once at the largest count (its one
-  scale-up) and then steps **down** through the others (MalleTrain Fig. 3.4):
-  nodes are only ever released, never acquired, during the profile.
-* **Holding.** Each count is held until the throughput estimate is stable
-  (relative CI <= ``rel_ci``, default 5%) or ``time_cap_s`` has passed since
-  the step was ordered (the rescale pause counts towards the cap).
-* **Done.** The borrowed nodes go back to the lender and the allocator
-  re-plans with the profiled :class:`~profiler.scalability.Scalability`.
+* **Waiting.** If fewer than two counts (or fewer than all, when only one is asked for) can be sourced, the job waits in
+  the queue: :class:`Wait`.
+* **Inverse order.** The job starts once at the largest count (its one scale-up) and then steps **down** through the
+  others (MalleTrain Fig. 3.4): nodes are only ever released, never acquired, during the profile.
+* **Holding.** Each count is held until the throughput estimate is stable (relative CI <= ``rel_ci``, default 5%) or
+  ``time_cap_s`` has passed since the step was ordered (the rescale pause counts towards the cap).
+* **Done.** The borrowed nodes go back to the lender and the allocator re-plans with the profiled
+  :class:`~profiler.scalability.Scalability`.
 
-Several jobs may profile at once: the caller updates ``free_nodes`` and the
-running list between calls (marking profiling jobs, and setting a lender's
-``last_interrupted`` to the time it lent, which sends it to the back of the LRU
+Several jobs may profile at once: the caller updates ``free_nodes`` and the running list between calls (marking
+profiling jobs, and setting a lender's ``last_interrupted`` to the time it lent, which sends it to the back of the LRU
 order).
 """
 
@@ -76,9 +70,7 @@ class ProfilingRequest:
                 raise ProfilingError(f"job {self.job_id}: counts is empty")
             for c in self.counts:
                 if not isinstance(c, int) or not self.min_nodes <= c <= self.max_nodes:
-                    raise ProfilingError(
-                        f"job {self.job_id}: count {c!r} outside [{self.min_nodes}, {self.max_nodes}]"
-                    )
+                    raise ProfilingError(f"job {self.job_id}: count {c!r} outside [{self.min_nodes}, {self.max_nodes}]")
 
     def targets(self) -> tuple[int, ...]:
         """The counts to profile, ascending, each once."""
@@ -99,9 +91,8 @@ class RunningJob:
 
     def __post_init__(self) -> None:
         if self.nodes < 0 or self.min_nodes < 0:
-            raise ProfilingError(
-                f"running job {self.job_id}: negative nodes {self.nodes} or min_nodes {self.min_nodes}"
-            )
+            raise ProfilingError(f"running job {self.job_id}: negative nodes {self.nodes} "
+                                 f"or min_nodes {self.min_nodes}")
 
     @property
     def lendable(self) -> int:
@@ -184,19 +175,14 @@ def choose_sources(request: ProfilingRequest, free_nodes: int, running: Sequence
     needed = min(2, len(targets))
     if len(reachable) < needed:
         return Wait(
-            request.job_id,
-            f"job {request.job_id}: {len(reachable)} of the counts {targets} can be sourced "
+            request.job_id, f"job {request.job_id}: {len(reachable)} of the counts {targets} can be sourced "
             f"({free_nodes} free, best single lender adds {max((r.lendable for r in running), default=0)}); "
-            f"profiling needs {needed}",
-            reachable,
+            f"profiling needs {needed}", reachable,
         )
     assert top is not None
     if lender is None:
         return ProfilePlan(request.job_id, tuple(reversed(reachable)), top, None, 0)
     return ProfilePlan(request.job_id, tuple(reversed(reachable)), free_nodes, lender.job_id, top - free_nodes)
-
-
-# --- the profile as a state machine ----------------------------------------------------------
 
 
 class EstimateSource(Protocol):
@@ -231,12 +217,10 @@ class StepDown:
 
 @dataclass(frozen=True)
 class Done:
-    """Profile over. Give ``borrowed`` nodes back to ``return_nodes_to`` (None: nothing borrowed)
-    and re-plan with ``scalability`` (``None`` if no count yielded a single step and there is no prior).
-
-    ``capped`` lists the counts that hit the time cap (their point is kept if any step was measured);
-    ``missing`` the counts with no measurement at all.
-    """
+    """Profile over. Give ``borrowed`` nodes back to ``return_nodes_to`` (None: nothing borrowed) and re-plan with
+    ``scalability`` (``None`` if no count yielded a single step and there is no prior). ``capped`` lists the counts that
+    hit the time cap (their point is kept if any step was measured); ``missing`` the counts with no measurement at
+    all."""
 
     job_id: str
     scalability: Scalability | None
@@ -256,11 +240,7 @@ class ProfileSession:
     after :class:`Done` it keeps answering the same ``Done``."""
 
     def __init__(
-        self,
-        plan: ProfilePlan,
-        started_at: float,
-        rel_ci: float = 0.05,
-        time_cap_s: float = 300.0,
+        self, plan: ProfilePlan, started_at: float, rel_ci: float = 0.05, time_cap_s: float = 300.0,
         prior: Mapping[int, float] | None = None,
     ) -> None:
         if not (rel_ci > 0):
@@ -355,13 +335,8 @@ class ProfileSession:
             self._step_started = now
             return StepDown(prev, self.count)
         self._done = Done(
-            self.plan.job_id,
-            self._scalability(),
-            self.plan.lender,
-            self.plan.borrowed,
-            self.count,
-            tuple(self._capped),
-            tuple(self._missing),
+            self.plan.job_id, self._scalability(), self.plan.lender, self.plan.borrowed, self.count,
+            tuple(self._capped), tuple(self._missing),
         )
         return self._done
 
@@ -371,9 +346,6 @@ class ProfileSession:
         if self.prior:
             return Scalability.from_user(self.prior)
         return None
-
-
-# --- what the order costs --------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -390,11 +362,7 @@ class ProfileCost:
 
 
 def profile_cost(
-    order: Literal["inverse", "ascending"],
-    counts: Sequence[int],
-    up_cost_s: float,
-    down_cost_s: float,
-    hold_s: float,
+    order: Literal["inverse", "ascending"], counts: Sequence[int], up_cost_s: float, down_cost_s: float, hold_s: float,
 ) -> ProfileCost:
     """Scale-ups (the start from 0 counts as one), scale-downs and seconds of profiling ``counts``
     in ``inverse`` (largest first, then down) or ``ascending`` order, each held ``hold_s``."""

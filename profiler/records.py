@@ -1,10 +1,6 @@
-"""One job-monitor record: a training step finished.
-
-The daemon's job monitor turns each ``report(samples)`` line of a training
-loop into a :class:`Record`; the simulator synthesises the same stream. A
-record says "a step that processed ``samples`` samples (the global batch)
-finished at ``timestamp`` while the job ran on ``world_size`` nodes".
-"""
+"""One job-monitor record: a training step finished. The daemon's job monitor turns each ``report(samples)`` line of a
+training loop into a :class:`Record`; the simulator synthesises the same stream. A record says "a step that processed
+``samples`` samples (the global batch) finished at ``timestamp`` while the job ran on ``world_size`` nodes"."""
 
 from __future__ import annotations
 
@@ -37,12 +33,9 @@ class Record:
 
 @dataclass(frozen=True)
 class Segment:
-    """A run of steps at one world size for :func:`synthesize`.
-
-    The segment's first step ends ``pause_before_s + step_s`` after the previous
-    segment's last step (or after ``start``); the next ``warmup_steps`` steps take
-    ``step_s * warmup_factor``; the rest take ``step_s``.
-    """
+    """A run of steps at one world size for :func:`synthesize`. The segment's first step ends ``pause_before_s +
+    step_s`` after the previous segment's last step (or after ``start``); the next ``warmup_steps`` steps take ``step_s
+    * warmup_factor``; the rest take ``step_s``."""
 
     world_size: int
     steps: int
@@ -57,9 +50,7 @@ class Segment:
             raise RecordError(f"bad segment {self!r}: need steps >= 1, step_s > 0, pause >= 0, warmup_factor > 0")
 
 
-def synthesize(
-    segments: Sequence[Segment], start: float = 0.0, noise: float = 0.0, seed: int = 0
-) -> list[Record]:
+def synthesize(segments: Sequence[Segment], start: float = 0.0, noise: float = 0.0, seed: int = 0) -> list[Record]:
     """A deterministic record stream (tests, the simulator): step times times ``U(1-noise, 1+noise)``
     drawn from ``random.Random(seed)``."""
     _check_noise(noise)

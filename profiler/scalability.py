@@ -2,29 +2,23 @@
 
 The model
 ---------
-Elastic data-parallel training keeps the per-node batch ``B`` fixed and grows
-the global batch with the node count ``n`` (weak scaling). One step then takes
-``T(n) = T_compute + alpha*log2(n) + beta*n``: the compute of one node's batch,
-the latency term of a tree/recursive-doubling allreduce, and a term growing with
-the number of workers (ring-allreduce hops, stragglers). The per-sample time
-``tau(n) = T(n) / (n*B)`` is therefore **linear in three non-negative
-coefficients**::
+Elastic data-parallel training keeps the per-node batch ``B`` fixed and grows the global batch with the node count ``n``
+(weak scaling). One step then takes ``T(n) = T_compute + alpha*log2(n) + beta*n``: the compute of one node's batch, the
+latency term of a tree/recursive-doubling allreduce, and a term growing with the number of workers (ring-allreduce hops,
+stragglers). The per-sample time ``tau(n) = T(n) / (n*B)`` is therefore **linear in three non-negative coefficients**::
 
     tau(n) = a + b/n + c*log2(n)/n        rate(n) = 1/tau(n) = n / (b + c*log2(n) + a*n)
 
-It is fitted by non-negative least squares on relative error (rows weighted by
-``1/tau``), solved exactly by trying every subset of the three terms (an
-active-set enumeration, 7 small ``lstsq`` calls). With one point only ``b`` is
-used (linear scaling through the origin, the same assumption the allocator's
-``throughput_at`` makes below its first point); with two points at most two
-terms (``b, c`` preferred). ``c`` alone is never used (it would give an infinite
-rate on one node).
+It is fitted by non-negative least squares on relative error (rows weighted by ``1/tau``), solved exactly by trying
+every subset of the three terms (an active-set enumeration, 7 small ``lstsq`` calls). With one point only ``b`` is used
+(linear scaling through the origin, the same assumption the allocator's ``throughput_at`` makes below its first point);
+with two points at most two terms (``b, c`` preferred). ``c`` alone is never used (it would give an infinite rate on one
+node).
 
-Why this and not ``a + b/n + c*log2(n)``: that form models a *fixed* global batch
-(strong scaling), which is not how these jobs scale; on the real Summit data
-(``benchmarks/bench_profiler.py``) the fit gives its log term weight 0 on every
-curve, so it degrades to Amdahl's law, with a leave-one-out error of 3.2%, against 1.7% for the model
-above and 2.3% for piecewise-linear interpolation between measured points.
+Why this and not ``a + b/n + c*log2(n)``: that form models a *fixed* global batch (strong scaling), which is not how
+these jobs scale; on the real Summit data (``benchmarks/bench_profiler.py``) the fit gives its log term weight 0 on
+every curve, so it degrades to Amdahl's law, with a leave-one-out error of 3.2%, against 1.7% for the model above and
+2.3% for piecewise-linear interpolation between measured points.
 """
 
 from __future__ import annotations
@@ -58,9 +52,7 @@ class Source(Enum):
 
 # Terms of tau(n), by index: 0 a (per-worker), 1 b (compute), 2 c (allreduce latency). Subsets in preference order.
 _SUBSETS: tuple[tuple[int, ...], ...] = tuple(
-    s
-    for size in (1, 2, 3)
-    for s in sorted(combinations(range(3), size), key=lambda s: (1 not in s, s != (1, 2), s))
+    s for size in (1, 2, 3) for s in sorted(combinations(range(3), size), key=lambda s: (1 not in s, s != (1, 2), s))
     if 0 in s or 1 in s
 )
 
@@ -158,9 +150,8 @@ def _lstsq(x: list[list[float]]) -> list[float]:
 
 
 def _least_squares(a: list[list[float]], columns: Callable[[], list[list[float]]]) -> list[float] | None:
-    """``argmin |x c - 1|`` for at most 3 columns from its normal equations ``a`` = ``[x'x | x'1]``, by
-    Gaussian elimination (a 3x3 system needs no SVD), or
-    numpy's lstsq on ``x = columns()`` when they are near singular."""
+    """``argmin |x c - 1|`` for at most 3 columns from its normal equations ``a`` = ``[x'x | x'1]``, by Gaussian
+    elimination (a 3x3 system needs no SVD), or numpy's lstsq on ``x = columns()`` when they are near singular."""
     k = len(a)
     a = [row[:] for row in a]
     scale = max(abs(a[i][i]) for i in range(k)) or 1.0
@@ -206,10 +197,8 @@ def leave_one_out_errors(points: Mapping[int, float]) -> dict[int, float]:
 
 
 def curve_error_pct(predicted: Mapping[int, float], true: Mapping[int, float], counts: Iterable[int]) -> float:
-    """Mean ``|predicted - true| / true`` in % over ``counts`` (both curves piecewise-linear).
-
-    What the simulator's ``scalability_error_pct`` reports over the counts a job ran at.
-    """
+    """Mean ``|predicted - true| / true`` in % over ``counts`` (both curves piecewise-linear). What the simulator's
+    ``scalability_error_pct`` reports over the counts a job ran at."""
     errs = []
     for n in counts:
         t = throughput_at(true, n)
@@ -222,15 +211,11 @@ def curve_error_pct(predicted: Mapping[int, float], true: Mapping[int, float], c
 
 
 class Scalability:
-    """A job's curve: the user's ``prior`` points and our ``measured`` ones, plus the fitted model.
-
-    :attr:`points` is what the model is fitted to: every measured point, and
-    the prior points at counts not measured, **calibrated** by the median ratio
-    measured/prior over the measured counts (a user curve measured on other
-    hardware is usually off by a factor, not in shape). Not to be changed once made:
-    :meth:`refine` returns a new object. The :attr:`model` is fitted when first read: a curve
-    asked only at its points (the policy's, mostly) never pays for a fit.
-    """
+    """A job's curve: the user's ``prior`` points and our ``measured`` ones, plus the fitted model. :attr:`points` is
+    what the model is fitted to: every measured point, and the prior points at counts not measured, **calibrated** by
+    the median ratio measured/prior over the measured counts (a user curve measured on other hardware is usually off by
+    a factor, not in shape). Not to be changed once made: :meth:`refine` returns a new object. The :attr:`model` is
+    fitted when first read: a curve asked only at its points (the policy's, mostly) never pays for a fit."""
 
     def __init__(self, prior: Mapping[int, float], measured: Mapping[int, float], source: Source) -> None:
         self.prior: dict[int, float] = dict(prior)
@@ -307,10 +292,8 @@ class Scalability:
 
 
 def parse_scaling_table(text: str, origin: str = "<text>") -> dict[str, dict[int, float]]:
-    """``model,nodes,samples_per_second`` CSV text (``#`` comment lines) -> ``{model: {nodes: rate}}``.
-
-    Pure (the caller reads the file); errors name ``origin:line``.
-    """
+    """``model,nodes,samples_per_second`` CSV text (``#`` comment lines) -> ``{model: {nodes: rate}}``. Pure (the caller
+    reads the file); errors name ``origin:line``."""
     out: dict[str, dict[int, float]] = {}
     header_seen = False
     for lineno, raw in enumerate(text.splitlines(), start=1):
@@ -320,9 +303,8 @@ def parse_scaling_table(text: str, origin: str = "<text>") -> dict[str, dict[int
         fields = [f.strip() for f in line.split(",")]
         if not header_seen:
             if fields != ["model", "nodes", "samples_per_second"]:
-                raise ScalabilityError(
-                    f"{origin}:{lineno}: expected header model,nodes,samples_per_second, got {line!r}"
-                )
+                raise ScalabilityError(f"{origin}:{lineno}: expected header model,nodes,samples_per_second, "
+                                       f"got {line!r}")
             header_seen = True
             continue
         if len(fields) != 3:

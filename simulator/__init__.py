@@ -24,39 +24,26 @@ from simulator.workload import OFFERED_STREAMS, JobSpec, ScalingSet, Workload, W
 from traces.model import IdleTimeline
 
 __all__ = [
-    "Calibration", "CalibrationError", "DecisionRow", "EventQueue", "IdleTimeline", "JobSpec", "Overrides", "POLICIES", "PolicyConfig", "PolicyContext",
-    "PolicyError", "Priority", "ScalingSet", "SimClock", "SimConfig", "SimJob", "SimJobState", "SimPolicy",
-    "SimResult", "Simulator", "Workload", "WorkloadError", "find_scaling", "make_policy", "make_workload",
-    "simulate",
+    "Calibration", "CalibrationError", "DecisionRow", "EventQueue", "IdleTimeline", "JobSpec", "Overrides", "POLICIES",
+    "PolicyConfig", "PolicyContext", "PolicyError", "Priority", "ScalingSet", "SimClock", "SimConfig", "SimJob",
+    "SimJobState", "SimPolicy", "SimResult", "Simulator", "Workload", "WorkloadError", "find_scaling", "make_policy",
+    "make_workload", "simulate"
 ]
 
 
 def simulate(
-    timeline: IdleTimeline,
-    policy: str | SimPolicy = "malletrain",
-    workload: str = "nas",
-    *,
-    scaling: ScalingSet | None = None,
-    seed: int = 0,
-    n_jobs: int | None = None,
-    config: SimConfig = SimConfig(),
+    timeline: IdleTimeline, policy: str | SimPolicy = "malletrain", workload: str = "nas", *,
+    scaling: ScalingSet | None = None, seed: int = 0, n_jobs: int | None = None, config: SimConfig = SimConfig(),
     progress=None,  # type: ignore[no-untyped-def]
-    freetrain_model: str = "mean",
-    policy_config: PolicyConfig | None = None,
-    keep_decisions: bool = False,
-    overrides: Overrides | None = None,
-    offered_load: float = 1.0,
-    learning_prior: str = "mean",
+    freetrain_model: str = "mean", policy_config: PolicyConfig | None = None, keep_decisions: bool = False,
+    overrides: Overrides | None = None, offered_load: float = 1.0, learning_prior: str = "mean",
 ) -> SimResult:
-    """Replay ``timeline`` with a named (or given) policy and workload; returns the result.
-
-    A named policy is the preset of that name on ``policy_config`` (default: the daemon's
-    defaults), given a :class:`PolicyContext` with the workload's model curves, ``seed`` and
-    ``freetrain_model`` (``mean`` | ``linear`` | ``noise:X``) and a learning preset's ``learning_prior``
-    (``mean`` | ``linear``). ``overrides`` win over the preset. The
-    ``philly`` workload offers ``offered_load`` x the window's idle node-seconds of work. Costs: ``config.calibration``, and when
-    that is None the shipped calibration (:func:`simulator.calibration.default`).
-    """
+    """Replay ``timeline`` with a named (or given) policy and workload; returns the result. A named policy is the preset
+    of that name on ``policy_config`` (default: the daemon's defaults), given a :class:`PolicyContext` with the
+    workload's model curves, ``seed``, ``freetrain_model`` (``mean`` | ``linear`` | ``noise:X``) and ``learning_prior``
+    (``mean`` | ``linear``); ``overrides`` win over the preset. The ``philly`` workload offers ``offered_load`` x the
+    window's idle node-seconds of work. Costs: ``config.calibration``, else the shipped calibration
+    (:func:`simulator.calibration.default`)."""
     if config.calibration is None:  # costs are charged unless a calibration (e.g. free()) is named
         config = replace(config, calibration=default_calibration())
     curves = scaling if scaling is not None else find_scaling()
@@ -65,8 +52,8 @@ def simulate(
     window = StreamWindow(end - start, timeline.idle_node_seconds(start, end), offered_load)
     wl = make_workload(workload, curves, seed=seed, n_jobs=n_jobs, window=window)
     if isinstance(policy, str):
-        pol = make_policy(policy, PolicyContext(wl.models, seed, freetrain_model, learning_prior), policy_config,
-                          overrides)
+        ctx = PolicyContext(wl.models, seed, freetrain_model, learning_prior)
+        pol = make_policy(policy, ctx, policy_config, overrides)
     else:
         pol = policy
     result = Simulator(timeline, wl, pol, config, progress=progress, seed=seed, keep_decisions=keep_decisions).run()

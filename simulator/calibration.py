@@ -1,16 +1,13 @@
-"""The costs the simulator charges, from one calibration file.
-
-A calibration is a JSON file written by the project's own real benchmarks (``benchmarks/calibrate.py``,
-``benchmarks/bench_checkpoint.py``) and shipped as :file:`simulator/calibration.json`::
+"""The costs the simulator charges, from one calibration file, written by the project's own real benchmarks
+(``benchmarks/calibrate.py``, ``benchmarks/bench_checkpoint.py``) and shipped as :file:`simulator/calibration.json`::
 
     {"schema": 1, "values": {NAME: {"value": 12.0, "unit": "s", "how": "...",
                                     "when": "YYYY-MM-DD", "command": "..."}}}
 
-with every name of :data:`REQUIRED` and any of :data:`OPTIONAL` (0, or the fallback its field names,
-when a file has none). What each value is and how the engine charges it: docs/research/real-system.md
-(the calibration and what a node costs) and docs/research/evaluation.md (costs charged by default).
-``free`` (:func:`free`) is the named ablation with no start, restart, pilot, join or rollback cost
-(rescale pauses: each job's own). Every ``summary.json`` names the calibration it ran with.
+with every name of :data:`REQUIRED` and any of :data:`OPTIONAL` (0, or the fallback its field names, when a file has
+none). What each value is and how the engine charges it: docs/research/real-system.md and docs/research/evaluation.md.
+``free`` (:func:`free`) is the named ablation with no start, restart, pilot, join or rollback cost (rescale pauses: each
+job's own). Every ``summary.json`` names the calibration it ran with.
 """
 
 from __future__ import annotations
@@ -26,8 +23,7 @@ from typing import Any, Mapping
 SCHEMA = 1
 REQUIRED = ("pilot_start_s", "cold_start_s", "restart_s", "rescale_pause_s", "commit_interval_s")
 OPTIONAL = ("join_s", "warm_start_s", "torchrun_restart_s", "torchrun_cold_restart_s",
-            "state_broadcast_s_per_mb", "checkpoint_load_s_per_mb",
-            "checkpoint_save_s_per_mb")
+            "state_broadcast_s_per_mb", "checkpoint_load_s_per_mb", "checkpoint_save_s_per_mb")
 PER_MB = ("state_broadcast_s_per_mb", "checkpoint_load_s_per_mb", "checkpoint_save_s_per_mb")  # unit s/MB
 DEFAULT_FILE = "calibration.json"
 FREE = "free"

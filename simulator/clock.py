@@ -1,9 +1,6 @@
-"""The simulator's injected clock and its event heap.
-
-Events are ordered by ``(time, priority, seq)``: equal times break on the
-priority of the event kind, then on insertion order, so a replay is
-deterministic. Nothing here reads the wall clock.
-"""
+"""The simulator's injected clock and its event heap. Events are ordered by ``(time, priority, seq)``: equal times break
+on the priority of the event kind, then on insertion order, so a replay is deterministic. Nothing here reads the wall
+clock."""
 
 from __future__ import annotations
 

@@ -1,12 +1,9 @@
-"""The driver of the policy: what the simulator does at a decision, as the daemon does at its own.
-
-It shows the policy the ledger's view (every admitted job and the queued jobs the policy's rule
-shows, :mod:`policy.queueview`), with each job's samples left and node-hours used (budgets), the
-recalls known in advance (``SimConfig.recall_notice_s``) and what the simulated monitor measured;
-then it carries the decision out: jobs the policy stops end, jobs that lost their slot wait again,
-the plan's shrinks and grows go to :class:`simulator.physics.JobPhysics`, and the policy's wake-ups
-go on the event heap. It holds no rule of its own about which job runs where.
-"""
+"""The driver of the policy: what the simulator does at a decision, as the daemon does at its own. It shows the policy
+the ledger's view (every admitted job and the queued jobs the policy's rule shows, :mod:`policy.queueview`) with each
+job's samples left and node-hours used, the recalls known in advance (``SimConfig.recall_notice_s``) and what the
+simulated monitor measured; then it carries the decision out: stopped jobs end, jobs that lost their slot wait again,
+shrinks and grows go to :class:`simulator.physics.JobPhysics`, wake-ups go on the event heap. It holds no rule of its
+own about which job runs where."""
 
 from __future__ import annotations
 
@@ -26,10 +23,6 @@ from simulator.workload import Workload
 from traces.model import IdleTimeline
 
 ENDLESS_WANT = 64  # queued jobs drawn ahead from an endless stream when the policy has no Pjmax
-
-
-def _job_id(job: SimJob) -> str:
-    return job.id
 
 
 class PolicyDriver:
@@ -83,18 +76,12 @@ class PolicyDriver:
         self._physics.schedule_completions(t)
         n_idle = ledger.n_idle
         self.rows.append(DecisionRow(
-            time=t,
-            idle_nodes=n_idle,
-            used_nodes=n_idle - ledger.n_free,
-            running_jobs=sum(1 for j in fleet.admitted if ledger.count(j.id)),
-            queued_jobs=len(fleet.queue),
-            rescales=self._physics.step_rescales,
-            decision_ms=decision_ms,
+            time=t, idle_nodes=n_idle, used_nodes=n_idle - ledger.n_free,
+            running_jobs=sum(1 for j in fleet.admitted if ledger.count(j.id)), queued_jobs=len(fleet.queue),
+            rescales=self._physics.step_rescales, decision_ms=decision_ms,
             constrained=n_idle <= fleet.absorb_capacity(),
         ))
         self._physics.step_rescales = 0
-
-    # ------------------------------------------------------------ what the policy is shown
 
     def _queue_window(self, t: float) -> list[SimJob]:
         """The queued jobs the policy is shown (:func:`policy.queueview.shown_queue`), an endless stream
@@ -107,7 +94,7 @@ class PolicyDriver:
                 self.stream_done = True
                 break
             fleet.queue.append(fleet.submit(spec, t))
-        return shown_queue(fleet.queue, self.policy.state.queue_front, want, id_of=_job_id)
+        return shown_queue(fleet.queue, self.policy.state.queue_front, want, id_of=lambda j: j.id)
 
     def _view(self, t: float, queued: list[SimJob]) -> View:
         """The ledger's view of the admitted jobs and the queue's window (queued jobs made no progress)."""
@@ -128,8 +115,6 @@ class PolicyDriver:
             if not tl.idle[i]:
                 known.setdefault(tl.nodes[int(tl.node_ids[i])], float(tl.times[i]))
         return known
-
-    # ------------------------------------------------------------ carrying a decision out
 
     def _push_wakeups(self, decision: Decision, t: float) -> None:
         times = [decision.wake_at] if decision.wake_at is not None else []

@@ -1,21 +1,15 @@
 """Discrete-event replay of an idle-node timeline with elastic training jobs: the event loop.
 
-Events (nodes become idle, nodes recalled, pilots up, jobs arrive, workers join, jobs complete, the
-policy's wake-ups) sit on a heap ordered by ``(time, priority, seq)``. All events at one timestamp
-are applied together, each by its handler (one table, by the event's type), then the policy decides
-once. The engine holds no rule of its own: admission, profiling, lending, curves, costs, allocation,
-the queue's order and what the policy is shown are the daemon's :class:`policy.Policy`; which node
-is ours since when, which job runs on which, interruptions and "below its min a job stops" are the
-policy's :class:`policy.Ledger`, which the engine feeds with events and which builds the View.
+Events (nodes become idle, nodes recalled, pilots up, jobs arrive, workers join, jobs complete, the policy's wake-ups)
+sit on a heap ordered by ``(time, priority, seq)``. All events at one timestamp are applied together, each by its
+handler (one table, by the event's type), then the policy decides once. The engine holds no rule of its own (see
+docs/design.md): the rules are the daemon's :class:`policy.Policy`, the node and job bookkeeping its
+:class:`policy.Ledger`, which the engine feeds with events and which builds the View.
 
-The loop is composed of four parts, each passed what it needs:
-
-* :class:`simulator.fleet.Fleet`: every job, the admitted ones and the queue; how a job is made;
-* :class:`simulator.physics.JobPhysics`: ground truth, a job's progress, pauses, starts, stops;
-* :class:`simulator.tallying.Tallying`: the node-second integrals between events;
-* :class:`simulator.driver.PolicyDriver`: asks the policy and carries its decisions out.
-
-Records: :mod:`simulator.records`; summary: :mod:`simulator.summary`. Costs: one calibration
+The loop is composed of four parts, each passed what it needs: :class:`simulator.fleet.Fleet` (every job, the admitted
+ones and the queue), :class:`simulator.physics.JobPhysics` (ground truth: progress, pauses, starts, stops),
+:class:`simulator.tallying.Tallying` (the node-second integrals between events) and
+:class:`simulator.driver.PolicyDriver` (asks the policy and carries its decisions out). Costs: one calibration
 (:mod:`simulator.calibration`; starts and grows by :mod:`simulator.costs`'s warm rule); without
 ``SimConfig.calibration`` the ``free`` ablation (the CLI charges the shipped file).
 """
@@ -50,14 +44,8 @@ class Simulator:
     """Replays ``timeline`` over ``[start, end]`` with ``workload`` under ``policy``."""
 
     def __init__(
-        self,
-        timeline: IdleTimeline,
-        workload: Workload,
-        policy: SimPolicy,
-        config: SimConfig = SimConfig(),
-        progress: Callable[[float], None] | None = None,
-        seed: int = 0,
-        keep_decisions: bool = False,
+        self, timeline: IdleTimeline, workload: Workload, policy: SimPolicy, config: SimConfig = SimConfig(),
+        progress: Callable[[float], None] | None = None, seed: int = 0, keep_decisions: bool = False,
         monitor_factory: MonitorFactory | None = None,
     ) -> None:
         self.timeline = timeline
@@ -87,17 +75,10 @@ class Simulator:
         self._next_decision_at = -math.inf
         self._decide_scheduled = False
         self._handlers: dict[type, Handler] = {
-            EventBatch: self._on_batch,
-            Completion: self._on_completion,
-            Arrival: self._on_arrival,
-            Cancel: self._on_cancel,
-            PilotUp: self._on_pilots_up,
-            Joined: self._on_joined,
-            Decide: self._on_decide,
+            EventBatch: self._on_batch, Completion: self._on_completion, Arrival: self._on_arrival,
+            Cancel: self._on_cancel, PilotUp: self._on_pilots_up, Joined: self._on_joined, Decide: self._on_decide,
             Wake: self._on_wake,
         }
-
-    # ------------------------------------------------------------ what the parts hold
 
     @property
     def jobs(self) -> dict[str, SimJob]:
@@ -118,11 +99,6 @@ class Simulator:
     @property
     def decisions(self) -> list[Decision]:
         return self.driver.decisions
-
-    def absorb_capacity(self) -> int:
-        return self.fleet.absorb_capacity()
-
-    # ------------------------------------------------------------ main loop
 
     def run(self) -> SimResult:
         wall0 = time.perf_counter()
@@ -196,8 +172,6 @@ class Simulator:
             changed |= handlers[type(ev)](ev, t)
         return changed, False
 
-    # ------------------------------------------------------------ handlers, one per event type
-
     def _on_batch(self, ev: EventBatch, t: float) -> bool:
         self._apply_batch(ev)
         self._push_next_batch()
@@ -255,8 +229,6 @@ class Simulator:
             self._batches = None
             return
         self.events.push(batch.time, Priority.TRACE, batch)
-
-    # ------------------------------------------------------------ results
 
     def _result(self, wall: float, cpu: float) -> SimResult:
         fleet, driver = self.fleet, self.driver

@@ -1,10 +1,7 @@
-"""The replay's jobs: every job submitted, the admitted ones and the queue, and how a job is made.
-
-A job is made when it arrives (or is drawn from an endless stream): the policy's submission rule and
-the replay's caps shape its spec, the simulated monitor measures it if the policy reads measurements,
-and the ledger learns of it. The queue is kept in submission order; which queued jobs the policy is
-shown, and in which order it admits them, is the policy's (:mod:`policy.queueview`).
-"""
+"""The replay's jobs: every job submitted, the admitted ones and the queue, and how a job is made. A job is made when it
+arrives (or is drawn from an endless stream): the policy's submission rule and the replay's caps shape its spec, the
+simulated monitor measures it if the policy reads measurements, and the ledger learns of it. The queue is kept in
+submission order; which queued jobs the policy is shown, and in which order, is the policy's."""
 
 from __future__ import annotations
 
@@ -90,8 +87,7 @@ class Fleet:
         self._ledger.submitted(JobView(id=job.id, min_nodes=spec.min_nodes, max_nodes=spec.max_nodes, order=job.order,
                                        scaling=job.user_curve, profile=False, work_left=job.work_left,
                                        budget_node_hours=spec.budget_node_hours, deadline=deadline,
-                                       user=job.id if self._config.users == "job" else spec.user,
-                                       group=spec.group))
+                                       user=job.id if self._config.users == "job" else spec.user, group=spec.group))
         return job
 
     def _rescale_pause(self, spec: JobSpec) -> float | None:

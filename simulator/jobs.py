@@ -1,13 +1,7 @@
-"""The simulator's job types: a job to simulate (:class:`JobSpec`), scaling curves
-(:class:`ScalingSet`) and a source of jobs (:class:`Workload`).
-
-Every workload module (:mod:`simulator.streams`, :mod:`simulator.philly`,
-:mod:`simulator.workload`) builds on these; none imports another's internals, so the
-modules form no import circle.
-
-Defaults follow the published evaluation (MalleTrain/BFTrainer): 130M samples
-per job, 1-64 nodes, 18 s to scale up, 12 s to scale down.
-"""
+"""The simulator's job types: a job (:class:`JobSpec`), scaling curves (:class:`ScalingSet`), a source of jobs
+(:class:`Workload`). The workload modules build on these and import none of each other's internals (no import circle).
+Defaults follow the published evaluation (MalleTrain/BFTrainer): 130M samples a job, 1-64 nodes, 18 s to scale up, 12 s
+to scale down."""
 
 
 from __future__ import annotations
@@ -41,12 +35,9 @@ LAUNCHERS = (ELASTIC, TORCHRUN)
 
 @dataclass(frozen=True)
 class JobSpec:
-    """One training job to simulate.
-
-    ``scaling`` is the TRUE throughput (samples/s per node count): progress is
-    always computed from it. ``believed_scaling`` is what a policy is told (a
-    user's guess, say); it defaults to the true curve.
-    """
+    """One training job to simulate. ``scaling`` is the TRUE throughput (samples/s per node count): progress is always
+    computed from it. ``believed_scaling`` is what a policy is told (a user's guess, say); it defaults to the true
+    curve."""
 
     name: str
     model: str
@@ -73,9 +64,8 @@ class JobSpec:
         if not (self.samples > 0) or math.isinf(self.samples):
             raise WorkloadError(f"job {self.name}: samples must be a finite number > 0, got {self.samples!r}")
         if self.min_nodes < 1 or self.max_nodes < self.min_nodes:
-            raise WorkloadError(
-                f"job {self.name}: need 1 <= min_nodes <= max_nodes, got {self.min_nodes}..{self.max_nodes}"
-            )
+            raise WorkloadError(f"job {self.name}: need 1 <= min_nodes <= max_nodes, "
+                                f"got {self.min_nodes}..{self.max_nodes}")
         if self.up_cost_s < 0 or self.down_cost_s < 0:
             raise WorkloadError(f"job {self.name}: rescale costs must be >= 0")
         if self.commit_interval_s is not None and not (0 <= self.commit_interval_s < math.inf):
@@ -136,26 +126,20 @@ def _amdahl(rate1: float, serial: float, counts: tuple[int, ...] = (1, 2, 4, 8, 
 
 
 def synthetic_scaling() -> ScalingSet:
-    """Built-in Amdahl-style curves, used only when no scaling file is found.
-
-    These are SYNTHETIC (not measurements): rate(n) = r1 * n / (1 + s (n - 1)).
-    """
+    """Built-in Amdahl-style curves, used only when no scaling file is found. These are SYNTHETIC (not measurements):
+    rate(n) = r1 * n / (1 + s (n - 1))."""
     curves = {
-        "synthetic-fast": _amdahl(7000.0, 0.012),
-        "synthetic-heavy": _amdahl(1200.0, 0.002),
-        "synthetic-linear": _amdahl(5000.0, 0.0),
-        "synthetic-small": _amdahl(3000.0, 0.006),
+        "synthetic-fast": _amdahl(7000.0, 0.012), "synthetic-heavy": _amdahl(1200.0, 0.002),
+        "synthetic-linear": _amdahl(5000.0, 0.0), "synthetic-small": _amdahl(3000.0, 0.006),
         HPO_MODEL: _amdahl(2800.0, 0.005),
     }
     return ScalingSet(curves, "synthetic (built in)", synthetic=True)
 
 
 def load_scaling(path: str | Path) -> ScalingSet:
-    """Read ``model,nodes,samples_per_second`` rows (after ``#`` comment lines).
-
-    The parsing is the profiler's (:func:`profiler.parse_scaling_table`); its
-    errors name ``file:line`` and come back here as :class:`WorkloadError`.
-    """
+    """Read ``model,nodes,samples_per_second`` rows (after ``#`` comment lines). The parsing is the profiler's
+    (:func:`profiler.parse_scaling_table`); its errors name ``file:line`` and come back here as
+    :class:`WorkloadError`."""
     p = Path(path)
     try:
         text = p.read_text()
@@ -174,25 +158,10 @@ def find_scaling(path: str | Path | None = None) -> ScalingSet:
     """The given file, else ``summit-scaling.csv`` from the data dir, else synthetic curves."""
     if path is not None:
         return load_scaling(path)
-    try:
-        from traces.data import find_data
-    except ImportError:  # pragma: no cover - traces.data ships with the package
-        found = _fallback_data_path()
-    else:
-        found = find_data(SCALING_FILE)
+    from traces.data import find_data  # looked up at the call: a test replaces it
+
+    found = find_data(SCALING_FILE)
     return load_scaling(found) if found is not None else synthetic_scaling()
-
-
-def _fallback_data_path() -> Path | None:
-    import os
-
-    env = os.environ.get("MALLETRAIN_DATA")
-    candidates = [Path(env) / SCALING_FILE] if env else []
-    candidates.append(Path(__file__).resolve().parent.parent.parent / "shared" / "data" / SCALING_FILE)
-    return next((c for c in candidates if c.is_file()), None)
-
-
-# ---------------------------------------------------------------- job streams
 
 
 @dataclass(frozen=True)
@@ -207,11 +176,8 @@ class StreamWindow:
 
 @dataclass
 class Workload:
-    """A source of jobs: a seeded endless stream, or a finite list.
-
-    ``draw()`` gives the next job of the stream (``None`` once a finite stream
-    is exhausted); ``timed`` are jobs with their own arrival times (user files).
-    """
+    """A source of jobs: a seeded endless stream, or a finite list. ``draw()`` gives the next job of the stream
+    (``None`` once a finite stream is exhausted); ``timed`` are jobs with their own arrival times (user files)."""
 
     name: str
     scaling_source: str

@@ -1,23 +1,13 @@
-"""How many MB a checkpoint of each Pollux model holds: what a rescale broadcasts and a restart loads.
-
-Each figure is the float32 state dict of the model class the Pollux measurements trained (4 bytes a
-parameter, 1 MB = 10^6 bytes; optimizer state left out, as ``benchmarks/bench_checkpoint.py`` does),
-from the parameter count of the published architecture:
-
-* ``bert``: BERT-base (uncased, SQuAD fine-tuning head), 109,482,240 parameters (``BertModel`` of the
-  reference release);
-* ``cifar10``: the CIFAR-10 ResNet-18 (3x3 stem, no max-pool, 10-way head), 11,173,962 parameters;
-* ``deepspeech2``: DeepSpeech2 as in ``deepspeech.pytorch``'s default (2 conv layers, 5 bidirectional
-  LSTMs of 1024, outputs summed, 29 characters), about 86.6 million parameters counted from its
-  layer shapes (an estimate: no released state dict was weighed);
-* ``imagenet``: torchvision's ResNet-50, 25,557,032 parameters;
-* ``ncf``: NeuMF on MovieLens-1M (6,040 users, 3,706 items, GMF factor 8, MLP 64-32-16-8), about
-  393 thousand parameters counted from its layer shapes;
-* ``yolov3``: YOLOv3 (Darknet-53 backbone, 80 classes), 61,949,149 parameters.
-
-A model not named here (a user's own curve) has no checkpoint size: its rescales and restarts pay the
-calibration's figures alone.
-"""
+"""How many MB a checkpoint of each Pollux model holds: what a rescale broadcasts and a restart loads. Each figure is
+the float32 state dict (4 bytes a parameter, 1 MB = 10^6 bytes; optimizer state left out, as
+``benchmarks/bench_checkpoint.py`` does) of the model class the Pollux measurements trained, from the parameter count of
+the published architecture: ``bert`` BERT-base (uncased, SQuAD fine-tuning head; the reference release's ``BertModel``);
+``cifar10`` the CIFAR-10 ResNet-18 (3x3 stem, no max-pool, 10-way head); ``deepspeech2`` as ``deepspeech.pytorch``'s
+default (2 conv layers, 5 bidirectional LSTMs of 1024, outputs summed, 29 characters), counted from its layer shapes (an
+estimate: no released state dict was weighed); ``imagenet`` torchvision's ResNet-50; ``ncf`` NeuMF on MovieLens-1M
+(6,040 users, 3,706 items, GMF factor 8, MLP 64-32-16-8), counted from its layer shapes; ``yolov3`` YOLOv3 (Darknet-53
+backbone, 80 classes). A model not named here (a user's own curve) has no checkpoint size: its rescales and restarts pay
+the calibration's figures alone."""
 
 from __future__ import annotations
 
@@ -26,11 +16,7 @@ from typing import Mapping
 
 BYTES_PER_PARAM = 4  # float32
 _PARAMS = {
-    "bert": 109_482_240,
-    "cifar10": 11_173_962,
-    "deepspeech2": 86_600_000,
-    "imagenet": 25_557_032,
-    "ncf": 392_601,
+    "bert": 109_482_240, "cifar10": 11_173_962, "deepspeech2": 86_600_000, "imagenet": 25_557_032, "ncf": 392_601,
     "yolov3": 61_949_149,
 }
 CHECKPOINT_MB: Mapping[str, float] = MappingProxyType(

@@ -1,14 +1,10 @@
-"""The simulated job monitor: step records a job would report, drawn from its TRUE curve.
-
-The daemon's monitor turns a training loop's ``report(samples)`` lines into
-:class:`profiler.Record` s; here :func:`profiler.records.synthesize` makes the
-same stream. A job runs a fixed per-node batch (:data:`PER_NODE_BATCH`), so at
-``n`` nodes one step processes ``n * PER_NODE_BATCH`` samples and takes
-``n * PER_NODE_BATCH / true_rate(n)`` seconds, times ``U(1 - noise, 1 + noise)``
-(:data:`RECORD_NOISE` = 3% by default). The first :data:`WARMUP_STEPS` steps after
-a (re)start take :data:`WARMUP_FACTOR` times longer, which the estimator drops.
-Seeds derive from ``(seed, job, node count, chunk)``, so a replay is deterministic.
-"""
+"""The simulated job monitor: step records a job would report, drawn from its TRUE curve. The daemon's monitor turns a
+training loop's ``report(samples)`` lines into :class:`profiler.Record` s; here :func:`profiler.records.synthesize`
+makes the same stream. A job runs a fixed per-node batch (:data:`PER_NODE_BATCH`), so at ``n`` nodes one step processes
+``n * PER_NODE_BATCH`` samples and takes ``n * PER_NODE_BATCH / true_rate(n)`` seconds, times ``U(1 - noise, 1 +
+noise)`` (:data:`RECORD_NOISE` = 3% by default). The first :data:`WARMUP_STEPS` steps after a (re)start take
+:data:`WARMUP_FACTOR` times longer, which the estimator drops. Seeds derive from ``(seed, job, node count, chunk)``, so
+a replay is deterministic."""
 
 from __future__ import annotations
 
@@ -103,17 +99,13 @@ PROBE_STEPS = 4  # steady steps on each side of a rescale, for the pause estimat
 
 
 class SimJobMonitor:
-    """What the daemon's job monitor would have measured for one simulated job.
-
-    Every run at a node count (from the moment its pause ends) yields step records drawn from the
-    job's TRUE curve (:class:`StepFeed`), fed to a real :class:`profiler.ThroughputEstimator`
-    until its estimate is stable (or :data:`MAX_CHUNKS` chunks): a monitor keeps the newest
-    estimate per count, and records arrive over simulated time, so :meth:`evidence` at ``now``
-    shows only the records that exist by then. Every rescale between two non-zero counts yields a
-    short record stream around the pause (:data:`PROBE_STEPS` steps at each size), measured by the
-    real :func:`profiler.rescale_events`. Nothing here reads a true value
-    but the curve that makes the records.
-    """
+    """What the daemon's job monitor would have measured for one simulated job. Every run at a node count (from the
+    moment its pause ends) yields step records drawn from the job's TRUE curve (:class:`StepFeed`), fed to a real
+    :class:`profiler.ThroughputEstimator` until its estimate is stable (or :data:`MAX_CHUNKS` chunks): a monitor keeps
+    the newest estimate per count, and records arrive over simulated time, so :meth:`evidence` at ``now`` shows only the
+    records that exist by then. Every rescale between two non-zero counts yields a short record stream around the pause
+    (:data:`PROBE_STEPS` steps at each size), measured by the real :func:`profiler.rescale_events`. Nothing here reads a
+    true value but the curve that makes the records."""
 
     def __init__(self, job_id: str, true_curve: Mapping[int, float], seed: int = 0, noise: float = RECORD_NOISE,
                  rel_ci: float = 0.05, rates: bool = True, costs: bool = True) -> None:

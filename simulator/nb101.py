@@ -1,32 +1,26 @@
 """A NASBench-101-like search space: cell specs, their sampling, and the networks' cost.
 
-Written from the description in Ying et al., "NAS-Bench-101: Towards Reproducible
-Neural Architecture Search" (ICML 2019) and its public reference code (read, not
-copied). What it assumes:
+Written from the description in Ying et al., "NAS-Bench-101: Towards Reproducible Neural Architecture Search" (ICML
+2019) and its public reference code (read, not copied). What it assumes:
 
-* **Cell.** A DAG of at most :data:`MAX_VERTICES` = 7 vertices (input, output, up to
-  5 interior) and at most :data:`MAX_EDGES` = 9 edges, given by an upper-triangular
-  adjacency matrix (so it is acyclic, vertex 0 is the input, the last the output).
-  Interior vertices carry one of :data:`OPS`.
-* **Pruning.** A vertex that is not both reachable from the input and able to reach
-  the output is removed (with its edges); a spec whose input no longer reaches the
-  output is invalid. The limits apply to the pruned spec.
+* **Cell.** A DAG of at most :data:`MAX_VERTICES` = 7 vertices (input, output, up to 5 interior) and at most
+  :data:`MAX_EDGES` = 9 edges, given by an upper-triangular adjacency matrix (so it is acyclic, vertex 0 is the input,
+  the last the output). Interior vertices carry one of :data:`OPS`.
+* **Pruning.** A vertex that is not both reachable from the input and able to reach the output is removed (with its
+  edges); a spec whose input no longer reaches the output is invalid. The limits apply to the pruned spec.
 * **Sampling** (:func:`sample_cell`) is the benchmark's random search: each of the
   21 upper-triangular entries of a 7x7 matrix is an edge with probability 1/2, each
   interior vertex draws an op uniformly; the draw is pruned and rejected until valid.
-* **Network** (:func:`network_cost`): a 3x3 conv-bn-relu stem of 128 channels, then 3
-  stacks of 3 cells; before stacks 2 and 3 a 2x2 max-pool (stride 2) halves the
-  resolution and the channels double; then global average pooling and a dense layer.
-  The benchmark trains at 32x32 with 10 labels; here the input is 224x224 with 1000
-  labels (ImageNet-sized), which makes the networks far heavier than the benchmark's.
-* **Channels in a cell** (:func:`vertex_channels`): the cell's output channels are
-  split evenly over the vertices that feed the output (their outputs are
-  concatenated; the first ``remainder`` of them get one more channel); any other
-  interior vertex takes the largest channel count among the vertices it feeds.
-  Edges from the input go through a 1x1 conv-bn-relu projection to the receiving
-  vertex's channels; edges between interior vertices are summed, truncating the
-  (at most one) extra channel. The output also adds a projection of the input when
-  the input feeds it directly (a projection alone when nothing else does).
+* **Network** (:func:`network_cost`): a 3x3 conv-bn-relu stem of 128 channels, then 3 stacks of 3 cells; before stacks 2
+  and 3 a 2x2 max-pool (stride 2) halves the resolution and the channels double; then global average pooling and a dense
+  layer. The benchmark trains at 32x32 with 10 labels; here the input is 224x224 with 1000 labels (ImageNet-sized),
+  which makes the networks far heavier than the benchmark's.
+* **Channels in a cell** (:func:`vertex_channels`): the cell's output channels are split evenly over the vertices that
+  feed the output (their outputs are concatenated; the first ``remainder`` of them get one more channel); any other
+  interior vertex takes the largest channel count among the vertices it feeds. Edges from the input go through a 1x1
+  conv-bn-relu projection to the receiving vertex's channels; edges between interior vertices are summed, truncating the
+  (at most one) extra channel. The output also adds a projection of the input when the input feeds it directly (a
+  projection alone when nothing else does).
 * conv ops are conv (no bias) + batch norm + ReLU at stride 1 and 'same' padding;
   maxpool3x3 is stride 1 and keeps the channels.
 """
@@ -143,12 +137,10 @@ def sample_cell(rng: np.random.Generator) -> CellSpec:
 
 
 def _sampled(full: list[list[int]], drawn: list[int]) -> CellSpec | None:
-    """``prune`` of the upper triangle of ``full`` with ops ``drawn`` when :func:`is_valid`, else ``None``.
-
-    On a drawn matrix the checks of :func:`is_valid` reduce to the edge limit: the pruned cell keeps
-    input and output, known ops and the upper triangle, has at most ``MAX_VERTICES`` vertices, and a
-    vertex on an input->output path has its whole path kept.
-    """
+    """``prune`` of the upper triangle of ``full`` with ops ``drawn`` when :func:`is_valid`, else ``None``. On a drawn
+    matrix the checks of :func:`is_valid` reduce to the edge limit: the pruned cell keeps input and output, known ops
+    and the upper triangle, has at most ``MAX_VERTICES`` vertices, and a vertex on an input->output path has its whole
+    path kept."""
     masks, on_path = _path_masks(full)
     if not on_path:
         return None  # the input does not reach the output

@@ -1,24 +1,20 @@
 """Analytic cost of convolutional networks: parameters, multiply-adds, activations.
 
-A network is described layer by layer with small pure functions that take a
-tensor :data:`Shape` ``(channels, height, width)`` of ONE sample and return the
-layer's :class:`Cost` and its output shape. Nothing is executed.
+A network is described layer by layer with small pure functions that take a tensor :data:`Shape` ``(channels, height,
+width)`` of ONE sample and return the layer's :class:`Cost` and its output shape. Nothing is executed.
 
 What the counts assume:
 
-* ``params``: trainable parameters (conv and dense weights, biases when the layer
-  has them, batch-norm scale and shift: 2 per channel). Batch-norm running
-  statistics are not trainable and not counted.
+* ``params``: trainable parameters (conv and dense weights, biases when the layer has them, batch-norm scale and shift:
+  2 per channel). Batch-norm running statistics are not trainable and not counted.
 * ``macs``: forward multiply-adds of convolutions and dense layers per sample
-  (``out_h * out_w * c_out * (c_in / groups) * k * k``). Element-wise layers
-  (batch norm, ReLU, adds, pooling) count no MACs: they are memory-bound.
-* ``activations``: output elements of every layer per sample, element-wise ones
-  included. It is a proxy for the memory traffic of a training step and for the
-  activation memory a sample holds (see :mod:`simulator.perfmodel`).
+  (``out_h * out_w * c_out * (c_in / groups) * k * k``). Element-wise layers (batch norm, ReLU, adds, pooling) count no
+  MACs: they are memory-bound.
+* ``activations``: output elements of every layer per sample, element-wise ones included. It is a proxy for the memory
+  traffic of a training step and for the activation memory a sample holds (see :mod:`simulator.perfmodel`).
 
-The reference ImageNet models (:data:`REFERENCE_MODELS`) follow the torchvision
-definitions, written from their published layer tables; their parameter counts
-match torchvision's exactly (tested), which checks the counter.
+The reference ImageNet models (:data:`REFERENCE_MODELS`) follow the torchvision definitions, written from their
+published layer tables; their parameter counts match torchvision's exactly (tested), which checks the counter.
 """
 
 from __future__ import annotations
@@ -101,15 +97,12 @@ def conv_bn(c_out: int, k: int, stride: int = 1, groups: int = 1, act: bool = Tr
             pad: int | None = None) -> Callable[[Shape], tuple[Cost, Shape]]:
     """conv (no bias) + batch norm (+ ReLU when ``act``), the usual block."""
     def layer(x: Shape) -> tuple[Cost, Shape]:
-        steps: list[Callable[[Shape], tuple[Cost, Shape]]] = [
-            lambda s: conv(s, c_out, k, stride, pad, groups), bn]
+        steps: list[Callable[[Shape], tuple[Cost, Shape]]] = [lambda s: conv(s, c_out, k, stride, pad, groups), bn]
         if act:
             steps.append(eltwise)
         return chain(x, *steps)
     return layer
 
-
-# ---------------------------------------------------------------- reference ImageNet models
 
 IMAGE: Shape = (3, 224, 224)
 CLASSES = 1000
@@ -175,10 +168,8 @@ def resnet50() -> Cost:
 
 
 def densenet121() -> Cost:
-    """torchvision DenseNet-121: growth 32, bottleneck 4x, blocks (6, 12, 24, 16), pre-activation.
-
-    Each layer concatenates its 32 new channels to its input, a full copy (counted as activations).
-    """
+    """torchvision DenseNet-121: growth 32, bottleneck 4x, blocks (6, 12, 24, 16), pre-activation. Each layer
+    concatenates its 32 new channels to its input, a full copy (counted as activations)."""
     cost, x = chain(IMAGE, conv_bn(64, 7, 2), lambda y: pool(y, 3, 2, 1))
     for b, n in enumerate((6, 12, 24, 16)):
         for _ in range(n):
@@ -247,13 +238,7 @@ def shufflenet_v2_x1_0() -> Cost:
 
 # name in summit-scaling.csv (or a new name) -> the architecture assumed for it
 REFERENCE_MODELS: dict[str, Callable[[], Cost]] = {
-    "AlexNet": alexnet,
-    "vgg16": vgg16,
-    "resnet18": resnet18,
-    "DenseNet": densenet121,
-    "mnasnet1": mnasnet1_0,
-    "shufflenet": shufflenet_v2_x1_0,
-    "mobilenet": mobilenet_v2,
-    "resnet50": resnet50,
+    "AlexNet": alexnet, "vgg16": vgg16, "resnet18": resnet18, "DenseNet": densenet121, "mnasnet1": mnasnet1_0,
+    "shufflenet": shufflenet_v2_x1_0, "mobilenet": mobilenet_v2, "resnet50": resnet50,
 }
 MEASURED_MODELS = ("AlexNet", "vgg16", "resnet18", "DenseNet", "mnasnet1", "shufflenet", "mobilenet")

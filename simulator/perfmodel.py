@@ -11,32 +11,22 @@ per-node batch of ``B`` samples (``GPUS_PER_NODE`` GPUs x a per-GPU batch), take
 
 and the job processes ``n * B / T(n, B)`` samples/s. What each term assumes:
 
-* **Compute** (the brief's "multiply-adds / device rate"): ``macs`` are the forward
-  multiply-adds of one sample (:mod:`simulator.netcost`); ``mac_rate`` is the node's
-  *effective* rate for a whole training step (forward + backward, about 3x the forward
-  work, at whatever efficiency the GPUs reach). ``sample_s`` is a per-sample cost that
-  does not depend on the model (input pipeline, loss). ``layer_s * layers`` is a
-  per-step cost per layer op (kernel launches, per-layer synchronisation, memory-bound
-  element-wise passes); it is what makes thin, deep networks (MobileNet, ShuffleNet,
-  DenseNet) slower than their MACs say, and it is amortised by larger batches.
-* **Input I/O**: every node reads its samples (ImageNet JPEGs of ``SAMPLE_BYTES``) from
-  a shared parallel file system that gives the job ``fs_bandwidth`` in total, split over
-  the nodes. Reading overlaps compute (prefetch), hence the ``max``. It is what makes
-  very fast models (AlexNet) scale badly at many nodes.
-* **Allreduce**: a bandwidth-optimal ring over the nodes on the gradients (fp32) once
-  per step, not overlapped with compute (a pessimistic simplification), plus a latency
-  term per doubling of the node count (tree-like phases). One node pays nothing: the
-  intra-node allreduce over NVLink is folded into the compute constants.
+* **Compute** (the brief's "multiply-adds / device rate"): ``macs`` are the forward multiply-adds of one sample
+  (:mod:`simulator.netcost`); ``mac_rate`` is the node's *effective* rate for a whole training step (forward + backward,
+  about 3x the forward work, at whatever efficiency the GPUs reach). ``sample_s`` is a per-sample cost that does not
+  depend on the model (input pipeline, loss). ``layer_s * layers`` is a per-step cost per layer op (kernel launches,
+  per-layer synchronisation, memory-bound element-wise passes); it is what makes thin, deep networks (MobileNet,
+  ShuffleNet, DenseNet) slower than their MACs say, and it is amortised by larger batches.
+* **Input I/O**: every node reads its samples (ImageNet JPEGs of ``SAMPLE_BYTES``) from a shared parallel file system
+  that gives the job ``fs_bandwidth`` in total, split over the nodes. Reading overlaps compute (prefetch), hence the
+  ``max``. It is what makes very fast models (AlexNet) scale badly at many nodes.
+* **Allreduce**: a bandwidth-optimal ring over the nodes on the gradients (fp32) once per step, not overlapped with
+  compute (a pessimistic simplification), plus a latency term per doubling of the node count (tree-like phases). One
+  node pays nothing: the intra-node allreduce over NVLink is folded into the compute constants.
 
-The reference per-node batch of the measured curves is not published with them; it is
-taken as :data:`REFERENCE_BATCH` (32 per GPU). Only ratios are identified: a different
-reference batch rescales ``bandwidth``, ``latency_s`` and ``fs_bandwidth`` alike and
-leaves the fitted curves unchanged.
-
-:func:`calibrate` fits the six constants of :class:`Machine` to measured curves by
-Nelder-Mead on squared log errors of every (model, node count) point. ``terms="basic"``
-fits the brief's two-term model alone (compute from MACs and a per-sample constant,
-plus the ring allreduce), to show what the two extra terms buy.
+The reference per-node batch of the measured curves is not published with them; it is taken as :data:`REFERENCE_BATCH`
+(32 per GPU). Only ratios are identified: a different reference batch rescales ``bandwidth``, ``latency_s`` and
+``fs_bandwidth`` alike and leaves the fitted curves unchanged.
 """
 
 from __future__ import annotations
@@ -115,17 +105,11 @@ def efficiency(c: Curve, n: int) -> float:
 
 
 def max_per_gpu_batch(cost: Cost) -> int:
-    """The largest per-GPU batch whose activations fit (>= 1).
-
-    Assumes every layer output of a sample is kept for the backward pass
-    (``activations * BYTES_PER_VALUE`` bytes) and that weights, gradients and two
-    optimizer moments (4 copies of the parameters) stay resident.
-    """
+    """The largest per-GPU batch whose activations fit (>= 1). Assumes every layer output of a sample is kept for the
+    backward pass (``activations * BYTES_PER_VALUE`` bytes) and that weights, gradients and two optimizer moments (4
+    copies of the parameters) stay resident."""
     free = GPU_MEMORY_BYTES - GPU_RESERVED_BYTES - 4 * BYTES_PER_VALUE * cost.params
     return max(1, int(free // (BYTES_PER_VALUE * max(cost.activations, 1))))
-
-
-# ---------------------------------------------------------------- calibration
 
 
 @dataclass(frozen=True)
@@ -189,11 +173,10 @@ def nelder_mead(f: Callable[[np.ndarray], float], x0: np.ndarray, iters: int = 3
 
 def calibrate(measured: Mapping[str, Curve], costs: Mapping[str, Cost], terms: str = "full",
               batch: int = REFERENCE_BATCH, start: Machine = SUMMIT_V100) -> Calibration:
-    """Fit :class:`Machine` to the measured curves of the models in ``costs``.
-
-    ``terms="basic"`` keeps only compute (``mac_rate``, ``sample_s``) and the ring
-    allreduce (``bandwidth``, ``latency_s``): ``layer_s`` = 0 and no I/O limit.
-    """
+    """Fit :class:`Machine`'s six constants to the measured curves of the models in ``costs`` by Nelder-Mead on squared
+    log errors of every (model, node count) point. ``terms="basic"`` fits the brief's two-term model alone, to show what
+    the two extra terms buy: compute (``mac_rate``, ``sample_s``) and the ring allreduce (``bandwidth``, ``latency_s``),
+    ``layer_s`` = 0 and no I/O limit."""
     if terms not in ("full", "basic"):
         raise ValueError(f"terms must be 'full' or 'basic', got {terms!r}")
     names = [m for m in costs if m in measured]

@@ -7,9 +7,8 @@ arriving over :data:`SCARCE_ARRIVAL_S` s) are described in docs/research/evaluat
 job streams). Every job may use 1..16 nodes (the measured range).
 
 **Jobs files.** ``name,time,application[,num_replicas,batch_size,samples,budget_node_hours,deadline,``
-``commit_interval_s]``:
-``time`` in seconds from the start of the replayed window, ``application`` one of the six models,
-``num_replicas`` GPUs (rigid size ``ceil(num_replicas / 4)`` nodes), ``batch_size`` the per-GPU batch,
+``commit_interval_s]``: ``time`` in seconds from the start of the replayed window, ``application`` one of the six
+models, ``num_replicas`` GPUs (rigid size ``ceil(num_replicas / 4)`` nodes), ``batch_size`` the per-GPU batch,
 ``samples`` the job's length (default: :data:`DEFAULT_JOB_WORK_S` node-seconds of work at one node),
 ``budget_node_hours`` and ``deadline`` (seconds from the start, as ``time``) as in the daemon's job file,
 ``commit_interval_s`` the seconds between the job's checkpoint commits (default: the calibration's).
@@ -42,8 +41,7 @@ DEFAULT_JOB_WORK_S = 4 * 3600.0  # a jobs-file job without samples: 4 node-hours
 SCARCE_PER_MODEL = 2  # the scarce mix: 12 jobs, on 64 nodes fewer jobs than nodes
 SCARCE_ARRIVAL_S = 600.0
 JOBS_FILE_COLUMNS = ("name", "time", "application")
-JOBS_FILE_OPTIONAL = ("num_replicas", "batch_size", "samples", "budget_node_hours", "deadline",
-                      "commit_interval_s")
+JOBS_FILE_OPTIONAL = ("num_replicas", "batch_size", "samples", "budget_node_hours", "deadline", "commit_interval_s")
 
 
 @dataclass(frozen=True)
@@ -222,10 +220,6 @@ def philly_workload(seed: int, duration_s: float, idle_node_seconds: float, offe
     return Workload(label, str(base / "pollux"), timed=specs, finite=True, models=dict(cs))
 
 
-# pollux-done: Pollux's own sampler (its artifact's simulator/workload.py) on the same trace: jobs of at least
-# a minute and under 1,000 GPU-hours, drawn at random from the whole trace (not a consecutive run), each arriving
-# at its time of day, its model by its GPU time (cifar10 or ncf under 1 GPU-hour, deepspeech2 or bert under 10,
-# yolov3 under 100, imagenet above)
 POLLUX_MIN_DURATION_S = 60.0
 POLLUX_MAX_GPU_TIME_S = 1000 * 3600.0
 POLLUX_MODELS_BY_GPU_HOURS: tuple[tuple[float, tuple[str, ...]], ...] = (
@@ -244,12 +238,11 @@ def pollux_model(gpu_time_s: float, pick: float) -> str:
 
 def pollux_workload(seed: int, duration_s: float, idle_node_seconds: float, offered_load: float,
                     data_dir: Path | None = None) -> Workload:
-    """A second, independent Philly job list (``pollux-done``), sampled as Pollux's artifact samples its
-    workloads: jobs of the trace drawn at random (seeded) among those of at least
-    :data:`POLLUX_MIN_DURATION_S` and under :data:`POLLUX_MAX_GPU_TIME_S`, until their work reaches
-    ``offered_load`` x ``idle_node_seconds``; each arrives at its time of day, the day compressed into the
-    first :data:`FINISHING_ARRIVAL_SHARE` of the window, and its model is given by its GPU time
-    (:func:`pollux_model`). Work and sizes as in ``philly-done``: GPU time over 4, capped at
+    """A second, independent Philly job list (``pollux-done``), sampled as Pollux's artifact samples its workloads: jobs
+    of the trace drawn at random (seeded) among those of at least :data:`POLLUX_MIN_DURATION_S` and under
+    :data:`POLLUX_MAX_GPU_TIME_S`, until their work reaches ``offered_load`` x ``idle_node_seconds``; each arrives at
+    its time of day, the day compressed into the first :data:`FINISHING_ARRIVAL_SHARE` of the window, and its model is
+    given by its GPU time (:func:`pollux_model`). Work and sizes as in ``philly-done``: GPU time over 4, capped at
     :data:`FINISHING_WORK_CAP_SHARE` of the window at 16 nodes; rigid size ``ceil(num_gpus / 4)``."""
     if not offered_load > 0 or math.isinf(offered_load):
         raise WorkloadError(f"--offered-load must be a finite number > 0, got {offered_load}")
@@ -299,8 +292,7 @@ def scarce_workload(seed: int, duration_s: float, data_dir: Path | None = None) 
 
 def jobs_file_workload(path: str | Path, data_dir: Path | None = None) -> Workload:
     """A job list ``name,time,application[,num_replicas,batch_size,samples,budget_node_hours,deadline,``
-    ``commit_interval_s]``
-    (see the module docstring; a deadline in seconds after the start, as ``time``)."""
+    ``commit_interval_s]`` (see the module docstring; a deadline in seconds after the start, as ``time``)."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")

@@ -1,14 +1,11 @@
-"""Job physics: what happens to a simulated job between and at events, as ground truth.
-
-A job's progress is its TRUE throughput over time minus rescale pauses; a checkpoint is committed
-every ``commit_interval_s`` of a run (the job's own, else the calibration's), and a stop loses what was
-trained since; so does a torchrun job's change of size, which restarts every worker from the checkpoint. A recalled node
-leaves its job at once (the job pays its scale-down pause and shrinks, or stops if the ledger's
-:class:`policy.Loss` says that left it below its min). A grow pays its up pause when every new worker
-is ready (the warm rule of :mod:`simulator.costs`); a start from zero nodes pays the calibration's start or restart. Which
-job runs on which node is the ledger's; this module moves the jobs on and tells the event loop when
-each will finish.
-"""
+"""Job physics: what happens to a simulated job between and at events, as ground truth. A job's progress is its TRUE
+throughput over time minus rescale pauses; a checkpoint is committed every ``commit_interval_s`` of a run (the job's
+own, else the calibration's), and a stop loses what was trained since; so does a torchrun job's change of size, which
+restarts every worker from the checkpoint. A recalled node leaves its job at once (the job pays its scale-down pause and
+shrinks, or stops if the ledger's :class:`policy.Loss` says that left it below its min). A grow pays its up pause when
+every new worker is ready (the warm rule of :mod:`simulator.costs`); a start from zero nodes pays the calibration's
+start or restart. Which job runs on which node is the ledger's; this module moves the jobs on and tells the event loop
+when each will finish."""
 
 from __future__ import annotations
 
@@ -41,8 +38,6 @@ class JobPhysics:
         self._dirty: set[str] = set()  # jobs whose completion time moved
         self.profiling: set[str] = set()  # jobs whose profile runs (the last decision's)
         self.step_rescales = 0  # rescales since the last decision's row
-
-    # ------------------------------------------------------------ time
 
     def advance_all(self, t: float) -> None:
         for job in self._fleet.admitted:
@@ -85,8 +80,6 @@ class JobPhysics:
         if self._cal.is_free or job.spec.commit_interval_s is None:
             return self._cal.commit_interval_s
         return job.spec.commit_interval_s
-
-    # ------------------------------------------------------------ ends
 
     def roll_back(self, job: SimJob) -> None:
         """A stop: the work since the last commit is lost (the job restarts from its checkpoint)."""
@@ -173,8 +166,6 @@ class JobPhysics:
         job.state = SimJobState.QUEUED
         self.changed(job, t)  # its history and monitor record the stop
         self._fleet.requeue(job)
-
-    # ------------------------------------------------------------ node changes
 
     def recalled(self, job: SimJob, loss: Loss, t: float) -> None:
         """``loss.lost`` left ``job`` without notice; the ledger's ``loss.outcome`` says what follows:

@@ -1,32 +1,25 @@
 """The simulator's named policies: the daemon's :class:`policy.Policy` plus ground truth.
 
-A named policy is a :data:`policy.PRESETS` entry of :class:`policy.PolicyConfig` and, where the
-comparison needs it, what only the simulator knows, handed to the policy as a user would hand it:
+A named policy is a :data:`policy.PRESETS` entry of :class:`policy.PolicyConfig` and, where the comparison needs it,
+what only the simulator knows, handed to the policy as a user would hand it:
 
-* ``malletrain``: the daemon's MalleTrain preset (whatever :data:`policy.PRESETS` says it is).
-  Jobs carry no curve; the prior is the mean of the workload's model curves (the user knows the
-  candidate models, not which job is which), or with ``learning_prior = "linear"`` a linear curve
-  at its 1-node rate (:func:`learning_prior`: what a user without data gives).
-* ``jpa``: the paper's JPA policy: every job profiled in inverse order, refined online (the
-  ``jpa`` preset when :data:`policy.PRESETS` has one, else ``malletrain`` with
-  ``profiling="always"``); same prior as ``malletrain``.
-* ``freetrain``: FreeTrain: every job comes with a user's curve (:func:`believed_curve` under an
-  error model: ``mean``, ``linear``, ``other`` or ``noise:X``), trusted as given.
+* ``malletrain``: the daemon's MalleTrain preset. Jobs carry no curve; the prior is the mean of the workload's model
+  curves (the user knows the candidate models, not which job is which), or with ``learning_prior = "linear"`` a linear
+  curve at its 1-node rate (:func:`learning_prior`: what a user without data gives).
+* ``jpa``: the paper's JPA policy: every job profiled in inverse order, refined online (the ``jpa`` preset when
+  :data:`policy.PRESETS` has one, else ``malletrain`` with ``profiling="always"``); same prior as ``malletrain``.
+* ``freetrain``: every job comes with a user's curve (:func:`believed_curve` under an error model: ``mean``,
+  ``linear``, ``other`` or ``noise:X``), trusted as given.
 * ``milp-true``: the true curve as the user's (the information ceiling); costs measured.
 * ``oracle``: the true curve and free rescales (the simulator charges no pause), an upper bound.
 * ``greedy`` / ``equal``: the count-picking baselines.
-* ``rigid-preemptible``: what a centre offers today: each job runs at one fixed node count
-  (:func:`rigid_nodes`) in a preemptable queue, starts when that many nodes are free, is killed by
-  the recall of any of its nodes and requeued from its last checkpoint; never rescaled. It is the
-  ``greedy`` preset on jobs whose min and max are that count (FCFS, each grown to its max, nothing
-  shrinks; a recall takes it below its min, so it stops): the user's submission, not a rule.
+* ``rigid-preemptible``: each job at one fixed node count (:func:`rigid_nodes`) in a preemptable queue, killed by the
+  recall of any of its nodes and requeued from its last checkpoint: the ``greedy`` preset on jobs whose min and max are
+  that count (the user's submission, not a rule).
 
-:class:`Overrides` (``--admission``, ``--max-running``, ``--admission-cap``, ``--objective``) are
-applied after the preset, so every policy can run at the default's admission; a combination that
-cannot run (an admission cap under fixed admission, adaptive admission with no Pjmax floor) is an
-error naming both.
-
-Rates and rescale costs always reach the policy as a monitor would have measured them
+:class:`Overrides` (``--admission``, ``--max-running``, ``--admission-cap``, ``--objective``) are applied after the
+preset; a combination that cannot run (an admission cap under fixed admission, adaptive admission with no Pjmax floor)
+is an error naming both. Rates and rescale costs reach the policy as a monitor would have measured them
 (:class:`simulator.monitor.SimJobMonitor`), never as true values.
 """
 
@@ -138,11 +131,6 @@ def rigid_spec(spec: JobSpec) -> JobSpec:
     return dataclasses.replace(spec, min_nodes=n, max_nodes=n)
 
 
-def _file_curve(spec: JobSpec) -> Curve | None:
-    """A job file's ``believed_scaling``: the user's curve."""
-    return spec.believed_scaling
-
-
 def make_policy(name: str, context: PolicyContext | None = None, config: PolicyConfig | None = None,
                 overrides: Overrides | None = None) -> SimPolicy:
     """The named policy on ``config`` (default :class:`PolicyConfig`), then ``overrides``."""
@@ -152,7 +140,7 @@ def make_policy(name: str, context: PolicyContext | None = None, config: PolicyC
     if name not in BASELINES:  # malletrain, jpa and any learning preset
         if mean is not None and cfg.prior is None:
             cfg = cfg.with_prior(learning_prior(ctx.learning_prior, mean))
-        return SimPolicy(name, Policy(cfg), _file_curve)
+        return SimPolicy(name, Policy(cfg), lambda spec: spec.believed_scaling)  # a job file's user curve
     if name == "freetrain":
         model = parse_error_model(ctx.freetrain_model)
         if model.kind in ("mean", "other") and not ctx.curves:
@@ -212,10 +200,9 @@ def learning_prior(kind: str, mean: Curve) -> dict[int, float]:
 
 
 def mean_curve(curves: Mapping[str, Curve]) -> dict[int, float]:
-    """The population's mean curve over the union of their node counts (piecewise-linear between
-    points): the mean 1-node rate times the point-wise mean of each curve over its own 1-node rate.
-    A mean of the raw rates would take the shape of the fastest models (cifar10's samples/s are a
-    hundred times bert's), not the population's."""
+    """The population's mean curve over the union of their node counts (piecewise-linear between points): the mean
+    1-node rate times the point-wise mean of each curve over its own 1-node rate. A mean of the raw rates would take the
+    shape of the fastest models (cifar10's samples/s are a hundred times bert's), not the population's."""
     counts = sorted({n for c in curves.values() for n in c})
     k = len(curves)
     ones = [throughput_at(c, 1) for c in curves.values()]
@@ -233,8 +220,7 @@ def believed_curve(model: ErrorModel, spec: JobSpec, mean: Curve | None, seed: i
     * ``linear``: linear from the true rate at ``min_nodes`` (the user ran it once, small).
     * ``other``: another model's curve (one of ``curves`` other than the job's own model, drawn
       seeded by ``(seed, job name)``): the user copied a curve published for a different network.
-    * ``noise:X``: the true curve, each point times ``U(1 - X%, 1 + X%)``, seeded by
-      ``(seed, job name)``.
+    * ``noise:X``: the true curve, each point times ``U(1 - X%, 1 + X%)``, seeded by ``(seed, job name)``.
     """
     true = spec.scaling
     if model.kind == "mean":

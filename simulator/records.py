@@ -58,9 +58,8 @@ class SimJob:
     held: tuple[str, ...] = ()  # its nodes at its last change
     joining: set[str] = field(default_factory=set)  # nodes it grew onto whose workers are not ready yet
     join_at: float = -math.inf  # when they are (the last grow's time + the calibration's join_s)
-    # profiling accounting: every node-second the job holds while its profile runs, the part of it
-    # lost to rescale pauses, the samples those pauses cost, and the scale-ups it went through while
-    # profiling (inverse order: exactly 1)
+    # profiling accounting: every node-second the job holds while its profile runs, the part of it lost to rescale
+    # pauses, the samples those pauses cost, and its scale-ups while profiling (inverse order: exactly 1)
     profiled: bool = False
     profiling_node_seconds: float = 0.0
     profiling_paused_node_seconds: float = 0.0
@@ -160,26 +159,21 @@ class SimConfig:
 
     start: float | None = None  # replay window (defaults: the trace's span)
     end: float | None = None
-    # The allocator's cost model charges nothing for starting a job from zero
-    # nodes; the simulator follows it unless told to charge the up cost.
-    charge_start: bool = False
-    # Ask the policy at most once per this many seconds (0: at every timestamp with
-    # a change). Node changes still apply at their exact time: a recalled node
-    # leaves its job at once; new idle nodes wait in the pool for the next decision.
+    charge_start: bool = False  # a start from zero nodes is free, as in the allocator's cost model, unless True
+    # Ask the policy at most once per this many seconds (0: at every timestamp with a change). Node changes still apply
+    # at their exact time: a recalled node leaves its job at once; new idle nodes wait in the pool for the next one.
     min_interval_s: float = 0.0
-    # step times of the simulated monitor's records vary by this fraction (uniform)
-    record_noise: float = 0.03
-    # cap every job's max_nodes at this many nodes (None: the workload's own, 64 for the streams);
-    # the evaluation's sweep replays each stream at 16 and 64
+    record_noise: float = 0.03  # step times of the simulated monitor's records vary by this fraction (uniform)
+    # cap every job's max_nodes (None: the workload's own, 64 for the streams); the evaluation replays at 16 and 64
     max_nodes: int | None = None
-    # what starts, restarts, pilots, rollbacks and rescales cost (simulator.calibration); the engine's
-    # default is the free ablation, simulate() and the CLI pass the shipped calibration
-    calibration: Calibration | None = None  # None: free here; simulate() makes it the shipped default
-    # a recall of one of our nodes is known this long before it comes, as a scheduler's planned start
-    # is (the daemon feeds such times to its ledger as recall_expected); 0: none is known in advance
+    # what starts, restarts, pilots, rollbacks and rescales cost (simulator.calibration): None is the free ablation
+    # here; simulate() and the CLI pass the shipped calibration
+    calibration: Calibration | None = None
+    # a recall of one of our nodes is known this long before it comes, as a scheduler's planned start is (the daemon
+    # feeds such times to its ledger as recall_expected); 0: none is known in advance
     recall_notice_s: float = 0.0
-    # whose each job is, for fair share (policy.fairness): "workload" (each job's spec says; the generated
-    # streams are one user each) or "job" (each job its own user: the most users fair share can see)
+    # whose each job is, for fair share (policy.fairness): "workload" (each job's spec says; the generated streams are
+    # one user each) or "job" (each job its own user: the most users fair share can see)
     users: str = "workload"
 
     def __post_init__(self) -> None:

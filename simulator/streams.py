@@ -1,36 +1,30 @@
 """Generated job streams for the simulator: ``nas``, ``hpo``, ``stress``, ``imagenet7``.
 
-Every stream is seeded and offline. Rates and curves of ``nas`` and ``hpo`` come from
-:mod:`simulator.perfmodel` (calibrated on the measured Summit curves when they are at
-hand, else its stored Summit constants) applied to analytic network costs
-(:mod:`simulator.netcost`, :mod:`simulator.nb101`).
+Every stream is seeded and offline. Rates and curves of ``nas`` and ``hpo`` come from :mod:`simulator.perfmodel`
+(calibrated on the measured Summit curves when they are at hand, else its stored Summit constants) applied to analytic
+network costs (:mod:`simulator.netcost`, :mod:`simulator.nb101`).
 
-* ``nas``: each job trains one NASBench-101-like architecture (:func:`simulator.nb101.sample_cell`)
-  at 224x224 with a per-GPU batch of ``min(32, what fits in 16 GB)``. With the published
-  skeleton at 224x224 (a full-resolution 128-channel stem), these networks cost 7-80
-  GMACs per sample (p10-p90) for 1-12M parameters, so compute dwarfs the allreduce and
-  they scale almost linearly (efficiency at 64 nodes about 0.98): what varies is their
-  rate (about 10x) and their length.
-* ``hpo``: each job draws a model of :data:`HPO_MODELS` and a per-GPU batch from
-  :data:`HPO_PER_GPU_BATCHES` (capped by memory): small batches amortise the
-  allreduce and per-layer costs over fewer samples, so they scale worse. Its trials are searches
-  of :data:`HPO_SEARCH_TRIALS` consecutive trials each (``JobSpec.group``), and the policy treats
-  them as a sweep's trials: a stream admitted within its bound, a trial near its end not grown
-  (:mod:`policy.sweeps`), the very rules the daemon applies to a ``[sweep]`` or a job array.
+* ``nas``: each job trains one NASBench-101-like architecture (:func:`simulator.nb101.sample_cell`) at 224x224 with a
+  per-GPU batch of ``min(32, what fits in 16 GB)``. With the published skeleton at 224x224 (a full-resolution
+  128-channel stem), these networks cost 7-80 GMACs per sample (p10-p90) for 1-12M parameters, so compute dwarfs the
+  allreduce and they scale almost linearly (efficiency at 64 nodes about 0.98): what varies is their rate (about 10x)
+  and their length.
+* ``hpo``: each job draws a model of :data:`HPO_MODELS` and a per-GPU batch from :data:`HPO_PER_GPU_BATCHES` (capped by
+  memory): small batches amortise the allreduce and per-layer costs over fewer samples, so they scale worse. Its trials
+  are searches of :data:`HPO_SEARCH_TRIALS` consecutive trials each (``JobSpec.group``), and the policy treats them as a
+  sweep's trials: a stream admitted within its bound, a trial near its end not grown (:mod:`policy.sweeps`), the very
+  rules the daemon applies to a ``[sweep]`` or a job array.
 * ``stress``: labelled Amdahl / USL curves that scale badly, some past a peak
   (``rate(n) = r1 n / (1 + s (n - 1) + k n (n - 1))``), where knowing the curve matters.
 * ``imagenet7``: the 7 measured curves drawn uniformly (the former ``nas``), unchanged.
 
-**Job length.** ImageNet-1k has :data:`IMAGENET_TRAIN` training images; a job trains a
-whole number of epochs. ``nas`` uses the NASBench-101 epoch budgets (4, 12, 36, 108)
-weighted 27:9:3:1, and ``hpo`` the budgets (10, 30, 90) weighted 9:3:1, as in one
-successive-halving bracket with eta = 3 (many short trials, few long ones). ``stress`` trains a
-log-uniform 5-100 epochs. ``imagenet7`` keeps the published evaluation's 130M samples
-(about 100 epochs).
+**Job length.** ImageNet-1k has :data:`IMAGENET_TRAIN` training images; a job trains a whole number of epochs. ``nas``
+uses the NASBench-101 epoch budgets (4, 12, 36, 108) weighted 27:9:3:1, and ``hpo`` the budgets (10, 30, 90) weighted
+9:3:1, as in one successive-halving bracket with eta = 3 (many short trials, few long ones). ``stress`` trains a
+log-uniform 5-100 epochs. ``imagenet7`` keeps the published evaluation's 130M samples (about 100 epochs).
 
-``Workload.models`` (what a policy may know, e.g. freetrain's mean prior) is the
-curve of each model a stream draws from for ``hpo`` and ``imagenet7``, and a seeded
-population of :data:`POPULATION` draws (not the jobs themselves) for ``nas`` and ``stress``.
+``Workload.models`` (what a policy may know, e.g. freetrain's mean prior): for ``hpo`` and ``imagenet7`` the curve of
+each model a stream draws from, for ``nas`` and ``stress`` a seeded population of :data:`POPULATION` draws (not jobs).
 """
 
 from __future__ import annotations
@@ -48,14 +42,7 @@ import numpy as np
 from simulator import nb101
 from simulator.netcost import MEASURED_MODELS, REFERENCE_MODELS, Cost
 from simulator.perfmodel import (
-    GPUS_PER_NODE,
-    NODE_COUNTS,
-    SUMMIT_V100,
-    Calibration,
-    Machine,
-    calibrate,
-    curve,
-    max_per_gpu_batch,
+    GPUS_PER_NODE, NODE_COUNTS, SUMMIT_V100, Calibration, Machine, calibrate, curve, max_per_gpu_batch,
 )
 from simulator.jobs import DEFAULT_SAMPLES, Curve, JobSpec, ScalingSet, Workload, WorkloadError
 
@@ -82,9 +69,6 @@ class Draw:
     params: int = 0
     macs: int = 0
     per_node_batch: int = 0
-
-
-# ---------------------------------------------------------------- the machine
 
 
 def _key(scaling: ScalingSet) -> tuple[tuple[str, tuple[tuple[int, float], ...]], ...] | None:
@@ -116,15 +100,10 @@ def reference_costs() -> dict[str, Cost]:
     return {m: f() for m, f in REFERENCE_MODELS.items()}
 
 
-# ---------------------------------------------------------------- draws (pure, seeded by rng)
-
-
 def _epochs(rng: np.random.Generator, budgets: tuple[int, ...]) -> int:
-    """A budget of one successive-halving bracket: weights ETA^(k-1), ..., ETA, 1.
-
-    ``rng.choice(len(budgets), p=weights)`` is numpy's search of one ``rng.random()`` in the weights'
-    cdf (``searchsorted(side="right")``); the same search here skips choice's checks of ``p``, which
-    cost ten times the draw (a test holds the two equal)."""
+    """A budget of one successive-halving bracket: weights ETA^(k-1), ..., ETA, 1. ``rng.choice(len(budgets),
+    p=weights)`` is numpy's search of one ``rng.random()`` in the weights' cdf (``searchsorted(side="right")``); the
+    same search here skips choice's checks of ``p``, which cost ten times the draw (a test holds the two equal)."""
     return int(budgets[bisect_right(_budget_cdf(budgets), rng.random())])
 
 

@@ -112,14 +112,11 @@ class DecisionStats:
         return {
             "scalability_error_pct": sum(errs.values()) / len(errs) if errs else None,
             "profiles_done": self.event_counts.get("profile_done", 0),
-            "profiles_aborted": self.event_counts.get("profile_aborted", 0),
-            "profile_waits": len(self.profile_waits),
+            "profiles_aborted": self.event_counts.get("profile_aborted", 0), "profile_waits": len(self.profile_waits),
             "profile_seconds_mean": sum(self.profile_seconds) / n if n else None,
             "profile_counts_mean": sum(self.profile_counts) / n if n else None,
-            "profile_capped_steps": self.capped_steps,
-            "profile_lent_nodes": self.lent_nodes,
-            "profile_returned_nodes": self.returned_nodes,
-            "refinements": self.event_counts.get("refined", 0),
+            "profile_capped_steps": self.capped_steps, "profile_lent_nodes": self.lent_nodes,
+            "profile_returned_nodes": self.returned_nodes, "refinements": self.event_counts.get("refined", 0),
         }
 
 
@@ -127,23 +124,12 @@ def about_replay(policy_name: str, workload: Workload, timeline: IdleTimeline, s
                  cfg: PolicyConfig, cal: Calibration) -> dict:
     """What a replay ran: policy, workload, trace, window, the knobs that decide and the costs charged."""
     return {
-        "policy": policy_name,
-        "workload": workload.name,
-        "scaling_source": workload.scaling_source,
-        "synthetic_scaling": workload.synthetic,
-        "trace": timeline.source,
-        "nodes_total": len(timeline.nodes),
-        "start": start,
-        "end": end,
-        "span_seconds": end - start,
-        "horizon_s": cfg.tfwd_s,
+        "policy": policy_name, "workload": workload.name, "scaling_source": workload.scaling_source,
+        "synthetic_scaling": workload.synthetic, "trace": timeline.source, "nodes_total": len(timeline.nodes),
+        "start": start, "end": end, "span_seconds": end - start, "horizon_s": cfg.tfwd_s,
         # what ran (presets never silently win over an override)
-        "admission": cfg.admission.value,
-        "max_running": cfg.max_running,
-        "admission_cap": cfg.admission_cap,
-        "objective": cfg.objective.value,
-        "calibration": cal.name,
-        "calibration_values": cal.as_dict(),
+        "admission": cfg.admission.value, "max_running": cfg.max_running, "admission_cap": cfg.admission_cap,
+        "objective": cfg.objective.value, "calibration": cal.name, "calibration_values": cal.as_dict(),
         "policy_config": cfg.as_dict(),
     }
 
@@ -164,12 +150,9 @@ def replay_summary(about: dict, tally: Tally, stats: DecisionStats, jobs: list[S
     productive = used - paused
     summary = dict(about)
     summary.update({
-        "idle_node_seconds": idle,
-        "used_node_seconds": used,
-        "used_fraction": used / idle if idle > 0 else 0.0,
+        "idle_node_seconds": idle, "used_node_seconds": used, "used_fraction": used / idle if idle > 0 else 0.0,
         "held_node_seconds": tally.held_node_seconds,
-        "held_fraction": tally.held_node_seconds / idle if idle > 0 else 0.0,
-        "paused_node_seconds": paused,
+        "held_fraction": tally.held_node_seconds / idle if idle > 0 else 0.0, "paused_node_seconds": paused,
         "productive_node_seconds": productive,
         "trained_node_seconds": productive,  # held by a job and not paused (the real replay's "trained")
         "productive_fraction": productive / idle if idle > 0 else 0.0,
@@ -177,24 +160,14 @@ def replay_summary(about: dict, tally: Tally, stats: DecisionStats, jobs: list[S
         # model-neutral work: each job's samples over its own 1-node rate (node-seconds at 1 node)
         "work_node_seconds": sum(j.progress / j.one_node_rate for j in jobs if j.one_node_rate > 0),
         "lost_work_node_seconds": sum(j.lost_samples / j.one_node_rate for j in jobs if j.one_node_rate > 0),
-        "cold_starts": tally.cold_starts,
-        "restarts": tally.restarts,
-        "start_paused_node_seconds": tally.start_paused_node_seconds,
-        "jobs_submitted": len(jobs),
-        "jobs_completed": len(completed),
-        "makespan_seconds": makespan,
-        "rescales": tally.rescales,
-        "starts": tally.starts,
-        "stops": tally.stops,
+        "cold_starts": tally.cold_starts, "restarts": tally.restarts,
+        "start_paused_node_seconds": tally.start_paused_node_seconds, "jobs_submitted": len(jobs),
+        "jobs_completed": len(completed), "makespan_seconds": makespan, "rescales": tally.rescales,
+        "starts": tally.starts, "stops": tally.stops,
         **{f"jobs_stopped_{reason.value}": tally.policy_stops.get(reason, 0) for reason in StopReason},
-        "preemptions": tally.preemptions,
-        "decisions": decisions,
-        "policy_calls": len(decision_ms),
-        "solver_calls": tally.solver_calls,
-        "decision_ms_p50": percentile(ms, 0.50),
-        "decision_ms_p99": percentile(ms, 0.99),
-        "wall_seconds": wall,
-        "cpu_seconds": cpu,
+        "preemptions": tally.preemptions, "decisions": decisions, "policy_calls": len(decision_ms),
+        "solver_calls": tally.solver_calls, "decision_ms_p50": percentile(ms, 0.50),
+        "decision_ms_p99": percentile(ms, 0.99), "wall_seconds": wall, "cpu_seconds": cpu,
     })
     summary.update(bound_summary(jobs, idle, summary["work_node_seconds"], finite))
     summary.update(profiling_summary(jobs, used))
@@ -205,10 +178,9 @@ def replay_summary(about: dict, tally: Tally, stats: DecisionStats, jobs: list[S
 
 
 def completion_summary(jobs: list[SimJob], end: float) -> dict:
-    """Job completion times (submission to finish, completed jobs) and waits (submission to first
-    nodes; a job that never ran waits until the end of the replay), and who waits: the mean wait of
-    the quarter of jobs with the lowest 1-node rate (the slowest models) against the fastest quarter,
-    and the model whose jobs wait longest on average."""
+    """Job completion times (submission to finish, completed jobs) and waits (submission to first nodes; a job that
+    never ran waits until the end of the replay), and who waits: the mean wait of the quarter of jobs with the lowest
+    1-node rate (the slowest models) against the fastest quarter, and the model whose jobs wait longest on average."""
     jct = sorted(j.finished_at - j.submitted_at for j in jobs if j.finished_at is not None)
     waits = [(j.one_node_rate, _wait(j, end), j.spec.model) for j in jobs]
     by_rate = sorted(waits, key=lambda w: w[0])
@@ -247,8 +219,7 @@ def slowdown_summary(jobs: list[SimJob]) -> dict:
     squares = sum(v * v for v in means.values())
     return {
         "slowdown_mean": sum(values) / len(values) if values else None,
-        "slowdown_p95": percentile(values, 0.95) if values else None,
-        "slowdown_by_model": means,
+        "slowdown_p95": percentile(values, 0.95) if values else None, "slowdown_by_model": means,
         "slowdown_fairness_jain": sum(means.values()) ** 2 / (len(means) * squares) if squares > 0 else None,
     }
 
@@ -262,10 +233,8 @@ def bound_summary(jobs: list[SimJob], idle: float, work: float, finite: bool) ->
     bound = min(offered, idle * eff) if finite else idle * eff
     return {
         "offered_work_node_seconds": offered if finite else None,
-        "work_share_of_offered": work / offered if finite and offered > 0 else None,
-        "best_efficiency": eff,
-        "bound_work_node_seconds": bound,
-        "gap_to_bound_pct": 100.0 * (1.0 - work / bound) if bound > 0 else None,
+        "work_share_of_offered": work / offered if finite and offered > 0 else None, "best_efficiency": eff,
+        "bound_work_node_seconds": bound, "gap_to_bound_pct": 100.0 * (1.0 - work / bound) if bound > 0 else None,
     }
 
 
@@ -293,13 +262,11 @@ def profiling_summary(jobs: list[SimJob], used_node_seconds: float) -> dict:
     node_s = sum(j.profiling_node_seconds for j in profiled)
     ups = [j.profiling_scale_ups for j in profiled]
     return {
-        "profiled_jobs": len(profiled),
-        "profiling_node_seconds": node_s,
+        "profiled_jobs": len(profiled), "profiling_node_seconds": node_s,
         "profiling_paused_node_seconds": sum(j.profiling_paused_node_seconds for j in profiled),
         "profiling_lost_samples": sum(j.profiling_lost_samples for j in profiled),
         "profiling_fraction": node_s / used_node_seconds if used_node_seconds > 0 else 0.0,
-        "profiling_scale_ups": sum(ups),
-        "profiling_scale_ups_max_per_job": max(ups, default=0),
+        "profiling_scale_ups": sum(ups), "profiling_scale_ups_max_per_job": max(ups, default=0),
         "profiling_scale_ups_min_per_job": min(ups, default=0),
     }
 

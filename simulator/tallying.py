@@ -1,9 +1,6 @@
-"""The replay's tally over time: node-second integrals between events, split by whether the admitted
-jobs could absorb every idle node (the *constrained* period) or not.
-
-Nothing changes between two events, so each interval is accounted once, at the next event, from the
-ledger's counts and the admitted jobs' rates. The counters are :class:`simulator.summary.Tally`.
-"""
+"""The replay's node-second integrals between events, split by whether the admitted jobs could absorb every idle node
+(the *constrained* period) or not. Nothing changes between two events, so each interval is accounted once, at the next
+event, from the ledger's counts and the admitted jobs' rates, into a :class:`simulator.summary.Tally`."""
 
 from __future__ import annotations
 

@@ -1,11 +1,9 @@
 """Workloads for the simulator: measured scaling curves and job streams.
 
-* ``nas``, ``hpo``, ``stress``: generated streams (NASBench-101-like architectures, HPO
-  trials, badly scaling curves) from a calibrated rate model; see :mod:`simulator.streams`.
-* ``imagenet7``: jobs drawn (seeded) from the ImageNet models of ``summit-scaling.csv``.
-* ``philly``: a real finite stream (Philly arrivals and sizes, Pollux curves); ``pollux-done`` a second job
-  list of the same trace, sampled as Pollux samples its workloads; see :mod:`simulator.philly`.
-* a jobs file ``name,time,application[,num_replicas,batch_size,samples]`` (:mod:`simulator.philly`).
+* ``nas``, ``hpo``, ``stress``: generated streams from a calibrated rate model (:mod:`simulator.streams`);
+* ``imagenet7``: jobs drawn (seeded) from the ImageNet models of ``summit-scaling.csv``;
+* ``philly`` (a real finite stream), ``pollux-done`` and a jobs file ``name,time,application[,...]``:
+  :mod:`simulator.philly`;
 * a user file (JSON, TOML or CSV) listing jobs.
 
 Defaults: :mod:`simulator.jobs`. The NAS and HPO streams never drain unless ``n_jobs`` is given.
@@ -21,23 +19,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from simulator.jobs import (  # noqa: F401  (re-exported: the workload API)
-    DEFAULT_DOWN_COST_S,
-    DEFAULT_MAX_NODES,
-    DEFAULT_MIN_NODES,
-    DEFAULT_SAMPLES,
-    DEFAULT_UP_COST_S,
-    GENERATED_STREAMS,
-    HPO_MODEL,
-    SCALING_FILE,
-    Curve,
-    StreamWindow,
-    JobSpec,
-    ScalingSet,
-    Workload,
-    WorkloadError,
-    find_scaling,
-    load_scaling,
-    synthetic_scaling,
+    DEFAULT_DOWN_COST_S, DEFAULT_MAX_NODES, DEFAULT_MIN_NODES, DEFAULT_SAMPLES, DEFAULT_UP_COST_S, GENERATED_STREAMS,
+    HPO_MODEL, SCALING_FILE, Curve, StreamWindow, JobSpec, ScalingSet, Workload, WorkloadError, find_scaling,
+    load_scaling, synthetic_scaling,
 )
 from simulator.philly import is_jobs_file, jobs_file_workload, philly_workload, pollux_workload, scarce_workload
 from simulator.streams import make_stream
@@ -47,8 +31,7 @@ OFFERED_STREAMS = ("philly", "philly-done", "pollux-done")  # real streams offer
 
 
 def make_workload(
-    name: str, scaling: ScalingSet, seed: int = 0, n_jobs: int | None = None,
-    window: StreamWindow | None = None,
+    name: str, scaling: ScalingSet, seed: int = 0, n_jobs: int | None = None, window: StreamWindow | None = None,
 ) -> Workload:
     """``nas``, ``hpo``, ``stress``, ``imagenet7`` (generated, endless unless ``n_jobs``), ``philly`` (a
     real finite stream for ``window``), a jobs file ``name,time,application[,...]``
@@ -57,19 +40,14 @@ def make_workload(
         raise WorkloadError(f"--jobs must be >= 1, got {n_jobs}")
     if name in GENERATED_STREAMS:  # nas, hpo, stress, imagenet7: simulator/streams.py
         return make_stream(name, scaling, seed, n_jobs)
-    if name in ("philly", "philly-done"):
+    if name in OFFERED_STREAMS:  # philly, philly-done, and pollux-done: the trace sampled as Pollux samples it
+        pollux = name == "pollux-done"
         if window is None:
-            raise WorkloadError("the philly workload needs the replay window (its length, idle node-seconds "
-                                "and --offered-load)")
-        wl = philly_workload(seed, window.duration_s, window.idle_node_seconds, window.offered_load,
-                             finishing=name == "philly-done")
+            raise WorkloadError(f"the {'pollux-done' if pollux else 'philly'} workload needs the replay window (its "
+                                "length, idle node-seconds and --offered-load)")
+        args = (seed, window.duration_s, window.idle_node_seconds, window.offered_load)
+        wl = pollux_workload(*args) if pollux else philly_workload(*args, finishing=name == "philly-done")
         return _first(wl, n_jobs)
-    if name == "pollux-done":  # a second job list of the trace, sampled as Pollux samples its workloads
-        if window is None:
-            raise WorkloadError("the pollux-done workload needs the replay window (its length, idle node-seconds "
-                                "and --offered-load)")
-        return _first(pollux_workload(seed, window.duration_s, window.idle_node_seconds, window.offered_load),
-                      n_jobs)
     if name == "scarce":  # fewer jobs than nodes, the six models' curves: how nodes are shared
         return _first(scarce_workload(seed, window.duration_s if window is not None else 86400.0), n_jobs)
     path = Path(name)
@@ -90,8 +68,6 @@ def _first(wl: Workload, n_jobs: int | None) -> Workload:
         wl.timed = wl.timed[:n_jobs]
     return wl
 
-
-# ---------------------------------------------------------------- user job files
 
 _FIELDS = {
     "name", "model", "samples", "min_nodes", "max_nodes", "arrival", "arrival_s",
@@ -219,22 +195,16 @@ def _entry_specs(entry: Any, scaling: ScalingSet, where: str, first_index: int) 
         name = base if count == 1 and "name" in entry else f"{base}#{first_index + k}"
         try:
             specs.append(JobSpec(
-                name=name,
-                model=model or "custom",
-                samples=_number(entry, "samples", DEFAULT_SAMPLES, where),
-                scaling=curve,
-                min_nodes=_integer(entry, "min_nodes", DEFAULT_MIN_NODES, where),
+                name=name, model=model or "custom", samples=_number(entry, "samples", DEFAULT_SAMPLES, where),
+                scaling=curve, min_nodes=_integer(entry, "min_nodes", DEFAULT_MIN_NODES, where),
                 max_nodes=_integer(entry, "max_nodes", DEFAULT_MAX_NODES, where),
                 up_cost_s=_number(entry, "up_cost_s", DEFAULT_UP_COST_S, where),
                 down_cost_s=_number(entry, "down_cost_s", DEFAULT_DOWN_COST_S, where),
-                arrival_s=_number(entry, arrival_key, 0.0, where),
-                believed_scaling=believed,
+                arrival_s=_number(entry, arrival_key, 0.0, where), believed_scaling=believed,
                 budget_node_hours=_optional(entry, "budget_node_hours", where),
-                deadline=_optional(entry, "deadline", where),
-                launcher=str(entry.get("launcher", "elastic")),
+                deadline=_optional(entry, "deadline", where), launcher=str(entry.get("launcher", "elastic")),
                 warm_ranks=_flag(entry, "warm_ranks", True, where),
-                commit_interval_s=_optional(entry, "commit_interval_s", where),
-                user=str(entry.get("user", "")),
+                commit_interval_s=_optional(entry, "commit_interval_s", where), user=str(entry.get("user", "")),
             ))
         except WorkloadError as exc:
             raise WorkloadError(f"{where}: {exc}") from None
