@@ -11,11 +11,12 @@ trace, workload and seeds (work = ``work_node_seconds``, the headline metric):
   (``linear``, ``mean``, ``other``, ``noise:20``: the best/worst by mean work over the seeds);
 * regret: ``(milp-true - malletrain) / milp-true`` (milp-true with the same admission);
 * productive node-seconds / idle node-seconds with adaptive admission, and with fixed Pjmax 10;
-* CPU seconds of one replay of the whole trace with the default policy (``--week-seconds``), against
-  the same replay with freetrain (no learning, no profiling: what the engine and the allocator cost
-  alone), and both against the same replays of a baseline commit (``--baseline-commit``, default
-  ``12b7530``, whose policy kept identity caches), timed in the same run, alternating, each in a
-  fresh process; ``--week-only`` prints just these: the ratio to the baseline, and PASS when a
+* CPU and wall seconds of one replay of the whole trace with the default policy (``--week-seconds``),
+  against the same replay with freetrain (no learning, no profiling: what the engine and the allocator
+  cost alone), and both against the same replays of a baseline commit (``--baseline-commit``, default
+  ``30e0b54``, the code before the kin rule and the trims of the house; ``12b7530`` is the one whose
+  policy kept identity caches), timed in the same run, alternating, each in a fresh process;
+  ``--week-only`` prints just these, each with the load: the ratio to the baseline, and PASS when a
   baseline charging the same costs made the same decisions (work, decisions, solver calls);
   ``--baseline DIR`` names a checkout of the baseline, else one is made with ``git worktree add``
   and removed after. ``--calibration``
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -198,12 +200,12 @@ def main() -> int:
     return 0 if ok_all else 1
 
 
-BASELINE_COMMIT = "12b7530"  # the last commit whose policy kept identity-keyed caches
+BASELINE_COMMIT = "30e0b54"  # the code before the kin rule and the trims of the house
 CALIBRATIONS = ("measured", "free")  # the costs the new side's week replay charges (the old side has none)
 # One whole-trace replay (nas, seed 0) of the policy sys.argv[3], timed in CPU seconds (the trace read is
 # not timed), run in a fresh interpreter on the checkout at sys.argv[1], charging the costs sys.argv[4]
 # ("measured": the simulator's default; "free": none; "none": a checkout that predates costs); prints
-# [cpu_s, work_node_seconds, decisions, solver_calls].
+# [cpu_s, work_node_seconds, decisions, solver_calls, wall_s].
 TIME_WEEK = """
 import json, sys, time
 sys.path.insert(0, sys.argv[1])
@@ -217,24 +219,25 @@ if sys.argv[4] == "free":
     costs = {"calibration": free()}
 tl = traces.read(sys.argv[2])
 week = SimConfig(start=tl.start, end=tl.end, **costs)
-t0 = time.process_time()
+t0, w0 = time.process_time(), time.perf_counter()
 scaling = find_scaling(None)
 wl = make_workload("nas", scaling, seed=0)
 pol = make_policy(sys.argv[3], PolicyContext(wl.models, 0, "mean"), PolicyConfig())
 summary = simulate(tl, pol, "nas", scaling=scaling, seed=0, config=week).summary
 print(json.dumps([time.process_time() - t0, summary["work_node_seconds"], summary["decisions"],
-                  summary["solver_calls"]]))
+                  summary["solver_calls"], time.perf_counter() - w0]))
 """
 
 
 def time_week(checkout: Path, trace: Path, policy: str, costs: str) -> list[float]:
-    """:data:`TIME_WEEK` of ``policy`` on ``checkout`` charging ``costs``, in a fresh process."""
+    """:data:`TIME_WEEK` of ``policy`` on ``checkout`` charging ``costs``, in a fresh process, with the
+    load (1-minute average) when it ended appended."""
     res = subprocess.run([sys.executable, "-c", TIME_WEEK, str(checkout), str(trace), policy, costs],
                          capture_output=True, text=True, timeout=1800,
                          env={"PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0"})
     if res.returncode != 0:
         raise RuntimeError(f"week replay on {checkout} failed ({res.returncode}): {res.stderr[-2000:]}")
-    return json.loads(res.stdout.strip().splitlines()[-1])
+    return [*json.loads(res.stdout.strip().splitlines()[-1]), os.getloadavg()[0]]
 
 
 def week_seconds(trace: Path, baseline: Path | None, calibrations: list[str], commit: str = BASELINE_COMMIT) -> bool:
@@ -261,19 +264,24 @@ def week_seconds(trace: Path, baseline: Path | None, calibrations: list[str], co
     ok = True
     for costs in calibrations:
         mine, base = new[("malletrain", costs)], old["malletrain"]
-        same = mine[1:] == base[1:]
+        same = mine[1:4] == base[1:4]
         ok &= same or mine[1] != base[1]
         terms = "the same decisions" if same else "not the same work or decisions"
-        print(f"{'PASS' if same else 'info'}  week replay (nas, seed 0), default policy, "
-              f"costs {costs}: {mine[0]:.1f} CPU s; baseline {commit} (same run, {terms}): "
-              f"{base[0]:.1f} CPU s ({mine[0] / base[0]:.2f}x)")
+        print(f"{'PASS' if same else 'info'}  week replay (nas, seed 0), default policy, costs {costs}: "
+              f"{_timed(mine)}; baseline {commit} (same run, {terms}): {_timed(base)} "
+              f"({mine[0] / base[0]:.2f}x CPU, {mine[4] / base[4]:.2f}x wall)")
         ft, ft_base = new[("freetrain", costs)], old["freetrain"]
-        print(f"info  freetrain (no learning, no profiling), costs {costs}: {ft[0]:.1f} CPU s; before: "
-              f"{ft_base[0]:.1f} CPU s ({ft[0] / ft_base[0]:.2f}x)")
+        print(f"info  freetrain (no learning, no profiling), costs {costs}: {_timed(ft)}; before: "
+              f"{_timed(ft_base)} ({ft[0] / ft_base[0]:.2f}x CPU)")
     for (name, costs), res in new.items():
         print(f"info  {name}, costs {costs}: work node-seconds {res[1]:.6g}, decisions {res[2]}, solver calls "
               f"{res[3]} (baseline {commit}, its default costs: {old[name][1]:.6g}, {old[name][2]}, {old[name][3]})")
     return ok
+
+
+def _timed(res: list[float]) -> str:
+    """A week replay's CPU and wall seconds and the load when it ended (:func:`time_week`)."""
+    return f"{res[0]:.1f} CPU s, {res[4]:.1f} s wall (load {res[5]:.1f})"
 
 
 class _InProcess:
