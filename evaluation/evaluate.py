@@ -20,19 +20,8 @@ from typing import Callable
 
 from evaluation.regimes import check_targets
 from evaluation.results import (
-    CEILING_PRIOR,
-    FIXED_PRIOR,
-    POLICIES,
-    REAL_POLICIES,
-    SWEEP_MAX_NODES,
-    SWEEP_MAX_RUNNING,
-    TFWD_CANDIDATES,
-    TFWD_POLICIES,
-    EvalSettings,
-    Evaluation,
-    is_real,
-    is_scarce,
-    trace_claims,
+    CEILING_PRIOR, FIXED_PRIOR, POLICIES, REAL_POLICIES, SWEEP_MAX_NODES, SWEEP_MAX_RUNNING, TFWD_CANDIDATES,
+    TFWD_POLICIES, EvalSettings, Evaluation, is_real, is_scarce, trace_claims,
 )
 from evaluation.sweep import Replays, RunSpec, run_replays
 from simulator.workload import ScalingSet

@@ -13,29 +13,10 @@ import statistics
 from dataclasses import asdict, dataclass
 
 from evaluation.results import (
-    DEFAULT,
-    FIXED_PJMAX_PREFIX,
-    knows_the_curve,
-    TARGET_ABOVE_SHARE_PCT,
-    TARGET_GAIN_PCT,
-    TARGET_REGRET_PCT,
-    headline_cells,
-    policy_rows,
-    HEADLINE_LOADS,
-    MIN_SEEDS,
-    SATURATION_LOAD,
-    TARGET_BOUND_GAP_PCT,
-    TARGET_REAL_GAIN_PCT,
-    TARGET_SATURATED_RATIO,
-    TARGET_SCARCE_OF_CEILING,
-    Cell,
-    Evaluation,
-    Target,
-    is_fixed_prior_baseline,
-    is_real,
-    is_scarce,
-    real_rows,
-    work,
+    DEFAULT, FIXED_PJMAX_PREFIX, knows_the_curve, TARGET_ABOVE_SHARE_PCT, TARGET_GAIN_PCT, TARGET_REGRET_PCT,
+    headline_cells, policy_rows, HEADLINE_LOADS, MIN_SEEDS, SATURATION_LOAD, TARGET_BOUND_GAP_PCT,
+    TARGET_REAL_GAIN_PCT, TARGET_SATURATED_RATIO, TARGET_SCARCE_OF_CEILING, Cell, Evaluation, Target,
+    is_fixed_prior_baseline, is_real, is_scarce, real_rows, work,
 )
 from evaluation.sweep import split_workload
 

@@ -12,23 +12,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from evaluation.results import (
-    DEFAULT,
-    FIXED_PJMAX_PREFIX,
-    NO_SHARE,
-    PARTS,
-    REFERENCE,
-    Cell,
-    EvalSettings,
-    Evaluation,
-    best_baseline,
-    fair_share_costs,
-    headline_cells,
-    is_real,
-    policy_rows,
-    real_rows,
-    tfwd_choice,
-    tfwd_rows,
-    work,
+    DEFAULT, FIXED_PJMAX_PREFIX, NO_SHARE, PARTS, REFERENCE, Cell, EvalSettings, Evaluation, best_baseline,
+    fair_share_costs, headline_cells, is_real, policy_rows, real_rows, tfwd_choice, tfwd_rows, work,
 )
 from evaluation.regimes import gap_line, gap_share, jct_line, regime
 from evaluation.sweep import split_workload
