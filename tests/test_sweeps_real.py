@@ -117,7 +117,8 @@ while step < args.steps:
     step += 1
     time.sleep(0.15)
     if rank == 0:
-        trained.write_text(str(step))
+        (args.ckpt / "trained.tmp").write_text(str(step))  # atomic: a recall may stop the rank mid-write
+        os.replace(args.ckpt / "trained.tmp", trained)
         if step % 3 == 0:
             tmp = args.ckpt / "ckpt.tmp"
             torch.save({"model": net.state_dict(), "opt": opt.state_dict(), "step": step}, tmp)
