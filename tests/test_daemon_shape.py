@@ -79,3 +79,28 @@ def test_a_job_submitted_through_the_control_api_is_decided_at_the_next_step(tmp
         assert len(h.decisions) == decided + 1 and h.daemon.decide.nodes_of(ok["id"]) != ()
     finally:
         h.close()
+
+
+def test_a_node_that_becomes_usable_without_an_event_is_decided_at_the_next_step(tmp_path: Path) -> None:
+    """A returning node is usable once its pilot runs and its agent is connected, which may come a step
+    after the agent's event: the usable set's difference itself asks for a decision, so the job grows
+    then, not at the next periodic replan (10 s later)."""
+    from policy import PolicyConfig
+
+    try:
+        from test_conformance import NODES, Harness
+    except ImportError:  # run from the repository root as a package
+        from tests.test_conformance import NODES, Harness  # type: ignore[no-redef]
+
+    h = Harness(tmp_path / "d", PolicyConfig(profiling="never", admission="fixed"))
+    try:
+        h.cluster.became_idle(*NODES[:2])
+        job = h.submit("grow", {1: 10.0, 2: 20.0, 3: 30.0}, max_nodes=3)
+        h.run_until(3.0)
+        assert len(h.daemon.decide.nodes_of(job)) == 2
+        h.cluster.became_idle(NODES[2])
+        h.cluster.hub_events.clear()  # its agent is connected, but its hello is not seen as an event
+        h.run_until(5.0)
+        assert len(h.daemon.decide.nodes_of(job)) == 3
+    finally:
+        h.close()

@@ -114,12 +114,16 @@ class Decide:
         t = self.trainers[trainer or next(iter(self.trainers))]
         return t.ledger.view(now, sorted(t.ledger.live_jobs()))
 
-    def feed_ledgers(self, now: float) -> None:
+    def feed_ledgers(self, now: float) -> bool:
         """Every trainer's ledger learns what this step observed: the one path of a lost node is the usable set's
-        difference (observe's events only wake the loop), so a loss however learnt is fed once."""
+        difference (observe's events only wake the loop), so a loss however learnt is fed once. Returns whether a
+        node was lost or became usable: that alone asks for a decision (a returning node is usable once its
+        pilot runs and its agent is connected, which may be a step after the agent's event)."""
         usable = self._usable_by_trainer()
+        moved = False
         for t in self.trainers.values():
-            self._feed_ledger(t, now, usable[t.name])
+            moved |= self._feed_ledger(t, now, usable[t.name])
+        return moved
 
     def _usable_by_trainer(self) -> dict[str, set[str]]:
         usable = self.scav.usable()
@@ -133,7 +137,7 @@ class Decide:
                 out[name].add(node)
         return out
 
-    def _feed_ledger(self, t: Trainer, now: float, usable: set[str]) -> None:
+    def _feed_ledger(self, t: Trainer, now: float, usable: set[str]) -> bool:
         """``t``'s ledger as events: nodes no longer usable lost, new ones usable from ``now``, jobs ended or
         submitted, each live job's progress and node-hours. The jobs' nodes are the ledger's own."""
         ledger = t.ledger
@@ -155,6 +159,7 @@ class Decide:
             if spec.samples is not None:
                 ledger.progressed(run.id, float(max(0, spec.samples - run.last_progress)))
             ledger.used(run.id, self.accounting.used_node_hours(run.id))
+        return bool(gone or new)
 
     def nodes_of(self, job_id: str) -> tuple[str, ...]:
         """The nodes ``job_id`` runs on, as its trainer's ledger has them (the one record act reads):

@@ -132,7 +132,7 @@ class Daemon:
         if not quick:
             self.adoption.hold_idle_nodes()
         changed |= self.sweeps.step(now)  # trials told, pruned, opened (before the decision that places them)
-        self.decide.feed_ledgers(now)
+        changed |= self.decide.feed_ledgers(now)  # a node lost or usable asks for a decision, event or not
         changed |= self._changed
         # a profile's step ends on evidence: while one runs, ask at every iteration (the policy
         # answers an unchanged problem without solving)
