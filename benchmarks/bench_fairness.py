@@ -31,7 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "attacks"))  # the shar
 
 from faults_shares import CONFIG as SHARES_CONFIG  # noqa: E402
 from faults_shares import VICTIM as JOINS  # noqa: E402
-from faults_shares import _py_job, _submit  # noqa: E402
+from faults_common import submit_file  # noqa: E402
+from faults_shares import _py_job  # noqa: E402
 
 
 def config(nodes: int, fairness: str) -> str:
@@ -61,10 +62,10 @@ def run(nodes: int, window_s: float, fairness: str) -> Result:
         d.start()
         try:
             # both jobs join the rendezvous store and hold their nodes (the faults benchmark's joining job)
-            liar = _submit(d, "liar", _py_job("liar", JOINS, hi=nodes) + CLAIM.format(nodes=nodes))
+            liar = submit_file(d, "liar", _py_job("liar", JOINS, hi=nodes) + CLAIM.format(nodes=nodes))
             if not B.wait(lambda: _nodes(d, liar) == nodes, 90, 0.5):
                 raise RuntimeError(f"the lying job never held all {nodes} nodes: {d.jobs()[liar]}")
-            late = _submit(d, "late", _py_job("late", JOINS, hi=nodes, other_user=True), as_nobody=True)
+            late = submit_file(d, "late", _py_job("late", JOINS, hi=nodes, other_user=True), as_nobody=True)
             t0 = time.monotonic()
             first: float | None = None
             while time.monotonic() - t0 < window_s:

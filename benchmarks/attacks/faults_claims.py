@@ -200,7 +200,7 @@ def _curve_lie(t: B.Tally, c: Claims, seconds: float, lie: CurveLie) -> None:
             if not B.wait(lambda: len(d.jobs()[victim]["nodes"]) == 2, 60):
                 t.note(f"claims: the victim never held both nodes: no curve lie was tried ({what})")
                 return
-            liar = _submit(d, "liar", lie.liar, lie.as_nobody)
+            liar = B.submit_file(d, "liar", lie.liar, True) if lie.as_nobody else d.submit(lie.liar, "liar")
             c.curve_lies += 1
             worst, most, end = "", 0, time.monotonic() + seconds
             while time.monotonic() < end:
@@ -220,19 +220,6 @@ def _curve_lie(t: B.Tally, c: Claims, seconds: float, lie: CurveLie) -> None:
             d.cancel(victim)
         finally:
             B.stop_and_count(d, t)
-
-
-def _submit(d: B.Daemon, name: str, text: str, as_nobody: bool) -> str:
-    """``d.submit``, as the ``nobody`` user with ``as_nobody`` (the job file readable by all)."""
-    if not as_nobody:
-        return d.submit(text, name)
-    f = d.top / f"{name}.toml"
-    f.write_text(text)
-    os.chmod(f, 0o644)
-    res = B.cli("submit", str(f), "--state-dir", str(d.state), as_nobody=True)
-    if res.returncode != 0:
-        raise RuntimeError(f"submit {name} as nobody failed: {res.stderr[-500:]}")
-    return res.stdout.strip()
 
 
 def _daemon_mb(d: B.Daemon) -> float:

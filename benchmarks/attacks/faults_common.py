@@ -5,6 +5,7 @@ bench_faults.py itself)."""
 
 from __future__ import annotations
 
+import os
 import random
 import sys
 from dataclasses import dataclass, field
@@ -127,3 +128,15 @@ def trains(d: Daemon, jid: str, timeout: float) -> bool:
     """The job's stored progress grows within ``timeout``."""
     start = d.jobs()[jid]["samples"]
     return bool(wait(lambda: d.jobs()[jid]["samples"] > start, timeout, 0.5))
+
+
+def submit_file(d: Daemon, name: str, text: str, as_nobody: bool = False) -> str:
+    """Submit ``text`` through the CLI from a job file readable by all, as the ``nobody`` user with
+    ``as_nobody``; the new job's id."""
+    f = d.top / f"{name}.toml"
+    f.write_text(text)
+    os.chmod(f, 0o644)
+    res = cli("submit", str(f), "--state-dir", str(d.state), as_nobody=as_nobody)
+    if res.returncode != 0:
+        raise RuntimeError(f"submit {name} failed: {res.stderr[-500:]}")
+    return res.stdout.strip()

@@ -139,16 +139,6 @@ def _py_job(name: str, code: str, lo: int = 1, hi: int = 1, other_user: bool = F
                          hi=hi, root=json.dumps(str(B.ROOT)))
 
 
-def _submit(d: B.Daemon, name: str, text: str, as_nobody: bool = False) -> str:
-    f = d.top / f"{name}.toml"
-    f.write_text(text)
-    os.chmod(f, 0o644)
-    res = B.cli("submit", str(f), "--state-dir", str(d.state), as_nobody=as_nobody)
-    if res.returncode != 0:
-        raise RuntimeError(f"submit {name} failed: {res.stderr[-500:]}")
-    return res.stdout.strip()
-
-
 def _log_of(d: B.Daemon, jid: str) -> str:
     return "".join(p.read_text(errors="replace") for p in sorted((d.state / "logs").glob(f"{jid}.*.log*")))
 
@@ -175,7 +165,7 @@ def job_crashes(t: B.Tally, r: Shares) -> None:
         d.start()
         try:
             for name, writes in ATTACKS.items():
-                jid = _submit(d, f"crash{r.crashes}", _py_job(f"crash{r.crashes}",
+                jid = B.submit_file(d, f"crash{r.crashes}", _py_job(f"crash{r.crashes}",
                                                                STORE_WRITE.replace("{writes}", repr(writes))))
                 r.crashes += 1
                 wrote = B.wait(lambda j=jid: "attacked" in _log_of(d, j) or not d.alive(), 60)
@@ -213,7 +203,7 @@ def lockouts(t: B.Tally, r: Shares) -> None:
         try:
             time.sleep(5.0)
             began = time.monotonic()
-            jid = _submit(d, "victim", _py_job("victim", VICTIM, other_user=True), as_nobody=True)
+            jid = B.submit_file(d, "victim", _py_job("victim", VICTIM, other_user=True), as_nobody=True)
             joined = B.wait(lambda: "joined" in _log_of(d, jid), 30)
             print(f"  a silent-connection flood of the store: another user's job "
                   f"{'reached it in %.1f s' % (time.monotonic() - began) if joined else 'did NOT reach it in 30 s'}",
@@ -236,7 +226,7 @@ def evictions(t: B.Tally, r: Shares) -> None:
             victim = d.submit(B.TOY_JOB.format(name="victim", rate=1000, lo=1, hi=1, profile="false", samples=""),
                               "victim")
             B.wait(lambda: d.jobs()[victim]["samples"] > 0, 60)
-            liar = _submit(d, "liar", _py_job("liar", LIAR, 1, 2))
+            liar = B.submit_file(d, "liar", _py_job("liar", LIAR, 1, 2))
             if not B.wait(lambda: d.jobs()[liar]["state"] == "running", 60):
                 t.note(f"shares: the lying job never ran ({d.jobs()[liar]['state']}): no eviction was tried")
             r.evictions += 1
@@ -279,7 +269,7 @@ def log_floods(t: B.Tally, r: Shares) -> None:
         d = B.Daemon(top, CONFIG.format(runtime="toy", nodes=2))
         d.start()
         try:
-            jid = _submit(d, "flood", _py_job("flood", FLOOD))
+            jid = B.submit_file(d, "flood", _py_job("flood", FLOOD))
             r.floods += 1
             problems: list[str] = []
             end = time.monotonic() + 30
@@ -289,7 +279,7 @@ def log_floods(t: B.Tally, r: Shares) -> None:
                     problems.append(f"{st.f_bavail * st.f_frsize} bytes free")
                 big = [p for p in (d.state / "logs").glob("*.log*") if p.stat().st_size > 2 * LOG_MAX_BYTES]
                 problems += [f"{p.name} holds {p.stat().st_size} bytes" for p in big]
-                other = _submit(d, "other", _py_job("other", "print(1)", other_user=True),
+                other = B.submit_file(d, "other", _py_job("other", "print(1)", other_user=True),
                                 as_nobody=True) if not problems else ""
                 if other:
                     res = B.cli("cancel", other, "--state-dir", str(d.state), as_nobody=True)
