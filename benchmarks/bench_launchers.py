@@ -20,9 +20,11 @@ a rank per step, a linear model on CPU, 50 ms of pretend work a step), one launc
 * ``in-process``: ``malletrain.worker.examples.train`` (``malletrain.worker.elastic``): the running ranks change their
   world at their next commit; only a joining rank starts a process, ahead of time.
 
-Per repetition one node is recalled (2 -> 1) and comes back (1 -> 2). A change's time runs from
-the recall (the node's return) to the first step any rank takes at the new size: the whole cost of
-the change as the job sees it. Then an unchanged Lightning script (``malletrain.worker.examples.lightning_plain``,
+Per repetition one node is recalled (2 -> 1) and comes back (1 -> 2). A change's cost to the job is its
+pause: from the last step any rank took in the old world to the first step any rank takes in the new one,
+the time the job trains nothing (while a returning node imports, the old world trains on). Each change is
+also timed from the recall (the node's return) to that first step; the grows' times from the node's return
+are the ``node return`` line. Then an unchanged Lightning script (``malletrain.worker.examples.lightning_plain``,
 strategy="ddp", its own ``ModelCheckpoint``) runs under the daemon through the same changes, and the
 rank agents' SIGKILLs are counted. The last line gives the medians and that count.
 ``--short``: one repetition each (a few minutes on a loaded 2-core machine). ``--launchers warm,in-process``
@@ -105,6 +107,22 @@ def first_step(times: list[tuple[float, int]], size: int, after: float) -> float
     return min((t for t, w in times if w == size and t > after), default=None)
 
 
+@dataclass(frozen=True)
+class Change:
+    """One change of world: seconds from the recall (the node's return) to the first step in the new world,
+    and the job's pause (its last step in the old world to that first step)."""
+
+    since: float
+    pause: float
+
+
+def change(times: list[tuple[float, int]], old: int, new: int, at: float) -> Change:
+    """The change from ``old`` to ``new`` ranks that began at ``at`` (a recall or a return)."""
+    first = first_step(times, new, at) or at
+    last = max((t for t, w in times if w == old and t < first), default=at)
+    return Change(first - at, first - last)
+
+
 def published_at(d: Daemon, job: str, size: int, after: float) -> float | None:
     """When the daemon published a member list of ``size`` nodes for ``job`` after ``after``."""
     for ev in d.store.events("members"):
@@ -113,16 +131,16 @@ def published_at(d: Daemon, job: str, size: int, after: float) -> float | None:
     return None
 
 
-def measure(v: Variant, reps: int, root: Path) -> tuple[list[float], int]:
-    """The changes' times under the daemon (recall or return to the first step at the new size), and the
-    SIGKILLs the job's rank agents logged."""
+def measure(v: Variant, reps: int, root: Path) -> tuple[list[Change], int]:
+    """The changes under the daemon (a recall, then the node's return), and the SIGKILLs the job's rank
+    agents logged."""
     state = root / v.name.replace(" ", "-")
     state.mkdir(mode=0o700)
     cfg = DaemonConfig(state_dir=str(state), runtime="torch", local=LocalConfig(nodes=NODES, trace="none"),
                        agent_heartbeat=0.2, agent_dead_after=5.0, loop_interval=0.05)
     d = Daemon(cfg)
     logs = state / "logs"
-    out: list[float] = []
+    out: list[Change] = []
     try:
         job = d.store.submit(job_spec(v, state))
         times = lambda: step_times(logs, job, v.launcher)  # noqa: E731
@@ -132,16 +150,17 @@ def measure(v: Variant, reps: int, root: Path) -> tuple[list[float], int]:
             t = time.time()
             d.backend.recall(victim)
             run_until(d, lambda: first_step(times(), NODES - 1, t) is not None, f"{v.name} rep {rep}: shrink")
-            down = (first_step(times(), NODES - 1, t) or t) - t
+            down = change(times(), NODES, NODES - 1, t)
             t_down, t = t, time.time()
             d.backend.make_idle(victim)
             run_until(d, lambda: first_step(times(), NODES, t) is not None, f"{v.name} rep {rep}: grow")
-            up = (first_step(times(), NODES, t) or t) - t
+            up = change(times(), NODES - 1, NODES, t)
             pub = [(first_step(times(), size, t0) or 0.0) - (published_at(d, job, size, t0) or 0.0)
                    for size, t0 in ((NODES - 1, t_down), (NODES, t))]
-            print(f"{v.name}: rep {rep}: shrink {NODES} -> {NODES - 1} {down:.2f} s; "
-                  f"grow {NODES - 1} -> {NODES} {up:.2f} s (from the publication of the new world: "
-                  f"{pub[0]:.2f} s, {pub[1]:.2f} s)", flush=True)
+            print(f"{v.name}: rep {rep}: shrink {NODES} -> {NODES - 1} pause {down.pause:.2f} s "
+                  f"({down.since:.2f} s from the recall); grow {NODES - 1} -> {NODES} pause {up.pause:.2f} s "
+                  f"({up.since:.2f} s from the node's return); first step from the publication of the new "
+                  f"world: {pub[0]:.2f} s, {pub[1]:.2f} s", flush=True)
             out += [down, up]
     finally:
         d.close()
@@ -150,13 +169,16 @@ def measure(v: Variant, reps: int, root: Path) -> tuple[list[float], int]:
 
 
 def torch_elastic_agent(port: int, scratch: Path, log: IO[bytes]) -> subprocess.Popen[bytes]:
-    """One ``torchrun`` agent of the anchor (a "node"), in its own process group."""
+    """One ``torchrun`` agent of the anchor (a "node"), in its own process group. Torch's opt-out of sharing
+    the rendezvous store with the workers (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``) is set: with sharing, a
+    staying rank 0 publishes its store's address in the first round only, and a returning agent waits for it
+    in the new round until both time out (60 s; seen with torch 2.13 at every return here)."""
     argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1:2", "--nproc-per-node=1",
             "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=bench-launchers",
             "--rdzv-conf=last_call_timeout=2", "--max-restarts=100", "--monitor-interval=0.1",
             *job_command(Variant("torch elastic", Launcher.TORCHRUN), scratch)[1:]]
     return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+                            env={**os.environ, "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"})
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
@@ -170,7 +192,7 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         pass
 
 
-def measure_torch_elastic(reps: int, root: Path) -> list[float]:
+def measure_torch_elastic(reps: int, root: Path) -> list[Change]:
     """The anchor: the same changes under PyTorch's elastic launcher (the first agent hosts the
     rendezvous store and stays; the second is recalled and returns)."""
     scratch = root / "torch-elastic"
@@ -190,7 +212,7 @@ def measure_torch_elastic(reps: int, root: Path) -> list[float]:
                 raise TimeoutError(f"torch elastic: {what}: not within {WAIT_S:.0f} s (see {logs[0]})")
             time.sleep(0.05)
 
-    out: list[float] = []
+    out: list[Change] = []
     try:
         time.sleep(1.0)  # the first agent binds the rendezvous store before the second looks for it
         procs.append(torch_elastic_agent(port, scratch, files[1]))
@@ -199,15 +221,16 @@ def measure_torch_elastic(reps: int, root: Path) -> list[float]:
             t = time.time()
             stop(procs[1])
             until(lambda: first_step(times(), NODES - 1, t) is not None, f"rep {rep}: shrink")
-            down = (first_step(times(), NODES - 1, t) or t) - t
+            down = change(times(), NODES, NODES - 1, t)
             out.append(down)
             time.sleep(RETURN_AFTER_S)  # the recalled agent's place in the rendezvous expires first
             t = time.time()
             procs[1] = torch_elastic_agent(port, scratch, files[1])
             until(lambda: first_step(times(), NODES, t) is not None, f"rep {rep}: grow")
-            up = (first_step(times(), NODES, t) or t) - t
-            print(f"torch elastic: rep {rep}: shrink {NODES} -> {NODES - 1} {down:.2f} s; "
-                  f"grow {NODES - 1} -> {NODES} {up:.2f} s", flush=True)
+            up = change(times(), NODES - 1, NODES, t)
+            print(f"torch elastic: rep {rep}: shrink {NODES} -> {NODES - 1} pause {down.pause:.2f} s "
+                  f"({down.since:.2f} s from the recall); grow {NODES - 1} -> {NODES} pause {up.pause:.2f} s "
+                  f"({up.since:.2f} s from the agent's return)", flush=True)
             out.append(up)
     except TimeoutError as exc:
         print(f"torch elastic: {exc}; {len(out)} change(s) measured", flush=True)
@@ -222,11 +245,11 @@ def measure_torch_elastic(reps: int, root: Path) -> list[float]:
 LAUNCHERS = ("warm", "cold", "torch elastic", "in-process", "lightning")
 
 
-def node_return_line(changes: dict[str, list[float]]) -> str | None:
+def node_return_line(changes: dict[str, list[Change]]) -> str | None:
     """A node's return to the first step on it, torchrun warm against in-process (the grows' medians, one run)."""
     if not changes.get("warm", [])[1::2] or not changes.get("in-process", [])[1::2]:
         return None
-    warm, inproc = (statistics.median(changes[name][1::2]) for name in ("warm", "in-process"))
+    warm, inproc = (statistics.median(c.since for c in changes[name][1::2]) for name in ("warm", "in-process"))
     return (f"node return -> first step on it: torchrun warm {warm:.2f} s, in-process {inproc:.2f} s "
             f"(medians of the grows, same run; difference {warm - inproc:+.2f} s)")
 
@@ -243,8 +266,8 @@ def main() -> None:
     if unknown := [name for name in chosen if name not in LAUNCHERS]:
         p.error(f"--launchers: unknown {', '.join(unknown)} (known: {', '.join(LAUNCHERS)})")
     print(f"load before: {load()}", flush=True)
-    changes: dict[str, list[float]] = {}
-    lightning: list[float] = []
+    changes: dict[str, list[Change]] = {}
+    lightning: list[Change] = []
     kills = 0
     with tempfile.TemporaryDirectory(prefix="bench-launchers-") as tmp:
         root = Path(tmp)
@@ -263,15 +286,18 @@ def main() -> None:
         if not got:
             print(f"{name}: no change measured")
             continue
-        down, up = got[0::2], got[1::2] or [float("nan")]
-        print(f"{name}: {len(got)} changes, median {statistics.median(got):.2f} s, max {max(got):.2f} s; "
-              f"shrink median {statistics.median(down):.2f} s, grow median {statistics.median(up):.2f} s")
+        pauses = [c.pause for c in got]
+        down, up = pauses[0::2], pauses[1::2] or [float("nan")]
+        since = statistics.median(c.since for c in got)
+        print(f"{name}: {len(got)} changes, pause median {statistics.median(pauses):.2f} s, max {max(pauses):.2f} s; "
+              f"shrink median {statistics.median(down):.2f} s, grow median {statistics.median(up):.2f} s; "
+              f"from the recall or return, median {since:.2f} s")
     if (line := node_return_line(changes)) is not None:
         print(line, flush=True)
     if set(chosen) != set(LAUNCHERS):
         print(f"load after: {load()}")
         return
-    med = {name: statistics.median(got) if got else float("nan") for name, got in changes.items()}
+    med = {name: statistics.median(c.pause for c in got) if got else float("nan") for name, got in changes.items()}
     print(f"ratios: warm / cold {med['warm'] / med['cold']:.2f}, warm / torch elastic "
           f"{med['warm'] / med['torch elastic']:.2f}, warm / in-process {med['warm'] / med['in-process']:.1f}; "
           f"load after: {load()}")

@@ -269,8 +269,7 @@ class WorkerHost:
         """True if ``msg`` waits for the warm process still importing (see :meth:`_start_deferred`)."""
         if self.warm is None or not self.warm.starting:
             return False
-        if warm_refusal(msg.argv, {**self.warm.env, **(msg.env or {})}, self.warm.env, self.warm.python,
-                        msg.starts_own_ranks):
+        if warm_refusal(msg.argv, {**self.warm.env, **(msg.env or {})}, self.warm.env, self.warm.python):
             self.deferred.pop(msg.worker, None)
             return False
         if msg.worker not in self.deferred:

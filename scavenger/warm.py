@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from typing import IO, Mapping, Sequence
 
-from spawner.entry import Entry, entry_of
+from spawner.entry import Entry, entry_of, take_thread_count
 from scavenger import jobproc, proctitle
 
 log = logging.getLogger("scavenger.warm")
@@ -92,20 +92,19 @@ def start_time_env(env: Mapping[str, str]) -> dict[str, str]:
 
 
 THREAD_VARS = frozenset({"OMP_NUM_THREADS"})
-"""Start-time variables a worker that starts its own ranks may differ in: it runs no parallel operation itself,
-and each rank it forks applies its own thread count (:mod:`malletrain.worker.warm_ranks`)."""
+"""Start-time variables a worker may differ in from its warm process: the warm process ran no parallel
+operation, and applies the worker's thread count when it becomes the worker
+(:func:`spawner.entry.take_thread_count`), as each rank a rank agent forks does."""
 
 
-def warm_refusal(argv: Sequence[str], env: Mapping[str, str], warm_env: Mapping[str, str], python: str = sys.executable,
-                 own_ranks: bool = False) -> str | None:
+def warm_refusal(argv: Sequence[str], env: Mapping[str, str], warm_env: Mapping[str, str],
+                 python: str = sys.executable) -> str | None:
     """Why a warm process started with ``warm_env`` cannot become the worker ``argv``/``env`` (None: it can);
-    ``own_ranks`` (a ``torchrun`` rank agent): :data:`THREAD_VARS` are left out of the comparison."""
+    :data:`THREAD_VARS` are left out of the comparison."""
     entry = entry_of(argv, python)
     if isinstance(entry, str):
         return entry
-    mine, theirs = start_time_env(warm_env), start_time_env(env)
-    if own_ranks:
-        mine, theirs = ({k: v for k, v in d.items() if k not in THREAD_VARS} for d in (mine, theirs))
+    mine, theirs = ({k: v for k, v in start_time_env(d).items() if k not in THREAD_VARS} for d in (warm_env, env))
     if mine != theirs:
         diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
         return f"start-time variable(s) {', '.join(diff)} differ from the warm process's"
@@ -191,11 +190,11 @@ class WarmSlot:
     def take(self, assignment: Assignment, log_file: IO[bytes] | None, own_ranks: bool = False
              ) -> subprocess.Popen[bytes] | str:
         """Hand ``assignment`` to the ready warm process; its Popen, or why not (then start it cold).
-        ``own_ranks``: the worker starts its own ranks (:func:`warm_refusal`): unpinned, on every core the agent has."""
+        ``own_ranks``: the worker starts its own ranks: unpinned, on every core the agent has."""
         self.poll()
         if self.proc is None or self.sock is None or not self.ready:
             return "no warm process ready"
-        why = warm_refusal(assignment.argv, assignment.env, self.env, self.python, own_ranks)
+        why = warm_refusal(assignment.argv, assignment.env, self.env, self.python)
         if why is not None:
             return why
         proc, sock = self.proc, self.sock
@@ -298,6 +297,7 @@ def become(assignment: Assignment, log_fd: int) -> Entry:
     _dumpable()  # (the drop made it undumpable: the owner could not debug it nor get a core)
     os.environ.clear()
     os.environ.update(assignment.env)
+    take_thread_count(assignment.env)
     tempfile.tempdir = None  # an import may have cached the agent's TMPDIR: the worker's counts
     proctitle.show_command(assignment.argv)
     proctitle.show_environ(assignment.env)

@@ -54,8 +54,10 @@ def test_start_time_variables_must_match_the_warm_process() -> None:
     py = sys.executable
     argv = [py, "-m", "m"]
     assert warm_refusal(argv, {"OMP_NUM_THREADS": "1", "X": "1"}, {"OMP_NUM_THREADS": "1"}, py) is None
-    why = warm_refusal(argv, {"OMP_NUM_THREADS": "2"}, {"OMP_NUM_THREADS": "1"}, py)
-    assert why is not None and "OMP_NUM_THREADS" in why
+    why = warm_refusal(argv, {"MKL_NUM_THREADS": "2"}, {"MKL_NUM_THREADS": "1"}, py)
+    assert why is not None and "MKL_NUM_THREADS" in why
+    # the thread count is applied by the warm process when it becomes the worker
+    assert warm_refusal(argv, {"OMP_NUM_THREADS": "2"}, {"OMP_NUM_THREADS": "1"}, py) is None
     assert warm_refusal(argv, {"LD_PRELOAD": "x.so"}, {}, py) is not None
     assert warm_refusal(argv, {"PYTHONPATH": "/x"}, {}, py) is None  # applied by the warm process
 
@@ -98,13 +100,41 @@ def test_warm_process_becomes_the_worker(tmp_path: Path) -> None:
     assert slot.proc is None  # taken: the next one is prepared afresh
 
 
+THREADS = """
+import json, torch
+print(json.dumps({"threads": torch.get_num_threads()}))
+"""
+
+
+def test_a_warm_process_becomes_a_worker_of_another_thread_count_and_runs_with_it(tmp_path: Path) -> None:
+    """A job's ``OMP_NUM_THREADS`` that differs from the node's warm process's (which imported torch with its
+    own) no longer sends the worker cold: torch runs with the job's count, as in a fresh interpreter. Before,
+    an in-process job's joining worker that set its thread count imported torch anew."""
+    script = tmp_path / "threads.py"
+    script.write_text(THREADS)
+    warm_env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    slot = WarmSlot(("torch",), env=warm_env)
+    slot.prepare()
+    try:
+        wait_ready(slot, timeout=120)
+        pid = slot.proc.pid if slot.proc else -1
+        log = (tmp_path / "w.log").open("ab")
+        proc = slot.take(Assignment((sys.executable, str(script)), {**warm_env, "OMP_NUM_THREADS": "2"}), log)
+        assert not isinstance(proc, str), proc
+        assert proc.pid == pid and proc.wait(timeout=60) == 0
+        log.close()
+    finally:
+        slot.close()
+    assert read_json_line(tmp_path / "w.log")["threads"] == 2
+
+
 def test_warm_process_refuses_what_it_cannot_run_exactly(tmp_path: Path) -> None:
-    slot = WarmSlot(("json",), env={k: v for k, v in os.environ.items() if not k.startswith("OMP_")})
+    slot = WarmSlot(("json",), env={k: v for k, v in os.environ.items() if not k.startswith("MKL_")})
     slot.prepare()
     try:
         wait_ready(slot)
-        why = slot.take(Assignment((sys.executable, "-m", "json.tool"), {"OMP_NUM_THREADS": "3"}), None)
-        assert isinstance(why, str) and "OMP_NUM_THREADS" in why
+        why = slot.take(Assignment((sys.executable, "-m", "json.tool"), {"MKL_NUM_THREADS": "3"}), None)
+        assert isinstance(why, str) and "MKL_NUM_THREADS" in why
         assert slot.ready  # still there for the next worker
     finally:
         slot.close()
@@ -128,6 +158,7 @@ def test_agent_starts_its_worker_from_the_warm_process(tmp_path: Path) -> None:
         # a command the warm process cannot run exactly starts cold, and still runs
         agent.warm.prepare()
         wait_ready(agent.warm)
+        warm_pid = agent.warm.proc.pid if agent.warm.proc else -1
         agent.start_worker(P.StartWorker("n1", "j1.n1.2", (sys.executable, "-u", str(script)), {"X": "2"},
                                          str(tmp_path)))
         w2 = agent.workers["j1.n1.2"]
@@ -155,8 +186,8 @@ def test_a_worker_that_starts_its_own_ranks_takes_the_warm_process_whatever_thre
     """A ``torchrun`` job's rank agent (a worker that starts its own ranks) becomes the node's warm process,
     prepared before any job was placed, though the job sets another ``OMP_NUM_THREADS`` (it runs no parallel
     operation; its ranks apply their own), unpinned from slot 0's cores where the node has several slots;
-    any other worker with that thread count still starts cold. Before, it started cold: a returning node's
-    rank servers then imported torch while the old world trained."""
+    so does any other worker with that thread count (the warm process applies it). Before, it started cold:
+    a returning node's rank servers then imported torch while the old world trained."""
     script = tmp_path / "agent.py"
     script.write_text(AFFINITY)
     omp = "3" if os.environ.get("OMP_NUM_THREADS") != "3" else "5"
@@ -175,9 +206,10 @@ def test_a_worker_that_starts_its_own_ranks_takes_the_warm_process_whatever_thre
         agent.reap()
         agent.prepare_warm()
         wait_ready(agent.warm)
+        warm_pid = agent.warm.proc.pid if agent.warm.proc else -1
         agent.start_worker(P.StartWorker("n1", "j1.n1.2", (sys.executable, str(script)), {"OMP_NUM_THREADS": omp},
                                          str(tmp_path)))
-        assert agent.warm.proc is not None and agent.workers["j1.n1.2"].proc.pid != agent.warm.proc.pid  # cold
+        assert agent.workers["j1.n1.2"].proc.pid == warm_pid  # warm: it applies the worker's thread count
         assert agent.workers["j1.n1.2"].proc.wait(timeout=30) == 0
         agent.reap()
         if len(agent.cores) >= 2:  # a node of 2 slots: slot 0's warm process is pinned to its share

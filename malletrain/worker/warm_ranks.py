@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
-from spawner.entry import Entry, entry_of
+from spawner.entry import Entry, entry_of, take_thread_count
 
 log = logging.getLogger("malletrain.torchrun")
 
@@ -187,12 +187,7 @@ def become(entry: Entry, env: Mapping[str, str]) -> None:
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.seed()  # as each new process's default generator (CUDA's is seeded lazily: no context made)
-        try:  # what torch's import took from OMP_NUM_THREADS in a fresh interpreter
-            threads = int(env.get("OMP_NUM_THREADS", ""))
-        except ValueError:
-            threads = 0
-        if threads >= 1:
-            torch.set_num_threads(threads)
+    take_thread_count(env)
 
 
 def run_entry(entry: Entry) -> int:
