@@ -18,7 +18,7 @@ policy is shown (the simulator: the job's nodes; the daemon: its target nodes), 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from allocator import throughput_at
 from malletrain.daemon.config import DaemonConfig
@@ -371,7 +371,7 @@ class FakeMonitor:
         self.forgotten.add(job_id)
         self.jobs.pop(job_id, None)
 
-    def set_world(self, job_id: str, generation: int, size: int) -> None:
+    def set_world(self, job_id: str, generation: int, size: int, workers: Iterable[str] = ()) -> None:
         pass  # the scripted world size is the daemon's own (sync)
 
     def job(self, job_id: str) -> FakeStats:

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from contract.messages import MAX_FRAME, MAX_INT, Reason, Report, new_secret, secret_key
 from malletrain.daemon.monitor import (
     MAX_WORKERS,
+    JobStats,
     REPLAY_META_KEY,
     ReplaySaver,
     Monitor,
@@ -570,3 +571,27 @@ def test_a_report_captured_before_a_daemon_restart_is_a_replay_after_it(tmp_path
         send_until(d, [Report(jid, 4, 1, t + 1, 1, 0, "captured").encode(key)], lambda: last_seq(d) == 4)
     finally:
         d.close()
+
+
+def test_a_leaving_workers_reports_without_a_generation_are_not_the_new_worlds_rate() -> None:
+    """Two workers that report no generation, 100 samples a step each, every 0.1 s; the daemon shrinks the job
+    to the first one, and the second one's reports in flight (it still runs until it is stopped) are not
+    counted at the new world's size: the one-node rate is the staying worker's. Before, both were, and a
+    job's downward probe measured it as fast on one node as on two (the policy then gave its node away)."""
+    stats = JobStats("j")
+    stats.record_world(1, 2, ["j.a.1", "j.b.2"])
+    t = 1000.0
+    for step in range(20):
+        for offset, worker in ((0.0, "j.a.1"), (0.05, "j.b.2")):
+            stats.add_fields(worker, step + 1, 100, t + step * 0.1 + offset, 1, 0)
+    stats.record_world(2, 1, ["j.a.1"])
+    t += 2.0
+    for step in range(20):
+        for offset, worker in ((0.0, "j.a.1"), (0.05, "j.b.2")):
+            stats.add_fields(worker, 21 + step, 100, t + step * 0.1 + offset, 1, 0)
+    rates = stats.rates()
+    assert rates[2] == pytest.approx(2000, rel=0.1)
+    assert rates[1] == pytest.approx(1000, rel=0.1)
+    assert stats.samples == 80 * 100  # what the leaving worker trained is still the job's progress
+    # a rank of a member (WORKER/i) is the member's
+    assert stats.is_member("j.a.1/1") and not stats.is_member("j.b.2/0")

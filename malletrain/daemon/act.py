@@ -171,9 +171,10 @@ class Act:
             return False
 
     def publish(self, run: JobRun, members: list[str], now: float) -> None:
-        gen = self.runtimes.of(run.spec).set_members(run.id, [run.workers[n] for n in members])
+        workers = [run.workers[n] for n in members]
+        gen = self.runtimes.of(run.spec).set_members(run.id, workers)
         self.store.set_generation(run.id, gen)
-        self.monitor.set_world(run.id, gen, len(members))  # reports count at this size, not at what they claim
+        self.monitor.set_world(run.id, gen, len(members), workers)  # reports count at this size, not at what they claim
         if members and self.runtimes.default.restarted_from_scratch(run.id):
             self._progress_lost(run)
         self.store.log_event("members", run.id, generation=gen, nodes=members, before=run.members)

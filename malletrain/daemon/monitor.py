@@ -19,7 +19,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Callable, Iterable, Mapping, Protocol
 
 import zmq
 
@@ -161,6 +161,9 @@ class JobStats:
     empty: none recorded, a report's own world size is taken (a monitor without a daemon)."""
     recorded_world: int = 0
     """The size of the job's newest non-empty published world (0: none recorded)."""
+    members: frozenset[str] = frozenset()
+    """The workers of that world (empty: not told): a report without a generation counts at its size only
+    from one of them (a leaving worker's reports in flight are not the new world's rate)."""
     _rescales_taken: int = 0
 
     def add(self, rep: Report, now: float | None = None) -> None:
@@ -184,8 +187,8 @@ class JobStats:
             self.last_time = timestamp
             self.world_size = world_size
             self.generation = max(self.generation, generation)
-        if samples < 1:
-            return
+        if samples < 1 or (generation == 0 and self.members and not self.is_member(worker)):
+            return  # (its samples counted: trained, but in which world is not known)
         try:
             rec = Record(samples, timestamp, world_size)
             self.throughput.add(rec)
@@ -200,11 +203,16 @@ class JobStats:
             return claimed
         return self.worlds.get(generation) or self.recorded_world
 
-    def record_world(self, generation: int, size: int) -> None:
-        """The daemon published ``generation`` with ``size`` members (0: the job's workers leave)."""
+    def is_member(self, worker: str) -> bool:
+        """``worker`` (or the worker whose rank it is: ``WORKER/i``) is in the newest published world."""
+        return worker in self.members or worker.split("/", 1)[0] in self.members
+
+    def record_world(self, generation: int, size: int, workers: Iterable[str] = ()) -> None:
+        """The daemon published ``generation`` with ``size`` members (0: the job's workers leave), ``workers``."""
         if size > 0:
             self.worlds[generation] = size
             self.recorded_world = size
+            self.members = frozenset(workers)
             for old in sorted(self.worlds)[:-RECORDED_GENERATIONS]:
                 del self.worlds[old]
 
@@ -277,12 +285,12 @@ class Monitor:
         self._fast[job_id.encode("utf-8", "surrogatepass")] = (hmac.new(key, digestmod="sha256"), stats)
         return stats
 
-    def set_world(self, job_id: str, generation: int, size: int) -> None:
-        """The daemon published ``generation`` of ``job_id`` with ``size`` members: the job's reports are
-        counted at the world sizes the daemon records, never at what they claim (see :meth:`JobStats.world_of`)."""
+    def set_world(self, job_id: str, generation: int, size: int, workers: Iterable[str] = ()) -> None:
+        """The daemon published ``generation`` of ``job_id`` with ``size`` members (``workers``): the job's reports
+        are counted at the world sizes the daemon records, never at what they claim (see :meth:`JobStats.world_of`)."""
         stats = self.jobs.get(job_id)
         if stats is not None:
-            stats.record_world(generation, size)
+            stats.record_world(generation, size, workers)
 
     def forget(self, job_id: str, ended: bool = False) -> None:
         """Drop a job's key and statistics; its reports are unknown_job from now on, but those of an ``ended`` job
