@@ -30,6 +30,8 @@ class Item:
     preference: list[int]  # indices into weights, most preferred first
 
     def __post_init__(self) -> None:
+        if type(self.weights) is list and type(self.values) is list and type(self.preference) is list:
+            return  # the common case at once (the walk below names what is not a list)
         for name in ("weights", "values", "preference"):
             if not isinstance(getattr(self, name), list):
                 raise TypeError(f"Item.{name} must be a list, got {type(getattr(self, name)).__name__}")
@@ -87,8 +89,9 @@ def _forward(items: list[Item], capacity: int) -> list[np.ndarray]:
         cells = table[pos][cell[lo:hi] - weights[start:end]]
         cells += values[start:end]
         start = end
-        cells.max(axis=1, out=new[lo:hi])
-        new[hi:] = new[hi - 1]  # at most c units: flat above what the items can take
+        cells.max(axis=1, out=new[lo:hi], initial=-np.inf)
+        if reach < capacity:  # at most c units: flat above what the items can take
+            new[hi:] = new[hi - 1]
     unfit = np.isneginf(table[1:, -1]).nonzero()[0]
     if unfit.size:
         raise InfeasibleError(f"item {int(unfit[0])}: no choice fits capacity {capacity}")
