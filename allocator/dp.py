@@ -15,6 +15,7 @@ deterministically by the caller's preference order).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,6 +30,8 @@ class Item:
     preference: list[int]  # indices into weights, most preferred first
 
     def __post_init__(self) -> None:
+        if type(self.weights) is list and type(self.values) is list and type(self.preference) is list:
+            return  # the common case at once (the walk below names what is not a list)
         for name in ("weights", "values", "preference"):
             if not isinstance(getattr(self, name), list):
                 raise TypeError(f"Item.{name} must be a list, got {type(getattr(self, name)).__name__}")
@@ -71,22 +74,28 @@ def _forward(items: list[Item], capacity: int) -> list[np.ndarray]:
     # each row sits behind a margin of -inf as wide as the heaviest choice: a choice heavier than a
     # cell reads the margin, so every cell is one gather and no choice needs a bound of its own
     margin = max(tops, default=0)
-    prev = np.full(margin + width, -np.inf)
-    prev[margin:] = 0.0
-    rows = [prev[margin:]]
+    weights = np.array([w for item in items for w in item.weights], np.int64)  # every item's, one after another
+    values = np.array([v for item in items for v in item.values])
+    ends = np.cumsum([len(item.weights) for item in items]).tolist()
+    table = np.full((len(items) + 1, margin + width), -np.inf)
+    table[0, margin:] = 0.0
+    cell = np.arange(margin + width)[:, None]
     reach, later = 0, sum(tops)
-    for pos, (item, top) in enumerate(zip(items, tops)):
+    start = 0
+    for pos, (top, end) in enumerate(zip(tops, ends)):
         reach, later = min(capacity, reach + top), later - top
         lo, hi = margin + min(reach, max(0, capacity - later)), margin + reach + 1  # the cells the answer reads
-        new = np.full(margin + width, -np.inf)
-        cells = prev[np.arange(lo, hi)[:, None] - np.array(item.weights, np.int64)] + np.array(item.values)
+        new = table[pos + 1]
+        cells = table[pos][cell[lo:hi] - weights[start:end]]
+        cells += values[start:end]
+        start = end
         cells.max(axis=1, out=new[lo:hi], initial=-np.inf)
-        new[hi:] = new[hi - 1]  # at most c units: flat above what the items can take
-        if new[-1] == -np.inf:
-            raise InfeasibleError(f"item {pos}: no choice fits capacity {capacity}")
-        rows.append(new[margin:])
-        prev = new
-    return rows
+        if reach < capacity:  # at most c units: flat above what the items can take
+            new[hi:] = new[hi - 1]
+    unfit = np.isneginf(table[1:, -1]).nonzero()[0]
+    if unfit.size:
+        raise InfeasibleError(f"item {int(unfit[0])}: no choice fits capacity {capacity}")
+    return list(table[:, margin:])
 
 
 def _backtrack(items: list[Item], rows: list[np.ndarray], capacity: int) -> list[int]:

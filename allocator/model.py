@@ -64,6 +64,8 @@ class Job:
         if not self.scaling:
             raise ProblemError(f"job {self.id}: scaling has no measured points")
         for n, v in self.scaling.items():
+            if type(n) is int and n >= 1 and type(v) is float and 0.0 <= v < math.inf:
+                continue  # the common case, checked at once (the checks below say what is wrong)
             if not _is_count(n) or n < 1:
                 raise ProblemError(f"job {self.id}: scaling node count {n!r} is not a positive int")
             if not _is_rate(v):
@@ -117,9 +119,12 @@ class Problem:
         self._check_each_once()
 
     def _check_each_once(self) -> None:
-        held = [node for job in self.jobs for node in job.nodes]
-        if len({job.id for job in self.jobs}) == len(self.jobs) and \
-                len({*held, *self.free_nodes}) == len(held) + len(self.free_nodes):
+        nodes = set(self.free_nodes)
+        listed = len(self.free_nodes)
+        for job in self.jobs:
+            nodes.update(job.nodes)
+            listed += len(job.nodes)
+        if len({job.id for job in self.jobs}) == len(self.jobs) and len(nodes) == listed:
             return  # every id and node once (one set each); else the walk below names the first repeat
         seen: dict[str, str] = {}
         ids: set[str] = set()

@@ -182,15 +182,15 @@ def row_envelope(job: Job, values: np.ndarray) -> Envelope:
     """The envelope of a row's first ``values.size`` choices. The values are linear between the
     curve's points, the min, the current count and its neighbours, and the row's last count."""
     lo, top = job.min_nodes, job.min_nodes + values.size - 2  # the last count (below lo: count 0 only)
+    vals = values.tolist()
+    if top < lo:
+        return envelope([(0, vals[0])])
+    at = {lo, top}
+    at.update(n for n in job.scaling if lo < n < top)
     cur = job.current
-    inner = [n for n in job.scaling if lo < n < top]
     if cur:
-        inner.extend(n for n in (cur - 1, cur, cur + 1) if lo < n < top)
-    at = [0]
-    if top >= lo:
-        at.extend(sorted({lo, top, *inner}))
-    vals = values[[0] + [n - lo + 1 for n in at[1:]]].tolist()  # the row's values at those counts
-    return envelope(list(zip(at, vals)))
+        at.update(n for n in (cur - 1, cur, cur + 1) if lo < n < top)
+    return envelope([(0, vals[0])] + [(n, vals[n - lo + 1]) for n in sorted(at)])  # the row's values there
 
 
 def _row_and_envelope(job: Job, horizon_s: float, size: int) -> tuple[ValueRow, Envelope]:

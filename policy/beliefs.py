@@ -299,12 +299,17 @@ nearest, also scale alike), and a stable estimate is within 2% of its job's rate
 
 class KinIndex:
     """The live jobs measured at two counts or more, by their rate at each count they were measured at
-    (sorted), made from a copy of their points once per decision (:meth:`Beliefs.population`)."""
+    (sorted), made from a copy of their points once per decision (:meth:`Beliefs.population`); the index
+    is built from that copy the first time a job asks for its kin (most decisions none does)."""
 
     def __init__(self, measured: Mapping[str, Mapping[int, float]]) -> None:
-        self.points: dict[str, dict[int, float]] = {}
+        self._copy = [(job_id, dict(pts)) for job_id, pts in measured.items()]
+        self.points: dict[str, dict[int, float]] = {}  # filled with the index, by :meth:`nearest`
+        self.rates: dict[int, list[tuple[float, str]]] | None = None
+
+    def _index(self) -> dict[int, list[tuple[float, str]]]:
         by_count: dict[int, list[tuple[float, str]]] = {}
-        for job_id, pts in measured.items():
+        for job_id, pts in self._copy:
             good = {n: r for n, r in pts.items() if r > 0}
             if len(good) < 2:
                 continue
@@ -312,10 +317,11 @@ class KinIndex:
             for n, r in good.items():
                 by_count.setdefault(n, []).append((r, job_id))
         self.rates = {n: sorted(v) for n, v in by_count.items()}
+        return self.rates
 
     def nearest(self, job_id: str, n: int, rate: float) -> str | None:
         """The job (not ``job_id``) whose rate at ``n`` is nearest ``rate``, within :data:`KIN_TOLERANCE`."""
-        rows = self.rates.get(n)
+        rows = (self.rates if self.rates is not None else self._index()).get(n)
         if not rows:
             return None
         k = bisect.bisect_left(rows, (rate, ""))
