@@ -2,8 +2,7 @@
 assigned the command) would run it: a module (``-m``) or a script, and its arguments.
 
 Both warm mechanisms use it; a command a warm interpreter cannot run as a fresh one would (another
-interpreter, interpreter flags) is named, and starts cold. :func:`take_thread_count` gives the command the
-thread count a fresh interpreter would have taken from its ``OMP_NUM_THREADS``.
+interpreter, interpreter flags) is named, and starts cold.
 """
 
 from __future__ import annotations
@@ -39,13 +38,8 @@ def entry_of(argv: Sequence[str], python: str = sys.executable) -> Entry | str:
 
 
 def take_thread_count(env: Mapping[str, str]) -> None:
-    """Torch's thread count from ``env``'s ``OMP_NUM_THREADS``, as torch's import in a fresh interpreter takes
-    it: a warm interpreter imported torch with its own (it ran no parallel operation since, so the pool is
-    set by this call). Nothing where torch is not imported or the variable is not a count."""
-    torch = sys.modules.get("torch")
-    try:
-        threads = int(env.get("OMP_NUM_THREADS", ""))
-    except ValueError:
-        return
-    if torch is not None and threads >= 1:
-        torch.set_num_threads(threads)
+    """Torch's thread count from ``env``'s ``OMP_NUM_THREADS``, as a fresh interpreter's import takes it (the
+    warm one imported torch with its own and ran no parallel operation since)."""
+    threads = env.get("OMP_NUM_THREADS", "")
+    if "torch" in sys.modules and threads.isdigit() and int(threads) >= 1:
+        sys.modules["torch"].set_num_threads(int(threads))

@@ -161,9 +161,7 @@ class JobStats:
     empty: none recorded, a report's own world size is taken (a monitor without a daemon)."""
     recorded_world: int = 0
     """The size of the job's newest non-empty published world (0: none recorded)."""
-    members: frozenset[str] = frozenset()
-    """The workers of that world (empty: not told): a report without a generation counts at its size only
-    from one of them (a leaving worker's reports in flight are not the new world's rate)."""
+    members: frozenset[str] = frozenset()  # its workers (empty: not told): a report of no generation counts from them
     _rescales_taken: int = 0
 
     def add(self, rep: Report, now: float | None = None) -> None:
