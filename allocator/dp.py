@@ -15,7 +15,6 @@ deterministically by the caller's preference order).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
