@@ -299,13 +299,24 @@ nearest, also scale alike), and a stable estimate is within 2% of its job's rate
 
 class KinIndex:
     """The live jobs measured at two counts or more, by their rate at each count they were measured at
-    (sorted), made from a copy of their points once per decision (:meth:`Beliefs.population`); the index
-    is built from that copy the first time a job asks for its kin (most decisions none does)."""
+    (sorted), made from a copy of their points (:meth:`Beliefs.population` keeps one while the points
+    are unchanged); the index is built from that copy the first time a job asks for its kin."""
 
     def __init__(self, measured: Mapping[str, Mapping[int, float]]) -> None:
         self._copy = [(job_id, dict(pts)) for job_id, pts in measured.items()]
         self.points: dict[str, dict[int, float]] = {}  # filled with the index, by :meth:`nearest`
         self.rates: dict[int, list[tuple[float, str]]] | None = None
+        self._given: dict[str, tuple[dict[int, float], dict[int, float]]] = {}  # job: (its points, kin_points)
+
+    def points_for(self, job_id: str, measured: Mapping[int, float]) -> dict[int, float]:
+        """:func:`kin_points` of ``job_id`` with its ``measured`` points, worked out again only when they
+        differ from the last ones it was asked with (the index is fixed: a job's kin does not move)."""
+        hit = self._given.get(job_id)
+        if hit is not None and hit[0] == measured:
+            return hit[1]
+        out = kin_points(job_id, measured, self)
+        self._given[job_id] = (dict(measured), out)
+        return out
 
     def _index(self) -> dict[int, list[tuple[float, str]]]:
         by_count: dict[int, list[tuple[float, str]]] = {}
@@ -448,6 +459,7 @@ class Guess:
     measured: dict[str, dict[int, float]]
     population: list[float]
     guess: float
+    kin: KinIndex  # the live jobs' shapes by rate, from ``measured`` (indexed when first asked)
 
 
 class Beliefs:
@@ -470,9 +482,13 @@ class Beliefs:
     def guess(self) -> float:
         """The population's per-node rate (:func:`guess_per_node`) as the state stands."""
         st, memo = self.state, self._guess
-        if memo is None or memo.population != st.population or memo.measured != st.measured:
-            memo = self._guess = Guess({k: dict(v) for k, v in st.measured.items()}, list(st.population),
-                                       guess_per_node(st.measured.values(), st.population))
+        if memo is None or memo.measured != st.measured:
+            measured = {k: dict(v) for k, v in st.measured.items()}
+            memo = self._guess = Guess(measured, list(st.population), guess_per_node(measured.values(), st.population),
+                                       KinIndex(measured))
+        elif memo.population != st.population:  # the kin read the measured points only: kept
+            memo = self._guess = Guess(memo.measured, list(st.population),
+                                       guess_per_node(memo.measured.values(), st.population), memo.kin)
         return memo.guess
 
     def pooled_prior(self, guess: float) -> dict[int, float] | None:
@@ -490,7 +506,8 @@ class Beliefs:
     def population(self) -> Population:
         """The :class:`Population` as the state stands (a decision takes it once its points are settled)."""
         guess, spread = self.guess(), self.spread()  # the shapes compared once
-        kin = KinIndex(self.state.measured) if self.config.learn else None
+        assert self._guess is not None  # made by guess()
+        kin = self._guess.kin if self.config.learn else None  # kept while the measured points are unchanged
         return Population(guess, spread.pooled(guess) if self.config.prior is None else None, spread, kin)
 
     def weigh_levels(self, live: Iterable[JobView]) -> None:
@@ -553,7 +570,9 @@ class Beliefs:
     def _with_kin(self, job: JobView, own: Mapping[int, float], pop: Population | None) -> dict[int, float]:
         """``job``'s points for its curve: its own, and its kin's (:func:`kin_points`) when it has no
         curve of its own (a declared curve says more about its shape than a rate alike)."""
-        return kin_points(job.id, own, pop.kin if pop is not None and not job.scaling else None)
+        if pop is None or pop.kin is None or job.scaling:
+            return dict(own)
+        return pop.kin.points_for(job.id, own)
 
     def _declared_level_unproven(self, job: JobView, measured: Mapping[int, float]) -> bool:
         """Whether the allocator weighs ``job`` at the population's level rather than its declared one:
