@@ -105,9 +105,10 @@ class SimJobMonitor:
     :class:`profiler.ThroughputEstimator` until its estimate is stable (or :data:`MAX_CHUNKS` chunks): a monitor keeps
     the newest estimate per count, and records arrive over simulated time, so :meth:`evidence` at ``now`` shows only the
     records that exist by then (a run's records are drawn only as far as a look reaches, or to the stable point when
-:attr:`stable_at` is asked: a run cut short by the next change draws no more than was read). Every rescale between two non-zero counts yields a short record stream around the pause
-    (:data:`PROBE_STEPS` steps at each size), measured by the real :func:`profiler.rescale_events`. Nothing here reads a
-    true value but the curve that makes the records."""
+    :attr:`stable_at` is asked: a run cut short by the next change draws no more than was read). Every rescale between
+    two non-zero counts yields a short record stream around the pause (:data:`PROBE_STEPS` steps at each size),
+    measured by the real :func:`profiler.rescale_events`. Nothing here reads a true value but the curve that makes the
+    records."""
 
     def __init__(self, job_id: str, true_curve: Mapping[int, float], seed: int = 0, noise: float = RECORD_NOISE,
                  rel_ci: float = 0.05, rates: bool = True, costs: bool = True) -> None:
