@@ -74,24 +74,31 @@ class Loss:
 
 @dataclass
 class _Held:
-    """One live job as the ledger keeps it: its nodes in the driver's order and its progress as last reported;
-    ``shown`` is the job as the policy sees it, made again when its nodes or (when read) its progress moved."""
+    """One live job as the ledger keeps it: its nodes in the driver's order, when they last changed and its progress
+    as last reported; ``shown`` is the job as the policy sees it, made again when read after its nodes or its
+    progress moved (a job moved and progressed between two views is made once)."""
 
     shown: JobView
     nodes: list[str]
     work_left: float | None
     used_node_hours: float
+    last_interrupted: float | None
+    nodes_moved: bool = False  # its node set changed since ``shown`` was made
 
     def view(self) -> JobView:
         """The job as the policy sees it now."""
         s = self.shown
-        if s.work_left != self.work_left or s.used_node_hours != self.used_node_hours:
+        if self.nodes_moved:
+            s = self.shown = self._made(tuple(sorted(self.nodes)), self.last_interrupted)
+            self.nodes_moved = False
+        elif s.work_left != self.work_left or s.used_node_hours != self.used_node_hours:
             s = self.shown = self._made(s.nodes, s.last_interrupted)
         return s
 
     def moved(self, at: float) -> None:
         """Its node set changed at ``at``: an interruption."""
-        self.shown = self._made(tuple(sorted(self.nodes)), at)
+        self.last_interrupted = at
+        self.nodes_moved = True
 
     def _made(self, nodes: tuple[str, ...], last_interrupted: float | None) -> JobView:
         # every field named (not dataclasses.replace, 1.5x slower: this runs for each running job at each
@@ -168,7 +175,7 @@ class Ledger:
             raise LedgerError(f"job {job.id} is submitted twice")
         if job.nodes:
             raise LedgerError(f"job {job.id} is submitted on nodes {list(job.nodes)}: place it on them with placed()")
-        self._jobs[job.id] = _Held(job, [], job.work_left, job.used_node_hours)
+        self._jobs[job.id] = _Held(job, [], job.work_left, job.used_node_hours, job.last_interrupted)
 
     def placed(self, job_id: str, nodes: Sequence[str], at: float) -> bool:
         """The driver carried out a decision: ``job_id`` runs on ``nodes`` (in the driver's order) from ``at``.

@@ -45,7 +45,8 @@ class Round:
         check_view(view)
         self.now = view.now
         self.free = sorted(view.free_nodes)
-        self.jobs: dict[str, JobView] = {j.id: with_sorted_nodes(j) for j in view.jobs}
+        # a job on no node (a queued one) is in order as it is
+        self.jobs: dict[str, JobView] = {j.id: with_sorted_nodes(j) if j.nodes else j for j in view.jobs}
         self.events: list[PolicyEvent] = []
         self.returning: dict[str, int] = {}  # lenders owed nodes back in this decision
         self.profile_ended: set[str] = set()  # jobs whose profile ended in this decision: none starts again in it
@@ -59,7 +60,7 @@ class Round:
         self.absorb: int | None = None  # what the admitted jobs absorb, once the suspensions summed it
         self.population: Population | None = None  # taken once the decision's measured points are settled
         self.believed: dict[str, Believed] = {}  # what the policy believes of each admitted job, made once
-        self.total_nodes = view.free_count + sum(j.count for j in view.jobs)  # every node the driver holds
+        self.total_nodes = view.free_count + sum(len(j.nodes) for j in view.jobs)  # every node the driver holds
 
     def note(self, kind: EventKind, job: str, **detail: object) -> None:
         self.events.append(PolicyEvent(kind, job, detail))

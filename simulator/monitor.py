@@ -8,6 +8,7 @@ a replay is deterministic."""
 
 from __future__ import annotations
 
+import math
 import zlib
 from bisect import bisect_right
 from itertools import islice
@@ -103,9 +104,11 @@ class SimJobMonitor:
     moment its pause ends) yields step records drawn from the job's TRUE curve (:class:`StepFeed`), fed to a real
     :class:`profiler.ThroughputEstimator` until its estimate is stable (or :data:`MAX_CHUNKS` chunks): a monitor keeps
     the newest estimate per count, and records arrive over simulated time, so :meth:`evidence` at ``now`` shows only the
-    records that exist by then. Every rescale between two non-zero counts yields a short record stream around the pause
-    (:data:`PROBE_STEPS` steps at each size), measured by the real :func:`profiler.rescale_events`. Nothing here reads a
-    true value but the curve that makes the records."""
+    records that exist by then (a run's records are drawn only as far as a look reaches, or to the stable point when
+    :attr:`stable_at` is asked: a run cut short by the next change draws no more than was read). Every rescale between
+    two non-zero counts yields a short record stream around the pause (:data:`PROBE_STEPS` steps at each size),
+    measured by the real :func:`profiler.rescale_events`. Nothing here reads a true value but the curve that makes the
+    records."""
 
     def __init__(self, job_id: str, true_curve: Mapping[int, float], seed: int = 0, noise: float = RECORD_NOISE,
                  rel_ci: float = 0.05, rates: bool = True, costs: bool = True) -> None:
@@ -118,11 +121,16 @@ class SimJobMonitor:
         self.want_costs = costs
         self.rates: dict[int, "Estimate"] = {}
         self.events: list["RescaleEvent"] = []
-        self.stable_at: float | None = None  # when the current run's estimate becomes stable
-        # the current run's estimates at self._run_n: (record time, the estimate after it)
+        self._stable_at: float | None = None  # when the current run's estimate became stable (once drawn that far)
+        # the current run's estimates at self._run_n drawn so far: (record time, the estimate after it)
         self._snaps: list[tuple[float, Estimate]] = []
         self._pos = 0
         self._run_n = 0
+        # the current run's records not drawn yet (None: no run, or it is drawn to its end), its estimator,
+        # and the time of the last record drawn (the run's start before any)
+        self._records: Iterator[Record] | None = None
+        self._est = ThroughputEstimator()
+        self._drawn_to = 0.0
         self._runs = 0
         self._evidence: JobEvidence | None = None
         self._summary = RescaleSummary()  # the events' pauses, sorted as they come
@@ -130,11 +138,18 @@ class SimJobMonitor:
     def change(self, t: float, old_n: int, new_n: int, resume_at: float) -> None:
         """The job went from ``old_n`` to ``new_n`` nodes at ``t`` and works again from ``resume_at``."""
         self._feed(t)
-        self._snaps, self._pos, self.stable_at = [], 0, None
+        self._snaps, self._pos, self._stable_at, self._records = [], 0, None, None
         if self.want_costs and old_n > 0 and new_n > 0 and old_n != new_n:
             self._probe(t, old_n, new_n, max(0.0, resume_at - t))
         if self.want_rates and new_n > 0:
             self._start_run(new_n, max(t, resume_at))
+
+    @property
+    def stable_at(self) -> float | None:
+        """When the current run's estimate becomes stable (None: no run, or it never does within
+        :data:`MAX_CHUNKS` chunks); draws the run's records that far."""
+        self._draw(math.inf)
+        return self._stable_at
 
     def evidence(self, now: float) -> JobEvidence:
         if self._feed(now) or self._evidence is None:
@@ -144,6 +159,7 @@ class SimJobMonitor:
 
     def _feed(self, now: float) -> bool:
         """Take the current run's estimates made by ``now``; the newest is the one kept."""
+        self._draw(now)
         pos = self._pos
         if pos == len(self._snaps) or self._snaps[pos][0] > now:
             return False
@@ -156,14 +172,30 @@ class SimJobMonitor:
         self._runs += 1
         feed = StepFeed(self.job_id, self.curve, n, start, seed=_seed(self.seed, self._runs), noise=self.noise)
         self._run_n = n
-        est = ThroughputEstimator()
-        for rec in islice(feed.records(), MAX_CHUNKS * CHUNK):  # drawn until the estimate is stable
+        self._est = ThroughputEstimator()
+        self._records = islice(feed.records(), MAX_CHUNKS * CHUNK)  # drawn until the estimate is stable
+        self._drawn_to = start
+
+    def _draw(self, until: float) -> None:
+        """Draw the current run's records up to the first one after ``until`` (each record's estimate is
+        the one a look at its time shows), or to the one that makes the estimate stable."""
+        records = self._records
+        if records is None:
+            return
+        est, n = self._est, self._run_n
+        while self._drawn_to <= until:
+            rec = next(records, None)
+            if rec is None:  # MAX_CHUNKS chunks, never stable
+                self._records = None
+                return
+            self._drawn_to = rec.timestamp
             est.add(rec)
             e = est.estimate(n)
             if e is not None:
                 self._snaps.append((rec.timestamp, e))
                 if est.stable(n, self.rel_ci):
-                    self.stable_at = rec.timestamp
+                    self._stable_at = rec.timestamp
+                    self._records = None
                     return
 
     def _probe(self, t: float, old_n: int, new_n: int, pause: float) -> None:

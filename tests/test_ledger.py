@@ -200,6 +200,32 @@ def test_every_field_of_a_job_is_carried():
     assert led.job("j") == want and led.view(3.0).jobs == (want,)
 
 
+def test_a_job_moved_and_progressed_between_two_views_is_made_once(monkeypatch):
+    """A placement or a loss only marks the job moved: its JobView is made when it is next read, with
+    its nodes and progress as they are then (the simulator moves and progresses running jobs between
+    every two decisions)."""
+    import policy.ledger as ledger_module
+
+    made: list[str] = []
+
+    class Counted(JobView):
+        def __post_init__(self) -> None:
+            made.append(self.id)
+            super().__post_init__()
+
+    led = ledger_with("abcd", job("j"))
+    monkeypatch.setattr(ledger_module, "JobView", Counted)
+    led.placed("j", ("c", "b", "a"), 2.0)
+    led.lost(["b"], 3.0)
+    led.progressed("j", 500.0)
+    assert made == []
+    (shown,) = led.view(4.0).jobs
+    assert (shown.nodes, shown.last_interrupted, shown.work_left) == (("a", "c"), 3.0, 500.0)
+    assert made == ["j"]
+    led.view(5.0)
+    assert made == ["j"]  # nothing moved since
+
+
 def test_progress_budget_use_and_ending():
     led = ledger_with("ab", job("j"))
     led.placed("j", ("a", "b"), 0.0)

@@ -378,6 +378,29 @@ def test_job_views_moved_on_equal_the_constructors():
         assert v == fresh and vars(v) == vars(fresh)
 
 
+def test_monitor_draws_a_run_only_as_far_as_it_is_read(monkeypatch):
+    # a run replaced before a look reaches its records draws none of them; a look draws up to its time,
+    # and stable_at draws on to the stable point
+    import simulator.monitor as monitor
+    from profiler.records import iter_records
+
+    drawn: list[float] = []
+
+    def counted(*args, **kwargs):
+        for rec in iter_records(*args, **kwargs):
+            drawn.append(rec.timestamp)
+            yield rec
+
+    monkeypatch.setattr(monitor, "iter_records", counted)
+    mon = monitor.SimJobMonitor("j", FAST, seed=3, costs=False)
+    mon.change(10.0, 0, 2, 15.0)  # its first record comes after 15.0
+    mon.change(12.0, 2, 4, 12.0)  # replaced before any: none drawn
+    assert drawn == []
+    mon.evidence(12.5)
+    assert drawn and drawn[-1] > 12.5 and all(t <= 12.5 for t in drawn[:-1])  # one past the look
+    assert mon.stable_at == drawn[-1] and mon.stable_at > 12.5
+
+
 def test_monitor_estimates_are_those_of_its_records():
     # the monitor feeds its estimator the records' fields and makes an Estimate only for the newest
     # one a look reaches: what it shows at each record's time is the estimate after that record
