@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
 
 @dataclass(frozen=True)
@@ -79,14 +80,24 @@ def _forward(items: list[Item], capacity: int) -> list[np.ndarray]:
     table = np.full((len(items) + 1, margin + width), -np.inf)
     table[0, margin:] = 0.0
     cell = np.arange(margin + width)[:, None]
+    # back[j, c, w] is row j's cell c - w (c counted from the margin's end): an item whose weights are
+    # 0, 1, ..., top (most: a row's surviving counts are consecutive) reads its cells as one slice of
+    # it, with no index array and no gather; the sums and maxima are the same floats
+    row0 = table[:, margin:]
+    back = as_strided(row0, (len(items) + 1, width, margin + 1), (row0.strides[0], row0.strides[1], -row0.strides[1]),
+                      writeable=False)
+    plain = [item.weights == list(range(len(item.weights))) for item in items]  # weights 0, 1, ..., top
     reach, later = 0, sum(tops)
     start = 0
     for pos, (top, end) in enumerate(zip(tops, ends)):
         reach, later = min(capacity, reach + top), later - top
         lo, hi = margin + min(reach, max(0, capacity - later)), margin + reach + 1  # the cells the answer reads
         new = table[pos + 1]
-        cells = table[pos][cell[lo:hi] - weights[start:end]]
-        cells += values[start:end]
+        if plain[pos]:
+            cells = back[pos, lo - margin:hi - margin, :top + 1] + values[start:end]
+        else:
+            cells = table[pos][cell[lo:hi] - weights[start:end]]
+            cells += values[start:end]
         start = end
         cells.max(axis=1, out=new[lo:hi], initial=-np.inf)
         if reach < capacity:  # at most c units: flat above what the items can take

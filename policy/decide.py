@@ -345,14 +345,11 @@ class Policy:
         others = [evidence[j] for j in st.admitted if j in evidence]
         owed = {d.lender for d in st.debts.values()}  # a lender's count is short of its own until repaid:
         spread = r.population.spread if r.population else None
-        pooled: tuple[float, float] | None = None  # the other jobs' pauses: once per decision, when a job needs them
         for job_id in list(st.admitted):             # a probe from it would pin it, and grow it, while owed
             job = r.jobs[job_id]
             if job.count == 0 or job_id in st.profiles or job_id in st.profiled or job_id in owed or job_id in r.profile_ended:
                 continue
-            if pooled is None:
-                pooled = beliefs.pooled_rescale_costs(others, cfg)
-            up, down = beliefs.rescale_costs(evidence.get(job_id), others, cfg, pooled)
+            up, down = beliefs.rescale_costs(evidence.get(job_id), others, cfg, self._pooled_costs(r, evidence))
             curve = r.believed[job_id].raw
             if scarce:
                 counts = probe_counts(cfg, st, job, curve, up, down, free, spread)
@@ -360,6 +357,14 @@ class Policy:
                 counts = probe_below(cfg, st, job, curve, up, down, spread)
             if counts is not None:
                 free -= start_probe(cfg, st, r, job, counts)
+
+    def _pooled_costs(self, r: Round, evidence: Evidence) -> tuple[float, float]:
+        """The admitted jobs' pauses pooled (:func:`policy.beliefs.pooled_rescale_costs`), once per decision:
+        the probes and the allocation read the same evidence of the same jobs (admission is done by then)."""
+        if r.pooled_costs is None:
+            others = [evidence[j] for j in self.state.admitted if j in evidence]
+            r.pooled_costs = beliefs.pooled_rescale_costs(others, self.config)
+        return r.pooled_costs
 
     # ------------------------------------------------------------------ allocation
 
@@ -404,8 +409,8 @@ class Policy:
             assignment = {j.id: j.nodes for j in admitted}
             return self._finish(r, assignment, waiting, 0.0, "unchanged", solved=False, horizon=horizon)
         if cfg.allocation is Allocation.MILP:
-            assignment, objective, method = self._solve(admitted, free, fixed, lender_nodes, repaid,
-                                                         evidence, horizon, curves, r.caps, r.believed)
+            assignment, objective, method = self._solve(admitted, free, fixed, lender_nodes, repaid, evidence,
+                                                         horizon, curves, r.caps, r.believed, self._pooled_costs(r, evidence))
         else:  # the shares bind here too: each job's max is its share, a job whose share is none gets no node
             counts_fn = greedy_counts if cfg.allocation is Allocation.GREEDY else equal_counts
             placed, released = held_to_shares(admitted, r.caps)
@@ -445,14 +450,15 @@ class Policy:
     def _solve(self, admitted: list[JobView], free: list[str], fixed: dict[str, tuple[str, ...]],
                lender_nodes: dict[str, tuple[str, ...]], repaid: dict[str, tuple[str, ...]], evidence: Evidence,
                horizon: float, curves: Mapping[str, dict[int, float]], caps: Mapping[str, int],
-               believed: Mapping[str, Believed]) -> tuple[dict[str, tuple[str, ...]], float, str]:
+               believed: Mapping[str, Believed],
+               pooled_costs: tuple[float, float]) -> tuple[dict[str, tuple[str, ...]], float, str]:
         """``lender_nodes``: what lenders keep in this decision; ``repaid``: lenders' nodes after repayment;
         ``curves``: each job's allocator curve in this decision (``believed``: its curves); ``caps``: its fair share
-        (:mod:`policy.fairness`; empty: none binds), its max in this decision."""
+        (:mod:`policy.fairness`; empty: none binds), its max in this decision; ``pooled_costs``: the jobs'
+        pauses pooled (:meth:`_pooled_costs`)."""
         st, cfg = self.state, self.config
         owed = {d.lender for d in st.debts.values()}
         others = [evidence[j.id] for j in admitted if j.id in evidence]
-        pooled_costs = beliefs.pooled_rescale_costs(others, cfg)  # once, not once per job
         jobs: list[Job] = []
         for j in admitted:
             if j.id in fixed:

@@ -60,6 +60,7 @@ class Round:
         self.absorb: int | None = None  # what the admitted jobs absorb, once the suspensions summed it
         self.population: Population | None = None  # taken once the decision's measured points are settled
         self.believed: dict[str, Believed] = {}  # what the policy believes of each admitted job, made once
+        self.pooled_costs: tuple[float, float] | None = None  # the admitted jobs' pauses pooled, once asked for
         self.total_nodes = view.free_count + sum(len(j.nodes) for j in view.jobs)  # every node the driver holds
 
     def note(self, kind: EventKind, job: str, **detail: object) -> None:
