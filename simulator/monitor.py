@@ -54,6 +54,8 @@ class StepFeed:
         self.seed = seed
         self.t = start
         self.chunks = 0
+        # _seed(seed, job_id, n, chunk) is the checksum of this and the chunk: made once, not at every chunk
+        self._seed_prefix = f"{seed}:{job_id}:{n}:"
 
     def next_records(self, k: int = CHUNK) -> list[Record]:
         recs = synthesize([self._segment(k)], start=self.t, noise=self.noise, seed=self._chunk_seed())
@@ -77,7 +79,7 @@ class StepFeed:
                        warmup_steps=WARMUP_STEPS if self.chunks == 0 else 0, warmup_factor=WARMUP_FACTOR)
 
     def _chunk_seed(self) -> int:
-        return _seed(self.seed, self.job_id, self.n, self.chunks)
+        return zlib.crc32(f"{self._seed_prefix}{self.chunks}".encode())
 
 
 def run_until_stable(feed: StepFeed, estimator: ThroughputEstimator, deadline: float,
