@@ -26,6 +26,8 @@ from profiler.records import Record, RecordError
 # Two-sided ~95% normal quantile, halved: ranks n/2 -/+ Z_HALF*sqrt(n) bound the median.
 _Z_HALF = 0.98
 
+Figures = tuple[float, int, float, int]  # an Estimate's rate, n_steps, rel_ci, total_steps (its world size known)
+
 
 @dataclass(frozen=True)
 class Estimate:
@@ -70,7 +72,7 @@ def _ci_ranks(n: int) -> tuple[int, int]:
 class _SizeStats:
     """Per-world-size window of per-step rates (in arrival order and sorted), with a cached estimate."""
 
-    __slots__ = ("rates", "ordered", "total", "cache")
+    __slots__ = ("rates", "ordered", "total", "figures", "cache")
 
     def __init__(self, window: int | None) -> None:
         self.rates: deque[float] = deque(maxlen=window)
@@ -78,6 +80,7 @@ class _SizeStats:
         # monitor takes one) then reads its median and bounds without sorting the window again
         self.ordered: list[float] = []
         self.total = 0
+        self.figures: Figures | None = None  # the estimate's figures, made when first asked after a push
         self.cache: Estimate | None = None
 
     def push(self, rate: float) -> None:
@@ -87,7 +90,7 @@ class _SizeStats:
         rates.append(rate)
         insort(self.ordered, rate)
         self.total += 1
-        self.cache = None
+        self.figures = self.cache = None
 
 
 class _OrderedStream:
@@ -158,10 +161,23 @@ class ThroughputEstimator(_OrderedStream):
         if stats is None or not stats.rates:
             return None
         if stats.cache is None:
-            stats.cache = Estimate(world_size, *self._parts(stats))
+            stats.cache = Estimate(world_size, *self._figures(stats))
         return stats.cache
 
-    def _parts(self, stats: _SizeStats) -> tuple[float, int, float, int]:
+    def figures(self, world_size: int) -> Figures | None:
+        """:meth:`estimate`'s figures, without making the :class:`Estimate`: a caller that keeps the estimate after
+        every record (the simulated monitor) makes only those it reads, ``Estimate(world_size, *figures)``."""
+        stats = self._stats.get(world_size)
+        if stats is None or not stats.rates:
+            return None
+        return self._figures(stats)
+
+    def _figures(self, stats: _SizeStats) -> Figures:
+        if stats.figures is None:
+            stats.figures = self._parts(stats)
+        return stats.figures
+
+    def _parts(self, stats: _SizeStats) -> Figures:
         xs = stats.ordered  # the window, sorted
         n = len(xs)
         med = _median_sorted(xs)
@@ -174,8 +190,11 @@ class ThroughputEstimator(_OrderedStream):
 
     def stable(self, world_size: int, rel_ci: float = 0.05) -> bool:
         """At least ``min_steps`` steps and a relative CI half-width ``<= rel_ci``."""
-        est = self.estimate(world_size)
-        return est is not None and est.n_steps >= self.min_steps and est.rel_ci <= rel_ci
+        figures = self.figures(world_size)
+        if figures is None:
+            return False
+        _, n_steps, rel, _ = figures
+        return n_steps >= self.min_steps and rel <= rel_ci
 
     def estimates(self) -> dict[int, Estimate]:
         out: dict[int, Estimate] = {}

@@ -14,6 +14,9 @@ class RecordError(ValueError):
     """A record that cannot be used; the message names the field and the value."""
 
 
+_INF = math.inf
+
+
 @dataclass(frozen=True, slots=True)
 class Record:
     """A finished training step: global batch ``samples`` at ``timestamp`` (s) on ``world_size`` nodes."""
@@ -23,6 +26,12 @@ class Record:
     world_size: int
 
     def __post_init__(self) -> None:
+        # a monitor makes one per training step: the common case, every value well typed, is passed by one
+        # expression (in the order of the full checks, which anything else goes through to be named)
+        samples, ts, ws = self.samples, self.timestamp, self.world_size
+        if (type(samples) is int and samples >= 1 and type(ws) is int and ws >= 1
+                and type(ts) is float and -_INF < ts < _INF):
+            return
         if not isinstance(self.samples, int) or isinstance(self.samples, bool) or self.samples < 1:
             raise RecordError(f"record samples must be an int >= 1, got {self.samples!r}")
         if not isinstance(self.world_size, int) or isinstance(self.world_size, bool) or self.world_size < 1:

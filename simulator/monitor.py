@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Iterator, Mapping
 from curves import throughput_at
 from policy import JobEvidence, evidence_from
 from profiler import Estimate, Record, Segment, ThroughputEstimator, rescale_events, synthesize
-from profiler.estimators import RescaleSummary
+from profiler.estimators import Figures, RescaleSummary
 from profiler.records import iter_records
 
 if TYPE_CHECKING:
@@ -54,6 +54,8 @@ class StepFeed:
         self.seed = seed
         self.t = start
         self.chunks = 0
+        # _seed(seed, job_id, n, chunk) is the checksum of this and the chunk: made once, not at every chunk
+        self._seed_prefix = f"{seed}:{job_id}:{n}:"
 
     def next_records(self, k: int = CHUNK) -> list[Record]:
         recs = synthesize([self._segment(k)], start=self.t, noise=self.noise, seed=self._chunk_seed())
@@ -77,7 +79,7 @@ class StepFeed:
                        warmup_steps=WARMUP_STEPS if self.chunks == 0 else 0, warmup_factor=WARMUP_FACTOR)
 
     def _chunk_seed(self) -> int:
-        return _seed(self.seed, self.job_id, self.n, self.chunks)
+        return zlib.crc32(f"{self._seed_prefix}{self.chunks}".encode())
 
 
 def run_until_stable(feed: StepFeed, estimator: ThroughputEstimator, deadline: float,
@@ -122,8 +124,9 @@ class SimJobMonitor:
         self.rates: dict[int, "Estimate"] = {}
         self.events: list["RescaleEvent"] = []
         self._stable_at: float | None = None  # when the current run's estimate became stable (once drawn that far)
-        # the current run's estimates at self._run_n drawn so far: (record time, the estimate after it)
-        self._snaps: list[tuple[float, Estimate]] = []
+        # the current run's estimates at self._run_n drawn so far: (record time, the figures of the estimate after
+        # it); the Estimate is made only for the one a look takes
+        self._snaps: list[tuple[float, Figures]] = []
         self._pos = 0
         self._run_n = 0
         # the current run's records not drawn yet (None: no run, or it is drawn to its end), its estimator,
@@ -164,7 +167,7 @@ class SimJobMonitor:
         if pos == len(self._snaps) or self._snaps[pos][0] > now:
             return False
         end = bisect_right(self._snaps, now, lo=pos, key=_TIME)
-        self.rates[self._run_n] = self._snaps[end - 1][1]
+        self.rates[self._run_n] = Estimate(self._run_n, *self._snaps[end - 1][1])
         self._pos = end
         return True
 
@@ -190,9 +193,9 @@ class SimJobMonitor:
                 return
             self._drawn_to = rec.timestamp
             est.add(rec)
-            e = est.estimate(n)
-            if e is not None:
-                self._snaps.append((rec.timestamp, e))
+            figures = est.figures(n)
+            if figures is not None:
+                self._snaps.append((rec.timestamp, figures))
                 if est.stable(n, self.rel_ci):
                     self._stable_at = rec.timestamp
                     self._records = None

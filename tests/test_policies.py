@@ -20,7 +20,7 @@ from policy import PRESETS, Allocation, CostSource, JobView, PolicyConfig, Polic
 from policy.allocation import apply_pins, equal_counts, greedy_counts, node_map
 from profiler import ThroughputEstimator, default_counts
 from simulator import POLICIES, JobSpec, PolicyContext, SimConfig, SimPolicy, Simulator, Workload, make_policy
-from simulator.monitor import PER_NODE_BATCH, SimJobMonitor, StepFeed, run_until_stable, step_seconds
+from simulator.monitor import PER_NODE_BATCH, SimJobMonitor, StepFeed, _seed, run_until_stable, step_seconds
 from simulator.policies import believed_curve, mean_curve, parse_error_model
 from traces.model import IdleTimeline
 
@@ -89,6 +89,10 @@ def test_step_records_follow_the_true_curve_and_are_deterministic():
     assert steps[3:] == pytest.approx([0.256] * 3)  # after the first and two warm-up steps
     again = StepFeed("j", FAST, 4, start=10.0, seed=1).next_records(6)
     assert again == StepFeed("j", FAST, 4, start=10.0, seed=1).next_records(6)
+    fresh = StepFeed("j", FAST, 4, start=10.0, seed=1)  # each chunk's seed derives from (seed, job, count, chunk)
+    for k in range(3):
+        assert fresh._chunk_seed() == _seed(1, "j", 4, k)
+        fresh.next_records()
     est = ThroughputEstimator()  # the monitor's estimator, fed from these records, finds the true rate
     assert run_until_stable(StepFeed("j", FAST, 2, 0.0, seed=3), est, deadline=100.0) is not None
     assert est.rates()[2] == pytest.approx(2000.0, rel=0.03)

@@ -7,6 +7,7 @@ nodes the decision gives it and shows the policy the result at the next call.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Iterable, Mapping
 
@@ -705,6 +706,36 @@ def test_bad_input_raises_policy_input_error():
         jv("a", 3, 2)
     with pytest.raises(PolicyInputError, match="empty id"):
         jv("")
+
+
+@pytest.mark.parametrize(("field", "value", "named"), [
+    ("user", 3, "job a: user must be a string"), ("group", None, "job a: group must be a string"),
+    ("work_left", math.nan, "job a: work_left must be a finite number"),
+    ("work_left", -1.0, "job a: work_left must be a finite number"),
+    ("work_left", "5", "job a: work_left must be a finite number"),
+    ("budget_node_hours", math.inf, "job a: budget_node_hours must be a finite number"),
+    ("budget_node_hours", -2, "job a: budget_node_hours must be a finite number"),
+    ("used_node_hours", "1", "job a: used_node_hours must be a finite number"),
+    ("used_node_hours", -math.inf, "job a: used_node_hours must be a finite number"),
+    ("deadline", math.nan, "job a: deadline must be a finite time"),
+    ("deadline", -math.inf, "job a: deadline must be a finite time"), ("deadline", "soon", "job a: deadline must be"),
+    ("min_nodes", 0, r"job a: bad node range \[0, 4\]"),
+])
+def test_every_bad_field_of_a_job_view_is_named(field, value, named):
+    with pytest.raises(PolicyInputError, match=named):
+        replace(jv("a"), **{field: value})
+
+
+class _Hours(float):
+    pass
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("work_left", 5), ("work_left", 0), ("budget_node_hours", 2), ("used_node_hours", 0), ("used_node_hours", -0.0),
+    ("used_node_hours", _Hours(1.5)), ("deadline", -3), ("deadline", -1e300), ("user", type("Name", (str,), {})("u")),
+])
+def test_a_job_view_takes_every_good_value_not_only_floats_and_strs(field, value):
+    assert getattr(replace(jv("a"), **{field: value}), field) == value
 
 
 def test_a_node_listed_twice_is_named_in_every_view_whatever_the_last_one_was():

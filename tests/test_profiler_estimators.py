@@ -115,11 +115,20 @@ def test_out_of_order_record_names_it_and_leaves_state_intact() -> None:
         ({"samples": 1, "timestamp": float("nan"), "world_size": 1}, "timestamp"),
         ({"samples": 1, "timestamp": 1.0, "world_size": 0}, "world_size"),
         ({"samples": 1.5, "timestamp": 1.0, "world_size": 1}, "samples"),
+        ({"samples": True, "timestamp": 1.0, "world_size": 1}, "samples"),
+        ({"samples": 1, "timestamp": math.inf, "world_size": 1}, "timestamp"),
+        ({"samples": 1, "timestamp": "1.0", "world_size": 1}, "timestamp"),
+        ({"samples": 1, "timestamp": 1.0, "world_size": 2.0}, "world_size"),
+        ({"samples": 1, "timestamp": 1.0, "world_size": True}, "world_size"),
     ],
 )
 def test_bad_record_names_the_field(kwargs: dict, field: str) -> None:
     with pytest.raises(RecordError, match=field):
         Record(**kwargs)
+
+
+def test_a_record_takes_an_int_timestamp() -> None:
+    assert Record(1, 5, 2).timestamp == 5 and Record(1, -7, 2) == Record(1, -7.0, 2)
 
 
 def test_bad_knobs_are_rejected() -> None:
