@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import math
 from dataclasses import replace
 from typing import Sequence
@@ -145,6 +146,41 @@ def test_progress_is_throughput_integral_minus_pauses():
     assert s["paused_node_seconds"] == pytest.approx(3 * 5 + 2 * 3)
     assert (s["rescales"], s["preemptions"], s["starts"]) == (2, 0, 1)
     assert s["decisions"] == 3
+
+
+class SeesCollector(Policy):
+    """The shared policy, noting the cyclic collector's thresholds at every decision."""
+
+    seen: list[tuple[int, int, int]] = []
+
+    def decide(self, view: View, evidence: Evidence) -> Decision:
+        SeesCollector.seen.append(gc.get_threshold())
+        return super().decide(view, evidence)
+
+
+def test_a_replay_collects_cycles_rarely_and_gives_the_callers_thresholds_back():
+    """The replay raises the collector's first threshold (a full collection walks every live job, row and
+    estimator) while it runs, and the caller's thresholds are back after it, also when it fails."""
+    from simulator.engine import REPLAY_GC_THRESHOLD
+
+    before = gc.get_threshold()
+    try:
+        gc.set_threshold(700, 9, 8)
+        SeesCollector.seen = []
+        pol = replace(named("greedy", [job()]), policy=SeesCollector(preset("greedy")))
+        Simulator(three_node_trace(), workload(job()), pol, SimConfig()).run()
+        assert SeesCollector.seen and all(t == (REPLAY_GC_THRESHOLD, 9, 8) for t in SeesCollector.seen)
+        assert gc.get_threshold() == (700, 9, 8)
+
+        class Fails(Policy):
+            def decide(self, view: View, evidence: Evidence) -> Decision:
+                raise RuntimeError("policy bug")
+
+        with pytest.raises(Exception, match="policy bug"):
+            Simulator(three_node_trace(), workload(job()), replace(pol, policy=Fails(preset("greedy"))), SimConfig()).run()
+        assert gc.get_threshold() == (700, 9, 8)
+    finally:
+        gc.set_threshold(*before)
 
 
 def test_oracle_rescales_for_free():
